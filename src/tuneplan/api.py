@@ -1,0 +1,132 @@
+"""The Python API: the same objects the CLI renders.
+
+    >>> import tuneplan
+    >>> est = tuneplan.estimate("qwen2.5-7b-instruct", method="qlora", rank=16, seq=512, gpu="rtx4090")
+    >>> est.fits, est.breakdown.allocated_peak_bytes
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from tuneplan.catalog.accelerators import resolve_accelerator
+from tuneplan.catalog.models import resolve_model
+from tuneplan.errors import TuneplanError
+from tuneplan.estimator.compat import check
+from tuneplan.estimator.memory import memory_breakdown
+from tuneplan.estimator.types import Finding, MemoryBreakdown
+from tuneplan.estimator.weights import resolve_targets
+from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.profiles import resolve_setup
+from tuneplan.specs.setup import TrainSetup
+
+SETUP_FIELDS = {f.name for f in fields(TrainSetup)} - {"sources"}
+
+
+@dataclass
+class Estimate:
+    model: ModelSpec
+    setup: TrainSetup
+    breakdown: MemoryBreakdown
+    gpu: Accelerator | None = None
+    findings: list[Finding] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)  # time / cost sections added by later layers
+
+    @property
+    def trainable_params(self) -> int:
+        return int(self.extras.get("params_trainable", 0))
+
+    @property
+    def fits(self) -> bool | None:
+        if self.gpu is None:
+            return None
+        if any(f.level == "error" for f in self.findings):
+            return False
+        return self.breakdown.device_peak_bytes <= self.gpu.memory_bytes
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        if self.gpu is None:
+            return None
+        return self.gpu.memory_bytes - self.breakdown.device_peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.breakdown
+        d: dict[str, Any] = {
+            "model": {**self.model.summary(), "params_trainable": self.trainable_params},
+            "setup": self.setup.to_dict(),
+            "setup_sources": dict(self.setup.sources),
+            "per_gpu": {
+                "allocated_peak_bytes": b.allocated_peak_bytes,
+                "reserved_peak_bytes": b.reserved_peak_bytes,
+                "device_peak_bytes": b.device_peak_bytes,
+                "cuda_context_bytes": b.cuda_context_bytes,
+                "nccl_bytes": b.nccl_bytes,
+                "paged_bytes": b.paged_bytes,
+                "host_bytes": b.host_bytes,
+                "components": dict(b.components),
+                "phases": dict(b.phases),
+                "bands": {k: {"low": v.low, "high": v.high, "why": v.why} for k, v in b.bands.items()},
+            },
+            "peak_phase": b.peak_phase,
+            "engine": b.engine,
+            "notes": list(b.notes),
+            "findings": [f.to_dict() for f in self.findings],
+        }
+        if self.gpu is not None:
+            d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
+                        "memory_source": self.gpu.to_dict()["memory_source"]}
+            d["fits"] = self.fits
+            d["headroom_bytes"] = self.headroom_bytes
+        d.update(self.extras.get("sections", {}))
+        return d
+
+
+def build_setup(model: ModelSpec, setup: TrainSetup | None = None, **kwargs: Any) -> TrainSetup:
+    """A validated, profile-resolved TrainSetup from a base setup and/or keyword fields."""
+    unknown = set(kwargs) - SETUP_FIELDS
+    if unknown:
+        raise TuneplanError(f"unknown setup field(s) {sorted(unknown)}", field="setup", accepted=sorted(SETUP_FIELDS))
+    base = setup or TrainSetup()
+    explicit = frozenset(kwargs) | frozenset(k for k, v in base.sources.items() if v != "default")
+    s = base.replace(**kwargs) if kwargs else base
+    s.validate()
+    return resolve_setup(s, model, explicit=explicit)
+
+
+def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: str | Accelerator | None = None,
+             engine: str = "analytic", **kwargs: Any) -> Estimate:
+    """Per-GPU peak memory (and findings) of fine-tuning ``model`` with ``setup`` on ``gpu``."""
+    spec = resolve_model(model) if isinstance(model, str) else model
+    s = build_setup(spec, setup, **kwargs)
+    acc = resolve_accelerator(gpu) if isinstance(gpu, str) else gpu
+    if engine == "analytic":
+        breakdown = memory_breakdown(spec, s)
+    elif engine == "simulate":
+        from tuneplan.simulate import simulate_breakdown  # optional extra, imported lazily
+
+        breakdown = simulate_breakdown(spec, s)
+    else:
+        raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
+    findings = check(acc, s, spec)
+    trainable = trainable_params(spec, s)
+    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=findings,
+                    extras={"params_trainable": trainable})
+
+
+def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:
+    if setup.method == "full":
+        return model.params_total
+    if setup.method == "freeze":
+        n = min(setup.freeze_trainable_layers, model.n_layers)
+        per_layer = model.params_layers // model.n_layers
+        return per_layer * n
+    targets = resolve_targets(model, setup.targets)
+    total = 0
+    for spec, count in model.layer_groups:
+        for m in spec.linears:
+            if m.name in targets:
+                total += count * m.count * setup.rank * (m.d_in + m.d_out)
+    return total

@@ -1,0 +1,1 @@
+"""Embedded data: model configs and accelerators, and name resolution."""

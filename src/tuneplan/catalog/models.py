@@ -1,0 +1,149 @@
+"""The model catalog: real config.json files shipped as package data, and name resolution.
+
+A name resolves, in order, as: a path to a local ``config.json`` or model folder; an exact Hugging Face
+id in the catalog (case-insensitive); a catalog alias (``qwen2.5-7b``); an HF id fetched with
+``huggingface_hub`` (config.json only, cached by the hub library). Offline or gated, the error says so
+and names the nearest catalog entries.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tuneplan.errors import ConfigError, UnknownNameError
+from tuneplan.specs.model import ModelSpec, model_from_config
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    hf_id: str
+    file: str
+    aliases: tuple[str, ...]
+    family: str
+    params_published: int | None
+    params_transformers: int | None
+    config_source: str
+    gated: bool
+    notes: str
+
+
+def _models_dir() -> Any:
+    return resources.files("tuneplan.catalog").joinpath("models")
+
+
+@lru_cache(maxsize=1)
+def catalog_entries() -> tuple[CatalogEntry, ...]:
+    try:
+        raw = json.loads(_models_dir().joinpath("index.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return ()
+    out = []
+    for d in raw:
+        out.append(CatalogEntry(
+            hf_id=d["hf_id"], file=d["file"], aliases=tuple(a.lower() for a in d.get("aliases", [])),
+            family=d.get("family", ""), params_published=d.get("params_published"),
+            params_transformers=d.get("params_transformers"), config_source=d.get("config_source", ""),
+            gated=bool(d.get("gated", False)), notes=d.get("notes", ""),
+        ))
+    return tuple(out)
+
+
+def _lookup() -> dict[str, CatalogEntry]:
+    idx: dict[str, CatalogEntry] = {}
+    for e in catalog_entries():
+        idx.setdefault(e.hf_id.lower(), e)
+        idx.setdefault(e.hf_id.split("/")[-1].lower(), e)
+        for a in e.aliases:
+            idx.setdefault(a, e)
+    return idx
+
+
+@lru_cache(maxsize=256)
+def _load_entry_config(file: str) -> dict[str, Any]:
+    return json.loads(_models_dir().joinpath(file).read_text(encoding="utf-8"))
+
+
+def suggestions(name: str, n: int = 5) -> list[str]:
+    idx = _lookup()
+    close = difflib.get_close_matches(name.lower(), list(idx), n=n * 2, cutoff=0.4)
+    seen: dict[str, None] = {}
+    for c in close:
+        seen.setdefault(idx[c].hf_id, None)
+    return list(seen)[:n]
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Fail fast offline instead of waiting through the hub client's retries."""
+    import os
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("//")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    p = path / "config.json" if path.is_dir() else path
+    if not p.exists():
+        raise ConfigError(f"no config.json at {p}", field="model")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p} is not valid JSON (line {exc.lineno}: {exc.msg})", field="model") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {p}: {exc.strerror}", field="model") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a JSON object", field="model")
+    return data
+
+
+def _fetch_hub_config(repo_id: str) -> dict[str, Any]:
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+    except ImportError:  # pragma: no cover - huggingface_hub is a dependency
+        raise UnknownNameError(f"{repo_id!r} is not in the catalog and huggingface_hub is not installed",
+                               field="model", suggestions=suggestions(repo_id)) from None
+    try:
+        path = hf_hub_download(repo_id, "config.json", local_files_only=not _hub_reachable())
+    except GatedRepoError:
+        raise UnknownNameError(
+            f"{repo_id!r} is gated on the Hugging Face Hub: accept its licence and `huggingface-cli login`, "
+            "or pass a local config.json path", field="model", suggestions=suggestions(repo_id)) from None
+    except RepositoryNotFoundError:
+        raise UnknownNameError(f"{repo_id!r} is neither in the catalog nor on the Hugging Face Hub",
+                               field="model", suggestions=suggestions(repo_id)) from None
+    except Exception as exc:  # offline, DNS, timeouts: huggingface_hub raises many types
+        raise UnknownNameError(
+            f"{repo_id!r} is not in the catalog and its config.json could not be fetched from the Hub "
+            f"({type(exc).__name__}; offline?); pass a local config.json path", field="model",
+            suggestions=suggestions(repo_id)) from None
+    return load_config_file(Path(path))
+
+
+def resolve_model(name: str, *, allow_network: bool = True) -> ModelSpec:
+    """A model name, HF id or path -> ModelSpec."""
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownNameError("empty model name", field="model", accepted="a catalog name, HF id or config.json path")
+    name = name.strip()
+    p = Path(name).expanduser()
+    if name.endswith(".json") or p.is_dir() or (p.exists() and p.is_file()):
+        return model_from_config(load_config_file(p), name=str(p))
+    entry = _lookup().get(name.lower())
+    if entry is not None:
+        return model_from_config(_load_entry_config(entry.file), name=entry.hf_id)
+    if "/" in name and allow_network:
+        return model_from_config(_fetch_hub_config(name), name=name)
+    raise UnknownNameError(f"unknown model {name!r}", field="model", suggestions=suggestions(name),
+                           accepted="a catalog name (`tuneplan models`), an HF id, or a path to config.json")

@@ -1,0 +1,59 @@
+"""`tuneplan models` (the model catalog) and `tuneplan table` (seed 004's size x method table)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from tuneplan.cli.options import with_setup_options
+from tuneplan.cli.render import console, gib, print_json
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("models")
+    def models_cmd(
+        search: Annotated[str | None, typer.Argument(help="filter by substring")] = None,
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+    ) -> None:
+        """List the built-in model catalog (works offline)."""
+        from tuneplan.catalog.models import catalog_entries
+
+        rows = [e for e in catalog_entries()
+                if not search or search.lower() in e.hf_id.lower() or any(search.lower() in a for a in e.aliases)]
+        if as_json:
+            print_json([asdict(e) for e in rows])
+            return
+        t = Table(title=f"Model catalog ({len(rows)} models)")
+        for c in ("HF id", "aliases", "family", "params (B)"):
+            t.add_column(c, justify="right" if c.startswith("params") else "left")
+        for e in rows:
+            p = e.params_transformers or e.params_published
+            t.add_row(e.hf_id, ", ".join(e.aliases[:3]), e.family, f"{p / 1e9:.2f}" if p else "?")
+        console.print(t)
+
+    @app.command("table")
+    @with_setup_options
+    def table_cmd(
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+        setup_kw: dict[str, Any] | None = None,
+    ) -> None:
+        """Seed 004's table (7B/13B/30B/70B x full, LoRA, QLoRA-8, QLoRA-4), computed per GPU."""
+        from tuneplan.plan.table import METHODS, SIZES, size_method_table
+
+        cells = size_method_table(**(setup_kw or {}))
+        if as_json:
+            print_json([asdict(c) for c in cells])
+            return
+        t = Table(title="Device peak memory per GPU, GiB (seed 004's range in brackets, GB)")
+        t.add_column("size")
+        for label, _ in METHODS:
+            t.add_column(label, justify="right")
+        for size, model_id in SIZES:
+            row = [c for c in cells if c.size == size]
+            t.add_row(f"{size}\n[dim]{model_id}[/]", *[f"{gib(c.device_peak_bytes)}\n[dim][{c.seed_gb}][/]" for c in row])
+        console.print(t)
+        s = ", ".join(f"{k}={v}" for k, v in (setup_kw or {}).items()) or "defaults (batch 1, seq 512, hf profile)"
+        console.print(f"[dim]setup: {s}[/]")

@@ -1,0 +1,36 @@
+"""`tuneplan estimate`: per-GPU peak memory by component, and the verdict on a GPU."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from tuneplan.cli.options import with_setup_options
+from tuneplan.cli.render import print_json, render_estimate
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("estimate")
+    @with_setup_options
+    def estimate_cmd(
+        model: Annotated[str, typer.Argument(help="catalog name, HF id, or path to config.json")],
+        gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="accelerator, e.g. rtx4090, a100-80gb")] = None,
+        engine: Annotated[str, typer.Option("--engine", help="analytic | simulate")] = "analytic",
+        as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+        setup_kw: dict[str, Any] | None = None,
+    ) -> None:
+        """Per-GPU peak memory of a fine-tune, by component, and whether it fits the GPU.
+
+        Exit status: 0 fits (or no --gpu), 1 does not fit or cannot run there, 2 bad input.
+        """
+        from tuneplan.api import estimate
+
+        est = estimate(model, gpu=gpu, engine=engine, **(setup_kw or {}))
+        d = est.to_dict()
+        if as_json:
+            print_json(d)
+        else:
+            render_estimate(d)
+        if est.fits is False:
+            raise typer.Exit(1)

@@ -1,0 +1,67 @@
+"""The setup flags every planning command shares, declared once.
+
+``with_setup_options`` appends the flags to a command's signature (typer reads ``__signature__``) and
+hands the command one dict, ``setup_kw``, of the flags the user actually gave (so profile defaults can
+fill the rest and the output can say where each value came from).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+_P = "Setup"  # rich help panel
+
+
+def _opt(*names: str, help: str) -> Any:
+    return typer.Option(*names, help=help, rich_help_panel=_P, show_default=False)
+
+
+SETUP_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("method", str | None, _opt("--method", help="full | freeze | lora | qlora [lora]")),
+    ("bits", int | None, _opt("--bits", help="4 | 8: quantization of the frozen base (qlora) [4]")),
+    ("quant_type", str | None, _opt("--quant-type", help="nf4 | fp4 [nf4]")),
+    ("double_quant", bool | None, _opt("--double-quant/--no-double-quant", help="nested absmax quantization [on]")),
+    ("rank", int | None, _opt("--rank", "-r", help="LoRA rank [16]")),
+    ("alpha", int | None, _opt("--alpha", help="LoRA alpha (scaling only, no memory effect) [2*rank]")),
+    ("dropout", float | None, _opt("--dropout", help="LoRA dropout [0]")),
+    ("targets", str | None, _opt("--targets", help="LoRA targets: q_proj,v_proj | attn | mlp | all-linear [profile]")),
+    ("precision", str | None, _opt("--precision", help="fp32 | fp16-mixed | bf16-mixed | fp16 | bf16 [profile]")),
+    ("optimizer", str | None, _opt("--optimizer", help="adamw | adamw-fused | adamw-8bit | paged-adamw-8bit | paged-adamw | adafactor | sgd [profile]")),
+    ("optimizer_in_backward", bool | None, _opt("--optimizer-in-backward/--no-optimizer-in-backward", help="step each parameter during backward (torchtune)")),
+    ("batch", int | None, _opt("--batch", "-b", help="micro-batch per GPU [1]")),
+    ("seq", int | None, _opt("--seq", "--cutoff-len", "-s", help="tokens per sample (cutoff_len) [512]")),
+    ("grad_accum", int | None, _opt("--grad-accum", help="gradient accumulation steps [1]")),
+    ("gradient_checkpointing", bool | None, _opt("--gradient-checkpointing/--no-gradient-checkpointing", help="[profile]")),
+    ("attn", str | None, _opt("--attn", help="eager | sdpa | flash [profile]")),
+    ("gpus", int | None, _opt("--gpus", help="GPUs per node [1]")),
+    ("nodes", int | None, _opt("--nodes", help="nodes [1]")),
+    ("zero", int | None, _opt("--zero", help="DeepSpeed ZeRO stage 0|1|2|3 [0]")),
+    ("fsdp", bool | None, _opt("--fsdp/--no-fsdp", help="PyTorch FSDP full shard")),
+    ("offload", str | None, _opt("--offload", help="none | optimizer | all [none]")),
+    ("framework", str | None, _opt("--framework", help="hf | llamafactory | unsloth | torchtune | litgpt [hf]")),
+]
+
+
+def with_setup_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(func)
+    params = [p for p in sig.parameters.values() if p.name != "setup_kw"]
+    for name, ann, default in SETUP_OPTIONS:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=Annotated[ann, default]))
+    # typer wants the default inside Annotated or as the default, not both
+    params = [p.replace(default=None) if p.name in {n for n, _, _ in SETUP_OPTIONS} else p for p in params]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        setup_kw = {n: kwargs.pop(n) for n, _, _ in SETUP_OPTIONS if kwargs.get(n) is not None}
+        for n, _, _ in SETUP_OPTIONS:
+            kwargs.pop(n, None)
+        return func(setup_kw=setup_kw, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper

@@ -1,0 +1,61 @@
+"""Which dtype each tensor family has, for a setup under a profile.
+
+The HF stack's real upcasts live here and nowhere else:
+- ``-mixed`` precisions keep trainable parameters in fp32 (the master copy) and run under autocast;
+- PEFT's ``prepare_model_for_kbit_training`` casts every non-quantized 16-bit parameter (embeddings,
+  lm_head, norms, biases) to fp32, so the residual stream of a QLoRA model is fp32 and bitsandbytes
+  casts each 4/8-bit linear's output back to that input dtype (``Linear4bit.forward: out.to(inp_dtype)``);
+- PEFT keeps LoRA adapters in fp32 on a 16-bit base (``autocast_adapter_dtype=True``) and casts each
+  adapter's input to that dtype, so under autocast every targeted module saves its own 16-bit copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.specs.profiles import Profile
+from tuneplan.specs.setup import TrainSetup
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    compute: int  # bytes of the matmul dtype (bf16/fp16 = 2, fp32 = 4)
+    autocast: bool
+    frozen_weight: int  # 16-bit or fp32 frozen base weights
+    trainable: int  # trainable params (and their grads, AdamW states)
+    adapter: int
+    non_block: int  # embeddings / lm_head / norms when frozen (kbit upcast may make them fp32)
+    residual: int  # residual stream between layers
+    norm_out: int  # output of a norm (weight dtype promoted with the input)
+    linear_out: int  # output of a regular (16-bit) linear
+    quant_out: int  # output of a bitsandbytes linear (cast back to its input dtype)
+
+
+def resolve_dtypes(setup: TrainSetup, prof: Profile) -> Dtypes:
+    prec = setup.precision
+    half = 4 if prec == "fp32" else 2
+    if half == 2 and (setup.zero or setup.fsdp):
+        # DeepSpeed casts the module to 16 bits (fp32 master lives in its optimizer) and runs without
+        # autocast; FSDP's MixedPrecision policy unshards 16-bit parameters for compute. Either way the
+        # forward sees 16-bit weights: no fp32 residual stream, no autocast weight copies.
+        return Dtypes(compute=2, autocast=False, frozen_weight=2, trainable=2, adapter=2, non_block=2,
+                      residual=2, norm_out=2, linear_out=2, quant_out=2)
+    mixed = prec.endswith("-mixed")
+    autocast = prof.autocast and prec != "fp32"
+    trainable = 4 if (prec == "fp32" or (mixed and prof.trainable_fp32_in_mixed)) else 2
+    # A full fine-tune under a '-mixed' precision loads (or casts) the whole model in fp32.
+    full_fp32 = setup.method in ("full",) and trainable == 4
+    frozen = 4 if prec == "fp32" else 2
+    adapter = 4 if (prec == "fp32" or prof.adapter_fp32) else 2
+    non_block = frozen
+    if setup.method == "qlora" and prof.kbit_upcast_fp32:
+        non_block = 4
+    if full_fp32:
+        non_block = 4
+    residual = non_block if setup.method != "full" else (4 if full_fp32 else half)
+    norm_out = max(residual, non_block if setup.method != "full" else trainable)
+    linear_out = half if autocast else max(frozen if setup.method != "full" else trainable, residual)
+    quant_out = norm_out  # bitsandbytes casts the output back to its input dtype
+    return Dtypes(compute=half, autocast=autocast, frozen_weight=frozen, trainable=trainable, adapter=adapter,
+                  non_block=non_block, residual=residual, norm_out=norm_out, linear_out=linear_out,
+                  quant_out=quant_out)

@@ -1,0 +1,43 @@
+"""The logits and loss chain: usually the largest transient of a fine-tune with a big vocabulary.
+
+transformers ``ForCausalLMLoss`` (loss_utils.py) upcasts the logits with ``logits.float()`` and calls
+``cross_entropy``: at the loss the 16-bit logits (c bytes), the fp32 copy (4) and the fp32 log-softmax
+output (4) coexist; log-softmax keeps its output for backward. In backward, ``nll_loss_backward`` makes
+a dense fp32 gradient (4) and ``log_softmax_backward`` another (4) while the saved output (4) is still
+alive: 12 bytes per token per vocabulary entry (canifinetune measured ~14 on Qwen2.5, which includes the
+lm_head weight-gradient path; see ../shared/reference/prior-art.md e.5).
+Chunked losses keep less:
+- LitGPT (``lm_head_chunk_size=128``, ``chunked_cross_entropy``): 16-bit logits and 16-bit log-softmax
+  output of every chunk are kept: 2 + 2 bytes;
+- torchtune ``CEWithChunkedOutputLoss`` (8 chunks, each upcast to fp32): 16-bit logits plus fp32
+  log-softmax of every chunk, plus one fp32 chunk in flight: 2 + 4 + 4/8 bytes;
+- Unsloth's fused cross-entropy writes the gradient into the 16-bit logits in place: 2 bytes + an fp32
+  log-sum-exp per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TORCHTUNE_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
+
+
+@dataclass(frozen=True)
+class LogitsPlan:
+    at_forward_end: int  # live at the end of the model's forward, before the loss
+    forward_peak: int  # extra live during the loss forward
+    backward_peak: int  # extra live at the start of backward (loss backward)
+
+
+def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str) -> LogitsPlan:
+    c = compute_bytes
+    tv = tokens * vocab
+    if loss == "chunked_bf16":
+        return LogitsPlan(at_forward_end=2 * tv, forward_peak=4 * tv, backward_peak=4 * tv)
+    if loss == "chunked_fp32":
+        chunk = 4 * tv // TORCHTUNE_CHUNKS
+        return LogitsPlan(at_forward_end=2 * tv, forward_peak=6 * tv + chunk, backward_peak=4 * tv + 2 * chunk)
+    if loss == "fused":
+        return LogitsPlan(at_forward_end=2 * tv, forward_peak=2 * tv + 4 * tokens, backward_peak=2 * tv)
+    upcast = 4 * tv if c != 4 else 0  # .float() is a no-op on fp32 logits
+    return LogitsPlan(at_forward_end=c * tv, forward_peak=c * tv + upcast + 4 * tv, backward_peak=12 * tv)

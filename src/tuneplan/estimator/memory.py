@@ -1,0 +1,123 @@
+"""Per-GPU peak memory: persistent terms plus the max over the instants of a training step.
+
+Instants (step >= 2, when optimizer states exist; ../shared/reference/prior-art.md e.7):
+- ``forward``: end of forward, inside the loss: saved activations + the loss-forward chain;
+- ``backward_start``: the loss backward (dense fp32 logit gradients) with all activations still saved;
+- ``backward_layers``: back-propagating the top layer (checkpointing: its recomputed activations) with
+  every other saved activation still alive, and the bottom layer with almost all gradients allocated;
+- ``optimizer_step``: all gradients, states and the step's temporaries.
+Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
+with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward.
+"""
+
+from __future__ import annotations
+
+from tuneplan.estimator.activations import activation_plan
+from tuneplan.estimator.dtypes import resolve_dtypes
+from tuneplan.estimator.logits import logits_plan
+from tuneplan.estimator.optimizer import optimizer_plan
+from tuneplan.estimator.overhead import (
+    CUBLAS_WORKSPACE,
+    CUDA_CONTEXT_BAND,
+    FRAGMENTATION_BAND,
+    cuda_context_bytes,
+    reserved_from_allocated,
+)
+from tuneplan.estimator.parallel import shard
+from tuneplan.estimator.types import Band, MemoryBreakdown
+from tuneplan.estimator.weights import param_plan, resolve_targets
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.profiles import get_profile
+from tuneplan.specs.setup import TrainSetup
+
+ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked the architecture
+
+
+def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
+    """Analytic per-GPU memory of ``setup`` (already resolved against its profile)."""
+    prof = get_profile(setup.framework)
+    dt = resolve_dtypes(setup, prof)
+    pp = param_plan(model, setup, dt)
+    targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
+    acts = activation_plan(model, setup, dt, targets, setup.attn or prof.default_attn, prof.gc_offload,
+                           python_model_code=prof.model_code == "hf")
+    tokens = setup.batch * setup.seq
+    logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
+    lg = logits_plan(tokens, model.vocab, logit_bytes, prof.loss)
+    opt = optimizer_plan(setup.optimizer or prof.default_optimizer, pp.trainable_params, pp.trainable_bytes,
+                         pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
+    sp = shard(model, setup, weights=pp.weight_bytes + pp.adapter_bytes, trainable_params=pp.trainable_params,
+               trainable_bytes=pp.trainable_bytes, trainable_weight_params=pp.trainable_weight_params,
+               states=opt.states, optimizer_temp=opt.temp, compute_bytes=dt.compute)
+    # Split the sharded weights back into base weights and adapters for display.
+    adapters = min(pp.adapter_bytes, sp.weights) if not (setup.zero == 3 or setup.fsdp) else -(-pp.adapter_bytes // setup.world_size)
+    if setup.zero and pp.trainable_bytes > dt.compute:
+        adapters = pp.adapter_params * dt.compute // (setup.world_size if setup.zero == 3 else 1)
+    weights = max(sp.weights - adapters, 0)
+
+    grads = sp.grads_live
+    if setup.optimizer_in_backward:
+        grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
+    grads_prev = grads if setup.grad_accum > 1 and not setup.optimizer_in_backward else 0
+    ac = pp.autocast_copy_bytes
+    if setup.zero == 3 or setup.fsdp:
+        ac = -(-ac // setup.world_size)
+
+    common = {
+        "weights": weights,
+        "quant_meta": -(-pp.quant_meta_bytes // (setup.world_size if setup.zero == 3 or setup.fsdp else 1)),
+        "lora_adapters": adapters,
+        "optimizer_states": sp.states,
+        "framework": CUBLAS_WORKSPACE,
+    }
+
+    def phase(**extra: int) -> dict[str, int]:
+        d = dict(common)
+        for k in ("gradients", "optimizer_temp", "activations", "autocast_copies", "logits_loss",
+                  "backward_temp", "parallel_buffers"):
+            d[k] = 0
+        d.update({k: int(v) for k, v in extra.items()})
+        return d
+
+    fwd_acts = acts.saved_bytes
+    phases: dict[str, dict[str, int]] = {
+        "forward": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
+                         logits_loss=lg.forward_peak, parallel_buffers=sp.gathered),
+        "backward_start": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
+                                logits_loss=lg.backward_peak, parallel_buffers=sp.gathered),
+    }
+    if setup.gradient_checkpointing:
+        top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + acts.recompute_bytes,
+                    autocast_copies=ac, backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
+        bottom = phase(gradients=grads + sp.grad_buffers, activations=acts.recompute_bytes,
+                       backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
+    else:
+        top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
+                    backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
+        bottom = phase(gradients=grads + sp.grad_buffers, activations=acts.top_layer_bytes,
+                       backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
+    phases["backward_layers_top"] = top
+    phases["backward_layers_bottom"] = bottom
+    phases["optimizer_step"] = phase(gradients=grads + sp.grad_buffers,
+                                     optimizer_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp)
+    totals = {k: sum(v.values()) for k, v in phases.items()}
+    peak = max(totals, key=lambda k: totals[k])
+    comps = phases[peak]
+    allocated = totals[peak]
+    reserved = reserved_from_allocated(allocated)
+    transient = comps["activations"] + comps["logits_loss"] + comps["backward_temp"]
+    bands = {
+        "allocated": Band(int(allocated - ACTIVATION_BAND * transient), int(allocated + ACTIVATION_BAND * transient),
+                          "activation and loss terms +-10% (saved-tensor model)"),
+        "reserved": Band(int(allocated * (1 + FRAGMENTATION_BAND[0])), int(allocated * (1 + FRAGMENTATION_BAND[1])),
+                         "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
+        "cuda_context": Band(CUDA_CONTEXT_BAND[0], CUDA_CONTEXT_BAND[1], "driver, CUDA version, lazy loading"),
+    }
+    notes = list(sp.notes) + list(opt.notes)
+    if acts.offloaded_bytes:
+        notes.append(f"{acts.offloaded_bytes / 2**30:.2f} GiB of checkpoints offloaded to CPU")
+    return MemoryBreakdown(
+        components=comps, peak_phase=peak, phases=totals, reserved_peak_bytes=reserved,
+        cuda_context_bytes=cuda_context_bytes(), nccl_bytes=sp.nccl, paged_bytes=opt.paged,
+        host_bytes=sp.host + acts.offloaded_bytes, engine="analytic", bands=bands, notes=notes,
+    )

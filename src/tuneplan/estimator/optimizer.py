@@ -1,0 +1,55 @@
+"""Gradients and optimizer states of the trainable parameters.
+
+- torch AdamW keeps ``exp_avg`` and ``exp_avg_sq`` in the parameter's dtype (torch/optim/adamw.py,
+  ``torch.zeros_like(p)``): 8 bytes per fp32 param, 4 per bf16 param (no fp32 master in pure bf16).
+  The foreach implementation (``_multi_tensor_adamw``) allocates ``exp_avg_sq_sqrt = _foreach_sqrt(...)``,
+  one state-sized temporary over the whole group; the fused kernel updates in place.
+- bitsandbytes 8-bit AdamW: two uint8 states with one fp32 absmax per block of 256
+  (bitsandbytes/optim/optimizer.py, blockwise), tensors under 4096 elements keep 32-bit states
+  (``min_8bit_size=4096``). Paged variants allocate the states in CUDA unified memory: outside PyTorch's
+  allocator, paged out under pressure instead of failing.
+- bitsandbytes PagedAdamW (32-bit): fp32 states whatever the parameter dtype.
+- Adafactor (transformers.optimization.Adafactor, beta1=None): factored second moment, one fp32 row and
+  one fp32 column vector per 2-D tensor, full fp32 for 1-D; the step makes fp32 working copies of one
+  parameter at a time (grad, update, param).
+- SGD without momentum (torch default momentum=0): no state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BNB_8BIT_BLOCK = 256
+ALLOC_ROUND = 512  # PyTorch caching allocator rounds every block to 512 bytes (kMinBlockSize)
+
+
+@dataclass(frozen=True)
+class OptimizerPlan:
+    states: int  # allocator-visible optimizer states
+    paged: int  # states in unified memory (paged optimizers)
+    temp: int  # peak temporaries of the step
+    notes: tuple[str, ...] = ()
+
+
+def optimizer_plan(name: str, trainable_params: int, param_bytes: int, tensors: int,
+                   largest_tensor: int, factored_elems: int) -> OptimizerPlan:
+    p = trainable_params
+    if p == 0:
+        return OptimizerPlan(0, 0, 0)
+    step_tensors = tensors * ALLOC_ROUND  # one device 'step' scalar per param (fused/capturable)
+    if name == "adamw":
+        return OptimizerPlan(states=2 * p * param_bytes, paged=0, temp=p * param_bytes)
+    if name == "adamw-fused":
+        return OptimizerPlan(states=2 * p * param_bytes + step_tensors, paged=0, temp=0)
+    if name in ("adamw-8bit", "paged-adamw-8bit"):
+        s = 2 * p + 2 * 4 * -(-p // BNB_8BIT_BLOCK)
+        if name == "paged-adamw-8bit":
+            return OptimizerPlan(states=0, paged=s, temp=0, notes=("8-bit states are paged (unified memory)",))
+        return OptimizerPlan(states=s, paged=0, temp=0)
+    if name == "paged-adamw":
+        return OptimizerPlan(states=0, paged=8 * p, temp=0, notes=("fp32 states are paged (unified memory)",))
+    if name == "adafactor":
+        return OptimizerPlan(states=4 * factored_elems, paged=0, temp=3 * 4 * largest_tensor)
+    if name == "sgd":
+        return OptimizerPlan(states=0, paged=0, temp=0)
+    raise ValueError(name)  # validated earlier in TrainSetup

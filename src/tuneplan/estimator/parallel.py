@@ -1,0 +1,104 @@
+"""Data parallelism: what DDP, DeepSpeed ZeRO-1/2/3 and FSDP keep on each GPU.
+
+- DDP (torch.nn.parallel.DistributedDataParallel, ``gradient_as_bucket_view=False`` default): full
+  replica, plus flat gradient buckets the size of all trainable gradients, allocated at wrap time.
+- DeepSpeed with bf16/fp16: module parameters in 16 bits, fp32 master partition (4/N B per trainable
+  param) and fp32 Adam states (8/N) in its own optimizer (FusedAdam: no foreach workspace). Buffers
+  from DeepSpeed's defaults (deepspeed/runtime/zero/config.py): ``reduce_bucket_size`` 5e8 elements,
+  stage-3 ``prefetch_bucket_size`` 5e7 elements (ZeRO paper arXiv 1910.02054 for the partitioning).
+  ZeRO-1 keeps full 16-bit gradients; ZeRO-2 keeps a 16-bit gradient partition plus the reduce bucket;
+  ZeRO-3 also partitions all parameters and gathers the current layer and the prefetch bucket.
+- FSDP FULL_SHARD with a bf16 MixedPrecision policy: sharded parameters in their own dtype, the current
+  and the prefetched unit unsharded in 16 bits, sharded fp32 gradients, sharded optimizer states.
+- Offload: optimizer states, fp32 master and fp32 gradients to CPU (DeepSpeed ZeRO-Offload), and with
+  ``all`` the parameters too (ZeRO-Infinity / FSDP CPUOffload); reported as host memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+DS_REDUCE_BUCKET = 500_000_000  # elements, DeepSpeed default reduce_bucket_size
+DS_PREFETCH_BUCKET = 50_000_000  # elements, DeepSpeed default stage3_prefetch_bucket_size
+NCCL_BYTES = 512 * 1024**2  # NCCL buffers + communicator state per process (order of NCCL_BUFFSIZE=4 MiB
+#                             x channels x peers); outside PyTorch's allocator
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    weights: int
+    grads_live: int  # gradients that exist once backward has run (per GPU)
+    grad_buffers: int  # persistent gradient buffers (DDP buckets, ZeRO reduce bucket)
+    states: int
+    optimizer_temp: int
+    gathered: int  # ZeRO-3/FSDP unsharded parameters in flight
+    host: int
+    nccl: int
+    notes: tuple[str, ...] = ()
+
+
+def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params: int, trainable_bytes: int,
+          trainable_weight_params: int, states: int, optimizer_temp: int, compute_bytes: int) -> ShardPlan:
+    n = setup.world_size
+    grads = trainable_params * trainable_bytes
+    if n == 1 or (not setup.zero and not setup.fsdp):
+        if n == 1:
+            return ShardPlan(weights, grads, 0, states, optimizer_temp, 0, 0, 0)
+        return ShardPlan(weights, grads, grads, states, optimizer_temp, 0, 0, NCCL_BYTES,
+                         ("DDP: full replica per GPU plus gradient buckets the size of the gradients",))
+    pt = trainable_params
+    layer16 = model.largest_layer_params * compute_bytes
+    notes: list[str] = []
+    host = 0
+    if setup.fsdp:
+        if setup.precision.endswith("-mixed") and compute_bytes == 2 and trainable_bytes == 2:
+            # MixedPrecision keeps the sharded trainable params, their grads and states in fp32.
+            weights += trainable_params * 2
+            grads *= 2
+            states *= 2
+        w = -(-weights // n)
+        gathered = 2 * layer16  # current + prefetched unit, unsharded in 16 bits
+        g = -(-grads // n)
+        st = -(-states // n)
+        tmp = -(-optimizer_temp // n)
+        buffers = layer16  # reduce-scatter input of the unit being reduced
+        if setup.offload != "none":
+            host += g + st + (w if setup.offload == "all" else 0)
+            st, g, tmp = 0, 0, 0
+            if setup.offload == "all":
+                w = 0
+        notes.append("FSDP FULL_SHARD: params, grads and optimizer states sharded over %d GPUs" % n)
+        return ShardPlan(w, g, buffers, st, tmp, gathered, host, NCCL_BYTES, tuple(notes))
+    # DeepSpeed: trainable params live in 16 bits; fp32 master + fp32 Adam states partitioned.
+    w16 = weights - trainable_weight_params * max(trainable_bytes - compute_bytes, 0)
+    if trainable_bytes > compute_bytes and trainable_params > trainable_weight_params:  # adapters too
+        w16 -= (trainable_params - trainable_weight_params) * (trainable_bytes - compute_bytes)
+    master = 4 * pt if compute_bytes < 4 else 0
+    adam_fp32 = states * 4 // max(trainable_bytes, 1) if states else 0  # DeepSpeed keeps states in fp32
+    st = -(-(master + adam_fp32) // n)
+    g16 = pt * compute_bytes
+    bucket = min(DS_REDUCE_BUCKET, pt) * compute_bytes
+    gathered = 0
+    if setup.zero == 1:
+        g_live, buffers = g16, 0
+    elif setup.zero == 2:
+        g_live, buffers = -(-g16 // n), bucket
+    else:
+        g_live, buffers = -(-g16 // n), bucket
+        w16 = -(-w16 // n)
+        gathered = layer16 + min(DS_PREFETCH_BUCKET * compute_bytes, layer16 * model.n_layers)
+    fp32_grad_step = -(-4 * pt // n)  # fp32 gradient partition the optimizer step reads
+    tmp = fp32_grad_step
+    if setup.offload in ("optimizer", "all"):
+        host += st + fp32_grad_step
+        st, tmp = 0, 0
+        notes.append("optimizer states, fp32 master and fp32 gradients offloaded to CPU")
+    if setup.offload == "all":
+        host += w16
+        w16 = 0
+        notes.append("parameters offloaded to CPU; only gathered layers live on the GPU")
+    notes.append(f"DeepSpeed ZeRO-{setup.zero} over {n} GPUs (default buckets)")
+    return ShardPlan(w16, g_live, buffers, st, tmp, gathered, host, NCCL_BYTES, tuple(notes))

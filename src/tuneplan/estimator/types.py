@@ -1,0 +1,95 @@
+"""Result types shared by the three engines (analytic, simulate, measure) and every face.
+
+``MemoryBreakdown`` is per GPU. ``components`` are the allocated bytes live at the peak instant and
+sum exactly to ``allocated_peak_bytes``; ``phases`` gives the allocated total at every instant of the
+step that was evaluated, so a face can show where the peak falls and by how much the others trail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+GIB = 1024**3
+
+# Display order and meaning of the components (the keys of MemoryBreakdown.components).
+COMPONENTS: dict[str, str] = {
+    "weights": "model weights resident on this GPU (16/32-bit, or quantized storage)",
+    "quant_meta": "quantization metadata (absmax / scales, nested statistics)",
+    "lora_adapters": "LoRA A/B matrices",
+    "gradients": "gradients of trainable parameters (incl. DDP/ZeRO buckets)",
+    "optimizer_states": "optimizer states (+ fp32 master partition under ZeRO)",
+    "optimizer_temp": "optimizer step temporaries (foreach workspaces)",
+    "activations": "activations saved for backward (or checkpoints + one recomputed layer)",
+    "autocast_copies": "16-bit copies of fp32 weights made by autocast and saved for backward",
+    "logits_loss": "logits and loss chain (fp32 upcast, log-softmax, its gradient)",
+    "backward_temp": "activation gradients of the layer being back-propagated",
+    "parallel_buffers": "ZeRO-3/FSDP gathered parameters and prefetch buffers",
+    "framework": "framework workspaces counted by the allocator (cuBLAS workspace)",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A compatibility or plausibility finding, with what to do about it."""
+
+    level: str  # "error" | "warning" | "info"
+    code: str
+    message: str
+    fix: str = ""
+    source: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Band:
+    """An uncertainty band around a figure: low and high bytes, with the reason."""
+
+    low: int
+    high: int
+    why: str
+
+
+@dataclass
+class MemoryBreakdown:
+    """Per-GPU peak memory of one training step, by component and by instant."""
+
+    components: dict[str, int]
+    peak_phase: str
+    phases: dict[str, int]
+    reserved_peak_bytes: int
+    cuda_context_bytes: int
+    nccl_bytes: int = 0
+    paged_bytes: int = 0  # unified (paged) memory of paged optimizers: outside the allocator
+    host_bytes: int = 0  # CPU memory the run needs beyond the usual (offloaded states/params)
+    engine: str = "analytic"
+    bands: dict[str, Band] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def allocated_peak_bytes(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """What nvidia-smi shows and what OOM is judged against."""
+        return self.reserved_peak_bytes + self.cuda_context_bytes + self.nccl_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "allocated_peak_bytes": self.allocated_peak_bytes,
+            "reserved_peak_bytes": self.reserved_peak_bytes,
+            "device_peak_bytes": self.device_peak_bytes,
+            "cuda_context_bytes": self.cuda_context_bytes,
+            "nccl_bytes": self.nccl_bytes,
+            "paged_bytes": self.paged_bytes,
+            "host_bytes": self.host_bytes,
+            "components": dict(self.components),
+            "phases": dict(self.phases),
+            "peak_phase": self.peak_phase,
+            "bands": {k: asdict(v) for k, v in self.bands.items()},
+            "notes": list(self.notes),
+        }

@@ -1,0 +1,156 @@
+"""Parameters by role and dtype: weights, quantized storage, LoRA adapters, what is trainable.
+
+bitsandbytes storage (bitsandbytes/functional.py ``quantize_4bit`` / ``quantize_blockwise``; QLoRA paper
+arXiv 2305.14314 section 3):
+- 4-bit NF4/FP4: two values per uint8 byte, one fp32 absmax per block of 64 weights;
+- double quant: the absmax are themselves quantized to uint8 in blocks of 256 with one fp32 absmax
+  per 256 blocks, plus a 256-entry fp32 code table per tensor;
+- LLM.int8 (8-bit): int8 weight plus one fp32 scale per output row (``SCB``).
+Only ``nn.Linear`` modules inside the blocks are quantized; transformers' ``get_keys_to_not_convert``
+keeps lm_head (and tied weights) unquantized, and embeddings / norms are not Linear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.errors import TuneplanError
+from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.specs.model import Linear, ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+NF4_BLOCK = 64  # bitsandbytes quantize_4bit default blocksize
+DQ_BLOCK = 256  # blocksize of the nested (double) quantization of absmax
+CODE_TABLE_BYTES = 256 * 4  # fp32 quantization map kept per tensor under double quant
+
+
+def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
+    """LoRA target names -> the set of linear module names they select in this model."""
+    names = model.linear_names()
+    if not targets:
+        return frozenset()
+    t = targets.strip()
+    roles = {m.name: m.role for spec, _ in model.layer_groups for m in spec.linears}
+    if t in ("all-linear", "all"):
+        return frozenset(names)
+    if t == "attn":
+        return frozenset(n for n in names if roles[n] == "attn")
+    if t == "mlp":
+        return frozenset(n for n in names if roles[n] in ("mlp", "expert", "shared_expert"))
+    wanted = [x.strip() for x in t.split(",") if x.strip()]
+    aliases = {"output_proj": "o_proj", "query": "query", "value": "value"}
+    chosen: set[str] = set()
+    for w in wanted:
+        w2 = aliases.get(w, w) if w not in names else w
+        hits = [n for n in names if n == w2 or n.endswith("." + w2)]
+        if not hits and w == "output_proj":
+            hits = [n for n in names if roles[n] == "attn" and n in ("dense", "wo", "c_proj")]
+        if not hits:
+            raise TuneplanError(f"module {w!r} is not a linear layer of {model.name}", field="targets",
+                                accepted=", ".join(names) + ", or all-linear / attn / mlp")
+        chosen.update(hits)
+    return frozenset(chosen)
+
+
+def lora_params_of(m: Linear, rank: int) -> int:
+    return m.count * rank * (m.d_in + m.d_out)
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    weight_bytes: int  # resident weights (quantized storage counts here)
+    quant_meta_bytes: int
+    adapter_params: int
+    adapter_bytes: int
+    trainable_params: int  # including adapters
+    trainable_bytes: int  # bytes per trainable param (grads and AdamW states follow it)
+    trainable_weight_params: int  # trainable base params (full / freeze)
+    autocast_copy_bytes: int  # 16-bit copies autocast makes of fp32 weights and autograd keeps
+    trainable_tensors: int  # number of trainable tensors (allocator rounding of states)
+    largest_trainable_tensor: int
+    factored_elems: int  # Adafactor: rows + cols of each trainable 2-D tensor, numel of 1-D ones
+
+
+def quant_bytes(numel: int, d_out: int, bits: int, double_quant: bool) -> tuple[int, int]:
+    """(storage bytes, metadata bytes) of one quantized weight of ``numel`` elements."""
+    if bits == 8:
+        return numel, d_out * 4
+    blocks = -(-numel // NF4_BLOCK)
+    if double_quant:
+        meta = blocks + 4 * -(-blocks // DQ_BLOCK) + CODE_TABLE_BYTES + 4
+    else:
+        meta = 4 * blocks
+    return -(-numel // 2), meta
+
+
+def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> ParamPlan:
+    targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
+    bits = setup.quant_bits
+    weight = meta = adapters = 0
+    trainable_w = 0
+    autocast_copy = 0
+    tensors = 0
+    largest = 0
+    factored = 0
+    non_block_params = model.params_non_block
+    n_layers = model.n_layers
+    trainable_layer_from = n_layers - setup.freeze_trainable_layers if setup.method == "freeze" else 0
+    layer_index = 0
+    for spec, count in model.layer_groups:
+        for _ in range(count) if setup.method == "freeze" else [None]:
+            reps = 1 if setup.method == "freeze" else count
+            trainable_layer = setup.method == "full" or (setup.method == "freeze" and layer_index >= trainable_layer_from)
+            for m in spec.linears:
+                w_numel = m.count * m.d_in * m.d_out
+                b_numel = m.count * m.d_out if m.bias else 0
+                if bits:
+                    s, q = quant_bytes(m.d_in * m.d_out, m.d_out, bits, setup.double_quant)
+                    weight += reps * (m.count * s + b_numel * dt.non_block)
+                    meta += reps * m.count * q
+                elif trainable_layer:
+                    weight += reps * (w_numel + b_numel) * dt.trainable
+                    trainable_w += reps * (w_numel + b_numel)
+                    tensors += reps * (2 if m.bias else 1) * (1 if m.count == 1 else 1)
+                    largest = max(largest, m.d_in * m.d_out * m.count)
+                    factored += reps * m.count * (m.d_in + m.d_out + (m.d_out if m.bias else 0))
+                    if dt.autocast and dt.trainable == 4:
+                        autocast_copy += reps * w_numel * dt.compute
+                else:
+                    weight += reps * (w_numel + b_numel) * dt.frozen_weight
+                if m.name in targets:
+                    p = lora_params_of(m, setup.rank)
+                    adapters += reps * p
+                    tensors += reps * 2 * m.count
+                    largest = max(largest, setup.rank * max(m.d_in, m.d_out))
+                    factored += reps * m.count * (m.d_in + m.d_out + 2 * setup.rank)
+            norm_bytes = dt.trainable if trainable_layer else (dt.non_block if bits else dt.frozen_weight)
+            weight += reps * spec.norm_params * norm_bytes
+            if trainable_layer:
+                trainable_w += reps * spec.norm_params
+                tensors += reps * max(spec.n_norms, 1)
+                factored += reps * spec.norm_params
+            layer_index += 1
+    # Embeddings, lm_head, final norm: trainable in a full fine-tune, frozen otherwise.
+    if setup.method == "full":
+        weight += non_block_params * dt.trainable
+        trainable_w += non_block_params
+        tensors += 3
+        factored += (model.vocab + model.hidden) * (1 if model.tied_embeddings else 2) + model.final_norm_params
+        largest = max(largest, model.vocab * model.hidden)
+        if dt.autocast and dt.trainable == 4 and model.lm_head_params:
+            autocast_copy += model.lm_head_params * dt.compute
+        elif dt.autocast and dt.trainable == 4 and model.tied_embeddings:
+            autocast_copy += model.vocab * model.hidden * dt.compute
+    else:
+        weight += non_block_params * dt.non_block
+        # A frozen fp32 lm_head under autocast is cast to 16-bit on every forward and the cast is saved
+        # for the input-gradient matmul (no autocast cache for params that do not require grad).
+        if dt.autocast and dt.non_block == 4:
+            autocast_copy += model.vocab * model.hidden * dt.compute
+    adapter_bytes = adapters * dt.adapter
+    trainable = adapters + trainable_w
+    per_param = dt.adapter if setup.is_lora else dt.trainable
+    return ParamPlan(weight_bytes=weight, quant_meta_bytes=meta, adapter_params=adapters, adapter_bytes=adapter_bytes,
+                     trainable_params=trainable, trainable_bytes=per_param, trainable_weight_params=trainable_w,
+                     autocast_copy_bytes=autocast_copy, trainable_tensors=tensors, largest_trainable_tensor=largest,
+                     factored_elems=factored)

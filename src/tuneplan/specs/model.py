@@ -1,0 +1,244 @@
+"""ModelSpec: what is trained, read from a Hugging Face ``config.json`` dict alone.
+
+The spec lists every parameter group the way transformers instantiates it (module names, shapes,
+biases), so that parameter counts are exact and every later formula (quantization, LoRA targets,
+activations, FLOPs) reads the same structure. The per-family layouts below mirror the modeling files
+of transformers (``modeling_llama.py``, ``modeling_qwen2_moe.py``, ``modeling_deepseek_v3.py``, ...);
+the tests check the totals against transformers on the meta device and against published totals.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from tuneplan.errors import ConfigError
+from tuneplan.specs.families import build_layers, family_of
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One ``nn.Linear`` (or Conv1D) inside a decoder layer.
+
+    ``count`` is how many copies one layer holds (the number of routed experts for an expert
+    projection). ``reads`` names the activation it consumes, so that modules reading the same
+    tensor (q/k/v from the attention norm) can share one saved copy in the activation model.
+    ``role`` is ``attn``, ``mlp``, ``expert``, ``shared_expert`` or ``router``.
+    """
+
+    name: str
+    d_in: int
+    d_out: int
+    bias: bool = False
+    count: int = 1
+    reads: str = ""
+    role: str = "attn"
+
+    @property
+    def params(self) -> int:
+        return self.count * (self.d_in * self.d_out + (self.d_out if self.bias else 0))
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One kind of decoder layer; a model is a sequence of (LayerSpec, how many)."""
+
+    linears: tuple[Linear, ...]
+    norm_params: int  # parameters of the norms inside the layer (RMSNorm h, LayerNorm 2h, q/k norms)
+    n_norms: int  # how many full-width (hidden) norms run per token, for activations
+    moe: bool = False
+    top_k: int = 0  # routed experts per token
+    expert_intermediate: int = 0
+    mlp_intermediate: int = 0  # dense MLP width (or shared-expert width inside a MoE layer)
+
+    @cached_property
+    def linear_params(self) -> int:
+        return sum(m.params for m in self.linears)
+
+    @cached_property
+    def params(self) -> int:
+        return self.linear_params + self.norm_params
+
+    def active_linear_params(self) -> int:
+        """Linear parameters one token multiplies with (top-k of the routed experts)."""
+        total = 0
+        for m in self.linears:
+            if m.role == "expert":
+                total += m.params // m.count * self.top_k
+            else:
+                total += m.params
+        return total
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder (or encoder) transformer, as far as memory, FLOPs and compatibility care."""
+
+    name: str
+    model_type: str
+    family: str
+    hidden: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int  # query/key head dim (nope + rope for MLA)
+    v_head_dim: int
+    vocab: int
+    intermediate: int
+    tied_embeddings: bool
+    mlp_kind: str  # "swiglu" (gated) or "gelu" (classic two-matrix MLP)
+    norm_kind: str  # "rms" or "layer"
+    layer_groups: tuple[tuple[LayerSpec, int], ...]
+    embed_params: int  # token embeddings (+ position / token-type embeddings)
+    lm_head_params: int  # 0 when tied to the embeddings
+    final_norm_params: int
+    other_params: int = 0  # e.g. BLOOM's embedding LayerNorm, BERT's MLM head transform
+    n_experts: int = 0
+    top_k: int = 0
+    mla_kv_lora_rank: int = 0
+    sliding_window: int | None = None
+    max_position: int | None = None
+    torch_dtype: str | None = None
+    architecture: str = "decoder"  # "decoder" or "encoder" (MLM); encoder-decoder is refused
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # ---- parameter groups -------------------------------------------------------------------
+    @cached_property
+    def params_layers(self) -> int:
+        return sum(spec.params * n for spec, n in self.layer_groups)
+
+    @cached_property
+    def params_linear(self) -> int:
+        """Parameters of all nn.Linear modules inside the blocks (what bitsandbytes quantizes)."""
+        return sum(spec.linear_params * n for spec, n in self.layer_groups)
+
+    @cached_property
+    def params_linear_weights(self) -> int:
+        """Weights (no biases) of the block linears: the quantized storage."""
+        return sum(
+            n * sum(m.count * m.d_in * m.d_out for m in spec.linears) for spec, n in self.layer_groups
+        )
+
+    @cached_property
+    def params_total(self) -> int:
+        return (
+            self.embed_params
+            + self.lm_head_params
+            + self.params_layers
+            + self.final_norm_params
+            + self.other_params
+        )
+
+    @cached_property
+    def params_active(self) -> int:
+        """Parameters a token touches (MoE: top-k experts only), for FLOPs."""
+        active = sum(spec.active_linear_params() * n + spec.norm_params * n for spec, n in self.layer_groups)
+        return active + self.embed_params + self.lm_head_params + self.final_norm_params + self.other_params
+
+    @property
+    def params_non_block(self) -> int:
+        """Embeddings, lm_head, final norm: never quantized by bitsandbytes."""
+        return self.embed_params + self.lm_head_params + self.final_norm_params + self.other_params
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def linear_names(self) -> list[str]:
+        """Distinct linear module names inside the blocks (LoRA target vocabulary)."""
+        seen: dict[str, None] = {}
+        for spec, _ in self.layer_groups:
+            for m in spec.linears:
+                seen.setdefault(m.name, None)
+        return list(seen)
+
+    @cached_property
+    def largest_layer_params(self) -> int:
+        return max(spec.params for spec, _ in self.layer_groups)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "model_type": self.model_type,
+            "family": self.family,
+            "hidden": self.hidden,
+            "layers": self.n_layers,
+            "heads": self.n_heads,
+            "kv_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate": self.intermediate,
+            "vocab": self.vocab,
+            "tied_embeddings": self.tied_embeddings,
+            "experts": self.n_experts,
+            "top_k": self.top_k,
+            "params_total": self.params_total,
+        }
+
+
+def _get(cfg: dict[str, Any], *keys: str, default: Any = None, required: bool = False, name: str = "") -> Any:
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    if required:
+        raise ConfigError(
+            f"config.json has no '{keys[0]}'" + (f" (also looked for {', '.join(keys[1:])})" if len(keys) > 1 else ""),
+            field=f"{name or 'config'}.{keys[0]}",
+        )
+    return default
+
+
+def _positive_int(cfg: dict[str, Any], value: Any, key: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"must be a positive integer, got {value!r}", field=f"{name}.{key}")
+    return value
+
+
+def model_from_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
+    """Build a ModelSpec from a config.json dict. Raises ConfigError naming a missing/bad field."""
+    if not isinstance(cfg, dict):
+        raise ConfigError("config.json must be a JSON object", field=name)
+    # Multimodal wrappers (Gemma 3, Qwen2-VL...) keep the language model under text_config.
+    if "text_config" in cfg and "hidden_size" not in cfg and isinstance(cfg["text_config"], dict):
+        text = dict(cfg["text_config"])
+        text.setdefault("model_type", str(cfg.get("model_type", "")) + "_text")
+        cfg = text
+    model_type = str(cfg.get("model_type") or "")
+    if not model_type:
+        raise ConfigError("config.json has no 'model_type'", field=f"{name}.model_type")
+    if cfg.get("is_encoder_decoder") or model_type in ("t5", "mt5", "bart", "mbart", "umt5", "pegasus"):
+        raise ConfigError(
+            f"encoder-decoder models ({model_type}) are not supported yet; tuneplan plans decoder-only "
+            "and encoder-only fine-tunes",
+            field=f"{name}.model_type",
+        )
+    family, known = family_of(model_type)
+    if not known:
+        warnings.warn(
+            f"model_type '{model_type}' is not a known family; treating it as a Llama-style decoder "
+            "(gated MLP, RMSNorm, separate q/k/v): check the parameter count",
+            stacklevel=2,
+        )
+    hidden = _positive_int(cfg, _get(cfg, "hidden_size", "n_embd", "d_model", required=True, name=name), "hidden_size", name)
+    n_layers = _positive_int(
+        cfg, _get(cfg, "num_hidden_layers", "n_layer", "num_layers", required=True, name=name), "num_hidden_layers", name
+    )
+    n_heads = _positive_int(
+        cfg, _get(cfg, "num_attention_heads", "n_head", required=True, name=name), "num_attention_heads", name
+    )
+    vocab = _positive_int(
+        cfg, _get(cfg, "padded_vocab_size", "vocab_size", required=True, name=name), "vocab_size", name
+    )
+    try:
+        return build_layers(cfg, name=name, family=family, model_type=model_type, hidden=hidden,
+                            n_layers=n_layers, n_heads=n_heads, vocab=vocab, spec_cls=ModelSpec,
+                            layer_cls=LayerSpec, linear_cls=Linear)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, KeyError) as exc:  # malformed values inside a known field
+        raise ConfigError(f"cannot read this config.json: {exc}", field=name) from None

@@ -1,0 +1,154 @@
+"""Framework profiles: what each training stack does by default, as data over one set of formulas.
+
+A profile never forks a formula; it sets the switches the formulas read (dtypes, upcasts, loss kernel,
+defaults). Each value cites where it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.errors import TuneplanError
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    label: str
+    default_precision: str
+    default_optimizer: str
+    default_optimizer_qlora: str
+    default_attn: str
+    # gradient checkpointing default per method
+    gc_full: bool
+    gc_lora: bool
+    gc_qlora: bool
+    default_targets: str  # "peft-default" or a shorthand / list
+    autocast: bool  # forward under torch.autocast when a 16-bit precision is chosen
+    kbit_upcast_fp32: bool  # PEFT prepare_model_for_kbit_training: non-quantized 16-bit params -> fp32
+    adapter_fp32: bool  # adapters kept in fp32 (PEFT autocast_adapter_dtype / LLaMA-Factory upcast)
+    trainable_fp32_in_mixed: bool  # '-mixed' precisions keep trainable params (master) in fp32
+    loss: str  # "hf" (full fp32 upcast), "chunked_bf16" (litgpt), "chunked_fp32" (torchtune), "fused"
+    gc_offload: bool = False  # checkpoints offloaded to CPU (Unsloth "smart" GC)
+    model_code: str = "hf"  # whose modeling code runs ("hf", "litgpt", "torchtune", "unsloth")
+    sources: tuple[str, ...] = ()
+
+
+PROFILES: dict[str, Profile] = {
+    "hf": Profile(
+        name="hf", label="transformers Trainer + PEFT + bitsandbytes",
+        default_precision="bf16-mixed", default_optimizer="adamw-fused", default_optimizer_qlora="adamw-fused",
+        default_attn="sdpa", gc_full=False, gc_lora=False, gc_qlora=True, default_targets="peft-default",
+        autocast=True, kbit_upcast_fp32=True, adapter_fp32=True, trainable_fp32_in_mixed=True, loss="hf",
+        sources=(
+            "transformers TrainingArguments: optim defaults to adamw_torch_fused for torch>=2.8; "
+            "gradient_checkpointing=False; bf16 -> autocast",
+            "peft prepare_model_for_kbit_training: casts fp16/bf16 non-quantized params to fp32 and enables "
+            "gradient checkpointing (use_gradient_checkpointing=True)",
+            "peft LoraConfig autocast_adapter_dtype=True: adapters in fp32 on a 16-bit base",
+            "transformers loss_utils.ForCausalLMLoss: logits.float() before cross_entropy",
+            "transformers attn_implementation default 'sdpa' (torch>=2.1.1)",
+        ),
+    ),
+    "llamafactory": Profile(
+        name="llamafactory", label="LLaMA-Factory (HF Trainer based)",
+        default_precision="bf16-mixed", default_optimizer="adamw-fused", default_optimizer_qlora="adamw-fused",
+        default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="all",
+        autocast=True, kbit_upcast_fp32=False, adapter_fp32=True, trainable_fp32_in_mixed=True, loss="hf",
+        sources=(
+            "LLaMA-Factory hparams/model_args.py: disable_gradient_checkpointing=False (checkpointing on), "
+            "upcast_layernorm=False, upcast_lmhead_output=False",
+            "LLaMA-Factory model/adapter.py: trainable params cast to fp32 unless pure_bf16",
+            "LLaMA-Factory examples: lora_target: all",
+        ),
+    ),
+    "unsloth": Profile(
+        name="unsloth", label="Unsloth (fused loss, offloaded checkpointing, own LoRA kernels)",
+        default_precision="bf16-mixed", default_optimizer="adamw-8bit", default_optimizer_qlora="adamw-8bit",
+        default_attn="flash", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="all-linear",
+        autocast=True, kbit_upcast_fp32=False, adapter_fp32=True, trainable_fp32_in_mixed=True, loss="fused",
+        gc_offload=True, model_code="unsloth",
+        sources=(
+            "unsloth README/notebooks: use_gradient_checkpointing='unsloth' (checkpoints offloaded to CPU), "
+            "optim='adamw_8bit', target q,k,v,o,gate,up,down",
+            "unsloth fast_cross_entropy_loss: fused/chunked, no fp32 logits copy",
+        ),
+    ),
+    "torchtune": Profile(
+        name="torchtune", label="torchtune (pure bf16, chunked cross-entropy)",
+        default_precision="bf16", default_optimizer="adamw-fused", default_optimizer_qlora="adamw-fused",
+        default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="q_proj,v_proj,output_proj",
+        autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=False,
+        loss="chunked_fp32", model_code="torchtune",
+        sources=(
+            "torchtune recipes configs: dtype: bf16, enable_activation_checkpointing: True, "
+            "loss: CEWithChunkedOutputLoss (8 chunks, each upcast to fp32)",
+            "torchtune lora configs: lora_attn_modules ['q_proj','v_proj','output_proj']",
+        ),
+    ),
+    "litgpt": Profile(
+        name="litgpt", label="LitGPT (bf16-true, own model code, chunked lm_head loss)",
+        default_precision="bf16", default_optimizer="adamw", default_optimizer_qlora="paged-adamw",
+        default_attn="sdpa", gc_full=False, gc_lora=False, gc_qlora=False, default_targets="q_proj,v_proj",
+        autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=False,
+        loss="chunked_bf16", model_code="litgpt",
+        sources=(
+            "litgpt finetune/lora.py: precision bf16-true, lora_query/lora_value True, "
+            "chunked_cross_entropy(chunk_size=128), lm_head_chunk_size=128",
+            "litgpt --quantize bnb.nf4: bitsandbytes PagedAdamW",
+        ),
+    ),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise TuneplanError(f"unknown framework {name!r}", field="framework", accepted=tuple(PROFILES)) from None
+
+
+def peft_default_targets(model: ModelSpec) -> str:
+    """PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, by the modules the model has."""
+    names = set(model.linear_names())
+    for pair in (("q_proj", "v_proj"), ("query", "value")):
+        if set(pair) <= names:
+            return ",".join(pair)
+    for fused in ("qkv_proj", "query_key_value", "c_attn", "wqkv"):
+        if fused in names:
+            return fused
+    return "attn"
+
+
+def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] = frozenset()) -> TrainSetup:
+    """Fill profile defaults into the fields left as None; record each value's origin in ``sources``.
+
+    ``explicit`` names the fields the user set (flags or a config file already recorded there).
+    """
+    prof = get_profile(setup.framework)
+    sources = dict(setup.sources)
+    changes: dict[str, object] = {}
+
+    def default(field: str, value: object) -> None:
+        changes[field] = value
+        sources[field] = f"{prof.name} profile default"
+
+    if setup.optimizer is None:
+        default("optimizer", prof.default_optimizer_qlora if setup.method == "qlora" else prof.default_optimizer)
+    if setup.attn is None:
+        default("attn", prof.default_attn)
+    if setup.gradient_checkpointing is None:
+        gc = {"full": prof.gc_full, "freeze": prof.gc_full, "lora": prof.gc_lora, "qlora": prof.gc_qlora}
+        default("gradient_checkpointing", gc[setup.method])
+    if setup.targets is None and setup.is_lora:
+        t = prof.default_targets
+        default("targets", peft_default_targets(model) if t == "peft-default" else t)
+    if "precision" not in explicit and "precision" not in sources and setup.precision == "bf16-mixed":
+        if prof.default_precision != setup.precision:
+            default("precision", prof.default_precision)
+    for f in explicit:
+        sources.setdefault(f, "flag")
+    resolved = setup.replace(**changes, sources=sources) if changes or sources != setup.sources else setup
+    return resolved.validate()

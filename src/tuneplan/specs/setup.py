@@ -1,0 +1,143 @@
+"""TrainSetup: how the model is trained. Typed, validated, no formulas.
+
+Field names and vocabularies are the CLI's (``--method``, ``--precision``...). ``validate`` raises a
+TuneplanError naming the field and the accepted values for every invalid value or combination.
+Defaults that depend on the framework profile (optimizer, attention, targets, checkpointing) are left
+as ``None`` here and filled by :func:`tuneplan.specs.profiles.resolve_setup`, which records where each
+value came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from tuneplan.errors import TuneplanError
+
+METHODS = ("full", "freeze", "lora", "qlora")
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16", "bf16")
+OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor", "sgd")
+ATTENTIONS = ("eager", "sdpa", "flash")
+OFFLOADS = ("none", "optimizer", "all")
+QUANT_TYPES = ("nf4", "fp4")
+FRAMEWORKS = ("hf", "llamafactory", "unsloth", "torchtune", "litgpt")
+TARGET_SHORTHANDS = ("all-linear", "all", "attn", "mlp")
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    method: str = "lora"
+    bits: int | None = None  # 4 or 8 for qlora; None = 4 when method is qlora
+    quant_type: str = "nf4"
+    double_quant: bool = True
+    rank: int = 16
+    alpha: int | None = None  # default 2*rank (only scales, no memory effect)
+    dropout: float = 0.0
+    targets: str | None = None  # comma list of module names, or a shorthand; None = profile default
+    precision: str = "bf16-mixed"
+    optimizer: str | None = None
+    optimizer_in_backward: bool = False
+    batch: int = 1
+    seq: int = 512
+    grad_accum: int = 1
+    gradient_checkpointing: bool | None = None
+    attn: str | None = None
+    gpus: int = 1  # GPUs per node
+    nodes: int = 1
+    zero: int = 0
+    fsdp: bool = False
+    offload: str = "none"
+    framework: str = "hf"
+    freeze_trainable_layers: int = 2  # method=freeze: last N layers trainable (LLaMA-Factory default 2)
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def quant_bits(self) -> int | None:
+        if self.method != "qlora":
+            return None
+        return self.bits or 4
+
+    @property
+    def is_lora(self) -> bool:
+        return self.method in ("lora", "qlora")
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.batch * self.seq
+
+    def replace(self, **changes: Any) -> TrainSetup:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("sources", None)
+        return d
+
+    def validate(self) -> TrainSetup:
+        _choice("method", self.method, METHODS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("framework", self.framework, FRAMEWORKS)
+        _choice("offload", self.offload, OFFLOADS)
+        _choice("quant_type", self.quant_type, QUANT_TYPES)
+        if self.optimizer is not None:
+            _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.attn is not None:
+            _choice("attn", self.attn, ATTENTIONS)
+        for name in ("batch", "seq", "grad_accum", "gpus", "nodes"):
+            _positive(name, getattr(self, name))
+        if self.seq > 4_194_304:
+            raise TuneplanError(f"{self.seq} tokens is beyond any model's context", field="seq",
+                                accepted="1..4194304")
+        if self.bits is not None:
+            if self.method != "qlora":
+                raise TuneplanError(
+                    f"--bits {self.bits} quantizes the frozen base, which only applies to --method qlora "
+                    f"(full fine-tuning of a {self.bits}-bit model is not possible: its weights cannot take gradients)",
+                    field="bits", accepted="use --method qlora, or drop --bits")
+            if self.bits not in (4, 8):
+                raise TuneplanError(f"got {self.bits}", field="bits", accepted="4, 8")
+        if self.is_lora:
+            if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
+                raise TuneplanError(f"LoRA rank must be a positive integer, got {self.rank!r}", field="rank",
+                                    accepted="1, 2, 4, 8, 16, 32, 64, ...")
+            if self.rank > 65536:
+                raise TuneplanError(f"rank {self.rank} is larger than any layer", field="rank", accepted="1..65536")
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise TuneplanError(f"got {self.dropout}", field="dropout", accepted="0 <= dropout < 1")
+        if self.zero not in (0, 1, 2, 3):
+            raise TuneplanError(f"got {self.zero}", field="zero", accepted="0, 1, 2, 3")
+        if self.zero and self.fsdp:
+            raise TuneplanError("choose either DeepSpeed ZeRO or FSDP, not both", field="zero",
+                                accepted="--zero 0 with --fsdp, or --zero N without --fsdp")
+        if (self.zero or self.fsdp) and self.world_size == 1:
+            what = f"ZeRO-{self.zero}" if self.zero else "FSDP"
+            raise TuneplanError(
+                f"{what} shards across GPUs and needs at least 2 (world size is 1); on one GPU use "
+                "--offload with --zero 2/3 only if you mean DeepSpeed's CPU offload",
+                field="zero" if self.zero else "fsdp", accepted="--gpus 2 or more")
+        if self.offload != "none":
+            if not (self.zero or self.fsdp):
+                raise TuneplanError("CPU offload is a DeepSpeed ZeRO / FSDP feature", field="offload",
+                                    accepted="none, or add --zero 2|3 (optimizer) / --zero 3 or --fsdp (all)")
+            if self.offload == "all" and self.zero in (1, 2):
+                raise TuneplanError("parameter offload needs ZeRO-3 (or FSDP)", field="offload",
+                                    accepted="optimizer with ZeRO-1/2; all with ZeRO-3 or FSDP")
+        if self.method == "qlora" and self.precision == "fp32":
+            pass  # allowed: compute dtype fp32 (slow but valid)
+        if self.method == "freeze" and self.freeze_trainable_layers <= 0:
+            raise TuneplanError("must be positive", field="freeze_trainable_layers", accepted="1..n_layers")
+        return self
+
+
+def _choice(name: str, value: Any, accepted: tuple[str, ...]) -> None:
+    if value not in accepted:
+        raise TuneplanError(f"unknown value {value!r}", field=name, accepted=accepted)
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TuneplanError(f"must be a positive integer, got {value!r}", field=name, accepted="1, 2, 3, ...")
