@@ -21,6 +21,8 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "tuneplan.cli.estimate_cmd",
     "tuneplan.cli.catalog_cmd",
+    "tuneplan.cli.measure_cmd",
+    "tuneplan.cli.serve_cmd",
 )
 
 for _mod in COMMAND_MODULES:
@@ -29,23 +31,12 @@ for _mod in COMMAND_MODULES:
 
 def main() -> None:
     """Console entry point: bad input -> message + exit 2, never a traceback."""
+    # Standalone mode lets click report usage errors itself (exit 2); our own input errors surface here.
     try:
-        app(standalone_mode=False)
+        app()
     except TuneplanError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors and friends
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
-        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

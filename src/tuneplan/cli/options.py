@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -49,7 +50,11 @@ SETUP_OPTIONS: list[tuple[str, Any, Any]] = [
 
 def with_setup_options(func: Callable[..., Any]) -> Callable[..., Any]:
     sig = inspect.signature(func)
-    params = [p for p in sig.parameters.values() if p.name != "setup_kw"]
+    # Resolve string annotations (``from __future__ import annotations``) in the command's own module,
+    # since typer would otherwise evaluate them in this module's namespace.
+    hints = typing.get_type_hints(func, include_extras=True)
+    params = [p.replace(annotation=hints.get(p.name, p.annotation))
+              for p in sig.parameters.values() if p.name != "setup_kw"]
     for name, ann, default in SETUP_OPTIONS:
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=Annotated[ann, default]))

@@ -59,7 +59,7 @@ def _saves_input(name: str, trainable: bool, targets: frozenset[str]) -> bool:
 
 def layer_activations(
     model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str],
-    trainable: bool, attn: str, python_model_code: bool,
+    trainable: bool, attn: str, python_model_code: bool, quant_saves_input: bool = False,
 ) -> LayerActs:
     h = model.hidden
     led = _Ledger()
@@ -84,6 +84,8 @@ def layer_activations(
 
     def linear(m_name: str, reads: str, d_in: int, tokens_share: float = 1.0) -> None:
         in_b = inputs_dtype.get(reads, c)
+        if quantized and quant_saves_input and not trainable:
+            led.save(reads + ".q_in", in_b * d_in * tokens_share)
         if trainable:
             if dt.autocast and in_b != c:
                 led.save(f"{m_name}.cast_in", c * d_in * tokens_share)
@@ -99,7 +101,7 @@ def layer_activations(
             else:
                 led.save(reads, in_b * d_in * tokens_share)
             led.save(f"{m_name}.lora_mid", (c if dt.autocast else dt.adapter) * r * tokens_share)
-            if setup.dropout > 0:
+            if (setup.dropout or 0) > 0:
                 led.save(f"{m_name}.dropout_mask", 1 * d_in * tokens_share)
 
     # ---- attention ---------------------------------------------------------------------------
@@ -199,7 +201,7 @@ class ActivationPlan:
 
 
 def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
-                    gc_offload: bool, python_model_code: bool) -> ActivationPlan:
+                    gc_offload: bool, python_model_code: bool, quant_saves_input: bool = False) -> ActivationPlan:
     tokens = setup.batch * setup.seq
     s = setup.seq
     h = model.hidden
@@ -216,10 +218,12 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
                 layer_no += 1
                 continue  # nothing upstream needs a gradient: autograd records nothing in these layers
             if trainable:
-                la_train = la_train or layer_activations(model, spec, setup, dt, targets, True, attn, python_model_code)
+                la_train = la_train or layer_activations(model, spec, setup, dt, targets, True, attn, python_model_code,
+                                                         quant_saves_input)
                 la = la_train
             else:
-                la_frozen = la_frozen or layer_activations(model, spec, setup, dt, targets, False, attn, python_model_code)
+                la_frozen = la_frozen or layer_activations(model, spec, setup, dt, targets, False, attn, python_model_code,
+                                                           quant_saves_input)
                 la = la_frozen
             per_layer = tokens * la.per_token + tokens * s * la.per_token_per_pos
             total += per_layer

@@ -41,12 +41,15 @@ def resolve_dtypes(setup: TrainSetup, prof: Profile) -> Dtypes:
         return Dtypes(compute=2, autocast=False, frozen_weight=2, trainable=2, adapter=2, non_block=2,
                       residual=2, norm_out=2, linear_out=2, quant_out=2)
     mixed = prec.endswith("-mixed")
-    autocast = prof.autocast and prec != "fp32"
+    # '-mixed' always means autocast; HF Trainer also autocasts a 16-bit model when bf16/fp16 is set.
+    autocast = mixed or (prof.autocast and prec != "fp32")
     trainable = 4 if (prec == "fp32" or (mixed and prof.trainable_fp32_in_mixed)) else 2
     # A full fine-tune under a '-mixed' precision loads (or casts) the whole model in fp32.
     full_fp32 = setup.method in ("full",) and trainable == 4
-    frozen = 4 if prec == "fp32" else 2
-    adapter = 4 if (prec == "fp32" or prof.adapter_fp32) else 2
+    # Under quantization the precision plugin (bitsandbytes) sets the dtype of non-quantized params to the
+    # compute dtype, so an fp32 base under '-mixed' only applies to unquantized methods.
+    frozen = 4 if (prec == "fp32" or (mixed and prof.mixed_base_fp32 and setup.method != "qlora")) else 2
+    adapter = 4 if (prec == "fp32" or prof.adapter_fp32 or (mixed and prof.mixed_base_fp32)) else 2
     non_block = frozen
     if setup.method == "qlora" and prof.kbit_upcast_fp32:
         non_block = 4

@@ -40,7 +40,7 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     pp = param_plan(model, setup, dt)
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
     acts = activation_plan(model, setup, dt, targets, setup.attn or prof.default_attn, prof.gc_offload,
-                           python_model_code=prof.model_code == "hf")
+                           python_model_code=prof.model_code == "hf", quant_saves_input=prof.quant_saves_input)
     tokens = setup.batch * setup.seq
     logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
     lg = logits_plan(tokens, model.vocab, logit_bytes, prof.loss)
@@ -48,7 +48,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
                          pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
     sp = shard(model, setup, weights=pp.weight_bytes + pp.adapter_bytes, trainable_params=pp.trainable_params,
                trainable_bytes=pp.trainable_bytes, trainable_weight_params=pp.trainable_weight_params,
-               states=opt.states, optimizer_temp=opt.temp, compute_bytes=dt.compute)
+               states=opt.states, optimizer_temp=opt.temp, compute_bytes=dt.compute,
+               optimizer=setup.optimizer or prof.default_optimizer)
     # Split the sharded weights back into base weights and adapters for display.
     adapters = min(pp.adapter_bytes, sp.weights) if not (setup.zero == 3 or setup.fsdp) else -(-pp.adapter_bytes // setup.world_size)
     if setup.zero and pp.trainable_bytes > dt.compute:

@@ -41,7 +41,8 @@ class ShardPlan:
 
 
 def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params: int, trainable_bytes: int,
-          trainable_weight_params: int, states: int, optimizer_temp: int, compute_bytes: int) -> ShardPlan:
+          trainable_weight_params: int, states: int, optimizer_temp: int, compute_bytes: int,
+          optimizer: str = "adamw") -> ShardPlan:
     n = setup.world_size
     grads = trainable_params * trainable_bytes
     if n == 1 or (not setup.zero and not setup.fsdp):
@@ -77,20 +78,26 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     if trainable_bytes > compute_bytes and trainable_params > trainable_weight_params:  # adapters too
         w16 -= (trainable_params - trainable_weight_params) * (trainable_bytes - compute_bytes)
     master = 4 * pt if compute_bytes < 4 else 0
-    adam_fp32 = states * 4 // max(trainable_bytes, 1) if states else 0  # DeepSpeed keeps states in fp32
+    # DeepSpeed's own Adam keeps fp32 states next to the fp32 master; other optimizers keep theirs.
+    adam_fp32 = 8 * pt if optimizer in ("adamw", "adamw-fused") else states
     st = -(-(master + adam_fp32) // n)
     g16 = pt * compute_bytes
     bucket = min(DS_REDUCE_BUCKET, pt) * compute_bytes
     gathered = 0
+    # DeepSpeedZeroOptimizer serves stages 1 and 2 (stage_1_and_2.py); its contiguous reduce bucket is
+    # allocated in both; stage 2 additionally partitions the gradients.
     if setup.zero == 1:
-        g_live, buffers = g16, 0
+        g_live, buffers = g16, bucket
     elif setup.zero == 2:
         g_live, buffers = -(-g16 // n), bucket
     else:
         g_live, buffers = -(-g16 // n), bucket
-        w16 = -(-w16 // n)
-        gathered = layer16 + min(DS_PREFETCH_BUCKET * compute_bytes, layer16 * model.n_layers)
-    fp32_grad_step = -(-4 * pt // n)  # fp32 gradient partition the optimizer step reads
+        shard16 = -(-w16 // n)
+        # the current layer plus the prefetch bucket, never more than the rest of the model
+        gathered = min(layer16 + DS_PREFETCH_BUCKET * compute_bytes, w16 - shard16)
+        w16 = shard16
+    # fp32 gradient partition the optimizer step reads (a copy only when gradients are 16-bit)
+    fp32_grad_step = -(-4 * pt // n) if compute_bytes < 4 else 0
     tmp = fp32_grad_step
     if setup.offload in ("optimizer", "all"):
         host += st + fp32_grad_step

@@ -117,6 +117,10 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> ParamPlan:
                         autocast_copy += reps * w_numel * dt.compute
                 else:
                     weight += reps * (w_numel + b_numel) * dt.frozen_weight
+                    if dt.autocast and dt.frozen_weight == 4:
+                        # autocast casts a frozen fp32 weight on every forward; the cast is saved for the
+                        # input-gradient matmul (autocast caches casts only for params requiring grad).
+                        autocast_copy += reps * w_numel * dt.compute
                 if m.name in targets:
                     p = lora_params_of(m, setup.rank)
                     adapters += reps * p

@@ -32,6 +32,9 @@ class Profile:
     trainable_fp32_in_mixed: bool  # '-mixed' precisions keep trainable params (master) in fp32
     loss: str  # "hf" (full fp32 upcast), "chunked_bf16" (litgpt), "chunked_fp32" (torchtune), "fused"
     gc_offload: bool = False  # checkpoints offloaded to CPU (Unsloth "smart" GC)
+    default_dropout: float = 0.0  # LoRA dropout when the user gives none
+    mixed_base_fp32: bool = False  # '-mixed' keeps every parameter (frozen base too) in fp32
+    quant_saves_input: bool = False  # 4-bit matmul keeps its input for backward even with a frozen weight
     model_code: str = "hf"  # whose modeling code runs ("hf", "litgpt", "torchtune", "unsloth")
     sources: tuple[str, ...] = ()
 
@@ -92,12 +95,18 @@ PROFILES: dict[str, Profile] = {
         name="litgpt", label="LitGPT (bf16-true, own model code, chunked lm_head loss)",
         default_precision="bf16", default_optimizer="adamw", default_optimizer_qlora="paged-adamw",
         default_attn="sdpa", gc_full=False, gc_lora=False, gc_qlora=False, default_targets="q_proj,v_proj",
-        autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=False,
-        loss="chunked_bf16", model_code="litgpt",
+        autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=True,
+        loss="chunked_bf16", model_code="litgpt", default_dropout=0.05, mixed_base_fp32=True,
+        quant_saves_input=True,
         sources=(
             "litgpt finetune/lora.py: precision bf16-true, lora_query/lora_value True, "
             "chunked_cross_entropy(chunk_size=128), lm_head_chunk_size=128",
             "litgpt --quantize bnb.nf4: bitsandbytes PagedAdamW",
+            "litgpt finetune/lora.py: lora_dropout=0.05",
+            "Lightning Fabric precision 'bf16-mixed': parameters stay fp32, forward under torch.autocast "
+            "(lightning.fabric.plugins.precision.amp); 'bf16-true': parameters in bf16, no autocast",
+            "bitsandbytes MatMul4Bit before PR #1270 saved its input A for backward whatever B required "
+            "(../shared/reference/prior-art.md e.4); litgpt's 2023-2024 tables ran bnb 0.41-0.43",
         ),
     ),
 }
@@ -135,6 +144,10 @@ def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] 
         changes[field] = value
         sources[field] = f"{prof.name} profile default"
 
+    if setup.method == "qlora" and setup.bits is None:
+        default("bits", 4)
+    if setup.dropout is None:
+        default("dropout", prof.default_dropout if setup.is_lora else 0.0)
     if setup.optimizer is None:
         default("optimizer", prof.default_optimizer_qlora if setup.method == "qlora" else prof.default_optimizer)
     if setup.attn is None:

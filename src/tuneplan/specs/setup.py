@@ -32,7 +32,7 @@ class TrainSetup:
     double_quant: bool = True
     rank: int = 16
     alpha: int | None = None  # default 2*rank (only scales, no memory effect)
-    dropout: float = 0.0
+    dropout: float | None = None  # None = the profile's default
     targets: str | None = None  # comma list of module names, or a shorthand; None = profile default
     precision: str = "bf16-mixed"
     optimizer: str | None = None
@@ -106,18 +106,18 @@ class TrainSetup:
                                     accepted="1, 2, 4, 8, 16, 32, 64, ...")
             if self.rank > 65536:
                 raise TuneplanError(f"rank {self.rank} is larger than any layer", field="rank", accepted="1..65536")
-        if not 0.0 <= float(self.dropout) < 1.0:
+        if self.dropout is not None and not 0.0 <= float(self.dropout) < 1.0:
             raise TuneplanError(f"got {self.dropout}", field="dropout", accepted="0 <= dropout < 1")
         if self.zero not in (0, 1, 2, 3):
             raise TuneplanError(f"got {self.zero}", field="zero", accepted="0, 1, 2, 3")
         if self.zero and self.fsdp:
             raise TuneplanError("choose either DeepSpeed ZeRO or FSDP, not both", field="zero",
                                 accepted="--zero 0 with --fsdp, or --zero N without --fsdp")
-        if (self.zero or self.fsdp) and self.world_size == 1:
+        if (self.zero or self.fsdp) and self.world_size == 1 and self.offload == "none":
             what = f"ZeRO-{self.zero}" if self.zero else "FSDP"
             raise TuneplanError(
-                f"{what} shards across GPUs and needs at least 2 (world size is 1); on one GPU use "
-                "--offload with --zero 2/3 only if you mean DeepSpeed's CPU offload",
+                f"{what} shards across GPUs and needs at least 2 (world size is 1); on one GPU it only "
+                "makes sense with CPU offload (--offload optimizer|all)",
                 field="zero" if self.zero else "fsdp", accepted="--gpus 2 or more")
         if self.offload != "none":
             if not (self.zero or self.fsdp):

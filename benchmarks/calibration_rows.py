@@ -1,0 +1,264 @@
+"""Map the rows of the calibration data (benchmarks/data/calibration/measured.csv) to tuneplan setups.
+
+Each row becomes a ``MappedRow`` (model, setup fields, GPU, which quantity was measured, bytes) or an
+``Unmapped`` with the reason. Nothing is dropped silently. The mapping reads the row as published: it
+never edits values to fit the estimator (see the calibration README).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "calibration" / "measured.csv"
+
+FRAMEWORK_OF_GROUP = {
+    "litgpt": "litgpt", "torchtune": "torchtune", "unsloth": "unsloth", "llama-factory": "llamafactory",
+    "hf-peft": "hf", "hf-transformers-docs": "hf",
+}
+
+
+@dataclass
+class MappedRow:
+    row_id: str
+    source_group: str
+    framework: str
+    model: str
+    setup: dict[str, Any]
+    gpu: str | None
+    outcome: str  # measured | OOM | max_seq_len_that_fits
+    metric: str  # allocated | reserved | device | unknown
+    measured_bytes: int | None
+    budget_bytes: int | None
+    confidence: str
+    approximations: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Unmapped:
+    row_id: str
+    source_group: str
+    reason: str
+
+
+def _int(v: str) -> int | None:
+    m = re.match(r"^\s*(\d[\d,]*)", v or "")
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+def _targets(text: str, approx: list[str]) -> str | None:
+    t = (text or "").lower()
+    if not t or "peft default" in t:
+        return None  # profile default
+    if "all-linear" in t:
+        return "all-linear"
+    if "head" in t:
+        approx.append("LoRA on the output head not modelled (all block linears targeted)")
+        return "all-linear"
+    tokens = set(re.findall(r"[a-z_]+", t.split("(")[0]))
+    sem = set()
+    for tok in tokens:
+        sem |= {"query": {"q"}, "key": {"k"}, "value": {"v"}, "projection": {"o"}, "output_proj": {"o"},
+                "mlp": {"mlp"}, "gate": {"mlp"}, "up": {"mlp"}, "down": {"mlp"}}.get(tok, {tok})
+    return "sem:" + ",".join(sorted(sem))
+
+
+def resolve_semantic_targets(spec: Any, sem: str) -> str:
+    """'sem:q,v' -> the module names of this architecture that hold q and v."""
+    want = set(sem[4:].split(","))
+    names = spec.linear_names()
+    roles = {m.name: (m.role, m.reads) for s, _ in spec.layer_groups for m in s.linears}
+    out: list[str] = []
+    fused = [n for n in names if n in ("qkv_proj", "query_key_value", "c_attn", "wqkv")]
+    for n in names:
+        role, reads = roles[n]
+        short = n.split(".")[-1]
+        if role == "attn" and reads == "attn_core" and "o" in want:
+            out.append(n)
+        elif role == "attn" and fused and n in fused and want & {"q", "k", "v"}:
+            out.append(n)
+        elif role == "attn" and (("q" in want and short in ("q_proj", "query", "q_a_proj", "q_b_proj"))
+                                 or ("k" in want and short in ("k_proj", "key"))
+                                 or ("v" in want and short in ("v_proj", "value"))):
+            out.append(n)
+        elif role in ("mlp", "expert", "shared_expert") and "mlp" in want:
+            out.append(n)
+    if "k" in want and "v" in want and not any(x in names for x in ("k_proj", "key")):
+        for n in names:
+            if n.startswith("kv_") and n not in out:
+                out.append(n)
+    return ",".join(out)
+
+
+def _precision(text: str) -> str | None:
+    t = (text or "").lower()
+    if not t:
+        return None
+    if "bf16-true" in t or "pure bf16" in t or t.startswith("bf16 (pure"):
+        return "bf16"
+    if "bf16-mixed" in t or "bf16 mixed" in t:
+        return "bf16-mixed"
+    if "fp16" in t:
+        return "fp16-mixed"
+    if "fp32" in t:
+        return "fp32"
+    return None
+
+
+def _optimizer(text: str, setup: dict[str, Any]) -> None:
+    t = (text or "").lower()
+    if "optimizer_in_bwd" in t or "fused into backward" in t:
+        setup["optimizer_in_backward"] = True
+    if not t or "not stated" in t:
+        return
+    if "pagedadamw8bit" in t:
+        setup["optimizer"] = "paged-adamw-8bit"
+    elif "pagedadamw" in t:
+        setup["optimizer"] = "paged-adamw"
+    elif "8bit" in t or "8-bit" in t:
+        setup["optimizer"] = "adamw-8bit"
+    elif "adafactor" in t:
+        setup["optimizer"] = "adafactor"
+    elif "sgd" in t:
+        setup["optimizer"] = "sgd"
+    elif "fused" in t:
+        setup["optimizer"] = "adamw-fused"
+    elif "adamw" in t:
+        setup["optimizer"] = "adamw"
+
+
+def _metric(text: str) -> str:
+    t = (text or "").lower()
+    if "max_memory_allocated" in t or "active" in t:
+        return "allocated"
+    if "reserved" in t:
+        return "reserved"
+    if "nvidia-smi" in t or "nvml" in t or "screenshot" in t or "consumed" in t or "gram" in t:
+        return "device"
+    return "unknown"
+
+
+def _bytes(row: dict[str, str]) -> int | None:
+    if row["peak_mem_gib_derived"]:
+        return int(float(row["peak_mem_gib_derived"]) * 1024**3)
+    v = row["peak_mem_value"]
+    if not v:
+        return None
+    try:
+        val = float(v.replace(",", ""))
+    except ValueError:
+        return None
+    unit = row["peak_mem_unit"]
+    # The calibration README: litgpt and 2024 torchtune "GB" are 1e9 bytes; elsewhere GiB or as printed.
+    if "1e9" in unit or row["source_group"] in ("litgpt", "torchtune"):
+        return int(val * 1e9)
+    if "GiB" in unit or "GB" in unit:
+        return int(val * 1024**3)
+    return None
+
+
+def _gpu(text: str) -> str | None:
+    from tuneplan.catalog.accelerators import resolve_accelerator
+    from tuneplan.errors import TuneplanError
+
+    t = (text or "")
+    if not t or "not stated" in t or "budget" in t.lower() or "model not stated" in t:
+        return None
+    t = re.sub(r"^\s*\d+\s*x\s*", "", t)  # "1 x RTX 4090", "8x A100"
+    t = t.split(";")[0].split("(")[0].strip()
+    if t.upper() == "A100":
+        return None  # 40 or 80 GB not stated
+    try:
+        return resolve_accelerator(t).id
+    except TuneplanError:
+        return None
+
+
+def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
+    rid, group = row["row_id"], row["source_group"]
+    method = row["method"]
+    approx: list[str] = []
+    if method.startswith("adapter"):
+        return Unmapped(rid, group, f"method {method} (LLaMA-Adapter) is not modelled")
+    if "encoder classifier" in row.get("method_detail", "") and False:
+        pass
+    setup: dict[str, Any] = {"framework": FRAMEWORK_OF_GROUP.get(group, "hf")}
+    if method == "qlora-4bit":
+        setup.update(method="qlora", bits=4, double_quant="double quant" in row["quantization"])
+    elif method in ("lora", "full"):
+        setup["method"] = method
+    else:
+        return Unmapped(rid, group, f"method {method!r} not modelled")
+    if "torchao" in row["quantization"] or "torchtune nf4" in row["quantization"].lower():
+        approx.append("torchao NF4 modelled as bitsandbytes NF4 storage")
+    r = _int(row["lora_rank"])
+    if setup["method"] != "full" and r:
+        setup["rank"] = r
+    tg = _targets(row["lora_targets"], approx)
+    if tg and setup["method"] != "full":
+        setup["targets"] = tg
+    p = _precision(row["precision"])
+    if p:
+        setup["precision"] = p
+    _optimizer(row["optimizer"], setup)
+    b = _int(row["micro_batch_size"])
+    if b:
+        setup["batch"] = b
+    s = _int(row["seq_len"])
+    if not s:
+        return Unmapped(rid, group, "sequence length not given")
+    setup["seq"] = s
+    ga = _int(row["grad_accum"])
+    if ga:
+        setup["grad_accum"] = ga
+    gc = row["grad_checkpointing"].lower()
+    if gc.startswith("on"):
+        setup["gradient_checkpointing"] = True
+    elif gc.startswith("off"):
+        setup["gradient_checkpointing"] = False
+    att = row["attention_impl"].lower()
+    if "flash" in att and "not" not in att:
+        setup["attn"] = "flash"
+    elif "eager" in att:
+        setup["attn"] = "eager"
+    elif "sdpa" in att or "not fa2" in att:
+        setup["attn"] = "sdpa"
+    par = row["parallelism"].lower()
+    n = _int(row["n_gpus"]) or 1
+    if "fsdp" in par:
+        setup.update(fsdp=True, gpus=n)
+    elif "zero-3" in par or "zero3" in par:
+        setup.update(zero=3, gpus=n)
+    elif n > 1:
+        setup["gpus"] = n
+    off = row["offload"].lower()
+    if "offload" in off and "false" not in off:
+        setup["offload"] = "all" if ("param" in off or "fsdp" in off) else "optimizer"
+    if "activation offloading" in row["other_opts"]:
+        approx.append("torchtune activation offloading not modelled")
+    if "cce" in row["other_opts"].lower() or "cut cross" in row["other_opts"].lower():
+        approx.append("Apple cut cross-entropy modelled as Unsloth's fused loss")
+    if "compile" in row["other_opts"]:
+        approx.append("torch.compile not modelled")
+    model = row["model_hf_id"]
+    budget = None
+    if row["mem_budget_gb"]:
+        try:
+            budget = int(float(row["mem_budget_gb"]) * 1024**3)
+        except ValueError:
+            budget = None
+    return MappedRow(
+        row_id=rid, source_group=group, framework=setup["framework"], model=model, setup=setup,
+        gpu=_gpu(row["gpu"]), outcome=row["outcome"], metric=_metric(row["peak_mem_metric"]),
+        measured_bytes=_bytes(row), budget_bytes=budget, confidence=row["config_confidence"],
+        approximations=approx,
+    )
+
+
+def load_rows(path: Path = DATA) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))

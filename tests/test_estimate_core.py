@@ -1,0 +1,154 @@
+"""First-principles checks of the analytic estimator, each expected value derived by hand here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tuneplan.api import estimate
+from tuneplan.estimator.activations import layer_activations
+from tuneplan.estimator.dtypes import resolve_dtypes
+from tuneplan.specs.model import model_from_config
+from tuneplan.specs.profiles import get_profile
+
+from .conftest import LLAMA2_7B, QWEN25_7B
+
+H, L, F, V, KV = 3584, 28, 18944, 152064, 512  # Qwen2.5-7B
+
+
+def lin_weights() -> int:
+    return L * (H * H + 2 * H * KV + H * H + 3 * H * F)
+
+
+def test_qlora_weights_first_principles(qwen7b) -> None:
+    est = estimate(qwen7b, method="qlora", rank=16, batch=1, seq=512)
+    c = est.breakdown.components
+    biases = L * (H + 2 * KV)
+    norms = (2 * L + 1) * H
+    embed_head = 2 * V * H
+    # 4-bit storage: half a byte per weight; everything not quantized is fp32 after
+    # prepare_model_for_kbit_training (embeddings, lm_head, norms, q/k/v biases).
+    expected = lin_weights() // 2 + 4 * (biases + norms + embed_head)
+    assert c["weights"] == expected
+    # double quant: 1 B per 64-block absmax + 4 B per 256 blocks + 1 KiB code table per tensor
+    tensors = [H * H, H * KV, H * KV, H * H, H * F, H * F, F * H]
+    meta = L * sum(n // 64 + 4 * math.ceil(n / 64 / 256) + 1024 + 4 for n in tensors)
+    assert c["quant_meta"] == meta
+    per_param = (lin_weights() // 2 + meta) / lin_weights()
+    assert 0.515 < per_param < 0.52  # ~0.516 B/param (QLoRA paper section 3)
+
+
+def test_qlora_no_double_quant_metadata(qwen7b) -> None:
+    est = estimate(qwen7b, method="qlora", double_quant=False)
+    assert est.breakdown.components["quant_meta"] == 4 * lin_weights() // 64  # one fp32 absmax per 64
+
+
+def test_lora_trainable_and_states(qwen7b) -> None:
+    est = estimate(qwen7b, method="lora", rank=16, targets="q_proj,v_proj", optimizer="adamw")
+    lora = L * 16 * ((H + H) + (H + KV))
+    assert est.trainable_params == lora
+    c = est.breakdown.components
+    assert c["lora_adapters"] == 4 * lora  # PEFT keeps adapters in fp32 on a 16-bit base
+    assert c["optimizer_states"] == 8 * lora  # AdamW: exp_avg + exp_avg_sq in fp32
+
+
+def test_full_mixed_is_16_bytes_per_param_at_the_step() -> None:
+    spec = model_from_config(LLAMA2_7B)
+    est = estimate(spec, method="full", precision="bf16-mixed", optimizer="adamw-fused", batch=1, seq=128)
+    p = spec.params_total
+    c = est.breakdown.components
+    assert est.breakdown.peak_phase in ("optimizer_step", "backward_layers_bottom")
+    assert c["weights"] == 4 * p and c["gradients"] == 4 * p
+    assert 8 * p <= c["optimizer_states"] <= 8 * p + 512 * 1000  # + one 'step' scalar per tensor
+
+
+def test_pure_bf16_full_has_no_master() -> None:
+    spec = model_from_config(LLAMA2_7B)
+    est = estimate(spec, method="full", precision="bf16", optimizer="adamw-fused", seq=128, framework="torchtune",
+                   gradient_checkpointing=False)
+    p = spec.params_total
+    assert est.breakdown.components["weights"] == 2 * p
+    assert abs(est.breakdown.components["optimizer_states"] - 4 * p) < 512 * 1000
+
+
+def test_hf_logits_chain_at_backward_start(qwen7b) -> None:
+    tokens = 2 * 2048
+    est = estimate(qwen7b, method="qlora", batch=2, seq=2048)
+    phases = est.breakdown.phases
+    assert est.breakdown.peak_phase == "backward_start"
+    # fp32 log-softmax output + dense fp32 nll grad + fp32 log_softmax grad = 12 B/token/vocab
+    assert est.breakdown.components["logits_loss"] == 12 * tokens * V
+    assert phases["backward_start"] - phases["forward"] == (12 - 10) * tokens * V
+
+
+def test_llama_layer_activations_match_prior_art_formula() -> None:
+    """Full fine-tune, pure bf16, flash: (16h + 6ad + 4 kv d + 8f + 4a) bytes/token/layer, i.e. the
+    22h + 4h_kv + 8f + 4a of prior-art e.4 when a*d = h."""
+    cfg = dict(LLAMA2_7B, num_key_value_heads=8)
+    spec = model_from_config(cfg)
+    est = estimate(spec, method="full", precision="bf16", framework="torchtune", attn="flash",
+                   gradient_checkpointing=False)
+    dt = resolve_dtypes(est.setup, get_profile("torchtune"))
+    layer = spec.layer_groups[0][0]
+    la = layer_activations(spec, layer, est.setup, dt, frozenset(), True, "flash", False)
+    h, f, a, d, kv = 4096, 11008, 32, 128, 8
+    assert la.per_token == 22 * h + 4 * kv * d + 8 * f + 4 * a
+    assert la.per_token_per_pos == 0
+
+
+def test_eager_attention_adds_quadratic_term() -> None:
+    spec = model_from_config(LLAMA2_7B)
+    sdpa = estimate(spec, method="lora", seq=1024, attn="sdpa", gradient_checkpointing=False)
+    eager = estimate(spec, method="lora", seq=1024, attn="eager", gradient_checkpointing=False)
+    diff = eager.breakdown.components["activations"] - sdpa.breakdown.components["activations"]
+    quad = 32 * 1024 * 1024 * 32 * 6  # layers x s^2 x heads x (fp32 softmax out + bf16 copy)
+    kernel_state = 32 * 1024 * (2 * 4096 + 4 * 32)  # SDPA's saved output (2ad) and fp32 lse (4a), per layer
+    assert diff == quad - kernel_state
+
+
+def test_moe_holds_all_experts_and_routes_top_k() -> None:
+    mix = dict(model_type="mixtral", hidden_size=512, num_hidden_layers=2, num_attention_heads=8,
+               num_key_value_heads=2, intermediate_size=1024, vocab_size=1000, num_local_experts=8,
+               num_experts_per_tok=2)
+    spec = model_from_config(mix)
+    est = estimate(spec, method="lora", precision="bf16", targets="q_proj,v_proj")
+    expert_params = 2 * 8 * 3 * 512 * 1024
+    assert est.breakdown.components["weights"] >= 2 * expert_params  # every expert resident in bf16
+    assert spec.params_active < spec.params_total
+
+
+def test_offload_reports_host_memory(qwen7b) -> None:
+    est = estimate(qwen7b, method="full", gpus=4, zero=2, offload="optimizer")
+    assert est.breakdown.components["optimizer_states"] == 0
+    assert est.breakdown.host_bytes >= 12 * qwen7b.params_total // 4  # fp32 master + Adam states
+
+
+def test_fits_verdict_and_headroom(qwen7b) -> None:
+    est = estimate(qwen7b, method="qlora", gpu="rtx4090")
+    assert est.fits is True and est.headroom_bytes == est.gpu.memory_bytes - est.breakdown.device_peak_bytes
+    big = estimate(qwen7b, method="full", gpu="rtx4090")
+    assert big.fits is False and big.headroom_bytes < 0
+
+
+def test_json_shape(qwen7b) -> None:
+    d = estimate(qwen7b, method="qlora", gpu="rtx4090").to_dict()
+    for key in ("model", "per_gpu", "peak_phase", "findings", "gpu", "fits", "headroom_bytes"):
+        assert key in d
+    assert d["model"]["params_total"] == 7_615_616_512
+    pg = d["per_gpu"]
+    assert sum(pg["components"].values()) == pg["allocated_peak_bytes"]
+    assert pg["allocated_peak_bytes"] <= pg["reserved_peak_bytes"] <= pg["device_peak_bytes"]
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(method="full", bits=4), "bits"), (dict(method="lora", rank=0), "rank"), (dict(batch=0), "batch"),
+    (dict(zero=2), "zero"), (dict(precision="fp8"), "precision"), (dict(offload="optimizer"), "offload"),
+    (dict(optimizer="lion"), "optimizer"), (dict(targets="w_nope"), "targets"), (dict(seq=-3), "seq"),
+])
+def test_invalid_setups_name_the_field(qwen7b, kw, field) -> None:
+    from tuneplan.errors import TuneplanError
+
+    with pytest.raises(TuneplanError) as exc:
+        estimate(qwen7b, **kw)
+    assert exc.value.field == field
