@@ -22,7 +22,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibration_rows import MappedRow, Unmapped, load_rows, map_row, resolve_semantic_targets  # noqa: E402
-
 from tuneplan.api import estimate  # noqa: E402
 from tuneplan.catalog.models import resolve_model  # noqa: E402
 from tuneplan.errors import TuneplanError  # noqa: E402

@@ -12,7 +12,7 @@ from tuneplan.estimator.dtypes import resolve_dtypes
 from tuneplan.specs.model import model_from_config
 from tuneplan.specs.profiles import get_profile
 
-from .conftest import LLAMA2_7B, QWEN25_7B
+from .conftest import LLAMA2_7B
 
 H, L, F, V, KV = 3584, 28, 18944, 152064, 512  # Qwen2.5-7B
 
@@ -31,9 +31,10 @@ def test_qlora_weights_first_principles(qwen7b) -> None:
     # prepare_model_for_kbit_training (embeddings, lm_head, norms, q/k/v biases).
     expected = lin_weights() // 2 + 4 * (biases + norms + embed_head)
     assert c["weights"] == expected
-    # double quant: 1 B per 64-block absmax + 4 B per 256 blocks + 1 KiB code table per tensor
+    # double quant: 1 B per 64-block absmax + 4 B per 256 blocks + 1 KiB code table + fp32 offset per tensor,
+    # + the 16-entry fp32 NF4 code book every QuantState keeps (real Params4bit: 18944x3584 = 35,026,180 B)
     tensors = [H * H, H * KV, H * KV, H * H, H * F, H * F, F * H]
-    meta = L * sum(n // 64 + 4 * math.ceil(n / 64 / 256) + 1024 + 4 for n in tensors)
+    meta = L * sum(n // 64 + 4 * math.ceil(n / 64 / 256) + 1024 + 4 + 64 for n in tensors)
     assert c["quant_meta"] == meta
     per_param = (lin_weights() // 2 + meta) / lin_weights()
     assert 0.515 < per_param < 0.52  # ~0.516 B/param (QLoRA paper section 3)
@@ -41,7 +42,8 @@ def test_qlora_weights_first_principles(qwen7b) -> None:
 
 def test_qlora_no_double_quant_metadata(qwen7b) -> None:
     est = estimate(qwen7b, method="qlora", double_quant=False)
-    assert est.breakdown.components["quant_meta"] == 4 * lin_weights() // 64  # one fp32 absmax per 64
+    # one fp32 absmax per 64, + the 64-byte fp32 NF4 code book of each of the 7 weights per layer
+    assert est.breakdown.components["quant_meta"] == 4 * lin_weights() // 64 + L * 7 * 64
 
 
 def test_lora_trainable_and_states(qwen7b) -> None:
@@ -58,7 +60,8 @@ def test_full_mixed_is_16_bytes_per_param_at_the_step() -> None:
     est = estimate(spec, method="full", precision="bf16-mixed", optimizer="adamw-fused", batch=1, seq=128)
     p = spec.params_total
     c = est.breakdown.components
-    assert est.breakdown.peak_phase in ("optimizer_step", "backward_layers_bottom")
+    # backward_embedding: every gradient exists and the embedding backward adds its small scratch
+    assert est.breakdown.peak_phase in ("optimizer_step", "backward_layers_bottom", "backward_embedding")
     assert c["weights"] == 4 * p and c["gradients"] == 4 * p
     assert 8 * p <= c["optimizer_states"] <= 8 * p + 512 * 1000  # + one 'step' scalar per tensor
 
@@ -83,8 +86,9 @@ def test_hf_logits_chain_at_backward_start(qwen7b) -> None:
 
 
 def test_llama_layer_activations_match_prior_art_formula() -> None:
-    """Full fine-tune, pure bf16, flash: (16h + 6ad + 4 kv d + 8f + 4a) bytes/token/layer, i.e. the
-    22h + 4h_kv + 8f + 4a of prior-art e.4 when a*d = h."""
+    """Full fine-tune, pure bf16, flash: (16h + 4ad + 4 kv d + 8f + 4a + 8) bytes/token/layer. Prior-art e.4
+    has 22h + 4h_kv + 8f + 4a when a*d = h; the simulate engine shows the flash kernel's saved output *is*
+    o_proj's saved input (one storage: -2h) and each RMSNorm keeps its fp32 rsqrt per token (+2 x 4 B)."""
     cfg = dict(LLAMA2_7B, num_key_value_heads=8)
     spec = model_from_config(cfg)
     est = estimate(spec, method="full", precision="bf16", framework="torchtune", attn="flash",
@@ -93,7 +97,7 @@ def test_llama_layer_activations_match_prior_art_formula() -> None:
     layer = spec.layer_groups[0][0]
     la = layer_activations(spec, layer, est.setup, dt, frozenset(), True, "flash", False)
     h, f, a, d, kv = 4096, 11008, 32, 128, 8
-    assert la.per_token == 22 * h + 4 * kv * d + 8 * f + 4 * a
+    assert la.per_token == 20 * h + 4 * kv * d + 8 * f + 4 * a + 8
     assert la.per_token_per_pos == 0
 
 
@@ -104,7 +108,10 @@ def test_eager_attention_adds_quadratic_term() -> None:
     diff = eager.breakdown.components["activations"] - sdpa.breakdown.components["activations"]
     quad = 32 * 1024 * 1024 * 32 * 6  # layers x s^2 x heads x (fp32 softmax out + bf16 copy)
     kernel_state = 32 * 1024 * (2 * 4096 + 4 * 32)  # SDPA's saved output (2ad) and fp32 lse (4a), per layer
-    assert diff == quad - kernel_state
+    # layer 0 of a LoRA model: eager's q @ k^T keeps q only for k's gradient, and k (frozen k_proj on the
+    # frozen embeddings) needs none; the SDPA kernel keeps q regardless (simulate: Llama-2-7B layer 0)
+    layer0_q = 1024 * 2 * 4096
+    assert diff == quad - kernel_state - layer0_q
 
 
 def test_moe_holds_all_experts_and_routes_top_k() -> None:

@@ -37,4 +37,8 @@ def __getattr__(name: str) -> Any:  # lazy: `import tuneplan` stays fast
         from tuneplan.errors import TuneplanError
 
         return TuneplanError
+    if name in ("fit", "rank_gpus", "max_model", "sweep"):  # the planner (search over estimates)
+        from tuneplan import plan
+
+        return getattr(plan, name)
     raise AttributeError(name)

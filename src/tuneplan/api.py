@@ -14,9 +14,13 @@ from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.compat import check
+from tuneplan.estimator.cost import Prices
 from tuneplan.estimator.memory import memory_breakdown
+from tuneplan.estimator.runtime import time_and_cost
+from tuneplan.estimator.throughput import RuntimeOptions
 from tuneplan.estimator.types import Finding, MemoryBreakdown
 from tuneplan.estimator.weights import resolve_targets
+from tuneplan.specs.dataset import DatasetSpec
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import resolve_setup
@@ -84,7 +88,8 @@ class Estimate:
         return d
 
 
-def build_setup(model: ModelSpec, setup: TrainSetup | None = None, **kwargs: Any) -> TrainSetup:
+def build_setup(model: ModelSpec, setup: TrainSetup | None = None, *, accelerator: Accelerator | None = None,
+                **kwargs: Any) -> TrainSetup:
     """A validated, profile-resolved TrainSetup from a base setup and/or keyword fields."""
     unknown = set(kwargs) - SETUP_FIELDS
     if unknown:
@@ -93,15 +98,23 @@ def build_setup(model: ModelSpec, setup: TrainSetup | None = None, **kwargs: Any
     explicit = frozenset(kwargs) | frozenset(k for k, v in base.sources.items() if v != "default")
     s = base.replace(**kwargs) if kwargs else base
     s.validate()
-    return resolve_setup(s, model, explicit=explicit)
+    bf16 = accelerator.supports_bf16 if accelerator is not None else None
+    return resolve_setup(s, model, explicit=explicit, supports_bf16=bf16)
 
 
 def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: str | Accelerator | None = None,
-             engine: str = "analytic", **kwargs: Any) -> Estimate:
-    """Per-GPU peak memory (and findings) of fine-tuning ``model`` with ``setup`` on ``gpu``."""
+             engine: str = "analytic", hardware_file: str | None = None, dataset: DatasetSpec | None = None,
+             price: float | None = None, card_price: float | None = None, kwh_price: float | None = None,
+             own_years: float | None = None, time_options: RuntimeOptions | None = None,
+             timing: bool = True, **kwargs: Any) -> Estimate:
+    """Per-GPU peak memory (and findings) of fine-tuning ``model`` with ``setup`` on ``gpu``.
+
+    With a GPU, the result also carries ``time`` and ``cost`` sections (``estimator/runtime.py``); the
+    totals need ``dataset``; ``price`` (USD per GPU-hour), ``card_price``, ``kwh_price`` and ``own_years``
+    override the catalog's prices and the cost model's defaults."""
     spec = resolve_model(model) if isinstance(model, str) else model
-    s = build_setup(spec, setup, **kwargs)
-    acc = resolve_accelerator(gpu) if isinstance(gpu, str) else gpu
+    acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
+    s = build_setup(spec, setup, accelerator=acc, **kwargs)
     if engine == "analytic":
         breakdown = memory_breakdown(spec, s)
     elif engine == "simulate":
@@ -112,8 +125,12 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     findings = check(acc, s, spec)
     trainable = trainable_params(spec, s)
-    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=findings,
-                    extras={"params_trainable": trainable})
+    extras: dict[str, Any] = {"params_trainable": trainable}
+    if acc is not None and timing:  # searches that only need the memory verdict skip time and cost
+        prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
+                        **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years)) if v is not None})
+        extras["sections"] = time_and_cost(spec, s, acc, dataset, prices, time_options)
+    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=findings, extras=extras)
 
 
 def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:

@@ -1,21 +1,32 @@
-"""The accelerator catalog shipped with the package, and loose name resolution.
+"""The accelerator catalog shipped with the package, user additions, and loose name resolution.
 
-``resolve_accelerator("4090")``, ``"RTX 4090"``, ``"a100-80g"``, ``"a100 80gb sxm"``, ``"910b"`` all
-resolve; a miss raises UnknownNameError with the nearest names.
+``resolve_accelerator("4090")``, ``"RTX 4090"``, ``"a100-80g"``, ``"a100 80gb sxm"``, ``"910b"``,
+``"NVIDIA H100 80GB HBM3"`` (what NVML reports) all resolve; a miss raises UnknownNameError with the
+nearest names. A bare model name means the variant in ``ALIASES`` (the SXM/HGX card with the most
+memory where there are several: docs/compatibility.md lists them); a name that still matches several
+cards prefers that default, then the one SXM card among them.
+
+Users add or override cards in a TOML/YAML file (``--hardware-file``, or ``hardware.toml|yaml`` in
+``$TUNEPLAN_CONFIG_DIR``, else ``~/.config/tuneplan/``); see :func:`load_hardware_file`.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
+from dataclasses import fields, replace
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
-from tuneplan.errors import UnknownNameError
-from tuneplan.specs.hardware import Accelerator
+from tuneplan.errors import TuneplanError, UnknownNameError
+from tuneplan.specs.hardware import Accelerator, parse_cc
 
-# Short names people type -> catalog id (the SXM / most common variant for bare names).
+# Short names people type, and the names nvidia-smi / NVML / npu-smi print -> catalog id.
+# A bare model name maps to the SXM (HGX) variant with the most memory where there are several.
 ALIASES = {
     "4090": "rtx-4090", "3090": "rtx-3090", "5090": "rtx-5090", "4080": "rtx-4080", "3080": "rtx-3080-10gb",
     "3060": "rtx-3060-12gb", "2080ti": "rtx-2080-ti", "4060ti": "rtx-4060-ti-16gb", "5080": "rtx-5080",
@@ -23,14 +34,14 @@ ALIASES = {
     "a100": "a100-80gb-sxm4", "a10080g": "a100-80gb-sxm4", "a10080gb": "a100-80gb-sxm4",
     "a10040g": "a100-40gb-sxm4", "a10040gb": "a100-40gb-sxm4", "a100sxm": "a100-80gb-sxm4",
     "a10080gbsxm": "a100-80gb-sxm4", "a10080gsxm": "a100-80gb-sxm4", "a10080gbpcie": "a100-80gb-pcie",
-    "a10040gbsxm": "a100-40gb-sxm4", "a10040gbpcie": "a100-40gb-pcie",
+    "a10040gbsxm": "a100-40gb-sxm4", "a10040gbpcie": "a100-40gb-pcie", "a100pcie": "a100-80gb-pcie",
     "a800": "a800-80gb-sxm4", "h100": "h100-sxm5-80gb", "h100sxm": "h100-sxm5-80gb", "h100pcie": "h100-pcie-80gb",
     "h100nvl": "h100-nvl-94gb", "h800": "h800-sxm5-80gb", "h200": "h200-sxm-141gb", "h20": "h20-96gb",
     "gh200": "gh200-grace-hopper", "b200": "b200",
     "v100": "v100-sxm2-32gb", "v10032g": "v100-sxm2-32gb", "v10032gb": "v100-sxm2-32gb",
-    "v10016g": "v100-sxm2-16gb", "v10016gb": "v100-sxm2-16gb",
+    "v10016g": "v100-sxm2-16gb", "v10016gb": "v100-sxm2-16gb", "v100pcie": "v100-pcie-32gb",
     "p100": "p100-pcie-16gb", "p40": "p40", "t4": "t4", "a10": "a10", "a10g": "a10g", "l4": "l4",
-    "l40s": "l40s", "l40": "l40", "l20": "l20", "a40": "a40", "a30": "a30", "a6000": "rtx-a6000",
+    "l40s": "l40s", "l40": "l40", "l20": "l20", "a40": "a40", "a30": "a30", "a16": "a16", "a6000": "rtx-a6000",
     "rtxa6000": "rtx-a6000", "a5000": "rtx-a5000", "a4000": "rtx-a4000", "5880": "rtx-5880-ada-generation",
     "rtx5880": "rtx-5880-ada-generation", "rtx5880ada": "rtx-5880-ada-generation",
     "6000ada": "rtx-6000-ada-generation", "rtx6000ada": "rtx-6000-ada-generation",
@@ -38,12 +49,24 @@ ALIASES = {
     "910b": "ascend-910b", "ascend910b": "ascend-910b", "910b4": "ascend-910b4", "ascend910b4": "ascend-910b4",
     "mi300x": "mi300x", "mi300": "mi300x", "mi250x": "mi250x", "mi250": "mi250x", "mi210": "mi210",
     "mi325x": "mi325x",
+    # npu-smi prints the SKU: 910B1/910B2/910B2C/910B3 are the 64 GB part (gpus.csv row name)
+    "910b1": "ascend-910b", "910b2": "ascend-910b", "910b2c": "ascend-910b", "910b3": "ascend-910b",
+    # NVML / nvidia-smi names (memory type tells H100 SXM5 = HBM3 from PCIe = HBM2e)
+    "H100 80GB HBM3": "h100-sxm5-80gb", "H100 SXM5 80GB": "h100-sxm5-80gb", "H100 PCIe": "h100-pcie-80gb",
+    "A100-SXM4-80GB": "a100-80gb-sxm4", "A100-SXM4-40GB": "a100-40gb-sxm4", "A100-PCIE-40GB": "a100-40gb-pcie",
+    "A100 80GB PCIe": "a100-80gb-pcie", "A800-SXM4-80GB": "a800-80gb-sxm4", "H800": "h800-sxm5-80gb",
+    "H200": "h200-sxm-141gb", "H20": "h20-96gb", "GH200 480GB": "gh200-grace-hopper",
+    "V100-SXM2-32GB": "v100-sxm2-32gb", "V100-SXM2-16GB": "v100-sxm2-16gb",
+    "V100-PCIE-32GB": "v100-pcie-32gb", "V100-PCIE-16GB": "v100-pcie-16gb", "P100-PCIE-16GB": "p100-pcie-16gb",
 }
+
+HARDWARE_FILE_NAMES = ("hardware.toml", "hardware.yaml", "hardware.yml")
+_VENDOR_WORDS = ("nvidia", "geforce", "tesla", "instinct", "amd", "huawei")
 
 
 def _key(name: str) -> str:
     s = name.lower()
-    for w in ("nvidia", "geforce", "tesla", "instinct", "amd", "huawei", "generation", "edition"):
+    for w in (*_VENDOR_WORDS, "generation", "edition"):
         s = s.replace(w, "")
     s = re.sub(r"[^a-z0-9]", "", s)
     s = s.replace("gb", "g") if re.search(r"\d+gb", s) else s
@@ -52,10 +75,17 @@ def _key(name: str) -> str:
 
 def _tokens(name: str) -> frozenset[str]:
     s = name.lower()
-    for w in ("nvidia", "geforce", "tesla", "instinct", "amd", "huawei"):
+    for w in _VENDOR_WORDS:
         s = s.replace(w, " ")
     toks = re.findall(r"[a-z]+|\d+", s)
     return frozenset("gb" if t == "g" else t for t in toks)
+
+
+def _bare_model(name: str) -> str:
+    """'H100 80GB' -> 'h100': the model name without memory size, form factor or vendor."""
+    s = re.sub(r"\d+\s*gb?\b", " ", name.lower())
+    s = re.sub(r"\b(sxm\d?|pcie|hbm\d?e?)\b", " ", s)
+    return _key(s)
 
 
 @lru_cache(maxsize=1)
@@ -64,27 +94,71 @@ def _catalog() -> dict[str, Accelerator]:
     return {d["id"]: Accelerator.from_dict(d) for d in json.loads(text)}
 
 
-def accelerators(extra: dict[str, Accelerator] | None = None) -> dict[str, Accelerator]:
+def catalog_accelerators() -> dict[str, Accelerator]:
+    """The shipped catalog only (no user files)."""
+    return dict(_catalog())
+
+
+def user_hardware_file() -> Path | None:
+    """The user's hardware file from the config directory, if one exists.
+
+    ``$TUNEPLAN_CONFIG_DIR`` wins when set (and is the only place looked at, so tests and CI can point
+    it at an empty directory); otherwise ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan``.
+    """
+    env = os.environ.get("TUNEPLAN_CONFIG_DIR")
+    if env:
+        dirs = [Path(env)]
+    else:
+        base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+        dirs = [Path(base) / "tuneplan"]
+    for d in dirs:
+        for n in HARDWARE_FILE_NAMES:
+            p = d / n
+            if p.is_file():
+                return p
+    return None
+
+
+def accelerators(extra: dict[str, Accelerator] | str | os.PathLike[str] | None = None) -> dict[str, Accelerator]:
+    """Catalog + the user's config-dir hardware file + ``extra`` (a dict, or a hardware file path)."""
     cat = dict(_catalog())
+    user = user_hardware_file()
+    if user is not None:
+        cat.update(load_hardware_file(user))
     if extra:
-        cat.update(extra)
+        cat.update(extra if isinstance(extra, dict) else load_hardware_file(extra))
     return cat
 
 
 def _index(cat: dict[str, Accelerator]) -> dict[str, str]:
     idx: dict[str, str] = {}
+    # user aliases and ids first: a user's card named like a catalog alias wins
     for acc_id, acc in cat.items():
         for n in (acc_id, acc.name, *acc.aliases):
             idx.setdefault(_key(n), acc_id)
     for alias, acc_id in ALIASES.items():
         if acc_id in cat:
             idx.setdefault(_key(alias), acc_id)
-            idx.setdefault(alias, acc_id)
     return idx
 
 
-def resolve_accelerator(name: str, extra: dict[str, Accelerator] | None = None) -> Accelerator:
-    cat = accelerators(extra)
+def _prefer(name: str, candidates: list[str], cat: dict[str, Accelerator]) -> str | None:
+    """Several cards match: the bare model's default variant, else the only SXM card among them."""
+    default = ALIASES.get(_bare_model(name))
+    if default in candidates:
+        return default
+    sxm = [c for c in candidates if "sxm" in c or "sxm" in (cat[c].form_factor or "").lower()]
+    return sxm[0] if len(sxm) == 1 else None
+
+
+def resolve_accelerator(name: str, extra: dict[str, Accelerator] | str | os.PathLike[str] | None = None) -> Accelerator:
+    """A catalog (or user) accelerator from a loose name; ``extra`` adds cards (dict or hardware file)."""
+    if not isinstance(name, str) or not name.strip():
+        raise TuneplanError("empty accelerator name", field="gpu", accepted="a catalog id, e.g. rtx-4090, a100-80gb")
+    return _resolve(name, accelerators(extra))
+
+
+def _resolve(name: str, cat: dict[str, Accelerator]) -> Accelerator:
     if name in cat:
         return cat[name]
     idx = _index(cat)
@@ -99,11 +173,159 @@ def resolve_accelerator(name: str, extra: dict[str, Accelerator] | None = None) 
                        if any(toks <= _tokens(n) for n in (acc_id, acc.name, *acc.aliases))})
         if len(same) == 1:
             return cat[same[0]]
+        if same and (pick := _prefer(name, same, cat)):
+            return cat[pick]
     # Unique prefix or containment ("a100 80gb sxm" -> a10080gsxm4)
     hits = sorted({v for kk, v in idx.items() if kk.startswith(k) or (len(k) >= 3 and k in kk)})
     if len(hits) == 1:
         return cat[hits[0]]
+    if hits and (pick := _prefer(name, hits, cat)):
+        return cat[pick]
     close = difflib.get_close_matches(k, list(idx), n=5, cutoff=0.5)
     sugg = list(dict.fromkeys([idx[c] for c in close] + hits))[:6]
     raise UnknownNameError(f"unknown accelerator {name!r}", field="gpu", suggestions=sugg,
-                           accepted="a catalog id (see `tuneplan gpus --list`) or --hardware-file")
+                           accepted="a catalog id (see `tuneplan accelerators`), or add it with --hardware-file")
+
+
+# ---- user hardware files ------------------------------------------------------------------------
+
+_STR_FIELDS = {"name", "vendor", "compute_target", "bf16_support", "fp8_support", "tensor_cores", "interconnect",
+               "memory_type", "cloud_price_date", "price_basis_and_date", "architecture", "form_factor", "source",
+               "verified", "unverified_or_derived_fields", "notes"}
+_NUM_FIELDS = {"memory_gb_marketed", "memory_gib_usable_observed", "bf16_tflops_dense", "fp16_fp16acc_tflops_dense",
+               "fp8_tflops_dense", "int8_tops_dense", "fp32_tflops", "memory_bandwidth_gbs", "tdp_w",
+               "launch_price_usd", "cloud_usd_per_gpu_hr"}
+_INT_FIELDS = {"release_year", "devices_per_package"}
+# Short spellings accepted in user files -> the catalog field they set.
+_SHORTHANDS = {"memory_gib": "memory_gib_usable_observed", "memory_gb": "memory_gb_marketed",
+               "bf16_tflops": "bf16_tflops_dense", "bandwidth_gbs": "memory_bandwidth_gbs",
+               "cloud_usd_per_hr": "cloud_usd_per_gpu_hr"}
+_BOOL_FIELDS = {"bf16": "bf16_support", "fp8": "fp8_support"}
+_ACCEPTED = sorted(_STR_FIELDS | _NUM_FIELDS | _INT_FIELDS | set(_SHORTHANDS) | set(_BOOL_FIELDS)
+                   | {"compute_capability", "aliases", "based_on"})
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TuneplanError(f"cannot read {path}: {exc.strerror or exc}", field="hardware_file") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10: the tomli backport has the same API
+                import tomli as tomllib  # type: ignore[no-redef]
+
+            data = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise TuneplanError(f"{path}: unknown file type {suffix!r}", field="hardware_file",
+                                accepted=".toml, .yaml, .yml")
+    except TuneplanError:
+        raise
+    except Exception as exc:  # tomllib.TOMLDecodeError / yaml.YAMLError carry the line
+        raise TuneplanError(f"{path}: not valid {suffix[1:].upper()}: {exc}", field="hardware_file") from None
+    if not isinstance(data, dict):
+        raise TuneplanError(f"{path}: expected a table/mapping at the top", field="hardware_file",
+                            accepted="[accelerators.<id>] tables (TOML) or an `accelerators:` mapping (YAML)")
+    return data
+
+
+def _coerce(path: Path, acc_id: str, key: str, value: Any) -> tuple[str, Any]:
+    where = f"{path}: accelerators.{acc_id}.{key}"
+    key_out = _SHORTHANDS.get(key, key)
+    if key in _BOOL_FIELDS:
+        if not isinstance(value, bool):
+            raise TuneplanError(f"{where}: expected true/false, got {value!r}", field="hardware_file")
+        return _BOOL_FIELDS[key], "yes" if value else "no"
+    if key_out in _NUM_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise TuneplanError(f"{where}: expected a non-negative number, got {value!r}", field="hardware_file")
+        return key_out, float(value)
+    if key_out in _INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise TuneplanError(f"{where}: expected a positive integer, got {value!r}", field="hardware_file")
+        return key_out, value
+    if key_out in _STR_FIELDS:
+        if not isinstance(value, str):
+            raise TuneplanError(f"{where}: expected a string, got {value!r}", field="hardware_file")
+        return key_out, value
+    if key == "compute_capability":
+        cc = parse_cc(str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value)
+        if cc is None:
+            raise TuneplanError(f"{where}: expected \"major.minor\" such as \"8.9\", got {value!r}",
+                                field="hardware_file")
+        return key, cc
+    if key == "aliases":
+        if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+            raise TuneplanError(f"{where}: expected a list of strings", field="hardware_file")
+        return key, tuple(value)
+    raise TuneplanError(f"{where}: unknown field", field="hardware_file", accepted=_ACCEPTED)
+
+
+@lru_cache(maxsize=16)
+def _load_cached(path: str, mtime_ns: int) -> dict[str, Accelerator]:
+    p = Path(path)
+    data = _read_mapping(p)
+    extra_top = sorted(set(data) - {"accelerators"})
+    if extra_top or not isinstance(data.get("accelerators"), dict):
+        raise TuneplanError(f"{p}: expected one top-level `accelerators` table"
+                            + (f", found {extra_top}" if extra_top else ""), field="hardware_file",
+                            accepted="[accelerators.<id>] in TOML, `accelerators: {<id>: {...}}` in YAML")
+    base = _catalog()
+    out: dict[str, Accelerator] = {}
+    for acc_id, spec in data["accelerators"].items():
+        if not isinstance(spec, dict):
+            raise TuneplanError(f"{p}: accelerators.{acc_id}: expected a table of fields", field="hardware_file")
+        values = dict(_coerce(p, acc_id, k, v) for k, v in spec.items() if k != "based_on")
+        based_on = spec.get("based_on")
+        if based_on is not None:
+            try:
+                start = _resolve(str(based_on), {**base, **out})
+            except TuneplanError:
+                raise TuneplanError(f"{p}: accelerators.{acc_id}.based_on: unknown accelerator {based_on!r}",
+                                    field="hardware_file", accepted="a catalog id (see `tuneplan accelerators`)") from None
+            name = values.pop("name", f"{start.name} ({acc_id})")
+            acc = replace(start, id=acc_id, name=name, origin=str(p), aliases=values.pop("aliases", ()), **{
+                "source": f"{start.source} | changed by user hardware file {p}", **values})
+        elif acc_id in base:  # override fields of a catalog card
+            changed = ", ".join(sorted(values))
+            acc = replace(base[acc_id], origin=str(p), **{
+                "source": f"{base[acc_id].source} | {changed} from user hardware file {p}", **values})
+        else:
+            missing = [f for f in ("vendor",) if f not in values]
+            if not values.get("memory_gb_marketed") and not values.get("memory_gib_usable_observed"):
+                missing.append("memory_gib (as torch/nvidia-smi reports it) or memory_gb (marketed)")
+            if missing:
+                near = difflib.get_close_matches(_key(acc_id), [_key(i) for i in base], n=1, cutoff=0.6)
+                hint = f" (or, to change catalog card {[i for i in base if _key(i) == near[0]][0]!r}, use its id)" if near else ""
+                raise TuneplanError(f"{p}: accelerators.{acc_id}: a new accelerator needs {', '.join(missing)}{hint}",
+                                    field="hardware_file", accepted=_ACCEPTED)
+            values.setdefault("name", acc_id)
+            values.setdefault("source", f"user hardware file {p}")
+            values.setdefault("verified", "user")
+            values.setdefault("memory_gb_marketed", None)
+            acc = Accelerator(id=acc_id, origin=str(p), **values)
+        out[acc_id] = acc
+    return out
+
+
+def load_hardware_file(path: str | os.PathLike[str]) -> dict[str, Accelerator]:
+    """User accelerators from a TOML or YAML file, by id.
+
+    ``[accelerators.<id>]`` with a catalog id overrides that card's fields (relative to the shipped
+    catalog); ``based_on = "<catalog id or name>"`` starts a new card from a catalog card; otherwise a
+    new card needs ``vendor`` and a memory figure. Errors name the file and the key.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise TuneplanError(f"no such file: {p}", field="hardware_file")
+    return dict(_load_cached(str(p.resolve()), p.stat().st_mtime_ns))
+
+
+ACCELERATOR_FIELDS = tuple(f.name for f in fields(Accelerator))

@@ -21,8 +21,13 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "tuneplan.cli.estimate_cmd",
     "tuneplan.cli.catalog_cmd",
+    "tuneplan.cli.plan_cmd",
     "tuneplan.cli.measure_cmd",
+    "tuneplan.cli.simulate_cmd",
+    "tuneplan.cli.deploy_cmd",
+    "tuneplan.cli.export_cmd",
     "tuneplan.cli.serve_cmd",
+    "tuneplan.cli.doctor_cmd",
 )
 
 for _mod in COMMAND_MODULES:

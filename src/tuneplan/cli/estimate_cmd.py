@@ -6,19 +6,25 @@ from typing import Annotated, Any
 
 import typer
 
+from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
 from tuneplan.cli.render import print_json, render_estimate
+from tuneplan.cli.time_options import with_time_options
 
 
 def register(app: typer.Typer) -> None:
     @app.command("estimate")
     @with_setup_options
+    @with_time_options
     def estimate_cmd(
-        model: Annotated[str, typer.Argument(help="catalog name, HF id, or path to config.json")],
+        model: Annotated[str | None, typer.Argument(help="catalog name, HF id, or path to config.json (optional with --from)")] = None,
+        from_files: FromFiles = None,
         gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="accelerator, e.g. rtx4090, a100-80gb")] = None,
         engine: Annotated[str, typer.Option("--engine", help="analytic | simulate")] = "analytic",
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+        hardware_file: Annotated[str | None, typer.Option("--hardware-file", help="TOML/YAML file adding or overriding accelerators")] = None,
         setup_kw: dict[str, Any] | None = None,
+        time_kw: dict[str, Any] | None = None,
     ) -> None:
         """Per-GPU peak memory of a fine-tune, by component, and whether it fits the GPU.
 
@@ -26,11 +32,13 @@ def register(app: typer.Typer) -> None:
         """
         from tuneplan.api import estimate
 
-        est = estimate(model, gpu=gpu, engine=engine, **(setup_kw or {}))
-        d = est.to_dict()
+        frm = resolve_from(from_files, model, setup_kw)
+        est = estimate(frm.model, frm.base, gpu=gpu, engine=engine, hardware_file=hardware_file, **frm.time_kw(time_kw), **frm.setup_kw)
+        d = frm.annotate(est.to_dict())
         if as_json:
             print_json(d)
         else:
+            frm.render(d)
             render_estimate(d)
         if est.fits is False:
             raise typer.Exit(1)

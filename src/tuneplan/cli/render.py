@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tuneplan.estimator.types import COMPONENTS, GIB
@@ -95,6 +96,10 @@ def render_estimate(d: dict[str, Any]) -> None:
             else:
                 console.print(f"[red bold]DOES NOT FIT[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
                               f"short by {gib(-d['headroom_bytes'])} GiB")
+    trained = f" --method {s['method']}" + (f" --rank {s['rank']}" if s["method"] in ("lora", "qlora") else "")
+    console.print(f"[dim]after training: tuneplan deploy {m['name']}{trained} --serve-precision int4"
+                  f"{' --gpu ' + d['gpu']['id'] if 'gpu' in d else ''} (merge, serving memory, decode speed)[/]",
+                  highlight=False)
 
 
 def render_section(title: str, sec: dict[str, Any]) -> None:
@@ -107,4 +112,6 @@ def render_section(title: str, sec: dict[str, Any]) -> None:
         t.add_row(k, f"{v:,.4g}" if isinstance(v, float) else str(v))
     console.print(t)
     for a in sec.get("assumptions", []) if isinstance(sec.get("assumptions"), list) else []:
-        console.print(f"[dim]assumes: {a}[/]")
+        console.print(f"[dim]assumes: {escape(str(a))}[/]", highlight=False)
+    for u in sec.get("unknown", []) if isinstance(sec.get("unknown"), list) else []:
+        console.print(f"[yellow]unknown:[/] {escape(str(u))}", highlight=False)

@@ -28,6 +28,8 @@ from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 LSE_BYTES = 4  # flash / memory-efficient kernels keep an fp32 log-sum-exp per head per token
+SDPA_GQA_MAX_HEAD_DIM = 256  # transformers use_gqa_in_sdpa: key/value head dim <= 256 and no mask
+RSTD_BYTES = 4  # RMSNorm keeps rsqrt(mean(x^2) + eps): one fp32 per token
 EAGER_SCORE_BYTES = 6  # eager keeps softmax output in fp32 (4) and its 16-bit cast for matmul (2)
 PYTHON_GELU = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh_py")  # transformers NewGELUActivation etc.
 
@@ -60,6 +62,7 @@ def _saves_input(name: str, trainable: bool, targets: frozenset[str]) -> bool:
 def layer_activations(
     model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str],
     trainable: bool, attn: str, python_model_code: bool, quant_saves_input: bool = False,
+    input_requires_grad: bool = True,
 ) -> LayerActs:
     h = model.hidden
     led = _Ledger()
@@ -69,9 +72,17 @@ def layer_activations(
     r = setup.rank
     norm_trains = trainable
 
-    def norm(key: str, width: int) -> None:
+    def norm(key: str, width: int, grad_in: bool = True) -> None:
+        if not grad_in:
+            # The first layer LoRA / freeze trains reads an input that needs no gradient (frozen
+            # embeddings below it): autograd keeps nothing for the norm's input path, only what the
+            # norm weight's own gradient needs (simulate: layer 0 of a LoRA model saves 16 KiB/token less).
+            if norm_trains:
+                led.save(key + ".out", dt.norm_out * width)
+            return
         if model.norm_kind == "rms":
             led.save(key + ".fp32_in", 4 * width)
+            led.save(key + ".rstd", RSTD_BYTES)
             if norm_trains:
                 led.save(key + ".out", dt.norm_out * width)
         else:
@@ -79,7 +90,11 @@ def layer_activations(
             if norm_trains:
                 led.save(key + ".out", dt.norm_out * width)
 
-    inputs_dtype = {"attn_in": dt.norm_out, "mlp_in": dt.norm_out, "attn_core": c, "mlp_mid": out_b,
+    # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
+    # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
+    # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).
+    norm_out_b = dt.trainable if (trainable and setup.method == "freeze") else dt.norm_out
+    inputs_dtype = {"attn_in": norm_out_b, "mlp_in": norm_out_b, "attn_core": c, "mlp_mid": out_b,
                     "q_latent": out_b, "kv_latent": out_b}
 
     def linear(m_name: str, reads: str, d_in: int, tokens_share: float = 1.0) -> None:
@@ -105,7 +120,7 @@ def layer_activations(
                 led.save(f"{m_name}.dropout_mask", 1 * d_in * tokens_share)
 
     # ---- attention ---------------------------------------------------------------------------
-    norm("attn_norm", h)
+    norm("attn_norm", h, input_requires_grad)
     for m in spec.linears:
         if m.role == "attn" and m.reads != "attn_core":
             linear(m.name, m.reads, m.d_in)
@@ -115,18 +130,38 @@ def layer_activations(
         led.save("kv_latent_norm", 4 * model.mla_kv_lora_rank)
         kv_heads = a  # kv_b_proj expands the latent to every head
     per_pos = 0.0
-    if attn == "eager":
-        kv_saved = a  # repeat_kv before the matmuls
+    if attn == "sdpa" and c == 4 and kv_heads < a and max(d, dv) <= SDPA_GQA_MAX_HEAD_DIM:
+        # fp32 + GQA: transformers passes enable_gqa=True, flash needs 16 bits and the memory-efficient
+        # backend has no GQA (sdp_utils.cpp), so SDPA runs its math path: q scaled, K scaled and V
+        # repeat_interleave-d, and the fp32 softmax of the B x H x S x S scores saved (simulate).
         led.save("q_attn", c * a * d)
+        led.save("k_attn", c * a * d)
+        led.save("v_attn", c * a * dv)
+        per_pos = 4.0 * a
+    elif attn == "eager":
+        kv_saved = a  # repeat_kv before the matmuls
+        # q @ k^T keeps q only for k's gradient: in the first LoRA layer k needs none unless its
+        # projection trains (eager_attention_forward; simulate: Llama-2-7B layer 0 keeps no q).
+        k_grad = input_requires_grad or trainable or any(
+            m.name in targets and m.name not in ("q_proj", "v_proj", "query", "value")
+            for m in spec.linears if m.reads == "attn_in")
+        if k_grad:
+            led.save("q_attn", c * a * d)
         led.save("k_attn", c * kv_saved * d)
         led.save("v_attn", c * kv_saved * dv)
         per_pos = EAGER_SCORE_BYTES * a
     else:
-        kv_saved = kv_heads if attn == "flash" else a
+        # transformers sdpa_attention_forward calls repeat_kv only when use_gqa_in_sdpa() is false (a mask
+        # is passed, i.e. padded batches, or head_dim > 256); for unpadded causal batches it passes
+        # enable_gqa=True and the flash kernel keeps K/V grouped, as flash_attention_2 does (simulate:
+        # Qwen2.5-0.5B saved k/v of 256 B/token/layer, not 1792).
+        kv_saved = kv_heads if (attn == "flash" or max(d, dv) <= SDPA_GQA_MAX_HEAD_DIM) else a
         led.save("q_attn", c * a * d)
         led.save("k_attn", c * kv_saved * d)
         led.save("v_attn", c * kv_saved * dv)
-        led.save("attn_out_kernel", c * a * dv)
+        # The kernel writes its output [B, S, H, D]; the module's transpose(1, 2).contiguous() and reshape
+        # are views, so the saved output *is* o_proj's input: one storage, keyed like o_proj's read.
+        led.save("attn_core", c * a * dv)
         led.save("lse", LSE_BYTES * a)
     for m in spec.linears:
         if m.reads == "attn_core":
@@ -181,11 +216,13 @@ def layer_activations(
     for i in range(max(spec.n_norms - 2, 0)):  # Gemma 2/3, GLM-4: post-attention / post-MLP norms
         norm(f"post_norm{i}", h)
 
-    # Activation gradients while this layer is back-propagated: the gradient of the layer output and
-    # of the widest intermediate pair (gate/up) alive together, in the activation dtype.
+    # Activation gradients while this layer is back-propagated, at the MLP's gated product (simulate:
+    # Llama-2-7B QLoRA peaks inside the top layer at aten.mul): the gradient of down_proj's input and the
+    # two products' gradients (gate and up branches), three MLP-wide tensors in the MLP's output dtype,
+    # next to the incoming residual gradient and its accumulated copy, two hidden-wide residual tensors.
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
-    bwd = out_b * (3 * width + 4 * h)
-    bwd_pos = (8.0 * a) if attn == "eager" else 0.0  # grad of fp32 probs and of the scores
+    bwd = out_b * 3 * width + dt.residual * 2 * h
+    bwd_pos = (8.0 * a) if (attn == "eager" or per_pos) else 0.0  # grad of fp32 probs and of the scores
     return LayerActs(per_token=led.total(), per_token_per_pos=per_pos, backward_temp=bwd,
                      backward_temp_per_pos=bwd_pos)
 
@@ -198,6 +235,36 @@ class ActivationPlan:
     recompute_bytes: int  # one layer's activations rebuilt during backward under checkpointing
     backward_temp_bytes: int
     offloaded_bytes: int = 0  # checkpoints moved to host memory (Unsloth)
+    # The token-embedding gradient is the last one backward makes (full fine-tune): the bottom layer runs
+    # without it, and the embedding backward adds its own transients on top of all the other gradients.
+    embedding_grad_bytes: int = 0
+    embedding_backward_bytes: int = 0
+
+
+def embedding_backward_scratch(tokens: int, hidden: int) -> int:
+    """CUDA ``embedding_dense_backward`` (aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu) sorts the
+    indices (two int64 copies), keeps int64 segment offsets per index and accumulates partial segments in
+    fp32 ``[segments, hidden]`` (at most one segment per token) before writing the dense gradient."""
+    return 3 * 8 * tokens + 4 * tokens * hidden
+
+
+def embedding_backward(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> tuple[int, int]:
+    """(embedding gradient bytes, transient bytes beyond all gradients at the embedding backward).
+
+    Tied embeddings: autograd's InputBuffer holds the lm_head's contribution to the shared weight until
+    the embedding's arrives, then sums them out of place (``old_var + var``): the two contributions and
+    their sum are live together, two gradients' worth beyond the final one (simulate: Qwen2.5-0.5B and
+    gemma-2b full fine-tunes peak at that ``add``). Untied: the dense gradient becomes ``.grad``; only the
+    kernel's scratch and its incoming gradient are extra (Qwen2.5-7B full + checkpointing peaks there)."""
+    if setup.method != "full":
+        return 0, 0
+    tokens = setup.batch * setup.seq
+    grad = model.vocab * model.hidden * dt.trainable
+    # the kernel's scratch, plus the incoming gradient of the embedding output (param dtype)
+    during = embedding_backward_scratch(tokens, model.hidden) + tokens * model.hidden * dt.trainable
+    if model.tied_embeddings:
+        return grad, max(2 * grad, grad + during)
+    return grad, during
 
 
 def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
@@ -210,6 +277,7 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
     biggest_bwd = 0.0
     layer_no = 0
     first_trainable = model.n_layers - setup.freeze_trainable_layers if setup.method == "freeze" else 0
+    first_active = first_trainable if setup.method == "freeze" else 0
     for spec, count in model.layer_groups:
         la_train = la_frozen = None
         for _ in range(count):
@@ -217,7 +285,11 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
             if setup.method == "freeze" and not trainable:
                 layer_no += 1
                 continue  # nothing upstream needs a gradient: autograd records nothing in these layers
-            if trainable:
+            if layer_no == first_active and setup.method != "full":
+                # embeddings frozen: the first layer that trains reads an input without gradient
+                la = layer_activations(model, spec, setup, dt, targets, trainable, attn, python_model_code,
+                                       quant_saves_input, input_requires_grad=False)
+            elif trainable:
                 la_train = la_train or layer_activations(model, spec, setup, dt, targets, True, attn, python_model_code,
                                                          quant_saves_input)
                 la = la_train
@@ -235,11 +307,14 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
     if setup.method == "full":
         tail += tokens * (dt.compute if dt.autocast else dt.norm_out) * h
     n_active = model.n_layers if setup.method != "freeze" else min(setup.freeze_trainable_layers, model.n_layers)
+    emb_grad, emb_extra = embedding_backward(model, setup, dt)
     if setup.gradient_checkpointing:
         ckpt = tokens * dt.residual * h * n_active
         offloaded = ckpt if gc_offload else 0
         return ActivationPlan(saved_bytes=int(ckpt - offloaded + tail), top_layer_bytes=int(biggest),
                               checkpoint_bytes=int(ckpt - offloaded), recompute_bytes=int(biggest),
-                              backward_temp_bytes=int(biggest_bwd), offloaded_bytes=int(offloaded))
+                              backward_temp_bytes=int(biggest_bwd), offloaded_bytes=int(offloaded),
+                              embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra)
     return ActivationPlan(saved_bytes=int(total + tail), top_layer_bytes=int(biggest), checkpoint_bytes=0,
-                          recompute_bytes=0, backward_temp_bytes=int(biggest_bwd))
+                          recompute_bytes=0, backward_temp_bytes=int(biggest_bwd),
+                          embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra)

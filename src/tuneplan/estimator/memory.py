@@ -99,6 +99,14 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
                        backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
     phases["backward_layers_top"] = top
     phases["backward_layers_bottom"] = bottom
+    # Single GPU (checked against the simulate engine): the token-embedding gradient is the last one made,
+    # so the bottom layer runs without it, and the embedding backward adds its scratch (tied weights: the
+    # out-of-place sum of the lm_head and embedding contributions) on top of every gradient, with no
+    # activation left (activations.embedding_backward).
+    if acts.embedding_grad_bytes and setup.world_size == 1 and not setup.optimizer_in_backward:
+        bottom["gradients"] -= min(acts.embedding_grad_bytes, grads)
+        phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers,
+                                             backward_temp=acts.embedding_backward_bytes)
     phases["optimizer_step"] = phase(gradients=grads + sp.grad_buffers,
                                      optimizer_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp)
     totals = {k: sum(v.values()) for k, v in phases.items()}

@@ -45,7 +45,7 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
           optimizer: str = "adamw") -> ShardPlan:
     n = setup.world_size
     grads = trainable_params * trainable_bytes
-    if n == 1 or (not setup.zero and not setup.fsdp):
+    if not setup.zero and not setup.fsdp:
         if n == 1:
             return ShardPlan(weights, grads, 0, states, optimizer_temp, 0, 0, 0)
         return ShardPlan(weights, grads, grads, states, optimizer_temp, 0, 0, NCCL_BYTES,
@@ -71,8 +71,8 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
             st, g, tmp = 0, 0, 0
             if setup.offload == "all":
                 w = 0
-        notes.append("FSDP FULL_SHARD: params, grads and optimizer states sharded over %d GPUs" % n)
-        return ShardPlan(w, g, buffers, st, tmp, gathered, host, NCCL_BYTES, tuple(notes))
+        notes.append(f"FSDP FULL_SHARD: params, grads and optimizer states sharded over {n} GPUs")
+        return ShardPlan(w, g, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
     # DeepSpeed: trainable params live in 16 bits; fp32 master + fp32 Adam states partitioned.
     w16 = weights - trainable_weight_params * max(trainable_bytes - compute_bytes, 0)
     if trainable_bytes > compute_bytes and trainable_params > trainable_weight_params:  # adapters too
@@ -108,4 +108,4 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         w16 = 0
         notes.append("parameters offloaded to CPU; only gathered layers live on the GPU")
     notes.append(f"DeepSpeed ZeRO-{setup.zero} over {n} GPUs (default buckets)")
-    return ShardPlan(w16, g_live, buffers, st, tmp, gathered, host, NCCL_BYTES, tuple(notes))
+    return ShardPlan(w16, g_live, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))

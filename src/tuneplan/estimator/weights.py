@@ -22,6 +22,7 @@ from tuneplan.specs.setup import TrainSetup
 NF4_BLOCK = 64  # bitsandbytes quantize_4bit default blocksize
 DQ_BLOCK = 256  # blocksize of the nested (double) quantization of absmax
 CODE_TABLE_BYTES = 256 * 4  # fp32 quantization map kept per tensor under double quant
+NF4_CODE_BYTES = 16 * 4  # fp32 4-bit code book per quantized tensor
 
 
 def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
@@ -80,6 +81,9 @@ def quant_bytes(numel: int, d_out: int, bits: int, double_quant: bool) -> tuple[
         meta = blocks + 4 * -(-blocks // DQ_BLOCK) + CODE_TABLE_BYTES + 4
     else:
         meta = 4 * blocks
+    # QuantState.code: bitsandbytes keeps the 16-entry fp32 NF4/FP4 code book per weight
+    # (functional.get_4bit_type); real Params4bit footprints include it (18944 x 3584: 35,026,180 B).
+    meta += NF4_CODE_BYTES
     return -(-numel // 2), meta
 
 
@@ -152,6 +156,11 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> ParamPlan:
         if dt.autocast and dt.non_block == 4:
             autocast_copy += model.vocab * model.hidden * dt.compute
     adapter_bytes = adapters * dt.adapter
+    # fp32 adapters under autocast: lora_A / lora_B weights are cast to 16 bits, cached for the forward
+    # (leaf tensors that require grad) and saved for the input-gradient matmuls (simulate: 2 B per adapter
+    # parameter live at the loss, e.g. 2 MiB on Qwen2.5-0.5B r16 q,v).
+    if dt.autocast and dt.adapter > dt.compute:
+        autocast_copy += adapters * dt.compute
     trainable = adapters + trainable_w
     per_param = dt.adapter if setup.is_lora else dt.trainable
     return ParamPlan(weight_bytes=weight, quant_meta_bytes=meta, adapter_params=adapters, adapter_bytes=adapter_bytes,

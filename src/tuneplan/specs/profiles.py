@@ -131,7 +131,8 @@ def peft_default_targets(model: ModelSpec) -> str:
     return "attn"
 
 
-def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] = frozenset()) -> TrainSetup:
+def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] = frozenset(),
+                  supports_bf16: bool | None = None) -> TrainSetup:
     """Fill profile defaults into the fields left as None; record each value's origin in ``sources``.
 
     ``explicit`` names the fields the user set (flags or a config file already recorded there).
@@ -161,6 +162,12 @@ def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] 
     if "precision" not in explicit and "precision" not in sources and setup.precision == "bf16-mixed":
         if prof.default_precision != setup.precision:
             default("precision", prof.default_precision)
+    prec = changes.get("precision", setup.precision)
+    if supports_bf16 is False and "precision" not in explicit and str(prec).startswith("bf16"):
+        # The profile's bf16 default cannot run on this card (compute capability < 8.0): a user of the
+        # framework would set fp16 with loss scaling instead.
+        changes["precision"] = str(prec).replace("bf16", "fp16")
+        sources["precision"] = f"{prof.name} profile default (fp16: this GPU has no bf16)"
     for f in explicit:
         sources.setdefault(f, "flag")
     resolved = setup.replace(**changes, sources=sources) if changes or sources != setup.sources else setup

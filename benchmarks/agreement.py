@@ -1,0 +1,179 @@
+"""Analytic engine vs the simulate oracle: relative difference of the allocated peak and of each component.
+
+    python benchmarks/agreement.py               # full sweep (about 40 cases), 2 worker processes
+    python benchmarks/agreement.py --quick       # the CI subset (also run by tests/test_simulate_agreement.py)
+    python benchmarks/agreement.py --markdown    # table for the README
+    python benchmarks/agreement.py --only 70b    # cases whose label contains "70b"
+
+Target: analytic within 3% of simulate on every case, 1% median. Component differences are shown in
+percent of the simulated peak (a component's own relative error is meaningless when it is tiny).
+``layers`` overrides num_hidden_layers where a case only needs the per-layer model (the analytic engine
+and the simulation read the same reduced config, so the comparison stays exact); the timing cases run
+the full depth. Seconds per case are the simulation's own (model build + two steps), not the imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    model: str
+    setup: dict[str, Any]
+    layers: int | None = None
+    quick: bool = False
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+Q05 = "Qwen/Qwen2.5-0.5B"  # tied embeddings, GQA 14/2, vocab 151936
+Q7 = "Qwen/Qwen2.5-7B-Instruct"  # untied, GQA 28/4, q/k/v biases
+L1 = "meta-llama/Llama-3.2-1B"  # tied, GQA 32/8, vocab 128256
+L27 = "meta-llama/Llama-2-7b-hf"  # untied, MHA, vocab 32000
+GEM = "google/gemma-2b"  # head_dim 256, multi-query (1 KV head), vocab 256000, GeGLU
+MIX = "mistralai/Mixtral-8x7B-v0.1"  # MoE 8 experts, top-2
+L70 = "meta-llama/Llama-3.1-70B-Instruct"
+
+CASES: list[Case] = [
+    # dense, tied, GQA: every method x checkpointing x attention
+    Case("q0.5b full sdpa", Q05, dict(method="full", seq=1024), quick=True),
+    Case("q0.5b full sdpa gc", Q05, dict(method="full", seq=1024, gradient_checkpointing=True)),
+    Case("q0.5b full eager", Q05, dict(method="full", seq=512, attn="eager")),
+    Case("q0.5b full eager gc", Q05, dict(method="full", seq=512, attn="eager", gradient_checkpointing=True)),
+    Case("q0.5b full flash bf16", Q05, dict(method="full", seq=1024, attn="flash", precision="bf16")),
+    Case("q0.5b full adamw-foreach", Q05, dict(method="full", seq=1024, optimizer="adamw")),
+    Case("q0.5b full ga2", Q05, dict(method="full", seq=1024, grad_accum=2)),
+    Case("q0.5b full fp32", Q05, dict(method="full", seq=512, precision="fp32"), layers=8),
+    Case("q0.5b lora fp32 (sdpa math path)", Q05, dict(method="lora", seq=1024, precision="fp32"), layers=8),
+    Case("q0.5b lora sdpa", Q05, dict(method="lora", seq=1024), quick=True),
+    Case("q0.5b lora eager", Q05, dict(method="lora", seq=512, attn="eager"), quick=True),
+    Case("q0.5b lora flash gc", Q05, dict(method="lora", seq=2048, attn="flash", gradient_checkpointing=True)),
+    Case("q0.5b lora all-linear gc", Q05, dict(method="lora", seq=1024, targets="all-linear",
+                                               gradient_checkpointing=True)),
+    Case("q0.5b lora bf16 dropout", Q05, dict(method="lora", seq=1024, precision="bf16", dropout=0.05)),
+    Case("q0.5b lora fp16-mixed", Q05, dict(method="lora", seq=1024, precision="fp16-mixed")),
+    Case("q0.5b lora b4 s8192 (logits)", Q05, dict(method="lora", batch=4, seq=8192, gradient_checkpointing=True),
+         layers=6),
+    Case("q0.5b qlora gc", Q05, dict(method="qlora", seq=1024), quick=True),
+    Case("q0.5b qlora eager nogc", Q05, dict(method="qlora", seq=512, attn="eager", gradient_checkpointing=False)),
+    Case("q0.5b freeze", Q05, dict(method="freeze", seq=1024)),
+    # dense, untied, GQA, biases
+    Case("q7b full sdpa", Q7, dict(method="full", seq=2048), layers=4),
+    Case("q7b full gc", Q7, dict(method="full", seq=2048, gradient_checkpointing=True), layers=6),
+    Case("q7b lora sdpa", Q7, dict(method="lora", seq=2048), layers=6),
+    Case("q7b lora eager gc", Q7, dict(method="lora", seq=1024, attn="eager", gradient_checkpointing=True), layers=6),
+    Case("q7b lora b4 s512", Q7, dict(method="lora", batch=4, seq=512), layers=6),
+    Case("q7b qlora gc s2048 (issue)", Q7, dict(method="qlora", seq=2048, gradient_checkpointing=True),
+         tags=("timing",)),
+    Case("q7b qlora nogc flash", Q7, dict(method="qlora", seq=2048, attn="flash", gradient_checkpointing=False),
+         layers=6),
+    Case("q7b qlora gc s8192 (logits)", Q7, dict(method="qlora", seq=8192, gradient_checkpointing=True), layers=4),
+    Case("q7b qlora no-dq", Q7, dict(method="qlora", seq=1024, double_quant=False), layers=4),
+    # tied, GQA 32/8, other vocab
+    Case("l1b full sdpa", L1, dict(method="full", seq=2048), layers=6),
+    Case("l1b lora gc", L1, dict(method="lora", seq=4096, gradient_checkpointing=True), layers=6),
+    # MHA, untied
+    Case("l2-7b lora eager", L27, dict(method="lora", seq=1024, attn="eager"), layers=4),
+    Case("l2-7b qlora gc", L27, dict(method="qlora", seq=4096), layers=4),
+    # Gemma: head_dim 256, multi-query
+    Case("gemma2b lora sdpa", GEM, dict(method="lora", seq=1024), layers=4),
+    Case("gemma2b full eager", GEM, dict(method="full", seq=512, attn="eager"), layers=4),
+    Case("gemma2b qlora gc", GEM, dict(method="qlora", seq=2048), layers=4),
+    # MoE (grouped experts)
+    Case("mixtral lora gc", MIX, dict(method="lora", seq=1024, gradient_checkpointing=True), layers=2),
+    Case("mixtral full bf16", MIX, dict(method="full", seq=512, precision="bf16"), layers=2),
+    # full depth, timing
+    Case("l70b qlora gc s2048 (timing)", L70, dict(method="qlora", seq=2048), tags=("timing",)),
+]
+
+
+def run_case(case: Case) -> dict[str, Any]:
+    from tuneplan.api import build_setup
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.memory import memory_breakdown
+    from tuneplan.simulate import simulate_report
+    from tuneplan.specs.model import model_from_config
+
+    spec = resolve_model(case.model)
+    if case.layers:
+        cfg = dict(spec.config)
+        cfg["num_hidden_layers"] = case.layers
+        spec = model_from_config(cfg, name=f"{case.model}[{case.layers}L]")
+    setup = build_setup(spec, **case.setup)
+    t0 = time.perf_counter()
+    rep = simulate_report(spec, setup)
+    wall = time.perf_counter() - t0
+    if rep.fallback:
+        raise RuntimeError(f"{case.label}: simulate fell back to analytic: {rep.fallback}")
+    sim = rep.breakdown
+    ana = memory_breakdown(spec, setup)
+    sp, ap = sim.allocated_peak_bytes, ana.allocated_peak_bytes
+    comps = {k: (sim.components.get(k, 0), ana.components.get(k, 0)) for k in sim.components}
+    return {
+        "label": case.label, "model": spec.name, "setup": case.setup, "sim_peak": sp, "ana_peak": ap,
+        "rel": ap / sp - 1, "sim_phase": sim.peak_phase, "ana_phase": ana.peak_phase, "peak_op": rep.peak_op,
+        "components": {k: {"sim": s, "ana": a, "diff_pct_of_peak": 100 * (a - s) / sp} for k, (s, a) in comps.items()
+                       if s or a},
+        "seconds": rep.seconds, "wall": wall, "reserved": sim.reserved_peak_bytes,
+    }
+
+
+def _fmt_row(r: dict[str, Any]) -> str:
+    worst = max(r["components"].items(), key=lambda kv: abs(kv[1]["diff_pct_of_peak"]))
+    return (f"| {r['label']} | {r['sim_peak'] / GIB:.3f} | {r['ana_peak'] / GIB:.3f} | {100 * r['rel']:+.2f}% | "
+            f"{worst[0]} {worst[1]['diff_pct_of_peak']:+.1f}% | {r['sim_phase']} / {r['ana_phase']} | "
+            f"{r['peak_op']} | {r['seconds']:.1f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="only the CI subset")
+    ap.add_argument("--only", default="", help="cases whose label contains this text")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (2 cores: 2)")
+    ap.add_argument("--markdown", action="store_true", help="print only the markdown table and summary")
+    ap.add_argument("--json", dest="json_out", default="", help="write the results to this file")
+    args = ap.parse_args(argv)
+    cases = [c for c in CASES if (not args.quick or c.quick) and args.only.lower() in c.label.lower()]
+    print("| case | simulate GiB | analytic GiB | peak diff | largest component diff (% of peak) | "
+          "peak phase sim / analytic | simulated peak op | sim s |")
+    print("|---|---:|---:|---:|---|---|---|---:|", flush=True)
+    results: list[dict[str, Any]] = []
+    if args.jobs > 1 and len(cases) > 1:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as ex:
+            futures = [ex.submit(run_case, c) for c in cases]
+            for fut in as_completed(futures):
+                results.append(fut.result())
+                print(_fmt_row(results[-1]), flush=True)
+    else:
+        for c in cases:
+            results.append(run_case(c))
+            print(_fmt_row(results[-1]), flush=True)
+    order = {c.label: i for i, c in enumerate(cases)}
+    results.sort(key=lambda r: order[r["label"]])
+    rels = [abs(r["rel"]) for r in results]
+    within = sum(1 for x in rels if x <= 0.03)
+    print()
+    print(f"cases: {len(results)}; |peak diff| median {100 * statistics.median(rels):.2f}%, "
+          f"max {100 * max(rels):.2f}%; within 3%: {within}/{len(results)}; "
+          f"simulation seconds per case: median {statistics.median(r['seconds'] for r in results):.1f}, "
+          f"max {max(r['seconds'] for r in results):.1f}")
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+    return 0 if within == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

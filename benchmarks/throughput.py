@@ -1,0 +1,305 @@
+"""Predicted training throughput against the published throughput and time rows of the calibration data.
+
+    python benchmarks/throughput.py [--rows] [--json] [--a10g-tflops 70]
+
+Reads benchmarks/data/calibration/measured.csv (else ../shared/calibration/measured.csv) as it is, maps each
+row with a throughput or a time to a setup (benchmarks/calibration_rows.py, the accuracy benchmark's
+mapper), predicts the seconds the row's work takes with ``tuneplan.estimator.throughput.step_time`` and
+prints median and p90 of |relative error| of tokens/s (and the signed median) per framework, per method,
+per GPU and overall. Rows it cannot score are listed with the reason.
+
+What a row's "work" is, and the assumptions that go with it (printed with the results):
+- litgpt resource tables (A100 40GB, 2023): 1,000 micro-batches of Alpaca, batches padded to their longest
+  sample, the longest sample of the dataset forced into the first one;
+- litgpt config hub (A10G, 2024): Alpaca2k, 1,900 training samples (val_split_fraction 0.05), epochs as
+  published, samples truncated to 512 tokens, batches padded to their longest sample;
+- torchtune / LLaMA-Factory tokens per second: tokens per GPU per second at the stated sequence length
+  (packed rows are full; unpacked Alpaca rows count real tokens, computed on padded batches);
+- transformers docs (BERT on V100): samples/s x 512 tokens.
+Alpaca sample lengths (Llama-2 tokenizer): mean 140 tokens, from the dataset's byte size (47.8 MB for
+52,002 rows of instruction/input/output/templated text: ~540 bytes of templated text per sample at ~3.9
+bytes per token); log-normal with sigma 0.58, the value at which the longest of 51,759 samples is the
+1,304 tokens litgpt reports. Other tokenizers scale by litgpt's longest-sample ratios (phi 1044, StableLM
+1034, Falcon 1079 vs Llama-2 1304) or, for 128K+ vocabularies, by Meta's "up to 15% fewer tokens".
+These are assumptions about the data the rows ran on, not fitted to the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from calibration_rows import MappedRow, Unmapped, map_row, resolve_semantic_targets  # noqa: E402
+from tuneplan.api import build_setup  # noqa: E402
+from tuneplan.catalog.accelerators import resolve_accelerator  # noqa: E402
+from tuneplan.catalog.models import resolve_model  # noqa: E402
+from tuneplan.errors import TuneplanError  # noqa: E402
+from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, step_time  # noqa: E402
+
+LOCAL = HERE / "data" / "calibration" / "measured.csv"
+SHARED = HERE.parent.parent / "shared" / "calibration" / "measured.csv"
+
+ALPACA_MEAN_LLAMA2 = 140.0
+ALPACA_SIGMA = 0.58
+ALPACA_LONGEST_LLAMA2 = 1304
+ALPACA2K_TRAIN = 1900  # 2,000 samples, litgpt Alpaca2k val_split_fraction 0.05
+
+
+# Rows that some constant of the time model was read off (throughput.py says which); every other row is
+# held out: no constant looked at it.
+USED_FOR_CONSTANTS = {
+    # DISPATCH_SECONDS: litgpt A100 LoRA rows whose time hardly changes with micro-batch size
+    "M0001", "M0004", "M0005", "M0006", "M0009", "M0010", "M0011", "M0014", "M0016",
+    # DISPATCH_SECONDS: transformers BERT rows at micro-batch 1
+    "M0250", "M0251", "M0253", "M0255", "M0257",
+    # DEQUANT_BYTES_PER_WEIGHT: QLoRA minus LoRA at equal settings (A100 2023, A10G 2024)
+    "M0002", "M0003", "M0007", "M0008", "M0012", "M0013", "M0017", "M0018", "M0096", "M0098",
+    # SHARDED_UNIT_SECONDS: litgpt FSDP LoRA rows on 2 A100s
+    "M0036", "M0037", "M0038", "M0039", "M0040", "M0041", "M0042", "M0043", "M0044",
+}
+
+
+def csv_path() -> Path:
+    return LOCAL if LOCAL.exists() else SHARED
+
+
+def load(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def tokenizer_factor(vocab: int, model_type: str) -> float:
+    if vocab >= 100_000:
+        return 0.85
+    if model_type == "falcon":
+        return 1079 / 1304
+    if model_type == "gpt_neox":
+        return 1034 / 1304
+    if model_type == "phi":
+        return 1044 / 1304
+    return 1.0
+
+
+def padded_length(batch: int, factor: float, cap: int | None) -> tuple[float, float]:
+    """(E[longest of ``batch`` Alpaca samples] capped at ``cap``, E[one sample] capped): log-normal lengths."""
+    mean = ALPACA_MEAN_LLAMA2 * factor
+    median = mean / math.exp(ALPACA_SIGMA**2 / 2)
+    nd = NormalDist()
+    n = 4000
+    e_max = e_one = 0.0
+    for i in range(n):
+        u = (i + 0.5) / n
+        x = median * math.exp(ALPACA_SIGMA * nd.inv_cdf(u))
+        if cap:
+            x = min(x, cap)
+        e_max += x * batch * u ** (batch - 1) / n
+        e_one += x / n
+    return e_max, e_one
+
+
+def gpu_for(row: dict[str, str], mapped: MappedRow) -> tuple[str | None, list[str]]:
+    if mapped.gpu:
+        return mapped.gpu, []
+    t = row["gpu"]
+    if "A100" in t:
+        return "a100-80gb-sxm4", ["A100 variant not stated: predicted on the 80GB SXM4 (same tensor peak)"]
+    return None, []
+
+
+def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict[str, Any] | str:
+    """Micro-batch shapes and the measured seconds of the row's work, or why it cannot be scored."""
+    b = int(m.setup.get("batch", 1))
+    n_gpus = int(m.setup.get("gpus", 1))
+    fac = tokenizer_factor(vocab, model_type)
+    scope = row["time_scope"].lower()
+    unit = row["throughput_unit"].lower()
+    notes: list[str] = []
+    if row["time_seconds_derived"] and "per 1k iterations" in scope:
+        longest = int(m.setup["seq"])
+        e_max, _ = padded_length(b, fac, longest)
+        shapes = [(999, e_max), (1, float(longest))]
+        notes.append(f"Alpaca batches padded to their longest: E = {e_max:.0f} tokens; first micro-batch {longest}")
+        return {"shapes": shapes, "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+    if row["time_seconds_derived"] and "alpaca2k" in scope:
+        epochs = int(scope.split("for ")[1].split(" epoch")[0])
+        cap = int(m.setup["seq"])
+        e_max, _ = padded_length(b, fac, cap)
+        iters = epochs * math.ceil(ALPACA2K_TRAIN / (b * n_gpus))
+        capped = re.search(r"max_steps=(\d+)", row["notes"])
+        if capped:
+            ga = int(m.setup.get("grad_accum", 1))
+            iters = min(iters, int(capped.group(1)) * ga)
+            notes.append(f"run capped by max_steps={capped.group(1)} (x grad_accum {ga})")
+        notes.append(f"Alpaca2k: {iters} micro-batches per GPU of E = {e_max:.0f} padded tokens")
+        return {"shapes": [(iters, e_max)], "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+    if row["time_seconds_derived"] and "512 samples" in scope:
+        seq = int(m.setup["seq"])
+        return {"shapes": [(512 // b, float(seq))], "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+    if row["time_seconds_derived"]:
+        return f"time scope not mapped: {row['time_scope']}"
+    if not row["throughput_value"]:
+        return "no throughput or time"
+    value = float(row["throughput_value"].replace(",", ""))
+    seq = int(m.setup["seq"])
+    if "samples/s" in unit:
+        return {"shapes": [(1, float(seq))], "measured_s": b / value, "notes": notes}
+    if "it/s" in unit:
+        return {"shapes": [(1, float(seq))], "measured_s": 1.0 / value, "notes": notes}
+    if "token" in unit or "tgs" in unit:
+        packed = "pack" in row["other_opts"].lower() or "pack" in row["seq_len_note"].lower()
+        unpacked_alpaca = "unpacked" in row["seq_len_note"].lower()
+        if unpacked_alpaca:
+            e_max, e_one = padded_length(b, fac, seq)
+            notes.append(f"unpacked Alpaca: computed E = {e_max:.0f} padded tokens per sample, {e_one:.0f} real")
+            return {"shapes": [(1, e_max)], "measured_s": b * e_one / value, "notes": notes}
+        if not packed:
+            notes.append(f"sample lengths not published: sequences assumed to fill {seq} tokens")
+        per_gpu = value
+        if m.source_group == "torchtune" and n_gpus > 1:
+            # torchtune's multi-GPU table rows only make sense as totals: 70B LoRA at 3,497 tokens/s per
+            # A100 would be ~1.5 PFLOP/s per card, five times its peak.
+            per_gpu = value / n_gpus
+            notes.append(f"torchtune multi-GPU tokens/s read as the total of {n_gpus} GPUs")
+        elif "tgs" not in unit:
+            notes.append("tokens/s read as per GPU")
+        return {"shapes": [(1, float(seq))], "measured_s": b * seq / per_gpu, "notes": notes}
+    return f"throughput unit not mapped: {row['throughput_unit']}"
+
+
+def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, Any] | str:
+    try:
+        spec = resolve_model(m.model, allow_network=False)
+    except TuneplanError as exc:
+        return f"model not resolved: {exc}"
+    gpu, gnotes = gpu_for(row, m)
+    if gpu is None:
+        return "GPU not stated"
+    acc = resolve_accelerator(gpu)
+    w = work(row, m, spec.vocab, spec.model_type)
+    if isinstance(w, str):
+        return w
+    fields = dict(m.setup)
+    if isinstance(fields.get("targets"), str) and fields["targets"].startswith("sem:"):
+        fields["targets"] = resolve_semantic_targets(spec, fields["targets"])
+    compiled = "compile" in row["other_opts"].lower()
+    peak = None
+    notes = list(gnotes) + list(w["notes"]) + list(m.approximations)
+    if acc.id == "a10g" and not acc.bf16_tflops_dense:
+        peak = a10g_tflops
+        notes.append(f"A10G tensor peak not in the catalog: {a10g_tflops:g} TFLOPS assumed (third-party tables)")
+    opts = RuntimeOptions(compiled=compiled, peak_tflops=peak)
+    seconds = 0.0
+    bound = ""
+    try:
+        for count, length in w["shapes"]:
+            setup = build_setup(spec, **{**fields, "seq": max(1, round(length))})
+            st = step_time(spec, setup, acc, opts)
+            seconds += count * st.step_seconds / setup.grad_accum
+            bound = bound or st.bound
+    except (TuneplanError, UnknownThroughput) as exc:
+        return f"cannot predict: {exc}"
+    err = w["measured_s"] / seconds - 1.0  # relative error of tokens/s (same work, inverse of time)
+    method = m.setup.get("method", "?")
+    return {"row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu,
+            "framework/method": f"{m.framework}/{method}", "held_out": m.row_id not in USED_FOR_CONSTANTS,
+            "model": m.model, "measured_s": w["measured_s"], "predicted_s": seconds, "rel_err": err, "bound": bound,
+            "assumed_peak": peak is not None, "compiled": compiled, "notes": notes}
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(res: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in res:
+        groups[r[key] if key != "all" else "all"].append(r["rel_err"])
+    out = []
+    for g, errs in sorted(groups.items()):
+        ab = [abs(e) for e in errs]
+        out.append({key: g, "n": len(errs), "median_abs": statistics.median(ab), "p90_abs": pct(ab, 0.9),
+                    "median_signed": statistics.median(errs)})
+    return out
+
+
+def run(a10g_tflops: float) -> dict[str, Any]:
+    path = csv_path()
+    results, skipped = [], []
+    for raw in load(path):
+        if not (raw["throughput_value"] or raw["time_value"]):
+            continue
+        m = map_row(raw)
+        if isinstance(m, Unmapped):
+            skipped.append({"row_id": m.row_id, "reason": m.reason})
+            continue
+        p = predict(raw, m, a10g_tflops)
+        if isinstance(p, str):
+            skipped.append({"row_id": m.row_id, "reason": p})
+        else:
+            results.append(p)
+    catalog_only = [r for r in results if not r["assumed_peak"]]
+    held_out = [r for r in catalog_only if r["held_out"]]
+    return {"csv": str(path), "results": results, "skipped": skipped,
+            "summary": {k: summarize(results, k) for k in ("framework", "method", "framework/method", "gpu", "all")},
+            "headline": {"all rows": summarize(results, "all"),
+                         "catalog peaks (no assumed A10G peak)": summarize(catalog_only, "all"),
+                         "catalog peaks, held out (no constant read off them)": summarize(held_out, "all")}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", action="store_true", help="print every scored row")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--a10g-tflops", type=float, default=70.0,
+                    help="A10G dense bf16 peak to assume (the catalog leaves it blank) [70]")
+    a = ap.parse_args()
+    out = run(a.a10g_tflops)
+    if a.json:
+        print(json.dumps(out, indent=2, default=str))
+        return
+    print(f"calibration data: {out['csv']}")
+    print(f"scored rows: {len(out['results'])}; skipped: {len(out['skipped'])}")
+    print("relative error of tokens/s = measured / predicted - 1 (positive: we predict too slow)")
+    if a.rows:
+        for r in out["results"]:
+            print(f"  {r['row_id']} {r['framework']:12s} {r['method']:6s} {r['gpu']:16s} {r['model'][:34]:34s} "
+                  f"meas {r['measured_s']:9.1f}s pred {r['predicted_s']:9.1f}s err {r['rel_err']:+6.0%} {r['bound']}")
+    for key, rows in out["summary"].items():
+        print(f"\nby {key}:")
+        print(f"  {'group':22s} {'n':>4s} {'median|err|':>12s} {'p90|err|':>9s} {'median err':>11s}")
+        for s in rows:
+            print(f"  {str(s[key]):22s} {s['n']:4d} {s['median_abs']:12.0%} {s['p90_abs']:9.0%} {s['median_signed']:+11.0%}")
+    print("\nheadline:")
+    for name, rows in out["headline"].items():
+        if rows:
+            s = rows[0]
+            print(f"  {name:52s} n={s['n']:3d}  median|err| {s['median_abs']:4.0%}  p90 {s['p90_abs']:4.0%}  "
+                  f"median signed {s['median_signed']:+.0%}")
+    reasons: dict[str, int] = defaultdict(int)
+    for sk in out["skipped"]:
+        reasons[sk["reason"]] += 1
+    print("\nskipped:")
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:3d}  {reason}")
+
+
+if __name__ == "__main__":
+    main()

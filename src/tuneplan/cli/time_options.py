@@ -1,0 +1,64 @@
+"""The dataset and price flags of the time/cost model, declared once for every command that shows time.
+
+``with_time_options`` appends the flags to a command's signature (typer reads ``__signature__``) and
+hands the command one dict, ``time_kw``, ready for ``tuneplan.api.estimate(**time_kw)``: ``dataset`` (a
+validated DatasetSpec, or absent when no size was given) and the price overrides the user gave.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+_P = "Time and cost"  # rich help panel
+
+
+def _opt(*names: str, help: str) -> Any:
+    return typer.Option(*names, help=help, rich_help_panel=_P, show_default=False)
+
+
+TIME_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("samples", int | None, _opt("--samples", help="training samples in the dataset")),
+    ("avg_tokens", float | None, _opt("--avg-tokens", help="average tokens per sample after the template (default: --seq)")),
+    ("epochs", float | None, _opt("--epochs", help="passes over the data, fractions allowed (default 1)")),
+    ("dataset_tokens", int | None, _opt("--dataset-tokens", help="tokens in one epoch (instead of --samples)")),
+    ("packing", bool | None, _opt("--packing/--no-packing", help="pack samples into --seq rows (default: pad each to --seq)")),
+    ("price", float | None, _opt("--price", help="cloud USD per GPU-hour (default: the catalog's dated reading)")),
+    ("card_price", float | None, _opt("--card-price", help="purchase USD per card (default: catalog launch price)")),
+    ("kwh_price", float | None, _opt("--kwh-price", help="electricity USD per kWh (default 0.15)")),
+    ("own_years", float | None, _opt("--own-years", help="years an owned card is used (default 3)")),
+]
+_DATASET = ("samples", "avg_tokens", "epochs", "dataset_tokens", "packing")
+
+
+def time_kw_from(values: dict[str, Any]) -> dict[str, Any]:
+    """Flags given -> keyword arguments of ``estimate`` (a DatasetSpec when any size was given)."""
+    from tuneplan.specs.dataset import DatasetSpec
+
+    given = {k: v for k, v in values.items() if v is not None}
+    kw: dict[str, Any] = {k: given[k] for k in ("price", "card_price", "kwh_price", "own_years") if k in given}
+    ds = {k: given[k] for k in _DATASET if k in given}
+    if ds:
+        kw["dataset"] = DatasetSpec(**ds).validate()
+    return kw
+
+
+def with_time_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(func)
+    names = {n for n, _, _ in TIME_OPTIONS}
+    params = [p for p in sig.parameters.values() if p.name != "time_kw"]
+    for name, ann, default in TIME_OPTIONS:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[ann, default]))
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        values = {n: kwargs.pop(n, None) for n in names}
+        return func(time_kw=time_kw_from(values), **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper

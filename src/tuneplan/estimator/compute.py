@@ -1,0 +1,220 @@
+"""The work of one training token, from the architecture: matmul FLOPs and bytes moved.
+
+FLOPs (one multiply-add = 2 FLOPs), per token, at sequence length ``s``:
+- every ``nn.Linear`` in the blocks: ``2 * d_in * d_out`` forward; MoE experts count the ``top_k`` routed
+  copies a token visits, not all experts; the router and shared experts are dense;
+- attention core: ``QK^T`` ``2 * heads * head_dim * ctx`` and ``PV`` ``2 * heads * v_head_dim * ctx``, where
+  ``ctx`` is the number of key positions a query meets: ``s`` for eager attention (it computes the whole
+  ``s x s`` score matrix, then masks it) and for encoders, ``(s + 1) / 2`` for causal SDPA/flash kernels
+  that skip the masked blocks (FlashAttention-2, Dao 2023, section 3.1 "causal masking");
+- logits: ``2 * hidden * vocab`` (the lm_head is a matmul even when tied);
+- backward: input gradients ``1x`` the forward of every linear the gradient flows through, weight gradients
+  another ``1x`` only for weights that train (full / freeze layers; LoRA adapters), so LoRA and QLoRA are
+  about 4N instead of 6N; attention core ``2x`` forward for eager, ``2.5x`` for SDPA/flash, whose backward
+  recomputes ``QK^T`` (five matmuls against two forward: FlashAttention-2 paper, algorithm 2);
+- LoRA adapters: ``2 * r * (d_in + d_out)`` forward per targeted module and ``2x`` that backward;
+- gradient checkpointing (one checkpoint per decoder layer, as transformers / torchtune / litgpt do):
+  the layers' forward once more during backward; the lm_head and loss are not checkpointed;
+- ``method=freeze``: only the top ``freeze_trainable_layers`` layers run a backward at all.
+The reference ``6 N`` (Kaplan et al. 2020; EleutherAI "Transformer Math 101") is reported beside the count.
+
+QLoRA dequantization is not tensor-core work: bitsandbytes rebuilds a 16-bit copy of each 4-bit weight
+before every matmul that uses it (``MatMul4Bit``: forward, the input-gradient matmul, and the recompute).
+Its cost is memory traffic per micro-batch, counted here as elements and timed in ``throughput``.
+
+Bytes moved by the element-wise kernels (norms, rotary, activations, residual adds, softmax of eager
+attention, LoRA's dropout/scale/add, the loss chain) are counted per token from the same structure: each
+tensor a layer produces is written once and read once in forward; backward moves about twice that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tuneplan.estimator.dtypes import resolve_dtypes
+from tuneplan.estimator.weights import resolve_targets
+from tuneplan.specs.model import Linear, ModelSpec
+from tuneplan.specs.profiles import get_profile
+from tuneplan.specs.setup import TrainSetup
+
+# Attention backward / forward matmul ratio. Eager: dS and dP give dQ, dK, dV, dP (4 matmuls vs 2).
+# SDPA/flash: 5 matmuls (S = QK^T is recomputed) vs 2 (FlashAttention-2, Dao 2023, algorithm 2).
+ATTN_BWD_EAGER = 2.0
+ATTN_BWD_FLASH = 2.5
+
+# Element-wise bytes produced per element, unfused PyTorch (per op output):
+# HF/litgpt/torchtune RMSNorm upcast to fp32, square, mean-scale (3 fp32 tensors), then cast back and
+# multiply by the weight (2 compute-dtype tensors): transformers LlamaRMSNorm.forward.
+NORM_FP32_TENSORS = 3
+NORM_HALF_TENSORS = 2
+# Rotary embedding: rotate_half (slice + cat), x*cos, rotate*sin, add: 4 outputs the size of q and k.
+ROTARY_TENSORS = 4
+# Loss chain bytes per logit (ForCausalLMLoss: 16-bit logits 2, fp32 upcast 4, log-softmax 4, gradient 4;
+# the memory model uses the same 14 B, see logits.py). Chunked losses still materialize every chunk
+# (torchtune fp32 chunks, litgpt bf16 chunks); a fused kernel (Unsloth, Liger) writes roughly the logits once.
+LOSS_BYTES_PER_LOGIT = {"hf": 14.0, "chunked_fp32": 10.0, "chunked_bf16": 8.0, "fused": 2.0}
+# Forward traffic = write + read of every produced tensor; backward moves about twice the forward
+# (reads the saved input, writes and reads the gradient of each tensor).
+FWD_TRAFFIC_PER_BYTE = 2.0
+BWD_TRAFFIC_PER_FWD = 2.0
+# Kernels: backward launches about 1.5x the forward's (two matmuls per trained linear, one per frozen
+# one; most element-wise ops have one backward kernel, views none): a count, not a measurement.
+BWD_KERNELS_PER_FWD = 1.5
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """Work of one token of a micro-batch at sequence length ``seq`` (whole model, one replica)."""
+
+    seq: int
+    forward: float  # matmul FLOPs, forward (layers + attention core + logits + adapters)
+    backward: float
+    recompute: float  # gradient checkpointing: forward of the layers again
+    parts: dict[str, float] = field(default_factory=dict)
+    six_n: float = 0.0  # 6 x active parameters, the usual shorthand, for comparison
+    dequant_elements: float = 0.0  # 4/8-bit weights rebuilt per micro-batch (not per token)
+    traffic_bytes: float = 0.0  # element-wise bytes moved per token (forward + backward + recompute)
+    traffic_parts: dict[str, float] = field(default_factory=dict)
+    gemm_kernels: float = 0.0  # matmul kernels one micro-batch launches (eager; all passes)
+    other_kernels: float = 0.0  # element-wise / attention / reshape kernels one micro-batch launches
+    dequant_kernels: float = 0.0  # bitsandbytes dequantize calls per micro-batch
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.recompute
+
+    def to_dict(self) -> dict[str, float]:
+        return {"seq": self.seq, "forward": self.forward, "backward": self.backward, "recompute": self.recompute,
+                "total": self.total, "six_n": self.six_n, **{f"part_{k}": v for k, v in self.parts.items()}}
+
+
+def _active(m: Linear, top_k: int) -> int:
+    """Copies of a linear a token multiplies with: top-k of the routed experts, else all (1)."""
+    return min(top_k, m.count) if m.role == "expert" else m.count
+
+
+def _has_rotary(model: ModelSpec) -> bool:
+    """Rotary position embeddings (Llama-style families, GPT-NeoX, Phi, Falcon); GPT-2/BLOOM/BERT have none."""
+    if model.family in ("llama", "moe", "deepseek", "chatglm"):
+        return True
+    return model.model_type in ("gpt_neox", "phi", "falcon", "gptj")
+
+
+def attention_context(model: ModelSpec, seq: int, attn: str) -> float:
+    """Key positions one query meets on average (see module doc)."""
+    if model.architecture == "encoder" or attn == "eager":
+        return float(seq)
+    return (seq + 1) / 2.0
+
+
+def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None) -> FlopCount:
+    """Matmul FLOPs per token of a training micro-batch, element-wise traffic, and dequantization work."""
+    s = seq or setup.seq
+    prof = get_profile(setup.framework)
+    attn = setup.attn or prof.default_attn
+    dt = resolve_dtypes(setup, prof)
+    targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
+    r = setup.rank
+    ctx = attention_context(model, s, attn)
+    attn_bwd = ATTN_BWD_EAGER if attn == "eager" else ATTN_BWD_FLASH
+    c = dt.compute
+    h = model.hidden
+    n_layers = model.n_layers
+    first_trained = n_layers - min(setup.freeze_trainable_layers, n_layers) if setup.method == "freeze" else 0
+
+    parts = {k: 0.0 for k in ("linear_fwd", "attn_fwd", "logits_fwd", "adapter_fwd", "linear_bwd_input",
+                              "linear_bwd_weight", "attn_bwd", "logits_bwd", "adapter_bwd", "recompute")}
+    traffic = {k: 0.0 for k in ("layers", "adapters", "attention_scores", "loss", "embedding")}
+    dequant = 0.0
+    kernels = {"gemm": 0.0, "other": 0.0, "dequant": 0.0}
+    layer_no = 0
+    for spec, count in model.layer_groups:
+        lin = ada = 0.0
+        produced = 0.0  # bytes one layer writes per token: linear outputs and element-wise results
+        ada_bytes = 0.0
+        ops = 0.0  # element-wise and attention kernels of one forward
+        gemms = 1.0  # the attention kernel (SDPA/flash) or the two batched matmuls of eager, counted once
+        qlin = 0.0
+        for m in spec.linears:
+            k = _active(m, spec.top_k)
+            lin += 2.0 * m.d_in * m.d_out * k
+            produced += m.d_out * k * c
+            gemms += k
+            qlin += k
+            if m.name in targets:
+                ada += 2.0 * r * (m.d_in + m.d_out) * k
+                # dropout output (if any), lora_A out, then lora_B out, scaling and the add at d_out
+                ada_bytes += ((m.d_in if setup.dropout > 0 else 0) * dt.adapter + r * dt.adapter
+                              + 3 * m.d_out * max(dt.adapter, c)) * k
+                gemms += 2 * k
+                ops += 2 + (1 if setup.dropout > 0 else 0)
+        att = 2.0 * model.n_heads * (model.head_dim + model.v_head_dim) * ctx
+        produced += spec.n_norms * h * (NORM_FP32_TENSORS * 4 + NORM_HALF_TENSORS * dt.norm_out)
+        produced += 2 * h * dt.residual  # two residual adds
+        ops += spec.n_norms * (NORM_FP32_TENSORS + NORM_HALF_TENSORS) + 2
+        if _has_rotary(model):
+            produced += ROTARY_TENSORS * model.head_dim * (model.n_heads + model.n_kv_heads) * c
+            ops += 2 * ROTARY_TENSORS
+        produced += 2 * model.n_heads * model.v_head_dim * c  # attention output + contiguous copy for o_proj
+        ops += 3  # q/k/v reshapes / transposes
+        f_mlp = (spec.expert_intermediate * spec.top_k if spec.moe else 0) + spec.mlp_intermediate
+        gated = model.mlp_kind == "swiglu"
+        produced += (2 if gated else 1) * f_mlp * c  # activation (and the gate product)
+        ops += 2 if gated else 1
+        scores = 0.0
+        if attn == "eager":
+            scores = model.n_heads * ctx * (c + 4 + c)  # scores (+mask), fp32 softmax, its 16-bit cast
+            ops += 3
+        fwd_t = {"layers": FWD_TRAFFIC_PER_BYTE * produced, "attention_scores": FWD_TRAFFIC_PER_BYTE * scores,
+                 "adapters": FWD_TRAFFIC_PER_BYTE * ada_bytes}
+        # layers of this group below / inside the trained top (method=freeze), else all trained alike
+        n_frozen = min(count, max(0, first_trained - layer_no)) if setup.method == "freeze" else 0
+        layer_no += count
+        for n, grad_flows in ((n_frozen, False), (count - n_frozen, True)):
+            if n == 0:
+                continue
+            trained_layer = setup.method == "full" or (setup.method == "freeze" and grad_flows)
+            parts["linear_fwd"] += n * lin
+            parts["attn_fwd"] += n * att
+            parts["adapter_fwd"] += n * ada
+            passes = kpasses = 1.0
+            if grad_flows:
+                parts["linear_bwd_input"] += n * lin
+                parts["attn_bwd"] += n * att * attn_bwd
+                parts["adapter_bwd"] += n * 2 * ada
+                if trained_layer:
+                    parts["linear_bwd_weight"] += n * lin
+                passes += BWD_TRAFFIC_PER_FWD
+                kpasses += BWD_KERNELS_PER_FWD
+                if setup.gradient_checkpointing:
+                    parts["recompute"] += n * (lin + att + ada)
+                    passes += 1.0
+                    kpasses += 1.0
+            for key, v in fwd_t.items():
+                traffic[key] += n * passes * v
+            kernels["gemm"] += n * kpasses * gemms
+            kernels["other"] += n * kpasses * ops
+            if setup.quant_bits:
+                deq_passes = 1 + ((2 if setup.gradient_checkpointing else 1) if grad_flows else 0)
+                kernels["dequant"] += n * deq_passes * qlin
+    # logits and loss
+    logits = 2.0 * h * model.vocab
+    parts["logits_fwd"] = logits
+    parts["logits_bwd"] = logits * (2 if setup.method == "full" else 1)  # weight grad only when it trains
+    traffic["loss"] = LOSS_BYTES_PER_LOGIT.get(prof.loss, 14.0) * model.vocab * FWD_TRAFFIC_PER_BYTE
+    traffic["embedding"] = FWD_TRAFFIC_PER_BYTE * 2 * h * dt.residual  # gather + final norm input
+    kernels["gemm"] += 2 + (1 if setup.method == "full" else 0)  # lm_head forward, input grad, weight grad
+    kernels["other"] += 2 * (1 + BWD_KERNELS_PER_FWD) + 8  # embedding, final norm, the loss chain (~8 kernels)
+
+    bits = setup.quant_bits
+    if bits:
+        passes = 2 + (1 if setup.gradient_checkpointing else 0)  # forward, input-grad matmul, recompute
+        dequant = passes * model.params_linear_weights
+
+    fwd = parts["linear_fwd"] + parts["attn_fwd"] + parts["logits_fwd"] + parts["adapter_fwd"]
+    bwd = (parts["linear_bwd_input"] + parts["linear_bwd_weight"] + parts["attn_bwd"] + parts["logits_bwd"]
+           + parts["adapter_bwd"])
+    return FlopCount(seq=s, forward=fwd, backward=bwd, recompute=parts["recompute"], parts=parts,
+                     six_n=6.0 * model.params_active, dequant_elements=dequant,
+                     traffic_bytes=sum(traffic.values()), traffic_parts=traffic, gemm_kernels=kernels["gemm"],
+                     other_kernels=kernels["other"], dequant_kernels=kernels["dequant"])

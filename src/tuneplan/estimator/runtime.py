@@ -1,0 +1,67 @@
+"""How long and how much: the ``time`` and ``cost`` sections of an estimate.
+
+Tokens: a DatasetSpec gives the rows of ``seq`` tokens computed per epoch (packing or padding to ``seq``);
+each optimizer step computes ``batch x seq x grad_accum x GPUs`` of them; steps x step time = hours.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tuneplan.estimator.cost import Prices, cost_section
+from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, step_time
+from tuneplan.specs.dataset import DatasetSpec
+from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+
+def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset: DatasetSpec | None = None,
+                  prices: Prices | None = None, options: RuntimeOptions | None = None) -> dict[str, Any]:
+    """``{"time": {...}, "cost": {...}}`` for ``setup`` (resolved) on ``setup.world_size`` cards of ``acc``."""
+    try:
+        st = step_time(model, setup, acc, options)
+    except UnknownThroughput as exc:
+        reason = f"time cannot be computed: {exc}"
+        t: dict[str, Any] = {k: None for k in ("tokens_per_second", "step_seconds", "total_hours", "gpu_hours")}
+        t["unknown"] = [reason]
+        t["assumptions"] = []
+        c = cost_section(acc, setup.world_size, None, prices, why_no_hours=reason)
+        return {"time": t, "cost": c}
+
+    fl = st.flops
+    assert fl is not None
+    time: dict[str, Any] = {
+        "tokens_per_second": st.tokens_per_second,
+        "tokens_per_second_per_gpu": st.tokens_per_second_per_gpu,
+        "step_seconds": st.step_seconds,
+        "micro_batch_seconds": st.micro_batch_seconds,
+        "tokens_per_step": st.tokens_per_step,
+        "bound": st.bound,
+        "mfu": st.mfu,
+        "flops_per_token": fl.total,
+        "flops_per_token_6n": fl.six_n,
+        "total_hours": None,
+        "gpu_hours": None,
+        "components_seconds": {k: v for k, v in st.components.items() if v},
+        "links": st.links,
+        "assumptions": list(st.assumptions),
+    }
+    gpu_hours = None
+    if dataset is not None:
+        plan = dataset.plan(setup.seq)
+        rows_per_step = setup.batch * setup.grad_accum * setup.world_size
+        steps = math.ceil(plan.rows_per_epoch / rows_per_step) * plan.epochs
+        seconds = steps * st.step_seconds
+        time["optimizer_steps"] = steps
+        time["total_hours"] = seconds / 3600.0
+        time["gpu_hours"] = time["total_hours"] * setup.world_size
+        time["computed_tokens"] = plan.computed_tokens
+        time["trained_tokens"] = plan.real_tokens
+        time["trained_tokens_per_second"] = plan.real_tokens / seconds if seconds else None
+        time["assumptions"].extend(plan.notes)
+        gpu_hours = time["gpu_hours"]
+    else:
+        time["unknown"] = ["no dataset size: give --samples (and --avg-tokens) or --dataset-tokens for hours"]
+    return {"time": time, "cost": cost_section(acc, setup.world_size, gpu_hours, prices)}

@@ -1,0 +1,299 @@
+"""Time of one optimizer step on one accelerator model: compute, memory traffic, overhead, communication.
+
+Three regimes (H. He, "Making Deep Learning Go Brrrr From First Principles", horace.io/brrr_intro.html):
+- compute: matmul FLOPs (``compute.flops_per_token``) at an achievable fraction of the card's dense tensor
+  peak for the matmul dtype (``GEMM_EFFICIENCY`` by card class), but never faster than reading the weights
+  the matmuls use (the roofline bound that rules at small micro-batches);
+- memory: element-wise kernels move ``traffic_bytes`` per token at an achievable fraction of the memory
+  bandwidth (``BW_EFFICIENCY``); bitsandbytes rebuilds 16-bit weights per matmul (``DEQUANT_*``);
+- overhead: the CPU launches kernels one by one in eager PyTorch; a micro-batch can not finish before its
+  kernels are launched (``DISPATCH_SECONDS``). GPU work queues behind the CPU, so a micro-batch takes the
+  larger of the GPU time and the launch time, not their sum.
+Per optimizer step: ``grad_accum`` micro-batches, the optimizer update (memory-bound), the exposed part of
+the gradient / parameter collectives (``links.py`` bandwidths), CPU-offload copies over the host link.
+
+Every constant below names its source or says how it was chosen; ``benchmarks/throughput.py`` reports how
+far the whole model is from the published throughput rows of the calibration data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tuneplan.estimator.compute import FlopCount, flops_per_token
+from tuneplan.estimator.dtypes import resolve_dtypes
+from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor
+from tuneplan.estimator.memory import memory_breakdown
+from tuneplan.estimator.optimizer import optimizer_plan
+from tuneplan.estimator.weights import param_plan
+from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.profiles import get_profile
+from tuneplan.specs.setup import TrainSetup
+
+# Achievable fraction of the dense tensor peak for the large GEMMs of a training step, by card class.
+# cuBLAS reaches about 80% of the dense bf16/fp16 peak on large square GEMMs on V100/A100/Ada/GA102
+# (NVIDIA "Matrix Multiplication Background" user guide, fig. "performance of GEMMs"; A100 ~250 of 312
+# TFLOPS); Hopper reaches a smaller fraction of its larger peak with cuBLAS (~65-70%: the FP8/BF16 GEMM
+# results in NVIDIA's H100 tuning guide and PyTorch's Hopper GEMM benchmarks); AMD Instinct's hipBLASLt
+# reaches about half of the marketed peak (SemiAnalysis MI300X vs H100 benchmark, Dec 2024).
+GEMM_EFFICIENCY = {"nvidia-hbm": 0.80, "nvidia-gddr": 0.80, "nvidia-hopper": 0.68, "amd": 0.50, "other": 0.50}
+# Achievable fraction of peak memory bandwidth for streaming element-wise kernels (STREAM-like copies
+# reach 85-90% on A100/H100 HBM, ~85% on GDDR6X; element-wise PyTorch kernels with broadcasting and
+# reductions are lower): one value for all cards.
+BW_EFFICIENCY = 0.70
+# torch.compile / hand-fused kernels (Unsloth's Triton RMSNorm, RoPE, SwiGLU, fused loss) write fewer
+# intermediates: element-wise traffic and launched kernels scale by these factors (chosen, not measured:
+# fusion removes most intermediate writes of a norm / rotary / gated-activation chain).
+FUSED_TRAFFIC = 0.5
+FUSED_OPS = 0.3
+# bitsandbytes dequantize_4bit reads 0.5 B + absmax and writes 2 B per weight, then the GEMM reads the
+# 16-bit copy; its measured cost is well above that traffic at full bandwidth. From the litgpt rows of the
+# calibration data (QLoRA minus LoRA time at equal settings: A100 40GB 2023 and A10G 2024, 7B and 13B)
+# one dequantization pass costs about 10 bytes of peak-bandwidth time per weight on both cards.
+DEQUANT_BYTES_PER_WEIGHT = 10.0
+# LLM.int8 (8-bit) matmuls decompose outliers and run int8 GEMMs; much slower than 4-bit dequant in
+# practice (bitsandbytes README: "8-bit ... slower"); modeled as twice the 4-bit pass (assumption).
+INT8_DEQUANT_FACTOR = 2.0
+# CPU time to launch one kernel from eager PyTorch, including the Python module call and the autograd
+# bookkeeping of that op (horace.io: the "overhead" regime). A GPU cannot work ahead of the CPU, so each
+# class of kernels takes the longer of its launches and its execution (a per-kernel roofline): small
+# micro-batches are launch-bound. The value is read off the calibration rows that are launch-bound: the
+# litgpt A100 LoRA rows whose time hardly changes from micro-batch 1 to 4 (4.0-4.8 ms per layer per
+# micro-batch, ~100 kernels) and the transformers BERT rows at micro-batch 1 (~3 ms per layer): ~35 us.
+# Newer CPUs and PyTorch versions launch faster; this is what the published runs saw.
+DISPATCH_SECONDS = 35e-6
+# FSDP / ZeRO-3 add a fixed cost per sharded unit (one decoder layer) per pass: the all-gather launch,
+# pre/post hooks, stream synchronisation. litgpt's FSDP LoRA rows (A100 40GB, 2 GPUs) run 5.5-6.7 ms per
+# layer per micro-batch slower than the same runs on one GPU with NVLink traffic far below that.
+SHARDED_UNIT_SECONDS = 1.5e-3
+# Per-micro-batch fixed cost outside the layers: data loading to the GPU, loss bookkeeping, logging.
+MICRO_BATCH_FIXED_SECONDS = 2e-3
+# Part of a collective that cannot hide behind compute: the last bucket (PyTorch DDP bucket_cap_mb=25;
+# DeepSpeed reduce_bucket_size 5e8 elements; FSDP one unit = one decoder layer).
+DDP_BUCKET_BYTES = 25 * 1024**2
+DS_BUCKET_ELEMENTS = 500_000_000
+
+
+class UnknownThroughput(ValueError):
+    """The card lacks a figure the time model needs (its tensor peak or memory bandwidth)."""
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    compiled: bool = False  # torch.compile / fused kernels (torchtune compile=True, Unsloth)
+    inter_node_gbs: float | None = None  # per-GPU network bandwidth between nodes, GB/s (default: links.py)
+    peak_tflops: float | None = None  # override the catalog's dense tensor peak for the matmul dtype
+    gemm_efficiency: float | None = None  # override the card-class GEMM efficiency
+
+
+@dataclass(frozen=True)
+class StepTime:
+    step_seconds: float  # one optimizer step: grad_accum micro-batches + update + exposed communication
+    micro_batch_seconds: float
+    tokens_per_step: int  # all GPUs together
+    tokens_per_second: float  # all GPUs together
+    tokens_per_second_per_gpu: float
+    bound: str  # compute | memory | overhead (what sets the micro-batch time)
+    mfu: float  # model FLOPs (our count, without the recompute) / (dense peak x time)
+    components: dict[str, float] = field(default_factory=dict)  # seconds per optimizer step, per GPU
+    flops: FlopCount | None = None
+    links: dict[str, str] = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)
+
+
+def card_class(acc: Accelerator) -> str:
+    if acc.vendor == "AMD":
+        return "amd"
+    if acc.vendor != "NVIDIA":
+        return "other"
+    if acc.compute_capability and acc.compute_capability >= (9, 0) and "HBM" in (acc.memory_type or ""):
+        return "nvidia-hopper"
+    return "nvidia-hbm" if "HBM" in (acc.memory_type or "") else "nvidia-gddr"
+
+
+def matmul_peak_tflops(acc: Accelerator, setup: TrainSetup) -> float | None:
+    """Dense tensor peak for the matmul dtype. fp16 GEMMs in PyTorch accumulate in fp32, which runs at the
+    bf16 rate (consumer cards halve fp16-with-fp16-accumulate figures for fp32 accumulation); fp32 runs on
+    CUDA cores (PyTorch's default ``allow_tf32=False`` for matmuls since 1.12)."""
+    per_package = acc.fp32_tflops if setup.precision == "fp32" else (acc.bf16_tflops_dense
+                                                                      or acc.fp16_fp16acc_tflops_dense)
+    # one device of a multi-device package (MI250X: 2 GCDs) gets its share of the package's figure
+    return per_package / max(1, acc.devices_per_package) if per_package else None
+
+
+def _collectives(model: ModelSpec, setup: TrainSetup, *, trainable: int, grad_bytes: int, gathered_bytes: int,
+                 link: Link) -> tuple[float, float, float, list[str]]:
+    """(seconds per micro-batch overlappable, per step overlappable, per step serial, notes) of the collectives."""
+    n = setup.world_size
+    notes: list[str] = []
+    if n == 1:
+        return 0.0, 0.0, 0.0, notes
+    bw = link.gbs * 1e9
+    g = trainable * grad_bytes
+    rs, ag = ring_factor("reduce_scatter", n), ring_factor("all_gather", n)
+    per_micro = per_step = serial = 0.0
+    if setup.zero == 3 or setup.fsdp:
+        # parameters gathered for forward and again for backward, gradients reduce-scattered, every micro-batch
+        per_micro = (2 * gathered_bytes * ag + g * rs) / bw
+        notes.append("ZeRO-3/FSDP: all-gather parameters in forward and backward, reduce-scatter gradients, "
+                     "every micro-batch; prefetch overlaps them with compute")
+    elif setup.zero == 2:
+        per_micro = g * rs / bw
+        serial = trainable * 2 * ag / bw
+        notes.append("ZeRO-2: reduce-scatter gradients every micro-batch, all-gather updated 16-bit params per step")
+    elif setup.zero == 1:
+        per_step = g * rs / bw
+        serial = trainable * 2 * ag / bw
+        notes.append("ZeRO-1: reduce-scatter gradients once per step, all-gather updated 16-bit params per step")
+    else:
+        per_step = g * ring_factor("all_reduce", n) / bw
+        notes.append("DDP: ring all-reduce of the gradients once per optimizer step (no_sync while accumulating)")
+    return per_micro, per_step, serial, notes
+
+
+def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
+              options: RuntimeOptions | None = None) -> StepTime:
+    """Seconds per optimizer step of ``setup`` (already resolved) on ``acc``. Raises UnknownThroughput."""
+    opt = options or RuntimeOptions()
+    peak = opt.peak_tflops or matmul_peak_tflops(acc, setup)
+    if not peak:
+        raise UnknownThroughput(f"{acc.name}: the catalog has no dense tensor peak for {setup.precision} matmuls "
+                                "(add bf16_tflops_dense / fp32_tflops with --hardware-file)")
+    if not acc.memory_bandwidth_gbs:
+        raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
+                                "(add memory_bandwidth_gbs with --hardware-file)")
+    prof = get_profile(setup.framework)
+    dt = resolve_dtypes(setup, prof)
+    pp = param_plan(model, setup, dt)
+    fl = flops_per_token(model, setup)
+    cls = card_class(acc)
+    u = opt.gemm_efficiency or GEMM_EFFICIENCY[cls]
+    dev_bw = acc.memory_bandwidth_gbs * 1e9 / max(1, acc.devices_per_package)
+    bw = dev_bw * BW_EFFICIENCY
+    fused = opt.compiled or prof.model_code == "unsloth"
+    n = setup.world_size
+    sharded = setup.zero == 3 or setup.fsdp
+    tokens = setup.batch * setup.seq
+    assumptions: list[str] = []
+    links: dict[str, str] = {}
+
+    # --- one micro-batch on one GPU: each class of kernels takes the longer of its launches and its work
+    gemm_s = fl.total * tokens / (peak * 1e12 * u)
+    passes = 2 + (1 if setup.gradient_checkpointing else 0)  # weights read by forward, backward, recompute
+    weight_bytes = pp.weight_bytes + pp.adapter_bytes  # ZeRO-3/FSDP gather them: every GPU reads all
+    grad_rw = pp.trainable_params * pp.trainable_bytes * (2 if setup.grad_accum > 1 else 1)
+    weights_s = (passes * weight_bytes + grad_rw) / bw
+    matmul_s = max(gemm_s, weights_s)
+    elem_s = fl.traffic_bytes * tokens * (FUSED_TRAFFIC if fused else 1.0) / bw
+    deq = DEQUANT_BYTES_PER_WEIGHT * (INT8_DEQUANT_FACTOR if setup.quant_bits == 8 else 1.0)
+    dequant_s = fl.dequant_elements * deq / dev_bw
+    launch = DISPATCH_SECONDS * (FUSED_OPS if opt.compiled else 1.0)
+    other_kernels = fl.other_kernels * (FUSED_OPS if fused else 1.0)
+    gemm_part = max(fl.gemm_kernels * launch, matmul_s)
+    other_part = max(other_kernels * launch, elem_s)
+    dequant_part = max(fl.dequant_kernels * launch, dequant_s)
+    unit_s = 0.0
+    if sharded:
+        # per FSDP unit / ZeRO-3 module: gather, hooks and stream syncs in forward and backward
+        unit_s = SHARDED_UNIT_SECONDS * model.n_layers * (2 + (1 if setup.gradient_checkpointing else 0))
+    micro_s = gemm_part + other_part + dequant_part + unit_s + MICRO_BATCH_FIXED_SECONDS
+    gpu_s = matmul_s + elem_s + dequant_s
+    launch_s = (fl.gemm_kernels + other_kernels + fl.dequant_kernels) * launch
+    if launch_s >= gpu_s:
+        bound = "overhead"
+    elif matmul_s >= elem_s + dequant_s and gemm_s >= weights_s:
+        bound = "compute"
+    else:
+        bound = "memory"
+
+    # --- optimizer update, once per step (sharded optimizers update 1/n of the states)
+    op = optimizer_plan(setup.optimizer or prof.default_optimizer, pp.trainable_params, pp.trainable_bytes,
+                        pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
+    states = op.states + op.paged
+    upd_bytes = pp.trainable_params * (2 * pp.trainable_bytes + pp.trainable_bytes) + 2 * states + op.temp * 2
+    if setup.zero or setup.fsdp:
+        upd_bytes /= n
+    optimizer_s = 0.0 if setup.offload != "none" else upd_bytes / bw
+    paged_s = 0.0
+    host = host_link(acc)
+    if op.paged:
+        # Paged (unified-memory) states that do not fit next to the step's peak are paged out to the host
+        # and back every update (bitsandbytes paged optimizers: cudaMallocManaged).
+        mb = memory_breakdown(model, setup)
+        spill = max(0, mb.paged_bytes - max(acc.memory_bytes - mb.device_peak_bytes, 0))
+        if spill:
+            paged_s = 2 * spill / (host.gbs * 1e9)
+            links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
+            assumptions.append(f"paged optimizer: {spill / 2**30:.1f} GiB of states do not fit on the card and "
+                               "cross the host link twice per step")
+
+    # --- collectives
+    link = intra_node_link(acc, setup.gpus)
+    links["intra_node"] = f"{link.name}: {link.gbs:g} GB/s per GPU ({link.source})"
+    if setup.nodes > 1:
+        net = network_link(opt.inter_node_gbs)
+        links["inter_node"] = f"{net.name}: {net.gbs:g} GB/s per GPU ({net.source})"
+        if net.gbs < link.gbs:
+            link = net
+    comm_bytes = 2 if (setup.zero or setup.fsdp) and dt.compute == 2 else pp.trainable_bytes
+    gathered = pp.weight_bytes + pp.adapter_bytes
+    per_micro, per_step, serial, notes = _collectives(model, setup, trainable=pp.trainable_params,
+                                                      grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
+    assumptions.extend(notes)
+    bwd_share = (fl.backward + fl.recompute) / fl.total if fl.total else 0.5
+    if sharded:
+        window, bucket = gpu_s, max(model.largest_layer_params * 2, 1)
+    else:
+        window = gpu_s * bwd_share
+        bucket = DDP_BUCKET_BYTES if not setup.zero else DS_BUCKET_ELEMENTS * comm_bytes
+    comm_total = setup.grad_accum * per_micro + per_step + serial
+    exposed = 0.0
+    for amount, count in ((per_micro, setup.grad_accum), (per_step, 1)):
+        if amount <= 0:
+            continue
+        total_bytes = amount * link.gbs * 1e9
+        tail = amount * min(1.0, bucket / total_bytes) if total_bytes else 0.0
+        exposed += count * max(amount - window, tail)
+    exposed += serial
+
+    # --- CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload)
+    offload_s = 0.0
+    if setup.offload != "none":
+        links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
+        shard_t = pp.trainable_params / n
+        per_step_bytes = shard_t * (4 + dt.compute)  # fp32 gradients down, 16-bit params up
+        per_micro_bytes = 0.0
+        if setup.offload == "all":
+            per_micro_bytes = 2 * gathered / n  # parameter shards up for forward and backward
+        offload_s = (per_step_bytes + setup.grad_accum * per_micro_bytes) / (host.gbs * 1e9)
+        assumptions.append("CPU offload: PCIe copies counted; the CPU optimizer's own compute time is not modeled")
+
+    step_s = setup.grad_accum * micro_s + optimizer_s + paged_s + exposed + offload_s
+    if n > 1:
+        # Never faster per GPU than the same micro-batches on one GPU: sharding the update saves less than
+        # the collectives cost at a fixed per-GPU batch. Paging and offload are left out of the floor
+        # (they come from one card's memory, which sharding relieves).
+        one = step_time(model, setup.replace(gpus=1, nodes=1, zero=0, fsdp=False, offload="none"), acc, opt)
+        floor = one.step_seconds - one.components.get("paged_optimizer", 0.0)
+        if floor > step_s:
+            assumptions.append("per-GPU time floored at the single-GPU step (no superlinear scaling)")
+            step_s = floor
+    tok_step = tokens * setup.grad_accum * n
+    tps_gpu = tokens * setup.grad_accum / step_s
+    mfu = (fl.forward + fl.backward) * tokens * setup.grad_accum / (step_s * peak * 1e12)
+    components = {
+        "matmul": setup.grad_accum * matmul_s, "elementwise": setup.grad_accum * elem_s,
+        "dequant": setup.grad_accum * dequant_s, "launch_and_fixed": setup.grad_accum * max(micro_s - gpu_s, 0.0),
+        "optimizer": optimizer_s, "paged_optimizer": paged_s, "communication_exposed": exposed,
+        "communication_total": comm_total, "offload": offload_s,
+    }
+    assumptions.append(f"matmuls at {u:.0%} of the {peak:g} TFLOPS dense peak ({cls} class), element-wise "
+                       f"kernels at {BW_EFFICIENCY:.0%} of {dev_bw / 1e9:g} GB/s")
+    if fused:
+        assumptions.append("fused kernels (torch.compile / Unsloth): element-wise traffic and launches reduced")
+    if setup.attn == "eager":
+        assumptions.append("eager attention computes the full s x s scores (no causal skipping)")
+    return StepTime(step_seconds=step_s, micro_batch_seconds=micro_s, tokens_per_step=tok_step,
+                    tokens_per_second=tps_gpu * n, tokens_per_second_per_gpu=tps_gpu, bound=bound, mfu=mfu,
+                    components=components, flops=fl, links=links, assumptions=assumptions)

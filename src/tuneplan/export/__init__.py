@@ -1,0 +1,74 @@
+"""Recipes from a plan: a runnable HF training script, a LLaMA-Factory YAML, a DeepSpeed JSON, an
+accelerate YAML. Writers are pure functions of (ModelSpec, TrainSetup, Accelerator | None) returning
+text; :func:`build_export` adds the companion files a format needs (the DeepSpeed JSON a ZeRO plan
+points at, the accelerate YAML an FSDP LLaMA-Factory run is launched with). The CLI writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuneplan.errors import TuneplanError
+from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+FORMATS = ("hf-script", "llamafactory", "deepspeed", "accelerate")
+DEFAULT_NAMES = {"hf-script": "train.py", "llamafactory": "train_lora.yaml", "deepspeed": "ds_config.json",
+                 "accelerate": "accelerate_config.yaml"}
+FRAMEWORK_OF = {"hf-script": "hf", "llamafactory": "llamafactory"}  # whose code runs the recipe
+
+
+@dataclass
+class ExportBundle:
+    files: list[tuple[Path, str]]  # (path, text), the main file first
+    setup: TrainSetup  # the resolved setup the files encode
+    notes: list[str] = field(default_factory=list)
+
+
+def build_export(fmt: str, model: ModelSpec, setup: TrainSetup | None, acc: Accelerator | None, path: str | Path,
+                 *, dataset: str | None = None) -> ExportBundle:
+    """Texts of the files ``fmt`` needs, the main one at ``path`` and companions beside it."""
+    from tuneplan.api import build_setup
+    from tuneplan.export.accelerate_yaml import render_accelerate
+    from tuneplan.export.common import refuse_if_cannot_run
+    from tuneplan.export.deepspeed_json import render_deepspeed
+    from tuneplan.export.hf_script import render_hf_script
+    from tuneplan.export.llamafactory_yaml import render_llamafactory
+
+    if fmt not in FORMATS:
+        raise TuneplanError(f"unknown format {fmt!r}", field="format", accepted=FORMATS)
+    # Resolved for the card: a precision left to the profile becomes fp16 where the card has no bf16.
+    s = build_setup(model, setup, accelerator=acc)
+    notes: list[str] = []
+    runner = FRAMEWORK_OF.get(fmt)
+    if runner and s.framework != runner:
+        notes.append(f"the plan used the {s.framework} profile; this recipe runs {runner}'s code, so it is "
+                     f"estimated with the {runner} profile (settings kept)")
+        s = build_setup(model, s.replace(framework=runner), accelerator=acc)
+    refuse_if_cannot_run(model, s, acc)
+    main = Path(path)
+    ds_path = main.with_name(f"ds_z{s.zero}_config.json") if s.zero else None
+    files: list[tuple[Path, str]] = []
+    if fmt == "hf-script":
+        files.append((main, render_hf_script(model, s, acc, deepspeed_file=ds_path.name if ds_path else None,
+                                             dataset=dataset or "data.jsonl")))
+    elif fmt == "llamafactory":
+        acc_path = main.with_name(main.stem + "_accelerate.yaml") if s.fsdp else None
+        files.append((main, render_llamafactory(model, s, acc, deepspeed_file=ds_path.name if ds_path else None,
+                                                accelerate_file=acc_path.name if acc_path else None,
+                                                dataset=dataset or "alpaca_en_demo")))
+        if acc_path:
+            files.append((acc_path, render_accelerate(model, s, acc)))
+    elif fmt == "deepspeed":
+        files.append((main, render_deepspeed(model, s, acc)))
+        ds_path = None
+    else:  # accelerate
+        files.append((main, render_accelerate(model, s, acc, deepspeed_file=ds_path.name if ds_path else "")))
+    if ds_path is not None:
+        files.append((ds_path, render_deepspeed(model, s, acc)))
+    return ExportBundle(files=files, setup=s, notes=notes)
+
+
+__all__ = ["DEFAULT_NAMES", "FORMATS", "ExportBundle", "build_export"]

@@ -1,0 +1,65 @@
+"""What every recipe writer shares: the estimate behind the plan, refusals, and the header lines.
+
+A writer never computes a number: the header quotes ``tuneplan.api.estimate`` for the same model,
+setup and GPU. A plan the card cannot run (a compatibility error, e.g. bf16 on a V100) is refused
+with the finding's fix rather than written out.
+"""
+
+from __future__ import annotations
+
+from tuneplan import __version__
+from tuneplan.errors import TuneplanError
+from tuneplan.estimator.types import GIB
+from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+
+def estimate_for(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None):  # -> tuneplan.api.Estimate
+    from tuneplan.api import estimate
+
+    return estimate(model, setup, gpu=acc)
+
+
+def refuse_if_cannot_run(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None) -> None:
+    if acc is None:
+        return
+    est = estimate_for(model, setup, acc)
+    errors = [f for f in est.findings if f.level == "error"]
+    if errors:
+        f = errors[0]
+        raise TuneplanError(f"this plan cannot run on {acc.name}: {f.message}", field=f.code, accepted=f.fix)
+
+
+def header_lines(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None) -> list[str]:
+    """Plain-text lines describing the plan and its estimate (writers add comment markers)."""
+    s = setup
+    what = s.method + (f" {s.quant_bits}-bit {s.quant_type}" if s.method == "qlora" else "") + \
+        (f" r={s.rank} targets={s.targets}" if s.is_lora else "") + \
+        (f" last {s.freeze_trainable_layers} layers" if s.method == "freeze" else "")
+    par = f"{s.gpus} GPU(s) x {s.nodes} node(s)" + (f", ZeRO-{s.zero}" if s.zero else "") + \
+        (", FSDP" if s.fsdp else "") + (f", offload {s.offload}" if s.offload != "none" else "")
+    lines = [
+        f"Written by tuneplan {__version__} for {model.name} ({model.params_total / 1e9:.2f}B params).",
+        f"Plan: {what}; batch {s.batch} x seq {s.seq}, grad accum {s.grad_accum}; {s.precision}, "
+        f"{s.optimizer}, attention {s.attn}, checkpointing {'on' if s.gradient_checkpointing else 'off'}; {par}; "
+        f"{s.framework} profile.",
+    ]
+    est = estimate_for(model, setup, acc)
+    b = est.breakdown
+    peak = f"Estimated per-GPU peak: {b.device_peak_bytes / GIB:.2f} GiB device ({b.allocated_peak_bytes / GIB:.2f} GiB allocated)"
+    if acc is not None:
+        verdict = "fits" if est.fits else "DOES NOT FIT"
+        peak += f" on {acc.name} ({acc.memory_bytes / GIB:.2f} GiB): {verdict}"
+    lines.append(peak + ".")
+    if b.host_bytes:
+        lines.append(f"Host memory for offloaded state: {b.host_bytes / GIB:.2f} GiB per GPU.")
+    return lines
+
+
+def launch_line(setup: TrainSetup, program: str) -> str:
+    """How to start ``program`` on the planned GPUs (torchrun for one node, per-node torchrun otherwise)."""
+    if setup.world_size == 1:
+        return program
+    nodes = f" --nnodes {setup.nodes} --node_rank $NODE_RANK --master_addr $MASTER_ADDR" if setup.nodes > 1 else ""
+    return f"torchrun --nproc_per_node {setup.gpus}{nodes} {program}"

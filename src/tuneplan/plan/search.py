@@ -1,0 +1,109 @@
+"""Exact searches over a monotone yes/no question, on integers.
+
+Every planner answer ("largest micro-batch that fits", "fewest cards") is the boundary of a predicate
+that is monotone in one integer: if batch ``b`` fits, every smaller batch fits too (more tokens never
+need less memory), and if ``n`` cards fit under sharding, more cards fit too. On such a predicate,
+galloping (doubling) then bisection finds the boundary exactly in ``O(log answer)`` evaluations; no
+sampled "try a few values". The predicate is the estimator's own verdict, so the planner and a plain
+loop over the same estimator agree (tests/test_plan_search.py checks both ways).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def largest_true(pred: Callable[[int], bool], lo: int, hi: int, *, start: int | None = None,
+                 known: dict[int, bool] | None = None) -> int | None:
+    """The largest ``x`` in ``[lo, hi]`` with ``pred(x)``, for ``pred`` true up to a point, false after.
+
+    Returns None when ``pred(lo)`` is false. ``start`` is where to begin (e.g. the user's own value):
+    from a true start the search gallops upwards, from a false one it bisects below it. ``known``
+    carries verdicts already computed by the caller so they are not evaluated again.
+    """
+    if lo > hi:
+        return None
+    memo: dict[int, bool] = dict(known or {})
+
+    def p(x: int) -> bool:
+        if x not in memo:
+            memo[x] = bool(pred(x))
+        return memo[x]
+
+    s = lo if start is None else min(max(start, lo), hi)
+    if p(s):
+        good, step = s, max(1, s - lo + 1)
+        while True:  # gallop: 2s, 4s, 8s, ... (from lo = 1) until false or past hi
+            probe = good + step
+            if probe > hi:
+                bad = hi + 1
+                break
+            if not p(probe):
+                bad = probe
+                break
+            good, step = probe, step * 2
+    else:
+        if s == lo:
+            return None
+        if not p(lo):
+            return None
+        good, bad = lo, s
+    while bad - good > 1:  # invariant: p(good) true, p(bad) false (or bad = hi + 1)
+        mid = (good + bad) // 2
+        if p(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def smallest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int | None:
+    """The smallest ``x`` in ``[lo, hi]`` with ``pred(x)``, for ``pred`` false up to a point, true after.
+
+    Returns None when ``pred(hi)`` is false (nothing in range works).
+    """
+    if lo > hi:
+        return None
+    memo: dict[int, bool] = {}
+
+    def p(x: int) -> bool:
+        if x not in memo:
+            memo[x] = bool(pred(x))
+        return memo[x]
+
+    if p(lo):
+        return lo
+    bad, step = lo, 1
+    while True:  # gallop upwards from lo
+        probe = bad + step
+        if probe >= hi:
+            if not p(hi):
+                return None
+            good = hi
+            break
+        if p(probe):
+            good = probe
+            break
+        bad, step = probe, step * 2
+    while good - bad > 1:  # invariant: p(bad) false, p(good) true
+        mid = (good + bad) // 2
+        if p(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def first_true_in(pred: Callable[[T], bool], ordered: Sequence[T]) -> T | None:
+    """The first item of an ordered sequence (monotone: false ... false true ... true) with ``pred``."""
+    i = smallest_true(lambda k: pred(ordered[k]), 0, len(ordered) - 1) if ordered else None
+    return None if i is None else ordered[i]
+
+
+def last_true_in(pred: Callable[[T], bool], ordered: Sequence[T]) -> T | None:
+    """The last item of an ordered sequence (monotone: true ... true false ... false) with ``pred``."""
+    i = largest_true(lambda k: pred(ordered[k]), 0, len(ordered) - 1) if ordered else None
+    return None if i is None else ordered[i]

@@ -1,0 +1,135 @@
+"""`sweep`: memory (by component) and time of one setup against one variable.
+
+``--vary seq=512..8192`` doubles from 512 to 8192; ``rank=8..256:8`` steps by 8; ``gpus=1,2,4,8`` takes
+the list. Each point is the estimator's answer at that value, every other field as given; the stack
+(components, allocator reserve, CUDA context, NCCL) adds up to the device peak that ``fits`` is
+judged on. Rendering (table, PNG/SVG/HTML) lives with the faces: :mod:`tuneplan.plan.sweep_plot`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tuneplan.api import estimate
+from tuneplan.catalog.accelerators import resolve_accelerator
+from tuneplan.catalog.models import resolve_model
+from tuneplan.errors import TuneplanError
+from tuneplan.plan.timecost import dataset_kw, time_cost
+from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.model import ModelSpec
+
+VARIABLES = ("seq", "batch", "rank", "gpus", "nodes", "grad_accum")
+MAX_POINTS = 200  # a plot, not a search: past this use `fit`, which bisects
+_RANGE = re.compile(r"^(\d+)\.\.(\d+)(?::(\d+))?$")
+
+
+def parse_vary(spec: str) -> tuple[str, list[int]]:
+    """``name=a..b`` (doubling), ``name=a..b:step`` (arithmetic), or ``name=v1,v2,...``."""
+    accepted = "seq=512..8192 | rank=8..256:8 | gpus=1,2,4,8 (variables: " + ", ".join(VARIABLES) + ")"
+    if "=" not in spec:
+        raise TuneplanError(f"expected NAME=VALUES, got {spec!r}", field="vary", accepted=accepted)
+    name, _, rng = (p.strip() for p in spec.partition("="))
+    name = name.replace("-", "_")
+    if name == "cutoff_len":
+        name = "seq"
+    if name not in VARIABLES:
+        raise TuneplanError(f"cannot vary {name!r}", field="vary", accepted=accepted)
+    m = _RANGE.match(rng.replace(" ", ""))
+    if m:
+        a, b, step = int(m[1]), int(m[2]), m[3]
+        if a < 1 or b < a:
+            raise TuneplanError(f"range {rng!r} must go up from at least 1", field="vary", accepted=accepted)
+        if step is not None:
+            if int(step) < 1:
+                raise TuneplanError("step must be positive", field="vary", accepted=accepted)
+            values = list(range(a, b + 1, int(step)))
+        else:
+            values, v = [], a
+            while v <= b and len(values) <= MAX_POINTS:
+                values.append(v)
+                v *= 2
+            if values[-1] != b and len(values) <= MAX_POINTS:
+                values.append(b)
+    else:
+        try:
+            values = [int(x) for x in rng.split(",") if x.strip()]
+        except ValueError:
+            raise TuneplanError(f"cannot read {rng!r}", field="vary", accepted=accepted) from None
+        if not values or min(values) < 1:
+            raise TuneplanError(f"values must be positive integers, got {rng!r}", field="vary", accepted=accepted)
+        values = sorted(set(values))
+    if len(values) > MAX_POINTS:
+        raise TuneplanError(f"{len(values)} points; at most {MAX_POINTS}", field="vary", accepted=accepted)
+    return name, values
+
+
+@dataclass
+class SweepPoint:
+    value: int
+    fits: bool | None
+    device_peak_bytes: int
+    allocated_peak_bytes: int
+    reserved_peak_bytes: int
+    stack: dict[str, int]  # components + allocator_reserve + cuda_context + nccl = device peak
+    peak_phase: str
+    headroom_bytes: int | None = None
+    total_hours: float | None = None
+    tokens_per_second: float | None = None
+    cloud_usd: float | None = None
+    error: str | None = None  # the setup is refused at this value (e.g. rank on a full fine-tune)
+
+
+@dataclass
+class SweepResult:
+    model: str
+    variable: str
+    gpu: dict[str, Any] | None
+    capacity_bytes: int | None
+    setup: dict[str, Any]
+    points: list[SweepPoint] = field(default_factory=list)
+
+    @property
+    def evaluations(self) -> int:
+        return len(self.points) + 1  # one per value, plus the user's own setup
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "variable": self.variable, "gpu": self.gpu,
+                "capacity_bytes": self.capacity_bytes, "setup": self.setup,
+                "points": [asdict(p) for p in self.points]}
+
+
+def _point(value: int, est: Any) -> SweepPoint:
+    b = est.breakdown
+    stack = dict(b.components)
+    stack["allocator_reserve"] = b.reserved_peak_bytes - b.allocated_peak_bytes
+    stack["cuda_context"] = b.cuda_context_bytes
+    stack["nccl"] = b.nccl_bytes
+    tc = time_cost(est.to_dict())
+    return SweepPoint(value=value, fits=est.fits, device_peak_bytes=b.device_peak_bytes,
+                      allocated_peak_bytes=b.allocated_peak_bytes, reserved_peak_bytes=b.reserved_peak_bytes,
+                      stack=stack, peak_phase=b.peak_phase, headroom_bytes=est.headroom_bytes,
+                      total_hours=tc["total_hours"], tokens_per_second=tc["tokens_per_second"],
+                      cloud_usd=tc["cloud_usd"])
+
+
+def sweep(model: str | ModelSpec, vary: str, *, gpu: str | Accelerator | None = None, dataset: Any = None,
+          **setup: Any) -> SweepResult:
+    """The estimate at every value of ``vary`` (``"seq=512..8192"``), other fields as in ``setup``."""
+    spec = resolve_model(model) if isinstance(model, str) else model
+    acc = resolve_accelerator(gpu) if isinstance(gpu, str) else gpu
+    name, values = parse_vary(vary)
+    base = estimate(spec, gpu=acc, **setup)  # the user's own input must be valid
+    extra = dataset_kw(dataset)
+    out = SweepResult(model=spec.name, variable=name, gpu=acc.to_dict() if acc else None,
+                      capacity_bytes=acc.memory_bytes if acc else None, setup=base.setup.to_dict())
+    for v in values:
+        try:
+            est = estimate(spec, gpu=acc, **{**setup, name: v}, **extra)
+        except TuneplanError as exc:
+            out.points.append(SweepPoint(value=v, fits=False, device_peak_bytes=0, allocated_peak_bytes=0,
+                                         reserved_peak_bytes=0, stack={}, peak_phase="", error=str(exc)))
+            continue
+        out.points.append(_point(v, est))
+    return out

@@ -1,0 +1,94 @@
+"""The simulate engine: the real transformers + PEFT training step on fake tensors, every storage counted.
+
+Optional extra (``pip install 'tuneplan[simulate]'``: torch, transformers, peft, accelerate); nothing heavy
+is imported until a simulation runs. ``simulate_breakdown`` returns the same ``MemoryBreakdown`` as the
+analytic engine (components keyed alike), so the two compare field by field; ``simulate_report`` adds
+the peak op, the live set by module, the kernel workspaces and the caching-allocator emulation.
+
+What the fake process cannot run falls back to the analytic engine with a note: several GPUs (DDP,
+ZeRO, FSDP), frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
+8-bit bitsandbytes base weights, encoder models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tuneplan.errors import TuneplanError
+from tuneplan.estimator.types import MemoryBreakdown
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+EXTRA_HINT = "pip install 'tuneplan[simulate]'  (torch, transformers, peft, accelerate)"
+SIMULATED_FRAMEWORKS = ("hf", "llamafactory")  # HF Trainer + transformers modeling code + PEFT
+
+
+class SimulateUnavailable(TuneplanError):
+    """The optional extra is missing."""
+
+
+def _require_extra() -> None:
+    missing = []
+    for mod in ("torch", "transformers", "peft"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    if missing:
+        raise SimulateUnavailable(f"the simulate engine needs {', '.join(missing)}, which is not installed",
+                                  field="engine", accepted=f"--engine analytic, or {EXTRA_HINT}")
+
+
+def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
+    """Why this setup cannot be simulated in one fake process ('' when it can)."""
+    if setup.world_size > 1 or setup.zero or setup.fsdp:
+        return "multi-GPU (DDP / ZeRO / FSDP) is out of reach of a single fake process"
+    if setup.framework not in SIMULATED_FRAMEWORKS:
+        return f"the {setup.framework} profile runs its own model code / loss kernels, which simulate does not have"
+    if setup.quant_bits == 8:
+        return "8-bit (LLM.int8) base weights have no stand-in yet"
+    if model.is_moe and setup.method == "qlora":
+        return ("QLoRA on a MoE: transformers 5 keeps experts as fused 3-D parameters, which the 4-bit "
+                "stand-in does not quantize")
+    if model.architecture != "decoder":
+        return "simulate runs causal LMs only"
+    return ""
+
+
+def simulate_report(model: ModelSpec, setup: TrainSetup, *, progress: Callable[[float, str], None] | None = None,
+                    snapshot_path: str | None = None, capacity_bytes: int | None = None) -> Any:
+    """Run the simulation (or fall back) and return a ``report.SimulationReport``."""
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    setup = resolve_setup(setup, model)
+    reason = unsupported_reason(model, setup)
+    if reason:
+        return _fallback(model, setup, reason)
+    _require_extra()
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.simulate.report import build_report
+
+    try:
+        run = simulate_run(model, setup, get_profile(setup.framework), progress)
+    except TuneplanError:
+        raise
+    except Exception as exc:  # the real model code refused the setup (a path with no fake kernel...)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return _fallback(model, setup, f"the simulated step failed ({type(exc).__name__}: {first})")
+    return build_report(run, capacity=capacity_bytes, snapshot_path=snapshot_path)
+
+
+def _fallback(model: ModelSpec, setup: TrainSetup, reason: str) -> Any:
+    from tuneplan.estimator.memory import memory_breakdown
+    from tuneplan.simulate.report import SimulationReport
+
+    bd = memory_breakdown(model, setup)
+    bd.notes.insert(0, f"simulate: {reason}: the figures are the analytic engine's")
+    return SimulationReport(breakdown=bd, fallback=reason)
+
+
+def simulate_breakdown(model: ModelSpec, setup: TrainSetup, *, progress: Callable[[float, str], None] | None = None,
+                       snapshot_path: str | None = None) -> MemoryBreakdown:
+    """Per-GPU memory of ``setup`` from the simulated training step (engine ``"simulate"``)."""
+    return simulate_report(model, setup, progress=progress, snapshot_path=snapshot_path).breakdown

@@ -1,0 +1,184 @@
+"""Build the transformers (+ PEFT) model of a setup on fake tensors, as the training script would.
+
+The model comes from the same config.json dict as the ModelSpec (``ModelSpec.config``), instantiated with
+``AutoModelForCausalLM.from_config`` under ``FakeTensorMode`` on the ``cpu`` fake device (fake CUDA
+aborts the process once autograd touches it on a CPU-only build; ``meta`` cannot run fused AdamW).
+What each framework profile switch does to the real objects:
+- weights load in the precision's 16-bit dtype; a full fine-tune under a ``-mixed`` precision keeps fp32
+  master weights (``trainable_fp32_in_mixed``: the Trainer loads the model in fp32 and autocasts);
+- QLoRA: every ``nn.Linear`` of the decoder becomes the bitsandbytes stand-in; then PEFT's
+  ``prepare_model_for_kbit_training`` (profile ``kbit_upcast_fp32``) casts every other 16-bit parameter
+  to fp32 and freezes the model;
+- gradient checkpointing: transformers' ``gradient_checkpointing_enable()`` (non-reentrant by default);
+- LoRA: ``get_peft_model`` with ``autocast_adapter_dtype`` from the profile (fp32 adapters);
+- freeze: only the last N decoder layers train (LLaMA-Factory ``freeze_trainable_layers``), in fp32
+  under a ``-mixed`` precision (LLaMA-Factory casts trainable parameters to fp32).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuneplan.errors import TuneplanError
+from tuneplan.simulate.kernels import ATTN_IMPL, register_attention
+from tuneplan.simulate.qlora import SimLinear4bit, lora_class, replace_linears
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.profiles import Profile
+from tuneplan.specs.setup import TrainSetup
+
+
+def compute_dtype(setup: TrainSetup) -> torch.dtype:
+    if setup.precision == "fp32":
+        return torch.float32
+    return torch.float16 if setup.precision.startswith("fp16") else torch.bfloat16
+
+
+def uses_autocast(setup: TrainSetup, prof: Profile) -> bool:
+    return prof.autocast and setup.precision != "fp32"
+
+
+@contextmanager
+def data_assignment_apply() -> Any:
+    """``Module._apply`` swaps parameter objects for fake tensors and fails ("Cannot swap t2 because it
+    has weakref associated with it": the fake-tensor converter holds weakrefs). Assigning ``.data``
+    instead gives the same storages; PEFT's ``get_peft_model`` and every ``.to()`` go through here."""
+    def apply_by_data(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        for p in self._parameters.values():
+            if p is not None:
+                with torch.no_grad():
+                    new = fn(p)
+                if new is not p:
+                    p.data = new
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    orig = nn.Module._apply
+    nn.Module._apply = apply_by_data  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module._apply = orig  # type: ignore[method-assign]
+
+
+def hf_config(spec: ModelSpec, attn_impl: str) -> Any:
+    from transformers import AutoConfig
+
+    cfg = dict(spec.config)
+    model_type = cfg.pop("model_type", spec.model_type)
+    for k in ("architectures", "auto_map", "transformers_version", "quantization_config", "torch_dtype", "dtype"):
+        cfg.pop(k, None)
+    try:
+        config = AutoConfig.for_model(model_type, **cfg)
+    except (ValueError, KeyError) as exc:
+        raise TuneplanError(
+            f"transformers {_tf_version()} has no model class for model_type {model_type!r} ({exc}); "
+            "simulate runs transformers' own modeling code", field="model",
+            accepted="a model whose architecture transformers implements (or use --engine analytic)") from None
+    config.use_cache = False
+    config._attn_implementation = attn_impl
+    return config
+
+
+def _tf_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _load_dtype(setup: TrainSetup, prof: Profile) -> torch.dtype:
+    half = compute_dtype(setup)
+    if setup.precision == "fp32":
+        return torch.float32
+    if setup.method == "full" and setup.precision.endswith("-mixed") and prof.trainable_fp32_in_mixed:
+        return torch.float32
+    return half
+
+
+def build(spec: ModelSpec, setup: TrainSetup, prof: Profile, targets: frozenset[str]) -> nn.Module:
+    """The model, ready for training (call inside FakeTensorMode)."""
+    from transformers import AutoModelForCausalLM
+
+    register_attention()
+    attn = setup.attn or prof.default_attn
+    impl = ATTN_IMPL[attn]
+    config = hf_config(spec, impl)
+    model = AutoModelForCausalLM.from_config(config, dtype=_load_dtype(setup, prof), attn_implementation=impl)
+    model.train()
+    half = compute_dtype(setup)
+    if setup.method == "qlora":
+        if setup.quant_bits != 4:
+            raise TuneplanError("simulate models bitsandbytes 4-bit only", field="bits", accepted="4")
+        replace_linears(model, half, setup.double_quant)
+        model.is_loaded_in_4bit = True
+        if prof.kbit_upcast_fp32:
+            from peft import prepare_model_for_kbit_training
+
+            with data_assignment_apply():
+                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if setup.gradient_checkpointing:
+        # transformers 5 renamed gradient_checkpointing_enable (same code path: non-reentrant checkpoint)
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
+    for p in model.parameters():
+        p.requires_grad_(setup.method == "full")
+    if setup.method == "freeze":
+        _unfreeze_last_layers(model, setup.freeze_trainable_layers, setup, prof)
+    if setup.is_lora:
+        model = _apply_lora(model, setup, prof, targets)
+    return model
+
+
+def _unfreeze_last_layers(model: nn.Module, n: int, setup: TrainSetup, prof: Profile) -> None:
+    layers = _decoder_layers(model)
+    upcast = setup.precision.endswith("-mixed") and prof.trainable_fp32_in_mixed
+    with data_assignment_apply():
+        for layer in list(layers)[-n:]:
+            for p in layer.parameters():
+                if upcast and p.dtype != torch.float32:
+                    p.data = p.data.to(torch.float32)
+                p.requires_grad_(True)
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    for m in model.modules():
+        if isinstance(m, nn.ModuleList) and len(m) and "DecoderLayer" in type(m[0]).__name__:
+            return m
+    for m in model.modules():
+        if isinstance(m, nn.ModuleList) and len(m):
+            return m
+    raise TuneplanError("cannot find the decoder layers of this model", field="model")
+
+
+def _apply_lora(model: nn.Module, setup: TrainSetup, prof: Profile, targets: frozenset[str]) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    names = sorted({t.split(".")[-1] for t in targets})
+    present = {n.split(".")[-1] for n, m in model.named_modules()
+               if isinstance(m, (nn.Linear, SimLinear4bit))}
+    usable = [n for n in names if n in present]
+    if not usable:
+        raise TuneplanError(
+            f"none of the LoRA targets {names} is an nn.Linear in transformers' {type(model).__name__} "
+            "(transformers 5 fuses MoE experts into 3-D parameters)", field="targets",
+            accepted=", ".join(sorted(present)))
+    cfg = LoraConfig(r=setup.rank, lora_alpha=setup.alpha or 2 * setup.rank, lora_dropout=setup.dropout,
+                     target_modules=usable, task_type="CAUSAL_LM")
+    if setup.method == "qlora":
+        cfg._register_custom_module({SimLinear4bit: lora_class()})
+    with data_assignment_apply():
+        return get_peft_model(model, cfg, autocast_adapter_dtype=prof.adapter_fp32)
+
+
+def lora_targets_skipped(model: nn.Module, targets: frozenset[str]) -> list[str]:
+    """Targets that PEFT could not wrap (e.g. fused MoE expert weights)."""
+    present = {n.split(".")[-1] for n, m in model.named_modules() if "lora_A" in dict(m.named_children())}
+    return sorted({t.split(".")[-1] for t in targets} - present)

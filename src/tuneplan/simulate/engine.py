@@ -1,0 +1,117 @@
+"""Run one setup on fake tensors and return what the tracker saw (no printing, no I/O but the snapshot)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
+from tuneplan.estimator.weights import resolve_targets
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.profiles import Profile
+from tuneplan.specs.setup import TrainSetup
+
+
+@dataclass
+class SimRun:
+    result: Any  # tracker.TrackResult
+    seconds: float
+    build_seconds: float
+    paged_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+    n_params: int = 0
+    n_trainable: int = 0
+    kernel_buffers: dict[str, int] = field(default_factory=dict)
+
+
+def _module_names(model: Any) -> dict[int, str]:
+    return {id(m): (name or type(m).__name__) for name, m in model.named_modules()}
+
+
+def simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
+                 progress: Callable[[float, str], None] | None = None) -> SimRun:
+    with warnings.catch_warnings():
+        # transformers 5 / peft deprecation notices (gradient_checkpointing_* renames) are not the user's
+        warnings.simplefilter("ignore", FutureWarning)
+        return _simulate_run(spec, setup, prof, progress)
+
+
+def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
+                  progress: Callable[[float, str], None] | None) -> SimRun:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tuneplan.simulate.build import build, compute_dtype, lora_targets_skipped, uses_autocast
+    from tuneplan.simulate.kernels import KERNEL_BUFFERS, cuda_dropout, workspace_rule
+    from tuneplan.simulate.qlora import SimLinear4bit
+    from tuneplan.simulate.step import run_steps
+    from tuneplan.simulate.tracker import StorageTracker
+
+    t0 = time.perf_counter()
+    KERNEL_BUFFERS.clear()
+    targets = resolve_targets(spec, setup.targets) if setup.is_lora else frozenset()
+    tokens = setup.batch * setup.seq
+    tracker = StorageTracker(workspace_rule(CUBLAS_WORKSPACE, tokens))
+    tracker.vocab = spec.vocab
+    notes: list[str] = []
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model = build(spec, setup, prof, targets)
+    build_s = time.perf_counter() - t0
+    if progress:
+        progress(0.0, f"built {type(model).__name__} in {build_s:.1f} s")
+    if setup.is_lora:
+        skipped = lora_targets_skipped(model, targets)
+        if skipped:
+            notes.append(f"LoRA targets not wrapped by PEFT (not nn.Linear in transformers): {', '.join(skipped)}")
+
+    names = _module_names(model)
+    # The loss runs in the *ForCausalLM forward itself (under PEFT: base_model.model).
+    causal = next((m for m in model.modules() if "lm_head" in dict(m.named_children())), model)
+    tracker.top_module = names.get(id(causal), "")
+
+    # Register what exists before the first step: parameters, buffers, quantized storage.
+    with fake:
+        for name, p in model.named_parameters():
+            cat = "lora_adapters" if "lora_" in name else "weights"
+            b = tracker.register(p, cat, op="parameter")
+            if b is not None:
+                b.module = name
+            tracker.param_storages.add(p.untyped_storage()._cdata)
+        for name, buf in model.named_buffers():
+            b = tracker.register(buf, "weights", op="buffer")
+            if b is not None:
+                b.module = name
+        for name, m in model.named_modules():
+            if isinstance(m, SimLinear4bit):
+                for t in m.quant_tensors():
+                    b = tracker.register(t, "quant_meta", op="quant_state")
+                    if b is not None:
+                        b.module = name
+
+    def pre(mod: Any, args: Any) -> None:
+        tracker.module_stack.append(names.get(id(mod), type(mod).__name__))
+
+    def post(mod: Any, args: Any, out: Any) -> None:
+        if tracker.module_stack:
+            tracker.module_stack.pop()
+
+    # always_call: non-reentrant checkpointing stops a recomputation by raising inside the layer's
+    # forward (early stop); the post hook must still pop the module.
+    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
+    try:
+        with fake, tracker, cuda_dropout():
+            opt = run_steps(model, setup, setup.optimizer or prof.default_optimizer, tracker,
+                            compute_dtype(setup), uses_autocast(setup, prof), progress)
+    finally:
+        h1.remove()
+        h2.remove()
+    paged = getattr(opt, "paged_bytes", 0)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return SimRun(tracker.result(), time.perf_counter() - t0, build_s, paged_bytes=paged, notes=notes,
+                  n_params=n_params, n_trainable=n_train, kernel_buffers=dict(KERNEL_BUFFERS))

@@ -1,0 +1,135 @@
+"""Two optimizer steps in the order the HF Trainer runs them, with the GPU code paths forced.
+
+Per optimizer step (transformers Trainer ``_inner_training_loop`` / ``training_step``): for each of the
+``grad_accum`` micro-batches ``outputs = model(**inputs)``, ``loss = outputs.loss`` and ``outputs`` dropped
+(so the logits are gone before backward), ``loss.backward()``; then ``clip_grad_norm_(max_norm=1.0)``,
+``optimizer.step()``, ``zero_grad(set_to_none=True)``. Step 1 creates the optimizer states, so the steady
+peak is in step 2: that is the step reported.
+
+Optimizers as on CUDA: ``adamw-fused`` is ``AdamW(fused=True)`` (Trainer's ``adamw_torch_fused``, its step
+counters live on the device); ``adamw`` is the foreach implementation (torch's CUDA default), whose
+counters and bias-correction scalars stay on the host (0-d tensors of the step are not device memory);
+8-bit / paged AdamW are a stand-in that allocates bitsandbytes' state layout (``BnbAdamStandIn``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuneplan.simulate.tracker import StorageTracker
+from tuneplan.specs.setup import TrainSetup
+
+BNB_BLOCK = 256  # bitsandbytes blockwise 8-bit optimizer: one fp32 absmax per 256 elements
+BNB_MIN_8BIT = 4096  # min_8bit_size: smaller tensors keep 32-bit states
+
+
+class BnbAdamStandIn(torch.optim.Optimizer):
+    """bitsandbytes AdamW8bit / PagedAdamW(8bit) state layout (bitsandbytes/optim/optimizer.py
+    ``Optimizer8bit.init_state``): uint8 ``state1``/``state2`` + fp32 ``absmax1``/``absmax2`` per 256
+    elements, or fp32 states for tensors under 4096 elements; paged states are allocated outside
+    PyTorch (unified memory) and so are not device allocations: they are reported as paged bytes."""
+
+    def __init__(self, params: Any, bits8: bool, paged: bool) -> None:
+        super().__init__(params, {})
+        self.bits8, self.paged = bits8, paged
+        self.paged_bytes = 0
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                if not st:
+                    n = p.numel()
+                    if self.paged:
+                        self.paged_bytes += (2 * n + 8 * -(-n // BNB_BLOCK)) if (self.bits8 and n >= BNB_MIN_8BIT) else 8 * n
+                        st["step"] = 0
+                        continue
+                    if self.bits8 and n >= BNB_MIN_8BIT:
+                        st["state1"] = torch.empty_like(p, dtype=torch.uint8)
+                        st["state2"] = torch.empty_like(p, dtype=torch.uint8)
+                        st["absmax1"] = torch.empty(-(-n // BNB_BLOCK), dtype=torch.float32, device=p.device)
+                        st["absmax2"] = torch.empty(-(-n // BNB_BLOCK), dtype=torch.float32, device=p.device)
+                    else:
+                        st["state1"] = torch.empty_like(p, dtype=torch.float32)
+                        st["state2"] = torch.empty_like(p, dtype=torch.float32)
+                    st["step"] = 0
+                st["step"] += 1  # the update kernel works in place
+
+
+def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if not params:
+        raise ValueError("no trainable parameters")
+    if name == "adamw-fused":
+        return torch.optim.AdamW(params, lr=1e-5, fused=True)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-5, foreach=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-5)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=1e-5, scale_parameter=False, relative_step=False)
+    if name in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):
+        return BnbAdamStandIn(params, bits8="8bit" in name, paged=name.startswith("paged"))
+    raise ValueError(name)
+
+
+def relabel_states(tracker: StorageTracker, opt: torch.optim.Optimizer, fused: bool) -> None:
+    for st in opt.state.values():
+        for k, v in st.items():
+            if not isinstance(v, torch.Tensor):
+                continue
+            if k == "step" and not fused:
+                tracker.untrack(v)
+            else:
+                tracker.relabel(v, "optimizer_states")
+
+
+def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: StorageTracker, half: torch.dtype,
+              autocast: bool, progress: Callable[[float, str], None] | None = None, steps: int = 2) -> Any:
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(optimizer, params)
+    fused = optimizer == "adamw-fused"
+    tracker.host_scalars_in_optimizer = not fused
+    ids = torch.zeros((setup.batch, setup.seq), dtype=torch.long)
+    total = steps * (setup.grad_accum * 2 + 1)
+    done = 0
+
+    def tick(msg: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done / total, msg)
+
+    amp = (lambda: torch.autocast("cpu", dtype=half)) if autocast else nullcontext
+    for step in range(1, steps + 1):
+        for micro in range(setup.grad_accum):
+            tracker.phase = f"step{step}.forward"
+            tracker.micro = micro
+            with amp():
+                outputs = model(input_ids=ids, labels=ids)
+            loss = outputs.loss
+            del outputs  # Trainer.compute_loss returns the loss only: the logits die here
+            if setup.grad_accum > 1:
+                loss = loss / setup.grad_accum
+            tick(f"step {step} forward {micro + 1}/{setup.grad_accum}")
+            tracker.phase = f"step{step}.backward"
+            loss.backward()
+            del loss
+            for p in params:
+                tracker.relabel(p.grad, "gradients")
+            tick(f"step {step} backward {micro + 1}/{setup.grad_accum}")
+        tracker.phase = f"step{step}.optimizer"
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        relabel_states(tracker, opt, fused)
+        tracker.phase = f"step{step}.zero_grad"
+        opt.zero_grad(set_to_none=True)
+        tick(f"step {step} optimizer")
+    return opt

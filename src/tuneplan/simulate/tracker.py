@@ -1,0 +1,238 @@
+"""Every storage the simulated step allocates, in order, with the CUDA allocator's rounding.
+
+``StorageTracker`` is a ``TorchDispatchMode`` stacked inside ``FakeTensorMode``: each op's outputs are
+fake tensors whose storages it registers (once per storage: views share it) with a weakref finalizer
+that fires when the C++ storage dies, i.e. exactly when a real run would hand the block back to the
+caching allocator. Sizes are rounded up to 512 bytes (``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp),
+so the running sum is what ``torch.cuda.memory_allocated`` would show.
+
+A block gets a category when it is allocated (phase, module and op decide) and may be relabelled later:
+a backward output that ``AccumulateGrad`` keeps as ``p.grad`` becomes a gradient, a step temporary kept in
+``optimizer.state`` becomes an optimizer state. The live set at the peak is rebuilt by replaying the
+event log afterwards, so relabelling applies to it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+ROUND = 512  # kMinBlockSize: every CUDA caching-allocator block is a multiple of 512 bytes
+
+
+def rounded(nbytes: int) -> int:
+    return 0 if nbytes <= 0 else -(-nbytes // ROUND) * ROUND
+
+
+@dataclass
+class Block:
+    bid: int
+    size: int  # rounded bytes
+    requested: int
+    category: str
+    phase: str
+    op: str
+    module: str
+    shape: tuple[int, ...]
+    dtype: str
+    freed_at: int = -1
+
+
+@dataclass
+class Event:
+    index: int
+    block: Block
+    alloc: bool
+
+
+@dataclass
+class Workspace:
+    """A kernel-internal buffer the fake kernel does not allocate: added around one op."""
+
+    name: str
+    size: int
+    category: str
+    persistent: bool = False  # cuBLAS workspace: allocated once, kept for the process
+
+
+@dataclass
+class TrackResult:
+    events: list[Event]
+    blocks: list[Block]
+    workspaces: list[tuple[str, str, int]] = field(default_factory=list)  # (name, op, bytes) first seen
+
+
+class StorageTracker(TorchDispatchMode):
+    """Counts live storages; ``context`` (phase, module stack) is maintained by the step driver."""
+
+    def __init__(self, workspace_rule: Any = None) -> None:
+        super().__init__()
+        self._live: dict[int, Block] = {}
+        self.events: list[Event] = []
+        self.blocks: list[Block] = []
+        self.phase = "setup"
+        self.module_stack: list[str] = []
+        self.top_module = ""
+        self.lm_head_names: tuple[str, ...] = ("lm_head",)
+        self.vocab = 0
+        self.workspace_rule = workspace_rule
+        self.workspaces_seen: dict[str, tuple[str, str, int]] = {}
+        self.param_storages: set[int] = set()
+        self._persistent: list[Block] = []
+        self.host_scalars_in_optimizer = False
+        self.micro = 0
+
+    # ---- registration ----------------------------------------------------------------------
+    def _new_block(self, size: int, requested: int, category: str, op: str, shape: tuple[int, ...],
+                   dtype: str) -> Block:
+        b = Block(len(self.blocks), size, requested, category, self.phase, op,
+                  self.module_stack[-1] if self.module_stack else "", shape, dtype)
+        self.blocks.append(b)
+        self.events.append(Event(len(self.events), b, True))
+        return b
+
+    def _release(self, b: Block) -> None:
+        if b.freed_at < 0:
+            b.freed_at = len(self.events)
+            self.events.append(Event(len(self.events), b, False))
+
+    def register(self, t: torch.Tensor, category: str, op: str = "") -> Block | None:
+        """Track ``t``'s storage (if new) under ``category``; returns its block."""
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self._live:
+            return self._live[key]
+        n = st.nbytes()
+        if n == 0 or t.device.type == "meta":
+            return None
+        b = self._new_block(rounded(n), n, category, op, tuple(t.shape), str(t.dtype).replace("torch.", ""))
+        self._live[key] = b
+
+        def _gone(k: int = key, blk: Block = b) -> None:
+            if self._live.get(k) is blk:
+                del self._live[k]
+            self._release(blk)
+
+        weakref.finalize(st, _gone)
+        return b
+
+    def block_of(self, t: torch.Tensor) -> Block | None:
+        return self._live.get(t.untyped_storage()._cdata)
+
+    def relabel(self, t: torch.Tensor | None, category: str) -> None:
+        if t is None:
+            return
+        b = self.block_of(t)
+        if b is not None:
+            b.category = category
+
+    def untrack(self, t: torch.Tensor) -> None:
+        """A storage that lives on the host in a real run (CPU step counters of non-fused AdamW)."""
+        b = self.block_of(t)
+        if b is not None and b.freed_at < 0:
+            b.category = "host"
+
+    def workspace(self, w: Workspace, op: str) -> Block | None:
+        """Allocate a kernel-internal buffer; the caller releases non-persistent ones."""
+        if w.size <= 0:
+            return None
+        prev = self.workspaces_seen.get(w.name)
+        if prev is None or prev[2] < w.size:
+            self.workspaces_seen[w.name] = (w.name, op, w.size)
+        b = self._new_block(rounded(w.size), w.size, w.category, op, (w.size,), "uint8")
+        if w.persistent:
+            self._persistent.append(b)
+        return b
+
+    # ---- classification ----------------------------------------------------------------------
+    def _category(self, func: Any, args: Any, out: torch.Tensor) -> str:
+        phase = self.phase.split(".")[-1]
+        if phase in ("optimizer", "zero_grad"):
+            # Non-fused, non-capturable optimizers keep step counters and bias corrections on the host.
+            if self.host_scalars_in_optimizer and out.dim() == 0:
+                return "host"
+            return "optimizer_temp"
+        in_module = bool(self.module_stack)
+        if phase == "backward" and not in_module:
+            # Loss-chain gradients are dense over the vocabulary (nll_loss / log_softmax backward).
+            if self.vocab and out.dim() >= 1 and out.shape[-1] == self.vocab and out.numel() > self.vocab:
+                return "logits_loss"
+            return "backward_temp"
+        if not in_module:
+            return "activations"
+        if "_to_copy" in str(func):
+            src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if src is not None and src.untyped_storage()._cdata in self.param_storages:
+                return "autocast_copies"
+        top = self.module_stack[-1]
+        if top == self.top_module or any(top.endswith(n) for n in self.lm_head_names):
+            return "logits_loss"
+        return "activations"
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        ws = self.workspace_rule(func, args, self) if self.workspace_rule else None
+        for w in ws or ():
+            if w.persistent and w.name not in self.workspaces_seen:
+                self.workspace(w, str(func))  # kept for the process: allocated before the op's outputs
+        out = func(*args, **kwargs)
+        flat, _ = tree_flatten(out)
+        for t in flat:
+            if isinstance(t, torch.Tensor):
+                key = t.untyped_storage()._cdata
+                if key not in self._live:
+                    self.register(t, self._category(func, args, t), op=str(func))
+        # Scratch of the kernel: live together with its inputs and outputs, freed when it returns.
+        scratch = [w for w in ws or () if not w.persistent]
+        blocks = [self.workspace(w, str(func)) for w in scratch]
+        for b in blocks:
+            if b is not None:
+                self._release(b)
+        return out
+
+    def result(self) -> TrackResult:
+        return TrackResult(self.events, self.blocks, list(self.workspaces_seen.values()))
+
+
+@dataclass
+class Peak:
+    bytes: int
+    index: int
+    live: list[Block]
+    phase: str
+    op: str
+    module: str
+    phase_peaks: dict[str, int]
+
+
+def find_peak(res: TrackResult, from_phase_prefix: str = "") -> Peak:
+    """Replay the events: the allocated peak (host blocks excluded), its live set and the per-phase peaks."""
+    cur = 0
+    best = -1
+    best_i = 0
+    phase_peaks: dict[str, int] = {}
+    for ev in res.events:
+        b = ev.block
+        if b.category == "host":
+            continue
+        cur += b.size if ev.alloc else -b.size
+        if ev.alloc:
+            phase_peaks[b.phase] = max(phase_peaks.get(b.phase, 0), cur)
+            if cur > best and b.phase.startswith(from_phase_prefix):
+                best, best_i = cur, ev.index
+    live: dict[int, Block] = {}
+    for ev in res.events[: best_i + 1]:
+        if ev.block.category == "host":
+            continue
+        if ev.alloc:
+            live[ev.block.bid] = ev.block
+        else:
+            live.pop(ev.block.bid, None)
+    at = res.events[best_i].block if res.events else None
+    return Peak(max(best, 0), best_i, list(live.values()), at.phase if at else "", at.op if at else "",
+                at.module if at else "", phase_peaks)

@@ -1,0 +1,101 @@
+"""DatasetSpec: how much text a fine-tune reads. Typed, validated, no rates.
+
+Two ways to say it: ``samples`` x ``avg_tokens`` (tokens of one sample after the chat template), or a
+``dataset_tokens`` count for one epoch. ``epochs`` may be fractional. ``packing`` decides what the GPU
+computes: packed, samples are concatenated into rows of ``seq`` tokens (little padding); unpacked, every
+sample is one row padded (or truncated) to ``seq`` tokens, as with ``padding="max_length"``. Padding to
+the longest sample of each batch (the transformers default collator) lies between the two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tuneplan.errors import TuneplanError
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    samples: int | None = None
+    avg_tokens: float | None = None
+    epochs: float = 1.0
+    dataset_tokens: int | None = None  # tokens of one epoch; wins over samples x avg_tokens
+    packing: bool = False
+
+    def validate(self) -> DatasetSpec:
+        if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
+                                         or self.samples <= 0):
+            raise TuneplanError(f"must be a positive integer, got {self.samples!r}", field="samples",
+                                accepted="1, 2, 3, ...")
+        if self.avg_tokens is not None and not (isinstance(self.avg_tokens, (int, float)) and self.avg_tokens > 0
+                                                and math.isfinite(self.avg_tokens)):
+            raise TuneplanError(f"must be a positive number, got {self.avg_tokens!r}", field="avg_tokens",
+                                accepted="tokens per sample after the template, e.g. 350")
+        if not (isinstance(self.epochs, (int, float)) and self.epochs > 0 and math.isfinite(self.epochs)):
+            raise TuneplanError(f"must be a positive number, got {self.epochs!r}", field="epochs",
+                                accepted="e.g. 1, 3, 0.5")
+        if self.dataset_tokens is not None and (isinstance(self.dataset_tokens, bool)
+                                                or not isinstance(self.dataset_tokens, int)
+                                                or self.dataset_tokens <= 0):
+            raise TuneplanError(f"must be a positive integer, got {self.dataset_tokens!r}", field="dataset_tokens",
+                                accepted="tokens in one epoch, e.g. 25000000")
+        if self.samples is None and self.dataset_tokens is None:
+            raise TuneplanError("say how much data: --samples (with --avg-tokens) or --dataset-tokens",
+                                field="samples", accepted="--samples N [--avg-tokens T] or --dataset-tokens N")
+        if not self.packing and self.samples is None and self.avg_tokens is None:
+            raise TuneplanError("without packing every sample is padded to --seq, so the sample count is needed: "
+                                "give --samples, or --avg-tokens to derive it from --dataset-tokens, or --packing",
+                                field="samples", accepted="--samples N, --avg-tokens T, or --packing")
+        return self
+
+    def sample_count(self) -> float | None:
+        if self.samples is not None:
+            return float(self.samples)
+        if self.dataset_tokens is not None and self.avg_tokens:
+            return self.dataset_tokens / self.avg_tokens
+        return None
+
+    def plan(self, seq: int) -> DatasetPlan:
+        """Rows of ``seq`` tokens the GPUs compute per epoch, and the real (trained) tokens among them."""
+        self.validate()
+        n = self.sample_count()
+        per_sample = min(self.avg_tokens, seq) if self.avg_tokens else float(seq)
+        if self.dataset_tokens is not None:
+            real = float(self.dataset_tokens)
+            if n is not None and self.avg_tokens and self.avg_tokens > seq:
+                real = n * seq  # samples longer than --seq are truncated
+        else:
+            real = (n or 0.0) * per_sample
+        notes: list[str] = []
+        if self.avg_tokens is None and self.dataset_tokens is None:
+            notes.append(f"no --avg-tokens: every sample assumed to fill --seq ({seq} tokens)")
+        if self.avg_tokens and self.avg_tokens > seq:
+            notes.append(f"samples average {self.avg_tokens:g} tokens > --seq {seq}: truncated to {seq}")
+        if self.packing:
+            rows = math.ceil(real / seq)
+            notes.append(f"packing: {real:,.0f} tokens per epoch in rows of {seq}")
+        else:
+            rows = math.ceil(n or 0)
+            if self.avg_tokens and self.avg_tokens < seq:
+                notes.append(f"no packing: each sample padded to --seq {seq}, {self.avg_tokens / seq:.0%} of the "
+                             "computed tokens are real (padding to the longest of each batch costs less)")
+        return DatasetPlan(rows_per_epoch=rows, real_tokens_per_epoch=real, epochs=float(self.epochs),
+                           seq=seq, notes=tuple(notes))
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    rows_per_epoch: int  # sequences of ``seq`` tokens computed per epoch
+    real_tokens_per_epoch: float
+    epochs: float
+    seq: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def computed_tokens(self) -> float:
+        return self.rows_per_epoch * self.seq * self.epochs
+
+    @property
+    def real_tokens(self) -> float:
+        return self.real_tokens_per_epoch * self.epochs

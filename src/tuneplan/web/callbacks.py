@@ -1,0 +1,152 @@
+"""The page's callbacks as plain functions: form values in, HTML strings (or file paths) out.
+
+No gradio here: ``page.py`` wires these to widgets, tests call them directly. Each one asks the core
+(``tuneplan.api.estimate``, the planner, the exporters) and formats the answer with ``views``; a bad
+input becomes a message in the slot next to its fields, and an unexpected failure is logged on the
+server and shown as one line, never a traceback, so the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tuneplan.errors import TuneplanError
+from tuneplan.web import views
+from tuneplan.web.form import GROUPS, Parsed, group_of, parse
+
+log = logging.getLogger("tuneplan.web")
+
+# Outputs of the main update, in the order the page lists its components.
+ESTIMATE_OUTPUTS = ("model_msg", "setup_msg", "hardware_msg", "dataset_msg", "verdict", "chart", "memory",
+                    "findings", "time")
+
+
+def available(module: str) -> bool:
+    """Whether an optional part of tuneplan (built by other issues) is installed."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _messages(errors: dict[str, str]) -> dict[str, str]:
+    return {f"{g}_msg": views.message_html(errors.get(g)) for g in GROUPS}
+
+
+def guarded(slot: str, outputs: tuple[str, ...] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Turn any exception a callback raises into a message in ``slot`` (and log the traceback)."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except TuneplanError as exc:
+                msg = views.message_html(str(exc))
+            except Exception as exc:  # a bug must not take the page down: log it, say so in one line
+                log.exception("web callback %s failed", fn.__name__)
+                msg = views.message_html(f"internal error ({type(exc).__name__}: {exc}); logged on the server")
+            if outputs is None:
+                return msg
+            return {name: (msg if name == slot else "") for name in outputs}
+
+        return wrapper
+
+    return deco
+
+
+def dataset_kwargs(p: Parsed) -> dict[str, Any]:
+    """``dataset=DatasetSpec(...)`` for ``estimate`` once the time/cost layer takes it, else nothing.
+
+    The DatasetSpec is made by the planner's contract module (``tuneplan.plan.timecost``), the one place
+    that knows how the time model is asked.
+    """
+    if p.samples is None or not available("tuneplan.plan.timecost"):
+        return {}
+    import inspect
+
+    from tuneplan.api import estimate
+    from tuneplan.plan.timecost import dataset_kw, make_dataset
+
+    if "dataset" not in inspect.signature(estimate).parameters:
+        return {}
+    ds = make_dataset(samples=p.samples, avg_tokens=p.avg_tokens, epochs=p.epochs, packing=p.packing)
+    if ds is not None and hasattr(ds, "validate"):
+        ds.validate()
+    return dataset_kw(ds)
+
+
+def _estimate(p: Parsed, extra: dict[str, Any]) -> Any:
+    from tuneplan.api import estimate
+
+    return estimate(p.model, gpu=p.gpu, **p.setup_kw, **extra)
+
+
+@guarded("setup_msg", ESTIMATE_OUTPUTS)
+def estimate_view(values: dict[str, Any]) -> dict[str, str]:
+    """The main update: messages, verdict, chart, memory table, findings, time and cost."""
+    p = parse(values)
+    out = _messages(p.errors)
+    blocking = [g for g in GROUPS if g in p.errors and g != "dataset"]
+    if blocking:
+        out.update(verdict=views.error_verdict_html(blocking), chart="", memory="", findings="", time="")
+        return out
+    extra: dict[str, Any] = {}
+    if "dataset" not in p.errors:
+        try:
+            extra = dataset_kwargs(p)
+        except TuneplanError as exc:  # time and cost are then left out; the verdict still shows
+            out["dataset_msg"] = views.message_html(str(exc))
+    try:
+        est = _estimate(p, extra)
+    except TuneplanError as exc:
+        g = group_of(exc.field)
+        out[f"{g}_msg"] = views.message_html(str(exc))
+        out.update(verdict=views.error_verdict_html([g]), chart="", memory="", findings="", time="")
+        return out
+    d = est.to_dict()
+    out.update(verdict=views.verdict_html(d), chart=views.chart_svg(d), memory=views.memory_html(d, p.notes),
+               findings=views.findings_html(d), time=time_html(d))
+    return out
+
+
+def time_html(d: dict[str, Any]) -> str:
+    secs = [views.section_html(k.capitalize(), d[k]) for k in ("time", "cost") if d.get(k)]
+    if secs:
+        return views.time_headline(d) + "".join(secs)
+    if "gpu" not in d and available("tuneplan.specs.dataset"):
+        return '<p class="tp-wait">Choose a GPU: time and cost depend on the card.</p>'
+    return ('<p class="tp-unavailable">Time and cost for the dataset size need the time/cost layer '
+            "(<code>tuneplan.api.estimate(..., dataset=...)</code>), which is not in this build.</p>")
+
+
+def estimate_dict(values: dict[str, Any]) -> dict[str, Any]:
+    """``Estimate.to_dict()`` for the form (the page's JSON API); raises TuneplanError on bad input."""
+    p = parse(values)
+    blocking = {g: m for g, m in p.errors.items() if g != "dataset"}
+    if blocking:
+        raise TuneplanError("; ".join(blocking.values()), field=next(iter(blocking)))
+    return _estimate(p, {} if "dataset" in p.errors else dataset_kwargs(p)).to_dict()
+
+
+def read_upload(path: str | None) -> tuple[str, str]:
+    """An uploaded config.json -> (its text for the config box, a message for the model slot)."""
+    from pathlib import Path
+
+    from tuneplan.web.form import CONFIG_MAX_CHARS
+
+    if not path:
+        return "", ""
+    p = Path(path)
+    try:
+        if p.stat().st_size > CONFIG_MAX_CHARS:
+            return "", views.message_html(f"config: the file is {p.stat().st_size:,} bytes; a config.json is a few KiB")
+        return p.read_text(encoding="utf-8"), ""
+    except UnicodeDecodeError:
+        return "", views.message_html("config: the file is not UTF-8 text; upload the model's config.json")
+    except OSError as exc:
+        return "", views.message_html(f"config: cannot read the upload ({exc.strerror})")

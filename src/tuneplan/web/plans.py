@@ -1,0 +1,239 @@
+"""The planner tabs' callbacks (best config, GPU ranking, recipe export), as plain functions.
+
+Each asks a module another issue builds (``tuneplan.plan.fit``, the GPU ranking, ``tuneplan.export``);
+while one is missing from the installed package the tab says "not available" instead of failing.
+Results are rendered from their ``to_dict()``, so the page shows what the planner decided and
+decides nothing itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import tempfile
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from tuneplan.errors import TuneplanError
+from tuneplan.web import views
+from tuneplan.web.callbacks import available, guarded
+from tuneplan.web.form import Parsed, parse
+
+log = logging.getLogger("tuneplan.web")
+
+# Where each planner function may live, first match wins (module, attribute).
+FIT = (("tuneplan.plan.fit", "fit"),)
+RANK_GPUS = (("tuneplan.plan.gpus", "rank_gpus"),)
+EXPORT = (("tuneplan.export", "build_export"),)
+DEPLOY = (("tuneplan.deploy.plan", "plan_deploy"),)
+EXPORT_ROOT = Path(tempfile.gettempdir()) / "tuneplan-web-export"
+EXPORT_KEEP_S = 3600  # recipe folders older than this are removed at the next export
+
+
+def find(candidates: tuple[tuple[str, str], ...]) -> Any | None:
+    """The first (module, attribute) of ``candidates`` that is installed, or None."""
+    for mod, attr in candidates:
+        if available(mod):
+            fn = getattr(importlib.import_module(mod), attr, None)
+            if callable(fn):
+                return fn
+    return None
+
+
+def _ready(values: dict[str, Any], *, need_gpu: bool) -> tuple[Parsed | None, str]:
+    """The parsed form, or the reason this tab cannot answer yet (already shown next to the fields)."""
+    p = parse(values)
+    bad = [g for g in p.errors if g != "dataset"]
+    if bad:
+        return None, f'<p class="tp-wait">Fix the input first (see the message under: {escape(", ".join(bad))}).</p>'
+    if need_gpu and p.gpu is None:
+        return None, '<p class="tp-wait">Choose a GPU: this tab plans for a card.</p>'
+    return p, ""
+
+
+def _gib_cells(d: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
+    out = []
+    for k in keys:
+        v = d.get(k)
+        if v is None:
+            out.append("-")
+        elif isinstance(v, bool):
+            out.append("yes" if v else "no")
+        elif k.endswith("_bytes"):
+            out.append(views.gib(v))
+        elif isinstance(v, float):
+            out.append(f"{v:,.2f}")
+        elif isinstance(v, list):
+            out.append(escape(", ".join(map(str, v))) or "-")
+        else:
+            out.append(escape(str(v)))
+    return out
+
+
+@guarded("fit")
+def fit_view(values: dict[str, Any], global_batch: Any = 16) -> str:
+    """The best configuration on the chosen card(s), and what each method needs to fit there."""
+    fit = find(FIT)
+    if fit is None:
+        return views.unavailable_html("The best-config search (tuneplan fit)", FIT[0][0])
+    p, why = _ready(values, need_gpu=True)
+    if p is None:
+        return why
+    from tuneplan.web.form import whole
+
+    setup = {k: v for k, v in p.setup_kw.items() if k not in ("method", "bits")}  # every method is tried
+    d = fit(p.model, p.gpu, global_batch=whole("global_batch", global_batch), **setup).to_dict()
+    out = []
+    rec = d.get("recommended")
+    if rec:
+        s = rec.get("setup", {})
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in s.items()
+                         if k in ("method", "bits", "rank", "batch", "seq", "grad_accum", "optimizer", "zero")
+                         and v is not None and not (k == "zero" and v == 0) and not (k == "bits" and s.get("method") != "qlora")
+                         and not (k == "rank" and s.get("method") not in ("lora", "qlora")))
+        out.append(f'<div id="tp-fit-recommended" style="border:1px solid {views.OK};border-radius:6px;padding:8px">'
+                   f'<b>Recommended:</b> {escape(str(rec.get("method")))}, micro-batch {rec.get("micro_batch")} '
+                   f'&times; accumulation {rec.get("grad_accum")} &times; {rec.get("world_size")} GPU(s) = '
+                   f'{rec.get("global_batch")} sequences per step; device peak {views.gib(rec.get("device_peak_bytes"))} GiB'
+                   f'<br><code>{escape(flags)}</code><br><span style="font-size:0.9em">{escape(str(rec.get("reason", "")))}'
+                   "</span></div>")
+    else:
+        out.append(f'<div id="tp-fit-recommended" style="color:{views.BAD}"><b>No method fits</b> on this card '
+                   "with these settings, even with every measure the planner knows.</div>")
+    keys = ("method", "fits", "strategy", "requires_flags", "max_batch", "max_seq", "max_rank",
+            "device_peak_bytes", "headroom_bytes")
+    rows = [_gib_cells(m, keys) + [escape("; ".join(m.get("blocked_by") or []))] for m in d.get("methods", [])]
+    out.append(views.table_html(["method", "fits", "strategy", "needs", "max batch", "max seq", "max rank",
+                                 "peak GiB", "headroom GiB", "blocked by"], rows, klass="tp-fit"))
+    eq = d.get("equal_memory")
+    if eq and eq.get("qlora"):
+        ranks = ", ".join(f"{escape(k)} up to r={v}" for k, v in eq["qlora"].items() if v)
+        out.append(views.note_html(f"In the memory LoRA r={eq.get('lora_rank')} uses, {ranks}" if ranks else ""))
+    out.append(views.note_html(f"{d.get('evaluations', '?')} estimates evaluated"))
+    return "".join(out)
+
+
+@guarded("gpus")
+def gpus_view(values: dict[str, Any]) -> str:
+    """Every card in the catalog ranked for this fine-tune (fewest cards, memory, time, cost)."""
+    rank = find(RANK_GPUS)
+    if rank is None:
+        return views.unavailable_html("The GPU ranking (tuneplan gpus)", RANK_GPUS[0][0])
+    p, why = _ready(values, need_gpu=False)
+    if p is None:
+        return why
+    from tuneplan.web.callbacks import dataset_kwargs
+
+    setup = dict(p.setup_kw)
+    fixed = setup["gpus"] * setup["nodes"] > 1
+    if not fixed:  # one GPU on the form: let the planner find the fewest cards of each kind
+        setup.pop("gpus")
+        setup.pop("nodes")
+    extra: dict[str, Any] = {}
+    if "dataset" not in p.errors:
+        try:
+            extra = dataset_kwargs(p)
+        except TuneplanError:
+            extra = {}  # the message is already under the dataset fields
+    d = rank(p.model, **setup, **extra).to_dict()
+    keys = ("name", "fits", "min_gpus", "per_gpu_peak_bytes", "memory_bytes", "strategy", "requires",
+            "total_hours", "cloud_usd")
+    rows = [_gib_cells(r, keys) for r in d.get("ranking", [])]
+    head = (f"{setup['gpus'] * setup['nodes']} GPUs per setup, as on the form" if fixed
+            else "fewest cards of each kind that run this setup (up to " + escape(str(d.get("max_gpus"))) + ")")
+    out = [f'<p style="font-size:0.9em">{head}; sorted by {escape(str(d.get("sort")))}'
+           + ("" if d.get("time_model") else "; time and cost need the time/cost layer") + "</p>",
+           views.table_html(["card", "fits", "cards", "peak GiB", "card GiB", "strategy", "needs", "hours",
+                             "cloud USD"], rows, klass="tp-gpus"),
+           views.note_html(f"{d.get('evaluations', '?')} estimates evaluated")]
+    return "".join(out)
+
+
+def serve_precisions() -> tuple[str, ...]:
+    if not available("tuneplan.deploy.formats"):
+        return ("bf16",)
+    from tuneplan.deploy.formats import SERVE_PRECISIONS
+
+    return tuple(SERVE_PRECISIONS)
+
+
+def export_formats() -> tuple[str, ...]:
+    if not available("tuneplan.export"):
+        return ()
+    from tuneplan.export import FORMATS
+
+    return tuple(FORMATS)
+
+
+def _fresh_export_dir() -> Path:
+    """A new folder for one click's files; folders from earlier clicks go after an hour."""
+    import shutil
+    import time
+    import uuid
+
+    EXPORT_ROOT.mkdir(exist_ok=True)
+    for old in EXPORT_ROOT.iterdir():
+        try:
+            if time.time() - old.stat().st_mtime > EXPORT_KEEP_S:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    d = EXPORT_ROOT / uuid.uuid4().hex
+    d.mkdir()
+    return d
+
+
+def export_files(values: dict[str, Any], formats: list[str] | tuple[str, ...] | None = None) -> tuple[list[str], str]:
+    """Recipe files for the form's setup (``tuneplan.export.build_export``): (paths, message)."""
+    build_export = find(EXPORT)
+    if build_export is None:
+        return [], views.unavailable_html("Recipe export (tuneplan export)", EXPORT[0][0])
+    try:
+        return _export(build_export, values, list(formats or ()))
+    except TuneplanError as exc:  # e.g. the setup cannot run on the card: no recipe for it
+        return [], views.message_html(str(exc))
+    except Exception as exc:  # noqa: BLE001 - same contract as guarded(): logged, one line
+        log.exception("export failed")
+        return [], views.message_html(f"internal error ({type(exc).__name__}: {exc}); logged on the server")
+
+
+def _export(build_export: Any, values: dict[str, Any], formats: list[str]) -> tuple[list[str], str]:
+    from tuneplan.api import build_setup
+    from tuneplan.export import DEFAULT_NAMES
+
+    if not formats:
+        return [], views.message_html("format: choose at least one recipe format")
+    p, why = _ready(values, need_gpu=False)
+    if p is None:
+        return [], why
+    setup = build_setup(p.model, None, **p.setup_kw)
+    out_dir = _fresh_export_dir()
+    written: dict[str, None] = {}
+    notes: list[str] = []
+    for fmt in formats:
+        bundle = build_export(fmt, p.model, setup, p.gpu, out_dir / DEFAULT_NAMES.get(fmt, fmt))
+        for path, text in bundle.files:
+            Path(path).write_text(text, encoding="utf-8")
+            written[str(path)] = None
+        notes += bundle.notes
+    msg = "".join(views.note_html(n) for n in dict.fromkeys(notes))
+    return list(written), views.note_html(f"{len(written)} file(s): " + ", ".join(Path(f).name for f in written)) + msg
+
+
+@guarded("deploy")
+def deploy_view(values: dict[str, Any], serve_precision: str = "bf16", context: Any = 4096,
+                concurrency: Any = 1) -> str:
+    """Serving the fine-tuned model: merge, memory per GPU, KV cache, decode speed bound, disk."""
+    plan_deploy = find(DEPLOY)
+    if plan_deploy is None:
+        return views.unavailable_html("The deployment plan (tuneplan deploy)", DEPLOY[0][0])
+    p, why = _ready(values, need_gpu=False)
+    if p is None:
+        return why
+    from tuneplan.web.form import whole
+
+    kw = {k: v for k, v in p.setup_kw.items() if k not in ("gpus", "nodes", "zero", "fsdp", "offload")}
+    d = plan_deploy(p.model, serve_precision=serve_precision or "bf16", context=whole("context", context),
+                    concurrency=whole("concurrency", concurrency), gpu=p.gpu, cards=False, **kw)
+    return views.deploy_html(d)

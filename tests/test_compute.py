@@ -1,0 +1,141 @@
+"""FLOPs per token against hand derivations (small dense and MoE configs, counted on paper).
+
+Conventions (compute.py doc): a multiply-add is 2 FLOPs; backward = input gradients (1x forward of every
+linear the gradient crosses) + weight gradients (1x, trainable weights only); attention core backward 2x
+forward (eager) or 2.5x (SDPA/flash); causal SDPA/flash attention meets (s + 1) / 2 keys per query.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.compute import flops_per_token
+from tuneplan.specs.model import model_from_config
+
+# Dense: h 64, 2 layers, 4 heads of 16, 2 KV heads, SwiGLU 128, vocab 100, untied.
+DENSE = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=128, vocab_size=100, tie_word_embeddings=False)
+# Per token per layer, forward, 2 * d_in * d_out each:
+#   q 2*64*64 = 8192, k 2*64*32 = 4096, v 4096, o 8192, gate/up/down 3 * 2*64*128 = 49152  -> 73728
+DENSE_LINEAR_LAYER = 8192 + 4096 + 4096 + 8192 + 3 * 16384
+LOGITS = 2 * 64 * 100  # 12800
+
+# MoE (Mixtral layout): h 64, 2 layers, 4 heads of 16 (MHA), 4 experts of width 96, top-2, vocab 100.
+MOE = dict(model_type="mixtral", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=4, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
+           vocab_size=100, tie_word_embeddings=False)
+# Per token per layer: q,k,v,o 4 * 2*64*64 = 32768; router 2*64*4 = 512;
+# experts: 2 routed of 3 matrices 2*64*96 = 12288 each -> 2 * 36864 = 73728. Total 107008.
+MOE_LINEAR_LAYER = 4 * 8192 + 512 + 2 * 3 * 12288
+
+
+@pytest.fixture
+def dense():
+    return model_from_config(DENSE, "dense-hand")
+
+
+@pytest.fixture
+def moe():
+    return model_from_config(MOE, "moe-hand")
+
+
+def _setup(model, **kw):
+    base = dict(seq=8, gradient_checkpointing=False, attn="sdpa", precision="bf16", framework="hf")
+    base.update(kw)
+    return build_setup(model, **base)
+
+
+def test_dense_full_finetune_by_hand(dense) -> None:
+    fl = flops_per_token(dense, _setup(dense, method="full"))
+    attn_layer = 2 * 4 * (16 + 16) * 4.5  # QK^T + PV, ctx (8 + 1) / 2 = 4.5 -> 1152
+    fwd = 2 * DENSE_LINEAR_LAYER + 2 * attn_layer + LOGITS
+    bwd = 2 * (2 * DENSE_LINEAR_LAYER) + 2 * 2.5 * attn_layer + 2 * LOGITS
+    assert fl.forward == pytest.approx(fwd)
+    assert fl.backward == pytest.approx(bwd)
+    assert fl.recompute == 0
+    assert fl.total == pytest.approx(fwd + bwd)  # = 488,832
+
+
+def test_dense_eager_attention_meets_every_key(dense) -> None:
+    fl = flops_per_token(dense, _setup(dense, method="full", attn="eager"))
+    attn_layer = 2 * 4 * 32 * 8  # ctx = s = 8 -> 2048
+    assert fl.parts["attn_fwd"] == pytest.approx(2 * attn_layer)
+    assert fl.parts["attn_bwd"] == pytest.approx(2 * 2.0 * attn_layer)
+
+
+def test_dense_lora_has_no_weight_gradients_plus_adapters(dense) -> None:
+    fl = flops_per_token(dense, _setup(dense, method="lora", rank=4, targets="q_proj,v_proj"))
+    adapters_layer = 2 * 4 * (64 + 64) + 2 * 4 * (64 + 32)  # q 1024 + v 768
+    attn_layer = 2 * 4 * 32 * 4.5
+    assert fl.parts["linear_bwd_weight"] == 0
+    assert fl.parts["adapter_fwd"] == pytest.approx(2 * adapters_layer)
+    fwd = 2 * DENSE_LINEAR_LAYER + 2 * attn_layer + LOGITS + 2 * adapters_layer
+    bwd = 2 * DENSE_LINEAR_LAYER + 2 * 2.5 * attn_layer + LOGITS + 2 * (2 * adapters_layer)
+    assert fl.forward == pytest.approx(fwd)
+    assert fl.backward == pytest.approx(bwd)
+
+
+def test_gradient_checkpointing_recomputes_the_layers_not_the_head(dense) -> None:
+    off = flops_per_token(dense, _setup(dense, method="lora", rank=4, targets="q_proj,v_proj"))
+    on = flops_per_token(dense, _setup(dense, method="lora", rank=4, targets="q_proj,v_proj",
+                                       gradient_checkpointing=True))
+    layers_fwd = off.forward - LOGITS
+    assert on.recompute == pytest.approx(layers_fwd)
+    assert on.total == pytest.approx(off.total + layers_fwd)
+
+
+def test_freeze_backpropagates_only_through_the_trained_top(dense) -> None:
+    fl = flops_per_token(dense, _setup(dense, method="freeze", freeze_trainable_layers=1))
+    attn_layer = 2 * 4 * 32 * 4.5
+    # top layer: input + weight grads; bottom layer: nothing; head: input grad only (frozen lm_head)
+    bwd = 2 * DENSE_LINEAR_LAYER + 2.5 * attn_layer + LOGITS
+    assert fl.backward == pytest.approx(bwd)
+
+
+def test_qlora_dequantizes_every_block_weight_per_pass(dense) -> None:
+    weights = 2 * (64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128)  # 73,728 block weights
+    off = flops_per_token(dense, _setup(dense, method="qlora", precision="bf16-mixed"))
+    on = flops_per_token(dense, _setup(dense, method="qlora", precision="bf16-mixed", gradient_checkpointing=True))
+    assert off.dequant_elements == 2 * weights  # forward + input-gradient matmul
+    assert on.dequant_elements == 3 * weights  # + the recompute
+    lora = flops_per_token(dense, _setup(dense, method="lora", precision="bf16-mixed"))
+    assert lora.dequant_elements == 0
+    assert off.total == pytest.approx(lora.total)  # same tensor-core work; dequant is memory traffic
+
+
+def test_moe_counts_the_routed_experts_only(moe) -> None:
+    fl = flops_per_token(moe, _setup(moe, method="full"))
+    attn_layer = 2 * 4 * 32 * 4.5
+    assert fl.parts["linear_fwd"] == pytest.approx(2 * MOE_LINEAR_LAYER)  # 214,016, not all 4 experts
+    fwd = 2 * MOE_LINEAR_LAYER + 2 * attn_layer + LOGITS
+    assert fl.forward == pytest.approx(fwd)
+    # 6N uses the active parameters: top-2 experts, not 4
+    assert fl.six_n == pytest.approx(6 * moe.params_active)
+    assert moe.params_active < moe.params_total
+
+
+def test_moe_lora_on_experts_counts_two_of_four(moe) -> None:
+    fl = flops_per_token(moe, _setup(moe, method="lora", rank=2, targets="w1"))
+    per_expert = 2 * 2 * (64 + 96)  # r=2 adapter on w1 (64 -> 96): 640
+    assert fl.parts["adapter_fwd"] == pytest.approx(2 * 2 * per_expert)  # 2 layers x top-2
+
+
+def test_attention_term_grows_with_sequence(dense) -> None:
+    short = flops_per_token(dense, _setup(dense, method="full", seq=128))
+    long = flops_per_token(dense, _setup(dense, method="full", seq=4096))
+    assert long.total > short.total
+    # per token the linears are the same; the difference is the s-dependent attention term
+    assert long.parts["linear_fwd"] == short.parts["linear_fwd"]
+    assert long.parts["attn_fwd"] / short.parts["attn_fwd"] == pytest.approx(4097 / 129)
+
+
+def test_qwen_7b_is_6n_without_the_embedding_gather(qwen7b) -> None:
+    # 6N counts the input embedding, a gather, not a matmul: the count is 6 x the other parameters plus the
+    # attention term (28 layers x 3.5 x 2 x 28 heads x 256 x 256.5 keys ~ 0.36 GFLOP at s = 512)
+    fl = flops_per_token(qwen7b, _setup(qwen7b, method="full", seq=512))
+    matmul_params = qwen7b.params_active - qwen7b.embed_params
+    assert 1.0 < fl.total / (6 * matmul_params) < 1.03
+    assert fl.total < fl.six_n
+    lora = flops_per_token(qwen7b, _setup(qwen7b, method="lora", seq=512))
+    assert 0.62 < lora.total / fl.total < 0.72  # ~4N of 6N (the head's input gradient still runs)

@@ -1,0 +1,100 @@
+"""`max-model`: the standard family, and both answers checked against plain loops over the estimator."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuneplan.api import estimate
+from tuneplan.catalog.accelerators import resolve_accelerator
+from tuneplan.errors import TuneplanError
+from tuneplan.plan import max_model
+from tuneplan.plan.max_model import catalog_models
+from tuneplan.plan.standard_arch import MAX_INDEX, shape, standard_model
+
+
+def test_standard_family_at_32_heads_is_llama_3_8b() -> None:
+    # by hand, Llama-3-8B (config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336,
+    # vocab 128256, untied): embeddings + lm_head 2 x 128256 x 4096; per layer q,o 4096^2 each, k,v
+    # 4096 x 1024 each, gate/up/down 3 x 4096 x 14336, two RMSNorms 2 x 4096; final norm 4096
+    per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    total = 2 * 128256 * 4096 + 32 * per_layer + 4096
+    assert total == 8_030_261_248  # the published count
+    assert shape(62) == {"hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8, "intermediate": 14336,
+                         "vocab": 128256}
+    assert standard_model(62).params_total == total
+
+
+def test_standard_family_grows_in_every_dimension() -> None:
+    prev = shape(0)
+    for i in range(1, MAX_INDEX + 1, 7):
+        cur = shape(i)
+        assert all(cur[k] >= prev[k] for k in cur)
+        assert standard_model(i).params_total > standard_model(i - 1).params_total
+        prev = shape(i)
+
+
+def test_standard_family_memory_is_monotone_so_bisection_is_exact() -> None:
+    for method in ("full", "lora", "qlora"):
+        peaks = [estimate(standard_model(i), method=method).breakdown.device_peak_bytes for i in range(0, 400, 3)]
+        assert peaks == sorted(peaks), method
+
+
+@pytest.mark.parametrize("gpu,setup", [
+    ("rtx-3060-12gb", {"method": "full"}),
+    ("rtx4090", {"method": "qlora"}),
+    ("a100-80gb", {"method": "full", "gpus": 8, "zero": 3}),
+])
+def test_max_params_matches_a_plain_loop_and_is_a_boundary(gpu: str, setup: dict) -> None:
+    acc = resolve_accelerator(gpu)
+    r = max_model(gpu, **setup)
+    best = None
+    for i in range(MAX_INDEX + 1):  # plain loop up the family until it stops fitting
+        if not estimate(standard_model(i), gpu=acc, **setup).fits:
+            break
+        best = i
+    assert r.result.max_params == standard_model(best).params_total
+    assert r.result.next_params == standard_model(best + 1).params_total
+    assert not estimate(standard_model(best + 1), gpu=acc, **setup).fits
+
+
+@pytest.mark.parametrize("gpu,setup", [("rtx4090", {"method": "lora"}), ("a100-80gb", {"method": "qlora", "bits": 8})])
+def test_largest_catalog_model_matches_a_plain_loop(gpu: str, setup: dict) -> None:
+    acc = resolve_accelerator(gpu)
+    r = max_model(gpu, **setup)
+    fitting = [m for m in catalog_models() if estimate(m, gpu=acc, **setup).fits]
+    want = max(fitting, key=lambda m: m.params_total)
+    assert r.result.largest_catalog_model["params"] == want.params_total
+    assert r.result.largest_catalog_model["fits"]
+
+
+def test_seed_000_without_and_with_quantization_and_deepspeed() -> None:
+    """Seed 000's questions 2 and 3, as inequalities that hold by construction of the methods."""
+    plain = max_model("a100-80gb", gpus=8, method="full").to_dict()
+    zero3 = max_model("a100-80gb", gpus=8, method="full", zero=3).to_dict()
+    assert zero3["max_params"] > 4 * plain["max_params"]  # ZeRO-3 shards 16 B/param over 8 cards
+    by = {m["method"]: m["max_params"] for m in plain["by_method"]}
+    assert by["qlora-4"] > by["qlora-8"] > by["lora"] > by["full"]
+
+
+def test_v100_runs_fp16_unless_bf16_is_asked() -> None:
+    r = max_model("v100", method="lora")
+    assert r.result.max_params and r.result.requires == []
+    asked = max_model("v100", method="lora", precision="bf16-mixed")
+    assert asked.result.max_params is None and asked.result.largest_catalog_model is None
+    assert asked.result.blocked_by  # says why: no bf16 on compute capability 7.0
+
+
+def test_auto_reaches_at_least_as_far_as_the_setup_as_given() -> None:
+    exact = max_model("rtx4090", method="lora")
+    auto = max_model("rtx4090", method="lora", auto=True)
+    assert auto.result.max_params >= exact.result.max_params
+    assert "gradient-checkpointing" in auto.result.requires
+
+
+def test_json_shape_and_bad_input() -> None:
+    d = max_model("rtx4090", method="qlora").to_dict()
+    assert {"largest_catalog_model", "max_params", "by_method"} <= set(d)
+    assert d["method"] == "qlora-4"
+    with pytest.raises(TuneplanError) as e:
+        max_model("rtx4090", method="full", zero=2)  # ZeRO on one GPU without offload
+    assert e.value.field == "zero"

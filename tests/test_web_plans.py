@@ -1,0 +1,106 @@
+"""The planner tabs' callbacks (fit, GPU ranking, deploy, export, time and cost), without a browser.
+
+Each tab must show what the planner module returned, and say "not available" (not fail) while that
+module is missing from the installed package.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tuneplan.web import callbacks, plans
+from tuneplan.web.form import DEFAULTS, parse, setup_kwargs
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_every_tab_says_not_available_when_its_module_is_missing(monkeypatch) -> None:
+    monkeypatch.setattr(plans, "available", lambda module: False)
+    for html in (plans.fit_view(dict(DEFAULTS)), plans.gpus_view(dict(DEFAULTS)), plans.deploy_view(dict(DEFAULTS)),
+                 plans.export_files(dict(DEFAULTS), ["hf-script"])[1]):
+        assert "not available" in html
+    assert plans.export_formats() == () and plans.serve_precisions() == ("bf16",)
+
+
+def test_tabs_wait_for_valid_input() -> None:
+    bad = {**DEFAULTS, "rank": 0}
+    for html in (plans.fit_view(bad), plans.gpus_view(bad), plans.deploy_view(bad)):
+        assert "Fix the input first" in html and "setup" in html
+    assert "Choose a GPU" in plans.fit_view({**DEFAULTS, "gpu": ""})
+
+
+def test_fit_tab_shows_the_planners_recommendation() -> None:
+    fit_mod = pytest.importorskip("tuneplan.plan.fit", reason="the planner (issue 6) is not in this build")
+    values = dict(DEFAULTS)
+    kw = {k: v for k, v in setup_kwargs(values).items() if k not in ("method", "bits")}
+    rep = fit_mod.fit(values["model"], values["gpu"], global_batch=16, **kw).to_dict()
+    html = plans.fit_view(values, 16)
+    rec = rep["recommended"]
+    assert rec is not None
+    assert f"<b>Recommended:</b> {rec['method']}, micro-batch {rec['micro_batch']}" in html
+    assert html.count("<tr>") == 1 + len(rep["methods"])  # header + one row per method
+    assert "global_batch" in plans.fit_view(values, 0)  # its own field is validated like the others
+
+
+def test_gpus_tab_lists_the_planners_ranking_in_order() -> None:
+    gpus_mod = pytest.importorskip("tuneplan.plan.gpus", reason="the GPU ranking (issue 6) is not in this build")
+    values = {**DEFAULTS, "model": "Qwen/Qwen2.5-0.5B"}
+    kw = {k: v for k, v in setup_kwargs(values).items() if k not in ("gpus", "nodes")}
+    kw.update(callbacks.dataset_kwargs(parse(values)))  # the form's dataset: time and cost break ties
+    ranking = gpus_mod.rank_gpus(values["model"], **kw).to_dict()["ranking"]
+    html = plans.gpus_view(values)
+    names = re.findall(r'<tr><td style="[^"]*">([^<]*)</td>', html)
+    assert names[:5] == [r["name"] for r in ranking[:5]]
+
+
+def test_deploy_tab_shows_the_deploy_plan() -> None:
+    dep = pytest.importorskip("tuneplan.deploy.plan", reason="the deploy plan is not in this build")
+    kw = {k: v for k, v in setup_kwargs(dict(DEFAULTS)).items() if k not in ("gpus", "nodes", "zero", "fsdp", "offload")}
+    d = dep.plan_deploy(DEFAULTS["model"], gpu=DEFAULTS["gpu"], context=4096, concurrency=1, cards=False, **kw)
+    html = plans.deploy_view(dict(DEFAULTS), "bf16", 4096, 1)
+    verdict = "SERVES" if d["gpu"]["fits"] else "DOES NOT SERVE"
+    assert f'data-verdict="{verdict}"' in html
+    assert f"{d['per_gpu']['total'] / 2**30:,.2f} of {d['gpu']['budget_bytes'] / 2**30:,.2f} GiB" in html
+    assert "context" in plans.deploy_view(dict(DEFAULTS), "bf16", -5, 1)
+
+
+def test_export_writes_the_exporters_files() -> None:
+    exp = pytest.importorskip("tuneplan.export", reason="the recipe export is not in this build")
+    from tuneplan.api import build_setup
+    from tuneplan.web.form import read_model
+
+    values = {**DEFAULTS, "method": "lora", "gpus": 2, "zero": "2", "gpu": "a100-80gb-sxm4"}
+    paths, msg = plans.export_files(values, ["hf-script"])
+    assert "file(s)" in msg and len(paths) >= 2  # the script and the ZeRO-2 DeepSpeed JSON it points at
+    spec, _ = read_model(values["model"], "")
+    setup = build_setup(spec, None, **setup_kwargs(values))
+    from pathlib import Path
+
+    from tuneplan.catalog.accelerators import resolve_accelerator
+
+    bundle = exp.build_export("hf-script", spec, setup, resolve_accelerator("a100-80gb-sxm4"), Path(paths[0]))
+    for (p, text), written in zip(bundle.files, paths, strict=True):
+        assert Path(written).name == Path(p).name
+        assert Path(written).read_text(encoding="utf-8") == text
+    assert plans.export_files(values, [])[0] == []
+    assert "format" in plans.export_files(values, ["nope"])[1]
+
+
+def test_time_and_cost_show_the_time_models_figures() -> None:
+    import inspect
+
+    from tuneplan.api import estimate
+
+    if "dataset" not in inspect.signature(estimate).parameters:
+        assert "not in this build" in callbacks.estimate_view(dict(DEFAULTS))["time"]
+        return
+    d = callbacks.estimate_dict(dict(DEFAULTS))
+    out = callbacks.estimate_view(dict(DEFAULTS))
+    assert f"<b>{d['time']['total_hours']:,.2f} h</b>" in out["time"]
+    assert f"${d['cost']['cloud_usd']:,.2f}" in out["verdict"]
+    # Twice the samples, twice the tokens to compute: the time model's hours follow the form's field.
+    d2 = callbacks.estimate_dict({**DEFAULTS, "samples": 2 * DEFAULTS["samples"]})
+    assert d2["time"]["total_hours"] == pytest.approx(2 * d["time"]["total_hours"], rel=1e-6)
+    assert "Choose a GPU" in callbacks.estimate_view({**DEFAULTS, "gpu": ""})["time"]
