@@ -42,6 +42,8 @@ L1 = "meta-llama/Llama-3.2-1B"  # tied, GQA 32/8, vocab 128256
 L27 = "meta-llama/Llama-2-7b-hf"  # untied, MHA, vocab 32000
 GEM = "google/gemma-2b"  # head_dim 256, multi-query (1 KV head), vocab 256000, GeGLU
 MIX = "mistralai/Mixtral-8x7B-v0.1"  # MoE 8 experts, top-2
+Q3MOE = "Qwen/Qwen3-30B-A3B"  # MoE 128 experts, top-8, q/k norms
+PHI3 = "microsoft/Phi-3-mini-4k-instruct"  # fused qkv_proj and gate_up_proj
 L70 = "meta-llama/Llama-3.1-70B-Instruct"
 
 CASES: list[Case] = [
@@ -70,6 +72,8 @@ CASES: list[Case] = [
     # dense, untied, GQA, biases
     Case("q7b full sdpa", Q7, dict(method="full", seq=2048), layers=4),
     Case("q7b full gc", Q7, dict(method="full", seq=2048, gradient_checkpointing=True), layers=6),
+    Case("q7b full gc s8192 (autocast cache)", Q7, dict(method="full", seq=8192, gradient_checkpointing=True),
+         layers=4),
     Case("q7b lora sdpa", Q7, dict(method="lora", seq=2048), layers=6),
     Case("q7b lora eager gc", Q7, dict(method="lora", seq=1024, attn="eager", gradient_checkpointing=True), layers=6),
     Case("q7b lora b4 s512", Q7, dict(method="lora", batch=4, seq=512), layers=6),
@@ -92,6 +96,10 @@ CASES: list[Case] = [
     # MoE (grouped experts)
     Case("mixtral lora gc", MIX, dict(method="lora", seq=1024, gradient_checkpointing=True), layers=2),
     Case("mixtral full bf16", MIX, dict(method="full", seq=512, precision="bf16"), layers=2),
+    Case("qwen3-moe lora", Q3MOE, dict(method="lora", seq=512), layers=2),
+    # fused projections
+    Case("phi3-mini lora (fused qkv)", PHI3, dict(method="lora", seq=1024), layers=4),
+    Case("phi3-mini full", PHI3, dict(method="full", seq=512), layers=4),
     # full depth, timing
     Case("l70b qlora gc s2048 (timing)", L70, dict(method="qlora", seq=2048), tags=("timing",)),
 ]
@@ -144,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", default="", help="write the results to this file")
     args = ap.parse_args(argv)
     cases = [c for c in CASES if (not args.quick or c.quick) and args.only.lower() in c.label.lower()]
-    print("| case | simulate GiB | analytic GiB | peak diff | largest component diff (% of peak) | "
-          "peak phase sim / analytic | simulated peak op | sim s |")
-    print("|---|---:|---:|---:|---|---|---|---:|", flush=True)
+    header = ("| case | simulate GiB | analytic GiB | peak diff | largest component diff (% of peak) | "
+              "peak phase sim / analytic | simulated peak op | sim s |\n|---|---:|---:|---:|---|---|---|---:|")
+    stream = not args.markdown  # --markdown: one table in case order at the end
+    if stream:
+        print(header, flush=True)
     results: list[dict[str, Any]] = []
     if args.jobs > 1 and len(cases) > 1:
         import multiprocessing as mp
@@ -155,13 +165,19 @@ def main(argv: list[str] | None = None) -> int:
             futures = [ex.submit(run_case, c) for c in cases]
             for fut in as_completed(futures):
                 results.append(fut.result())
-                print(_fmt_row(results[-1]), flush=True)
+                if stream:
+                    print(_fmt_row(results[-1]), flush=True)
     else:
         for c in cases:
             results.append(run_case(c))
-            print(_fmt_row(results[-1]), flush=True)
+            if stream:
+                print(_fmt_row(results[-1]), flush=True)
     order = {c.label: i for i, c in enumerate(cases)}
     results.sort(key=lambda r: order[r["label"]])
+    if not stream:
+        print(header)
+        for r in results:
+            print(_fmt_row(r))
     rels = [abs(r["rel"]) for r in results]
     within = sum(1 for x in rels if x <= 0.03)
     print()

@@ -85,14 +85,18 @@ def free_port() -> int:
 
 def start_server(port: int, timeout_s: float = 120) -> subprocess.Popen:
     """`tuneplan serve` on 127.0.0.1 in its own process (clients here do not share its interpreter)."""
+    import tempfile
+
     import httpx
 
+    log = tempfile.TemporaryFile("w+")  # not a pipe: a chatty server must never block on it
     proc = subprocess.Popen([sys.executable, "-m", "tuneplan.cli.app", "serve", "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"the server exited: {log.read()[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200:
                 return proc

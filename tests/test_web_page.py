@@ -65,13 +65,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_command_serves_the_page_on_loopback() -> None:
+def test_serve_command_serves_the_page_on_loopback(tmp_path) -> None:
     pytest.importorskip("gradio", reason="the web extra is not installed")
     import httpx
 
     port = _free_port()
+    log = (tmp_path / "serve.log").open("w")  # a file, not a pipe: a chatty server never blocks on it
     proc = subprocess.Popen([sys.executable, "-m", "tuneplan.cli.app", "serve", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                            stdout=log, stderr=subprocess.STDOUT, text=True, env=ENV)
     try:
         deadline, status = time.monotonic() + 90, None
         while time.monotonic() < deadline and proc.poll() is None:
@@ -80,7 +81,7 @@ def test_serve_command_serves_the_page_on_loopback() -> None:
                 break
             except httpx.HTTPError:
                 time.sleep(0.3)
-        assert status == 200, proc.stderr.read() if proc.poll() is not None else "no answer in 90 s"
+        assert status == 200, (tmp_path / "serve.log").read_text()[-2000:] or "no answer in 90 s"
         # A second server on the same port: a message and exit 2, not a traceback.
         r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "serve", "--port", str(port)],
                            capture_output=True, text=True, timeout=120, env=ENV)
@@ -88,3 +89,4 @@ def test_serve_command_serves_the_page_on_loopback() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        log.close()

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{hf_id:55s} {res['params_transformers']:>20,d} {'-' if pub is None else format(pub, ','):>18s} "
             f"{'' if rel is None else format(rel * 100, '+.3f') + '%':>9s}  {status}"
             + ("  [proxy]" if res["proxy"] else "")
-            + ("  [lm_head tied by transformers; checkpoint untied: %s]" % format(res["params_checkpoint_untied_head"], ",")
+            + (f"  [lm_head tied by transformers; checkpoint untied: {res['params_checkpoint_untied_head']:,}]"
                if res["head_tied_despite_config"] else "")
             + f"  ({time.time() - t0:.1f}s)"
         )

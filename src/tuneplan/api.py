@@ -51,6 +51,16 @@ class Estimate:
         return self.breakdown.device_peak_bytes <= self.gpu.memory_bytes
 
     @property
+    def verdict(self) -> str | None:
+        """'fits', 'does_not_fit' (memory) or 'cannot_run' (an error finding, memory aside); None without a GPU."""
+        if self.gpu is None:
+            return None
+        if self.fits:
+            return "fits"
+        errors = any(f.level == "error" for f in self.findings)
+        return "cannot_run" if errors and (self.headroom_bytes or 0) >= 0 else "does_not_fit"
+
+    @property
     def headroom_bytes(self) -> int | None:
         if self.gpu is None:
             return None
@@ -83,6 +93,7 @@ class Estimate:
             d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
                         "memory_source": self.gpu.to_dict()["memory_source"]}
             d["fits"] = self.fits
+            d["verdict"] = self.verdict
             d["headroom_bytes"] = self.headroom_bytes
         d.update(self.extras.get("sections", {}))
         return d

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
 from tuneplan.cli.render import console, gib, print_json
 
@@ -170,9 +171,10 @@ def register(app: typer.Typer) -> None:
     @app.command("fit")
     @with_setup_options
     def fit_cmd(
-        model: Annotated[str, typer.Argument(help="catalog name, HF id, or path to config.json")],
         gpu: Annotated[str, typer.Option("--gpu", "-g", help="accelerator, e.g. v100, rtx4090, a100-80gb")],
+        model: Annotated[str | None, typer.Argument(help="catalog name, HF id, or path to config.json")] = None,
         global_batch: Annotated[int, typer.Option("--global-batch", help="target sequences per optimizer step")] = 16,
+        from_files: FromFiles = None,
         as_json: JsonOpt = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
@@ -182,7 +184,8 @@ def register(app: typer.Typer) -> None:
         """
         from tuneplan.plan import fit
 
-        d = fit(model, gpu, global_batch=global_batch, **(setup_kw or {})).to_dict()
+        frm = resolve_from(from_files, model, setup_kw)
+        d = fit(frm.model, gpu, global_batch=global_batch, **frm.setup_kw).to_dict()
         print_json(d) if as_json else render_fit(d)
         if d["recommended"] is None:
             raise typer.Exit(1)

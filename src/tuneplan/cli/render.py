@@ -86,16 +86,16 @@ def render_estimate(d: dict[str, Any]) -> None:
             render_section(sec, d[sec])
     if "gpu" in d:
         g = d["gpu"]
-        if d["fits"]:
+        verdict = d.get("verdict")
+        if verdict == "fits":
             console.print(f"[green bold]FITS[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
                           f"{gib(d['headroom_bytes'])} GiB headroom")
-        else:
+        elif verdict == "cannot_run":
             errors = [f for f in d.get("findings", []) if f["level"] == "error"]
-            if errors and d["headroom_bytes"] >= 0:
-                console.print(f"[red bold]CANNOT RUN[/] on {g['name']}: {errors[0]['message']}")
-            else:
-                console.print(f"[red bold]DOES NOT FIT[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
-                              f"short by {gib(-d['headroom_bytes'])} GiB")
+            console.print(f"[red bold]CANNOT RUN[/] on {g['name']}: {escape(errors[0]['message'])}")
+        else:
+            console.print(f"[red bold]DOES NOT FIT[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
+                          f"short by {gib(-d['headroom_bytes'])} GiB")
     trained = f" --method {s['method']}" + (f" --rank {s['rank']}" if s["method"] in ("lora", "qlora") else "")
     console.print(f"[dim]after training: tuneplan deploy {m['name']}{trained} --serve-precision int4"
                   f"{' --gpu ' + d['gpu']['id'] if 'gpu' in d else ''} (merge, serving memory, decode speed)[/]",

@@ -130,6 +130,7 @@ def layer_activations(
         led.save("kv_latent_norm", 4 * model.mla_kv_lora_rank)
         kv_heads = a  # kv_b_proj expands the latent to every head
     per_pos = 0.0
+    fused_qkv = next((m.d_out for m in spec.linears if m.name == "qkv_proj"), 0)
     if attn == "sdpa" and c == 4 and kv_heads < a and max(d, dv) <= SDPA_GQA_MAX_HEAD_DIM:
         # fp32 + GQA: transformers passes enable_gqa=True, flash needs 16 bits and the memory-efficient
         # backend has no GQA (sdp_utils.cpp), so SDPA runs its math path: q scaled, K scaled and V
@@ -159,6 +160,10 @@ def layer_activations(
         led.save("q_attn", c * a * d)
         led.save("k_attn", c * kv_saved * d)
         led.save("v_attn", c * kv_saved * dv)
+        if fused_qkv and kv_saved == kv_heads:
+            # Phi-3's qkv_proj output is sliced into q, k, v views; RoPE replaces q and k, but the kernel
+            # saves v, a view that keeps the whole fused buffer alive (simulate: Phi-3-mini, +2h per token)
+            led.save("v_attn", out_b * fused_qkv)
         # The kernel writes its output [B, S, H, D]; the module's transpose(1, 2).contiguous() and reshape
         # are views, so the saved output *is* o_proj's input: one storage, keyed like o_proj's read.
         led.save("attn_core", c * a * dv)

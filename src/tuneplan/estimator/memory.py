@@ -61,8 +61,12 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
     grads_prev = grads if setup.grad_accum > 1 and not setup.optimizer_in_backward else 0
     ac = pp.autocast_copy_bytes
+    # From the loss backward on, only the casts autograd saved remain (weights.param_plan: under gradient
+    # checkpointing the layers' casts die with autocast's cache at the end of the forward).
+    ac_bwd = pp.autocast_copy_backward_bytes
     if setup.zero == 3 or setup.fsdp:
         ac = -(-ac // setup.world_size)
+        ac_bwd = -(-ac_bwd // setup.world_size)
 
     common = {
         "weights": weights,
@@ -84,12 +88,12 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     phases: dict[str, dict[str, int]] = {
         "forward": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
                          logits_loss=lg.forward_peak, parallel_buffers=sp.gathered),
-        "backward_start": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
+        "backward_start": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac_bwd,
                                 logits_loss=lg.backward_peak, parallel_buffers=sp.gathered),
     }
     if setup.gradient_checkpointing:
         top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + acts.recompute_bytes,
-                    autocast_copies=ac, backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
+                    autocast_copies=ac_bwd, backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
         bottom = phase(gradients=grads + sp.grad_buffers, activations=acts.recompute_bytes,
                        backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
     else:

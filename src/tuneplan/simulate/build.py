@@ -111,7 +111,11 @@ def build(spec: ModelSpec, setup: TrainSetup, prof: Profile, targets: frozenset[
     attn = setup.attn or prof.default_attn
     impl = ATTN_IMPL[attn]
     config = hf_config(spec, impl)
-    model = AutoModelForCausalLM.from_config(config, dtype=_load_dtype(setup, prof), attn_implementation=impl)
+    try:
+        model = AutoModelForCausalLM.from_config(config, dtype=_load_dtype(setup, prof), attn_implementation=impl)
+    except TypeError:  # transformers < 4.56 names it torch_dtype
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=_load_dtype(setup, prof),
+                                                 attn_implementation=impl)
     model.train()
     half = compute_dtype(setup)
     if setup.method == "qlora":
@@ -163,11 +167,11 @@ def _apply_lora(model: nn.Module, setup: TrainSetup, prof: Profile, targets: fro
 
     names = sorted({t.split(".")[-1] for t in targets})
     present = {n.split(".")[-1] for n, m in model.named_modules()
-               if isinstance(m, (nn.Linear, SimLinear4bit))}
+               if isinstance(m, (nn.Linear, SimLinear4bit)) or type(m).__name__ == "Conv1D"}  # GPT-2 Conv1D
     usable = [n for n in names if n in present]
     if not usable:
         raise TuneplanError(
-            f"none of the LoRA targets {names} is an nn.Linear in transformers' {type(model).__name__} "
+            f"none of the LoRA targets {names} is a linear layer in transformers' {type(model).__name__} "
             "(transformers 5 fuses MoE experts into 3-D parameters)", field="targets",
             accepted=", ".join(sorted(present)))
     cfg = LoraConfig(r=setup.rank, lora_alpha=setup.alpha or 2 * setup.rank, lora_dropout=setup.dropout,

@@ -57,7 +57,9 @@ _LAYER = re.compile(r"^(.*?layers\.\d+)")
 def module_group(name: str) -> str:
     """Collapse a module path to its decoder layer (or the top-level module outside the layers)."""
     if not name:
-        return "(autograd / loss)"
+        return "(autograd engine: backward)"
+    if name == "base_model.model" or name.endswith("ForCausalLM"):
+        return "(loss, in the CausalLM forward)"
     name = name.replace("base_model.model.", "")
     m = _LAYER.match(name)
     return m.group(1) if m else name

@@ -84,14 +84,14 @@ def build_app() -> Any:
         gr.on(triggers, update, inputs=inputs, outputs=[w[k] for k in callbacks.ESTIMATE_OUTPUTS],
               api_name="estimate", show_progress="hidden", trigger_mode="always_last", concurrency_limit=8)
         planner_tabs.wire(gr, w, tabs, triggers, inputs)
-        w["method"].change(_method_visibility, w["method"], [w["bits"], w["rank"], w["targets"]],
+        w["method"].change(_method_applies, w["method"], [w["bits"], w["rank"], w["targets"]],
                            show_progress="hidden", api_name=False)
         w["upload"].upload(callbacks.read_upload, w["upload"], [w["config_text"], w["model_msg"]],
                            show_progress="hidden", api_name=False)
     return demo
 
 
-def _method_visibility(method: str) -> tuple[Any, Any, Any]:
+def _method_applies(method: str) -> tuple[Any, Any, Any]:
     """Fields that do not apply to the method are greyed out (and not passed, see form.setup_kwargs).
 
     Greyed, not hidden: Gradio 6 re-mounts a hidden Radio without drawing its selected button.

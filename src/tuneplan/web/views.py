@@ -41,10 +41,7 @@ def verdict_label(d: dict[str, Any]) -> str:
     """FITS / DOES NOT FIT / CANNOT RUN / MEMORY ONLY, from the core's verdict, as the CLI words it."""
     if "gpu" not in d:
         return "MEMORY ONLY"
-    if d["fits"]:
-        return "FITS"
-    errors = [f for f in d.get("findings", []) if f["level"] == "error"]
-    return "CANNOT RUN" if errors and d["headroom_bytes"] >= 0 else "DOES NOT FIT"
+    return {"fits": "FITS", "cannot_run": "CANNOT RUN"}.get(d.get("verdict") or "", "DOES NOT FIT")
 
 
 def verdict_html(d: dict[str, Any]) -> str:
