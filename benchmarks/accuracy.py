@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from calibration_rows import MappedRow, Unmapped, load_rows, map_row, resolve_semantic_targets  # noqa: E402
+from calibration_rows import MappedRow, Unmapped, load_rows, map_row, pct, resolve_semantic_targets  # noqa: E402
 from tuneplan.api import estimate  # noqa: E402
 from tuneplan.catalog.models import resolve_model  # noqa: E402
 from tuneplan.errors import TuneplanError  # noqa: E402
@@ -40,15 +40,6 @@ def predict(row: MappedRow, engine: str) -> dict[str, Any]:
                 "device": b.device_peak_bytes}.get(row.metric, b.allocated_peak_bytes)
     return {"predicted_bytes": quantity, "device_bytes": b.device_peak_bytes, "fits": est.fits,
             "gpu_bytes": est.gpu.memory_bytes if est.gpu else None}
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def run(engine: str = "analytic") -> dict[str, Any]:

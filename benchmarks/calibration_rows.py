@@ -262,3 +262,13 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
 def load_rows(path: Path = DATA) -> list[dict[str, str]]:
     with path.open(newline="", encoding="utf-8") as fh:
         return list(csv.DictReader(fh))
+
+
+def pct(xs: list[float], q: float) -> float:
+    """Linear-interpolated percentile q (0..1) of xs; nan when empty."""
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)

@@ -40,7 +40,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from calibration_rows import MappedRow, Unmapped, map_row, resolve_semantic_targets  # noqa: E402
+from calibration_rows import MappedRow, Unmapped, map_row, pct, resolve_semantic_targets  # noqa: E402
 from tuneplan.api import build_setup  # noqa: E402
 from tuneplan.catalog.accelerators import resolve_accelerator  # noqa: E402
 from tuneplan.catalog.models import resolve_model  # noqa: E402
@@ -217,15 +217,6 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
             "framework/method": f"{m.framework}/{method}", "held_out": m.row_id not in USED_FOR_CONSTANTS,
             "model": m.model, "measured_s": w["measured_s"], "predicted_s": seconds, "rel_err": err, "bound": bound,
             "assumed_peak": peak is not None, "compiled": compiled, "notes": notes}
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def summarize(res: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:

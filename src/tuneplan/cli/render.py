@@ -109,7 +109,7 @@ def render_section(title: str, sec: dict[str, Any]) -> None:
     for k, v in sec.items():
         if isinstance(v, (dict, list)):
             continue
-        t.add_row(k, f"{v:,.4g}" if isinstance(v, float) else str(v))
+        t.add_row(k, "-" if v is None else f"{v:,.4g}" if isinstance(v, float) else str(v))
     console.print(t)
     for a in sec.get("assumptions", []) if isinstance(sec.get("assumptions"), list) else []:
         console.print(f"[dim]assumes: {escape(str(a))}[/]", highlight=False)
