@@ -36,6 +36,8 @@ class MappedRow:
     budget_bytes: int | None
     confidence: str
     approximations: list[str] = field(default_factory=list)
+    # CUDA context the source states for its device reading (bytes), used instead of tuneplan's default
+    context_bytes: int | None = None
 
 
 @dataclass
@@ -142,6 +144,12 @@ def _metric(text: str) -> str:
     return "unknown"
 
 
+def _stated_context(metric: str) -> int | None:
+    """'... (includes ~1343 MB CUDA context/kernels)': the source measured its own context (MiB)."""
+    m = re.search(r"includes ~\s*(\d+)\s*MB CUDA context", metric or "")
+    return int(m.group(1)) * 1024**2 if m else None
+
+
 def _bytes(row: dict[str, str]) -> int | None:
     if row["peak_mem_gib_derived"]:
         return int(float(row["peak_mem_gib_derived"]) * 1024**3)
@@ -213,6 +221,11 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
         return Unmapped(rid, group, "sequence length not given")
     setup["seq"] = s
     ga = _int(row["grad_accum"])
+    gb, n_dev = _int(row["global_batch"]), _int(row["n_gpus"]) or 1
+    if not ga and gb and b and gb > b * n_dev:
+        # not stated, but implied by the published global batch: global / (micro batch x devices)
+        ga = gb // (b * n_dev)
+        approx.append(f"grad_accum {ga} derived from global batch {gb}")
     if ga:
         setup["grad_accum"] = ga
     gc = row["grad_checkpointing"].lower()
@@ -255,7 +268,7 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
         row_id=rid, source_group=group, framework=setup["framework"], model=model, setup=setup,
         gpu=_gpu(row["gpu"]), outcome=row["outcome"], metric=_metric(row["peak_mem_metric"]),
         measured_bytes=_bytes(row), budget_bytes=budget, confidence=row["config_confidence"],
-        approximations=approx,
+        approximations=approx, context_bytes=_stated_context(row["peak_mem_metric"]),
     )
 
 

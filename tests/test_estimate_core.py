@@ -162,3 +162,11 @@ def test_invalid_setups_name_the_field(qwen7b, kw, field) -> None:
     with pytest.raises(TuneplanError) as exc:
         estimate(qwen7b, **kw)
     assert exc.value.field == field
+
+
+def test_deepspeed_buckets_move_the_estimate(qwen7b) -> None:
+    """ZeRO-2's reduce bucket holds min(bucket, trainable) 16-bit gradients (DeepSpeed stage_1_and_2)."""
+    base = dict(method="full", gpus=4, zero=2, precision="bf16-mixed")
+    default = estimate(qwen7b, **base).breakdown.components["gradients"]
+    auto = estimate(qwen7b, **base, ds_reduce_bucket=3584 * 3584).breakdown.components["gradients"]
+    assert default - auto == 2 * (500_000_000 - 3584 * 3584)

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
 from tuneplan.cli.render import console, err_console, gib, print_json, render_estimate
 
@@ -53,8 +54,9 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     @with_setup_options
     def simulate_cmd(
-        model: Annotated[str, typer.Argument(help="catalog name, HF id, or path to config.json")],
+        model: Annotated[str | None, typer.Argument(help="catalog name, HF id, or path to config.json")] = None,
         gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="accelerator: verdict, and the allocator emulation's capacity")] = None,
+        from_files: FromFiles = None,
         snapshot: Annotated[Path | None, typer.Option("--snapshot", help="write a torch.cuda.memory._snapshot()-compatible pickle (open it at pytorch.org/memory_viz)")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
         setup_kw: dict[str, Any] | None = None,
@@ -72,9 +74,10 @@ def register(app: typer.Typer) -> None:
         from tuneplan.estimator.compat import check
         from tuneplan.simulate import simulate_report
 
-        spec = resolve_model(model)
-        setup = build_setup(spec, **(setup_kw or {}))
+        frm = resolve_from(from_files, model, setup_kw)
+        spec = resolve_model(frm.model)
         acc = resolve_accelerator(gpu) if gpu else None
+        setup = build_setup(spec, frm.base, accelerator=acc, **frm.setup_kw)
         with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=err_console, transient=True, disable=as_json) as bar:
             task = bar.add_task("importing torch / transformers / peft", total=1.0)

@@ -68,8 +68,10 @@ def _bytes_read(d: DecodeInputs, batch: int) -> float:
 
 def step_times(d: DecodeInputs, acc: Accelerator, batch: int) -> tuple[float, float] | None:
     """(memory seconds, compute seconds) of one decode step, or None when the card lacks the figures."""
-    bw = (acc.memory_bandwidth_gbs or 0) * 1e9
-    peak = (acc.bf16_tflops_dense or acc.fp16_fp16acc_tflops_dense or 0) * 1e12
+    # catalog figures are per package; a multi-die card (MI250X) serves from one device
+    devices = max(1, acc.devices_per_package)
+    bw = (acc.memory_bandwidth_gbs or 0) * 1e9 / devices
+    peak = (acc.bf16_tflops_dense or acc.fp16_fp16acc_tflops_dense or 0) * 1e12 / devices
     if bw <= 0 or peak <= 0:
         return None
     return _bytes_read(d, batch) / bw, batch * d.flops_per_token / d.tp / peak

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from tuneplan.estimator.activations import activation_plan
 from tuneplan.estimator.dtypes import resolve_dtypes
+from tuneplan.estimator.fsdp_grads import fsdp_gradients
 from tuneplan.estimator.logits import logits_plan
 from tuneplan.estimator.optimizer import optimizer_plan
 from tuneplan.estimator.overhead import (
@@ -60,6 +61,13 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     if setup.optimizer_in_backward:
         grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
     grads_prev = grads if setup.grad_accum > 1 and not setup.optimizer_in_backward else 0
+    grads_step = grads
+    fg = fsdp_gradients(model, setup, prof, dt, pp.trainable_params, pp.adapter_params)
+    if fg is not None:
+        # The profile's FSDP wrapping (estimator/fsdp_grads.py): accumulating micro-batches keep unsharded
+        # gradients of whole units; the optimizer step sees the reduce-scattered shard.
+        grads, grads_step = fg.accumulating, fg.synced
+        grads_prev = fg.accumulating if setup.grad_accum > 1 else 0
     ac = pp.autocast_copy_bytes
     # From the loss backward on, only the casts autograd saved remain (weights.param_plan: under gradient
     # checkpointing the layers' casts die with autocast's cache at the end of the forward).
@@ -111,7 +119,7 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         bottom["gradients"] -= min(acts.embedding_grad_bytes, grads)
         phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers,
                                              backward_temp=acts.embedding_backward_bytes)
-    phases["optimizer_step"] = phase(gradients=grads + sp.grad_buffers,
+    phases["optimizer_step"] = phase(gradients=grads_step + sp.grad_buffers,
                                      optimizer_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp)
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak = max(totals, key=lambda k: totals[k])

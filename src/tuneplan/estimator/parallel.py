@@ -82,7 +82,9 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     adam_fp32 = 8 * pt if optimizer in ("adamw", "adamw-fused") else states
     st = -(-(master + adam_fp32) // n)
     g16 = pt * compute_bytes
-    bucket = min(DS_REDUCE_BUCKET, pt) * compute_bytes
+    reduce_bucket = setup.ds_reduce_bucket or DS_REDUCE_BUCKET
+    prefetch_bucket = setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET
+    bucket = min(reduce_bucket, pt) * compute_bytes
     gathered = 0
     # DeepSpeedZeroOptimizer serves stages 1 and 2 (stage_1_and_2.py); its contiguous reduce bucket is
     # allocated in both; stage 2 additionally partitions the gradients.
@@ -94,7 +96,7 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         g_live, buffers = -(-g16 // n), bucket
         shard16 = -(-w16 // n)
         # the current layer plus the prefetch bucket, never more than the rest of the model
-        gathered = min(layer16 + DS_PREFETCH_BUCKET * compute_bytes, w16 - shard16)
+        gathered = min(layer16 + prefetch_bucket * compute_bytes, w16 - shard16)
         w16 = shard16
     # fp32 gradient partition the optimizer step reads (a copy only when gradients are 16-bit)
     fp32_grad_step = -(-4 * pt // n) if compute_bytes < 4 else 0

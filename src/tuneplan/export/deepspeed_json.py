@@ -47,10 +47,10 @@ def deepspeed_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
     elif s.precision.startswith("fp16"):
         cfg["fp16"] = {"enabled": True, **FP16_LOSS_SCALING}
     zo: dict[str, Any] = {"stage": s.zero, "overlap_comm": False, "contiguous_gradients": True,
-                          "reduce_bucket_size": DS_REDUCE_BUCKET,
+                          "reduce_bucket_size": s.ds_reduce_bucket or DS_REDUCE_BUCKET,
                           "allgather_bucket_size": ZERO_DEFAULTS["allgather_bucket_size"]}
     if s.zero == 3:
-        zo["stage3_prefetch_bucket_size"] = DS_PREFETCH_BUCKET
+        zo["stage3_prefetch_bucket_size"] = s.ds_prefetch_bucket or DS_PREFETCH_BUCKET
         zo["stage3_param_persistence_threshold"] = ZERO_DEFAULTS["stage3_param_persistence_threshold"]
         zo["stage3_max_live_parameters"] = ZERO_DEFAULTS["stage3_max_live_parameters"]
         zo["stage3_max_reuse_distance"] = ZERO_DEFAULTS["stage3_max_reuse_distance"]

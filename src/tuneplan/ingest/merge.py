@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneplan.errors import ConfigError, TuneplanError
+from tuneplan.estimator.parallel import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
 from tuneplan.ingest.common import Ingested
 from tuneplan.ingest.deepspeed import resolve_buckets
 from tuneplan.ingest.read import read_config, read_inline_deepspeed
@@ -182,6 +183,14 @@ def read_configs(files: list[str] | tuple[str, ...], setup_kw: dict[str, Any] | 
         ds["file_buckets"] = dict(ds.get("buckets", {}))
         ds["buckets"] = resolve_buckets(ds, spec.hidden if spec is not None else None)
         _bucket_warnings(ds, warnings, ds_files[-1].path)
+        for name, field in (("reduce_bucket_size", "ds_reduce_bucket"),
+                            ("stage3_prefetch_bucket_size", "ds_prefetch_bucket")):
+            value = ds["buckets"].get(name)
+            default = {"ds_reduce_bucket": DS_REDUCE_BUCKET, "ds_prefetch_bucket": DS_PREFETCH_BUCKET}[field]
+            if isinstance(value, int) and value > 0 and value != default and field not in merged:
+                merged[field] = value
+                how = "auto: as transformers fills it" if ds["file_buckets"].get(name) == "auto" else name
+                sources[field] = f"{ds_files[-1].path} ({how})"
     run: dict[str, Any] = {}
     for ing in ingested:
         run.update(ing.extras.get("run", {}))
@@ -226,22 +235,14 @@ def _check_targets(spec: Any, targets: str, src: str | None) -> None:
 
 
 def _bucket_warnings(ds: dict[str, Any], warnings: list[str], path: str) -> None:
-    """The estimator assumes DeepSpeed's default buckets; say when this run's differ, and why."""
+    """Buckets the estimate cannot use: "auto" without a known model hidden size."""
     if not ds.get("stage"):
         return
-    from tuneplan.estimator.parallel import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
-
-    assumed = {"reduce_bucket_size": DS_REDUCE_BUCKET, "stage3_prefetch_bucket_size": DS_PREFETCH_BUCKET}
-    differ = []
-    for name, value in ds["buckets"].items():
-        if name in assumed and value != assumed[name]:
-            how = " (auto: from the model's hidden size, as transformers fills it)" \
-                if ds.get("file_buckets", {}).get(name) == "auto" else ""
-            differ.append(f"{name} {value:,}{how}" if isinstance(value, int) else f"{name} {value}")
-    if differ:
-        warnings.append(f"{path}: DeepSpeed buckets for this run: {'; '.join(differ)} elements; the estimate "
-                        f"assumes DeepSpeed's defaults (reduce {DS_REDUCE_BUCKET:,}, "
-                        f"stage-3 prefetch {DS_PREFETCH_BUCKET:,})")
+    unresolved = [name for name, value in ds["buckets"].items()
+                  if name in ("reduce_bucket_size", "stage3_prefetch_bucket_size") and not isinstance(value, int)]
+    if unresolved:
+        warnings.append(f"{path}: {', '.join(unresolved)} is \"auto\" and the model's hidden size is unknown; "
+                        "the estimate uses DeepSpeed's default buckets for it")
 
 
 def _validate(merged: dict[str, Any], sources: dict[str, str], has_ds: bool) -> None:

@@ -36,6 +36,11 @@ class Profile:
     mixed_base_fp32: bool = False  # '-mixed' keeps every parameter (frozen base too) in fp32
     quant_saves_input: bool = False  # 4-bit matmul keeps its input for backward even with a frozen weight
     model_code: str = "hf"  # whose modeling code runs ("hf", "litgpt", "torchtune", "unsloth")
+    # FSDP: one unit per block mixes frozen and trainable params (use_orig_params=True), so the unit's flat
+    # parameter carries gradients for its frozen weights too (estimator/fsdp_grads.py)
+    fsdp_mixed_unit_grads: bool = False
+    # FSDP: accumulating micro-batches run under no_sync and keep unsharded gradients (estimator/fsdp_grads.py)
+    fsdp_accumulate_unsharded: bool = False
     sources: tuple[str, ...] = ()
 
 
@@ -97,7 +102,7 @@ PROFILES: dict[str, Profile] = {
         default_attn="sdpa", gc_full=False, gc_lora=False, gc_qlora=False, default_targets="q_proj,v_proj",
         autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=True,
         loss="chunked_bf16", model_code="litgpt", default_dropout=0.05, mixed_base_fp32=True,
-        quant_saves_input=True,
+        quant_saves_input=True, fsdp_mixed_unit_grads=True, fsdp_accumulate_unsharded=True,
         sources=(
             "litgpt finetune/lora.py: precision bf16-true, lora_query/lora_value True, "
             "chunked_cross_entropy(chunk_size=128), lm_head_chunk_size=128",
@@ -107,6 +112,12 @@ PROFILES: dict[str, Profile] = {
             "(lightning.fabric.plugins.precision.amp); 'bf16-true': parameters in bf16, no autocast",
             "bitsandbytes MatMul4Bit before PR #1270 saved its input A for backward whatever B required "
             "(../shared/reference/prior-art.md e.4); litgpt's 2023-2024 tables ran bnb 0.41-0.43",
+            "litgpt finetune/lora.py, full.py: FSDPStrategy(auto_wrap_policy={Block}); Lightning Fabric "
+            "FSDPStrategy sets use_orig_params=True (torch>=2.0), so a LoRA Block's flat parameter requires "
+            "grad (torch FSDP docs: mixing frozen and non-frozen params gives gradient memory 'equivalent to "
+            "not freezing those parameters')",
+            "litgpt finetune/*.py: fabric.no_backward_sync(model, enabled=is_accumulating) -> FSDP no_sync: "
+            "gradients accumulate unsharded until the step's last micro-batch",
         ),
     ),
 }

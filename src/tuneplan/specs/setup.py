@@ -49,6 +49,10 @@ class TrainSetup:
     offload: str = "none"
     framework: str = "hf"
     freeze_trainable_layers: int = 2  # method=freeze: last N layers trainable (LLaMA-Factory default 2)
+    # DeepSpeed buckets in elements; None = DeepSpeed's defaults (estimator/parallel.py). Read from a
+    # DeepSpeed JSON by --from ("auto" resolved as the HF integration does: hidden^2, 0.9 hidden^2).
+    ds_reduce_bucket: int | None = None
+    ds_prefetch_bucket: int | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -128,6 +132,11 @@ class TrainSetup:
                                     accepted="optimizer with ZeRO-1/2; all with ZeRO-3 or FSDP")
         if self.method == "qlora" and self.precision == "fp32":
             pass  # allowed: compute dtype fp32 (slow but valid)
+        for name in ("ds_reduce_bucket", "ds_prefetch_bucket"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise TuneplanError(f"must be a positive number of elements, got {v!r}", field=name,
+                                    accepted="1, 2, 3, ... (e.g. 500000000)")
         if self.method == "freeze" and self.freeze_trainable_layers <= 0:
             raise TuneplanError("must be positive", field="freeze_trainable_layers", accepted="1..n_layers")
         return self
