@@ -25,6 +25,7 @@ from tuneplan.estimator.overhead import (
     reserved_from_allocated,
 )
 from tuneplan.estimator.parallel import shard
+from tuneplan.estimator.quant_kernels import dequant_transient_bytes
 from tuneplan.estimator.types import Band, MemoryBreakdown
 from tuneplan.estimator.weights import param_plan, resolve_targets
 from tuneplan.specs.model import ModelSpec
@@ -93,6 +94,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         return d
 
     fwd_acts = acts.saved_bytes
+    # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
+    bwd_temp = acts.backward_temp_bytes + dequant_transient_bytes(model, setup, prof)
     phases: dict[str, dict[str, int]] = {
         "forward": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
                          logits_loss=lg.forward_peak, parallel_buffers=sp.gathered),
@@ -101,14 +104,14 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     }
     if setup.gradient_checkpointing:
         top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + acts.recompute_bytes,
-                    autocast_copies=ac_bwd, backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
+                    autocast_copies=ac_bwd, backward_temp=bwd_temp, parallel_buffers=sp.gathered)
         bottom = phase(gradients=grads + sp.grad_buffers, activations=acts.recompute_bytes,
-                       backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
+                       backward_temp=bwd_temp, parallel_buffers=sp.gathered)
     else:
         top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
-                    backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
+                    backward_temp=bwd_temp, parallel_buffers=sp.gathered)
         bottom = phase(gradients=grads + sp.grad_buffers, activations=acts.top_layer_bytes,
-                       backward_temp=acts.backward_temp_bytes, parallel_buffers=sp.gathered)
+                       backward_temp=bwd_temp, parallel_buffers=sp.gathered)
     phases["backward_layers_top"] = top
     phases["backward_layers_bottom"] = bottom
     # Single GPU (checked against the simulate engine): the token-embedding gradient is the last one made,

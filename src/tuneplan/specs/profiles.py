@@ -41,6 +41,8 @@ class Profile:
     fsdp_mixed_unit_grads: bool = False
     # FSDP: accumulating micro-batches run under no_sync and keep unsharded gradients (estimator/fsdp_grads.py)
     fsdp_accumulate_unsharded: bool = False
+    # bytes per weight element live while a quantized linear dequantizes (estimator/quant_kernels.py)
+    dequant_bytes_per_elem: float = 0.0
     sources: tuple[str, ...] = ()
 
 
@@ -89,11 +91,13 @@ PROFILES: dict[str, Profile] = {
         default_precision="bf16", default_optimizer="adamw-fused", default_optimizer_qlora="adamw-fused",
         default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="q_proj,v_proj,output_proj",
         autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=False,
-        loss="chunked_fp32", model_code="torchtune",
+        loss="chunked_fp32", model_code="torchtune", dequant_bytes_per_elem=14.0,
         sources=(
             "torchtune recipes configs: dtype: bf16, enable_activation_checkpointing: True, "
             "loss: CEWithChunkedOutputLoss (8 chunks, each upcast to fp32)",
             "torchtune lora configs: lora_attn_modules ['q_proj','v_proj','output_proj']",
+            "torchao NF4Tensor.get_original_weight (used by torchtune linear_nf4 in forward and backward): "
+            "int64 unpack of both 4-bit halves + table lookup + scaling + stack = 14 B per weight element",
         ),
     ),
     "litgpt": Profile(
