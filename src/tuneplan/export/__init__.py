@@ -32,7 +32,7 @@ def build_export(fmt: str, model: ModelSpec, setup: TrainSetup | None, acc: Acce
     """Texts of the files ``fmt`` needs, the main one at ``path`` and companions beside it."""
     from tuneplan.api import build_setup
     from tuneplan.export.accelerate_yaml import render_accelerate
-    from tuneplan.export.common import refuse_if_cannot_run
+    from tuneplan.export.common import estimate_for, refuse_if_cannot_run
     from tuneplan.export.deepspeed_json import render_deepspeed
     from tuneplan.export.hf_script import render_hf_script
     from tuneplan.export.llamafactory_yaml import render_llamafactory
@@ -48,6 +48,12 @@ def build_export(fmt: str, model: ModelSpec, setup: TrainSetup | None, acc: Acce
                      f"estimated with the {runner} profile (settings kept)")
         s = build_setup(model, s.replace(framework=runner), accelerator=acc)
     refuse_if_cannot_run(model, s, acc)
+    if acc is not None:
+        est = estimate_for(model, s, acc)
+        if est.fits is False:
+            # Written anyway (the user may mean another card), but never silently.
+            notes.append(f"this plan does NOT fit on {acc.name}: estimated {est.breakdown.device_peak_bytes / 2**30:.2f} "
+                         f"GiB per GPU against {acc.memory_bytes / 2**30:.2f} GiB; `tuneplan fit` finds one that does")
     main = Path(path)
     ds_path = main.with_name(f"ds_z{s.zero}_config.json") if s.zero else None
     files: list[tuple[Path, str]] = []
