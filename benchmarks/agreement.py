@@ -45,6 +45,9 @@ MIX = "mistralai/Mixtral-8x7B-v0.1"  # MoE 8 experts, top-2
 Q3MOE = "Qwen/Qwen3-30B-A3B"  # MoE 128 experts, top-8, q/k norms
 PHI3 = "microsoft/Phi-3-mini-4k-instruct"  # fused qkv_proj and gate_up_proj
 L70 = "meta-llama/Llama-3.1-70B-Instruct"
+GPT2 = "openai-community/gpt2"  # LayerNorm, GELU (python gelu_new), Conv1D, dropout 0.1 everywhere
+PHI2 = "microsoft/phi-2"  # parallel attention + MLP, one LayerNorm per block, biases
+NEOX = "EleutherAI/pythia-6.9b"  # GPT-NeoX: fused query_key_value, parallel residual
 
 CASES: list[Case] = [
     # dense, tied, GQA: every method x checkpointing x attention
@@ -102,6 +105,11 @@ CASES: list[Case] = [
     Case("phi3-mini full", PHI3, dict(method="full", seq=512), layers=4),
     # full depth, timing
     Case("l70b qlora gc s2048 (timing)", L70, dict(method="qlora", seq=2048), tags=("timing",)),
+    # classic GPT blocks: LayerNorm (native kernel keeps no output), model-config dropout masks
+    Case("gpt2 full eager fp32 (dropout 0.1)", GPT2, dict(method="full", seq=512, batch=4, attn="eager", precision="fp32")),
+    Case("gpt2 full sdpa", GPT2, dict(method="full", seq=512, batch=4)),
+    Case("phi-2 full sdpa", PHI2, dict(method="full", seq=512, batch=4), layers=4),
+    Case("pythia-6.9b lora sdpa", NEOX, dict(method="lora", seq=512, batch=4), layers=4),
 ]
 
 

@@ -170,3 +170,38 @@ def test_deepspeed_buckets_move_the_estimate(qwen7b) -> None:
     default = estimate(qwen7b, **base).breakdown.components["gradients"]
     auto = estimate(qwen7b, **base, ds_reduce_bucket=3584 * 3584).breakdown.components["gradients"]
     assert default - auto == 2 * (500_000_000 - 3584 * 3584)
+
+
+def test_model_dropout_masks_and_layernorm() -> None:
+    """GPT-2 style: CUDA dropout keeps a 1-byte mask; attention dropout's output (compute dtype) is what
+    probs @ V keeps; residual dropout keeps only masks; native LayerNorm keeps its input, not its output."""
+    from tuneplan.estimator.activations import activation_plan
+
+    base = dict(model_type="gpt2", n_embd=256, n_layer=2, n_head=4, vocab_size=1000, n_positions=1024,
+                activation_function="gelu_new",
+                attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    kw = dict(method="full", seq=512, batch=2, attn="eager", precision="fp32", gradient_checkpointing=False)
+
+    def acts(**cfg) -> int:
+        spec = model_from_config({**base, **cfg})
+        est = estimate(spec, **kw)
+        dt = resolve_dtypes(est.setup, get_profile("hf"))
+        return activation_plan(spec, est.setup, dt, frozenset(), "eager", False, True).saved_bytes
+
+    none = acts()
+    scores = 2 * 4 * 512 * 512 * 2  # batch x heads x s x s x layers
+    assert acts(attn_pdrop=0.1) - none == scores * (1 + 4)  # mask + fp32 dropout output
+    tokens = 2 * 512
+    assert acts(resid_pdrop=0.1) - none == tokens * 2 * 2 * 256  # 2 masks x h per layer x 2 layers
+    assert acts(embd_pdrop=0.1) - none == tokens * 256  # one mask after the embeddings
+    spec = model_from_config(base)
+    est = estimate(spec, **kw)
+    dt = resolve_dtypes(est.setup, get_profile("hf"))
+    la = layer_activations(spec, spec.layer_groups[0][0], est.setup, dt, frozenset(), True, "eager", True)
+    # 2 LayerNorms x (fp32 input 4h + mean/rstd 8); nothing else of the norms
+    norms = 2 * (4 * 256 + 8)
+    # c_attn input (4h, shared by nothing else), q, k, v (3 x 4h), c_proj input (4h), c_fc input (4h),
+    # gelu_new pieces: c_fc output + 3 intermediates + its output kept by c_proj (5 x 4f)
+    rest = 4 * 256 + 3 * 4 * 256 + 4 * 256 + 4 * 256 + 5 * 4 * 1024
+    assert la.per_token == norms + rest
+    assert la.per_token_per_pos == 4 * 4  # fp32 softmax output, 4 heads

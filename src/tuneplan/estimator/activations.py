@@ -31,6 +31,27 @@ LSE_BYTES = 4  # flash / memory-efficient kernels keep an fp32 log-sum-exp per h
 SDPA_GQA_MAX_HEAD_DIM = 256  # transformers use_gqa_in_sdpa: key/value head dim <= 256 and no mask
 RSTD_BYTES = 4  # RMSNorm keeps rsqrt(mean(x^2) + eps): one fp32 per token
 EAGER_SCORE_BYTES = 6  # eager keeps softmax output in fp32 (4) and its 16-bit cast for matmul (2)
+DROPOUT_MASK_BYTES = 1  # CUDA fused dropout (native_dropout) keeps a bool mask, one byte per element
+# Families whose eager attention computes the softmax in the compute dtype (no fp32 upcast):
+# transformers' GPT-2 (`nn.functional.softmax(attn_weights, dim=-1)`) and BERT self-attention.
+COMPUTE_DTYPE_SOFTMAX = ("gpt2", "bert", "roberta")
+
+
+def model_dropout(cfg: dict) -> tuple[float, float, float]:
+    """(attention-probs, residual/hidden, embedding) dropout of a config, as transformers applies them in
+    training: Llama-style configs ship 0.0; GPT-2 attn_pdrop/resid_pdrop/embd_pdrop 0.1; BERT
+    attention_probs_dropout_prob / hidden_dropout_prob 0.1."""
+    def first(*keys: str) -> float:
+        for k in keys:
+            v = cfg.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+        return 0.0
+
+    attn = first("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout")
+    hidden = first("resid_pdrop", "hidden_dropout_prob", "hidden_dropout")
+    embd = first("embd_pdrop", "hidden_dropout_prob", "embed_dropout")
+    return attn, hidden, embd
 PYTHON_GELU = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh_py")  # transformers NewGELUActivation etc.
 
 
@@ -86,9 +107,11 @@ def layer_activations(
             if norm_trains:
                 led.save(key + ".out", dt.norm_out * width)
         else:
+            # nn.LayerNorm runs aten.native_layer_norm, whose backward computes the weight and bias
+            # gradients from the saved input, mean and rstd: the normalized output is not kept, trained
+            # weight or not (simulate: GPT-2 full fine-tune, 2 x 4h per token per layer less).
             led.save(key + ".in", dt.residual * width)
-            if norm_trains:
-                led.save(key + ".out", dt.norm_out * width)
+            led.save(key + ".stats", 2 * RSTD_BYTES)
 
     # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
     # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
@@ -130,6 +153,12 @@ def layer_activations(
         led.save("kv_latent_norm", 4 * model.mla_kv_lora_rank)
         kv_heads = a  # kv_b_proj expands the latent to every head
     per_pos = 0.0
+    p_attn, p_hidden, _ = model_dropout(model.config)
+    if p_hidden > 0:
+        # residual dropout after the attention output and after the MLP (GPT-2 resid_pdrop, BERT
+        # hidden_dropout_prob): each keeps its one-byte mask; its output only feeds the residual add.
+        led.save("attn_out_dropout_mask", DROPOUT_MASK_BYTES * h)
+        led.save("mlp_out_dropout_mask", DROPOUT_MASK_BYTES * h)
     fused_qkv = next((m.d_out for m in spec.linears if m.name == "qkv_proj"), 0)
     if attn == "sdpa" and c == 4 and kv_heads < a and max(d, dv) <= SDPA_GQA_MAX_HEAD_DIM:
         # fp32 + GQA: transformers passes enable_gqa=True, flash needs 16 bits and the memory-efficient
@@ -150,7 +179,15 @@ def layer_activations(
             led.save("q_attn", c * a * d)
         led.save("k_attn", c * kv_saved * d)
         led.save("v_attn", c * kv_saved * dv)
-        per_pos = EAGER_SCORE_BYTES * a
+        # Softmax keeps its output (fp32 in eager_attention_forward, the compute dtype in GPT-2/BERT); the
+        # probs @ V matmul keeps its 16-bit cast when the dtypes differ. With attention dropout, dropout
+        # keeps its mask and the matmul keeps the dropout output instead of the cast.
+        # (autocast runs softmax in fp32 whatever the model code asks: it is on autocast's fp32 list)
+        soft_b = 4 if (dt.autocast or model.model_type not in COMPUTE_DTYPE_SOFTMAX) else c
+        if p_attn > 0:
+            per_pos = (soft_b + DROPOUT_MASK_BYTES + c) * a
+        else:
+            per_pos = (soft_b + (c if soft_b != c else 0)) * a
     else:
         # transformers sdpa_attention_forward calls repeat_kv only when use_gqa_in_sdpa() is false (a mask
         # is passed, i.e. padded batches, or head_dim > 256); for unpadded causal batches it passes
@@ -309,6 +346,8 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
             layer_no += 1
     # Outside the layers: the final norm keeps its fp32 input; lm_head keeps its input when it trains.
     tail = tokens * 4 * h
+    if model_dropout(model.config)[2] > 0:
+        tail += tokens * DROPOUT_MASK_BYTES * h  # embedding dropout mask
     if setup.method == "full":
         tail += tokens * (dt.compute if dt.autocast else dt.norm_out) * h
     n_active = model.n_layers if setup.method != "freeze" else min(setup.freeze_trainable_layers, model.n_layers)
