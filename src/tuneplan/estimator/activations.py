@@ -321,29 +321,30 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
     first_trainable = model.n_layers - setup.freeze_trainable_layers if setup.method == "freeze" else 0
     first_active = first_trainable if setup.method == "freeze" else 0
     for spec, count in model.layer_groups:
-        la_train = la_frozen = None
-        for _ in range(count):
-            trainable = setup.method == "full" or (setup.method == "freeze" and layer_no >= first_trainable)
-            if setup.method == "freeze" and not trainable:
-                layer_no += 1
+        # Layers of a group are identical: count each kind once and multiply (the planner calls this
+        # thousands of times on 100+-layer models).
+        start, end = layer_no, layer_no + count
+        layer_no = end
+        if setup.method == "freeze":
+            lo = max(start, first_trainable)
+            if lo >= end:
                 continue  # nothing upstream needs a gradient: autograd records nothing in these layers
-            if layer_no == first_active and setup.method != "full":
-                # embeddings frozen: the first layer that trains reads an input without gradient
-                la = layer_activations(model, spec, setup, dt, targets, trainable, attn, python_model_code,
-                                       quant_saves_input, input_requires_grad=False)
-            elif trainable:
-                la_train = la_train or layer_activations(model, spec, setup, dt, targets, True, attn, python_model_code,
-                                                         quant_saves_input)
-                la = la_train
-            else:
-                la_frozen = la_frozen or layer_activations(model, spec, setup, dt, targets, False, attn, python_model_code,
-                                                           quant_saves_input)
-                la = la_frozen
+            start = lo
+        kinds: list[tuple[LayerActs, int]] = []
+        if setup.method != "full" and start <= first_active < end:
+            # embeddings frozen: the first layer that trains reads an input without gradient
+            kinds.append((layer_activations(model, spec, setup, dt, targets, setup.method == "freeze", attn,
+                                            python_model_code, quant_saves_input, input_requires_grad=False), 1))
+            start += 1
+        if end > start:
+            trainable = setup.method in ("full", "freeze")
+            kinds.append((layer_activations(model, spec, setup, dt, targets, trainable, attn, python_model_code,
+                                            quant_saves_input), end - start))
+        for la, n in kinds:
             per_layer = tokens * la.per_token + tokens * s * la.per_token_per_pos
-            total += per_layer
+            total += per_layer * n
             biggest = max(biggest, per_layer)
             biggest_bwd = max(biggest_bwd, tokens * la.backward_temp + tokens * s * la.backward_temp_per_pos)
-            layer_no += 1
     # Outside the layers: the final norm keeps its fp32 input; lm_head keeps its input when it trains.
     tail = tokens * 4 * h
     if model_dropout(model.config)[2] > 0:
