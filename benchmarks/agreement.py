@@ -110,6 +110,9 @@ CASES: list[Case] = [
     Case("gpt2 full sdpa", GPT2, dict(method="full", seq=512, batch=4)),
     Case("phi-2 full sdpa", PHI2, dict(method="full", seq=512, batch=4), layers=4),
     Case("pythia-6.9b lora sdpa", NEOX, dict(method="lora", seq=512, batch=4), layers=4),
+    # MoE "all-linear": transformers 5 fused experts and TopK routers are not nn.Linear, PEFT skips them
+    Case("mixtral lora all-linear gc", MIX, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),
+    Case("qwen3-moe lora all-linear gc", Q3MOE, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),
 ]
 
 

@@ -205,3 +205,14 @@ def test_model_dropout_masks_and_layernorm() -> None:
     rest = 4 * 256 + 3 * 4 * 256 + 4 * 256 + 4 * 256 + 5 * 4 * 1024
     assert la.per_token == norms + rest
     assert la.per_token_per_pos == 4 * 4  # fp32 softmax output, 4 heads
+
+
+def test_moe_all_linear_leaves_experts_and_router() -> None:
+    """transformers 5: routed experts are fused 3-D parameters and the router a TopK module, not nn.Linear;
+    PEFT's all-linear adapts attention only in a Mixtral layer (hand count, r=16)."""
+    mix = dict(model_type="mixtral", hidden_size=512, num_hidden_layers=2, num_attention_heads=8,
+               num_key_value_heads=2, intermediate_size=1024, vocab_size=1000, num_local_experts=4,
+               num_experts_per_tok=2)
+    est = estimate(model_from_config(mix), method="lora", rank=16, targets="all-linear")
+    q, kv, o = 16 * (512 + 512), 16 * (512 + 128), 16 * (512 + 512)
+    assert est.trainable_params == 2 * (q + 2 * kv + o)

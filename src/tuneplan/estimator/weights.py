@@ -32,12 +32,16 @@ def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
         return frozenset()
     t = targets.strip()
     roles = {m.name: m.role for spec, _ in model.layer_groups for m in spec.linears}
+    # transformers 5 stores routed experts as fused 3-D parameters and the routers as TopK-router modules,
+    # neither an nn.Linear, so PEFT's "all-linear" (and LLaMA-Factory's "all", which lists nn.Linear
+    # names) leave them alone: attention, dense and shared-expert linears are adapted (simulate: Mixtral /
+    # Qwen3-MoE all-linear). Qwen2-MoE's shared_expert_gate is a real nn.Linear and stays.
     if t in ("all-linear", "all"):
-        return frozenset(names)
+        return frozenset(n for n in names if roles[n] != "expert" and not (roles[n] == "router" and n == "gate"))
     if t == "attn":
         return frozenset(n for n in names if roles[n] == "attn")
     if t == "mlp":
-        return frozenset(n for n in names if roles[n] in ("mlp", "expert", "shared_expert"))
+        return frozenset(n for n in names if roles[n] in ("mlp", "shared_expert"))
     wanted = [x.strip() for x in t.split(",") if x.strip()]
     aliases = {"output_proj": "o_proj", "query": "query", "value": "value"}
     chosen: set[str] = set()
