@@ -251,6 +251,9 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
     off = row["offload"].lower()
     if "offload" in off and "false" not in off:
         setup["offload"] = "all" if ("param" in off or "fsdp" in off) else "optimizer"
+    if "forced into" in (row["other_opts"] + row["seq_len_note"]):
+        # lit-gpt 2023 (finetune/*.py get_batch(..., longest_seq_ix if iter_num == 1)): the peak batch is the first
+        setup["longest_batch_first"] = True
     if "activation offloading" in row["other_opts"]:
         approx.append("torchtune activation offloading not modelled")
     if "cce" in row["other_opts"].lower() or "cut cross" in row["other_opts"].lower():

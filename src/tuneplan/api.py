@@ -23,7 +23,7 @@ from tuneplan.estimator.weights import resolve_targets
 from tuneplan.specs.dataset import DatasetSpec
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import resolve_setup
+from tuneplan.specs.profiles import model_as_built, resolve_setup
 from tuneplan.specs.setup import TrainSetup
 
 SETUP_FIELDS = {f.name for f in fields(TrainSetup)} - {"sources"}
@@ -126,6 +126,7 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
     spec = resolve_model(model) if isinstance(model, str) else model
     acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
     s = build_setup(spec, setup, accelerator=acc, **kwargs)
+    spec = model_as_built(spec, s.framework)
     if engine == "analytic":
         breakdown = memory_breakdown(spec, s)
     elif engine == "simulate":

@@ -74,6 +74,9 @@ class LayerActs:
     per_token_per_pos: float  # eager attention: bytes per token per key position (x s)
     backward_temp: float  # bytes per token of activation gradients while back-propagating this layer
     backward_temp_per_pos: float
+    # inputs bitsandbytes' MatMul4Bit (<= 0.43) keeps in ``ctx.tensors``, a Python attribute that backward
+    # does not release: they live until the graph itself is dropped (part of ``per_token``)
+    pinned: float = 0.0
 
 
 def _saves_input(name: str, trainable: bool, targets: frozenset[str]) -> bool:
@@ -83,10 +86,11 @@ def _saves_input(name: str, trainable: bool, targets: frozenset[str]) -> bool:
 def layer_activations(
     model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str],
     trainable: bool, attn: str, python_model_code: bool, quant_saves_input: bool = False,
-    input_requires_grad: bool = True,
+    input_requires_grad: bool = True, litgpt_code: bool = False,
 ) -> LayerActs:
     h = model.hidden
     led = _Ledger()
+    pinned_keys: set[str] = set()
     quantized = setup.quant_bits is not None
     out_b = dt.quant_out if quantized else dt.linear_out
     c = dt.compute
@@ -122,8 +126,17 @@ def layer_activations(
 
     def linear(m_name: str, reads: str, d_in: int, tokens_share: float = 1.0) -> None:
         in_b = inputs_dtype.get(reads, c)
+        if litgpt_code and reads == "attn_core" and (trainable or m_name in targets or
+                                                       (quantized and quant_saves_input)):
+            # LitGPT: SDPA's output is [B, H, S, D]-contiguous; ``y.transpose(1, 2).reshape(B, T, C)`` copies
+            # it, and the projection saves that copy beside the kernel's saved output (litgpt model.py)
+            reads = "attn_core_copy"
+            inputs_dtype[reads] = c
         if quantized and quant_saves_input and not trainable:
-            led.save(reads + ".q_in", in_b * d_in * tokens_share)
+            # Linear4bit casts the input to the compute dtype first: the same storage when it already is
+            key = reads if in_b == c else reads + ".q_in"
+            led.save(key, c * d_in * tokens_share)
+            pinned_keys.add(key)
         if trainable:
             if dt.autocast and in_b != c:
                 led.save(f"{m_name}.cast_in", c * d_in * tokens_share)
@@ -136,11 +149,18 @@ def layer_activations(
                 led.save(f"{m_name}.lora_in", c * d_in * tokens_share)
             elif dt.adapter != in_b:
                 led.save(f"{m_name}.lora_in", dt.adapter * d_in * tokens_share)
+            elif (setup.dropout or 0) > 0:
+                # lora_A reads dropout(x), a new tensor: a private copy (LitGPT's fused qkv LoRA runs one
+                # dropout for q, k and v together: litgpt lora.py LoRAQKVLinear)
+                led.save(f"{_lora_key(m_name, reads)}.lora_in", in_b * d_in * tokens_share)
             else:
                 led.save(reads, in_b * d_in * tokens_share)
             led.save(f"{m_name}.lora_mid", (c if dt.autocast else dt.adapter) * r * tokens_share)
             if (setup.dropout or 0) > 0:
-                led.save(f"{m_name}.dropout_mask", 1 * d_in * tokens_share)
+                led.save(f"{_lora_key(m_name, reads)}.dropout_mask", 1 * d_in * tokens_share)
+
+    def _lora_key(m_name: str, reads: str) -> str:
+        return "qkv_fused" if litgpt_code and reads == "attn_in" else m_name
 
     # ---- attention ---------------------------------------------------------------------------
     norm("attn_norm", h, input_requires_grad)
@@ -160,6 +180,9 @@ def layer_activations(
         led.save("attn_out_dropout_mask", DROPOUT_MASK_BYTES * h)
         led.save("mlp_out_dropout_mask", DROPOUT_MASK_BYTES * h)
     fused_qkv = next((m.d_out for m in spec.linears if m.name == "qkv_proj"), 0)
+    softcap = bool(model.config.get("attn_logit_softcapping"))
+    if litgpt_code and softcap:
+        attn = "eager"  # litgpt model.py: "with softcapping we cannot use SDPA"
     if attn == "sdpa" and c == 4 and kv_heads < a and max(d, dv) <= SDPA_GQA_MAX_HEAD_DIM:
         # fp32 + GQA: transformers passes enable_gqa=True, flash needs 16 bits and the memory-efficient
         # backend has no GQA (sdp_utils.cpp), so SDPA runs its math path: q scaled, K scaled and V
@@ -188,12 +211,19 @@ def layer_activations(
             per_pos = (soft_b + DROPOUT_MASK_BYTES + c) * a
         else:
             per_pos = (soft_b + (c if soft_b != c else 0)) * a
+        if softcap:
+            per_pos += c * a  # tanh(scores / cap) keeps its output for backward (Gemma 2 soft-capping)
     else:
         # transformers sdpa_attention_forward calls repeat_kv only when use_gqa_in_sdpa() is false (a mask
         # is passed, i.e. padded batches, or head_dim > 256); for unpadded causal batches it passes
         # enable_gqa=True and the flash kernel keeps K/V grouped, as flash_attention_2 does (simulate:
         # Qwen2.5-0.5B saved k/v of 256 B/token/layer, not 1792).
         kv_saved = kv_heads if (attn == "flash" or max(d, dv) <= SDPA_GQA_MAX_HEAD_DIM) else a
+        if litgpt_code:
+            # LitGPT repeats grouped K/V heads (repeat_interleave) before SDPA, and its q, k, v come out of
+            # one fused qkv Linear: with no repeat (MHA) v stays a view of that whole output (litgpt model.py)
+            kv_saved = a
+            fused_qkv = (a * d + 2 * kv_heads * d) if kv_heads == a else 0
         led.save("q_attn", c * a * d)
         led.save("k_attn", c * kv_saved * d)
         led.save("v_attn", c * kv_saved * dv)
@@ -266,7 +296,7 @@ def layer_activations(
     bwd = out_b * 3 * width + dt.residual * 2 * h
     bwd_pos = (8.0 * a) if (attn == "eager" or per_pos) else 0.0  # grad of fp32 probs and of the scores
     return LayerActs(per_token=led.total(), per_token_per_pos=per_pos, backward_temp=bwd,
-                     backward_temp_per_pos=bwd_pos)
+                     backward_temp_per_pos=bwd_pos, pinned=sum(led.items[k] for k in pinned_keys))
 
 
 @dataclass(frozen=True)
@@ -281,6 +311,8 @@ class ActivationPlan:
     # without it, and the embedding backward adds its own transients on top of all the other gradients.
     embedding_grad_bytes: int = 0
     embedding_backward_bytes: int = 0
+    # bitsandbytes-held 4-bit matmul inputs of every layer and of a quantized lm_head (LayerActs.pinned)
+    pinned_bytes: int = 0
 
 
 def embedding_backward_scratch(tokens: int, hidden: int) -> int:
@@ -310,7 +342,8 @@ def embedding_backward(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> tuple
 
 
 def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
-                    gc_offload: bool, python_model_code: bool, quant_saves_input: bool = False) -> ActivationPlan:
+                    gc_offload: bool, python_model_code: bool, quant_saves_input: bool = False,
+                    litgpt_code: bool = False, quant_lm_head: bool = False) -> ActivationPlan:
     tokens = setup.batch * setup.seq
     s = setup.seq
     h = model.hidden
@@ -320,6 +353,7 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
     layer_no = 0
     first_trainable = model.n_layers - setup.freeze_trainable_layers if setup.method == "freeze" else 0
     first_active = first_trainable if setup.method == "freeze" else 0
+    pinned = 0.0
     for spec, count in model.layer_groups:
         # Layers of a group are identical: count each kind once and multiply (the planner calls this
         # thousands of times on 100+-layer models).
@@ -334,15 +368,17 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
         if setup.method != "full" and start <= first_active < end:
             # embeddings frozen: the first layer that trains reads an input without gradient
             kinds.append((layer_activations(model, spec, setup, dt, targets, setup.method == "freeze", attn,
-                                            python_model_code, quant_saves_input, input_requires_grad=False), 1))
+                                            python_model_code, quant_saves_input, input_requires_grad=False,
+                                            litgpt_code=litgpt_code), 1))
             start += 1
         if end > start:
             trainable = setup.method in ("full", "freeze")
             kinds.append((layer_activations(model, spec, setup, dt, targets, trainable, attn, python_model_code,
-                                            quant_saves_input), end - start))
+                                            quant_saves_input, litgpt_code=litgpt_code), end - start))
         for la, n in kinds:
             per_layer = tokens * la.per_token + tokens * s * la.per_token_per_pos
             total += per_layer * n
+            pinned += tokens * la.pinned * n
             biggest = max(biggest, per_layer)
             biggest_bwd = max(biggest_bwd, tokens * la.backward_temp + tokens * s * la.backward_temp_per_pos)
     # Outside the layers: the final norm keeps its fp32 input; lm_head keeps its input when it trains.
@@ -351,9 +387,13 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
         tail += tokens * DROPOUT_MASK_BYTES * h  # embedding dropout mask
     if setup.method == "full":
         tail += tokens * (dt.compute if dt.autocast else dt.norm_out) * h
+    elif quant_lm_head and quant_saves_input and setup.quant_bits is not None:
+        tail += tokens * dt.compute * h  # a 4-bit lm_head keeps its input (the final norm's output)
+        pinned += tokens * dt.compute * h
     n_active = model.n_layers if setup.method != "freeze" else min(setup.freeze_trainable_layers, model.n_layers)
     emb_grad, emb_extra = embedding_backward(model, setup, dt)
     if setup.gradient_checkpointing:
+        pinned = 0.0  # recomputed layers' graphs die with each layer's backward
         ckpt = tokens * dt.residual * h * n_active
         offloaded = ckpt if gc_offload else 0
         return ActivationPlan(saved_bytes=int(ckpt - offloaded + tail), top_layer_bytes=int(biggest),
@@ -362,4 +402,5 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
                               embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra)
     return ActivationPlan(saved_bytes=int(total + tail), top_layer_bytes=int(biggest), checkpoint_bytes=0,
                           recompute_bytes=0, backward_temp_bytes=int(biggest_bwd),
-                          embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra)
+                          embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra,
+                          pinned_bytes=int(pinned))

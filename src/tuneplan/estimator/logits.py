@@ -11,6 +11,14 @@ Chunked losses keep less:
   output of every chunk are kept: 2 + 2 bytes;
 - torchtune ``CEWithChunkedOutputLoss`` (8 chunks, each upcast to fp32): 16-bit logits plus fp32
   log-softmax of every chunk, plus one fp32 chunk in flight: 2 + 4 + 4/8 bytes;
+- LitGPT under Lightning Fabric ("fabric_chunked"): the same chunks, but Fabric's half-precision plugins
+  cast the module's outputs to the default dtype (``HalfPrecision.convert_output`` /
+  ``BitsandbytesPrecision.convert_output``: fp32), so the loss runs on fp32 chunks. LitGPT's loop keeps
+  ``logits`` bound through backward and the optimizer step until the next micro-batch rebinds it:
+  at the cast, the previous micro-batch's fp32 logits (4, ``held``), the new 16-bit chunks (2) and their
+  fp32 copies (4) coexist; the loss keeps the fp32 chunks and their log-softmax (4 + 4); the backward of the chunked loss holds the fp32 logits (4), every chunk's fp32
+  gradient (4) and, for the chunk in flight, its nll gradient, log-softmax gradient and saved output
+  (3 x 4 / n chunks); afterwards the fp32 logits stay held (4) until the next forward returns;
 - Unsloth's fused cross-entropy writes the gradient into the 16-bit logits in place: 2 bytes + an fp32
   log-sum-exp per token.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TORCHTUNE_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
+LITGPT_CHUNK = 128  # litgpt finetune/*.py: model(input_ids, lm_head_chunk_size=128)
 
 
 @dataclass(frozen=True)
@@ -27,11 +36,17 @@ class LogitsPlan:
     at_forward_end: int  # live at the end of the model's forward, before the loss
     forward_peak: int  # extra live during the loss forward
     backward_peak: int  # extra live at the start of backward (loss backward)
+    held: int = 0  # kept by the training loop through backward, the optimizer step and the next forward
+    cast_peak: int = 0  # live while the outputs are cast (beside what the previous micro-batch holds)
 
 
-def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str) -> LogitsPlan:
+def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str, seq: int = 0) -> LogitsPlan:
     c = compute_bytes
     tv = tokens * vocab
+    if loss == "fabric_chunked":
+        n = max(1, -(-seq // LITGPT_CHUNK))
+        return LogitsPlan(at_forward_end=2 * tv, forward_peak=8 * tv, backward_peak=8 * tv + 8 * tv // n,
+                          held=4 * tv, cast_peak=6 * tv)
     if loss == "chunked_bf16":
         return LogitsPlan(at_forward_end=2 * tv, forward_peak=4 * tv, backward_peak=4 * tv)
     if loss == "chunked_fp32":

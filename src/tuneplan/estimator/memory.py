@@ -29,7 +29,7 @@ from tuneplan.estimator.quant_kernels import dequant_transient_bytes
 from tuneplan.estimator.types import Band, MemoryBreakdown
 from tuneplan.estimator.weights import param_plan, resolve_targets
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import get_profile
+from tuneplan.specs.profiles import get_profile, model_as_built
 from tuneplan.specs.setup import TrainSetup
 
 ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked the architecture
@@ -38,14 +38,27 @@ ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked 
 def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     """Analytic per-GPU memory of ``setup`` (already resolved against its profile)."""
     prof = get_profile(setup.framework)
+    model = model_as_built(model, setup.framework)
     dt = resolve_dtypes(setup, prof)
-    pp = param_plan(model, setup, dt)
+    pp = param_plan(model, setup, dt, quant_lm_head=prof.quantizes_lm_head)
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
     acts = activation_plan(model, setup, dt, targets, setup.attn or prof.default_attn, prof.gc_offload,
-                           python_model_code=prof.model_code == "hf", quant_saves_input=prof.quant_saves_input)
+                           python_model_code=prof.model_code == "hf", quant_saves_input=prof.quant_saves_input,
+                           litgpt_code=prof.model_code == "litgpt", quant_lm_head=prof.quantizes_lm_head)
     tokens = setup.batch * setup.seq
     logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
-    lg = logits_plan(tokens, model.vocab, logit_bytes, prof.loss)
+    lg = logits_plan(tokens, model.vocab, logit_bytes, prof.loss, setup.seq)
+    # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
+    # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
+    held = lg.held if prof.loop_holds_outputs else 0
+    pinned = acts.pinned_bytes
+    first = setup.longest_batch_first
+    prev_pinned = pinned if prof.loop_holds_outputs and not first else 0
+    prev_held = 0 if first else held
+    # A quantized lm_head dequantizes its whole weight for every chunk of the forward
+    head_deq = (int(prof.dequant_bytes_per_elem * model.vocab * model.hidden)
+                if setup.quant_bits is not None and prof.quantizes_lm_head else 0)
+    fwd_logits = max(lg.forward_peak, prev_held + lg.cast_peak, prev_held + lg.at_forward_end + head_deq)
     opt = optimizer_plan(setup.optimizer or prof.default_optimizer, pp.trainable_params, pp.trainable_bytes,
                          pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
     sp = shard(model, setup, weights=pp.weight_bytes + pp.adapter_bytes, trainable_params=pp.trainable_params,
@@ -97,11 +110,17 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
     bwd_temp = acts.backward_temp_bytes + dequant_transient_bytes(model, setup, prof)
     phases: dict[str, dict[str, int]] = {
-        "forward": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
-                         logits_loss=lg.forward_peak, parallel_buffers=sp.gathered),
+        "forward": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + prev_pinned,
+                         autocast_copies=ac, logits_loss=fwd_logits, parallel_buffers=sp.gathered),
         "backward_start": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac_bwd,
                                 logits_loss=lg.backward_peak, parallel_buffers=sp.gathered),
     }
+    if head_deq:
+        # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
+        # first), the held outputs, and the whole head dequantized again for the input gradient
+        phases["backward_lm_head"] = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts,
+                                           logits_loss=held + lg.at_forward_end + head_deq,
+                                           parallel_buffers=sp.gathered)
     if setup.gradient_checkpointing:
         top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + acts.recompute_bytes,
                     autocast_copies=ac_bwd, backward_temp=bwd_temp, parallel_buffers=sp.gathered)
@@ -109,9 +128,11 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
                        backward_temp=bwd_temp, parallel_buffers=sp.gathered)
     else:
         top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
-                    backward_temp=bwd_temp, parallel_buffers=sp.gathered)
-        bottom = phase(gradients=grads + sp.grad_buffers, activations=acts.top_layer_bytes,
-                       backward_temp=bwd_temp, parallel_buffers=sp.gathered)
+                    backward_temp=bwd_temp, logits_loss=held, parallel_buffers=sp.gathered)
+        # bitsandbytes' pinned inputs are not released as the layers are back-propagated
+        bottom = phase(gradients=grads + sp.grad_buffers,
+                       activations=acts.top_layer_bytes + pinned - pinned // max(model.n_layers, 1),
+                       backward_temp=bwd_temp, logits_loss=held, parallel_buffers=sp.gathered)
     phases["backward_layers_top"] = top
     phases["backward_layers_bottom"] = bottom
     # Single GPU (checked against the simulate engine): the token-embedding gradient is the last one made,
@@ -123,7 +144,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers,
                                              backward_temp=acts.embedding_backward_bytes)
     phases["optimizer_step"] = phase(gradients=grads_step + sp.grad_buffers,
-                                     optimizer_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp)
+                                     optimizer_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp,
+                                     activations=pinned if prof.loop_holds_outputs else 0, logits_loss=held)
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak = max(totals, key=lambda k: totals[k])
     comps = phases[peak]

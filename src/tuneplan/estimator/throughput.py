@@ -28,7 +28,7 @@ from tuneplan.estimator.optimizer import optimizer_plan
 from tuneplan.estimator.weights import param_plan
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import get_profile
+from tuneplan.specs.profiles import get_profile, model_as_built
 from tuneplan.specs.setup import TrainSetup
 
 # Achievable fraction of the dense tensor peak for the large GEMMs of a training step, by card class.
@@ -164,6 +164,7 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
         raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
                                 "(add memory_bandwidth_gbs with --hardware-file)")
     prof = get_profile(setup.framework)
+    model = model_as_built(model, setup.framework)
     dt = resolve_dtypes(setup, prof)
     pp = param_plan(model, setup, dt)
     fl = flops_per_token(model, setup)

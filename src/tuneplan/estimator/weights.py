@@ -96,7 +96,9 @@ def quant_bytes(numel: int, d_out: int, bits: int, double_quant: bool) -> tuple[
     return -(-numel // 2), meta
 
 
-def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> ParamPlan:
+def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: bool = False) -> ParamPlan:
+    """``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning Fabric's
+    BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
     bits = setup.quant_bits
     weight = meta = adapters = 0
@@ -159,6 +161,10 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> ParamPlan:
             autocast_copy += model.lm_head_params * dt.compute
         elif dt.autocast and dt.trainable == 4 and model.tied_embeddings:
             autocast_copy += model.vocab * model.hidden * dt.compute
+    elif bits and quant_lm_head and model.lm_head_params:
+        s, q = quant_bytes(model.vocab * model.hidden, model.vocab, bits, setup.double_quant)
+        weight += (non_block_params - model.lm_head_params) * dt.non_block + s
+        meta += q
     else:
         weight += non_block_params * dt.non_block
         # A frozen fp32 lm_head under autocast is cast to 16-bit on every forward and the cast is saved

@@ -12,7 +12,8 @@ from typing import Any
 from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.measure.runner import MeasureResult
 
-BACKWARD_INSTANTS = ("backward_start", "backward_layers_top", "backward_layers_bottom")
+BACKWARD_INSTANTS = ("backward_start", "backward_lm_head", "backward_layers_top", "backward_layers_bottom",
+                     "backward_embedding")
 
 
 def _row(quantity: str, measured: int | None, estimated: int | None, note: str = "") -> dict[str, Any]:

@@ -6,7 +6,7 @@ defaults). Each value cites where it comes from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuneplan.errors import TuneplanError
 from tuneplan.specs.model import ModelSpec
@@ -43,6 +43,12 @@ class Profile:
     fsdp_accumulate_unsharded: bool = False
     # bytes per weight element live while a quantized linear dequantizes (estimator/quant_kernels.py)
     dequant_bytes_per_elem: float = 0.0
+    # the framework's model code always builds a separate lm_head, even for checkpoints that tie it
+    unties_embeddings: bool = False
+    # the training loop keeps the last micro-batch's outputs and loss (with its graph) until the next one
+    loop_holds_outputs: bool = False
+    # every nn.Linear is quantized, the output head included (estimator/weights.param_plan)
+    quantizes_lm_head: bool = False
     sources: tuple[str, ...] = ()
 
 
@@ -105,8 +111,9 @@ PROFILES: dict[str, Profile] = {
         default_precision="bf16", default_optimizer="adamw", default_optimizer_qlora="paged-adamw",
         default_attn="sdpa", gc_full=False, gc_lora=False, gc_qlora=False, default_targets="q_proj,v_proj",
         autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=True,
-        loss="chunked_bf16", model_code="litgpt", default_dropout=0.05, mixed_base_fp32=True,
+        loss="fabric_chunked", model_code="litgpt", default_dropout=0.05, mixed_base_fp32=True,
         quant_saves_input=True, fsdp_mixed_unit_grads=True, fsdp_accumulate_unsharded=True,
+        unties_embeddings=True, loop_holds_outputs=True, quantizes_lm_head=True, dequant_bytes_per_elem=4.0,
         sources=(
             "litgpt finetune/lora.py: precision bf16-true, lora_query/lora_value True, "
             "chunked_cross_entropy(chunk_size=128), lm_head_chunk_size=128",
@@ -122,6 +129,19 @@ PROFILES: dict[str, Profile] = {
             "not freezing those parameters')",
             "litgpt finetune/*.py: fabric.no_backward_sync(model, enabled=is_accumulating) -> FSDP no_sync: "
             "gradients accumulate unsharded until the step's last micro-batch",
+            "litgpt model.py GPT.__init__: lm_head = nn.Linear(n_embd, padded_vocab_size) beside "
+            "transformer.wte, never tied; convert_hf_checkpoint copies a tied checkpoint's embedding into "
+            "lm_head.weight (Gemma, Llama-3.2 1B/3B)",
+            "lightning.fabric HalfPrecision / BitsandbytesPrecision.convert_output: module outputs cast to the "
+            "default dtype (fp32), so LitGPT's chunked loss runs on fp32 logits (estimator/logits.py)",
+            "litgpt finetune/*.py fit(): `logits` and `loss` stay bound across backward and optimizer.step() "
+            "until the next micro-batch rebinds them",
+            "bitsandbytes <= 0.43 MatMul4Bit.forward: ctx.tensors = (A, B), a Python attribute backward does "
+            "not free: the inputs live as long as the loss's graph",
+            "lightning.fabric BitsandbytesPrecision: _convert_layers replaces every torch.nn.Linear not in "
+            "ignore_modules (litgpt passes none), the lm_head included; _Linear4bit.quantize casts the weight "
+            "to torch.half first, so dequantize_4bit returns fp16 and .to(bfloat16) copies it: 2 + 2 bytes "
+            "per weight element while a linear runs",
         ),
     ),
 }
@@ -132,6 +152,13 @@ def get_profile(name: str) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise TuneplanError(f"unknown framework {name!r}", field="framework", accepted=tuple(PROFILES)) from None
+
+
+def model_as_built(model: ModelSpec, framework: str) -> ModelSpec:
+    """The model as the framework's own code instantiates it (LitGPT: a tied checkpoint gets its own lm_head)."""
+    if model.tied_embeddings and get_profile(framework).unties_embeddings:
+        return replace(model, tied_embeddings=False, lm_head_params=model.vocab * model.hidden)
+    return model
 
 
 def peft_default_targets(model: ModelSpec) -> str:

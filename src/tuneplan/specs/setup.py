@@ -53,6 +53,9 @@ class TrainSetup:
     # DeepSpeed JSON by --from ("auto" resolved as the HF integration does: hidden^2, 0.9 hidden^2).
     ds_reduce_bucket: int | None = None
     ds_prefetch_bucket: int | None = None
+    # The longest batch runs first (lit-gpt 2023 forced its longest sample into iteration 1): nothing a
+    # previous micro-batch left behind (a framework loop's held logits and graph) adds to its peak.
+    longest_batch_first: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property

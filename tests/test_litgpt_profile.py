@@ -1,0 +1,94 @@
+"""The LitGPT profile's mechanisms, each against a count made by hand from litgpt / Lightning Fabric /
+bitsandbytes behaviour (sources in specs/profiles.py), not against the estimator's own output."""
+
+from __future__ import annotations
+
+import math
+
+from tuneplan.api import estimate
+from tuneplan.catalog.models import resolve_model
+from tuneplan.estimator.activations import activation_plan
+from tuneplan.estimator.dtypes import resolve_dtypes
+from tuneplan.estimator.logits import logits_plan
+from tuneplan.estimator.weights import param_plan, resolve_targets
+from tuneplan.specs.profiles import get_profile, model_as_built
+
+GIB = 2**30
+
+
+def test_litgpt_builds_its_own_lm_head_for_tied_checkpoints() -> None:
+    gemma = resolve_model("google/gemma-2b", allow_network=False)
+    assert gemma.tied_embeddings
+    built = model_as_built(gemma, "litgpt")
+    assert not built.tied_embeddings
+    assert built.params_total == gemma.params_total + 256000 * 2048
+    assert model_as_built(gemma, "hf") is gemma  # transformers keeps the tie
+    llama = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+    assert model_as_built(llama, "litgpt").params_total == llama.params_total
+
+
+def test_fabric_chunked_loss_by_hand() -> None:
+    # 2 x 512 tokens, chunks of 128 along the sequence: n = 4 chunks; tv = tokens x vocab elements
+    tokens, vocab = 1024, 1000
+    tv = tokens * vocab
+    lg = logits_plan(tokens, vocab, 2, "fabric_chunked", seq=512)
+    assert lg.at_forward_end == 2 * tv  # bf16 chunks out of lm_head
+    assert lg.cast_peak == 2 * tv + 4 * tv  # the bf16 chunks and their fp32 casts (Fabric convert_output)
+    assert lg.forward_peak == 4 * tv + 4 * tv  # fp32 chunks + their fp32 log-softmax, kept for backward
+    assert lg.held == 4 * tv  # `logits` stays bound in LitGPT's loop
+    # last chunk of the loss backward: held fp32 logits + 3 finished fp32 chunk gradients + the chunk in
+    # flight (nll gradient, log-softmax gradient, its saved output), each a quarter of 4 tv
+    assert lg.backward_peak == 4 * tv + 3 * tv + 3 * tv
+
+
+def test_fabric_quantizes_the_lm_head_too() -> None:
+    spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+    setup = estimate(spec, framework="litgpt", method="qlora", double_quant=False, batch=1, seq=128).setup
+    dt = resolve_dtypes(setup, get_profile("litgpt"))
+    plain = param_plan(spec, setup, dt)
+    fabric = param_plan(spec, setup, dt, quant_lm_head=True)
+    vh = 32000 * 4096
+    assert plain.weight_bytes - fabric.weight_bytes == vh * 2 - vh // 2  # bf16 head -> packed 4-bit
+    # one fp32 absmax per 64-element block plus the 16-entry fp32 NF4 code book
+    assert fabric.quant_meta_bytes - plain.quant_meta_bytes == 4 * math.ceil(vh / 64) + 16 * 4
+
+
+def test_bitsandbytes_pinned_inputs_by_hand() -> None:
+    # Llama-2-7B, LitGPT QLoRA on q, v: each layer's 4-bit matmuls keep their inputs in ctx.tensors:
+    # qkv reads the attention norm's output (h), proj reads its reshaped copy of the attention output (h),
+    # fc_1 and fc_2 share the MLP norm's output (h), the MLP proj reads the gated product (I); plus the
+    # 4-bit lm_head's input (h). All bf16.
+    spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+    est = estimate(spec, framework="litgpt", method="qlora", targets="q_proj,v_proj", batch=2, seq=256)
+    setup = est.setup
+    dt = resolve_dtypes(setup, get_profile("litgpt"))
+    acts = activation_plan(spec, setup, dt, resolve_targets(spec, setup.targets), "sdpa", False, False,
+                           quant_saves_input=True, litgpt_code=True, quant_lm_head=True)
+    tokens, h, inter = 512, 4096, 11008
+    assert acts.pinned_bytes == tokens * (32 * (3 * h + inter) * 2 + 2 * h)
+    # they are still there at the optimizer step, beside the fp32 logits the loop holds
+    ph = est.breakdown.phases
+    c = est.breakdown.components
+    resident = sum(c[k] for k in ("weights", "quant_meta", "lora_adapters", "optimizer_states", "framework"))
+    assert ph["optimizer_step"] - resident >= acts.pinned_bytes + 4 * tokens * 32000
+    first = estimate(spec, framework="litgpt", method="qlora", targets="q_proj,v_proj", batch=2, seq=256,
+                     longest_batch_first=True).breakdown.phases
+    # the first batch has no predecessor: its forward loses the previous graph's pinned inputs
+    drop = ph["forward"] - first["forward"]
+    assert acts.pinned_bytes <= drop <= acts.pinned_bytes + 4 * tokens * 32000
+
+
+def test_litgpt_lora_dropout_keeps_one_copy_for_the_fused_qkv() -> None:
+    # lora_A reads dropout(x): a new bf16 tensor (2h) saved instead of x itself (2h, saved without dropout)
+    # plus the bool mask (h) per token; LitGPT's fused qkv LoRA runs one dropout for q and v together, so
+    # the difference is one mask per layer (separate q/v modules would keep two copies and two masks)
+    spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+
+    def saved(dropout: float) -> int:
+        s = estimate(spec, framework="litgpt", method="lora", targets="q_proj,v_proj", batch=1, seq=256,
+                     dropout=dropout).setup
+        dt = resolve_dtypes(s, get_profile("litgpt"))
+        return activation_plan(spec, s, dt, resolve_targets(spec, s.targets), "sdpa", False, False,
+                               litgpt_code=True).saved_bytes
+
+    assert saved(0.05) - saved(0.0) == 256 * 32 * 4096
