@@ -22,6 +22,10 @@ FRAMEWORK_OF_GROUP = {
 }
 
 
+# pytorch/torchtune#1390 (2024-08-22) brought chunked cross-entropy; earlier rows ran the 0.1-0.2 recipes
+TORCHTUNE_CHUNKED_CE = "2024-08-22"
+
+
 @dataclass
 class MappedRow:
     row_id: str
@@ -219,6 +223,8 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
     s = _int(row["seq_len"])
     if not s:
         return Unmapped(rid, group, "sequence length not given")
+    if "settings on" in row["method_detail"] and "not stated" in row["method_detail"]:
+        return Unmapped(rid, group, f"the run's settings are not stated ({row['method_detail']})")
     setup["seq"] = s
     ga = _int(row["grad_accum"])
     gb, n_dev = _int(row["global_batch"]), _int(row["n_gpus"]) or 1
@@ -255,11 +261,23 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
         # lit-gpt 2023 (finetune/*.py get_batch(..., longest_seq_ix if iter_num == 1)): the peak batch is the first
         setup["longest_batch_first"] = True
     if "activation offloading" in row["other_opts"]:
-        approx.append("torchtune activation offloading not modelled")
+        setup["activation_offload"] = True
+    if setup["framework"] == "torchtune":
+        if row["source_date"] < TORCHTUNE_CHUNKED_CE:
+            setup["framework"] = "torchtune-0.2"
+        elif setup.get("optimizer") == "adamw":
+            # torchtune 0.3 configs: optimizer torch.optim.AdamW with fused: True
+            setup["optimizer"] = "adamw-fused"
+        if setup["framework"] == "torchtune" and "chunked" not in row["other_opts"].lower() \
+                and "@1814feb17" in row["source_ref"]:
+            setup["loss"] = "upcast"  # the memory table's rows before "+ Chunked Cross Entropy"
+        if "unpacked" in row["seq_len_note"]:
+            return Unmapped(rid, group, "unpacked batches padded to each batch's longest sample (at most "
+                            f"{s}); the lengths are not given")
     if "cce" in row["other_opts"].lower() or "cut cross" in row["other_opts"].lower():
         approx.append("Apple cut cross-entropy modelled as Unsloth's fused loss")
     if "compile" in row["other_opts"]:
-        approx.append("torch.compile not modelled")
+        setup["compile"] = True
     model = row["model_hf_id"]
     budget = None
     if row["mem_budget_gb"]:
@@ -268,7 +286,7 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
         except ValueError:
             budget = None
     return MappedRow(
-        row_id=rid, source_group=group, framework=setup["framework"], model=model, setup=setup,
+        row_id=rid, source_group=group, framework=setup["framework"].split("-")[0], model=model, setup=setup,
         gpu=_gpu(row["gpu"]), outcome=row["outcome"], metric=_metric(row["peak_mem_metric"]),
         measured_bytes=_bytes(row), budget_bytes=budget, confidence=row["config_confidence"],
         approximations=approx, context_bytes=_stated_context(row["peak_mem_metric"]),

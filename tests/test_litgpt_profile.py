@@ -92,3 +92,19 @@ def test_litgpt_lora_dropout_keeps_one_copy_for_the_fused_qkv() -> None:
                                litgpt_code=True).saved_bytes
 
     assert saved(0.05) - saved(0.0) == 256 * 32 * 4096
+
+
+def test_litgpt_partial_qkv_lora_keeps_its_update() -> None:
+    # LoRAQKVLinear.zero_pad: with q and v adapted but not k, the (q + v)-wide bf16 update is the source of
+    # an index_copy whose backward keeps it; with all three adapted there is no padding and nothing extra
+    spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+
+    def saved(targets: str) -> int:
+        s = estimate(spec, framework="litgpt", method="lora", targets=targets, batch=1, seq=256, dropout=0.0).setup
+        dt = resolve_dtypes(s, get_profile("litgpt"))
+        return activation_plan(spec, s, dt, resolve_targets(spec, s.targets), "sdpa", False, False,
+                               litgpt_code=True).saved_bytes
+
+    r = 16  # LoRA rank: lora_A's output (r per adapted projection, bf16) is saved by lora_B's matmul
+    partial, full = saved("q_proj,v_proj"), saved("q_proj,k_proj,v_proj")
+    assert full - partial == 256 * 32 * (r * 2) - 256 * 32 * (4096 + 4096) * 2  # + k's lora_A output, - update

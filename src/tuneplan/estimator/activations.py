@@ -86,7 +86,7 @@ def _saves_input(name: str, trainable: bool, targets: frozenset[str]) -> bool:
 def layer_activations(
     model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str],
     trainable: bool, attn: str, python_model_code: bool, quant_saves_input: bool = False,
-    input_requires_grad: bool = True, litgpt_code: bool = False,
+    input_requires_grad: bool = True, litgpt_code: bool = False, expand_kv: bool = False,
 ) -> LayerActs:
     h = model.hidden
     led = _Ledger()
@@ -105,7 +105,13 @@ def layer_activations(
             if norm_trains:
                 led.save(key + ".out", dt.norm_out * width)
             return
-        if model.norm_kind == "rms":
+        if model.norm_kind == "rms" and setup.compile:
+            # inductor fuses the norm: its 16-bit input and rstd are kept, the fp32 upcast is recomputed
+            led.save(key + ".in", dt.residual * width)
+            led.save(key + ".rstd", RSTD_BYTES)
+            if norm_trains:
+                led.save(key + ".out", dt.norm_out * width)
+        elif model.norm_kind == "rms":
             led.save(key + ".fp32_in", 4 * width)
             led.save(key + ".rstd", RSTD_BYTES)
             if norm_trains:
@@ -167,6 +173,13 @@ def layer_activations(
     for m in spec.linears:
         if m.role == "attn" and m.reads != "attn_core":
             linear(m.name, m.reads, m.d_in)
+    if litgpt_code:
+        qkv = [m for m in spec.linears if m.role == "attn" and m.reads == "attn_in"]
+        adapted = [m for m in qkv if m.name in targets]
+        if adapted and len(adapted) < len(qkv):
+            # LoRAQKVLinear.zero_pad scatters the adapted parts' update into a zero qkv-wide tensor with
+            # index_copy, whose backward formula (expand_as(source)) keeps the source: the update itself
+            led.save("qkv_lora_update", c * sum(m.d_out * m.count for m in adapted))
     a, d, dv = model.n_heads, model.head_dim, model.v_head_dim
     kv_heads = model.n_kv_heads
     if model.mla_kv_lora_rank:
@@ -224,6 +237,10 @@ def layer_activations(
             # one fused qkv Linear: with no repeat (MHA) v stays a view of that whole output (litgpt model.py)
             kv_saved = a
             fused_qkv = (a * d + 2 * kv_heads * d) if kv_heads == a else 0
+        elif expand_kv:
+            # torchtune MultiHeadAttention: "View + expand + reshape bring num_kv_heads to num_heads for k
+            # and v" before SDPA (torchtune/modules/attention.py): the kernel saves head-expanded copies
+            kv_saved = a
         led.save("q_attn", c * a * d)
         led.save("k_attn", c * kv_saved * d)
         led.save("v_attn", c * kv_saved * dv)
@@ -260,7 +277,8 @@ def layer_activations(
                 linear(m.name, "mlp_in" if share == 1.0 else prefix + "gathered", m.d_in, share)
         if model.mlp_kind == "swiglu":
             led.save(prefix + "gate_out", out_b * width * share)
-            led.save(prefix + "silu_out", out_b * width * share)
+            if not setup.compile:  # compiled, SiLU is recomputed from gate_out in backward
+                led.save(prefix + "silu_out", out_b * width * share)
             led.save(prefix + "up_out", out_b * width * share)
         else:
             led.save(prefix + "fc1_out", out_b * width * share)
@@ -343,7 +361,8 @@ def embedding_backward(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> tuple
 
 def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
                     gc_offload: bool, python_model_code: bool, quant_saves_input: bool = False,
-                    litgpt_code: bool = False, quant_lm_head: bool = False) -> ActivationPlan:
+                    litgpt_code: bool = False, quant_lm_head: bool = False,
+                    expand_kv: bool = False) -> ActivationPlan:
     tokens = setup.batch * setup.seq
     s = setup.seq
     h = model.hidden
@@ -369,12 +388,13 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
             # embeddings frozen: the first layer that trains reads an input without gradient
             kinds.append((layer_activations(model, spec, setup, dt, targets, setup.method == "freeze", attn,
                                             python_model_code, quant_saves_input, input_requires_grad=False,
-                                            litgpt_code=litgpt_code), 1))
+                                            litgpt_code=litgpt_code, expand_kv=expand_kv), 1))
             start += 1
         if end > start:
             trainable = setup.method in ("full", "freeze")
             kinds.append((layer_activations(model, spec, setup, dt, targets, trainable, attn, python_model_code,
-                                            quant_saves_input, litgpt_code=litgpt_code), end - start))
+                                            quant_saves_input, litgpt_code=litgpt_code, expand_kv=expand_kv),
+                          end - start))
         for la, n in kinds:
             per_layer = tokens * la.per_token + tokens * s * la.per_token_per_pos
             total += per_layer * n
@@ -395,10 +415,17 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
     if setup.gradient_checkpointing:
         pinned = 0.0  # recomputed layers' graphs die with each layer's backward
         ckpt = tokens * dt.residual * h * n_active
-        offloaded = ckpt if gc_offload else 0
+        offloaded = ckpt if (gc_offload or setup.activation_offload) else 0
         return ActivationPlan(saved_bytes=int(ckpt - offloaded + tail), top_layer_bytes=int(biggest),
                               checkpoint_bytes=int(ckpt - offloaded), recompute_bytes=int(biggest),
                               backward_temp_bytes=int(biggest_bwd), offloaded_bytes=int(offloaded),
+                              embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra)
+    if setup.activation_offload:
+        # torchtune OffloadActivations: each saved tensor goes to host memory as it is made and comes back
+        # for its layer's backward; the output projection and the loss run outside it (NoOpManager)
+        return ActivationPlan(saved_bytes=int(tail + biggest), top_layer_bytes=int(biggest), checkpoint_bytes=0,
+                              recompute_bytes=0, backward_temp_bytes=int(biggest_bwd),
+                              offloaded_bytes=int(total - biggest),
                               embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra)
     return ActivationPlan(saved_bytes=int(total + tail), top_layer_bytes=int(biggest), checkpoint_bytes=0,
                           recompute_bytes=0, backward_temp_bytes=int(biggest_bwd),

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from tuneplan.estimator.dtypes import resolve_dtypes
 from tuneplan.estimator.weights import resolve_targets
 from tuneplan.specs.model import Linear, ModelSpec
-from tuneplan.specs.profiles import get_profile
+from tuneplan.specs.profiles import get_profile, loss_kind
 from tuneplan.specs.setup import TrainSetup
 
 # Attention backward / forward matmul ratio. Eager: dS and dP give dQ, dK, dV, dP (4 matmuls vs 2).
@@ -52,7 +52,8 @@ ROTARY_TENSORS = 4
 # Loss chain bytes per logit (ForCausalLMLoss: 16-bit logits 2, fp32 upcast 4, log-softmax 4, gradient 4;
 # the memory model uses the same 14 B, see logits.py). Chunked losses still materialize every chunk
 # (torchtune fp32 chunks, litgpt bf16 chunks); a fused kernel (Unsloth, Liger) writes roughly the logits once.
-LOSS_BYTES_PER_LOGIT = {"hf": 14.0, "chunked_fp32": 10.0, "chunked_bf16": 8.0, "fused": 2.0}
+LOSS_BYTES_PER_LOGIT = {"hf": 14.0, "chunked_fp32": 10.0, "chunked_bf16": 8.0, "fabric_chunked": 10.0,
+                        "torchtune_legacy": 14.0, "chunked_compiled": 6.0, "fused": 2.0}
 # Forward traffic = write + read of every produced tensor; backward moves about twice the forward
 # (reads the saved input, writes and reads the gradient of each tensor).
 FWD_TRAFFIC_PER_BYTE = 2.0
@@ -201,7 +202,7 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
     logits = 2.0 * h * model.vocab
     parts["logits_fwd"] = logits
     parts["logits_bwd"] = logits * (2 if setup.method == "full" else 1)  # weight grad only when it trains
-    traffic["loss"] = LOSS_BYTES_PER_LOGIT.get(prof.loss, 14.0) * model.vocab * FWD_TRAFFIC_PER_BYTE
+    traffic["loss"] = LOSS_BYTES_PER_LOGIT.get(loss_kind(setup, prof), 14.0) * model.vocab * FWD_TRAFFIC_PER_BYTE
     traffic["embedding"] = FWD_TRAFFIC_PER_BYTE * 2 * h * dt.residual  # gather + final norm input
     kernels["gemm"] += 2 + (1 if setup.method == "full" else 0)  # lm_head forward, input grad, weight grad
     kernels["other"] += 2 * (1 + BWD_KERNELS_PER_FWD) + 8  # embedding, final norm, the loss chain (~8 kernels)

@@ -19,6 +19,15 @@ Chunked losses keep less:
   fp32 copies (4) coexist; the loss keeps the fp32 chunks and their log-softmax (4 + 4); the backward of the chunked loss holds the fp32 logits (4), every chunk's fp32
   gradient (4) and, for the chunk in flight, its nll gradient, log-softmax gradient and saved output
   (3 x 4 / n chunks); afterwards the fp32 logits stay held (4) until the next forward returns;
+- torchtune before its chunked loss (0.1-0.2, "torchtune_legacy"): the model returns
+  ``output(h).float()`` (the 16-bit logits, 2, and their fp32 cast, 4, at the cast), the recipe makes a
+  contiguous fp32 copy of the shifted logits (4 + 4 while the cast dies) and keeps it bound until the next
+  iteration (``held``, 4); backward: that copy, the saved fp32 log-softmax and the nll and log-softmax
+  gradients, 4 + 4 + 4 + 4;
+- the same loss compiled (torchtune ``compile=True`` compiles ``compute_cross_entropy``,
+  "chunked_compiled"): inductor fuses the upcast into the loss kernel and keeps each chunk's 16-bit
+  logits (2) for backward instead of an fp32 log-softmax; one chunk's fp32 values are in flight (4 / n);
+  backward makes every chunk's 16-bit gradient (2) before the output projection's backward;
 - Unsloth's fused cross-entropy writes the gradient into the 16-bit logits in place: 2 bytes + an fp32
   log-sum-exp per token.
 """
@@ -47,6 +56,12 @@ def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str, seq: int
         n = max(1, -(-seq // LITGPT_CHUNK))
         return LogitsPlan(at_forward_end=2 * tv, forward_peak=8 * tv, backward_peak=8 * tv + 8 * tv // n,
                           held=4 * tv, cast_peak=6 * tv)
+    if loss == "torchtune_legacy":
+        return LogitsPlan(at_forward_end=2 * tv, forward_peak=8 * tv, backward_peak=16 * tv, held=4 * tv,
+                          cast_peak=6 * tv)
+    if loss == "chunked_compiled":
+        chunk = 4 * tv // TORCHTUNE_CHUNKS
+        return LogitsPlan(at_forward_end=2 * tv, forward_peak=2 * tv + chunk, backward_peak=2 * tv + chunk)
     if loss == "chunked_bf16":
         return LogitsPlan(at_forward_end=2 * tv, forward_peak=4 * tv, backward_peak=4 * tv)
     if loss == "chunked_fp32":

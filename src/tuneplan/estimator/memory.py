@@ -29,7 +29,7 @@ from tuneplan.estimator.quant_kernels import dequant_transient_bytes
 from tuneplan.estimator.types import Band, MemoryBreakdown
 from tuneplan.estimator.weights import param_plan, resolve_targets
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import get_profile, model_as_built
+from tuneplan.specs.profiles import get_profile, loss_kind, model_as_built
 from tuneplan.specs.setup import TrainSetup
 
 ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked the architecture
@@ -44,10 +44,11 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
     acts = activation_plan(model, setup, dt, targets, setup.attn or prof.default_attn, prof.gc_offload,
                            python_model_code=prof.model_code == "hf", quant_saves_input=prof.quant_saves_input,
-                           litgpt_code=prof.model_code == "litgpt", quant_lm_head=prof.quantizes_lm_head)
+                           litgpt_code=prof.model_code == "litgpt", quant_lm_head=prof.quantizes_lm_head,
+                           expand_kv=prof.model_code == "torchtune")
     tokens = setup.batch * setup.seq
     logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
-    lg = logits_plan(tokens, model.vocab, logit_bytes, prof.loss, setup.seq)
+    lg = logits_plan(tokens, model.vocab, logit_bytes, loss_kind(setup, prof), setup.seq)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     held = lg.held if prof.loop_holds_outputs else 0
@@ -161,7 +162,7 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     }
     notes = list(sp.notes) + list(opt.notes)
     if acts.offloaded_bytes:
-        notes.append(f"{acts.offloaded_bytes / 2**30:.2f} GiB of checkpoints offloaded to CPU")
+        notes.append(f"{acts.offloaded_bytes / 2**30:.2f} GiB of saved activations offloaded to CPU")
     return MemoryBreakdown(
         components=comps, peak_phase=peak, phases=totals, reserved_peak_bytes=reserved,
         cuda_context_bytes=cuda_context_bytes(), nccl_bytes=sp.nccl, paged_bytes=opt.paged,

@@ -17,6 +17,8 @@ from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup
 
+COMPILED_DEQUANT_BYTES = 2.0  # the bf16 weight a fused dequantization kernel writes
+
 
 def dequant_transient_bytes(model: ModelSpec, setup: TrainSetup, prof: Profile) -> int:
     """Bytes live while the largest quantized linear dequantizes its weight (0 when nothing is quantized)."""
@@ -24,4 +26,9 @@ def dequant_transient_bytes(model: ModelSpec, setup: TrainSetup, prof: Profile) 
         return 0
     largest = max((m.d_in * m.d_out for spec, _ in model.layer_groups for m in spec.linears), default=0)
     # under FSDP the unit is gathered first, so every GPU dequantizes the whole weight too
-    return int(prof.dequant_bytes_per_elem * largest)
+    per_elem = prof.dequant_bytes_per_elem
+    if setup.compile:
+        # torch.compile fuses get_original_weight's unpack / lookup / scale / stack into one kernel that
+        # writes the 16-bit weight: its intermediates are never materialised
+        per_elem = min(per_elem, COMPILED_DEQUANT_BYTES)
+    return int(per_elem * largest)

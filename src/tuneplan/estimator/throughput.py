@@ -172,7 +172,8 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     u = opt.gemm_efficiency or GEMM_EFFICIENCY[cls]
     dev_bw = acc.memory_bandwidth_gbs * 1e9 / max(1, acc.devices_per_package)
     bw = dev_bw * BW_EFFICIENCY
-    fused = opt.compiled or prof.model_code == "unsloth"
+    compiled = opt.compiled or setup.compile
+    fused = compiled or prof.model_code == "unsloth"
     n = setup.world_size
     sharded = setup.zero == 3 or setup.fsdp
     tokens = setup.batch * setup.seq
@@ -189,7 +190,7 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     elem_s = fl.traffic_bytes * tokens * (FUSED_TRAFFIC if fused else 1.0) / bw
     deq = DEQUANT_BYTES_PER_WEIGHT * (INT8_DEQUANT_FACTOR if setup.quant_bits == 8 else 1.0)
     dequant_s = fl.dequant_elements * deq / dev_bw
-    launch = DISPATCH_SECONDS * (FUSED_OPS if opt.compiled else 1.0)
+    launch = DISPATCH_SECONDS * (FUSED_OPS if compiled else 1.0)
     other_kernels = fl.other_kernels * (FUSED_OPS if fused else 1.0)
     gemm_part = max(fl.gemm_kernels * launch, matmul_s)
     other_part = max(other_kernels * launch, elem_s)

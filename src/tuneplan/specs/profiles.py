@@ -147,6 +147,22 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+# torchtune 0.1-0.2 (before pytorch/torchtune#1390, 2024-08-22, which added chunked cross-entropy): the same
+# stack with the older recipe loop and loss
+PROFILES["torchtune-0.2"] = replace(
+    PROFILES["torchtune"], name="torchtune-0.2", label="torchtune 0.1-0.2 (fp32 logits, no chunked cross-entropy)",
+    loss="torchtune_legacy", loop_holds_outputs=True,
+    sources=(
+        "torchtune 0.1.1 / 0.2.1 modules/transformer.py TransformerDecoder.forward: output = self.output(h).float()",
+        "torchtune 0.1.1 / 0.2.1 recipes/lora_finetune_single_device.py train(): logits = "
+        "logits[..., :-1, :].contiguous(); logits = logits.transpose(1, 2); loss = self._loss_fn(logits, "
+        "labels); loss.backward(): `logits` stays bound until the next iteration rebinds it",
+        "pytorch/torchtune#1390 (2024-08-22): chunked cross-entropy; 'removing logits manipulation'",
+        *PROFILES["torchtune"].sources[1:],
+    ),
+)
+
+
 def get_profile(name: str) -> Profile:
     try:
         return PROFILES[name]
@@ -159,6 +175,23 @@ def model_as_built(model: ModelSpec, framework: str) -> ModelSpec:
     if model.tied_embeddings and get_profile(framework).unties_embeddings:
         return replace(model, tied_embeddings=False, lm_head_params=model.vocab * model.hidden)
     return model
+
+
+CHUNKED_LOSSES = ("chunked_bf16", "chunked_fp32", "fabric_chunked")
+
+
+def loss_kind(setup: TrainSetup, prof: Profile) -> str:
+    """The loss kernel estimator/logits.py models: the setup's choice (LOSSES) or the profile's default."""
+    kind = prof.loss
+    if setup.loss == "upcast":
+        kind = "hf"
+    elif setup.loss == "chunked":
+        kind = prof.loss if prof.loss in CHUNKED_LOSSES else "chunked_fp32"
+    elif setup.loss == "fused":
+        kind = "fused"
+    if kind == "chunked_fp32" and setup.compile:
+        return "chunked_compiled"  # torchtune compiles compute_cross_entropy: the upcast is fused
+    return kind
 
 
 def peft_default_targets(model: ModelSpec) -> str:

@@ -19,8 +19,12 @@ PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16", "bf16")
 OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor", "sgd")
 ATTENTIONS = ("eager", "sdpa", "flash")
 OFFLOADS = ("none", "optimizer", "all")
+# Loss kernels: "upcast" = the whole logits tensor upcast to fp32 before cross-entropy (transformers,
+# torchtune without chunking); "chunked" = the framework's chunked loss; "fused" = a fused / chunked
+# kernel that never materialises fp32 logits (Liger, Unsloth, Apple cut-cross-entropy).
+LOSSES = ("upcast", "chunked", "fused")
 QUANT_TYPES = ("nf4", "fp4")
-FRAMEWORKS = ("hf", "llamafactory", "unsloth", "torchtune", "litgpt")
+FRAMEWORKS = ("hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt")
 TARGET_SHORTHANDS = ("all-linear", "all", "attn", "mlp")
 
 
@@ -56,6 +60,13 @@ class TrainSetup:
     # The longest batch runs first (lit-gpt 2023 forced its longest sample into iteration 1): nothing a
     # previous micro-batch left behind (a framework loop's held logits and graph) adds to its peak.
     longest_batch_first: bool = False
+    loss: str | None = None  # None = the profile's loss kernel (LOSSES)
+    # saved activations moved to host memory as they are made, brought back for backward (torchtune
+    # enable_activation_offloading); the lm_head / loss stay on the GPU
+    activation_offload: bool = False
+    # torch.compile of the decoder layers and the loss (torchtune compile=True): inductor's partitioner
+    # keeps the inputs of fused element-wise chains and recomputes their insides in backward
+    compile: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -94,6 +105,8 @@ class TrainSetup:
             _choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.attn is not None:
             _choice("attn", self.attn, ATTENTIONS)
+        if self.loss is not None:
+            _choice("loss", self.loss, LOSSES)
         for name in ("batch", "seq", "grad_accum", "gpus", "nodes"):
             _positive(name, getattr(self, name))
         if self.seq > 4_194_304:
