@@ -133,6 +133,9 @@ def _optimizer(text: str, setup: dict[str, Any]) -> None:
         setup["optimizer"] = "sgd"
     elif "fused" in t:
         setup["optimizer"] = "adamw-fused"
+    elif "trainer default adamw" in t and "adamw_torch" not in t:
+        # transformers v4.2x docs: the Trainer's default optim was adamw_hf until huggingface/transformers#25109
+        setup["optimizer"] = "adamw-hf"
     elif "adamw" in t:
         setup["optimizer"] = "adamw"
 

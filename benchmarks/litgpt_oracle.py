@@ -154,9 +154,13 @@ def oracle(hf_id: str, method: str, targets: str, batch: int, seq: int, rank: in
             for step in (1, 2):
                 for micro in range(2):
                     tracker.phase = f"s{step}m{micro}.forward"
-                    logits = [c.to(torch.float32) for c in model(ids, lm_head_chunk_size=128)]
-                    logits[-1] = logits[-1][..., :-1, :]
-                    loss = chunked_cross_entropy(logits, ids[..., 1:])
+                    if lora:  # finetune/lora.py: chunked lm_head, the last chunk shifted
+                        logits = [c.to(torch.float32) for c in model(ids, lm_head_chunk_size=128)]
+                        logits[-1] = logits[-1][..., :-1, :]
+                        loss = chunked_cross_entropy(logits, ids[..., 1:])
+                    else:  # finetune/full.py: whole logits, the loss chunks them
+                        logits = model(ids).to(torch.float32)
+                        loss = chunked_cross_entropy(logits[..., :-1, :], ids[..., 1:])
                     tracker.phase = f"s{step}m{micro}.backward"
                     (loss / 2).backward()
                     for p in params:

@@ -4,6 +4,9 @@
   ``torch.zeros_like(p)``): 8 bytes per fp32 param, 4 per bf16 param (no fp32 master in pure bf16).
   The foreach implementation (``_multi_tensor_adamw``) allocates ``exp_avg_sq_sqrt = _foreach_sqrt(...)``,
   one state-sized temporary over the whole group; the fused kernel updates in place.
+- transformers' own AdamW (transformers.optimization.AdamW, the Trainer's ``adamw_hf``, its default until
+  huggingface/transformers#25109, 2023-07): a loop over parameters, ``denom = exp_avg_sq.sqrt().add_(eps)``
+  one parameter at a time: the largest trainable tensor as the step's temporary.
 - bitsandbytes 8-bit AdamW: two uint8 states with one fp32 absmax per block of 256
   (bitsandbytes/optim/optimizer.py, blockwise), tensors under 4096 elements keep 32-bit states
   (``min_8bit_size=4096``). Paged variants allocate the states in CUDA unified memory: outside PyTorch's
@@ -39,6 +42,8 @@ def optimizer_plan(name: str, trainable_params: int, param_bytes: int, tensors: 
     step_tensors = tensors * ALLOC_ROUND  # one device 'step' scalar per param (fused/capturable)
     if name == "adamw":
         return OptimizerPlan(states=2 * p * param_bytes, paged=0, temp=p * param_bytes)
+    if name == "adamw-hf":
+        return OptimizerPlan(states=2 * p * param_bytes, paged=0, temp=largest_tensor * param_bytes)
     if name == "adamw-fused":
         return OptimizerPlan(states=2 * p * param_bytes + step_tensors, paged=0, temp=0)
     if name in ("adamw-8bit", "paged-adamw-8bit"):

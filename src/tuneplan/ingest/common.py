@@ -136,7 +136,7 @@ class Collector:
 # optim names of transformers.training_args.OptimizerNames -> TrainSetup.optimizer
 HF_OPTIMIZERS = {
     "adamw_torch": "adamw",
-    "adamw_hf": "adamw",
+    "adamw_hf": "adamw-hf",
     "adamw_torch_fused": "adamw-fused",
     "adamw_apex_fused": "adamw-fused",
     "adamw_torch_npu_fused": "adamw-fused",
@@ -152,6 +152,7 @@ HF_OPTIMIZERS = {
 OPTIMIZER_TO_HF = {
     "adamw": "adamw_torch",
     "adamw-fused": "adamw_torch_fused",
+    "adamw-hf": "adamw_hf",
     "adamw-8bit": "adamw_bnb_8bit",
     "paged-adamw-8bit": "paged_adamw_8bit",
     "paged-adamw": "paged_adamw_32bit",

@@ -251,6 +251,8 @@ def _optimizer(torch: Any, transformers: Any, setup: TrainSetup, params: list[An
         opt = torch.optim.AdamW(params, lr=LEARNING_RATE)  # Trainer optim="adamw_torch" (foreach)
     elif name == "adamw-fused":
         opt = torch.optim.AdamW(params, lr=LEARNING_RATE, fused=True)  # optim="adamw_torch_fused"
+    elif name == "adamw-hf":
+        opt = torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=False)  # a per-parameter loop, as adamw_hf
     elif name == "adafactor":
         # Trainer optim="adafactor": scale_parameter=False, relative_step=False with the given lr
         opt = transformers.optimization.Adafactor(params, lr=LEARNING_RATE, scale_parameter=False,

@@ -62,6 +62,32 @@ class BnbAdamStandIn(torch.optim.Optimizer):
                 st["step"] += 1  # the update kernel works in place
 
 
+class HfAdamWLoop(torch.optim.Optimizer):
+    """The memory behaviour of transformers.optimization.AdamW (``adamw_hf``): in-place moment updates
+    and one ``sqrt`` temporary per parameter, one parameter at a time."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {"lr": 1e-5, "eps": 1e-6})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    st["exp_avg"] = torch.zeros_like(p)
+                    st["exp_avg_sq"] = torch.zeros_like(p)
+                st["step"] += 1
+                st["exp_avg"].mul_(0.9).add_(p.grad, alpha=0.1)
+                st["exp_avg_sq"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                denom = st["exp_avg_sq"].sqrt().add_(group["eps"])
+                p.addcdiv_(st["exp_avg"], denom, value=-group["lr"])
+                del denom
+
+
 def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     if not params:
         raise ValueError("no trainable parameters")
@@ -69,6 +95,8 @@ def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimiz
         return torch.optim.AdamW(params, lr=1e-5, fused=True)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-5, foreach=True)
+    if name == "adamw-hf":
+        return HfAdamWLoop(params)
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-5)
     if name == "adafactor":

@@ -16,7 +16,7 @@ from tuneplan.errors import TuneplanError
 
 METHODS = ("full", "freeze", "lora", "qlora")
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16", "bf16")
-OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor", "sgd")
+OPTIMIZERS = ("adamw", "adamw-fused", "adamw-hf", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor", "sgd")
 ATTENTIONS = ("eager", "sdpa", "flash")
 OFFLOADS = ("none", "optimizer", "all")
 # Loss kernels: "upcast" = the whole logits tensor upcast to fp32 before cross-entropy (transformers,
