@@ -126,3 +126,19 @@ def _gpu(name: str):
     from tuneplan.catalog.accelerators import resolve_accelerator
 
     return resolve_accelerator(name)
+
+
+@pytest.mark.parametrize("fmt", ["llamafactory", "hf-script"])
+@pytest.mark.parametrize("field,value", [("activation_offload", True), ("loss", "chunked")])
+def test_trainer_recipes_refuse_what_the_trainer_cannot_run(qwen7b, tmp_path: Path, fmt: str, field: str,
+                                                            value: object) -> None:
+    with pytest.raises(TuneplanError) as e:
+        build_export(fmt, qwen7b, TrainSetup(method="lora", **{field: value}), None, tmp_path / "r")
+    assert e.value.field == field
+
+
+def test_liger_and_compile_are_written(qwen7b, tmp_path: Path) -> None:
+    b = build_export("llamafactory", qwen7b, TrainSetup(method="lora", loss="fused", compile=True), None,
+                     tmp_path / "r")
+    doc = yaml.safe_load(b.files[0][1])
+    assert doc["enable_liger_kernel"] is True and doc["torch_compile"] is True

@@ -169,3 +169,19 @@ def test_detection_of_each_fixture() -> None:
              "llamafactory/ds_explicit.json": "deepspeed", "llamafactory/qwen2.5_lora_explicit_ds.yaml": "llamafactory"}
     for rel, kind in kinds.items():
         assert detect_kind(load_document(CFG / rel)) == kind, rel
+
+
+def test_kernel_switches_reach_the_setup(tmp_path: Path) -> None:
+    # axolotl: Liger's fused loss and torch.compile; a TRL SFTConfig: activation offloading
+    ax = tmp_path / "axolotl.yml"
+    ax.write_text("base_model: meta-llama/Meta-Llama-3-8B\nadapter: lora\nlora_r: 8\nsequence_len: 2048\n"
+                  "micro_batch_size: 1\nliger_fused_linear_cross_entropy: true\ntorch_compile: true\n")
+    r = read_configs([str(ax)])
+    assert (r.setup_kw["loss"], r.setup_kw["compile"]) == ("fused", True)
+    assert not [w for w in r.warnings if "liger_fused_linear_cross_entropy" in w and "not modelled" in w]
+    trl = tmp_path / "sft.json"
+    trl.write_text(json.dumps({"per_device_train_batch_size": 2, "activation_offloading": True,
+                               "use_liger_kernel": False, "bf16": True}))
+    t = read_configs([str(trl)])
+    assert t.setup_kw["activation_offload"] is True
+    assert "loss" not in t.setup_kw  # a switch left off changes nothing

@@ -45,6 +45,9 @@ def render_estimate(d: dict[str, Any]) -> None:
         + (f" r={s['rank']}" if s["method"] in ("lora", "qlora") else "")
         + f"  ·  batch {s['batch']} x seq {s['seq']}, GA {s['grad_accum']}"
         + f"  ·  {s['precision']}, {s['optimizer']}, attn {s['attn']}, checkpointing {'on' if s['gradient_checkpointing'] else 'off'}"
+        + (f", loss {s['loss']}" if s.get("loss") else "")
+        + (", compiled" if s.get("compile") else "")
+        + (", activations offloaded" if s.get("activation_offload") else "")
         + f"  ·  {s['framework']} profile  ·  engine {d['engine']}"
     )
     defaults = [k for k, v in d.get("setup_sources", {}).items() if "default" in v]

@@ -42,7 +42,8 @@ def header_lines(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None) -
     lines = [
         f"Written by tuneplan {__version__} for {model.name} ({model.params_total / 1e9:.2f}B params).",
         f"Plan: {what}; batch {s.batch} x seq {s.seq}, grad accum {s.grad_accum}; {s.precision}, "
-        f"{s.optimizer}, attention {s.attn}, checkpointing {'on' if s.gradient_checkpointing else 'off'}; {par}; "
+        f"{s.optimizer}, attention {s.attn}, checkpointing {'on' if s.gradient_checkpointing else 'off'}"
+        f"{f', loss {s.loss}' if s.loss else ''}{', compiled' if s.compile else ''}; {par}; "
         f"{s.framework} profile.",
     ]
     est = estimate_for(model, setup, acc)
@@ -63,3 +64,13 @@ def launch_line(setup: TrainSetup, program: str) -> str:
         return program
     nodes = f" --nnodes {setup.nodes} --node_rank $NODE_RANK --master_addr $MASTER_ADDR" if setup.nodes > 1 else ""
     return f"torchrun --nproc_per_node {setup.gpus}{nodes} {program}"
+
+
+def trainer_kernels(s: TrainSetup, who: str) -> None:
+    """Refuse the setup fields a transformers-Trainer run cannot express (the plan would not be the run)."""
+    if s.activation_offload:
+        raise TuneplanError(f"{who} has no activation offloading", field="activation_offload",
+                            accepted="--no-activation-offload, or a torchtune recipe")
+    if s.loss == "chunked":
+        raise TuneplanError(f"{who} has no chunked cross-entropy switch", field="loss",
+                            accepted="--loss fused (Liger), --loss upcast, or an axolotl / torchtune config")

@@ -19,7 +19,7 @@ from importlib import resources
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.weights import resolve_targets
-from tuneplan.export.common import header_lines, launch_line
+from tuneplan.export.common import header_lines, launch_line, trainer_kernels
 from tuneplan.ingest.common import OPTIMIZER_TO_HF
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -34,6 +34,7 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
     if s.optimizer_in_backward:
         raise TuneplanError("the transformers Trainer has no optimizer-in-backward", field="optimizer_in_backward",
                             accepted="--no-optimizer-in-backward, or a torchtune recipe")
+    trainer_kernels(s, "the transformers Trainer")
     if s.precision == "fp16" and s.method in ("full", "freeze"):
         raise TuneplanError("the Trainer's fp16 loss scaler refuses fp16 gradients (pure fp16 full/freeze tuning)",
                             field="precision", accepted="fp16-mixed, bf16, bf16-mixed, fp32")
@@ -71,6 +72,8 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
         "gradient_accumulation_steps": s.grad_accum,
         "max_seq_length": s.seq,
         "gradient_checkpointing": bool(s.gradient_checkpointing),
+        "use_liger_kernel": s.loss == "fused",
+        "torch_compile": s.compile,
         "attn_implementation": HF_ATTN[s.attn or "sdpa"],
         "deepspeed": (deepspeed_file or "ds_config.json") if s.zero else None,
         "fsdp": fsdp,
@@ -91,6 +94,8 @@ def render_hf_script(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
         needs.append("deepspeed")
     if setup.attn == "flash":
         needs.append("flash-attn")
+    if setup.loss == "fused":
+        needs.append("liger-kernel")
     doc = [f"Fine-tune {model.name} ({setup.method}) with the transformers Trainer, as planned by tuneplan.", ""]
     doc += header_lines(model, setup, acc)
     doc += ["", f"Run:   {launch_line(setup, 'python train.py' if setup.world_size == 1 else 'train.py')} "

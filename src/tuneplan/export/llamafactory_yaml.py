@@ -15,7 +15,7 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.weights import resolve_targets
-from tuneplan.export.common import header_lines
+from tuneplan.export.common import header_lines, trainer_kernels
 from tuneplan.ingest.common import OPTIMIZER_TO_HF
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -108,6 +108,11 @@ def llamafactory_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | 
         "optim": OPTIMIZER_TO_HF[s.optimizer or "adamw-fused"],
         "ddp_timeout": 180000000,
     }
+    trainer_kernels(s, "LLaMA-Factory")
+    if s.loss == "fused":
+        train["enable_liger_kernel"] = True
+    if s.compile:
+        train["torch_compile"] = True
     if s.optimizer_in_backward:
         raise TuneplanError("LLaMA-Factory has no optimizer-in-backward", field="optimizer_in_backward",
                             accepted="--no-optimizer-in-backward")

@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         "bf16": plan["bf16"],
         "fp16": plan["fp16"],
         "optim": plan["optim"],
+        "use_liger_kernel": plan.get("use_liger_kernel", False),
+        "torch_compile": plan.get("torch_compile", False),
         "learning_rate": args.learning_rate,
         "num_train_epochs": args.epochs,
         "max_steps": args.max_steps,

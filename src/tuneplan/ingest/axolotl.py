@@ -18,6 +18,7 @@ from tuneplan.ingest.common import (
     Collector,
     Ingested,
     map_fsdp,
+    map_kernel_switches,
     map_optimizer,
 )
 from tuneplan.ingest.document import Document
@@ -50,13 +51,11 @@ _NOT_MODELLED = {
     "peft_use_dora": "DoRA keeps a magnitude vector and a weight-norm pass per adapted module",
     "xformers_attention": "xformers attention (estimated as the profile's attention)",
     "s2_attention": "shifted sparse attention", "flex_attention": "flex attention",
-    "flash_attn_cross_entropy": "flash-attn's fused cross-entropy (no fp32 logits copy)",
-    "unsloth_cross_entropy_loss": "Unsloth's fused loss", "unsloth_lora_mlp": "Unsloth's LoRA kernels",
+    "unsloth_lora_mlp": "Unsloth's LoRA kernels",
     "unsloth_lora_qkv": "Unsloth's LoRA kernels", "unsloth_lora_o": "Unsloth's LoRA kernels",
     "lora_mlp_kernel": "axolotl's fused LoRA kernels", "lora_qkv_kernel": "axolotl's fused LoRA kernels",
     "lora_o_kernel": "axolotl's fused LoRA kernels", "plugins": "plugins (Liger, cut cross-entropy...)",
-    "liger_fused_linear_cross_entropy": "Liger's fused loss", "cut_cross_entropy": "cut cross-entropy loss",
-    "chunked_cross_entropy": "chunked cross-entropy loss", "rl": "RL training (reference/reward models)",
+    "rl": "RL training (reference/reward models)",
     "relora_steps": "ReLoRA restarts", "sequence_parallel_degree": "sequence parallelism",
     "context_parallel_size": "context parallelism", "tensor_parallel_size": "tensor parallelism",
     "unfrozen_parameters": "a partial fine-tune of the named parameters", "gptq": "a GPTQ-quantized base",
@@ -85,6 +84,7 @@ def read_axolotl(doc: Document) -> Ingested:
     c.set("framework", "hf", *(("adapter",) if "adapter" in d else ("base_model",)))
     if d.get("base_model") is not None:
         c.set_model(d["base_model"], "base_model")
+    map_kernel_switches(c)
     adapter = str(d.get("adapter") or "").lower()
     four = c.as_bool(d["load_in_4bit"], "load_in_4bit") if d.get("load_in_4bit") is not None else False
     eight = c.as_bool(d["load_in_8bit"], "load_in_8bit") if d.get("load_in_8bit") is not None else False

@@ -192,16 +192,42 @@ HF_IGNORED = frozenset({
 })
 HF_IGNORED_PREFIXES = ("logging_", "log_", "save_", "warmup_", "dataloader_", "hub_", "eval_", "wandb", "mlflow")
 HF_NOT_MODELLED = {
-    "torch_compile": "torch.compile changes activation memory and speed; estimated as eager PyTorch",
-    "use_liger_kernel": "Liger's fused kernels (no fp32 logits copy); estimated with the plain HF loss",
     "neftune_noise_alpha": "NEFTune adds noise to the embedding output; its small extra tensor is not counted",
     "label_smoothing_factor": "label smoothing runs a second log-softmax over the fp32 logits",
     "optim_target_modules": "GaLore/APOLLO projected optimizer states",
     "auto_find_batch_size": "the batch is found at run time by halving on OOM; estimated at the batch given",
     "use_cpu": "a CPU run: GPU memory does not apply",
-    "activation_offloading": "activations offloaded to CPU (TRL)",
-    "use_liger": "Liger's fused kernels; estimated with the plain HF loss",
 }
+
+# Switches that choose a kernel TrainSetup models: key -> (field, value when the switch is on, note).
+# Liger / cut-cross-entropy / Unsloth / flash-attn losses never materialise fp32 logits ("fused");
+# axolotl's chunked_cross_entropy chunks the upcast; torch_compile compiles the layers.
+KERNEL_SWITCHES: dict[str, tuple[str, Any, str]] = {
+    "use_liger_kernel": ("loss", "fused", "Liger's fused linear cross-entropy; its other kernels are not modelled"),
+    "use_liger": ("loss", "fused", "Liger's fused linear cross-entropy"),
+    "enable_liger_kernel": ("loss", "fused", "Liger's fused linear cross-entropy; its other kernels are not modelled"),
+    "liger_fused_linear_cross_entropy": ("loss", "fused", ""),
+    "cut_cross_entropy": ("loss", "fused", ""),
+    "unsloth_cross_entropy_loss": ("loss", "fused", ""),
+    "flash_attn_cross_entropy": ("loss", "fused", ""),
+    "chunked_cross_entropy": ("loss", "chunked", ""),
+    "torch_compile": ("compile", True, "torch.compile: compiled layers modelled (16-bit norm inputs, SiLU "
+                                       "recomputed); a compiled transformers loss is estimated as eager"),
+    "activation_offloading": ("activation_offload", True, ""),
+}
+
+
+def map_kernel_switches(c: Collector) -> None:
+    """Loss-kernel, compile and activation-offload switches of HF / TRL / LLaMA-Factory / axolotl files."""
+    d = c.doc.data
+    for key, (field_name, on_value, note) in KERNEL_SWITCHES.items():
+        if key not in d or d.get(key) is None:
+            continue
+        c.handled.add(key)
+        if c.as_bool(c.get(key), key):
+            c.set(field_name, on_value, key)
+            if note:
+                c.warn(key, note)
 
 
 def map_precision(c: Collector, bf16: Any, fp16: Any, key_bf16: str = "bf16", key_fp16: str = "fp16",
@@ -252,6 +278,7 @@ def map_fsdp(c: Collector, value: Any, key: str) -> None:
 def map_hf_training(c: Collector) -> None:
     """The TrainingArguments keys that matter, from any reader whose file carries them."""
     d = c.doc.data
+    map_kernel_switches(c)
     if "per_device_train_batch_size" in d:
         c.set("batch", c.as_int(c.get("per_device_train_batch_size"), "per_device_train_batch_size"),
               "per_device_train_batch_size")

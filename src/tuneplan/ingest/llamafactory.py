@@ -56,7 +56,6 @@ _NOT_MODELLED = {
     "use_badam": "BAdam block-wise updates", "use_adam_mini": "Adam-mini optimizer states",
     "use_muon": "Muon optimizer states", "use_llama_pro": "LLaMA-Pro expanded blocks",
     "shift_attn": "shift short attention (S^2-Attn)", "mixture_of_depths": "mixture of depths",
-    "enable_liger_kernel": "Liger's fused kernels (no fp32 logits copy); estimated with the plain HF loss",
     "upcast_layernorm": "layer norms upcast to fp32", "upcast_lmhead_output": "lm_head output upcast to fp32",
     "use_unsloth_gc": "Unsloth's offloaded gradient checkpointing",
     "resize_vocab": "embedding resize for new tokens", "new_special_tokens": "embedding resize for new tokens",
