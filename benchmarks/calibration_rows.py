@@ -203,13 +203,16 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
         pass
     setup: dict[str, Any] = {"framework": FRAMEWORK_OF_GROUP.get(group, "hf")}
     if method == "qlora-4bit":
-        setup.update(method="qlora", bits=4, double_quant="double quant" in row["quantization"])
+        # torchao's NF4Tensor always quantizes its block scalers (int8 per 64-element block plus one factor
+        # per 256 blocks): bitsandbytes' double-quant layout
+        torchao = "torchao" in row["quantization"] or "torchtune nf4" in row["quantization"].lower()
+        setup.update(method="qlora", bits=4, double_quant=torchao or "double quant" in row["quantization"])
     elif method in ("lora", "full"):
         setup["method"] = method
     else:
         return Unmapped(rid, group, f"method {method!r} not modelled")
     if "torchao" in row["quantization"] or "torchtune nf4" in row["quantization"].lower():
-        approx.append("torchao NF4 modelled as bitsandbytes NF4 storage")
+        approx.append("torchao NF4 modelled as bitsandbytes double-quantized NF4 storage")
     r = _int(row["lora_rank"])
     if setup["method"] != "full" and r:
         setup["rank"] = r

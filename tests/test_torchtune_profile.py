@@ -111,3 +111,29 @@ def test_compiled_nf4_dequantization_writes_only_the_weight() -> None:
     largest = 4096 * 14336
     assert dequant_transient_bytes(spec, s, get_profile("torchtune")) == 14 * largest
     assert dequant_transient_bytes(spec, s.replace(compile=True), get_profile("torchtune")) == 2 * largest
+
+
+
+def test_fsdp_gathers_a_quantized_layer_as_stored() -> None:
+    # Llama-2-7B QLoRA (4-bit NF4, double-quantized scalers, bf16 norms) under FSDP on 2 GPUs: the unit
+    # gathered for the current layer and the one prefetched are the layer's packed codes plus metadata
+    from tuneplan.estimator.parallel import shard
+    from tuneplan.estimator.weights import param_plan
+
+    spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+    s = estimate(spec, framework="torchtune", method="qlora", batch=1, seq=256, fsdp=True, gpus=2,
+                 timing=False).setup
+    h, inter = 4096, 11008
+    layer = 2 * h * 2  # two RMSNorm weights in bf16
+    for n in [h * h] * 4 + [h * inter] * 3:
+        blocks = n // 64
+        # packed codes, a uint8 absmax per block, an fp32 absmax per 256 blocks, the 256-entry fp32 code
+        # table and offset, the 16-entry fp32 NF4 code book
+        layer += n // 2 + blocks + 4 * -(-blocks // 256) + 256 * 4 + 4 + 16 * 4
+    dt = resolve_dtypes(s, get_profile("torchtune"))
+    pp = param_plan(spec, s, dt)
+    assert pp.largest_layer_bytes == layer
+    sp = shard(spec, s, weights=pp.weight_bytes, trainable_params=pp.trainable_params,
+               trainable_bytes=pp.trainable_bytes, trainable_weight_params=0, states=0, optimizer_temp=0,
+               compute_bytes=2, layer_stored_bytes=layer)
+    assert sp.gathered == 2 * layer  # not 2 x 16-bit layers (2 x 404.8 MB)

@@ -62,7 +62,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     fwd_logits = max(lg.forward_peak, prev_held + lg.cast_peak, prev_held + lg.at_forward_end + head_deq)
     opt = optimizer_plan(setup.optimizer or prof.default_optimizer, pp.trainable_params, pp.trainable_bytes,
                          pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
-    sp = shard(model, setup, weights=pp.weight_bytes + pp.adapter_bytes, trainable_params=pp.trainable_params,
+    sp = shard(model, setup, weights=pp.weight_bytes + pp.adapter_bytes, layer_stored_bytes=pp.largest_layer_bytes,
+               trainable_params=pp.trainable_params,
                trainable_bytes=pp.trainable_bytes, trainable_weight_params=pp.trainable_weight_params,
                states=opt.states, optimizer_temp=opt.temp, compute_bytes=dt.compute,
                optimizer=setup.optimizer or prof.default_optimizer)

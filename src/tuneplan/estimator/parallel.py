@@ -42,7 +42,7 @@ class ShardPlan:
 
 def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params: int, trainable_bytes: int,
           trainable_weight_params: int, states: int, optimizer_temp: int, compute_bytes: int,
-          optimizer: str = "adamw") -> ShardPlan:
+          optimizer: str = "adamw", layer_stored_bytes: int = 0) -> ShardPlan:
     n = setup.world_size
     grads = trainable_params * trainable_bytes
     if not setup.zero and not setup.fsdp:
@@ -52,6 +52,10 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
                          ("DDP: full replica per GPU plus gradient buckets the size of the gradients",))
     pt = trainable_params
     layer16 = model.largest_layer_params * compute_bytes
+    if setup.quant_bits is not None and layer_stored_bytes:
+        # A quantized base is sharded, gathered and (under FSDP) flattened as stored: packed 4/8-bit codes
+        # and their metadata (bitsandbytes bnb_4bit_quant_storage, torchao NF4 shards), not 16-bit weights.
+        layer16 = min(layer16, layer_stored_bytes)
     notes: list[str] = []
     host = 0
     if setup.fsdp:

@@ -79,6 +79,7 @@ class ParamPlan:
     # layers save nothing in the first forward, and autocast drops its cast cache when the region exits
     # (simulate: Qwen2.5-7B full + checkpointing, seq 8192: 1.0 GiB live at the loss backward, not 2.75).
     autocast_copy_backward_bytes: int = 0
+    largest_layer_bytes: int = 0  # one decoder layer's weights as stored (quantized: packed codes + metadata)
 
 
 def quant_bytes(numel: int, d_out: int, bits: int, double_quant: bool) -> tuple[int, int]:
@@ -111,7 +112,9 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
     n_layers = model.n_layers
     trainable_layer_from = n_layers - setup.freeze_trainable_layers if setup.method == "freeze" else 0
     layer_index = 0
+    largest_layer = 0
     for spec, count in model.layer_groups:
+        before = weight + meta
         for _ in range(count) if setup.method == "freeze" else [None]:
             reps = 1 if setup.method == "freeze" else count
             trainable_layer = setup.method == "full" or (setup.method == "freeze" and layer_index >= trainable_layer_from)
@@ -149,6 +152,8 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
                 tensors += reps * max(spec.n_norms, 1)
                 factored += reps * spec.norm_params
             layer_index += 1
+        per_layer = (weight + meta - before) // (1 if setup.method == "freeze" else count)
+        largest_layer = max(largest_layer, per_layer)
     # Embeddings, lm_head, final norm: trainable in a full fine-tune, frozen otherwise.
     layer_copy_mark = autocast_copy  # copies of the decoder layers' weights (checkpointed under GC)
     if setup.method == "full":
@@ -184,4 +189,5 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
     return ParamPlan(weight_bytes=weight, quant_meta_bytes=meta, adapter_params=adapters, adapter_bytes=adapter_bytes,
                      trainable_params=trainable, trainable_bytes=per_param, trainable_weight_params=trainable_w,
                      autocast_copy_bytes=autocast_copy, trainable_tensors=tensors, largest_trainable_tensor=largest,
-                     factored_elems=factored, autocast_copy_backward_bytes=copy_backward)
+                     factored_elems=factored, autocast_copy_backward_bytes=copy_backward,
+                     largest_layer_bytes=largest_layer)
