@@ -206,3 +206,11 @@ def test_gib_and_tick_steps() -> None:
     assert views.gib(None) == "-"
     # 1-2-5 steps, at most 6 ticks: 26 GiB -> 5 (6 ticks: 0..25), 130 GiB -> 50, 0.5 GiB -> 0.1
     assert views.tick_step(26) == 5 and views.tick_step(130) == 50 and views.tick_step(0.5) == pytest.approx(0.1)
+
+
+def test_kernel_fields_reach_the_estimate() -> None:
+    v = dict(form.DEFAULTS, method="lora", loss="fused", compile=True, activation_offload=False)
+    kw = form.setup_kwargs(v)
+    assert (kw["loss"], kw["compile"]) == ("fused", True)
+    assert "activation_offload" not in kw  # unticked: the setup's own default
+    assert "loss" not in form.setup_kwargs(dict(form.DEFAULTS))  # the profile chooses

@@ -23,6 +23,7 @@ from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import (
     ATTENTIONS,
     FRAMEWORKS,
+    LOSSES,
     METHODS,
     OFFLOADS,
     OPTIMIZERS,
@@ -50,6 +51,9 @@ DEFAULTS: dict[str, Any] = {
     "grad_accum": 1,
     "gradient_checkpointing": AUTO,
     "attn": AUTO,
+    "loss": AUTO,
+    "compile": False,
+    "activation_offload": False,
     "framework": "hf",
     "gpu": "rtx-4090",
     "gpus": 1,
@@ -72,6 +76,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": (AUTO, *OPTIMIZERS),
     "gradient_checkpointing": GC_CHOICES,
     "attn": (AUTO, *ATTENTIONS),
+    "loss": (AUTO, *LOSSES),
     "framework": FRAMEWORKS,
     "zero": ("0", "1", "2", "3"),
     "offload": OFFLOADS,
@@ -145,7 +150,7 @@ def setup_kwargs(v: dict[str, Any]) -> dict[str, Any]:
         targets = (v.get("targets") or AUTO).strip()
         if targets != AUTO:
             kw["targets"] = targets
-    for name in ("precision", "optimizer", "attn"):
+    for name in ("precision", "optimizer", "attn", "loss"):
         val = v.get(name) or AUTO
         if val != AUTO:
             kw[name] = val
@@ -158,6 +163,9 @@ def setup_kwargs(v: dict[str, Any]) -> dict[str, Any]:
     kw["fsdp"] = bool(v.get("fsdp"))
     kw["offload"] = v.get("offload") or "none"
     kw["framework"] = v.get("framework") or DEFAULTS["framework"]
+    for name in ("compile", "activation_offload"):
+        if v.get(name):
+            kw[name] = True
     return kw
 
 
