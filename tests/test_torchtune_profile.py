@@ -133,7 +133,9 @@ def test_fsdp_gathers_a_quantized_layer_as_stored() -> None:
     dt = resolve_dtypes(s, get_profile("torchtune"))
     pp = param_plan(spec, s, dt)
     assert pp.largest_layer_bytes == layer
-    sp = shard(spec, s, weights=pp.weight_bytes, trainable_params=pp.trainable_params,
-               trainable_bytes=pp.trainable_bytes, trainable_weight_params=0, states=0, optimizer_temp=0,
-               compute_bytes=2, layer_stored_bytes=layer)
-    assert sp.gathered == 2 * layer  # not 2 x 16-bit layers (2 x 404.8 MB)
+    kw = dict(weights=pp.weight_bytes, trainable_params=pp.trainable_params, trainable_bytes=pp.trainable_bytes,
+              trainable_weight_params=0, states=0, optimizer_temp=0, compute_bytes=2, layer_stored_bytes=layer)
+    assert shard(spec, s, root_embeddings=False, **kw).gathered == 2 * layer  # not 2 x 16-bit (2 x 404.8 MB)
+    # a root unit holding the embeddings, lm_head and final norm stays unsharded (bf16) from the forward on
+    root = (2 * 32000 * h + h) * 2
+    assert shard(spec, s, root_embeddings=True, **kw).gathered == 2 * layer + root

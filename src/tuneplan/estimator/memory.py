@@ -66,7 +66,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
                trainable_params=pp.trainable_params,
                trainable_bytes=pp.trainable_bytes, trainable_weight_params=pp.trainable_weight_params,
                states=opt.states, optimizer_temp=opt.temp, compute_bytes=dt.compute,
-               optimizer=setup.optimizer or prof.default_optimizer)
+               optimizer=setup.optimizer or prof.default_optimizer,
+               root_embeddings=setup.method in prof.fsdp_root_embeddings)
     # Split the sharded weights back into base weights and adapters for display.
     adapters = min(pp.adapter_bytes, sp.weights) if not (setup.zero == 3 or setup.fsdp) else -(-pp.adapter_bytes // setup.world_size)
     if setup.zero and pp.trainable_bytes > dt.compute:

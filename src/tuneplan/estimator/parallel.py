@@ -42,7 +42,7 @@ class ShardPlan:
 
 def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params: int, trainable_bytes: int,
           trainable_weight_params: int, states: int, optimizer_temp: int, compute_bytes: int,
-          optimizer: str = "adamw", layer_stored_bytes: int = 0) -> ShardPlan:
+          optimizer: str = "adamw", layer_stored_bytes: int = 0, root_embeddings: bool = True) -> ShardPlan:
     n = setup.world_size
     grads = trainable_params * trainable_bytes
     if not setup.zero and not setup.fsdp:
@@ -65,7 +65,12 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
             grads *= 2
             states *= 2
         w = -(-weights // n)
-        gathered = 2 * layer16  # current + prefetched unit, unsharded in 16 bits
+        # current + prefetched block unit, unsharded in 16 bits; and the root unit (embeddings, lm_head, final
+        # norm: what the block-wise auto-wrap leaves to the root), which FSDP does not reshard after forward
+        # (FSDP1 _runtime_utils._post_forward_reshard: `not state._is_root`; FSDP2 fully_shard: the root's
+        # reshard_after_forward is set to False)
+        root16 = model.params_non_block * compute_bytes if root_embeddings else 0
+        gathered = 2 * layer16 + root16
         g = -(-grads // n)
         st = -(-states // n)
         tmp = -(-optimizer_temp // n)

@@ -45,6 +45,9 @@ class Profile:
     dequant_bytes_per_elem: float = 0.0
     # the framework's model code always builds a separate lm_head, even for checkpoints that tie it
     unties_embeddings: bool = False
+    # FSDP: methods whose recipe leaves the embeddings and lm_head in the root unit (block-wise auto-wrap),
+    # which FSDP keeps unsharded from the forward on (estimator/parallel.py)
+    fsdp_root_embeddings: tuple[str, ...] = ("full", "freeze", "lora", "qlora")
     # the training loop keeps the last micro-batch's outputs and loss (with its graph) until the next one
     loop_holds_outputs: bool = False
     # every nn.Linear is quantized, the output head included (estimator/weights.param_plan)
@@ -98,12 +101,15 @@ PROFILES: dict[str, Profile] = {
         default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="q_proj,v_proj,output_proj",
         autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=False,
         loss="chunked_fp32", model_code="torchtune", dequant_bytes_per_elem=14.0,
+        fsdp_root_embeddings=("lora", "qlora"),
         sources=(
             "torchtune recipes configs: dtype: bf16, enable_activation_checkpointing: True, "
             "loss: CEWithChunkedOutputLoss (8 chunks, each upcast to fp32)",
             "torchtune lora configs: lora_attn_modules ['q_proj','v_proj','output_proj']",
             "torchao NF4Tensor.get_original_weight (used by torchtune linear_nf4 in forward and backward): "
             "int64 unpack of both 4-bit halves + table lookup + scaling + stack = 14 B per weight element",
+            "torchtune 0.3 full-finetune distributed configs: custom_sharded_layers: ['tok_embeddings', "
+            "'output'] (own FSDP units); the LoRA configs leave them to the root fully_shard",
         ),
     ),
     "litgpt": Profile(
@@ -151,7 +157,7 @@ PROFILES: dict[str, Profile] = {
 # stack with the older recipe loop and loss
 PROFILES["torchtune-0.2"] = replace(
     PROFILES["torchtune"], name="torchtune-0.2", label="torchtune 0.1-0.2 (fp32 logits, no chunked cross-entropy)",
-    loss="torchtune_legacy", loop_holds_outputs=True,
+    loss="torchtune_legacy", loop_holds_outputs=True, fsdp_root_embeddings=("full", "freeze", "lora", "qlora"),
     sources=(
         "torchtune 0.1.1 / 0.2.1 modules/transformer.py TransformerDecoder.forward: output = self.output(h).float()",
         "torchtune 0.1.1 / 0.2.1 recipes/lora_finetune_single_device.py train(): logits = "
