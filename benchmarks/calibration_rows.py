@@ -263,6 +263,8 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
     off = row["offload"].lower()
     if "offload" in off and "false" not in off:
         setup["offload"] = "all" if ("param" in off or "fsdp" in off) else "optimizer"
+    if "classification" in row.get("task", "").lower():
+        setup["num_labels"] = 2  # transformers docs: AutoModelForSequenceClassification on 0/1 labels
     if "forced into" in (row["other_opts"] + row["seq_len_note"]):
         # lit-gpt 2023 (finetune/*.py get_batch(..., longest_seq_ix if iter_num == 1)): the peak batch is the first
         setup["longest_batch_first"] = True

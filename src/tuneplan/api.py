@@ -126,7 +126,7 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
     spec = resolve_model(model) if isinstance(model, str) else model
     acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
     s = build_setup(spec, setup, accelerator=acc, **kwargs)
-    spec = model_as_built(spec, s.framework)
+    spec = model_as_built(spec, s.framework, s.num_labels)
     if engine == "analytic":
         breakdown = memory_breakdown(spec, s)
     elif engine == "simulate":

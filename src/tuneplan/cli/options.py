@@ -40,6 +40,7 @@ SETUP_OPTIONS: list[tuple[str, Any, Any]] = [
     ("gradient_checkpointing", bool | None, _opt("--gradient-checkpointing/--no-gradient-checkpointing", help="[profile]")),
     ("attn", str | None, _opt("--attn", help="eager | sdpa | flash (default: profile)")),
     ("loss", str | None, _opt("--loss", help="upcast | chunked | fused: cross-entropy kernel (default: profile)")),
+    ("num_labels", int | None, _opt("--num-labels", help="train a sequence-classification head with N labels (classifiers, reward models)")),
     ("compile", bool | None, _opt("--compile/--no-compile", help="torch.compile the layers and the loss")),
     ("activation_offload", bool | None, _opt("--activation-offload/--no-activation-offload", help="offload saved activations to CPU (torchtune)")),
     ("gpus", int | None, _opt("--gpus", help="GPUs per node (default: 1)")),

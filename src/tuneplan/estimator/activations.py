@@ -401,12 +401,15 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
             pinned += tokens * la.pinned * n
             biggest = max(biggest, per_layer)
             biggest_bwd = max(biggest_bwd, tokens * la.backward_temp + tokens * s * la.backward_temp_per_pos)
-    # Outside the layers: the final norm keeps its fp32 input; lm_head keeps its input when it trains.
-    tail = tokens * 4 * h
+    # Outside the layers: the final norm keeps its fp32 input; lm_head keeps its input when it trains (a
+    # classification head always trains: PEFT puts it in modules_to_save). BERT has no final norm: its MLM
+    # head's transform keeps about as much; its classifier reads the first token only, through the pooler.
+    head_tokens = setup.batch if (model.architecture == "encoder" and model.head_out) else tokens
+    tail = head_tokens * 4 * h
     if model_dropout(model.config)[2] > 0:
         tail += tokens * DROPOUT_MASK_BYTES * h  # embedding dropout mask
-    if setup.method == "full":
-        tail += tokens * (dt.compute if dt.autocast else dt.norm_out) * h
+    if setup.method == "full" or model.head_out:
+        tail += head_tokens * (dt.compute if dt.autocast else dt.norm_out) * h
     elif quant_lm_head and quant_saves_input and setup.quant_bits is not None:
         tail += tokens * dt.compute * h  # a 4-bit lm_head keeps its input (the final norm's output)
         pinned += tokens * dt.compute * h

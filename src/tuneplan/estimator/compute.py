@@ -199,10 +199,10 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
                 deq_passes = 1 + ((2 if setup.gradient_checkpointing else 1) if grad_flows else 0)
                 kernels["dequant"] += n * deq_passes * qlin
     # logits and loss
-    logits = 2.0 * h * model.vocab
+    logits = 2.0 * h * model.head_width
     parts["logits_fwd"] = logits
     parts["logits_bwd"] = logits * (2 if setup.method == "full" else 1)  # weight grad only when it trains
-    traffic["loss"] = LOSS_BYTES_PER_LOGIT.get(loss_kind(setup, prof), 14.0) * model.vocab * FWD_TRAFFIC_PER_BYTE
+    traffic["loss"] = LOSS_BYTES_PER_LOGIT.get(loss_kind(setup, prof), 14.0) * model.head_width * FWD_TRAFFIC_PER_BYTE
     traffic["embedding"] = FWD_TRAFFIC_PER_BYTE * 2 * h * dt.residual  # gather + final norm input
     kernels["gemm"] += 2 + (1 if setup.method == "full" else 0)  # lm_head forward, input grad, weight grad
     kernels["other"] += 2 * (1 + BWD_KERNELS_PER_FWD) + 8  # embedding, final norm, the loss chain (~8 kernels)

@@ -38,7 +38,7 @@ ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked 
 def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     """Analytic per-GPU memory of ``setup`` (already resolved against its profile)."""
     prof = get_profile(setup.framework)
-    model = model_as_built(model, setup.framework)
+    model = model_as_built(model, setup.framework, setup.num_labels)
     dt = resolve_dtypes(setup, prof)
     pp = param_plan(model, setup, dt, quant_lm_head=prof.quantizes_lm_head)
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
@@ -48,7 +48,7 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
                            expand_kv=prof.model_code == "torchtune")
     tokens = setup.batch * setup.seq
     logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
-    lg = logits_plan(tokens, model.vocab, logit_bytes, loss_kind(setup, prof), setup.seq)
+    lg = logits_plan(tokens, model.head_width, logit_bytes, loss_kind(setup, prof), setup.seq)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     held = lg.held if prof.loop_holds_outputs else 0
@@ -57,7 +57,7 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     prev_pinned = pinned if prof.loop_holds_outputs and not first else 0
     prev_held = 0 if first else held
     # A quantized lm_head dequantizes its whole weight for every chunk of the forward
-    head_deq = (int(prof.dequant_bytes_per_elem * model.vocab * model.hidden)
+    head_deq = (int(prof.dequant_bytes_per_elem * model.head_width * model.hidden)
                 if setup.quant_bits is not None and prof.quantizes_lm_head else 0)
     fwd_logits = max(lg.forward_peak, prev_held + lg.cast_peak, prev_held + lg.at_forward_end + head_deq)
     opt = optimizer_plan(setup.optimizer or prof.default_optimizer, pp.trainable_params, pp.trainable_bytes,

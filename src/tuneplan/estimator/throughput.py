@@ -164,7 +164,7 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
         raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
                                 "(add memory_bandwidth_gbs with --hardware-file)")
     prof = get_profile(setup.framework)
-    model = model_as_built(model, setup.framework)
+    model = model_as_built(model, setup.framework, setup.num_labels)
     dt = resolve_dtypes(setup, prof)
     pp = param_plan(model, setup, dt)
     fl = flops_per_token(model, setup)

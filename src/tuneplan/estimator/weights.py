@@ -167,7 +167,7 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
         elif dt.autocast and dt.trainable == 4 and model.tied_embeddings:
             autocast_copy += model.vocab * model.hidden * dt.compute
     elif bits and quant_lm_head and model.lm_head_params:
-        s, q = quant_bytes(model.vocab * model.hidden, model.vocab, bits, setup.double_quant)
+        s, q = quant_bytes(model.head_width * model.hidden, model.head_width, bits, setup.double_quant)
         weight += (non_block_params - model.lm_head_params) * dt.non_block + s
         meta += q
     else:
@@ -175,7 +175,7 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
         # A frozen fp32 lm_head under autocast is cast to 16-bit on every forward and the cast is saved
         # for the input-gradient matmul (no autocast cache for params that do not require grad).
         if dt.autocast and dt.non_block == 4:
-            autocast_copy += model.vocab * model.hidden * dt.compute
+            autocast_copy += model.head_width * model.hidden * dt.compute
     head_copy = autocast_copy - layer_copy_mark
     adapter_bytes = adapters * dt.adapter
     # fp32 adapters under autocast: lora_A / lora_B weights are cast to 16 bits, cached for the forward

@@ -74,3 +74,6 @@ def trainer_kernels(s: TrainSetup, who: str) -> None:
     if s.loss == "chunked":
         raise TuneplanError(f"{who} has no chunked cross-entropy switch", field="loss",
                             accepted="--loss fused (Liger), --loss upcast, or an axolotl / torchtune config")
+    if s.num_labels:
+        raise TuneplanError("the exported recipes train a language model; a sequence-classification head is "
+                            "not written", field="num_labels", accepted="drop --num-labels to export")

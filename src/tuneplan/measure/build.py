@@ -71,6 +71,9 @@ def check_measurable(setup: TrainSetup, device: str) -> None:
         raise TuneplanError(f"measure runs the transformers + PEFT stack; {setup.framework} runs its own model "
                             "code, measure it with that framework's memory logging", field="framework",
                             accepted=MEASURABLE_FRAMEWORKS)
+    if setup.num_labels:
+        raise TuneplanError("measure runs a language-model head", field="num_labels",
+                            accepted="drop --num-labels")
     if setup.optimizer_in_backward:
         raise TuneplanError("optimizer-in-backward is a torchtune recipe feature, not a Trainer one",
                             field="optimizer_in_backward", accepted="--no-optimizer-in-backward")

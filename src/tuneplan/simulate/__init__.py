@@ -44,6 +44,8 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
     """Why this setup cannot be simulated in one fake process ('' when it can)."""
     if setup.world_size > 1 or setup.zero or setup.fsdp:
         return "multi-GPU (DDP / ZeRO / FSDP) is out of reach of a single fake process"
+    if setup.num_labels:
+        return "simulate builds language-model heads; a sequence-classification head is estimated analytically"
     if setup.framework not in SIMULATED_FRAMEWORKS:
         return f"the {setup.framework} profile runs its own model code / loss kernels, which simulate does not have"
     if setup.quant_bits == 8:

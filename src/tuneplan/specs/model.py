@@ -102,6 +102,7 @@ class ModelSpec:
     max_position: int | None = None
     torch_dtype: str | None = None
     architecture: str = "decoder"  # "decoder" or "encoder" (MLM); encoder-decoder is refused
+    head_out: int = 0  # outputs of a sequence-classification head in place of the LM head (0: the vocabulary)
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # ---- parameter groups -------------------------------------------------------------------
@@ -141,6 +142,11 @@ class ModelSpec:
     def params_non_block(self) -> int:
         """Embeddings, lm_head, final norm: never quantized by bitsandbytes."""
         return self.embed_params + self.lm_head_params + self.final_norm_params + self.other_params
+
+    @property
+    def head_width(self) -> int:
+        """Outputs per token of the output head: the vocabulary, or a classification head's labels."""
+        return self.head_out or self.vocab
 
     @property
     def is_moe(self) -> bool:

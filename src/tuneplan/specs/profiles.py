@@ -176,10 +176,19 @@ def get_profile(name: str) -> Profile:
         raise TuneplanError(f"unknown framework {name!r}", field="framework", accepted=tuple(PROFILES)) from None
 
 
-def model_as_built(model: ModelSpec, framework: str) -> ModelSpec:
-    """The model as the framework's own code instantiates it (LitGPT: a tied checkpoint gets its own lm_head)."""
+def model_as_built(model: ModelSpec, framework: str, num_labels: int | None = None) -> ModelSpec:
+    """The model as the framework's own code instantiates it (LitGPT: a tied checkpoint gets its own lm_head),
+    with a sequence-classification head when ``num_labels`` is given: transformers' *ForSequenceClassification
+    replaces the LM head by a ``score`` Linear (hidden x labels, no bias) on decoders, and BERT's MLM head by
+    a pooler (hidden x hidden + bias) and a classifier (hidden x labels + bias)."""
     if model.tied_embeddings and get_profile(framework).unties_embeddings:
-        return replace(model, tied_embeddings=False, lm_head_params=model.vocab * model.hidden)
+        model = replace(model, tied_embeddings=False, lm_head_params=model.vocab * model.hidden)
+    if num_labels:
+        h = model.hidden
+        if model.architecture == "encoder":
+            return replace(model, tied_embeddings=False, lm_head_params=0, head_out=num_labels,
+                           other_params=h * h + h + h * num_labels + num_labels)
+        return replace(model, tied_embeddings=False, lm_head_params=h * num_labels, head_out=num_labels)
     return model
 
 

@@ -67,6 +67,9 @@ class TrainSetup:
     # torch.compile of the decoder layers and the loss (torchtune compile=True): inductor's partitioner
     # keeps the inputs of fused element-wise chains and recomputes their insides in backward
     compile: bool = False
+    # a sequence-classification head with this many labels instead of the LM head (classifiers, reward
+    # models: transformers *ForSequenceClassification); None = causal / masked language modelling
+    num_labels: int | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -107,6 +110,9 @@ class TrainSetup:
             _choice("attn", self.attn, ATTENTIONS)
         if self.loss is not None:
             _choice("loss", self.loss, LOSSES)
+        if self.num_labels is not None and (isinstance(self.num_labels, bool) or not isinstance(self.num_labels, int)
+                                            or self.num_labels < 1):
+            raise TuneplanError(f"got {self.num_labels!r}", field="num_labels", accepted="an integer >= 1")
         for name in ("batch", "seq", "grad_accum", "gpus", "nodes"):
             _positive(name, getattr(self, name))
         if self.seq > 4_194_304:
