@@ -129,7 +129,7 @@ def _gpu(name: str):
 
 
 @pytest.mark.parametrize("fmt", ["llamafactory", "hf-script"])
-@pytest.mark.parametrize("field,value", [("activation_offload", True), ("loss", "chunked")])
+@pytest.mark.parametrize("field,value", [("activation_offload", True), ("loss", "chunked"), ("loss", "fused")])
 def test_trainer_recipes_refuse_what_the_trainer_cannot_run(qwen7b, tmp_path: Path, fmt: str, field: str,
                                                             value: object) -> None:
     with pytest.raises(TuneplanError) as e:
@@ -138,7 +138,7 @@ def test_trainer_recipes_refuse_what_the_trainer_cannot_run(qwen7b, tmp_path: Pa
 
 
 def test_liger_and_compile_are_written(qwen7b, tmp_path: Path) -> None:
-    b = build_export("llamafactory", qwen7b, TrainSetup(method="lora", loss="fused", compile=True), None,
+    b = build_export("llamafactory", qwen7b, TrainSetup(method="lora", loss="fused-linear", compile=True), None,
                      tmp_path / "r")
     doc = yaml.safe_load(b.files[0][1])
     assert doc["enable_liger_kernel"] is True and doc["torch_compile"] is True

@@ -63,7 +63,7 @@ PLANS = [
     dict(method="lora", batch=2, seq=512, gpus=2, nodes=2, zero=2),
     dict(method="full", batch=1, seq=512, precision="fp32", optimizer="sgd"),
     dict(method="lora", framework="llamafactory", batch=2, seq=1024, gpus=2),
-    dict(method="lora", batch=2, seq=2048, loss="fused", compile=True),
+    dict(method="lora", batch=2, seq=2048, loss="fused-linear", compile=True),
 ]
 CASES = [(fmt, plan) for fmt in ("llamafactory", "deepspeed", "accelerate") for plan in PLANS
          if not (fmt == "deepspeed" and not plan.get("zero"))]

@@ -177,7 +177,7 @@ def test_kernel_switches_reach_the_setup(tmp_path: Path) -> None:
     ax.write_text("base_model: meta-llama/Meta-Llama-3-8B\nadapter: lora\nlora_r: 8\nsequence_len: 2048\n"
                   "micro_batch_size: 1\nliger_fused_linear_cross_entropy: true\ntorch_compile: true\n")
     r = read_configs([str(ax)])
-    assert (r.setup_kw["loss"], r.setup_kw["compile"]) == ("fused", True)
+    assert (r.setup_kw["loss"], r.setup_kw["compile"]) == ("fused-linear", True)
     assert not [w for w in r.warnings if "liger_fused_linear_cross_entropy" in w and "not modelled" in w]
     trl = tmp_path / "sft.json"
     trl.write_text(json.dumps({"per_device_train_batch_size": 2, "activation_offloading": True,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tuneplan.api import estimate
@@ -55,6 +55,9 @@ def test_memory_grows_with_rank(m, s) -> None:
 @given(model_idx, setups)
 def test_more_trainable_params_more_memory(m, s) -> None:
     s = {**s, "method": "lora"}
+    # Not under Unsloth: adapting every projection switches its fused LoRA kernels on, which keep less than
+    # the unfused path (tests/test_unsloth_profile.py counts both)
+    assume(s["framework"] != "unsloth")
     assert alloc(m, **{**s, "targets": "all-linear"}) >= alloc(m, **{**s, "targets": "attn"})
     # more trainable layers under freeze-tuning
     f = {**s, "method": "freeze"}

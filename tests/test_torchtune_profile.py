@@ -51,6 +51,7 @@ def test_loss_choice_maps_to_a_kernel() -> None:
     assert kind() == "chunked_fp32"
     assert kind(loss="upcast") == "hf"
     assert kind(loss="fused") == "fused"
+    assert kind(loss="fused-linear") == "fused_linear"
     assert kind(compile=True) == "chunked_compiled"
     assert loss_kind(estimate(spec, framework="hf", loss="chunked", timing=False).setup, get_profile("hf")) \
         == "chunked_fp32"
@@ -139,3 +140,14 @@ def test_fsdp_gathers_a_quantized_layer_as_stored() -> None:
     # a root unit holding the embeddings, lm_head and final norm stays unsharded (bf16) from the forward on
     root = (2 * 32000 * h + h) * 2
     assert shard(spec, s, root_embeddings=True, **kw).gathered == 2 * layer + root
+
+
+def test_fused_linear_loss_never_builds_logits() -> None:
+    # Liger: chunks of ~tokens x hidden logits (rounded up to a power of two: up to 2x), the input gradient
+    # computed in forward (tokens x hidden, 16-bit), an fp32 loss per token; backward keeps the gradient
+    tokens, vocab, hidden = 8192, 128256, 4096
+    lg = logits_plan(tokens, vocab, 2, "fused_linear", hidden=hidden)
+    assert lg.at_forward_end == 0
+    assert lg.forward_peak == 2 * tokens * hidden * 3 + 4 * tokens
+    assert lg.backward_peak == 2 * tokens * hidden
+    assert lg.forward_peak < logits_plan(tokens, vocab, 2, "fused").forward_peak / 10

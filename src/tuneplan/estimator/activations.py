@@ -83,11 +83,39 @@ def _saves_input(name: str, trainable: bool, targets: frozenset[str]) -> bool:
     return trainable or name in targets
 
 
+def unsloth_fast_lora_layer(model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dt: Dtypes,
+                            targets: frozenset[str]) -> LayerActs | None:
+    """A Llama-style layer under Unsloth's fused LoRA kernels (unsloth/kernels/fast_lora.py), or None where
+    Unsloth falls back to PEFT (adapters on only some projections, LoRA dropout, other architectures).
+
+    ``LoRA_QKV`` saves its input X; RoPE rotates q and k in place; flash-attention keeps q, k, v (K/V
+    grouped), its output and the log-sum-exp; ``LoRA_W`` keeps its input, which is that output; each
+    ``fast_rms_layernorm`` keeps its 16-bit input and rstd; ``LoRA_MLP`` keeps X, e = X @ G and g = X @ U
+    and recomputes the SwiGLU in backward, where ``_backward_function`` overwrites e and g in place and dX
+    is written into X: one intermediate-wide gradient (DW) is the only new activation-sized buffer."""
+    if not setup.is_lora or (setup.dropout or 0) > 0 or model.is_moe:
+        return None
+    if model.mlp_kind != "swiglu" or model.norm_kind != "rms" or not all(m.name in targets for m in spec.linears):
+        return None
+    c, h = dt.compute, model.hidden
+    a, d, kv = model.n_heads, model.head_dim, model.n_kv_heads * model.head_dim
+    inter = spec.mlp_intermediate or model.intermediate
+    saved = c * (h + h) + c * (2 * a * d + 2 * kv) + c * (h + h) + c * 2 * inter
+    saved += LSE_BYTES * a + 2 * RSTD_BYTES
+    return LayerActs(per_token=saved, per_token_per_pos=0.0, backward_temp=c * inter + dt.residual * 2 * h,
+                     backward_temp_per_pos=0.0)
+
+
 def layer_activations(
     model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str],
     trainable: bool, attn: str, python_model_code: bool, quant_saves_input: bool = False,
     input_requires_grad: bool = True, litgpt_code: bool = False, expand_kv: bool = False,
+    unsloth_code: bool = False,
 ) -> LayerActs:
+    if unsloth_code:
+        fast = unsloth_fast_lora_layer(model, spec, setup, dt, targets)
+        if fast is not None:
+            return fast
     h = model.hidden
     led = _Ledger()
     pinned_keys: set[str] = set()
@@ -362,7 +390,7 @@ def embedding_backward(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> tuple
 def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
                     gc_offload: bool, python_model_code: bool, quant_saves_input: bool = False,
                     litgpt_code: bool = False, quant_lm_head: bool = False,
-                    expand_kv: bool = False) -> ActivationPlan:
+                    expand_kv: bool = False, unsloth_code: bool = False) -> ActivationPlan:
     tokens = setup.batch * setup.seq
     s = setup.seq
     h = model.hidden
@@ -388,13 +416,14 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
             # embeddings frozen: the first layer that trains reads an input without gradient
             kinds.append((layer_activations(model, spec, setup, dt, targets, setup.method == "freeze", attn,
                                             python_model_code, quant_saves_input, input_requires_grad=False,
-                                            litgpt_code=litgpt_code, expand_kv=expand_kv), 1))
+                                            litgpt_code=litgpt_code, expand_kv=expand_kv,
+                                            unsloth_code=unsloth_code), 1))
             start += 1
         if end > start:
             trainable = setup.method in ("full", "freeze")
             kinds.append((layer_activations(model, spec, setup, dt, targets, trainable, attn, python_model_code,
-                                            quant_saves_input, litgpt_code=litgpt_code, expand_kv=expand_kv),
-                          end - start))
+                                            quant_saves_input, litgpt_code=litgpt_code, expand_kv=expand_kv,
+                                            unsloth_code=unsloth_code), end - start))
         for la, n in kinds:
             per_layer = tokens * la.per_token + tokens * s * la.per_token_per_pos
             total += per_layer * n

@@ -53,7 +53,8 @@ ROTARY_TENSORS = 4
 # the memory model uses the same 14 B, see logits.py). Chunked losses still materialize every chunk
 # (torchtune fp32 chunks, litgpt bf16 chunks); a fused kernel (Unsloth, Liger) writes roughly the logits once.
 LOSS_BYTES_PER_LOGIT = {"hf": 14.0, "chunked_fp32": 10.0, "chunked_bf16": 8.0, "fabric_chunked": 10.0,
-                        "torchtune_legacy": 14.0, "chunked_compiled": 6.0, "fused": 2.0}
+                        "torchtune_legacy": 14.0, "chunked_compiled": 6.0, "fused": 2.0,
+                        "fused_linear": 0.0}
 # Forward traffic = write + read of every produced tensor; backward moves about twice the forward
 # (reads the saved input, writes and reads the gradient of each tensor).
 FWD_TRAFFIC_PER_BYTE = 2.0

@@ -28,6 +28,12 @@ Chunked losses keep less:
   "chunked_compiled"): inductor fuses the upcast into the loss kernel and keeps each chunk's 16-bit
   logits (2) for backward instead of an fp32 log-softmax; one chunk's fp32 values are in flight (4 / n);
   backward makes every chunk's 16-bit gradient (2) before the output projection's backward;
+- fused linear cross-entropy (Liger ``LigerFusedLinearCrossEntropyFunction``, Apple's cut cross-entropy,
+  "fused_linear"): the lm_head matmul runs per token chunk sized so that a chunk's logits match the
+  hidden states (Liger: ``inc_factor = cdiv(V, H)``, ``chunk_size = next_pow2(cdiv(BT, inc_factor))``),
+  and the input gradient is computed in the forward (``grad_input = zeros_like(_input)``): a 16-bit
+  tokens x hidden gradient, one chunk of logits of about the same size, an fp32 loss per token; no
+  tokens x vocabulary tensor ever exists;
 - Unsloth's fused cross-entropy writes the gradient into the 16-bit logits in place: 2 bytes + an fp32
   log-sum-exp per token.
 """
@@ -49,9 +55,15 @@ class LogitsPlan:
     cast_peak: int = 0  # live while the outputs are cast (beside what the previous micro-batch holds)
 
 
-def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str, seq: int = 0) -> LogitsPlan:
+def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str, seq: int = 0,
+                hidden: int = 0) -> LogitsPlan:
     c = compute_bytes
     tv = tokens * vocab
+    if loss == "fused_linear":
+        th = tokens * min(hidden or vocab, vocab)
+        # the chunk is rounded up to a power of two tokens: up to twice the hidden-sized target
+        return LogitsPlan(at_forward_end=0, forward_peak=c * th + 2 * c * th + 4 * tokens,
+                          backward_peak=c * th)
     if loss == "fabric_chunked":
         n = max(1, -(-seq // LITGPT_CHUNK))
         return LogitsPlan(at_forward_end=2 * tv, forward_peak=8 * tv, backward_peak=8 * tv + 8 * tv // n,

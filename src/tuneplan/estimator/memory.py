@@ -45,10 +45,10 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     acts = activation_plan(model, setup, dt, targets, setup.attn or prof.default_attn, prof.gc_offload,
                            python_model_code=prof.model_code == "hf", quant_saves_input=prof.quant_saves_input,
                            litgpt_code=prof.model_code == "litgpt", quant_lm_head=prof.quantizes_lm_head,
-                           expand_kv=prof.model_code == "torchtune")
+                           expand_kv=prof.model_code == "torchtune", unsloth_code=prof.model_code == "unsloth")
     tokens = setup.batch * setup.seq
     logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
-    lg = logits_plan(tokens, model.head_width, logit_bytes, loss_kind(setup, prof), setup.seq)
+    lg = logits_plan(tokens, model.head_width, logit_bytes, loss_kind(setup, prof), setup.seq, model.hidden)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     held = lg.held if prof.loop_holds_outputs else 0

@@ -71,9 +71,10 @@ def trainer_kernels(s: TrainSetup, who: str) -> None:
     if s.activation_offload:
         raise TuneplanError(f"{who} has no activation offloading", field="activation_offload",
                             accepted="--no-activation-offload, or a torchtune recipe")
-    if s.loss == "chunked":
-        raise TuneplanError(f"{who} has no chunked cross-entropy switch", field="loss",
-                            accepted="--loss fused (Liger), --loss upcast, or an axolotl / torchtune config")
+    if s.loss in ("chunked", "fused"):
+        raise TuneplanError(f"{who} has no switch for a {s.loss} cross-entropy on materialised logits",
+                            field="loss", accepted="--loss fused-linear (Liger), --loss upcast, or an axolotl / "
+                                                   "torchtune / Unsloth config")
     if s.num_labels:
         raise TuneplanError("the exported recipes train a language model; a sequence-classification head is "
                             "not written", field="num_labels", accepted="drop --num-labels to export")

@@ -72,7 +72,7 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
         "gradient_accumulation_steps": s.grad_accum,
         "max_seq_length": s.seq,
         "gradient_checkpointing": bool(s.gradient_checkpointing),
-        "use_liger_kernel": s.loss == "fused",
+        "use_liger_kernel": s.loss == "fused-linear",
         "torch_compile": s.compile,
         "attn_implementation": HF_ATTN[s.attn or "sdpa"],
         "deepspeed": (deepspeed_file or "ds_config.json") if s.zero else None,
@@ -94,7 +94,7 @@ def render_hf_script(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
         needs.append("deepspeed")
     if setup.attn == "flash":
         needs.append("flash-attn")
-    if setup.loss == "fused":
+    if setup.loss == "fused-linear":
         needs.append("liger-kernel")
     doc = [f"Fine-tune {model.name} ({setup.method}) with the transformers Trainer, as planned by tuneplan.", ""]
     doc += header_lines(model, setup, acc)

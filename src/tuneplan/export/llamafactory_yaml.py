@@ -109,7 +109,7 @@ def llamafactory_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | 
         "ddp_timeout": 180000000,
     }
     trainer_kernels(s, "LLaMA-Factory")
-    if s.loss == "fused":
+    if s.loss == "fused-linear":
         train["enable_liger_kernel"] = True
     if s.compile:
         train["torch_compile"] = True

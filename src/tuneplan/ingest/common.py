@@ -200,14 +200,17 @@ HF_NOT_MODELLED = {
 }
 
 # Switches that choose a kernel TrainSetup models: key -> (field, value when the switch is on, note).
-# Liger / cut-cross-entropy / Unsloth / flash-attn losses never materialise fp32 logits ("fused");
-# axolotl's chunked_cross_entropy chunks the upcast; torch_compile compiles the layers.
+# Liger's and Apple's fused linear cross-entropy never materialise logits ("fused-linear"); Unsloth's and
+# flash-attn's cross-entropy run fused on 16-bit logits ("fused"); axolotl's chunked_cross_entropy chunks
+# the upcast; torch_compile compiles the layers.
 KERNEL_SWITCHES: dict[str, tuple[str, Any, str]] = {
-    "use_liger_kernel": ("loss", "fused", "Liger's fused linear cross-entropy; its other kernels are not modelled"),
-    "use_liger": ("loss", "fused", "Liger's fused linear cross-entropy"),
-    "enable_liger_kernel": ("loss", "fused", "Liger's fused linear cross-entropy; its other kernels are not modelled"),
-    "liger_fused_linear_cross_entropy": ("loss", "fused", ""),
-    "cut_cross_entropy": ("loss", "fused", ""),
+    "use_liger_kernel": ("loss", "fused-linear", "Liger's fused linear cross-entropy; its other kernels are not "
+                                                 "modelled"),
+    "use_liger": ("loss", "fused-linear", "Liger's fused linear cross-entropy"),
+    "enable_liger_kernel": ("loss", "fused-linear", "Liger's fused linear cross-entropy; its other kernels are "
+                                                    "not modelled"),
+    "liger_fused_linear_cross_entropy": ("loss", "fused-linear", ""),
+    "cut_cross_entropy": ("loss", "fused-linear", ""),
     "unsloth_cross_entropy_loss": ("loss", "fused", ""),
     "flash_attn_cross_entropy": ("loss", "fused", ""),
     "chunked_cross_entropy": ("loss", "chunked", ""),

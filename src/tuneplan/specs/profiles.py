@@ -87,12 +87,14 @@ PROFILES: dict[str, Profile] = {
         name="unsloth", label="Unsloth (fused loss, offloaded checkpointing, own LoRA kernels)",
         default_precision="bf16-mixed", default_optimizer="adamw-8bit", default_optimizer_qlora="adamw-8bit",
         default_attn="flash", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="all-linear",
-        autocast=True, kbit_upcast_fp32=False, adapter_fp32=True, trainable_fp32_in_mixed=True, loss="fused",
+        autocast=True, kbit_upcast_fp32=False, adapter_fp32=True, trainable_fp32_in_mixed=True, loss="fused_linear",
         gc_offload=True, model_code="unsloth",
         sources=(
             "unsloth README/notebooks: use_gradient_checkpointing='unsloth' (checkpoints offloaded to CPU), "
             "optim='adamw_8bit', target q,k,v,o,gate,up,down",
-            "unsloth fast_cross_entropy_loss: fused/chunked, no fp32 logits copy",
+            "unsloth README (context-length benchmarks): Apple's cut cross-entropy, no logits tensor "
+            "(unsloth_zoo fused linear cross-entropy)",
+            "unsloth/kernels/fast_lora.py LoRA_QKV / LoRA_W / LoRA_MLP save only X, e, g (estimator/activations.py)",
         ),
     ),
     "torchtune": Profile(
@@ -204,6 +206,8 @@ def loss_kind(setup: TrainSetup, prof: Profile) -> str:
         kind = prof.loss if prof.loss in CHUNKED_LOSSES else "chunked_fp32"
     elif setup.loss == "fused":
         kind = "fused"
+    elif setup.loss == "fused-linear":
+        kind = "fused_linear"
     if kind == "chunked_fp32" and setup.compile:
         return "chunked_compiled"  # torchtune compiles compute_cross_entropy: the upcast is fused
     return kind

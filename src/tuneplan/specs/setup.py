@@ -20,9 +20,11 @@ OPTIMIZERS = ("adamw", "adamw-fused", "adamw-hf", "adamw-8bit", "paged-adamw-8bi
 ATTENTIONS = ("eager", "sdpa", "flash")
 OFFLOADS = ("none", "optimizer", "all")
 # Loss kernels: "upcast" = the whole logits tensor upcast to fp32 before cross-entropy (transformers,
-# torchtune without chunking); "chunked" = the framework's chunked loss; "fused" = a fused / chunked
-# kernel that never materialises fp32 logits (Liger, Unsloth, Apple cut-cross-entropy).
-LOSSES = ("upcast", "chunked", "fused")
+# torchtune without chunking); "chunked" = the framework's chunked loss; "fused" = a fused cross-entropy
+# kernel on materialised 16-bit logits, gradient written in place (Unsloth's fast_cross_entropy, flash-attn);
+# "fused-linear" = the lm_head matmul and the loss fused in token chunks, no logits tensor at all (Liger's
+# fused linear cross-entropy, Apple's cut cross-entropy, Unsloth's current default).
+LOSSES = ("upcast", "chunked", "fused", "fused-linear")
 QUANT_TYPES = ("nf4", "fp4")
 FRAMEWORKS = ("hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt")
 TARGET_SHORTHANDS = ("all-linear", "all", "attn", "mlp")

@@ -148,7 +148,7 @@ def _setup_inputs(gr: Any) -> dict[str, Any]:
                 w["gradient_checkpointing"] = _dropdown(gr, "gradient_checkpointing", "Gradient checkpointing")
                 w["attn"] = _dropdown(gr, "attn", "Attention")
             with gr.Row():
-                w["loss"] = _dropdown(gr, "loss", "Loss kernel", info="upcast | chunked | fused (Liger)")
+                w["loss"] = _dropdown(gr, "loss", "Loss kernel", info="upcast | chunked | fused | fused-linear (Liger)")
                 w["compile"] = gr.Checkbox(value=DEFAULTS["compile"], label="torch.compile", elem_id="tp-compile")
                 w["activation_offload"] = gr.Checkbox(value=DEFAULTS["activation_offload"],
                                                       label="Offload activations", elem_id="tp-act-offload")
