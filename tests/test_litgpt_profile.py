@@ -108,3 +108,23 @@ def test_litgpt_partial_qkv_lora_keeps_its_update() -> None:
     r = 16  # LoRA rank: lora_A's output (r per adapted projection, bf16) is saved by lora_B's matmul
     partial, full = saved("q_proj,v_proj"), saved("q_proj,k_proj,v_proj")
     assert full - partial == 256 * 32 * (r * 2) - 256 * 32 * (4096 + 4096) * 2  # + k's lora_A output, - update
+
+
+
+def test_litgpt_model_code_has_no_dropout_layers() -> None:
+    # phi-2's config asks transformers for residual dropout (resid_pdrop 0.1: a 1-byte mask per element,
+    # twice per layer); LitGPT's model code has no dropout layer, so the config's value changes nothing
+    from dataclasses import replace
+
+    spec = resolve_model("microsoft/phi-2", allow_network=False)
+    no_drop = replace(spec, config={**spec.config, "resid_pdrop": 0.0})
+    s = estimate(spec, framework="litgpt", method="lora", targets="q_proj,v_proj", batch=1, seq=128,
+                 dropout=0.0, timing=False).setup
+    dt = resolve_dtypes(s, get_profile("litgpt"))
+    t = resolve_targets(spec, s.targets)
+
+    def saved(m, litgpt: bool) -> int:
+        return activation_plan(m, s, dt, t, "sdpa", False, False, litgpt_code=litgpt).saved_bytes
+
+    assert saved(spec, True) == saved(no_drop, True)
+    assert saved(spec, False) - saved(no_drop, False) == 128 * 32 * 2 * 2560  # transformers: two masks

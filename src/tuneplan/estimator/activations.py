@@ -214,7 +214,9 @@ def layer_activations(
         led.save("kv_latent_norm", 4 * model.mla_kv_lora_rank)
         kv_heads = a  # kv_b_proj expands the latent to every head
     per_pos = 0.0
-    p_attn, p_hidden, _ = model_dropout(model.config)
+    # transformers' modeling code applies the config's dropouts; LitGPT's and torchtune's model code has
+    # no residual / attention dropout layers (litgpt model.py; torchtune attn_dropout defaults to 0.0)
+    p_attn, p_hidden, _ = model_dropout(model.config) if not (litgpt_code or expand_kv) else (0.0, 0.0, 0.0)
     if p_hidden > 0:
         # residual dropout after the attention output and after the MLP (GPT-2 resid_pdrop, BERT
         # hidden_dropout_prob): each keeps its one-byte mask; its output only feeds the residual add.
@@ -435,7 +437,7 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
     # head's transform keeps about as much; its classifier reads the first token only, through the pooler.
     head_tokens = setup.batch if (model.architecture == "encoder" and model.head_out) else tokens
     tail = head_tokens * 4 * h
-    if model_dropout(model.config)[2] > 0:
+    if model_dropout(model.config)[2] > 0 and not (litgpt_code or expand_kv):
         tail += tokens * DROPOUT_MASK_BYTES * h  # embedding dropout mask
     if setup.method == "full" or model.head_out:
         tail += head_tokens * (dt.compute if dt.autocast else dt.norm_out) * h
