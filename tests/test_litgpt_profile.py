@@ -128,3 +128,16 @@ def test_litgpt_model_code_has_no_dropout_layers() -> None:
 
     assert saved(spec, True) == saved(no_drop, True)
     assert saved(spec, False) - saved(no_drop, False) == 128 * 32 * 2 * 2560  # transformers: two masks
+
+
+def test_parallel_block_mlp_reads_the_attention_input() -> None:
+    # phi-2 (one shared LayerNorm, attention and MLP in parallel): LitGPT's 4-bit fc reads the very tensor
+    # qkv reads, so the pinned inputs per layer are qkv's (h), proj's reshaped copy (h) and the MLP proj's (I)
+    spec = resolve_model("microsoft/phi-2", allow_network=False)
+    s = estimate(spec, framework="litgpt", method="qlora", targets="q_proj,v_proj", batch=1, seq=256,
+                 timing=False).setup
+    dt = resolve_dtypes(s, get_profile("litgpt"))
+    acts = activation_plan(spec, s, dt, resolve_targets(spec, s.targets), "sdpa", False, False,
+                           quant_saves_input=True, litgpt_code=True, quant_lm_head=True)
+    h, inter = 2560, 10240
+    assert acts.pinned_bytes == 256 * (32 * (2 * h + inter) * 2 + 2 * h)

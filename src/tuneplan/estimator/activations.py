@@ -193,8 +193,10 @@ def layer_activations(
             if (setup.dropout or 0) > 0:
                 led.save(f"{_lora_key(m_name, reads)}.dropout_mask", 1 * d_in * tokens_share)
 
+    attn_inputs = {m.name for m in spec.linears if m.role == "attn" and m.reads == "attn_in"}
+
     def _lora_key(m_name: str, reads: str) -> str:
-        return "qkv_fused" if litgpt_code and reads == "attn_in" else m_name
+        return "qkv_fused" if litgpt_code and m_name in attn_inputs else m_name
 
     # ---- attention ---------------------------------------------------------------------------
     norm("attn_norm", h, input_requires_grad)
@@ -287,10 +289,12 @@ def layer_activations(
             linear(m.name, "attn_core", m.d_in)
 
     # ---- MLP / MoE ------------------------------------------------------------------------------
-    if spec.n_norms >= 1 and not (model.family == "gpt" and spec.n_norms == 1):
+    shared_norm = model.family == "gpt" and spec.n_norms == 1
+    if spec.n_norms >= 1 and not shared_norm:
         norm("mlp_norm", h)
-    elif spec.n_norms == 1:
-        pass  # parallel attention + MLP read the same normalized input
+    # parallel attention + MLP under one norm (Phi, GPT-J, Falcon-7B): the MLP reads the attention's
+    # normalized input, the same tensor, so what both save is one storage
+    mlp_reads = "attn_in" if shared_norm else "mlp_in"
     mlp = [m for m in spec.linears if m.role in ("mlp", "shared_expert")]
     experts = [m for m in spec.linears if m.role == "expert"]
     routers = [m for m in spec.linears if m.role == "router"]
@@ -304,7 +308,7 @@ def layer_activations(
             return
         for m in mods:
             if m.reads == "mlp_in":
-                linear(m.name, "mlp_in" if share == 1.0 else prefix + "gathered", m.d_in, share)
+                linear(m.name, mlp_reads if share == 1.0 else prefix + "gathered", m.d_in, share)
         if model.mlp_kind == "swiglu":
             led.save(prefix + "gate_out", out_b * width * share)
             if not setup.compile:  # compiled, SiLU is recomputed from gate_out in backward
