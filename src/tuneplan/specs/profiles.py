@@ -160,12 +160,14 @@ PROFILES: dict[str, Profile] = {
 PROFILES["torchtune-0.2"] = replace(
     PROFILES["torchtune"], name="torchtune-0.2", label="torchtune 0.1-0.2 (fp32 logits, no chunked cross-entropy)",
     loss="torchtune_legacy", loop_holds_outputs=True, fsdp_root_embeddings=("full", "freeze", "lora", "qlora"),
+    default_dropout=0.05,
     sources=(
         "torchtune 0.1.1 / 0.2.1 modules/transformer.py TransformerDecoder.forward: output = self.output(h).float()",
         "torchtune 0.1.1 / 0.2.1 recipes/lora_finetune_single_device.py train(): logits = "
         "logits[..., :-1, :].contiguous(); logits = logits.transpose(1, 2); loss = self._loss_fn(logits, "
         "labels); loss.backward(): `logits` stays bound until the next iteration rebinds it",
         "pytorch/torchtune#1390 (2024-08-22): chunked cross-entropy; 'removing logits manipulation'",
+        "torchtune 0.1.1 models/llama2/_model_builders.py: lora_dropout=0.05 (configs 0.3 on set 0.0)",
         *PROFILES["torchtune"].sources[1:],
     ),
 )
