@@ -141,3 +141,21 @@ def test_parallel_block_mlp_reads_the_attention_input() -> None:
                            quant_saves_input=True, litgpt_code=True, quant_lm_head=True)
     h, inter = 2560, 10240
     assert acts.pinned_bytes == 256 * (32 * (2 * h + inter) * 2 + 2 * h)
+
+
+def test_litgpt_splits_a_fused_gate_up_into_two_lora_modules() -> None:
+    # Phi-3's checkpoint fuses gate_up_proj; LitGPT builds LLaMAMLP with fc_1 and fc_2, each a LoRALinear
+    # with its own dropout. LoRA dropout 0.05 vs 0 on every projection, per token per layer (bf16):
+    # qkv (one fused dropout: +h for its mask), proj (+h mask), fc_1 and fc_2 (two copies 2 x 2h and two
+    # masks 2 x h, instead of the shared input 2h: +4h), MLP proj (+I mask)
+    spec = resolve_model("microsoft/Phi-3-mini-4k-instruct", allow_network=False)
+
+    def saved(dropout: float) -> int:
+        s = estimate(spec, framework="litgpt", method="lora", targets="all-linear", batch=1, seq=128,
+                     dropout=dropout, timing=False).setup
+        dt = resolve_dtypes(s, get_profile("litgpt"))
+        return activation_plan(spec, s, dt, resolve_targets(spec, s.targets), "sdpa", False, False,
+                               litgpt_code=True).saved_bytes
+
+    h, inter = 3072, 8192
+    assert saved(0.05) - saved(0.0) == 128 * 32 * (6 * h + inter)

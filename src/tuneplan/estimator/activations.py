@@ -185,13 +185,16 @@ def layer_activations(
                 led.save(f"{m_name}.lora_in", dt.adapter * d_in * tokens_share)
             elif (setup.dropout or 0) > 0:
                 # lora_A reads dropout(x), a new tensor: a private copy (LitGPT's fused qkv LoRA runs one
-                # dropout for q, k and v together: litgpt lora.py LoRAQKVLinear)
-                led.save(f"{_lora_key(m_name, reads)}.lora_in", in_b * d_in * tokens_share)
+                # dropout for q, k and v together: litgpt lora.py LoRAQKVLinear; a checkpoint's fused
+                # gate_up_proj is two LoRALinear modules in LitGPT's LLaMAMLP, fc_1 and fc_2, two dropouts)
+                copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
+                led.save(f"{_lora_key(m_name, reads)}.lora_in", copies * in_b * d_in * tokens_share)
             else:
                 led.save(reads, in_b * d_in * tokens_share)
             led.save(f"{m_name}.lora_mid", (c if dt.autocast else dt.adapter) * r * tokens_share)
             if (setup.dropout or 0) > 0:
-                led.save(f"{_lora_key(m_name, reads)}.dropout_mask", 1 * d_in * tokens_share)
+                copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
+                led.save(f"{_lora_key(m_name, reads)}.dropout_mask", copies * d_in * tokens_share)
 
     attn_inputs = {m.name for m in spec.linears if m.role == "attn" and m.reads == "attn_in"}
 
