@@ -24,34 +24,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.fused_layers import unsloth_fast_lora_layer
+from tuneplan.estimator.saved_tensors import (
+    DROPOUT_MASK_BYTES,
+    LSE_BYTES,
+    RSTD_BYTES,
+    LayerActs,
+    embedding_backward,
+    model_dropout,
+)
 from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
-LSE_BYTES = 4  # flash / memory-efficient kernels keep an fp32 log-sum-exp per head per token
 SDPA_GQA_MAX_HEAD_DIM = 256  # transformers use_gqa_in_sdpa: key/value head dim <= 256 and no mask
-RSTD_BYTES = 4  # RMSNorm keeps rsqrt(mean(x^2) + eps): one fp32 per token
 EAGER_SCORE_BYTES = 6  # eager keeps softmax output in fp32 (4) and its 16-bit cast for matmul (2)
-DROPOUT_MASK_BYTES = 1  # CUDA fused dropout (native_dropout) keeps a bool mask, one byte per element
 # Families whose eager attention computes the softmax in the compute dtype (no fp32 upcast):
 # transformers' GPT-2 (`nn.functional.softmax(attn_weights, dim=-1)`) and BERT self-attention.
 COMPUTE_DTYPE_SOFTMAX = ("gpt2", "bert", "roberta")
 
 
-def model_dropout(cfg: dict) -> tuple[float, float, float]:
-    """(attention-probs, residual/hidden, embedding) dropout of a config, as transformers applies them in
-    training: Llama-style configs ship 0.0; GPT-2 attn_pdrop/resid_pdrop/embd_pdrop 0.1; BERT
-    attention_probs_dropout_prob / hidden_dropout_prob 0.1."""
-    def first(*keys: str) -> float:
-        for k in keys:
-            v = cfg.get(k)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                return float(v)
-        return 0.0
-
-    attn = first("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout")
-    hidden = first("resid_pdrop", "hidden_dropout_prob", "hidden_dropout")
-    embd = first("embd_pdrop", "hidden_dropout_prob", "embed_dropout")
-    return attn, hidden, embd
 PYTHON_GELU = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh_py")  # transformers NewGELUActivation etc.
 
 
@@ -66,44 +57,6 @@ class _Ledger:
 
     def total(self) -> float:
         return sum(self.items.values())
-
-
-@dataclass(frozen=True)
-class LayerActs:
-    per_token: float  # bytes per token kept by one layer (O(s) part)
-    per_token_per_pos: float  # eager attention: bytes per token per key position (x s)
-    backward_temp: float  # bytes per token of activation gradients while back-propagating this layer
-    backward_temp_per_pos: float
-    # inputs bitsandbytes' MatMul4Bit (<= 0.43) keeps in ``ctx.tensors``, a Python attribute that backward
-    # does not release: they live until the graph itself is dropped (part of ``per_token``)
-    pinned: float = 0.0
-
-
-def _saves_input(name: str, trainable: bool, targets: frozenset[str]) -> bool:
-    return trainable or name in targets
-
-
-def unsloth_fast_lora_layer(model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dt: Dtypes,
-                            targets: frozenset[str]) -> LayerActs | None:
-    """A Llama-style layer under Unsloth's fused LoRA kernels (unsloth/kernels/fast_lora.py), or None where
-    Unsloth falls back to PEFT (adapters on only some projections, LoRA dropout, other architectures).
-
-    ``LoRA_QKV`` saves its input X; RoPE rotates q and k in place; flash-attention keeps q, k, v (K/V
-    grouped), its output and the log-sum-exp; ``LoRA_W`` keeps its input, which is that output; each
-    ``fast_rms_layernorm`` keeps its 16-bit input and rstd; ``LoRA_MLP`` keeps X, e = X @ G and g = X @ U
-    and recomputes the SwiGLU in backward, where ``_backward_function`` overwrites e and g in place and dX
-    is written into X: one intermediate-wide gradient (DW) is the only new activation-sized buffer."""
-    if not setup.is_lora or (setup.dropout or 0) > 0 or model.is_moe:
-        return None
-    if model.mlp_kind != "swiglu" or model.norm_kind != "rms" or not all(m.name in targets for m in spec.linears):
-        return None
-    c, h = dt.compute, model.hidden
-    a, d, kv = model.n_heads, model.head_dim, model.n_kv_heads * model.head_dim
-    inter = spec.mlp_intermediate or model.intermediate
-    saved = c * (h + h) + c * (2 * a * d + 2 * kv) + c * (h + h) + c * 2 * inter
-    saved += LSE_BYTES * a + 2 * RSTD_BYTES
-    return LayerActs(per_token=saved, per_token_per_pos=0.0, backward_temp=c * inter + dt.residual * 2 * h,
-                     backward_temp_per_pos=0.0)
 
 
 def layer_activations(
@@ -368,32 +321,6 @@ class ActivationPlan:
     embedding_backward_bytes: int = 0
     # bitsandbytes-held 4-bit matmul inputs of every layer and of a quantized lm_head (LayerActs.pinned)
     pinned_bytes: int = 0
-
-
-def embedding_backward_scratch(tokens: int, hidden: int) -> int:
-    """CUDA ``embedding_dense_backward`` (aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu) sorts the
-    indices (two int64 copies), keeps int64 segment offsets per index and accumulates partial segments in
-    fp32 ``[segments, hidden]`` (at most one segment per token) before writing the dense gradient."""
-    return 3 * 8 * tokens + 4 * tokens * hidden
-
-
-def embedding_backward(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> tuple[int, int]:
-    """(embedding gradient bytes, transient bytes beyond all gradients at the embedding backward).
-
-    Tied embeddings: autograd's InputBuffer holds the lm_head's contribution to the shared weight until
-    the embedding's arrives, then sums them out of place (``old_var + var``): the two contributions and
-    their sum are live together, two gradients' worth beyond the final one (simulate: Qwen2.5-0.5B and
-    gemma-2b full fine-tunes peak at that ``add``). Untied: the dense gradient becomes ``.grad``; only the
-    kernel's scratch and its incoming gradient are extra (Qwen2.5-7B full + checkpointing peaks there)."""
-    if setup.method != "full":
-        return 0, 0
-    tokens = setup.batch * setup.seq
-    grad = model.vocab * model.hidden * dt.trainable
-    # the kernel's scratch, plus the incoming gradient of the embedding output (param dtype)
-    during = embedding_backward_scratch(tokens, model.hidden) + tokens * model.hidden * dt.trainable
-    if model.tied_embeddings:
-        return grad, max(2 * grad, grad + during)
-    return grad, during
 
 
 def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from tuneplan.estimator.activations import embedding_backward_scratch
+from tuneplan.estimator.saved_tensors import embedding_backward_scratch
 from tuneplan.simulate.tracker import Workspace
 
 # Largest internal buffer of each stand-in kernel in the current run (for the workspace table).

@@ -1,0 +1,72 @@
+"""What one layer keeps for backward, as a record, and the small counts several ledgers share.
+
+``LayerActs`` is what ``activations.layer_activations`` (transformers-style modules) and
+``fused_layers`` (framework kernels that replace whole sub-blocks) both return; the byte constants and the
+embedding-gradient formulas live here once so that the simulate engine's kernel stand-ins can use them too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+LSE_BYTES = 4  # flash / memory-efficient kernels keep an fp32 log-sum-exp per head per token
+RSTD_BYTES = 4  # RMSNorm keeps rsqrt(mean(x^2) + eps): one fp32 per token
+DROPOUT_MASK_BYTES = 1  # CUDA fused dropout (native_dropout) keeps a bool mask, one byte per element
+
+
+def model_dropout(cfg: dict) -> tuple[float, float, float]:
+    """(attention-probs, residual/hidden, embedding) dropout of a config, as transformers applies them in
+    training: Llama-style configs ship 0.0; GPT-2 attn_pdrop/resid_pdrop/embd_pdrop 0.1; BERT
+    attention_probs_dropout_prob / hidden_dropout_prob 0.1."""
+    def first(*keys: str) -> float:
+        for k in keys:
+            v = cfg.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+        return 0.0
+
+    attn = first("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout")
+    hidden = first("resid_pdrop", "hidden_dropout_prob", "hidden_dropout")
+    embd = first("embd_pdrop", "hidden_dropout_prob", "embed_dropout")
+    return attn, hidden, embd
+
+
+@dataclass(frozen=True)
+class LayerActs:
+    per_token: float  # bytes per token kept by one layer (O(s) part)
+    per_token_per_pos: float  # eager attention: bytes per token per key position (x s)
+    backward_temp: float  # bytes per token of activation gradients while back-propagating this layer
+    backward_temp_per_pos: float
+    # inputs bitsandbytes' MatMul4Bit (<= 0.43) keeps in ``ctx.tensors``, a Python attribute that backward
+    # does not release: they live until the graph itself is dropped (part of ``per_token``)
+    pinned: float = 0.0
+
+
+def embedding_backward_scratch(tokens: int, hidden: int) -> int:
+    """CUDA ``embedding_dense_backward`` (aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu) sorts the
+    indices (two int64 copies), keeps int64 segment offsets per index and accumulates partial segments in
+    fp32 ``[segments, hidden]`` (at most one segment per token) before writing the dense gradient."""
+    return 3 * 8 * tokens + 4 * tokens * hidden
+
+
+def embedding_backward(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> tuple[int, int]:
+    """(embedding gradient bytes, transient bytes beyond all gradients at the embedding backward).
+
+    Tied embeddings: autograd's InputBuffer holds the lm_head's contribution to the shared weight until
+    the embedding's arrives, then sums them out of place (``old_var + var``): the two contributions and
+    their sum are live together, two gradients' worth beyond the final one (simulate: Qwen2.5-0.5B and
+    gemma-2b full fine-tunes peak at that ``add``). Untied: the dense gradient becomes ``.grad``; only the
+    kernel's scratch and its incoming gradient are extra (Qwen2.5-7B full + checkpointing peaks there)."""
+    if setup.method != "full":
+        return 0, 0
+    tokens = setup.batch * setup.seq
+    grad = model.vocab * model.hidden * dt.trainable
+    # the kernel's scratch, plus the incoming gradient of the embedding output (param dtype)
+    during = embedding_backward_scratch(tokens, model.hidden) + tokens * model.hidden * dt.trainable
+    if model.tied_embeddings:
+        return grad, max(2 * grad, grad + during)
+    return grad, during
