@@ -151,3 +151,10 @@ def test_fused_linear_loss_never_builds_logits() -> None:
     assert lg.forward_peak == 2 * tokens * hidden * 3 + 4 * tokens
     assert lg.backward_peak == 2 * tokens * hidden
     assert lg.forward_peak < logits_plan(tokens, vocab, 2, "fused").forward_peak / 10
+
+
+def test_fp32_logits_need_no_cast() -> None:
+    # fp32 training: the model's logits already are fp32, so the loop's cast adds nothing
+    tv = 1000 * 100
+    assert logits_plan(1000, 100, 4, "torchtune_legacy").cast_peak == 4 * tv
+    assert logits_plan(1000, 100, 2, "torchtune_legacy").cast_peak == 2 * tv + 4 * tv

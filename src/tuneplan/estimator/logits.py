@@ -64,16 +64,18 @@ def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str, seq: int
         # the chunk is rounded up to a power of two tokens: up to twice the hidden-sized target
         return LogitsPlan(at_forward_end=0, forward_peak=c * th + 2 * c * th + 4 * tokens,
                           backward_peak=c * th)
+    # the fp32 cast of the model's c-byte logits (nothing new when they already are fp32)
+    cast = 4 * tv if c != 4 else 0
     if loss == "fabric_chunked":
         n = max(1, -(-seq // LITGPT_CHUNK))
-        return LogitsPlan(at_forward_end=2 * tv, forward_peak=8 * tv, backward_peak=8 * tv + 8 * tv // n,
-                          held=4 * tv, cast_peak=6 * tv)
+        return LogitsPlan(at_forward_end=c * tv, forward_peak=8 * tv, backward_peak=8 * tv + 8 * tv // n,
+                          held=4 * tv, cast_peak=c * tv + cast)
     if loss == "torchtune_legacy":
-        return LogitsPlan(at_forward_end=2 * tv, forward_peak=8 * tv, backward_peak=16 * tv, held=4 * tv,
-                          cast_peak=6 * tv)
+        return LogitsPlan(at_forward_end=c * tv, forward_peak=8 * tv, backward_peak=16 * tv, held=4 * tv,
+                          cast_peak=c * tv + cast)
     if loss == "chunked_compiled":
         chunk = 4 * tv // TORCHTUNE_CHUNKS
-        return LogitsPlan(at_forward_end=2 * tv, forward_peak=2 * tv + chunk, backward_peak=2 * tv + chunk)
+        return LogitsPlan(at_forward_end=c * tv, forward_peak=c * tv + chunk, backward_peak=c * tv + chunk)
     if loss == "chunked_bf16":
         return LogitsPlan(at_forward_end=2 * tv, forward_peak=4 * tv, backward_peak=4 * tv)
     if loss == "chunked_fp32":
