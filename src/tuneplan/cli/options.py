@@ -48,7 +48,7 @@ SETUP_OPTIONS: list[tuple[str, Any, Any]] = [
     ("zero", int | None, _opt("--zero", help="DeepSpeed ZeRO stage 0|1|2|3 (default: 0)")),
     ("fsdp", bool | None, _opt("--fsdp/--no-fsdp", help="PyTorch FSDP full shard")),
     ("offload", str | None, _opt("--offload", help="none | optimizer | all (default: none)")),
-    ("framework", str | None, _opt("--framework", help="hf | llamafactory | unsloth | torchtune | litgpt (default: hf)")),
+    ("framework", str | None, _opt("--framework", help="hf | llamafactory | unsloth | torchtune | torchtune-0.2 | litgpt (default: hf)")),
 ]
 
 
