@@ -34,37 +34,14 @@ from torch import nn  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from calibration_rows import load_rows, map_row, resolve_semantic_targets  # noqa: E402
+from oracle_common import sdpa  # noqa: E402
 from tuneplan.api import estimate  # noqa: E402
 from tuneplan.catalog.models import resolve_model  # noqa: E402
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE  # noqa: E402
-from tuneplan.simulate.kernels import _round, cuda_dropout, workspace_rule  # noqa: E402
+from tuneplan.simulate.kernels import cuda_dropout, workspace_rule  # noqa: E402
 from tuneplan.simulate.qlora import SimLinear4bit  # noqa: E402
 from tuneplan.simulate.step import BnbAdamStandIn, relabel_states  # noqa: E402
 from tuneplan.simulate.tracker import StorageTracker, find_peak  # noqa: E402
-
-
-class _Flash(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        b, s, h, _ = q.shape
-        out = torch.empty_like(q)  # flash mha_fwd: empty_like(q) keeps the query's strides
-        ctx.save_for_backward(q, k, v, out, torch.empty((b, h, s), dtype=torch.float32),
-                              torch.empty((2,), dtype=torch.int64))
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v, *_ = ctx.saved_tensors
-        b, s, h, d = q.shape
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        scratch = (torch.empty((b, h, _round(s, 128)), dtype=torch.float32),
-                   torch.empty((b, _round(s, 128), h, _round(d, 32) if d <= 192 else 256), dtype=torch.float32))
-        del scratch
-        return dq, dk, dv
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    return _Flash.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
 
 
 class _MatMul4bitOld(torch.autograd.Function):
@@ -145,7 +122,7 @@ def oracle(hf_id: str, method: str, targets: str, batch: int, seq: int, rank: in
                     tracker.register(q, "quant_meta", op="quant_state")
     params = [p for p in model.parameters() if p.requires_grad]
     saved_sdpa = F.scaled_dot_product_attention
-    F.scaled_dot_product_attention = _sdpa
+    F.scaled_dot_product_attention = sdpa
     try:
         with fake, tracker, cuda_dropout():
             opt = BnbAdamStandIn(params, bits8=False, paged=True) if paged else torch.optim.AdamW(params, foreach=True)
