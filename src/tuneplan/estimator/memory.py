@@ -165,6 +165,14 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     notes = list(sp.notes) + list(opt.notes)
     if acts.offloaded_bytes:
         notes.append(f"{acts.offloaded_bytes / 2**30:.2f} GiB of saved activations offloaded to CPU")
+    if held:
+        notes.append(f"{prof.label}: the training loop keeps the last micro-batch's logits ({held / 2**30:.2f} GiB) "
+                     "through backward, the optimizer step and the next forward")
+    if pinned and prof.loop_holds_outputs:
+        notes.append(f"bitsandbytes <= 0.43 keeps every 4-bit matmul input ({pinned / 2**30:.2f} GiB) for as long "
+                     "as the loss's graph lives (the next micro-batch's forward included)")
+    if head_deq:
+        notes.append(f"the 4-bit lm_head dequantizes its whole weight for every chunk ({head_deq / 2**30:.2f} GiB live)")
     return MemoryBreakdown(
         components=comps, peak_phase=peak, phases=totals, reserved_peak_bytes=reserved,
         cuda_context_bytes=cuda_context_bytes(), nccl_bytes=sp.nccl, paged_bytes=opt.paged,
