@@ -67,8 +67,8 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         w = -(-weights // n)
         # current + prefetched block unit, unsharded in 16 bits; and the root unit (embeddings, lm_head, final
         # norm: what the block-wise auto-wrap leaves to the root), which FSDP does not reshard after forward
-        # (FSDP1 _runtime_utils._post_forward_reshard: `not state._is_root`; FSDP2 fully_shard: the root's
-        # reshard_after_forward is set to False)
+        # (FSDP1 _runtime_utils._post_forward_reshard: `not state._is_root`; FSDP2 only when
+        # reshard_after_forward is left to auto, _fsdp_state.py)
         root16 = model.params_non_block * compute_bytes if root_embeddings else 0
         gathered = 2 * layer16 + root16
         g = -(-grads // n)

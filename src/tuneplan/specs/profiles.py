@@ -103,15 +103,16 @@ PROFILES: dict[str, Profile] = {
         default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="q_proj,v_proj,output_proj",
         autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=False,
         loss="chunked_fp32", model_code="torchtune", dequant_bytes_per_elem=14.0,
-        fsdp_root_embeddings=("lora", "qlora"),
+        fsdp_root_embeddings=(),
         sources=(
             "torchtune recipes configs: dtype: bf16, enable_activation_checkpointing: True, "
             "loss: CEWithChunkedOutputLoss (8 chunks, each upcast to fp32)",
             "torchtune lora configs: lora_attn_modules ['q_proj','v_proj','output_proj']",
             "torchao NF4Tensor.get_original_weight (used by torchtune linear_nf4 in forward and backward): "
             "int64 unpack of both 4-bit halves + table lookup + scaling + stack = 14 B per weight element",
-            "torchtune 0.3 full-finetune distributed configs: custom_sharded_layers: ['tok_embeddings', "
-            "'output'] (own FSDP units); the LoRA configs leave them to the root fully_shard",
+            "torchtune 0.3 recipes shard with FSDP2 fully_shard(reshard_after_forward=True) (training/"
+            "_distributed.py shard_model); torch's _fsdp_state.py keeps the root unsharded after forward only "
+            "when that is left to auto, so the root (embeddings, output) is resharded like every layer",
         ),
     ),
     "litgpt": Profile(
