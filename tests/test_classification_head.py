@@ -42,3 +42,11 @@ def test_num_labels_is_validated_and_not_exported(tmp_path) -> None:
     with pytest.raises(TuneplanError) as e:
         build_export("hf-script", llama, TrainSetup(method="lora", num_labels=2), None, tmp_path / "r")
     assert e.value.field == "num_labels"
+
+
+def test_lora_classifier_trains_the_head_too() -> None:
+    # PEFT task SEQ_CLS: modules_to_save keeps the score head trainable (hidden x labels, no bias on Llama)
+    llama = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+    lm = estimate(llama, method="lora", targets="q_proj,v_proj", timing=False).trainable_params
+    rm = estimate(llama, method="lora", targets="q_proj,v_proj", num_labels=2, timing=False).trainable_params
+    assert rm - lm == 4096 * 2

@@ -89,6 +89,15 @@ def test_lora_on_cpu_writes_a_valid_record_and_appends(tiny_path: str, tmp_path:
     assert rows[1]["attention_impl"] == "eager"
 
 
+def test_classifier_head_runs_with_one_label_per_sequence(tiny_path: str) -> None:
+    # LlamaForSequenceClassification: LoRA r=8 on q,v (half the r=16 count) plus PEFT's trainable copy of the
+    # score head (hidden 64 x 3 labels, no bias)
+    out = measure(tiny_path, steps=1, device="cpu", method="lora", rank=8, num_labels=3, batch=2, seq=16)
+    m = out["measured"]
+    assert m["outcome"] == "measured" and m["peak_bytes"] > 0
+    assert m["trainable_params"] == TINY_LORA_R16 // 2 + 64 * 3
+
+
 def test_freeze_trains_only_the_last_layers(tiny_path: str) -> None:
     out = measure(tiny_path, steps=1, device="cpu", method="freeze", freeze_trainable_layers=1, seq=16)
     assert out["measured"]["trainable_params"] == TINY_LAYER

@@ -158,4 +158,7 @@ def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:
         for m in spec.linears:
             if m.name in targets:
                 total += count * m.count * setup.rank * (m.d_in + m.d_out)
+    if setup.num_labels:
+        # PEFT's SEQ_CLS task trains a copy of the classification head (modules_to_save: score / classifier)
+        total += model.hidden * setup.num_labels + (setup.num_labels if model.architecture == "encoder" else 0)
     return total

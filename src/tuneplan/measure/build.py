@@ -71,9 +71,6 @@ def check_measurable(setup: TrainSetup, device: str) -> None:
         raise TuneplanError(f"measure runs the transformers + PEFT stack; {setup.framework} runs its own model "
                             "code, measure it with that framework's memory logging", field="framework",
                             accepted=MEASURABLE_FRAMEWORKS)
-    if setup.num_labels:
-        raise TuneplanError("measure runs a language-model head", field="num_labels",
-                            accepted="drop --num-labels")
     if setup.optimizer_in_backward:
         raise TuneplanError("optimizer-in-backward is a torchtune recipe feature, not a Trainer one",
                             field="optimizer_in_backward", accepted="--no-optimizer-in-backward")
@@ -103,8 +100,14 @@ def _dtype(torch: Any, nbytes: int, setup: TrainSetup) -> Any:
     return torch.float16 if setup.precision.startswith("fp16") else torch.bfloat16
 
 
-def _hf_config(transformers: Any, model: ModelSpec) -> Any:
+def _hf_config(transformers: Any, model: ModelSpec, num_labels: int | None = None) -> Any:
     cfg = dict(model.config)
+    if num_labels:
+        cfg["num_labels"] = num_labels
+        # *ForSequenceClassification on a decoder pools the last non-pad token: it needs a pad id for batch > 1
+        cfg.setdefault("pad_token_id", 0)
+        cfg.pop("id2label", None)
+        cfg.pop("label2id", None)
     model_type = str(cfg.pop("model_type", model.model_type))
     for k in ("architectures", "auto_map", "quantization_config", "_name_or_path", "transformers_version"):
         cfg.pop(k, None)
@@ -117,7 +120,9 @@ def _hf_config(transformers: Any, model: ModelSpec) -> Any:
                             field="model") from None
 
 
-def _auto_class(transformers: Any, model: ModelSpec) -> Any:
+def _auto_class(transformers: Any, model: ModelSpec, num_labels: int | None = None) -> Any:
+    if num_labels:
+        return transformers.AutoModelForSequenceClassification
     return transformers.AutoModelForMaskedLM if model.architecture == "encoder" else transformers.AutoModelForCausalLM
 
 
@@ -139,7 +144,7 @@ def _build(model: ModelSpec, setup: TrainSetup, device: str, weights: str | None
     attn = ATTN_IMPL[setup.attn or prof.default_attn]
     details = {"weights": "random init (from config.json)" if not weights else f"local checkpoint {weights}",
                "load_dtype": str(load_dtype).replace("torch.", ""), "attn_implementation": attn}
-    auto = _auto_class(transformers, model)
+    auto = _auto_class(transformers, model, setup.num_labels)
     kwargs: dict[str, Any] = {"dtype": load_dtype, "attn_implementation": attn}
     try:
         if setup.method == "qlora":
@@ -148,7 +153,7 @@ def _build(model: ModelSpec, setup: TrainSetup, device: str, weights: str | None
             net = auto.from_pretrained(weights, device_map={"": device}, **kwargs)
         else:
             with torch.device(device):
-                net = auto.from_config(_hf_config(transformers, model), **kwargs)
+                net = auto.from_config(_hf_config(transformers, model, setup.num_labels), **kwargs)
     except TuneplanError:
         raise
     except (OSError, ValueError, ImportError, RuntimeError) as exc:
@@ -195,7 +200,7 @@ def _load_quantized(torch: Any, transformers: Any, model: ModelSpec, setup: Trai
     # bitsandbytes quantizes while loading a checkpoint: write the random 16-bit model once, then load it.
     with tempfile.TemporaryDirectory(prefix="tuneplan-measure-") as tmp:
         with torch.device(device):
-            dense = auto.from_config(_hf_config(transformers, model), **kwargs)
+            dense = auto.from_config(_hf_config(transformers, model, setup.num_labels), **kwargs)
         dense.save_pretrained(tmp)
         del dense
         if device.startswith("cuda"):
@@ -232,7 +237,8 @@ def _apply_method(torch: Any, peft: Any, net: Any, model: ModelSpec, setup: Trai
         details["freeze"] = f"last {n} layers trainable"
         return net
     targets = sorted(resolve_targets(model, setup.targets))
-    task = "FEATURE_EXTRACTION" if model.architecture == "encoder" else "CAUSAL_LM"
+    # SEQ_CLS keeps the classification head trainable (PEFT modules_to_save), as a classifier run does
+    task = "SEQ_CLS" if setup.num_labels else "FEATURE_EXTRACTION" if model.architecture == "encoder" else "CAUSAL_LM"
     cfg = peft.LoraConfig(r=setup.rank, lora_alpha=setup.alpha or 2 * setup.rank, lora_dropout=setup.dropout,
                           target_modules=targets, task_type=task)
     try:

@@ -154,12 +154,15 @@ def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps:
         t0 = _now(torch, run.device)
         for _ in range(setup.grad_accum):
             ids = torch.randint(0, vocab, (setup.batch, setup.seq), device=run.device)
+            # a classifier takes one label per sequence; a language model, the tokens themselves
+            labels = (torch.randint(0, setup.num_labels, (setup.batch,), device=run.device)
+                      if setup.num_labels else ids)
             with amp:
-                out = net(input_ids=ids, labels=ids)
+                out = net(input_ids=ids, labels=labels)
             loss = out.loss / setup.grad_accum
             mark("forward")
             (run.scaler.scale(loss) if run.scaler is not None else loss).backward()
-            del out, loss, ids
+            del out, loss, ids, labels
             mark("backward")
         before_step = probe.current() - baseline
         if run.scaler is not None:
