@@ -159,3 +159,19 @@ def test_litgpt_splits_a_fused_gate_up_into_two_lora_modules() -> None:
 
     h, inter = 3072, 8192
     assert saved(0.05) - saved(0.0) == 128 * 32 * (6 * h + inter)
+
+
+def test_the_micro_batch_after_the_longest_carries_its_leftovers() -> None:
+    # lit-gpt 2023 ran the longest sample first: that micro-batch starts with no gradient and nothing held;
+    # the next one starts with the accumulated LoRA gradients, the longest batch's fp32 logits (held by the
+    # loop) and its bitsandbytes-pinned inputs (held by the graph)
+    spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+    b = estimate(spec, framework="litgpt", method="qlora", targets="q_proj,v_proj", rank=16, batch=1, seq=512,
+                 grad_accum=4, longest_batch_first=True, timing=False).breakdown
+    c = b.components
+    resident = sum(c[k] for k in ("weights", "quant_meta", "lora_adapters", "optimizer_states", "framework"))
+    h, inter, tokens = 4096, 11008, 512
+    lora_grads = 32 * 2 * 16 * (h + h) * 2  # q and v adapters, bf16
+    held = 4 * tokens * 32000
+    pinned = tokens * (32 * (3 * h + inter) * 2 + 2 * h)
+    assert b.phases["next_micro_batch"] - resident == lora_grads + held + pinned

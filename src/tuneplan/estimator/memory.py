@@ -85,6 +85,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         # gradients of whole units; the optimizer step sees the reduce-scattered shard.
         grads, grads_step = fg.accumulating, fg.synced
         grads_prev = fg.accumulating if setup.grad_accum > 1 else 0
+    if setup.longest_batch_first:
+        grads_prev = 0  # the peak batch is the run's first micro-batch: no gradient has accumulated yet
     ac = pp.autocast_copy_bytes
     # From the loss backward on, only the casts autograd saved remain (weights.param_plan: under gradient
     # checkpointing the layers' casts die with autocast's cache at the end of the forward).
@@ -146,6 +148,12 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         bottom["gradients"] -= min(acts.embedding_grad_bytes, grads)
         phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers,
                                              backward_temp=acts.embedding_backward_bytes)
+    if first and setup.grad_accum > 1:
+        # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
+        # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
+        phases["next_micro_batch"] = phase(gradients=(fg.accumulating if fg is not None else grads) + sp.grad_buffers,
+                                           activations=pinned if prof.loop_holds_outputs else 0, logits_loss=held,
+                                           parallel_buffers=sp.gathered)
     phases["optimizer_step"] = phase(gradients=grads_step + sp.grad_buffers,
                                      optimizer_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp,
                                      activations=pinned if prof.loop_holds_outputs else 0, logits_loss=held)
