@@ -48,6 +48,7 @@ L70 = "meta-llama/Llama-3.1-70B-Instruct"
 GPT2 = "openai-community/gpt2"  # LayerNorm, GELU (python gelu_new), Conv1D, dropout 0.1 everywhere
 PHI2 = "microsoft/phi-2"  # parallel attention + MLP, one LayerNorm per block, biases
 NEOX = "EleutherAI/pythia-6.9b"  # GPT-NeoX: fused query_key_value, parallel residual
+BERT = "google-bert/bert-large-uncased"  # encoder: eager softmax in the compute dtype, MLM / classifier heads
 
 CASES: list[Case] = [
     # dense, tied, GQA: every method x checkpointing x attention
@@ -110,6 +111,20 @@ CASES: list[Case] = [
     Case("gpt2 full sdpa", GPT2, dict(method="full", seq=512, batch=4)),
     Case("phi-2 full sdpa", PHI2, dict(method="full", seq=512, batch=4), layers=4),
     Case("pythia-6.9b lora sdpa", NEOX, dict(method="lora", seq=512, batch=4), layers=4),
+    # CUDA autocast's fp32 policies (layer_norm, pow, softmax) on a 16-bit residual stream / a python GELU
+    Case("gpt2 lora fp16-mixed (autocast LayerNorm)", GPT2, dict(method="lora", seq=512, batch=4,
+                                                                  precision="fp16-mixed", targets="all-linear")),
+    Case("phi-2 lora sdpa (parallel block)", PHI2, dict(method="lora", seq=512, batch=4), layers=4),
+    # encoders and sequence-classification heads (num_labels), torch < 2.0's kept gradients
+    Case("bert-large classifier fp16-mixed eager", BERT, dict(method="full", seq=512, batch=4, attn="eager",
+                                                              precision="fp16-mixed", num_labels=2), quick=True),
+    Case("bert-large classifier fp32 keep-grads", BERT, dict(method="full", seq=512, batch=4, attn="eager",
+                                                             precision="fp32", num_labels=2, keep_grads=True)),
+    Case("bert-large mlm lora", BERT, dict(method="lora", seq=512, batch=2, attn="eager", targets="all-linear")),
+    Case("l1b reward qlora gc (num_labels 1)", L1, dict(method="qlora", seq=1024, batch=2, num_labels=1,
+                                                        gradient_checkpointing=True), layers=4),
+    Case("q0.5b full fp32 gc keep-grads", Q05, dict(method="full", seq=512, precision="fp32",
+                                                    gradient_checkpointing=True, keep_grads=True), layers=8),
     # MoE "all-linear": transformers 5 fused experts and TopK routers are not nn.Linear, PEFT skips them
     Case("mixtral lora all-linear gc", MIX, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),
     Case("qwen3-moe lora all-linear gc", Q3MOE, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),
@@ -172,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs > 1 and len(cases) > 1:
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as ex:
+        # one fresh process per case: a case's fake-tensor run leaves nothing behind for the next one
+        # (a long-lived worker running all 55 cases died of heap corruption in torch 2.13's C++ side)
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as ex:
             futures = [ex.submit(run_case, c) for c in cases]
             for fut in as_completed(futures):
                 results.append(fut.result())

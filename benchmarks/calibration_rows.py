@@ -24,6 +24,10 @@ FRAMEWORK_OF_GROUP = {
 
 # pytorch/torchtune#1390 (2024-08-22) brought chunked cross-entropy; earlier rows ran the 0.1-0.2 recipes
 TORCHTUNE_CHUNKED_CE = "2024-08-22"
+# PyTorch 2.0 (2023-03-15) made zero_grad(set_to_none=True) the default (pytorch/pytorch#92731); the
+# transformers Trainer calls model.zero_grad() after each optimizer step, so on torch 1.x its gradient
+# buffers stay allocated (zeroed) through the next forward
+TORCH_2_0 = "2023-03-15"
 
 
 @dataclass
@@ -263,6 +267,9 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
     off = row["offload"].lower()
     if "offload" in off and "false" not in off:
         setup["offload"] = "all" if ("param" in off or "fsdp" in off) else "optimizer"
+    if setup["framework"] == "hf" and row["source_date"][:10] < TORCH_2_0:
+        # the transformers docs' single-GPU guide printed these outputs in 2022 (v4.2x page): torch 1.x
+        setup["keep_grads"] = True
     if "classification" in row.get("task", "").lower():
         setup["num_labels"] = 2  # transformers docs: AutoModelForSequenceClassification on 0/1 labels
     if "forced into" in (row["other_opts"] + row["seq_len_note"]):

@@ -103,10 +103,12 @@ def oracle(hf_id: str, method: str, targets: str, batch: int, seq: int, rank: in
     try:
         with fake:
             model = (ll.GPT if lora else lm.GPT)(cfg)
+            if method == "qlora":
+                # the 4-bit layers exist before LoRA marks what trains (lit-gpt's ``quantization()`` and
+                # Fabric's ``init_module`` build them in place of nn.Linear), so their biases stay frozen
+                _quantize_every_linear(model)
             if lora:
                 ll.mark_only_lora_as_trainable(model)
-            if method == "qlora":
-                _quantize_every_linear(model)
             model.max_seq_length = seq
     finally:
         torch.set_default_dtype(torch.float32)

@@ -1,310 +1,18 @@
-"""Activations saved for backward, per token, from the operations each layer runs.
-
-A small ledger walks one decoder layer the way PyTorch autograd sees it and records what each op keeps
-for backward (``torch.autograd`` saves an operand only when the other operand needs a gradient):
-- a Linear keeps its input when its weight trains (full / freeze) or a LoRA adapter reads it; modules
-  reading the same tensor share one saved copy, unless a dtype cast per module makes a copy each (autocast
-  casting an fp32 input, PEFT casting to the fp32 adapter dtype);
-- RMSNorm as transformers writes it (``hidden.to(float32)``, ``pow``, ``rsqrt``, ``weight * x``) keeps
-  the fp32 input (4h) and, when its weight trains, the normalized output; LayerNorm keeps its input;
-- SwiGLU keeps gate-out (SiLU input), SiLU-out and up-out (both mul operands), and the product when
-  down_proj needs it; a GELU MLP keeps the fc1 output (and, for transformers' python ``gelu_new``,
-  three more intermediates);
-- SDPA / flash keep q, k, v, the output and the fp32 log-sum-exp; eager keeps the fp32 softmax output
-  and its 16-bit cast (6 bytes per score) instead of O(s) state; transformers' SDPA path repeats
-  grouped K/V heads before the kernel (``repeat_kv``) while flash-attention reads them grouped;
-- under gradient checkpointing only each layer's input is kept, and one layer is recomputed in backward.
-
-Derivation for a Llama layer, full fine-tune, pure bf16, SDPA with un-repeated K/V: (22h + 4 h_kv + 8f + 4a)
-bytes per token (../shared/reference/prior-art.md e.4), which the tests rederive by hand.
-"""
+"""Saved activations of the whole model: the layers (``layer_saved.layer_activations``, one ledger walk per
+kind of layer), what lives outside them (final norm, head input, embedding dropout), and what gradient
+checkpointing, activation offload and bitsandbytes' pinned inputs make of that sum."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tuneplan.estimator.dtypes import Dtypes
-from tuneplan.estimator.fused_layers import unsloth_fast_lora_layer
-from tuneplan.estimator.saved_tensors import (
-    DROPOUT_MASK_BYTES,
-    LSE_BYTES,
-    RSTD_BYTES,
-    LayerActs,
-    embedding_backward,
-    model_dropout,
-)
-from tuneplan.specs.model import LayerSpec, ModelSpec
+from tuneplan.estimator.layer_saved import layer_activations
+from tuneplan.estimator.saved_tensors import DROPOUT_MASK_BYTES, LayerActs, embedding_backward, model_dropout
+from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
-SDPA_GQA_MAX_HEAD_DIM = 256  # transformers use_gqa_in_sdpa: key/value head dim <= 256 and no mask
-EAGER_SCORE_BYTES = 6  # eager keeps softmax output in fp32 (4) and its 16-bit cast for matmul (2)
-# Families whose eager attention computes the softmax in the compute dtype (no fp32 upcast):
-# transformers' GPT-2 (`nn.functional.softmax(attn_weights, dim=-1)`) and BERT self-attention.
-COMPUTE_DTYPE_SOFTMAX = ("gpt2", "bert", "roberta")
-
-
-PYTHON_GELU = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh_py")  # transformers NewGELUActivation etc.
-
-
-class _Ledger:
-    """Saved tensors keyed by storage: the same key counts once."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, float] = {}
-
-    def save(self, key: str, nbytes: float) -> None:
-        self.items[key] = max(self.items.get(key, 0.0), nbytes)
-
-    def total(self) -> float:
-        return sum(self.items.values())
-
-
-def layer_activations(
-    model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str],
-    trainable: bool, attn: str, python_model_code: bool, quant_saves_input: bool = False,
-    input_requires_grad: bool = True, litgpt_code: bool = False, expand_kv: bool = False,
-    unsloth_code: bool = False,
-) -> LayerActs:
-    if unsloth_code:
-        fast = unsloth_fast_lora_layer(model, spec, setup, dt, targets)
-        if fast is not None:
-            return fast
-    h = model.hidden
-    led = _Ledger()
-    pinned_keys: set[str] = set()
-    quantized = setup.quant_bits is not None
-    out_b = dt.quant_out if quantized else dt.linear_out
-    c = dt.compute
-    r = setup.rank
-    norm_trains = trainable
-
-    def norm(key: str, width: int, grad_in: bool = True) -> None:
-        if not grad_in:
-            # The first layer LoRA / freeze trains reads an input that needs no gradient (frozen
-            # embeddings below it): autograd keeps nothing for the norm's input path, only what the
-            # norm weight's own gradient needs (simulate: layer 0 of a LoRA model saves 16 KiB/token less).
-            if norm_trains:
-                led.save(key + ".out", dt.norm_out * width)
-            return
-        if model.norm_kind == "rms" and setup.compile:
-            # inductor fuses the norm: its 16-bit input and rstd are kept, the fp32 upcast is recomputed
-            led.save(key + ".in", dt.residual * width)
-            led.save(key + ".rstd", RSTD_BYTES)
-            if norm_trains:
-                led.save(key + ".out", dt.norm_out * width)
-        elif model.norm_kind == "rms":
-            led.save(key + ".fp32_in", 4 * width)
-            led.save(key + ".rstd", RSTD_BYTES)
-            if norm_trains:
-                led.save(key + ".out", dt.norm_out * width)
-        else:
-            # nn.LayerNorm runs aten.native_layer_norm, whose backward computes the weight and bias
-            # gradients from the saved input, mean and rstd: the normalized output is not kept, trained
-            # weight or not (simulate: GPT-2 full fine-tune, 2 x 4h per token per layer less).
-            led.save(key + ".in", dt.residual * width)
-            led.save(key + ".stats", 2 * RSTD_BYTES)
-
-    # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
-    # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
-    # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).
-    norm_out_b = dt.trainable if (trainable and setup.method == "freeze") else dt.norm_out
-    inputs_dtype = {"attn_in": norm_out_b, "mlp_in": norm_out_b, "attn_core": c, "mlp_mid": out_b,
-                    "q_latent": out_b, "kv_latent": out_b}
-
-    def linear(m_name: str, reads: str, d_in: int, tokens_share: float = 1.0) -> None:
-        in_b = inputs_dtype.get(reads, c)
-        if litgpt_code and reads == "attn_core" and (trainable or m_name in targets or
-                                                       (quantized and quant_saves_input)):
-            # LitGPT: SDPA's output is [B, H, S, D]-contiguous; ``y.transpose(1, 2).reshape(B, T, C)`` copies
-            # it, and the projection saves that copy beside the kernel's saved output (litgpt model.py)
-            reads = "attn_core_copy"
-            inputs_dtype[reads] = c
-        if quantized and quant_saves_input and not trainable:
-            # Linear4bit casts the input to the compute dtype first: the same storage when it already is
-            key = reads if in_b == c else reads + ".q_in"
-            led.save(key, c * d_in * tokens_share)
-            pinned_keys.add(key)
-        if trainable:
-            if dt.autocast and in_b != c:
-                led.save(f"{m_name}.cast_in", c * d_in * tokens_share)
-            else:
-                led.save(reads, in_b * d_in * tokens_share)
-        if m_name in targets:
-            # PEFT casts the adapter input to the adapter dtype; under autocast lora_A then casts it back
-            # to 16 bits: a private copy per targeted module. Without a cast the input itself is shared.
-            if dt.autocast and (dt.adapter != in_b or in_b != c):
-                led.save(f"{m_name}.lora_in", c * d_in * tokens_share)
-            elif dt.adapter != in_b:
-                led.save(f"{m_name}.lora_in", dt.adapter * d_in * tokens_share)
-            elif (setup.dropout or 0) > 0:
-                # lora_A reads dropout(x), a new tensor: a private copy (LitGPT's fused qkv LoRA runs one
-                # dropout for q, k and v together: litgpt lora.py LoRAQKVLinear; a checkpoint's fused
-                # gate_up_proj is two LoRALinear modules in LitGPT's LLaMAMLP, fc_1 and fc_2, two dropouts)
-                copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
-                led.save(f"{_lora_key(m_name, reads)}.lora_in", copies * in_b * d_in * tokens_share)
-            else:
-                led.save(reads, in_b * d_in * tokens_share)
-            led.save(f"{m_name}.lora_mid", (c if dt.autocast else dt.adapter) * r * tokens_share)
-            if (setup.dropout or 0) > 0:
-                copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
-                led.save(f"{_lora_key(m_name, reads)}.dropout_mask", copies * d_in * tokens_share)
-
-    attn_inputs = {m.name for m in spec.linears if m.role == "attn" and m.reads == "attn_in"}
-
-    def _lora_key(m_name: str, reads: str) -> str:
-        return "qkv_fused" if litgpt_code and m_name in attn_inputs else m_name
-
-    # ---- attention ---------------------------------------------------------------------------
-    norm("attn_norm", h, input_requires_grad)
-    for m in spec.linears:
-        if m.role == "attn" and m.reads != "attn_core":
-            linear(m.name, m.reads, m.d_in)
-    if litgpt_code:
-        qkv = [m for m in spec.linears if m.role == "attn" and m.reads == "attn_in"]
-        adapted = [m for m in qkv if m.name in targets]
-        if adapted and len(adapted) < len(qkv):
-            # LoRAQKVLinear.zero_pad scatters the adapted parts' update into a zero qkv-wide tensor with
-            # index_copy, whose backward formula (expand_as(source)) keeps the source: the update itself
-            led.save("qkv_lora_update", c * sum(m.d_out * m.count for m in adapted))
-    a, d, dv = model.n_heads, model.head_dim, model.v_head_dim
-    kv_heads = model.n_kv_heads
-    if model.mla_kv_lora_rank:
-        led.save("kv_latent_norm", 4 * model.mla_kv_lora_rank)
-        kv_heads = a  # kv_b_proj expands the latent to every head
-    per_pos = 0.0
-    # transformers' modeling code applies the config's dropouts; LitGPT's and torchtune's model code has
-    # no residual / attention dropout layers (litgpt model.py; torchtune attn_dropout defaults to 0.0)
-    p_attn, p_hidden, _ = model_dropout(model.config) if not (litgpt_code or expand_kv) else (0.0, 0.0, 0.0)
-    if p_hidden > 0:
-        # residual dropout after the attention output and after the MLP (GPT-2 resid_pdrop, BERT
-        # hidden_dropout_prob): each keeps its one-byte mask; its output only feeds the residual add.
-        led.save("attn_out_dropout_mask", DROPOUT_MASK_BYTES * h)
-        led.save("mlp_out_dropout_mask", DROPOUT_MASK_BYTES * h)
-    fused_qkv = next((m.d_out for m in spec.linears if m.name == "qkv_proj"), 0)
-    softcap = bool(model.config.get("attn_logit_softcapping"))
-    if litgpt_code and softcap:
-        attn = "eager"  # litgpt model.py: "with softcapping we cannot use SDPA"
-    if attn == "sdpa" and c == 4 and kv_heads < a and max(d, dv) <= SDPA_GQA_MAX_HEAD_DIM:
-        # fp32 + GQA: transformers passes enable_gqa=True, flash needs 16 bits and the memory-efficient
-        # backend has no GQA (sdp_utils.cpp), so SDPA runs its math path: q scaled, K scaled and V
-        # repeat_interleave-d, and the fp32 softmax of the B x H x S x S scores saved (simulate).
-        led.save("q_attn", c * a * d)
-        led.save("k_attn", c * a * d)
-        led.save("v_attn", c * a * dv)
-        per_pos = 4.0 * a
-    elif attn == "eager":
-        kv_saved = a  # repeat_kv before the matmuls
-        # q @ k^T keeps q only for k's gradient: in the first LoRA layer k needs none unless its
-        # projection trains (eager_attention_forward; simulate: Llama-2-7B layer 0 keeps no q).
-        k_grad = input_requires_grad or trainable or any(
-            m.name in targets and m.name not in ("q_proj", "v_proj", "query", "value")
-            for m in spec.linears if m.reads == "attn_in")
-        if k_grad:
-            led.save("q_attn", c * a * d)
-        led.save("k_attn", c * kv_saved * d)
-        led.save("v_attn", c * kv_saved * dv)
-        # Softmax keeps its output (fp32 in eager_attention_forward, the compute dtype in GPT-2/BERT); the
-        # probs @ V matmul keeps its 16-bit cast when the dtypes differ. With attention dropout, dropout
-        # keeps its mask and the matmul keeps the dropout output instead of the cast.
-        # (autocast runs softmax in fp32 whatever the model code asks: it is on autocast's fp32 list)
-        soft_b = 4 if (dt.autocast or model.model_type not in COMPUTE_DTYPE_SOFTMAX) else c
-        if p_attn > 0:
-            per_pos = (soft_b + DROPOUT_MASK_BYTES + c) * a
-        else:
-            per_pos = (soft_b + (c if soft_b != c else 0)) * a
-        if softcap:
-            per_pos += c * a  # tanh(scores / cap) keeps its output for backward (Gemma 2 soft-capping)
-    else:
-        # transformers sdpa_attention_forward calls repeat_kv only when use_gqa_in_sdpa() is false (a mask
-        # is passed, i.e. padded batches, or head_dim > 256); for unpadded causal batches it passes
-        # enable_gqa=True and the flash kernel keeps K/V grouped, as flash_attention_2 does (simulate:
-        # Qwen2.5-0.5B saved k/v of 256 B/token/layer, not 1792).
-        kv_saved = kv_heads if (attn == "flash" or max(d, dv) <= SDPA_GQA_MAX_HEAD_DIM) else a
-        if litgpt_code:
-            # LitGPT repeats grouped K/V heads (repeat_interleave) before SDPA, and its q, k, v come out of
-            # one fused qkv Linear: with no repeat (MHA) v stays a view of that whole output (litgpt model.py)
-            kv_saved = a
-            fused_qkv = (a * d + 2 * kv_heads * d) if kv_heads == a else 0
-        elif expand_kv:
-            # torchtune MultiHeadAttention: "View + expand + reshape bring num_kv_heads to num_heads for k
-            # and v" before SDPA (torchtune/modules/attention.py): the kernel saves head-expanded copies
-            kv_saved = a
-        led.save("q_attn", c * a * d)
-        led.save("k_attn", c * kv_saved * d)
-        led.save("v_attn", c * kv_saved * dv)
-        if fused_qkv and kv_saved == kv_heads:
-            # Phi-3's qkv_proj output is sliced into q, k, v views; RoPE replaces q and k, but the kernel
-            # saves v, a view that keeps the whole fused buffer alive (simulate: Phi-3-mini, +2h per token)
-            led.save("v_attn", out_b * fused_qkv)
-        # The kernel writes its output [B, S, H, D]; the module's transpose(1, 2).contiguous() and reshape
-        # are views, so the saved output *is* o_proj's input: one storage, keyed like o_proj's read.
-        led.save("attn_core", c * a * dv)
-        led.save("lse", LSE_BYTES * a)
-    for m in spec.linears:
-        if m.reads == "attn_core":
-            linear(m.name, "attn_core", m.d_in)
-
-    # ---- MLP / MoE ------------------------------------------------------------------------------
-    shared_norm = model.family == "gpt" and spec.n_norms == 1
-    if spec.n_norms >= 1 and not shared_norm:
-        norm("mlp_norm", h)
-    # parallel attention + MLP under one norm (Phi, GPT-J, Falcon-7B): the MLP reads the attention's
-    # normalized input, the same tensor, so what both save is one storage
-    mlp_reads = "attn_in" if shared_norm else "mlp_in"
-    mlp = [m for m in spec.linears if m.role in ("mlp", "shared_expert")]
-    experts = [m for m in spec.linears if m.role == "expert"]
-    routers = [m for m in spec.linears if m.role == "router"]
-    for m in routers:
-        linear(m.name, m.reads, m.d_in)
-        led.save(m.name + ".probs_fp32", 4 * m.d_out)  # softmax over experts in fp32
-    hidden_act = str(model.config.get("hidden_act", model.config.get("activation_function", "")))
-
-    def mlp_block(mods: list, width: int, share: float, prefix: str) -> None:
-        if not mods:
-            return
-        for m in mods:
-            if m.reads == "mlp_in":
-                linear(m.name, mlp_reads if share == 1.0 else prefix + "gathered", m.d_in, share)
-        if model.mlp_kind == "swiglu":
-            led.save(prefix + "gate_out", out_b * width * share)
-            if not setup.compile:  # compiled, SiLU is recomputed from gate_out in backward
-                led.save(prefix + "silu_out", out_b * width * share)
-            led.save(prefix + "up_out", out_b * width * share)
-        else:
-            led.save(prefix + "fc1_out", out_b * width * share)
-            if python_model_code and hidden_act in PYTHON_GELU:
-                led.save(prefix + "gelu_parts", 3 * out_b * width * share)
-        for m in mods:
-            if m.reads == "mlp_mid":
-                key_in = prefix + "mid"
-                inputs_dtype[key_in] = out_b
-                linear(m.name, key_in, m.d_in, share)
-
-    if experts:
-        k = spec.top_k
-        # Each routed copy of a token is gathered (index_select) before the expert matmuls.
-        if trainable or any(m.name in targets for m in experts):
-            led.save("expert_gathered", c * h * k)
-        mlp_block(experts, spec.expert_intermediate, float(k), "expert.")
-        led.save("expert_weighted_out", out_b * h * k)
-        shared = [m for m in mlp if m.role == "shared_expert"]
-        mlp_block(shared, spec.mlp_intermediate, 1.0, "shared.")
-    else:
-        width = spec.mlp_intermediate or model.intermediate
-        mlp_block(mlp, width, 1.0, "mlp.")
-
-    for i in range(max(spec.n_norms - 2, 0)):  # Gemma 2/3, GLM-4: post-attention / post-MLP norms
-        norm(f"post_norm{i}", h)
-
-    # Activation gradients while this layer is back-propagated, at the MLP's gated product (simulate:
-    # Llama-2-7B QLoRA peaks inside the top layer at aten.mul): the gradient of down_proj's input and the
-    # two products' gradients (gate and up branches), three MLP-wide tensors in the MLP's output dtype,
-    # next to the incoming residual gradient and its accumulated copy, two hidden-wide residual tensors.
-    width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
-    bwd = out_b * 3 * width + dt.residual * 2 * h
-    bwd_pos = (8.0 * a) if (attn == "eager" or per_pos) else 0.0  # grad of fp32 probs and of the scores
-    return LayerActs(per_token=led.total(), per_token_per_pos=per_pos, backward_temp=bwd,
-                     backward_temp_per_pos=bwd_pos, pinned=sum(led.items[k] for k in pinned_keys))
+__all__ = ["ActivationPlan", "LayerActs", "activation_plan", "layer_activations"]
 
 
 @dataclass(frozen=True)
@@ -321,6 +29,8 @@ class ActivationPlan:
     embedding_backward_bytes: int = 0
     # bitsandbytes-held 4-bit matmul inputs of every layer and of a quantized lm_head (LayerActs.pinned)
     pinned_bytes: int = 0
+    # what the final norm and the head keep (in saved_bytes): released before the top layer's backward
+    tail_bytes: int = 0
 
 
 def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
@@ -365,7 +75,8 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
             total += per_layer * n
             pinned += tokens * la.pinned * n
             biggest = max(biggest, per_layer)
-            biggest_bwd = max(biggest_bwd, tokens * la.backward_temp + tokens * s * la.backward_temp_per_pos)
+            attn_bwd = tokens * s * la.backward_temp_per_pos + tokens * la.attn_backward_offset if la.backward_temp_per_pos else 0
+            biggest_bwd = max(biggest_bwd, tokens * la.backward_temp, attn_bwd)
     # Outside the layers: the final norm keeps its fp32 input; lm_head keeps its input when it trains (a
     # classification head always trains: PEFT puts it in modules_to_save). BERT has no final norm: its MLM
     # head's transform keeps about as much; its classifier reads the first token only, through the pooler.
@@ -387,7 +98,8 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
         return ActivationPlan(saved_bytes=int(ckpt - offloaded + tail), top_layer_bytes=int(biggest),
                               checkpoint_bytes=int(ckpt - offloaded), recompute_bytes=int(biggest),
                               backward_temp_bytes=int(biggest_bwd), offloaded_bytes=int(offloaded),
-                              embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra)
+                              embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra,
+                              tail_bytes=int(tail))
     if setup.activation_offload:
         # torchtune OffloadActivations: each saved tensor goes to host memory as it is made and comes back
         # for its layer's backward; the output projection and the loss run outside it (NoOpManager)

@@ -7,7 +7,8 @@ Instants (step >= 2, when optimizer states exist; ../shared/reference/prior-art.
   every other saved activation still alive, and the bottom layer with almost all gradients allocated;
 - ``optimizer_step``: all gradients, states and the step's temporaries.
 Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
-with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward.
+with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
+``keep_grads``: torch < 2.0's in-place zeroing).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     grads = sp.grads_live
     if setup.optimizer_in_backward:
         grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
-    grads_prev = grads if setup.grad_accum > 1 and not setup.optimizer_in_backward else 0
+    # earlier micro-batches' gradients (accumulation), or the previous step's zeroed buffers (keep_grads)
+    grads_prev = grads if (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward else 0
     grads_step = grads
     fg = fsdp_gradients(model, setup, prof, dt, pp.trainable_params, pp.adapter_params)
     if fg is not None:
@@ -127,7 +129,10 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
                                            logits_loss=held + lg.at_forward_end + head_deq,
                                            parallel_buffers=sp.gathered)
     if setup.gradient_checkpointing:
-        top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + acts.recompute_bytes,
+        # the head and the final norm have been back-propagated (their saved tensors released) by the time
+        # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
+        top = phase(gradients=grads_prev + sp.grad_buffers,
+                    activations=fwd_acts - acts.tail_bytes + acts.recompute_bytes,
                     autocast_copies=ac_bwd, backward_temp=bwd_temp, parallel_buffers=sp.gathered)
         bottom = phase(gradients=grads + sp.grad_buffers, activations=acts.recompute_bytes,
                        backward_temp=bwd_temp, parallel_buffers=sp.gathered)
@@ -143,11 +148,16 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     # Single GPU (checked against the simulate engine): the token-embedding gradient is the last one made,
     # so the bottom layer runs without it, and the embedding backward adds its scratch (tied weights: the
     # out-of-place sum of the lm_head and embedding contributions) on top of every gradient, with no
-    # activation left (activations.embedding_backward).
+    # activation left (activations.embedding_backward). When a buffer is already there (a later micro-batch of
+    # an accumulation, or keep_grads' zeroed buffer) the new gradient is a temporary that AccumulateGrad
+    # adds into it in place (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor).
     if acts.embedding_grad_bytes and setup.world_size == 1 and not setup.optimizer_in_backward:
-        bottom["gradients"] -= min(acts.embedding_grad_bytes, grads)
-        phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers,
-                                             backward_temp=acts.embedding_backward_bytes)
+        if setup.keep_grads or setup.grad_accum > 1:
+            emb_temp = acts.embedding_backward_bytes + min(acts.embedding_grad_bytes, grads)
+        else:
+            bottom["gradients"] -= min(acts.embedding_grad_bytes, grads)
+            emb_temp = acts.embedding_backward_bytes
+        phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers, backward_temp=emb_temp)
     if first and setup.grad_accum > 1:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted

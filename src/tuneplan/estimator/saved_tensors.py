@@ -44,6 +44,9 @@ class LayerActs:
     # inputs bitsandbytes' MatMul4Bit (<= 0.43) keeps in ``ctx.tensors``, a Python attribute that backward
     # does not release: they live until the graph itself is dropped (part of ``per_token``)
     pinned: float = 0.0
+    # per token, while the attention is back-propagated: the residual gradients minus what the MLP block
+    # (and its norm) kept, released by then (backward_temp_per_pos applies from that point on)
+    attn_backward_offset: float = 0.0
 
 
 def embedding_backward_scratch(tokens: int, hidden: int) -> int:

@@ -75,6 +75,9 @@ def trainer_kernels(s: TrainSetup, who: str) -> None:
         raise TuneplanError(f"{who} has no switch for a {s.loss} cross-entropy on materialised logits",
                             field="loss", accepted="--loss fused-linear (Liger), --loss upcast, or an axolotl / "
                                                    "torchtune / Unsloth config")
+    if s.keep_grads:
+        raise TuneplanError(f"{who} runs on torch >= 2.0, whose zero_grad frees the gradients",
+                            field="keep_grads", accepted="--no-keep-grads to export")
     if s.num_labels:
         raise TuneplanError("the exported recipes train a language model; a sequence-classification head is "
                             "not written", field="num_labels", accepted="drop --num-labels to export")

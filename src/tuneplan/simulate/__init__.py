@@ -44,8 +44,6 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
     """Why this setup cannot be simulated in one fake process ('' when it can)."""
     if setup.world_size > 1 or setup.zero or setup.fsdp:
         return "multi-GPU (DDP / ZeRO / FSDP) is out of reach of a single fake process"
-    if setup.num_labels:
-        return "simulate builds language-model heads; a sequence-classification head is estimated analytically"
     if setup.framework not in SIMULATED_FRAMEWORKS:
         return f"the {setup.framework} profile runs its own model code / loss kernels, which simulate does not have"
     if setup.quant_bits == 8:
@@ -53,8 +51,8 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
     if model.is_moe and setup.method == "qlora":
         return ("QLoRA on a MoE: transformers 5 keeps experts as fused 3-D parameters, which the 4-bit "
                 "stand-in does not quantize")
-    if model.architecture != "decoder":
-        return "simulate runs causal LMs only"
+    if model.architecture not in ("decoder", "encoder"):
+        return "simulate runs decoders and encoders (masked LM or classifier heads) only"
     return ""
 
 

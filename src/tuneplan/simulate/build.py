@@ -103,25 +103,41 @@ def _load_dtype(setup: TrainSetup, prof: Profile) -> torch.dtype:
     return half
 
 
+def head_class(spec: ModelSpec, setup: TrainSetup) -> Any:
+    """The transformers auto class the training script would load: a classifier head when ``num_labels`` is
+    set, the masked-LM head for an encoder, else the causal LM."""
+    import transformers
+
+    if setup.num_labels:
+        return transformers.AutoModelForSequenceClassification
+    if spec.architecture == "encoder":
+        return transformers.AutoModelForMaskedLM
+    return transformers.AutoModelForCausalLM
+
+
 def build(spec: ModelSpec, setup: TrainSetup, prof: Profile, targets: frozenset[str]) -> nn.Module:
     """The model, ready for training (call inside FakeTensorMode)."""
-    from transformers import AutoModelForCausalLM
-
     register_attention()
     attn = setup.attn or prof.default_attn
     impl = ATTN_IMPL[attn]
     config = hf_config(spec, impl)
+    if setup.num_labels:
+        config.num_labels = setup.num_labels
+        if getattr(config, "pad_token_id", None) is None:
+            # decoder classifiers pool the last non-padding token and need a pad id for batches > 1; the
+            # simulated inputs hold no padding, so any id other than theirs (0) gives the real gather
+            config.pad_token_id = spec.vocab - 1
+    auto = head_class(spec, setup)
     try:
-        model = AutoModelForCausalLM.from_config(config, dtype=_load_dtype(setup, prof), attn_implementation=impl)
+        model = auto.from_config(config, dtype=_load_dtype(setup, prof), attn_implementation=impl)
     except TypeError:  # transformers < 4.56 names it torch_dtype
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=_load_dtype(setup, prof),
-                                                 attn_implementation=impl)
+        model = auto.from_config(config, torch_dtype=_load_dtype(setup, prof), attn_implementation=impl)
     model.train()
     half = compute_dtype(setup)
     if setup.method == "qlora":
         if setup.quant_bits != 4:
             raise TuneplanError("simulate models bitsandbytes 4-bit only", field="bits", accepted="4")
-        replace_linears(model, half, setup.double_quant)
+        replace_linears(model, half, setup.double_quant, skip=(_kept_head(model),))
         model.is_loaded_in_4bit = True
         if prof.kbit_upcast_fp32:
             from peft import prepare_model_for_kbit_training
@@ -139,6 +155,16 @@ def build(spec: ModelSpec, setup: TrainSetup, prof: Profile, targets: frozenset[
     if setup.is_lora:
         model = _apply_lora(model, setup, prof, targets)
     return model
+
+
+def _kept_head(model: nn.Module) -> str:
+    """The module transformers' bitsandbytes integration leaves unquantized (``get_keys_to_not_convert``):
+    the output embeddings (lm_head, BERT's MLM decoder), else the model's last module (a classifier's
+    ``score`` / ``classifier``)."""
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None:
+        return next((n for n, m in model.named_modules() if m is out), "lm_head")
+    return list(model.named_children())[-1][0]
 
 
 def _unfreeze_last_layers(model: nn.Module, n: int, setup: TrainSetup, prof: Profile) -> None:
@@ -175,11 +201,19 @@ def _apply_lora(model: nn.Module, setup: TrainSetup, prof: Profile, targets: fro
             "(transformers 5 fuses MoE experts into 3-D parameters)", field="targets",
             accepted=", ".join(sorted(present)))
     cfg = LoraConfig(r=setup.rank, lora_alpha=setup.alpha or 2 * setup.rank, lora_dropout=setup.dropout,
-                     target_modules=usable, task_type="CAUSAL_LM")
+                     target_modules=usable, task_type=_peft_task(model, setup))
     if setup.method == "qlora":
         cfg._register_custom_module({SimLinear4bit: lora_class()})
     with data_assignment_apply():
         return get_peft_model(model, cfg, autocast_adapter_dtype=prof.adapter_fp32)
+
+
+def _peft_task(model: nn.Module, setup: TrainSetup) -> str | None:
+    """PEFT's task type: SEQ_CLS puts the classifier head in modules_to_save; a masked LM has none (a
+    plain PeftModel: PeftModelForCausalLM expects generation hooks an encoder lacks)."""
+    if setup.num_labels:
+        return "SEQ_CLS"
+    return None if type(model).__name__.endswith("ForMaskedLM") else "CAUSAL_LM"
 
 
 def lora_targets_skipped(model: nn.Module, targets: frozenset[str]) -> list[str]:

@@ -45,7 +45,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tuneplan.simulate.build import build, compute_dtype, lora_targets_skipped, uses_autocast
-    from tuneplan.simulate.kernels import KERNEL_BUFFERS, cuda_dropout, workspace_rule
+    from tuneplan.simulate.kernels import KERNEL_BUFFERS, cuda_autocast_policies, cuda_dropout, workspace_rule
     from tuneplan.simulate.qlora import SimLinear4bit
     from tuneplan.simulate.step import run_steps
     from tuneplan.simulate.tracker import StorageTracker
@@ -69,8 +69,11 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
             notes.append(f"LoRA targets not wrapped by PEFT (not nn.Linear in transformers): {', '.join(skipped)}")
 
     names = _module_names(model)
-    # The loss runs in the *ForCausalLM forward itself (under PEFT: base_model.model).
-    causal = next((m for m in model.modules() if "lm_head" in dict(m.named_children())), model)
+    # The loss runs in the *ForCausalLM / *ForMaskedLM / *ForSequenceClassification forward itself (under
+    # PEFT: base_model.model).
+    heads = ("ForMaskedLM", "ForSequenceClassification")
+    causal = next((m for m in model.modules() if "lm_head" in dict(m.named_children())
+                   or (type(m).__name__.endswith(heads) and not type(m).__name__.startswith("PeftModel"))), model)
     tracker.top_module = names.get(id(causal), "")
 
     # Register what exists before the first step: parameters, buffers, quantized storage.
@@ -104,7 +107,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     try:
-        with fake, tracker, cuda_dropout():
+        with fake, tracker, cuda_dropout(), cuda_autocast_policies():
             opt = run_steps(model, setup, setup.optimizer or prof.default_optimizer, tracker,
                             compute_dtype(setup), uses_autocast(setup, prof), progress)
     finally:

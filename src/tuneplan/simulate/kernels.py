@@ -205,6 +205,47 @@ def cuda_dropout() -> Any:
         F.dropout = orig
 
 
+# CUDA autocast's float32 policies (aten/src/ATen/autocast_mode.cpp, the KERNEL_CUDA lists). CPU autocast
+# runs these ops in the 16-bit dtype (its fp32 list is losses, linear algebra and FFTs), so the simulated
+# step would keep half-size tensors where a GPU keeps fp32 ones. ``fp32``: 16-bit floating inputs are cast
+# to fp32 copies and the op runs in fp32 (a LayerNorm saves the fp32 copy of its input). ``fp32_set_opt_dtype``:
+# the op is called with ``dtype=torch.float32`` unless the caller gave one (the kernel upcasts as it reads:
+# no input copy, an fp32 output).
+CUDA_AUTOCAST_FP32 = frozenset({
+    "layer_norm", "group_norm", "pow", "__pow__", "__rpow__", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "softplus", "logsumexp",
+    "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "poisson_nll_loss",
+    "binary_cross_entropy_with_logits", "cosine_similarity", "cosine_embedding_loss", "hinge_embedding_loss",
+    "margin_ranking_loss", "soft_margin_loss", "triplet_margin_loss", "dist", "cdist", "pdist", "renorm",
+})
+CUDA_AUTOCAST_FP32_SET_DTYPE = frozenset({"softmax", "log_softmax", "sum", "cumsum", "cumprod", "prod", "norm"})
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class _CudaAutocastPolicies(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if torch.is_autocast_enabled("cpu") and name in CUDA_AUTOCAST_FP32_SET_DTYPE | CUDA_AUTOCAST_FP32:
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None and first.dtype in _HALF:
+                if name in CUDA_AUTOCAST_FP32:
+                    args = tuple(a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype in _HALF else a
+                                 for a in args)
+                    kwargs = {k: (v.to(torch.float32) if isinstance(v, torch.Tensor) and v.dtype in _HALF else v)
+                              for k, v in kwargs.items()}
+                elif kwargs.get("dtype") is None and not any(isinstance(a, torch.dtype) for a in args):
+                    kwargs = {**kwargs, "dtype": torch.float32}
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def cuda_autocast_policies() -> Any:
+    """Give the CPU autocast of the simulated step CUDA autocast's float32 policies (see above)."""
+    with _CudaAutocastPolicies():
+        yield
+
+
 def register_attention() -> None:
     from transformers import AttentionInterface
 

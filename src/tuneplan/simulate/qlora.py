@@ -118,8 +118,8 @@ class _MatMul4Bit(torch.autograd.Function):
 
 def replace_linears(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
                     skip: tuple[str, ...] = ("lm_head",)) -> list[SimLinear4bit]:
-    """Swap every ``nn.Linear`` inside the decoder (not lm_head) for the stand-in, as transformers'
-    bitsandbytes integration does (``get_keys_to_not_convert`` keeps the output head unquantized)."""
+    """Swap every ``nn.Linear`` but the output head (``skip``: lm_head, or a classifier's last module) for
+    the stand-in, as transformers' bitsandbytes integration does (``get_keys_to_not_convert``)."""
     made: list[SimLinear4bit] = []
     for name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):

@@ -15,7 +15,8 @@ RESERVED_BAND = (-0.05, 0.02)
 LIMITS = (
     "simulate: eager PyTorch only (no torch.compile); no data-dependent shapes (MoE eager expert loops, "
     "unpadded varlen attention); batches without padding; kernels without a stand-in (Liger, Unsloth, "
-    "DeepSpeed, FSDP) are not simulated; CPU autocast stands in for CUDA autocast",
+    "DeepSpeed, FSDP) are not simulated; CPU autocast with CUDA autocast's fp32 op list stands in for CUDA "
+    "autocast",
 )
 
 PHASE_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer_step",
@@ -58,8 +59,8 @@ def module_group(name: str) -> str:
     """Collapse a module path to its decoder layer (or the top-level module outside the layers)."""
     if not name:
         return "(autograd engine: backward)"
-    if name == "base_model.model" or name.endswith("ForCausalLM"):
-        return "(loss, in the CausalLM forward)"
+    if name == "base_model.model" or name.endswith(("ForCausalLM", "ForMaskedLM", "ForSequenceClassification")):
+        return "(loss, in the model's head forward)"
     name = name.replace("base_model.model.", "")
     m = _LAYER.match(name)
     return m.group(1) if m else name

@@ -3,7 +3,7 @@
 Per optimizer step (transformers Trainer ``_inner_training_loop`` / ``training_step``): for each of the
 ``grad_accum`` micro-batches ``outputs = model(**inputs)``, ``loss = outputs.loss`` and ``outputs`` dropped
 (so the logits are gone before backward), ``loss.backward()``; then ``clip_grad_norm_(max_norm=1.0)``,
-``optimizer.step()``, ``zero_grad(set_to_none=True)``. Step 1 creates the optimizer states, so the steady
+``optimizer.step()``, ``zero_grad(set_to_none=True)`` (``False`` with ``keep_grads``: torch < 2.0). Step 1 creates the optimizer states, so the steady
 peak is in step 2: that is the step reported.
 
 Optimizers as on CUDA: ``adamw-fused`` is ``AdamW(fused=True)`` (Trainer's ``adamw_torch_fused``, its step
@@ -126,6 +126,12 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
     fused = optimizer == "adamw-fused"
     tracker.host_scalars_in_optimizer = not fused
     ids = torch.zeros((setup.batch, setup.seq), dtype=torch.long)
+    labels = ids
+    if setup.num_labels:
+        # transformers' sequence classifiers: one class index per sample, or one float target for a
+        # single-label regression head (reward models), which it trains with MSELoss
+        labels = (torch.zeros((setup.batch,), dtype=torch.long) if setup.num_labels > 1
+                  else torch.zeros((setup.batch,), dtype=torch.float32))
     total = steps * (setup.grad_accum * 2 + 1)
     done = 0
 
@@ -141,7 +147,7 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
             tracker.phase = f"step{step}.forward"
             tracker.micro = micro
             with amp():
-                outputs = model(input_ids=ids, labels=ids)
+                outputs = model(input_ids=ids, labels=labels)
             loss = outputs.loss
             del outputs  # Trainer.compute_loss returns the loss only: the logits die here
             if setup.grad_accum > 1:
@@ -158,6 +164,6 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
         opt.step()
         relabel_states(tracker, opt, fused)
         tracker.phase = f"step{step}.zero_grad"
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not setup.keep_grads)
         tick(f"step {step} optimizer")
     return opt

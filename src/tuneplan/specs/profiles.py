@@ -94,7 +94,7 @@ PROFILES: dict[str, Profile] = {
             "optim='adamw_8bit', target q,k,v,o,gate,up,down",
             "unsloth README (context-length benchmarks): Apple's cut cross-entropy, no logits tensor "
             "(unsloth_zoo fused linear cross-entropy)",
-            "unsloth/kernels/fast_lora.py LoRA_QKV / LoRA_W / LoRA_MLP save only X, e, g (estimator/activations.py)",
+            "unsloth/kernels/fast_lora.py LoRA_QKV / LoRA_W / LoRA_MLP save only X, e, g (estimator/fused_layers.py)",
         ),
     ),
     "torchtune": Profile(

@@ -72,6 +72,11 @@ class TrainSetup:
     # a sequence-classification head with this many labels instead of the LM head (classifiers, reward
     # models: transformers *ForSequenceClassification); None = causal / masked language modelling
     num_labels: int | None = None
+    # zero_grad(set_to_none=False): the gradient buffers are zeroed in place, not freed, so they stay
+    # allocated through the next forward even without accumulation. torch < 2.0's default for
+    # Module.zero_grad / Optimizer.zero_grad (pytorch/pytorch#92731 made set_to_none=True the default), which
+    # the transformers Trainer of that time called as model.zero_grad() after every optimizer step.
+    keep_grads: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -161,6 +166,10 @@ class TrainSetup:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
                 raise TuneplanError(f"must be a positive number of elements, got {v!r}", field=name,
                                     accepted="1, 2, 3, ... (e.g. 500000000)")
+        if self.keep_grads and (self.zero or self.fsdp):
+            raise TuneplanError("DeepSpeed ZeRO and FSDP manage their own gradient buffers; keeping zeroed "
+                                "gradients is a single-GPU / DDP behaviour", field="keep_grads",
+                                accepted="--no-keep-grads with --zero / --fsdp")
         if self.method == "freeze" and self.freeze_trainable_layers <= 0:
             raise TuneplanError("must be positive", field="freeze_trainable_layers", accepted="1..n_layers")
         return self

@@ -1,0 +1,79 @@
+"""keep_grads: torch < 2.0's zero_grad(set_to_none=False) keeps the zeroed gradient buffers allocated
+through the next forward, so even without accumulation the step's peak carries every gradient."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuneplan.api import estimate
+from tuneplan.catalog.models import resolve_model
+from tuneplan.errors import TuneplanError
+from tuneplan.export import build_export
+from tuneplan.specs.setup import TrainSetup
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_kept_gradients_join_the_forward_peak() -> None:
+    # Qwen2.5-0.5B full fine-tune in fp32, one micro-batch per step: the forward instant holds the same
+    # activations with or without kept buffers; kept, it also holds every fp32 gradient (4 B x params)
+    spec = resolve_model("Qwen/Qwen2.5-0.5B", allow_network=False)
+    kw = dict(method="full", precision="fp32", batch=1, seq=256, timing=False)
+    freed = estimate(spec, **kw).breakdown
+    kept = estimate(spec, keep_grads=True, **kw).breakdown
+    assert freed.components["gradients"] == 0 or freed.peak_phase != "forward"
+    assert kept.phases["forward"] - freed.phases["forward"] == 4 * spec.params_total
+    # gradient accumulation already keeps them: the switch changes nothing there
+    ga = dict(kw, grad_accum=2)
+    assert estimate(spec, keep_grads=True, **ga).breakdown.phases == estimate(spec, **ga).breakdown.phases
+
+
+def test_the_embedding_gradient_is_added_into_its_kept_buffer() -> None:
+    # Tied embeddings: the last gradient made is the embedding's. Freed buffers: it becomes .grad, so the
+    # bottom layer runs without it. Kept buffers: it is a temporary AccumulateGrad adds into the existing
+    # .grad (one more embedding-sized fp32 tensor at that instant, simulate-checked).
+    spec = resolve_model("Qwen/Qwen2.5-0.5B", allow_network=False)
+    kw = dict(method="full", precision="fp32", batch=1, seq=128, gradient_checkpointing=True, timing=False)
+    freed = estimate(spec, **kw).breakdown.phases["backward_embedding"]
+    kept = estimate(spec, keep_grads=True, **kw).breakdown.phases["backward_embedding"]
+    assert kept - freed == 4 * spec.vocab * spec.hidden
+
+
+def test_sharded_setups_refuse_the_switch_and_exports_refuse_it(tmp_path) -> None:
+    spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+    with pytest.raises(TuneplanError) as e:
+        estimate(spec, method="lora", zero=2, gpus=2, keep_grads=True, timing=False)
+    assert e.value.field == "keep_grads"
+    with pytest.raises(TuneplanError) as e:
+        build_export("hf-script", spec, TrainSetup(method="lora", keep_grads=True), None, tmp_path / "r")
+    assert e.value.field == "keep_grads"
+
+
+def test_cli_flag() -> None:
+    def peak(*extra: str) -> float:
+        out = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "estimate", "google-bert/bert-large-uncased",
+                              "--method", "full", "--precision", "fp32", "--batch", "4", "--seq", "512",
+                              "--attn", "eager", "--num-labels", "2", "--json", *extra],
+                             capture_output=True, text=True, timeout=120,
+                             env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+        assert out.returncode in (0, 1), out.stderr  # 1: does not fit the default GPU, still a full report
+        return json.loads(out.stdout)["per_gpu"]["allocated_peak_bytes"]
+
+    bert = resolve_model("google-bert/bert-large-uncased", allow_network=False)
+    assert peak("--keep-grads") > peak() + 4 * bert.params_total * 0.9
+
+
+def test_calibration_rows_before_torch_2_keep_gradients() -> None:
+    sys.path.insert(0, str(BENCH))
+    from calibration_rows import TORCH_2_0, load_rows, map_row
+
+    rows = {r["row_id"]: r for r in load_rows()}
+    bert = map_row(rows["M0249"])  # transformers docs, 2022: torch 1.x
+    assert rows["M0249"]["source_date"][:10] < TORCH_2_0 and bert.setup.get("keep_grads") is True
+    later = [map_row(r) for r in rows.values() if r["source_group"] == "hf-peft"]
+    assert later and not any(getattr(m, "setup", {}).get("keep_grads") for m in later)
