@@ -43,6 +43,10 @@ def predict(row: MappedRow, engine: str) -> dict[str, Any]:
         device += row.context_bytes - b.cuda_context_bytes
     quantity = {"allocated": b.allocated_peak_bytes, "reserved": b.reserved_peak_bytes,
                 "device": device}.get(row.metric, b.allocated_peak_bytes)
+    if row.metric == "reserved" and row.reserved_floor_bytes:
+        # the run reserved this much while loading the model (torchtune 0.1 builds the NF4 weights on the GPU)
+        # and the caching allocator kept it: tuneplan estimates the training step, not the load
+        quantity = max(quantity, row.reserved_floor_bytes)
     return {"predicted_bytes": quantity, "device_bytes": device, "fits": est.fits,
             "gpu_bytes": est.gpu.memory_bytes if est.gpu else None}
 

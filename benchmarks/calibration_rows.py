@@ -46,6 +46,9 @@ class MappedRow:
     approximations: list[str] = field(default_factory=list)
     # CUDA context the source states for its device reading (bytes), used instead of tuneplan's default
     context_bytes: int | None = None
+    # reserved memory the source states for an earlier point of the same run (after model init): the
+    # caching allocator keeps those segments (no empty_cache), so a later reserved reading is at least that
+    reserved_floor_bytes: int | None = None
 
 
 @dataclass
@@ -159,6 +162,16 @@ def _stated_context(metric: str) -> int | None:
     """'... (includes ~1343 MB CUDA context/kernels)': the source measured its own context (MiB)."""
     m = re.search(r"includes ~\s*(\d+)\s*MB CUDA context", metric or "")
     return int(m.group(1)) * 1024**2 if m else None
+
+
+def _reserved_floor(row: dict[str, str]) -> int | None:
+    """'peak memory reserved after model init' stated beside a reserved training reading (1e9-byte GB)."""
+    if "reserved after model init" not in row.get("peak_mem_alt_metric", "") or "reserved" not in row["peak_mem_metric"]:
+        return None
+    try:
+        return int(float(row["peak_mem_alt_value"]) * 1e9)
+    except ValueError:
+        return None
 
 
 def _bytes(row: dict[str, str]) -> int | None:
@@ -293,6 +306,8 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
         approx.append("Apple cut cross-entropy modelled as Unsloth's fused loss")
     if "compile" in row["other_opts"]:
         setup["compile"] = True
+    if _reserved_floor(row):
+        approx.append("the reserved reading is compared with max(estimate, the reservation stated after model init)")
     model = row["model_hf_id"]
     budget = None
     if row["mem_budget_gb"]:
@@ -305,6 +320,7 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
         gpu=_gpu(row["gpu"]), outcome=row["outcome"], metric=_metric(row["peak_mem_metric"]),
         measured_bytes=_bytes(row), budget_bytes=budget, confidence=row["config_confidence"],
         approximations=approx, context_bytes=_stated_context(row["peak_mem_metric"]),
+        reserved_floor_bytes=_reserved_floor(row),
     )
 
 

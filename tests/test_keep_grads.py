@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,6 @@ from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.export import build_export
 from tuneplan.specs.setup import TrainSetup
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def test_kept_gradients_join_the_forward_peak() -> None:
@@ -66,14 +63,3 @@ def test_cli_flag() -> None:
 
     bert = resolve_model("google-bert/bert-large-uncased", allow_network=False)
     assert peak("--keep-grads") > peak() + 4 * bert.params_total * 0.9
-
-
-def test_calibration_rows_before_torch_2_keep_gradients() -> None:
-    sys.path.insert(0, str(BENCH))
-    from calibration_rows import TORCH_2_0, load_rows, map_row
-
-    rows = {r["row_id"]: r for r in load_rows()}
-    bert = map_row(rows["M0249"])  # transformers docs, 2022: torch 1.x
-    assert rows["M0249"]["source_date"][:10] < TORCH_2_0 and bert.setup.get("keep_grads") is True
-    later = [map_row(r) for r in rows.values() if r["source_group"] == "hf-peft"]
-    assert later and not any(getattr(m, "setup", {}).get("keep_grads") for m in later)
