@@ -1,9 +1,10 @@
 """Run N real training steps on this machine and read memory phase by phase, and the speed.
 
 One optimizer step = ``grad_accum`` micro-batches of random token ids (``batch`` x ``seq``, labels = the
-ids), then ``optimizer.step()`` and ``zero_grad(set_to_none=True)`` as the Trainer does. The allocator's
-peak is reset before each phase (forward + loss, backward, optimizer step), so the result gives the peak
-of each phase next to the overall one; the allocated bytes between phases give the persistent terms:
+ids), then ``optimizer.step()`` and ``zero_grad(set_to_none=True)`` as the Trainer does (``False`` with
+``keep_grads``). The allocator's peak is reset before each phase (forward + loss, backward, optimizer
+step), so the result gives the peak of each phase next to the overall one; the allocated bytes between
+phases give the persistent terms:
 - before step 1: weights, quantized storage and adapters;
 - after a step, gradients freed: + optimizer states (created at step 1) + library workspaces (cuBLAS);
 - before ``optimizer.step()``: + the gradients.
@@ -170,7 +171,7 @@ def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps:
             run.scaler.update()
         else:
             opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not setup.keep_grads)  # keep_grads: torch < 2.0's in-place zeroing
         mark("optimizer_step")
         after = probe.current() - baseline
         res.step_seconds.append(_now(torch, run.device) - t0)
