@@ -105,13 +105,13 @@ def test_cluster_verdict_is_per_gpu() -> None:
 
 
 @pytest.mark.parametrize("changes,slot,needle", [
-    ({"rank": 0}, "setup", "rank"),
+    ({"rank": 0}, "setup", "LoRA rank"),  # the page's label for the field, not the CLI's name
     ({"rank": 1.5}, "setup", "whole number"),
-    ({"seq": None}, "setup", "seq: is empty"),
-    ({"batch": -3}, "setup", "batch"),
+    ({"seq": None}, "setup", "Tokens per sample (cutoff_len): is empty"),
+    ({"batch": -3}, "setup", "Micro-batch per GPU"),
     ({"gpu": "rtx9999"}, "hardware", "did you mean"),
-    ({"zero": "2"}, "hardware", "zero"),  # ZeRO on one GPU: the core's own rule, routed to the hardware fields
-    ({"offload": "optimizer"}, "hardware", "offload"),
+    ({"zero": "2"}, "hardware", "DeepSpeed ZeRO stage"),  # ZeRO on one GPU: the core's own rule, routed to the hardware fields
+    ({"offload": "optimizer"}, "hardware", "CPU offload"),
     ({"model": "qwen2.5-7x"}, "model", "did you mean"),
     ({"model": ""}, "model", "choose a model"),
     ({"model": "/etc/some/config.json"}, "model", "does not read files on the server"),
@@ -134,7 +134,7 @@ def test_several_bad_fields_each_get_their_message() -> None:
 
 def test_bad_dataset_does_not_hide_the_memory_verdict() -> None:
     out = view(samples=0, epochs=-1)
-    assert "samples" in out["dataset_msg"]
+    assert "Samples" in out["dataset_msg"]
     assert attr(out["verdict"], "data-verdict") == "FITS"
 
 
@@ -214,3 +214,20 @@ def test_kernel_fields_reach_the_estimate() -> None:
     assert (kw["loss"], kw["compile"]) == ("fused", True)
     assert "activation_offload" not in kw  # unticked: the setup's own default
     assert "loss" not in form.setup_kwargs(dict(form.DEFAULTS))  # the profile chooses
+
+
+def test_core_messages_name_the_page_fields_not_cli_flags() -> None:
+    from tuneplan.web.wording import LABELS, page_words
+
+    msg = "bits: --bits 8 quantizes the frozen base; accepted: use --method qlora, or drop --bits"
+    out = page_words(msg)
+    assert "--" not in out
+    assert out.startswith(f"{LABELS['bits']}: ") and f"“{LABELS['method']}” qlora" in out
+    assert page_words("--no-gradient-checkpointing") == f"“{LABELS['gradient_checkpointing']}” off"
+    assert page_words("--cutoff-len 512") == f"“{LABELS['seq']}” 512"
+    assert page_words("run --from recipe.yaml") == "run --from recipe.yaml"  # no such field on the page
+    # the page shows them that way: an invalid combination from the core, rendered
+    v = view(method="lora", zero="2", fsdp=True, gpus=2)
+    shown = v["hardware_msg"]  # zero / fsdp sit in the hardware group
+    assert "“FSDP full shard”" in shown and "“DeepSpeed ZeRO stage”" in shown
+    assert "--zero" not in shown and "--fsdp" not in shown

@@ -11,6 +11,7 @@ from typing import Any
 
 from tuneplan.web import callbacks, planner_tabs
 from tuneplan.web.form import AUTO, CHOICES, DEFAULTS, FIELDS
+from tuneplan.web.wording import LABELS
 
 TITLE = "tuneplan: will this fine-tune fit?"
 # Fonts the browser already has: the page makes no request beyond the server it came from.
@@ -114,7 +115,7 @@ def _model_inputs(gr: Any) -> dict[str, Any]:
     w: dict[str, Any] = {}
     gr.Markdown("#### Model")
     with gr.Group():
-        w["model"] = gr.Dropdown(model_choices(), value=DEFAULTS["model"], label="Model", allow_custom_value=True,
+        w["model"] = gr.Dropdown(model_choices(), value=DEFAULTS["model"], label=LABELS["model"], allow_custom_value=True,
                                  info="type to search the catalog, or enter a Hugging Face id", elem_id="tp-model")
         with gr.Accordion("...or paste / upload a config.json", open=False):
             w["config_text"] = gr.Code(value="", language="json", label="config.json (overrides the model above)",
@@ -129,30 +130,30 @@ def _setup_inputs(gr: Any) -> dict[str, Any]:
     gr.Markdown("#### Training")
     with gr.Group():
         with gr.Row():
-            w["method"] = gr.Radio(list(CHOICES["method"]), value=DEFAULTS["method"], label="Method",
+            w["method"] = gr.Radio(list(CHOICES["method"]), value=DEFAULTS["method"], label=LABELS["method"],
                                    elem_id="tp-method", scale=3)
-            w["bits"] = gr.Radio(list(CHOICES["bits"]), value=DEFAULTS["bits"], label="QLoRA bits", elem_id="tp-bits",
+            w["bits"] = gr.Radio(list(CHOICES["bits"]), value=DEFAULTS["bits"], label=LABELS["bits"], elem_id="tp-bits",
                                  scale=1, interactive=DEFAULTS["method"] == "qlora")
         with gr.Row():
-            w["rank"] = _number(gr, "rank", "LoRA rank")
-            w["targets"] = _dropdown(gr, "targets", "LoRA targets", allow_custom_value=True)
+            w["rank"] = _number(gr, "rank", LABELS["rank"])
+            w["targets"] = _dropdown(gr, "targets", LABELS["targets"], allow_custom_value=True)
         with gr.Row():
-            w["batch"] = _number(gr, "batch", "Micro-batch per GPU")
-            w["seq"] = _number(gr, "seq", "Tokens per sample (cutoff_len)")
-            w["grad_accum"] = _number(gr, "grad_accum", "Grad. accumulation")
+            w["batch"] = _number(gr, "batch", LABELS["batch"])
+            w["seq"] = _number(gr, "seq", LABELS["seq"])
+            w["grad_accum"] = _number(gr, "grad_accum", LABELS["grad_accum"])
         with gr.Accordion("Precision, optimizer, attention, framework", open=False):
             with gr.Row():
-                w["precision"] = _dropdown(gr, "precision", "Precision")
-                w["optimizer"] = _dropdown(gr, "optimizer", "Optimizer")
+                w["precision"] = _dropdown(gr, "precision", LABELS["precision"])
+                w["optimizer"] = _dropdown(gr, "optimizer", LABELS["optimizer"])
             with gr.Row():
-                w["gradient_checkpointing"] = _dropdown(gr, "gradient_checkpointing", "Gradient checkpointing")
-                w["attn"] = _dropdown(gr, "attn", "Attention")
+                w["gradient_checkpointing"] = _dropdown(gr, "gradient_checkpointing", LABELS["gradient_checkpointing"])
+                w["attn"] = _dropdown(gr, "attn", LABELS["attn"])
             with gr.Row():
-                w["loss"] = _dropdown(gr, "loss", "Loss kernel", info="upcast | chunked | fused | fused-linear (Liger)")
-                w["compile"] = gr.Checkbox(value=DEFAULTS["compile"], label="torch.compile", elem_id="tp-compile")
+                w["loss"] = _dropdown(gr, "loss", LABELS["loss"], info="upcast | chunked | fused | fused-linear (Liger)")
+                w["compile"] = gr.Checkbox(value=DEFAULTS["compile"], label=LABELS["compile"], elem_id="tp-compile")
                 w["activation_offload"] = gr.Checkbox(value=DEFAULTS["activation_offload"],
-                                                      label="Offload activations", elem_id="tp-act-offload")
-            w["framework"] = _dropdown(gr, "framework", "Framework profile",
+                                                      label=LABELS["activation_offload"], elem_id="tp-act-offload")
+            w["framework"] = _dropdown(gr, "framework", LABELS["framework"],
                                        info=f"'{AUTO}' fields take this framework's defaults")
     w["setup_msg"] = gr.HTML(elem_id="tp-setup-msg")
     return w
@@ -162,15 +163,15 @@ def _hardware_inputs(gr: Any) -> dict[str, Any]:
     w: dict[str, Any] = {}
     gr.Markdown("#### Hardware")
     with gr.Group():
-        w["gpu"] = gr.Dropdown(gpu_choices(), value=DEFAULTS["gpu"], label="GPU", allow_custom_value=True,
+        w["gpu"] = gr.Dropdown(gpu_choices(), value=DEFAULTS["gpu"], label=LABELS["gpu"], allow_custom_value=True,
                                info="type to search; loose names like 4090 or a100-40g work", elem_id="tp-gpu")
         with gr.Row():
-            w["gpus"] = _number(gr, "gpus", "GPUs per node")
-            w["nodes"] = _number(gr, "nodes", "Nodes")
+            w["gpus"] = _number(gr, "gpus", LABELS["gpus"])
+            w["nodes"] = _number(gr, "nodes", LABELS["nodes"])
         with gr.Row():
-            w["zero"] = _dropdown(gr, "zero", "DeepSpeed ZeRO stage")
-            w["fsdp"] = gr.Checkbox(value=DEFAULTS["fsdp"], label="FSDP full shard", elem_id="tp-fsdp")
-            w["offload"] = _dropdown(gr, "offload", "CPU offload")
+            w["zero"] = _dropdown(gr, "zero", LABELS["zero"])
+            w["fsdp"] = gr.Checkbox(value=DEFAULTS["fsdp"], label=LABELS["fsdp"], elem_id="tp-fsdp")
+            w["offload"] = _dropdown(gr, "offload", LABELS["offload"])
     w["hardware_msg"] = gr.HTML(elem_id="tp-hardware-msg")
     return w
 
@@ -180,11 +181,11 @@ def _dataset_inputs(gr: Any) -> dict[str, Any]:
     gr.Markdown("#### Dataset (for time and cost)")
     with gr.Group():
         with gr.Row():
-            w["samples"] = _number(gr, "samples", "Samples")
-            w["avg_tokens"] = gr.Textbox(value="", label="Avg tokens per sample", placeholder="empty: each fills seq",
+            w["samples"] = _number(gr, "samples", LABELS["samples"])
+            w["avg_tokens"] = gr.Textbox(value="", label=LABELS["avg_tokens"], placeholder="empty: each fills seq",
                                          elem_id="tp-avg_tokens")
         with gr.Row():
-            w["epochs"] = _number(gr, "epochs", "Epochs", step=0.5)
-            w["packing"] = gr.Checkbox(value=DEFAULTS["packing"], label="Packing", elem_id="tp-packing")
+            w["epochs"] = _number(gr, "epochs", LABELS["epochs"], step=0.5)
+            w["packing"] = gr.Checkbox(value=DEFAULTS["packing"], label=LABELS["packing"], elem_id="tp-packing")
     w["dataset_msg"] = gr.HTML(elem_id="tp-dataset-msg")
     return w
