@@ -1,7 +1,8 @@
 """Build the transformers (+ PEFT) model of a setup on fake tensors, as the training script would.
 
 The model comes from the same config.json dict as the ModelSpec (``ModelSpec.config``), instantiated with
-``AutoModelForCausalLM.from_config`` under ``FakeTensorMode`` on the ``cpu`` fake device (fake CUDA
+``AutoModelForCausalLM.from_config`` (``AutoModelForSequenceClassification`` with ``num_labels``,
+``AutoModelForMaskedLM`` for an encoder) under ``FakeTensorMode`` on the ``cpu`` fake device (fake CUDA
 aborts the process once autograd touches it on a CPU-only build; ``meta`` cannot run fused AdamW).
 What each framework profile switch does to the real objects:
 - weights load in the precision's 16-bit dtype; a full fine-tune under a ``-mixed`` precision keeps fp32

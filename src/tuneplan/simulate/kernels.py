@@ -219,6 +219,7 @@ CUDA_AUTOCAST_FP32 = frozenset({
     "margin_ranking_loss", "soft_margin_loss", "triplet_margin_loss", "dist", "cdist", "pdist", "renorm",
 })
 CUDA_AUTOCAST_FP32_SET_DTYPE = frozenset({"softmax", "log_softmax", "sum", "cumsum", "cumprod", "prod", "norm"})
+_POLICED = CUDA_AUTOCAST_FP32 | CUDA_AUTOCAST_FP32_SET_DTYPE
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -226,7 +227,7 @@ class _CudaAutocastPolicies(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if torch.is_autocast_enabled("cpu") and name in CUDA_AUTOCAST_FP32_SET_DTYPE | CUDA_AUTOCAST_FP32:
+        if name in _POLICED and torch.is_autocast_enabled("cpu"):
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if first is not None and first.dtype in _HALF:
                 if name in CUDA_AUTOCAST_FP32:

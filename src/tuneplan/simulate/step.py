@@ -3,8 +3,8 @@
 Per optimizer step (transformers Trainer ``_inner_training_loop`` / ``training_step``): for each of the
 ``grad_accum`` micro-batches ``outputs = model(**inputs)``, ``loss = outputs.loss`` and ``outputs`` dropped
 (so the logits are gone before backward), ``loss.backward()``; then ``clip_grad_norm_(max_norm=1.0)``,
-``optimizer.step()``, ``zero_grad(set_to_none=True)`` (``False`` with ``keep_grads``: torch < 2.0). Step 1 creates the optimizer states, so the steady
-peak is in step 2: that is the step reported.
+``optimizer.step()``, ``zero_grad(set_to_none=True)`` (``False`` with ``keep_grads``: torch < 2.0). Step 1
+creates the optimizer states, so the steady peak is in step 2: that is the step reported.
 
 Optimizers as on CUDA: ``adamw-fused`` is ``AdamW(fused=True)`` (Trainer's ``adamw_torch_fused``, its step
 counters live on the device); ``adamw`` is the foreach implementation (torch's CUDA default), whose
