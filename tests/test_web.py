@@ -231,3 +231,18 @@ def test_core_messages_name_the_page_fields_not_cli_flags() -> None:
     shown = v["hardware_msg"]  # zero / fsdp sit in the hardware group
     assert "“FSDP full shard”" in shown and "“DeepSpeed ZeRO stage”" in shown
     assert "--zero" not in shown and "--fsdp" not in shown
+
+
+def test_classifier_labels_field_reaches_the_core() -> None:
+    # empty: the language-model head; a number: transformers' *ForSequenceClassification head, whose logits are
+    # num_labels wide instead of vocabulary-wide (the same estimate as `tuneplan estimate --num-labels 2`)
+    from tuneplan.api import estimate
+
+    kw = form.setup_kwargs({**DEFAULTS, "method": "lora", "num_labels": "2"})
+    assert kw["num_labels"] == 2 and "num_labels" not in form.setup_kwargs({**DEFAULTS, "method": "lora"})
+    lm, clf = view(method="lora"), view(method="lora", num_labels="2")
+    assert segments(clf["chart"]) != segments(lm["chart"])
+    core = estimate(DEFAULTS["model"], gpu=DEFAULTS["gpu"], **kw).breakdown.allocated_peak_bytes
+    assert segments(clf["chart"]) and sum(segments(clf["chart"]).values()) >= core
+    bad = view(method="lora", num_labels="two")
+    assert "Classifier labels" in bad["setup_msg"] and "not a number" in bad["setup_msg"]

@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "loss": AUTO,
     "compile": False,
     "activation_offload": False,
+    "num_labels": "",  # empty: the language-model head
     "framework": "hf",
     "gpu": "rtx-4090",
     "gpus": 1,
@@ -166,6 +167,9 @@ def setup_kwargs(v: dict[str, Any]) -> dict[str, Any]:
     for name in ("compile", "activation_offload"):
         if v.get(name):
             kw[name] = True
+    labels = v.get("num_labels")
+    if labels not in (None, "") and str(labels).strip():
+        kw["num_labels"] = whole("num_labels", str(labels).strip())
     return kw
 
 

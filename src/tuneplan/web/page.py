@@ -153,6 +153,9 @@ def _setup_inputs(gr: Any) -> dict[str, Any]:
                 w["compile"] = gr.Checkbox(value=DEFAULTS["compile"], label=LABELS["compile"], elem_id="tp-compile")
                 w["activation_offload"] = gr.Checkbox(value=DEFAULTS["activation_offload"],
                                                       label=LABELS["activation_offload"], elem_id="tp-act-offload")
+            w["num_labels"] = gr.Textbox(value=DEFAULTS["num_labels"], label=LABELS["num_labels"],
+                                         placeholder="empty: language-model head; N: a classifier / reward head",
+                                         elem_id="tp-num-labels")
             w["framework"] = _dropdown(gr, "framework", LABELS["framework"],
                                        info=f"'{AUTO}' fields take this framework's defaults")
     w["setup_msg"] = gr.HTML(elem_id="tp-setup-msg")

@@ -25,6 +25,7 @@ LABELS: dict[str, str] = {
     "loss": "Loss kernel",
     "compile": "torch.compile",
     "activation_offload": "Offload activations",
+    "num_labels": "Classifier labels",
     "framework": "Framework profile",
     "gpu": "GPU",
     "gpus": "GPUs per node",
