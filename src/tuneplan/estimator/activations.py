@@ -42,6 +42,7 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
     h = model.hidden
     total = 0.0
     biggest = 0.0
+    biggest_recompute = 0.0  # a recomputed layer without what aliases its checkpointed input
     biggest_bwd = 0.0
     layer_no = 0
     first_trainable = model.n_layers - setup.freeze_trainable_layers if setup.method == "freeze" else 0
@@ -75,6 +76,7 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
             total += per_layer * n
             pinned += tokens * la.pinned * n
             biggest = max(biggest, per_layer)
+            biggest_recompute = max(biggest_recompute, per_layer - tokens * la.input_alias)
             attn_bwd = tokens * s * la.backward_temp_per_pos + tokens * la.attn_backward_offset if la.backward_temp_per_pos else 0
             biggest_bwd = max(biggest_bwd, tokens * la.backward_temp, attn_bwd)
     # Outside the layers: the final norm keeps its fp32 input; lm_head keeps its input when it trains (a
@@ -95,8 +97,11 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
         pinned = 0.0  # recomputed layers' graphs die with each layer's backward
         ckpt = tokens * dt.residual * h * n_active
         offloaded = ckpt if (gc_offload or setup.activation_offload) else 0
+        # the recomputed layer's first norm keeps the checkpoint itself when nothing casts it (simulate:
+        # Llama-3.2-1B QLoRA, fp32 residual); an offloaded checkpoint comes back as a new GPU copy
+        recompute = biggest if offloaded else biggest_recompute
         return ActivationPlan(saved_bytes=int(ckpt - offloaded + tail), top_layer_bytes=int(biggest),
-                              checkpoint_bytes=int(ckpt - offloaded), recompute_bytes=int(biggest),
+                              checkpoint_bytes=int(ckpt - offloaded), recompute_bytes=int(recompute),
                               backward_temp_bytes=int(biggest_bwd), offloaded_bytes=int(offloaded),
                               embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra,
                               tail_bytes=int(tail))

@@ -77,6 +77,9 @@ def layer_activations(
     # CUDA autocast runs layer_norm in fp32 (autocast_mode.cpp fp32 list): a 16-bit input is cast to an fp32
     # copy, which native_layer_norm saves, and the output is fp32 (RMSNorm code upcasts by hand instead)
     ln_fp32 = dt.autocast and model.norm_kind != "rms"
+    # bytes per token the first norm keeps that *are* the layer's input (no cast in between): under
+    # gradient checkpointing that storage is the checkpoint itself, already counted once
+    input_alias = [0.0]
 
     def norm(key: str, width: int, grad_in: bool = True) -> None:
         if not grad_in:
@@ -89,11 +92,15 @@ def layer_activations(
         if model.norm_kind == "rms" and setup.compile:
             # inductor fuses the norm: its 16-bit input and rstd are kept, the fp32 upcast is recomputed
             led.save(key + ".in", dt.residual * width)
+            if key == "attn_norm":
+                input_alias[0] = dt.residual * width
             led.save(key + ".rstd", RSTD_BYTES)
             if norm_trains:
                 led.save(key + ".out", dt.norm_out * width)
         elif model.norm_kind == "rms":
             led.save(key + ".fp32_in", 4 * width)
+            if key == "attn_norm" and dt.residual == 4:  # ``hidden.to(float32)`` returns the input itself
+                input_alias[0] = 4 * width
             led.save(key + ".rstd", RSTD_BYTES)
             if norm_trains:
                 led.save(key + ".out", dt.norm_out * width)
@@ -103,6 +110,8 @@ def layer_activations(
             # weight or not (simulate: GPT-2 full fine-tune, 2 x 4h per token per layer less).
             led.save(key + ".in", (4 if ln_fp32 else dt.residual) * width)
             led.save(key + ".stats", 2 * RSTD_BYTES)
+            if key == "attn_norm" and (4 if ln_fp32 else dt.residual) == dt.residual:
+                input_alias[0] = dt.residual * width
 
     # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
     # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
@@ -332,4 +341,4 @@ def layer_activations(
     # are gone (simulate: BERT-large fp16-mixed, 3 layers, peaks in the forward)
     return LayerActs(per_token=led.total(), per_token_per_pos=per_pos, backward_temp=bwd,
                      backward_temp_per_pos=bwd_pos, pinned=sum(led.items[k] for k in pinned_keys),
-                     attn_backward_offset=dt.residual * 2 * h - mlp_saved)
+                     attn_backward_offset=dt.residual * 2 * h - mlp_saved, input_alias=input_alias[0])

@@ -47,6 +47,9 @@ class LayerActs:
     # per token, while the attention is back-propagated: the residual gradients minus what the MLP block
     # (and its norm) kept, released by then (backward_temp_per_pos applies from that point on)
     attn_backward_offset: float = 0.0
+    # per token, what the layer keeps that is its own input (the first norm's saved input, uncast): the
+    # checkpoint under gradient checkpointing, so a recomputed layer does not add it again
+    input_alias: float = 0.0
 
 
 def embedding_backward_scratch(tokens: int, hidden: int) -> int:
