@@ -102,3 +102,13 @@ def test_allocator_releases_cached_segments_at_capacity() -> None:
     assert sim.reserved == 30 * MIB and sim.stats.cuda_frees == 1 and not sim.stats.oom
     sim.malloc(2, 20 * MIB, 20 * MIB)
     assert sim.stats.oom
+
+
+def test_live_set_groups_by_decoder_or_encoder_layer() -> None:
+    from tuneplan.simulate.report import module_group
+
+    assert module_group("base_model.model.model.layers.3.mlp.up_proj") == "model.layers.3"  # PEFT prefix dropped
+    assert module_group("bert.encoder.layer.23.attention.self") == "bert.encoder.layer.23"
+    assert module_group("transformer.h.1.mlp.act") == "transformer.h.1"
+    assert module_group("model.graph.0.x") == "model.graph.0.x"  # "h.N" only as a whole path component
+    assert module_group("") == "(autograd engine: backward)"

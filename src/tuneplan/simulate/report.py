@@ -52,7 +52,7 @@ class SimulationReport:
         }
 
 
-_LAYER = re.compile(r"^(.*?layers\.\d+)")
+_LAYER = re.compile(r"^((?:.*?\.)?(?:layers|layer|h|blocks)\.\d+)")  # Llama ``layers.N``, BERT ``layer.N``, GPT-2 ``h.N``
 
 
 def module_group(name: str) -> str:
