@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         import multiprocessing as mp
 
         # one fresh process per case: a case's fake-tensor run leaves nothing behind for the next one
-        # (a long-lived worker running all 55 cases died of heap corruption in torch 2.13's C++ side)
+        # (isolation; the heap corruption that once killed a long-lived worker was PEFT deep-copying a
+        # classifier head's FakeTensorMode, fixed in simulate/build.fake_mode_shared_on_deepcopy)
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as ex:
             futures = [ex.submit(run_case, c) for c in cases]
             for fut in as_completed(futures):

@@ -168,3 +168,23 @@ def test_cli_simulate_bad_input_exits_2() -> None:
     r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "simulate", "no-such-model-xyz", "--json"],
                        capture_output=True, text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_classifier_head_copy_shares_the_fake_mode(tiny) -> None:
+    """PEFT deep-copies a classifier head into modules_to_save. Copying the fake tensors' FakeTensorMode
+    with it duplicated the mode's StorageWeakRef memo, whose entries were then freed twice at a garbage
+    collection: an intermittent segfault / glibc abort. The copy must share the one mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tuneplan.simulate.build import build
+    from tuneplan.specs.profiles import get_profile
+
+    setup = build_setup(tiny, method="lora", precision="bf16-mixed", seq=32, num_labels=2)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model = build(tiny, setup, get_profile("hf"), frozenset({"q_proj", "v_proj"}))
+    copies = [p for n, p in model.named_parameters() if "modules_to_save" in n]
+    originals = [p for n, p in model.named_parameters() if "original_module" in n]
+    assert copies and originals
+    assert all(p.fake_mode is fake for p in copies + originals)
+    assert all(c is not o for c in copies for o in originals)  # a copy, not the same tensor

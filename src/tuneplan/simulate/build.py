@@ -70,6 +70,27 @@ def data_assignment_apply() -> Any:
         nn.Module._apply = orig  # type: ignore[method-assign]
 
 
+@contextmanager
+def fake_mode_shared_on_deepcopy() -> Any:
+    """PEFT copies a ``modules_to_save`` module (a classifier head) with ``copy.deepcopy``. A fake tensor's
+    ``__dict__`` holds its ``FakeTensorMode``, so the default deepcopy copies the mode too, with its
+    converter's ``StorageWeakRef`` memo: each copy frees the same weak reference again when collected,
+    which corrupts the heap (a segfault or glibc abort at a later garbage collection). The copy must
+    share the one mode anyway, as every tensor of the run does."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    had = "__deepcopy__" in FakeTensorMode.__dict__
+    old = FakeTensorMode.__dict__.get("__deepcopy__")
+    FakeTensorMode.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if had:
+            FakeTensorMode.__deepcopy__ = old  # type: ignore[attr-defined]
+        else:
+            del FakeTensorMode.__deepcopy__  # type: ignore[attr-defined]
+
+
 def hf_config(spec: ModelSpec, attn_impl: str) -> Any:
     from transformers import AutoConfig
 
@@ -205,7 +226,7 @@ def _apply_lora(model: nn.Module, setup: TrainSetup, prof: Profile, targets: fro
                      target_modules=usable, task_type=_peft_task(model, setup))
     if setup.method == "qlora":
         cfg._register_custom_module({SimLinear4bit: lora_class()})
-    with data_assignment_apply():
+    with data_assignment_apply(), fake_mode_shared_on_deepcopy():
         return get_peft_model(model, cfg, autocast_adapter_dtype=prof.adapter_fp32)
 
 
