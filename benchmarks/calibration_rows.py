@@ -283,6 +283,10 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
     if setup["framework"] == "hf" and row["source_date"][:10] < TORCH_2_0:
         # the transformers docs' single-GPU guide printed these outputs in 2022 (v4.2x page): torch 1.x
         setup["keep_grads"] = True
+    if "peft docs/source/accelerate/" in row["source_ref"] and setup["method"] != "full":
+        # the CSV has no dropout column; every launch command of those docs (examples/sft/run_peft_*.sh,
+        # quoted in deepspeed.md and fsdp.md) passes --lora_dropout 0.1 (PEFT's own default is 0.0)
+        setup["dropout"] = 0.1
     if "classification" in row.get("task", "").lower():
         setup["num_labels"] = 2  # transformers docs: AutoModelForSequenceClassification on 0/1 labels
     if "forced into" in (row["other_opts"] + row["seq_len_note"]):

@@ -40,3 +40,13 @@ def test_calibration_rows_before_torch_2_keep_gradients() -> None:
     assert rows["M0249"]["source_date"][:10] < TORCH_2_0 and bert.setup.get("keep_grads") is True
     later = [map_row(r) for r in rows.values() if r["source_group"] == "hf-peft"]
     assert later and not any(getattr(m, "setup", {}).get("keep_grads") for m in later)
+
+
+def test_peft_accelerate_docs_rows_carry_their_launch_commands_dropout() -> None:
+    # PEFT's docs/source/accelerate/{deepspeed,fsdp}.md launch commands pass --lora_dropout 0.1; the CSV has
+    # no dropout column, so the mapping adds it for those LoRA/QLoRA rows and only for them
+    rows = {r["row_id"]: r for r in load_rows()}
+    with_dropout = sorted(k for k, r in rows.items()
+                          if getattr(map_row(r), "setup", {}).get("dropout") is not None)
+    assert with_dropout == ["M0181", "M0182", "M0183", "M0184", "M0185"]
+    assert all(map_row(rows[k]).setup["dropout"] == 0.1 for k in with_dropout)
