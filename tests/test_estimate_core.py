@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tuneplan.api import estimate
+from tuneplan.api import build_setup, estimate
 from tuneplan.estimator.activations import layer_activations
 from tuneplan.estimator.dtypes import resolve_dtypes
 from tuneplan.specs.model import model_from_config
@@ -165,11 +165,23 @@ def test_invalid_setups_name_the_field(qwen7b, kw, field) -> None:
 
 
 def test_deepspeed_buckets_move_the_estimate(qwen7b) -> None:
-    """ZeRO-2's reduce bucket holds min(bucket, trainable) 16-bit gradients (DeepSpeed stage_1_and_2)."""
+    """ZeRO-2's reduce bucket holds reduce_bucket_size 16-bit elements (DeepSpeed stage_1_and_2)."""
     base = dict(method="full", gpus=4, zero=2, precision="bf16-mixed")
     default = estimate(qwen7b, **base).breakdown.components["gradients"]
     auto = estimate(qwen7b, **base, ds_reduce_bucket=3584 * 3584).breakdown.components["gradients"]
     assert default - auto == 2 * (500_000_000 - 3584 * 3584)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_deepspeed_bucket_is_allocated_whole_under_lora(qwen7b, zero) -> None:
+    """contiguous_gradients allocates the IPG bucket at reduce_bucket_size whatever trains (stage_1_and_2
+    setup_buckets, stage3 __init__): a LoRA run's bucket is 5e8 x 2 B, not its adapters' size."""
+    from tuneplan.estimator.parallel import shard
+
+    setup = build_setup(qwen7b, method="lora", gpus=2, zero=zero, precision="bf16-mixed")
+    plan = shard(qwen7b, setup, weights=10**9, trainable_params=20_000_000, trainable_bytes=4,
+                 trainable_weight_params=0, states=160_000_000, optimizer_temp=0, compute_bytes=2)
+    assert plan.grad_buffers == 500_000_000 * 2
 
 
 def test_model_dropout_masks_and_layernorm() -> None:

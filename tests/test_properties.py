@@ -6,6 +6,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tuneplan.api import estimate
+from tuneplan.estimator.overhead import FRAGMENTATION, SEGMENT
+from tuneplan.estimator.parallel import DS_REDUCE_BUCKET
 from tuneplan.specs.model import model_from_config
 
 from .conftest import QWEN25_7B, TINY_LLAMA
@@ -72,7 +74,12 @@ def test_zero_stages_order(m, s, gpus, method) -> None:
     s = {**s, "method": method, "gpus": gpus, "framework": "hf",
          "precision": "fp32" if s["precision"] == "fp32" else "bf16-mixed"}
     dev = [estimate(MODELS[m], **{**s, "zero": z}).breakdown.device_peak_bytes for z in (0, 1, 2, 3)]
-    assert dev[3] <= dev[2] <= dev[1] <= dev[0], dev
+    assert dev[3] <= dev[2] <= dev[1], dev
+    # ZeRO's one fixed cost over DDP: the contiguous-gradients bucket, reduce_bucket_size 16-bit (or fp32)
+    # elements whatever the model's size (a tiny model can need more under ZeRO-1 than under DDP), reserved
+    # with the allocator's fragmentation and segment rounding on top
+    bucket = DS_REDUCE_BUCKET * (4 if s["precision"] == "fp32" else 2) * (1 + FRAGMENTATION) + SEGMENT
+    assert dev[1] <= dev[0] + bucket, dev
 
 
 @SETTINGS

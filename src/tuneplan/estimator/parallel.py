@@ -4,7 +4,8 @@
   replica, plus flat gradient buckets the size of all trainable gradients, allocated at wrap time.
 - DeepSpeed with bf16/fp16: module parameters in 16 bits, fp32 master partition (4/N B per trainable
   param) and fp32 Adam states (8/N) in its own optimizer (FusedAdam: no foreach workspace). Buffers
-  from DeepSpeed's defaults (deepspeed/runtime/zero/config.py): ``reduce_bucket_size`` 5e8 elements,
+  from DeepSpeed's defaults (deepspeed/runtime/zero/config.py): ``reduce_bucket_size`` 5e8 elements
+  (the contiguous-gradients bucket, allocated whole whatever the trainable count),
   stage-3 ``prefetch_bucket_size`` 5e7 elements (ZeRO paper arXiv 1910.02054 for the partitioning).
   ZeRO-1 keeps full 16-bit gradients; ZeRO-2 keeps a 16-bit gradient partition plus the reduce bucket;
   ZeRO-3 also partitions all parameters and gathers the current layer and the prefetch bucket.
@@ -93,7 +94,11 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     g16 = pt * compute_bytes
     reduce_bucket = setup.ds_reduce_bucket or DS_REDUCE_BUCKET
     prefetch_bucket = setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET
-    bucket = min(reduce_bucket, pt) * compute_bytes
+    # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
+    # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
+    # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() at every backward (a second one only
+    # with overlap_comm, off by default below stage 3), stage3.py __init__ once. DeepSpeed 0.19 source.
+    bucket = reduce_bucket * compute_bytes
     gathered = 0
     # DeepSpeedZeroOptimizer serves stages 1 and 2 (stage_1_and_2.py); its contiguous reduce bucket is
     # allocated in both; stage 2 additionally partitions the gradients.
