@@ -46,6 +46,18 @@ def test_qlora_no_double_quant_metadata(qwen7b) -> None:
     assert est.breakdown.components["quant_meta"] == 4 * lin_weights() // 64 + L * 7 * 64
 
 
+@pytest.mark.parametrize("shard", [dict(fsdp=True), dict(zero=3)])
+def test_bitsandbytes_quant_state_is_whole_on_every_rank(qwen7b, shard) -> None:
+    """bitsandbytes keeps QuantState on the module, outside the sharded parameter (fix_4bit_weight_quant_
+    state_from_module); torchao's NF4 scalers shard with the weight."""
+    one = estimate(qwen7b, method="qlora", double_quant=False).breakdown.components["quant_meta"]
+    hf = estimate(qwen7b, method="qlora", double_quant=False, gpus=4, **shard).breakdown.components["quant_meta"]
+    assert hf == one == 4 * lin_weights() // 64 + L * 7 * 64
+    if shard.get("fsdp"):
+        tt = estimate(qwen7b, method="qlora", double_quant=False, gpus=4, framework="torchtune", **shard)
+        assert tt.breakdown.components["quant_meta"] == -(-one // 4)
+
+
 def test_lora_trainable_and_states(qwen7b) -> None:
     est = estimate(qwen7b, method="lora", rank=16, targets="q_proj,v_proj", optimizer="adamw")
     lora = L * 16 * ((H + H) + (H + KV))

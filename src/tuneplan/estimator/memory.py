@@ -99,7 +99,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
 
     common = {
         "weights": weights,
-        "quant_meta": -(-pp.quant_meta_bytes // (setup.world_size if setup.zero == 3 or setup.fsdp else 1)),
+        "quant_meta": -(-pp.quant_meta_bytes // (setup.world_size if (setup.zero == 3 or setup.fsdp)
+                                                 and prof.quant_meta_sharded else 1)),
         "lora_adapters": adapters,
         "optimizer_states": sp.states,
         "framework": CUBLAS_WORKSPACE,

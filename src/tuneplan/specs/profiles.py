@@ -52,6 +52,11 @@ class Profile:
     loop_holds_outputs: bool = False
     # every nn.Linear is quantized, the output head included (estimator/weights.param_plan)
     quantizes_lm_head: bool = False
+    # ZeRO-3 / FSDP shard the quantization metadata with the weight (torchao NF4Tensor's scalers travel in
+    # its FSDP all-gather); bitsandbytes keeps each layer's QuantState on the module, outside the sharded
+    # parameter, whole on every rank (bnb nn/modules.py fix_4bit_weight_quant_state_from_module: "the quant
+    # state got lost when the parameter got converted. This happens for example for fsdp")
+    quant_meta_sharded: bool = False
     sources: tuple[str, ...] = ()
 
 
@@ -103,7 +108,7 @@ PROFILES: dict[str, Profile] = {
         default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="q_proj,v_proj,output_proj",
         autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=False,
         loss="chunked_fp32", model_code="torchtune", dequant_bytes_per_elem=14.0,
-        fsdp_root_embeddings=(),
+        fsdp_root_embeddings=(), quant_meta_sharded=True,
         sources=(
             "torchtune recipes configs: dtype: bf16, enable_activation_checkpointing: True, "
             "loss: CEWithChunkedOutputLoss (8 chunks, each upcast to fp32)",
