@@ -184,6 +184,17 @@ def test_deepspeed_buckets_move_the_estimate(qwen7b) -> None:
     assert default - auto == 2 * (500_000_000 - 3584 * 3584)
 
 
+def test_overlap_comm_double_buffers_the_zero12_bucket(qwen7b) -> None:
+    """stage_1_and_2 setup_buckets allocates buf_1 beside buf_0 with overlap_comm: 2 x 5e8 x 2 B."""
+    base = dict(method="full", gpus=4, precision="bf16-mixed")
+    for zero in (1, 2):
+        off = estimate(qwen7b, **base, zero=zero).breakdown.components["gradients"]
+        on = estimate(qwen7b, **base, zero=zero, ds_overlap_comm=True).breakdown.components["gradients"]
+        assert on - off == 500_000_000 * 2
+    z3 = [estimate(qwen7b, **base, zero=3, ds_overlap_comm=v).breakdown.device_peak_bytes for v in (False, True)]
+    assert z3[0] == z3[1]
+
+
 @pytest.mark.parametrize("zero", [2, 3])
 def test_deepspeed_bucket_is_allocated_whole_under_lora(qwen7b, zero) -> None:
     """contiguous_gradients allocates the IPG bucket at reduce_bucket_size whatever trains (stage_1_and_2

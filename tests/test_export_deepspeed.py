@@ -77,6 +77,17 @@ def test_buckets_come_from_the_estimator() -> None:
     assert cfg["zero_optimization"]["stage3_prefetch_bucket_size"] == DS_PREFETCH_BUCKET
 
 
+def test_overlap_comm_is_the_setups() -> None:
+    from tuneplan.specs.model import model_from_config
+
+    from .conftest import TINY_LLAMA
+
+    spec = model_from_config(TINY_LLAMA)
+    on = deepspeed_config(spec, TrainSetup(zero=2, gpus=2, optimizer="adamw", ds_overlap_comm=True))
+    off = deepspeed_config(spec, TrainSetup(zero=2, gpus=2, optimizer="adamw"))
+    assert on["zero_optimization"]["overlap_comm"] is True and off["zero_optimization"]["overlap_comm"] is False
+
+
 @pytest.mark.parametrize("plan,field", [
     (dict(fsdp=True, gpus=2), "format"),
     (dict(gpus=2), "zero"),

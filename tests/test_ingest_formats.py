@@ -97,6 +97,27 @@ def test_deepspeed_json_alone() -> None:
     assert r.deepspeed["buckets"]["reduce_bucket_size"] == 500_000_000  # 5e8 in the file
 
 
+def test_deepspeed_overlap_comm_reaches_the_setup(tmp_path: Path) -> None:
+    """ZeRO-1/2 with overlap_comm keep a second reduce bucket (stage_1_and_2 setup_buckets' buf_1): the
+    flag becomes a setup field the estimate counts, not a "not modelled" warning; off by default."""
+    import json
+
+    def ds(stage: int, overlap: bool | None) -> Path:
+        zo: dict = {"stage": stage, "reduce_bucket_size": 200_000_000}
+        if overlap is not None:
+            zo["overlap_comm"] = overlap
+        f = tmp_path / f"z{stage}_{overlap}.json"
+        f.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": zo}))
+        return f
+
+    on = read_configs([str(ds(2, True))], {"gpus": 2})
+    assert on.setup_kw["ds_overlap_comm"] is True and "z2_True.json" in on.sources["ds_overlap_comm"]
+    assert not [w for w in on.warnings if "overlap_comm" in w]
+    assert "ds_overlap_comm" not in read_configs([str(ds(2, False))], {"gpus": 2}).setup_kw
+    assert "ds_overlap_comm" not in read_configs([str(ds(2, None))], {"gpus": 2}).setup_kw
+    assert "ds_overlap_comm" not in read_configs([str(ds(3, True))], {"gpus": 2}).setup_kw  # stage 3: one bucket
+
+
 def test_accelerate_fsdp_example() -> None:
     r = read_configs([str(CFG / "accelerate" / "fsdp_config.yaml")])
     expected = {"gpus": 2, "nodes": 1, "precision": "fp16-mixed", "fsdp": True, "offload": "all", "zero": 0}

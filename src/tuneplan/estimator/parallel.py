@@ -102,10 +102,12 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     gathered = 0
     # DeepSpeedZeroOptimizer serves stages 1 and 2 (stage_1_and_2.py); its contiguous reduce bucket is
     # allocated in both; stage 2 additionally partitions the gradients.
+    # overlap_comm (off by default below stage 3) double-buffers it: setup_buckets' buf_1
+    buffers12 = bucket * (2 if setup.ds_overlap_comm else 1)
     if setup.zero == 1:
-        g_live, buffers = g16, bucket
+        g_live, buffers = g16, buffers12
     elif setup.zero == 2:
-        g_live, buffers = -(-g16 // n), bucket
+        g_live, buffers = -(-g16 // n), buffers12
     else:
         g_live, buffers = -(-g16 // n), bucket
         shard16 = -(-w16 // n)

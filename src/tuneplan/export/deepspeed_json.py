@@ -2,7 +2,8 @@
 
 Stage, offload and bucket sizes are written out rather than left to "auto", so the run cannot drift
 from the plan: the buckets are the DeepSpeed defaults the estimator uses (``estimator/parallel.py``),
-``overlap_comm`` is off (its extra buffers are not in the estimate), batch and accumulation are the
+``overlap_comm`` is the setup's (off unless it says so; on, ZeRO-1/2 keep a second reduce bucket, which
+the estimate counts), batch and accumulation are the
 plan's, and ``train_batch_size`` = micro-batch x accumulation x GPUs (DeepSpeed asserts that equality,
 so a launch on a different number of GPUs stops instead of silently changing the memory per GPU).
 Keys are those of DeepSpeed 0.19's config (``deepspeed/runtime/zero/config.py``, ``precision_config.py``).
@@ -46,7 +47,7 @@ def deepspeed_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
         cfg["bf16"] = {"enabled": True}
     elif s.precision.startswith("fp16"):
         cfg["fp16"] = {"enabled": True, **FP16_LOSS_SCALING}
-    zo: dict[str, Any] = {"stage": s.zero, "overlap_comm": False, "contiguous_gradients": True,
+    zo: dict[str, Any] = {"stage": s.zero, "overlap_comm": bool(s.ds_overlap_comm), "contiguous_gradients": True,
                           "reduce_bucket_size": s.ds_reduce_bucket or DS_REDUCE_BUCKET,
                           "allgather_bucket_size": ZERO_DEFAULTS["allgather_bucket_size"]}
     if s.zero == 3:

@@ -59,6 +59,9 @@ class TrainSetup:
     # DeepSpeed JSON by --from ("auto" resolved as the HF integration does: hidden^2, 0.9 hidden^2).
     ds_reduce_bucket: int | None = None
     ds_prefetch_bucket: int | None = None
+    # DeepSpeed overlap_comm; None = DeepSpeed's default (on for stage 3 only). ZeRO-1/2 with it on keep a
+    # second contiguous-gradients bucket (estimator/parallel.py). Read from a DeepSpeed JSON by --from.
+    ds_overlap_comm: bool | None = None
     # The longest batch runs first (lit-gpt 2023 forced its longest sample into iteration 1): nothing a
     # previous micro-batch left behind (a framework loop's held logits and graph) adds to its peak.
     longest_batch_first: bool = False
@@ -161,6 +164,8 @@ class TrainSetup:
                                     accepted="optimizer with ZeRO-1/2; all with ZeRO-3 or FSDP")
         if self.method == "qlora" and self.precision == "fp32":
             pass  # allowed: compute dtype fp32 (slow but valid)
+        if self.ds_overlap_comm is not None and not isinstance(self.ds_overlap_comm, bool):
+            raise TuneplanError(f"got {self.ds_overlap_comm!r}", field="ds_overlap_comm", accepted="true, false")
         for name in ("ds_reduce_bucket", "ds_prefetch_bucket"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
