@@ -18,6 +18,7 @@ What each framework profile switch does to the real objects:
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Any
 
@@ -83,7 +84,11 @@ def fake_mode_shared_on_deepcopy() -> Any:
     old = FakeTensorMode.__dict__.get("__deepcopy__")
     FakeTensorMode.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
     try:
-        yield
+        with warnings.catch_warnings():
+            # Tensor.__deepcopy__ asks a fake tensor for its data pointer (0: no storage, so it clones);
+            # torch warns on that read, which is expected here and not the user's concern
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            yield
     finally:
         if had:
             FakeTensorMode.__deepcopy__ = old  # type: ignore[attr-defined]
@@ -155,6 +160,10 @@ def build(spec: ModelSpec, setup: TrainSetup, prof: Profile, targets: frozenset[
     except TypeError:  # transformers < 4.56 names it torch_dtype
         model = auto.from_config(config, torch_dtype=_load_dtype(setup, prof), attn_implementation=impl)
     model.train()
+    if auto.__name__ == "AutoModelForCausalLM" and getattr(model, "loss_type", "") is None:
+        # a head class not named *ForCausalLM (GPT2LMHeadModel) falls back to ForCausalLMLoss with a logged
+        # warning; name that same loss up front
+        model.loss_type = "ForCausalLM"
     half = compute_dtype(setup)
     if setup.method == "qlora":
         if setup.quant_bits != 4:
@@ -222,8 +231,10 @@ def _apply_lora(model: nn.Module, setup: TrainSetup, prof: Profile, targets: fro
             f"none of the LoRA targets {names} is a linear layer in transformers' {type(model).__name__} "
             "(transformers 5 fuses MoE experts into 3-D parameters)", field="targets",
             accepted=", ".join(sorted(present)))
+    # GPT-2's Conv1D stores its weight transposed: PEFT needs fan_in_fan_out (it sets it itself, warning)
+    conv1d = any(type(m).__name__ == "Conv1D" and n.split(".")[-1] in usable for n, m in model.named_modules())
     cfg = LoraConfig(r=setup.rank, lora_alpha=setup.alpha or 2 * setup.rank, lora_dropout=setup.dropout,
-                     target_modules=usable, task_type=_peft_task(model, setup))
+                     target_modules=usable, task_type=_peft_task(model, setup), fan_in_fan_out=conv1d)
     if setup.method == "qlora":
         cfg._register_custom_module({SimLinear4bit: lora_class()})
     with data_assignment_apply(), fake_mode_shared_on_deepcopy():
