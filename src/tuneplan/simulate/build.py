@@ -101,7 +101,10 @@ def hf_config(spec: ModelSpec, attn_impl: str) -> Any:
 
     cfg = dict(spec.config)
     model_type = cfg.pop("model_type", spec.model_type)
-    for k in ("architectures", "auto_map", "transformers_version", "quantization_config", "torch_dtype", "dtype"):
+    # cache_implementation is a generation setting (Gemma 3's config carries it): transformers only warns
+    # that it is not a valid flag when it builds the generation config, and training never reads it
+    for k in ("architectures", "auto_map", "transformers_version", "quantization_config", "torch_dtype", "dtype",
+              "cache_implementation"):
         cfg.pop(k, None)
     try:
         config = AutoConfig.for_model(model_type, **cfg)
