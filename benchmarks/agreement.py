@@ -125,6 +125,14 @@ CASES: list[Case] = [
                                                         gradient_checkpointing=True), layers=4),
     Case("q0.5b full fp32 gc keep-grads", Q05, dict(method="full", seq=512, precision="fp32",
                                                     gradient_checkpointing=True, keep_grads=True), layers=8),
+    # torch < 1.11: softmax / log_softmax / cross-entropy hold their input for backward
+    Case("bert-large classifier fp16-mixed softmax-keeps-input", BERT, dict(
+        method="full", seq=512, batch=4, attn="eager", precision="fp16-mixed", num_labels=2,
+        softmax_keeps_input=True), layers=3),
+    Case("q0.5b lora eager softmax-keeps-input", Q05, dict(method="lora", seq=512, attn="eager",
+                                                           softmax_keeps_input=True), layers=8, quick=True),
+    Case("gpt2 full fp16-mixed eager softmax-keeps-input", GPT2, dict(
+        method="full", seq=512, batch=4, attn="eager", precision="fp16-mixed", softmax_keeps_input=True)),
     # MoE "all-linear": transformers 5 fused experts and TopK routers are not nn.Linear, PEFT skips them
     Case("mixtral lora all-linear gc", MIX, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),
     Case("qwen3-moe lora all-linear gc", Q3MOE, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),

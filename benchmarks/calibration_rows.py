@@ -28,6 +28,12 @@ TORCHTUNE_CHUNKED_CE = "2024-08-22"
 # transformers Trainer calls model.zero_grad() after each optimizer step, so on torch 1.x its gradient
 # buffers stay allocated (zeroed) through the next forward
 TORCH_2_0 = "2023-03-15"
+# torch 1.11 (2022-03-10) is the first release whose softmax / log_softmax keep only their output
+# (pytorch/pytorch#66018, October 2021); runs before it kept the input as well (--softmax-keeps-input)
+TORCH_1_11 = "2022-03-10"
+# Run dates a source shows but the CSV does not carry: the transformers single-GPU guide prints its
+# nvidia-smi output "Tue Jan 11 08:58:05 2022" (docs/source/en/perf_train_gpu_one.mdx), so torch <= 1.10
+RUN_DATES = {"hf-transformers-docs": "2022-01-11"}
 
 
 @dataclass
@@ -280,6 +286,8 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
     off = row["offload"].lower()
     if "offload" in off and "false" not in off:
         setup["offload"] = "all" if ("param" in off or "fsdp" in off) else "optimizer"
+    if RUN_DATES.get(group, row["source_date"][:10]) < TORCH_1_11:
+        setup["softmax_keeps_input"] = True
     if setup["framework"] == "hf" and row["source_date"][:10] < TORCH_2_0:
         # the transformers docs' single-GPU guide printed these outputs in 2022 (v4.2x page): torch 1.x
         setup["keep_grads"] = True

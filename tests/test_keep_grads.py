@@ -3,10 +3,6 @@ through the next forward, so even without accumulation the step's peak carries e
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from tuneplan.api import estimate
@@ -14,6 +10,8 @@ from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.export import build_export
 from tuneplan.specs.setup import TrainSetup
+
+from .conftest import BERT_CLASSIFIER_ARGS, cli_allocated_peak
 
 
 def test_kept_gradients_join_the_forward_peak() -> None:
@@ -52,14 +50,6 @@ def test_sharded_setups_refuse_the_switch_and_exports_refuse_it(tmp_path) -> Non
 
 
 def test_cli_flag() -> None:
-    def peak(*extra: str) -> float:
-        out = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "estimate", "google-bert/bert-large-uncased",
-                              "--method", "full", "--precision", "fp32", "--batch", "4", "--seq", "512",
-                              "--attn", "eager", "--num-labels", "2", "--json", *extra],
-                             capture_output=True, text=True, timeout=120,
-                             env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-        assert out.returncode in (0, 1), out.stderr  # 1: does not fit the default GPU, still a full report
-        return json.loads(out.stdout)["per_gpu"]["allocated_peak_bytes"]
-
     bert = resolve_model("google-bert/bert-large-uncased", allow_network=False)
-    assert peak("--keep-grads") > peak() + 4 * bert.params_total * 0.9
+    assert cli_allocated_peak(*BERT_CLASSIFIER_ARGS, "--keep-grads") > \
+        cli_allocated_peak(*BERT_CLASSIFIER_ARGS) + 4 * bert.params_total * 0.9

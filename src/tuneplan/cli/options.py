@@ -42,6 +42,7 @@ SETUP_OPTIONS: list[tuple[str, Any, Any]] = [
     ("loss", str | None, _opt("--loss", help="upcast | chunked | fused | fused-linear (Liger/CCE): cross-entropy kernel (default: profile)")),
     ("num_labels", int | None, _opt("--num-labels", help="train a sequence-classification head with N labels (classifiers, reward models)")),
     ("keep_grads", bool | None, _opt("--keep-grads/--no-keep-grads", help="zero_grad keeps the gradient buffers (torch < 2.0 default)")),
+    ("softmax_keeps_input", bool | None, _opt("--softmax-keeps-input/--no-softmax-keeps-input", help="softmax / log_softmax keep their input for backward (torch < 1.11)")),
     ("compile", bool | None, _opt("--compile/--no-compile", help="torch.compile the layers and the loss")),
     ("activation_offload", bool | None, _opt("--activation-offload/--no-activation-offload", help="offload saved activations to CPU (torchtune)")),
     ("gpus", int | None, _opt("--gpus", help="GPUs per node (default: 1)")),

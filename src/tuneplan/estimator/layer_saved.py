@@ -232,6 +232,13 @@ def layer_activations(
             per_pos = (soft_b + (c if soft_b != c else 0)) * a
         if softcap:
             per_pos += c * a  # tanh(scores / cap) keeps its output for backward (Gemma 2 soft-capping)
+        if setup.softmax_keeps_input:
+            # torch < 1.11 softmax also kept its input, the masked scores: a decoder's scores are promoted by
+            # the causal mask, built in the embeddings' dtype; an encoder's unpadded batch adds no mask
+            # (transformers 5 BERT, simulate; 2022's BertModel always added an all-ones mask in the
+            # parameters' dtype). CUDA's half-to-float softmax reads 16-bit scores as they are.
+            encoder = model.architecture == "encoder"
+            per_pos += (dt.linear_out if encoder else max(dt.linear_out, dt.non_block)) * a
     else:
         # transformers sdpa_attention_forward calls repeat_kv only when use_gqa_in_sdpa() is false (a mask
         # is passed, i.e. padded batches, or head_dim > 256); for unpadded causal batches it passes

@@ -56,7 +56,7 @@ class LogitsPlan:
 
 
 def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str, seq: int = 0,
-                hidden: int = 0) -> LogitsPlan:
+                hidden: int = 0, softmax_keeps_input: bool = False) -> LogitsPlan:
     c = compute_bytes
     tv = tokens * vocab
     if loss == "fused_linear":
@@ -84,4 +84,6 @@ def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str, seq: int
     if loss == "fused":
         return LogitsPlan(at_forward_end=2 * tv, forward_peak=2 * tv + 4 * tokens, backward_peak=2 * tv)
     upcast = 4 * tv if c != 4 else 0  # .float() is a no-op on fp32 logits
-    return LogitsPlan(at_forward_end=c * tv, forward_peak=c * tv + upcast + 4 * tv, backward_peak=12 * tv)
+    # torch < 1.11: log_softmax also kept its input, the fp32 logits, until its backward had run
+    kept = 4 * tv if softmax_keeps_input else 0
+    return LogitsPlan(at_forward_end=c * tv, forward_peak=c * tv + upcast + 4 * tv, backward_peak=12 * tv + kept)

@@ -49,7 +49,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
                            expand_kv=prof.model_code == "torchtune", unsloth_code=prof.model_code == "unsloth")
     tokens = setup.batch * setup.seq
     logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
-    lg = logits_plan(tokens, model.head_width, logit_bytes, loss_kind(setup, prof), setup.seq, model.hidden)
+    lg = logits_plan(tokens, model.head_width, logit_bytes, loss_kind(setup, prof), setup.seq, model.hidden,
+                     softmax_keeps_input=setup.softmax_keeps_input)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     held = lg.held if prof.loop_holds_outputs else 0

@@ -78,6 +78,9 @@ def trainer_kernels(s: TrainSetup, who: str) -> None:
     if s.keep_grads:
         raise TuneplanError(f"{who} runs on torch >= 2.0, whose zero_grad frees the gradients",
                             field="keep_grads", accepted="--no-keep-grads to export")
+    if s.softmax_keeps_input:
+        raise TuneplanError(f"{who} runs on torch >= 2.0, whose softmax keeps only its output",
+                            field="softmax_keeps_input", accepted="--no-softmax-keeps-input to export")
     if s.num_labels:
         raise TuneplanError("the exported recipes train a language model; a sequence-classification head is "
                             "not written", field="num_labels", accepted="drop --num-labels to export")

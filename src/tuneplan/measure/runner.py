@@ -2,9 +2,9 @@
 
 One optimizer step = ``grad_accum`` micro-batches of random token ids (``batch`` x ``seq``, labels = the
 ids), then ``optimizer.step()`` and ``zero_grad(set_to_none=True)`` as the Trainer does (``False`` with
-``keep_grads``). The allocator's peak is reset before each phase (forward + loss, backward, optimizer
-step), so the result gives the peak of each phase next to the overall one; the allocated bytes between
-phases give the persistent terms:
+``keep_grads``; ``softmax_keeps_input`` emulated as in simulate). The allocator's peak is reset before
+each phase (forward + loss, backward, optimizer step), so the result gives the peak of each phase next to
+the overall one; the allocated bytes between phases give the persistent terms:
 - before step 1: weights, quantized storage and adapters;
 - after a step, gradients freed: + optimizer states (created at step 1) + library workspaces (cuBLAS);
 - before ``optimizer.step()``: + the gradients.
@@ -138,6 +138,9 @@ def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps:
     dev_type = "cuda" if run.device.startswith("cuda") else "cpu"
     amp = (torch.autocast(dev_type, dtype=run.autocast_dtype) if run.autocast_dtype is not None
            else contextlib.nullcontext())
+    # torch < 1.11's softmax kept its input: emulated on today's torch with the simulate engine's identity
+    # autograd Function that saves the input of softmax / log_softmax / cross_entropy
+    from tuneplan.simulate.kernels import softmax_keeps_input
     peaks = dict.fromkeys(PHASES, 0)
     res.phase_peaks = peaks  # the same dict: an OOM part-way keeps the phases already read
 
@@ -158,7 +161,7 @@ def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps:
             # a classifier takes one label per sequence; a language model, the tokens themselves
             labels = (torch.randint(0, setup.num_labels, (setup.batch,), device=run.device)
                       if setup.num_labels else ids)
-            with amp:
+            with amp, softmax_keeps_input(setup.softmax_keeps_input):
                 out = net(input_ids=ids, labels=labels)
             loss = out.loss / setup.grad_accum
             mark("forward")

@@ -45,7 +45,13 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tuneplan.simulate.build import build, compute_dtype, lora_targets_skipped, uses_autocast
-    from tuneplan.simulate.kernels import KERNEL_BUFFERS, cuda_autocast_policies, cuda_dropout, workspace_rule
+    from tuneplan.simulate.kernels import (
+        KERNEL_BUFFERS,
+        cuda_autocast_policies,
+        cuda_dropout,
+        softmax_keeps_input,
+        workspace_rule,
+    )
     from tuneplan.simulate.qlora import SimLinear4bit
     from tuneplan.simulate.step import run_steps
     from tuneplan.simulate.tracker import StorageTracker
@@ -107,7 +113,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     try:
-        with fake, tracker, cuda_dropout(), cuda_autocast_policies():
+        with fake, tracker, cuda_dropout(), cuda_autocast_policies(), softmax_keeps_input(setup.softmax_keeps_input):
             opt = run_steps(model, setup, setup.optimizer or prof.default_optimizer, tracker,
                             compute_dtype(setup), uses_autocast(setup, prof), progress)
     finally:

@@ -247,6 +247,44 @@ def cuda_autocast_policies() -> Any:
         yield
 
 
+class _KeepInput(torch.autograd.Function):
+    """Identity that saves its input for backward: the tensor stays alive until the gradient flowing back
+    through it has passed the op it feeds, as a saved input of that op would."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _SoftmaxKeepsInput(torch.overrides.TorchFunctionMode):
+    # torch < 1.11 derivatives.yaml: _softmax_backward_data(grad, result, dim, self) and the log_softmax
+    # twin kept `self` (pytorch/pytorch#64000, fixed by #65242/#66018). cross_entropy runs log_softmax inside
+    # one C++ op, so its input (the logits as passed) is held the same way.
+    NAMES = frozenset({"softmax", "log_softmax", "cross_entropy"})
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in self.NAMES and args and isinstance(args[0], torch.Tensor) \
+                and args[0].requires_grad and torch.is_grad_enabled():
+            args = (_KeepInput.apply(args[0]), *args[1:])
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def softmax_keeps_input(enabled: bool) -> Any:
+    """Make softmax, log_softmax and cross-entropy hold their input for backward (torch < 1.11)."""
+    if not enabled:
+        yield
+        return
+    with _SoftmaxKeepsInput():
+        yield
+
+
 def register_attention() -> None:
     from transformers import AttentionInterface
 

@@ -80,6 +80,10 @@ class TrainSetup:
     # Module.zero_grad / Optimizer.zero_grad (pytorch/pytorch#92731 made set_to_none=True the default), which
     # the transformers Trainer of that time called as model.zero_grad() after every optimizer step.
     keep_grads: bool = False
+    # softmax and log_softmax keep their *input* for backward beside their output: torch < 1.11, whose
+    # derivatives.yaml passed `self` to _softmax_backward_data (pytorch/pytorch#64000, fixed by #65242 /
+    # #66018 in October 2021, first released in torch 1.11 on 2022-03-10)
+    softmax_keeps_input: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
