@@ -101,6 +101,10 @@ def hf_config(spec: ModelSpec, attn_impl: str) -> Any:
 
     cfg = dict(spec.config)
     model_type = cfg.pop("model_type", spec.model_type)
+    if model_type == "gemma" and cfg.get("hidden_act") == "gelu":
+        # transformers' GemmaConfig replaces the released checkpoints' legacy "gelu" with the tanh
+        # approximation they were trained with, and logs that it did: do it here, silently
+        cfg["hidden_act"] = "gelu_pytorch_tanh"
     # cache_implementation is a generation setting (Gemma 3's config carries it): transformers only warns
     # that it is not a valid flag when it builds the generation config, and training never reads it
     for k in ("architectures", "auto_map", "transformers_version", "quantization_config", "torch_dtype", "dtype",
