@@ -4,7 +4,8 @@
 
 Reads benchmarks/data/calibration/measured.csv as it is (a verbatim copy of ../shared/calibration/),
 maps each row to a setup (benchmarks/calibration_rows.py), predicts the quantity the row measured
-(allocated, reserved or device memory) and prints, per framework, per method and overall: count,
+(allocated, reserved or device memory; a row that states no metric is compared with the allocated
+peak, the smallest of the three) and prints, per framework, per method and overall: count,
 median and p90 of the absolute relative error, the signed bias (median of signed errors), and how the
 OOM rows are called. Unmapped rows are listed with the reason.
 """

@@ -155,6 +155,10 @@ def _optimizer(text: str, setup: dict[str, Any]) -> None:
 
 def _metric(text: str) -> str:
     t = (text or "").lower()
+    if t.startswith("not stated"):
+        # e.g. "not stated (torchtune utils of that time log alloc/reserved/active ...)": the candidates
+        # are listed, the row's own metric is not
+        return "unknown"
     if "max_memory_allocated" in t or "active" in t:
         return "allocated"
     if "reserved" in t:
