@@ -40,13 +40,19 @@ def test_the_loss_keeps_its_fp32_logits_until_its_backward() -> None:
     assert (on.at_forward_end, on.forward_peak) == (off.at_forward_end, off.forward_peak)
 
 
-def test_sdpa_is_untouched_and_exports_refuse_it(tmp_path) -> None:
+def test_torch_before_1_11_means_eager_attention_and_no_export(tmp_path) -> None:
+    # SDPA arrived in torch 2.0 and FlashAttention-2 needs torch >= 1.12: with the switch, attention
+    # defaults to eager and an explicit fused kernel is refused
     qwen = resolve_model("Qwen/Qwen2.5-0.5B", allow_network=False)
-    kw = dict(method="lora", seq=256, attn="sdpa", gradient_checkpointing=False, timing=False)
-    acts = [estimate(qwen, softmax_keeps_input=v, **kw).breakdown.components["activations"] for v in (0, 1)]
-    assert acts[0] == acts[1]  # fused attention has no softmax op of its own
+    est = estimate(qwen, method="lora", seq=256, softmax_keeps_input=True, timing=False)
+    assert est.setup.attn == "eager"
+    for attn in ("sdpa", "flash"):
+        with pytest.raises(TuneplanError) as e:
+            estimate(qwen, method="lora", seq=256, attn=attn, softmax_keeps_input=True, timing=False)
+        assert e.value.field == "attn"
     with pytest.raises(TuneplanError) as e:
-        build_export("hf-script", qwen, TrainSetup(method="lora", softmax_keeps_input=True), None, tmp_path / "r")
+        build_export("hf-script", qwen, TrainSetup(method="lora", attn="eager", softmax_keeps_input=True), None,
+                     tmp_path / "r")
     assert e.value.field == "softmax_keeps_input"
 
 

@@ -253,7 +253,10 @@ def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] 
         default("dropout", prof.default_dropout if setup.is_lora else 0.0)
     if setup.optimizer is None:
         default("optimizer", prof.default_optimizer_qlora if setup.method == "qlora" else prof.default_optimizer)
-    if setup.attn is None:
+    if setup.attn is None and setup.softmax_keeps_input:
+        changes["attn"] = "eager"
+        sources["attn"] = "eager: torch < 1.11 (softmax_keeps_input) has no SDPA or FlashAttention-2"
+    elif setup.attn is None:
         default("attn", prof.default_attn)
     if setup.gradient_checkpointing is None:
         gc = {"full": prof.gc_full, "freeze": prof.gc_full, "lora": prof.gc_lora, "qlora": prof.gc_qlora}

@@ -175,6 +175,10 @@ class TrainSetup:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
                 raise TuneplanError(f"must be a positive number of elements, got {v!r}", field=name,
                                     accepted="1, 2, 3, ... (e.g. 500000000)")
+        if self.softmax_keeps_input and self.attn in ("sdpa", "flash"):
+            raise TuneplanError("softmax_keeps_input models torch < 1.11, which has neither SDPA (torch 2.0) nor "
+                                "FlashAttention-2 (torch >= 1.12)", field="attn",
+                                accepted="eager with --softmax-keeps-input")
         if self.keep_grads and (self.zero or self.fsdp):
             raise TuneplanError("DeepSpeed ZeRO and FSDP manage their own gradient buffers; keeping zeroed "
                                 "gradients is a single-GPU / DDP behaviour", field="keep_grads",
