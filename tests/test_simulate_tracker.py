@@ -60,12 +60,27 @@ def test_peak_live_set_and_relabelling() -> None:
 
     tr = StorageTracker()
     tr.phase = "step1.backward"
-    with FakeTensorMode(), tr:
+    with FakeTensorMode(), tr, torch.no_grad():  # the autograd engine runs backward ops without grad mode
         body()
     pk = find_peak(tr.result())
     assert pk.bytes == 8192
     assert sorted(b.category for b in pk.live) == ["backward_temp", "gradients"]
     assert "mul" in pk.op
+
+
+def test_a_recomputation_inside_backward_is_activations() -> None:
+    # a checkpoint recomputes the layer under enable_grad() while backward runs: an op outside any module
+    # then (transformers 5 checkpoints the layer's forward, so its residual adds) is a recomputed activation
+    held = []
+    tr = StorageTracker()
+    tr.phase = "step1.backward"
+    with FakeTensorMode(), tr:
+        with torch.no_grad():
+            held.append(torch.empty(256) * 2)
+        with torch.enable_grad():
+            held.append(torch.empty(256) * 2)
+    cats = [b.category for b in find_peak(tr.result()).live if b.op.endswith("mul.Tensor")]
+    assert cats == ["backward_temp", "activations"]
 
 
 def test_allocator_small_and_large_pools() -> None:

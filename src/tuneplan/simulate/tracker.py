@@ -158,6 +158,11 @@ class StorageTracker(TorchDispatchMode):
                 return "host"
             return "optimizer_temp"
         in_module = bool(self.module_stack)
+        if phase == "backward" and not in_module and torch.is_grad_enabled():
+            # a checkpoint's recomputation runs the layer's forward under enable_grad() inside backward;
+            # transformers 5 checkpoints a layer's `forward`, not `__call__`, so its own ops (the residual
+            # adds) run outside any module: they are the recomputed activations, not backward scratch
+            return "activations"
         if phase == "backward" and not in_module:
             # Loss-chain gradients are dense over the vocabulary (nll_loss / log_softmax backward).
             if self.vocab and out.dim() >= 1 and out.shape[-1] == self.vocab and out.numel() > self.vocab:
