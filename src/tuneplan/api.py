@@ -19,11 +19,11 @@ from tuneplan.estimator.memory import memory_breakdown
 from tuneplan.estimator.runtime import time_and_cost
 from tuneplan.estimator.throughput import RuntimeOptions
 from tuneplan.estimator.types import Finding, MemoryBreakdown
-from tuneplan.estimator.weights import resolve_targets
+from tuneplan.estimator.weights import lora_params_of, resolve_targets
 from tuneplan.specs.dataset import DatasetSpec
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import model_as_built, resolve_setup
+from tuneplan.specs.profiles import classifier_head_params, model_as_built, resolve_setup
 from tuneplan.specs.setup import TrainSetup
 
 SETUP_FIELDS = {f.name for f in fields(TrainSetup)} - {"sources"}
@@ -157,8 +157,8 @@ def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:
     for spec, count in model.layer_groups:
         for m in spec.linears:
             if m.name in targets:
-                total += count * m.count * setup.rank * (m.d_in + m.d_out)
+                total += count * lora_params_of(m, setup.rank)
     if setup.num_labels:
         # PEFT's SEQ_CLS task trains a copy of the classification head (modules_to_save: score / classifier)
-        total += model.hidden * setup.num_labels + (setup.num_labels if model.architecture == "encoder" else 0)
+        total += classifier_head_params(model, setup.num_labels)
     return total

@@ -120,12 +120,6 @@ def _hf_config(transformers: Any, model: ModelSpec, num_labels: int | None = Non
                             field="model") from None
 
 
-def _auto_class(transformers: Any, model: ModelSpec, num_labels: int | None = None) -> Any:
-    if num_labels:
-        return transformers.AutoModelForSequenceClassification
-    return transformers.AutoModelForMaskedLM if model.architecture == "encoder" else transformers.AutoModelForCausalLM
-
-
 def build_model(model: ModelSpec, setup: TrainSetup, device: str, weights: str | None = None) -> BuiltRun:
     """Instantiate ``model`` on ``device`` and apply ``setup`` (already resolved against its profile)."""
     with warnings.catch_warnings():
@@ -144,7 +138,9 @@ def _build(model: ModelSpec, setup: TrainSetup, device: str, weights: str | None
     attn = ATTN_IMPL[setup.attn or prof.default_attn]
     details = {"weights": "random init (from config.json)" if not weights else f"local checkpoint {weights}",
                "load_dtype": str(load_dtype).replace("torch.", ""), "attn_implementation": attn}
-    auto = _auto_class(transformers, model, setup.num_labels)
+    from tuneplan.simulate.build import head_class  # the same head the simulate engine builds
+
+    auto = head_class(model, setup)
     kwargs: dict[str, Any] = {"dtype": load_dtype, "attn_implementation": attn}
     try:
         if setup.method == "qlora":

@@ -186,6 +186,12 @@ def get_profile(name: str) -> Profile:
         raise TuneplanError(f"unknown framework {name!r}", field="framework", accepted=tuple(PROFILES)) from None
 
 
+def classifier_head_params(model: ModelSpec, num_labels: int) -> int:
+    """transformers' sequence-classification head: a ``score`` Linear (hidden x labels, no bias) on decoders,
+    BERT's ``classifier`` (hidden x labels + bias) on encoders."""
+    return model.hidden * num_labels + (num_labels if model.architecture == "encoder" else 0)
+
+
 def model_as_built(model: ModelSpec, framework: str, num_labels: int | None = None) -> ModelSpec:
     """The model as the framework's own code instantiates it (LitGPT: a tied checkpoint gets its own lm_head),
     with a sequence-classification head when ``num_labels`` is given: transformers' *ForSequenceClassification
@@ -194,11 +200,12 @@ def model_as_built(model: ModelSpec, framework: str, num_labels: int | None = No
     if model.tied_embeddings and get_profile(framework).unties_embeddings:
         model = replace(model, tied_embeddings=False, lm_head_params=model.vocab * model.hidden)
     if num_labels:
-        h = model.hidden
+        head = classifier_head_params(model, num_labels)
         if model.architecture == "encoder":
+            h = model.hidden
             return replace(model, tied_embeddings=False, lm_head_params=0, head_out=num_labels,
-                           other_params=h * h + h + h * num_labels + num_labels)
-        return replace(model, tied_embeddings=False, lm_head_params=h * num_labels, head_out=num_labels)
+                           other_params=h * h + h + head)
+        return replace(model, tied_embeddings=False, lm_head_params=head, head_out=num_labels)
     return model
 
 
