@@ -1,4 +1,4 @@
-"""`tuneplan models` (the model catalog) and `tuneplan table` (seed 004's size x method table)."""
+"""`tuneplan models` (the model catalog) and `tuneplan table` (the size x method memory table)."""
 
 from __future__ import annotations
 
@@ -40,20 +40,20 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json")] = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
-        """Seed 004's table (7B/13B/30B/70B x full, LoRA, QLoRA-8, QLoRA-4), computed per GPU."""
+        """Peak memory per GPU for 7B-70B models x full, LoRA, QLoRA-8, QLoRA-4."""
         from tuneplan.plan.table import METHODS, SIZES, size_method_table
 
         cells = size_method_table(**(setup_kw or {}))
         if as_json:
             print_json([asdict(c) for c in cells])
             return
-        t = Table(title="Device peak memory per GPU, GiB (seed 004's range in brackets, GB)")
+        t = Table(title="Device peak memory per GPU, GiB (rule-of-thumb range in brackets, GB)")
         t.add_column("size")
         for label, _ in METHODS:
             t.add_column(label, justify="right")
         for size, model_id in SIZES:
             row = [c for c in cells if c.size == size]
-            t.add_row(f"{size}\n[dim]{model_id}[/]", *[f"{gib(c.device_peak_bytes)}\n[dim][{c.seed_gb}][/]" for c in row])
+            t.add_row(f"{size}\n[dim]{model_id}[/]", *[f"{gib(c.device_peak_bytes)}\n[dim][{c.rule_of_thumb_gb}][/]" for c in row])
         console.print(t)
         s = ", ".join(f"{k}={v}" for k, v in (setup_kw or {}).items()) or "defaults (batch 1, seq 512, hf profile)"
         console.print(f"[dim]setup: {s}[/]")

@@ -19,7 +19,7 @@ Layouts, from each format's reference implementation:
   + 16 int8 sub-block scales + fp16 d); F16 2 B, F32 4 B per element.
 Lowest compute capability (``min_cc``), by the engine that usually serves the format: vLLM needs 7.0
 (its installation docs) and its AWQ kernel 7.5 ("Turing or newer", ``awq.py get_min_capability``); bf16
-needs 8.0 (../shared/reference/compat.md section 3); bitsandbytes LLM.int8 7.5 and NF4 6.0 (compat.md
+needs 8.0 (compat.md section 3); bitsandbytes LLM.int8 7.5 and NF4 6.0 (compat.md
 section 1.2, bnb 0.50 docs); GGUF through llama.cpp's CUDA backend 6.0 (it also runs on the CPU).
 Which tensors a format leaves unquantized is in ``tuneplan.deploy.weights``; GGUF's per-tensor type
 choice (the K-quant mixes) in ``tuneplan.deploy.gguf``.

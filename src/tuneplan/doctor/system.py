@@ -4,7 +4,7 @@ GPUs through NVML (``nvidia-ml-py``, the ``detect`` extra) or, without it, ``nvi
 through ``npu-smi info`` or torch_npu; AMD GPUs through a ROCm build of torch; library versions from
 the installed distributions; PyTorch's CUDA build and arch list from torch itself; and whether
 ``import bitsandbytes`` works, tried in a child process because on an unsupported card that import is
-exactly what fails (seed 000).
+exactly what fails (as V100 and Ascend users report).
 """
 
 from __future__ import annotations

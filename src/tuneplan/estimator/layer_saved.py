@@ -16,7 +16,7 @@ for backward (``torch.autograd`` saves an operand only when the other operand ne
 - under gradient checkpointing only each layer's input is kept, and one layer is recomputed in backward.
 
 Derivation for a Llama layer, full fine-tune, pure bf16, SDPA with un-repeated K/V: (22h + 4 h_kv + 8f + 4a)
-bytes per token (../shared/reference/prior-art.md e.4), which the tests rederive by hand.
+bytes per token (prior-art notes, e.4), which the tests rederive by hand.
 """
 
 from __future__ import annotations

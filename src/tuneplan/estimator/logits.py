@@ -5,7 +5,7 @@ transformers ``ForCausalLMLoss`` (loss_utils.py) upcasts the logits with ``logit
 output (4) coexist; log-softmax keeps its output for backward. In backward, ``nll_loss_backward`` makes
 a dense fp32 gradient (4) and ``log_softmax_backward`` another (4) while the saved output (4) is still
 alive: 12 bytes per token per vocabulary entry (canifinetune measured ~14 on Qwen2.5, which includes the
-lm_head weight-gradient path; see ../shared/reference/prior-art.md e.5).
+lm_head weight-gradient path; see the prior-art notes, e.5).
 Chunked losses keep less:
 - LitGPT (``lm_head_chunk_size=128``, ``chunked_cross_entropy``): 16-bit logits and 16-bit log-softmax
   output of every chunk are kept: 2 + 2 bytes;

@@ -1,6 +1,6 @@
 """Per-GPU peak memory: persistent terms plus the max over the instants of a training step.
 
-Instants (step >= 2, when optimizer states exist; ../shared/reference/prior-art.md e.7):
+Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
 - ``forward``: end of forward, inside the loss: saved activations + the loss-forward chain;
 - ``backward_start``: the loss backward (dense fp32 logit gradients) with all activations still saved;
 - ``backward_layers``: back-propagating the top layer (checkpointing: its recomputed activations) with

@@ -1,9 +1,9 @@
-"""The column format of calibration records, copied from ../shared/calibration/measured.csv.
+"""The column format of calibration records, copied from the published calibration table (measured.csv).
 
 ``tuneplan measure --record FILE`` appends rows in exactly this format so a measured run on this machine
 sits next to the published runs and ``benchmarks/accuracy.py`` reads both the same way. The list is data
-held here (the package never reads ../shared at run time); a test checks it against the shared header.
-Meaning of each column: ../shared/calibration/README.md.
+held here (the package never reads the calibration folder at run time); a test checks it against that header
+when the folder is present. Meaning of each column: the calibration notes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Memory readings of one run: the CUDA caching allocator, NVML, or (without a GPU) the host process.
 
-Three sources, never blended (../shared/calibration/README.md: compare like with like):
+Three sources, never blended (the calibration notes: compare like with like):
 - ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``: what PyTorch hands out and what its
   caching allocator holds from CUDA; ``reset_peak_memory_stats`` lets one phase of a step be read alone.
 - NVML (``nvidia-ml-py``, optional): device memory used, as nvidia-smi shows it, which adds the CUDA

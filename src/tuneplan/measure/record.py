@@ -1,4 +1,4 @@
-"""One measured run as a calibration row (the columns of ../shared/calibration/measured.csv), appended.
+"""One measured run as a calibration row (the columns of the published calibration table), appended.
 
 Mapping, so the accuracy benchmark reads our rows like the published ones:
 - ``peak_mem_value`` is ``torch.cuda.max_memory_allocated`` in GiB on a GPU (``peak_mem_metric`` says

@@ -23,7 +23,7 @@ from tuneplan.plan.search import largest_true
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 
-# (label, fields): the five ways to fine-tune that the seeds compare (seed 004's table + freeze).
+# (label, fields): the five ways to fine-tune that hardware guides compare (size x method table + freeze).
 METHOD_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("full", {"method": "full"}),
     ("freeze", {"method": "freeze"}),
@@ -141,7 +141,7 @@ def method_fit(probe: Prober, label: str, fixed: Mapping[str, Any], *, allow: fr
 
 def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any],
                        lora: MethodFit) -> dict[str, Any] | None:
-    """Seed 002's question, computed: the largest QLoRA rank within the memory LoRA uses at its rank.
+    """"How much higher can QLoRA's rank go?", computed: the largest QLoRA rank within the memory LoRA uses at its rank.
 
     QLoRA runs at LoRA's fitting setup with only the base quantized (same checkpointing, optimizer,
     batch, sequence); the budget is LoRA's device peak, the verdict ``Estimate.fits`` on a card of

@@ -1,6 +1,6 @@
 """`max-model`: the largest model a card (or N cards) can fine-tune with a method and setup.
 
-Two answers (seed 000: "how large a model without, and with, quantization or DeepSpeed"):
+Two answers (the practitioner's question: "how large a model without, and with, quantization or DeepSpeed"):
 - the largest catalog model that fits: every catalog model is estimated (sizes are not monotone
   in anything the catalog orders by: MoE, vocabularies, tied heads), largest parameter count first;
 - the largest parameter count of the standard family (:mod:`tuneplan.plan.standard_arch`) that fits,

@@ -1,6 +1,6 @@
-"""Seed 004's size x method table, computed by the estimator (not copied).
+"""The size x method table (7B-70B x full, LoRA, QLoRA-8, QLoRA-4), computed by the estimator.
 
-The seed's own ranges are kept beside each figure as a labelled reference, so a reader can see where the
+The rule-of-thumb ranges that hardware guides print are kept beside each figure as a labelled reference, so a reader can see where the
 folk numbers and the computed ones part ways.
 """
 
@@ -24,8 +24,8 @@ METHODS = (
     ("QLoRA 8-bit", {"method": "qlora", "bits": 8}),
     ("QLoRA 4-bit", {"method": "qlora", "bits": 4}),
 )
-# Seed 004 (../shared/seeds/004_*.txt), GB, "common experience values"; reference only.
-SEED_004_GB = {
+# A fine-tuning hardware guide's table, GB, "common experience values"; reference only.
+RULE_OF_THUMB_GB = {
     "7B": ("60-80", "15-20", "9-10", "6-8"),
     "13B": ("120-130", "28-32", "17-18", "9-12"),
     "30B/32B": ("280-290", "60-65", "38-40", "20-24"),
@@ -40,7 +40,7 @@ class TableCell:
     method: str
     device_peak_bytes: int
     allocated_peak_bytes: int
-    seed_gb: str
+    rule_of_thumb_gb: str
 
 
 def size_method_table(**setup: Any) -> list[TableCell]:
@@ -50,5 +50,5 @@ def size_method_table(**setup: Any) -> list[TableCell]:
         for j, (label, kw) in enumerate(METHODS):
             est = estimate(spec, **{**setup, **kw})
             cells.append(TableCell(size, model_id, label, est.breakdown.device_peak_bytes,
-                                   est.breakdown.allocated_peak_bytes, SEED_004_GB[size][j]))
+                                   est.breakdown.allocated_peak_bytes, RULE_OF_THUMB_GB[size][j]))
     return cells

@@ -10,7 +10,7 @@ from tuneplan.estimator.overhead import CUDA_CONTEXT_BAND, cuda_context_bytes
 from tuneplan.estimator.types import COMPONENTS, Band, MemoryBreakdown
 
 # The allocator emulation's reserved peak against five published GPU runs came within -4.9% .. +1.4% of
-# max_memory_reserved (../shared/reference/simulation-feasibility.md, "Later check against real GPUs").
+# max_memory_reserved (simulation-feasibility notes, "Later check against real GPUs").
 RESERVED_BAND = (-0.05, 0.02)
 LIMITS = (
     "simulate: eager PyTorch only (no torch.compile); no data-dependent shapes (MoE eager expert loops, "

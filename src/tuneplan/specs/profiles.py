@@ -136,7 +136,7 @@ PROFILES: dict[str, Profile] = {
             "Lightning Fabric precision 'bf16-mixed': parameters stay fp32, forward under torch.autocast "
             "(lightning.fabric.plugins.precision.amp); 'bf16-true': parameters in bf16, no autocast",
             "bitsandbytes MatMul4Bit before PR #1270 saved its input A for backward whatever B required "
-            "(../shared/reference/prior-art.md e.4); litgpt's 2023-2024 tables ran bnb 0.41-0.43",
+            "(prior-art notes, e.4); litgpt's 2023-2024 tables ran bnb 0.41-0.43",
             "litgpt finetune/lora.py, full.py: FSDPStrategy(auto_wrap_policy={Block}); Lightning Fabric "
             "FSDPStrategy sets use_orig_params=True (torch>=2.0), so a LoRA Block's flat parameter requires "
             "grad (torch FSDP docs: mixing frozen and non-frozen params gives gradient memory 'equivalent to "
