@@ -15,7 +15,29 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: option names never cut, no type column, descriptions wrap to the terminal
+    rich_markup_mode=None,
 )
+
+
+def print_version(value: bool) -> None:
+    """``--version``: the installed distribution's version (package metadata), then exit 0."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("tuneplan")
+    except PackageNotFoundError:  # run from a source tree without installing
+        v = "unknown (not installed)"
+    typer.echo(f"tuneplan {v}")
+    raise typer.Exit()
+
+
+@app.callback()
+def root(version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
+                                      help="Print the version and exit.")) -> None:
+    pass
 
 # Command modules, in help order. A module registers its commands on the app.
 COMMAND_MODULES = (

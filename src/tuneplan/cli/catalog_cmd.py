@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from tuneplan.cli.options import with_setup_options
@@ -16,7 +17,7 @@ def register(app: typer.Typer) -> None:
     @app.command("models")
     def models_cmd(
         search: Annotated[str | None, typer.Argument(help="filter by substring")] = None,
-        as_json: Annotated[bool, typer.Option("--json")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     ) -> None:
         """List the built-in model catalog (works offline)."""
         from tuneplan.catalog.models import catalog_entries
@@ -26,9 +27,12 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json([asdict(e) for e in rows])
             return
-        t = Table(title=f"Model catalog ({len(rows)} models)")
-        for c in ("HF id", "aliases", "family", "params (B)"):
-            t.add_column(c, justify="right" if c.startswith("params") else "left")
+        console.print(f"[bold]Model catalog[/] ({len(rows)} models)", highlight=False)
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        t.add_column("HF id", overflow="fold", max_width=36)
+        t.add_column("aliases", overflow="fold", min_width=16)
+        t.add_column("family", no_wrap=True)
+        t.add_column("params (B)", justify="right", no_wrap=True)
         for e in rows:
             p = e.params_transformers or e.params_published
             t.add_row(e.hf_id, ", ".join(e.aliases[:3]), e.family, f"{p / 1e9:.2f}" if p else "?")
@@ -37,7 +41,7 @@ def register(app: typer.Typer) -> None:
     @app.command("table")
     @with_setup_options
     def table_cmd(
-        as_json: Annotated[bool, typer.Option("--json")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """Peak memory per GPU for 7B-70B models x full, LoRA, QLoRA-8, QLoRA-4."""
@@ -47,13 +51,17 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json([asdict(c) for c in cells])
             return
-        t = Table(title="Device peak memory per GPU, GiB (rule-of-thumb range in brackets, GB)")
-        t.add_column("size")
+        console.print("[bold]Device peak memory per GPU, GiB[/] (rule-of-thumb range in brackets, GB)",
+                      highlight=False)
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        t.add_column("size", no_wrap=True)
         for label, _ in METHODS:
             t.add_column(label, justify="right")
         for size, model_id in SIZES:
             row = [c for c in cells if c.size == size]
-            t.add_row(f"{size}\n[dim]{model_id}[/]", *[f"{gib(c.device_peak_bytes)}\n[dim][{c.rule_of_thumb_gb}][/]" for c in row])
+            t.add_row(f"{size}\n", *[f"{gib(c.device_peak_bytes)}\n[dim][{c.rule_of_thumb_gb}][/]" for c in row])
         console.print(t)
+        console.print("[dim]models: " + ", ".join(f"{size} {model_id}" for size, model_id in SIZES) + "[/]",
+                      highlight=False)
         s = ", ".join(f"{k}={v}" for k, v in (setup_kw or {}).items()) or "defaults (batch 1, seq 512, hf profile)"
         console.print(f"[dim]setup: {s}[/]")

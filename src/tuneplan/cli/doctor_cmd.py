@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from tuneplan.cli.render import console, findings_table, gib, print_json
+from tuneplan.cli.render import console, gib, print_findings, print_json
 
 STATUS_STYLE = {"works": "green", "works, with warnings": "yellow", "breaks": "red bold", "not installed": "dim"}
 
@@ -36,11 +37,11 @@ def render_doctor(d: dict[str, Any]) -> None:
             archs = " ".join(v.get("torch_arch_list") or [])
             extra = f"  [dim]{build}{'; ' + archs if archs else ''}[/]"
         if k == "bitsandbytes" and v.get("bitsandbytes_import_error"):
-            extra = f"  [red]import: {v['bitsandbytes_import_error']}[/]"
-        libs.add_row(k, (val or "[dim]not installed[/]") + extra)
+            extra = f"  [red]import: {escape(v['bitsandbytes_import_error'])}[/]"
+        libs.add_row(k, (escape(val) if val else "[dim]not installed[/]") + extra)
     console.print(libs)
     for n in m.get("notes", []):
-        console.print(f"[dim]detect: {n}[/]")
+        console.print(f"[dim]detect: {escape(n)}[/]", highlight=False)
     for dev in d["devices"]:
         a, det = dev["accelerator"], dev["detected"]
         idx = ",".join(map(str, dev["indices"]))
@@ -49,25 +50,17 @@ def render_doctor(d: dict[str, Any]) -> None:
         console.print(f"\n[bold]{det['kind'].upper()} {idx}[/] ({dev['count']}x) {det['name']} -> {a['matched']}: "
                       f"{gib(a['memory_bytes'])} GiB{free}, {arch}")
         console.print("  " + "  ".join(f"{c['name']} {_yn(c['ok'])}" for c in dev["capabilities"]))
-        t = Table(title="What will run here", show_lines=True)
-        for c in ("task", "status", "why", "fix"):
-            t.add_column(c, overflow="fold")
+        console.print("[bold]What will run here[/]")
         for task in dev["tasks"]:
             st = STATUS_STYLE.get(task["status"], "white")
-            t.add_row(task["label"], f"[{st}]{task['status']}[/]", escape(task["detail"]), escape(task["fix"]))
-        console.print(t)
-        ft = findings_table(_escaped(dev["findings"]))
-        if ft is not None:
-            console.print(ft)
-    ft = findings_table(_escaped(d["findings"]))
-    if ft is not None:
-        console.print(ft)
+            console.print(f"{escape(task['label'])}: [{st}]{task['status']}[/]"
+                          + (f"  {escape(task['detail'])}" if task["detail"] else ""), highlight=False)
+            if task["fix"]:
+                console.print(f"  [dim]fix: {escape(task['fix'])}[/]", highlight=False)
+        print_findings(dev["findings"])
+    print_findings(d["findings"])
     colour = "red" if d["exit_code"] else "green"
     console.print(f"[{colour} bold]{escape(d['verdict'])}[/]")
-
-
-def _escaped(findings: list[dict[str, str]]) -> list[dict[str, str]]:
-    return [{k: escape(v) if isinstance(v, str) else v for k, v in f.items()} for f in findings]
 
 
 def register(app: typer.Typer) -> None:
@@ -99,6 +92,8 @@ def register(app: typer.Typer) -> None:
     def accelerators_cmd(
         search: Annotated[str | None, typer.Argument(help="filter by substring of id, name or vendor")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the full records (with sources) as JSON")] = False,
+        details: Annotated[bool, typer.Option("--details", help="add the price reading's date and how verified "
+                                              "each row is (wide)")] = False,
         hardware_file: Annotated[str | None, typer.Option("--hardware-file", help="TOML/YAML file adding or overriding accelerators")] = None,
     ) -> None:
         """The accelerator catalog: memory as software sees it, bandwidth, bf16 TFLOPS, CC, price, sources."""
@@ -110,22 +105,27 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json([a.to_dict() for a in rows])
             return
-        t = Table(title=f"Accelerators ({len(rows)})")
-        for c, j in (("id", "left"), ("GiB", "right"), ("GB/s", "right"), ("bf16 TF", "right"), ("CC", "left"),
-                     ("bf16", "left"), ("fp8", "left"), ("link", "left"), ("$/h", "right"), ("read", "left"),
-                     ("verified", "left")):
-            t.add_column(c, justify=j, no_wrap=c in ("id", "GiB", "read"))
+        console.print(f"[bold]Accelerators[/] ({len(rows)})", highlight=False)
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+        columns = [("id", "left"), ("GiB", "right"), ("GB/s", "right"), ("bf16 TF", "right"), ("arch", "left"),
+                   ("bf16", "left"), ("fp8", "left"), ("link", "left"), ("$/h", "right")]
+        if details:
+            columns += [("price read", "left"), ("verified", "left")]
+        for c, j in columns:
+            t.add_column(c, justify=j, no_wrap=c != "id", overflow="fold", min_width=18 if c == "id" else None)  # type: ignore[arg-type]
         for a in rows:
             mem = gib(a.memory_bytes) + ("" if a.memory_is_observed else "*")
             link = {True: "fast", False: "PCIe", None: "?"}[a.has_fast_link]
-            t.add_row(a.id, mem, _num(a.memory_bandwidth_gbs), _num(a.bf16_tflops_dense),
-                      a.cc_str or a.arch_target or "?", _yn(a.supports_bf16), _yn(a.supports_fp8), link,
-                      _num(a.cloud_usd_per_gpu_hr), a.cloud_price_date or "-",
-                      a.verified + ("" if a.origin == "catalog" else " (user)"))
+            cells = [a.id, mem, _num(a.memory_bandwidth_gbs), _num(a.bf16_tflops_dense),
+                     a.cc_str or (a.arch_target or "?").replace("ascend", ""), _yn(a.supports_bf16), _yn(a.supports_fp8), link,
+                     _num(a.cloud_usd_per_gpu_hr)]
+            if details:
+                cells += [a.cloud_price_date or "-", a.verified + ("" if a.origin == "catalog" else " (user)")]
+            t.add_row(*cells)
         console.print(t)
         console.print("[dim]GiB: memory as torch / nvidia-smi / npu-smi report it (* derived: marketed x 0.99); "
                       "'-' is unknown, not zero; link fast = NVLink/Infinity Fabric/HCCS. --json has names, sources and "
-                      "unverified fields.[/]")
+                      "unverified fields; --details the price date and verification.[/]")
 
 
 def _num(v: float | None) -> str:

@@ -22,6 +22,8 @@ def register(app: typer.Typer) -> None:
         gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="accelerator, e.g. rtx4090, a100-80gb")] = None,
         engine: Annotated[str, typer.Option("--engine", help="analytic | simulate")] = "analytic",
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+        details: Annotated[bool, typer.Option("--details", help="everything: component descriptions, memory by "
+                                              "instant, uncertainty, all findings, time and cost tables")] = False,
         hardware_file: Annotated[str | None, typer.Option("--hardware-file", help="TOML/YAML file adding or overriding accelerators")] = None,
         setup_kw: dict[str, Any] | None = None,
         time_kw: dict[str, Any] | None = None,
@@ -39,6 +41,6 @@ def register(app: typer.Typer) -> None:
             print_json(d)
         else:
             frm.render(d)
-            render_estimate(d)
+            render_estimate(d, details=details)
         if est.fits is False:
             raise typer.Exit(1)

@@ -37,7 +37,7 @@ SETUP_OPTIONS: list[tuple[str, Any, Any]] = [
     ("batch", int | None, _opt("--batch", "-b", help="micro-batch per GPU (default: 1)")),
     ("seq", int | None, _opt("--seq", "--cutoff-len", "-s", help="tokens per sample (cutoff_len) (default: 512)")),
     ("grad_accum", int | None, _opt("--grad-accum", help="gradient accumulation steps (default: 1)")),
-    ("gradient_checkpointing", bool | None, _opt("--gradient-checkpointing/--no-gradient-checkpointing", help="[profile]")),
+    ("gradient_checkpointing", bool | None, _opt("--gradient-checkpointing/--no-gradient-checkpointing", help="recompute activations in backward instead of keeping them (default: profile)")),
     ("attn", str | None, _opt("--attn", help="eager | sdpa | flash (default: profile)")),
     ("loss", str | None, _opt("--loss", help="upcast | chunked | fused | fused-linear (Liger/CCE): cross-entropy kernel (default: profile)")),
     ("num_labels", int | None, _opt("--num-labels", help="train a sequence-classification head with N labels (classifiers, reward models)")),
@@ -72,7 +72,24 @@ def with_setup_options(func: Callable[..., Any]) -> Callable[..., Any]:
         setup_kw = {n: kwargs.pop(n) for n, _, _ in SETUP_OPTIONS if kwargs.get(n) is not None}
         for n, _, _ in SETUP_OPTIONS:
             kwargs.pop(n, None)
+        warn_unused_lora_flags(setup_kw)
         return func(setup_kw=setup_kw, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
     return wrapper
+
+
+LORA_ONLY = ("rank", "alpha", "dropout", "targets")
+
+
+def warn_unused_lora_flags(setup_kw: dict[str, Any]) -> None:
+    """``--rank 64 --method full`` says that the LoRA flags are ignored instead of dropping them silently."""
+    method = setup_kw.get("method")
+    unused = [n for n in LORA_ONLY if n in setup_kw]
+    if method in ("full", "freeze") and unused:
+        from tuneplan.cli.render import err_console
+
+        flags = ", ".join("--" + n for n in unused)
+        verb = "applies" if len(unused) == 1 else "apply"
+        err_console.print(f"[yellow]warning:[/] {flags} only {verb} to --method lora or qlora; "
+                          f"ignored with --method {method}", highlight=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -24,23 +25,59 @@ def print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
+LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}
+LEVEL_COLOUR = {"error": "red", "warning": "yellow", "info": "cyan"}
+
+
 def findings_table(findings: list[dict[str, str]]) -> Table | None:
+    """Findings as a table (wide terminals, ``doctor``); ``print_findings`` is the 80-column form."""
     if not findings:
         return None
     t = Table(title="Findings", show_lines=False)
     for c in ("level", "code", "message", "fix"):
         t.add_column(c, overflow="fold")
-    colours = {"error": "red", "warning": "yellow", "info": "cyan"}
     for f in findings:
-        t.add_row(f"[{colours.get(f['level'], 'white')}]{f['level']}[/]", f["code"], f["message"], f.get("fix", ""))
+        t.add_row(f"[{LEVEL_COLOUR.get(f['level'], 'white')}]{f['level']}[/]", f["code"], f["message"], f.get("fix", ""))
     return t
 
 
-def render_estimate(d: dict[str, Any]) -> None:
-    m, s, pg = d["model"], d["setup"], d["per_gpu"]
+def print_findings(findings: list[dict[str, str]], limit: int | None = None) -> None:
+    """Findings as wrapped lines, most severe first; ``limit`` keeps the top ones and says how many more."""
+    ordered = sorted(findings, key=lambda f: LEVEL_ORDER.get(f["level"], 3))
+    shown = ordered if limit is None else ordered[:limit]
+    for f in shown:
+        colour = LEVEL_COLOUR.get(f["level"], "white")
+        console.print(f"[{colour}]{f['level']}[/] [bold]{escape(f['code'])}[/]: {escape(f['message'])}",
+                      highlight=False)
+        if f.get("fix") and (limit is None or f["level"] == "error"):
+            console.print(f"  [dim]fix: {escape(f['fix'])}[/]", highlight=False)
+    if len(ordered) > len(shown):
+        console.print(f"[dim]{len(ordered) - len(shown)} more finding(s): --details[/]")
+
+
+def render_estimate(d: dict[str, Any], details: bool = False) -> None:
+    """One screen by default (setup, memory, verdict, time and cost, top findings); ``details`` adds the rest."""
+    render_setup(d)
+    render_memory(d, details)
+    render_verdict(d)
+    if details:
+        render_memory_details(d)
+    render_time_cost_line(d)
+    print_findings(d.get("findings", []), limit=None if details else 3)
+    if details:
+        render_time_details(d)
+        render_deploy_hint(d)
+    else:
+        console.print("[dim]--details: what each component is, memory by instant, uncertainty, all findings, "
+                      "the time and cost tables[/]")
+
+
+def render_setup(d: dict[str, Any]) -> None:
+    m, s = d["model"], d["setup"]
+    console.print(f"[bold]{escape(m['name'])}[/]  {m['params_total'] / 1e9:.2f}B params, "
+                  f"{m['params_trainable'] / 1e6:,.1f}M trainable  ·  engine {d['engine']}", highlight=False)
     console.print(
-        f"[bold]{m['name']}[/]  {m['params_total'] / 1e9:.2f}B params, {m['params_trainable'] / 1e6:,.1f}M trainable"
-        f"  ·  {s['method']}"
+        f"{s['method']}"
         + (f" {s['bits']}-bit" if s["method"] == "qlora" else "")
         + (f" r={s['rank']}" if s["method"] in ("lora", "qlora") else "")
         + f"  ·  batch {s['batch']} x seq {s['seq']}, GA {s['grad_accum']}"
@@ -48,57 +85,116 @@ def render_estimate(d: dict[str, Any]) -> None:
         + (f", loss {s['loss']}" if s.get("loss") else "")
         + (", compiled" if s.get("compile") else "")
         + (", activations offloaded" if s.get("activation_offload") else "")
-        + f"  ·  {s['framework']} profile  ·  engine {d['engine']}"
+        + f"  ·  {s['framework']} profile",
+        highlight=False,
     )
     defaults = [k for k, v in d.get("setup_sources", {}).items() if "default" in v]
     if defaults:
         console.print(f"[dim]profile defaults used for: {', '.join(sorted(defaults))}[/]")
-    t = Table(title=f"Per-GPU peak memory (GiB) — peak at [bold]{d['peak_phase']}[/]")
+
+
+def render_memory(d: dict[str, Any], details: bool) -> None:
+    pg = d["per_gpu"]
+    console.print(f"[bold]Per-GPU peak memory (GiB)[/], peak at {d['peak_phase']}", highlight=False)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     t.add_column("component")
     t.add_column("GiB", justify="right")
-    t.add_column("what it is", style="dim")
+    if details:
+        t.add_column("what it is", style="dim")
+
+    def row(name: str, n: int, desc: str, bold: bool = False) -> None:
+        cells = [f"[bold]{name}[/]", f"[bold]{gib(n)}[/]"] if bold else [name, gib(n)]
+        t.add_row(*cells, *([desc] if details else []))
+
     for k, desc in COMPONENTS.items():
         v = pg["components"].get(k, 0)
         if v:
-            t.add_row(k, gib(v), desc)
-    t.add_row("[bold]allocated peak[/]", f"[bold]{gib(pg['allocated_peak_bytes'])}[/]", "torch.cuda.max_memory_allocated")
-    t.add_row("reserved peak", gib(pg["reserved_peak_bytes"]), "torch.cuda.max_memory_reserved (allocator emulation)")
-    t.add_row("CUDA context", gib(pg["cuda_context_bytes"]), "outside PyTorch (driver, kernels)")
+            row(k, v, desc)
+    row("allocated peak", pg["allocated_peak_bytes"], "torch.cuda.max_memory_allocated", bold=True)
+    row("reserved peak", pg["reserved_peak_bytes"], "torch.cuda.max_memory_reserved (allocator emulation)")
+    row("CUDA context", pg["cuda_context_bytes"], "outside PyTorch (driver, kernels)")
     if pg.get("nccl_bytes"):
-        t.add_row("NCCL", gib(pg["nccl_bytes"]), "communicator buffers, outside PyTorch")
-    t.add_row("[bold]device peak[/]", f"[bold]{gib(pg['device_peak_bytes'])}[/]", "what nvidia-smi shows; OOM is judged here")
+        row("NCCL", pg["nccl_bytes"], "communicator buffers, outside PyTorch")
+    row("device peak", pg["device_peak_bytes"], "what nvidia-smi shows; OOM is judged here", bold=True)
     if pg.get("paged_bytes"):
-        t.add_row("paged optimizer", gib(pg["paged_bytes"]), "unified memory, pages out instead of OOM")
+        row("paged optimizer", pg["paged_bytes"], "unified memory, pages out instead of OOM")
     if pg.get("host_bytes"):
-        t.add_row("host (CPU) memory", gib(pg["host_bytes"]), "offloaded states / params / checkpoints")
+        row("host (CPU) memory", pg["host_bytes"], "offloaded states / params / checkpoints")
     console.print(t)
+
+
+def render_memory_details(d: dict[str, Any]) -> None:
+    pg = d["per_gpu"]
     ph = "  ".join(f"{k} {gib(v)}" for k, v in pg["phases"].items())
     console.print(f"[dim]allocated by instant (GiB): {ph}[/]")
     band = pg["bands"].get("allocated")
     if band:
         console.print(f"[dim]uncertainty: allocated {gib(band['low'])}–{gib(band['high'])} GiB ({band['why']}); "
-                      f"reserved up to {gib(pg['bands']['reserved']['high'])}; context "
-                      f"{gib(pg['bands']['cuda_context']['low'])}–{gib(pg['bands']['cuda_context']['high'])}[/]")
+                      f"reserved up to {gib(pg['bands']['reserved']['high'])} GiB; context "
+                      f"{gib(pg['bands']['cuda_context']['low'])}–{gib(pg['bands']['cuda_context']['high'])} GiB[/]")
     for n in d.get("notes", []):
-        console.print(f"[dim]note: {n}[/]")
-    ft = findings_table(d.get("findings", []))
-    if ft is not None:
-        console.print(ft)
+        console.print(f"[dim]note: {escape(n)}[/]")
+
+
+def render_verdict(d: dict[str, Any]) -> None:
+    if "gpu" not in d:
+        console.print("[dim]no --gpu: memory only (add --gpu for the verdict, time and cost)[/]")
+        return
+    g = d["gpu"]
+    verdict = d.get("verdict")
+    if verdict == "fits":
+        console.print(f"[green bold]FITS[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
+                      f"{gib(d['headroom_bytes'])} GiB headroom", highlight=False)
+    elif verdict == "cannot_run":
+        errors = [f for f in d.get("findings", []) if f["level"] == "error"]
+        console.print(f"[red bold]CANNOT RUN[/] on {g['name']}: {escape(errors[0]['code'])} (below)",
+                      highlight=False)
+    else:
+        console.print(f"[red bold]DOES NOT FIT[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
+                      f"short by {gib(-d['headroom_bytes'])} GiB", highlight=False)
+
+
+def _num(v: float | None, fmt: str = ",.0f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def render_time_cost_line(d: dict[str, Any]) -> None:
+    """Time and cost in one line: speed, what bounds it, hours and money when the dataset size is known."""
+    t, c = d.get("time"), d.get("cost")
+    if not t:
+        return
+    parts = [f"{_num(t.get('tokens_per_second'))} tokens/s", f"{_num(t.get('step_seconds'), ',.2f')} s/step"]
+    if t.get("bound"):
+        parts[-1] += f" ({t['bound']}-bound)"
+    comm = (t.get("components_seconds") or {}).get("communication_exposed")
+    if comm:
+        parts.append(f"communication {comm:,.2f} s/step exposed")
+    if t.get("total_hours") is not None:
+        parts.append(f"{t['total_hours']:,.2f} h")
+        if c and c.get("cloud_usd") is not None:
+            parts.append(f"{c['cloud_usd']:,.2f} USD rented")
+        if c and c.get("own_usd") is not None:
+            parts.append(f"{c['own_usd']:,.2f} USD owned")
+    else:
+        parts.append("hours and cost: give --samples or --dataset-tokens")
+    console.print("[bold]Time[/] " + "  ·  ".join(parts), highlight=False)
+
+
+def render_time_details(d: dict[str, Any]) -> None:
+    """--details: the time and cost tables, the links used, and (slot) the time breakdown."""
     for sec in ("time", "cost"):
         if sec in d and d[sec]:
             render_section(sec, d[sec])
-    if "gpu" in d:
-        g = d["gpu"]
-        verdict = d.get("verdict")
-        if verdict == "fits":
-            console.print(f"[green bold]FITS[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
-                          f"{gib(d['headroom_bytes'])} GiB headroom")
-        elif verdict == "cannot_run":
-            errors = [f for f in d.get("findings", []) if f["level"] == "error"]
-            console.print(f"[red bold]CANNOT RUN[/] on {g['name']}: {escape(errors[0]['message'])}")
-        else:
-            console.print(f"[red bold]DOES NOT FIT[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
-                          f"short by {gib(-d['headroom_bytes'])} GiB")
+    links = (d.get("time") or {}).get("links") or {}
+    for where, text in links.items():
+        console.print(f"[dim]link {where.replace('_', '-')}: {escape(str(text))}[/]", highlight=False)
+
+
+def render_deploy_hint(d: dict[str, Any]) -> None:
+    """After a plan that fits: the command that plans serving the result (none when it does not fit)."""
+    if d.get("verdict") not in (None, "fits"):
+        return
+    m, s = d["model"], d["setup"]
     trained = f" --method {s['method']}" + (f" --rank {s['rank']}" if s["method"] in ("lora", "qlora") else "")
     console.print(f"[dim]after training: tuneplan deploy {m['name']}{trained} --serve-precision int4"
                   f"{' --gpu ' + d['gpu']['id'] if 'gpu' in d else ''} (merge, serving memory, decode speed)[/]",

@@ -31,6 +31,7 @@ TIME_OPTIONS: list[tuple[str, Any, Any]] = [
     ("card_price", float | None, _opt("--card-price", help="purchase USD per card (default: catalog launch price)")),
     ("kwh_price", float | None, _opt("--kwh-price", help="electricity USD per kWh (default 0.15)")),
     ("own_years", float | None, _opt("--own-years", help="years an owned card is used (default 3)")),
+    ("inter_node_gbs", float | None, _opt("--inter-node-gbs", help="network GB/s per GPU between nodes (default 25, InfiniBand HDR)")),
 ]
 _DATASET = ("samples", "avg_tokens", "epochs", "dataset_tokens", "packing")
 
@@ -41,6 +42,15 @@ def time_kw_from(values: dict[str, Any]) -> dict[str, Any]:
 
     given = {k: v for k, v in values.items() if v is not None}
     kw: dict[str, Any] = {k: given[k] for k in ("price", "card_price", "kwh_price", "own_years") if k in given}
+    if "inter_node_gbs" in given:
+        if given["inter_node_gbs"] <= 0:
+            from tuneplan.errors import TuneplanError
+
+            raise TuneplanError(f"{given['inter_node_gbs']:g} is not a bandwidth", field="--inter-node-gbs",
+                                accepted="GB/s per GPU > 0, e.g. 25 (InfiniBand HDR) or 50 (NDR)")
+        from tuneplan.estimator.throughput import RuntimeOptions
+
+        kw["time_options"] = RuntimeOptions(inter_node_gbs=given["inter_node_gbs"])
     ds = {k: given[k] for k in _DATASET if k in given}
     if ds:
         kw["dataset"] = DatasetSpec(**ds).validate()

@@ -121,4 +121,4 @@ def network_link(gbs: float | None = None) -> Link:
     if gbs:
         return Link("network", gbs * NETWORK_EFFICIENCY, f"given {gbs:g} GB/s x {NETWORK_EFFICIENCY:g}")
     return Link("InfiniBand HDR 200 Gb/s", DEFAULT_NETWORK_GBS * NETWORK_EFFICIENCY,
-                f"default: {DEFAULT_NETWORK_GBS:g} GB/s per GPU x {NETWORK_EFFICIENCY:g}; pass inter_node_gbs")
+                f"default: {DEFAULT_NETWORK_GBS:g} GB/s per GPU x {NETWORK_EFFICIENCY:g}; --inter-node-gbs sets yours")

@@ -134,9 +134,12 @@ class TrainSetup:
                                 accepted="1..4194304")
         if self.bits is not None:
             if self.method != "qlora":
+                why = {"lora": f"LoRA on a {self.bits}-bit base is what QLoRA is",
+                       "freeze": f"frozen layers could be {self.bits}-bit, but the trained ones cannot take gradients",
+                       }.get(self.method, f"full fine-tuning of a {self.bits}-bit model is not possible: "
+                                          "its weights cannot take gradients")
                 raise TuneplanError(
-                    f"--bits {self.bits} quantizes the frozen base, which only applies to --method qlora "
-                    f"(full fine-tuning of a {self.bits}-bit model is not possible: its weights cannot take gradients)",
+                    f"--bits {self.bits} quantizes the frozen base, which only applies to --method qlora ({why})",
                     field="bits", accepted="use --method qlora, or drop --bits")
             if self.bits not in (4, 8):
                 raise TuneplanError(f"got {self.bits}", field="bits", accepted="4, 8")

@@ -1,0 +1,144 @@
+"""Every command reads on an 80-column terminal: each one is rendered in-process at COLUMNS=80 and no line of
+what it prints (output and help) is longer than 80 characters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tuneplan.cli import render
+from tuneplan.cli.app import COMMAND_MODULES, app
+
+WIDTH = 80
+MODEL = "Qwen/Qwen2.5-7B-Instruct"
+
+# Known: the planner's tables (cli/plan_cmd.py) still cut cells ("…") at 80 columns; strict, so the marker must
+# go when they are laid out for 80 columns.
+PLANNER_TABLES = pytest.mark.xfail(strict=True, reason="cli/plan_cmd.py tables cut cells at 80 columns")
+
+# (arguments, exit statuses that are the command's answer, not a failure)
+RUNS: list[tuple[list[str], set[int]]] = [
+    (["estimate", MODEL], {0}),
+    (["estimate", MODEL, "--gpu", "rtx4090", "--method", "qlora"], {0}),
+    (["estimate", MODEL, "--gpu", "v100", "--method", "qlora", "--details"], {0}),
+    (["estimate", "meta-llama/Llama-3.1-8B", "--gpu", "a100-80gb", "--method", "full", "--gpus", "8",
+      "--nodes", "2", "--zero", "3", "--samples", "10000", "--details"], {0}),
+    (["estimate", "meta-llama/Llama-2-70b-hf", "--gpu", "rtx4090", "--method", "full"], {1}),
+    pytest.param(["fit", MODEL, "--gpu", "rtx4090"], {0, 1}, marks=PLANNER_TABLES),
+    pytest.param(["gpus", MODEL, "--method", "qlora"], {0, 1}, marks=PLANNER_TABLES),
+    pytest.param(["max-model", "--gpu", "v100", "--method", "lora"], {0, 1}, marks=PLANNER_TABLES),
+    pytest.param(["sweep", MODEL, "--gpu", "rtx4090", "--vary", "seq=512..4096"], {0}, marks=PLANNER_TABLES),
+    (["table"], {0}),
+    (["models"], {0}),
+    (["accelerators"], {0}),
+    (["accelerators", "--details"], {0}),
+    (["accelerators", "a100"], {0}),
+    (["deploy", MODEL, "--gpu", "rtx4090"], {0, 1}),
+    (["doctor", "--no-import-check"], {0, 1}),
+    (["--help"], {0}),
+]
+COMMANDS = ["estimate", "models", "table", "fit", "gpus", "max-model", "sweep", "measure", "simulate", "deploy",
+            "export", "serve", "doctor", "accelerators"]
+
+
+@pytest.fixture()
+def narrow(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    monkeypatch.setattr(render.console, "width", WIDTH)
+    monkeypatch.setattr(render.err_console, "width", WIDTH)
+    return CliRunner()
+
+
+def _long_lines(text: str) -> list[str]:
+    """Lines over 80 columns, and lines where a table had to cut a cell ("…") to stay within them."""
+    return [line for line in text.splitlines() if len(line) > WIDTH or "…" in line]
+
+
+@pytest.mark.parametrize("args,ok", RUNS)
+def test_output_fits_80_columns(narrow: CliRunner, args: list[str], ok: set[int]) -> None:
+    r = narrow.invoke(app, args, terminal_width=WIDTH)
+    assert r.exit_code in ok, (r.exit_code, r.output[-2000:], r.exception)
+    assert r.output.strip(), "printed nothing"
+    assert _long_lines(r.output) == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_fits_80_columns_and_every_flag_is_described(narrow: CliRunner, command: str) -> None:
+    r = narrow.invoke(app, [command, "--help"], terminal_width=WIDTH)
+    assert r.exit_code == 0, r.output
+    assert _long_lines(r.output) == []
+    assert "<bool>" not in r.output and "…" not in r.output
+    cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    for p in cmd.params:
+        if p.param_type_name == "option":
+            assert (p.help or "").strip(), f"{command} {p.opts[0]} has no help text"
+            for name in p.opts + p.secondary_opts:
+                assert name in r.output, f"{command}: {name} missing or cut in --help"
+
+
+def test_every_registered_command_is_checked() -> None:
+    assert set(typer.main.get_command(app).commands) == set(COMMANDS), COMMAND_MODULES
+
+
+def test_the_version_flag(narrow: CliRunner) -> None:
+    from importlib.metadata import version
+
+    r = narrow.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"tuneplan {version('tuneplan')}"
+
+
+def test_doctor_shows_the_extra_in_brackets(narrow: CliRunner) -> None:
+    # rich would read "[detect]" as markup and print pip install 'tuneplan'
+    r = narrow.invoke(app, ["doctor", "--no-import-check", "--json"])
+    notes = json.loads(r.stdout)["machine"].get("notes", [])
+    plain = narrow.invoke(app, ["doctor", "--no-import-check"]).output
+    for n in notes:
+        if "[" in n:
+            assert n.split("(")[0].strip() in plain and "[detect]" in plain
+
+
+def test_no_deploy_hint_when_the_plan_does_not_fit(narrow: CliRunner) -> None:
+    r = narrow.invoke(app, ["estimate", "meta-llama/Llama-2-70b-hf", "--gpu", "rtx4090", "--method", "full",
+                            "--details"])
+    assert r.exit_code == 1 and "DOES NOT FIT" in r.output and "tuneplan deploy" not in r.output
+    r = narrow.invoke(app, ["estimate", MODEL, "--gpu", "rtx4090", "--method", "qlora", "--details"])
+    assert r.exit_code == 0 and "tuneplan deploy" in r.output
+
+
+def test_default_estimate_fits_one_screen(narrow: CliRunner) -> None:
+    r = narrow.invoke(app, ["estimate", MODEL, "--gpu", "v100", "--method", "qlora"])
+    lines = r.output.splitlines()
+    assert len(lines) <= 40, len(lines)
+    assert any(line.startswith("FITS") and "GiB headroom" in line for line in lines)
+    assert any(line.startswith("Time ") for line in lines)
+    # the details are one flag away
+    full = narrow.invoke(app, ["estimate", MODEL, "--gpu", "v100", "--method", "qlora", "--details"]).output
+    assert len(full.splitlines()) > len(lines) and "allocated by instant" in full
+
+
+def test_link_speeds_shown_and_the_flag_they_name_exists(narrow: CliRunner) -> None:
+    args = ["estimate", "meta-llama/Llama-3.1-8B", "--gpu", "a100-80gb", "--method", "full", "--gpus", "8",
+            "--nodes", "2", "--zero", "3", "--details"]
+    r = narrow.invoke(app, args)
+    assert "link intra-node: NVLink" in r.output and "--inter-node-gbs" in r.output
+    assert "inter_node_gbs" not in r.output
+    # 50 GB/s per GPU x 0.9 network efficiency (estimator/links.py) = 45 GB/s
+    faster = narrow.invoke(app, [*args, "--inter-node-gbs", "50"])
+    assert "45 GB/s per GPU" in faster.output.replace("\n", " ")
+    bad = narrow.invoke(app, [*args, "--inter-node-gbs", "0"])
+    assert bad.exit_code != 0
+
+
+def test_lora_flags_with_full_fine_tuning_warn(narrow: CliRunner) -> None:
+    r = narrow.invoke(app, ["estimate", MODEL, "--method", "full", "--rank", "64", "--json"])
+    assert r.exit_code == 0
+    assert "--rank only applies to --method lora or qlora" in r.output.replace("\n", " ")
+
+
+def test_accelerators_keeps_every_column_at_80(narrow: CliRunner) -> None:
+    # a no_wrap column would be cropped at the edge without an ellipsis: the last header must be whole
+    header = narrow.invoke(app, ["accelerators"]).output.splitlines()[1]
+    assert header.split() == ["id", "GiB", "GB/s", "bf16", "TF", "arch", "bf16", "fp8", "link", "$/h"]
