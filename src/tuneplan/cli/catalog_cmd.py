@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         t.add_column("size", no_wrap=True)
         for label, _ in METHODS:
             t.add_column(label, justify="right")
-        for size, model_id in SIZES:
+        for size, _ in SIZES:
             row = [c for c in cells if c.size == size]
             t.add_row(f"{size}\n", *[f"{gib(c.device_peak_bytes)}\n[dim][{c.rule_of_thumb_gb}][/]" for c in row])
         console.print(t)
