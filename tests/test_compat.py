@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from tuneplan.api import estimate
 from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import resolve_model
-from tuneplan.estimator.compat import (
+from tuneplan.compat import (
     LEVELS,
     arch_covered,
     capabilities,
@@ -24,7 +24,7 @@ from tuneplan.estimator.compat import (
     table_arch_list,
     vtuple,
 )
-from tuneplan.estimator.compat_predicates import PREDICATES
+from tuneplan.compat.predicates import PREDICATES
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import model_from_config
 from tuneplan.specs.setup import TrainSetup

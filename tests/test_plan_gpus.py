@@ -11,7 +11,7 @@ from tuneplan.errors import TuneplanError
 from tuneplan.plan import rank_gpus
 from tuneplan.plan.gpus import card_counts
 from tuneplan.plan.measures import applicable, compose
-from tuneplan.plan.timecost import make_dataset, time_model_available
+from tuneplan.plan.timecost import make_dataset
 
 CARDS = ["rtx-3060-12gb", "rtx-4090", "v100-sxm2-32gb", "a100-40gb-sxm4", "a100-80gb-sxm4", "h200-sxm-141gb"]
 
@@ -100,7 +100,7 @@ def test_as_given_switches_nothing_on_and_never_needs_fewer_cards(qwen14b) -> No
 
 
 def test_json_shape_and_time_columns(qwen14b) -> None:
-    ds = make_dataset(samples=10_000, avg_tokens=400.0) if time_model_available() else None
+    ds = make_dataset(samples=10_000, avg_tokens=400.0)
     r = rank_gpus(qwen14b, only=["a100-80gb", "rtx4090"], method="qlora", dataset=ds).to_dict()
     assert "ranking" in r
     for c in r["ranking"]:

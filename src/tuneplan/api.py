@@ -12,8 +12,8 @@ from typing import Any
 
 from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import resolve_model
+from tuneplan.compat import check
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.compat import check
 from tuneplan.estimator.cost import Prices
 from tuneplan.estimator.memory import memory_breakdown
 from tuneplan.estimator.runtime import time_and_cost

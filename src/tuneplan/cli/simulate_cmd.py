@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         from tuneplan.api import Estimate, build_setup, trainable_params
         from tuneplan.catalog.accelerators import resolve_accelerator
         from tuneplan.catalog.models import resolve_model
-        from tuneplan.estimator.compat import check
+        from tuneplan.compat import check
         from tuneplan.simulate import simulate_report
 
         frm = resolve_from(from_files, model, setup_kw)

@@ -71,7 +71,7 @@ class MachineInfo:
     platform: dict[str, str] = field(default_factory=dict)  # python, os, machine
 
     def compat_versions(self) -> dict[str, Any]:
-        """The ``versions`` dict that tuneplan.estimator.compat.check reads."""
+        """The ``versions`` dict that tuneplan.compat.check reads."""
         v = dict(self.versions)
         v["driver"] = self.driver_version
         v["cuda_driver"] = self.cuda_driver_version

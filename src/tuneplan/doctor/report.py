@@ -2,7 +2,7 @@
 
 Pure over a :class:`MachineInfo`: each detected device is matched to the catalog (detected memory and
 compute capability win over catalog figures), then the same compatibility rules ``estimate`` uses
-(``tuneplan.estimator.compat.check``) run with the installed library versions for a short list of
+(``tuneplan.compat.check``) run with the installed library versions for a short list of
 things people try (LoRA, full fine-tuning, QLoRA 4/8-bit, 8-bit AdamW, FlashAttention-2).
 """
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuneplan.catalog.accelerators import resolve_accelerator
+from tuneplan.compat import Capability, capabilities, check
 from tuneplan.doctor.probe import Device, MachineInfo
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.compat import Capability, capabilities, check
 from tuneplan.estimator.types import Finding
 from tuneplan.specs.hardware import GIB, Accelerator
 from tuneplan.specs.setup import TrainSetup

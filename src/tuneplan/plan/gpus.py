@@ -24,7 +24,7 @@ from tuneplan.errors import TuneplanError
 from tuneplan.plan.fit import strategy_name
 from tuneplan.plan.measures import Prober, any_rung_fits, as_given, make_fit
 from tuneplan.plan.search import smallest_true
-from tuneplan.plan.timecost import dataset_kw, time_cost, time_model_available
+from tuneplan.plan.timecost import dataset_kw, time_cost
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 
@@ -160,8 +160,6 @@ def rank_gpus(model: str | ModelSpec, *, only: Iterable[str] | None = None, max_
     # the user's own input must be valid (its error goes through), at the most cards searched: --zero 3
     # alone is a valid question ("how many cards with ZeRO-3"), only one card of it is not
     estimate(spec, **{**base, **counts[-1][1]})
-    if dataset is not None and not time_model_available():
-        dataset = None
     results, calls = [], 0
     for acc in cards:
         r, k = rate_card(spec, acc, base, counts, dataset, None if auto else as_given(base))

@@ -2,32 +2,19 @@
 
 The time and cost model lives in the estimator; ``tuneplan.api.estimate(..., dataset=DatasetSpec(...))``
 puts ``to_dict()["time"]["total_hours"]``, ``["time"]["tokens_per_second"]`` and
-``["cost"]["cloud_usd"]`` in its result. Until that model is installed (no ``tuneplan.specs.dataset``)
-the planner leaves those figures None and the faces show "-".
+``["cost"]["cloud_usd"]`` in its result; without a dataset size those figures are None and the faces
+show "-".
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 from typing import Any
 
 from tuneplan.errors import TuneplanError
 
 
-def time_model_available() -> bool:
-    """Both halves of the contract are there: the DatasetSpec type and ``estimate(..., dataset=)``."""
-    if importlib.util.find_spec("tuneplan.specs.dataset") is None:
-        return False
-    from tuneplan.api import estimate
-
-    return "dataset" in inspect.signature(estimate).parameters
-
-
 def make_dataset(**fields: Any) -> Any | None:
-    """A DatasetSpec from the fields given (None values dropped), or None without the time model."""
-    if not time_model_available():
-        return None
+    """A DatasetSpec from the fields given (None values dropped), or None when none was given."""
     from tuneplan.specs.dataset import DatasetSpec
 
     kw = {k: v for k, v in fields.items() if v is not None}
@@ -43,7 +30,7 @@ def make_dataset(**fields: Any) -> Any | None:
 
 def dataset_kw(dataset: Any | None) -> dict[str, Any]:
     """Keyword arguments that pass ``dataset`` to ``estimate`` only when there is one to pass."""
-    return {"dataset": dataset} if dataset is not None and time_model_available() else {}
+    return {"dataset": dataset} if dataset is not None else {}
 
 
 def time_cost(d: dict[str, Any]) -> dict[str, Any]:

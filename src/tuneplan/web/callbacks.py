@@ -26,7 +26,7 @@ ESTIMATE_OUTPUTS = ("model_msg", "setup_msg", "hardware_msg", "dataset_msg", "ve
 
 
 def available(module: str) -> bool:
-    """Whether an optional part of tuneplan (built by other issues) is installed."""
+    """Whether a module is importable. Only ``web/plans.py`` still asks; it goes with ``plans.find()``."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -60,20 +60,15 @@ def guarded(slot: str, outputs: tuple[str, ...] | None = None) -> Callable[[Call
 
 
 def dataset_kwargs(p: Parsed) -> dict[str, Any]:
-    """``dataset=DatasetSpec(...)`` for ``estimate`` once the time/cost layer takes it, else nothing.
+    """``dataset=DatasetSpec(...)`` for ``estimate`` when the form gives a dataset size, else nothing.
 
     The DatasetSpec is made by the planner's contract module (``tuneplan.plan.timecost``), the one place
     that knows how the time model is asked.
     """
-    if p.samples is None or not available("tuneplan.plan.timecost"):
+    if p.samples is None:
         return {}
-    import inspect
-
-    from tuneplan.api import estimate
     from tuneplan.plan.timecost import dataset_kw, make_dataset
 
-    if "dataset" not in inspect.signature(estimate).parameters:
-        return {}
     ds = make_dataset(samples=p.samples, avg_tokens=p.avg_tokens, epochs=p.epochs, packing=p.packing)
     if ds is not None and hasattr(ds, "validate"):
         ds.validate()
@@ -118,10 +113,7 @@ def time_html(d: dict[str, Any]) -> str:
     secs = [views.section_html(k.capitalize(), d[k]) for k in ("time", "cost") if d.get(k)]
     if secs:
         return views.time_headline(d) + "".join(secs)
-    if "gpu" not in d and available("tuneplan.specs.dataset"):
-        return '<p class="tp-wait">Choose a GPU: time and cost depend on the card.</p>'
-    return ('<p class="tp-unavailable">Time and cost for the dataset size need the time/cost layer '
-            "(<code>tuneplan.api.estimate(..., dataset=...)</code>), which is not in this build.</p>")
+    return '<p class="tp-wait">Choose a GPU: time and cost depend on the card.</p>'
 
 
 def estimate_dict(values: dict[str, Any]) -> dict[str, Any]:

@@ -1,16 +1,10 @@
-"""Compatibility rules: will this setup run on this accelerator at all?
+"""The rules' data and what predicates share: the rules file, version parsing, the check's Context.
 
 Rules are data (``tuneplan/catalog/compat_rules.toml``: level, message, fix, source, numbers) plus one
-small predicate each (``compat_predicates.py``). ``check`` applies them to (accelerator, setup, model)
-and, when ``versions`` is given (``tuneplan doctor``), to the installed libraries too. Without versions
-the version-dependent rules say which versions are affected instead. Pure: no I/O beyond reading the
-packaged rules file once, no printing.
+small predicate each (``predicates.py``); ``tuneplan.compat.check`` joins them. Pure: no I/O beyond
+reading the packaged rules file once, no printing.
 
-``versions`` keys (all optional; a key that is absent or None means "not installed" once a dict is
-given): ``torch`` ("2.10.0+cu128"), ``torch_cuda`` ("12.8"), ``torch_hip``, ``torch_arch_list``
-(["sm_75", ...]), ``bitsandbytes``, ``bitsandbytes_import_error``, ``peft``, ``transformers``,
-``accelerate``, ``deepspeed``, ``flash_attn``, ``flash_attn_3``, ``torch_npu``, ``driver``
-("580.65.06"), ``cuda_driver`` ("13.0", the newest CUDA the driver supports).
+The ``versions`` keys a Context reads are listed in ``tuneplan.compat``.
 """
 
 from __future__ import annotations
@@ -21,7 +15,6 @@ from functools import cached_property, lru_cache
 from importlib import resources
 from typing import Any
 
-from tuneplan.estimator.types import Finding
 from tuneplan.specs.hardware import Accelerator, parse_cc
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -220,32 +213,6 @@ class Context:
             "bits": s.quant_bits, "framework": s.framework,
             "model": self.model.name if self.model else "the model",
         }
-
-
-def check(acc: Accelerator | None, setup: TrainSetup, model: ModelSpec | None,
-          versions: dict[str, Any] | None = None) -> list[Finding]:
-    """Findings for running ``setup`` of ``model`` on ``acc``, errors first.
-
-    ``acc`` None: setup-only findings. ``model`` None: rules that need the architecture are skipped.
-    ``versions`` None: version-independent rules, and version-dependent ones phrased as "versions X-Y
-    are affected"; a dict (doctor): definite answers for the installed libraries.
-    """
-    from tuneplan.estimator.compat_predicates import PREDICATES
-
-    ctx = Context(acc, setup, model, versions)
-    base = ctx.base_vars()
-    out: list[Finding] = []
-    for r in rules():
-        hit = PREDICATES[r.code](ctx, r.params)
-        if hit is None:
-            continue
-        unknown = bool(hit.pop("_unknown", False))
-        values = {**base, **hit}
-        level = (r.level_unknown or r.level) if unknown else r.level
-        message = (r.message_unknown or r.message) if unknown else r.message
-        fix = (r.fix_unknown or r.fix) if unknown else r.fix
-        out.append(Finding(level, r.code, message.format_map(values), fix.format_map(values), r.source))
-    return sorted(out, key=lambda f: LEVELS.index(f.level))
 
 
 def torch_install_hint(acc: Accelerator | None, versions: dict[str, Any] | None) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tuneplan.estimator.compat import (
+from tuneplan.compat.rules import (
+    BNB_OPTIMIZERS,
     Context,
     arch_covered,
+    rule,
     table_arch_list,
     torch_install_hint,
     vtuple,
@@ -175,8 +177,6 @@ def _qlora_npu(ctx: Context, p: dict[str, Any]) -> Hit:
 
 @predicate("bnb-optimizer-unavailable-npu")
 def _bnb_optim_npu(ctx: Context, p: dict[str, Any]) -> Hit:
-    from tuneplan.estimator.compat import BNB_OPTIMIZERS
-
     return {} if ctx.setup.optimizer in BNB_OPTIMIZERS and ctx.platform == "npu" else None
 
 
@@ -258,8 +258,6 @@ def _bnb_torch(ctx: Context, p: dict[str, Any]) -> Hit:
 
 def bnb_problem(ctx: Context) -> str | None:
     """Why the installed bitsandbytes is broken on this card (doctor only), or None."""
-    from tuneplan.estimator.compat import rule
-
     if not ctx.known or ctx.ver("bitsandbytes") is None or ctx.platform != "cuda":
         return None
     if ctx.raw("bitsandbytes_import_error"):
