@@ -66,18 +66,18 @@ def register(app: typer.Typer) -> None:
 
         Needs the optional extra 'simulate' (torch, transformers, peft, accelerate). Exit status as `estimate`.
         """
+        from dataclasses import replace
+
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from tuneplan.api import Estimate, build_setup, trainable_params
-        from tuneplan.catalog.accelerators import resolve_accelerator
-        from tuneplan.catalog.models import resolve_model
-        from tuneplan.compat import check
+        from tuneplan.api import estimate
         from tuneplan.simulate import simulate_report
 
         frm = resolve_from(from_files, model, setup_kw)
-        spec = resolve_model(frm.model)
-        acc = resolve_accelerator(gpu) if gpu else None
-        setup = build_setup(spec, frm.base, accelerator=acc, **frm.setup_kw)
+        # The result is built exactly as `estimate` builds it (model as built for the framework and head,
+        # setup, findings, trainable parameters, time and cost); only the memory comes from the simulation.
+        built = estimate(frm.model, frm.base, gpu=gpu, **frm.setup_kw)
+        spec, setup, acc = built.model, built.setup, built.gpu
         with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=err_console, transient=True, disable=as_json) as bar:
             task = bar.add_task("importing torch / transformers / peft", total=1.0)
@@ -87,9 +87,8 @@ def register(app: typer.Typer) -> None:
 
             rep = simulate_report(spec, setup, progress=progress, snapshot_path=str(snapshot) if snapshot else None,
                                   capacity_bytes=acc.memory_bytes if acc else None)
-        est = Estimate(model=spec, setup=setup, breakdown=rep.breakdown, gpu=acc, findings=check(acc, setup, spec),
-                       extras={"params_trainable": trainable_params(spec, setup),
-                               "sections": {"simulation": rep.to_dict()}})
+        sections = {**built.extras.get("sections", {}), "simulation": rep.to_dict()}
+        est = replace(built, breakdown=rep.breakdown, extras={**built.extras, "sections": sections})
         d = est.to_dict()
         if as_json:
             print_json(d)
