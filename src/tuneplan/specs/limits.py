@@ -98,6 +98,10 @@ SETUP_INT_RANGES: dict[str, tuple[int, int, str]] = {
     "freeze_trainable_layers": (1, 2_048, "at most the layer bound"),
 }
 
+# `gpus --max-gpus`: the card counts searched (1..8, then whole nodes of 8). 1,024 cards is 128 nodes, beyond
+# what a fine-tune plan asks about, and keeps the search to ~135 counts per card.
+MAX_SEARCH_GPUS = 1_024
+
 # ---- hardware and prices ------------------------------------------------------------------------------
 # A real number here is finite and at most this: no card has 10^6 GiB, 10^7 TFLOPS or costs 10^9 USD.
 MAX_HARDWARE_NUMBER = 1e9
