@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 from dataclasses import fields, replace
@@ -24,6 +25,7 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError, UnknownNameError
 from tuneplan.specs.hardware import Accelerator, parse_cc
+from tuneplan.specs.limits import MAX_HARDWARE_NUMBER, show_value
 
 # Short names people type, and the names nvidia-smi / NVML / npu-smi print -> catalog id.
 # A bare model name maps to the SXM (HGX) variant with the most memory where there are several.
@@ -206,30 +208,18 @@ _ACCEPTED = sorted(_STR_FIELDS | _NUM_FIELDS | _INT_FIELDS | set(_SHORTHANDS) | 
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TuneplanError(f"cannot read {path}: {exc.strerror or exc}", field="hardware_file") from None
+    """A hardware file as a mapping, read within the limits of :mod:`tuneplan.safe_read`."""
+    from tuneplan.safe_read import parse_toml, parse_yaml, read_text
+
+    text = read_text(path, "hardware_file", accepted="a TOML or YAML hardware file")
     suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10: the tomli backport has the same API
-                import tomli as tomllib  # type: ignore[no-redef]
-
-            data = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            raise TuneplanError(f"{path}: unknown file type {suffix!r}", field="hardware_file",
-                                accepted=".toml, .yaml, .yml")
-    except TuneplanError:
-        raise
-    except Exception as exc:  # tomllib.TOMLDecodeError / yaml.YAMLError carry the line
-        raise TuneplanError(f"{path}: not valid {suffix[1:].upper()}: {exc}", field="hardware_file") from None
+    if suffix == ".toml":
+        data = parse_toml(text, "hardware_file", str(path))
+    elif suffix in (".yaml", ".yml"):
+        data = parse_yaml(text, "hardware_file", str(path))[0] or {}
+    else:
+        raise TuneplanError(f"{path}: unknown file type {suffix[:16]!r}", field="hardware_file",
+                            accepted=".toml, .yaml, .yml")
     if not isinstance(data, dict):
         raise TuneplanError(f"{path}: expected a table/mapping at the top", field="hardware_file",
                             accepted="[accelerators.<id>] tables (TOML) or an `accelerators:` mapping (YAML)")
@@ -244,15 +234,19 @@ def _coerce(path: Path, acc_id: str, key: str, value: Any) -> tuple[str, Any]:
             raise TuneplanError(f"{where}: expected true/false, got {value!r}", field="hardware_file")
         return _BOOL_FIELDS[key], "yes" if value else "no"
     if key_out in _NUM_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise TuneplanError(f"{where}: expected a non-negative number, got {value!r}", field="hardware_file")
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or not 0 <= value <= MAX_HARDWARE_NUMBER):
+            raise TuneplanError(f"{where}: expected a non-negative number, got {show_value(value)}",
+                                field="hardware_file", accepted=f"a finite number in 0..{MAX_HARDWARE_NUMBER:g}")
         return key_out, float(value)
     if key_out in _INT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise TuneplanError(f"{where}: expected a positive integer, got {value!r}", field="hardware_file")
+        top = 4096 if key_out == "devices_per_package" else 9999  # devices in one package; a year
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= top:
+            raise TuneplanError(f"{where}: expected a positive integer, got {show_value(value)}",
+                                field="hardware_file", accepted=f"an integer in 1..{top}")
         return key_out, value
     if key_out in _STR_FIELDS:
-        if not isinstance(value, str):
+        if not isinstance(value, str) or len(value) > 4096:
             raise TuneplanError(f"{where}: expected a string, got {value!r}", field="hardware_file")
         return key_out, value
     if key == "compute_capability":
@@ -272,7 +266,7 @@ def _coerce(path: Path, acc_id: str, key: str, value: Any) -> tuple[str, Any]:
 def _load_cached(path: str, mtime_ns: int) -> dict[str, Accelerator]:
     p = Path(path)
     data = _read_mapping(p)
-    extra_top = sorted(set(data) - {"accelerators"})
+    extra_top = sorted(str(k)[:64] for k in data if k != "accelerators")
     if extra_top or not isinstance(data.get("accelerators"), dict):
         raise TuneplanError(f"{p}: expected one top-level `accelerators` table"
                             + (f", found {extra_top}" if extra_top else ""), field="hardware_file",
@@ -280,6 +274,9 @@ def _load_cached(path: str, mtime_ns: int) -> dict[str, Accelerator]:
     base = _catalog()
     out: dict[str, Accelerator] = {}
     for acc_id, spec in data["accelerators"].items():
+        if not isinstance(acc_id, str) or not acc_id.strip() or len(acc_id) > 255:
+            raise TuneplanError(f"{p}: accelerators: {show_value(acc_id)} is not a card id", field="hardware_file",
+                                accepted="an id of 1..255 characters, e.g. my-l40s")
         if not isinstance(spec, dict):
             raise TuneplanError(f"{p}: accelerators.{acc_id}: expected a table of fields", field="hardware_file")
         values = dict(_coerce(p, acc_id, k, v) for k, v in spec.items() if k != "based_on")
@@ -322,10 +319,17 @@ def load_hardware_file(path: str | os.PathLike[str]) -> dict[str, Accelerator]:
     catalog); ``based_on = "<catalog id or name>"`` starts a new card from a catalog card; otherwise a
     new card needs ``vendor`` and a memory figure. Errors name the file and the key.
     """
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise TuneplanError(f"no such file: {p}", field="hardware_file")
-    return dict(_load_cached(str(p.resolve()), p.stat().st_mtime_ns))
+    from tuneplan.safe_read import user_path
+
+    p = user_path(str(path), "hardware_file")
+    try:
+        if not p.is_file():
+            raise TuneplanError(f"no such file: {p}", field="hardware_file")
+        key = (str(p.resolve()), p.stat().st_mtime_ns)
+    except (OSError, RuntimeError) as exc:  # a loop of links, a name too long
+        raise TuneplanError(f"cannot read {p}: {getattr(exc, 'strerror', None) or exc}",
+                            field="hardware_file") from None
+    return dict(_load_cached(*key))
 
 
 ACCELERATOR_FIELDS = tuple(f.name for f in fields(Accelerator))

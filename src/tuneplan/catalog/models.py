@@ -16,7 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tuneplan.errors import ConfigError, UnknownNameError
+from tuneplan.errors import ConfigError, TuneplanError, UnknownNameError
+from tuneplan.safe_read import user_path
+from tuneplan.specs.limits import MAX_NAME_CHARS
 from tuneplan.specs.model import ModelSpec, model_from_config
 
 
@@ -94,15 +96,21 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
-    p = path / "config.json" if path.is_dir() else path
-    if not p.exists():
+    """A config.json (or the one in a model folder), read within the limits of :mod:`tuneplan.safe_read`."""
+    from tuneplan.safe_read import parse_json, path_exists, read_text
+
+    try:
+        p = path / "config.json" if path.is_dir() else path
+    except (OSError, ValueError):
+        p = path
+    if not path_exists(p):
         raise ConfigError(f"no config.json at {p}", field="model")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p} is not valid JSON (line {exc.lineno}: {exc.msg})", field="model") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror}", field="model") from None
+        data = parse_json(read_text(p, "model", accepted="a config.json file"), "model", str(p))
+    except ConfigError:
+        raise
+    except TuneplanError as exc:
+        raise ConfigError(exc.message, field="model", accepted=exc.accepted) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a JSON object", field="model")
     return data
@@ -137,8 +145,20 @@ def resolve_model(name: str, *, allow_network: bool = True) -> ModelSpec:
     if not isinstance(name, str) or not name.strip():
         raise UnknownNameError("empty model name", field="model", accepted="a catalog name, HF id or config.json path")
     name = name.strip()
-    p = Path(name).expanduser()
-    if name.endswith(".json") or p.is_dir() or (p.exists() and p.is_file()):
+    if len(name) > MAX_NAME_CHARS or "\x00" in name:
+        raise UnknownNameError(f"a model name of {len(name)} characters names nothing", field="model",
+                               accepted="a catalog name (`tuneplan models`), an HF id, or a path to config.json")
+    try:
+        p: Path | None = user_path(name, "model")
+    except TuneplanError:
+        if name.startswith("~"):
+            raise
+        p = None  # a name no file system accepts (a component over 255 bytes) is no path
+    try:
+        is_path = p is not None and (name.endswith(".json") or p.is_dir() or (p.exists() and p.is_file()))
+    except (OSError, ValueError):
+        is_path = False
+    if p is not None and is_path:
         return model_from_config(load_config_file(p), name=str(p))
     entry = _lookup().get(name.lower())
     if entry is not None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
+from typing import Any
 
 import typer
 
@@ -56,14 +58,103 @@ for _mod in COMMAND_MODULES:
     importlib.import_module(_mod).register(app)
 
 
-def main() -> None:
-    """Console entry point: bad input -> message + exit 2, never a traceback."""
-    # Standalone mode lets click report usage errors itself (exit 2); our own input errors surface here.
+# Exit status, one meaning each (README "Exit status").
+EXIT_OK, EXIT_NO_FIT, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+REPORT_HINT = "this is a bug in tuneplan: please report it with the command line (run again with --debug for details)"
+
+
+def _split_debug(args: list[str]) -> tuple[list[str], bool]:
+    """``--debug`` is global: taken out wherever it stands and never seen by the commands."""
+    return [a for a in args if a != "--debug"], "--debug" in args
+
+
+@functools.lru_cache(maxsize=1)
+def _command() -> Any:
+    """The click command typer builds from ``app``, built once per process (~0.1 s each time otherwise)."""
+    return typer.main.get_command(app)
+
+
+def _fail(kind: str, message: str, code: int, *, as_json: bool, err: TuneplanError | None = None) -> int:
+    """The one place a failure is printed: a JSON error object on stdout with --json, one line on stderr.
+
+    ``{"error": {"kind": "bad_input" | "internal", "field", "message", "accepted", "suggestions"}}``
+    """
+    if as_json:
+        import json
+
+        obj = {"kind": kind, "field": err.field if err else None, "message": message,
+               "accepted": err.accepted if err else None, "suggestions": list(err.suggestions) if err else []}
+        print(json.dumps({"error": obj}, allow_nan=False, default=str))
+    else:
+        typer.echo(f"error: {err if err is not None else message}", err=True)
+    return code
+
+
+def _encodable(text: str) -> bool:
     try:
-        app()
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _click_kinds() -> tuple[tuple[type[Exception], ...], tuple[type[BaseException], ...]]:
+    """Usage-error and abort classes: typer >= 0.20 carries its own copy of click, older typer uses click."""
+    usage: list[type[Exception]] = []
+    aborts: list[type[BaseException]] = [KeyboardInterrupt, typer.Abort]
+    try:
+        from typer._click.exceptions import ClickException as VendoredClickException
+
+        usage.append(VendoredClickException)
+    except ImportError:
+        pass
+    try:
+        import click
+
+        usage.append(click.ClickException)
+        aborts.append(click.exceptions.Abort)
+    except ImportError:  # pragma: no cover - typer without click
+        pass
+    return tuple(usage), tuple(aborts)
+
+
+def run(args: list[str]) -> int:
+    """Run one command line; the exit status: 0 fits, 1 does not fit / cannot run, 2 bad input, 3 internal."""
+    usage_errors, aborts = _click_kinds()
+    args, debug = _split_debug(args)
+    as_json = "--json" in args
+    bad = next((i for i, a in enumerate(args) if "\x00" in a or not _encodable(a)), None)
+    if bad is not None:  # no shell passes these; refused before any path or name is built from them
+        return _fail("bad_input", f"argument {bad + 1} contains a NUL character or bytes that are not UTF-8",
+                     EXIT_BAD_INPUT, as_json=as_json)
+    try:
+        rv = _command().main(args=args, prog_name="tuneplan", standalone_mode=False)
     except TuneplanError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        return _fail("bad_input", exc.message, EXIT_BAD_INPUT, as_json=as_json, err=exc)
+    except usage_errors as exc:  # an unknown flag, a value of the wrong type; a bare `tuneplan`: the help
+        if as_json and type(exc).__name__ != "NoArgsIsHelpError":
+            return _fail("bad_input", exc.format_message(), EXIT_BAD_INPUT, as_json=True)
+        exc.show()
+        return EXIT_BAD_INPUT
+    except aborts:
+        typer.echo("aborted", err=True)
+        return EXIT_NO_FIT
+    except BrokenPipeError:  # `tuneplan ... | head`: the reader left; nothing to report
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        text = str(exc).splitlines()[0][:300] if str(exc) else ""
+        return _fail("internal", f"{type(exc).__name__}{': ' + text if text else ''}; {REPORT_HINT}",
+                     EXIT_INTERNAL, as_json=as_json)
+    return rv if isinstance(rv, int) else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point; the exit status of :func:`run`. ``--debug`` anywhere prints tracebacks."""
+    sys.exit(run(list(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":  # pragma: no cover

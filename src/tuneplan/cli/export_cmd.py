@@ -28,12 +28,14 @@ def register(app: typer.Typer) -> None:
         """Write the planned fine-tune as a recipe: a runnable HF training script, a LLaMA-Factory YAML, a
         DeepSpeed JSON or an accelerate YAML (plus the DeepSpeed JSON a ZeRO plan points at).
 
-        Never overwrites a file unless --force. Exit status: 0 written, 2 bad input or a file exists.
+        Never overwrites a file or writes through a symbolic link unless --force (which replaces the link
+        itself); all files are written or none. Exit status: 0 written, 2 bad input or a file exists.
         """
         from tuneplan.catalog.accelerators import resolve_accelerator
         from tuneplan.catalog.models import resolve_model
         from tuneplan.cli.render import console, err_console, print_json
         from tuneplan.export import DEFAULT_NAMES, build_export
+        from tuneplan.safe_write import OutFile, write_files
         from tuneplan.specs.setup import TrainSetup
 
         frm = resolve_from(from_files, model, setup_kw)
@@ -53,15 +55,10 @@ def register(app: typer.Typer) -> None:
             for n in warnings + bundle.notes:
                 err_console.print(f"[yellow]note:[/] {n}")
             return
-        existing = [str(p) for p, _ in bundle.files if p.exists()]
-        if existing and not force:
-            raise TuneplanError(f"{', '.join(existing)} already exist(s); nothing written", field="--output",
-                                accepted="another -o PATH, or --force to overwrite")
-        for p, text in bundle.files:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text, encoding="utf-8")
-            if p.suffix == ".py":
-                p.chmod(0o755)
+        # all files or none, each atomically; an existing file or a symbolic link only with --force, and
+        # then the link itself is replaced (safe_write)
+        write_files([OutFile(p, text.encode("utf-8"), executable=p.suffix == ".py") for p, text in bundle.files],
+                    force=force, field="--output")
         if as_json:
             print_json({"format": fmt, "files": [str(p) for p, _ in bundle.files],
                         "notes": warnings + bundle.notes, "setup": bundle.setup.to_dict()})

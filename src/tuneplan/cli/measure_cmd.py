@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -23,6 +24,7 @@ def register(app: typer.Typer) -> None:
         weights: Annotated[str | None, typer.Option("--weights", help="local checkpoint folder; default: random weights from config")] = None,
         device: Annotated[str, typer.Option("--device", help="auto | cuda | cuda:N | cpu")] = "auto",
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+        force: Annotated[bool, typer.Option("--force", help="append to --record even when it is a symbolic link (the link is replaced by the file)")] = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """Run real training steps on this machine (GPU, or CPU with host memory figures) and compare.
@@ -33,6 +35,10 @@ def register(app: typer.Typer) -> None:
         """
         from tuneplan.measure import measure
 
+        if record and os.path.islink(record) and not force:
+            from tuneplan.safe_write import check_targets
+
+            check_targets([record], force=False, field="--record")  # refuses the link, before the run
         out = measure(model, steps=steps, device=device, weights=weights, record=record, **(setup_kw or {}))
         if as_json:
             print_json(out)

@@ -70,6 +70,9 @@ def with_setup_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
         setup_kw = {n: kwargs.pop(n) for n, _, _ in SETUP_OPTIONS if kwargs.get(n) is not None}
+        from tuneplan.specs.setup import check_fields
+
+        check_fields(setup_kw)  # each flag alone, at the boundary, before a planner varies the rest
         for n, _, _ in SETUP_OPTIONS:
             kwargs.pop(n, None)
         warn_unused_lora_flags(setup_kw)

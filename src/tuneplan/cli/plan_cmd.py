@@ -251,6 +251,7 @@ def register(app: typer.Typer) -> None:
         vary: Annotated[str, typer.Option("--vary", help="seq=512..8192 (doubling) | rank=8..64:8 | gpus=1,2,4,8")],
         gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="draw this card's capacity")] = None,
         plot: Annotated[str | None, typer.Option("--plot", help="write a plot: .png / .svg (matplotlib) or .html")] = None,
+        force: Annotated[bool, typer.Option("--force", help="overwrite the --plot file (a symbolic link is replaced, never written through)")] = False,
         samples: SamplesOpt = None, avg_tokens: AvgTokensOpt = None, epochs: EpochsOpt = None,
         dataset_tokens: DatasetTokensOpt = None, packing: PackingOpt = None,
         as_json: JsonOpt = False,
@@ -264,7 +265,7 @@ def register(app: typer.Typer) -> None:
         if plot:
             from tuneplan.plan.sweep_plot import write_plot
 
-            path = write_plot(res, plot)
+            path = write_plot(res, plot, force=force)
             if not as_json:
                 console.print(f"plot written to {path}")
         print_json(res.to_dict()) if as_json else render_sweep(res.to_dict())

@@ -21,8 +21,9 @@ def gib(n: float | int | None) -> str:
 
 
 def print_json(obj: Any) -> None:
-    # plain print: rich would wrap long lines and break JSON for pipes
-    print(json.dumps(obj, indent=2, default=str))
+    # plain print: rich would wrap long lines and break JSON for pipes. allow_nan=False: NaN and Infinity
+    # are not JSON (strict parsers refuse them); the specs refuse non-finite input, so one here is a bug.
+    print(json.dumps(obj, indent=2, default=str, allow_nan=False))
 
 
 LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}

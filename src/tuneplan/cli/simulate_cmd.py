@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
         from_files: FromFiles = None,
         snapshot: Annotated[Path | None, typer.Option("--snapshot", help="write a torch.cuda.memory._snapshot()-compatible pickle (open it at pytorch.org/memory_viz)")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+        force: Annotated[bool, typer.Option("--force", help="overwrite --snapshot (a symbolic link is replaced, never written through)")] = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """Run the real training step (transformers + PEFT, two optimizer steps) on fake tensors and count
@@ -73,6 +74,10 @@ def register(app: typer.Typer) -> None:
         from tuneplan.api import estimate
         from tuneplan.simulate import simulate_report
 
+        if snapshot:
+            from tuneplan.safe_write import check_targets
+
+            check_targets([snapshot], force=force, field="--snapshot")  # before minutes of simulation
         frm = resolve_from(from_files, model, setup_kw)
         # The result is built exactly as `estimate` builds it (model as built for the framework and head,
         # setup, findings, trainable parameters, time and cost); only the memory comes from the simulation.

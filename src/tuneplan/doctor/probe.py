@@ -8,12 +8,14 @@ NVML / nvidia-smi / npu-smi / torch; tests and ``tuneplan doctor --machine FILE`
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from tuneplan.errors import TuneplanError
 from tuneplan.specs.hardware import parse_cc
+from tuneplan.specs.limits import show_value
 
 # Libraries doctor reports, in display order (keys of MachineInfo.versions; dist names in system.py).
 LIBRARIES = ("torch", "bitsandbytes", "peft", "transformers", "accelerate", "deepspeed", "flash_attn",
@@ -40,23 +42,63 @@ class Device:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "device") -> Device:
+        """A device record, every field checked for type and range (a machine file is user input)."""
         if not isinstance(d, dict) or "name" not in d:
             raise TuneplanError(f"{where}: expected a mapping with at least `name`", field="machine")
         kind = d.get("kind", "cuda")
-        if kind not in DEVICE_KINDS:
-            raise TuneplanError(f"{where}.kind: unknown value {kind!r}", field="machine", accepted=DEVICE_KINDS)
+        if not isinstance(kind, str) or kind not in DEVICE_KINDS:
+            raise TuneplanError(f"{where}.kind: unknown value {show_value(kind)}", field="machine",
+                                accepted=DEVICE_KINDS)
         cc = d.get("compute_capability")
-        parsed = parse_cc(str(cc) if isinstance(cc, (int, float)) else cc)
-        if cc is not None and parsed is None:
-            raise TuneplanError(f"{where}.compute_capability: expected \"X.Y\", got {cc!r}", field="machine")
-        return cls(index=int(d.get("index", 0)), kind=kind, name=str(d["name"]),
-                   memory_total_bytes=_opt_int(d.get("memory_total_bytes")),
-                   memory_free_bytes=_opt_int(d.get("memory_free_bytes")),
-                   compute_capability=parsed, arch_target=d.get("arch_target"))
+        try:
+            parsed = parse_cc(str(cc) if isinstance(cc, (int, float)) and not isinstance(cc, bool) else cc)
+        except (TypeError, ValueError, OverflowError):
+            parsed = None
+        if cc is not None and (parsed is None or not all(0 <= x < 100 for x in parsed)):
+            raise TuneplanError(f"{where}.compute_capability: expected \"X.Y\", got {show_value(cc)}",
+                                field="machine", accepted="e.g. \"8.9\"")
+        return cls(index=_int(d.get("index", 0), f"{where}.index", 0, MAX_DEVICE_INDEX) or 0, kind=kind,
+                   name=_str(d["name"], f"{where}.name") or "",
+                   memory_total_bytes=_int(d.get("memory_total_bytes"), f"{where}.memory_total_bytes", 0, MAX_BYTES),
+                   memory_free_bytes=_int(d.get("memory_free_bytes"), f"{where}.memory_free_bytes", 0, MAX_BYTES),
+                   compute_capability=parsed, arch_target=_str(d.get("arch_target"), f"{where}.arch_target"))
 
 
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
+# A device index beyond 4,096 or a memory over 2^50 bytes (1 PiB; the largest card holds 288 GB) is no
+# real machine's; a text field over 4,096 characters is no version string or card name.
+MAX_DEVICE_INDEX = 4096
+MAX_BYTES = 2**50
+MAX_TEXT = 4096
+
+
+def _int(v: Any, where: str, low: int, high: int) -> int | None:
+    """None, or an integer in [low, high] (an integral finite float is accepted, as JSON writes them)."""
+    if v is None:
+        return None
+    if isinstance(v, float) and math.isfinite(v) and v == int(v):
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise TuneplanError(f"{where}: expected an integer in {low}..{high}, got {show_value(v)}", field="machine")
+    return v
+
+
+def _version(v: Any, where: str) -> Any:
+    """A detected library value: a version text, a flag, or a short list of texts (torch's arch list)."""
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, list):
+        if len(v) > 256:
+            raise TuneplanError(f"{where}: a list of {len(v)} items is no version record", field="machine")
+        return [_str(x, where) for x in v]
+    return _str(v, where)
+
+
+def _str(v: Any, where: str) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, (str, int, float)) or isinstance(v, bool) or len(str(v)) > MAX_TEXT:
+        raise TuneplanError(f"{where}: expected a short text, got {show_value(v)}", field="machine")
+    return str(v)
 
 
 @dataclass
@@ -89,17 +131,29 @@ class MachineInfo:
         if not isinstance(d, dict):
             raise TuneplanError("expected a mapping (the `machine` section of `tuneplan doctor --json`)",
                                 field="machine")
-        unknown = sorted(set(d) - {"devices", "driver_version", "cuda_driver_version", "versions", "notes", "platform"})
+        unknown = sorted(str(k)[:64] for k in set(d) - {"devices", "driver_version", "cuda_driver_version", "versions", "notes", "platform"})
         if unknown:
             raise TuneplanError(f"unknown key(s) {unknown}", field="machine",
                                 accepted="devices, driver_version, cuda_driver_version, versions, notes, platform")
-        devices = [Device.from_dict(x, f"devices[{i}]") for i, x in enumerate(d.get("devices") or [])]
+        raw_devices = d.get("devices") or []
+        if not isinstance(raw_devices, list) or len(raw_devices) > MAX_DEVICE_INDEX:
+            raise TuneplanError("devices: expected a list of device records", field="machine")
+        devices = [Device.from_dict(x, f"devices[{i}]") for i, x in enumerate(raw_devices)]
         versions = d.get("versions") or {}
         if not isinstance(versions, dict):
             raise TuneplanError("versions: expected a mapping of library -> version", field="machine")
-        return cls(devices=devices, driver_version=d.get("driver_version"),
-                   cuda_driver_version=d.get("cuda_driver_version"), versions=dict(versions),
-                   notes=list(d.get("notes") or []), platform=dict(d.get("platform") or {}))
+        versions = {_str(k, "versions") or "": _version(v, f"versions.{str(k)[:64]}") for k, v in versions.items()}
+        notes = d.get("notes") or []
+        if not isinstance(notes, list):
+            raise TuneplanError("notes: expected a list of texts", field="machine")
+        platform = d.get("platform") or {}
+        if not isinstance(platform, dict):
+            raise TuneplanError("platform: expected a mapping of texts", field="machine")
+        return cls(devices=devices, driver_version=_str(d.get("driver_version"), "driver_version"),
+                   cuda_driver_version=_str(d.get("cuda_driver_version"), "cuda_driver_version"),
+                   versions=versions, notes=[_str(n, "notes") or "" for n in notes],
+                   platform={_str(k, "platform") or "": _str(v, f"platform.{str(k)[:64]}") or ""
+                             for k, v in platform.items()})
 
 
 class Probe(Protocol):
@@ -117,13 +171,12 @@ class StaticProbe:
 
     @classmethod
     def from_file(cls, path: str | Path) -> StaticProbe:
-        import yaml  # a dependency; its safe loader reads JSON too
+        from tuneplan.safe_read import parse_json, parse_yaml, read_text, user_path
 
-        p = Path(path).expanduser()
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise TuneplanError(f"cannot read {p}: {exc.strerror or exc}", field="machine") from None
-        except yaml.YAMLError as exc:
-            raise TuneplanError(f"{p}: not valid JSON/YAML: {exc}", field="machine") from None
+        p = user_path(str(path), "machine")
+        text = read_text(p, "machine", accepted="a JSON or YAML file (e.g. another box's `doctor --json`)")
+        if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+            data = parse_json(text, "machine", str(p))
+        else:  # YAML; its safe loader reads JSON too
+            data = parse_yaml(text, "machine", str(p))[0]
         return cls(MachineInfo.from_dict(data))

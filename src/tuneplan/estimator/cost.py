@@ -34,6 +34,11 @@ class Prices:
     duty: float = DEFAULT_DUTY
 
     def validate(self) -> Prices:
+        from tuneplan.specs.limits import MAX_PRICE, check_number
+
+        for name in ("cloud_usd_per_gpu_hr", "card_price_usd", "kwh_price", "own_years"):
+            if getattr(self, name) is not None:  # finite and bounded: an infinite price makes totals NaN
+                check_number(name, getattr(self, name), 0.0, MAX_PRICE)
         for name in ("cloud_usd_per_gpu_hr", "card_price_usd"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v >= 0):

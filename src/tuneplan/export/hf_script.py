@@ -105,6 +105,9 @@ def render_hf_script(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
             f"Needs: pip install {' '.join(needs)}"]
     shebang, _, body = head.partition('"""')
     _, _, body = body.partition('"""')  # drop the template's own docstring
-    text = shebang + '"""' + "\n".join(doc).replace('"""', "'''") + '\n"""' + body
+    # The docstring holds user text (model path, dataset): backslashes doubled so that a path with \U or
+    # \N compiles and reads back unchanged, triple quotes turned to single ones.
+    doc_text = "\n".join(doc).replace("\\", "\\\\").replace('"""', "'''").replace("\x00", "")
+    text = shebang + '"""' + doc_text + '\n"""' + body
     block = "PLAN = {\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in plan.items()) + "}\n"
     return text + _START + block + _END + tail

@@ -9,6 +9,7 @@ them): each of the last gets a warning naming the file, line and key.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,16 @@ class Ingested:
     warnings: list[str] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)  # deepspeed buckets, run length, world size...
     references: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, path, where it is named)
+
+
+def _finite(v: int | float) -> bool:
+    return isinstance(v, int) or math.isfinite(v)
+
+
+def _short(value: Any) -> str:
+    """A value as a message shows it, cut to 60 characters (a hostile file may hold megabytes in one)."""
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 100 else "a huge integer"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Collector:
@@ -57,16 +68,17 @@ class Collector:
 
     def as_int(self, value: Any, key: tuple[Any, ...] | str, *, minimum: int = 1) -> int:
         # YAML 1.1 reads 5e8 as a string; JSON writes 1e9 as a float: accept both when integral.
+        # NaN and infinity (YAML .nan / .inf) are no integer; the upper bound is the field's own (specs).
         v = value
         if isinstance(v, str):
             try:
-                v = float(v)
+                v = float(v) if len(v) <= 64 else float("nan")
             except ValueError:
-                raise self.fail(key, f"expected a number, got {value!r}") from None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
-            raise self.fail(key, f"expected an integer, got {value!r}")
+                raise self.fail(key, f"expected a number, got {_short(value)}") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or v != int(v):
+            raise self.fail(key, f"expected an integer, got {_short(value)}")
         if int(v) < minimum:
-            raise self.fail(key, f"must be >= {minimum}, got {value!r}")
+            raise self.fail(key, f"must be >= {minimum}, got {_short(value)}")
         return int(v)
 
     def as_bool(self, value: Any, key: tuple[Any, ...] | str) -> bool:
@@ -74,15 +86,19 @@ class Collector:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no"):
             return value.lower() in ("true", "yes")
-        raise self.fail(key, f"expected true or false, got {value!r}", accepted="true, false")
+        raise self.fail(key, f"expected true or false, got {_short(value)}", accepted="true, false")
 
     def as_float(self, value: Any, key: tuple[Any, ...] | str) -> float:
+        """A finite number (NaN and infinity refused: every later total would be NaN or infinite)."""
         try:
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (isinstance(value, str) and len(value) > 64):
                 raise ValueError
-            return float(value)
-        except (TypeError, ValueError):
-            raise self.fail(key, f"expected a number, got {value!r}") from None
+            v = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise self.fail(key, f"expected a number, got {_short(value)}") from None
+        if not _finite(v):
+            raise self.fail(key, f"expected a finite number, got {_short(value)}")
+        return v
 
     # ---- recording ---------------------------------------------------------------------------
     def source(self, *key: Any) -> str:

@@ -42,18 +42,28 @@ class Document:
 
 
 def _yaml_lines(node: Any, prefix: KeyPath, out: dict[KeyPath, int]) -> None:
+    """Line of every key and list item, walking each node once: an alias is not followed again (a
+    "billion laughs" document would otherwise be walked in full), and no recursion (depth is bounded
+    by safe_read, but a walk without recursion needs no bound)."""
     import yaml
 
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            key = (*prefix, k.value)
-            out.setdefault(key, k.start_mark.line + 1)
-            _yaml_lines(v, key, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            key = (*prefix, i)
-            out.setdefault(key, v.start_mark.line + 1)
-            _yaml_lines(v, key, out)
+    seen: set[int] = set()
+    stack: list[tuple[Any, KeyPath]] = [(node, prefix)]
+    while stack:
+        n, pre = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = (*pre, k.value)
+                out.setdefault(key, k.start_mark.line + 1)
+                stack.append((v, key))
+        elif isinstance(n, yaml.SequenceNode):
+            for i, v in enumerate(n.value):
+                key = (*pre, i)
+                out.setdefault(key, v.start_mark.line + 1)
+                stack.append((v, key))
 
 
 def json_key_lines(text: str) -> dict[KeyPath, int]:
@@ -94,46 +104,37 @@ def json_key_lines(text: str) -> dict[KeyPath, int]:
 
 
 def load_document(path: str | Path) -> Document:
-    """Read a YAML or JSON config file; raise ConfigError naming file and line on any problem."""
-    p = Path(path).expanduser()
+    """Read a YAML or JSON config file; raise ConfigError naming file and line on any problem.
+
+    Size, encoding, nesting and YAML aliases are bounded by :mod:`tuneplan.safe_read`."""
+    from tuneplan.errors import TuneplanError
+    from tuneplan.safe_read import parse_json, parse_yaml, path_exists, read_text, user_path
+
     shown = str(path)
-    if not p.exists():
+    p = user_path(shown, "--from") if isinstance(path, str) else Path(path)
+    if not path_exists(p):
         raise ConfigError(f"no such file: {shown}", field="--from")
     if p.is_dir():
         raise ConfigError(f"{shown} is a folder; give the config file inside it", field="--from")
     try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{shown} is not a UTF-8 text file", field="--from",
-                          accepted="a YAML or JSON training config") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {shown}: {exc.strerror}", field="--from") from None
-    if not text.strip():
-        raise ConfigError(f"{shown} is empty", field="--from", accepted="a YAML or JSON training config")
-    is_json = p.suffix.lower() == ".json" or text.lstrip().startswith("{")
-    if is_json:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{shown}:{exc.lineno}: not valid JSON (column {exc.colno}: {exc.msg})",
-                              field="--from") from None
-        lines = json_key_lines(text) if isinstance(data, dict) else {}
-        fmt = "json"
-    else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            where = f"{shown}:{mark.line + 1}" if mark else shown
-            raise ConfigError(f"{where}: not valid YAML ({exc.problem or exc.context})", field="--from") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{shown}: not valid YAML ({exc})", field="--from") from None
-        lines = {}
-        _yaml_lines(node, (), lines)
-        fmt = "yaml"
+        text = read_text(p, "--from", accepted="a YAML or JSON training config")
+        if not text.strip():
+            raise ConfigError(f"{shown} is empty", field="--from", accepted="a YAML or JSON training config")
+        is_json = p.suffix.lower() == ".json" or text.lstrip().startswith("{")
+        if is_json:
+            data = parse_json(text, "--from", shown)
+            lines = json_key_lines(text) if isinstance(data, dict) else {}
+            fmt = "json"
+        else:
+            data, node = parse_yaml(text, "--from", shown)
+            lines = {}
+            if node is not None:
+                _yaml_lines(node, (), lines)
+            fmt = "yaml"
+    except ConfigError:
+        raise
+    except TuneplanError as exc:  # the readers' refusals, as the ConfigError callers expect
+        raise ConfigError(exc.message, field=exc.field, accepted=exc.accepted) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{shown}: the top level must be a mapping of keys to values, got {type(data).__name__}",
                           field="--from", accepted="a YAML or JSON training config")

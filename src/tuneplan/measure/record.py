@@ -155,8 +155,7 @@ def append_record(path: str | Path, row: dict[str, str]) -> Path:
     if fresh:
         w.writeheader()
     w.writerow(row)
-    with p.open("a", newline="", encoding="utf-8") as f:
-        if needs_newline:
-            f.write("\n")
-        f.write(buf.getvalue())
-    return p
+    from tuneplan.safe_write import append_text
+
+    # old + new written to a new file and renamed over the old one: a full disk leaves the old file whole
+    return append_text(p, ("\n" if needs_newline else "") + buf.getvalue(), field="record", force_link=True)

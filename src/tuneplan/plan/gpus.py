@@ -149,6 +149,11 @@ def rank_gpus(model: str | ModelSpec, *, only: Iterable[str] | None = None, max_
         raise TuneplanError(f"unknown sort {sort!r}", field="sort", accepted=SORTS)
     if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1:
         raise TuneplanError(f"must be a positive integer, got {max_gpus!r}", field="max_gpus", accepted="1, 2, ..., 64")
+    from tuneplan.specs.limits import MAX_SEARCH_GPUS
+
+    if max_gpus > MAX_SEARCH_GPUS:  # the search walks every count: bounded before it starts
+        raise TuneplanError(f"{max_gpus} cards is beyond the search", field="max_gpus",
+                            accepted=f"1..{MAX_SEARCH_GPUS}")
     spec = resolve_model(model) if isinstance(model, str) else model
     cards = [resolve_accelerator(n) for n in only] if only else list(accelerators().values())
     base = {k: v for k, v in setup.items() if k not in ("gpus", "nodes")}

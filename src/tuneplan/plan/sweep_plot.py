@@ -34,14 +34,17 @@ def _title(res: SweepResult) -> str:
     return f"{res.model} {what}{gpu}: per-GPU device memory vs {res.variable}"
 
 
-def write_plot(res: SweepResult, path: str | Path) -> Path:
+def write_plot(res: SweepResult, path: str | Path, *, force: bool = False) -> Path:
+    """Draw to ``path`` atomically; an existing file or a symbolic link only with ``force`` (safe_write)."""
+    from tuneplan.safe_write import check_targets, write_bytes, write_text
+
     p = Path(path)
     fmt = p.suffix.lower().lstrip(".")
     if fmt not in FORMATS:
         raise TuneplanError(f"cannot draw {p.name!r}", field="plot", accepted="a .png, .svg or .html file")
+    check_targets([p], force=force, field="plot")
     if fmt == "html":
-        p.write_text(to_html(res), encoding="utf-8")
-        return p
+        return write_text(p, to_html(res), force=force, field="plot")
     try:
         import matplotlib
 
@@ -75,9 +78,12 @@ def write_plot(res: SweepResult, path: str | Path) -> Path:
     axes[-1][0].set_xticks(x, labels)
     axes[-1][0].set_xlabel(res.variable)
     fig.tight_layout()
-    fig.savefig(p, format=fmt)
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt)
     plt.close(fig)
-    return p
+    return write_bytes(p, buf.getvalue(), force=force, field="plot")
 
 
 def to_html(res: SweepResult) -> str:

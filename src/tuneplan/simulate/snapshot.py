@@ -48,8 +48,7 @@ def snapshot_dict(sim: CachingAllocatorSim, blocks: list[Any]) -> dict[str, Any]
 
 
 def write_snapshot(path: str | Path, sim: CachingAllocatorSim, blocks: list[Any]) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("wb") as f:
-        pickle.dump(snapshot_dict(sim, blocks), f)
-    return p
+    from tuneplan.safe_write import write_bytes
+
+    # atomic; the command refused an existing file or a link before the run unless --force
+    return write_bytes(path, pickle.dumps(snapshot_dict(sim, blocks)), force=True, field="--snapshot")

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from tuneplan.errors import TuneplanError
+from tuneplan.specs.limits import MAX_DATASET_TOKENS, MAX_EPOCHS, SETUP_INT_RANGES, check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -24,22 +25,18 @@ class DatasetSpec:
     packing: bool = False
 
     def validate(self) -> DatasetSpec:
-        if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
-                                         or self.samples <= 0):
-            raise TuneplanError(f"must be a positive integer, got {self.samples!r}", field="samples",
-                                accepted="1, 2, 3, ...")
-        if self.avg_tokens is not None and not (isinstance(self.avg_tokens, (int, float)) and self.avg_tokens > 0
-                                                and math.isfinite(self.avg_tokens)):
-            raise TuneplanError(f"must be a positive number, got {self.avg_tokens!r}", field="avg_tokens",
-                                accepted="tokens per sample after the template, e.g. 350")
-        if not (isinstance(self.epochs, (int, float)) and self.epochs > 0 and math.isfinite(self.epochs)):
-            raise TuneplanError(f"must be a positive number, got {self.epochs!r}", field="epochs",
-                                accepted="e.g. 1, 3, 0.5")
-        if self.dataset_tokens is not None and (isinstance(self.dataset_tokens, bool)
-                                                or not isinstance(self.dataset_tokens, int)
-                                                or self.dataset_tokens <= 0):
-            raise TuneplanError(f"must be a positive integer, got {self.dataset_tokens!r}", field="dataset_tokens",
-                                accepted="tokens in one epoch, e.g. 25000000")
+        """Types, finiteness and ranges (bounds in :mod:`tuneplan.specs.limits`), then what must be given."""
+        if self.samples is not None:
+            check_int("samples", self.samples, 1, MAX_DATASET_TOKENS, "samples of one epoch")
+        if self.avg_tokens is not None:
+            check_number("avg_tokens", self.avg_tokens, 0.0, float(SETUP_INT_RANGES["seq"][1]), low_open=True,
+                         accepted="tokens per sample after the template, e.g. 350 (> 0, at most 4194304)")
+        check_number("epochs", self.epochs, 0.0, MAX_EPOCHS, low_open=True,
+                     accepted=f"e.g. 1, 3, 0.5 (> 0, at most {MAX_EPOCHS:g})")
+        if self.dataset_tokens is not None:
+            check_int("dataset_tokens", self.dataset_tokens, 1, MAX_DATASET_TOKENS, "tokens in one epoch")
+        if not isinstance(self.packing, bool):
+            raise TuneplanError(f"got {self.packing!r}", field="packing", accepted="true, false")
         if self.samples is None and self.dataset_tokens is None:
             raise TuneplanError("say how much data: --samples (with --avg-tokens) or --dataset-tokens",
                                 field="samples", accepted="--samples N [--avg-tokens T] or --dataset-tokens N")

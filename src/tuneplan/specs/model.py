@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from tuneplan.errors import ConfigError
+from tuneplan.errors import ConfigError, TuneplanError
 from tuneplan.specs.families import build_layers, family_of
+from tuneplan.specs.limits import MAX_MODEL_PARAMS, MODEL_INT_ALIASES, MODEL_INT_RANGES, check_int, show_value
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ def _get(cfg: dict[str, Any], *keys: str, default: Any = None, required: bool = 
 
 def _positive_int(cfg: dict[str, Any], value: Any, key: str, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"must be a positive integer, got {value!r}", field=f"{name}.{key}")
+        raise ConfigError(f"must be a positive integer, got {show_value(value)}", field=f"{name}.{key}")
     return value
 
 
@@ -214,6 +215,9 @@ def model_from_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         text = dict(cfg["text_config"])
         text.setdefault("model_type", str(cfg.get("model_type", "")) + "_text")
         cfg = text
+    if not isinstance(cfg.get("model_type") or "", str) or len(cfg.get("model_type") or "") > 64:
+        raise ConfigError(f"must be a short string such as \"llama\", got {show_value(cfg.get('model_type'))}",
+                          field=f"{name}.model_type", accepted="a transformers model_type, e.g. llama, qwen2")
     model_type = str(cfg.get("model_type") or "")
     if not model_type:
         raise ConfigError("config.json has no 'model_type'", field=f"{name}.model_type")
@@ -240,11 +244,54 @@ def model_from_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
     vocab = _positive_int(
         cfg, _get(cfg, "padded_vocab_size", "vocab_size", required=True, name=name), "vocab_size", name
     )
+    check_config_numbers(cfg, name)
     try:
-        return build_layers(cfg, name=name, family=family, model_type=model_type, hidden=hidden,
+        spec = build_layers(cfg, name=name, family=family, model_type=model_type, hidden=hidden,
                             n_layers=n_layers, n_heads=n_heads, vocab=vocab, spec_cls=ModelSpec,
                             layer_cls=LayerSpec, linear_cls=Linear)
     except ConfigError:
         raise
-    except (TypeError, ValueError, KeyError) as exc:  # malformed values inside a known field
+    except (TypeError, ValueError, KeyError, ArithmeticError) as exc:  # malformed values inside a known field
         raise ConfigError(f"cannot read this config.json: {exc}", field=name) from None
+    return _check_built(spec, name)
+
+
+def check_config_numbers(cfg: dict[str, Any], name: str) -> None:
+    """Every size a config.json gives, checked for type, sign and a sane range before any formula runs.
+
+    The ranges and why each is sane are in :mod:`tuneplan.specs.limits`; a key given under another
+    spelling (``n_embd``, ``n_routed_experts``...) is held to the range of the quantity it names.
+    """
+    for key, value in cfg.items():
+        canon = MODEL_INT_ALIASES.get(key, key)
+        if canon not in MODEL_INT_RANGES or value is None:
+            continue
+        if canon in ("sliding_window", "q_lora_rank") and value is False:
+            continue  # "no sliding window" / "no q compression" written as false
+        low, high, why = MODEL_INT_RANGES[canon]
+        try:
+            check_int(f"{name}.{key}", value, low, high, why)
+        except TuneplanError as exc:
+            raise ConfigError(exc.message, field=exc.field, accepted=exc.accepted) from None
+    only = cfg.get("mlp_only_layers")
+    if only is not None and (not isinstance(only, list) or len(only) > MODEL_INT_RANGES["num_hidden_layers"][1]
+                             or not all(isinstance(i, int) and not isinstance(i, bool) for i in only)):
+        raise ConfigError("must be a list of layer indices", field=f"{name}.mlp_only_layers",
+                          accepted="e.g. [] or [0, 1]")
+    experts = next((cfg[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if cfg.get(k)), 0)
+    top_k = cfg.get("num_experts_per_tok")
+    if experts and isinstance(top_k, int) and top_k > experts:
+        raise ConfigError(f"routes each token to {top_k} experts but has {experts}",
+                          field=f"{name}.num_experts_per_tok", accepted=f"1..{experts}")
+
+
+def _check_built(spec: ModelSpec, name: str) -> ModelSpec:
+    """What the per-field ranges cannot see: a head width of 0 and a product beyond any model."""
+    if spec.head_dim < 1 or spec.n_kv_heads < 1:
+        raise ConfigError(f"gives attention heads of width {spec.head_dim} (hidden {spec.hidden} / "
+                          f"{spec.n_heads} heads)", field=f"{name}.num_attention_heads",
+                          accepted="at most hidden_size heads, or an explicit head_dim >= 1")
+    if spec.params_total > MAX_MODEL_PARAMS:
+        raise ConfigError(f"describes {spec.params_total:.3g} parameters, beyond any model",
+                          field=name, accepted=f"at most {MAX_MODEL_PARAMS:.0e} parameters")
+    return spec

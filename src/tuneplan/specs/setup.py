@@ -9,10 +9,12 @@ value came from.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tuneplan.errors import TuneplanError
+from tuneplan.specs.limits import MODEL_INT_RANGES, SETUP_INT_RANGES, check_int, check_number, show_value
 
 METHODS = ("full", "freeze", "lora", "qlora")
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16", "bf16")
@@ -113,6 +115,7 @@ class TrainSetup:
         return d
 
     def validate(self) -> TrainSetup:
+        check_fields({f: getattr(self, f) for f in _CHECKED})
         _choice("method", self.method, METHODS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("framework", self.framework, FRAMEWORKS)
@@ -191,9 +194,59 @@ class TrainSetup:
         return self
 
 
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "method": METHODS, "precision": PRECISIONS, "framework": FRAMEWORKS, "offload": OFFLOADS,
+    "quant_type": QUANT_TYPES, "optimizer": OPTIMIZERS, "attn": ATTENTIONS, "loss": LOSSES,
+}
+_BOOLS = ("double_quant", "optimizer_in_backward", "gradient_checkpointing", "fsdp", "ds_overlap_comm",
+          "longest_batch_first", "activation_offload", "compile", "keep_grads", "softmax_keeps_input")
+_CHECKED = (*_CHOICES, *SETUP_INT_RANGES, *_BOOLS, "bits", "rank", "alpha", "dropout", "zero", "num_labels",
+            "ds_reduce_bucket", "ds_prefetch_bucket", "targets")
+# a DeepSpeed bucket of 10^12 elements is 2 TB in bf16: beyond any device (DeepSpeed's default is 5e8)
+_MAX_BUCKET = 10**12
+
+
+def check_fields(values: Mapping[str, Any]) -> None:
+    """Each given setup field alone: type, finiteness, sign, range (limits.py) or vocabulary.
+
+    The checks that need several fields (ZeRO with one GPU, offload without sharding) are in
+    :meth:`TrainSetup.validate`; this runs on the flags as given, before a planner picks the rest.
+    """
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name in _CHOICES:
+            _choice(name, value, _CHOICES[name])
+        elif name in SETUP_INT_RANGES:
+            low, high, why = SETUP_INT_RANGES[name]
+            check_int(name, value, low, high, why)
+        elif name in _BOOLS and not isinstance(value, bool):
+            raise TuneplanError(f"got {show_value(value)}", field=name, accepted="true, false")
+        elif name == "bits" and (isinstance(value, bool) or value not in (4, 8)):
+            raise TuneplanError(f"got {show_value(value)}", field="bits", accepted="4, 8 (bitsandbytes 4-bit or 8-bit)")
+        elif name == "rank":
+            check_int("rank", value, 1, 65_536, "a LoRA rank above 65536 is wider than any layer")
+        elif name == "alpha":
+            check_int("alpha", value, 0, 1_048_576, "LoRA scaling numerator, usually 2 x rank")
+        elif name == "dropout":
+            check_number("dropout", value, 0.0, 1.0, accepted="0 <= dropout < 1")
+            if value >= 1.0:
+                raise TuneplanError(f"got {value}", field="dropout", accepted="0 <= dropout < 1")
+        elif name == "zero" and (isinstance(value, bool) or value not in (0, 1, 2, 3)):
+            raise TuneplanError(f"got {show_value(value)}", field="zero", accepted="0, 1, 2, 3")
+        elif name == "num_labels":
+            check_int("num_labels", value, 1, MODEL_INT_RANGES["vocab_size"][1], "labels of a classifier head")
+        elif name in ("ds_reduce_bucket", "ds_prefetch_bucket"):
+            check_int(name, value, 1, _MAX_BUCKET, "elements; DeepSpeed's default is 500000000")
+        elif name == "targets" and (not isinstance(value, str) or len(value) > 4096):
+            raise TuneplanError(f"got {show_value(value)}", field="targets",
+                                accepted="a comma list of module names (at most 4096 characters), or "
+                                + ", ".join(TARGET_SHORTHANDS))
+
+
 def _choice(name: str, value: Any, accepted: tuple[str, ...]) -> None:
     if value not in accepted:
-        raise TuneplanError(f"unknown value {value!r}", field=name, accepted=accepted)
+        raise TuneplanError(f"unknown value {show_value(value)}", field=name, accepted=accepted)
 
 
 def _positive(name: str, value: Any) -> None:
