@@ -4,10 +4,18 @@
 
 Reads benchmarks/data/calibration/measured.csv as it is (a verbatim copy of ../shared/calibration/),
 maps each row to a setup (benchmarks/calibration_rows.py), predicts the quantity the row measured
-(allocated, reserved or device memory; a row that states no metric is compared with the allocated
-peak, the smallest of the three) and prints, per framework, per method and overall: count,
+(allocated, reserved or device memory) and prints, per framework, per method and overall: count,
 median and p90 of the absolute relative error, the signed bias (median of signed errors), and how the
 OOM rows are called. Unmapped rows are listed with the reason.
+
+Scoring rules where the row alone does not say (the calibration data's scoring notes):
+- a row below its own physical floor (the resident weights, quantization metadata, adapters and optimizer
+  states its stated setup must hold per GPU, whatever the framework does) cannot have been measured as
+  described: it is listed apart with the floor and the published value, and left out of the scored
+  figures and of the "wrongly called out of memory" count. The test is the floor alone;
+- a row whose metric is not stated is scored against the band [allocated peak, device peak]: error 0
+  inside it, else the distance to the nearer end relative to the published value;
+- every other row is scored against the quantity it states.
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ from tuneplan.catalog.models import resolve_model  # noqa: E402
 from tuneplan.errors import TuneplanError  # noqa: E402
 
 SCORED = ("high", "medium")
+# What a setup holds per GPU whatever the framework does: resident weights (at the stated precision, quantized
+# storage, sharded under ZeRO-3/FSDP, none when offloaded), their quantization metadata, the adapters, and the
+# optimizer states of what it trains (none when offloaded or paged)
+FLOOR_COMPONENTS = ("weights", "quant_meta", "lora_adapters", "optimizer_states")
 
 
 def predict(row: MappedRow, engine: str) -> dict[str, Any]:
@@ -44,16 +56,39 @@ def predict(row: MappedRow, engine: str) -> dict[str, Any]:
         device += row.context_bytes - b.cuda_context_bytes
     quantity = {"allocated": b.allocated_peak_bytes, "reserved": b.reserved_peak_bytes,
                 "device": device}.get(row.metric, b.allocated_peak_bytes)
+    floor = sum(b.components.get(k, 0) for k in FLOOR_COMPONENTS)
     if row.metric == "reserved" and row.reserved_floor_bytes:
         # the run reserved this much while loading the model (torchtune 0.1 builds the NF4 weights on the GPU)
         # and the caching allocator kept it: tuneplan estimates the training step, not the load
         quantity = max(quantity, row.reserved_floor_bytes)
-    return {"predicted_bytes": quantity, "device_bytes": device, "fits": est.fits,
-            "gpu_bytes": est.gpu.memory_bytes if est.gpu else None}
+    return {"predicted_bytes": quantity, "allocated_bytes": b.allocated_peak_bytes, "device_bytes": device,
+            "floor_bytes": floor, "fits": est.fits, "gpu_bytes": est.gpu.memory_bytes if est.gpu else None}
+
+
+def below_floor(measured_bytes: int, floor_bytes: int) -> bool:
+    """A published peak under what the stated setup must hold per GPU (weights + optimizer states)."""
+    return measured_bytes < floor_bytes
+
+
+def score(measured_bytes: int, metric: str, predicted_bytes: int, allocated_bytes: int,
+          device_bytes: int) -> tuple[float, str]:
+    """Signed relative error of a measured row and how it was scored ("stated" or "band").
+
+    A row with no stated metric is scored against [allocated, device]: 0 inside the band, else
+    (nearer end - measured) / measured, so an estimate whose device peak is below the published value
+    is negative and one whose allocated peak is above it positive."""
+    if metric != "unknown":
+        return (predicted_bytes - measured_bytes) / measured_bytes, "stated"
+    lo, hi = min(allocated_bytes, device_bytes), max(allocated_bytes, device_bytes)
+    if measured_bytes < lo:
+        return (lo - measured_bytes) / measured_bytes, "band"
+    if measured_bytes > hi:
+        return (hi - measured_bytes) / measured_bytes, "band"
+    return 0.0, "band"
 
 
 def run(engine: str = "analytic") -> dict[str, Any]:
-    results, unmapped, oom = [], [], []
+    results, unmapped, oom, floor_rows = [], [], [], []
     for raw in load_rows():
         m = map_row(raw)
         if isinstance(m, Unmapped):
@@ -65,6 +100,7 @@ def run(engine: str = "analytic") -> dict[str, Any]:
             unmapped.append({"row_id": m.row_id, "source": m.source_group, "reason": str(exc)})
             continue
         base = {"row_id": m.row_id, "framework": m.framework, "method": m.setup["method"], "metric": m.metric,
+                "gpus": m.setup.get("gpus", 1),
                 "confidence": m.confidence, "model": m.model, "approximations": m.approximations, **p}
         if m.outcome == "OOM":
             budget = p["gpu_bytes"]
@@ -76,14 +112,17 @@ def run(engine: str = "analytic") -> dict[str, Any]:
                             "fits_budget": p["device_bytes"] <= m.budget_bytes})
             else:
                 unmapped.append({"row_id": m.row_id, "source": m.source_group, "reason": "no VRAM budget"})
+        elif m.measured_bytes and below_floor(m.measured_bytes, p["floor_bytes"]):
+            floor_rows.append({**base, "measured_bytes": m.measured_bytes})
         elif m.measured_bytes:
-            err = (p["predicted_bytes"] - m.measured_bytes) / m.measured_bytes
-            results.append({**base, "measured_bytes": m.measured_bytes, "rel_error": err,
+            err, how = score(m.measured_bytes, m.metric, p["predicted_bytes"], p["allocated_bytes"],
+                             p["device_bytes"])
+            results.append({**base, "measured_bytes": m.measured_bytes, "rel_error": err, "scored_as": how,
                             "false_oom": p["fits"] is False})
         else:
             unmapped.append({"row_id": m.row_id, "source": m.source_group, "reason": "no memory value"})
-    return {"engine": engine, "rows": results, "oom_rows": oom, "unmapped": unmapped,
-            "summary": summarize(results, oom)}
+    return {"engine": engine, "rows": results, "oom_rows": oom, "below_floor": floor_rows, "unmapped": unmapped,
+            "summary": summarize(results, oom, floor_rows)}
 
 
 def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,8 +132,10 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "p90_abs": pct(errs, 0.9) if errs else None, "bias": statistics.median(signed) if signed else None}
 
 
-def summarize(results: list[dict[str, Any]], oom: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(results: list[dict[str, Any]], oom: list[dict[str, Any]],
+              floor_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     scored = [r for r in results if r["confidence"] in SCORED]
+    multi = [r for r in scored if r.get("gpus", 1) > 1]
     by_fw: dict[str, list] = defaultdict(list)
     by_method: dict[str, list] = defaultdict(list)
     for r in scored:
@@ -106,6 +147,10 @@ def summarize(results: list[dict[str, Any]], oom: list[dict[str, Any]]) -> dict[
     maxseq = [r for r in oom if r.get("kind") == "max_seq"]
     return {
         "overall": _stats(scored),
+        "multi_gpu": _stats(multi),
+        "scored_stated": sum(1 for r in scored if r.get("scored_as") == "stated"),
+        "scored_band": sum(1 for r in scored if r.get("scored_as") == "band"),
+        "below_floor": len(floor_rows or []),
         "all_confidence": _stats(results),
         "by_framework": {k: _stats(v) for k, v in sorted(by_fw.items())},
         "by_method": {k: _stats(v) for k, v in sorted(by_method.items())},
@@ -135,6 +180,10 @@ def main() -> None:
     s = out["summary"]
     print(f"engine: {out['engine']}   (scored rows: config_confidence high/medium)")
     print(f"overall            {fmt(s['overall'])}")
+    print(f"multi-GPU rows     {fmt(s['multi_gpu'])}")
+    print(f"scored rows: {s['scored_stated']} against their stated metric, {s['scored_band']} against the "
+          f"[allocated, device] band (metric not stated); {s['below_floor']} below their physical floor, "
+          "listed apart")
     print(f"all confidences    {fmt(s['all_confidence'])}")
     for k, v in s["by_framework"].items():
         print(f"framework {k:9s} {fmt(v)}")
@@ -152,6 +201,12 @@ def main() -> None:
         for r in out["oom_rows"]:
             print(f"  OOM {r['row_id']} {r['framework']} {r['model'][:30]} device {r['device_bytes'] / 2**30:.1f} GiB "
                   f"gpu {(r.get('gpu_bytes') or 0) / 2**30:.1f} called={r.get('called_oom', r.get('fits_budget'))}")
+    if out["below_floor"]:
+        print("rows below their own physical floor (weights + quantization metadata + adapters + optimizer "
+              "states per GPU): not scored")
+    for r in out["below_floor"]:
+        print(f"  {r['row_id']} {r['framework']:9s} {r['method']:5s} {r['model'][:34]:34s} published "
+              f"{r['measured_bytes'] / 2**30:7.2f} GiB < floor {r['floor_bytes'] / 2**30:7.2f} GiB")
     print(f"unmapped rows: {len(out['unmapped'])}")
     for u in out["unmapped"]:
         print(f"  {u['row_id']} {u['source']}: {u['reason']}")

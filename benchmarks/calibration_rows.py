@@ -155,9 +155,10 @@ def _optimizer(text: str, setup: dict[str, Any]) -> None:
 
 def _metric(text: str) -> str:
     t = (text or "").lower()
-    if t.startswith("not stated"):
+    if t.startswith("not stated") or "method not stated" in t:
         # e.g. "not stated (torchtune utils of that time log alloc/reserved/active ...)": the candidates
-        # are listed, the row's own metric is not
+        # are listed, the row's own metric is not; "memory consumed (method not stated)" / "GRAM (method
+        # not stated)" name no reading either (allocator statistics or nvidia-smi): scored against a band
         return "unknown"
     if "max_memory_allocated" in t or "active" in t:
         return "allocated"

@@ -15,7 +15,7 @@ from calibration_rows import load_rows, map_row  # noqa: E402
 
 def test_no_row_is_dropped_silently() -> None:
     res = run("analytic")
-    ids = [r["row_id"] for part in ("rows", "oom_rows", "unmapped") for r in res[part]]
+    ids = [r["row_id"] for part in ("rows", "oom_rows", "below_floor", "unmapped") for r in res[part]]
     assert sorted(ids) == sorted(r["row_id"] for r in load_rows())
     assert all(u["reason"] for u in res["unmapped"])
 

@@ -125,7 +125,7 @@ def test_api_engine_simulate_has_the_analytic_keys(tiny) -> None:
 def test_multi_gpu_falls_back_to_analytic_with_a_note(tiny) -> None:
     rep = simulate_report(tiny, build_setup(tiny, method="full", seq=64, gpus=2, zero=2))
     assert rep.fallback and rep.breakdown.engine == "analytic"
-    assert rep.breakdown.notes[0].startswith("simulate: multi-GPU")
+    assert rep.breakdown.notes[0].startswith("simulate: DeepSpeed ZeRO")
 
 
 def test_missing_extra_is_a_clear_error(tiny, monkeypatch) -> None:

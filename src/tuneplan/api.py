@@ -86,6 +86,7 @@ class Estimate:
             },
             "peak_phase": b.peak_phase,
             "engine": b.engine,
+            "wrapper": b.wrapper,
             "notes": list(b.notes),
             "findings": [f.to_dict() for f in self.findings],
         }

@@ -67,6 +67,7 @@ class MemoryBreakdown:
     engine: str = "analytic"
     bands: dict[str, Band] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    wrapper: str = ""  # the data-parallel wrapper a simulation ran (e.g. FSDP1); "" when none ran
 
     @property
     def allocated_peak_bytes(self) -> int:
@@ -80,6 +81,7 @@ class MemoryBreakdown:
     def to_dict(self) -> dict[str, Any]:
         return {
             "engine": self.engine,
+            "wrapper": self.wrapper,
             "allocated_peak_bytes": self.allocated_peak_bytes,
             "reserved_peak_bytes": self.reserved_peak_bytes,
             "device_peak_bytes": self.device_peak_bytes,

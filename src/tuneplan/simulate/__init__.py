@@ -5,8 +5,9 @@ is imported until a simulation runs. ``simulate_breakdown`` returns the same ``M
 analytic engine (components keyed alike), so the two compare field by field; ``simulate_report`` adds
 the peak op, the live set by module, the kernel workspaces and the caching-allocator emulation.
 
-What the fake process cannot run falls back to the analytic engine with a note: several GPUs (DDP,
-ZeRO, FSDP), frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
+Several GPUs: rank 0 of an FSDP job runs the real ``FullyShardedDataParallel`` on a fake process group
+(``simulate/distributed.py``). What the fake process cannot run falls back to the analytic engine with a
+note: DDP and DeepSpeed ZeRO, frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
 8-bit bitsandbytes base weights, encoder models.
 """
 
@@ -42,8 +43,10 @@ def _require_extra() -> None:
 
 def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
     """Why this setup cannot be simulated in one fake process ('' when it can)."""
-    if setup.world_size > 1 or setup.zero or setup.fsdp:
-        return "multi-GPU (DDP / ZeRO / FSDP) is out of reach of a single fake process"
+    if setup.zero:
+        return "DeepSpeed ZeRO is not simulated (its engine does not run on a fake process group)"
+    if setup.world_size > 1 and not setup.fsdp:
+        return "DDP's C++ gradient reducer does not run on fake tensors"
     if setup.framework not in SIMULATED_FRAMEWORKS:
         return f"the {setup.framework} profile runs its own model code / loss kernels, which simulate does not have"
     if setup.quant_bits == 8:

@@ -137,6 +137,14 @@ def _load_dtype(setup: TrainSetup, prof: Profile) -> torch.dtype:
     return half
 
 
+def sharded_qlora(setup: TrainSetup) -> bool:
+    """QLoRA under FSDP: the 4-bit codes are stored in the 16-bit compute dtype (``bnb_4bit_quant_storage``)
+    so that FSDP flattens them with the other weights, and TRL's SFTTrainer skips
+    ``prepare_model_for_kbit_training`` for such a model (``is_sharded_qlora``: its fp32 upcast would mix
+    dtypes inside one flat parameter)."""
+    return setup.method == "qlora" and setup.fsdp
+
+
 def head_class(spec: ModelSpec, setup: TrainSetup) -> Any:
     """The transformers auto class the training script would load: a classifier head when ``num_labels`` is
     set, the masked-LM head for an encoder, else the causal LM."""
@@ -175,9 +183,11 @@ def build(spec: ModelSpec, setup: TrainSetup, prof: Profile, targets: frozenset[
     if setup.method == "qlora":
         if setup.quant_bits != 4:
             raise TuneplanError("simulate models bitsandbytes 4-bit only", field="bits", accepted="4")
-        replace_linears(model, half, setup.double_quant, skip=(_kept_head(model),))
+        sharded = sharded_qlora(setup)
+        replace_linears(model, half, setup.double_quant, skip=(_kept_head(model),),
+                        quant_storage=half if sharded else torch.uint8)
         model.is_loaded_in_4bit = True
-        if prof.kbit_upcast_fp32:
+        if prof.kbit_upcast_fp32 and not sharded:
             from peft import prepare_model_for_kbit_training
 
             with data_assignment_apply():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,8 @@ class SimRun:
     n_params: int = 0
     n_trainable: int = 0
     kernel_buffers: dict[str, int] = field(default_factory=dict)
+    wrapper: str = ""  # the data-parallel wrapper that ran ("" on one GPU)
+    world_size: int = 1
 
 
 def _module_names(model: Any) -> dict[int, str]:
@@ -32,15 +35,22 @@ def _module_names(model: Any) -> dict[int, str]:
 
 
 def simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
-                 progress: Callable[[float, str], None] | None = None) -> SimRun:
+                 progress: Callable[[float, str], None] | None = None, fsdp_sharding: str = "full") -> SimRun:
+    from tuneplan.simulate.distributed import fake_process_group
+
     with warnings.catch_warnings():
         # transformers 5 / peft deprecation notices (gradient_checkpointing_* renames) are not the user's
         warnings.simplefilter("ignore", FutureWarning)
-        return _simulate_run(spec, setup, prof, progress)
+        # FSDP's use of data_ptr() on fake storages (answered by distributed.fsdp_storage_hooks)
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        warnings.filterwarnings("ignore", message=".*FSDP.*")
+        group = fake_process_group(setup.world_size) if setup.fsdp else nullcontext()
+        with group:
+            return _simulate_run(spec, setup, prof, progress, fsdp_sharding)
 
 
 def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
-                  progress: Callable[[float, str], None] | None) -> SimRun:
+                  progress: Callable[[float, str], None] | None, fsdp_sharding: str = "full") -> SimRun:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -66,6 +76,16 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
         model = build(spec, setup, prof, targets)
+    wrapper = ""
+    if setup.fsdp:
+        from tuneplan.simulate.distributed import FSDP1, wrap_fsdp1
+
+        with fake:
+            model = wrap_fsdp1(model, setup, compute_dtype(setup), sharding=fsdp_sharding)
+        wrapper = FSDP1
+        notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {FSDP1}, "
+                     f"{'FULL_SHARD' if fsdp_sharding == 'full' else 'SHARD_GRAD_OP'} on a fake process group"
+                     + (", CPUOffload(offload_params=True)" if setup.offload != "none" else ""))
     build_s = time.perf_counter() - t0
     if progress:
         progress(0.0, f"built {type(model).__name__} in {build_s:.1f} s")
@@ -110,17 +130,54 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
 
     # always_call: non-reentrant checkpointing stops a recomputation by raising inside the layer's
     # forward (early stop); the post hook must still pop the module.
+    offload = bool(wrapper) and setup.offload != "none"
+    if offload:
+        from tuneplan.simulate.distributed import flat_params
+
+        for fp in flat_params(model):
+            tracker.untrack(fp)  # CPUOffload(offload_params=True): the sharded flat parameters live on the host
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
+    hooks = nullcontext()
+    if wrapper:
+        from tuneplan.simulate.distributed import fsdp_storage_hooks
+
+        hooks = fsdp_storage_hooks(tracker)
     try:
-        with fake, tracker, cuda_dropout(), cuda_autocast_policies(), softmax_keeps_input(setup.softmax_keeps_input):
+        with fake, tracker, hooks, cuda_dropout(), cuda_autocast_policies(), \
+                softmax_keeps_input(setup.softmax_keeps_input):
             opt = run_steps(model, setup, setup.optimizer or prof.default_optimizer, tracker,
-                            compute_dtype(setup), uses_autocast(setup, prof), progress)
+                            compute_dtype(setup), uses_autocast(setup, prof), progress,
+                            no_sync=model.no_sync if wrapper else None)
     finally:
         h1.remove()
         h2.remove()
+    if wrapper:
+        with fake:
+            for buf in model.buffers():
+                # FSDP's MixedPrecision casts the buffers to buffer_dtype in the root's first pre-forward
+                # (new tensors made outside any module): they are the model's buffers, resident like weights
+                tracker.relabel(buf, "weights")
+    if offload:
+        _file_offloaded_on_host(model, tracker)
     paged = getattr(opt, "paged_bytes", 0)
     n_params = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return SimRun(tracker.result(), time.perf_counter() - t0, build_s, paged_bytes=paged, notes=notes,
-                  n_params=n_params, n_trainable=n_train, kernel_buffers=dict(KERNEL_BUFFERS))
+                  n_params=n_params, n_trainable=n_train, kernel_buffers=dict(KERNEL_BUFFERS), wrapper=wrapper,
+                  world_size=setup.world_size)
+
+
+def _file_offloaded_on_host(model: Any, tracker: Any) -> None:
+    """FSDP1 with ``offload_params=True`` keeps the sharded flat parameters and their ``_cpu_grad`` on the
+    host and steps the optimizer there (FSDP docs, ``CPUOffload``: "gradients ... offloaded to CPU ... the
+    optimizer step runs on CPU"): every block of the optimizer step and zero_grad is host memory."""
+    from tuneplan.simulate.distributed import flat_params
+
+    for fp in flat_params(model):
+        for t in (fp, getattr(fp, "_local_shard", None), getattr(fp, "_cpu_grad", None)):
+            if t is not None:
+                tracker.untrack(t)
+    for b in tracker.blocks:
+        if b.phase.endswith((".optimizer", ".zero_grad")) or b.category == "optimizer_states":
+            b.category = "host"

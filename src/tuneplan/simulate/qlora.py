@@ -5,7 +5,7 @@ CPU-only machine; this module reproduces what matters for memory (bitsandbytes `
 ``Linear4bit``, ``autograd/_functions.py`` ``MatMul4Bit``, ``functional.py`` ``quantize_4bit``,
 ``backends/cuda/ops.py`` ``gemm_4bit``):
 
-- storage: the packed weight, uint8 ``((n + 1) // 2, 1)``; the 16-entry fp32 NF4 code book; without
+- storage: the packed weight, uint8 ``((n + 1) // 2, 1)`` (or the same bytes in ``bnb_4bit_quant_storage``); the 16-entry fp32 NF4 code book; without
   double quant one fp32 absmax per 64-block; with double quant a uint8 absmax per block, one fp32 absmax
   per 256 of those, the fp32 256-entry code table and the fp32 offset (one allocation each, per weight;
   18944 x 3584 comes to 35,026,180 B, or 38,191,168 B without double quant, as real bitsandbytes);
@@ -40,15 +40,19 @@ class SimLinear4bit(nn.Module):
     """Quantized storage of one ``nn.Linear`` and bitsandbytes' forward/backward memory behaviour."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, compute_dtype: torch.dtype,
-                 bias_dtype: torch.dtype, double_quant: bool, device: Any = None) -> None:
+                 bias_dtype: torch.dtype, double_quant: bool, device: Any = None,
+                 quant_storage: torch.dtype = torch.uint8) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.infeatures, self.outfeatures = in_features, out_features  # how PEFT reads a quantized linear's shape
         self.compute_dtype = compute_dtype
         n = in_features * out_features
         blocks = -(-n // NF4_BLOCK)
-        # a uint8 Parameter, frozen, like bnb's Params4bit
-        self.weight = nn.Parameter(torch.empty(((n + 1) // 2, 1), dtype=torch.uint8, device=device),
+        # a frozen Parameter like bnb's Params4bit: the packed codes, uint8 by default; with
+        # bnb_4bit_quant_storage a wider dtype holds the same bytes (functional.quantize_4bit:
+        # ((n + 1) // (2 * itemsize), 1) elements), so that FSDP can flatten it with 16-bit weights
+        per = 2 * torch.empty((), dtype=quant_storage).element_size()
+        self.weight = nn.Parameter(torch.empty(((n + 1) // per, 1), dtype=quant_storage, device=device),
                                    requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=bias_dtype, device=device)) if bias else None
         self.double_quant = double_quant
@@ -117,7 +121,7 @@ class _MatMul4Bit(torch.autograd.Function):
 
 
 def replace_linears(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
-                    skip: tuple[str, ...] = ("lm_head",)) -> list[SimLinear4bit]:
+                    skip: tuple[str, ...] = ("lm_head",), quant_storage: torch.dtype = torch.uint8) -> list[SimLinear4bit]:
     """Swap every ``nn.Linear`` but the output head (``skip``: lm_head, or a classifier's last module) for
     the stand-in, as transformers' bitsandbytes integration does (``get_keys_to_not_convert``)."""
     made: list[SimLinear4bit] = []
@@ -127,7 +131,7 @@ def replace_linears(model: nn.Module, compute_dtype: torch.dtype, double_quant: 
             if isinstance(child, nn.Linear) and not any(full.endswith(s) for s in skip):
                 q = SimLinear4bit(child.in_features, child.out_features, child.bias is not None, compute_dtype,
                                   child.bias.dtype if child.bias is not None else compute_dtype, double_quant,
-                                  device=child.weight.device)
+                                  device=child.weight.device, quant_storage=quant_storage)
                 setattr(mod, child_name, q)
                 made.append(q)
     return made

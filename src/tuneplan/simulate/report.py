@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuneplan.estimator.overhead import CUDA_CONTEXT_BAND, cuda_context_bytes
+from tuneplan.estimator.parallel import NCCL_BYTES
 from tuneplan.estimator.types import COMPONENTS, Band, MemoryBreakdown
 
 # The allocator emulation's reserved peak against five published GPU runs came within -4.9% .. +1.4% of
@@ -15,7 +16,7 @@ RESERVED_BAND = (-0.05, 0.02)
 LIMITS = (
     "simulate: eager PyTorch only (no torch.compile); no data-dependent shapes (MoE eager expert loops, "
     "unpadded varlen attention); batches without padding; kernels without a stand-in (Liger, Unsloth, "
-    "DeepSpeed, FSDP) are not simulated; CPU autocast with CUDA autocast's fp32 op list stands in for CUDA "
+    "DeepSpeed) are not simulated; CPU autocast with CUDA autocast's fp32 op list stands in for CUDA "
     "autocast",
 )
 
@@ -48,7 +49,7 @@ class SimulationReport:
             "outside_pytorch": {"cuda_context_bytes": self.breakdown.cuda_context_bytes,
                                 "nccl_bytes": self.breakdown.nccl_bytes},
             "seconds": round(self.seconds, 2), "build_seconds": round(self.build_seconds, 2),
-            "fallback": self.fallback,
+            "fallback": self.fallback, "wrapper": self.breakdown.wrapper,
         }
 
 
@@ -64,6 +65,16 @@ def module_group(name: str) -> str:
     name = name.replace("base_model.model.", "")
     m = _LAYER.match(name)
     return m.group(1) if m else name
+
+
+def host_peak(res: Any) -> int:
+    """Peak of the blocks filed as host memory (CPU-offloaded parameters, gradients, optimizer states)."""
+    cur = best = 0
+    for ev in res.events:
+        if ev.block.category == "host":
+            cur += ev.block.size if ev.alloc else -ev.block.size
+            best = max(best, cur)
+    return best
 
 
 def build_report(run: Any, capacity: int | None = None, snapshot_path: str | None = None) -> SimulationReport:
@@ -113,9 +124,14 @@ def build_report(run: Any, capacity: int | None = None, snapshot_path: str | Non
                          "caching-allocator emulation (checked on 5 published GPU runs: -4.9%..+1.4%)"),
         "cuda_context": Band(CUDA_CONTEXT_BAND[0], CUDA_CONTEXT_BAND[1], "driver, CUDA version, lazy loading"),
     }
+    wrapper = getattr(run, "wrapper", "")
+    if wrapper:
+        notes.insert(0, f"simulate: wrapper that ran: {wrapper}")
     bd = MemoryBreakdown(components=comps, peak_phase=peak_phase, phases=phases,
                          reserved_peak_bytes=max(reserved, allocated), cuda_context_bytes=cuda_context_bytes(),
-                         paged_bytes=run.paged_bytes, engine="simulate", bands=bands, notes=notes)
+                         nccl_bytes=NCCL_BYTES if getattr(run, "world_size", 1) > 1 else 0,
+                         paged_bytes=run.paged_bytes, host_bytes=host_peak(res), engine="simulate", bands=bands,
+                         notes=notes, wrapper=wrapper)
     top = sorted(pk.live, key=lambda b: -b.size)[:10]
     return SimulationReport(
         breakdown=bd, peak_op=pk.op.replace("aten.", ""), peak_module=pk.module,

@@ -120,7 +120,11 @@ def relabel_states(tracker: StorageTracker, opt: torch.optim.Optimizer, fused: b
 
 
 def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: StorageTracker, half: torch.dtype,
-              autocast: bool, progress: Callable[[float, str], None] | None = None, steps: int = 2) -> Any:
+              autocast: bool, progress: Callable[[float, str], None] | None = None, steps: int = 2,
+              no_sync: Callable[[], Any] | None = None) -> Any:
+    """``no_sync``: the wrapper's context for the accumulating micro-batches (the Trainer runs every
+    micro-batch but the last of a step under ``accelerator.no_sync(model)``: transformers
+    ``_inner_training_loop``; DeepSpeed excepted)."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(optimizer, params)
     fused = optimizer == "adamw-fused"
@@ -146,16 +150,18 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
         for micro in range(setup.grad_accum):
             tracker.phase = f"step{step}.forward"
             tracker.micro = micro
-            with amp():
-                outputs = model(input_ids=ids, labels=labels)
-            loss = outputs.loss
-            del outputs  # Trainer.compute_loss returns the loss only: the logits die here
-            if setup.grad_accum > 1:
-                loss = loss / setup.grad_accum
-            tick(f"step {step} forward {micro + 1}/{setup.grad_accum}")
-            tracker.phase = f"step{step}.backward"
-            loss.backward()
-            del loss
+            sync = no_sync() if (no_sync is not None and micro < setup.grad_accum - 1) else nullcontext()
+            with sync:
+                with amp():
+                    outputs = model(input_ids=ids, labels=labels)
+                loss = outputs.loss
+                del outputs  # Trainer.compute_loss returns the loss only: the logits die here
+                if setup.grad_accum > 1:
+                    loss = loss / setup.grad_accum
+                tick(f"step {step} forward {micro + 1}/{setup.grad_accum}")
+                tracker.phase = f"step{step}.backward"
+                loss.backward()
+                del loss
             for p in params:
                 tracker.relabel(p.grad, "gradients")
             tick(f"step {step} backward {micro + 1}/{setup.grad_accum}")

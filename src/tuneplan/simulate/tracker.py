@@ -121,6 +121,16 @@ class StorageTracker(TorchDispatchMode):
         weakref.finalize(st, _gone)
         return b
 
+    def resized(self, t: torch.Tensor, category: str, op: str = "") -> None:
+        """A storage resized in place (FSDP1's ``_alloc_storage`` / ``_free_storage``): to 0 bytes it is a
+        free of its block, back to full size a new allocation, as the caching allocator sees it."""
+        key = t.untyped_storage()._cdata
+        old = self._live.pop(key, None)
+        if old is not None:
+            self._release(old)
+        if t.untyped_storage().nbytes():
+            self.register(t, category, op=op)
+
     def block_of(self, t: torch.Tensor) -> Block | None:
         return self._live.get(t.untyped_storage()._cdata)
 
@@ -128,7 +138,7 @@ class StorageTracker(TorchDispatchMode):
         if t is None:
             return
         b = self.block_of(t)
-        if b is not None:
+        if b is not None and b.category != "host":  # an offloaded storage stays on the host
             b.category = category
 
     def untrack(self, t: torch.Tensor) -> None:

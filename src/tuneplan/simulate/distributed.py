@@ -1,0 +1,162 @@
+"""Rank 0 of an N-GPU job in one CPU process: a fake process group and the real FSDP1 wrapper.
+
+``torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=N)``
+(``torch.testing._internal.distributed.fake_pg``) answers every collective at once with tensors of the
+right shapes, so ``FullyShardedDataParallel`` runs its own code on fake tensors: it flattens and shards
+each unit, all-gathers into its padded unsharded buffer before a unit runs, frees it after (or not, per
+sharding strategy and the root rule), prefetches, reduce-scatters gradients into a new sharded gradient
+and offloads it. Nodes change nothing for rank 0's memory: only the world size does.
+
+FSDP1 allocates and frees the unsharded flat parameter by resizing one storage
+(``torch.distributed.utils._alloc_storage`` / ``_free_storage``), which no op sees: ``fsdp_storage_hooks``
+reports each resize to the tracker as an allocation / a free of that buffer. ``_flat_param._same_storage``
+compares ``data_ptr()``, which is 0 for every fake storage; the hook compares the storages themselves.
+
+How the HF Trainer configures it (transformers ``Trainer`` + accelerate ``FullyShardedDataParallelPlugin``,
+accelerate 1.x, transformers 5):
+- auto-wrap: the model's ``_no_split_modules`` (its decoder layer) as ``transformer_auto_wrap_policy``;
+  a PEFT model gets PEFT's ``fsdp_auto_wrap_policy`` (the same layers, plus every leaf module with a
+  trainable weight, i.e. each LoRA A / B, in a unit of its own) (transformers ``update_fsdp_plugin_peft``);
+- mixed precision: ``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` in the ``-mixed`` precision's
+  16-bit type (accelerate ``set_mixed_precision``), and for QLoRA with a floating ``bnb_4bit_quant_storage``
+  the storage dtype (``update_fsdp_plugin_peft``); none for pure 16-bit runs;
+- FULL_SHARD, ``BackwardPrefetch.BACKWARD_PRE``, ``forward_prefetch=False``, ``limit_all_gathers=True``,
+  ``use_orig_params=True``, ``CPUOffload(offload_params=True)`` for ``--offload all`` / ``optimizer`` (FSDP1
+  offloads parameters, gradients and the optimizer step together), ``sync_module_states`` off (a load-time
+  broadcast: no training memory);
+- gradient checkpointing: transformers' own (``gradient_checkpointing_enable``), as the Trainer does.
+
+The CPU build has no CUDA device: the compute device is the CPU. With CPU offload, what FSDP keeps on the
+host (the sharded flat parameters, their ``_cpu_grad``, the optimizer states) is filed as host memory, and
+the device copy of each shard that ``pre_unshard`` makes (``flat_param.to(device)``) is added around the
+all-gather, as on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuneplan.specs.setup import TrainSetup
+
+FSDP1 = "torch FullyShardedDataParallel (FSDP1)"
+
+
+@contextmanager
+def fake_process_group(world_size: int) -> Iterator[None]:
+    """A fake default process group of ``world_size`` ranks, this process rank 0."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialized in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextmanager
+def fsdp_storage_hooks(tracker: Any, host: bool = False) -> Iterator[None]:
+    """Report FSDP1's storage resizes (unsharded flat parameters, low-precision shards) to the tracker."""
+    import torch.distributed.fsdp._flat_param as fp
+
+    orig_alloc, orig_free, orig_same = fp._alloc_storage, fp._free_storage, fp._same_storage
+
+    def alloc(tensor: torch.Tensor, size: torch.Size) -> None:
+        orig_alloc(tensor, size)
+        tracker.resized(tensor, "parallel_buffers", op="fsdp unshard (all-gather buffer)")
+
+    def free(tensor: torch.Tensor) -> None:
+        orig_free(tensor)
+        tracker.resized(tensor, "parallel_buffers")
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        from torch.distributed.tensor import DTensor
+
+        a = a._local_tensor if isinstance(a, DTensor) else a
+        b = b._local_tensor if isinstance(b, DTensor) else b
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+    # CPU offload pins the host shard and gradient (_flat_param.py init_flat_param_attributes); pinning has no
+    # fake kernel and changes no device memory: the host tensor is kept as it is
+    orig_pin = torch.Tensor.pin_memory
+    fp._alloc_storage, fp._free_storage, fp._same_storage = alloc, free, same
+    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+    # with CPU offload, the post-backward callback waits for the device-to-host gradient copies
+    # (current_stream().synchronize()); the CPU device's stream has nothing to wait for
+    add_sync = not hasattr(torch.cpu.Stream, "synchronize")
+    if add_sync:
+        torch.cpu.Stream.synchronize = lambda self: None  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if add_sync:
+            del torch.cpu.Stream.synchronize  # type: ignore[attr-defined]
+        fp._alloc_storage, fp._free_storage, fp._same_storage = orig_alloc, orig_free, orig_same
+        torch.Tensor.pin_memory = orig_pin  # type: ignore[method-assign]
+
+
+def _layer_classes(model: nn.Module) -> set[type]:
+    """accelerate ``set_auto_wrap_policy``: the classes named in the model's ``_no_split_modules``."""
+    inner = model
+    while hasattr(inner, "base_model") and inner.base_model is not inner:
+        inner = inner.base_model
+    if hasattr(inner, "model") and not hasattr(inner, "_no_split_modules"):
+        inner = inner.model
+    names = set(getattr(inner, "_no_split_modules", None) or ())
+    return {type(m) for m in model.modules() if type(m).__name__ in names}
+
+
+def auto_wrap_policy(model: nn.Module, peft: bool) -> Any:
+    if peft:
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        return fsdp_auto_wrap_policy(model)
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=_layer_classes(model))
+
+
+def mixed_precision(setup: TrainSetup, half: torch.dtype) -> Any:
+    """accelerate ``set_mixed_precision`` (param, reduce and buffer dtype alike), or None for pure 16-bit."""
+    from torch.distributed.fsdp import MixedPrecision
+
+    sharded_qlora = setup.method == "qlora"
+    if not (setup.precision.endswith("-mixed") or sharded_qlora):
+        return None
+    return MixedPrecision(param_dtype=half, reduce_dtype=half, buffer_dtype=half)
+
+
+def wrap_fsdp1(model: nn.Module, setup: TrainSetup, half: torch.dtype, sharding: str = "full") -> nn.Module:
+    """``FullyShardedDataParallel`` as accelerate builds it for the HF Trainer (call inside FakeTensorMode)."""
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    strategy = {"full": ShardingStrategy.FULL_SHARD, "grad-op": ShardingStrategy.SHARD_GRAD_OP}[sharding]
+    peft = any("lora_" in n for n, _ in model.named_parameters())
+    return FSDP(
+        model, sharding_strategy=strategy, auto_wrap_policy=auto_wrap_policy(model, peft),
+        mixed_precision=mixed_precision(setup, half), cpu_offload=CPUOffload(offload_params=setup.offload != "none"),
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=False, limit_all_gathers=True,
+        use_orig_params=True, sync_module_states=False, device_id=torch.device("cpu"),
+    )
+
+
+def flat_params(model: nn.Module) -> list[Any]:
+    from torch.distributed.fsdp._flat_param import FlatParameter
+
+    return [p for p in model.parameters(recurse=True) if isinstance(p, FlatParameter)] or [
+        h.flat_param for h in _handles(model)]
+
+
+def _handles(model: nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return [m._handle for m in model.modules() if isinstance(m, FSDP) and m._handle is not None]
