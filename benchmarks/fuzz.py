@@ -384,7 +384,8 @@ def run_one(args: list[str], env: Env, timeout: float) -> Outcome:
         problems.append(f"exit {code}")
     if "Traceback (most recent call last)" in stdout + stderr:
         problems.append("traceback")
-    if "--json" in args and code is not None and not problems and not _strict_json(stdout):
+    # after a "--" separator, --json is an argument, not the flag
+    if "--json" in args and "--" not in args and code is not None and not problems and not _strict_json(stdout):
         problems.append("invalid json")
     if _snapshot(env.outside, env.root / "files") != watched:
         problems.append("file outside its folder")
