@@ -51,6 +51,10 @@ def register(app: typer.Typer) -> None:
                 raise TuneplanError(f"this plan needs {len(bundle.files)} files "
                                     f"({', '.join(p.name for p, _ in bundle.files)})", field="--output",
                                     accepted="-o PATH (companions are written beside it)")
+            if as_json:  # one JSON object: the file's text inside it
+                print_json({"format": fmt, "files": [], "name": bundle.files[0][0].name, "text": bundle.files[0][1],
+                            "notes": warnings + bundle.notes, "setup": bundle.setup.to_dict()})
+                return
             print(bundle.files[0][1], end="")
             for n in warnings + bundle.notes:
                 err_console.print(f"[yellow]note:[/] {n}")

@@ -280,7 +280,10 @@ def map_optimizer(c: Collector, name: Any, key: str) -> None:
 
 def map_fsdp(c: Collector, value: Any, key: str) -> None:
     """TrainingArguments.fsdp: "full_shard auto_wrap offload" or its list form."""
-    words = value.split() if isinstance(value, str) else list(value or [])
+    if value is not None and not isinstance(value, (str, list, bool)):
+        raise c.fail(key, f"expected FSDP options, got {_short(value)}",
+                     accepted='"full_shard auto_wrap [offload]", or a list of those words')
+    words = value.split() if isinstance(value, str) else (list(value) if isinstance(value, list) else [])
     words = [str(w).lower() for w in words]
     if not words:
         return

@@ -49,21 +49,23 @@ def _yaml_lines(node: Any, prefix: KeyPath, out: dict[KeyPath, int]) -> None:
 
     seen: set[int] = set()
     stack: list[tuple[Any, KeyPath]] = [(node, prefix)]
-    while stack:
+    while stack:  # depth first in document order: an anchored node is walked where it is defined
         n, pre = stack.pop()
         if id(n) in seen:
             continue
         seen.add(id(n))
+        children: list[tuple[Any, KeyPath]] = []
         if isinstance(n, yaml.MappingNode):
             for k, v in n.value:
                 key = (*pre, k.value)
                 out.setdefault(key, k.start_mark.line + 1)
-                stack.append((v, key))
+                children.append((v, key))
         elif isinstance(n, yaml.SequenceNode):
             for i, v in enumerate(n.value):
                 key = (*pre, i)
                 out.setdefault(key, v.start_mark.line + 1)
-                stack.append((v, key))
+                children.append((v, key))
+        stack.extend(reversed(children))
 
 
 def json_key_lines(text: str) -> dict[KeyPath, int]:

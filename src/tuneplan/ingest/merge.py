@@ -63,15 +63,21 @@ class Resolved:
 def _find_reference(path: str, named_in: str) -> Path | None:
     """Where a file named inside another lives: as given (cwd), beside the naming file, or above it
     (LLaMA-Factory examples name ``examples/deepspeed/x.json`` relative to the repository root)."""
-    p = Path(path).expanduser()
+    from tuneplan.errors import TuneplanError
+    from tuneplan.safe_read import path_exists, user_path
+
+    try:
+        p = user_path(path, "deepspeed")
+    except TuneplanError:  # no such home directory, a name too long: a file that cannot be found
+        return None
     if p.is_absolute():
-        return p if p.exists() else None
+        return p if path_exists(p) else None
     candidates = [p]
     base = Path(named_in).parent
     for folder in (base, *base.parents):
         candidates.append(folder / p)
     candidates.append(base / p.name)
-    return next((c for c in candidates if c.is_file()), None)
+    return next((c for c in candidates if path_exists(c) and c.is_file()), None)
 
 
 def _guess_from_name(path: str, where: str) -> Ingested:
