@@ -216,7 +216,7 @@ def _read_mapping(path: Path) -> dict[str, Any]:
             try:
                 import tomllib
             except ModuleNotFoundError:  # Python 3.10: the tomli backport has the same API
-                import tomli as tomllib  # type: ignore[no-redef]
+                import tomli as tomllib
 
             data = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
