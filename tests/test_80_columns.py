@@ -15,8 +15,8 @@ from tuneplan.cli.app import COMMAND_MODULES, app
 WIDTH = 80
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 
-# Known: the planner's tables (cli/plan_cmd.py) still cut cells ("…") at 80 columns; strict, so the marker must
-# go when they are laid out for 80 columns.
+# Known: the planner's tables (cli/plan_cmd.py) still cut cells ("…") at 80 columns; strict, so the
+# marker must go when they are laid out for 80 columns.
 PLANNER_TABLES = pytest.mark.xfail(strict=True, reason="cli/plan_cmd.py tables cut cells at 80 columns")
 
 # (arguments, exit statuses that are the command's answer, not a failure)
@@ -24,8 +24,26 @@ RUNS: list[tuple[list[str], set[int]]] = [
     (["estimate", MODEL], {0}),
     (["estimate", MODEL, "--gpu", "rtx4090", "--method", "qlora"], {0}),
     (["estimate", MODEL, "--gpu", "v100", "--method", "qlora", "--details"], {0}),
-    (["estimate", "meta-llama/Llama-3.1-8B", "--gpu", "a100-80gb", "--method", "full", "--gpus", "8",
-      "--nodes", "2", "--zero", "3", "--samples", "10000", "--details"], {0}),
+    (
+        [
+            "estimate",
+            "meta-llama/Llama-3.1-8B",
+            "--gpu",
+            "a100-80gb",
+            "--method",
+            "full",
+            "--gpus",
+            "8",
+            "--nodes",
+            "2",
+            "--zero",
+            "3",
+            "--samples",
+            "10000",
+            "--details",
+        ],
+        {0},
+    ),
     (["estimate", "meta-llama/Llama-2-70b-hf", "--gpu", "rtx4090", "--method", "full"], {1}),
     pytest.param(["fit", MODEL, "--gpu", "rtx4090"], {0, 1}, marks=PLANNER_TABLES),
     pytest.param(["gpus", MODEL, "--method", "qlora"], {0, 1}, marks=PLANNER_TABLES),
@@ -40,8 +58,22 @@ RUNS: list[tuple[list[str], set[int]]] = [
     (["doctor", "--no-import-check"], {0, 1}),
     (["--help"], {0}),
 ]
-COMMANDS = ["estimate", "models", "table", "fit", "gpus", "max-model", "sweep", "measure", "simulate", "deploy",
-            "export", "serve", "doctor", "accelerators"]
+COMMANDS = [
+    "estimate",
+    "models",
+    "table",
+    "fit",
+    "gpus",
+    "max-model",
+    "sweep",
+    "measure",
+    "simulate",
+    "deploy",
+    "export",
+    "serve",
+    "doctor",
+    "accelerators",
+]
 
 
 @pytest.fixture()
@@ -101,8 +133,9 @@ def test_doctor_shows_the_extra_in_brackets(narrow: CliRunner) -> None:
 
 
 def test_no_deploy_hint_when_the_plan_does_not_fit(narrow: CliRunner) -> None:
-    r = narrow.invoke(app, ["estimate", "meta-llama/Llama-2-70b-hf", "--gpu", "rtx4090", "--method", "full",
-                            "--details"])
+    r = narrow.invoke(
+        app, ["estimate", "meta-llama/Llama-2-70b-hf", "--gpu", "rtx4090", "--method", "full", "--details"]
+    )
     assert r.exit_code == 1 and "DOES NOT FIT" in r.output and "tuneplan deploy" not in r.output
     r = narrow.invoke(app, ["estimate", MODEL, "--gpu", "rtx4090", "--method", "qlora", "--details"])
     assert r.exit_code == 0 and "tuneplan deploy" in r.output
@@ -120,8 +153,21 @@ def test_default_estimate_fits_one_screen(narrow: CliRunner) -> None:
 
 
 def test_link_speeds_shown_and_the_flag_they_name_exists(narrow: CliRunner) -> None:
-    args = ["estimate", "meta-llama/Llama-3.1-8B", "--gpu", "a100-80gb", "--method", "full", "--gpus", "8",
-            "--nodes", "2", "--zero", "3", "--details"]
+    args = [
+        "estimate",
+        "meta-llama/Llama-3.1-8B",
+        "--gpu",
+        "a100-80gb",
+        "--method",
+        "full",
+        "--gpus",
+        "8",
+        "--nodes",
+        "2",
+        "--zero",
+        "3",
+        "--details",
+    ]
     r = narrow.invoke(app, args)
     assert "link intra-node: NVLink" in r.output and "--inter-node-gbs" in r.output
     assert "inter_node_gbs" not in r.output

@@ -26,7 +26,9 @@ def test_rules_import_neither_predicates_nor_the_package() -> None:
 
 
 def test_predicates_import_only_rules() -> None:
-    assert {m for m in _imports("predicates.py") if m.startswith("tuneplan.compat")} == {"tuneplan.compat.rules"}
+    assert {m for m in _imports("predicates.py") if m.startswith("tuneplan.compat")} == {
+        "tuneplan.compat.rules"
+    }
 
 
 def test_every_rule_has_its_predicate() -> None:

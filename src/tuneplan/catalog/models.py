@@ -68,7 +68,8 @@ def _lookup() -> dict[str, CatalogEntry]:
 
 @lru_cache(maxsize=256)
 def _load_entry_config(file: str) -> dict[str, Any]:
-    return json.loads(_models_dir().joinpath(file).read_text(encoding="utf-8"))
+    config: dict[str, Any] = json.loads(_models_dir().joinpath(file).read_text(encoding="utf-8"))
+    return config
 
 
 def suggestions(name: str, n: int = 5) -> list[str]:

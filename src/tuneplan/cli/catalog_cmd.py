@@ -22,8 +22,11 @@ def register(app: typer.Typer) -> None:
         """List the built-in model catalog (works offline)."""
         from tuneplan.catalog.models import catalog_entries
 
-        rows = [e for e in catalog_entries()
-                if not search or search.lower() in e.hf_id.lower() or any(search.lower() in a for a in e.aliases)]
+        rows = [
+            e
+            for e in catalog_entries()
+            if not search or search.lower() in e.hf_id.lower() or any(search.lower() in a for a in e.aliases)
+        ]
         if as_json:
             print_json([asdict(e) for e in rows])
             return
@@ -51,17 +54,25 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json([asdict(c) for c in cells])
             return
-        console.print("[bold]Device peak memory per GPU, GiB[/] (rule-of-thumb range in brackets, GB)",
-                      highlight=False)
+        console.print(
+            "[bold]Device peak memory per GPU, GiB[/] (rule-of-thumb range in brackets, GB)", highlight=False
+        )
         t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         t.add_column("size", no_wrap=True)
         for label, _ in METHODS:
             t.add_column(label, justify="right")
         for size, _ in SIZES:
             row = [c for c in cells if c.size == size]
-            t.add_row(f"{size}\n", *[f"{gib(c.device_peak_bytes)}\n[dim][{c.rule_of_thumb_gb}][/]" for c in row])
+            t.add_row(
+                f"{size}\n", *[f"{gib(c.device_peak_bytes)}\n[dim][{c.rule_of_thumb_gb}][/]" for c in row]
+            )
         console.print(t)
-        console.print("[dim]models: " + ", ".join(f"{size} {model_id}" for size, model_id in SIZES) + "[/]",
-                      highlight=False)
-        s = ", ".join(f"{k}={v}" for k, v in (setup_kw or {}).items()) or "defaults (batch 1, seq 512, hf profile)"
+        console.print(
+            "[dim]models: " + ", ".join(f"{size} {model_id}" for size, model_id in SIZES) + "[/]",
+            highlight=False,
+        )
+        s = (
+            ", ".join(f"{k}={v}" for k, v in (setup_kw or {}).items())
+            or "defaults (batch 1, seq 512, hf profile)"
+        )
         console.print(f"[dim]setup: {s}[/]")

@@ -17,14 +17,28 @@ def register(app: typer.Typer) -> None:
     @with_setup_options
     @with_time_options
     def estimate_cmd(
-        model: Annotated[str | None, typer.Argument(help="catalog name, HF id, or path to config.json (optional with --from)")] = None,
+        model: Annotated[
+            str | None,
+            typer.Argument(help="catalog name, HF id, or path to config.json (optional with --from)"),
+        ] = None,
         from_files: FromFiles = None,
-        gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="accelerator, e.g. rtx4090, a100-80gb")] = None,
+        gpu: Annotated[
+            str | None, typer.Option("--gpu", "-g", help="accelerator, e.g. rtx4090, a100-80gb")
+        ] = None,
         engine: Annotated[str, typer.Option("--engine", help="analytic | simulate")] = "analytic",
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-        details: Annotated[bool, typer.Option("--details", help="everything: component descriptions, memory by "
-                                              "instant, uncertainty, all findings, time and cost tables")] = False,
-        hardware_file: Annotated[str | None, typer.Option("--hardware-file", help="TOML/YAML file adding or overriding accelerators")] = None,
+        details: Annotated[
+            bool,
+            typer.Option(
+                "--details",
+                help="everything: component descriptions, memory by "
+                "instant, uncertainty, all findings, time and cost tables",
+            ),
+        ] = False,
+        hardware_file: Annotated[
+            str | None,
+            typer.Option("--hardware-file", help="TOML/YAML file adding or overriding accelerators"),
+        ] = None,
         setup_kw: dict[str, Any] | None = None,
         time_kw: dict[str, Any] | None = None,
     ) -> None:
@@ -35,7 +49,15 @@ def register(app: typer.Typer) -> None:
         from tuneplan.api import estimate
 
         frm = resolve_from(from_files, model, setup_kw)
-        est = estimate(frm.model, frm.base, gpu=gpu, engine=engine, hardware_file=hardware_file, **frm.time_kw(time_kw), **frm.setup_kw)
+        est = estimate(
+            frm.model,
+            frm.base,
+            gpu=gpu,
+            engine=engine,
+            hardware_file=hardware_file,
+            **frm.time_kw(time_kw),
+            **frm.setup_kw,
+        )
         d = frm.annotate(est.to_dict())
         if as_json:
             print_json(d)

@@ -25,9 +25,13 @@ from tuneplan.specs.setup import TrainSetup
 
 FromFiles = Annotated[
     list[str] | None,
-    typer.Option("--from", help="training config to plan from (LLaMA-Factory/axolotl/accelerate YAML, "
-                 "TrainingArguments/PEFT/bitsandbytes/DeepSpeed JSON); repeatable; flags override",
-                 rich_help_panel="Setup", show_default=False),
+    typer.Option(
+        "--from",
+        help="training config to plan from (LLaMA-Factory/axolotl/accelerate YAML, "
+        "TrainingArguments/PEFT/bitsandbytes/DeepSpeed JSON); repeatable; flags override",
+        rich_help_panel="Setup",
+        show_default=False,
+    ),
 ]
 
 
@@ -61,8 +65,10 @@ class FromResult:
 
             fields_, why = hint
             out["dataset"] = DatasetSpec(**fields_).validate()
-            self.resolved.warnings.append(f"dataset size for the time estimate from the files: {why}; "
-                                          "give --samples / --dataset-tokens to override")
+            self.resolved.warnings.append(
+                f"dataset size for the time estimate from the files: {why}; "
+                "give --samples / --dataset-tokens to override"
+            )
         return out
 
     def render(self, d: dict[str, Any]) -> None:
@@ -78,14 +84,18 @@ class FromResult:
         def shorten(src: str) -> str:
             for i in files:  # "llamafactory yaml dir/x.yaml:7" -> "x.yaml:7"
                 if src.startswith(f"{i.label} {i.path}"):
-                    return short[i.path] + src[len(i.label) + 1 + len(i.path):]
+                    return short[i.path] + src[len(i.label) + 1 + len(i.path) :]
             return src
 
         t = Table(title="Resolved setup (flags > files > profile defaults)")
         t.add_column("field")
         t.add_column("value")
         t.add_column("from", overflow="fold")
-        t.add_row("model", str(d.get("model", {}).get("name", self.model)), shorten(self.resolved.model_source or ""))
+        t.add_row(
+            "model",
+            str(d.get("model", {}).get("name", self.model)),
+            shorten(self.resolved.model_source or ""),
+        )
         sources = d.get("setup_sources", {})
         setup = d.get("setup", {})
         method = setup.get("method")
@@ -112,12 +122,18 @@ def resolve_from(files: list[str] | None, model: str | None, setup_kw: dict[str,
     """Files + flags -> the model and setup fields; exit 2 (TuneplanError) when no model is named."""
     if not files:
         if not model:
-            raise TuneplanError("no model given", field="model",
-                                accepted="a catalog name, HF id or config.json path, or --from a config that "
-                                         "names one (model_name_or_path / base_model)")
+            raise TuneplanError(
+                "no model given",
+                field="model",
+                accepted="a catalog name, HF id or config.json path, or --from a config that "
+                "names one (model_name_or_path / base_model)",
+            )
         return FromResult(model, dict(setup_kw or {}), None, None)
     r = read_configs(list(files), setup_kw, model)
     if not r.model:
-        raise TuneplanError(f"none of {', '.join(files)} names a model", field="model",
-                            accepted="give MODEL (catalog name, HF id or config.json path)")
+        raise TuneplanError(
+            f"none of {', '.join(files)} names a model",
+            field="model",
+            accepted="give MODEL (catalog name, HF id or config.json path)",
+        )
     return FromResult(r.model, dict(r.setup_kw), r.base_setup(), r)

@@ -19,9 +19,17 @@ def register(app: typer.Typer) -> None:
     @with_setup_options
     def measure_cmd(
         model: Annotated[str, typer.Argument(help="catalog name, HF id, or path to config.json")],
-        steps: Annotated[int, typer.Option("--steps", help="optimizer steps to run (>= 2 to time without warm-up)")] = 3,
-        record: Annotated[str | None, typer.Option("--record", help="append a calibration row (measured.csv columns) to this CSV")] = None,
-        weights: Annotated[str | None, typer.Option("--weights", help="local checkpoint folder; default: random weights from config")] = None,
+        steps: Annotated[
+            int, typer.Option("--steps", help="optimizer steps to run (>= 2 to time without warm-up)")
+        ] = 3,
+        record: Annotated[
+            str | None,
+            typer.Option("--record", help="append a calibration row (measured.csv columns) to this CSV"),
+        ] = None,
+        weights: Annotated[
+            str | None,
+            typer.Option("--weights", help="local checkpoint folder; default: random weights from config"),
+        ] = None,
         device: Annotated[str, typer.Option("--device", help="auto | cuda | cuda:N | cpu")] = "auto",
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
         force: Annotated[bool, typer.Option("--force", help="append to --record even when it is a symbolic link (the link is replaced by the file)")] = False,
@@ -51,11 +59,13 @@ def _render(out: dict[str, Any]) -> None:
 
     m = out["measured"]
     s = m["setup"]
-    console.print(f"[bold]{m['model']}[/]  {s['method']}"
-                  + (f" r={s['rank']}" if s["method"] in ("lora", "qlora") else "")
-                  + f"  ·  batch {s['batch']} x seq {s['seq']}, GA {s['grad_accum']}  ·  {s['precision']}, "
-                  f"{m['details'].get('optimizer', s['optimizer'])}, attn {m['details'].get('attn_implementation')}, "
-                  f"checkpointing {m['details'].get('gradient_checkpointing')}  ·  on {m['device_name']}")
+    console.print(
+        f"[bold]{m['model']}[/]  {s['method']}"
+        + (f" r={s['rank']}" if s["method"] in ("lora", "qlora") else "")
+        + f"  ·  batch {s['batch']} x seq {s['seq']}, GA {s['grad_accum']}  ·  {s['precision']}, "
+        f"{m['details'].get('optimizer', s['optimizer'])}, attn {m['details'].get('attn_implementation')}, "
+        f"checkpointing {m['details'].get('gradient_checkpointing')}  ·  on {m['device_name']}"
+    )
     if m["outcome"] != "measured":
         console.print(f"[red bold]{m['outcome']}[/]: {m['error']}")
     host = m["memory_kind"] == "host"
@@ -66,17 +76,28 @@ def _render(out: dict[str, Any]) -> None:
         return "-" if n is None else f"{n / scale:,.2f}"
 
     t = Table(title=f"Measured vs estimated ({unit})" + (" — HOST memory, not GPU" if host else ""))
-    for col, just in (("quantity", "left"), ("measured", "right"), ("estimated", "right"), ("meas/est", "right")):
-        t.add_column(col, justify=just)
+    for col, just in (
+        ("quantity", "left"),
+        ("measured", "right"),
+        ("estimated", "right"),
+        ("meas/est", "right"),
+    ):
+        t.add_column(col, justify="left" if just == "left" else "right")
     for r in out["comparison"]:
         ratio = r["measured_over_estimated"]
-        t.add_row(r["quantity"], fmt(r["measured_bytes"]), fmt(r["estimated_bytes"]),
-                  "-" if ratio is None else f"{ratio:.2f}")
+        t.add_row(
+            r["quantity"],
+            fmt(r["measured_bytes"]),
+            fmt(r["estimated_bytes"]),
+            "-" if ratio is None else f"{ratio:.2f}",
+        )
     console.print(t)
     console.print(f"[dim]memory metric: {m['memory_metric']}[/]")
     if m["tokens_per_s"]:
-        console.print(f"speed: [bold]{m['tokens_per_s']:,.0f}[/] tokens/s ({m['timed_steps']}); "
-                      f"steps took {', '.join(f'{x:.3f}' for x in m['step_seconds'])} s")
+        console.print(
+            f"speed: [bold]{m['tokens_per_s']:,.0f}[/] tokens/s ({m['timed_steps']}); "
+            f"steps took {', '.join(f'{x:.3f}' for x in m['step_seconds'])} s"
+        )
     for n in m["notes"]:
         console.print(f"[yellow]note:[/] {n}")
     if "record_path" in out:

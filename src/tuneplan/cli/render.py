@@ -30,18 +30,6 @@ LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}
 LEVEL_COLOUR = {"error": "red", "warning": "yellow", "info": "cyan"}
 
 
-def findings_table(findings: list[dict[str, str]]) -> Table | None:
-    """Findings as a table (wide terminals, ``doctor``); ``print_findings`` is the 80-column form."""
-    if not findings:
-        return None
-    t = Table(title="Findings", show_lines=False)
-    for c in ("level", "code", "message", "fix"):
-        t.add_column(c, overflow="fold")
-    for f in findings:
-        t.add_row(f"[{LEVEL_COLOUR.get(f['level'], 'white')}]{f['level']}[/]", f["code"], f["message"], f.get("fix", ""))
-    return t
-
-
 def print_findings(findings: list[dict[str, str]], limit: int | None = None) -> None:
     """Findings as wrapped lines, most severe first; ``limit`` keeps the top ones and says how many more."""
     ordered = sorted(findings, key=lambda f: LEVEL_ORDER.get(f["level"], 3))
@@ -57,7 +45,7 @@ def print_findings(findings: list[dict[str, str]], limit: int | None = None) -> 
 
 
 def render_estimate(d: dict[str, Any], details: bool = False) -> None:
-    """One screen by default (setup, memory, verdict, time and cost, top findings); ``details`` adds the rest."""
+    """One screen by default (setup, memory, verdict, time and cost, top findings); ``details``: the rest."""
     render_setup(d)
     render_memory(d, details)
     render_verdict(d)
@@ -82,7 +70,8 @@ def render_setup(d: dict[str, Any]) -> None:
         + (f" {s['bits']}-bit" if s["method"] == "qlora" else "")
         + (f" r={s['rank']}" if s["method"] in ("lora", "qlora") else "")
         + f"  ·  batch {s['batch']} x seq {s['seq']}, GA {s['grad_accum']}"
-        + f"  ·  {s['precision']}, {s['optimizer']}, attn {s['attn']}, checkpointing {'on' if s['gradient_checkpointing'] else 'off'}"
+        + f"  ·  {s['precision']}, {s['optimizer']}, attn {s['attn']}"
+        + f", checkpointing {'on' if s['gradient_checkpointing'] else 'off'}"
         + (f", loss {s['loss']}" if s.get("loss") else "")
         + (", compiled" if s.get("compile") else "")
         + (", activations offloaded" if s.get("activation_offload") else "")
@@ -130,9 +119,11 @@ def render_memory_details(d: dict[str, Any]) -> None:
     console.print(f"[dim]allocated by instant (GiB): {ph}[/]")
     band = pg["bands"].get("allocated")
     if band:
-        console.print(f"[dim]uncertainty: allocated {gib(band['low'])}–{gib(band['high'])} GiB ({band['why']}); "
+        console.print(f"[dim]uncertainty: allocated {gib(band['low'])}–{gib(band['high'])} GiB "
+                      f"({band['why']}); "
                       f"reserved up to {gib(pg['bands']['reserved']['high'])} GiB; context "
-                      f"{gib(pg['bands']['cuda_context']['low'])}–{gib(pg['bands']['cuda_context']['high'])} GiB[/]")
+                      f"{gib(pg['bands']['cuda_context']['low'])}–"
+                      f"{gib(pg['bands']['cuda_context']['high'])} GiB[/]")
     for n in d.get("notes", []):
         console.print(f"[dim]note: {escape(n)}[/]")
 
@@ -196,9 +187,11 @@ def render_deploy_hint(d: dict[str, Any]) -> None:
     if d.get("verdict") not in (None, "fits"):
         return
     m, s = d["model"], d["setup"]
-    trained = f" --method {s['method']}" + (f" --rank {s['rank']}" if s["method"] in ("lora", "qlora") else "")
+    lora = s["method"] in ("lora", "qlora")
+    trained = f" --method {s['method']}" + (f" --rank {s['rank']}" if lora else "")
     console.print(f"[dim]after training: tuneplan deploy {m['name']}{trained} --serve-precision int4"
-                  f"{' --gpu ' + d['gpu']['id'] if 'gpu' in d else ''} (merge, serving memory, decode speed)[/]",
+                  f"{' --gpu ' + d['gpu']['id'] if 'gpu' in d else ''}"
+                  " (merge, serving memory, decode speed)[/]",
                   highlight=False)
 
 

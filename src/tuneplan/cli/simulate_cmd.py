@@ -17,9 +17,11 @@ def _render_simulation(sim: dict[str, Any]) -> None:
 
     if sim.get("fallback"):
         return
-    console.print(f"[bold]peak op[/]: {sim['peak_op']} in {sim['peak_module'] or '(autograd engine)'} "
-                  f"(step {sim['peak_step']}); simulated in {sim['seconds']:.1f} s "
-                  f"(model build {sim['build_seconds']:.1f} s)")
+    console.print(
+        f"[bold]peak op[/]: {sim['peak_op']} in {sim['peak_module'] or '(autograd engine)'} "
+        f"(step {sim['peak_step']}); simulated in {sim['seconds']:.1f} s "
+        f"(model build {sim['build_seconds']:.1f} s)"
+    )
     t = Table(title="Live at the peak, by module (GiB)")
     t.add_column("module / category")
     t.add_column("GiB", justify="right")
@@ -41,23 +43,41 @@ def _render_simulation(sim: dict[str, Any]) -> None:
             t.add_row(w["name"], w["op"], f"{w['bytes'] / 2**20:,.1f}")
         console.print(t)
     a = sim["allocator_emulation"]
-    console.print(f"[dim]caching-allocator EMULATION (not yet confirmed on a GPU): max reserved "
-                  f"{gib(a['max_reserved_bytes'])} GiB in {a['segments_at_reserved_peak']} segments, "
-                  f"max allocated (whole blocks) {gib(a['max_allocated_bytes'])} GiB"
-                  + (", would run out of the given capacity" if a.get("would_oom") else "") + "[/]")
+    console.print(
+        f"[dim]caching-allocator EMULATION (not yet confirmed on a GPU): max reserved "
+        f"{gib(a['max_reserved_bytes'])} GiB in {a['segments_at_reserved_peak']} segments, "
+        f"max allocated (whole blocks) {gib(a['max_allocated_bytes'])} GiB"
+        + (", would run out of the given capacity" if a.get("would_oom") else "")
+        + "[/]"
+    )
     o = sim["outside_pytorch"]
-    console.print(f"[dim]outside PyTorch: CUDA context {gib(o['cuda_context_bytes'])} GiB"
-                  + (f", NCCL {gib(o['nccl_bytes'])} GiB" if o.get("nccl_bytes") else "") + "[/]")
+    console.print(
+        f"[dim]outside PyTorch: CUDA context {gib(o['cuda_context_bytes'])} GiB"
+        + (f", NCCL {gib(o['nccl_bytes'])} GiB" if o.get("nccl_bytes") else "")
+        + "[/]"
+    )
 
 
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     @with_setup_options
     def simulate_cmd(
-        model: Annotated[str | None, typer.Argument(help="catalog name, HF id, or path to config.json")] = None,
-        gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="accelerator: verdict, and the allocator emulation's capacity")] = None,
+        model: Annotated[
+            str | None, typer.Argument(help="catalog name, HF id, or path to config.json")
+        ] = None,
+        gpu: Annotated[
+            str | None,
+            typer.Option("--gpu", "-g", help="accelerator: verdict, and the allocator emulation's capacity"),
+        ] = None,
         from_files: FromFiles = None,
-        snapshot: Annotated[Path | None, typer.Option("--snapshot", help="write a torch.cuda.memory._snapshot()-compatible pickle (open it at pytorch.org/memory_viz)")] = None,
+        snapshot: Annotated[
+            Path | None,
+            typer.Option(
+                "--snapshot",
+                help="write a torch.cuda.memory._snapshot()-compatible pickle "
+                "(open it at pytorch.org/memory_viz)",
+            ),
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
         force: Annotated[bool, typer.Option("--force", help="overwrite --snapshot (a symbolic link is replaced, never written through)")] = False,
         setup_kw: dict[str, Any] | None = None,
@@ -65,7 +85,8 @@ def register(app: typer.Typer) -> None:
         """Run the real training step (transformers + PEFT, two optimizer steps) on fake tensors and count
         every allocation: the exact allocated peak of that code path, the op at the peak, and what is live.
 
-        Needs the optional extra 'simulate' (torch, transformers, peft, accelerate). Exit status as `estimate`.
+        Needs the optional extra 'simulate' (torch, transformers, peft, accelerate).
+        Exit status as `estimate`.
         """
         from dataclasses import replace
 
@@ -83,15 +104,27 @@ def register(app: typer.Typer) -> None:
         # setup, findings, trainable parameters, time and cost); only the memory comes from the simulation.
         built = estimate(frm.model, frm.base, gpu=gpu, **frm.setup_kw)
         spec, setup, acc = built.model, built.setup, built.gpu
-        with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                      console=err_console, transient=True, disable=as_json) as bar:
+        with Progress(
+            TextColumn("simulating"),
+            BarColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+            disable=as_json,
+        ) as bar:
             task = bar.add_task("importing torch / transformers / peft", total=1.0)
 
             def progress(fraction: float, message: str) -> None:
                 bar.update(task, completed=fraction, description=message)
 
-            rep = simulate_report(spec, setup, progress=progress, snapshot_path=str(snapshot) if snapshot else None,
-                                  capacity_bytes=acc.memory_bytes if acc else None)
+            rep = simulate_report(
+                spec,
+                setup,
+                progress=progress,
+                snapshot_path=str(snapshot) if snapshot else None,
+                capacity_bytes=acc.memory_bytes if acc else None,
+            )
         sections = {**built.extras.get("sections", {}), "simulation": rep.to_dict()}
         est = replace(built, breakdown=rep.breakdown, extras={**built.extras, "sections": sections})
         d = est.to_dict()

@@ -15,11 +15,12 @@ from tuneplan.compat.rules import (
     Context,
     arch_covered,
     rule,
+    rule_cc,
+    rule_version,
     table_arch_list,
     torch_install_hint,
-    vtuple,
 )
-from tuneplan.specs.hardware import GIB, parse_cc
+from tuneplan.specs.hardware import GIB
 from tuneplan.specs.profiles import get_profile
 
 Hit = dict[str, Any] | None
@@ -30,6 +31,7 @@ def predicate(code: str) -> Callable[[Callable[[Context, dict[str, Any]], Hit]],
     def deco(fn: Callable[[Context, dict[str, Any]], Hit]) -> Callable[..., Hit]:
         PREDICATES[code] = fn
         return fn
+
     return deco
 
 
@@ -38,10 +40,15 @@ def _sm(cc: tuple[int, int] | None) -> str:
 
 
 def _bnb_what(ctx: Context) -> str:
-    return f"{ctx.setup.quant_bits}-bit QLoRA" if ctx.setup.method == "qlora" else f"--optimizer {ctx.setup.optimizer}"
+    return (
+        f"{ctx.setup.quant_bits}-bit QLoRA"
+        if ctx.setup.method == "qlora"
+        else f"--optimizer {ctx.setup.optimizer}"
+    )
 
 
 # ---- hardware -------------------------------------------------------------------------------------
+
 
 @predicate("hardware-unknown")
 def _hardware_unknown(ctx: Context, p: dict[str, Any]) -> Hit:
@@ -49,7 +56,10 @@ def _hardware_unknown(ctx: Context, p: dict[str, Any]) -> Hit:
     if a is None:
         return None
     if a.platform == "unknown":
-        return {"missing": f"software stack (vendor {a.vendor!r})", "missing_key": "vendor (NVIDIA, AMD or Huawei)"}
+        return {
+            "missing": f"software stack (vendor {a.vendor!r})",
+            "missing_key": "vendor (NVIDIA, AMD or Huawei)",
+        }
     if a.platform == "cuda" and a.compute_capability is None:
         return {"missing": "compute capability", "missing_key": 'compute_capability = "X.Y"'}
     if a.platform in ("rocm", "npu") and a.arch_target is None:
@@ -61,26 +71,39 @@ def _hardware_unknown(ctx: Context, p: dict[str, Any]) -> Hit:
 def _no_tensor_cores(ctx: Context, p: dict[str, Any]) -> Hit:
     if ctx.cap("tensor_cores") is not False:
         return None
-    slow = ctx.acc.cc_str in p["slow_fp16_cc"]
-    return {"fp32": ctx.acc.fp32_tflops if ctx.acc.fp32_tflops is not None else "unknown",
-            "slow_fp16": f"; FP16 arithmetic on compute capability {ctx.acc.cc_str} runs at 1/64 of the fp32 rate, "
-                         "so fp16/bf16 autocast is slower than fp32" if slow else "",
-            "fp32_hint": "; on this card train in --precision fp32" if slow else ""}
+    slow = ctx.card.cc_str in p["slow_fp16_cc"]
+    return {
+        "fp32": ctx.card.fp32_tflops if ctx.card.fp32_tflops is not None else "unknown",
+        "slow_fp16": f"; FP16 arithmetic on compute capability {ctx.card.cc_str} "
+        "runs at 1/64 of the fp32 rate, "
+        "so fp16/bf16 autocast is slower than fp32"
+        if slow
+        else "",
+        "fp32_hint": "; on this card train in --precision fp32" if slow else "",
+    }
 
 
 @predicate("bf16-unsupported")
 def _bf16(ctx: Context, p: dict[str, Any]) -> Hit:
     if not ctx.setup.precision.startswith("bf16") or ctx.cap("bf16") is not False:
         return None
-    why = {"cuda": p["cuda_why"], "npu": p["npu_why"]}.get(ctx.platform, "")
+    why = {"cuda": p["cuda_why"], "npu": p["npu_why"]}.get(ctx.platform or "", "")
     src = ctx.setup.sources.get("precision")
-    origin = (f"; {ctx.setup.precision} is the {ctx.setup.framework} profile's default precision, not a flag you gave"
-              if ctx.setup.sources and (src is None or "default" in src) else "")
-    return {"why": why, "origin": origin,
-            "cost": p["cost_pure"] if ctx.setup.precision == "bf16" else p["cost_mixed"]}
+    origin = (
+        f"; {ctx.setup.precision} is the {ctx.setup.framework} profile's default precision, "
+        "not a flag you gave"
+        if ctx.setup.sources and (src is None or "default" in src)
+        else ""
+    )
+    return {
+        "why": why,
+        "origin": origin,
+        "cost": p["cost_pure"] if ctx.setup.precision == "bf16" else p["cost_mixed"],
+    }
 
 
 # ---- precision (setup) ------------------------------------------------------------------------------
+
 
 @predicate("fp16-pure-trainable")
 def _fp16_pure(ctx: Context, p: dict[str, Any]) -> Hit:
@@ -103,6 +126,7 @@ def _fp16_overflow(ctx: Context, p: dict[str, Any]) -> Hit:
 
 
 # ---- attention ----------------------------------------------------------------------------------------
+
 
 @predicate("flash-attn-unsupported")
 def _fa2(ctx: Context, p: dict[str, Any]) -> Hit:
@@ -136,14 +160,19 @@ def _fa2_head_dim(ctx: Context, p: dict[str, Any]) -> Hit:
 
 @predicate("flash-attn-hdim256-consumer")
 def _fa2_hdim_consumer(ctx: Context, p: dict[str, Any]) -> Hit:
-    if (ctx.setup.attn != "flash" or ctx.model is None or ctx.platform != "cuda"
-            or ctx.acc.cc_str not in p["consumer_cc"] or ctx.model.head_dim < p["min_head_dim"]):
+    if (
+        ctx.setup.attn != "flash"
+        or ctx.model is None
+        or ctx.platform != "cuda"
+        or ctx.card.cc_str not in p["consumer_cc"]
+        or ctx.model.head_dim < p["min_head_dim"]
+    ):
         return None
     vals = {"head_dim": ctx.model.head_dim}
     if not ctx.known:
         return {**vals, "_unknown": True}
     fa = ctx.ver("flash_attn")
-    if fa is None or fa >= vtuple(p["fixed_in"]):
+    if fa is None or fa >= rule_version(p["fixed_in"]):
         return None
     return {**vals, "flash_attn": ctx.raw("flash_attn")}
 
@@ -155,20 +184,30 @@ def _fa3(ctx: Context, p: dict[str, Any]) -> Hit:
 
 @predicate("flash-attn-3-not-hopper")
 def _fa3_not_hopper(ctx: Context, p: dict[str, Any]) -> Hit:
-    if not ctx.known or not ctx.raw("flash_attn_3") or ctx.platform != "cuda" or ctx.cap("flash_attn_3") is not False:
+    if (
+        not ctx.known
+        or not ctx.raw("flash_attn_3")
+        or ctx.platform != "cuda"
+        or ctx.cap("flash_attn_3") is not False
+    ):
         return None
     return {"flash_attn_3": ctx.raw("flash_attn_3")}
 
 
 @predicate("sdpa-no-flash-backend")
 def _sdpa(ctx: Context, p: dict[str, Any]) -> Hit:
-    if (ctx.setup.attn == "sdpa" and ctx.platform == "cuda" and ctx.cap("sdpa_flash") is False
-            and ctx.cap("sdpa_mem_efficient") is True):
+    if (
+        ctx.setup.attn == "sdpa"
+        and ctx.platform == "cuda"
+        and ctx.cap("sdpa_flash") is False
+        and ctx.cap("sdpa_mem_efficient") is True
+    ):
         return {}
     return None
 
 
 # ---- bitsandbytes -------------------------------------------------------------------------------------
+
 
 @predicate("qlora-unavailable-npu")
 def _qlora_npu(ctx: Context, p: dict[str, Any]) -> Hit:
@@ -183,11 +222,11 @@ def _bnb_optim_npu(ctx: Context, p: dict[str, Any]) -> Hit:
 def _bnb_floor(floors: list[list[str]], bnb: tuple[int, ...] | None) -> tuple[tuple[int, int], str]:
     """Lowest CC covered by the wheels of ``bnb`` (None: the newest release), and that release range."""
     for i, (first, cc) in enumerate(floors):
-        if bnb is None or bnb >= vtuple(first):
+        if bnb is None or bnb >= rule_version(first):
             newer = floors[i - 1][0] if i else None
             rng = f">= {first}" if newer is None else f"{first}-<{newer}"
-            return parse_cc(cc), rng
-    return parse_cc(floors[-1][1]), "any"
+            return rule_cc(cc), rng
+    return rule_cc(floors[-1][1]), "any"
 
 
 @predicate("bnb-arch-too-old")
@@ -200,25 +239,38 @@ def _bnb_arch(ctx: Context, p: dict[str, Any]) -> Hit:
     if ctx.cc >= floor:
         return None
     floors = p["wheel_floors"]
-    idx = next((i for i, (_, c) in enumerate(floors) if parse_cc(c) <= ctx.cc), None)
+    idx = next((i for i, (_, c) in enumerate(floors) if rule_cc(c) <= ctx.cc), None)
     fix = f"pip install 'bitsandbytes<{floors[idx - 1][0]}'" if idx else "no PyPI wheel covers it"
     label = ctx.raw("bitsandbytes") if ctx.known else rng
-    return {"what": _bnb_what(ctx), "bnb_range": label, "floor": f"{floor[0]}.{floor[1]}",
-            "sm": _sm(ctx.cc), "bnb_fix": fix}
+    return {
+        "what": _bnb_what(ctx),
+        "bnb_range": label,
+        "floor": f"{floor[0]}.{floor[1]}",
+        "sm": _sm(ctx.cc),
+        "bnb_fix": fix,
+    }
 
 
 @predicate("bnb-llm-int8-unavailable")
 def _llm_int8(ctx: Context, p: dict[str, Any]) -> Hit:
     s = ctx.setup
-    if s.method == "qlora" and s.quant_bits == 8 and ctx.platform == "cuda" and ctx.cap("bnb_llm_int8") is False:
+    if (
+        s.method == "qlora"
+        and s.quant_bits == 8
+        and ctx.platform == "cuda"
+        and ctx.cap("bnb_llm_int8") is False
+    ):
         return {}
     return None
 
 
 def _sm70_cu128_window(ctx: Context, p: dict[str, Any]) -> bool:
     bnb, cuda = ctx.ver("bitsandbytes"), ctx.raw("torch_cuda")
-    return (bnb is not None and str(cuda) in p["cuda_builds"]
-            and vtuple(p["first_cu128"]) <= bnb < vtuple(p["fixed_in"]))
+    return (
+        bnb is not None
+        and str(cuda) in p["cuda_builds"]
+        and rule_version(p["first_cu128"]) <= bnb < rule_version(p["fixed_in"])
+    )
 
 
 @predicate("bnb-sm70-cu128")
@@ -238,7 +290,7 @@ def _bnb_no_build(ctx: Context, p: dict[str, Any]) -> Hit:
         return None
     bnb, cuda = ctx.ver("bitsandbytes"), str(ctx.raw("torch_cuda"))
     first = p["first_build"].get(cuda)
-    if bnb is None or first is None or bnb >= vtuple(first):
+    if bnb is None or first is None or bnb >= rule_version(first):
         return None
     return {"bnb": ctx.raw("bitsandbytes"), "torch_cuda": cuda, "first": first}
 
@@ -249,8 +301,8 @@ def _bnb_torch(ctx: Context, p: dict[str, Any]) -> Hit:
     if not ctx.known or bnb is None or torch is None:
         return None
     for first, floor in p["floors"]:
-        if bnb >= vtuple(first):
-            if torch < vtuple(floor):
+        if bnb >= rule_version(first):
+            if torch < rule_version(floor):
                 return {"bnb": ctx.raw("bitsandbytes"), "floor": floor, "torch": ctx.raw("torch")}
             return None
     return None
@@ -269,7 +321,8 @@ def bnb_problem(ctx: Context) -> str | None:
     if ctx.cc is not None:
         floor, _ = _bnb_floor(rule("bnb-arch-too-old").params["wheel_floors"], ctx.ver("bitsandbytes"))
         if ctx.cc < floor:
-            return f"bitsandbytes {ctx.raw('bitsandbytes')} wheels start at compute capability {floor[0]}.{floor[1]}"
+            return (f"bitsandbytes {ctx.raw('bitsandbytes')} wheels start at compute capability "
+                    f"{floor[0]}.{floor[1]}")
     return None
 
 
@@ -278,7 +331,7 @@ def _peft_bnb(ctx: Context, p: dict[str, Any]) -> Hit:
     if ctx.setup.method != "lora" or ctx.uses_bnb or ctx.platform != "cuda" or ctx.cc is None:
         return None
     if not ctx.known:
-        risky = ctx.acc.cc_str in p["risky_cc"] or ctx.cc < (6, 0)
+        risky = ctx.card.cc_str in p["risky_cc"] or ctx.cc < (6, 0)
         return {"_unknown": True, "where": p["where"]} if risky else None
     problem = bnb_problem(ctx)
     return {"where": p["where"], "problem": problem} if problem else None
@@ -289,14 +342,15 @@ def _bnb_rocm(ctx: Context, p: dict[str, Any]) -> Hit:
     if not ctx.uses_bnb or ctx.platform != "rocm":
         return None
     if not ctx.known:
-        return {"_unknown": True, "target": ctx.acc.arch_target or "an unknown target"}
+        return {"_unknown": True, "target": ctx.card.arch_target or "an unknown target"}
     bnb = ctx.ver("bitsandbytes")
-    if bnb is None or bnb >= vtuple(p["official_from"]):
+    if bnb is None or bnb >= rule_version(p["official_from"]):
         return None
     return {"bnb": ctx.raw("bitsandbytes"), "what": _bnb_what(ctx)}
 
 
 # ---- PyTorch builds and drivers ---------------------------------------------------------------------
+
 
 @predicate("torch-arch-missing")
 def _torch_arch(ctx: Context, p: dict[str, Any]) -> Hit:
@@ -305,8 +359,13 @@ def _torch_arch(ctx: Context, p: dict[str, Any]) -> Hit:
     archs = list(ctx.raw("torch_arch_list") or []) or table_arch_list(ctx.raw("torch"), ctx.raw("torch_cuda"))
     if not archs or arch_covered(ctx.cc, archs):
         return None
-    return {"torch": ctx.raw("torch"), "torch_cuda": ctx.raw("torch_cuda"), "sm": _sm(ctx.cc),
-            "arch_list": " ".join(archs), "torch_fix": torch_install_hint(ctx.acc, ctx.versions)}
+    return {
+        "torch": ctx.raw("torch"),
+        "torch_cuda": ctx.raw("torch_cuda"),
+        "sm": _sm(ctx.cc),
+        "arch_list": " ".join(archs),
+        "torch_fix": torch_install_hint(ctx.acc, ctx.versions),
+    }
 
 
 @predicate("torch-legacy-wheels")
@@ -330,7 +389,11 @@ def _torch_cpu(ctx: Context, p: dict[str, Any]) -> Hit:
         return None
     torch = ctx.raw("torch")
     if ctx.platform == "npu":
-        what = None if ctx.raw("torch_npu") else "torch_npu is not installed (PyTorch alone has no Ascend backend)"
+        what = (
+            None
+            if ctx.raw("torch_npu")
+            else "torch_npu is not installed (PyTorch alone has no Ascend backend)"
+        )
     elif not torch:
         what = "PyTorch is not installed"
     elif ctx.platform == "cuda" and not ctx.raw("torch_cuda"):
@@ -367,6 +430,7 @@ def _driver(ctx: Context, p: dict[str, Any]) -> Hit:
 
 # ---- vendor stacks and multi-GPU ----------------------------------------------------------------------
 
+
 @predicate("ascend-stack")
 def _ascend(ctx: Context, p: dict[str, Any]) -> Hit:
     return {} if ctx.platform == "npu" else None
@@ -374,24 +438,29 @@ def _ascend(ctx: Context, p: dict[str, Any]) -> Hit:
 
 @predicate("rocm-stack")
 def _rocm(ctx: Context, p: dict[str, Any]) -> Hit:
-    return {"target": ctx.acc.arch_target or "unknown gfx target"} if ctx.platform == "rocm" else None
+    return {"target": ctx.card.arch_target or "unknown gfx target"} if ctx.platform == "rocm" else None
 
 
 @predicate("multi-device-package")
 def _package(ctx: Context, p: dict[str, Any]) -> Hit:
-    if ctx.acc is None or ctx.acc.devices_per_package <= 1:
+    if ctx.acc is None or ctx.card.devices_per_package <= 1:
         return None
-    return {"n": ctx.acc.devices_per_package, "mem_gib": f"{ctx.acc.memory_bytes / GIB:.1f}"}
+    return {"n": ctx.card.devices_per_package, "mem_gib": f"{ctx.card.memory_bytes / GIB:.1f}"}
 
 
 @predicate("multi-gpu-no-fast-link")
 def _no_link(ctx: Context, p: dict[str, Any]) -> Hit:
     s = ctx.setup
-    if ctx.acc is None or s.gpus < 2 or ctx.acc.has_fast_link is not False:
+    if ctx.acc is None or s.gpus < 2 or ctx.card.has_fast_link is not False:
         return None
-    traffic = (" and ZeRO-3/FSDP parameter all-gathers" if s.zero == 3 or s.fsdp
-               else " and ZeRO gradient reduce-scatter" if s.zero else "")
-    return {"interconnect": ctx.acc.interconnect, "zero_traffic": traffic, "n": s.gpus}
+    traffic = (
+        " and ZeRO-3/FSDP parameter all-gathers"
+        if s.zero == 3 or s.fsdp
+        else " and ZeRO gradient reduce-scatter"
+        if s.zero
+        else ""
+    )
+    return {"interconnect": ctx.card.interconnect, "zero_traffic": traffic, "n": s.gpus}
 
 
 @predicate("qlora-sharded-quant-storage")

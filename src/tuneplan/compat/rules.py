@@ -22,7 +22,7 @@ from tuneplan.specs.setup import TrainSetup
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the tomli backport has the same API
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 LEVELS = ("error", "warning", "info")
 # Optimizers that are bitsandbytes classes under every framework profile (adamw_bnb_8bit,
@@ -60,7 +60,8 @@ class Capability:
 @lru_cache(maxsize=1)
 def rules_data() -> dict[str, Any]:
     text = resources.files("tuneplan.catalog").joinpath("compat_rules.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    data: dict[str, Any] = tomllib.loads(text)
+    return data
 
 
 @lru_cache(maxsize=1)
@@ -77,6 +78,7 @@ def rule(code: str) -> Rule:
 
 # ---- versions ----------------------------------------------------------------------------------
 
+
 def vtuple(v: str | None) -> tuple[int, ...] | None:
     """'2.10.0+cu128' -> (2, 10, 0); '0.45.3' -> (0, 45, 3); '12.8' -> (12, 8, 0); None/garbage -> None."""
     if not v:
@@ -86,6 +88,22 @@ def vtuple(v: str | None) -> tuple[int, ...] | None:
         return None
     parts = tuple(int(x) for x in m.group(1).split("."))
     return (parts + (0, 0, 0))[:3] if len(parts) < 3 else parts[:3]
+
+
+def rule_version(text: str) -> tuple[int, ...]:
+    """A version written in the rules file ('0.47.0'): always parses (a bad rules file is a bug)."""
+    v = vtuple(text)
+    if v is None:
+        raise ValueError(f"compat_rules.toml: {text!r} is not a version")
+    return v
+
+
+def rule_cc(text: Any) -> tuple[int, int]:
+    """A compute capability written in the rules file ('7.5'): always parses."""
+    cc = parse_cc(text)
+    if cc is None:
+        raise ValueError(f"compat_rules.toml: {text!r} is not a compute capability")
+    return cc
 
 
 def arch_covered(cc: tuple[int, int], arch_list: list[str]) -> bool:
@@ -112,8 +130,8 @@ def table_arch_list(torch_version: str | None, torch_cuda: str | None) -> list[s
     if tv is None or cv is None:
         return None
     for b in rules_data().get("torch_build", []):
-        lo, hi = vtuple(b["torch"][0]), vtuple(b["torch"][1])
-        if vtuple(b["cuda"])[:2] == cv[:2] and lo[:2] <= tv[:2] <= hi[:2]:
+        lo, hi = rule_version(b["torch"][0]), rule_version(b["torch"][1])
+        if rule_version(b["cuda"])[:2] == cv[:2] and lo[:2] <= tv[:2] <= hi[:2]:
             archs = ["sm_" + a.replace(".", "") for a in b["archs"]]
             if b.get("ptx"):
                 archs.append("compute_" + b["ptx"].replace(".", ""))
@@ -122,6 +140,7 @@ def table_arch_list(torch_version: str | None, torch_cuda: str | None) -> list[s
 
 
 # ---- capabilities ---------------------------------------------------------------------------------
+
 
 def _capability(name: str, spec: dict[str, Any], acc: Accelerator) -> Capability:
     label, source = spec.get("label", name), spec.get("source", "")
@@ -160,6 +179,7 @@ def _capabilities(acc: Accelerator) -> tuple[Capability, ...]:  # Accelerator is
 
 # ---- the context a predicate sees -----------------------------------------------------------------
 
+
 @dataclass
 class Context:
     acc: Accelerator | None
@@ -170,6 +190,13 @@ class Context:
     @property
     def platform(self) -> str | None:
         return self.acc.platform if self.acc else None
+
+    @property
+    def card(self) -> Accelerator:
+        """The accelerator, for predicates that run once the platform or a capability says there is one."""
+        if self.acc is None:
+            raise ValueError("this compatibility rule needs an accelerator")
+        return self.acc
 
     @property
     def cc(self) -> tuple[int, int] | None:
@@ -208,16 +235,22 @@ class Context:
         else:
             arch = a.arch_target or a.compute_target or "unknown target"
         return {
-            "acc": a.name if a else "this setup", "cc": (a.cc_str or arch) if a else "n/a", "arch": arch,
-            "method": s.method, "precision": s.precision, "attn": s.attn, "optimizer": s.optimizer,
-            "bits": s.quant_bits, "framework": s.framework,
+            "acc": a.name if a else "this setup",
+            "cc": (a.cc_str or arch) if a else "n/a",
+            "arch": arch,
+            "method": s.method,
+            "precision": s.precision,
+            "attn": s.attn,
+            "optimizer": s.optimizer,
+            "bits": s.quant_bits,
+            "framework": s.framework,
             "model": self.model.name if self.model else "the model",
         }
 
 
 def torch_install_hint(acc: Accelerator | None, versions: dict[str, Any] | None) -> str:
     """The PyTorch install command for this card and driver (compat_rules.toml [torch_install])."""
-    ti = rules_data()["torch_install"]
+    ti: dict[str, str] = rules_data()["torch_install"]
     if acc is None:
         return ti["current"]
     if acc.platform == "npu":

@@ -198,7 +198,8 @@ def diagnose(machine: MachineInfo) -> DoctorReport:
         acc, matched = match_accelerator(dev)
         caps = capabilities(acc)
         cap_ok = {c.name: c.ok for c in caps}
-        results, seen = [], {}
+        results: list[Any] = []
+        seen: dict[Any, Any] = {}
         for task in TASKS:
             res, fs = run_task(task, acc, versions, cap_ok)
             results.append(res)

@@ -167,9 +167,10 @@ class SystemProbe:
                 import torch
                 import torch_npu  # noqa: F401  registers torch.npu
 
-                for i in range(torch.npu.device_count()):
-                    free, total = torch.npu.mem_get_info(i)
-                    name = torch.npu.get_device_name(i)
+                npu: Any = getattr(torch, "npu")  # noqa: B009  (torch_npu adds it at import; no stubs)
+                for i in range(npu.device_count()):
+                    free, total = npu.mem_get_info(i)
+                    name = npu.get_device_name(i)
                     m.devices.append(Device(index=i, kind="npu", name=name, memory_total_bytes=int(total),
                                             memory_free_bytes=int(free), arch_target=name))
             except Exception as exc:
