@@ -41,6 +41,15 @@ class ShardPlan:
     host: int
     nccl: int
     notes: tuple[str, ...] = ()
+    # gradient bytes alive only while a layer is back-propagated (FSDP's unsharded gradient of the unit being
+    # reduce-scattered), unlike grad_buffers, which persist (DDP buckets, the ZeRO reduce bucket)
+    transient_grad_buffers: int = 0
+    # ZeRO-3/FSDP unsharded parameters at the loss and at the end of the forward (-1: as ``gathered``)
+    gathered_outside_layers: int = -1
+
+    @property
+    def gathered_at_loss(self) -> int:
+        return self.gathered if self.gathered_outside_layers < 0 else self.gathered_outside_layers
 
 
 def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params: int, trainable_bytes: int,
@@ -84,7 +93,19 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
             if setup.offload == "all":
                 w = 0
         notes.append(f"FSDP FULL_SHARD: params, grads and optimizer states sharded over {n} GPUs")
-        return ShardPlan(w, g, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
+        from tuneplan.specs.profiles import get_profile
+
+        if get_profile(setup.framework).model_code != "hf":
+            # frameworks with their own model code and loops (LitGPT's no_sync accumulation, torchtune) are not
+            # simulated: their reduce-scatter input stays counted in every phase, as before
+            return ShardPlan(w, g, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
+        # the HF Trainer's FSDP1 (simulated): the unsharded gradient exists only while its unit is
+        # back-propagated and reduce-scattered, not at the loss or in the forward
+        # at the loss: the root (kept unsharded) and the last layer, which the root's pre-backward hook
+        # prefetches (BACKWARD_PRE) before any layer's backward; the forward gathers one layer at a time
+        # (limit_all_gathers, no forward prefetch)
+        return ShardPlan(w, g, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
+                         transient_grad_buffers=buffers, gathered_outside_layers=layer16 + root16)
     # DeepSpeed: trainable params live in 16 bits; fp32 master + fp32 Adam states partitioned.
     w16 = weights - trainable_weight_params * max(trainable_bytes - compute_bytes, 0)
     if trainable_bytes > compute_bytes and trainable_params > trainable_weight_params:  # adapters too
