@@ -4,6 +4,7 @@
     python benchmarks/agreement.py --quick       # the CI subset (also run by tests/test_simulate_agreement.py)
     python benchmarks/agreement.py --markdown    # table for the README
     python benchmarks/agreement.py --only 70b    # cases whose label contains "70b"
+    python benchmarks/agreement.py --only "mg "  # the multi-GPU cases (rank 0 of an FSDP1 job)
 
 Target: analytic within 3% of simulate on every case, 1% median. Component differences are shown in
 percent of the simulated peak (a component's own relative error is meaningless when it is tiny).
@@ -137,6 +138,51 @@ CASES: list[Case] = [
     Case("mixtral lora all-linear gc", MIX, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),
     Case("qwen3-moe lora all-linear gc", Q3MOE, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),
 ]
+
+# Several GPUs: rank 0 of an FSDP1 job (the real FullyShardedDataParallel on a fake process group, configured
+# as the HF Trainer does). Labels start with "mg " (--only "mg "). DeepSpeed ZeRO and FSDP2 do not run on a
+# fake process group on the CPU build (docs/simulate.md), so they have no case here.
+FSDP = dict(fsdp=True)
+MULTI_GPU: list[Case] = [
+    Case("mg fsdp1 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, **FSDP), layers=4, tags=("ci",)),
+    Case("mg fsdp1 ws4 full q0.5b gc", Q05, dict(method="full", seq=1024, gpus=4, gradient_checkpointing=True, **FSDP),
+         layers=4),
+    Case("mg fsdp1 ws8 full q0.5b ga2", Q05, dict(method="full", seq=1024, gpus=8, grad_accum=2, **FSDP), layers=4),
+    Case("mg fsdp1 ws2 full q0.5b bf16", Q05, dict(method="full", seq=1024, gpus=2, precision="bf16", **FSDP), layers=4),
+    Case("mg fsdp1 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, offload="all", **FSDP), layers=4),
+    Case("mg fsdp1 ws2 lora q0.5b", Q05, dict(method="lora", seq=1024, gpus=2, **FSDP), layers=4, tags=("ci",)),
+    Case("mg fsdp1 ws4 lora q0.5b gc", Q05, dict(method="lora", seq=1024, gpus=4, gradient_checkpointing=True, **FSDP),
+         layers=4),
+    Case("mg fsdp1 ws8 lora q0.5b all-linear", Q05, dict(method="lora", seq=1024, gpus=8, targets="all-linear", **FSDP),
+         layers=4),
+    Case("mg fsdp1 ws2 lora q0.5b offload", Q05, dict(method="lora", seq=1024, gpus=2, offload="all", **FSDP), layers=4),
+    Case("mg fsdp1 ws2 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=2, **FSDP), layers=4, tags=("ci",)),
+    Case("mg fsdp1 ws4 qlora q0.5b nogc", Q05, dict(method="qlora", seq=1024, gpus=4, gradient_checkpointing=False,
+                                                   **FSDP), layers=4),
+    Case("mg fsdp1 ws8 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=8, **FSDP), layers=4),
+    Case("mg fsdp1 ws2 qlora q0.5b offload", Q05, dict(method="qlora", seq=1024, gpus=2, offload="all", **FSDP),
+         layers=4),
+    Case("mg fsdp1 ws2 full l1b", L1, dict(method="full", seq=1024, gpus=2, **FSDP), layers=4),
+    Case("mg fsdp1 ws4 lora l1b gc", L1, dict(method="lora", seq=2048, gpus=4, gradient_checkpointing=True, **FSDP),
+         layers=4),
+    Case("mg fsdp1 ws8 qlora l1b", L1, dict(method="qlora", seq=2048, gpus=8, **FSDP), layers=4),
+    Case("mg fsdp1 ws2 lora l2-7b bf16 gc", L27, dict(method="lora", seq=2048, gpus=2, precision="bf16",
+                                                     gradient_checkpointing=True, **FSDP), layers=3),
+    Case("mg fsdp1 ws2 qlora l2-7b bf16 ga2 flash", L27, dict(method="qlora", seq=2048, batch=2, gpus=2, precision="bf16",
+                                                             grad_accum=2, attn="flash", targets="all-linear",
+                                                             **FSDP), layers=3),
+    Case("mg fsdp1 ws2 qlora l2-7b offload", L27, dict(method="qlora", seq=2048, gpus=2, offload="all", **FSDP),
+         layers=3),
+    Case("mg fsdp1 ws8 full l2-7b gc", L27, dict(method="full", seq=2048, gpus=8, gradient_checkpointing=True, **FSDP),
+         layers=3),
+    Case("mg fsdp1 ws4 qlora l70b all-linear", L70, dict(method="qlora", seq=2048, batch=2, gpus=4, precision="bf16",
+                                                        targets="all-linear", attn="flash", **FSDP), layers=2),
+    Case("mg fsdp1 ws2 qlora l70b offload", L70, dict(method="qlora", seq=2048, batch=2, gpus=2, precision="bf16",
+                                                     targets="all-linear", offload="all", **FSDP), layers=2),
+    Case("mg fsdp1 ws8 lora l70b", L70, dict(method="lora", seq=2048, gpus=8, gradient_checkpointing=True, **FSDP),
+         layers=2),
+]
+CASES += MULTI_GPU
 
 
 def run_case(case: Case) -> dict[str, Any]:

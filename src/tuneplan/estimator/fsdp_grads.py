@@ -32,6 +32,11 @@ from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup
 
+# Training loops that run every accumulating micro-batch under ``accelerator.no_sync(model)``: transformers'
+# Trainer (``_inner_training_loop``: no_sync unless ``sync_each_batch``, DeepSpeed, or the step's last
+# micro-batch), and LLaMA-Factory, which trains through it (simulate: FSDP1 on a fake process group).
+HF_TRAINER_LOOPS = ("hf", "llamafactory")
+
 
 @dataclass(frozen=True)
 class FsdpGrads:
@@ -43,9 +48,11 @@ def fsdp_gradients(model: ModelSpec, setup: TrainSetup, prof: Profile, dt: Dtype
                    trainable_params: int, adapter_params: int) -> FsdpGrads | None:
     """Per-GPU gradient bytes under the profile's FSDP wrapping; None when the generic sharded model holds."""
     n = setup.world_size
-    if not setup.fsdp or n < 2 or setup.method == "qlora" or setup.offload != "none":
+    hf_loop = setup.framework in HF_TRAINER_LOOPS
+    if not setup.fsdp or n < 2 or (setup.method == "qlora" and not hf_loop) or setup.offload != "none":
         return None
-    if not (prof.fsdp_mixed_unit_grads or prof.fsdp_accumulate_unsharded):
+    accumulate_unsharded = prof.fsdp_accumulate_unsharded or hf_loop
+    if not (prof.fsdp_mixed_unit_grads or accumulate_unsharded):
         return None
     if setup.method == "full":
         grad_params, grad_bytes = trainable_params, dt.trainable
@@ -56,5 +63,5 @@ def fsdp_gradients(model: ModelSpec, setup: TrainSetup, prof: Profile, dt: Dtype
         grad_params, grad_bytes = trainable_params, dt.adapter if setup.is_lora else dt.trainable
     full = grad_params * grad_bytes
     synced = -(-full // n)
-    accumulating = full if (setup.grad_accum > 1 and prof.fsdp_accumulate_unsharded) else synced
+    accumulating = full if (setup.grad_accum > 1 and accumulate_unsharded) else synced
     return FsdpGrads(accumulating=accumulating, synced=synced)

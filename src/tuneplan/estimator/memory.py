@@ -120,9 +120,9 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     bwd_temp = acts.backward_temp_bytes + dequant_transient_bytes(model, setup, prof)
     phases: dict[str, dict[str, int]] = {
         "forward": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + prev_pinned,
-                         autocast_copies=ac, logits_loss=fwd_logits, parallel_buffers=sp.gathered),
+                         autocast_copies=ac, logits_loss=fwd_logits, parallel_buffers=sp.gathered_at_loss),
         "backward_start": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac_bwd,
-                                logits_loss=lg.backward_peak, parallel_buffers=sp.gathered),
+                                logits_loss=lg.backward_peak, parallel_buffers=sp.gathered_at_loss),
     }
     if head_deq:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
@@ -145,6 +145,8 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         bottom = phase(gradients=grads + sp.grad_buffers,
                        activations=acts.top_layer_bytes + pinned - pinned // max(model.n_layers, 1),
                        backward_temp=bwd_temp, logits_loss=held, parallel_buffers=sp.gathered)
+    top["gradients"] += sp.transient_grad_buffers  # FSDP's reduce-scatter input, during a layer's backward
+    bottom["gradients"] += sp.transient_grad_buffers
     phases["backward_layers_top"] = top
     phases["backward_layers_bottom"] = bottom
     # Single GPU (checked against the simulate engine): the token-embedding gradient is the last one made,

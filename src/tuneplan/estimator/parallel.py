@@ -10,7 +10,9 @@
   ZeRO-1 keeps full 16-bit gradients; ZeRO-2 keeps a 16-bit gradient partition plus the reduce bucket;
   ZeRO-3 also partitions all parameters and gathers the current layer and the prefetch bucket.
 - FSDP FULL_SHARD with a bf16 MixedPrecision policy: sharded parameters in their own dtype, the current
-  and the prefetched unit unsharded in 16 bits, sharded fp32 gradients, sharded optimizer states.
+  and the prefetched unit unsharded in 16 bits (one layer when each adapter is its own unit:
+  ``fsdp_layers_gathered``), the unsharded gradient of the unit being reduce-scattered
+  (``fsdp_reduce_scatter_input``), sharded fp32 gradients, sharded optimizer states.
 - Offload: optimizer states, fp32 master and fp32 gradients to CPU (DeepSpeed ZeRO-Offload), and with
   ``all`` the parameters too (ZeRO-Infinity / FSDP CPUOffload); reported as host memory.
 """
@@ -39,6 +41,15 @@ class ShardPlan:
     host: int
     nccl: int
     notes: tuple[str, ...] = ()
+    # gradient bytes alive only while a layer is back-propagated (FSDP's unsharded gradient of the unit being
+    # reduce-scattered), unlike grad_buffers, which persist (DDP buckets, the ZeRO reduce bucket)
+    transient_grad_buffers: int = 0
+    # ZeRO-3/FSDP unsharded parameters at the loss and at the end of the forward (-1: as ``gathered``)
+    gathered_outside_layers: int = -1
+
+    @property
+    def gathered_at_loss(self) -> int:
+        return self.gathered if self.gathered_outside_layers < 0 else self.gathered_outside_layers
 
 
 def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params: int, trainable_bytes: int,
@@ -71,18 +82,30 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         # (FSDP1 _runtime_utils._post_forward_reshard: `not state._is_root`; FSDP2 only when
         # reshard_after_forward is left to auto, _fsdp_state.py)
         root16 = model.params_non_block * compute_bytes if root_embeddings else 0
-        gathered = 2 * layer16 + root16
+        gathered = fsdp_layers_gathered(setup) * layer16 + root16
         g = -(-grads // n)
         st = -(-states // n)
         tmp = -(-optimizer_temp // n)
-        buffers = layer16  # reduce-scatter input of the unit being reduced
+        buffers = fsdp_reduce_scatter_input(model, setup, trainable_params, trainable_bytes, compute_bytes)
         if setup.offload != "none":
             host += g + st + (w if setup.offload == "all" else 0)
             st, g, tmp = 0, 0, 0
             if setup.offload == "all":
                 w = 0
         notes.append(f"FSDP FULL_SHARD: params, grads and optimizer states sharded over {n} GPUs")
-        return ShardPlan(w, g, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
+        from tuneplan.specs.profiles import get_profile
+
+        if get_profile(setup.framework).model_code != "hf":
+            # frameworks with their own model code and loops (LitGPT's no_sync accumulation, torchtune) are not
+            # simulated: their reduce-scatter input stays counted in every phase, as before
+            return ShardPlan(w, g, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
+        # the HF Trainer's FSDP1 (simulated): the unsharded gradient exists only while its unit is
+        # back-propagated and reduce-scattered, not at the loss or in the forward
+        # at the loss: the root (kept unsharded) and the last layer, which the root's pre-backward hook
+        # prefetches (BACKWARD_PRE) before any layer's backward; the forward gathers one layer at a time
+        # (limit_all_gathers, no forward prefetch)
+        return ShardPlan(w, g, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
+                         transient_grad_buffers=buffers, gathered_outside_layers=layer16 + root16)
     # DeepSpeed: trainable params live in 16 bits; fp32 master + fp32 Adam states partitioned.
     w16 = weights - trainable_weight_params * max(trainable_bytes - compute_bytes, 0)
     if trainable_bytes > compute_bytes and trainable_params > trainable_weight_params:  # adapters too
@@ -127,3 +150,42 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         notes.append("parameters offloaded to CPU; only gathered layers live on the GPU")
     notes.append(f"DeepSpeed ZeRO-{setup.zero} over {n} GPUs (default buckets)")
     return ShardPlan(w16, g_live, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
+
+
+# Trainers that wrap each LoRA matrix in an FSDP unit of its own: the HF Trainer (transformers
+# update_fsdp_plugin_peft sets PEFT's fsdp_auto_wrap_policy: decoder layers, plus every leaf module with a
+# trainable weight), and LLaMA-Factory, which trains through it.
+PEFT_UNIT_WRAP = ("hf", "llamafactory")
+
+
+def fsdp_layers_gathered(setup: TrainSetup) -> int:
+    """Decoder layers unsharded at once while a layer is back-propagated (FSDP1 BACKWARD_PRE).
+
+    FSDP1 prefetches the handle that follows in reverse forward order (``_runtime_utils._prefetch_handle``,
+    ``_exec_order_utils.get_handle_to_backward_prefetch``): with one unit per layer that is the next layer,
+    so two layers are unsharded. When each adapter is a unit of its own inside the layer (PEFT's wrap), the
+    handle after a layer is its last adapter unit, and the next layer is gathered only when the layer's
+    first adapter (in forward order) starts its backward, after the layer's own matmuls: one layer is
+    unsharded through the heavy part of each layer's backward (simulate: FSDP1 on a fake process group)."""
+    if setup.is_lora and setup.framework in PEFT_UNIT_WRAP:
+        return 1
+    return 2
+
+
+def fsdp_reduce_scatter_input(model: ModelSpec, setup: TrainSetup, trainable_params: int, trainable_bytes: int,
+                              compute_bytes: int) -> int:
+    """The unsharded gradient of the unit being reduce-scattered (FSDP1 ``_post_backward_hook``: the flat
+    gradient autograd made for the unit, in the reduce dtype, alive until ``reduce_scatter_tensor`` fills the
+    new sharded gradient). A frozen unit makes none: in a LoRA run only the adapters' units do, one
+    layer's adapters at most."""
+    from tuneplan.specs.profiles import get_profile
+
+    per_layer = -(-trainable_params // max(model.n_layers, 1))
+    grad_bytes = compute_bytes if setup.precision.endswith("-mixed") else trainable_bytes
+    if setup.is_lora and get_profile(setup.framework).fsdp_mixed_unit_grads:
+        # one flat parameter per block holding frozen and trainable weights: its gradient covers the
+        # whole block (estimator/fsdp_grads.py)
+        return model.largest_layer_params * compute_bytes
+    if setup.is_lora:
+        return per_layer * grad_bytes
+    return min(model.largest_layer_params, trainable_params) * grad_bytes

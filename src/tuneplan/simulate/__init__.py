@@ -6,8 +6,8 @@ analytic engine (components keyed alike), so the two compare field by field; ``s
 the peak op, the live set by module, the kernel workspaces and the caching-allocator emulation.
 
 Several GPUs: rank 0 of an FSDP job runs the real ``FullyShardedDataParallel`` on a fake process group
-(``simulate/distributed.py``). What the fake process cannot run falls back to the analytic engine with a
-note: DDP and DeepSpeed ZeRO, frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
+(``simulate/distributed.py``); DDP runs with its reducer's buckets emulated. What the fake process cannot run falls back to the analytic engine with a
+note: DeepSpeed ZeRO, frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
 8-bit bitsandbytes base weights, encoder models.
 """
 
@@ -45,8 +45,6 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
     """Why this setup cannot be simulated in one fake process ('' when it can)."""
     if setup.zero:
         return "DeepSpeed ZeRO is not simulated (its engine does not run on a fake process group)"
-    if setup.world_size > 1 and not setup.fsdp:
-        return "DDP's C++ gradient reducer does not run on fake tensors"
     if setup.framework not in SIMULATED_FRAMEWORKS:
         return f"the {setup.framework} profile runs its own model code / loss kernels, which simulate does not have"
     if setup.quant_bits == 8:

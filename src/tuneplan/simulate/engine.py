@@ -86,6 +86,15 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {FSDP1}, "
                      f"{'FULL_SHARD' if fsdp_sharding == 'full' else 'SHARD_GRAD_OP'} on a fake process group"
                      + (", CPUOffload(offload_params=True)" if setup.offload != "none" else ""))
+    ddp = None
+    if setup.world_size > 1 and not setup.fsdp and not setup.zero:
+        from tuneplan.simulate.distributed import DDP, DdpBuckets
+
+        ddp = DdpBuckets(list(model.parameters()), tracker)
+        wrapper = DDP
+        notes.append(f"simulated rank 0 of {setup.world_size} GPUs: DistributedDataParallel's C++ reducer does "
+                     "not run on fake tensors; its gradient buckets are emulated from its code (25 MiB buckets, "
+                     "first 1 MiB, gradient_as_bucket_view=False, rebuilt after the first iteration)")
     build_s = time.perf_counter() - t0
     if progress:
         progress(0.0, f"built {type(model).__name__} in {build_s:.1f} s")
@@ -130,7 +139,10 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
 
     # always_call: non-reentrant checkpointing stops a recomputation by raising inside the layer's
     # forward (early stop); the post hook must still pop the module.
-    offload = bool(wrapper) and setup.offload != "none"
+    if ddp is not None:
+        with fake:
+            ddp.allocate()  # DistributedDataParallel.__init__ builds the Reducer and its buckets
+    offload = setup.fsdp and setup.offload != "none"
     if offload:
         from tuneplan.simulate.distributed import flat_params
 
@@ -139,7 +151,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     hooks = nullcontext()
-    if wrapper:
+    if setup.fsdp:
         from tuneplan.simulate.distributed import fsdp_storage_hooks
 
         hooks = fsdp_storage_hooks(tracker)
@@ -148,11 +160,12 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
                 softmax_keeps_input(setup.softmax_keeps_input):
             opt = run_steps(model, setup, setup.optimizer or prof.default_optimizer, tracker,
                             compute_dtype(setup), uses_autocast(setup, prof), progress,
-                            no_sync=model.no_sync if wrapper else None)
+                            no_sync=model.no_sync if setup.fsdp else None,
+                            on_step=ddp.on_step if ddp is not None else None)
     finally:
         h1.remove()
         h2.remove()
-    if wrapper:
+    if setup.fsdp:
         with fake:
             for buf in model.buffers():
                 # FSDP's MixedPrecision casts the buffers to buffer_dtype in the root's first pre-forward

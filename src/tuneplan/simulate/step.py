@@ -121,10 +121,11 @@ def relabel_states(tracker: StorageTracker, opt: torch.optim.Optimizer, fused: b
 
 def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: StorageTracker, half: torch.dtype,
               autocast: bool, progress: Callable[[float, str], None] | None = None, steps: int = 2,
-              no_sync: Callable[[], Any] | None = None) -> Any:
+              no_sync: Callable[[], Any] | None = None, on_step: Callable[[int], None] | None = None) -> Any:
     """``no_sync``: the wrapper's context for the accumulating micro-batches (the Trainer runs every
     micro-batch but the last of a step under ``accelerator.no_sync(model)``: transformers
-    ``_inner_training_loop``; DeepSpeed excepted)."""
+    ``_inner_training_loop``; DeepSpeed excepted). ``on_step(step)``: called as each step's first forward
+    begins (DDP's bucket rebuild)."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(optimizer, params)
     fused = optimizer == "adamw-fused"
@@ -150,6 +151,8 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
         for micro in range(setup.grad_accum):
             tracker.phase = f"step{step}.forward"
             tracker.micro = micro
+            if on_step is not None and micro == 0:
+                on_step(step)
             sync = no_sync() if (no_sync is not None and micro < setup.grad_accum - 1) else nullcontext()
             with sync:
                 with amp():
