@@ -102,6 +102,7 @@ def activations_at(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: Layer
     positions of eager attention); the model keeps the sum over its layers plus the tail (final norm input,
     head input, embedding-dropout mask); under gradient checkpointing only each layer's input (t x residual
     bytes x hidden) plus the largest layer recomputed in backward."""
+    # (no in-place += below: on a grid an operand may broadcast to a larger shape than the accumulator)
     tokens = batch * seq
     s = seq
     h = model.hidden
@@ -112,8 +113,8 @@ def activations_at(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: Layer
     pinned = 0.0
     for la, n in kinds.kinds:
         per_layer = tokens * la.per_token + tokens * s * la.per_token_per_pos
-        total += per_layer * n
-        pinned += tokens * la.pinned * n
+        total = total + per_layer * n
+        pinned = pinned + tokens * la.pinned * n
         biggest = maximum(biggest, per_layer)
         biggest_recompute = maximum(biggest_recompute, per_layer - tokens * la.input_alias)
         attn_bwd = tokens * s * la.backward_temp_per_pos + tokens * la.attn_backward_offset if la.backward_temp_per_pos else 0
@@ -124,12 +125,12 @@ def activations_at(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: Layer
     head_tokens = batch if (model.architecture == "encoder" and model.head_out) else tokens
     tail = head_tokens * 4 * h
     if model_dropout(model.config)[2] > 0 and not (litgpt_code or expand_kv):
-        tail += tokens * DROPOUT_MASK_BYTES * h  # embedding dropout mask
+        tail = tail + tokens * DROPOUT_MASK_BYTES * h  # embedding dropout mask
     if setup.method == "full" or model.head_out:
-        tail += head_tokens * (dt.compute if dt.autocast else dt.norm_out) * h
+        tail = tail + head_tokens * (dt.compute if dt.autocast else dt.norm_out) * h
     elif quant_lm_head and quant_saves_input and setup.quant_bits is not None:
-        tail += tokens * dt.compute * h  # a 4-bit lm_head keeps its input (the final norm's output)
-        pinned += tokens * dt.compute * h
+        tail = tail + tokens * dt.compute * h  # a 4-bit lm_head keeps its input (the final norm's output)
+        pinned = pinned + tokens * dt.compute * h
     n_active = model.n_layers if setup.method != "freeze" else min(setup.freeze_trainable_layers, model.n_layers)
     emb_grad, emb_extra = embedding_backward_at(model, setup.method, dt, tokens)
     if setup.gradient_checkpointing:

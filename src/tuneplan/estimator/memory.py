@@ -201,7 +201,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         if setup.keep_grads or setup.grad_accum > 1:
             emb_temp = acts.embedding_backward_bytes + minimum(acts.embedding_grad_bytes, grads)
         else:
-            bottom["gradients"] -= minimum(acts.embedding_grad_bytes, grads)
+            bottom["gradients"] = bottom["gradients"] - minimum(acts.embedding_grad_bytes, grads)
             emb_temp = acts.embedding_backward_bytes
         phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers, backward_temp=emb_temp)
     if first and setup.grad_accum > 1:
