@@ -98,22 +98,28 @@ def _shape_axis(name: str, vals: tuple[Any, ...]) -> np.ndarray:
 
 def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.ndarray]:
     """The memory of ``run`` at every (batch, seq) of two broadcastable int64 arrays: ``memory.memory_at`` on
-    arrays, then the scalar path's peak choice (``memory.memory_of``) and rounding, element-wise."""
+    arrays, then the scalar path's peak choice (``memory.memory_of``: the first instant with the largest
+    total) and the allocator's rounding, element-wise."""
     shape = np.broadcast_shapes(batch.shape, seq.shape)
     m = memory_at(run, batch, seq)
     names = list(m.phases)
-    comps = {c: np.stack([np.broadcast_to(np.asarray(m.phases[p][c]).astype(np.int64), shape) for p in names])
-             for c in COMPONENT_ORDER}
-    totals = sum(comps.values())
-    peak = np.argmax(totals, axis=0)[None]  # the first instant with the largest total, as max() over a dict
-    allocated = np.take_along_axis(totals, peak, 0)[0]
+    # the instants' totals (exact int64 sums), and the first largest of each cell, as max() over a dict
+    totals = np.empty((len(names),) + shape, dtype=np.int64)
+    for i, p in enumerate(names):
+        totals[i] = sum(m.phases[p].values())
+    peak = np.argmax(totals, axis=0)
+    allocated = np.take_along_axis(totals, peak[None], 0)[0]
     reserved = reserved_from_allocated(allocated)
-    sp = m.statics.sp
-    return {
-        "allocated": allocated, "reserved": reserved, "device_peak": reserved + cuda_context_bytes() + sp.nccl,
-        "peak_phase": np.asarray(names)[peak[0]],
-        **{f"c:{c}": np.take_along_axis(a, peak, 0)[0] for c, a in comps.items()},
-    }
+    out = {"allocated": allocated, "reserved": reserved,
+           "device_peak": reserved + cuda_context_bytes() + m.statics.sp.nccl,
+           "peak_phase": np.asarray(names)[peak]}
+    for c in COMPONENT_ORDER:
+        vals = [m.phases[p][c] for p in names]
+        if all(type(v) is int for v in vals):
+            out[f"c:{c}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
+        else:
+            out[f"c:{c}"] = np.choose(peak, [np.asarray(v, dtype=np.int64) for v in vals])
+    return out
 
 
 def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: str | Accelerator | None = None,
@@ -139,7 +145,7 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *, gp
     errors: list[bool] = []
     runs: dict[tuple[Any, ...], Run] = {}
     for combo in itertools.product(*(grid_axes[k] for k in looped)):
-        kw = {**fixed, **dict(zip(looped, combo)), "batch": int(b[0]), "seq": int(s[0])}
+        kw = {**fixed, **dict(zip(looped, combo, strict=True)), "batch": int(b[0]), "seq": int(s[0])}
         run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kw))
         runs[combo] = run
         for k, v in memory_plane(run, b[:, None], s[None, :]).items():
