@@ -47,6 +47,7 @@ class LayerKinds:
     walk per kind of layer gives (``layer_saved.layer_activations``), independent of batch and seq."""
 
     kinds: tuple[tuple[LayerActs, int], ...]
+    embedding_dropout: bool = False  # the model config's embedding dropout applies (a mask per token x hidden)
 
 
 def layer_kinds(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
@@ -79,7 +80,8 @@ def layer_kinds(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozen
             out.append((layer_activations(model, spec, setup, dt, targets, trainable, attn, python_model_code,
                                           quant_saves_input, litgpt_code=litgpt_code, expand_kv=expand_kv,
                                           unsloth_code=unsloth_code), end - start))
-    return LayerKinds(tuple(out))
+    emb_dropout = model_dropout(model.config)[2] > 0 and not (litgpt_code or expand_kv)
+    return LayerKinds(tuple(out), embedding_dropout=emb_dropout)
 
 
 def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
@@ -124,7 +126,7 @@ def activations_at(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: Layer
     # head's transform keeps about as much; its classifier reads the first token only, through the pooler.
     head_tokens = batch if (model.architecture == "encoder" and model.head_out) else tokens
     tail = head_tokens * 4 * h
-    if model_dropout(model.config)[2] > 0 and not (litgpt_code or expand_kv):
+    if kinds.embedding_dropout:
         tail = tail + tokens * DROPOUT_MASK_BYTES * h  # embedding dropout mask
     if setup.method == "full" or model.head_out:
         tail = tail + head_tokens * (dt.compute if dt.autocast else dt.norm_out) * h

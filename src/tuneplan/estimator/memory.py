@@ -49,6 +49,7 @@ class MemoryStatics:
     sp: ShardPlan
     fg: FsdpGrads | None
     common: dict[str, int]  # weights, quant_meta, lora_adapters, optimizer_states, framework
+    blank: dict[str, int]  # ``common`` with every step component at 0: the template of an instant
     grads: int  # gradients once backward has run
     grads_prev: int  # gradients alive through the next forward (accumulation / keep_grads)
     grads_step: int  # gradients the optimizer step sees
@@ -110,7 +111,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         "optimizer_states": sp.states,
         "framework": CUBLAS_WORKSPACE,
     }
-    out = MemoryStatics(opt=opt, sp=sp, fg=fg, common=common, grads=grads, grads_prev=grads_prev,
+    blank = {**common, **dict.fromkeys(STEP_COMPONENTS, 0)}
+    out = MemoryStatics(opt=opt, sp=sp, fg=fg, common=common, blank=blank, grads=grads, grads_prev=grads_prev,
                         grads_step=grads_step, ac=ac, ac_bwd=ac_bwd, head_deq=head_deq,
                         dequant=dequant_transient_bytes(model, setup, prof))
     run.memo["memory"] = out
@@ -153,11 +155,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     grads, grads_prev = st.grads, st.grads_prev
 
     def phase(**extra: Any) -> dict[str, Any]:
-        d: dict[str, Any] = dict(st.common)
-        for k in STEP_COMPONENTS:
-            d[k] = 0
-        d.update(extra)
-        return d
+        return {**st.blank, **extra}
 
     fwd_acts = acts.saved_bytes
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
@@ -226,7 +224,7 @@ def memory_of(run: Run) -> MemoryBreakdown:
     allocated total (the first one on a tie), its components, the reserved and device figures."""
     setup, prof = run.setup, run.profile
     m = memory_at(run, setup.batch, setup.seq)
-    phases = {k: {c: int(v) for c, v in comps.items()} for k, comps in m.phases.items()}
+    phases = m.phases  # Python ints at one shape (activations_at truncates its float sums)
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak = max(totals, key=lambda k: totals[k])
     comps = phases[peak]

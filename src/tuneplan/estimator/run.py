@@ -49,13 +49,12 @@ class Run:
     def findings(self, acc: Accelerator | None) -> list[Finding]:
         """Compatibility findings on ``acc`` (estimator/compat.py), kept per card: no rule reads the batch
         size or the sequence length, so a reshaped run shares them."""
-        key = ("findings", acc)
-        hit = self.memo.get(key)
-        if hit is None:
+        last = self.memo.get("findings")  # (card, findings) of the last card asked about
+        if last is None or not (last[0] is acc or last[0] == acc):
             from tuneplan.estimator.compat import check
 
-            hit = self.memo[key] = check(acc, self.setup, self.model)
-        return list(hit)
+            last = self.memo["findings"] = (acc, check(acc, self.setup, self.model))
+        return list(last[1])
 
     def reshaped(self, **shape: int) -> Run:
         """The same run at another ``batch`` / ``seq`` / ``grad_accum`` (nothing in it depends on them but
