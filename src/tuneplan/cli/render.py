@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tuneplan.cli.json_out import print_json  # noqa: F401  (re-exported: the commands import it from here)
 from tuneplan.estimator.types import COMPONENTS, GIB
 
 console = Console()
@@ -17,11 +17,6 @@ err_console = Console(stderr=True)
 
 def gib(n: float | int | None) -> str:
     return "-" if n is None else f"{n / GIB:,.2f}"
-
-
-def print_json(obj: Any) -> None:
-    # plain print: rich would wrap long lines and break JSON for pipes
-    print(json.dumps(obj, indent=2, default=str))
 
 
 def findings_table(findings: list[dict[str, str]]) -> Table | None:
