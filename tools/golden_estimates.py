@@ -61,6 +61,39 @@ def _setups(n: int = 400) -> list[tuple[str, str | None, dict[str, Any]]]:
         if rng.random() < 0.05:
             kw["num_labels"] = 2
         out.append((rng.choice(MODELS), rng.choice(GPUS), kw))
+    return out + _rare_switches()
+
+
+def _rare_switches(n: int = 250) -> list[tuple[str, str | None, dict[str, Any]]]:
+    """Setups that also turn on the less common switches (compile, offload, dropout, old-torch behaviours)."""
+    rng = random.Random(1117)
+    out = []
+    for _ in range(n):
+        kw: dict[str, Any] = {
+            "method": rng.choice(["full", "freeze", "lora", "qlora"]),
+            "framework": rng.choice(["hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt"]),
+            "batch": rng.choice([1, 2, 4]), "seq": rng.choice([256, 1024, 4096]),
+            "gradient_checkpointing": rng.random() < 0.5,
+            "precision": rng.choice(["fp32", "fp16-mixed", "bf16-mixed", "bf16"]),
+            "attn": rng.choice(["eager", "sdpa", "flash"]),
+        }
+        if kw["method"] in ("lora", "qlora"):
+            kw["targets"] = rng.choice(["all-linear", "attn", "mlp"])
+            kw["dropout"] = rng.choice([0.0, 0.05])
+            kw["rank"] = rng.choice([8, 32])
+        for flag in ("compile", "activation_offload", "longest_batch_first", "keep_grads", "softmax_keeps_input",
+                     "optimizer_in_backward"):
+            if rng.random() < 0.2:
+                kw[flag] = True
+        if rng.random() < 0.2:
+            kw["grad_accum"] = 4
+        if rng.random() < 0.2:
+            kw["num_labels"] = rng.choice([1, 3])
+        if rng.random() < 0.15:
+            kw["loss"] = rng.choice(["upcast", "chunked", "fused", "fused-linear"])
+        if kw["method"] == "freeze" and rng.random() < 0.5:
+            kw["freeze_trainable_layers"] = rng.choice([1, 4])
+        out.append((rng.choice(MODELS), rng.choice(GPUS), kw))
     return out
 
 
