@@ -124,3 +124,16 @@ def test_estimate_grid_single_values_and_bad_axes():
     assert e.value.field == "batch"
     with pytest.raises(TuneplanError):
         estimate_grid("qwen2.5-0.5b", seq=[])
+
+
+def test_invalid_combinations_are_marked_not_raised():
+    # ZeRO needs at least 2 GPUs: the (gpus=1, zero=2) cells are not valid setups; the others are computed
+    g = estimate_grid("qwen2.5-0.5b", gpu="rtx4090", method="full", gpus=[1, 2], zero=[0, 2], seq=[256, 512])
+    assert g.shape == (2, 2, 2)
+    assert g.valid.tolist() == [[[True, True], [False, False]], [[True, True], [True, True]]]
+    assert not g.fits[0, 1].any() and (g.allocated[0, 1] == 0).all()
+    assert "zero" in g.invalid[(1, 2)]
+    e = tuneplan.estimate("qwen2.5-0.5b", gpu="rtx4090", method="full", gpus=2, zero=2, seq=512, timing=False)
+    assert int(g.device_peak[1, 1, 1]) == e.breakdown.device_peak_bytes
+    with pytest.raises(TuneplanError):  # no valid combination at all: the input itself is wrong
+        estimate_grid("qwen2.5-0.5b", method="full", gpus=1, zero=[2, 3])

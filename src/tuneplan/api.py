@@ -40,6 +40,8 @@ class Estimate:
     gpu: Accelerator | None = None
     findings: list[Finding] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)  # time / cost sections added by later layers
+    # the resolved run behind the figures: ``estimate_run(est.run.reshaped(batch=...))`` re-resolves nothing
+    run: Run | None = field(default=None, repr=False, compare=False)
 
     @property
     def trainable_params(self) -> int:
@@ -155,4 +157,5 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
         prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
                         **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years)) if v is not None})
         extras["sections"] = time_and_cost(spec, s, acc, dataset, prices, time_options)
-    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=run.findings(acc), extras=extras)
+    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=run.findings(acc), extras=extras,
+                    run=run)

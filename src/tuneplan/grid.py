@@ -53,9 +53,11 @@ class Grid:
     device_peak: np.ndarray  # reserved + CUDA context + NCCL: what nvidia-smi shows, what OOM is judged on
     components: dict[str, np.ndarray]  # allocated bytes of each component at the peak instant
     peak_phase: np.ndarray  # the instant of the peak (str)
-    errors: np.ndarray  # an error finding (cannot run, memory aside)
+    errors: np.ndarray  # an error finding (cannot run, memory aside), or not a valid setup
+    valid: np.ndarray  # the setup is valid (a combination such as ZeRO on one GPU is not: its figures are 0)
     gpu: Accelerator | None = None
     runs: dict[tuple[Any, ...], Run] = field(default_factory=dict, repr=False)  # by the looped axes' values
+    invalid: dict[tuple[Any, ...], str] = field(default_factory=dict)  # looped axes' values -> why not valid
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -63,10 +65,11 @@ class Grid:
 
     @property
     def fits(self) -> np.ndarray | None:
-        """``Estimate.fits`` element-wise: no error finding and the device peak within the card; None without a GPU."""
+        """``Estimate.fits`` element-wise: a valid setup, no error finding and the device peak within the card;
+        None without a GPU."""
         if self.gpu is None:
             return None
-        return ~self.errors & (self.device_peak <= self.gpu.memory_bytes)
+        return self.valid & ~self.errors & (self.device_peak <= self.gpu.memory_bytes)
 
     @property
     def headroom(self) -> np.ndarray | None:
@@ -144,13 +147,34 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *, gp
     planes: dict[str, list[np.ndarray]] = {}
     errors: list[bool] = []
     runs: dict[tuple[Any, ...], Run] = {}
+    invalid: dict[tuple[Any, ...], str] = {}
+    first_error: TuneplanError | None = None
     for combo in itertools.product(*(grid_axes[k] for k in looped)):
         kw = {**fixed, **dict(zip(looped, combo, strict=True)), "batch": int(b[0]), "seq": int(s[0])}
-        run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kw))
+        try:
+            run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kw))
+        except TuneplanError as e:  # this combination of the looped axes is not a valid setup
+            first_error = first_error or e
+            invalid[combo] = str(e)
+            planes.setdefault("invalid", []).append(np.ones((len(b), len(s)), dtype=bool))
+            errors.append(True)
+            continue
         runs[combo] = run
         for k, v in memory_plane(run, b[:, None], s[None, :]).items():
             planes.setdefault(k, []).append(v)
+        planes.setdefault("invalid", []).append(np.zeros((len(b), len(s)), dtype=bool))
         errors.append(any(f.level == "error" for f in run.findings(acc)))
+    if not runs:
+        assert first_error is not None
+        raise first_error  # no combination is valid: the input itself is wrong
+    if invalid:  # zero-filled planes in the invalid combinations' places, so every array keeps its shape
+        blank = {k: np.zeros_like(v[0]) for k, v in planes.items() if k != "invalid"}
+        filled: dict[str, list[np.ndarray]] = {k: [] for k in blank}
+        it = {k: iter(v) for k, v in planes.items()}
+        for bad in planes["invalid"]:
+            for k in blank:
+                filled[k].append(blank[k] if bad.all() else next(it[k]))
+        planes = {**filled, "invalid": planes["invalid"]}
     # [looped..., batch, seq] -> the caller's axis order, without the batch / seq axes that were single values
     lead = tuple(len(grid_axes[k]) for k in looped)
     order = looped + ["batch", "seq"]
@@ -168,4 +192,4 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *, gp
                 reserved=arrange(planes["reserved"]), device_peak=arrange(planes["device_peak"]),
                 components={c: arrange(planes[f"c:{c}"]) for c in COMPONENT_ORDER},
                 peak_phase=arrange(planes["peak_phase"]), errors=arrange(list(err.reshape((-1,) + err.shape[-2:]))),
-                gpu=acc, runs=runs)
+                valid=~arrange(planes["invalid"]), gpu=acc, runs=runs, invalid=invalid)
