@@ -62,7 +62,11 @@ class Run:
         unknown = set(shape) - {"batch", "seq", "grad_accum"}
         if unknown:
             raise ValueError(f"reshaped() takes batch, seq, grad_accum, not {sorted(unknown)}")
-        setup = self.setup.replace(**shape)
+        # recorded as build_setup records keyword fields (profiles.resolve_setup: an explicit field is a flag)
+        sources = dict(self.setup.sources)
+        for k in shape:
+            sources.setdefault(k, "flag")
+        setup = self.setup.replace(**shape, sources=sources)
         # the memo's memory terms depend on grad_accum; its findings and trainable count on neither
         memo = {k: v for k, v in self.memo.items() if k != "memory"} if "grad_accum" in shape else self.memo
         return replace(self, setup=setup, memo=memo)
