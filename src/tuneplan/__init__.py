@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["estimate", "Estimate", "TrainSetup", "ModelSpec", "resolve_model", "resolve_accelerator",
+__all__ = ["estimate", "estimate_grid", "Estimate", "Grid", "TrainSetup", "ModelSpec", "resolve_model", "resolve_accelerator",
            "TuneplanError", "__version__"]
 
 
@@ -17,6 +17,10 @@ def __getattr__(name: str) -> Any:  # lazy: `import tuneplan` stays fast
         from tuneplan import api
 
         return getattr(api, name)
+    if name in ("estimate_grid", "Grid"):  # numpy: imported only here
+        from tuneplan import grid
+
+        return getattr(grid, name)
     if name == "TrainSetup":
         from tuneplan.specs.setup import TrainSetup
 

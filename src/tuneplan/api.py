@@ -15,16 +15,20 @@ from tuneplan.catalog.models import resolve_model
 from tuneplan.compat import check
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.cost import Prices
-from tuneplan.estimator.memory import memory_breakdown
+from tuneplan.estimator.memory import memory_of
+from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.estimator.runtime import time_and_cost
 from tuneplan.estimator.throughput import RuntimeOptions
 from tuneplan.estimator.types import Finding, MemoryBreakdown
-from tuneplan.estimator.weights import lora_params_of, resolve_targets
+from tuneplan.estimator.weights import trainable_params
 from tuneplan.specs.dataset import DatasetSpec
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import classifier_head_params, model_as_built, resolve_setup
+from tuneplan.specs.profiles import resolve_setup
 from tuneplan.specs.setup import TrainSetup
+
+__all__ = ["Estimate", "Run", "SETUP_FIELDS", "build_setup", "estimate", "estimate_run", "resolve_run",
+           "trainable_params"]
 
 SETUP_FIELDS = {f.name for f in fields(TrainSetup)} - {"sources"}
 
@@ -37,6 +41,8 @@ class Estimate:
     gpu: Accelerator | None = None
     findings: list[Finding] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)  # time / cost sections added by later layers
+    # the resolved run behind the figures: ``estimate_run(est.run.reshaped(batch=...))`` re-resolves nothing
+    run: Run | None = field(default=None, repr=False, compare=False)
 
     @property
     def trainable_params(self) -> int:
@@ -126,40 +132,32 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
     override the catalog's prices and the cost model's defaults."""
     spec = resolve_model(model) if isinstance(model, str) else model
     acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
-    s = build_setup(spec, setup, accelerator=acc, **kwargs)
-    spec = model_as_built(spec, s.framework, s.num_labels)
+    if engine not in ("analytic", "simulate"):
+        raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
+    run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kwargs))
+    return estimate_run(run, gpu=acc, engine=engine, dataset=dataset, price=price, card_price=card_price,
+                        kwh_price=kwh_price, own_years=own_years, time_options=time_options, timing=timing)
+
+
+def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "analytic",
+                 dataset: DatasetSpec | None = None, price: float | None = None, card_price: float | None = None,
+                 kwh_price: float | None = None, own_years: float | None = None,
+                 time_options: RuntimeOptions | None = None, timing: bool = True) -> Estimate:
+    """``estimate`` on a run already resolved (``estimator.run.resolve_run``; ``run.reshaped(batch=, seq=)``
+    for another shape): nothing is looked up or resolved again."""
+    spec, s, acc = run.model, run.setup, gpu
     if engine == "analytic":
-        breakdown = memory_breakdown(spec, s)
+        breakdown = memory_of(run)
     elif engine == "simulate":
         from tuneplan.simulate import simulate_breakdown  # optional extra, imported lazily
 
         breakdown = simulate_breakdown(spec, s)
     else:
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
-    findings = check(acc, s, spec)
-    trainable = trainable_params(spec, s)
-    extras: dict[str, Any] = {"params_trainable": trainable}
+    extras: dict[str, Any] = {"params_trainable": run.trainable_params}
     if acc is not None and timing:  # searches that only need the memory verdict skip time and cost
         prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
                         **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years)) if v is not None})
         extras["sections"] = time_and_cost(spec, s, acc, dataset, prices, time_options)
-    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=findings, extras=extras)
-
-
-def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:
-    if setup.method == "full":
-        return model.params_total
-    if setup.method == "freeze":
-        n = min(setup.freeze_trainable_layers, model.n_layers)
-        per_layer = model.params_layers // model.n_layers
-        return per_layer * n
-    targets = resolve_targets(model, setup.targets)
-    total = 0
-    for spec, count in model.layer_groups:
-        for m in spec.linears:
-            if m.name in targets:
-                total += count * lora_params_of(m, setup.rank)
-    if setup.num_labels:
-        # PEFT's SEQ_CLS task trains a copy of the classification head (modules_to_save: score / classifier)
-        total += classifier_head_params(model, setup.num_labels)
-    return total
+    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=run.findings(acc), extras=extras,
+                    run=run)

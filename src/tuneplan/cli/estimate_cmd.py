@@ -8,7 +8,6 @@ import typer
 
 from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
-from tuneplan.cli.render import print_json, render_estimate
 from tuneplan.cli.time_options import with_time_options
 
 
@@ -47,6 +46,7 @@ def register(app: typer.Typer) -> None:
         Exit status: 0 fits (or no --gpu), 1 does not fit or cannot run there, 2 bad input.
         """
         from tuneplan.api import estimate
+        from tuneplan.cli.json_out import print_json
 
         frm = resolve_from(from_files, model, setup_kw)
         est = estimate(
@@ -62,6 +62,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(d)
         else:
+            from tuneplan.cli.render import render_estimate  # rich: only for the tables
+
             frm.render(d)
             render_estimate(d, details=details)
         if est.fits is False:

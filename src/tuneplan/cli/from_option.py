@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from tuneplan.errors import TuneplanError
-from tuneplan.ingest import Resolved, read_configs
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:  # the readers and rich load only when --from files are given / a table is printed
+    from tuneplan.ingest import Resolved
 
 FromFiles = Annotated[
     list[str] | None,
@@ -87,6 +88,8 @@ class FromResult:
                     return short[i.path] + src[len(i.label) + 1 + len(i.path) :]
             return src
 
+        from rich.table import Table
+
         t = Table(title="Resolved setup (flags > files > profile defaults)")
         t.add_column("field")
         t.add_column("value")
@@ -129,6 +132,8 @@ def resolve_from(files: list[str] | None, model: str | None, setup_kw: dict[str,
                 "names one (model_name_or_path / base_model)",
             )
         return FromResult(model, dict(setup_kw or {}), None, None)
+    from tuneplan.ingest import read_configs
+
     r = read_configs(list(files), setup_kw, model)
     if not r.model:
         raise TuneplanError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich import box
@@ -10,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tuneplan.cli.json_out import print_json  # noqa: F401  (re-exported: the commands import it from here)
 from tuneplan.estimator.types import COMPONENTS, GIB
 
 console = Console()
@@ -18,12 +18,6 @@ err_console = Console(stderr=True)
 
 def gib(n: float | int | None) -> str:
     return "-" if n is None else f"{n / GIB:,.2f}"
-
-
-def print_json(obj: Any) -> None:
-    # plain print: rich would wrap long lines and break JSON for pipes. allow_nan=False: NaN and Infinity
-    # are not JSON (strict parsers refuse them); the specs refuse non-finite input, so one here is a bug.
-    print(json.dumps(obj, indent=2, default=str, allow_nan=False))
 
 
 LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}

@@ -41,6 +41,9 @@ Chunked losses keep less:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from tuneplan.estimator.xp import maximum
 
 TORCHTUNE_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 LITGPT_CHUNK = 128  # litgpt finetune/*.py: model(input_ids, lm_head_chunk_size=128)
@@ -55,8 +58,10 @@ class LogitsPlan:
     cast_peak: int = 0  # live while the outputs are cast (beside what the previous micro-batch holds)
 
 
-def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str, seq: int = 0,
+def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any = 0,
                 hidden: int = 0, softmax_keeps_input: bool = False) -> LogitsPlan:
+    """The chain's live bytes, linear in ``tokens`` x vocabulary (``tokens`` and ``seq`` may be numpy arrays
+    of a grid: see ``estimator/xp.py``)."""
     c = compute_bytes
     tv = tokens * vocab
     if loss == "fused_linear":
@@ -67,7 +72,7 @@ def logits_plan(tokens: int, vocab: int, compute_bytes: int, loss: str, seq: int
     # the fp32 cast of the model's c-byte logits (nothing new when they already are fp32)
     cast = 4 * tv if c != 4 else 0
     if loss == "fabric_chunked":
-        n = max(1, -(-seq // LITGPT_CHUNK))
+        n = maximum(1, -(-seq // LITGPT_CHUNK))
         return LogitsPlan(at_forward_end=c * tv, forward_peak=8 * tv, backward_peak=8 * tv + 8 * tv // n,
                           held=4 * tv, cast_peak=c * tv + cast)
     if loss == "torchtune_legacy":

@@ -13,11 +13,13 @@ with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the 
 
 from __future__ import annotations
 
-from tuneplan.estimator.activations import activation_plan
-from tuneplan.estimator.dtypes import resolve_dtypes
-from tuneplan.estimator.fsdp_grads import fsdp_gradients
-from tuneplan.estimator.logits import logits_plan
-from tuneplan.estimator.optimizer import optimizer_plan
+from dataclasses import dataclass
+from typing import Any
+
+from tuneplan.estimator.activations import ActivationPlan, activations_at
+from tuneplan.estimator.fsdp_grads import FsdpGrads, fsdp_gradients
+from tuneplan.estimator.logits import LogitsPlan, logits_plan
+from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
 from tuneplan.estimator.overhead import (
     CUBLAS_WORKSPACE,
     CUDA_CONTEXT_BAND,
@@ -25,50 +27,54 @@ from tuneplan.estimator.overhead import (
     cuda_context_bytes,
     reserved_from_allocated,
 )
-from tuneplan.estimator.parallel import shard
+from tuneplan.estimator.parallel import ShardPlan, shard
 from tuneplan.estimator.quant_kernels import dequant_transient_bytes
+from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.estimator.types import Band, MemoryBreakdown
-from tuneplan.estimator.weights import param_plan, resolve_targets
+from tuneplan.estimator.xp import maximum, minimum
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import get_profile, loss_kind, model_as_built
 from tuneplan.specs.setup import TrainSetup
 
 ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked the architecture
+# the components of every instant, in display order after the persistent ones (types.COMPONENTS)
+STEP_COMPONENTS = ("gradients", "optimizer_temp", "activations", "autocast_copies", "logits_loss",
+                   "backward_temp", "parallel_buffers")
 
 
-def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
-    """Analytic per-GPU memory of ``setup`` (already resolved against its profile)."""
-    prof = get_profile(setup.framework)
-    model = model_as_built(model, setup.framework, setup.num_labels)
-    dt = resolve_dtypes(setup, prof)
-    pp = param_plan(model, setup, dt, quant_lm_head=prof.quantizes_lm_head)
-    targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
-    acts = activation_plan(model, setup, dt, targets, setup.attn or prof.default_attn, prof.gc_offload,
-                           python_model_code=prof.model_code == "hf", quant_saves_input=prof.quant_saves_input,
-                           litgpt_code=prof.model_code == "litgpt", quant_lm_head=prof.quantizes_lm_head,
-                           expand_kv=prof.model_code == "torchtune", unsloth_code=prof.model_code == "unsloth")
-    tokens = setup.batch * setup.seq
-    logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
-    lg = logits_plan(tokens, model.head_width, logit_bytes, loss_kind(setup, prof), setup.seq, model.hidden,
-                     softmax_keeps_input=setup.softmax_keeps_input)
-    # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
-    # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
-    held = lg.held if prof.loop_holds_outputs else 0
-    pinned = acts.pinned_bytes
-    first = setup.longest_batch_first
-    prev_pinned = pinned if prof.loop_holds_outputs and not first else 0
-    prev_held = 0 if first else held
+@dataclass(frozen=True)
+class MemoryStatics:
+    """What does not depend on batch x seq: persistent terms, gradients, optimizer, sharding."""
+
+    opt: OptimizerPlan
+    sp: ShardPlan
+    fg: FsdpGrads | None
+    common: dict[str, int]  # weights, quant_meta, lora_adapters, optimizer_states, framework
+    blank: dict[str, int]  # ``common`` with every step component at 0: the template of an instant
+    grads: int  # gradients once backward has run
+    grads_prev: int  # gradients alive through the next forward (accumulation / keep_grads)
+    grads_step: int  # gradients the optimizer step sees
+    ac: int  # autocast weight copies through the forward
+    ac_bwd: int  # ... and from the loss backward on
+    head_deq: int  # a quantized lm_head's dequantized weight, live per chunk
+    dequant: int  # the largest quantized linear's dequantization scratch
+
+
+def memory_statics(run: Run) -> MemoryStatics:
+    """The shape-independent terms of ``run``, computed once and kept on it."""
+    cached = run.memo.get("memory")
+    if cached is not None:
+        return cached
+    model, setup, prof, dt, pp = run.model, run.setup, run.profile, run.dtypes, run.param_plan
     # A quantized lm_head dequantizes its whole weight for every chunk of the forward
     head_deq = (int(prof.dequant_bytes_per_elem * model.head_width * model.hidden)
                 if setup.quant_bits is not None and prof.quantizes_lm_head else 0)
-    fwd_logits = max(lg.forward_peak, prev_held + lg.cast_peak, prev_held + lg.at_forward_end + head_deq)
-    opt = optimizer_plan(setup.optimizer or prof.default_optimizer, pp.trainable_params, pp.trainable_bytes,
+    opt = optimizer_plan(run.optimizer, pp.trainable_params, pp.trainable_bytes,
                          pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
     sp = shard(model, setup, weights=pp.weight_bytes + pp.adapter_bytes, layer_stored_bytes=pp.largest_layer_bytes,
                trainable_params=pp.trainable_params,
                trainable_bytes=pp.trainable_bytes, trainable_weight_params=pp.trainable_weight_params,
                states=opt.states, optimizer_temp=opt.temp, compute_bytes=dt.compute,
-               optimizer=setup.optimizer or prof.default_optimizer,
+               optimizer=run.optimizer,
                root_embeddings=setup.method in prof.fsdp_root_embeddings)
     # Split the sharded weights back into base weights and adapters for display.
     adapters = min(pp.adapter_bytes, sp.weights) if not (setup.zero == 3 or setup.fsdp) else -(-pp.adapter_bytes // setup.world_size)
@@ -97,7 +103,6 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     if setup.zero == 3 or setup.fsdp:
         ac = -(-ac // setup.world_size)
         ac_bwd = -(-ac_bwd // setup.world_size)
-
     common = {
         "weights": weights,
         "quant_meta": -(-pp.quant_meta_bytes // (setup.world_size if (setup.zero == 3 or setup.fsdp)
@@ -106,23 +111,60 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         "optimizer_states": sp.states,
         "framework": CUBLAS_WORKSPACE,
     }
+    blank = {**common, **dict.fromkeys(STEP_COMPONENTS, 0)}
+    out = MemoryStatics(opt=opt, sp=sp, fg=fg, common=common, blank=blank, grads=grads, grads_prev=grads_prev,
+                        grads_step=grads_step, ac=ac, ac_bwd=ac_bwd, head_deq=head_deq,
+                        dequant=dequant_transient_bytes(model, setup, prof))
+    run.memo["memory"] = out
+    return out
 
-    def phase(**extra: int) -> dict[str, int]:
-        d = dict(common)
-        for k in ("gradients", "optimizer_temp", "activations", "autocast_copies", "logits_loss",
-                  "backward_temp", "parallel_buffers"):
-            d[k] = 0
-        d.update({k: int(v) for k, v in extra.items()})
-        return d
+
+@dataclass(frozen=True)
+class MemoryAt:
+    """Every instant's components at one shape (ints), or at every shape of a grid (numpy arrays)."""
+
+    phases: dict[str, dict[str, Any]]
+    acts: ActivationPlan
+    logits: LogitsPlan
+    held: Any
+    statics: MemoryStatics
+
+
+def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
+    """The components live at each instant of the step at ``batch`` x ``seq``: Python ints, or numpy arrays
+    broadcast together (a grid); the formulas are the same either way (``estimator/xp.py``)."""
+    model, setup, prof, dt = run.model, run.setup, run.profile, run.dtypes
+    st = memory_statics(run)
+    sp = st.sp
+    acts = activations_at(model, setup, dt, run.layers, batch, seq, gc_offload=prof.gc_offload,
+                          quant_saves_input=prof.quant_saves_input, litgpt_code=prof.model_code == "litgpt",
+                          quant_lm_head=prof.quantizes_lm_head, expand_kv=prof.model_code == "torchtune")
+    tokens = batch * seq
+    logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
+    lg = logits_plan(tokens, model.head_width, logit_bytes, run.loss, seq, model.hidden,
+                     softmax_keeps_input=setup.softmax_keeps_input)
+    # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
+    # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
+    held = lg.held if prof.loop_holds_outputs else 0
+    pinned = acts.pinned_bytes
+    first = setup.longest_batch_first
+    prev_pinned = pinned if prof.loop_holds_outputs and not first else 0
+    prev_held = 0 if first else held
+    head_deq = st.head_deq
+    fwd_logits = maximum(maximum(lg.forward_peak, prev_held + lg.cast_peak), prev_held + lg.at_forward_end + head_deq)
+    grads, grads_prev = st.grads, st.grads_prev
+
+    def phase(**extra: Any) -> dict[str, Any]:
+        return {**st.blank, **extra}
 
     fwd_acts = acts.saved_bytes
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
-    bwd_temp = acts.backward_temp_bytes + dequant_transient_bytes(model, setup, prof)
-    phases: dict[str, dict[str, int]] = {
+    bwd_temp = acts.backward_temp_bytes + st.dequant
+    phases: dict[str, dict[str, Any]] = {
         "forward": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + prev_pinned,
-                         autocast_copies=ac, logits_loss=fwd_logits, parallel_buffers=sp.gathered_at_loss),
-        "backward_start": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac_bwd,
-                                logits_loss=lg.backward_peak, parallel_buffers=sp.gathered_at_loss),
+                         autocast_copies=st.ac, logits_loss=fwd_logits, parallel_buffers=sp.gathered_at_loss),
+        "backward_start": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts,
+                                autocast_copies=st.ac_bwd, logits_loss=lg.backward_peak, parallel_buffers=sp.gathered_at_loss),
     }
     if head_deq:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
@@ -135,11 +177,11 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
         top = phase(gradients=grads_prev + sp.grad_buffers,
                     activations=fwd_acts - acts.tail_bytes + acts.recompute_bytes,
-                    autocast_copies=ac_bwd, backward_temp=bwd_temp, parallel_buffers=sp.gathered)
+                    autocast_copies=st.ac_bwd, backward_temp=bwd_temp, parallel_buffers=sp.gathered)
         bottom = phase(gradients=grads + sp.grad_buffers, activations=acts.recompute_bytes,
                        backward_temp=bwd_temp, parallel_buffers=sp.gathered)
     else:
-        top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=ac,
+        top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=st.ac,
                     backward_temp=bwd_temp, logits_loss=held, parallel_buffers=sp.gathered)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom = phase(gradients=grads + sp.grad_buffers,
@@ -157,20 +199,34 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     # adds into it in place (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor).
     if acts.embedding_grad_bytes and setup.world_size == 1 and not setup.optimizer_in_backward:
         if setup.keep_grads or setup.grad_accum > 1:
-            emb_temp = acts.embedding_backward_bytes + min(acts.embedding_grad_bytes, grads)
+            emb_temp = acts.embedding_backward_bytes + minimum(acts.embedding_grad_bytes, grads)
         else:
-            bottom["gradients"] -= min(acts.embedding_grad_bytes, grads)
+            bottom["gradients"] = bottom["gradients"] - minimum(acts.embedding_grad_bytes, grads)
             emb_temp = acts.embedding_backward_bytes
         phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers, backward_temp=emb_temp)
     if first and setup.grad_accum > 1:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
-        phases["next_micro_batch"] = phase(gradients=(fg.accumulating if fg is not None else grads) + sp.grad_buffers,
-                                           activations=pinned if prof.loop_holds_outputs else 0, logits_loss=held,
-                                           parallel_buffers=sp.gathered)
-    phases["optimizer_step"] = phase(gradients=grads_step + sp.grad_buffers,
+        phases["next_micro_batch"] = phase(
+            gradients=(st.fg.accumulating if st.fg is not None else grads) + sp.grad_buffers,
+            activations=pinned if prof.loop_holds_outputs else 0, logits_loss=held, parallel_buffers=sp.gathered)
+    phases["optimizer_step"] = phase(gradients=st.grads_step + sp.grad_buffers,
                                      optimizer_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp,
                                      activations=pinned if prof.loop_holds_outputs else 0, logits_loss=held)
+    return MemoryAt(phases=phases, acts=acts, logits=lg, held=held, statics=st)
+
+
+def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
+    """Analytic per-GPU memory of ``setup`` (already resolved against its profile)."""
+    return memory_of(resolve_run(model, setup))
+
+
+def memory_of(run: Run) -> MemoryBreakdown:
+    """Analytic per-GPU memory of a resolved run at its own batch and seq: the instant with the largest
+    allocated total (the first one on a tie), its components, the reserved and device figures."""
+    setup, prof = run.setup, run.profile
+    m = memory_at(run, setup.batch, setup.seq)
+    phases = m.phases  # Python ints at one shape (activations_at truncates its float sums)
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak = max(totals, key=lambda k: totals[k])
     comps = phases[peak]
@@ -184,7 +240,9 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
                          "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
         "cuda_context": Band(CUDA_CONTEXT_BAND[0], CUDA_CONTEXT_BAND[1], "driver, CUDA version, lazy loading"),
     }
-    notes = list(sp.notes) + list(opt.notes)
+    st, acts, held = m.statics, m.acts, m.held
+    pinned, head_deq = acts.pinned_bytes, st.head_deq
+    notes = list(st.sp.notes) + list(st.opt.notes)
     if acts.offloaded_bytes:
         notes.append(f"{acts.offloaded_bytes / 2**30:.2f} GiB of saved activations offloaded to CPU")
     if held:
@@ -197,6 +255,6 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
         notes.append(f"the 4-bit lm_head dequantizes its whole weight for every chunk ({head_deq / 2**30:.2f} GiB live)")
     return MemoryBreakdown(
         components=comps, peak_phase=peak, phases=totals, reserved_peak_bytes=reserved,
-        cuda_context_bytes=cuda_context_bytes(), nccl_bytes=sp.nccl, paged_bytes=opt.paged,
-        host_bytes=sp.host + acts.offloaded_bytes, engine="analytic", bands=bands, notes=notes,
+        cuda_context_bytes=cuda_context_bytes(), nccl_bytes=st.sp.nccl, paged_bytes=st.opt.paged,
+        host_bytes=st.sp.host + acts.offloaded_bytes, engine="analytic", bands=bands, notes=notes,
     )

@@ -14,6 +14,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from tuneplan.estimator.xp import to_int
+
 MIB = 1024**2
 CUBLAS_WORKSPACE = 32 * MIB  # 8 x 4 MiB (:4096:8)
 FRAGMENTATION = 0.06  # reserved / allocated - 1 at the peak of a steady training step (central value)
@@ -23,8 +27,10 @@ CUDA_CONTEXT_BAND = (300 * MIB, 1400 * MIB)
 SEGMENT = 2 * MIB
 
 
-def reserved_from_allocated(allocated: int) -> int:
-    r = int(allocated * (1 + FRAGMENTATION))
+def reserved_from_allocated(allocated: Any) -> Any:
+    """allocated x (1 + FRAGMENTATION), truncated to bytes, rounded up to whole 2 MiB segments (an int, or an
+    array of a grid: ``estimator/xp.py``)."""
+    r = to_int(allocated * (1 + FRAGMENTATION))
     return -(-r // SEGMENT) * SEGMENT
 
 

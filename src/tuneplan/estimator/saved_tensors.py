@@ -8,8 +8,10 @@ embedding-gradient formulas live here once so that the simulate engine's kernel 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.xp import maximum
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -60,19 +62,24 @@ def embedding_backward_scratch(tokens: int, hidden: int) -> int:
 
 
 def embedding_backward(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> tuple[int, int]:
+    """``embedding_backward_at`` for the setup's own batch x seq tokens."""
+    return embedding_backward_at(model, setup.method, dt, setup.batch * setup.seq)
+
+
+def embedding_backward_at(model: ModelSpec, method: str, dt: Dtypes, tokens: Any) -> tuple[Any, Any]:
     """(embedding gradient bytes, transient bytes beyond all gradients at the embedding backward).
 
     Tied embeddings: autograd's InputBuffer holds the lm_head's contribution to the shared weight until
     the embedding's arrives, then sums them out of place (``old_var + var``): the two contributions and
     their sum are live together, two gradients' worth beyond the final one (simulate: Qwen2.5-0.5B and
     gemma-2b full fine-tunes peak at that ``add``). Untied: the dense gradient becomes ``.grad``; only the
-    kernel's scratch and its incoming gradient are extra (Qwen2.5-7B full + checkpointing peaks there)."""
-    if setup.method != "full":
+    kernel's scratch and its incoming gradient are extra (Qwen2.5-7B full + checkpointing peaks there).
+    ``tokens`` may be a numpy array (a grid): see ``estimator/xp.py``."""
+    if method != "full":
         return 0, 0
-    tokens = setup.batch * setup.seq
     grad = model.vocab * model.hidden * dt.trainable
     # the kernel's scratch, plus the incoming gradient of the embedding output (param dtype)
     during = embedding_backward_scratch(tokens, model.hidden) + tokens * model.hidden * dt.trainable
     if model.tied_embeddings:
-        return grad, max(2 * grad, grad + during)
+        return grad, maximum(2 * grad, grad + during)
     return grad, during

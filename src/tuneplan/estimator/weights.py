@@ -191,3 +191,26 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
                      autocast_copy_bytes=autocast_copy, trainable_tensors=tensors, largest_trainable_tensor=largest,
                      factored_elems=factored, autocast_copy_backward_bytes=copy_backward,
                      largest_layer_bytes=largest_layer)
+
+
+def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:
+    """Parameters the setup trains: every one (full), the last ``freeze_trainable_layers`` layers (freeze),
+    or the LoRA matrices r x (d_in + d_out) of every targeted linear, plus PEFT's trainable copy of a
+    sequence-classification head (``modules_to_save``: score / classifier)."""
+    if setup.method == "full":
+        return model.params_total
+    if setup.method == "freeze":
+        n = min(setup.freeze_trainable_layers, model.n_layers)
+        per_layer = model.params_layers // model.n_layers
+        return per_layer * n
+    targets = resolve_targets(model, setup.targets)
+    total = 0
+    for spec, count in model.layer_groups:
+        for m in spec.linears:
+            if m.name in targets:
+                total += count * lora_params_of(m, setup.rank)
+    if setup.num_labels:
+        from tuneplan.specs.profiles import classifier_head_params
+
+        total += classifier_head_params(model, setup.num_labels)
+    return total

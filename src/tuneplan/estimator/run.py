@@ -1,0 +1,88 @@
+"""A run resolved once: the model as the framework builds it, the profile, the dtypes, the parameter plan, the
+LoRA targets and each kind of layer's saved-activation ledger, for one (model, setup).
+
+Every memory formula reads a ``Run`` instead of re-resolving the profile, the dtypes or the parameter plan
+(which used to happen in each formula, with copies that could drift: the time model's parameter plan is
+``run.param_plan``, the one memory uses, quantized lm_head included). Nothing in a ``Run`` depends on the
+micro-batch size or the sequence length, so one ``Run`` serves a whole grid of (batch, seq)
+(``memory.memory_at``, ``tuneplan.grid``); ``run.reshaped(batch=, seq=)`` gives the scalar estimate at
+another shape without resolving anything again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tuneplan.estimator.activations import LayerKinds, layer_kinds
+from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
+from tuneplan.estimator.types import Finding
+from tuneplan.estimator.weights import ParamPlan, param_plan, resolve_targets, trainable_params
+from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.profiles import Profile, get_profile, loss_kind, model_as_built
+from tuneplan.specs.setup import TrainSetup
+
+
+@dataclass(frozen=True)
+class Run:
+    model: ModelSpec  # as the framework's code builds it (model_as_built)
+    setup: TrainSetup  # validated and resolved against its profile
+    profile: Profile
+    dtypes: Dtypes
+    targets: frozenset[str]  # LoRA target modules (empty unless LoRA / QLoRA)
+    param_plan: ParamPlan
+    layers: LayerKinds  # one saved-activation ledger per kind of layer, per token
+    attn: str
+    loss: str  # the loss kernel (specs.profiles.loss_kind)
+    optimizer: str
+    # formulas' shape-independent terms, filled on first use (memory.memory_statics)
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def trainable_params(self) -> int:
+        n = self.memo.get("trainable")
+        if n is None:
+            n = self.memo["trainable"] = trainable_params(self.model, self.setup)
+        return n
+
+    def findings(self, acc: Accelerator | None) -> list[Finding]:
+        """Compatibility findings on ``acc`` (estimator/compat.py), kept per card: no rule reads the batch
+        size or the sequence length, so a reshaped run shares them."""
+        last = self.memo.get("findings")  # (card, findings) of the last card asked about
+        if last is None or not (last[0] is acc or last[0] == acc):
+            from tuneplan.estimator.compat import check
+
+            last = self.memo["findings"] = (acc, check(acc, self.setup, self.model))
+        return list(last[1])
+
+    def reshaped(self, **shape: int) -> Run:
+        """The same run at another ``batch`` / ``seq`` / ``grad_accum`` (nothing in it depends on them but
+        the setup record itself); other fields need :func:`resolve_run`."""
+        unknown = set(shape) - {"batch", "seq", "grad_accum"}
+        if unknown:
+            raise ValueError(f"reshaped() takes batch, seq, grad_accum, not {sorted(unknown)}")
+        # recorded as build_setup records keyword fields (profiles.resolve_setup: an explicit field is a flag)
+        sources = dict(self.setup.sources)
+        for k in shape:
+            sources.setdefault(k, "flag")
+        setup = self.setup.replace(**shape, sources=sources)
+        # the memo's memory terms depend on grad_accum; its findings and trainable count on neither
+        memo = {k: v for k, v in self.memo.items() if k != "memory"} if "grad_accum" in shape else self.memo
+        return replace(self, setup=setup, memo=memo)
+
+
+def resolve_run(model: ModelSpec, setup: TrainSetup) -> Run:
+    """Resolve ``setup`` (already validated and profile-resolved, see ``api.build_setup``) on ``model``."""
+    prof = get_profile(setup.framework)
+    model = model_as_built(model, setup.framework, setup.num_labels)
+    dt = resolve_dtypes(setup, prof)
+    targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
+    pp = param_plan(model, setup, dt, quant_lm_head=prof.quantizes_lm_head)
+    attn = setup.attn or prof.default_attn
+    code = prof.model_code
+    kinds = layer_kinds(model, setup, dt, targets, attn, python_model_code=code == "hf",
+                        quant_saves_input=prof.quant_saves_input, litgpt_code=code == "litgpt",
+                        expand_kv=code == "torchtune", unsloth_code=code == "unsloth")
+    return Run(model=model, setup=setup, profile=prof, dtypes=dt, targets=targets, param_plan=pp, layers=kinds,
+               attn=attn, loss=loss_kind(setup, prof), optimizer=setup.optimizer or prof.default_optimizer)

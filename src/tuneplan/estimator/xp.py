@@ -1,0 +1,41 @@
+"""The three operations the shape-dependent formulas need beyond + - * //, for Python numbers and numpy arrays.
+
+The memory formulas in batch and seq (``activations.activations_at``, ``logits.logits_plan``,
+``memory.memory_at``) are written once and evaluated either on Python ints (``tuneplan.estimate``) or on
+numpy arrays of every (batch, seq) of a grid (``tuneplan.grid``). Python's ``max``/``min``/``int`` do not
+broadcast over arrays, so those formulas call these instead. For numbers they are exactly the builtins
+(``max(a, b)`` returns ``a`` unless ``b > a``); for arrays the element-wise numpy equivalents, which give the
+same IEEE-754 results (both paths multiply and add in float64 in the same order, and truncate toward zero).
+numpy is imported only when an array is passed: the scalar path and the CLI never load it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_NUMBERS = (int, float)
+
+
+def maximum(a: Any, b: Any) -> Any:
+    if type(a) in _NUMBERS and type(b) in _NUMBERS:
+        return b if b > a else a
+    import numpy as np
+
+    return np.maximum(a, b)
+
+
+def minimum(a: Any, b: Any) -> Any:
+    if type(a) in _NUMBERS and type(b) in _NUMBERS:
+        return b if b < a else a
+    import numpy as np
+
+    return np.minimum(a, b)
+
+
+def to_int(x: Any) -> Any:
+    """``int(x)``: truncation toward zero (numpy ``astype(int64)`` truncates the same way)."""
+    if type(x) in _NUMBERS:
+        return int(x)
+    import numpy as np
+
+    return np.asarray(x).astype(np.int64)

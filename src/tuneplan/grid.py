@@ -1,0 +1,195 @@
+"""Whole grids of setups at once: per-GPU memory of every combination of the given axes, as numpy arrays.
+
+    >>> import tuneplan
+    >>> g = tuneplan.estimate_grid("llama-2-7b", gpu="rtx4090", method="lora", batch=range(1, 65),
+    ...                            seq=[256, 512, 1024, 2048], rank=[8, 16, 32, 64])
+    >>> g.shape, g.device_peak[0, 1, 2], g.fits.sum()
+
+Any setup field may be a sequence (a list, tuple, range or 1-D array; a string is one value). The result's
+arrays are shaped like the product of the sequence-valued axes, in the order they were given.
+
+How it is evaluated: ``batch`` and ``seq`` are vectorized. Every memory term is a closed form in
+t = batch x seq tokens and s = seq (per layer kind, t x per_token + t x s x per_token_per_pos; the logits
+chain, t x vocabulary), so ``memory.memory_at`` evaluates the same formulas the scalar ``tuneplan.estimate``
+uses on numpy arrays of every (batch, seq) at once, then picks each cell's peak instant (the first on a tie,
+as the scalar path does) and applies the caching allocator's rounding element-wise. Every other axis (rank,
+grad_accum, gpus, zero, method, precision, ...) changes what is resolved (the parameter plan, the layer
+ledgers, the sharding), so the grid resolves one ``Run`` per combination of those axes (a loop over, e.g.,
+4 ranks, not over configurations) and evaluates the whole batch x seq plane on each.
+Findings (compatibility rules) are per resolved run: no rule reads the batch size or the sequence length.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from numbers import Integral
+from typing import Any
+
+import numpy as np
+
+from tuneplan.errors import TuneplanError
+from tuneplan.estimator.memory import STEP_COMPONENTS, memory_at
+from tuneplan.estimator.overhead import cuda_context_bytes, reserved_from_allocated
+from tuneplan.estimator.run import Run, resolve_run
+from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+VECTOR_AXES = ("batch", "seq")
+PERSISTENT = ("weights", "quant_meta", "lora_adapters", "optimizer_states", "framework")
+COMPONENT_ORDER = PERSISTENT + STEP_COMPONENTS
+MAX_SEQ = 4_194_304  # TrainSetup.validate's bound
+EXACT_LIMIT = 2**53  # float64 holds every integer below it: the grid's products stay exact
+
+
+@dataclass
+class Grid:
+    """Per-GPU memory over a product of axes: every array has shape ``shape`` (the axes' lengths, in order)."""
+
+    axes: dict[str, tuple[Any, ...]]
+    allocated: np.ndarray  # allocated peak bytes (int64)
+    reserved: np.ndarray  # caching-allocator reserved bytes at the peak
+    device_peak: np.ndarray  # reserved + CUDA context + NCCL: what nvidia-smi shows, what OOM is judged on
+    components: dict[str, np.ndarray]  # allocated bytes of each component at the peak instant
+    peak_phase: np.ndarray  # the instant of the peak (str)
+    errors: np.ndarray  # an error finding (cannot run, memory aside), or not a valid setup
+    valid: np.ndarray  # the setup is valid (a combination such as ZeRO on one GPU is not: its figures are 0)
+    gpu: Accelerator | None = None
+    runs: dict[tuple[Any, ...], Run] = field(default_factory=dict, repr=False)  # by the looped axes' values
+    invalid: dict[tuple[Any, ...], str] = field(default_factory=dict)  # looped axes' values -> why not valid
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.allocated.shape
+
+    @property
+    def fits(self) -> np.ndarray | None:
+        """``Estimate.fits`` element-wise: a valid setup, no error finding and the device peak within the card;
+        None without a GPU."""
+        if self.gpu is None:
+            return None
+        return self.valid & ~self.errors & (self.device_peak <= self.gpu.memory_bytes)
+
+    @property
+    def headroom(self) -> np.ndarray | None:
+        return None if self.gpu is None else self.gpu.memory_bytes - self.device_peak
+
+    @property
+    def size(self) -> int:
+        return int(self.allocated.size)
+
+
+def _values(name: str, v: Any) -> tuple[Any, ...] | None:
+    """The axis values of a sequence-valued field, or None for a single value."""
+    if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+        return None
+    vals = tuple(x.item() if isinstance(x, np.generic) else x for x in v)
+    if not vals:
+        raise TuneplanError("an axis needs at least one value", field=name, accepted="a non-empty sequence")
+    return vals
+
+
+def _shape_axis(name: str, vals: tuple[Any, ...]) -> np.ndarray:
+    for x in vals:
+        if isinstance(x, bool) or not isinstance(x, Integral) or x <= 0:
+            raise TuneplanError(f"must be a positive integer, got {x!r}", field=name, accepted="1, 2, 3, ...")
+        if name == "seq" and x > MAX_SEQ:
+            raise TuneplanError(f"{x} tokens is beyond any model's context", field="seq", accepted=f"1..{MAX_SEQ}")
+    return np.asarray(vals, dtype=np.int64)
+
+
+def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.ndarray]:
+    """The memory of ``run`` at every (batch, seq) of two broadcastable int64 arrays: ``memory.memory_at`` on
+    arrays, then the scalar path's peak choice (``memory.memory_of``: the first instant with the largest
+    total) and the allocator's rounding, element-wise."""
+    shape = np.broadcast_shapes(batch.shape, seq.shape)
+    m = memory_at(run, batch, seq)
+    names = list(m.phases)
+    # the instants' totals (exact int64 sums), and the first largest of each cell, as max() over a dict
+    totals = np.empty((len(names),) + shape, dtype=np.int64)
+    for i, p in enumerate(names):
+        totals[i] = sum(m.phases[p].values())
+    peak = np.argmax(totals, axis=0)
+    allocated = np.take_along_axis(totals, peak[None], 0)[0]
+    reserved = reserved_from_allocated(allocated)
+    out = {"allocated": allocated, "reserved": reserved,
+           "device_peak": reserved + cuda_context_bytes() + m.statics.sp.nccl,
+           "peak_phase": np.asarray(names)[peak]}
+    for c in COMPONENT_ORDER:
+        vals = [m.phases[p][c] for p in names]
+        if all(type(v) is int for v in vals):
+            out[f"c:{c}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
+        else:
+            out[f"c:{c}"] = np.choose(peak, [np.asarray(v, dtype=np.int64) for v in vals])
+    return out
+
+
+def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: str | Accelerator | None = None,
+                  hardware_file: str | None = None, **axes: Any) -> Grid:
+    """Per-GPU memory of every combination of ``axes`` (setup fields; any may be a sequence): see the module."""
+    from tuneplan.api import build_setup
+    from tuneplan.catalog.accelerators import resolve_accelerator
+    from tuneplan.catalog.models import resolve_model
+
+    spec = resolve_model(model) if isinstance(model, str) else model
+    acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
+    grid_axes = {k: vals for k, v in axes.items() if (vals := _values(k, v)) is not None}
+    fixed = {k: v for k, v in axes.items() if k not in grid_axes}
+    b_vals = grid_axes.get("batch", (fixed.pop("batch", None) or (setup.batch if setup else TrainSetup.batch),))
+    s_vals = grid_axes.get("seq", (fixed.pop("seq", None) or (setup.seq if setup else TrainSetup.seq),))
+    b = _shape_axis("batch", b_vals)
+    s = _shape_axis("seq", s_vals)
+    if int(b.max()) * int(s.max()) ** 2 * 1024 >= EXACT_LIMIT * 1024:  # t x s x bytes per position stays exact
+        raise TuneplanError("batch x seq x seq is too large to evaluate exactly", field="seq",
+                            accepted=f"batch x seq^2 below {EXACT_LIMIT}")
+    looped = [k for k in grid_axes if k not in VECTOR_AXES]
+    planes: dict[str, list[np.ndarray]] = {}
+    errors: list[bool] = []
+    runs: dict[tuple[Any, ...], Run] = {}
+    invalid: dict[tuple[Any, ...], str] = {}
+    first_error: TuneplanError | None = None
+    for combo in itertools.product(*(grid_axes[k] for k in looped)):
+        kw = {**fixed, **dict(zip(looped, combo, strict=True)), "batch": int(b[0]), "seq": int(s[0])}
+        try:
+            run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kw))
+        except TuneplanError as e:  # this combination of the looped axes is not a valid setup
+            first_error = first_error or e
+            invalid[combo] = str(e)
+            planes.setdefault("invalid", []).append(np.ones((len(b), len(s)), dtype=bool))
+            errors.append(True)
+            continue
+        runs[combo] = run
+        for k, v in memory_plane(run, b[:, None], s[None, :]).items():
+            planes.setdefault(k, []).append(v)
+        planes.setdefault("invalid", []).append(np.zeros((len(b), len(s)), dtype=bool))
+        errors.append(any(f.level == "error" for f in run.findings(acc)))
+    if not runs:
+        assert first_error is not None
+        raise first_error  # no combination is valid: the input itself is wrong
+    if invalid:  # zero-filled planes in the invalid combinations' places, so every array keeps its shape
+        blank = {k: np.zeros_like(v[0]) for k, v in planes.items() if k != "invalid"}
+        filled: dict[str, list[np.ndarray]] = {k: [] for k in blank}
+        it = {k: iter(v) for k, v in planes.items()}
+        for bad in planes["invalid"]:
+            for k in blank:
+                filled[k].append(blank[k] if bad.all() else next(it[k]))
+        planes = {**filled, "invalid": planes["invalid"]}
+    # [looped..., batch, seq] -> the caller's axis order, without the batch / seq axes that were single values
+    lead = tuple(len(grid_axes[k]) for k in looped)
+    order = looped + ["batch", "seq"]
+    want = list(grid_axes)
+    squeeze = tuple(i for i, k in enumerate(order) if k in VECTOR_AXES and k not in grid_axes)
+
+    def arrange(stack: list[np.ndarray]) -> np.ndarray:
+        a = np.stack(stack).reshape(lead + stack[0].shape)
+        a = np.squeeze(a, axis=squeeze) if squeeze else a
+        kept = [k for k in order if k in grid_axes]
+        return np.transpose(a, [kept.index(k) for k in want]) if kept != want else a
+
+    err = np.broadcast_to(np.asarray(errors, dtype=bool).reshape(lead + (1, 1)), lead + (len(b), len(s)))
+    return Grid(axes={k: grid_axes[k] for k in want}, allocated=arrange(planes["allocated"]),
+                reserved=arrange(planes["reserved"]), device_peak=arrange(planes["device_peak"]),
+                components={c: arrange(planes[f"c:{c}"]) for c in COMPONENT_ORDER},
+                peak_phase=arrange(planes["peak_phase"]), errors=arrange(list(err.reshape((-1,) + err.shape[-2:]))),
+                valid=~arrange(planes["invalid"]), gpu=acc, runs=runs, invalid=invalid)
