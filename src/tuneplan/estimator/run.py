@@ -47,11 +47,11 @@ class Run:
         return n
 
     def findings(self, acc: Accelerator | None) -> list[Finding]:
-        """Compatibility findings on ``acc`` (estimator/compat.py), kept per card: no rule reads the batch
+        """Compatibility findings on ``acc`` (tuneplan.compat), kept per card: no rule reads the batch
         size or the sequence length, so a reshaped run shares them."""
         last = self.memo.get("findings")  # (card, findings) of the last card asked about
         if last is None or not (last[0] is acc or last[0] == acc):
-            from tuneplan.estimator.compat import check
+            from tuneplan.compat import check
 
             last = self.memo["findings"] = (acc, check(acc, self.setup, self.model))
         return list(last[1])
