@@ -73,6 +73,13 @@ MICRO_BATCH_FIXED_SECONDS = 2e-3
 # DeepSpeed reduce_bucket_size 5e8 elements; FSDP one unit = one decoder layer).
 DDP_BUCKET_BYTES = 25 * 1024**2
 DS_BUCKET_ELEMENTS = 500_000_000
+# CPU optimizer step under offload (DeepSpeed CPUAdam, FSDP CPUOffload's torch Adam on the CPU): a
+# streaming update, bound by host memory. Adam over fp32 master weights reads weight, gradient, m and v
+# (16 B) and writes weight, m and v (12 B) plus the 16-bit copy sent back (2 B): 30 B per parameter.
+# A two-socket server streams ~200-300 GB/s (STREAM on 8-12 DDR4/DDR5 channels per socket) shared by up
+# to 8 GPUs' ranks and by the PCIe copies themselves: 20 GB/s per GPU is an assumption, stated in the output.
+HOST_ADAM_BYTES_PER_PARAM = 30.0
+HOST_MEMORY_GBS_PER_GPU = 20.0
 
 
 class UnknownThroughput(ValueError):
@@ -100,6 +107,13 @@ class StepTime:
     flops: FlopCount | None = None
     links: dict[str, str] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
+    # seconds per optimizer step per GPU by what limits them; the five add up to step_seconds:
+    # compute (matmuls at the tensor rate), memory_bound (kernels bound by memory bandwidth: element-wise
+    # ops, weight reads at small batches, dequantization, the optimizer update), communication (the part of
+    # the collectives compute does not hide), offload (host link copies and the CPU optimizer step),
+    # overhead (kernel launches, framework hooks, fixed per micro-batch cost not hidden behind GPU work)
+    breakdown: dict[str, float] = field(default_factory=dict)
+    breakdown_detail: dict[str, float] = field(default_factory=dict)  # named parts inside the five
 
 
 def card_class(acc: Accelerator) -> str:
@@ -118,6 +132,10 @@ def matmul_peak_tflops(acc: Accelerator, setup: TrainSetup) -> float | None:
     CUDA cores (PyTorch's default ``allow_tf32=False`` for matmuls since 1.12)."""
     per_package = acc.fp32_tflops if setup.precision == "fp32" else (acc.bf16_tflops_dense
                                                                       or acc.fp16_fp16acc_tflops_dense)
+    if not per_package and (acc.tensor_cores or "").lower().startswith("no"):
+        # No tensor cores (Pascal and older): PyTorch's 16-bit GEMMs ask cuBLAS for fp32 accumulation
+        # (CUBLAS_COMPUTE_32F), which runs on the fp32 units at the fp32 rate.
+        per_package = acc.fp32_tflops
     # one device of a multi-device package (MI250X: 2 GCDs) gets its share of the package's figure
     return per_package / max(1, acc.devices_per_package) if per_package else None
 
@@ -166,7 +184,7 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     prof = get_profile(setup.framework)
     model = model_as_built(model, setup.framework, setup.num_labels)
     dt = resolve_dtypes(setup, prof)
-    pp = param_plan(model, setup, dt)
+    pp = param_plan(model, setup, dt, quant_lm_head=prof.quantizes_lm_head)  # as memory.py plans them
     fl = flops_per_token(model, setup)
     cls = card_class(acc)
     u = opt.gemm_efficiency or GEMM_EFFICIENCY[cls]
@@ -269,9 +287,25 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
         if setup.offload == "all":
             per_micro_bytes = 2 * gathered / n  # parameter shards up for forward and backward
         offload_s = (per_step_bytes + setup.grad_accum * per_micro_bytes) / (host.gbs * 1e9)
-        assumptions.append("CPU offload: PCIe copies counted; the CPU optimizer's own compute time is not modeled")
+        cpu_optimizer_s = shard_t * HOST_ADAM_BYTES_PER_PARAM / (HOST_MEMORY_GBS_PER_GPU * 1e9)
+        offload_s += cpu_optimizer_s
+        assumptions.append(f"CPU offload: PCIe copies, and the optimizer step on the CPU at "
+                           f"{HOST_ADAM_BYTES_PER_PARAM:g} B per parameter of host memory traffic at "
+                           f"{HOST_MEMORY_GBS_PER_GPU:g} GB/s per GPU ({cpu_optimizer_s:.2f} s per step)")
 
     step_s = setup.grad_accum * micro_s + optimizer_s + paged_s + exposed + offload_s
+    ga = setup.grad_accum
+    tensor_s = gemm_s if gemm_s >= weights_s else 0.0  # matmuls held by the tensor cores, not by reading weights
+    breakdown = {
+        "compute": ga * tensor_s,
+        "memory_bound": ga * (matmul_s - tensor_s + elem_s + dequant_s) + optimizer_s + paged_s,
+        "communication": exposed,
+        "offload": offload_s,
+        "overhead": ga * (micro_s - gpu_s),
+    }
+    detail = {"dequantization": ga * dequant_s, "optimizer_update": optimizer_s + paged_s,
+              "kernel_launches": ga * max(gemm_part + other_part + dequant_part - gpu_s, 0.0),
+              "sharded_unit_fixed": ga * unit_s, "micro_batch_fixed": ga * MICRO_BATCH_FIXED_SECONDS}
     if n > 1:
         # Never faster per GPU than the same micro-batches on one GPU: sharding the update saves less than
         # the collectives cost at a fixed per-GPU batch. Paging and offload are left out of the floor
@@ -281,6 +315,9 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
         if floor > step_s:
             assumptions.append("per-GPU time floored at the single-GPU step (no superlinear scaling)")
             step_s = floor
+            breakdown = dict(one.breakdown, memory_bound=one.breakdown["memory_bound"]
+                             - one.components.get("paged_optimizer", 0.0))
+            detail = dict(one.breakdown_detail)
     tok_step = tokens * setup.grad_accum * n
     tps_gpu = tokens * setup.grad_accum / step_s
     mfu = (fl.forward + fl.backward) * tokens * setup.grad_accum / (step_s * peak * 1e12)
@@ -298,4 +335,5 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
         assumptions.append("eager attention computes the full s x s scores (no causal skipping)")
     return StepTime(step_seconds=step_s, micro_batch_seconds=micro_s, tokens_per_step=tok_step,
                     tokens_per_second=tps_gpu * n, tokens_per_second_per_gpu=tps_gpu, bound=bound, mfu=mfu,
-                    components=components, flops=fl, links=links, assumptions=assumptions)
+                    components=components, flops=fl, links=links, assumptions=assumptions,
+                    breakdown=breakdown, breakdown_detail=detail)
