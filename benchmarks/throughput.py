@@ -45,6 +45,7 @@ from tuneplan.api import build_setup  # noqa: E402
 from tuneplan.catalog.accelerators import resolve_accelerator  # noqa: E402
 from tuneplan.catalog.models import resolve_model  # noqa: E402
 from tuneplan.errors import TuneplanError  # noqa: E402
+from tuneplan.estimator.runtime import unverified_figures  # noqa: E402
 from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, step_time  # noqa: E402
 
 LOCAL = HERE / "data" / "calibration" / "measured.csv"
@@ -211,12 +212,13 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
             bound = bound or st.bound
     except (TuneplanError, UnknownThroughput) as exc:
         return f"cannot predict: {exc}"
-    err = w["measured_s"] / seconds - 1.0  # relative error of tokens/s (same work, inverse of time)
+    err = w["measured_s"] / seconds - 1.0  # = predicted tokens/s / measured tokens/s - 1 (same work)
     method = m.setup.get("method", "?")
     return {"row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu,
             "framework/method": f"{m.framework}/{method}", "held_out": m.row_id not in USED_FOR_CONSTANTS,
             "model": m.model, "measured_s": w["measured_s"], "predicted_s": seconds, "rel_err": err, "bound": bound,
-            "assumed_peak": peak is not None, "compiled": compiled, "notes": notes}
+            "assumed_peak": peak is not None or unverified_figures(acc) is not None, "compiled": compiled,
+            "notes": notes}
 
 
 def summarize(res: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
@@ -251,8 +253,8 @@ def run(a10g_tflops: float) -> dict[str, Any]:
     return {"csv": str(path), "results": results, "skipped": skipped,
             "summary": {k: summarize(results, k) for k in ("framework", "method", "framework/method", "gpu", "all")},
             "headline": {"all rows": summarize(results, "all"),
-                         "catalog peaks (no assumed A10G peak)": summarize(catalog_only, "all"),
-                         "catalog peaks, held out (no constant read off them)": summarize(held_out, "all")}}
+                         "verified card figures (not the A10G's)": summarize(catalog_only, "all"),
+                         "verified figures, held out (no constant read off them)": summarize(held_out, "all")}}
 
 
 def main() -> None:
@@ -268,7 +270,8 @@ def main() -> None:
         return
     print(f"calibration data: {out['csv']}")
     print(f"scored rows: {len(out['results'])}; skipped: {len(out['skipped'])}")
-    print("relative error of tokens/s = measured / predicted - 1 (positive: we predict too slow)")
+    # err = measured seconds / predicted seconds - 1 = predicted tokens/s / measured tokens/s - 1
+    print("relative error = predicted tokens/s / measured tokens/s - 1 (positive: we predict too fast)")
     if a.rows:
         for r in out["results"]:
             print(f"  {r['row_id']} {r['framework']:12s} {r['method']:6s} {r['gpu']:16s} {r['model'][:34]:34s} "

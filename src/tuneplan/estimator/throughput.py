@@ -37,7 +37,10 @@ from tuneplan.specs.setup import TrainSetup
 # TFLOPS); Hopper reaches a smaller fraction of its larger peak with cuBLAS (~65-70%: the FP8/BF16 GEMM
 # results in NVIDIA's H100 tuning guide and PyTorch's Hopper GEMM benchmarks); AMD Instinct's hipBLASLt
 # reaches about half of the marketed peak (SemiAnalysis MI300X vs H100 benchmark, Dec 2024).
-GEMM_EFFICIENCY = {"nvidia-hbm": 0.80, "nvidia-gddr": 0.80, "nvidia-hopper": 0.68, "amd": 0.50, "other": 0.50}
+# Ada (compute capability 8.9): cuBLAS HGEMM on an L20 (AD102, 119.5 TFLOPS dense fp16 tensor peak) runs
+# 105-115 TFLOPS on large shapes (DefTruth/CUDA-Learn-Notes hgemm README, measured against cuBLAS): ~0.92.
+GEMM_EFFICIENCY = {"nvidia-hbm": 0.80, "nvidia-gddr": 0.80, "nvidia-ada": 0.92, "nvidia-hopper": 0.68,
+                   "amd": 0.50, "other": 0.50}
 # Achievable fraction of peak memory bandwidth for streaming element-wise kernels (STREAM-like copies
 # reach 85-90% on A100/H100 HBM, ~85% on GDDR6X; element-wise PyTorch kernels with broadcasting and
 # reductions are lower): one value for all cards.
@@ -123,6 +126,8 @@ def card_class(acc: Accelerator) -> str:
         return "other"
     if acc.compute_capability and acc.compute_capability >= (9, 0) and "HBM" in (acc.memory_type or ""):
         return "nvidia-hopper"
+    if acc.compute_capability == (8, 9):
+        return "nvidia-ada"
     return "nvidia-hbm" if "HBM" in (acc.memory_type or "") else "nvidia-gddr"
 
 
