@@ -142,3 +142,14 @@ def test_filled_figures_are_named_and_never_replace_a_published_value(tmp_path) 
 def test_every_filled_figure_names_a_source() -> None:
     rows = list(csv.DictReader((REPO / "tools/accelerator_figures.csv").open(encoding="utf-8")))
     assert rows and all(r["source"].strip() and r["verified"] in ("yes", "no") for r in rows)
+
+
+def test_the_text_output_prints_the_breakdown_on_one_line() -> None:
+    from tuneplan.cli.render import time_breakdown_line
+
+    acc = resolve_accelerator("rtx-5880-ada-generation")
+    t = time_and_cost(LLAMA, build_setup(LLAMA, method="qlora", gradient_checkpointing=True), acc, DATA)["time"]
+    line = time_breakdown_line(t)
+    assert line.startswith(f"step {t['step_seconds']:.3g} s = compute ")
+    assert "memory-bound" in line and "dequantization" in line and "limited by" in line
+    assert "not verified" in line  # the RTX 5880 Ada's figures have no source
