@@ -153,3 +153,49 @@ def test_the_text_output_prints_the_breakdown_on_one_line() -> None:
     assert line.startswith(f"step {t['step_seconds']:.3g} s = compute ")
     assert "memory-bound" in line and "dequantization" in line and "limited by" in line
     assert "not verified" in line  # the RTX 5880 Ada's figures have no source
+
+
+def test_dispatched_ops_per_counted_kernel() -> None:
+    """OPS_PER_KERNEL (2.6) is what transformers' own Llama code dispatches per kernel that compute.py counts: run a
+    tiny LlamaForCausalLM forward + backward under a TorchDispatchMode on the CPU and count aten ops per layer."""
+    import collections
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tuneplan.estimator.compute import flops_per_token
+    from tuneplan.estimator.throughput import OPS_PER_KERNEL
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n["ops"] += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 64,
+           "architectures": ["LlamaForCausalLM"]}
+
+    def dispatched(layers: int) -> int:
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"},
+                                         num_hidden_layers=layers, attn_implementation="sdpa"))
+        m.train()
+        x = torch.randint(0, 256, (1, 32))
+        with Count() as c:
+            m(input_ids=x, labels=x).loss.backward()
+        return c.n["ops"]
+
+    def counted(layers: int) -> float:
+        spec = model_from_config({**cfg, "num_hidden_layers": layers}, "tiny")
+        f = flops_per_token(spec, build_setup(spec, method="full", batch=1, seq=32, framework="hf", attn="sdpa",
+                                              gradient_checkpointing=False))
+        return f.gemm_kernels + f.other_kernels
+
+    ratio = (dispatched(4) - dispatched(2)) / (counted(4) - counted(2))  # per decoder layer
+    assert 2.2 < ratio < 3.0
+    assert abs(ratio - OPS_PER_KERNEL) < 0.4

@@ -50,22 +50,32 @@ BW_EFFICIENCY = 0.70
 # fusion removes most intermediate writes of a norm / rotary / gated-activation chain).
 FUSED_TRAFFIC = 0.5
 FUSED_OPS = 0.3
-# bitsandbytes dequantize_4bit reads 0.5 B + absmax and writes 2 B per weight, then the GEMM reads the
-# 16-bit copy; its measured cost is well above that traffic at full bandwidth. From the litgpt rows of the
-# calibration data (QLoRA minus LoRA time at equal settings: A100 40GB 2023 and A10G 2024, 7B and 13B)
-# one dequantization pass costs about 10 bytes of peak-bandwidth time per weight on both cards.
-DEQUANT_BYTES_PER_WEIGHT = 10.0
+# bitsandbytes dequantize_4bit reads 0.5 B (+ absmax, ~0.03 B with double quantization) and writes 2 B per
+# weight, then the GEMM reads the 16-bit copy once more (2 B). Until bitsandbytes 0.48 its kernel decoded NF4
+# with branches and ran below bandwidth: the branch-free lookup-table kernel that replaced it (PR #1746,
+# Sept 2025) measured 1.36-2.07x faster on A100 / H100 (PR #1747's benchmarks of the same change), so the
+# kernel of the published runs takes ~2x its traffic time. Per weight per pass, at peak bandwidth:
+# (2.5 x 2 + 2) / BW_EFFICIENCY = 10 B. (Kept for current versions too: a conservative choice.)
+DEQUANT_KERNEL_BYTES = 2.5
+BNB_BRANCHY_KERNEL_SLOWDOWN = 2.0
+DEQUANT_COPY_READ_BYTES = 2.0
+DEQUANT_BYTES_PER_WEIGHT = (DEQUANT_KERNEL_BYTES * BNB_BRANCHY_KERNEL_SLOWDOWN + DEQUANT_COPY_READ_BYTES) / BW_EFFICIENCY
 # LLM.int8 (8-bit) matmuls decompose outliers and run int8 GEMMs; much slower than 4-bit dequant in
 # practice (bitsandbytes README: "8-bit ... slower"); modeled as twice the 4-bit pass (assumption).
 INT8_DEQUANT_FACTOR = 2.0
-# CPU time to launch one kernel from eager PyTorch, including the Python module call and the autograd
-# bookkeeping of that op (horace.io: the "overhead" regime). A GPU cannot work ahead of the CPU, so each
-# class of kernels takes the longer of its launches and its execution (a per-kernel roofline): small
-# micro-batches are launch-bound. The value is read off the calibration rows that are launch-bound: the
-# litgpt A100 LoRA rows whose time hardly changes from micro-batch 1 to 4 (4.0-4.8 ms per layer per
-# micro-batch, ~100 kernels) and the transformers BERT rows at micro-batch 1 (~3 ms per layer): ~35 us.
-# Newer CPUs and PyTorch versions launch faster; this is what the published runs saw.
-DISPATCH_SECONDS = 35e-6
+# CPU time per launched kernel in eager PyTorch (horace.io: the "overhead" regime). A GPU cannot work ahead
+# of the CPU, so each class of kernels takes the longer of its launches and its execution (a per-kernel
+# roofline): small micro-batches are launch-bound. Two factors:
+# - every aten op passes Python, pybind, autograd recording and the dispatcher before any launch: ~5-25 us
+#   of CPU work per op ("From PyTorch op to kernel launch", jiahuanglin.xyz GPU-kernel lessons, layer-by-layer
+#   costs); OP_DISPATCH_SECONDS takes the middle, 15 us;
+# - ops per kernel that compute.py counts: transformers' Llama decoder layer dispatches 219 aten ops in
+#   forward + backward (LoRA q/v: 246; with checkpointing 338 / 373), views and metadata ops included,
+#   against 82.5 / 102.5 / 115.5 / 143.5 kernels counted here: 2.4-2.9, mean 2.6 (counted by running the
+#   model code under a TorchDispatchMode, tests/test_time_model.py::test_dispatched_ops_per_counted_kernel).
+OP_DISPATCH_SECONDS = 15e-6
+OPS_PER_KERNEL = 2.6
+DISPATCH_SECONDS = OPS_PER_KERNEL * OP_DISPATCH_SECONDS
 # FSDP / ZeRO-3 add a fixed cost per sharded unit (one decoder layer) per pass: the all-gather launch,
 # pre/post hooks, stream synchronisation. litgpt's FSDP LoRA rows (A100 40GB, 2 GPUs) run 5.5-6.7 ms per
 # layer per micro-batch slower than the same runs on one GPU with NVLink traffic far below that.
