@@ -58,12 +58,8 @@ ALPACA2K_TRAIN = 1900  # 2,000 samples, litgpt Alpaca2k val_split_fraction 0.05
 
 
 # Rows that some constant of the time model was read off (throughput.py says which); every other row is
-# held out: no constant looked at it.
-USED_FOR_CONSTANTS = {
-    # SHARDED_UNIT_SECONDS: litgpt FSDP LoRA rows on 2 A100s (the per-kernel dispatch cost and the
-    # dequantization cost now come from a cited per-op range, counted ops and bitsandbytes' kernel history)
-    "M0036", "M0037", "M0038", "M0039", "M0040", "M0041", "M0042", "M0043", "M0044",
-}
+# held out: no constant looked at it. None is left.
+USED_FOR_CONSTANTS: set[str] = set()  # every constant now comes from a count, a citation or a derivation
 
 
 def csv_path() -> Path:

@@ -199,3 +199,56 @@ def test_dispatched_ops_per_counted_kernel() -> None:
     ratio = (dispatched(4) - dispatched(2)) / (counted(4) - counted(2))  # per decoder layer
     assert 2.2 < ratio < 3.0
     assert abs(ratio - OPS_PER_KERNEL) < 0.4
+
+
+def test_fsdp_ops_per_unit() -> None:
+    """FSDP_UNIT_OPS_*: run transformers' Llama wrapped per decoder layer in FSDP1 (world size 2, fake process
+    group, CPU) and unwrapped; the extra aten ops per layer of one forward + backward are FSDP's per-unit work."""
+    import collections
+    import functools
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from tuneplan.estimator.throughput import FSDP_UNIT_OPS_FULL
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n["ops"] += 1
+            return func(*args, **(kwargs or {}))
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        def ops(layers: int, fsdp: bool) -> int:
+            torch.manual_seed(0)
+            m = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                             num_attention_heads=4, num_key_value_heads=4, vocab_size=256,
+                                             max_position_embeddings=64, attn_implementation="sdpa"))
+            if fsdp:
+                policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+                m = FullyShardedDataParallel(m, device_id=torch.device("cpu"), use_orig_params=True,
+                                             auto_wrap_policy=policy)
+            m.train()
+            x = torch.randint(0, 256, (1, 32))
+            m(input_ids=x, labels=x).loss.backward()  # first step builds FSDP's state
+            with Count() as c:
+                m(input_ids=x, labels=x).loss.backward()
+            return c.n["ops"]
+
+        extra = ((ops(4, True) - ops(2, True)) - (ops(4, False) - ops(2, False))) / 2
+    finally:
+        if started:
+            dist.destroy_process_group()
+    assert abs(extra - FSDP_UNIT_OPS_FULL) <= 10

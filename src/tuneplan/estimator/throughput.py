@@ -76,10 +76,19 @@ INT8_DEQUANT_FACTOR = 2.0
 OP_DISPATCH_SECONDS = 15e-6
 OPS_PER_KERNEL = 2.6
 DISPATCH_SECONDS = OPS_PER_KERNEL * OP_DISPATCH_SECONDS
-# FSDP / ZeRO-3 add a fixed cost per sharded unit (one decoder layer) per pass: the all-gather launch,
-# pre/post hooks, stream synchronisation. litgpt's FSDP LoRA rows (A100 40GB, 2 GPUs) run 5.5-6.7 ms per
-# layer per micro-batch slower than the same runs on one GPU with NVLink traffic far below that.
-SHARDED_UNIT_SECONDS = 1.5e-3
+# FSDP / ZeRO-3 add CPU work per sharded unit (one decoder layer) per micro-batch: unshard / reshard,
+# the views of the original parameters (use_orig_params), gradient padding, pre/post-divide and the copy
+# into the sharded gradient. Counted as aten ops by running transformers' Llama wrapped per decoder layer
+# in FSDP1 (world size 2, a fake process group, CPU) against the same model unwrapped, forward + backward:
+# +93 ops per unit for a full fine-tune, +168 with LoRA q/v (the flat parameter mixes frozen and trained
+# tensors), +204 with LoRA and checkpointing (tests/test_time_model.py::test_fsdp_ops_per_unit), at
+# OP_DISPATCH_SECONDS each. A lower bound: FSDP's own Python between those ops (hooks, handle and stream
+# bookkeeping) is not an aten op; timing the same comparison on a CPU (tiny shapes, so dispatch-bound)
+# put FSDP's whole CPU cost at ~2x the plain layer's, which overshoots the published FSDP rows: the truth
+# lies between. DeepSpeed ZeRO-3 hooks every submodule: the count is a lower bound there too.
+FSDP_UNIT_OPS_FULL = 93
+FSDP_UNIT_OPS_LORA = 168
+FSDP_UNIT_OPS_LORA_CHECKPOINTED = 204
 # Per-micro-batch fixed cost outside the layers: data loading to the GPU, loss bookkeeping, logging.
 MICRO_BATCH_FIXED_SECONDS = 2e-3
 # Part of a collective that cannot hide behind compute: the last bucket (PyTorch DDP bucket_cap_mb=25;
@@ -127,6 +136,13 @@ class StepTime:
     # overhead (kernel launches, framework hooks, fixed per micro-batch cost not hidden behind GPU work)
     breakdown: dict[str, float] = field(default_factory=dict)
     breakdown_detail: dict[str, float] = field(default_factory=dict)  # named parts inside the five
+
+
+def fsdp_unit_ops(setup: TrainSetup) -> int:
+    """aten ops FSDP adds per sharded unit per micro-batch (forward + backward), see FSDP_UNIT_OPS_*."""
+    if setup.method == "full":
+        return FSDP_UNIT_OPS_FULL
+    return FSDP_UNIT_OPS_LORA_CHECKPOINTED if setup.gradient_checkpointing else FSDP_UNIT_OPS_LORA
 
 
 def card_class(acc: Accelerator) -> str:
@@ -231,7 +247,7 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     unit_s = 0.0
     if sharded:
         # per FSDP unit / ZeRO-3 module: gather, hooks and stream syncs in forward and backward
-        unit_s = SHARDED_UNIT_SECONDS * model.n_layers * (2 + (1 if setup.gradient_checkpointing else 0))
+        unit_s = fsdp_unit_ops(setup) * OP_DISPATCH_SECONDS * model.n_layers
     micro_s = gemm_part + other_part + dequant_part + unit_s + MICRO_BATCH_FIXED_SECONDS
     gpu_s = matmul_s + elem_s + dequant_s
     launch_s = (fl.gemm_kernels + other_kernels + fl.dequant_kernels) * launch
