@@ -155,26 +155,28 @@ def test_the_text_output_prints_the_breakdown_on_one_line() -> None:
     assert "not verified" in line  # the RTX 5880 Ada's figures have no source
 
 
+def _op_counter():
+    """A TorchDispatchMode that counts every aten op dispatched inside it (``.ops``)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    return Count()
+
+
 def test_dispatched_ops_per_counted_kernel() -> None:
     """OPS_PER_KERNEL (2.6) is what transformers' own Llama code dispatches per kernel that compute.py counts: run a
     tiny LlamaForCausalLM forward + backward under a TorchDispatchMode on the CPU and count aten ops per layer."""
-    import collections
-
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tuneplan.estimator.compute import flops_per_token
     from tuneplan.estimator.throughput import OPS_PER_KERNEL
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.n = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n["ops"] += 1
-            return func(*args, **(kwargs or {}))
 
     cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
            "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 64,
@@ -186,9 +188,9 @@ def test_dispatched_ops_per_counted_kernel() -> None:
                                          num_hidden_layers=layers, attn_implementation="sdpa"))
         m.train()
         x = torch.randint(0, 256, (1, 32))
-        with Count() as c:
+        with _op_counter() as c:
             m(input_ids=x, labels=x).loss.backward()
-        return c.n["ops"]
+        return c.ops
 
     def counted(layers: int) -> float:
         spec = model_from_config({**cfg, "num_hidden_layers": layers}, "tiny")
@@ -204,7 +206,6 @@ def test_dispatched_ops_per_counted_kernel() -> None:
 def test_fsdp_ops_per_unit() -> None:
     """FSDP_UNIT_OPS_*: run transformers' Llama wrapped per decoder layer in FSDP1 (world size 2, fake process
     group, CPU) and unwrapped; the extra aten ops per layer of one forward + backward are FSDP's per-unit work."""
-    import collections
     import functools
 
     import torch
@@ -212,20 +213,10 @@ def test_fsdp_ops_per_unit() -> None:
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
     from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     from tuneplan.estimator.throughput import FSDP_UNIT_OPS_FULL
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.n = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n["ops"] += 1
-            return func(*args, **(kwargs or {}))
 
     started = not dist.is_initialized()
     if started:
@@ -243,9 +234,9 @@ def test_fsdp_ops_per_unit() -> None:
             m.train()
             x = torch.randint(0, 256, (1, 32))
             m(input_ids=x, labels=x).loss.backward()  # first step builds FSDP's state
-            with Count() as c:
+            with _op_counter() as c:
                 m(input_ids=x, labels=x).loss.backward()
-            return c.n["ops"]
+            return c.ops
 
         extra = ((ops(4, True) - ops(2, True)) - (ops(4, False) - ops(2, False))) / 2
     finally:
