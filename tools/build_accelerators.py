@@ -115,7 +115,34 @@ def build(src: Path) -> list[dict[str, object]]:
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise SystemExit(f"duplicate accelerator ids from {src}: {dupes}")
-    return out
+    return fill_time_figures(out)
+
+
+FIGURES = Path(__file__).resolve().parent / "accelerator_figures.csv"
+# Fields the time and cost model needs that the reference leaves blank for some cards.
+FIGURE_FIELDS = ("bf16_tflops_dense", "memory_bandwidth_gbs", "tdp_w", "cloud_usd_per_gpu_hr", "launch_price_usd")
+
+
+def fill_time_figures(entries: list[dict[str, object]], path: Path = FIGURES) -> list[dict[str, object]]:
+    """Fill blanks of the reference with the figures of ``accelerator_figures.csv`` (id, field, value, source,
+    verified). A figure never replaces a published value; every filled figure is named, with its source, in
+    the entry's ``unverified_or_derived_fields`` (verified=no) or ``notes`` (verified=yes), and a filled price
+    also in ``price_basis_and_date``, so an estimate can say which of its inputs are not verified."""
+    by_id = {e["id"]: e for e in entries}
+    for r in csv.DictReader(path.open(encoding="utf-8")):
+        e, key = by_id.get(r["id"]), r["field"]
+        if e is None or key not in FIGURE_FIELDS:
+            raise SystemExit(f"{path.name}: unknown accelerator id or field: {r['id']} {key}")
+        if e[key] is not None:
+            raise SystemExit(f"{path.name}: {r['id']} {key} is published ({e[key]}); remove the filled figure")
+        e[key] = num(r["value"])
+        text = f"{key} {r['value']} filled in: {r['source']}"
+        slot = "unverified_or_derived_fields" if r["verified"] != "yes" else "notes"
+        e[slot] = f"{e[slot]}; {text}" if e[slot] else text
+        if key == "cloud_usd_per_gpu_hr":
+            e["price_basis_and_date"] = f"{r['value']}/hr -- {r['source']}"
+            e["cloud_price_date"] = "undated"
+    return entries
 
 
 def main() -> None:

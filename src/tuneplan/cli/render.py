@@ -198,7 +198,31 @@ def render_section(title: str, sec: dict[str, Any]) -> None:
             continue
         t.add_row(k, "-" if v is None else f"{v:,.4g}" if isinstance(v, float) else str(v))
     console.print(t)
+    if title == "time" and sec.get("breakdown"):
+        console.print(time_breakdown_line(sec), highlight=False)
     for a in sec.get("assumptions", []) if isinstance(sec.get("assumptions"), list) else []:
         console.print(f"[dim]assumes: {escape(str(a))}[/]", highlight=False)
     for u in sec.get("unknown", []) if isinstance(sec.get("unknown"), list) else []:
         console.print(f"[yellow]unknown:[/] {escape(str(u))}", highlight=False)
+
+
+BREAKDOWN_LABELS = {"compute": "compute", "memory_bound": "memory-bound", "communication": "communication",
+                    "offload": "offload", "overhead": "overhead"}
+
+
+def time_breakdown_line(sec: dict[str, Any]) -> str:
+    """One line: where the seconds of an optimizer step go, and what limits it (figures from the time section)."""
+    bd, step = sec["breakdown"], sec.get("step_seconds") or 0.0
+    parts = []
+    for k, label in BREAKDOWN_LABELS.items():
+        v = bd.get(k, 0.0)
+        if v or k in ("compute", "memory_bound"):
+            share = f" {v / step:.0%}" if step else ""
+            extra = ""
+            deq = sec.get("breakdown_detail", {}).get("dequantization")
+            if k == "memory_bound" and deq:
+                extra = f" (dequantization {deq:.3g} s)"
+            parts.append(f"{label} {v:.3g} s{share}{extra}")
+    unverified = "" if sec.get("figures_verified", True) else " [yellow](card figures not verified)[/]"
+    return f"step {step:.3g} s = " + " + ".join(parts) + f"; limited by {BREAKDOWN_LABELS.get(sec.get('limited_by'), '?')}{unverified}"
+

@@ -13,8 +13,8 @@ Sources:
 - Over PCIe, NCCL reaches ~20-24 GB/s of 31.5 on gen4 x16 with peer-to-peer (``PCIE_EFFICIENCY`` 0.7).
   GeForce cards have peer-to-peer disabled by the driver, so traffic bounces through host memory:
   ``GEFORCE_P2P_OFF`` halves it (NVIDIA forum statements for the RTX 4090; assumption for the factor).
-- Between nodes: InfiniBand HDR 200 Gb/s = 25 GB/s per NIC, one NIC per GPU as in a DGX A100 (hardware
-  guides quote "IB/RoCE 25-50 GB/s"); ``NETWORK_EFFICIENCY`` 0.9 of line rate for large messages. Override per call.
+- Between nodes: InfiniBand HDR 200 Gb/s = 25 GB/s per NIC, one NIC per GPU as in a DGX A100 (practitioners quote
+  IB/RoCE at 25-50 GB/s); ``NETWORK_EFFICIENCY`` 0.9 of line rate for large messages. Override per call.
 """
 
 from __future__ import annotations

@@ -16,6 +16,19 @@ from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
+UNVERIFIED_MARKERS = ("tensor", "bf16", "bandwidth", "throughput", "all numeric", "all throughput")
+LINK_MARKERS = ("nvlink", "if bandwidth", "hccs")
+
+
+def unverified_figures(acc: Accelerator) -> str | None:
+    """Why the card's tensor peak or bandwidth is not verified (the catalog's own words), or None."""
+    text = (acc.unverified_or_derived_fields or "").strip()
+    if acc.verified == "no":
+        return text or "no source for this card's figures"
+    hits = [p.strip() for p in text.split(";") if any(k in p.lower() for k in UNVERIFIED_MARKERS)
+            and not any(k in p.lower() for k in LINK_MARKERS)]  # link figures do not set the card's speed
+    return "; ".join(hits) or None
+
 
 def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset: DatasetSpec | None = None,
                   prices: Prices | None = None, options: RuntimeOptions | None = None) -> dict[str, Any]:
@@ -45,9 +58,23 @@ def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset
         "total_hours": None,
         "gpu_hours": None,
         "components_seconds": {k: v for k, v in st.components.items() if v},
+        "breakdown": dict(st.breakdown),
+        "breakdown_detail": {k: v for k, v in st.breakdown_detail.items() if v},
+        "limited_by": max(st.breakdown, key=st.breakdown.__getitem__) if st.breakdown else None,
+        "figures_verified": unverified_figures(acc) is None,
         "links": st.links,
         "assumptions": list(st.assumptions),
     }
+    why = unverified_figures(acc)
+    if why:
+        time["assumptions"].insert(0, f"{acc.name}: the card's throughput figures are not verified ({why})")
+    deq = st.breakdown_detail.get("dequantization", 0.0)
+    if deq:
+        time["assumptions"].append(
+            f"{setup.quant_bits}-bit weights: bitsandbytes rebuilds a 16-bit copy of every quantized weight before "
+            "each matmul that uses it (forward, the input-gradient matmul of backward"
+            + (", and the recomputation of gradient checkpointing" if setup.gradient_checkpointing else "")
+            + f"): {deq / st.step_seconds:.0%} of the step; this is why it is slower than LoRA on 16-bit weights")
     gpu_hours = None
     if dataset is not None:
         plan = dataset.plan(setup.seq)

@@ -37,7 +37,10 @@ from tuneplan.specs.setup import TrainSetup
 # TFLOPS); Hopper reaches a smaller fraction of its larger peak with cuBLAS (~65-70%: the FP8/BF16 GEMM
 # results in NVIDIA's H100 tuning guide and PyTorch's Hopper GEMM benchmarks); AMD Instinct's hipBLASLt
 # reaches about half of the marketed peak (SemiAnalysis MI300X vs H100 benchmark, Dec 2024).
-GEMM_EFFICIENCY = {"nvidia-hbm": 0.80, "nvidia-gddr": 0.80, "nvidia-hopper": 0.68, "amd": 0.50, "other": 0.50}
+# Ada (compute capability 8.9): cuBLAS HGEMM on an L20 (AD102, 119.5 TFLOPS dense fp16 tensor peak) runs
+# 105-115 TFLOPS on large shapes (DefTruth/CUDA-Learn-Notes hgemm README, measured against cuBLAS): ~0.92.
+GEMM_EFFICIENCY = {"nvidia-hbm": 0.80, "nvidia-gddr": 0.80, "nvidia-ada": 0.92, "nvidia-hopper": 0.68,
+                   "amd": 0.50, "other": 0.50}
 # Achievable fraction of peak memory bandwidth for streaming element-wise kernels (STREAM-like copies
 # reach 85-90% on A100/H100 HBM, ~85% on GDDR6X; element-wise PyTorch kernels with broadcasting and
 # reductions are lower): one value for all cards.
@@ -47,32 +50,58 @@ BW_EFFICIENCY = 0.70
 # fusion removes most intermediate writes of a norm / rotary / gated-activation chain).
 FUSED_TRAFFIC = 0.5
 FUSED_OPS = 0.3
-# bitsandbytes dequantize_4bit reads 0.5 B + absmax and writes 2 B per weight, then the GEMM reads the
-# 16-bit copy; its measured cost is well above that traffic at full bandwidth. From the litgpt rows of the
-# calibration data (QLoRA minus LoRA time at equal settings: A100 40GB 2023 and A10G 2024, 7B and 13B)
-# one dequantization pass costs about 10 bytes of peak-bandwidth time per weight on both cards.
-DEQUANT_BYTES_PER_WEIGHT = 10.0
+# bitsandbytes dequantize_4bit reads 0.5 B (+ absmax, ~0.03 B with double quantization) and writes 2 B per
+# weight, then the GEMM reads the 16-bit copy once more (2 B). Until bitsandbytes 0.48 its kernel decoded NF4
+# with branches and ran below bandwidth: the branch-free lookup-table kernel that replaced it (PR #1746,
+# Sept 2025) measured 1.36-2.07x faster on A100 / H100 (PR #1747's benchmarks of the same change), so the
+# kernel of the published runs takes ~2x its traffic time. Per weight per pass, at peak bandwidth:
+# (2.5 x 2 + 2) / BW_EFFICIENCY = 10 B. (Kept for current versions too: a conservative choice.)
+DEQUANT_KERNEL_BYTES = 2.5
+BNB_BRANCHY_KERNEL_SLOWDOWN = 2.0
+DEQUANT_COPY_READ_BYTES = 2.0
+DEQUANT_BYTES_PER_WEIGHT = (DEQUANT_KERNEL_BYTES * BNB_BRANCHY_KERNEL_SLOWDOWN + DEQUANT_COPY_READ_BYTES) / BW_EFFICIENCY
 # LLM.int8 (8-bit) matmuls decompose outliers and run int8 GEMMs; much slower than 4-bit dequant in
 # practice (bitsandbytes README: "8-bit ... slower"); modeled as twice the 4-bit pass (assumption).
 INT8_DEQUANT_FACTOR = 2.0
-# CPU time to launch one kernel from eager PyTorch, including the Python module call and the autograd
-# bookkeeping of that op (horace.io: the "overhead" regime). A GPU cannot work ahead of the CPU, so each
-# class of kernels takes the longer of its launches and its execution (a per-kernel roofline): small
-# micro-batches are launch-bound. The value is read off the calibration rows that are launch-bound: the
-# litgpt A100 LoRA rows whose time hardly changes from micro-batch 1 to 4 (4.0-4.8 ms per layer per
-# micro-batch, ~100 kernels) and the transformers BERT rows at micro-batch 1 (~3 ms per layer): ~35 us.
-# Newer CPUs and PyTorch versions launch faster; this is what the published runs saw.
-DISPATCH_SECONDS = 35e-6
-# FSDP / ZeRO-3 add a fixed cost per sharded unit (one decoder layer) per pass: the all-gather launch,
-# pre/post hooks, stream synchronisation. litgpt's FSDP LoRA rows (A100 40GB, 2 GPUs) run 5.5-6.7 ms per
-# layer per micro-batch slower than the same runs on one GPU with NVLink traffic far below that.
-SHARDED_UNIT_SECONDS = 1.5e-3
+# CPU time per launched kernel in eager PyTorch (horace.io: the "overhead" regime). A GPU cannot work ahead
+# of the CPU, so each class of kernels takes the longer of its launches and its execution (a per-kernel
+# roofline): small micro-batches are launch-bound. Two factors:
+# - every aten op passes Python, pybind, autograd recording and the dispatcher before any launch: ~5-25 us
+#   of CPU work per op ("From PyTorch op to kernel launch", jiahuanglin.xyz GPU-kernel lessons, layer-by-layer
+#   costs); OP_DISPATCH_SECONDS takes the middle, 15 us;
+# - ops per kernel that compute.py counts: transformers' Llama decoder layer dispatches 219 aten ops in
+#   forward + backward (LoRA q/v: 246; with checkpointing 338 / 373), views and metadata ops included,
+#   against 82.5 / 102.5 / 115.5 / 143.5 kernels counted here: 2.4-2.9, mean 2.6 (counted by running the
+#   model code under a TorchDispatchMode, tests/test_time_model.py::test_dispatched_ops_per_counted_kernel).
+OP_DISPATCH_SECONDS = 15e-6
+OPS_PER_KERNEL = 2.6
+DISPATCH_SECONDS = OPS_PER_KERNEL * OP_DISPATCH_SECONDS
+# FSDP / ZeRO-3 add CPU work per sharded unit (one decoder layer) per micro-batch: unshard / reshard,
+# the views of the original parameters (use_orig_params), gradient padding, pre/post-divide and the copy
+# into the sharded gradient. Counted as aten ops by running transformers' Llama wrapped per decoder layer
+# in FSDP1 (world size 2, a fake process group, CPU) against the same model unwrapped, forward + backward:
+# +93 ops per unit for a full fine-tune, +168 with LoRA q/v (the flat parameter mixes frozen and trained
+# tensors), +204 with LoRA and checkpointing (tests/test_time_model.py::test_fsdp_ops_per_unit), at
+# OP_DISPATCH_SECONDS each. A lower bound: FSDP's own Python between those ops (hooks, handle and stream
+# bookkeeping) is not an aten op; timing the same comparison on a CPU (tiny shapes, so dispatch-bound)
+# put FSDP's whole CPU cost at ~2x the plain layer's, which overshoots the published FSDP rows: the truth
+# lies between. DeepSpeed ZeRO-3 hooks every submodule: the count is a lower bound there too.
+FSDP_UNIT_OPS_FULL = 93
+FSDP_UNIT_OPS_LORA = 168
+FSDP_UNIT_OPS_LORA_CHECKPOINTED = 204
 # Per-micro-batch fixed cost outside the layers: data loading to the GPU, loss bookkeeping, logging.
 MICRO_BATCH_FIXED_SECONDS = 2e-3
 # Part of a collective that cannot hide behind compute: the last bucket (PyTorch DDP bucket_cap_mb=25;
 # DeepSpeed reduce_bucket_size 5e8 elements; FSDP one unit = one decoder layer).
 DDP_BUCKET_BYTES = 25 * 1024**2
 DS_BUCKET_ELEMENTS = 500_000_000
+# CPU optimizer step under offload (DeepSpeed CPUAdam, FSDP CPUOffload's torch Adam on the CPU): a
+# streaming update, bound by host memory. Adam over fp32 master weights reads weight, gradient, m and v
+# (16 B) and writes weight, m and v (12 B) plus the 16-bit copy sent back (2 B): 30 B per parameter.
+# A two-socket server streams ~200-300 GB/s (STREAM on 8-12 DDR4/DDR5 channels per socket) shared by up
+# to 8 GPUs' ranks and by the PCIe copies themselves: 20 GB/s per GPU is an assumption, stated in the output.
+HOST_ADAM_BYTES_PER_PARAM = 30.0
+HOST_MEMORY_GBS_PER_GPU = 20.0
 
 
 class UnknownThroughput(ValueError):
@@ -100,6 +129,20 @@ class StepTime:
     flops: FlopCount | None = None
     links: dict[str, str] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
+    # seconds per optimizer step per GPU by what limits them; the five add up to step_seconds:
+    # compute (matmuls at the tensor rate), memory_bound (kernels bound by memory bandwidth: element-wise
+    # ops, weight reads at small batches, dequantization, the optimizer update), communication (the part of
+    # the collectives compute does not hide), offload (host link copies and the CPU optimizer step),
+    # overhead (kernel launches, framework hooks, fixed per micro-batch cost not hidden behind GPU work)
+    breakdown: dict[str, float] = field(default_factory=dict)
+    breakdown_detail: dict[str, float] = field(default_factory=dict)  # named parts inside the five
+
+
+def fsdp_unit_ops(setup: TrainSetup) -> int:
+    """aten ops FSDP adds per sharded unit per micro-batch (forward + backward), see FSDP_UNIT_OPS_*."""
+    if setup.method == "full":
+        return FSDP_UNIT_OPS_FULL
+    return FSDP_UNIT_OPS_LORA_CHECKPOINTED if setup.gradient_checkpointing else FSDP_UNIT_OPS_LORA
 
 
 def card_class(acc: Accelerator) -> str:
@@ -109,6 +152,8 @@ def card_class(acc: Accelerator) -> str:
         return "other"
     if acc.compute_capability and acc.compute_capability >= (9, 0) and "HBM" in (acc.memory_type or ""):
         return "nvidia-hopper"
+    if acc.compute_capability == (8, 9):
+        return "nvidia-ada"
     return "nvidia-hbm" if "HBM" in (acc.memory_type or "") else "nvidia-gddr"
 
 
@@ -118,6 +163,10 @@ def matmul_peak_tflops(acc: Accelerator, setup: TrainSetup) -> float | None:
     CUDA cores (PyTorch's default ``allow_tf32=False`` for matmuls since 1.12)."""
     per_package = acc.fp32_tflops if setup.precision == "fp32" else (acc.bf16_tflops_dense
                                                                       or acc.fp16_fp16acc_tflops_dense)
+    if not per_package and (acc.tensor_cores or "").lower().startswith("no"):
+        # No tensor cores (Pascal and older): PyTorch's 16-bit GEMMs ask cuBLAS for fp32 accumulation
+        # (CUBLAS_COMPUTE_32F), which runs on the fp32 units at the fp32 rate.
+        per_package = acc.fp32_tflops
     # one device of a multi-device package (MI250X: 2 GCDs) gets its share of the package's figure
     return per_package / max(1, acc.devices_per_package) if per_package else None
 
@@ -166,7 +215,7 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     prof = get_profile(setup.framework)
     model = model_as_built(model, setup.framework, setup.num_labels)
     dt = resolve_dtypes(setup, prof)
-    pp = param_plan(model, setup, dt)
+    pp = param_plan(model, setup, dt, quant_lm_head=prof.quantizes_lm_head)  # as memory.py plans them
     fl = flops_per_token(model, setup)
     cls = card_class(acc)
     u = opt.gemm_efficiency or GEMM_EFFICIENCY[cls]
@@ -198,7 +247,7 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     unit_s = 0.0
     if sharded:
         # per FSDP unit / ZeRO-3 module: gather, hooks and stream syncs in forward and backward
-        unit_s = SHARDED_UNIT_SECONDS * model.n_layers * (2 + (1 if setup.gradient_checkpointing else 0))
+        unit_s = fsdp_unit_ops(setup) * OP_DISPATCH_SECONDS * model.n_layers
     micro_s = gemm_part + other_part + dequant_part + unit_s + MICRO_BATCH_FIXED_SECONDS
     gpu_s = matmul_s + elem_s + dequant_s
     launch_s = (fl.gemm_kernels + other_kernels + fl.dequant_kernels) * launch
@@ -269,9 +318,25 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
         if setup.offload == "all":
             per_micro_bytes = 2 * gathered / n  # parameter shards up for forward and backward
         offload_s = (per_step_bytes + setup.grad_accum * per_micro_bytes) / (host.gbs * 1e9)
-        assumptions.append("CPU offload: PCIe copies counted; the CPU optimizer's own compute time is not modeled")
+        cpu_optimizer_s = shard_t * HOST_ADAM_BYTES_PER_PARAM / (HOST_MEMORY_GBS_PER_GPU * 1e9)
+        offload_s += cpu_optimizer_s
+        assumptions.append(f"CPU offload: PCIe copies, and the optimizer step on the CPU at "
+                           f"{HOST_ADAM_BYTES_PER_PARAM:g} B per parameter of host memory traffic at "
+                           f"{HOST_MEMORY_GBS_PER_GPU:g} GB/s per GPU ({cpu_optimizer_s:.2f} s per step)")
 
     step_s = setup.grad_accum * micro_s + optimizer_s + paged_s + exposed + offload_s
+    ga = setup.grad_accum
+    tensor_s = gemm_s if gemm_s >= weights_s else 0.0  # matmuls held by the tensor cores, not by reading weights
+    breakdown = {
+        "compute": ga * tensor_s,
+        "memory_bound": ga * (matmul_s - tensor_s + elem_s + dequant_s) + optimizer_s + paged_s,
+        "communication": exposed,
+        "offload": offload_s,
+        "overhead": ga * (micro_s - gpu_s),
+    }
+    detail = {"dequantization": ga * dequant_s, "optimizer_update": optimizer_s + paged_s,
+              "kernel_launches": ga * max(gemm_part + other_part + dequant_part - gpu_s, 0.0),
+              "sharded_unit_fixed": ga * unit_s, "micro_batch_fixed": ga * MICRO_BATCH_FIXED_SECONDS}
     if n > 1:
         # Never faster per GPU than the same micro-batches on one GPU: sharding the update saves less than
         # the collectives cost at a fixed per-GPU batch. Paging and offload are left out of the floor
@@ -281,6 +346,9 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
         if floor > step_s:
             assumptions.append("per-GPU time floored at the single-GPU step (no superlinear scaling)")
             step_s = floor
+            breakdown = dict(one.breakdown, memory_bound=one.breakdown["memory_bound"]
+                             - one.components.get("paged_optimizer", 0.0))
+            detail = dict(one.breakdown_detail)
     tok_step = tokens * setup.grad_accum * n
     tps_gpu = tokens * setup.grad_accum / step_s
     mfu = (fl.forward + fl.backward) * tokens * setup.grad_accum / (step_s * peak * 1e12)
@@ -298,4 +366,5 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
         assumptions.append("eager attention computes the full s x s scores (no causal skipping)")
     return StepTime(step_seconds=step_s, micro_batch_seconds=micro_s, tokens_per_step=tok_step,
                     tokens_per_second=tps_gpu * n, tokens_per_second_per_gpu=tps_gpu, bound=bound, mfu=mfu,
-                    components=components, flops=fl, links=links, assumptions=assumptions)
+                    components=components, flops=fl, links=links, assumptions=assumptions,
+                    breakdown=breakdown, breakdown_detail=detail)
