@@ -9,30 +9,13 @@ from __future__ import annotations
 
 import re
 
+from tuneplan.specs.fields import web_labels
+
+# The setup fields' labels come from the field table (specs/fields.py); the rest are the page's own.
 LABELS: dict[str, str] = {
     "model": "Model",
-    "method": "Method",
-    "bits": "QLoRA bits",
-    "rank": "LoRA rank",
-    "targets": "LoRA targets",
-    "batch": "Micro-batch per GPU",
-    "seq": "Tokens per sample (cutoff_len)",
-    "grad_accum": "Grad. accumulation",
-    "precision": "Precision",
-    "optimizer": "Optimizer",
-    "gradient_checkpointing": "Gradient checkpointing",
-    "attn": "Attention",
-    "loss": "Loss kernel",
-    "compile": "torch.compile",
-    "activation_offload": "Offload activations",
-    "num_labels": "Classifier labels",
-    "framework": "Framework profile",
+    **web_labels(),
     "gpu": "GPU",
-    "gpus": "GPUs per node",
-    "nodes": "Nodes",
-    "zero": "DeepSpeed ZeRO stage",
-    "fsdp": "FSDP full shard",
-    "offload": "CPU offload",
     "samples": "Samples",
     "avg_tokens": "Avg tokens per sample",
     "epochs": "Epochs",
