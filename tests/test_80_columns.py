@@ -14,6 +14,9 @@ from tuneplan.cli.app import COMMAND_MODULES, app
 
 WIDTH = 80
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
+# 8B full fine-tune, ZeRO-3 over 2 nodes of 8: NVLink inside a node, the network between them
+MULTI_NODE = ["meta-llama/Llama-3.1-8B", "--gpu", "a100-80gb", "--method", "full",
+              "--gpus", "8", "--nodes", "2", "--zero", "3"]
 
 # Known: the planner's tables (cli/plan_cmd.py) still cut cells ("…") at 80 columns; strict, so the
 # marker must go when they are laid out for 80 columns.
@@ -24,26 +27,7 @@ RUNS: list[tuple[list[str], set[int]]] = [
     (["estimate", MODEL], {0}),
     (["estimate", MODEL, "--gpu", "rtx4090", "--method", "qlora"], {0}),
     (["estimate", MODEL, "--gpu", "v100", "--method", "qlora", "--details"], {0}),
-    (
-        [
-            "estimate",
-            "meta-llama/Llama-3.1-8B",
-            "--gpu",
-            "a100-80gb",
-            "--method",
-            "full",
-            "--gpus",
-            "8",
-            "--nodes",
-            "2",
-            "--zero",
-            "3",
-            "--samples",
-            "10000",
-            "--details",
-        ],
-        {0},
-    ),
+    (["estimate", *MULTI_NODE, "--samples", "10000", "--details"], {0}),
     (["estimate", "meta-llama/Llama-2-70b-hf", "--gpu", "rtx4090", "--method", "full"], {1}),
     pytest.param(["fit", MODEL, "--gpu", "rtx4090"], {0, 1}, marks=PLANNER_TABLES),
     pytest.param(["gpus", MODEL, "--method", "qlora"], {0, 1}, marks=PLANNER_TABLES),
@@ -153,21 +137,7 @@ def test_default_estimate_fits_one_screen(narrow: CliRunner) -> None:
 
 
 def test_link_speeds_shown_and_the_flag_they_name_exists(narrow: CliRunner) -> None:
-    args = [
-        "estimate",
-        "meta-llama/Llama-3.1-8B",
-        "--gpu",
-        "a100-80gb",
-        "--method",
-        "full",
-        "--gpus",
-        "8",
-        "--nodes",
-        "2",
-        "--zero",
-        "3",
-        "--details",
-    ]
+    args = ["estimate", *MULTI_NODE, "--details"]
     r = narrow.invoke(app, args)
     assert "link intra-node: NVLink" in r.output and "--inter-node-gbs" in r.output
     assert "inter_node_gbs" not in r.output
