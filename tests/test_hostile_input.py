@@ -344,3 +344,11 @@ def test_fsdp_of_the_wrong_type(capsys, tmp_path, value):
     p.write_text(f"base_model: qwen2.5-3b\nadapter: lora\nfsdp: {value}\n")
     code, _, err = cli(capsys, "estimate", "--from", str(p))
     assert code == 2 and "fsdp" in err
+
+
+def test_a_card_named_thousands_of_times_is_searched_once(capsys):
+    start = time.perf_counter()
+    code, out, _ = cli(capsys, "gpus", "qwen2.5-3b", "--only", ",".join(["l4", "a100-80gb-sxm4"] * 1500), "--json")
+    assert code == 0
+    assert len(strict(out)["ranking"]) == 2
+    assert time.perf_counter() - start < 20
