@@ -328,3 +328,27 @@ def test_train_script_compiles_with_backslash_escapes_in_paths(capsys, tmp_path,
     assert code == 0
     py_compile.compile(str(out), doraise=True)
     assert str(model_dir) in out.read_text().replace("\\\\", "\\")
+
+
+# ---- found by benchmarks/fuzz.py ------------------------------------------------------------------
+def test_deepspeed_file_under_an_unknown_home_is_a_file_not_found(capsys, tmp_path):
+    p = tmp_path / "lf.yaml"
+    p.write_text('model_name_or_path: qwen2.5-3b\nstage: sft\nfinetuning_type: lora\ndeepspeed: "~nosuchuser/x"\n')
+    code, out, _ = cli(capsys, "estimate", "--from", str(p), "--json")
+    assert code == 0 and strict(out)["model"]["name"] == "Qwen/Qwen2.5-3B"
+
+
+@pytest.mark.parametrize("value", ["-1", ".nan", ".inf", "{a: 1}"])
+def test_fsdp_of_the_wrong_type(capsys, tmp_path, value):
+    p = tmp_path / "axolotl.yaml"
+    p.write_text(f"base_model: qwen2.5-3b\nadapter: lora\nfsdp: {value}\n")
+    code, _, err = cli(capsys, "estimate", "--from", str(p))
+    assert code == 2 and "fsdp" in err
+
+
+def test_a_card_named_thousands_of_times_is_searched_once(capsys):
+    start = time.perf_counter()
+    code, out, _ = cli(capsys, "gpus", "qwen2.5-3b", "--only", ",".join(["l4", "a100-80gb-sxm4"] * 1500), "--json")
+    assert code == 0
+    assert len(strict(out)["ranking"]) == 2
+    assert time.perf_counter() - start < 20

@@ -68,7 +68,11 @@ def read_text(path: str | Path, field: str, *, accepted: str = "a UTF-8 text fil
         if st.st_size > MAX_FILE_BYTES:
             raise TuneplanError(f"{p} is {st.st_size:,} bytes; larger than any config file", field=field,
                                 accepted=f"a file of at most {MAX_FILE_BYTES // 1024 // 1024} MiB")
-        with open(p, "rb") as f:
+        # O_NONBLOCK: a FIFO swapped in after the stat cannot block the open; fstat checks what was opened
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise TuneplanError(f"{p} is not a regular file", field=field, accepted=accepted)
             raw = f.read(MAX_FILE_BYTES + 1)
     except TuneplanError:
         raise

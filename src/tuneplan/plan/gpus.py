@@ -156,6 +156,7 @@ def rank_gpus(model: str | ModelSpec, *, only: Iterable[str] | None = None, max_
                             accepted=f"1..{MAX_SEARCH_GPUS}")
     spec = resolve_model(model) if isinstance(model, str) else model
     cards = [resolve_accelerator(n) for n in only] if only else list(accelerators().values())
+    cards = list({a.id: a for a in cards}.values())  # a card named twice is searched once
     base = {k: v for k, v in setup.items() if k not in ("gpus", "nodes")}
     if "gpus" in setup or "nodes" in setup:
         g, nd = int(setup.get("gpus", 1)), int(setup.get("nodes", 1))

@@ -80,9 +80,10 @@ MODEL_INT_ALIASES = {
     "num_local_experts": "num_experts", "n_routed_experts": "num_experts",
     "n_positions": "max_position_embeddings", "seq_length": "max_position_embeddings",
 }
-# The total the built spec may have: Kimi K2 has ~1.04 T parameters; 10^14 is ~100x. A config inside
-# every per-field range but multiplying out beyond this is refused too.
-MAX_MODEL_PARAMS = 10**14
+# The total the built spec may have: Kimi K2 has ~1.04 T parameters; 10^15 is ~1000x, above the largest
+# shape `max-model` bisects over (plan/standard_arch: 2.2e14 at hidden 131072, 1025 layers). A config
+# inside every per-field range but multiplying out beyond this is refused too.
+MAX_MODEL_PARAMS = 10**15
 
 # ---- training setup ---------------------------------------------------------------------------------
 SETUP_INT_RANGES: dict[str, tuple[int, int, str]] = {
