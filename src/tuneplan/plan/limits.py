@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuneplan.plan.measures import Prober
+from tuneplan.plan.evaluate import Prober
 from tuneplan.plan.search import largest_true
 from tuneplan.specs.setup import TrainSetup
 
