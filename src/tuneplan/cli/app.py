@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "tuneplan.cli.estimate_cmd",
     "tuneplan.cli.catalog_cmd",
     "tuneplan.cli.plan_cmd",
+    "tuneplan.cli.compare_cmd",
     "tuneplan.cli.measure_cmd",
     "tuneplan.cli.simulate_cmd",
     "tuneplan.cli.deploy_cmd",
