@@ -116,7 +116,6 @@ class Candidate:
     target: int
     estimate: Estimate
     tight: bool  # fits only without the safety margin
-    timed: Estimate | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -136,44 +135,72 @@ class Candidate:
         return device_peak_high(self.estimate)
 
 
-def _compose(probe: Prober, fields: dict[str, Any], ok: Verdict, target: int, world: int) -> tuple[int, int] | None:
-    """(micro-batch, accumulation) by the global batch rule of the module docstring, or None."""
+def _compose(probe: Prober, fields: dict[str, Any], ok: Verdict, target: int, world: int,
+             floor: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """(micro-batch, accumulation) by the global batch rule of the module docstring, or None.
+
+    ``floor`` = (b, ga) at which the family is already known to pass ``ok`` (a family needing no less
+    memory passed there): the search starts from it instead of from 1."""
     top = max(1, -(-target // world))
 
     def at(b: int, ga: int) -> bool:
         return ok(probe({**fields, "batch": b, "grad_accum": ga}))
 
-    if at(top, 1):
+    if floor == (top, 1) or at(top, 1):
         return top, 1
     if top == 1:
         return None
-    bg = largest_fitting_batch(probe, fields, ok, grad_accum=2, hi=top - 1)
-    if bg is not None:
+    lo = floor[0] if floor is not None and floor[1] > 1 else None
+    bg = largest_true(lambda b: at(b, 2), 1, top - 1, start=lo, known={lo: True} if lo else None)
+    if bg is not None:  # every b <= bg fits with accumulation (monotone); b = 1 divides anything
         exact = target % world == 0
-        for b in range(bg, 0, -1):
-            if exact and (target // world) % b:
-                continue
-            ga = -(-target // (b * world))
-            if at(b, ga):
-                return b, ga
-    b1 = largest_fitting_batch(probe, fields, ok, grad_accum=1, hi=top - 1, known={top: False})
+        b = next(b for b in range(bg, 0, -1) if not exact or (target // world) % b == 0)
+        return b, -(-target // (b * world))
+    b1 = largest_fitting_batch(probe, fields, ok, grad_accum=1, hi=top - 1)
     return (b1, 1) if b1 is not None else None
 
 
-def plan_family(probe: Prober, fam: Family, *, target: int, world: int, margin: Margin) -> Candidate | None:
-    """The family's candidate: with the margin if possible, else tight; None if nothing fits at all."""
+def plan_family(probe: Prober, fam: Family, *, target: int, world: int, margin: Margin,
+                timed: bool = True, floor: Candidate | None = None) -> Candidate | None:
+    """The family's candidate: with the margin if possible, else tight; None if nothing fits at all.
+
+    Its estimate is the one at its exact accumulation: the timed one when ``timed`` (one call for both
+    the verdict check and the time), else a memory-only one. ``floor`` is the candidate of a family
+    that needs at least as much memory (:func:`lighter_than`); its sizes are where the search starts,
+    and the candidate's own estimate checks the verdict."""
     fields = fam.as_fields
+    start = (floor.batch, floor.grad_accum) if floor is not None and not floor.tight else None
     for ok, tight in ((probe.ok(margin), False), (probe.ok(None), True)):
-        got = _compose(probe, fields, ok, target, world)
-        if got is not None:
+        for hint in dict.fromkeys((start, None)):
+            got = _compose(probe, fields, ok, target, world, hint)
+            if got is None:
+                continue
             b, ga = got
-            return Candidate(fam, b, ga, world, target, probe({**fields, "batch": b, "grad_accum": ga}), tight)
+            at = {**fields, "batch": b, "grad_accum": ga}
+            est = probe.timed(at) if timed else probe(at)
+            if ok(est):  # memory depends on accumulation only through ga > 1; checked, not assumed
+                c = Candidate(fam, b, ga, world, target, est, tight)
+                return measure(c) if timed else c
+        start = None
     return None
 
 
-def measure(probe: Prober, cand: Candidate) -> Candidate:
-    """Time and cost of a candidate (one timed estimate): tokens/s, hours, USD per million tokens."""
-    est = probe.timed(cand.fields)
+def lighter_than(fam: Family) -> list[tuple[str, str, str | None, bool | None]]:
+    """Keys (method, strategy, optimizer, checkpointing) of the families ``fam`` needs no more memory
+    than: the same without checkpointing, or with the next heavier optimizer (paged 8-bit < 8-bit <
+    32-bit AdamW). The space lists those first, so their candidates seed ``fam``'s search."""
+    out = []
+    if fam.gradient_checkpointing:
+        out.append((fam.method, fam.strategy, fam.optimizer, False))
+    heavier = {"paged-adamw-8bit": "adamw-8bit", "adamw-8bit": None}
+    if fam.optimizer in heavier:
+        out.append((fam.method, fam.strategy, heavier[fam.optimizer], fam.gradient_checkpointing))
+    return out
+
+
+def measure(cand: Candidate) -> Candidate:
+    """Time and cost of a candidate from its timed estimate: tokens/s, hours, USD per million tokens."""
+    est = cand.estimate
     d = est.to_dict()
     t, c = d.get("time") or {}, d.get("cost") or {}
     tps = t.get("tokens_per_second")
@@ -183,7 +210,6 @@ def measure(probe: Prober, cand: Candidate) -> Candidate:
     def per_m(usd_per_gpu_hour: float | None) -> float | None:  # USD per million tokens, all GPUs
         return usd_per_gpu_hour * cand.world / tps / 3600 * 1e6 if usd_per_gpu_hour is not None and tps else None
 
-    cand.timed = est
     cand.metrics = {
         "tokens_per_second": tps, "step_seconds": t.get("step_seconds"), "mfu": t.get("mfu"),
         "total_hours": t.get("total_hours"), "cloud_usd": c.get("cloud_usd"), "own_usd": c.get("own_usd"),

@@ -23,7 +23,7 @@ from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
 from tuneplan.plan import rule
-from tuneplan.plan.evaluate import Candidate, Prober, measure, plan_family
+from tuneplan.plan.evaluate import Candidate, Prober, lighter_than, plan_family
 from tuneplan.plan.limits import limits_at, rank_cap
 from tuneplan.plan.margin import Margin, parse_margin
 from tuneplan.plan.search import largest_true
@@ -191,14 +191,18 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
     fams = families(variants, probe.base, world, probe.gpu)
     pruned: dict[Family, list[str]] = {}
     cands: list[Candidate] = []
+    done: dict[tuple[str, str, str | None, bool | None], Candidate] = {}
     for fam in fams:
         errs = compat_errors(probe.model, probe.gpu, probe.base, fam)
         if errs:
             pruned[fam] = errs
             continue
-        c = plan_family(probe, fam, target=target, world=world, margin=margin)
+        seeds = [done[k] for k in lighter_than(fam) if k in done and not done[k].tight]
+        floor = max(seeds, key=lambda c: (c.grad_accum == 1, c.batch), default=None)
+        c = plan_family(probe, fam, target=target, world=world, margin=margin, timed=timed, floor=floor)
         if c is not None:
-            cands.append(measure(probe, c) if timed else c)
+            cands.append(c)
+            done[(fam.method, fam.strategy, fam.optimizer, fam.gradient_checkpointing)] = c
     return CandidateSet(fams, pruned, cands, prefer)
 
 
