@@ -201,7 +201,7 @@ def lighter_than(fam: Family) -> list[tuple[str, str, str | None, bool | None]]:
 def measure(cand: Candidate) -> Candidate:
     """Time and cost of a candidate from its timed estimate: tokens/s, hours, USD per million tokens."""
     est = cand.estimate
-    d = est.to_dict()
+    d = est.extras.get("sections", {})  # the time and cost sections of Estimate.to_dict(), without the rest
     t, c = d.get("time") or {}, d.get("cost") or {}
     tps = t.get("tokens_per_second")
     price = c.get("cloud_usd_per_gpu_hour")

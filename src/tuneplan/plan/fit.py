@@ -175,6 +175,7 @@ class CandidateSet:
     pruned: dict[Family, list[str]]
     candidates: list[Candidate]
     prefer: str
+    dominated: list[Family] = field(default_factory=list)
 
     def of(self, method: str, strategy: str | None = None) -> list[Candidate]:
         return [c for c in self.candidates if c.family.method == method
@@ -190,12 +191,19 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
     """The candidate set of (model, card, layout): compatibility first, then memory, then time."""
     fams = families(variants, probe.base, world, probe.gpu)
     pruned: dict[Family, list[str]] = {}
+    dominated: list[Family] = []
     cands: list[Candidate] = []
     done: dict[tuple[str, str, str | None, bool | None], Candidate] = {}
-    for fam in fams:
+    top = max(1, -(-target // world))
+    exact32: set[str] = set()  # methods with a 32-bit-optimizer candidate that keeps the margin and the target
+    # 32-bit optimizer families first: under the quality rule they decide whether 8-bit ones can win
+    for fam in sorted(fams, key=lambda f: rule.optimizer_rank(f.optimizer)):
         errs = compat_errors(probe.model, probe.gpu, probe.base, fam)
         if errs:
             pruned[fam] = errs
+            continue
+        if _dominated(fam, done, top, prefer, exact32):
+            dominated.append(fam)
             continue
         seeds = [done[k] for k in lighter_than(fam) if k in done and not done[k].tight]
         floor = max(seeds, key=lambda c: (c.grad_accum == 1, c.batch), default=None)
@@ -203,7 +211,25 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
         if c is not None:
             cands.append(c)
             done[(fam.method, fam.strategy, fam.optimizer, fam.gradient_checkpointing)] = c
-    return CandidateSet(fams, pruned, cands, prefer)
+            if rule.optimizer_rank(fam.optimizer) == 0 and not c.tight and not c.relaxed:
+                exact32.add(fam.method)
+    order = {f: i for i, f in enumerate(fams)}
+    cands.sort(key=lambda c: order[c.family])  # the space's order: the rule's last tie-break
+    return CandidateSet(fams, pruned, cands, prefer, dominated)
+
+
+def _dominated(fam: Family, done: dict[tuple[str, str, str | None, bool | None], Candidate], top: int,
+               prefer: str, exact32: set[str]) -> bool:
+    """A family the rule can never pick over one already evaluated (so it costs no estimate):
+    - checkpointing on, when the same family without it already runs micro-batch ``top`` without
+      accumulation and with the margin: same sizes, same method and optimizer, one more forward per step;
+    - an 8-bit optimizer under the quality rule, when the method already has a 32-bit candidate that
+      keeps the margin and reaches the target (the rule ranks 32-bit states first)."""
+    if fam.gradient_checkpointing:
+        off = done.get((fam.method, fam.strategy, fam.optimizer, False))
+        if off is not None and not off.tight and (off.batch, off.grad_accum) == (top, 1):
+            return True
+    return prefer == "quality" and rule.optimizer_rank(fam.optimizer) == 1 and fam.method in exact32
 
 
 def _command(probe: Prober, c: Candidate, baseline: Any) -> str:
@@ -229,12 +255,14 @@ def _command(probe: Prober, c: Candidate, baseline: Any) -> str:
     return f"tuneplan estimate {probe.model.name} --gpu {probe.gpu.id} " + " ".join(f)
 
 
-def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margin: Margin) -> MethodFit:
+def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margin: Margin, *,
+               limits: bool = True) -> MethodFit:
     """A method's row: its best candidate by the rule (or why it cannot run), with its limits."""
     fams = [f for f in cs.families if f.method == label]
     c = cs.best(label)
     row = MethodFit(method=label, fits=c is not None, max_batch=None, max_seq=None, max_rank=None, requires=[],
                     setup={}, families={"total": len(fams), "cannot_run": sum(f in cs.pruned for f in fams),
+                                        "dominated": sum(f.method == label for f in cs.dominated),
                                         "fit": len(cs.of(label))})
     if c is None:
         if all(f in cs.pruned for f in fams):  # cannot run whatever the space holds: say why
@@ -256,11 +284,13 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
     row.device_peak_bytes, row.device_peak_high_bytes = est.breakdown.device_peak_bytes, c.device_peak_high_bytes
     row.headroom_bytes, row.host_bytes = est.headroom_bytes, est.breakdown.host_bytes
     row.tokens_per_second, row.total_hours = c.metrics.get("tokens_per_second"), c.metrics.get("total_hours")
-    view = Prober(probe.model, probe.gpu, probe.base, margin=None if c.tight else margin, host_bytes=probe.host_bytes)
-    view._memo = probe._memo  # same estimates, the row's own verdict
-    lim = limits_at(view, c.fields, est.setup)
-    row.max_batch, row.max_seq, row.max_rank, row.limited_by = lim.max_batch, lim.max_seq, lim.max_rank, lim.limited_by
-    probe.calls += view.calls
+    if limits:
+        view = Prober(probe.model, probe.gpu, probe.base, margin=None if c.tight else margin,
+                      host_bytes=probe.host_bytes)
+        view._memo = probe._memo  # same estimates, the row's own verdict
+        lim = limits_at(view, c.fields, est.setup)
+        row.max_batch, row.max_seq, row.max_rank, row.limited_by = lim.max_batch, lim.max_seq, lim.max_rank, lim.limited_by
+        probe.calls += view.calls
     names = list(dict.fromkeys(f.strategy for f in fams))
     for sname in names:
         sc = cs.best(label, sname)
@@ -365,8 +395,11 @@ def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, An
 
 def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 16, prefer: str = "quality",
         margin: str | Margin | None = None, dataset: Any = None, host_memory_gib: float | None = None,
-        **setup: Any) -> FitReport:
-    """What fits on ``gpu`` (``setup['gpus']`` per node), per method, and the setup the rule picks."""
+        detail: bool = True, **setup: Any) -> FitReport:
+    """What fits on ``gpu`` (``setup['gpus']`` per node), per method, and the setup the rule picks.
+
+    ``detail=False`` leaves out what only the table shows (each row's limits, the equal-memory ranks);
+    the candidate set, the rows' verdicts and the recommendation are the same."""
     spec = resolve_model(model) if isinstance(model, str) else model
     acc = resolve_accelerator(gpu) if isinstance(gpu, str) else gpu
     check_positive("global_batch", global_batch, "1, 2, ... (sequences per optimizer step, all GPUs)")
@@ -379,10 +412,10 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
     world = baseline.world_size
     line = rule.rule_text(prefer, mg.describe())
     cs = build_candidates(probe, variants, world, target=global_batch, margin=mg, prefer=prefer)
-    methods = [method_row(probe, cs, label, baseline, mg) for label, _ in variants]
+    methods = [method_row(probe, cs, label, baseline, mg, limits=detail) for label, _ in variants]
     rec = recommendation(probe, cs, baseline, mg, global_batch, world, line)
     lora = next((m for m in methods if m.method == "lora"), None)
-    eq = equal_memory_ranks(spec, acc, base, lora) if lora is not None else None
+    eq = equal_memory_ranks(spec, acc, base, lora) if lora is not None and detail else None
     listed = [{"method": c.family.method, "strategy": c.family.strategy, "optimizer": c.family.optimizer,
                "gradient_checkpointing": c.family.gradient_checkpointing, "micro_batch": c.batch,
                "grad_accum": c.grad_accum, "tight": c.tight, "relaxed": c.relaxed,
