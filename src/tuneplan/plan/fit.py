@@ -23,7 +23,7 @@ from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
 from tuneplan.plan import rule
-from tuneplan.plan.evaluate import Candidate, Prober, lighter_than, plan_family
+from tuneplan.plan.evaluate import Candidate, Prober, lighter_than, plan_family, sparing
 from tuneplan.plan.limits import limits_at, rank_cap
 from tuneplan.plan.margin import Margin, parse_margin
 from tuneplan.plan.search import largest_true
@@ -196,11 +196,19 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
     done: dict[tuple[str, str, str | None, bool | None], Candidate] = {}
     top = max(1, -(-target // world))
     exact32: set[str] = set()  # methods with a 32-bit-optimizer candidate that keeps the margin and the target
+    for f in fams:
+        if errs := compat_errors(probe.model, probe.gpu, probe.base, f):
+            pruned[f] = errs
+    ok = {f: f not in pruned for f in fams}
+    # a (method, strategy) whose most sparing family does not fit at micro-batch 1 holds no candidate
+    # (checkpointing and lighter optimizer states never add memory; see evaluate.sparing)
+    dead = {(f.method, f.strategy) for f in sparing([f for f in fams if ok[f]])
+            if not probe.ok(None)(probe({**f.as_fields, "batch": 1, "grad_accum": 1}))}
     # 32-bit optimizer families first: under the quality rule they decide whether 8-bit ones can win
     for fam in sorted(fams, key=lambda f: rule.optimizer_rank(f.optimizer)):
-        errs = compat_errors(probe.model, probe.gpu, probe.base, fam)
-        if errs:
-            pruned[fam] = errs
+        if not ok[fam]:
+            continue
+        if (fam.method, fam.strategy) in dead:
             continue
         if _dominated(fam, done, top, prefer, exact32):
             dominated.append(fam)
@@ -268,7 +276,7 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
         if all(f in cs.pruned for f in fams):  # cannot run whatever the space holds: say why
             row.blocked_by = sorted({m for f in fams for m in cs.pruned[f]})
         else:  # shows the most memory-sparing compatible family's figures at micro-batch 1
-            live = [f for f in fams if f not in cs.pruned]
+            live = sparing([f for f in fams if f not in cs.pruned])
             ests = [e for f in live if (e := probe({**f.as_fields, "batch": 1, "grad_accum": 1})) is not None]
             if ests:
                 e = min(ests, key=lambda e: e.breakdown.device_peak_bytes)
