@@ -64,19 +64,18 @@ def render_fit(d: dict[str, Any]) -> None:
     console.print(f"[bold]{d['model']}[/] on {d['world_size']} x {g['name']} ({gib(g['memory_bytes'])} GiB usable), "
                   f"target global batch {d['global_batch']}, host memory {gib(d['host_memory_bytes'])} GiB per node")
     t = Table(title="Best setup per method (limits: one field moved, the others as in that setup)")
-    for c in ("method", "fits", "strategy", "switch on", "batch x accum", "peak GiB", "high GiB", "tokens/s",
+    for c in ("method", "fits", "strategy", "also", "batch x accum", "peak GiB", "high GiB", "host GiB", "tokens/s",
               "max batch", "max seq", "max rank"):
-        t.add_column(c, justify="left" if c in ("method", "fits", "strategy", "switch on") else "right",
-                     overflow="fold" if c in ("switch on", "strategy") else "ellipsis")
+        t.add_column(c, justify="left" if c in ("method", "fits", "strategy", "also") else "right",
+                     overflow="fold")
     for m in d["methods"]:
         lb = m["limited_by"]
-        need = (", ".join(m["requires"]) or "-") if m["fits"] else \
-            "cannot run on this card (below)" if m["blocked_by"] else "nothing in the space fits"
-        if m["fits"] and m.get("host_bytes"):
-            need += f" (host {gib(m['host_bytes'])} GiB/GPU)"
+        also = [r for r in m["requires"] if not r.startswith(("zero-", "fsdp", "no-fsdp", "offload-"))]
+        need = (", ".join(also) or "-") if m["fits"] else "cannot run (below)" if m["blocked_by"] else "nothing fits"
         t.add_row(m["method"], _verdict(m), m["strategy"] or "-", need,
                   f"{m['micro_batch']} x {m['grad_accum']}" if m["fits"] else "-",
-                  gib(m["device_peak_bytes"]), gib(m["device_peak_high_bytes"]), _num(m["tokens_per_second"], "{:,.0f}"),
+                  gib(m["device_peak_bytes"]), gib(m["device_peak_high_bytes"]),
+                  gib(m["host_bytes"]) if m.get("host_bytes") else "-", _num(m["tokens_per_second"], "{:,.0f}"),
                   _limit(m["max_batch"], lb.get("batch")), _limit(m["max_seq"], lb.get("seq")),
                   _limit(m["max_rank"], lb.get("rank")))
     console.print(t)

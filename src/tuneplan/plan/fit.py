@@ -187,9 +187,9 @@ class CandidateSet:
 
 
 def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
-                     margin: Margin, prefer: str, timed: bool = True) -> CandidateSet:
+                     margin: Margin, prefer: str, timed: bool = True, gc_first: bool | None = None) -> CandidateSet:
     """The candidate set of (model, card, layout): compatibility first, then memory, then time."""
-    fams = families(variants, probe.base, world, probe.gpu)
+    fams = families(variants, probe.base, world, probe.gpu, gc_first=gc_first)
     pruned: dict[Family, list[str]] = {}
     dominated: list[Family] = []
     cands: list[Candidate] = []
@@ -357,7 +357,8 @@ def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margi
     m = c.metrics
     tps = m.get("tokens_per_second")
     if c.family.offload != "none" and tps:
-        fast = rule.best([x for x in cs.candidates if x.family.offload == "none"], "speed")
+        plain = [x for x in cs.candidates if x.family.offload == "none"]
+        fast = rule.best([x for x in plain if x.family.method == c.family.method] or plain, "speed")
         ftps = fast.metrics.get("tokens_per_second") if fast else None
         why.append(f"CPU offload: {tps:,.0f} tokens/s"
                    + (f" ({ftps / tps:.1f}x slower than {LABELS[fast.family.method]} without offload, "
@@ -419,7 +420,8 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
     baseline = probe.check_base(**variants[0][1]).setup  # also: the user's own input is valid
     world = baseline.world_size
     line = rule.rule_text(prefer, mg.describe())
-    cs = build_candidates(probe, variants, world, target=global_batch, margin=mg, prefer=prefer)
+    cs = build_candidates(probe, variants, world, target=global_batch, margin=mg, prefer=prefer,
+                          gc_first=baseline.gradient_checkpointing)
     methods = [method_row(probe, cs, label, baseline, mg, limits=detail) for label, _ in variants]
     rec = recommendation(probe, cs, baseline, mg, global_batch, world, line)
     lora = next((m for m in methods if m.method == "lora"), None)

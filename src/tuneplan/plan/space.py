@@ -129,10 +129,13 @@ def optimizers(acc: Accelerator, base: Mapping[str, Any], offload: str) -> list[
 
 
 def families(variants: list[tuple[str, dict[str, Any]]], base: Mapping[str, Any], world: int,
-             acc: Accelerator) -> list[Family]:
-    """The whole space of families, method by method in the order given."""
+             acc: Accelerator, *, gc_first: bool | None = None) -> list[Family]:
+    """The whole space of families, method by method in the order given; ``gc_first`` (the framework
+    profile's checkpointing default) comes first, which decides ties the rule cannot (no tokens/s)."""
     framework = base.get("framework", "hf")
     gcs = [base["gradient_checkpointing"]] if "gradient_checkpointing" in base else list(GC_CHOICES)
+    if gc_first is not None and gc_first in gcs:
+        gcs = [gc_first, *[g for g in gcs if g != gc_first]]
     out = []
     for label, mfields in variants:
         for sname, sfields in strategies(world, framework, base):
