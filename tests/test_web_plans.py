@@ -107,3 +107,15 @@ def test_time_and_cost_show_the_time_models_figures() -> None:
     d2 = callbacks.estimate_dict({**DEFAULTS, "samples": 2 * DEFAULTS["samples"]})
     assert d2["time"]["total_hours"] == pytest.approx(2 * d["time"]["total_hours"], rel=1e-6)
     assert "Choose a GPU" in callbacks.estimate_view({**DEFAULTS, "gpu": ""})["time"]
+
+
+def test_fit_tab_objective_is_the_clis() -> None:
+    fit_mod = importlib.import_module("tuneplan.plan.fit")
+    rule = importlib.import_module("tuneplan.plan.rule")
+    assert plans.PREFERS == rule.PREFERS
+    values = dict(DEFAULTS)
+    kw = {k: v for k, v in setup_kwargs(values).items() if k not in ("method", "bits")}
+    rec = fit_mod.fit(values["model"], values["gpu"], global_batch=16, prefer="speed", **kw).recommended
+    html = plans.fit_view(values, 16, "speed")
+    assert f"{rec['method']} ({rec['strategy']}), micro-batch {rec['micro_batch']} " in html
+    assert "the most tokens/s" in html

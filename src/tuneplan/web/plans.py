@@ -29,7 +29,8 @@ EXPORT = (("tuneplan.export", "build_export"),)
 DEPLOY = (("tuneplan.deploy.plan", "plan_deploy"),)
 EXPORT_ROOT = Path(tempfile.gettempdir()) / "tuneplan-web-export"
 EXPORT_KEEP_S = 3600
-TIGHT = "#9a6700"  # amber border: a recommendation that fits only on paper  # recipe folders older than this are removed at the next export
+TIGHT = "#9a6700"  # amber border: a recommendation that fits only on paper
+PREFERS = ("quality", "speed", "cost")  # plan.rule.PREFERS (not imported: the planner loads lazily)  # recipe folders older than this are removed at the next export
 
 
 def find(candidates: tuple[tuple[str, str], ...]) -> Any | None:
@@ -73,7 +74,7 @@ def _gib_cells(d: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
 
 
 @guarded("fit")
-def fit_view(values: dict[str, Any], global_batch: Any = 16) -> str:
+def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None = "quality") -> str:
     """The best configuration on the chosen card(s), and what each method needs to fit there."""
     fit = find(FIT)
     if fit is None:
@@ -84,7 +85,8 @@ def fit_view(values: dict[str, Any], global_batch: Any = 16) -> str:
     from tuneplan.web.form import whole
 
     setup = {k: v for k, v in p.setup_kw.items() if k not in ("method", "bits")}  # every method is tried
-    d = fit(p.model, p.gpu, global_batch=whole("global_batch", global_batch), **setup).to_dict()
+    d = fit(p.model, p.gpu, global_batch=whole("global_batch", global_batch), prefer=prefer or "quality",
+            **setup).to_dict()
     out = []
     rec = d.get("recommended")
     if rec:
@@ -117,7 +119,7 @@ def fit_view(values: dict[str, Any], global_batch: Any = 16) -> str:
 
 
 @guarded("gpus")
-def gpus_view(values: dict[str, Any]) -> str:
+def gpus_view(values: dict[str, Any], prefer: str | None = "quality") -> str:
     """Every card in the catalog ranked for this fine-tune (fewest cards, memory, time, cost)."""
     rank = find(RANK_GPUS)
     if rank is None:
@@ -138,7 +140,7 @@ def gpus_view(values: dict[str, Any]) -> str:
             extra = dataset_kwargs(p)
         except TuneplanError:
             extra = {}  # the message is already under the dataset fields
-    d = rank(p.model, **setup, **extra).to_dict()
+    d = rank(p.model, prefer=prefer or "quality", **setup, **extra).to_dict()
     keys = ("name", "fits", "min_gpus", "method", "per_gpu_peak_bytes", "memory_bytes", "strategy", "requires",
             "tokens_per_second", "total_hours", "cloud_usd", "own_usd", "break_even_hours")
     rows = [_gib_cells(r, keys) for r in d.get("ranking", [])]
