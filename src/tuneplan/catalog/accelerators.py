@@ -174,6 +174,17 @@ def _ambiguous(name: str, ids: list[str]) -> UnknownNameError:
                             accepted="one of these ids (see `tuneplan accelerators`)")
 
 
+def _one_of(name: str, same: list[str], cat: dict[str, Accelerator]) -> Accelerator | None:
+    """The one match, or the documented default among several (``_prefer``); several without one: error."""
+    if len(same) == 1:
+        return cat[same[0]]
+    if same:
+        if pick := _prefer(name, same, cat):
+            return cat[pick]
+        raise _ambiguous(name, same)
+    return None
+
+
 def _resolve(name: str, cat: dict[str, Accelerator]) -> Accelerator:
     """Exact id, name or alias first; then loose matches of the same card model (never a variant: see
     VARIANT_WORDS). Several matches without a documented default are an error listing them."""
@@ -190,22 +201,12 @@ def _resolve(name: str, cat: dict[str, Accelerator]) -> Accelerator:
     if toks:
         loose = sorted({acc_id for acc_id, acc in cat.items()
                         if any(toks <= _tokens(n) for n in (acc_id, acc.name, *acc.aliases))})
-        same = [i for i in loose if _same_model(toks, i, cat)]
-        if len(same) == 1:
-            return cat[same[0]]
-        if same:
-            if pick := _prefer(name, same, cat):
-                return cat[pick]
-            raise _ambiguous(name, same)
+        if found := _one_of(name, [i for i in loose if _same_model(toks, i, cat)], cat):
+            return found
     # Unique prefix or containment ("a100 80gb sxm" -> a10080gsxm4), of the same card model
     hits = sorted({v for kk, v in idx.items() if kk.startswith(k) or (len(k) >= 3 and k in kk)})
-    same = [i for i in hits if not toks or _same_model(toks, i, cat)]
-    if len(same) == 1:
-        return cat[same[0]]
-    if same:
-        if pick := _prefer(name, same, cat):
-            return cat[pick]
-        raise _ambiguous(name, same)
+    if found := _one_of(name, [i for i in hits if not toks or _same_model(toks, i, cat)], cat):
+        return found
     close = difflib.get_close_matches(k, list(idx), n=5, cutoff=0.5)
     sugg = list(dict.fromkeys(hits + loose + [idx[c] for c in close]))[:8]
     raise UnknownNameError(f"unknown accelerator {name!r}", field="gpu", suggestions=sugg,
