@@ -23,54 +23,16 @@ from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
 from tuneplan.plan import rule
-from tuneplan.plan.evaluate import Candidate, Prober, lighter_than, plan_family, sparing
+from tuneplan.plan.candidates import CandidateSet, build_candidates
+from tuneplan.plan.evaluate import Prober, sparing
 from tuneplan.plan.limits import limits_at, rank_cap
 from tuneplan.plan.margin import Margin, parse_margin
+from tuneplan.plan.recommend import recommendation
 from tuneplan.plan.search import largest_true
-from tuneplan.plan.space import LABELS, METHOD_VARIANTS, Family, compat_errors, families
+from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, strategy_name, switches
 from tuneplan.plan.timecost import dataset_kw
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
-
-SEARCHED = ("batch", "grad_accum")  # the planner chooses these; --global-batch is the target
-# fields a family sets -> how the user would type them
-_SWITCHES = ("gradient_checkpointing", "optimizer", "zero", "fsdp", "offload")
-
-
-def strategy_name(setup: Any) -> str:
-    """single | ddp | zero-N | fsdp, with +offload-X."""
-    if setup.fsdp:
-        name = "fsdp"
-    elif setup.zero:
-        name = f"zero-{setup.zero}"
-    else:
-        name = "ddp" if setup.world_size > 1 else "single"
-    return name + (f"+offload-{setup.offload}" if setup.offload != "none" else "")
-
-
-def switches(setup: Any, baseline: Any) -> tuple[list[str], list[str]]:
-    """(names, flags) of what a candidate switches on or off relative to the user's own setup."""
-    names, flags = [], []
-    for k in _SWITCHES:
-        v, b = getattr(setup, k), getattr(baseline, k)
-        if v == b:
-            continue
-        if k == "gradient_checkpointing":
-            names.append("gradient-checkpointing" if v else "no-gradient-checkpointing")
-            flags.append("--gradient-checkpointing" if v else "--no-gradient-checkpointing")
-        elif k == "optimizer":
-            names.append(str(v))
-            flags.append(f"--optimizer {v}")
-        elif k == "zero":
-            names.append(f"zero-{v}")
-            flags.append(f"--zero {v}")
-        elif k == "fsdp":
-            names.append("fsdp" if v else "no-fsdp")
-            flags.append("--fsdp" if v else "--no-fsdp")
-        else:
-            names.append(f"offload-{v}")
-            flags.append(f"--offload {v}")
-    return names, flags
 
 
 @dataclass
@@ -167,102 +129,6 @@ def check_positive(name: str, v: Any, accepted: str) -> int:
     return v
 
 
-@dataclass
-class CandidateSet:
-    """Every family of the space with its fate: pruned (why), no fit, or its candidate."""
-
-    families: list[Family]
-    pruned: dict[Family, list[str]]
-    candidates: list[Candidate]
-    prefer: str
-    dominated: list[Family] = field(default_factory=list)
-
-    def of(self, method: str, strategy: str | None = None) -> list[Candidate]:
-        return [c for c in self.candidates if c.family.method == method
-                and (strategy is None or c.family.strategy == strategy)]
-
-    def best(self, method: str | None = None, strategy: str | None = None) -> Candidate | None:
-        pool = self.candidates if method is None else self.of(method, strategy)
-        return rule.best(pool, self.prefer)
-
-
-def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
-                     margin: Margin, prefer: str, timed: bool = True, gc_first: bool | None = None) -> CandidateSet:
-    """The candidate set of (model, card, layout): compatibility first, then memory, then time."""
-    fams = families(variants, probe.base, world, probe.gpu, gc_first=gc_first)
-    pruned: dict[Family, list[str]] = {}
-    dominated: list[Family] = []
-    cands: list[Candidate] = []
-    done: dict[tuple[str, str, str | None, bool | None], Candidate] = {}
-    top = max(1, -(-target // world))
-    exact32: set[str] = set()  # methods with a 32-bit-optimizer candidate that keeps the margin and the target
-    for f in fams:
-        if errs := compat_errors(probe.model, probe.gpu, probe.base, f):
-            pruned[f] = errs
-    ok = {f: f not in pruned for f in fams}
-    # a (method, strategy) whose most sparing family does not fit at micro-batch 1 holds no candidate
-    # (checkpointing and lighter optimizer states never add memory; see evaluate.sparing)
-    dead = {(f.method, f.strategy) for f in sparing([f for f in fams if ok[f]])
-            if not probe.ok(None)(probe({**f.as_fields, "batch": 1, "grad_accum": 1}))}
-    # 32-bit optimizer families first: under the quality rule they decide whether 8-bit ones can win
-    for fam in sorted(fams, key=lambda f: rule.optimizer_rank(f.optimizer)):
-        if not ok[fam]:
-            continue
-        if (fam.method, fam.strategy) in dead:
-            continue
-        if _dominated(fam, done, top, prefer, exact32):
-            dominated.append(fam)
-            continue
-        seeds = [done[k] for k in lighter_than(fam) if k in done and not done[k].tight]
-        floor = max(seeds, key=lambda c: (c.grad_accum == 1, c.batch), default=None)
-        c = plan_family(probe, fam, target=target, world=world, margin=margin, timed=timed, floor=floor)
-        if c is not None:
-            cands.append(c)
-            done[(fam.method, fam.strategy, fam.optimizer, fam.gradient_checkpointing)] = c
-            if rule.optimizer_rank(fam.optimizer) == 0 and not c.tight and not c.relaxed:
-                exact32.add(fam.method)
-    order = {f: i for i, f in enumerate(fams)}
-    cands.sort(key=lambda c: order[c.family])  # the space's order: the rule's last tie-break
-    return CandidateSet(fams, pruned, cands, prefer, dominated)
-
-
-def _dominated(fam: Family, done: dict[tuple[str, str, str | None, bool | None], Candidate], top: int,
-               prefer: str, exact32: set[str]) -> bool:
-    """A family the rule can never pick over one already evaluated (so it costs no estimate):
-    - checkpointing on, when the same family without it already runs micro-batch ``top`` without
-      accumulation and with the margin: same sizes, same method and optimizer, one more forward per step;
-    - an 8-bit optimizer under the quality rule, when the method already has a 32-bit candidate that
-      keeps the margin and reaches the target (the rule ranks 32-bit states first)."""
-    if fam.gradient_checkpointing:
-        off = done.get((fam.method, fam.strategy, fam.optimizer, False))
-        if off is not None and not off.tight and (off.batch, off.grad_accum) == (top, 1):
-            return True
-    return prefer == "quality" and rule.optimizer_rank(fam.optimizer) == 1 and fam.method in exact32
-
-
-def _command(probe: Prober, c: Candidate, baseline: Any) -> str:
-    """The `tuneplan estimate` line that reproduces a candidate."""
-    s = c.estimate.setup
-    f = [f"--method {s.method}"]
-    if s.method == "qlora":
-        f.append(f"--bits {s.quant_bits}")
-    if s.is_lora:
-        f.append(f"--rank {s.rank}")
-    f += [f"--batch {s.batch}", f"--grad-accum {s.grad_accum}", f"--seq {s.seq}"]
-    if s.gpus > 1:
-        f.append(f"--gpus {s.gpus}")
-    if s.nodes > 1:
-        f.append(f"--nodes {s.nodes}")
-    skip = {"rank", "seq", "gpus", "nodes", *SEARCHED, *_SWITCHES}
-    for k, v in probe.base.items():
-        if k in skip:
-            continue
-        flag = "--" + k.replace("_", "-")
-        f.append(flag if v is True else f"--no-{flag[2:]}" if v is False else f"{flag} {v}")
-    f += switches(s, baseline)[1]
-    return f"tuneplan estimate {probe.model.name} --gpu {probe.gpu.id} " + " ".join(f)
-
-
 def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margin: Margin, *,
                limits: bool = True) -> MethodFit:
     """A method's row: its best candidate by the rule (or why it cannot run), with its limits."""
@@ -309,70 +175,6 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
                                "device_peak_bytes": sc.estimate.breakdown.device_peak_bytes if sc else None,
                                "cannot_run": all(f in cs.pruned for f in fams if f.strategy == sname)})
     return row
-
-
-def restore_knob(probe: Prober, c: Candidate, margin: Margin) -> dict[str, Any] | None:
-    """For a tight candidate: the longest sequence at micro-batch 1 that keeps the margin, if any."""
-    fields = {**c.family.as_fields, "batch": 1, "grad_accum": 1}
-    seq = c.estimate.setup.seq
-    if seq <= 1:
-        return None
-    best = largest_true(lambda s: probe.ok(margin)(probe({**fields, "seq": s})), 1, seq - 1)
-    return {"field": "seq", "from": seq, "to": best, "flag": f"--seq {best}"} if best else None
-
-
-def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margin, target: int,
-                   world: int, rule_line: str) -> dict[str, Any] | None:
-    c = cs.best()
-    if c is None:
-        return None
-    est = c.estimate
-    why = []
-    better = [LABELS[m] for m in rule.FAITHFUL if m in {f.method for f in cs.families}
-              and rule.faithful_rank(m) < rule.faithful_rank(c.family.method) and not cs.of(m)]
-    why.append(f"{LABELS[c.family.method]} ({strategy_name(est.setup)})"
-               + (f"; more faithful {', '.join(better)} does not fit" if better else ""))
-    names, _ = switches(est.setup, baseline)
-    if names:
-        why.append("switches " + ", ".join(names))
-    if c.relaxed:
-        why.append(f"no candidate reaches the global batch {target}: relaxed to {c.global_batch}, the largest "
-                   "that fits (accumulation itself does not fit)")
-    elif c.global_batch != target:
-        why.append(f"{world} GPU(s) cannot split {target} evenly: global batch {c.global_batch}")
-    why.append(f"micro-batch {c.batch} x accumulation {c.grad_accum} x {world} GPU(s) = {c.global_batch}")
-    knob = None
-    if c.tight:
-        knob = restore_knob(probe, c, margin)
-        why.append("tight: fits on paper but not with the margin ("
-                   + (f"{knob['flag']} restores it" if knob else "no setting on this card restores it: more GPUs "
-                      "or a larger card") + ")")
-    else:
-        hi = max(1, -(-target // world))
-        paper = largest_true(lambda b: probe.ok(None)(probe({**c.family.as_fields, "batch": b, "grad_accum": c.grad_accum})),
-                             c.batch, hi) if c.batch < hi else c.batch
-        if paper and paper > c.batch:
-            knob = {"field": "batch", "from": paper, "to": c.batch, "flag": f"--batch {c.batch}"}
-            why.append(f"micro-batch {paper} fits on paper, {c.batch} keeps the margin")
-    m = c.metrics
-    tps = m.get("tokens_per_second")
-    if c.family.offload != "none" and tps:
-        plain = [x for x in cs.candidates if x.family.offload == "none"]
-        fast = rule.best([x for x in plain if x.family.method == c.family.method] or plain, "speed")
-        ftps = fast.metrics.get("tokens_per_second") if fast else None
-        why.append(f"CPU offload: {tps:,.0f} tokens/s"
-                   + (f" ({ftps / tps:.1f}x slower than {LABELS[fast.family.method]} without offload, "
-                      f"{ftps:,.0f} tokens/s)" if ftps and ftps > tps else ""))
-    why.append(f"{(est.gpu.memory_bytes - c.device_peak_high_bytes) / GIB:.2f} GiB left at the upper band")
-    return {
-        "method": c.family.method, "strategy": strategy_name(est.setup),
-        "command": _command(probe, c, baseline), "setup": est.setup.to_dict(), "requires": names,
-        "micro_batch": c.batch, "grad_accum": c.grad_accum, "world_size": world,
-        "global_batch": c.global_batch, "target_global_batch": target, "relaxed": c.relaxed,
-        "device_peak_bytes": est.breakdown.device_peak_bytes, "device_peak_high_bytes": c.device_peak_high_bytes,
-        "headroom_bytes": est.headroom_bytes, "host_bytes": est.breakdown.host_bytes,
-        "tight": c.tight, "restore": knob, **m, "rule": rule_line, "reason": "; ".join(why),
-    }
 
 
 def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any],

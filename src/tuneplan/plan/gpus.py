@@ -25,19 +25,12 @@ from tuneplan.catalog.accelerators import accelerators, resolve_accelerator
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.plan import rule
+from tuneplan.plan.candidates import build_candidates
 from tuneplan.plan.evaluate import Prober, first_fitting
-from tuneplan.plan.fit import (
-    SEARCHED,
-    build_candidates,
-    check_positive,
-    host_bytes,
-    split_method,
-    strategy_name,
-    switches,
-)
+from tuneplan.plan.fit import check_positive, host_bytes, split_method
 from tuneplan.plan.margin import Margin, parse_margin
 from tuneplan.plan.search import smallest_true
-from tuneplan.plan.space import compat_errors, families
+from tuneplan.plan.space import SEARCHED, compat_errors, families, strategy_name, switches
 from tuneplan.plan.timecost import dataset_kw, time_model_available
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec

@@ -23,9 +23,9 @@ from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import catalog_entries, resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.plan.evaluate import Prober, first_fitting
-from tuneplan.plan.fit import SEARCHED, host_bytes, split_method, strategy_name, switches
+from tuneplan.plan.fit import host_bytes, split_method
 from tuneplan.plan.search import largest_true
-from tuneplan.plan.space import METHOD_VARIANTS, compat_errors, families
+from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, compat_errors, families, strategy_name, switches
 from tuneplan.plan.standard_arch import MAX_INDEX, shape, standard_model
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec

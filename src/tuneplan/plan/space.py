@@ -81,6 +81,9 @@ FRAMEWORK_STRATEGIES: dict[str, frozenset[str]] = {
 BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit")
 GC_CHOICES = (False, True)
 STRATEGY_FIELDS = ("zero", "fsdp", "offload")
+SEARCHED = ("batch", "grad_accum")  # the planner chooses these; --global-batch is the target
+# fields a family sets, compared with the user's own setup to say what a candidate switches
+SWITCHES = ("gradient_checkpointing", "optimizer", "zero", "fsdp", "offload")
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,42 @@ def families(variants: list[tuple[str, dict[str, Any]]], base: Mapping[str, Any]
                         f["optimizer"] = opt
                     out.append(Family(label, sname, opt, gc, tuple(sorted(f.items()))))
     return out
+
+
+def strategy_name(setup: Any) -> str:
+    """single | ddp | zero-N | fsdp, with +offload-X."""
+    if setup.fsdp:
+        name = "fsdp"
+    elif setup.zero:
+        name = f"zero-{setup.zero}"
+    else:
+        name = "ddp" if setup.world_size > 1 else "single"
+    return name + (f"+offload-{setup.offload}" if setup.offload != "none" else "")
+
+
+def switches(setup: Any, baseline: Any) -> tuple[list[str], list[str]]:
+    """(names, flags) of what a candidate switches on or off relative to the user's own setup."""
+    names, flags = [], []
+    for k in SWITCHES:
+        v, b = getattr(setup, k), getattr(baseline, k)
+        if v == b:
+            continue
+        if k == "gradient_checkpointing":
+            names.append("gradient-checkpointing" if v else "no-gradient-checkpointing")
+            flags.append("--gradient-checkpointing" if v else "--no-gradient-checkpointing")
+        elif k == "optimizer":
+            names.append(str(v))
+            flags.append(f"--optimizer {v}")
+        elif k == "zero":
+            names.append(f"zero-{v}")
+            flags.append(f"--zero {v}")
+        elif k == "fsdp":
+            names.append("fsdp" if v else "no-fsdp")
+            flags.append("--fsdp" if v else "--no-fsdp")
+        else:
+            names.append(f"offload-{v}")
+            flags.append(f"--offload {v}")
+    return names, flags
 
 
 def compat_errors(model: ModelSpec, acc: Accelerator, base: Mapping[str, Any], fam: Family) -> list[str]:

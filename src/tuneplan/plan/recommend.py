@@ -1,0 +1,102 @@
+"""The recommendation: the rule's first candidate, why, the knob for the margin, and the command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuneplan.estimator.types import GIB
+from tuneplan.plan import rule
+from tuneplan.plan.candidates import CandidateSet
+from tuneplan.plan.evaluate import Candidate, Prober
+from tuneplan.plan.margin import Margin
+from tuneplan.plan.search import largest_true
+from tuneplan.plan.space import LABELS, SEARCHED, SWITCHES, strategy_name, switches
+
+
+def command(probe: Prober, c: Candidate, baseline: Any) -> str:
+    """The `tuneplan estimate` line that reproduces a candidate."""
+    s = c.estimate.setup
+    f = [f"--method {s.method}"]
+    if s.method == "qlora":
+        f.append(f"--bits {s.quant_bits}")
+    if s.is_lora:
+        f.append(f"--rank {s.rank}")
+    f += [f"--batch {s.batch}", f"--grad-accum {s.grad_accum}", f"--seq {s.seq}"]
+    if s.gpus > 1:
+        f.append(f"--gpus {s.gpus}")
+    if s.nodes > 1:
+        f.append(f"--nodes {s.nodes}")
+    skip = {"rank", "seq", "gpus", "nodes", *SEARCHED, *SWITCHES}
+    for k, v in probe.base.items():
+        if k in skip:
+            continue
+        flag = "--" + k.replace("_", "-")
+        f.append(flag if v is True else f"--no-{flag[2:]}" if v is False else f"{flag} {v}")
+    f += switches(s, baseline)[1]
+    return f"tuneplan estimate {probe.model.name} --gpu {probe.gpu.id} " + " ".join(f)
+
+
+def restore_knob(probe: Prober, c: Candidate, margin: Margin) -> dict[str, Any] | None:
+    """For a tight candidate: the longest sequence at micro-batch 1 that keeps the margin, if any."""
+    fields = {**c.family.as_fields, "batch": 1, "grad_accum": 1}
+    seq = c.estimate.setup.seq
+    if seq <= 1:
+        return None
+    best = largest_true(lambda s: probe.ok(margin)(probe({**fields, "seq": s})), 1, seq - 1)
+    return {"field": "seq", "from": seq, "to": best, "flag": f"--seq {best}"} if best else None
+
+
+def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margin, target: int,
+                   world: int, rule_line: str) -> dict[str, Any] | None:
+    c = cs.best()
+    if c is None:
+        return None
+    est = c.estimate
+    why = []
+    better = [LABELS[m] for m in rule.FAITHFUL if m in {f.method for f in cs.families}
+              and rule.faithful_rank(m) < rule.faithful_rank(c.family.method) and not cs.of(m)]
+    why.append(f"{LABELS[c.family.method]} ({strategy_name(est.setup)})"
+               + (f"; more faithful {', '.join(better)} does not fit" if better else ""))
+    names, _ = switches(est.setup, baseline)
+    if names:
+        why.append("switches " + ", ".join(names))
+    if c.relaxed:
+        why.append(f"no candidate reaches the global batch {target}: relaxed to {c.global_batch}, the largest "
+                   "that fits (accumulation itself does not fit)")
+    elif c.global_batch != target:
+        why.append(f"{world} GPU(s) cannot split {target} evenly: global batch {c.global_batch}")
+    why.append(f"micro-batch {c.batch} x accumulation {c.grad_accum} x {world} GPU(s) = {c.global_batch}")
+    knob = None
+    if c.tight:
+        knob = restore_knob(probe, c, margin)
+        why.append("tight: fits on paper but not with the margin ("
+                   + (f"{knob['flag']} restores it" if knob else "no setting on this card restores it: more GPUs "
+                      "or a larger card") + ")")
+    else:
+        hi = max(1, -(-target // world))
+        paper = largest_true(lambda b: probe.ok(None)(probe({**c.family.as_fields, "batch": b, "grad_accum": c.grad_accum})),
+                             c.batch, hi) if c.batch < hi else c.batch
+        if paper and paper > c.batch:
+            knob = {"field": "batch", "from": paper, "to": c.batch, "flag": f"--batch {c.batch}"}
+            why.append(f"micro-batch {paper} fits on paper, {c.batch} keeps the margin")
+    m = c.metrics
+    tps = m.get("tokens_per_second")
+    if c.family.offload != "none" and tps:
+        plain = [x for x in cs.candidates if x.family.offload == "none"]
+        fast = rule.best([x for x in plain if x.family.method == c.family.method] or plain, "speed")
+        ftps = fast.metrics.get("tokens_per_second") if fast else None
+        why.append(f"CPU offload: {tps:,.0f} tokens/s"
+                   + (f" ({ftps / tps:.1f}x slower than {LABELS[fast.family.method]} without offload, "
+                      f"{ftps:,.0f} tokens/s)" if ftps and ftps > tps else ""))
+    why.append(f"{(est.gpu.memory_bytes - c.device_peak_high_bytes) / GIB:.2f} GiB left at the upper band")
+    return {
+        "method": c.family.method, "strategy": strategy_name(est.setup),
+        "command": command(probe, c, baseline), "setup": est.setup.to_dict(), "requires": names,
+        "micro_batch": c.batch, "grad_accum": c.grad_accum, "world_size": world,
+        "global_batch": c.global_batch, "target_global_batch": target, "relaxed": c.relaxed,
+        "device_peak_bytes": est.breakdown.device_peak_bytes, "device_peak_high_bytes": c.device_peak_high_bytes,
+        "headroom_bytes": est.headroom_bytes, "host_bytes": est.breakdown.host_bytes,
+        "tight": c.tight, "restore": knob, **m, "rule": rule_line, "reason": "; ".join(why),
+    }
+
+
