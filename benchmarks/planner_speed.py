@@ -39,7 +39,7 @@ def _fit_one() -> Any:
     return fit("Qwen/Qwen2.5-7B", "v100")
 
 
-@case("fit Qwen2.5-7B on 8 x a100-80gb (5 methods x 5 strategies)", "fit")
+@case("fit Qwen2.5-7B on 8 x a100-80gb (5 methods x 10 strategies)", "fit")
 def _fit_eight() -> Any:
     from tuneplan.plan import fit
 
