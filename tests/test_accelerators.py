@@ -36,7 +36,7 @@ def _no_user_config(tmp_path, monkeypatch):
 
 def test_catalog_has_every_reference_row():
     cat = catalog_accelerators()
-    assert len(cat) == 55  # gpus.csv has 55 rows
+    assert len(cat) == 55 + 6  # gpus.csv has 55 rows, tools/accelerators_added.csv 6
     for acc_id in ("p40", "v100-sxm2-32gb", "t4", "rtx-4090", "rtx-5880-ada-generation", "a100-80gb-sxm4",
                    "h100-sxm5-80gb", "h20-96gb", "b200", "mi250x", "mi325x", "ascend-910b", "ascend-910b4"):
         assert acc_id in cat
@@ -231,7 +231,7 @@ def test_cli_accelerators_lists_catalog_and_user_cards(tmp_path):
     r = CliRunner().invoke(app, ["accelerators", "--json", "--hardware-file", str(p)])
     assert r.exit_code == 0
     rows = {d["id"]: d for d in json.loads(r.output)}
-    assert len(rows) == 57  # 55 + two new user cards (the third overrides rtx-4090)
+    assert len(rows) == 63  # 55 + 6 added + two new user cards (the third overrides rtx-4090)
     assert rows["h100-sxm5-80gb"]["source"] and rows["h100-sxm5-80gb"]["verified"] == "yes"
     assert rows["h100-sxm5-80gb"]["compute_capability"] == "9.0"
     assert rows["gtx-1080ti"]["verified"] == "user"

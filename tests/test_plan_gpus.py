@@ -8,12 +8,13 @@ from tuneplan.api import estimate
 from tuneplan.catalog.accelerators import accelerators, resolve_accelerator
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
-from tuneplan.plan import rank_gpus
+from tuneplan.plan import fit, rank_gpus
 from tuneplan.plan.gpus import card_counts
-from tuneplan.plan.measures import applicable, compose
+from tuneplan.plan.space import families
 from tuneplan.plan.timecost import make_dataset
 
 CARDS = ["rtx-3060-12gb", "rtx-4090", "v100-sxm2-32gb", "a100-40gb-sxm4", "a100-80gb-sxm4", "h200-sxm-141gb"]
+GIB = 2**30
 
 
 @pytest.fixture(scope="module")
@@ -26,16 +27,17 @@ def full14b(qwen14b):
     return rank_gpus(qwen14b, only=CARDS, method="full", max_gpus=32)
 
 
-def some_rung_fits(model, gpu, setup: dict, layout: dict) -> bool:
-    """Plain: try the setup, then every prefix of the ladder, with estimate() directly."""
-    fixed = {**setup, **layout}
-    rungs = applicable(fixed)
-    for i in range(-1, len(rungs)):
+def some_family_fits(model, gpu, layout: dict) -> bool:
+    """Plain: every family of the space at micro-batch 1, with estimate() directly; host memory by hand
+    (twice the node's GPU memory, at least 128 GiB)."""
+    host = max(128 * GIB, 2 * gpu.memory_bytes * layout["gpus"])
+    for f in families([("full", {"method": "full"})], layout, layout["gpus"] * layout["nodes"], gpu):
         try:
-            if estimate(model, gpu=gpu, **{**fixed, **compose(rungs[: i + 1])}).fits:
-                return True
+            e = estimate(model, gpu=gpu, timing=False, **{**f.as_fields, **layout})
         except TuneplanError:
             continue
+        if e.fits and e.breakdown.host_bytes * layout["gpus"] <= host:
+            return True
     return False
 
 
@@ -43,18 +45,32 @@ def test_fewest_cards_match_a_loop_over_every_count(full14b, qwen14b) -> None:
     counts = card_counts(32)
     for c in full14b.ranking:
         gpu = resolve_accelerator(c.gpu)
-        want = next((n for n, lay in counts if some_rung_fits(qwen14b, gpu, {"method": "full"}, lay)), None)
+        want = next((n for n, lay in counts if some_family_fits(qwen14b, gpu, lay)), None)
         assert c.min_gpus == want, c.gpu
         if want is not None:
             assert c.fits
             prev = [n for n, _ in counts if n < want]
             if prev:  # the boundary: one count fewer does not fit
                 lay = next(lay for n, lay in counts if n == prev[-1])
-                assert not some_rung_fits(qwen14b, gpu, {"method": "full"}, lay)
+                assert not some_family_fits(qwen14b, gpu, lay)
             s = dict(c.setup)
             s.pop("bits")
             assert estimate(qwen14b, gpu=gpu, **s).fits  # the reported setup runs
             assert c.per_gpu_peak_bytes <= gpu.memory_bytes
+
+
+def test_gpus_and_fit_give_the_same_answer_for_a_card(full14b, qwen14b) -> None:
+    c = next(c for c in full14b.ranking if c.gpu == "a100-80gb-sxm4")
+    rec = fit(qwen14b, "a100-80gb", method="full", gpus=c.min_gpus).recommended
+    assert (rec["strategy"], rec["micro_batch"], rec["grad_accum"]) == (c.strategy, c.micro_batch, c.grad_accum)
+
+
+def test_rent_or_buy_figures() -> None:
+    ds = make_dataset(samples=10_000, avg_tokens=400.0)
+    r = rank_gpus("Qwen/Qwen2.5-7B", only=["rtx4090"], method="lora", dataset=ds).ranking[0]
+    assert r.fits and r.cloud_usd > 0 and r.own_usd > 0 and r.break_even_hours > 0
+    # by hand: cloud USD = hours x cards x the cloud price per GPU-hour
+    assert r.cloud_usd == pytest.approx(r.total_hours * r.min_gpus * r.cloud_usd_per_gpu_hr, rel=1e-6)
 
 
 def test_a_14b_full_fine_tune_needs_several_24gb_cards(full14b) -> None:
@@ -65,11 +81,16 @@ def test_a_14b_full_fine_tune_needs_several_24gb_cards(full14b) -> None:
     assert by["h200-sxm-141gb"].fits
 
 
-def test_ranking_order_fits_first_then_fewest_cards(full14b) -> None:
+def test_ranking_order_fits_first_then_by_the_objective(full14b, qwen14b) -> None:
     r = full14b.ranking
     fitting = [c for c in r if c.fits]
     assert r[: len(fitting)] == fitting  # every card that fits comes before every card that does not
-    assert [c.min_gpus for c in fitting] == sorted(c.min_gpus for c in fitting)
+    keep = [c for c in fitting if not c.tight]  # quality, one method: then tokens/s
+    tps = [c.tokens_per_second or 0 for c in keep]
+    assert tps == sorted(tps, reverse=True)
+    by_cards = rank_gpus(qwen14b, only=CARDS, method="full", max_gpus=32, sort="cards").ranking
+    fit_cards = [c.min_gpus for c in by_cards if c.fits]
+    assert fit_cards == sorted(fit_cards)
 
 
 def test_memory_sort_puts_the_smallest_card_that_fits_first(qwen14b) -> None:
@@ -91,6 +112,7 @@ def test_as_given_switches_nothing_on_and_never_needs_fewer_cards(qwen14b) -> No
     given = rank_gpus(qwen14b, only=CARDS, method="full", zero=3, max_gpus=32, auto=False)
     for c in given.ranking:
         assert c.requires == []  # nothing switched on
+        assert c.strategy is None or c.strategy.startswith("zero-3")
         if c.fits:
             assert c.min_gpus >= 2  # ZeRO-3 as asked: one card of it is refused
             assert auto[c.gpu].fits and auto[c.gpu].min_gpus <= c.min_gpus
@@ -120,6 +142,9 @@ def test_bad_input() -> None:
     with pytest.raises(TuneplanError) as e:
         rank_gpus("Qwen/Qwen2.5-7B", sort="price")
     assert e.value.field == "sort"
+    with pytest.raises(TuneplanError) as e:
+        rank_gpus("Qwen/Qwen2.5-7B", prefer="cheap")
+    assert e.value.field == "prefer"
     with pytest.raises(TuneplanError) as e:
         rank_gpus("Qwen/Qwen2.5-7B", only=["no-such-card"])
     assert e.value.field == "gpu"

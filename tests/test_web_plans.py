@@ -6,6 +6,7 @@ module is missing from the installed package.
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
@@ -32,20 +33,22 @@ def test_tabs_wait_for_valid_input() -> None:
 
 
 def test_fit_tab_shows_the_planners_recommendation() -> None:
-    fit_mod = pytest.importorskip("tuneplan.plan.fit", reason="the planner (issue 6) is not in this build")
+    fit_mod = importlib.import_module("tuneplan.plan.fit")  # part of the package: a failed import fails the test
     values = dict(DEFAULTS)
     kw = {k: v for k, v in setup_kwargs(values).items() if k not in ("method", "bits")}
     rep = fit_mod.fit(values["model"], values["gpu"], global_batch=16, **kw).to_dict()
     html = plans.fit_view(values, 16)
     rec = rep["recommended"]
     assert rec is not None
-    assert f"<b>Recommended:</b> {rec['method']}, micro-batch {rec['micro_batch']}" in html
+    assert (f"<b>Recommended{' (tight' if rec['tight'] else ''}" in html
+            and f"{rec['method']} ({rec['strategy']}), micro-batch {rec['micro_batch']} " in html)
     assert html.count("<tr>") == 1 + len(rep["methods"])  # header + one row per method
+    assert rep["rule"] in html.replace("&#x27;", "'")
     assert "global_batch" in plans.fit_view(values, 0)  # its own field is validated like the others
 
 
 def test_gpus_tab_lists_the_planners_ranking_in_order() -> None:
-    gpus_mod = pytest.importorskip("tuneplan.plan.gpus", reason="the GPU ranking (issue 6) is not in this build")
+    gpus_mod = importlib.import_module("tuneplan.plan.gpus")
     values = {**DEFAULTS, "model": "Qwen/Qwen2.5-0.5B"}
     kw = {k: v for k, v in setup_kwargs(values).items() if k not in ("gpus", "nodes")}
     kw.update(callbacks.dataset_kwargs(parse(values)))  # the form's dataset: time and cost break ties
@@ -104,3 +107,15 @@ def test_time_and_cost_show_the_time_models_figures() -> None:
     d2 = callbacks.estimate_dict({**DEFAULTS, "samples": 2 * DEFAULTS["samples"]})
     assert d2["time"]["total_hours"] == pytest.approx(2 * d["time"]["total_hours"], rel=1e-6)
     assert "Choose a GPU" in callbacks.estimate_view({**DEFAULTS, "gpu": ""})["time"]
+
+
+def test_fit_tab_objective_is_the_clis() -> None:
+    fit_mod = importlib.import_module("tuneplan.plan.fit")
+    rule = importlib.import_module("tuneplan.plan.rule")
+    assert plans.PREFERS == rule.PREFERS
+    values = dict(DEFAULTS)
+    kw = {k: v for k, v in setup_kwargs(values).items() if k not in ("method", "bits")}
+    rec = fit_mod.fit(values["model"], values["gpu"], global_batch=16, prefer="speed", **kw).recommended
+    html = plans.fit_view(values, 16, "speed")
+    assert f"{rec['method']} ({rec['strategy']}), micro-batch {rec['micro_batch']} " in html
+    assert "the most tokens/s" in html

@@ -17,6 +17,8 @@ from pathlib import Path
 
 SRC = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/reference/gpus.csv"
 OUT = Path(__file__).resolve().parents[1] / "src/tuneplan/catalog/accelerators.json"
+# Cards the reference table lacks, same columns, kept in the repository (each row carries its source).
+ADDED = Path(__file__).resolve().parent / "accelerators_added.csv"
 
 # Price readings named in compat.md section 8 by tag: P1 "read off the provider's own page on
 # 2026-09-09", P2 "RunPod catalogue snapshot, 2026-09-07". P3 listings are undated.
@@ -108,8 +110,15 @@ def row_to_entry(r: dict[str, str]) -> dict[str, object]:
     }
 
 
+def added_rows(path: Path = ADDED) -> list[dict[str, str]]:
+    """Rows of ``accelerators_added.csv``; a name the reference table also has is an error (no silent override)."""
+    if not path.is_file():
+        return []
+    return list(csv.DictReader(path.open(encoding="utf-8")))
+
+
 def build(src: Path) -> list[dict[str, object]]:
-    rows = list(csv.DictReader(src.open(encoding="utf-8")))
+    rows = list(csv.DictReader(src.open(encoding="utf-8"))) + added_rows()
     out = [row_to_entry(r) for r in rows]
     ids = [e["id"] for e in out]
     dupes = sorted({i for i in ids if ids.count(i) > 1})

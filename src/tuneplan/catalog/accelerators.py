@@ -31,7 +31,8 @@ from tuneplan.specs.limits import MAX_HARDWARE_NUMBER, show_value
 # A bare model name maps to the SXM (HGX) variant with the most memory where there are several.
 ALIASES = {
     "4090": "rtx-4090", "3090": "rtx-3090", "5090": "rtx-5090", "4080": "rtx-4080", "3080": "rtx-3080-10gb",
-    "3060": "rtx-3060-12gb", "2080ti": "rtx-2080-ti", "4060ti": "rtx-4060-ti-16gb", "5080": "rtx-5080",
+    "3060": "rtx-3060-12gb", "2080ti": "rtx-2080-ti", "5080": "rtx-5080", "4060": "rtx-4060", "3060ti": "rtx-3060-ti",
+    "5070": "rtx-5070", "5070ti": "rtx-5070-ti",
     "4090d": "rtx-4090-d", "3090ti": "rtx-3090-ti", "4070tisuper": "rtx-4070-ti-super",
     "a100": "a100-80gb-sxm4", "a10080g": "a100-80gb-sxm4", "a10080gb": "a100-80gb-sxm4",
     "a10040g": "a100-40gb-sxm4", "a10040gb": "a100-40gb-sxm4", "a100sxm": "a100-80gb-sxm4",
@@ -63,6 +64,10 @@ ALIASES = {
 }
 
 HARDWARE_FILE_NAMES = ("hardware.toml", "hardware.yaml", "hardware.yml")
+# Words that make a different card of the same number (RTX 4060 vs 4060 Ti, 4070 Ti vs Ti Super, 4090 vs
+# 4090 D, L40 vs L40S, MI300 vs MI300X, H100 vs H100 NVL): a loose match may add memory sizes and form
+# factors to what was typed, never one of these.
+VARIANT_WORDS = frozenset({"ti", "super", "d", "s", "x", "xt", "nvl", "max", "c"})
 _VENDOR_WORDS = ("nvidia", "geforce", "tesla", "instinct", "amd", "huawei")
 
 
@@ -160,7 +165,31 @@ def resolve_accelerator(name: str, extra: dict[str, Accelerator] | str | os.Path
     return _resolve(name, accelerators(extra))
 
 
+def _same_model(toks: frozenset[str], acc_id: str, cat: dict[str, Accelerator]) -> bool:
+    """The card adds no variant word to what was typed (in its id or any of its names)."""
+    acc = cat[acc_id]
+    return any(not ((_tokens(n) - toks) & VARIANT_WORDS) for n in (acc_id, acc.name, *acc.aliases))
+
+
+def _ambiguous(name: str, ids: list[str]) -> UnknownNameError:
+    return UnknownNameError(f"{name!r} matches several cards: {', '.join(ids)}", field="gpu", suggestions=ids,
+                            accepted="one of these ids (see `tuneplan accelerators`)")
+
+
+def _one_of(name: str, same: list[str], cat: dict[str, Accelerator]) -> Accelerator | None:
+    """The one match, or the documented default among several (``_prefer``); several without one: error."""
+    if len(same) == 1:
+        return cat[same[0]]
+    if same:
+        if pick := _prefer(name, same, cat):
+            return cat[pick]
+        raise _ambiguous(name, same)
+    return None
+
+
 def _resolve(name: str, cat: dict[str, Accelerator]) -> Accelerator:
+    """Exact id, name or alias first; then loose matches of the same card model (never a variant: see
+    VARIANT_WORDS). Several matches without a documented default are an error listing them."""
     if name in cat:
         return cat[name]
     idx = _index(cat)
@@ -168,23 +197,20 @@ def _resolve(name: str, cat: dict[str, Accelerator]) -> Accelerator:
     for cand in (k, k.replace("rtx", ""), k.replace("g", "gb")):
         if cand in idx:
             return cat[idx[cand]]
-    # Same tokens in another order ("A100-SXM4-40GB" = "a100-40gb-sxm4")
     toks = _tokens(name)
+    # Same tokens in another order ("A100-SXM4-40GB" = "a100-40gb-sxm4")
+    loose: list[str] = []
     if toks:
-        same = sorted({acc_id for acc_id, acc in cat.items()
-                       if any(toks <= _tokens(n) for n in (acc_id, acc.name, *acc.aliases))})
-        if len(same) == 1:
-            return cat[same[0]]
-        if same and (pick := _prefer(name, same, cat)):
-            return cat[pick]
-    # Unique prefix or containment ("a100 80gb sxm" -> a10080gsxm4)
+        loose = sorted({acc_id for acc_id, acc in cat.items()
+                        if any(toks <= _tokens(n) for n in (acc_id, acc.name, *acc.aliases))})
+        if found := _one_of(name, [i for i in loose if _same_model(toks, i, cat)], cat):
+            return found
+    # Unique prefix or containment ("a100 80gb sxm" -> a10080gsxm4), of the same card model
     hits = sorted({v for kk, v in idx.items() if kk.startswith(k) or (len(k) >= 3 and k in kk)})
-    if len(hits) == 1:
-        return cat[hits[0]]
-    if hits and (pick := _prefer(name, hits, cat)):
-        return cat[pick]
+    if found := _one_of(name, [i for i in hits if not toks or _same_model(toks, i, cat)], cat):
+        return found
     close = difflib.get_close_matches(k, list(idx), n=5, cutoff=0.5)
-    sugg = list(dict.fromkeys([idx[c] for c in close] + hits))[:6]
+    sugg = list(dict.fromkeys(hits + loose + [idx[c] for c in close]))[:8]
     raise UnknownNameError(f"unknown accelerator {name!r}", field="gpu", suggestions=sugg,
                            accepted="a catalog id (see `tuneplan accelerators`), or add it with --hardware-file")
 

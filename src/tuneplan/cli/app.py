@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "gpus": "tuneplan.cli.plan_cmd",
     "max-model": "tuneplan.cli.plan_cmd",
     "sweep": "tuneplan.cli.plan_cmd",
+    "compare": "tuneplan.cli.compare_cmd",
     "measure": "tuneplan.cli.measure_cmd",
     "simulate": "tuneplan.cli.simulate_cmd",
     "deploy": "tuneplan.cli.deploy_cmd",

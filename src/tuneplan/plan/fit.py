@@ -1,10 +1,15 @@
-"""`fit`: what runs on a card (or N cards), at which limits, with what switched on.
+"""`fit`: what runs on a card (or N cards), per method, and the one setup the decision rule picks.
 
-For each method (full, freeze, LoRA, QLoRA 8-bit, QLoRA 4-bit) the user's setup is made to fit with
-the cheapest measures of :mod:`tuneplan.plan.measures`, then its limits are searched
-(:mod:`tuneplan.plan.limits`). With two or more GPUs every parallel strategy (DDP, ZeRO-1/2/3, FSDP)
-is also reported on its own: whether it fits, what it needs, and its largest micro-batch. One configuration is then recommended (:mod:`tuneplan.plan.recommend`).
-Every number is an ``Estimate``; this module only searches.
+One candidate set is built and everything is read from it (:mod:`tuneplan.plan.space` for the space,
+:mod:`tuneplan.plan.evaluate` for the sizes inside a family, :mod:`tuneplan.plan.rule` for the choice):
+
+1. every family of the space is checked for compatibility first; a family that cannot run is pruned
+   with its reason and never costs a memory figure;
+2. every compatible family gets its candidate (micro-batch x accumulation reaching the global batch,
+   with the safety margin if it can), and each candidate one timed estimate (tokens/s, cost);
+3. the rule orders the candidates; the recommendation is the first, and each method's row in the
+   table is the first candidate of that method, so the table, the verdict and the recommendation
+   cannot disagree. A method is "cannot run" only when every one of its families was pruned.
 """
 
 from __future__ import annotations
@@ -17,40 +22,17 @@ from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
+from tuneplan.plan import rule
+from tuneplan.plan.candidates import CandidateSet, build_candidates
+from tuneplan.plan.evaluate import Prober, sparing
 from tuneplan.plan.limits import limits_at, rank_cap
-from tuneplan.plan.measures import BY_KEY, DEEPSPEED_KEYS, MadeToFit, Prober, make_fit
+from tuneplan.plan.margin import Margin, parse_margin
+from tuneplan.plan.recommend import recommendation
 from tuneplan.plan.search import largest_true
+from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, strategy_name, switches
+from tuneplan.plan.timecost import dataset_kw
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
-
-# (label, fields): the five ways to fine-tune that hardware guides compare (size x method table + freeze).
-METHOD_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("full", {"method": "full"}),
-    ("freeze", {"method": "freeze"}),
-    ("lora", {"method": "lora"}),
-    ("qlora-8", {"method": "qlora", "bits": 8}),
-    ("qlora-4", {"method": "qlora", "bits": 4}),
-)
-_NOT_MEASURES = frozenset(BY_KEY) - frozenset(DEEPSPEED_KEYS)
-# Parallel strategies with two or more GPUs: fixed fields and the measures each may still switch on.
-STRATEGIES: tuple[tuple[str, dict[str, Any], frozenset[str]], ...] = (
-    ("ddp", {"zero": 0, "fsdp": False, "offload": "none"}, _NOT_MEASURES - {"offload-optimizer", "offload-all"}),
-    ("zero-1", {"zero": 1, "fsdp": False}, _NOT_MEASURES - {"offload-all"}),
-    ("zero-2", {"zero": 2, "fsdp": False}, _NOT_MEASURES - {"offload-all"}),
-    ("zero-3", {"zero": 3, "fsdp": False}, _NOT_MEASURES),
-    ("fsdp", {"zero": 0, "fsdp": True}, _NOT_MEASURES),
-)
-
-
-def strategy_name(setup: Any) -> str:
-    """single | ddp | zero-N | fsdp, with +offload-X."""
-    if setup.fsdp:
-        name = "fsdp"
-    elif setup.zero:
-        name = f"zero-{setup.zero}"
-    else:
-        name = "ddp" if setup.world_size > 1 else "single"
-    return name + (f"+offload-{setup.offload}" if setup.offload != "none" else "")
 
 
 @dataclass
@@ -63,13 +45,21 @@ class MethodFit:
     requires: list[str]
     setup: dict[str, Any]
     strategy: str = ""
+    tight: bool = False
     requires_flags: list[str] = field(default_factory=list)
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    global_batch: int | None = None
     device_peak_bytes: int | None = None
+    device_peak_high_bytes: int | None = None
     headroom_bytes: int | None = None
-    host_bytes: int | None = None  # CPU memory for offloaded states/params (offload rungs)
+    host_bytes: int | None = None  # CPU memory for offloaded states/params
+    tokens_per_second: float | None = None
+    total_hours: float | None = None
     limited_by: dict[str, str] = field(default_factory=dict)
     blocked_by: list[str] = field(default_factory=list)
     strategies: list[dict[str, Any]] = field(default_factory=list)
+    families: dict[str, int] = field(default_factory=dict)
     fields: dict[str, Any] = field(default_factory=dict, repr=False)  # the probe fields behind ``setup``
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,8 +74,13 @@ class FitReport:
     gpu: dict[str, Any]
     world_size: int
     global_batch: int
+    prefer: str
+    margin: dict[str, Any]
+    rule: str
+    host_memory_bytes: int
     methods: list[MethodFit]
     recommended: dict[str, Any] | None
+    candidates: list[dict[str, Any]] = field(default_factory=list)
     equal_memory: dict[str, Any] | None = None
     evaluations: int = 0
 
@@ -95,10 +90,11 @@ class FitReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "gpu": self.gpu, "world_size": self.world_size,
-            "global_batch": self.global_batch,
+            "global_batch": self.global_batch, "prefer": self.prefer, "margin": self.margin, "rule": self.rule,
+            "host_memory_bytes": self.host_memory_bytes,
             "methods": [m.to_dict() for m in self.methods],
-            "recommended": self.recommended, "equal_memory": self.equal_memory,
-            "evaluations": self.evaluations,
+            "recommended": self.recommended, "candidates": self.candidates,
+            "equal_memory": self.equal_memory, "evaluations": self.evaluations,
         }
 
 
@@ -117,35 +113,76 @@ def split_method(setup: Mapping[str, Any]) -> tuple[list[tuple[str, dict[str, An
     return chosen, base
 
 
-def method_fit(probe: Prober, label: str, fixed: Mapping[str, Any], *, allow: frozenset[str] | None = None,
-               which: tuple[str, ...] = ("batch", "seq", "rank")) -> MethodFit:
-    """One method (and strategy) on the prober's card: made to fit, then its limits."""
-    made: MadeToFit = make_fit(probe, fixed, allow=allow)
-    est = made.estimate
-    setup_d = est.setup.to_dict() if est is not None else {**probe.base, **made.fields}
-    mf = MethodFit(method=label, fits=made.fits, max_batch=None, max_seq=None, max_rank=None,
-                   requires=made.requires_keys, setup=setup_d, fields=made.fields,
-                   requires_flags=[m.flag for m in made.requires])
-    if est is not None:
-        mf.strategy = strategy_name(est.setup)
-        mf.device_peak_bytes = est.breakdown.device_peak_bytes
-        mf.headroom_bytes = est.headroom_bytes
-        mf.host_bytes = est.breakdown.host_bytes
-        mf.blocked_by = [f.message for f in est.findings if f.level == "error"]
-    if made.fits and est is not None:
-        lim = limits_at(probe, made.fields, est.setup, which=which)
-        mf.max_batch, mf.max_seq, mf.max_rank = lim.max_batch, lim.max_seq, lim.max_rank
-        mf.limited_by = lim.limited_by
-    return mf
+def host_bytes(gib: float | None) -> int | None:
+    """--host-memory (GiB per node) in bytes; None leaves the planner's default (evaluate.default_host_bytes)."""
+    if gib is None:
+        return None
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or gib <= 0:
+        raise TuneplanError(f"must be a positive number of GiB, got {gib!r}", field="host_memory",
+                            accepted="e.g. 64, 256, 1024 (GiB of RAM per node)")
+    return int(gib * GIB)
+
+
+def check_positive(name: str, v: Any, accepted: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise TuneplanError(f"must be a positive integer, got {v!r}", field=name, accepted=accepted)
+    return v
+
+
+def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margin: Margin, *,
+               limits: bool = True) -> MethodFit:
+    """A method's row: its best candidate by the rule (or why it cannot run), with its limits."""
+    fams = [f for f in cs.families if f.method == label]
+    c = cs.best(label)
+    row = MethodFit(method=label, fits=c is not None, max_batch=None, max_seq=None, max_rank=None, requires=[],
+                    setup={}, families={"total": len(fams), "cannot_run": sum(f in cs.pruned for f in fams),
+                                        "dominated": sum(f.method == label for f in cs.dominated),
+                                        "fit": len(cs.of(label))})
+    if c is None:
+        if all(f in cs.pruned for f in fams):  # cannot run whatever the space holds: say why
+            row.blocked_by = sorted({m for f in fams for m in cs.pruned[f]})
+        else:  # shows the most memory-sparing compatible family's figures at micro-batch 1
+            live = sparing([f for f in fams if f not in cs.pruned])
+            ests = [e for f in live if (e := probe({**f.as_fields, "batch": 1, "grad_accum": 1})) is not None]
+            if ests:
+                e = min(ests, key=lambda e: e.breakdown.device_peak_bytes)
+                row.setup, row.strategy = e.setup.to_dict(), strategy_name(e.setup)
+                row.device_peak_bytes, row.headroom_bytes = e.breakdown.device_peak_bytes, e.headroom_bytes
+        return row
+    est = c.estimate
+    row.tight = c.tight
+    row.setup, row.fields = est.setup.to_dict(), c.fields
+    row.strategy = strategy_name(est.setup)
+    row.requires, row.requires_flags = switches(est.setup, baseline)
+    row.micro_batch, row.grad_accum, row.global_batch = c.batch, c.grad_accum, c.global_batch
+    row.device_peak_bytes, row.device_peak_high_bytes = est.breakdown.device_peak_bytes, c.device_peak_high_bytes
+    row.headroom_bytes, row.host_bytes = est.headroom_bytes, est.breakdown.host_bytes
+    row.tokens_per_second, row.total_hours = c.metrics.get("tokens_per_second"), c.metrics.get("total_hours")
+    if limits:
+        view = Prober(probe.model, probe.gpu, probe.base, margin=None if c.tight else margin,
+                      host_bytes=probe.host_bytes)
+        view._memo = probe._memo  # same estimates, the row's own verdict
+        lim = limits_at(view, c.fields, est.setup)
+        row.max_batch, row.max_seq, row.max_rank, row.limited_by = lim.max_batch, lim.max_seq, lim.max_rank, lim.limited_by
+        probe.calls += view.calls
+    names = list(dict.fromkeys(f.strategy for f in fams))
+    for sname in names:
+        sc = cs.best(label, sname)
+        row.strategies.append({"strategy": sname, "fits": sc is not None, "tight": bool(sc and sc.tight),
+                               "micro_batch": sc.batch if sc else None, "grad_accum": sc.grad_accum if sc else None,
+                               "requires": switches(sc.estimate.setup, baseline)[0] if sc else [],
+                               "tokens_per_second": sc.metrics.get("tokens_per_second") if sc else None,
+                               "device_peak_bytes": sc.estimate.breakdown.device_peak_bytes if sc else None,
+                               "cannot_run": all(f in cs.pruned for f in fams if f.strategy == sname)})
+    return row
 
 
 def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any],
                        lora: MethodFit) -> dict[str, Any] | None:
-    """"How much higher can QLoRA's rank go?", computed: the largest QLoRA rank within the memory LoRA uses at its rank.
+    """The largest QLoRA rank within the memory LoRA uses at its rank (same other fields), a boundary.
 
-    QLoRA runs at LoRA's fitting setup with only the base quantized (same checkpointing, optimizer,
-    batch, sequence); the budget is LoRA's device peak, the verdict ``Estimate.fits`` on a card of
-    exactly that size.
+    QLoRA runs at LoRA's row setup with only the base quantized; the budget is LoRA's device peak, the
+    verdict ``Estimate.fits`` on a card of exactly that size.
     """
     if not lora.fits or lora.device_peak_bytes is None:
         return None
@@ -154,45 +191,50 @@ def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, An
     probe = Prober(model, card, base)
     out: dict[str, Any] = {"lora_rank": lora.setup["rank"], "budget_bytes": budget, "qlora": {}}
     for bits in (8, 4):
-        fields = {**lora.fields, "method": "qlora", "bits": bits,
-                  "gradient_checkpointing": lora.setup["gradient_checkpointing"],
-                  "optimizer": lora.setup["optimizer"]}
+        fields = {**lora.fields, "method": "qlora", "bits": bits}
+        if "optimizer" not in fields:
+            fields["optimizer"] = lora.setup["optimizer"]
         est = probe(fields)
         if est is None:
             continue
         cap = rank_cap(probe, est.setup)
-        best = largest_true(lambda r, f=fields: probe.fits({**f, "rank": r}), 1, cap, start=lora.setup["rank"])
-        out["qlora"][f"qlora-{bits}"] = best
+        out["qlora"][f"qlora-{bits}"] = largest_true(lambda r, f=fields: probe.fits({**f, "rank": r}), 1, cap,
+                                                     start=lora.setup["rank"])
     out["evaluations"] = probe.calls
     return out
 
 
-def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 16,
-        **setup: Any) -> FitReport:
-    """What fits on ``gpu`` (``setup['gpus']`` per node), per method, and one recommended setup."""
-    from tuneplan.plan.recommend import recommend
+def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 16, prefer: str = "quality",
+        margin: str | Margin | None = None, dataset: Any = None, host_memory_gib: float | None = None,
+        detail: bool = True, **setup: Any) -> FitReport:
+    """What fits on ``gpu`` (``setup['gpus']`` per node), per method, and the setup the rule picks.
 
+    ``detail=False`` leaves out what only the table shows (each row's limits, the equal-memory ranks);
+    the candidate set, the rows' verdicts and the recommendation are the same."""
     spec = resolve_model(model) if isinstance(model, str) else model
     acc = resolve_accelerator(gpu) if isinstance(gpu, str) else gpu
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise TuneplanError(f"must be a positive integer, got {global_batch!r}", field="global_batch",
-                            accepted="1, 2, ... (sequences per optimizer step, all GPUs)")
+    check_positive("global_batch", global_batch, "1, 2, ... (sequences per optimizer step, all GPUs)")
+    rule.check_prefer(prefer)
+    mg = parse_margin(margin)
     variants, base = split_method(setup)
-    probe = Prober(spec, acc, base)
-    world = probe.check_base(**variants[0][1]).setup.world_size  # also: the user's own input is valid
-    methods = []
-    for label, fixed in variants:
-        mf = method_fit(probe, label, fixed)
-        if world > 1:
-            for sname, sfixed, allow in STRATEGIES:
-                sf = method_fit(probe, label, {**fixed, **sfixed}, allow=allow, which=("batch",))
-                mf.strategies.append({"strategy": sname, "fits": sf.fits, "requires": sf.requires,
-                                      "max_batch": sf.max_batch, "device_peak_bytes": sf.device_peak_bytes,
-                                      "setup_strategy": sf.strategy})
-        methods.append(mf)
-    rec = recommend(probe, methods, global_batch=global_batch, user_method=setup.get("method"))
+    base = {k: v for k, v in base.items() if k not in SEARCHED}
+    probe = Prober(spec, acc, base, timing_kw=dataset_kw(dataset), host_bytes=host_bytes(host_memory_gib))
+    baseline = probe.check_base(**variants[0][1]).setup  # also: the user's own input is valid
+    world = baseline.world_size
+    line = rule.rule_text(prefer, mg.describe())
+    cs = build_candidates(probe, variants, world, target=global_batch, margin=mg, prefer=prefer,
+                          gc_first=baseline.gradient_checkpointing)
+    methods = [method_row(probe, cs, label, baseline, mg, limits=detail) for label, _ in variants]
+    rec = recommendation(probe, cs, baseline, mg, global_batch, world, line)
     lora = next((m for m in methods if m.method == "lora"), None)
-    eq = equal_memory_ranks(spec, acc, base, lora) if lora is not None else None
+    eq = equal_memory_ranks(spec, acc, base, lora) if lora is not None and detail else None
+    listed = [{"method": c.family.method, "strategy": c.family.strategy, "optimizer": c.family.optimizer,
+               "gradient_checkpointing": c.family.gradient_checkpointing, "micro_batch": c.batch,
+               "grad_accum": c.grad_accum, "tight": c.tight, "relaxed": c.relaxed,
+               "device_peak_bytes": c.estimate.breakdown.device_peak_bytes,
+               "device_peak_high_bytes": c.device_peak_high_bytes,
+               "tokens_per_second": c.metrics.get("tokens_per_second")} for c in cs.candidates]
     return FitReport(model=spec.name, gpu=acc.to_dict(), world_size=world, global_batch=global_batch,
-                     methods=methods, recommended=rec, equal_memory=eq,
+                     prefer=prefer, margin=mg.to_dict(), rule=line, host_memory_bytes=probe.host_bytes, methods=methods, recommended=rec,
+                     candidates=listed, equal_memory=eq,
                      evaluations=probe.calls + (eq or {}).get("evaluations", 0))

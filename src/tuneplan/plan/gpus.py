@@ -1,19 +1,22 @@
-"""`gpus`: rank the accelerator catalog for one fine-tune: fit, fewest cards, per-GPU memory, time, cost.
+"""`gpus`: every card of the catalog for one fine-tune: fewest cards, the setup the rule picks, time, cost.
 
-For each card the question is "the fewest cards of this kind that run the setup", where "run" means
-some rung of the measures ladder fits (:func:`tuneplan.plan.measures.any_rung_fits`). From two cards
-up, per-GPU memory never grows with the card count (DDP keeps a replica, ZeRO/FSDP shard by the world
-size), so the smallest count is found by bisection over the counts 2..8 (one node) and then whole
-8-GPU nodes; one card is checked on its own because going to two adds NCCL buffers and gradient
-buckets. At the answer the ladder is walked again to report the minimal measures.
-
-Time and cost come from ``estimate(..., dataset=DatasetSpec(...))`` when the time/cost model is
-installed (``to_dict()["time"]``, ``["cost"]``); without it those columns are None.
+Per card:
+1. the fewest cards: the smallest layout at which some family of the space fits at micro-batch 1
+   (:func:`tuneplan.plan.evaluate.first_fitting`). From two cards up per-GPU memory never grows with
+   the card count (DDP keeps a replica, ZeRO/FSDP shard by the world size), so the count is found by
+   bisection over 2..8 (one node), then whole 8-GPU nodes; one card is checked on its own (two add
+   NCCL buffers and gradient buckets);
+2. at that count the same candidate set and rule as ``fit --gpus N`` (:func:`tuneplan.plan.fit.build_candidates`),
+   so ``gpus`` and ``fit`` give the same answer for the card;
+3. the chosen candidate's time and cost: cloud USD and owned-card USD for the run (the data size),
+   per million tokens, and ``break_even_hours``: the hours of use after which buying the cards costs
+   less than renting them (the estimate's cost section: card price / (cloud price - power) per GPU-hour).
+Cards are ordered by the same objective (``--prefer``): those that fit first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,16 +24,21 @@ from tuneplan.api import estimate
 from tuneplan.catalog.accelerators import accelerators, resolve_accelerator
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
-from tuneplan.plan.fit import strategy_name
-from tuneplan.plan.measures import Prober, any_rung_fits, as_given, make_fit
+from tuneplan.plan import rule
+from tuneplan.plan.candidates import build_candidates
+from tuneplan.plan.evaluate import Prober, first_fitting
+from tuneplan.plan.fit import check_positive, host_bytes, split_method
+from tuneplan.plan.margin import Margin, parse_margin
 from tuneplan.plan.search import smallest_true
-from tuneplan.plan.timecost import dataset_kw, time_cost
+from tuneplan.plan.space import SEARCHED, compat_errors, families, strategy_name, switches
+from tuneplan.plan.timecost import dataset_kw
 from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.limits import MAX_SEARCH_GPUS
 from tuneplan.specs.model import ModelSpec
 
 GPUS_PER_NODE = 8  # the common server (DGX/HGX A100/H100: 8 GPUs); counts above go by whole nodes
 DEFAULT_MAX_GPUS = 64
-SORTS = ("cards", "cost", "time", "memory")
+SORTS = ("prefer", "cards", "memory")
 
 
 def card_counts(max_gpus: int) -> list[tuple[int, dict[str, int]]]:
@@ -48,11 +56,21 @@ class CardResult:
     fits: bool
     min_gpus: int | None
     per_gpu_peak_bytes: int | None
-    host_bytes: int | None = None  # CPU memory per process for offloaded states/params (offload rungs)
+    method: str | None = None
+    tight: bool = False
+    device_peak_high_bytes: int | None = None
+    host_bytes: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    global_batch: int | None = None
+    tokens_per_second: float | None = None
     total_hours: float | None = None
     cloud_usd: float | None = None
-    tokens_per_second: float | None = None
+    own_usd: float | None = None
+    break_even_hours: float | None = None
     cloud_usd_per_gpu_hr: float | None = None
+    cloud_usd_per_million_tokens: float | None = None
+    own_usd_per_million_tokens: float | None = None
     requires: list[str] = field(default_factory=list)
     strategy: str | None = None
     setup: dict[str, Any] | None = None
@@ -66,6 +84,8 @@ class CardResult:
 class GpuRanking:
     model: str
     sort: str
+    prefer: str
+    rule: str
     max_gpus: int
     ranking: list[CardResult]
     time_model: bool
@@ -73,91 +93,119 @@ class GpuRanking:
     evaluations: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "sort": self.sort, "max_gpus": self.max_gpus, "time_model": self.time_model,
-                "auto": self.auto,
+        return {"model": self.model, "sort": self.sort, "prefer": self.prefer, "rule": self.rule,
+                "max_gpus": self.max_gpus, "time_model": self.time_model, "auto": self.auto,
                 "ranking": [c.to_dict() for c in self.ranking], "evaluations": self.evaluations}
 
 
-def min_cards(probe: Prober, counts: list[tuple[int, dict[str, int]]],
-              allow: frozenset[str] | None = None) -> int | None:
-    """Index in ``counts`` of the fewest cards on which some rung fits; exact under the monotonicity above."""
+def min_cards(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants: list[tuple[str, dict[str, Any]]],
+              counts: list[tuple[int, dict[str, int]]], calls: list[int], host: int | None = None) -> int | None:
+    """Index in ``counts`` of the fewest cards on which some family fits; exact under the monotonicity above."""
     def ok(k: int) -> bool:
-        return any_rung_fits(probe, counts[k][1], allow=allow)
+        layout = counts[k][1]
+        probe = Prober(model, acc, {**base, **layout}, host_bytes=host)
+        fams = families(variants, probe.base, counts[k][0], acc)
+        hit = first_fitting(probe, fams, lambda f: not compat_errors(model, acc, probe.base, f))
+        calls[0] += probe.calls
+        return hit is not None
 
     if not counts:
         return None
     if ok(0):
         return 0
     if len(counts) == 1 or not ok(len(counts) - 1):
-        return None  # the most cards searched are not enough: no need to bisect
+        return None
     return smallest_true(ok, 1, len(counts) - 1)
 
 
-def _time_cost(model: ModelSpec, acc: Accelerator, fields: Mapping[str, Any], dataset: Any) -> dict[str, Any]:
-    extra = dataset_kw(dataset)
-    if not extra:
-        return {}
-    return time_cost(estimate(model, gpu=acc, **fields, **extra).to_dict())
-
-
-def rate_card(model: ModelSpec, acc: Accelerator, base: Mapping[str, Any],
-              counts: list[tuple[int, dict[str, int]]], dataset: Any = None,
-              allow: frozenset[str] | None = None) -> tuple[CardResult, int]:
-    """One card: fewest cards, the measures they need, per-GPU peak, and time/cost when known."""
-    probe = Prober(model, acc, base)
+def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants: list[tuple[str, dict[str, Any]]],
+              counts: list[tuple[int, dict[str, int]]], *, target: int, margin: Margin, prefer: str,
+              dataset: Any = None, host: int | None = None, baseline: Any = None) -> tuple[CardResult, int]:
+    """One card: fewest cards, then the rule's candidate there, with its time and cost."""
     res = CardResult(gpu=acc.id, name=acc.name, memory_bytes=acc.memory_bytes, fits=False, min_gpus=None,
                      per_gpu_peak_bytes=None, cloud_usd_per_gpu_hr=acc.cloud_usd_per_gpu_hr)
-    i = min_cards(probe, counts, allow)
-    made = make_fit(probe, counts[i if i is not None else -1][1], allow=allow)
-    est = made.estimate
-    if est is not None:
-        res.per_gpu_peak_bytes = est.breakdown.device_peak_bytes
-        res.host_bytes = est.breakdown.host_bytes
-        res.setup = est.setup.to_dict()
-        res.strategy = strategy_name(est.setup)
-        res.blocked_by = [f.message for f in est.findings if f.level == "error"]
-    if i is not None and made.fits:
-        res.fits, res.min_gpus, res.requires = True, counts[i][0], made.requires_keys
-        for k, v in _time_cost(model, acc, {**base, **made.fields}, dataset).items():
-            setattr(res, k, v)
-    return res, probe.calls
+    calls = [0]
+    i = min_cards(model, acc, base, variants, counts, calls, host)
+    n, layout = counts[i if i is not None else -1]
+    probe = Prober(model, acc, {**base, **layout}, timing_kw=dataset_kw(dataset), host_bytes=host)
+    if i is None:  # why not: compatibility, or the most sparing family's memory at the most cards
+        fams = families(variants, probe.base, n, acc)
+        errs = {m for f in fams for m in compat_errors(model, acc, probe.base, f)}
+        live = [f for f in fams if not compat_errors(model, acc, probe.base, f)]
+        if not live:
+            res.blocked_by = sorted(errs)
+        else:
+            ests = [e for f in live if (e := probe({**f.as_fields, "batch": 1, "grad_accum": 1})) is not None]
+            if ests:
+                res.per_gpu_peak_bytes = min(e.breakdown.device_peak_bytes for e in ests)
+        return res, calls[0] + probe.calls
+    baseline = baseline if baseline is not None else probe.check_base(**variants[0][1]).setup
+    cs = build_candidates(probe, variants, n, target=target, margin=margin, prefer=prefer,
+                          gc_first=baseline.gradient_checkpointing)
+    c = cs.best()
+    if c is None:  # cannot happen: min_cards found a family fitting at micro-batch 1
+        raise AssertionError(f"{acc.id}: fits at micro-batch 1 on {n} cards but no candidate")
+    est = c.estimate
+    res.fits, res.min_gpus, res.method, res.tight = True, n, c.family.method, c.tight
+    res.per_gpu_peak_bytes, res.device_peak_high_bytes = est.breakdown.device_peak_bytes, c.device_peak_high_bytes
+    res.host_bytes = est.breakdown.host_bytes
+    res.micro_batch, res.grad_accum, res.global_batch = c.batch, c.grad_accum, c.global_batch
+    res.setup, res.strategy = est.setup.to_dict(), strategy_name(est.setup)
+    res.requires = switches(est.setup, baseline)[0]
+    m = c.metrics
+    for k in ("tokens_per_second", "total_hours", "cloud_usd", "own_usd", "break_even_hours",
+              "cloud_usd_per_million_tokens", "own_usd_per_million_tokens"):
+        setattr(res, k, m.get(k))
+    if m.get("cloud_usd_per_gpu_hour") is not None:
+        res.cloud_usd_per_gpu_hr = m["cloud_usd_per_gpu_hour"]
+    return res, calls[0] + probe.calls
 
 
-def _sort_key(sort: str):  # noqa: ANN202 - a key function
+def _sort_key(sort: str, prefer: str):  # noqa: ANN202 - a key function
     inf = float("inf")
 
     def key(c: CardResult) -> tuple:
         if not c.fits:  # the ones that do not fit last, the nearest to fitting first
             return (1, -(c.memory_bytes - (c.per_gpu_peak_bytes or 0)), c.gpu)
-        cost = c.cloud_usd if c.cloud_usd is not None else inf
-        hours = c.total_hours if c.total_hours is not None else inf
-        by = {"cards": (c.min_gpus, cost, hours, c.memory_bytes), "cost": (cost, c.min_gpus, hours, c.memory_bytes),
-              "time": (hours, c.min_gpus, cost, c.memory_bytes), "memory": (c.memory_bytes, c.min_gpus, cost, hours)}
-        return (0, *by[sort], c.gpu)
+        tps = -(c.tokens_per_second or 0) or inf
+        cost = c.cloud_usd_per_million_tokens if c.cloud_usd_per_million_tokens is not None else inf
+        m = rule.faithful_rank(c.method or "")
+        if sort == "cards":
+            return (0, c.min_gpus, c.tight, m, tps, cost, c.gpu)
+        if sort == "memory":
+            return (0, c.memory_bytes, c.min_gpus, c.gpu)
+        obj = {"quality": (m, tps, cost), "speed": (tps, m, cost), "cost": (cost, tps, m)}[prefer]
+        return (0, c.tight, *obj, c.min_gpus, c.gpu)
 
     return key
 
 
 def rank_gpus(model: str | ModelSpec, *, only: Iterable[str] | None = None, max_gpus: int = DEFAULT_MAX_GPUS,
-              sort: str = "cards", dataset: Any = None, auto: bool = True, **setup: Any) -> GpuRanking:
+              sort: str = "prefer", prefer: str = "quality", global_batch: int = 16,
+              margin: str | Margin | None = None, dataset: Any = None, auto: bool = True,
+              host_memory_gib: float | None = None, **setup: Any) -> GpuRanking:
     """Every catalog card (or ``only`` these) for ``model`` at ``setup``, best first.
 
     ``setup['gpus']`` (with ``nodes``), when given, fixes the card count instead of searching it.
-    ``auto=False`` takes the setup as given (no measures switched on); the card count is still searched.
+    ``auto=False`` takes the setup as given (its strategy, optimizer and checkpointing pinned to the
+    user's or the profile's values); the card count is still searched.
     """
     if sort not in SORTS:
         raise TuneplanError(f"unknown sort {sort!r}", field="sort", accepted=SORTS)
-    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1:
-        raise TuneplanError(f"must be a positive integer, got {max_gpus!r}", field="max_gpus", accepted="1, 2, ..., 64")
-    from tuneplan.specs.limits import MAX_SEARCH_GPUS
-
+    rule.check_prefer(prefer)
+    check_positive("max_gpus", max_gpus, "1, 2, ..., 64")
     if max_gpus > MAX_SEARCH_GPUS:  # the search walks every count: bounded before it starts
         raise TuneplanError(f"{max_gpus} cards is beyond the search", field="max_gpus",
                             accepted=f"1..{MAX_SEARCH_GPUS}")
+    check_positive("global_batch", global_batch, "1, 2, ... (sequences per optimizer step, all GPUs)")
+    mg = parse_margin(margin)
+    host = host_bytes(host_memory_gib)
     spec = resolve_model(model) if isinstance(model, str) else model
     cards = [resolve_accelerator(n) for n in only] if only else list(accelerators().values())
-    cards = list({a.id: a for a in cards}.values())  # a card named twice is searched once
-    base = {k: v for k, v in setup.items() if k not in ("gpus", "nodes")}
+    if "method" not in setup and "bits" not in setup:
+        setup = {**setup, "method": "lora"}  # the ranking is for one method: the setup's (default LoRA)
+    variants, base = split_method(setup)
+    base = {k: v for k, v in base.items() if k not in ("gpus", "nodes", *SEARCHED)}
     if "gpus" in setup or "nodes" in setup:
         g, nd = int(setup.get("gpus", 1)), int(setup.get("nodes", 1))
         counts = [(g * nd, {"gpus": g, "nodes": nd})]
@@ -165,12 +213,17 @@ def rank_gpus(model: str | ModelSpec, *, only: Iterable[str] | None = None, max_
         counts = card_counts(max_gpus)
     # the user's own input must be valid (its error goes through), at the most cards searched: --zero 3
     # alone is a valid question ("how many cards with ZeRO-3"), only one card of it is not
-    estimate(spec, **{**base, **counts[-1][1]})
+    s = estimate(spec, timing=False, **{**base, **variants[0][1], **counts[-1][1]}).setup
+    if not auto:  # as given: pin what the space would vary to the setup's resolved values
+        base.update({"gradient_checkpointing": s.gradient_checkpointing, "optimizer": s.optimizer,
+                     "zero": s.zero, "fsdp": s.fsdp, "offload": s.offload})
     results, calls = [], 0
     for acc in cards:
-        r, k = rate_card(spec, acc, base, counts, dataset, None if auto else as_given(base))
+        r, k = rate_card(spec, acc, base, variants, counts, target=global_batch, margin=mg, prefer=prefer,
+                         dataset=dataset, host=host, baseline=s)
         results.append(r)
         calls += k
-    results.sort(key=_sort_key(sort))
-    return GpuRanking(model=spec.name, sort=sort, max_gpus=counts[-1][0], ranking=results,
-                      time_model=dataset is not None, auto=auto, evaluations=calls)
+    results.sort(key=_sort_key(sort, prefer))
+    return GpuRanking(model=spec.name, sort=sort, prefer=prefer, rule=rule.rule_text(prefer, mg.describe()),
+                      max_gpus=counts[-1][0], ranking=results, time_model=dataset is not None, auto=auto,
+                      evaluations=calls)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuneplan.plan.measures import Prober
+from tuneplan.plan.evaluate import Prober
 from tuneplan.plan.search import largest_true
 from tuneplan.specs.setup import TrainSetup
 
@@ -45,7 +45,10 @@ class Limits:
 
 
 def _limit(probe: Prober, fields: Mapping[str, Any], name: str, start: int, cap: int) -> tuple[int | None, str]:
-    best = largest_true(lambda x: probe.fits({**fields, name: x}), 1, cap, start=start, known={start: True})
+    if name != "batch" and probe.fits({**fields, name: cap}):  # monotone: the cap fits, so does all below
+        return cap, "cap"
+    best = largest_true(lambda x: probe.fits({**fields, name: x}), 1, cap, start=start,
+                        known={start: True, cap: False})
     return best, "cap" if best == cap else "memory"
 
 

@@ -7,8 +7,9 @@ Two answers (the practitioner's question: "how large a model without, and with, 
   by exact bisection over its monotone size index, with the next size up that does not fit.
 By default the setup is taken as given (profile defaults fill the rest): "with ZeRO-3" means the user
 says ``--zero 3`` (a card without bf16 still gets fp16 when the precision is left to the profile:
-``specs.profiles.resolve_setup`` does that). With ``auto=True`` the measures ladder may switch things
-on, as in ``fit``.
+``specs.profiles.resolve_setup`` does that). With ``auto=True`` a model fits when some family of the
+same candidate space as ``fit`` fits it at micro-batch 1 (:func:`tuneplan.plan.evaluate.first_fitting`),
+so ``max-model --auto`` and ``fit`` agree on every model.
 ``by_method`` repeats both answers for every method at the same other settings.
 """
 
@@ -21,9 +22,10 @@ from typing import Any
 from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import catalog_entries, resolve_model
 from tuneplan.errors import TuneplanError
-from tuneplan.plan.fit import METHOD_VARIANTS, split_method
-from tuneplan.plan.measures import MadeToFit, Prober, any_rung_fits, as_given, make_fit
+from tuneplan.plan.evaluate import Prober, first_fitting
+from tuneplan.plan.fit import host_bytes, split_method
 from tuneplan.plan.search import largest_true
+from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, compat_errors, families, strategy_name, switches
 from tuneplan.plan.standard_arch import MAX_INDEX, shape, standard_model
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -60,17 +62,35 @@ def catalog_models() -> list[ModelSpec]:
     return sorted(out.values(), key=lambda m: (-m.params_total, m.name))
 
 
-def _allow(base: Mapping[str, Any], auto: bool) -> frozenset[str] | None:
-    """The rungs max-model may climb: all with ``auto``, none otherwise."""
-    return None if auto else as_given(base)
+@dataclass
+class Verdict:
+    fits: bool
+    requires: list[str]
+    estimate: Any  # at the family that fits (or the setup as given); None when validation refuses it
 
 
 def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed: Mapping[str, Any],
-             auto: bool, count: list[int]) -> MadeToFit:
-    probe = Prober(model, gpu, base)
-    made = make_fit(probe, fixed, allow=_allow(base, auto))
-    count[0] += probe.calls
-    return made
+             auto: bool, count: list[int]) -> Verdict:
+    """Does ``model`` fit: as given, or (``auto``) with some family of the candidate space; the host
+    memory holds what is offloaded (``base['host_memory_bytes']``, the planner's default without it)."""
+    host = base.get("host_memory_bytes")
+    base = {k: v for k, v in base.items() if k != "host_memory_bytes"}
+    probe = Prober(model, gpu, base, host_bytes=host)
+    try:
+        if not auto:
+            est = probe(dict(fixed))
+            return Verdict(probe.ok(None)(est), [], est)
+        world = int(base.get("gpus", 1)) * int(base.get("nodes", 1))
+        label = next(lb for lb, f in METHOD_VARIANTS if f == dict(fixed))
+        fams = families([(label, dict(fixed))], base, world, gpu)
+        hit = first_fitting(probe, fams, lambda f: not compat_errors(model, gpu, base, f))
+        if hit is None:
+            return Verdict(False, [], probe({**dict(fixed), "batch": 1}))
+        baseline = probe({**dict(fixed), "batch": 1})
+        names = switches(hit[1].setup, baseline.setup)[0] if baseline is not None else [strategy_name(hit[1].setup)]
+        return Verdict(True, names, hit[1])
+    finally:
+        count[0] += probe.calls
 
 
 def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed: Mapping[str, Any], *,
@@ -82,30 +102,22 @@ def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed:
         est = made.estimate
         row = {"model": m.name, "params": m.params_total, "fits": made.fits,
                "device_peak_bytes": est.breakdown.device_peak_bytes if est is not None else None,
-               "requires": made.requires_keys}
+               "requires": made.requires}
         res.catalog.append(row)
         if made.fits and res.largest_catalog_model is None:
             res.largest_catalog_model = row
-    best = largest_true(lambda i: _fits_standard(i, gpu, base, fixed, auto, count), 0, MAX_INDEX)
+    best = largest_true(lambda i: _verdict(standard_model(i), gpu, base, fixed, auto, count).fits, 0, MAX_INDEX)
     if best is not None:
         res.max_params = standard_model(best).params_total
         res.max_shape = shape(best)
         res.next_params = standard_model(best + 1).params_total if best < MAX_INDEX else None
-        res.requires = _verdict(standard_model(best), gpu, base, fixed, auto, count).requires_keys
+        res.requires = _verdict(standard_model(best), gpu, base, fixed, auto, count).requires
     else:  # not even the smallest size: say why when it is not memory
         made = _verdict(standard_model(0), gpu, base, fixed, auto, count)
         if made.estimate is not None:
             res.blocked_by = [f.message for f in made.estimate.findings if f.level == "error"]
     res.evaluations = count[0]
     return res
-
-
-def _fits_standard(i: int, gpu: Accelerator, base: Mapping[str, Any], fixed: Mapping[str, Any], auto: bool,
-                   count: list[int]) -> bool:
-    probe = Prober(standard_model(i), gpu, base)
-    ok = any_rung_fits(probe, fixed, allow=_allow(base, auto))
-    count[0] += probe.calls
-    return ok
 
 
 @dataclass
@@ -126,13 +138,18 @@ class MaxModelReport:
                 "by_method": [m.to_dict(with_catalog=False) for m in self.by_method]}
 
 
-def max_model(gpu: str | Accelerator, *, auto: bool = False, **setup: Any) -> MaxModelReport:
+def max_model(gpu: str | Accelerator, *, auto: bool = False, host_memory_gib: float | None = None,
+              **setup: Any) -> MaxModelReport:
     """Largest catalog model and largest standard size that fit ``gpu`` x ``setup['gpus']``."""
     acc = resolve_accelerator(gpu) if isinstance(gpu, str) else gpu
     variants, base = split_method(setup)
+    base = {k: v for k, v in base.items() if k not in SEARCHED} if auto else base
     models = catalog_models()
     # the user's own input must be valid: its error goes through (probed setups swallow theirs)
     world = Prober(standard_model(0), acc, base).check_base(**variants[0][1]).setup.world_size
+    host = host_bytes(host_memory_gib)
+    if host is not None:
+        base = {**base, "host_memory_bytes": host}
     by_method = [max_for_method(acc, base, label, fixed, auto=auto, models=models) for label, fixed in METHOD_VARIANTS]
     method = setup.get("method") or "lora"
     label = f"qlora-{setup.get('bits') or 4}" if method == "qlora" else method

@@ -1,117 +1,102 @@
-"""One recommended configuration out of a fit report, with the reason.
-
-Rules, in order (each is a preference, the numbers come from the estimator):
-1. Method: among the methods asked (all five unless ``--method``), the most faithful that fits without CPU
-   offload, in the order full > LoRA > QLoRA 8-bit > QLoRA 4-bit > freeze (full updates every weight;
-   LoRA approximates the update; quantizing the frozen base adds error, 4-bit more than 8-bit;
-   freezing all but the last layers trains least). Offload is taken only when nothing else fits:
-   it moves the optimizer over PCIe every step (measures.py).
-2. Micro-batch: the largest that fits at the user's sequence length such that
-   micro-batch x GPUs divides the target global batch, so gradient accumulation reaches it exactly;
-   larger micro-batches use the GPU better and need fewer accumulation steps. When the GPUs do not
-   divide the target, the nearest global batch at or above it is taken and said so.
-3. Gradient accumulation = global / (micro-batch x GPUs). With accumulation > 1 the gradients of
-   earlier micro-batches live through the next forward, so the final setup is checked again at its
-   own accumulation (and the micro-batch lowered if that no longer fits).
-"""
+"""The recommendation: the rule's first candidate, why, the knob for the margin, and the command line."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tuneplan.plan.measures import BY_KEY, Prober
-
-PREFERENCE = ("full", "lora", "qlora-8", "qlora-4", "freeze")
-LABELS = {"full": "full fine-tuning", "freeze": "freeze-tuning (last layers only)", "lora": "LoRA",
-          "qlora-8": "QLoRA 8-bit", "qlora-4": "QLoRA 4-bit"}
-
-
-def _pick(methods: list[Any]) -> Any | None:
-    """The first fitting method in preference order, without offload if any does without."""
-    fitting = [m for m in methods if m.fits]
-    if not fitting:
-        return None
-    order = sorted(fitting, key=lambda m: PREFERENCE.index(m.method) if m.method in PREFERENCE else 99)
-    no_offload = [m for m in order if "offload" not in m.strategy]
-    return (no_offload or order)[0]
+from tuneplan.estimator.types import GIB
+from tuneplan.plan import rule
+from tuneplan.plan.candidates import CandidateSet
+from tuneplan.plan.evaluate import Candidate, Prober
+from tuneplan.plan.margin import Margin
+from tuneplan.plan.search import largest_true
+from tuneplan.plan.space import LABELS, SEARCHED, SWITCHES, strategy_name, switches
 
 
-def micro_batch_plan(probe: Prober, fields: dict[str, Any], max_batch: int, world: int,
-                     global_batch: int) -> tuple[int, int, Any] | None:
-    """(micro-batch, accumulation, estimate) reaching ``global_batch``; exact when the GPUs allow."""
-    top = min(max_batch, max(1, -(-global_batch // world)))
-    for exact in (True, False):
-        for b in range(top, 0, -1):
-            if exact and global_batch % (b * world):
-                continue
-            ga = max(1, -(-global_batch // (b * world)))
-            est = probe({**fields, "batch": b, "grad_accum": ga})
-            if est is not None and est.fits:
-                return b, ga, est
-    return None
-
-
-def command(probe: Prober, setup: Any, chosen: Any) -> str:
-    """The `tuneplan estimate` line that reproduces the recommendation (user flags + what it switched on)."""
-    f = [f"--method {setup.method}"]
-    if setup.method == "qlora":
-        f.append(f"--bits {setup.quant_bits}")
-    if setup.is_lora:
-        f.append(f"--rank {setup.rank}")
-    f += [f"--batch {setup.batch}", f"--grad-accum {setup.grad_accum}", f"--seq {setup.seq}"]
-    if setup.gpus > 1:
-        f.append(f"--gpus {setup.gpus}")
-    if setup.nodes > 1:
-        f.append(f"--nodes {setup.nodes}")
-    user = {k: v for k, v in probe.base.items() if k not in ("method", "bits", "rank", "batch", "grad_accum",
-                                                                "seq", "gpus", "nodes")}
-    measured = {k for m in chosen.requires for k, _ in BY_KEY[m].changes}
-    for k, v in user.items():
-        if k in measured:
+def command(probe: Prober, c: Candidate, baseline: Any) -> str:
+    """The `tuneplan estimate` line that reproduces a candidate."""
+    s = c.estimate.setup
+    f = [f"--method {s.method}"]
+    if s.method == "qlora":
+        f.append(f"--bits {s.quant_bits}")
+    if s.is_lora:
+        f.append(f"--rank {s.rank}")
+    f += [f"--batch {s.batch}", f"--grad-accum {s.grad_accum}", f"--seq {s.seq}"]
+    if s.gpus > 1:
+        f.append(f"--gpus {s.gpus}")
+    if s.nodes > 1:
+        f.append(f"--nodes {s.nodes}")
+    skip = {"rank", "seq", "gpus", "nodes", *SEARCHED, *SWITCHES}
+    for k, v in probe.base.items():
+        if k in skip:
             continue
         flag = "--" + k.replace("_", "-")
         f.append(flag if v is True else f"--no-{flag[2:]}" if v is False else f"{flag} {v}")
-    f += [BY_KEY[m].flag for m in chosen.requires]
+    f += switches(s, baseline)[1]
     return f"tuneplan estimate {probe.model.name} --gpu {probe.gpu.id} " + " ".join(f)
 
 
-def recommend(probe: Prober, methods: list[Any], *, global_batch: int, user_method: str | None) -> dict[str, Any] | None:
-    chosen = _pick(methods)
-    if chosen is None:
+def restore_knob(probe: Prober, c: Candidate, margin: Margin) -> dict[str, Any] | None:
+    """For a tight candidate: the longest sequence at micro-batch 1 that keeps the margin, if any."""
+    fields = {**c.family.as_fields, "batch": 1, "grad_accum": 1}
+    seq = c.estimate.setup.seq
+    if seq <= 1:
         return None
-    world = int(chosen.setup["gpus"]) * int(chosen.setup["nodes"])
-    plan = micro_batch_plan(probe, chosen.fields, chosen.max_batch or 1, world, global_batch)
-    if plan is None:
+    best = largest_true(lambda s: probe.ok(margin)(probe({**fields, "seq": s})), 1, seq - 1)
+    return {"field": "seq", "from": seq, "to": best, "flag": f"--seq {best}"} if best else None
+
+
+def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margin, target: int,
+                   world: int, rule_line: str) -> dict[str, Any] | None:
+    c = cs.best()
+    if c is None:
         return None
-    b, ga, est = plan
-    achieved = b * ga * world
+    est = c.estimate
     why = []
-    if user_method and len(methods) == 1:
-        why.append(f"{LABELS[chosen.method]} as asked")
+    better = [LABELS[m] for m in rule.FAITHFUL if m in {f.method for f in cs.families}
+              and rule.faithful_rank(m) < rule.faithful_rank(c.family.method) and not cs.of(m)]
+    why.append(f"{LABELS[c.family.method]} ({strategy_name(est.setup)})"
+               + (f"; more faithful {', '.join(better)} does not fit" if better else ""))
+    names, _ = switches(est.setup, baseline)
+    if names:
+        why.append("switches " + ", ".join(names))
+    if c.relaxed:
+        why.append(f"no candidate reaches the global batch {target}: relaxed to {c.global_batch}, the largest "
+                   "that fits (accumulation itself does not fit)")
+    elif c.global_batch != target:
+        why.append(f"{world} GPU(s) cannot split {target} evenly: global batch {c.global_batch}")
+    why.append(f"micro-batch {c.batch} x accumulation {c.grad_accum} x {world} GPU(s) = {c.global_batch}")
+    knob = None
+    if c.tight:
+        knob = restore_knob(probe, c, margin)
+        why.append("tight: fits on paper but not with the margin ("
+                   + (f"{knob['flag']} restores it" if knob else "no setting on this card restores it: more GPUs "
+                      "or a larger card") + ")")
     else:
-        better = [LABELS[m.method] for m in methods if not m.fits and m.method in PREFERENCE
-                  and PREFERENCE.index(m.method) < PREFERENCE.index(chosen.method)]
-        why.append(f"{LABELS[chosen.method]} is the most faithful method {'asked ' if user_method else ''}that fits"
-                   + (f" ({', '.join(better)} does not)" if better else ""))
-    if chosen.requires:
-        why.append("it needs " + ", ".join(chosen.requires))
-    why.append(f"micro-batch {b} is the largest that fits (up to {chosen.max_batch}) and divides the global "
-               f"batch over {world} GPU(s)" if achieved == global_batch else
-               f"{world} GPU(s) cannot split {global_batch} evenly: global batch {achieved} instead")
-    why.append(f"gradient accumulation {ga}: {b} x {ga} x {world} GPU(s) = {achieved} sequences per step")
-    why.append(f"{est.headroom_bytes / 2**30:.2f} GiB headroom at that micro-batch")
+        hi = max(1, -(-target // world))
+        paper = largest_true(lambda b: probe.ok(None)(probe({**c.family.as_fields, "batch": b, "grad_accum": c.grad_accum})),
+                             c.batch, hi) if c.batch < hi else c.batch
+        if paper and paper > c.batch:
+            knob = {"field": "batch", "from": paper, "to": c.batch, "flag": f"--batch {c.batch}"}
+            why.append(f"micro-batch {paper} fits on paper, {c.batch} keeps the margin")
+    m = c.metrics
+    tps = m.get("tokens_per_second")
+    if c.family.offload != "none" and tps:
+        plain = [x for x in cs.candidates if x.family.offload == "none"]
+        fast = rule.best([x for x in plain if x.family.method == c.family.method] or plain, "speed")
+        ftps = fast.metrics.get("tokens_per_second") if fast else None
+        why.append(f"CPU offload: {tps:,.0f} tokens/s"
+                   + (f" ({ftps / tps:.1f}x slower than {LABELS[fast.family.method]} without offload, "
+                      f"{ftps:,.0f} tokens/s)" if ftps and ftps > tps else ""))
+    why.append(f"{(est.gpu.memory_bytes - c.device_peak_high_bytes) / GIB:.2f} GiB left at the upper band")
     return {
-        "method": chosen.method,
-        "command": command(probe, est.setup, chosen),
-        "setup": est.setup.to_dict(),
-        "requires": list(chosen.requires),
-        "strategy": chosen.strategy,
-        "micro_batch": b,
-        "grad_accum": ga,
-        "world_size": world,
-        "global_batch": achieved,
-        "target_global_batch": global_batch,
-        "device_peak_bytes": est.breakdown.device_peak_bytes,
-        "headroom_bytes": est.headroom_bytes,
-        "reason": "; ".join(why),
+        "method": c.family.method, "strategy": strategy_name(est.setup),
+        "command": command(probe, c, baseline), "setup": est.setup.to_dict(), "requires": names,
+        "micro_batch": c.batch, "grad_accum": c.grad_accum, "world_size": world,
+        "global_batch": c.global_batch, "target_global_batch": target, "relaxed": c.relaxed,
+        "device_peak_bytes": est.breakdown.device_peak_bytes, "device_peak_high_bytes": c.device_peak_high_bytes,
+        "headroom_bytes": est.headroom_bytes, "host_bytes": est.breakdown.host_bytes,
+        "tight": c.tight, "restore": knob, **m, "rule": rule_line, "reason": "; ".join(why),
     }
+
+

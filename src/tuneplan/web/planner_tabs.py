@@ -17,8 +17,11 @@ def build(gr: Any, w: dict[str, Any]) -> dict[str, Any]:
     """Add the tabs inside the page's ``gr.Tabs``; components go into ``w``; returns the tabs by name."""
     tabs = {}
     with gr.Tab("Best config", elem_id="tp-tab-fit") as tabs["fit"]:
-        w["global_batch"] = gr.Number(value=16, label="Target global batch (sequences per optimizer step)",
-                                      elem_id="tp-global-batch")
+        with gr.Row():
+            w["global_batch"] = gr.Number(value=16, label="Target global batch (sequences per optimizer step)",
+                                          elem_id="tp-global-batch")
+            w["prefer"] = gr.Dropdown(list(plans.PREFERS), value="quality", label="Objective (also ranks the GPUs tab)",
+                                      elem_id="tp-prefer")
         w["fit"] = gr.HTML(elem_id="tp-fit")
     with gr.Tab("GPUs", elem_id="tp-tab-gpus") as tabs["gpus"]:
         w["gpus_rank"] = gr.HTML(elem_id="tp-gpus")
@@ -52,10 +55,10 @@ def wire(gr: Any, w: dict[str, Any], tabs: dict[str, Any], triggers: list[Any], 
         tab.select(_setter(name), None, active, show_progress="hidden", api_name=False)
 
     def fit(*vals: Any) -> str:
-        return plans.fit_view(dict(zip(FIELDS, vals[:-1], strict=True)), vals[-1])
+        return plans.fit_view(dict(zip(FIELDS, vals[:-2], strict=True)), vals[-2], vals[-1])
 
     def gpus(*vals: Any) -> str:
-        return plans.gpus_view(dict(zip(FIELDS, vals, strict=True)))
+        return plans.gpus_view(dict(zip(FIELDS, vals[:-1], strict=True)), vals[-1])
 
     def when_open(tab: str, fn: Any) -> Any:
         def run(current: str, *vals: Any) -> Any:
@@ -63,12 +66,14 @@ def wire(gr: Any, w: dict[str, Any], tabs: dict[str, Any], triggers: list[Any], 
 
         return run
 
-    fit_inputs = inputs + [w["global_batch"]]
+    fit_inputs = inputs + [w["global_batch"], w["prefer"]]
     tabs["fit"].select(fit, fit_inputs, w["fit"], show_progress="hidden", api_name="fit")
-    gr.on(triggers + [w["global_batch"].change], when_open("fit", fit), inputs=[active] + fit_inputs,
-          outputs=w["fit"], show_progress="hidden", trigger_mode="always_last", concurrency_limit=4, api_name=False)
-    tabs["gpus"].select(gpus, inputs, w["gpus_rank"], show_progress="hidden", api_name="gpus")
-    gr.on(triggers, when_open("gpus", gpus), inputs=[active] + inputs, outputs=w["gpus_rank"],
+    gr.on(triggers + [w["global_batch"].change, w["prefer"].change], when_open("fit", fit),
+          inputs=[active] + fit_inputs, outputs=w["fit"], show_progress="hidden", trigger_mode="always_last",
+          concurrency_limit=4, api_name=False)
+    gpus_inputs = inputs + [w["prefer"]]
+    tabs["gpus"].select(gpus, gpus_inputs, w["gpus_rank"], show_progress="hidden", api_name="gpus")
+    gr.on(triggers, when_open("gpus", gpus), inputs=[active] + gpus_inputs, outputs=w["gpus_rank"],
           show_progress="hidden", trigger_mode="always_last", concurrency_limit=4, api_name=False)
 
     def deploy(*vals: Any) -> str:

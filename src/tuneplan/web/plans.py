@@ -28,7 +28,9 @@ RANK_GPUS = (("tuneplan.plan.gpus", "rank_gpus"),)
 EXPORT = (("tuneplan.export", "build_export"),)
 DEPLOY = (("tuneplan.deploy.plan", "plan_deploy"),)
 EXPORT_ROOT = Path(tempfile.gettempdir()) / "tuneplan-web-export"
-EXPORT_KEEP_S = 3600  # recipe folders older than this are removed at the next export
+EXPORT_KEEP_S = 3600
+TIGHT = "#9a6700"  # amber border: a recommendation that fits only on paper
+PREFERS = ("quality", "speed", "cost")  # plan.rule.PREFERS (not imported: the planner loads lazily)  # recipe folders older than this are removed at the next export
 
 
 def find(candidates: tuple[tuple[str, str], ...]) -> Any | None:
@@ -72,7 +74,7 @@ def _gib_cells(d: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
 
 
 @guarded("fit")
-def fit_view(values: dict[str, Any], global_batch: Any = 16) -> str:
+def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None = "quality") -> str:
     """The best configuration on the chosen card(s), and what each method needs to fit there."""
     fit = find(FIT)
     if fit is None:
@@ -83,39 +85,41 @@ def fit_view(values: dict[str, Any], global_batch: Any = 16) -> str:
     from tuneplan.web.form import whole
 
     setup = {k: v for k, v in p.setup_kw.items() if k not in ("method", "bits")}  # every method is tried
-    d = fit(p.model, p.gpu, global_batch=whole("global_batch", global_batch), **setup).to_dict()
+    d = fit(p.model, p.gpu, global_batch=whole("global_batch", global_batch), prefer=prefer or "quality",
+            **setup).to_dict()
     out = []
     rec = d.get("recommended")
     if rec:
-        s = rec.get("setup", {})
-        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in s.items()
-                         if k in ("method", "bits", "rank", "batch", "seq", "grad_accum", "optimizer", "zero")
-                         and v is not None and not (k == "zero" and v == 0) and not (k == "bits" and s.get("method") != "qlora")
-                         and not (k == "rank" and s.get("method") not in ("lora", "qlora")))
-        out.append(f'<div id="tp-fit-recommended" style="border:1px solid {views.OK};border-radius:6px;padding:8px">'
-                   f'<b>Recommended:</b> {escape(str(rec.get("method")))}, micro-batch {rec.get("micro_batch")} '
+        tight = " (tight: fits on paper, not with the margin)" if rec.get("tight") else ""
+        tps = rec.get("tokens_per_second")
+        out.append(f'<div id="tp-fit-recommended" style="border:1px solid {TIGHT if rec.get("tight") else views.OK};'
+                   f'border-radius:6px;padding:8px"><b>Recommended{tight}:</b> {escape(str(rec.get("method")))} '
+                   f'({escape(str(rec.get("strategy")))}), micro-batch {rec.get("micro_batch")} '
                    f'&times; accumulation {rec.get("grad_accum")} &times; {rec.get("world_size")} GPU(s) = '
-                   f'{rec.get("global_batch")} sequences per step; device peak {views.gib(rec.get("device_peak_bytes"))} GiB'
-                   f'<br><code>{escape(flags)}</code><br><span style="font-size:0.9em">{escape(str(rec.get("reason", "")))}'
-                   "</span></div>")
+                   f'{rec.get("global_batch")} sequences per step; device peak {views.gib(rec.get("device_peak_bytes"))} GiB '
+                   f'(upper band {views.gib(rec.get("device_peak_high_bytes"))} GiB)'
+                   + (f"; {tps:,.0f} tokens/s" if tps else "")
+                   + f'<br><code>{escape(str(rec.get("command", "")))}</code><br><span style="font-size:0.9em">'
+                   f'{escape(str(rec.get("reason", "")))}<br>rule: {escape(str(d.get("rule", "")))}</span></div>')
     else:
         out.append(f'<div id="tp-fit-recommended" style="color:{views.BAD}"><b>No method fits</b> on this card '
-                   "with these settings, even with every measure the planner knows.</div>")
-    keys = ("method", "fits", "strategy", "requires_flags", "max_batch", "max_seq", "max_rank",
-            "device_peak_bytes", "headroom_bytes")
+                   "with these settings, anywhere in the candidate space.</div>")
+    keys = ("method", "fits", "tight", "strategy", "requires", "micro_batch", "grad_accum", "max_batch", "max_seq",
+            "max_rank", "device_peak_bytes", "device_peak_high_bytes", "tokens_per_second")
     rows = [_gib_cells(m, keys) + [escape("; ".join(m.get("blocked_by") or []))] for m in d.get("methods", [])]
-    out.append(views.table_html(["method", "fits", "strategy", "needs", "max batch", "max seq", "max rank",
-                                 "peak GiB", "headroom GiB", "blocked by"], rows, klass="tp-fit"))
+    out.append(views.table_html(["method", "fits", "tight", "strategy", "switch on", "micro-batch", "accum",
+                                 "max batch", "max seq", "max rank", "peak GiB", "upper band GiB", "tokens/s",
+                                 "blocked by"], rows, klass="tp-fit"))
     eq = d.get("equal_memory")
     if eq and eq.get("qlora"):
         ranks = ", ".join(f"{escape(k)} up to r={v}" for k, v in eq["qlora"].items() if v)
         out.append(views.note_html(f"In the memory LoRA r={eq.get('lora_rank')} uses, {ranks}" if ranks else ""))
-    out.append(views.note_html(f"{d.get('evaluations', '?')} estimates evaluated"))
+    out.append(views.note_html(f"{len(d.get('candidates', []))} candidates, {d.get('evaluations', '?')} estimates evaluated"))
     return "".join(out)
 
 
 @guarded("gpus")
-def gpus_view(values: dict[str, Any]) -> str:
+def gpus_view(values: dict[str, Any], prefer: str | None = "quality") -> str:
     """Every card in the catalog ranked for this fine-tune (fewest cards, memory, time, cost)."""
     rank = find(RANK_GPUS)
     if rank is None:
@@ -136,16 +140,17 @@ def gpus_view(values: dict[str, Any]) -> str:
             extra = dataset_kwargs(p)
         except TuneplanError:
             extra = {}  # the message is already under the dataset fields
-    d = rank(p.model, **setup, **extra).to_dict()
-    keys = ("name", "fits", "min_gpus", "per_gpu_peak_bytes", "memory_bytes", "strategy", "requires",
-            "total_hours", "cloud_usd")
+    d = rank(p.model, prefer=prefer or "quality", **setup, **extra).to_dict()
+    keys = ("name", "fits", "min_gpus", "method", "per_gpu_peak_bytes", "memory_bytes", "strategy", "requires",
+            "tokens_per_second", "total_hours", "cloud_usd", "own_usd", "break_even_hours")
     rows = [_gib_cells(r, keys) for r in d.get("ranking", [])]
     head = (f"{setup['gpus'] * setup['nodes']} GPUs per setup, as on the form" if fixed
             else "fewest cards of each kind that run this setup (up to " + escape(str(d.get("max_gpus"))) + ")")
     out = [f'<p style="font-size:0.9em">{head}; sorted by {escape(str(d.get("sort")))}'
            + ("" if d.get("time_model") else "; time and cost need the time/cost layer") + "</p>",
-           views.table_html(["card", "fits", "cards", "peak GiB", "card GiB", "strategy", "needs", "hours",
-                             "cloud USD"], rows, klass="tp-gpus"),
+           views.table_html(["card", "fits", "cards", "method", "peak GiB", "card GiB", "strategy", "switch on",
+                             "tokens/s", "hours", "cloud USD", "own USD", "break-even h"], rows, klass="tp-gpus"),
+           views.note_html(f"rule: {escape(str(d.get('rule', '')))}"),
            views.note_html(f"{d.get('evaluations', '?')} estimates evaluated")]
     return "".join(out)
 

@@ -1,0 +1,95 @@
+"""The candidate set of one (model, card, layout): every family's fate, compatibility first.
+
+1. every family of the space (:mod:`tuneplan.plan.space`) is checked for compatibility; one that
+   cannot run is pruned with its reason and never costs a memory figure;
+2. a (method, strategy) whose most sparing family (checkpointing on, lightest optimizer) does not fit
+   at micro-batch 1 holds no candidate (checkpointing and lighter optimizer states never add memory);
+3. a family the rule can never pick over one already evaluated is dominated (:func:`_dominated`);
+4. every other family gets its candidate (:func:`tuneplan.plan.evaluate.plan_family`), searched from
+   the candidate of a family needing no less memory, and timed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuneplan.plan import rule
+from tuneplan.plan.evaluate import Candidate, Prober, lighter_than, plan_family, sparing
+from tuneplan.plan.margin import Margin
+from tuneplan.plan.space import Family, compat_errors, families
+
+
+@dataclass
+class CandidateSet:
+    """Every family of the space with its fate: pruned (why), no fit, or its candidate."""
+
+    families: list[Family]
+    pruned: dict[Family, list[str]]
+    candidates: list[Candidate]
+    prefer: str
+    dominated: list[Family] = field(default_factory=list)
+
+    def of(self, method: str, strategy: str | None = None) -> list[Candidate]:
+        return [c for c in self.candidates if c.family.method == method
+                and (strategy is None or c.family.strategy == strategy)]
+
+    def best(self, method: str | None = None, strategy: str | None = None) -> Candidate | None:
+        pool = self.candidates if method is None else self.of(method, strategy)
+        return rule.best(pool, self.prefer)
+
+
+def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
+                     margin: Margin, prefer: str, timed: bool = True, gc_first: bool | None = None) -> CandidateSet:
+    """The candidate set of (model, card, layout): compatibility first, then memory, then time."""
+    fams = families(variants, probe.base, world, probe.gpu, gc_first=gc_first)
+    pruned: dict[Family, list[str]] = {}
+    dominated: list[Family] = []
+    cands: list[Candidate] = []
+    done: dict[tuple[str, str, str | None, bool | None], Candidate] = {}
+    top = max(1, -(-target // world))
+    exact32: set[str] = set()  # methods with a 32-bit-optimizer candidate that keeps the margin and the target
+    for f in fams:
+        if errs := compat_errors(probe.model, probe.gpu, probe.base, f):
+            pruned[f] = errs
+    ok = {f: f not in pruned for f in fams}
+    # a (method, strategy) whose most sparing family does not fit at micro-batch 1 holds no candidate
+    # (checkpointing and lighter optimizer states never add memory; see evaluate.sparing)
+    dead = {(f.method, f.strategy) for f in sparing([f for f in fams if ok[f]])
+            if not probe.ok(None)(probe({**f.as_fields, "batch": 1, "grad_accum": 1}))}
+    # 32-bit optimizer families first: under the quality rule they decide whether 8-bit ones can win
+    for fam in sorted(fams, key=lambda f: rule.optimizer_rank(f.optimizer)):
+        if not ok[fam]:
+            continue
+        if (fam.method, fam.strategy) in dead:
+            continue
+        if _dominated(fam, done, top, prefer, exact32):
+            dominated.append(fam)
+            continue
+        seeds = [done[k] for k in lighter_than(fam) if k in done and not done[k].tight]
+        floor = max(seeds, key=lambda c: (c.grad_accum == 1, c.batch), default=None)
+        c = plan_family(probe, fam, target=target, world=world, margin=margin, timed=timed, floor=floor)
+        if c is not None:
+            cands.append(c)
+            done[(fam.method, fam.strategy, fam.optimizer, fam.gradient_checkpointing)] = c
+            if rule.optimizer_rank(fam.optimizer) == 0 and not c.tight and not c.relaxed:
+                exact32.add(fam.method)
+    order = {f: i for i, f in enumerate(fams)}
+    cands.sort(key=lambda c: order[c.family])  # the space's order: the rule's last tie-break
+    return CandidateSet(fams, pruned, cands, prefer, dominated)
+
+
+def _dominated(fam: Family, done: dict[tuple[str, str, str | None, bool | None], Candidate], top: int,
+               prefer: str, exact32: set[str]) -> bool:
+    """A family the rule can never pick over one already evaluated (so it costs no estimate):
+    - checkpointing on, when the same family without it already runs micro-batch ``top`` without
+      accumulation and with the margin: same sizes, same method and optimizer, one more forward per step;
+    - an 8-bit optimizer under the quality rule, when the method already has a 32-bit candidate that
+      keeps the margin and reaches the target (the rule ranks 32-bit states first)."""
+    if fam.gradient_checkpointing:
+        off = done.get((fam.method, fam.strategy, fam.optimizer, False))
+        if off is not None and not off.tight and (off.batch, off.grad_accum) == (top, 1):
+            return True
+    return prefer == "quality" and rule.optimizer_rank(fam.optimizer) == 1 and fam.method in exact32
+
+

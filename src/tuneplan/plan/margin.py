@@ -1,0 +1,91 @@
+"""The safety margin a recommendation keeps below the card's usable memory.
+
+The estimate's device peak is a central figure; its bands say how far the real one may be above it
+(``Estimate.breakdown.bands``: "reserved" = the caching allocator's reserved peak, with activation and
+fragmentation uncertainty; "cuda_context" = driver, CUDA version, lazy loading). The upper band of the
+device peak is
+
+    device_peak_high = bands["reserved"].high + bands["cuda_context"].high + nccl_bytes
+
+(the same sum as ``MemoryBreakdown.device_peak_bytes`` = reserved + context + NCCL, with each term at
+its high end; NCCL has no band). The estimate does not carry this sum itself, so the planner adds it
+here; a band that is missing counts at its central figure.
+
+The margin the user chooses (``--margin``):
+- ``band`` (default): the upper band must fit the usable memory;
+- ``N GiB`` / ``N%``: the central device peak plus N GiB (or N % of the usable memory) must fit;
+- ``0``: the central figure only, as ``Estimate.fits`` judges it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tuneplan.errors import TuneplanError
+from tuneplan.estimator.types import GIB
+
+ACCEPTED = "band (the estimate's upper band, default), a size in GiB such as 2GiB, a percentage such as 10%, or 0"
+
+
+@dataclass(frozen=True)
+class Margin:
+    kind: str  # "band" | "bytes" | "fraction"
+    value: float = 0.0
+
+    def describe(self) -> str:
+        if self.kind == "band":
+            return "the upper band of the device peak (reserved high + CUDA context high) fits the usable memory"
+        if self.kind == "bytes":
+            return f"device peak + {self.value / GIB:g} GiB fits the usable memory"
+        return f"device peak + {self.value * 100:g} % of the usable memory fits it"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "value": self.value, "rule": self.describe()}
+
+
+BAND = Margin("band")
+
+
+def parse_margin(text: str | Margin | None) -> Margin:
+    """``band`` | ``2GiB`` | ``2`` (GiB) | ``10%`` | ``0`` -> Margin."""
+    if text is None:
+        return BAND
+    if isinstance(text, Margin):
+        return text
+    s = str(text).strip().lower().replace(" ", "")
+    if s in ("band", "auto", ""):
+        return BAND
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(%|gib|g)?", s)
+    if not m:
+        raise TuneplanError(f"cannot read {text!r}", field="margin", accepted=ACCEPTED)
+    v, unit = float(m.group(1)), m.group(2)
+    if unit == "%":
+        if v >= 100:
+            raise TuneplanError(f"{text!r} leaves no memory", field="margin", accepted=ACCEPTED)
+        return Margin("fraction", v / 100)
+    return Margin("bytes", v * GIB)
+
+
+def device_peak_high(est: Any) -> int:
+    """Upper band of the device peak (module docstring)."""
+    b = est.breakdown
+    r = b.bands.get("reserved")
+    c = b.bands.get("cuda_context")
+    return ((r.high if r is not None else b.reserved_peak_bytes)
+            + (c.high if c is not None else b.cuda_context_bytes) + b.nccl_bytes)
+
+
+def required_bytes(est: Any, margin: Margin) -> int:
+    """What must fit under the usable memory for ``est`` to count as fitting with ``margin``."""
+    if margin.kind == "band":
+        return device_peak_high(est)
+    if margin.kind == "bytes":
+        return est.breakdown.device_peak_bytes + int(margin.value)
+    return est.breakdown.device_peak_bytes + int(margin.value * est.gpu.memory_bytes)
+
+
+def fits_with_margin(est: Any, margin: Margin) -> bool:
+    """The estimate fits (no error finding, central peak within memory) and keeps the margin."""
+    return bool(est is not None and est.fits and required_bytes(est, margin) <= est.gpu.memory_bytes)
