@@ -28,7 +28,7 @@ from typing import Any
 
 from tuneplan.api import build_setup
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.compat import capabilities, check
+from tuneplan.compat import capabilities, check
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import model_as_built
@@ -191,7 +191,7 @@ def compat_errors(model: ModelSpec, acc: Accelerator, base: Mapping[str, Any], f
     """Why a family cannot run at all (compatibility rules, setup validation); [] when it can.
 
     The rules read the method, precision, optimizer, attention and strategy, never the sizes, so one
-    check per family decides for all its micro-batches (estimator/compat_rules.toml).
+    check per family decides for all its micro-batches (catalog/compat_rules.toml).
     """
     return list(_compat_errors(model, acc, tuple(sorted({**base, **fam.as_fields}.items()))))
 
