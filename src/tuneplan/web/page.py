@@ -122,7 +122,8 @@ def _model_inputs(gr: Any) -> dict[str, Any]:
         with gr.Accordion("...or paste / upload a config.json", open=False):
             w["config_text"] = gr.Code(value="", language="json", label="config.json (overrides the model above)",
                                        lines=6, interactive=True, elem_id="tp-config")
-            w["upload"] = gr.UploadButton("Upload config.json", file_types=[".json"], type="binary", size="sm")
+            w["upload"] = gr.UploadButton("Upload config.json", file_types=[".json"], type="binary", size="sm",
+                                           elem_id="tp-upload")
     w["model_msg"] = gr.HTML(elem_id="tp-model-msg")
     return w
 
