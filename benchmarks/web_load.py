@@ -2,6 +2,7 @@
 
     python benchmarks/web_load.py                 # 200 requests, 20 concurrent clients
     python benchmarks/web_load.py --requests 400 --clients 40 --json out.json
+    python benchmarks/web_load.py --new-sessions --requests 2000   # memory per session
 
 Part 1 times the page's callbacks in process (what the server spends per field change): the verdict
 update (``estimate_view``) over a grid of models, methods, cards and sequence lengths, and the two
@@ -13,6 +14,9 @@ the page's own ``estimate`` endpoint (Gradio's HTTP API: POST the form, read the
 event, or an answer without a verdict) and reports latency percentiles and throughput. Bounded:
 each request times out after 30 s and the whole run stops after ``--deadline`` seconds.
 Exit status 1 if any request failed or the deadline passed. Needs the ``web`` extra.
+
+``--new-sessions`` sends every request from a session of its own (a crowd of one-off visitors) and reads
+the server's resident memory (Linux ``/proc``) after a warm-up and at the end: what sessions cost it.
 """
 
 from __future__ import annotations
