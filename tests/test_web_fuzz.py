@@ -331,5 +331,5 @@ def test_serving_beyond_loopback_warns_what_it_exposes(monkeypatch) -> None:
         assert r.exit_code == 0, r.output
         assert ("warning: --host 0.0.0.0 exposes the page" in r.stderr) is warned
         if warned:
-            assert "anonymously" in r.stderr and "reads no file on this machine" in r.stderr
+            assert "anonymously" in r.stderr and "opens no file a visitor names" in r.stderr
     assert launched == [("0.0.0.0", 7861), ("127.0.0.1", 7861)]

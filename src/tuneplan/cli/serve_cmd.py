@@ -57,7 +57,8 @@ def exposure_warning(host: str, port: int) -> str:
             "size), make this server fetch public config.json files from the Hugging Face Hub (anonymously: "
             "your Hugging Face token and cache are not used), upload a config.json (at most "
             f"{PASTE_MAX_BYTES // 1024} KiB, kept in memory), and download recipe files written to a private "
-            f"temporary folder. The page reads no file on this machine; it keeps at most {SESSIONS_MAX} "
+            f"temporary folder. The page opens no file a visitor names on this machine; it keeps at most "
+            f"{SESSIONS_MAX} "
             "sessions. Use --host 127.0.0.1 to keep it on this machine, or put it behind a proxy that "
             "authenticates.")
 
