@@ -122,6 +122,12 @@ def test_export_tab_offers_the_recipe_files_for_download(page) -> None:
         assert href.endswith("/train.py")
         got = page.request.get(href)  # the download itself, as the browser would fetch it
         assert got.ok and "import" in got.text()
+        # written in this browser session's own folder, inside the server process's own export folder
+        from tuneplan.web import exports
+
+        sessions = [d for d in exports.made() if d.name.startswith("session-")]
+        assert len(sessions) == 1 and sessions[0].parent == exports.export_root()
+        assert list(sessions[0].glob("recipe-*/train.py"))
 
 
 def test_an_uploaded_config_reaches_the_verdict(page) -> None:

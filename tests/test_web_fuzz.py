@@ -293,6 +293,7 @@ def test_the_export_folder_is_the_pages_own_and_cleaning_spares_everything_else(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(exports, "_root", None)
     monkeypatch.setattr(exports, "_made", {})
+    monkeypatch.setattr(exports, "_sessions", {})
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("mine")
@@ -311,6 +312,24 @@ def test_the_export_folder_is_the_pages_own_and_cleaning_spares_everything_else(
     assert exports.sweep(now=time.monotonic() + exports.KEEP_S + 1) == [folder] and not folder.exists()
     assert (victim / "keep.txt").read_text() == "mine" and other.exists() and root.exists()
     assert sorted(os.listdir(victim)) == ["keep.txt"]
+
+
+def test_each_session_has_its_own_folder_removed_when_it_ends(tmp_path, monkeypatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(exports, "_root", None)
+    monkeypatch.setattr(exports, "_made", {})
+    monkeypatch.setattr(exports, "_sessions", {})
+    a1, a2 = exports.fresh_folder("tab-a"), exports.fresh_folder("tab-a")
+    hostile = exports.fresh_folder("../../victim")  # a client's session id is a key, never a path
+    assert a1 != a2 and a1.parent == a2.parent != exports.export_root() and a1.parent.parent == exports.export_root()
+    assert hostile.parent.parent == exports.export_root() and not (tmp_path / "victim").exists()
+    (a1 / "train.py").write_text("x")
+    assert exports.end_session("tab-a") == a1.parent
+    assert not a1.exists() and not a2.exists() and hostile.exists()
+    assert exports.end_session("never-seen") is None and exports.end_session(None) is None
+    assert set(exports.made()) == {hostile, hostile.parent}
 
 
 def test_serving_beyond_loopback_warns_what_it_exposes(monkeypatch) -> None:

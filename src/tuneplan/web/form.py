@@ -3,9 +3,11 @@ core's inputs (a ModelSpec, TrainSetup keywords, an Accelerator).
 
 No gradio here, so the conversion is unit-tested without a browser. The rules are the CLI's: a field
 left at "profile default" is not passed (the framework profile fills it and ``setup_sources`` says so),
-and every value is validated by the core (``TrainSetup.validate``, ``resolve_model``,
-``resolve_accelerator``), never by a second copy of the rules here. Errors are collected per group
-of fields, so each message is shown next to the fields it concerns.
+and every value is validated by the core (``TrainSetup.validate``, ``model_from_config``,
+``resolve_accelerator``), never by a second copy of the rules here. What the page adds is its own:
+where a model may come from (``sources``: never a server path) and how large a request may be
+(``limits``: ceilings checked before any estimate). Errors are collected per group of fields, so each
+message is shown next to the fields it concerns.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneplan.web import callbacks, limits, planner_tabs
+from tuneplan.web import callbacks, exports, limits, planner_tabs
 from tuneplan.web.form import AUTO, CHOICES, DEFAULTS, FIELDS
 from tuneplan.web.wording import LABELS
 
@@ -89,9 +89,15 @@ def build_app() -> Any:
         planner_tabs.wire(gr, w, tabs, triggers, inputs)
         w["method"].change(_method_applies, w["method"], [w["bits"], w["rank"], w["targets"]],
                            show_progress="hidden", api_name=False)
+        demo.unload(_session_ended)
         w["upload"].upload(callbacks.read_upload, w["upload"], [w["config_text"], w["model_msg"]],
                            show_progress="hidden", api_name=False)
     return demo
+
+
+def _session_ended() -> None:
+    """The tab closed: its recipe folder goes (the downloads it was offered are Gradio's own copies)."""
+    exports.end_session()
 
 
 def _method_applies(method: str) -> tuple[Any, Any, Any]:
