@@ -55,6 +55,7 @@ CONFIG_TEXTS = [
     "[" * 100_000 + "]" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000, " " * (limits.PASTE_MAX_BYTES + 10),
     '{"x": "' + "y" * (limits.PASTE_MAX_BYTES + 10) + '"}', "\x00\x01\x02", "\ufeff{}", "[]", "null", "1", '"s"',
     "{", "{}", '{"model_type": 5}', "etc/passwd", "/etc/passwd",
+    '"\\' * 170_000, '\\"' * 250_000, '"' * 500_000,  # a naive string pattern rescans these: quadratic
 ]
 NUMBERS = [-1, 0, 1, 3, 2**31, 10**9, 10**400, 1e308, float("nan"), float("inf"), float("-inf"), "1e999", "abc",
            None, "", True, False, [], {}, "NaN", 16.5, " 7 ", "0x10", b"12", "9" * 5000]
@@ -158,6 +159,14 @@ def test_ten_to_the_ninth_layers_is_refused_naming_the_field() -> None:
     assert "num_hidden_layers is 1000000000" in out["model_msg"] and "1..1,024" in out["model_msg"]
     nested = json.dumps({"model_type": "x", "text_config": {**CANARY_CONFIG, "num_hidden_layers": 10**9}})
     assert "text_config.num_hidden_layers" in callbacks.estimate_view({**DEFAULTS, "config_text": nested})["model_msg"]
+
+
+def test_nesting_is_counted_outside_strings_only() -> None:
+    inside = '{"a": "' + "[" * 100 + '\\"' + "{" * 100 + '", "b": 1}'  # brackets in a string, an escaped quote
+    assert limits.parse_json(inside)["b"] == 1
+    assert limits.parse_json("[" * 32 + "]" * 32)
+    with pytest.raises(TuneplanError, match="nests deeper than 32"):
+        limits.parse_json("[" * 33 + "]" * 33)
 
 
 def test_every_catalog_config_is_within_the_pages_limits() -> None:

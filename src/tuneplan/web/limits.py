@@ -66,8 +66,7 @@ SESSION_TTL_S = 3600.0
 QUEUE_MAX = 64
 WORKERS = 2  # requests computed at once per event (each is CPU-bound; the estimate has its own 8)
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKET = re.compile(r"[\[\]{}]")
+_SPECIAL = re.compile(r'[\\"\[\]{}]')
 ACCEPTED_CONFIG = "a Hugging Face config.json"
 
 
@@ -85,12 +84,35 @@ def check_text(text: str) -> None:
     if size > PASTE_MAX_BYTES:
         raise _refuse(f"config.json is {size:,} bytes; a model config is a few KiB (at most "
                       f"{PASTE_MAX_BYTES // 1024} KiB here)")
-    depth = deepest = 0
-    for b in _BRACKET.findall(_STRING.sub('""', text)):
-        depth += 1 if b in "[{" else -1
-        deepest = max(deepest, depth)
-        if deepest > JSON_MAX_DEPTH:
-            raise _refuse(f"config.json nests deeper than {JSON_MAX_DEPTH} levels; a model config nests 3")
+    if _deeper_than(text, JSON_MAX_DEPTH):
+        raise _refuse(f"config.json nests deeper than {JSON_MAX_DEPTH} levels; a model config nests 3")
+
+
+def _deeper_than(text: str, most: int) -> bool:
+    """Whether brackets outside strings nest deeper than ``most``: one pass over the special characters.
+
+    A hand-rolled scan, not a regular expression for strings: ``"\\"\\"\\...`` (an unclosed string at
+    every quote) makes a string pattern rescan the rest of the text from each quote, quadratic time.
+    """
+    depth, in_string, escaped_at = 0, False, -1
+    for m in _SPECIAL.finditer(text):
+        i, c = m.start(), m.group()
+        if i == escaped_at:
+            continue
+        if in_string:
+            if c == "\\":
+                escaped_at = i + 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > most:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
 
 
 def _bounded_int(digits: str) -> int | float:
