@@ -216,9 +216,9 @@ def setup_kwargs(v: dict[str, Any]) -> dict[str, Any]:
 
 
 # Resolved once per name or text (a Hub id costs a network round trip; every field change re-reads the
-# form); failures are not cached. The pasted-text cache holds at most 16 x PASTE_MAX_BYTES.
-_named_model = lru_cache(maxsize=128)(sources.resolve_name)
-_pasted_model = lru_cache(maxsize=16)(sources.model_from_text)
+# form); failures are not cached. The pasted-text cache holds at most 8 x PASTE_MAX_BYTES of text.
+_named_model = lru_cache(maxsize=64)(sources.resolve_name)
+_pasted_model = lru_cache(maxsize=8)(sources.model_from_text)
 
 
 def read_model(name: str | None, config_text: str | None) -> tuple[ModelSpec, list[str]]:

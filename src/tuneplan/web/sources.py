@@ -33,7 +33,7 @@ ACCEPTED_NAME = "a catalog name or a public Hugging Face id (org/name); or paste
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 HF_ID = re.compile(rf"{_PART}/{_PART}")
 HUB_TIMEOUT_S = 10.0
-HUB_CACHE_SIZE = 256  # fetched configs kept in memory (each a few KiB)
+HUB_CACHE_SIZE = 64  # fetched configs kept in memory: a few KiB each, 32 MiB at the very most
 
 _hub_texts: OrderedDict[str, str] = OrderedDict()
 _hub_lock = threading.Lock()
