@@ -2,6 +2,7 @@
 
     python benchmarks/web_load.py                 # 200 requests, 20 concurrent clients
     python benchmarks/web_load.py --requests 400 --clients 40 --json out.json
+    python benchmarks/web_load.py --new-sessions --requests 2000   # memory per session
 
 Part 1 times the page's callbacks in process (what the server spends per field change): the verdict
 update (``estimate_view``) over a grid of models, methods, cards and sequence lengths, and the two
@@ -13,6 +14,9 @@ the page's own ``estimate`` endpoint (Gradio's HTTP API: POST the form, read the
 event, or an answer without a verdict) and reports latency percentiles and throughput. Bounded:
 each request times out after 30 s and the whole run stops after ``--deadline`` seconds.
 Exit status 1 if any request failed or the deadline passed. Needs the ``web`` extra.
+
+``--new-sessions`` sends every request from a session of its own (a crowd of one-off visitors) and reads
+the server's resident memory (Linux ``/proc``) after a warm-up and at the end: what sessions cost it.
 """
 
 from __future__ import annotations
@@ -106,7 +110,16 @@ def start_server(port: int, timeout_s: float = 120) -> subprocess.Popen:
     raise RuntimeError(f"the server did not answer within {timeout_s} s")
 
 
-def load_test(n_requests: int, n_clients: int, deadline_s: float) -> dict[str, Any]:
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process (Linux /proc), in MiB."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib / 1024
+
+
+def load_test(n_requests: int, n_clients: int, deadline_s: float, *, new_sessions: bool = False) -> dict[str, Any]:
+    """``new_sessions``: every request opens a session of its own (a crowd of one-off visitors), and the
+    server's resident memory is read before and after, to see what each session costs it."""
     import httpx
 
     from tuneplan.web.form import FIELDS
@@ -117,6 +130,11 @@ def load_test(n_requests: int, n_clients: int, deadline_s: float) -> dict[str, A
     try:
         prefix = "/gradio_api" if httpx.get(f"{base}/gradio_api/info", timeout=30).status_code == 200 else ""
         fs = forms()
+        with httpx.Client(base_url=base, timeout=30) as c:  # warm up (imports, caches) in one session
+            for f in fs[:20]:
+                r = c.post(f"{prefix}/call/estimate", json={"data": [f[k] for k in FIELDS], "session_hash": "warm"})
+                c.get(f"{prefix}/call/estimate/{r.json()['event_id']}")
+        rss_before = rss_mib(proc.pid)
         stop_at = time.monotonic() + deadline_s
         lat: list[float] = []
         errors: list[str] = []
@@ -131,6 +149,8 @@ def load_test(n_requests: int, n_clients: int, deadline_s: float) -> dict[str, A
                             errors.append("deadline")
                         return
                     data = [fs[j % len(fs)][f] for f in FIELDS]
+                    if new_sessions:
+                        session = f"web-load-{j}-{os.getpid()}"
                     t = time.perf_counter()
                     try:
                         r = c.post(f"{prefix}/call/estimate", json={"data": data, "session_hash": session})
@@ -151,11 +171,14 @@ def load_test(n_requests: int, n_clients: int, deadline_s: float) -> dict[str, A
         with ThreadPoolExecutor(n_clients) as pool:
             list(pool.map(client, range(n_clients)))
         wall = time.perf_counter() - t0
+        rss_after = rss_mib(proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     res: dict[str, Any] = {"requests": n_requests, "clients": n_clients, "ok": len(lat), "errors": len(errors),
-                           "wall_s": round(wall, 2), "throughput_rps": round(len(lat) / wall, 1)}
+                           "wall_s": round(wall, 2), "throughput_rps": round(len(lat) / wall, 1),
+                           "new_sessions": new_sessions, "rss_before_mib": round(rss_before, 1),
+                           "rss_after_mib": round(rss_after, 1)}
     if lat:
         res.update(summary(lat))
     if errors:
@@ -169,6 +192,8 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--deadline", type=float, default=120.0, help="stop the load test after this many seconds")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--new-sessions", action="store_true",
+                    help="a new session per request (memory per session); skips the in-process timings")
     a = ap.parse_args()
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     try:
@@ -179,15 +204,19 @@ def main() -> int:
         return 2
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start "
           "(other processes share the CPUs: figures are upper bounds when it is high)")
-    cb = time_callbacks()
-    print("server-side time per update (in process, ms):")
+    cb = {} if a.new_sessions else time_callbacks()
+    if cb:
+        print("server-side time per update (in process, ms):")
     for k, v in cb.items():
         print(f"  {k:14s} n={v['n']:4d}  p50 {v['p50_ms']:7.2f}  p95 {v['p95_ms']:7.2f}  max {v['max_ms']:7.2f}")
-    lt = load_test(a.requests, a.clients, a.deadline)
-    print(f"loopback load test: {lt['requests']} requests from {lt['clients']} concurrent clients to /estimate")
+    lt = load_test(a.requests, a.clients, a.deadline, new_sessions=a.new_sessions)
+    each = "a new session each" if a.new_sessions else "one session per client"
+    print(f"loopback load test: {lt['requests']} requests ({each}) from {lt['clients']} concurrent clients "
+          "to /estimate")
     print(f"  ok {lt['ok']}  errors {lt['errors']}  wall {lt['wall_s']} s  throughput {lt['throughput_rps']} req/s")
     if lt["ok"]:
         print(f"  latency (ms): p50 {lt['p50_ms']}  p95 {lt['p95_ms']}  max {lt['max_ms']}  mean {lt['mean_ms']}")
+    print(f"  server resident memory: {lt['rss_before_mib']} MiB before, {lt['rss_after_mib']} MiB after")
     for e in lt.get("first_errors", []):
         print(f"  error: {e}")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")

@@ -180,17 +180,17 @@ def test_unexpected_failure_is_one_line_and_the_next_call_works(monkeypatch) -> 
 
 
 def test_upload_reads_text_and_refuses_binary_and_huge(tmp_path) -> None:
-    good = tmp_path / "config.json"
-    good.write_text(json.dumps(TINY_LLAMA))
-    assert callbacks.read_upload(str(good)) == (json.dumps(TINY_LLAMA), "")
-    binary = tmp_path / "weights.json"
-    binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
-    text, msg = callbacks.read_upload(str(binary))
+    good = json.dumps(TINY_LLAMA).encode()
+    assert callbacks.read_upload(good) == (json.dumps(TINY_LLAMA), "")
+    text, msg = callbacks.read_upload(b"\xff\xfe\x00\x81" * 10)
     assert text == "" and "UTF-8" in msg
-    huge = tmp_path / "huge.json"
-    huge.write_text(" " * (form.CONFIG_MAX_CHARS + 1))
-    assert "bytes" in callbacks.read_upload(str(huge))[1]
+    assert "bytes" in callbacks.read_upload(b" " * (512 * 1024 + 1))[1]
     assert callbacks.read_upload(None) == ("", "")
+    # A path string (what a client could name) is never opened: it is refused as "not a file".
+    canary = tmp_path / "config.json"
+    canary.write_text(json.dumps(TINY_LLAMA))
+    text, msg = callbacks.read_upload(str(canary))
+    assert text == "" and "did not arrive as a file" in msg
 
 
 def test_whole_number_rules() -> None:

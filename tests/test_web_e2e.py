@@ -122,3 +122,24 @@ def test_export_tab_offers_the_recipe_files_for_download(page) -> None:
         assert href.endswith("/train.py")
         got = page.request.get(href)  # the download itself, as the browser would fetch it
         assert got.ok and "import" in got.text()
+        # written in this browser session's own folder, inside the server process's own export folder
+        from tuneplan.web import exports
+
+        sessions = [d for d in exports.made() if d.name.startswith("session-")]
+        assert len(sessions) == 1 and sessions[0].parent == exports.export_root()
+        assert list(sessions[0].glob("recipe-*/train.py"))
+
+
+def test_an_uploaded_config_reaches_the_verdict(page) -> None:
+    """The upload arrives as bytes (never a server path) and its model is the one estimated; runs last."""
+    import json
+
+    from tests.conftest import TINY_LLAMA
+
+    cfg = json.dumps({**TINY_LLAMA, "_name_or_path": "uploaded-tiny-llama"}).encode()
+    page.get_by_text("...or paste / upload a config.json").click()
+    with page.expect_file_chooser() as chooser:
+        page.locator("#tp-upload").click()
+    chooser.value.set_files(files=[{"name": "config.json", "mimeType": "application/json", "buffer": cfg}])
+    page.wait_for_function("document.querySelector('#tp-verdict-box').innerText.includes('uploaded-tiny-llama')")
+    assert page.locator("#tp-model-msg .tp-error").count() == 0

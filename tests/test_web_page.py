@@ -6,6 +6,7 @@ without gradio must say how to install it (exit 2). The rest need the ``web`` ex
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -13,7 +14,9 @@ import time
 
 import pytest
 
-ENV = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "GRADIO_ANALYTICS_ENABLED": "False"}
+ENV = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "GRADIO_ANALYTICS_ENABLED": "False",
+       # the tuneplan under test, also where it is not the installed one
+       **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}}
 
 
 def py(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -59,6 +62,19 @@ def test_app_is_a_lazily_built_blocks_with_named_endpoints() -> None:
     assert {"estimate", "fit", "gpus", "export"} <= public
 
 
+def test_app_is_sized_for_a_small_server() -> None:
+    pytest.importorskip("gradio", reason="the web extra is not installed")
+    import tuneplan.web as web
+    from tuneplan.web import limits
+
+    app = web.app
+    state = next(b for b in app.blocks.values() if type(b).__name__ == "State")
+    assert state.time_to_live == limits.SESSION_TTL_S == 3600
+    assert app.delete_cache == (600, 3600)  # Gradio's copies of uploads and downloads: an hour
+    upload = next(b for b in app.blocks.values() if type(b).__name__ == "UploadButton")
+    assert upload.type == "binary"  # the callback gets bytes, never a path
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -82,6 +98,13 @@ def test_serve_command_serves_the_page_on_loopback(tmp_path) -> None:
             except httpx.HTTPError:
                 time.sleep(0.3)
         assert status == 200, (tmp_path / "serve.log").read_text()[-2000:] or "no answer in 90 s"
+        # An upload beyond a config.json's size (512 KiB here) is refused before it is stored.
+        big = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", timeout=30,
+                         files={"files": ("config.json", b" " * (600 * 1024), "application/json")})
+        small = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", timeout=30,
+                           files={"files": ("config.json", b"{}", "application/json")})
+        assert big.status_code == 413 and small.status_code == 200, (big.text[:200], small.text[:200])
+        assert "warning" not in (tmp_path / "serve.log").read_text()  # loopback: nothing exposed
         # A second server on the same port: a message and exit 2, not a traceback.
         r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "serve", "--port", str(port)],
                            capture_output=True, text=True, timeout=120, env=ENV)

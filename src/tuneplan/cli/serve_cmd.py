@@ -26,12 +26,41 @@ def register(app: typer.Typer) -> None:
 
         _check_free(host, port)
         require_gradio()
+        if not is_loopback(host):
+            typer.echo(exposure_warning(host, port), err=True)
         typer.echo(f"tuneplan web page on http://{host}:{port}/ (Ctrl+C to stop)")
         try:
             launch(host, port, block=True, quiet=True)
         except OSError as exc:  # port taken, address not on this machine
             raise TuneplanError(f"cannot listen on {host}:{port} ({exc})", field="port",
                                 accepted="a free port (--port) on an address of this machine (--host)") from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def exposure_warning(host: str, port: int) -> str:
+    """What serving on a non-loopback address exposes, said before the server starts."""
+    from tuneplan.web.limits import PASTE_MAX_BYTES, SESSIONS_MAX
+
+    return (f"warning: --host {host} exposes the page to every machine that can reach this one on port {port}, "
+            "with no login. Anyone there can run estimates and planner searches (each request bounded in "
+            "size), make this server fetch public config.json files from the Hugging Face Hub (anonymously: "
+            "your Hugging Face token and cache are not used), upload a config.json (at most "
+            f"{PASTE_MAX_BYTES // 1024} KiB, kept in memory), and download recipe files written to a private "
+            f"temporary folder. The page opens no file a visitor names on this machine; it keeps at most "
+            f"{SESSIONS_MAX} "
+            "sessions. Use --host 127.0.0.1 to keep it on this machine, or put it behind a proxy that "
+            "authenticates.")
 
 
 def _check_free(host: str, port: int) -> None:

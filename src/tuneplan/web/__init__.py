@@ -7,6 +7,7 @@ or run ``tuneplan serve``. The page's answers come from the same core as the CLI
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
@@ -41,12 +42,26 @@ def build_app() -> Any:
 
 
 def launch(host: str = "127.0.0.1", port: int | None = 7860, *, block: bool = True, quiet: bool = False) -> Any:
-    """Serve the page on ``host:port`` (loopback by default). Returns the Blocks once started."""
+    """Serve the page on ``host:port`` (loopback by default). Returns the Blocks once started.
+
+    Sized for a small server that strangers may reach (``tuneplan.web.limits``): at most SESSIONS_MAX
+    sessions kept in memory (the oldest go first), at most QUEUE_MAX requests waiting, uploads at most
+    PASTE_MAX_BYTES, and Gradio's temporary files in a folder of this process's own.
+    """
+    import shutil
+    import tempfile
+
+    from tuneplan.web import limits
     from tuneplan.web.page import gradio_major, theme
 
+    if "GRADIO_TEMP_DIR" not in os.environ:  # not the shared /tmp/gradio another user may have planted
+        os.environ["GRADIO_TEMP_DIR"] = own = tempfile.mkdtemp(prefix="tuneplan-web-gradio-")
+        atexit.register(shutil.rmtree, own, True)
     demo = build_app()
+    demo.queue(default_concurrency_limit=limits.WORKERS, max_size=limits.QUEUE_MAX)
     kw: dict[str, Any] = {"server_name": host, "server_port": port, "prevent_thread_lock": not block,
-                          "quiet": quiet, "show_error": False}
+                          "quiet": quiet, "show_error": False, "state_session_capacity": limits.SESSIONS_MAX,
+                          "max_file_size": limits.PASTE_MAX_BYTES}
     if gradio_major() >= 6:
         kw["theme"] = theme()
     demo.launch(**kw)

@@ -125,20 +125,22 @@ def estimate_dict(values: dict[str, Any]) -> dict[str, Any]:
     return _estimate(p, {} if "dataset" in p.errors else dataset_kwargs(p)).to_dict()
 
 
-def read_upload(path: str | None) -> tuple[str, str]:
-    """An uploaded config.json -> (its text for the config box, a message for the model slot)."""
-    from pathlib import Path
+def read_upload(data: bytes | None) -> tuple[str, str]:
+    """An uploaded config.json's bytes -> (its text for the config box, a message for the model slot).
 
-    from tuneplan.web.form import CONFIG_MAX_CHARS
+    The page asks Gradio for the upload's bytes (``type="binary"``), never for a path: a path named by
+    the client is not something this function could be tricked into opening.
+    """
+    from tuneplan.web.limits import PASTE_MAX_BYTES
 
-    if not path:
+    if not data:
         return "", ""
-    p = Path(path)
+    if not isinstance(data, (bytes, bytearray)):
+        return "", views.message_html("config: the upload did not arrive as a file; upload the model's config.json")
+    if len(data) > PASTE_MAX_BYTES:
+        return "", views.message_html(f"config: the file is {len(data):,} bytes; a config.json is a few KiB "
+                                      f"(at most {PASTE_MAX_BYTES // 1024} KiB here)")
     try:
-        if p.stat().st_size > CONFIG_MAX_CHARS:
-            return "", views.message_html(f"config: the file is {p.stat().st_size:,} bytes; a config.json is a few KiB")
-        return p.read_text(encoding="utf-8"), ""
+        return bytes(data).decode("utf-8"), ""
     except UnicodeDecodeError:
         return "", views.message_html("config: the file is not UTF-8 text; upload the model's config.json")
-    except OSError as exc:
-        return "", views.message_html(f"config: cannot read the upload ({exc.strerror})")

@@ -3,16 +3,16 @@ core's inputs (a ModelSpec, TrainSetup keywords, an Accelerator).
 
 No gradio here, so the conversion is unit-tested without a browser. The rules are the CLI's: a field
 left at "profile default" is not passed (the framework profile fills it and ``setup_sources`` says so),
-and every value is validated by the core (``TrainSetup.validate``, ``resolve_model``,
-``resolve_accelerator``), never by a second copy of the rules here. Errors are collected per group
-of fields, so each message is shown next to the fields it concerns.
+and every value is validated by the core (``TrainSetup.validate``, ``model_from_config``,
+``resolve_accelerator``), never by a second copy of the rules here. What the page adds is its own:
+where a model may come from (``sources``: never a server path) and how large a request may be
+(``limits``: ceilings checked before any estimate). Errors are collected per group of fields, so each
+message is shown next to the fields it concerns.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -30,11 +30,12 @@ from tuneplan.specs.setup import (
     PRECISIONS,
     TrainSetup,
 )
+from tuneplan.web import limits, sources
 
 AUTO = "profile default"  # a choice meaning "do not pass this field"
 GC_CHOICES = (AUTO, "on", "off")
 TARGET_CHOICES = (AUTO, "q_proj,v_proj", "attn", "mlp", "all-linear")
-CONFIG_MAX_CHARS = 1_000_000  # a config.json is a few KiB; refuse pasted megabytes
+CONFIG_MAX_CHARS = limits.PASTE_MAX_BYTES  # a config.json is a few KiB; refuse pasted megabytes
 
 # Form fields in the order the page passes them to callbacks: name -> default.
 DEFAULTS: dict[str, Any] = {
@@ -122,110 +123,126 @@ class Parsed:
         return not self.errors
 
 
-def whole(name: str, value: Any, *, minimum: int = 1) -> int:
-    """A widget number as an int, or a TuneplanError naming the field (floats like 16.0 are fine)."""
-    if value is None or value == "":
-        raise TuneplanError("is empty", field=name, accepted=f"an integer >= {minimum}")
-    if isinstance(value, bool):
-        raise TuneplanError(f"got {value!r}", field=name, accepted=f"an integer >= {minimum}")
+def shown(value: Any, most: int = 40) -> str:
+    """A user's value quoted for a message, cut to ``most`` characters (any type, any size)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4,300-digit str() limit
+        return "a number with thousands of digits"
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+def _number(name: str, value: Any, accepted: str) -> float:
+    """A widget number as a finite float, or a TuneplanError naming the field."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise TuneplanError("is empty", field=name, accepted=accepted)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TuneplanError(f"got {shown(value)}", field=name, accepted=accepted)
     try:
         f = float(value)
-    except (TypeError, ValueError):
-        raise TuneplanError(f"{value!r} is not a number", field=name, accepted=f"an integer >= {minimum}") from None
-    if not math.isfinite(f) or f != int(f):
-        raise TuneplanError(f"{value!r} is not a whole number", field=name, accepted=f"an integer >= {minimum}")
+    except (ValueError, OverflowError):
+        raise TuneplanError(f"{shown(value)} is not a number", field=name, accepted=accepted) from None
+    if not math.isfinite(f):
+        raise TuneplanError(f"{shown(value)} is not a finite number", field=name, accepted=accepted)
+    return f
+
+
+def whole(name: str, value: Any, *, minimum: int = 1) -> int:
+    """A widget number as an int, or a TuneplanError naming the field (floats like 16.0 are fine).
+
+    Values above the page's ceiling for the field (``limits.FORM_MAX``) are refused too.
+    """
+    accepted = f"an integer >= {minimum}"
+    f = _number(name, value, accepted)
+    if f != int(f):
+        raise TuneplanError(f"{shown(value)} is not a whole number", field=name, accepted=accepted)
     if int(f) < minimum:
-        raise TuneplanError(f"must be at least {minimum}, got {int(f)}", field=name,
-                            accepted=f"an integer >= {minimum}")
+        raise TuneplanError(f"must be at least {minimum}, got {int(f)}", field=name, accepted=accepted)
+    limits.check_form_number(name, f)
     return int(f)
+
+
+def positive(name: str, value: Any, *, maximum: float, accepted: str) -> float:
+    """A widget number > 0 and at most ``maximum``, or a TuneplanError naming the field."""
+    f = _number(name, value, accepted)
+    if not 0 < f <= maximum:
+        raise TuneplanError(f"got {shown(value)}", field=name, accepted=f"{accepted}; at most {maximum:,g}")
+    return f
+
+
+def choice(name: str, value: Any, default: str) -> str:
+    """A text widget's value (empty: ``default``); anything but text is refused, naming the field."""
+    if value is None or value == "":
+        return default
+    accepted = ", ".join(CHOICES.get(name, ())) or "a name"
+    if not isinstance(value, str):
+        raise TuneplanError(f"got {shown(value)}", field=name, accepted=accepted)
+    if len(value) > limits.NAME_MAX_CHARS:
+        raise TuneplanError(f"is {len(value):,} characters long", field=name, accepted=accepted)
+    return value.strip() or default
 
 
 def setup_kwargs(v: dict[str, Any]) -> dict[str, Any]:
     """TrainSetup keywords the user set, as the CLI's flags would pass them. Raises TuneplanError."""
-    method = v.get("method") or DEFAULTS["method"]
+    method = choice("method", v.get("method"), DEFAULTS["method"])
     kw: dict[str, Any] = {"method": method}
     if method == "qlora":  # the bits widget is shown for QLoRA only; the CLI rejects --bits elsewhere
         kw["bits"] = whole("bits", v.get("bits"))
     if method in ("lora", "qlora"):
         kw["rank"] = whole("rank", v.get("rank"))
-        targets = (v.get("targets") or AUTO).strip()
+        targets = choice("targets", v.get("targets"), AUTO)
         if targets != AUTO:
             kw["targets"] = targets
     for name in ("precision", "optimizer", "attn", "loss"):
-        val = v.get(name) or AUTO
+        val = choice(name, v.get(name), AUTO)
         if val != AUTO:
             kw[name] = val
-    gc = v.get("gradient_checkpointing") or AUTO
+    gc = choice("gradient_checkpointing", v.get("gradient_checkpointing"), AUTO)
     if gc != AUTO:
         kw["gradient_checkpointing"] = gc == "on"
     for name in ("batch", "seq", "grad_accum", "gpus", "nodes"):
         kw[name] = whole(name, v.get(name))
     kw["zero"] = whole("zero", v.get("zero", "0"), minimum=0)
     kw["fsdp"] = bool(v.get("fsdp"))
-    kw["offload"] = v.get("offload") or "none"
-    kw["framework"] = v.get("framework") or DEFAULTS["framework"]
+    kw["offload"] = choice("offload", v.get("offload"), "none")
+    kw["framework"] = choice("framework", v.get("framework"), DEFAULTS["framework"])
     for name in ("compile", "activation_offload"):
         if v.get(name):
             kw[name] = True
     labels = v.get("num_labels")
-    if labels not in (None, "") and str(labels).strip():
-        kw["num_labels"] = whole("num_labels", str(labels).strip())
+    if not _blank(labels):
+        kw["num_labels"] = whole("num_labels", labels)
     return kw
 
 
-@lru_cache(maxsize=128)
-def _catalog_or_hub_model(name: str) -> tuple[ModelSpec, tuple[str, ...]]:
-    """Resolved once per name (a Hub id costs a network round trip); failures are not cached."""
-    from tuneplan.catalog.models import resolve_model
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        spec = resolve_model(name)
-    return spec, tuple(str(w.message) for w in caught)
-
-
-@lru_cache(maxsize=32)
-def _pasted_model(text: str) -> tuple[ModelSpec, tuple[str, ...]]:
-    """A pasted config.json, parsed once per text (every field change re-reads the form)."""
-    from tuneplan.specs.model import model_from_config
-
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TuneplanError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
-                            field="config", accepted="a Hugging Face config.json") from None
-    name = str(cfg.get("_name_or_path") or "pasted config.json") if isinstance(cfg, dict) else "pasted config.json"
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        spec = model_from_config(cfg, name=name)
-    return spec, tuple(str(w.message) for w in caught)
+# Resolved once per name or text (a Hub id costs a network round trip; every field change re-reads the
+# form); failures are not cached. The pasted-text cache holds at most 8 x PASTE_MAX_BYTES of text.
+_named_model = lru_cache(maxsize=64)(sources.resolve_name)
+_pasted_model = lru_cache(maxsize=8)(sources.model_from_text)
 
 
 def read_model(name: str | None, config_text: str | None) -> tuple[ModelSpec, list[str]]:
-    """The model: a pasted/uploaded config.json wins over the name. Raises TuneplanError (field model)."""
-    text = (config_text or "").strip()
+    """The model: a pasted/uploaded config.json wins over the name. Raises TuneplanError (field model).
+
+    Only catalog names, public Hugging Face ids (fetched anonymously) and text the user sent are read
+    (``tuneplan.web.sources``): never a path on the server.
+    """
+    text = config_text.strip() if isinstance(config_text, str) else ""
     if text:
-        if len(text) > CONFIG_MAX_CHARS:
-            raise TuneplanError(f"config.json is {len(text):,} characters; a model config is a few KiB",
-                                field="config", accepted="a Hugging Face config.json")
         spec, notes = _pasted_model(text)
-        return spec, list(notes)
-    name = (name or "").strip()
-    if not name:
-        raise TuneplanError("choose a model", field="model",
-                            accepted="a catalog name, a Hugging Face id, or paste a config.json")
-    # A page may be served to others: it never reads paths on the server's disk.
-    if name.endswith(".json") or name.startswith(("/", ".", "~", "\\")) or ":" in name:
-        raise TuneplanError("the page does not read files on the server", field="model",
-                            accepted="a catalog name or Hugging Face id; paste or upload the config.json instead")
-    spec, notes = _catalog_or_hub_model(name)
+    else:
+        spec, notes = _named_model(name if isinstance(name, str) else "")
     return spec, list(notes)
 
 
-def read_gpu(name: str | None) -> Accelerator | None:
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def read_gpu(name: Any) -> Accelerator | None:
     from tuneplan.catalog.accelerators import resolve_accelerator
 
-    name = (name or "").strip()
+    name = choice("gpu", name, "")
     return resolve_accelerator(name) if name else None
 
 
@@ -249,21 +266,12 @@ def parse(values: dict[str, Any]) -> Parsed:
         p.fail("hardware", str(exc))
     try:
         p.samples = whole("samples", v.get("samples"))
-        epochs = v.get("epochs")
-        if epochs is None or epochs == "" or not math.isfinite(float(epochs)) or float(epochs) <= 0:
-            raise TuneplanError(f"got {epochs!r}", field="epochs", accepted="a number > 0 (e.g. 1, 3, 0.5)")
-        p.epochs = float(epochs)
+        p.epochs = positive("epochs", v.get("epochs"), maximum=limits.EPOCHS_MAX, accepted="a number > 0 (e.g. 1, 3, 0.5)")
         avg = v.get("avg_tokens")
-        if avg is not None and str(avg).strip() != "":
-            try:
-                a = float(avg)
-            except ValueError:
-                a = math.nan
-            if not math.isfinite(a) or a <= 0:
-                raise TuneplanError(f"got {avg!r}", field="avg_tokens",
+        if not _blank(avg):
+            p.avg_tokens = positive("avg_tokens", avg, maximum=limits.AVG_TOKENS_MAX,
                                     accepted="tokens per sample after the chat template, e.g. 350; empty: fills seq")
-            p.avg_tokens = a
         p.packing = bool(v.get("packing"))
-    except (TypeError, ValueError) as exc:  # TuneplanError is a ValueError
-        p.fail("dataset", str(exc) if isinstance(exc, TuneplanError) else f"dataset: {exc}")
+    except TuneplanError as exc:
+        p.fail("dataset", str(exc))
     return p

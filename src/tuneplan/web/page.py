@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneplan.web import callbacks, planner_tabs
+from tuneplan.web import callbacks, exports, limits, planner_tabs
 from tuneplan.web.form import AUTO, CHOICES, DEFAULTS, FIELDS
 from tuneplan.web.wording import LABELS
 
@@ -49,7 +49,9 @@ def build_app() -> Any:
     """The page as a ``gradio.Blocks`` (not launched)."""
     import gradio as gr
 
-    blocks_kw: dict[str, Any] = {"title": TITLE, "analytics_enabled": False}
+    # Gradio's copies of uploads and of exported files go after an hour, checked every 10 minutes.
+    blocks_kw: dict[str, Any] = {"title": TITLE, "analytics_enabled": False,
+                                 "delete_cache": (600, int(limits.SESSION_TTL_S))}
     if gradio_major() < 6:  # Gradio 6 moved theme to launch(); see tuneplan.web.launch
         blocks_kw["theme"] = theme()
     w: dict[str, Any] = {}
@@ -65,7 +67,7 @@ def build_app() -> Any:
             with gr.Column(scale=3, min_width=420):
                 w["verdict"] = gr.HTML(elem_id="tp-verdict")
                 w["chart"] = gr.HTML(elem_id="tp-chart")
-                w["active_tab"] = gr.State("memory")
+                w["active_tab"] = gr.State("memory", time_to_live=limits.SESSION_TTL_S)
                 with gr.Tabs():
                     tabs = {}
                     with gr.Tab("Memory", elem_id="tp-tab-memory") as tabs["memory"]:
@@ -87,9 +89,15 @@ def build_app() -> Any:
         planner_tabs.wire(gr, w, tabs, triggers, inputs)
         w["method"].change(_method_applies, w["method"], [w["bits"], w["rank"], w["targets"]],
                            show_progress="hidden", api_name=False)
+        demo.unload(_session_ended)
         w["upload"].upload(callbacks.read_upload, w["upload"], [w["config_text"], w["model_msg"]],
                            show_progress="hidden", api_name=False)
     return demo
+
+
+def _session_ended() -> None:
+    """The tab closed: its recipe folder goes (the downloads it was offered are Gradio's own copies)."""
+    exports.end_session()
 
 
 def _method_applies(method: str) -> tuple[Any, Any, Any]:
@@ -120,7 +128,8 @@ def _model_inputs(gr: Any) -> dict[str, Any]:
         with gr.Accordion("...or paste / upload a config.json", open=False):
             w["config_text"] = gr.Code(value="", language="json", label="config.json (overrides the model above)",
                                        lines=6, interactive=True, elem_id="tp-config")
-            w["upload"] = gr.UploadButton("Upload config.json", file_types=[".json"], type="filepath", size="sm")
+            w["upload"] = gr.UploadButton("Upload config.json", file_types=[".json"], type="binary", size="sm",
+                                           elem_id="tp-upload")
     w["model_msg"] = gr.HTML(elem_id="tp-model-msg")
     return w
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import tempfile
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,8 @@ FIT = (("tuneplan.plan.fit", "fit"),)
 RANK_GPUS = (("tuneplan.plan.gpus", "rank_gpus"),)
 EXPORT = (("tuneplan.export", "build_export"),)
 DEPLOY = (("tuneplan.deploy.plan", "plan_deploy"),)
-EXPORT_ROOT = Path(tempfile.gettempdir()) / "tuneplan-web-export"
-EXPORT_KEEP_S = 3600
 TIGHT = "#9a6700"  # amber border: a recommendation that fits only on paper
-PREFERS = ("quality", "speed", "cost")  # plan.rule.PREFERS (not imported: the planner loads lazily)  # recipe folders older than this are removed at the next export
+PREFERS = ("quality", "speed", "cost")  # plan.rule.PREFERS (not imported: the planner loads lazily)
 
 
 def find(candidates: tuple[tuple[str, str], ...]) -> Any | None:
@@ -172,21 +169,10 @@ def export_formats() -> tuple[str, ...]:
 
 
 def _fresh_export_dir() -> Path:
-    """A new folder for one click's files; folders from earlier clicks go after an hour."""
-    import shutil
-    import time
-    import uuid
+    """A new folder for one click's files, made by this process (``tuneplan.web.exports``)."""
+    from tuneplan.web.exports import fresh_folder
 
-    EXPORT_ROOT.mkdir(exist_ok=True)
-    for old in EXPORT_ROOT.iterdir():
-        try:
-            if time.time() - old.stat().st_mtime > EXPORT_KEEP_S:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError:
-            pass
-    d = EXPORT_ROOT / uuid.uuid4().hex
-    d.mkdir()
-    return d
+    return fresh_folder()
 
 
 def export_files(values: dict[str, Any], formats: list[str] | tuple[str, ...] | None = None) -> tuple[list[str], str]:
@@ -207,7 +193,7 @@ def _export(build_export: Any, values: dict[str, Any], formats: list[str]) -> tu
     from tuneplan.api import build_setup
     from tuneplan.export import DEFAULT_NAMES
 
-    if not formats:
+    if not formats or not all(isinstance(f, str) for f in formats):
         return [], views.message_html("format: choose at least one recipe format")
     p, why = _ready(values, need_gpu=False)
     if p is None:
