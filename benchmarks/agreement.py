@@ -144,13 +144,13 @@ CASES: list[Case] = [
 # fake process group on the CPU build (docs/simulate.md), so they have no case here.
 FSDP = dict(fsdp=True)
 MULTI_GPU: list[Case] = [
-    Case("mg fsdp1 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, **FSDP), layers=4, tags=("ci",)),
+    Case("mg fsdp1 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, **FSDP), layers=4),
     Case("mg fsdp1 ws4 full q0.5b gc", Q05, dict(method="full", seq=1024, gpus=4, gradient_checkpointing=True, **FSDP),
          layers=4),
     Case("mg fsdp1 ws8 full q0.5b ga2", Q05, dict(method="full", seq=1024, gpus=8, grad_accum=2, **FSDP), layers=4),
     Case("mg fsdp1 ws2 full q0.5b bf16", Q05, dict(method="full", seq=1024, gpus=2, precision="bf16", **FSDP), layers=4),
     Case("mg fsdp1 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, offload="all", **FSDP), layers=4),
-    Case("mg fsdp1 ws2 lora q0.5b", Q05, dict(method="lora", seq=1024, gpus=2, **FSDP), layers=4, tags=("ci",)),
+    Case("mg fsdp1 ws2 lora q0.5b", Q05, dict(method="lora", seq=1024, gpus=2, **FSDP), layers=4),
     Case("mg fsdp1 ws4 lora q0.5b gc", Q05, dict(method="lora", seq=1024, gpus=4, gradient_checkpointing=True, **FSDP),
          layers=4),
     Case("mg fsdp1 ws8 lora q0.5b all-linear", Q05, dict(method="lora", seq=1024, gpus=8, targets="all-linear", **FSDP),
