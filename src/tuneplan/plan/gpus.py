@@ -201,7 +201,9 @@ def rank_gpus(model: str | ModelSpec, *, only: Iterable[str] | None = None, max_
     mg = parse_margin(margin)
     host = host_bytes(host_memory_gib)
     spec = resolve_model(model) if isinstance(model, str) else model
-    cards = [resolve_accelerator(n) for n in only] if only else list(accelerators().values())
+    # a card named twice is searched once (``--only`` is user input: a list of thousands is one search per card)
+    named = {a.id: a for a in (resolve_accelerator(n) for n in dict.fromkeys(only))} if only else None
+    cards = list(named.values()) if named is not None else list(accelerators().values())
     if "method" not in setup and "bits" not in setup:
         setup = {**setup, "method": "lora"}  # the ranking is for one method: the setup's (default LoRA)
     variants, base = split_method(setup)
