@@ -12,14 +12,7 @@ import typer
 
 from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
-from tuneplan.cli.plan_layout import (
-    STRATEGY_LEGEND,
-    compact_table,
-    needs_legend,
-    short_strategy,
-    show,
-    split_id,
-)
+from tuneplan.cli.plan_layout import compact_table, short_strategy, show, split_id, strategy_legend
 from tuneplan.cli.render import console, gib, print_json
 
 _D = "Dataset (time and cost)"
@@ -73,8 +66,9 @@ def _extras(requires: list[str]) -> list[str]:
 
 
 def _legend(names: list[str | None]) -> None:
-    if needs_legend(names):
-        console.print(f"[dim]{STRATEGY_LEGEND}[/]")
+    text = strategy_legend(names)
+    if text:
+        console.print(f"[dim]{text}[/]")
 
 
 def render_fit(d: dict[str, Any], details: bool = False) -> None:
@@ -276,7 +270,7 @@ def render_sweep(d: dict[str, Any], details: bool = False) -> None:
         t.add_row("fits", *["[red]refused[/]" if p["error"] else "-" if p["fits"] is None
                             else "[green]yes[/]" if p["fits"] else "[red]no[/]" for p in chunk])
         if any(p["total_hours"] is not None for p in chunk):
-            t.add_row("hours", *[_num(p["total_hours"]) for p in chunk])
+            t.add_row("hours", *[_hours(p["total_hours"]) for p in chunk])
         console.print(t)
     for p in pts:
         if p["error"]:

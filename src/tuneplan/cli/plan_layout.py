@@ -13,8 +13,11 @@ from tuneplan.cli.render import console
 # Short strategy labels for the tables; the JSON keeps the names of plan.space (SINGLE, MULTI).
 _STRATEGY_WORDS = (("zero-", "Z"), ("+offload-optimizer", "+cpu-opt"), ("+offload-all", "+cpu-all"),
                    ("fsdp", "FSDP"), ("ddp", "DDP"))
-STRATEGY_LEGEND = ("Z1-Z3: DeepSpeed ZeRO stage; FSDP: PyTorch's sharded data parallel; +cpu-opt: optimizer "
-                   "states in host memory; +cpu-all: parameters and optimizer states in host memory")
+# (what a strategy name contains, what its short label means), for the legend under a table
+_LEGEND = (("zero-", "Z1-Z3: DeepSpeed ZeRO stage"), ("fsdp", "FSDP: PyTorch's sharded data parallel"),
+           ("ddp", "DDP: data parallel, the whole model on each GPU"),
+           ("offload-optimizer", "+cpu-opt: optimizer states in host memory"),
+           ("offload-all", "+cpu-all: parameters and optimizer states in host memory"))
 
 
 def short_strategy(name: str | None) -> str:
@@ -26,8 +29,9 @@ def short_strategy(name: str | None) -> str:
     return name
 
 
-def needs_legend(names: list[str | None]) -> bool:
-    return any(n and n not in ("single", "ddp") for n in names)
+def strategy_legend(names: list[str | None]) -> str:
+    """What the short labels of these strategies mean; "" when none is abbreviated."""
+    return "; ".join(text for part, text in _LEGEND if any(n and part in n for n in names))
 
 
 def compact_table() -> Table:
