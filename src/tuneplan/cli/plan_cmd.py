@@ -230,9 +230,9 @@ def render_max_model(d: dict[str, Any], details: bool = False) -> None:
                   _num(m["max_params"] / 1e9 if m["max_params"] else None, "{:.2f}"),
                   _num(m["next_params"] / 1e9 if m["next_params"] else None, "{:.2f}"))
     show(t, "Largest model that fits, per method (B: billions of parameters)")
-    switched = [f"{m['method']}: {', '.join(m['requires'])}" for m in d["by_method"] if m["requires"]]
-    if switched:
-        console.print("switched on: " + "; ".join(switched))
+    for m in d["by_method"]:
+        if m["requires"]:
+            console.print(f"{m['method']} switches on {', '.join(m['requires'])}")
     for msg in sorted({msg for m in d["by_method"] for msg in m["blocked_by"]}):
         console.print(f"[red]cannot run:[/] {msg}")
     if d["max_shape"] and details:
