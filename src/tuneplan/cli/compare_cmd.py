@@ -63,8 +63,8 @@ def render(d: dict[str, Any]) -> None:
     console.print(f"  A: {_short(d['a_fields'])}", highlight=False)
     console.print(f"  B: {_short(d['b_fields'])}", highlight=False)
     t = compact_table()
-    for c in ("component", "A GiB", "B GiB", "B - A GiB"):
-        t.add_column(c, justify="left" if c == "component" else "right", no_wrap=True)
+    for col in ("component", "A GiB", "B GiB", "B - A GiB"):
+        t.add_column(col, justify="left" if col == "component" else "right", no_wrap=True)
     for r in d["components"]:
         if not (r["a_bytes"] or r["b_bytes"]):
             continue
@@ -75,20 +75,20 @@ def render(d: dict[str, Any]) -> None:
     if a.get("gpu") and b.get("gpu"):
         console.print(f"fits: A {_words(a['verdict'])} on {a['gpu']['name']}, "
                       f"B {_words(b['verdict'])} on {b['gpu']['name']}")
-    c = compact_table()
+    why = compact_table()
     for col in ("flag", "A", "B", "device peak\nB - A GiB", "largest change\n(GiB)"):
         number = "B - A" in col
-        c.add_column(col, justify="right" if number else "left", no_wrap=number or col == "flag",
-                     overflow="fold")
+        why.add_column(col, justify="right" if number else "left", no_wrap=number or col == "flag",
+                       overflow="fold")
     for x in d["causes"]:
         top = max(x["components"].items(), key=lambda kv: abs(kv[1]), default=None)
-        c.add_row(x["flag"], _value(x["from"]), _value(x["to"]),
-                  _signed(x["delta_bytes"]) if x["error"] is None else "refused alone",
-                  f"{top[0]} {_signed(top[1])}" if top else (x["error"] or "-"))
-    c.add_row("[bold]together[/]", "", "", f"[bold]{_signed(d['delta_bytes'])}[/]", "")
+        why.add_row(x["flag"], _value(x["from"]), _value(x["to"]),
+                    _signed(x["delta_bytes"]) if x["error"] is None else "refused alone",
+                    f"{top[0]} {_signed(top[1])}" if top else (x["error"] or "-"))
+    why.add_row("[bold]together[/]", "", "", f"[bold]{_signed(d['delta_bytes'])}[/]", "")
     if d["interaction_bytes"]:
-        c.add_row("interaction", "", "", _signed(d["interaction_bytes"]), "")
-    show(c, "What made the difference: each flag alone, A towards B")
+        why.add_row("interaction", "", "", _signed(d["interaction_bytes"]), "")
+    show(why, "What made the difference: each flag alone, A towards B")
     if d["interaction_bytes"]:
         console.print("[dim]interaction: what the single changes do not add up to[/]")
 

@@ -174,9 +174,9 @@ def render_gpus(d: dict[str, Any], top: int | None, details: bool = False) -> No
     t = compact_table()
     cols = ["card", "cards", "method", "strategy", "peak\nGiB", "tok/s"]
     cols += ["hours", "cloud\nUSD"] if timed else ["cloud USD\nper M tok"]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("card", "cards", "method", "strategy") else "right",
-                     no_wrap=c != "card", overflow="fold")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("card", "cards", "method", "strategy") else "right",
+                     no_wrap=col != "card", overflow="fold")
     for c in rows:
         count = _num(c["min_gpus"], "{}")
         cards = (f"[yellow]{count} tight[/]" if c["tight"] else f"[green]{count}[/]") if c["fits"] else "[red]no[/]"
@@ -200,8 +200,8 @@ def render_gpus(d: dict[str, Any], top: int | None, details: bool = False) -> No
 
 def _gpus_costs(rows: list[dict[str, Any]]) -> None:
     t = compact_table()
-    for c in ("card", "GiB\nusable", "cloud USD\nper M tok", "own USD\nper M tok", "own\nUSD", "break-even\nhours"):
-        t.add_column(c, justify="left" if c == "card" else "right", no_wrap=c != "card", overflow="fold")
+    for col in ("card", "GiB\nusable", "cloud USD\nper M tok", "own USD\nper M tok", "own\nUSD", "break-even\nhours"):
+        t.add_column(col, justify="left" if col == "card" else "right", no_wrap=col != "card", overflow="fold")
     for c in rows:
         t.add_row(split_id(c["gpu"], 14), gib(c["memory_bytes"]), _num(c["cloud_usd_per_million_tokens"], "{:,.2f}"),
                   _num(c.get("own_usd_per_million_tokens"), "{:,.2f}"), _num(c["own_usd"], "{:,.2f}"),
