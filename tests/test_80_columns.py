@@ -18,10 +18,6 @@ MODEL = "Qwen/Qwen2.5-7B-Instruct"
 MULTI_NODE = ["meta-llama/Llama-3.1-8B", "--gpu", "a100-80gb", "--method", "full",
               "--gpus", "8", "--nodes", "2", "--zero", "3"]
 
-# Known: the planner's tables (cli/plan_cmd.py) still cut cells ("…") at 80 columns; strict, so the
-# marker must go when they are laid out for 80 columns.
-PLANNER_TABLES = pytest.mark.xfail(strict=True, reason="cli/plan_cmd.py tables cut cells at 80 columns")
-
 # (arguments, exit statuses that are the command's answer, not a failure)
 RUNS: list[tuple[list[str], set[int]]] = [
     (["estimate", MODEL], {0}),
@@ -29,10 +25,20 @@ RUNS: list[tuple[list[str], set[int]]] = [
     (["estimate", MODEL, "--gpu", "v100", "--method", "qlora", "--details"], {0}),
     (["estimate", *MULTI_NODE, "--samples", "10000", "--details"], {0}),
     (["estimate", "meta-llama/Llama-2-70b-hf", "--gpu", "rtx4090", "--method", "full"], {1}),
-    pytest.param(["fit", MODEL, "--gpu", "rtx4090"], {0, 1}, marks=PLANNER_TABLES),
-    pytest.param(["gpus", MODEL, "--method", "qlora"], {0, 1}, marks=PLANNER_TABLES),
-    pytest.param(["max-model", "--gpu", "v100", "--method", "lora"], {0, 1}, marks=PLANNER_TABLES),
-    pytest.param(["sweep", MODEL, "--gpu", "rtx4090", "--vary", "seq=512..4096"], {0}, marks=PLANNER_TABLES),
+    (["fit", MODEL, "--gpu", "rtx4090"], {0, 1}),
+    (["gpus", MODEL, "--method", "qlora"], {0, 1}),
+    (["max-model", "--gpu", "v100", "--method", "lora"], {0, 1}),
+    (["sweep", MODEL, "--gpu", "rtx4090", "--vary", "seq=512..4096"], {0}),
+    (["fit", MODEL, "--gpu", "rtx4090", "--details"], {0, 1}),
+    (["fit", *MULTI_NODE, "--details"], {0, 1}),  # the per-strategy table: 10 strategies x 5 methods
+    (["gpus", MODEL, "--only", "rtx-pro-6000-blackwell-workstation-edition,rtx4090,a100-80gb", "--samples",
+      "10000", "--details"], {0, 1}),
+    (["max-model", "--gpu", "a100-80gb", "--method", "full", "--auto", "--details"], {0, 1}),
+    (["sweep", MODEL, "--gpu", "rtx4090", "--vary", "seq=512..65536", "--samples", "1000", "--details"], {0}),
+    (["compare", MODEL, "--gpu", "rtx4090", "--a", "--seq 512", "--b", "--seq 2048 --grad-accum 4"], {0}),
+    (["compare", MODEL, "--gpu", "rtx4090", "--method", "lora",
+      "--a", "--seq 512 --gradient-checkpointing --optimizer adamw-8bit",
+      "--b", "--seq 4096 --batch 4 --method qlora --gpu a100-80gb"], {0}),
     (["table"], {0}),
     (["models"], {0}),
     (["accelerators"], {0}),
@@ -50,6 +56,7 @@ COMMANDS = [
     "gpus",
     "max-model",
     "sweep",
+    "compare",
     "measure",
     "simulate",
     "deploy",

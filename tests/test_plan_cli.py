@@ -28,7 +28,7 @@ def test_fit_table_and_one_method() -> None:
             "--global-batch", "32")
     assert r.returncode == 0, r.stderr
     assert "qlora-4" in r.stdout and "Recommended" in r.stdout and "global batch 32" in r.stdout
-    assert "full" not in r.stdout.split("Recommended")[0].split("max rank")[1]
+    assert "full" not in r.stdout.split("Recommended")[0].split("method")[1]
 
 
 def test_fit_nothing_fits_exits_1_and_bad_card_exits_2() -> None:

@@ -17,6 +17,7 @@ import argparse
 import difflib
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ class Block:
     @property
     def argv(self) -> list[str]:
         joined = " ".join(line.rstrip("\\").strip() for line in self.command)
-        return joined.removeprefix("$ tuneplan").split()
+        return shlex.split(joined.removeprefix("$ tuneplan"))  # quoted arguments: --a '--seq 512'
 
 
 def figures(text: str) -> tuple[list[Block], list[str]]:

@@ -1,4 +1,4 @@
-"""`tuneplan compare MODEL [shared flags] --a "FLAGS" --b "FLAGS"`: two setups side by side, and why they differ.
+"""`tuneplan compare MODEL [shared flags] --a "FLAGS" --b "FLAGS"`: two setups side by side, and why.
 
 The numbers come from :mod:`tuneplan.plan.compare`; this module parses the two flag strings with the
 same setup flags every command takes, and renders. Exit 0, or 2 on bad input.
@@ -10,9 +10,9 @@ import shlex
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from tuneplan.cli.options import with_setup_options
+from tuneplan.cli.plan_layout import compact_table, show
 from tuneplan.cli.render import console, print_json
 from tuneplan.errors import TuneplanError
 
@@ -53,34 +53,48 @@ def _signed(v: int | None) -> str:
     return "-" if v is None else f"{v / 2**30:+,.2f}"
 
 
+def _value(v: Any) -> str:
+    return "default" if v is None else str(v)
+
+
 def render(d: dict[str, Any]) -> None:
     a, b = d["a"], d["b"]
-    console.print(f"[bold]{d['model']}[/]: A = {_short(d['a_fields'])}   B = {_short(d['b_fields'])}")
-    t = Table(title="Per-GPU memory, component by component (GiB)")
-    for c in ("component", "A", "B", "B - A"):
-        t.add_column(c, justify="left" if c == "component" else "right")
+    console.print(f"[bold]{d['model']}[/]")
+    console.print(f"  A: {_short(d['a_fields'])}", highlight=False)
+    console.print(f"  B: {_short(d['b_fields'])}", highlight=False)
+    t = compact_table()
+    for col in ("component", "A GiB", "B GiB", "B - A GiB"):
+        t.add_column(col, justify="left" if col == "component" else "right", no_wrap=True)
     for r in d["components"]:
         if not (r["a_bytes"] or r["b_bytes"]):
             continue
         bold = r["component"] == "device peak"
         t.add_row(("[bold]" if bold else "") + r["component"], _gib(r["a_bytes"]), _gib(r["b_bytes"]),
                   _signed(r["delta_bytes"]))
-    console.print(t)
+    show(t, "Per-GPU memory, component by component")
     if a.get("gpu") and b.get("gpu"):
-        console.print(f"fits: A {a['verdict']} on {a['gpu']['name']}, B {b['verdict']} on {b['gpu']['name']}")
-    c = Table(title="What made the difference (each changed flag alone, from A towards B; then together)")
-    for col in ("flag", "A", "B", "device peak B - A GiB", "largest component change"):
-        c.add_column(col, justify="right" if "GiB" in col else "left", overflow="fold")
+        console.print(f"fits: A {_words(a['verdict'])} on {a['gpu']['name']}, "
+                      f"B {_words(b['verdict'])} on {b['gpu']['name']}")
+    why = compact_table()
+    for col in ("flag", "A", "B", "device peak\nB - A GiB", "largest change\n(GiB)"):
+        number = "B - A" in col
+        why.add_column(col, justify="right" if number else "left", no_wrap=number or col == "flag",
+                       overflow="fold")
     for x in d["causes"]:
         top = max(x["components"].items(), key=lambda kv: abs(kv[1]), default=None)
-        c.add_row(x["flag"], str(x["from"]), str(x["to"]),
-                  _signed(x["delta_bytes"]) if x["error"] is None else "refused alone",
-                  f"{top[0]} {_signed(top[1])}" if top else (x["error"] or "-"))
-    c.add_row("[bold]together[/]", "", "", f"[bold]{_signed(d['delta_bytes'])}[/]", "")
+        why.add_row(x["flag"], _value(x["from"]), _value(x["to"]),
+                    _signed(x["delta_bytes"]) if x["error"] is None else "refused alone",
+                    f"{top[0]} {_signed(top[1])}" if top else (x["error"] or "-"))
+    why.add_row("[bold]together[/]", "", "", f"[bold]{_signed(d['delta_bytes'])}[/]", "")
     if d["interaction_bytes"]:
-        c.add_row("interaction", "", "", _signed(d["interaction_bytes"]),
-                  "what the single changes do not add up to")
-    console.print(c)
+        why.add_row("interaction", "", "", _signed(d["interaction_bytes"]), "")
+    show(why, "What made the difference: each flag alone, A towards B")
+    if d["interaction_bytes"]:
+        console.print("[dim]interaction: what the single changes do not add up to[/]")
+
+
+def _words(verdict: str) -> str:
+    return verdict.replace("_", " ")
 
 
 def _short(fields: dict[str, Any]) -> str:
@@ -92,9 +106,10 @@ def register(app: typer.Typer) -> None:
     @with_setup_options
     def compare_cmd(
         model: Annotated[str, typer.Argument(help="catalog name, HF id, or path to config.json")],
-        a: Annotated[str, typer.Option("--a", help='setup A\'s own flags, in quotes: "--seq 1024 --grad-accum 1"')],
-        b: Annotated[str, typer.Option("--b", help='setup B\'s own flags, in quotes: "--seq 2048 --grad-accum 4"')],
-        gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="accelerator both run on (A/B may set their own)")] = None,
+        a: Annotated[str, typer.Option("--a", help='setup A\'s own flags, in quotes: "--seq 1024"')],
+        b: Annotated[str, typer.Option("--b", help='setup B\'s own flags: "--seq 2048 --grad-accum 4"')],
+        gpu: Annotated[str | None,
+                       typer.Option("--gpu", "-g", help="accelerator both run on (A/B may set one)")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
+from tuneplan.cli.plan_layout import compact_table, short_strategy, show, split_id, strategy_legend
 from tuneplan.cli.render import console, gib, print_json
 
 _D = "Dataset (time and cost)"
@@ -41,6 +41,7 @@ MarginOpt = Annotated[str, typer.Option("--margin", help="safety margin below th
 HostOpt = Annotated[float | None, typer.Option("--host-memory", help="host RAM per node in GiB, for CPU offload "
                                                                      "[2 x the node's GPU memory, at least 64]")]
 GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", help="target sequences per optimizer step")]
+DetailsOpt = Annotated[bool, typer.Option("--details", help="the rest: limits, costs, switches, the rule")]
 
 
 def _num(v: Any, fmt: str = "{:,.3g}") -> str:
@@ -56,142 +57,228 @@ def _limit(v: int | None, by: str | None) -> str:
 def _verdict(m: dict[str, Any]) -> str:
     if m["fits"]:
         return "[yellow]tight[/]" if m["tight"] else "[green]yes[/]"
-    return "[red]cannot run[/]" if m["blocked_by"] else "[red]no[/]"
+    return "[red]cannot[/]" if m["blocked_by"] else "[red]no[/]"
 
 
-def render_fit(d: dict[str, Any]) -> None:
+def _extras(requires: list[str]) -> list[str]:
+    """The switches of a setup besides its strategy (checkpointing, optimizer): the strategy has its own column."""
+    return [r for r in requires if not r.startswith(("zero-", "fsdp", "no-fsdp", "offload-"))]
+
+
+def _legend(names: list[str | None]) -> None:
+    text = strategy_legend(names)
+    if text:
+        console.print(f"[dim]{text}[/]")
+
+
+def render_fit(d: dict[str, Any], details: bool = False) -> None:
     g = d["gpu"]
     console.print(f"[bold]{d['model']}[/] on {d['world_size']} x {g['name']} ({gib(g['memory_bytes'])} GiB usable), "
                   f"target global batch {d['global_batch']}, host memory {gib(d['host_memory_bytes'])} GiB per node")
-    t = Table(title="Best setup per method (limits: one field moved, the others as in that setup)")
-    for c in ("method", "fits", "strategy", "also", "batch x accum", "peak GiB", "high GiB", "host GiB", "tokens/s",
-              "max batch", "max seq", "max rank"):
-        t.add_column(c, justify="left" if c in ("method", "fits", "strategy", "also") else "right",
-                     overflow="fold")
+    t = compact_table()
+    for c in ("method", "fits", "strategy", "batch\nx accum", "peak\nGiB", "high\nGiB", "tokens/s"):
+        t.add_column(c, justify="left" if c in ("method", "fits", "strategy") else "right", no_wrap=True)
     for m in d["methods"]:
-        lb = m["limited_by"]
-        also = [r for r in m["requires"] if not r.startswith(("zero-", "fsdp", "no-fsdp", "offload-"))]
-        need = (", ".join(also) or "-") if m["fits"] else "cannot run (below)" if m["blocked_by"] else "nothing fits"
-        t.add_row(m["method"], _verdict(m), m["strategy"] or "-", need,
+        t.add_row(m["method"], _verdict(m), short_strategy(m["strategy"]),
                   f"{m['micro_batch']} x {m['grad_accum']}" if m["fits"] else "-",
                   gib(m["device_peak_bytes"]), gib(m["device_peak_high_bytes"]),
-                  gib(m["host_bytes"]) if m.get("host_bytes") else "-", _num(m["tokens_per_second"], "{:,.0f}"),
-                  _limit(m["max_batch"], lb.get("batch")), _limit(m["max_seq"], lb.get("seq")),
-                  _limit(m["max_rank"], lb.get("rank")))
-    console.print(t)
+                  _num(m["tokens_per_second"], "{:,.0f}"))
+    show(t, "Best setup per method")
+    console.print("[dim]peak: device peak per GPU; high: its upper band; batch x accum: micro-batch x gradient "
+                  "accumulation[/]")
+    _legend([m["strategy"] for m in d["methods"]])
+    extras = [f"{m['method']}: {', '.join(_extras(m['requires']))}" for m in d["methods"]
+              if m["fits"] and _extras(m["requires"])]
+    if extras:
+        console.print("besides the strategy, switched on: " + "; ".join(extras))
     for msg in sorted({msg for m in d["methods"] for msg in m["blocked_by"]}):
         console.print(f"[red]cannot run:[/] {msg}")
-    if d["world_size"] > 1 and d["methods"] and d["methods"][0]["strategies"]:
-        st = Table(title=f"Per strategy on {d['world_size']} GPUs (micro-batch x accumulation of its best setup)")
-        st.add_column("method")
-        names = [s["strategy"] for s in d["methods"][0]["strategies"]]
-        for n in names:
-            st.add_column(n, overflow="fold")
-        for m in d["methods"]:
-            by = {s["strategy"]: s for s in m["strategies"]}
-            cells = []
-            for n in names:
-                s = by.get(n)
-                if s is None or not s["fits"]:
-                    cells.append("[red]no[/]" if s is None or not s["cannot_run"] else "[red]cannot[/]")
-                else:
-                    cells.append(("[yellow]tight[/]" if s["tight"] else "[green]yes[/]")
-                                 + f" {s['micro_batch']}x{s['grad_accum']}")
-            st.add_row(m["method"], *cells)
-        console.print(st)
-    r = d["recommended"]
-    if r:
-        head = "[bold yellow]Recommended (tight):[/]" if r["tight"] else "[bold green]Recommended:[/]"
-        console.print(f"{head} {r['method']} ({r['strategy']}), micro-batch {r['micro_batch']} x grad-accum "
-                      f"{r['grad_accum']} x {r['world_size']} GPU(s) = global batch {r['global_batch']}"
-                      + (f" (target {r['target_global_batch']})" if r["global_batch"] != r["target_global_batch"] else "")
-                      + f", peak {gib(r['device_peak_bytes'])} GiB (upper band {gib(r['device_peak_high_bytes'])} GiB)")
-        tps = r.get("tokens_per_second")
-        if tps:
-            console.print(f"  time: {tps:,.0f} tokens/s" + (f", {r['total_hours']:,.2g} h" if r.get("total_hours") else "")
-                          + (f", cloud {r['cloud_usd']:,.2f} USD" if r.get("cloud_usd") is not None else ""))
-        console.print(f"  why: {r['reason']}")
-        console.print(f"  rule: {d['rule']}")
-        console.print(f"  run: [cyan]{r['command']}[/]")
-    else:
-        console.print("[red bold]Nothing fits[/] in the whole candidate space (every method, strategy, offload, "
-                      "optimizer, checkpointing, micro-batch 1); try more GPUs (`tuneplan gpus`).")
+    if details:
+        _fit_limits(d)
+        _fit_strategies(d)
+    _fit_recommended(d, details)
     eq = d.get("equal_memory")
     if eq and eq["qlora"]:
         ranks = ", ".join(f"{k} r={v}" for k, v in eq["qlora"].items() if v)
         if ranks:
             console.print(f"Within the memory LoRA r={eq['lora_rank']} needs here ({gib(eq['budget_bytes'])} GiB): {ranks}")
+    if not details:
+        console.print("[dim]--details: the limits (max batch, seq, rank), host memory, "
+                      + ("each strategy, " if d["world_size"] > 1 else "") + "the rule[/]")
 
 
-def render_gpus(d: dict[str, Any], top: int | None) -> None:
+def _fit_limits(d: dict[str, Any]) -> None:
+    t = compact_table()
+    for c in ("method", "host\nGiB", "max\nbatch", "max\nseq", "max\nrank", "switched on"):
+        t.add_column(c, justify="left" if c in ("method", "switched on") else "right", no_wrap=c != "switched on")
+    for m in d["methods"]:
+        lb = m["limited_by"]
+        t.add_row(m["method"], gib(m["host_bytes"]) if m.get("host_bytes") else "-",
+                  _limit(m["max_batch"], lb.get("batch")), _limit(m["max_seq"], lb.get("seq")),
+                  _limit(m["max_rank"], lb.get("rank")), ", ".join(m["requires"]) or "-")
+    show(t, "Limits: one field moved, the rest as in that setup")
+
+
+def _fit_strategies(d: dict[str, Any]) -> None:
+    """One row per strategy, one column per method: whether it fits, and micro-batch x accumulation."""
+    if d["world_size"] <= 1 or not d["methods"] or not d["methods"][0]["strategies"]:
+        return
+    t = compact_table()
+    t.add_column("strategy", no_wrap=True)
+    for m in d["methods"]:
+        t.add_column(m["method"], no_wrap=True)
+    by_method = [{s["strategy"]: s for s in m["strategies"]} for m in d["methods"]]
+    for n in [s["strategy"] for s in d["methods"][0]["strategies"]]:
+        cells = []
+        for by in by_method:
+            s = by.get(n)
+            if s is None or not s["fits"]:
+                cells.append("[red]no[/]" if s is None or not s["cannot_run"] else "[red]cannot[/]")
+            else:
+                cells.append(("[yellow]tight[/]" if s["tight"] else "[green]yes[/]")
+                             + f" {s['micro_batch']}x{s['grad_accum']}")
+        t.add_row(short_strategy(n), *cells)
+    show(t, f"Per strategy on {d['world_size']} GPUs (micro-batch x accumulation of its best setup)")
+
+
+def _fit_recommended(d: dict[str, Any], details: bool) -> None:
+    r = d["recommended"]
+    if not r:
+        console.print("[red bold]Nothing fits[/] in the whole candidate space (every method, strategy, offload, "
+                      "optimizer, checkpointing, micro-batch 1); try more GPUs (`tuneplan gpus`).")
+        return
+    head = "[bold yellow]Recommended (tight):[/]" if r["tight"] else "[bold green]Recommended:[/]"
+    console.print(f"{head} {r['method']} ({r['strategy']}), micro-batch {r['micro_batch']} x grad-accum "
+                  f"{r['grad_accum']} x {r['world_size']} GPU(s) = global batch {r['global_batch']}"
+                  + (f" (target {r['target_global_batch']})" if r["global_batch"] != r["target_global_batch"] else "")
+                  + f", peak {gib(r['device_peak_bytes'])} GiB (upper band {gib(r['device_peak_high_bytes'])} GiB)")
+    tps = r.get("tokens_per_second")
+    if tps:
+        console.print(f"  time: {tps:,.0f} tokens/s" + (f", {r['total_hours']:,.2g} h" if r.get("total_hours") else "")
+                      + (f", cloud {r['cloud_usd']:,.2f} USD" if r.get("cloud_usd") is not None else ""))
+    console.print(f"  why: {r['reason']}")
+    if details:
+        console.print(f"  rule: {d['rule']}")
+    console.print(f"  run: [cyan]{r['command']}[/]")
+
+
+def _hours(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+
+
+def render_gpus(d: dict[str, Any], top: int | None, details: bool = False) -> None:
     rows = d["ranking"][:top] if top else d["ranking"]
-    t = Table(title=f"{d['model']}: cards ranked by {d['prefer'] if d['sort'] == 'prefer' else d['sort']} "
-              f"(fewest cards searched up to {d['max_gpus']}" + ("" if d["auto"] else ", setup as given") + ")")
-    for c in ("card", "GiB", "fits", "cards", "method", "strategy", "peak GiB", "tokens/s", "hours", "cloud $",
-              "own $", "$/M tok", "break-even h"):
-        t.add_column(c, justify="left" if c in ("card", "fits", "method", "strategy") else "right",
-                     overflow="fold" if c == "strategy" else "ellipsis")
+    console.print(f"[bold]{d['model']}[/]: cards ranked by {d['prefer'] if d['sort'] == 'prefer' else d['sort']} "
+                  f"(fewest cards searched up to {d['max_gpus']}" + ("" if d["auto"] else ", setup as given") + ")")
+    timed = d["time_model"]
+    t = compact_table()
+    cols = ["card", "cards", "method", "strategy", "peak\nGiB", "tok/s"]
+    cols += ["hours", "cloud\nUSD"] if timed else ["cloud USD\nper M tok"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("card", "cards", "method", "strategy") else "right",
+                     no_wrap=col != "card", overflow="fold")
     for c in rows:
-        fits = ("[yellow]tight[/]" if c["tight"] else "[green]yes[/]") if c["fits"] else "[red]no[/]"
-        t.add_row(c["gpu"], gib(c["memory_bytes"]), fits, _num(c["min_gpus"], "{}"), c["method"] or "-",
-                  c["strategy"] or "-", gib(c["per_gpu_peak_bytes"]), _num(c["tokens_per_second"], "{:,.0f}"),
-                  _num(c["total_hours"]), _num(c["cloud_usd"], "{:,.2f}"), _num(c["own_usd"], "{:,.2f}"),
-                  _num(c["cloud_usd_per_million_tokens"], "{:,.2f}"), _num(c["break_even_hours"], "{:,.0f}"))
+        count = _num(c["min_gpus"], "{}")
+        cards = (f"[yellow]{count} tight[/]" if c["tight"] else f"[green]{count}[/]") if c["fits"] else "[red]no[/]"
+        cells = [split_id(c["gpu"], 14), cards, c["method"] or "-", short_strategy(c["strategy"]),
+                 gib(c["per_gpu_peak_bytes"]), _num(c["tokens_per_second"], "{:,.0f}")]
+        cells += ([_hours(c["total_hours"]), _num(c["cloud_usd"], "{:,.2f}")] if timed
+                  else [_num(c["cloud_usd_per_million_tokens"], "{:,.2f}")])
+        t.add_row(*cells)
     console.print(t)
-    console.print(f"[dim]rule: {d['rule']}; break-even: hours of use after which owning the cards costs less than "
-                  "renting them[/]")
-    if not d["time_model"]:
+    console.print("[dim]cards: the fewest that fit (tight: not within the upper band); peak: device peak per GPU; "
+                  "tok/s: tokens per second[/]")
+    _legend([c["strategy"] for c in rows])
+    if details:
+        _gpus_costs(rows)
+        console.print(f"[dim]rule: {d['rule']}[/]")
+    if not timed:
         console.print("[dim]hours and run cost need the data size: --samples N [--avg-tokens T] or --dataset-tokens N[/]")
+    if not details:
+        console.print("[dim]--details: card memory, owning vs renting, other switches, the rule[/]")
 
 
-def render_max_model(d: dict[str, Any]) -> None:
+def _gpus_costs(rows: list[dict[str, Any]]) -> None:
+    t = compact_table()
+    for col in ("card", "GiB\nusable", "cloud USD\nper M tok", "own USD\nper M tok", "own\nUSD", "break-even\nhours"):
+        t.add_column(col, justify="left" if col == "card" else "right", no_wrap=col != "card", overflow="fold")
+    for c in rows:
+        t.add_row(split_id(c["gpu"], 14), gib(c["memory_bytes"]), _num(c["cloud_usd_per_million_tokens"], "{:,.2f}"),
+                  _num(c.get("own_usd_per_million_tokens"), "{:,.2f}"), _num(c["own_usd"], "{:,.2f}"),
+                  _num(c["break_even_hours"], "{:,.0f}"))
+    show(t, "Rent or own (break-even: hours of use after which owning costs less than renting)")
+    by_switches: dict[str, list[str]] = {}
+    for c in rows:
+        if _extras(c["requires"]):
+            by_switches.setdefault(", ".join(_extras(c["requires"])), []).append(c["gpu"])
+    for sw, cards in by_switches.items():
+        console.print(f"besides the strategy, {sw}: {', '.join(cards)}")
+
+
+def render_max_model(d: dict[str, Any], details: bool = False) -> None:
     g = d["gpu"]
     console.print(f"[bold]{d['world_size']} x {g['name']}[/] ({gib(g['memory_bytes'])} GiB usable each)"
                   + ("  ·  the candidate space searched (--auto)" if d["auto"] else "  ·  setup as given"))
-    t = Table(title="Largest model that fits, per method")
-    for c in ("method", "largest catalog model", "params (B)", "largest standard size (B)", "next size (B)",
-              "switch on"):
-        t.add_column(c, justify="right" if "(B)" in c else "left")
+    t = compact_table()
+    for c in ("method", "largest catalog model", "size B", "largest\nstandard B", "next\nsize B"):
+        t.add_column(c, justify="right" if c.endswith("B") else "left", no_wrap=c != "largest catalog model")
     for m in d["by_method"]:
         cm = m["largest_catalog_model"]
-        t.add_row(("[bold]" if m["method"] == d["method"] else "") + m["method"], cm["model"] if cm else "-",
+        t.add_row(("[bold]" if m["method"] == d["method"] else "") + m["method"],
+                  split_id(cm["model"], 34) if cm else "-",
                   _num(cm["params"] / 1e9 if cm else None, "{:.2f}"),
                   _num(m["max_params"] / 1e9 if m["max_params"] else None, "{:.2f}"),
-                  _num(m["next_params"] / 1e9 if m["next_params"] else None, "{:.2f}"),
-                  ", ".join(m["requires"]) or "-")
-    console.print(t)
+                  _num(m["next_params"] / 1e9 if m["next_params"] else None, "{:.2f}"))
+    show(t, "Largest model that fits, per method (B: billions of parameters)")
+    for m in d["by_method"]:
+        if m["requires"]:
+            console.print(f"{m['method']} switches on {', '.join(m['requires'])}")
     for msg in sorted({msg for m in d["by_method"] for msg in m["blocked_by"]}):
         console.print(f"[red]cannot run:[/] {msg}")
-    if d["max_shape"]:
+    if d["max_shape"] and details:
         s = d["max_shape"]
         console.print(f"[dim]standard size for {d['method']}: Llama-3-style, hidden {s['hidden']}, {s['layers']} layers, "
                       f"{s['heads']} heads ({s['kv_heads']} KV), intermediate {s['intermediate']}, vocab {s['vocab']}[/]")
+    elif d["max_shape"]:
+        console.print("[dim]--details: the shape of the largest standard size[/]")
 
 
-# Short column heads for the sweep table (the JSON keeps the component names of estimator.types.COMPONENTS).
+# Short row heads for the sweep table (the JSON keeps the component names of estimator.types.COMPONENTS).
 SHORT = {"weights": "weights", "quant_meta": "quant", "lora_adapters": "lora", "gradients": "grads",
          "optimizer_states": "optim", "optimizer_temp": "opt tmp", "activations": "acts", "autocast_copies": "autocast",
          "logits_loss": "logits", "backward_temp": "bwd tmp", "parallel_buffers": "gathered", "framework": "cublas",
          "allocator_reserve": "reserve", "cuda_context": "context", "nccl": "nccl"}
+_SWEEP_COLS = 8  # values per table: 8 columns of "123.45" and the row heads fit in 80 columns
 
 
-def render_sweep(d: dict[str, Any]) -> None:
-    t = Table(title=f"{d['model']}: per-GPU memory vs {d['variable']}"
-              + (f" on {d['gpu']['name']} ({gib(d['capacity_bytes'])} GiB)" if d["gpu"] else ""))
-    parts = [k for k in (d["points"][0]["stack"] if d["points"] else {})
-             if any(p["stack"].get(k) for p in d["points"])]
-    for c in (d["variable"], *[SHORT.get(k, k) for k in parts], "device peak", "fits", "hours"):
-        t.add_column(c, justify="right")
-    for p in d["points"]:
-        if p["error"]:
-            t.add_row(str(p["value"]), *["-"] * len(parts), "-", "[red]refused[/]", "-")
-            continue
-        t.add_row(str(p["value"]), *[gib(p["stack"].get(k, 0)) for k in parts], f"[bold]{gib(p['device_peak_bytes'])}[/]",
-                  "-" if p["fits"] is None else "[green]yes[/]" if p["fits"] else "[red]no[/]", _num(p["total_hours"]))
-    console.print(t)
-    for p in d["points"]:
+def render_sweep(d: dict[str, Any], details: bool = False) -> None:
+    """One row per memory component (GiB per GPU), one column per value of the variable."""
+    console.print(f"[bold]{d['model']}[/]: per-GPU memory (GiB) vs {d['variable']}"
+                  + (f" on {d['gpu']['name']} ({gib(d['capacity_bytes'])} GiB usable)" if d["gpu"] else ""))
+    pts = d["points"]
+    parts = [k for k in (pts[0]["stack"] if pts else {}) if any(p["stack"].get(k) for p in pts)]
+    for i in range(0, len(pts), _SWEEP_COLS):
+        chunk = pts[i:i + _SWEEP_COLS]
+        t = compact_table()
+        t.add_column(d["variable"], no_wrap=True)
+        for p in chunk:
+            t.add_column(str(p["value"]), justify="right", no_wrap=True)
+        for k in parts:
+            t.add_row(SHORT.get(k, k), *["-" if p["error"] else gib(p["stack"].get(k, 0)) for p in chunk])
+        t.add_row("[bold]device peak[/]", *["-" if p["error"] else f"[bold]{gib(p['device_peak_bytes'])}[/]"
+                                            for p in chunk])
+        t.add_row("fits", *["[red]refused[/]" if p["error"] else "-" if p["fits"] is None
+                            else "[green]yes[/]" if p["fits"] else "[red]no[/]" for p in chunk])
+        if any(p["total_hours"] is not None for p in chunk):
+            t.add_row("hours", *[_hours(p["total_hours"]) for p in chunk])
+        console.print(t)
+    for p in pts:
         if p["error"]:
             console.print(f"[red]{d['variable']}={p['value']}:[/] {p['error']}")
+    if details:
+        console.print("[dim]" + "; ".join(f"{SHORT.get(k, k)}: {k}" for k in parts if SHORT.get(k, k) != k) + "[/]")
+    else:
+        console.print("[dim]--details: the full component names[/]")
 
 
 def register(app: typer.Typer) -> None:
@@ -208,6 +295,7 @@ def register(app: typer.Typer) -> None:
         dataset_tokens: DatasetTokensOpt = None, packing: PackingOpt = None,
         from_files: FromFiles = None,
         as_json: JsonOpt = False,
+        details: DetailsOpt = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """What fits on a card (or --gpus N): the best setup per method and the one the rule recommends.
@@ -222,7 +310,7 @@ def register(app: typer.Typer) -> None:
         ds = _dataset(samples, avg_tokens, epochs, dataset_tokens, packing)
         d = fit(frm.model, gpu, global_batch=global_batch, prefer=prefer, margin=margin, dataset=ds,
                 host_memory_gib=host_memory, **frm.setup_kw).to_dict()
-        print_json(d) if as_json else render_fit(d)
+        print_json(d) if as_json else render_fit(d, details)
         if d["recommended"] is None:
             raise typer.Exit(1)
 
@@ -244,6 +332,7 @@ def register(app: typer.Typer) -> None:
         samples: SamplesOpt = None, avg_tokens: AvgTokensOpt = None, epochs: EpochsOpt = None,
         dataset_tokens: DatasetTokensOpt = None, packing: PackingOpt = None,
         as_json: JsonOpt = False,
+        details: DetailsOpt = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """Rank the card catalog for a fine-tune: fewest cards, the recommended setup, time, rent vs own cost.
@@ -264,7 +353,7 @@ def register(app: typer.Typer) -> None:
         d = rank_gpus(model, only=names, max_gpus=max_gpus, sort=sort, prefer=prefer, global_batch=global_batch,
                       margin=margin, dataset=ds, auto=not as_given_, host_memory_gib=host_memory,
                       **(setup_kw or {})).to_dict()
-        print_json(d) if as_json else render_gpus(d, top)
+        print_json(d) if as_json else render_gpus(d, top, details)
         if not any(c["fits"] for c in d["ranking"]):
             raise typer.Exit(1)
 
@@ -276,13 +365,14 @@ def register(app: typer.Typer) -> None:
                                                           "optimizers, ZeRO/FSDP, offload) as fit does")] = False,
         host_memory: HostOpt = None,
         as_json: JsonOpt = False,
+        details: DetailsOpt = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """The largest model --gpus N cards of --gpu can fine-tune with --method (catalog and standard sizes)."""
         from tuneplan.plan import max_model
 
         d = max_model(gpu, auto=auto, host_memory_gib=host_memory, **(setup_kw or {})).to_dict()
-        print_json(d) if as_json else render_max_model(d)
+        print_json(d) if as_json else render_max_model(d, details)
         if d["max_params"] is None and d["largest_catalog_model"] is None:
             raise typer.Exit(1)
 
@@ -297,6 +387,7 @@ def register(app: typer.Typer) -> None:
         samples: SamplesOpt = None, avg_tokens: AvgTokensOpt = None, epochs: EpochsOpt = None,
         dataset_tokens: DatasetTokensOpt = None, packing: PackingOpt = None,
         as_json: JsonOpt = False,
+        details: DetailsOpt = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """Memory by component (and time) against one variable, as a table and a plot."""
@@ -310,7 +401,7 @@ def register(app: typer.Typer) -> None:
             path = write_plot(res, plot, force=force)
             if not as_json:
                 console.print(f"plot written to {path}")
-        print_json(res.to_dict()) if as_json else render_sweep(res.to_dict())
+        print_json(res.to_dict()) if as_json else render_sweep(res.to_dict(), details)
 
 
 def _list_cards(as_json: bool) -> None:
@@ -320,11 +411,12 @@ def _list_cards(as_json: bool) -> None:
     if as_json:
         print_json([a.to_dict() for a in cards])
         return
-    t = Table(title=f"Accelerator catalog ({len(cards)} cards)")
-    for c in ("id", "name", "GiB usable", "CC", "bf16 TFLOPS", "$/GPU-h"):
-        t.add_column(c, justify="right" if c not in ("id", "name") else "left")
+    t = compact_table()
+    for c in ("id", "name", "GiB\nusable", "CC", "bf16\nTFLOPS", "cloud USD\nper GPU-h"):
+        t.add_column(c, justify="left" if c in ("id", "name") else "right", no_wrap=c not in ("id", "name"),
+                     overflow="fold")
     for a in cards:
         d = a.to_dict()
-        t.add_row(a.id, a.name, gib(a.memory_bytes), d["compute_capability"] or "-", _num(a.bf16_tflops_dense, "{:g}"),
-                  _num(a.cloud_usd_per_gpu_hr, "{:.2f}"))
-    console.print(t)
+        t.add_row(split_id(a.id), a.name, gib(a.memory_bytes), d["compute_capability"] or "-",
+                  _num(a.bf16_tflops_dense, "{:g}"), _num(a.cloud_usd_per_gpu_hr, "{:.2f}"))
+    show(t, f"Accelerator catalog ({len(cards)} cards)")
