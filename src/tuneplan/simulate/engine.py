@@ -188,7 +188,8 @@ def _file_offloaded_on_host(model: Any, tracker: Any) -> None:
     from tuneplan.simulate.distributed import flat_params
 
     for fp in flat_params(model):
-        for t in (fp, getattr(fp, "_local_shard", None), getattr(fp, "_cpu_grad", None)):
+        # not ``fp`` itself: a unit left unsharded (the root) points its data at the device buffer
+        for t in (getattr(fp, "_local_shard", None), getattr(fp, "_cpu_grad", None)):
             if t is not None:
                 tracker.untrack(t)
     for b in tracker.blocks:
