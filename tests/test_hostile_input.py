@@ -352,3 +352,9 @@ def test_a_card_named_thousands_of_times_is_searched_once(capsys):
     assert code == 0
     assert len(strict(out)["ranking"]) == 2
     assert time.perf_counter() - start < 20
+
+
+@pytest.mark.parametrize("flag", ["--context", "--prefill-tokens", "--concurrency", "--tp"])
+def test_deploy_numbers_beyond_float_range(capsys, flag):
+    code, out, _ = cli(capsys, "deploy", "llama-3.1-8b", "--gpu", "mi300x", flag, "9" * 80, "--json")
+    assert code == 2 and strict(out)["error"]["field"] == flag.lstrip("-").replace("-", "_")

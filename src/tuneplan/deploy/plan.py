@@ -59,12 +59,14 @@ def plan_deploy(model: str | ModelSpec, setup: TrainSetup | None = None, *, serv
     from tuneplan.api import build_setup
     from tuneplan.catalog.accelerators import accelerators, resolve_accelerator
     from tuneplan.catalog.models import resolve_model
+    from tuneplan.specs.limits import DEPLOY_INT_RANGES, check_int
 
     spec = resolve_model(model) if isinstance(model, str) else model
     s = build_setup(spec, setup, **setup_fields)
     for name, v in (("context", context), ("concurrency", concurrency), ("tp", tp),
                     ("prefill_tokens", prefill_tokens)):
         _positive(name, v)
+        check_int(name, v, *DEPLOY_INT_RANGES[name])  # bounded: a 80-digit context overflows float math
     if not 0.05 <= float(gpu_util) <= 1.0:
         raise TuneplanError(f"got {gpu_util}", field="gpu_util", accepted="0.05 .. 1.0")
     if qlora_merge not in ("dequantize", "reload"):

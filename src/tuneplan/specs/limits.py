@@ -103,6 +103,15 @@ SETUP_INT_RANGES: dict[str, tuple[int, int, str]] = {
 # what a fine-tune plan asks about, and keeps the search to ~135 counts per card.
 MAX_SEARCH_GPUS = 1_024
 
+# `deploy`: serving numbers. Context as the position bound above; 1,048,576 sequences at once is ~1000x
+# what one vLLM engine schedules (max_num_seqs defaults to 256); tensor parallelism within the card bound.
+DEPLOY_INT_RANGES: dict[str, tuple[int, int, str]] = {
+    "context": (1, 268_435_456, "tokens per sequence; Llama 4 Scout has 10485760 positions"),
+    "concurrency": (1, 1_048_576, "sequences served at once"),
+    "tp": (1, 1_024, "tensor-parallel GPUs"),
+    "prefill_tokens": (1, 268_435_456, "tokens per engine step"),
+}
+
 # ---- hardware and prices ------------------------------------------------------------------------------
 # A real number here is finite and at most this: no card has 10^6 GiB, 10^7 TFLOPS or costs 10^9 USD.
 MAX_HARDWARE_NUMBER = 1e9
