@@ -101,33 +101,27 @@ def test_bad_value_shows_a_message_and_the_server_keeps_serving(page) -> None:
 
 
 def test_fit_tab_shows_the_planners_recommendation(page) -> None:
-    from tuneplan.web.callbacks import available
-
     page.get_by_role("tab", name="Best config").click()
-    page.wait_for_selector("#tp-fit #tp-fit-recommended, #tp-fit .tp-unavailable")
-    if available("tuneplan.plan.fit"):
-        assert "Recommended" in page.inner_text("#tp-fit")
+    page.wait_for_selector("#tp-fit #tp-fit-recommended")
+    assert "Recommended" in page.inner_text("#tp-fit")
 
 
 def test_export_tab_offers_the_recipe_files_for_download(page) -> None:
-    from tuneplan.web.callbacks import available
-
     page.get_by_role("tab", name="Export").click()
     page.locator("#tp-export-btn").click()
-    page.wait_for_selector("#tp-export-msg .tp-note, #tp-export-msg .tp-unavailable")
-    if available("tuneplan.export"):
-        link = page.locator("#tp-export-files a[download='train.py']")
-        link.wait_for()
-        href = link.get_attribute("href") or ""
-        assert href.endswith("/train.py")
-        got = page.request.get(href)  # the download itself, as the browser would fetch it
-        assert got.ok and "import" in got.text()
-        # written in this browser session's own folder, inside the server process's own export folder
-        from tuneplan.web import exports
+    page.wait_for_selector("#tp-export-msg .tp-note")
+    link = page.locator("#tp-export-files a[download='train.py']")
+    link.wait_for()
+    href = link.get_attribute("href") or ""
+    assert href.endswith("/train.py")
+    got = page.request.get(href)  # the download itself, as the browser would fetch it
+    assert got.ok and "import" in got.text()
+    # written in this browser session's own folder, inside the server process's own export folder
+    from tuneplan.web import exports
 
-        sessions = [d for d in exports.made() if d.name.startswith("session-")]
-        assert len(sessions) == 1 and sessions[0].parent == exports.export_root()
-        assert list(sessions[0].glob("recipe-*/train.py"))
+    sessions = [d for d in exports.made() if d.name.startswith("session-")]
+    assert len(sessions) == 1 and sessions[0].parent == exports.export_root()
+    assert list(sessions[0].glob("recipe-*/train.py"))
 
 
 def test_an_uploaded_config_reaches_the_verdict(page) -> None:

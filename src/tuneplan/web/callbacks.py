@@ -9,7 +9,6 @@ server and shown as one line, never a traceback, so the server keeps serving.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,14 +22,6 @@ log = logging.getLogger("tuneplan.web")
 # Outputs of the main update, in the order the page lists its components.
 ESTIMATE_OUTPUTS = ("model_msg", "setup_msg", "hardware_msg", "dataset_msg", "verdict", "chart", "memory",
                     "findings", "time")
-
-
-def available(module: str) -> bool:
-    """Whether a module is importable. Only ``web/plans.py`` still asks; it goes with ``plans.find()``."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _messages(errors: dict[str, str]) -> dict[str, str]:

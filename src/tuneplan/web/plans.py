@@ -1,14 +1,12 @@
 """The planner tabs' callbacks (best config, GPU ranking, recipe export), as plain functions.
 
-Each asks a module another issue builds (``tuneplan.plan.fit``, the GPU ranking, ``tuneplan.export``);
-while one is missing from the installed package the tab says "not available" instead of failing.
-Results are rendered from their ``to_dict()``, so the page shows what the planner decided and
+Each calls the same function as its CLI command (``tuneplan.plan.fit``, ``tuneplan.plan.gpus``,
+``tuneplan.export``, ``tuneplan.deploy.plan``), imported when the tab is first used. Results are rendered from their ``to_dict()``, so the page shows what the planner decided and
 decides nothing itself.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from html import escape
 from pathlib import Path
@@ -16,28 +14,13 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.web import views
-from tuneplan.web.callbacks import available, guarded
+from tuneplan.web.callbacks import guarded
 from tuneplan.web.form import Parsed, parse
 
 log = logging.getLogger("tuneplan.web")
 
-# Where each planner function may live, first match wins (module, attribute).
-FIT = (("tuneplan.plan.fit", "fit"),)
-RANK_GPUS = (("tuneplan.plan.gpus", "rank_gpus"),)
-EXPORT = (("tuneplan.export", "build_export"),)
-DEPLOY = (("tuneplan.deploy.plan", "plan_deploy"),)
 TIGHT = "#9a6700"  # amber border: a recommendation that fits only on paper
 PREFERS = ("quality", "speed", "cost")  # plan.rule.PREFERS (not imported: the planner loads lazily)
-
-
-def find(candidates: tuple[tuple[str, str], ...]) -> Any | None:
-    """The first (module, attribute) of ``candidates`` that is installed, or None."""
-    for mod, attr in candidates:
-        if available(mod):
-            fn = getattr(importlib.import_module(mod), attr, None)
-            if callable(fn):
-                return fn
-    return None
 
 
 def _ready(values: dict[str, Any], *, need_gpu: bool) -> tuple[Parsed | None, str]:
@@ -73,9 +56,8 @@ def _gib_cells(d: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
 @guarded("fit")
 def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None = "quality") -> str:
     """The best configuration on the chosen card(s), and what each method needs to fit there."""
-    fit = find(FIT)
-    if fit is None:
-        return views.unavailable_html("The best-config search (tuneplan fit)", FIT[0][0])
+    from tuneplan.plan.fit import fit
+
     p, why = _ready(values, need_gpu=True)
     if p is None:
         return why
@@ -118,9 +100,8 @@ def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None 
 @guarded("gpus")
 def gpus_view(values: dict[str, Any], prefer: str | None = "quality") -> str:
     """Every card in the catalog ranked for this fine-tune (fewest cards, memory, time, cost)."""
-    rank = find(RANK_GPUS)
-    if rank is None:
-        return views.unavailable_html("The GPU ranking (tuneplan gpus)", RANK_GPUS[0][0])
+    from tuneplan.plan.gpus import rank_gpus as rank
+
     p, why = _ready(values, need_gpu=False)
     if p is None:
         return why
@@ -153,16 +134,12 @@ def gpus_view(values: dict[str, Any], prefer: str | None = "quality") -> str:
 
 
 def serve_precisions() -> tuple[str, ...]:
-    if not available("tuneplan.deploy.formats"):
-        return ("bf16",)
     from tuneplan.deploy.formats import SERVE_PRECISIONS
 
     return tuple(SERVE_PRECISIONS)
 
 
 def export_formats() -> tuple[str, ...]:
-    if not available("tuneplan.export"):
-        return ()
     from tuneplan.export import FORMATS
 
     return tuple(FORMATS)
@@ -177,9 +154,8 @@ def _fresh_export_dir() -> Path:
 
 def export_files(values: dict[str, Any], formats: list[str] | tuple[str, ...] | None = None) -> tuple[list[str], str]:
     """Recipe files for the form's setup (``tuneplan.export.build_export``): (paths, message)."""
-    build_export = find(EXPORT)
-    if build_export is None:
-        return [], views.unavailable_html("Recipe export (tuneplan export)", EXPORT[0][0])
+    from tuneplan.export import build_export
+
     try:
         return _export(build_export, values, list(formats or ()))
     except TuneplanError as exc:  # e.g. the setup cannot run on the card: no recipe for it
@@ -216,9 +192,8 @@ def _export(build_export: Any, values: dict[str, Any], formats: list[str]) -> tu
 def deploy_view(values: dict[str, Any], serve_precision: str = "bf16", context: Any = 4096,
                 concurrency: Any = 1) -> str:
     """Serving the fine-tuned model: merge, memory per GPU, KV cache, decode speed bound, disk."""
-    plan_deploy = find(DEPLOY)
-    if plan_deploy is None:
-        return views.unavailable_html("The deployment plan (tuneplan deploy)", DEPLOY[0][0])
+    from tuneplan.deploy.plan import plan_deploy
+
     p, why = _ready(values, need_gpu=False)
     if p is None:
         return why

@@ -284,8 +284,3 @@ def deploy_html(d: dict[str, Any]) -> str:
             out.append(section_html(title, d[key]))
     out.extend(note_html(f"assumes: {a}") for a in d.get("assumptions", []))
     return "".join(out)
-
-
-def unavailable_html(what: str, module: str) -> str:
-    return (f'<p class="tp-unavailable" style="color:{INFO}">{escape(what)} is not available in this build '
-            f'(module <code>{escape(module)}</code> is not installed).</p>')
