@@ -12,12 +12,11 @@ from typing import Any
 
 from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import resolve_model
-from tuneplan.compat import check
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.cost import Prices
 from tuneplan.estimator.memory import memory_of
 from tuneplan.estimator.run import Run, resolve_run
-from tuneplan.estimator.runtime import time_and_cost
+from tuneplan.estimator.runtime import run_time_and_cost
 from tuneplan.estimator.throughput import RuntimeOptions
 from tuneplan.estimator.types import Finding, MemoryBreakdown
 from tuneplan.estimator.weights import trainable_params
@@ -158,6 +157,7 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
     if acc is not None and timing:  # searches that only need the memory verdict skip time and cost
         prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
                         **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years)) if v is not None})
-        extras["sections"] = time_and_cost(spec, s, acc, dataset, prices, time_options)
+        extras["sections"] = run_time_and_cost(run, acc, dataset, prices, time_options,
+                                               memory=breakdown if engine == "analytic" else None)
     return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=run.findings(acc), extras=extras,
                     run=run)

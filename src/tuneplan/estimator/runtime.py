@@ -10,7 +10,9 @@ import math
 from typing import Any
 
 from tuneplan.estimator.cost import Prices, cost_section
-from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, step_time
+from tuneplan.estimator.run import Run
+from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, run_step_time
+from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.specs.dataset import DatasetSpec
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -33,8 +35,17 @@ def unverified_figures(acc: Accelerator) -> str | None:
 def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset: DatasetSpec | None = None,
                   prices: Prices | None = None, options: RuntimeOptions | None = None) -> dict[str, Any]:
     """``{"time": {...}, "cost": {...}}`` for ``setup`` (resolved) on ``setup.world_size`` cards of ``acc``."""
+    from tuneplan.estimator.run import resolve_run
+
+    return run_time_and_cost(resolve_run(model, setup), acc, dataset, prices, options)
+
+
+def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = None, prices: Prices | None = None,
+                      options: RuntimeOptions | None = None, memory: MemoryBreakdown | None = None) -> dict[str, Any]:
+    """``time_and_cost`` of a resolved run (``memory``: its analytic breakdown, when the caller has it)."""
+    setup = run.setup
     try:
-        st = step_time(model, setup, acc, options)
+        st = run_step_time(run, acc, options, memory)
     except UnknownThroughput as exc:
         reason = f"time cannot be computed: {exc}"
         t: dict[str, Any] = {k: None for k in ("tokens_per_second", "step_seconds", "total_hours", "gpu_hours")}
