@@ -30,6 +30,7 @@ __all__ = ["Estimate", "Run", "SETUP_FIELDS", "build_setup", "estimate", "estima
            "trainable_params"]
 
 SETUP_FIELDS = {f.name for f in fields(TrainSetup)} - {"sources"}
+DEFAULT_PRICES = Prices()
 
 
 @dataclass
@@ -155,8 +156,12 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     extras: dict[str, Any] = {"params_trainable": run.trainable_params}
     if acc is not None and timing:  # searches that only need the memory verdict skip time and cost
-        prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
-                        **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years)) if v is not None})
+        if price is None and card_price is None and kwh_price is None and own_years is None:
+            prices = DEFAULT_PRICES  # one object: the run's kept cost rates match it by identity
+        else:
+            prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
+                            **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years))
+                               if v is not None})
         extras["sections"] = run_time_and_cost(run, acc, dataset, prices, time_options,
                                                memory=breakdown if engine == "analytic" else None)
     return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=run.findings(acc), extras=extras,
