@@ -98,7 +98,7 @@ class Estimate:
         }
         if self.gpu is not None:
             d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
-                        "memory_source": self.gpu.to_dict()["memory_source"]}
+                        "memory_source": self.gpu.memory_source}
             d["fits"] = self.fits
             d["verdict"] = self.verdict
             d["headroom_bytes"] = self.headroom_bytes
