@@ -353,12 +353,13 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     n = setup.world_size
     tokens = setup.batch * setup.seq
     fl = flops_at(ts.flops, setup.seq)
+    flops = fl.total
     peak, bw = ts.peak, ts.bw
     assumptions: list[str] = []
     links: dict[str, str] = {}
 
     # --- one micro-batch on one GPU: each class of kernels takes the longer of its launches and its work
-    gemm_s = fl.total * tokens / (peak * 1e12 * ts.u)
+    gemm_s = flops * tokens / (peak * 1e12 * ts.u)
     grad_rw = ts.grad_bytes * (2 if ga > 1 else 1)
     weights_s = (ts.passes * ts.weight_bytes + grad_rw) / bw  # ZeRO-3/FSDP gather the weights: all are read
     matmul_s = max(gemm_s, weights_s)
@@ -398,7 +399,7 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     links.update(ts.links)
     assumptions.extend(ts.assumptions_head)
     per_micro, per_step, serial = ts.per_micro, ts.per_step, ts.serial
-    bwd_share = (fl.backward + fl.recompute) / fl.total if fl.total else 0.5
+    bwd_share = (fl.backward + fl.recompute) / flops if flops else 0.5
     window = gpu_s if setup.zero == 3 or setup.fsdp else gpu_s * bwd_share
     bucket = ts.bucket
     comm_total = ga * per_micro + per_step + serial
