@@ -37,6 +37,9 @@ def test_the_time_model_can_read_the_memory_parameter_plan():
     assert run.param_plan.weight_bytes < plain.param_plan.weight_bytes
 
 
+SHAPES = ({"batch": 4}, {"seq": 2048}, {"grad_accum": 4}, {"batch": 2, "seq": 1024, "grad_accum": 2})
+
+
 @pytest.mark.parametrize("setup", [
     {"method": "lora"},
     {"method": "qlora", "optimizer": "paged-adamw-8bit", "gradient_checkpointing": True},
@@ -44,7 +47,7 @@ def test_the_time_model_can_read_the_memory_parameter_plan():
     {"method": "full", "gpus": 4, "zero": 3, "offload": "optimizer"},
 ])
 def test_reshaped_run_times_and_costs_like_a_fresh_estimate(setup):
-    # time and cost come from terms kept on the run (per card): at every shape they must equal a fresh estimate
+    # time and cost come from terms kept on the run (per card): each shape must equal a fresh estimate
     from tuneplan.specs.dataset import DatasetSpec
 
     spec = resolve_model("qwen2.5-0.5b")
@@ -53,7 +56,7 @@ def test_reshaped_run_times_and_costs_like_a_fresh_estimate(setup):
     estimate_run(run, gpu=resolve_accelerator("rtx4090"), dataset=data)  # fills the memo
     for gpu in ("rtx4090", "a100-80gb"):  # another card replaces the kept terms
         acc = resolve_accelerator(gpu)
-        for shape in ({"batch": 4}, {"seq": 2048}, {"grad_accum": 4}, {"batch": 2, "seq": 1024, "grad_accum": 2}):
+        for shape in SHAPES:
             kw = {"batch": 1, "seq": 256, **setup, **shape}
             fresh = tuneplan.estimate(spec, gpu=gpu, dataset=data, **kw).to_dict()
             again = estimate_run(run.reshaped(**shape), gpu=acc, dataset=data).to_dict()
@@ -62,7 +65,7 @@ def test_reshaped_run_times_and_costs_like_a_fresh_estimate(setup):
 
 
 def test_a_warm_run_resolves_nothing_for_time(monkeypatch):
-    # once a run has been estimated on a card, other shapes re-plan neither FLOPs nor profile, dtypes or params
+    # once a run was estimated on a card, other shapes re-plan neither FLOPs nor profile, dtypes, params
     from tuneplan.estimator import compute, throughput, weights
     from tuneplan.specs import profiles
 
