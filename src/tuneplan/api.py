@@ -12,12 +12,11 @@ from typing import Any
 
 from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import resolve_model
-from tuneplan.compat import check
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.cost import Prices
 from tuneplan.estimator.memory import memory_of
 from tuneplan.estimator.run import Run, resolve_run
-from tuneplan.estimator.runtime import time_and_cost
+from tuneplan.estimator.runtime import run_time_and_cost
 from tuneplan.estimator.throughput import RuntimeOptions
 from tuneplan.estimator.types import Finding, MemoryBreakdown
 from tuneplan.estimator.weights import trainable_params
@@ -31,6 +30,7 @@ __all__ = ["Estimate", "Run", "SETUP_FIELDS", "build_setup", "estimate", "estima
            "trainable_params"]
 
 SETUP_FIELDS = {f.name for f in fields(TrainSetup)} - {"sources"}
+DEFAULT_PRICES = Prices()
 
 
 @dataclass
@@ -98,7 +98,7 @@ class Estimate:
         }
         if self.gpu is not None:
             d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
-                        "memory_source": self.gpu.to_dict()["memory_source"]}
+                        "memory_source": self.gpu.memory_source}
             d["fits"] = self.fits
             d["verdict"] = self.verdict
             d["headroom_bytes"] = self.headroom_bytes
@@ -156,8 +156,13 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     extras: dict[str, Any] = {"params_trainable": run.trainable_params}
     if acc is not None and timing:  # searches that only need the memory verdict skip time and cost
-        prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
-                        **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years)) if v is not None})
-        extras["sections"] = time_and_cost(spec, s, acc, dataset, prices, time_options)
+        if price is None and card_price is None and kwh_price is None and own_years is None:
+            prices = DEFAULT_PRICES  # one object: the run's kept cost rates match it by identity
+        else:
+            prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
+                            **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years))
+                               if v is not None})
+        extras["sections"] = run_time_and_cost(run, acc, dataset, prices, time_options,
+                                               memory=breakdown if engine == "analytic" else None)
     return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=run.findings(acc), extras=extras,
                     run=run)

@@ -109,7 +109,7 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     # the instants' totals (exact int64 sums), and the first largest of each cell, as max() over a dict
     totals = np.empty((len(names),) + shape, dtype=np.int64)
     for i, p in enumerate(names):
-        totals[i] = sum(m.phases[p].values())
+        totals[i] = m.total(p)
     peak = np.argmax(totals, axis=0)
     allocated = np.take_along_axis(totals, peak[None], 0)[0]
     reserved = reserved_from_allocated(allocated)
@@ -117,7 +117,7 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
            "device_peak": reserved + cuda_context_bytes() + m.statics.sp.nccl,
            "peak_phase": np.asarray(names)[peak]}
     for c in COMPONENT_ORDER:
-        vals = [m.phases[p][c] for p in names]
+        vals = [m.phases[p].get(c, m.statics.blank[c]) for p in names]
         if all(type(v) is int for v in vals):
             out[f"c:{c}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
         else:

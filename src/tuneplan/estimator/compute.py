@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tuneplan.estimator.dtypes import resolve_dtypes
+from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
 from tuneplan.estimator.weights import resolve_targets
 from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.profiles import get_profile, loss_kind
@@ -110,14 +110,73 @@ def attention_context(model: ModelSpec, seq: int, attn: str) -> float:
 
 
 def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None) -> FlopCount:
-    """Matmul FLOPs per token of a training micro-batch, element-wise traffic, and dequantization work."""
-    s = seq or setup.seq
+    """Matmul FLOPs per token of a training micro-batch, element-wise traffic, and dequantization work
+    (resolves the profile and dtypes; a resolved ``Run`` has :func:`flop_plan` in ``throughput``)."""
     prof = get_profile(setup.framework)
     attn = setup.attn or prof.default_attn
-    dt = resolve_dtypes(setup, prof)
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
+    plan = flop_plan(model, setup, resolve_dtypes(setup, prof), targets, attn, loss_kind(setup, prof))
+    return flops_at(plan, seq or setup.seq)
+
+
+@dataclass(frozen=True)
+class FlopPlan:
+    """Everything of a ``FlopCount`` that does not depend on the sequence length, and the terms that do
+    (attention core and eager scores, linear in the key positions a query meets) as the multipliers of
+    each group of layers, replayed in the same order by :func:`flops_at` (so the sums round alike)."""
+
+    model: ModelSpec
+    attn: str
+    attn_bwd: float
+    parts: dict[str, float]  # the seq-independent parts; attn_fwd, attn_bwd and recompute are filled per seq
+    traffic: dict[str, float]  # attention_scores filled per seq
+    attn_fwd_n: tuple[int, ...]  # layers per group whose forward runs
+    attn_bwd_n: tuple[int, ...]  # ... whose backward runs
+    recompute: tuple[tuple[int, float, float], ...]  # (layers, linear, adapter FLOPs) recomputed
+    scores_n: tuple[float, ...]  # layers x passes over the eager attention scores
+    scores_bytes: float  # bytes per key position of the eager scores (0 for SDPA / flash)
+    six_n: float
+    dequant: float
+    kernels: tuple[float, float, float]  # gemm, other, dequant
+
+
+def flops_at(plan: FlopPlan, s: int) -> FlopCount:
+    """The ``FlopCount`` of ``plan`` at sequence length ``s``."""
+    model = plan.model
+    ctx = attention_context(model, s, plan.attn)
+    att = 2.0 * model.n_heads * (model.head_dim + model.v_head_dim) * ctx
+    parts = dict(plan.parts)
+    a = 0.0
+    for n in plan.attn_fwd_n:
+        a += n * att
+    parts["attn_fwd"] = a
+    a = 0.0
+    for n in plan.attn_bwd_n:
+        a += n * att * plan.attn_bwd
+    parts["attn_bwd"] = a
+    a = 0.0
+    for n, lin, ada in plan.recompute:
+        a += n * (lin + att + ada)
+    parts["recompute"] = a
+    traffic = dict(plan.traffic)
+    v = FWD_TRAFFIC_PER_BYTE * (model.n_heads * ctx * plan.scores_bytes if plan.scores_bytes else 0.0)
+    a = 0.0
+    for np_ in plan.scores_n:
+        a += np_ * v
+    traffic["attention_scores"] = a
+    fwd = parts["linear_fwd"] + parts["attn_fwd"] + parts["logits_fwd"] + parts["adapter_fwd"]
+    bwd = (parts["linear_bwd_input"] + parts["linear_bwd_weight"] + parts["attn_bwd"] + parts["logits_bwd"]
+           + parts["adapter_bwd"])
+    return FlopCount(seq=s, forward=fwd, backward=bwd, recompute=parts["recompute"], parts=parts,
+                     six_n=plan.six_n, dequant_elements=plan.dequant, traffic_bytes=sum(traffic.values()),
+                     traffic_parts=traffic, gemm_kernels=plan.kernels[0], other_kernels=plan.kernels[1],
+                     dequant_kernels=plan.kernels[2])
+
+
+def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
+              loss: str) -> FlopPlan:
+    """The shape-independent work of one token (see the module doc); ``flops_at`` adds the attention."""
     r = setup.rank
-    ctx = attention_context(model, s, attn)
     attn_bwd = ATTN_BWD_EAGER if attn == "eager" else ATTN_BWD_FLASH
     c = dt.compute
     h = model.hidden
@@ -127,8 +186,14 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
     parts = {k: 0.0 for k in ("linear_fwd", "attn_fwd", "logits_fwd", "adapter_fwd", "linear_bwd_input",
                               "linear_bwd_weight", "attn_bwd", "logits_bwd", "adapter_bwd", "recompute")}
     traffic = {k: 0.0 for k in ("layers", "adapters", "attention_scores", "loss", "embedding")}
+    attn_fwd_n: list[int] = []
+    attn_bwd_n: list[int] = []
+    recompute: list[tuple[int, float, float]] = []
+    scores_n: list[float] = []
     dequant = 0.0
     kernels = {"gemm": 0.0, "other": 0.0, "dequant": 0.0}
+    # eager attention: scores (+mask), fp32 softmax, its 16-bit cast, per head per key position
+    scores_bytes = float(c + 4 + c) if attn == "eager" else 0.0
     layer_no = 0
     for spec, count in model.layer_groups:
         lin = ada = 0.0
@@ -150,7 +215,6 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
                               + 3 * m.d_out * max(dt.adapter, c)) * k
                 gemms += 2 * k
                 ops += 2 + (1 if setup.dropout > 0 else 0)
-        att = 2.0 * model.n_heads * (model.head_dim + model.v_head_dim) * ctx
         produced += spec.n_norms * h * (NORM_FP32_TENSORS * 4 + NORM_HALF_TENSORS * dt.norm_out)
         produced += 2 * h * dt.residual  # two residual adds
         ops += spec.n_norms * (NORM_FP32_TENSORS + NORM_HALF_TENSORS) + 2
@@ -163,12 +227,9 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
         gated = model.mlp_kind == "swiglu"
         produced += (2 if gated else 1) * f_mlp * c  # activation (and the gate product)
         ops += 2 if gated else 1
-        scores = 0.0
         if attn == "eager":
-            scores = model.n_heads * ctx * (c + 4 + c)  # scores (+mask), fp32 softmax, its 16-bit cast
             ops += 3
-        fwd_t = {"layers": FWD_TRAFFIC_PER_BYTE * produced, "attention_scores": FWD_TRAFFIC_PER_BYTE * scores,
-                 "adapters": FWD_TRAFFIC_PER_BYTE * ada_bytes}
+        fwd_t = {"layers": FWD_TRAFFIC_PER_BYTE * produced, "adapters": FWD_TRAFFIC_PER_BYTE * ada_bytes}
         # layers of this group below / inside the trained top (method=freeze), else all trained alike
         n_frozen = min(count, max(0, first_trained - layer_no)) if setup.method == "freeze" else 0
         layer_no += count
@@ -177,23 +238,24 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
                 continue
             trained_layer = setup.method == "full" or (setup.method == "freeze" and grad_flows)
             parts["linear_fwd"] += n * lin
-            parts["attn_fwd"] += n * att
+            attn_fwd_n.append(n)
             parts["adapter_fwd"] += n * ada
             passes = kpasses = 1.0
             if grad_flows:
                 parts["linear_bwd_input"] += n * lin
-                parts["attn_bwd"] += n * att * attn_bwd
+                attn_bwd_n.append(n)
                 parts["adapter_bwd"] += n * 2 * ada
                 if trained_layer:
                     parts["linear_bwd_weight"] += n * lin
                 passes += BWD_TRAFFIC_PER_FWD
                 kpasses += BWD_KERNELS_PER_FWD
                 if setup.gradient_checkpointing:
-                    parts["recompute"] += n * (lin + att + ada)
+                    recompute.append((n, lin, ada))
                     passes += 1.0
                     kpasses += 1.0
             for key, v in fwd_t.items():
                 traffic[key] += n * passes * v
+            scores_n.append(n * passes)
             kernels["gemm"] += n * kpasses * gemms
             kernels["other"] += n * kpasses * ops
             if setup.quant_bits:
@@ -203,7 +265,7 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
     logits = 2.0 * h * model.head_width
     parts["logits_fwd"] = logits
     parts["logits_bwd"] = logits * (2 if setup.method == "full" else 1)  # weight grad only when it trains
-    traffic["loss"] = LOSS_BYTES_PER_LOGIT.get(loss_kind(setup, prof), 14.0) * model.head_width * FWD_TRAFFIC_PER_BYTE
+    traffic["loss"] = LOSS_BYTES_PER_LOGIT.get(loss, 14.0) * model.head_width * FWD_TRAFFIC_PER_BYTE
     traffic["embedding"] = FWD_TRAFFIC_PER_BYTE * 2 * h * dt.residual  # gather + final norm input
     kernels["gemm"] += 2 + (1 if setup.method == "full" else 0)  # lm_head forward, input grad, weight grad
     kernels["other"] += 2 * (1 + BWD_KERNELS_PER_FWD) + 8  # embedding, final norm, the loss chain (~8 kernels)
@@ -212,11 +274,7 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
     if bits:
         passes = 2 + (1 if setup.gradient_checkpointing else 0)  # forward, input-grad matmul, recompute
         dequant = passes * model.params_linear_weights
-
-    fwd = parts["linear_fwd"] + parts["attn_fwd"] + parts["logits_fwd"] + parts["adapter_fwd"]
-    bwd = (parts["linear_bwd_input"] + parts["linear_bwd_weight"] + parts["attn_bwd"] + parts["logits_bwd"]
-           + parts["adapter_bwd"])
-    return FlopCount(seq=s, forward=fwd, backward=bwd, recompute=parts["recompute"], parts=parts,
-                     six_n=6.0 * model.params_active, dequant_elements=dequant,
-                     traffic_bytes=sum(traffic.values()), traffic_parts=traffic, gemm_kernels=kernels["gemm"],
-                     other_kernels=kernels["other"], dequant_kernels=kernels["dequant"])
+    return FlopPlan(model=model, attn=attn, attn_bwd=attn_bwd, parts=parts, traffic=traffic,
+                    attn_fwd_n=tuple(attn_fwd_n), attn_bwd_n=tuple(attn_bwd_n), recompute=tuple(recompute),
+                    scores_n=tuple(scores_n), scores_bytes=scores_bytes, six_n=6.0 * model.params_active,
+                    dequant=dequant, kernels=(kernels["gemm"], kernels["other"], kernels["dequant"]))

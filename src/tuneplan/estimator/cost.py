@@ -54,11 +54,21 @@ class Prices:
         return self
 
 
-def cost_section(acc: Accelerator, gpus: int, gpu_hours: float | None, prices: Prices | None = None,
-                 why_no_hours: str = "no dataset size: totals need --samples/--avg-tokens or --dataset-tokens",
-                 ) -> dict[str, Any]:
-    """The ``cost`` section: cloud vs own for ``gpu_hours`` on ``gpus`` cards of ``acc`` (hours may be None,
-    then ``why_no_hours`` says why)."""
+@dataclass(frozen=True)
+class CostRates:
+    """Prices per GPU-hour of one card under ``Prices``: nothing here depends on the hours."""
+
+    cloud_hr: float | None
+    own_hr: float | None
+    power_hr: float | None
+    card: float | None
+    break_even: float | None
+    assumptions: tuple[str, ...]
+    unknown: tuple[str, ...]
+
+
+def cost_rates(acc: Accelerator, prices: Prices | None = None) -> CostRates:
+    """Cloud, own and power prices per GPU-hour of ``acc`` and the break-even hours (see the module doc)."""
     p = (prices or Prices()).validate()
     assumptions: list[str] = []
     unknown: list[str] = []
@@ -95,24 +105,36 @@ def cost_section(acc: Accelerator, gpus: int, gpu_hours: float | None, prices: P
             break_even = card / (cloud_hr - power_hr)
         else:
             assumptions.append("power alone costs more than renting: owning never breaks even")
+    return CostRates(cloud_hr=cloud_hr, own_hr=own_hr, power_hr=power_hr, card=card, break_even=break_even,
+                     assumptions=tuple(assumptions), unknown=tuple(unknown))
+
+
+def cost_section(acc: Accelerator, gpus: int, gpu_hours: float | None, prices: Prices | None = None,
+                 why_no_hours: str = "no dataset size: totals need --samples/--avg-tokens or --dataset-tokens",
+                 rates: CostRates | None = None) -> dict[str, Any]:
+    """The ``cost`` section: cloud vs own for ``gpu_hours`` on ``gpus`` cards of ``acc`` (hours may be None,
+    then ``why_no_hours`` says why); ``rates``: ``cost_rates(acc, prices)`` when the caller keeps them."""
+    r = rates or cost_rates(acc, prices)
+    cloud_hr, own_hr = r.cloud_hr, r.own_hr
 
     def times(rate: float | None) -> float | None:
         return None if rate is None or gpu_hours is None else rate * gpu_hours
 
+    unknown = list(r.unknown)
     if gpu_hours is None:
         unknown.append(why_no_hours)
     sec: dict[str, Any] = {
         "cloud_usd": times(cloud_hr),
         "own_usd": times(own_hr),
-        "break_even_hours": break_even,
+        "break_even_hours": r.break_even,
         "cloud_usd_per_gpu_hour": cloud_hr,
         "own_usd_per_gpu_hour": own_hr,
-        "power_usd_per_gpu_hour": power_hr,
-        "card_price_usd": card,
+        "power_usd_per_gpu_hour": r.power_hr,
+        "card_price_usd": r.card,
         "gpus": gpus,
         "gpu_hours": gpu_hours,
         "cloud_to_own_ratio": (cloud_hr / own_hr) if cloud_hr is not None and own_hr else None,
-        "assumptions": assumptions,
+        "assumptions": list(r.assumptions),
     }
     if unknown:
         sec["unknown"] = unknown

@@ -37,6 +37,7 @@ from tuneplan.specs.setup import TrainSetup
 
 ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked the architecture
 # the components of every instant, in display order after the persistent ones (types.COMPONENTS)
+CUDA_CONTEXT = Band(CUDA_CONTEXT_BAND[0], CUDA_CONTEXT_BAND[1], "driver, CUDA version, lazy loading")
 STEP_COMPONENTS = ("gradients", "optimizer_temp", "activations", "autocast_copies", "logits_loss",
                    "backward_temp", "parallel_buffers")
 
@@ -50,6 +51,7 @@ class MemoryStatics:
     fg: FsdpGrads | None
     common: dict[str, int]  # weights, quant_meta, lora_adapters, optimizer_states, framework
     blank: dict[str, int]  # ``common`` with every step component at 0: the template of an instant
+    common_total: int  # sum of ``common``, the persistent part of every instant's total
     grads: int  # gradients once backward has run
     grads_prev: int  # gradients alive through the next forward (accumulation / keep_grads)
     grads_step: int  # gradients the optimizer step sees
@@ -112,7 +114,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         "framework": CUBLAS_WORKSPACE,
     }
     blank = {**common, **dict.fromkeys(STEP_COMPONENTS, 0)}
-    out = MemoryStatics(opt=opt, sp=sp, fg=fg, common=common, blank=blank, grads=grads, grads_prev=grads_prev,
+    out = MemoryStatics(opt=opt, sp=sp, fg=fg, common=common, blank=blank, common_total=sum(common.values()),
+                        grads=grads, grads_prev=grads_prev,
                         grads_step=grads_step, ac=ac, ac_bwd=ac_bwd, head_deq=head_deq,
                         dequant=dequant_transient_bytes(model, setup, prof))
     run.memo["memory"] = out
@@ -121,13 +124,23 @@ def memory_statics(run: Run) -> MemoryStatics:
 
 @dataclass(frozen=True)
 class MemoryAt:
-    """Every instant's components at one shape (ints), or at every shape of a grid (numpy arrays)."""
+    """Every instant's components at one shape (ints), or at every shape of a grid (numpy arrays).
+    ``phases`` holds each instant's step components (``STEP_COMPONENTS``; one left out is 0); the persistent
+    ones (``statics.common``) are the same at every instant: ``components`` and ``total`` add them."""
 
     phases: dict[str, dict[str, Any]]
     acts: ActivationPlan
     logits: LogitsPlan
     held: Any
     statics: MemoryStatics
+
+    def components(self, phase: str) -> dict[str, Any]:
+        """Every component of ``phase``, in display order."""
+        return {**self.statics.blank, **self.phases[phase]}
+
+    def total(self, phase: str) -> Any:
+        """Bytes allocated at ``phase`` (exact: the components are ints, or int64 arrays)."""
+        return self.statics.common_total + sum(self.phases[phase].values())
 
 
 def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
@@ -155,7 +168,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     grads, grads_prev = st.grads, st.grads_prev
 
     def phase(**extra: Any) -> dict[str, Any]:
-        return {**st.blank, **extra}
+        return extra  # the step components; MemoryAt.components adds the persistent ones
 
     fwd_acts = acts.saved_bytes
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
@@ -226,10 +239,11 @@ def memory_of(run: Run) -> MemoryBreakdown:
     allocated total (the first one on a tie), its components, the reserved and device figures."""
     setup, prof = run.setup, run.profile
     m = memory_at(run, setup.batch, setup.seq)
-    phases = m.phases  # Python ints at one shape (activations_at truncates its float sums)
-    totals = {k: sum(v.values()) for k, v in phases.items()}
-    peak = max(totals, key=lambda k: totals[k])
-    comps = phases[peak]
+    # Python ints at one shape (activations_at truncates its float sums): the totals are exact in any order
+    base = m.statics.common_total
+    totals = {k: base + sum(v.values()) for k, v in m.phases.items()}
+    peak = max(totals, key=totals.__getitem__)
+    comps = m.components(peak)
     allocated = totals[peak]
     reserved = reserved_from_allocated(allocated)
     transient = comps["activations"] + comps["logits_loss"] + comps["backward_temp"]
@@ -238,7 +252,7 @@ def memory_of(run: Run) -> MemoryBreakdown:
                           "activation and loss terms +-10% (saved-tensor model)"),
         "reserved": Band(int(allocated * (1 + FRAGMENTATION_BAND[0])), int(allocated * (1 + FRAGMENTATION_BAND[1])),
                          "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
-        "cuda_context": Band(CUDA_CONTEXT_BAND[0], CUDA_CONTEXT_BAND[1], "driver, CUDA version, lazy loading"),
+        "cuda_context": CUDA_CONTEXT,
     }
     st, acts, held = m.statics, m.acts, m.held
     pinned, head_deq = acts.pinned_bytes, st.head_deq

@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tuneplan.estimator.cost import Prices, cost_section
-from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, step_time
+from tuneplan.estimator.cost import CostRates, Prices, cost_rates, cost_section
+from tuneplan.estimator.run import Run
+from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, run_step_time
+from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.specs.dataset import DatasetSpec
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -33,14 +35,24 @@ def unverified_figures(acc: Accelerator) -> str | None:
 def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset: DatasetSpec | None = None,
                   prices: Prices | None = None, options: RuntimeOptions | None = None) -> dict[str, Any]:
     """``{"time": {...}, "cost": {...}}`` for ``setup`` (resolved) on ``setup.world_size`` cards of ``acc``."""
+    from tuneplan.estimator.run import resolve_run
+
+    return run_time_and_cost(resolve_run(model, setup), acc, dataset, prices, options)
+
+
+def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = None, prices: Prices | None = None,
+                      options: RuntimeOptions | None = None, memory: MemoryBreakdown | None = None) -> dict[str, Any]:
+    """``time_and_cost`` of a resolved run (``memory``: its analytic breakdown, when the caller has it)."""
+    setup = run.setup
+    rates, why = card_terms(run, acc, prices)
     try:
-        st = step_time(model, setup, acc, options)
+        st = run_step_time(run, acc, options, memory)
     except UnknownThroughput as exc:
         reason = f"time cannot be computed: {exc}"
         t: dict[str, Any] = {k: None for k in ("tokens_per_second", "step_seconds", "total_hours", "gpu_hours")}
         t["unknown"] = [reason]
         t["assumptions"] = []
-        c = cost_section(acc, setup.world_size, None, prices, why_no_hours=reason)
+        c = cost_section(acc, setup.world_size, None, prices, why_no_hours=reason, rates=rates)
         return {"time": t, "cost": c}
 
     fl = st.flops
@@ -61,11 +73,10 @@ def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset
         "breakdown": dict(st.breakdown),
         "breakdown_detail": {k: v for k, v in st.breakdown_detail.items() if v},
         "limited_by": max(st.breakdown, key=st.breakdown.__getitem__) if st.breakdown else None,
-        "figures_verified": unverified_figures(acc) is None,
+        "figures_verified": why is None,
         "links": st.links,
         "assumptions": list(st.assumptions),
     }
-    why = unverified_figures(acc)
     if why:
         time["assumptions"].insert(0, f"{acc.name}: the card's throughput figures are not verified ({why})")
     deq = st.breakdown_detail.get("dequantization", 0.0)
@@ -91,4 +102,15 @@ def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset
         gpu_hours = time["gpu_hours"]
     else:
         time["unknown"] = ["no dataset size: give --samples (and --avg-tokens) or --dataset-tokens for hours"]
-    return {"time": time, "cost": cost_section(acc, setup.world_size, gpu_hours, prices)}
+    return {"time": time, "cost": cost_section(acc, setup.world_size, gpu_hours, prices, rates=rates)}
+
+
+def card_terms(run: Run, acc: Accelerator, prices: Prices | None) -> tuple[CostRates, str | None]:
+    """The card's prices per GPU-hour and why its figures are unverified: shape-independent, kept on the run
+    for the last (card, prices) asked about."""
+    last = run.memo.get("cost")
+    if last is not None and (last[0] is acc or last[0] == acc) and (last[1] is prices or last[1] == prices):
+        return last[2], last[3]
+    rates, why = cost_rates(acc, prices), unverified_figures(acc)
+    run.memo["cost"] = (acc, prices, rates, why)
+    return rates, why

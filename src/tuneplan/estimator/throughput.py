@@ -19,17 +19,18 @@ far the whole model is from the published throughput rows of the calibration dat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from tuneplan.estimator.compute import FlopCount, flops_per_token
-from tuneplan.estimator.dtypes import resolve_dtypes
+from tuneplan.estimator.compute import FlopCount, FlopPlan, flop_plan, flops_at
 from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor
-from tuneplan.estimator.memory import memory_breakdown
 from tuneplan.estimator.optimizer import optimizer_plan
-from tuneplan.estimator.weights import param_plan
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import get_profile, model_as_built
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
+    from tuneplan.estimator.types import MemoryBreakdown
 
 # Achievable fraction of the dense tensor peak for the large GEMMs of a training step, by card class.
 # cuBLAS reaches about 80% of the dense bf16/fp16 peak on large square GEMMs on V100/A100/Ada/GA102
@@ -203,8 +204,59 @@ def _collectives(model: ModelSpec, setup: TrainSetup, *, trainable: int, grad_by
 
 def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
               options: RuntimeOptions | None = None) -> StepTime:
-    """Seconds per optimizer step of ``setup`` (already resolved) on ``acc``. Raises UnknownThroughput."""
-    opt = options or RuntimeOptions()
+    """Seconds per optimizer step of ``setup`` (already resolved) on ``acc``. Raises UnknownThroughput.
+    Resolves the run; :func:`run_step_time` is the same on a resolved ``Run``."""
+    from tuneplan.estimator.run import resolve_run
+
+    return run_step_time(resolve_run(model, setup), acc, options)
+
+
+@dataclass(frozen=True)
+class TimeStatics:
+    """The terms of the step time that depend on neither the micro-batch, the sequence length nor the
+    accumulation: rates of the card, FLOP coefficients, launches, the optimizer update, the collectives'
+    volumes and the host-link copies. Computed once per (run, card, options) by :func:`time_statics`."""
+
+    peak: float
+    u: float
+    cls: str
+    dev_bw: float
+    bw: float
+    fused: bool
+    flops: FlopPlan
+    passes: int  # weight reads per micro-batch: forward, backward, recompute
+    weight_bytes: int
+    grad_bytes: int  # trainable params x bytes (read and written by the backward)
+    traffic_factor: float
+    gemm_launch: float  # matmul kernels x launch time
+    other_launch: float
+    other_kernels: float
+    dequant_s: float
+    dequant_part: float
+    launch_s: float  # every launch of one micro-batch
+    unit_s: float
+    optimizer_s: float
+    paged: int  # paged optimizer state bytes
+    host: Link
+    links: dict[str, str]  # intra_node (and inter_node)
+    link_gbs: float
+    per_micro: float
+    per_step: float
+    serial: float
+    bucket: float
+    offload_step_bytes: float
+    offload_micro_bytes: float
+    cpu_optimizer_s: float
+    assumptions_head: tuple[str, ...]  # collectives, offload
+    assumptions_tail: tuple[str, ...]  # rates, fused kernels, eager attention
+
+
+def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics:
+    """The shape-independent terms of ``run`` on ``acc`` (kept on the run for the last card asked about)."""
+    last = run.memo.get("time")
+    if last is not None and (last[0] is acc or last[0] == acc) and last[1] == opt:
+        return last[2]
+    setup, prof, dt, pp, model = run.setup, run.profile, run.dtypes, run.param_plan, run.model
     peak = opt.peak_tflops or matmul_peak_tflops(acc, setup)
     if not peak:
         raise UnknownThroughput(f"{acc.name}: the catalog has no dense tensor peak for {setup.precision} matmuls "
@@ -212,11 +264,8 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     if not acc.memory_bandwidth_gbs:
         raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
                                 "(add memory_bandwidth_gbs with --hardware-file)")
-    prof = get_profile(setup.framework)
-    model = model_as_built(model, setup.framework, setup.num_labels)
-    dt = resolve_dtypes(setup, prof)
-    pp = param_plan(model, setup, dt, quant_lm_head=prof.quantizes_lm_head)  # as memory.py plans them
-    fl = flops_per_token(model, setup)
+    fp = flop_plan(model, setup, dt, run.targets, run.attn, run.loss)
+    gemm_kernels, other_kernels, dequant_kernels = fp.kernels
     cls = card_class(acc)
     u = opt.gemm_efficiency or GEMM_EFFICIENCY[cls]
     dev_bw = acc.memory_bandwidth_gbs * 1e9 / max(1, acc.devices_per_package)
@@ -225,61 +274,25 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     fused = compiled or prof.model_code == "unsloth"
     n = setup.world_size
     sharded = setup.zero == 3 or setup.fsdp
-    tokens = setup.batch * setup.seq
-    assumptions: list[str] = []
-    links: dict[str, str] = {}
-
-    # --- one micro-batch on one GPU: each class of kernels takes the longer of its launches and its work
-    gemm_s = fl.total * tokens / (peak * 1e12 * u)
-    passes = 2 + (1 if setup.gradient_checkpointing else 0)  # weights read by forward, backward, recompute
-    weight_bytes = pp.weight_bytes + pp.adapter_bytes  # ZeRO-3/FSDP gather them: every GPU reads all
-    grad_rw = pp.trainable_params * pp.trainable_bytes * (2 if setup.grad_accum > 1 else 1)
-    weights_s = (passes * weight_bytes + grad_rw) / bw
-    matmul_s = max(gemm_s, weights_s)
-    elem_s = fl.traffic_bytes * tokens * (FUSED_TRAFFIC if fused else 1.0) / bw
     deq = DEQUANT_BYTES_PER_WEIGHT * (INT8_DEQUANT_FACTOR if setup.quant_bits == 8 else 1.0)
-    dequant_s = fl.dequant_elements * deq / dev_bw
+    dequant_s = fp.dequant * deq / dev_bw
     launch = DISPATCH_SECONDS * (FUSED_OPS if compiled else 1.0)
-    other_kernels = fl.other_kernels * (FUSED_OPS if fused else 1.0)
-    gemm_part = max(fl.gemm_kernels * launch, matmul_s)
-    other_part = max(other_kernels * launch, elem_s)
-    dequant_part = max(fl.dequant_kernels * launch, dequant_s)
-    unit_s = 0.0
-    if sharded:
-        # per FSDP unit / ZeRO-3 module: gather, hooks and stream syncs in forward and backward
-        unit_s = fsdp_unit_ops(setup) * OP_DISPATCH_SECONDS * model.n_layers
-    micro_s = gemm_part + other_part + dequant_part + unit_s + MICRO_BATCH_FIXED_SECONDS
-    gpu_s = matmul_s + elem_s + dequant_s
-    launch_s = (fl.gemm_kernels + other_kernels + fl.dequant_kernels) * launch
-    if launch_s >= gpu_s:
-        bound = "overhead"
-    elif matmul_s >= elem_s + dequant_s and gemm_s >= weights_s:
-        bound = "compute"
-    else:
-        bound = "memory"
+    other_kernels = other_kernels * (FUSED_OPS if fused else 1.0)
+    # per FSDP unit / ZeRO-3 module: gather, hooks and stream syncs in forward and backward
+    unit_s = fsdp_unit_ops(setup) * OP_DISPATCH_SECONDS * model.n_layers if sharded else 0.0
 
     # --- optimizer update, once per step (sharded optimizers update 1/n of the states)
-    op = optimizer_plan(setup.optimizer or prof.default_optimizer, pp.trainable_params, pp.trainable_bytes,
+    op = optimizer_plan(run.optimizer, pp.trainable_params, pp.trainable_bytes,
                         pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
     states = op.states + op.paged
     upd_bytes = pp.trainable_params * (2 * pp.trainable_bytes + pp.trainable_bytes) + 2 * states + op.temp * 2
     if setup.zero or setup.fsdp:
         upd_bytes /= n
     optimizer_s = 0.0 if setup.offload != "none" else upd_bytes / bw
-    paged_s = 0.0
     host = host_link(acc)
-    if op.paged:
-        # Paged (unified-memory) states that do not fit next to the step's peak are paged out to the host
-        # and back every update (bitsandbytes paged optimizers: cudaMallocManaged).
-        mb = memory_breakdown(model, setup)
-        spill = max(0, mb.paged_bytes - max(acc.memory_bytes - mb.device_peak_bytes, 0))
-        if spill:
-            paged_s = 2 * spill / (host.gbs * 1e9)
-            links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
-            assumptions.append(f"paged optimizer: {spill / 2**30:.1f} GiB of states do not fit on the card and "
-                               "cross the host link twice per step")
 
     # --- collectives
+    links: dict[str, str] = {}
     link = intra_node_link(acc, setup.gpus)
     links["intra_node"] = f"{link.name}: {link.gbs:g} GB/s per GPU ({link.source})"
     if setup.nodes > 1:
@@ -291,19 +304,110 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     gathered = pp.weight_bytes + pp.adapter_bytes
     per_micro, per_step, serial, notes = _collectives(model, setup, trainable=pp.trainable_params,
                                                       grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
-    assumptions.extend(notes)
-    bwd_share = (fl.backward + fl.recompute) / fl.total if fl.total else 0.5
     if sharded:
-        window, bucket = gpu_s, max(model.largest_layer_params * 2, 1)
+        bucket = max(model.largest_layer_params * 2, 1)
     else:
-        window = gpu_s * bwd_share
         bucket = DDP_BUCKET_BYTES if not setup.zero else DS_BUCKET_ELEMENTS * comm_bytes
-    comm_total = setup.grad_accum * per_micro + per_step + serial
+
+    # --- CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload)
+    step_bytes = micro_bytes = cpu_optimizer_s = 0.0
+    if setup.offload != "none":
+        shard_t = pp.trainable_params / n
+        step_bytes = shard_t * (4 + dt.compute)  # fp32 gradients down, 16-bit params up
+        if setup.offload == "all":
+            micro_bytes = 2 * gathered / n  # parameter shards up for forward and backward
+        cpu_optimizer_s = shard_t * HOST_ADAM_BYTES_PER_PARAM / (HOST_MEMORY_GBS_PER_GPU * 1e9)
+        notes.append(f"CPU offload: PCIe copies, and the optimizer step on the CPU at "
+                     f"{HOST_ADAM_BYTES_PER_PARAM:g} B per parameter of host memory traffic at "
+                     f"{HOST_MEMORY_GBS_PER_GPU:g} GB/s per GPU ({cpu_optimizer_s:.2f} s per step)")
+    tail = [f"matmuls at {u:.0%} of the {peak:g} TFLOPS dense peak ({cls} class), element-wise "
+            f"kernels at {BW_EFFICIENCY:.0%} of {dev_bw / 1e9:g} GB/s"]
+    if fused:
+        tail.append("fused kernels (torch.compile / Unsloth): element-wise traffic and launches reduced")
+    if setup.attn == "eager":
+        tail.append("eager attention computes the full s x s scores (no causal skipping)")
+    ts = TimeStatics(
+        peak=peak, u=u, cls=cls, dev_bw=dev_bw, bw=bw, fused=fused, flops=fp,
+        passes=2 + (1 if setup.gradient_checkpointing else 0), weight_bytes=pp.weight_bytes + pp.adapter_bytes,
+        grad_bytes=pp.trainable_params * pp.trainable_bytes, traffic_factor=FUSED_TRAFFIC if fused else 1.0,
+        gemm_launch=gemm_kernels * launch, other_launch=other_kernels * launch, other_kernels=other_kernels,
+        dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
+        launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
+        optimizer_s=optimizer_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
+        per_micro=per_micro, per_step=per_step, serial=serial, bucket=bucket, offload_step_bytes=step_bytes,
+        offload_micro_bytes=micro_bytes, cpu_optimizer_s=cpu_optimizer_s, assumptions_head=tuple(notes),
+        assumptions_tail=tuple(tail))
+    run.memo["time"] = (acc, opt, ts)
+    return ts
+
+
+def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = None,
+                  memory: MemoryBreakdown | None = None) -> StepTime:
+    """Seconds per optimizer step of ``run`` at its own micro-batch, sequence length and accumulation on
+    ``acc`` (``memory``: the run's breakdown when the caller has it, for a paged optimizer's spill).
+    Raises UnknownThroughput."""
+    opt = options or RuntimeOptions()
+    ts = time_statics(run, acc, opt)
+    setup = run.setup
+    ga = setup.grad_accum
+    n = setup.world_size
+    tokens = setup.batch * setup.seq
+    fl = flops_at(ts.flops, setup.seq)
+    flops = fl.total
+    peak, bw = ts.peak, ts.bw
+    assumptions: list[str] = []
+    links: dict[str, str] = {}
+
+    # --- one micro-batch on one GPU: each class of kernels takes the longer of its launches and its work
+    gemm_s = flops * tokens / (peak * 1e12 * ts.u)
+    grad_rw = ts.grad_bytes * (2 if ga > 1 else 1)
+    weights_s = (ts.passes * ts.weight_bytes + grad_rw) / bw  # ZeRO-3/FSDP gather the weights: all are read
+    matmul_s = max(gemm_s, weights_s)
+    elem_s = fl.traffic_bytes * tokens * ts.traffic_factor / bw
+    dequant_s = ts.dequant_s
+    gemm_part = max(ts.gemm_launch, matmul_s)
+    other_part = max(ts.other_launch, elem_s)
+    dequant_part = ts.dequant_part
+    unit_s = ts.unit_s
+    micro_s = gemm_part + other_part + dequant_part + unit_s + MICRO_BATCH_FIXED_SECONDS
+    gpu_s = matmul_s + elem_s + dequant_s
+    if ts.launch_s >= gpu_s:
+        bound = "overhead"
+    elif matmul_s >= elem_s + dequant_s and gemm_s >= weights_s:
+        bound = "compute"
+    else:
+        bound = "memory"
+
+    optimizer_s = ts.optimizer_s
+    paged_s = 0.0
+    host = ts.host
+    if ts.paged:
+        # Paged (unified-memory) states that do not fit next to the step's peak are paged out to the host
+        # and back every update (bitsandbytes paged optimizers: cudaMallocManaged).
+        if memory is None:
+            from tuneplan.estimator.memory import memory_of
+
+            memory = memory_of(run)
+        spill = max(0, memory.paged_bytes - max(acc.memory_bytes - memory.device_peak_bytes, 0))
+        if spill:
+            paged_s = 2 * spill / (host.gbs * 1e9)
+            links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
+            assumptions.append(f"paged optimizer: {spill / 2**30:.1f} GiB of states do not fit on the card and "
+                               "cross the host link twice per step")
+
+    # --- collectives: the part compute does not hide (at least the last bucket)
+    links.update(ts.links)
+    assumptions.extend(ts.assumptions_head)
+    per_micro, per_step, serial = ts.per_micro, ts.per_step, ts.serial
+    bwd_share = (fl.backward + fl.recompute) / flops if flops else 0.5
+    window = gpu_s if setup.zero == 3 or setup.fsdp else gpu_s * bwd_share
+    bucket = ts.bucket
+    comm_total = ga * per_micro + per_step + serial
     exposed = 0.0
-    for amount, count in ((per_micro, setup.grad_accum), (per_step, 1)):
+    for amount, count in ((per_micro, ga), (per_step, 1)):
         if amount <= 0:
             continue
-        total_bytes = amount * link.gbs * 1e9
+        total_bytes = amount * ts.link_gbs * 1e9
         tail = amount * min(1.0, bucket / total_bytes) if total_bytes else 0.0
         exposed += count * max(amount - window, tail)
     exposed += serial
@@ -312,20 +416,10 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     offload_s = 0.0
     if setup.offload != "none":
         links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
-        shard_t = pp.trainable_params / n
-        per_step_bytes = shard_t * (4 + dt.compute)  # fp32 gradients down, 16-bit params up
-        per_micro_bytes = 0.0
-        if setup.offload == "all":
-            per_micro_bytes = 2 * gathered / n  # parameter shards up for forward and backward
-        offload_s = (per_step_bytes + setup.grad_accum * per_micro_bytes) / (host.gbs * 1e9)
-        cpu_optimizer_s = shard_t * HOST_ADAM_BYTES_PER_PARAM / (HOST_MEMORY_GBS_PER_GPU * 1e9)
-        offload_s += cpu_optimizer_s
-        assumptions.append(f"CPU offload: PCIe copies, and the optimizer step on the CPU at "
-                           f"{HOST_ADAM_BYTES_PER_PARAM:g} B per parameter of host memory traffic at "
-                           f"{HOST_MEMORY_GBS_PER_GPU:g} GB/s per GPU ({cpu_optimizer_s:.2f} s per step)")
+        offload_s = (ts.offload_step_bytes + ga * ts.offload_micro_bytes) / (host.gbs * 1e9)
+        offload_s += ts.cpu_optimizer_s
 
-    step_s = setup.grad_accum * micro_s + optimizer_s + paged_s + exposed + offload_s
-    ga = setup.grad_accum
+    step_s = ga * micro_s + optimizer_s + paged_s + exposed + offload_s
     tensor_s = gemm_s if gemm_s >= weights_s else 0.0  # matmuls held by the tensor cores, not by reading weights
     breakdown = {
         "compute": ga * tensor_s,
@@ -341,7 +435,7 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
         # Never faster per GPU than the same micro-batches on one GPU: sharding the update saves less than
         # the collectives cost at a fixed per-GPU batch. Paging and offload are left out of the floor
         # (they come from one card's memory, which sharding relieves).
-        one = step_time(model, setup.replace(gpus=1, nodes=1, zero=0, fsdp=False, offload="none"), acc, opt)
+        one = run_step_time(one_gpu_run(run), acc, opt)
         floor = one.step_seconds - one.components.get("paged_optimizer", 0.0)
         if floor > step_s:
             assumptions.append("per-GPU time floored at the single-GPU step (no superlinear scaling)")
@@ -349,22 +443,33 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
             breakdown = dict(one.breakdown, memory_bound=one.breakdown["memory_bound"]
                              - one.components.get("paged_optimizer", 0.0))
             detail = dict(one.breakdown_detail)
-    tok_step = tokens * setup.grad_accum * n
-    tps_gpu = tokens * setup.grad_accum / step_s
-    mfu = (fl.forward + fl.backward) * tokens * setup.grad_accum / (step_s * peak * 1e12)
+    tok_step = tokens * ga * n
+    tps_gpu = tokens * ga / step_s
+    mfu = (fl.forward + fl.backward) * tokens * ga / (step_s * peak * 1e12)
     components = {
-        "matmul": setup.grad_accum * matmul_s, "elementwise": setup.grad_accum * elem_s,
-        "dequant": setup.grad_accum * dequant_s, "launch_and_fixed": setup.grad_accum * max(micro_s - gpu_s, 0.0),
+        "matmul": ga * matmul_s, "elementwise": ga * elem_s,
+        "dequant": ga * dequant_s, "launch_and_fixed": ga * max(micro_s - gpu_s, 0.0),
         "optimizer": optimizer_s, "paged_optimizer": paged_s, "communication_exposed": exposed,
         "communication_total": comm_total, "offload": offload_s,
     }
-    assumptions.append(f"matmuls at {u:.0%} of the {peak:g} TFLOPS dense peak ({cls} class), element-wise "
-                       f"kernels at {BW_EFFICIENCY:.0%} of {dev_bw / 1e9:g} GB/s")
-    if fused:
-        assumptions.append("fused kernels (torch.compile / Unsloth): element-wise traffic and launches reduced")
-    if setup.attn == "eager":
-        assumptions.append("eager attention computes the full s x s scores (no causal skipping)")
+    assumptions.extend(ts.assumptions_tail)
     return StepTime(step_seconds=step_s, micro_batch_seconds=micro_s, tokens_per_step=tok_step,
                     tokens_per_second=tps_gpu * n, tokens_per_second_per_gpu=tps_gpu, bound=bound, mfu=mfu,
                     components=components, flops=fl, links=links, assumptions=assumptions,
                     breakdown=breakdown, breakdown_detail=detail)
+
+
+def one_gpu_run(run: Run) -> Run:
+    """The same micro-batches on a single GPU, unsharded, without offload (the multi-GPU floor), resolved
+    once per run and reshaped to the run's shape."""
+    from tuneplan.estimator.run import resolve_run
+
+    one = run.memo.get("one_gpu")
+    if one is None:
+        # resolved from the run's model as the single-GPU setup would be on its own
+        one = run.memo["one_gpu"] = resolve_run(
+            run.model, run.setup.replace(gpus=1, nodes=1, zero=0, fsdp=False, offload="none"))
+    s, o = run.setup, one.setup
+    if (o.batch, o.seq, o.grad_accum) != (s.batch, s.seq, s.grad_accum):
+        one = one.reshaped(batch=s.batch, seq=s.seq, grad_accum=s.grad_accum)
+    return one
