@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # an org/name is looked up in the local cache only: no network in a fuzz run
+# an org/name is looked up in the local cache only: no network in a fuzz run
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 CARDS = ["l4", "l20", "a100", "a100-80gb", "h100", "t4", "rtx4090", "v100", "910b", "mi300x", "h200", "3090"]
 MODELS = ["qwen2.5-3b", "qwen2.5-7b", "Qwen/Qwen2.5-0.5B", "llama-3.1-8b", "gpt2", "mixtral-8x7b",
@@ -43,7 +44,8 @@ NUMBERS = ["nan", "NaN", "inf", "-inf", "Infinity", "-1", "0", "-0", "1e308", "1
            "99999999999999999999999", "9" * 400, "0.5", "1.5", "1e-320", "", " ", "abc", "0x10", "1_000",
            "\u0663", "4", "8", "16", "2", "3", "7", "1", "65537", "2147483648", "1e9", "-2147483649", "1.0"]
 NAMES = ["a" * 300, "a" * 5000, "~nosuchuser/x", "~", "/", ".", "..", "../../etc/passwd", "/etc/passwd",
-         "etc/passwd", "/dev/zero", "/dev/null", "/proc/self/environ", "org/" + "x" * 200, "org/name", "Qwen/",
+         "etc/passwd", "/dev/zero", "/dev/null", "/proc/self/environ", "org/" + "x" * 200, "org/name",
+         "Qwen/",
          "/nonexistent/config.json", "x.json", "\U0001f999", "\u202eevil", "name with spaces", "-", "--",
          "qwen2.5-3b\n", "NUL\x00byte", "%s%n", "$(id)", "`id`", "' OR 1=1 --", "C:\\Users\\x\\N", "\ud800",
          "qwen2.5-3b" * 30, "QWEN2.5-3B", " qwen2.5-3b ", "..json", ".json", "/tmp", "h" * 255, "h" * 256]
@@ -58,7 +60,8 @@ CHOICES = {
 }
 INT_FLAGS = ["--rank", "--alpha", "--batch", "--seq", "--grad-accum", "--gpus", "--nodes", "--num-labels",
              "--samples", "--dataset-tokens"]
-FLOAT_FLAGS = ["--dropout", "--epochs", "--avg-tokens", "--price", "--card-price", "--kwh-price", "--own-years"]
+FLOAT_FLAGS = ["--dropout", "--epochs", "--avg-tokens", "--price", "--card-price", "--kwh-price",
+               "--own-years"]
 BOOL_FLAGS = ["--gradient-checkpointing", "--no-gradient-checkpointing", "--fsdp", "--packing", "--compile",
               "--keep-grads", "--activation-offload", "--double-quant", "--softmax-keeps-input"]
 DEPLOY_FLAGS = {"--serve-precision": ["bf16", "fp16", "int8", "int4", "int3"], "--context": NUMBERS,
@@ -129,13 +132,15 @@ def make_env(root: Path, rng: random.Random) -> Env:
     cfg.append(_write(f / "layers.json", json.dumps({**TINY, "num_hidden_layers": 10**9})))
     cfg.append(_write(f / "neg.json", json.dumps({**TINY, "intermediate_size": -14336})))
     cfg.append(_write(f / "moe0.json", json.dumps({**MOE, "moe_layer_freq": 0})))
-    cfg.append(_write(f / "heads.json", json.dumps({**TINY, "num_attention_heads": 4096, "num_key_value_heads": 1})))
+    cfg.append(_write(f / "heads.json",
+                      json.dumps({**TINY, "num_attention_heads": 4096, "num_key_value_heads": 1})))
     cfg.append(_write(f / "wide.json", json.dumps({**TINY, "hidden_size": 131072, "vocab_size": 4194304,
                                                    "num_hidden_layers": 2048, "intermediate_size": 1048576})))
     cfg.append(_write(f / "bom.json", "\ufeff" + json.dumps(TINY)))
     cfg.append(_write(f / "list.json", "[1, 2]"))
     cfg.append(_write(f / "type.json", json.dumps({**TINY, "model_type": ["llama"]})))
-    cfg.append(_write(f / "text.json", json.dumps({"model_type": "gemma3", "text_config": {**TINY, "hidden_size": -1}})))
+    cfg.append(_write(f / "text.json",
+                      json.dumps({"model_type": "gemma3", "text_config": {**TINY, "hidden_size": -1}})))
     common: list[str] = []
     common.append(_write(f / "binary.json", bytes(rng.randrange(256) for _ in range(2000))))
     common.append(_write(f / "binary.yaml", b"\xff\xfe\x00\x81" * 100))
@@ -155,20 +160,24 @@ def make_env(root: Path, rng: random.Random) -> Env:
     frm: list[str] = []
     frm.append(_write(f / "bomb.yaml", BOMB + "model_name_or_path: qwen2.5-3b\n"))
     frm.append(_write(f / "recursive.yaml", "a: &a [*a]\nmodel_name_or_path: qwen2.5-3b\n"))
-    frm.append(_write(f / "merge.yaml", "base: &b {x: 1}\nc: {<<: *b, y: 2}\nmodel_name_or_path: qwen2.5-3b\n"))
+    frm.append(_write(f / "merge.yaml",
+                      "base: &b {x: 1}\nc: {<<: *b, y: 2}\nmodel_name_or_path: qwen2.5-3b\n"))
     frm.append(_write(f / "deep.yaml", "[" * 100_000 + "]" * 100_000))
-    frm.append(_write(f / "deep_block.yaml", "".join("  " * i + "a:\n" for i in range(400)) + "  " * 400 + "1\n"))
+    frm.append(_write(f / "deep_block.yaml",
+                      "".join("  " * i + "a:\n" for i in range(400)) + "  " * 400 + "1\n"))
     frm.append(_write(f / "multi.yaml", "a: 1\n---\nb: 2\n"))
     frm.append(_write(f / "keys.yaml", "? [1, 2]\n: x\n1: 2\nnull: 3\n"))
     frm.append(_write(f / "tags.yaml", "a: !!python/object:os.system ls\n"))
-    frm.append(_write(f / "bom.yaml", "\ufeffmodel_name_or_path: qwen2.5-3b\nstage: sft\nfinetuning_type: lora\n"))
+    frm.append(_write(f / "bom.yaml",
+                      "\ufeffmodel_name_or_path: qwen2.5-3b\nstage: sft\nfinetuning_type: lora\n"))
     lf_keys = ["cutoff_len", "per_device_train_batch_size", "gradient_accumulation_steps", "quantization_bit",
                "lora_rank", "num_train_epochs", "max_steps", "max_samples", "lora_dropout", "deepspeed",
                "finetuning_type", "bf16", "lora_target", "model_name_or_path", "freeze_trainable_layers"]
     yaml_values = [".nan", ".inf", "-.inf", "-1", "0", "1e308", "7", "9" * 400, "[]", "{}", "~", "yes", "'x'",
                    "*nope", "16", "4", "true", "'" + "a" * 300 + "'", "\"~nosuchuser/x\"", "/etc/passwd"]
     for i in range(60):
-        lines = {"model_name_or_path": "qwen2.5-3b", "stage": "sft", "finetuning_type": "lora", "cutoff_len": "512"}
+        lines = {"model_name_or_path": "qwen2.5-3b", "stage": "sft", "finetuning_type": "lora",
+                 "cutoff_len": "512"}
         for k in rng.sample(lf_keys, rng.randint(1, 3)):
             lines[k] = rng.choice(yaml_values)
         frm.append(_write(f / f"lf{i}.yaml", "".join(f"{k}: {v}\n" for k, v in lines.items())))
@@ -197,14 +206,16 @@ def make_env(root: Path, rng: random.Random) -> Env:
            "compute_capability": "8.0"}
     for i in range(30):
         d = json.dumps({"devices": [dev], "driver_version": "550.54", "versions": {"torch": "2.4.0"}})
-        k = rng.choice(["index", "kind", "name", "memory_total_bytes", "compute_capability", "memory_free_bytes"])
+        k = rng.choice(["index", "kind", "name", "memory_total_bytes", "compute_capability",
+                        "memory_free_bytes"])
         d = d.replace(f'"{k}": ', f'"{k}": {rng.choice(JSON_VALUES)}, "_{k}": ', 1)
         machine.append(_write(f / f"m{i}.json", d))
     machine.append(_write(f / "m_list.json", "[1, 2, 3]"))
     machine.append(_write(f / "m_nan.yaml", "devices:\n  - {name: x, memory_total_bytes: .nan}\n"))
     machine.append(_write(f / "m_devs.json", json.dumps({"devices": {"a": 1}})))
     machine.append(_write(f / "m_versions.json", json.dumps({"versions": {"torch": {"a": [1, {}]}}})))
-    machine.append(_write(f / "m_cc.json", json.dumps({"devices": [{"name": "x", "compute_capability": [1e400, "a"]}]})
+    machine.append(_write(f / "m_cc.json",
+                          json.dumps({"devices": [{"name": "x", "compute_capability": [1e400, "a"]}]})
                           .replace("Infinity", "1e400")))
     env.files = {"config": cfg, "common": common, "from": frm, "hardware": hw, "machine": machine}
     return env
@@ -251,8 +262,9 @@ def _output(rng: random.Random, env: Env, suffix: str) -> str:
 
 def invocation(rng: random.Random, env: Env) -> list[str]:
     """One command line: a command, its positional input, and 0-5 random flags with hostile values."""
-    cmd = rng.choice(["estimate", "estimate", "estimate", "fit", "gpus", "max-model", "sweep", "table", "export",
-                      "export", "deploy", "deploy", "doctor", "models", "accelerators", "accelerators"])
+    cmd = rng.choice(["estimate", "estimate", "estimate", "fit", "gpus", "max-model", "sweep", "table",
+                      "export", "export", "deploy", "deploy", "doctor", "models", "accelerators",
+                      "accelerators"])
     args = [cmd]
     if cmd in ("estimate", "fit", "gpus", "sweep", "deploy", "export"):
         if cmd in ("estimate", "fit", "export") and rng.random() < 0.3:
@@ -274,8 +286,9 @@ def invocation(rng: random.Random, env: Env) -> list[str]:
     if cmd == "doctor":
         args += ["--machine", rng.choice(env.files["machine"] + env.files["common"]), "--no-import-check"]
     if cmd == "sweep":
-        args += ["--vary", rng.choice(["seq=512..2048", "rank=8..32:8", "gpus=1,2", "seq=1..1e9", "rank=nan..inf",
-                                       "batch=" + ",".join(["1"] * 50), "x=1", "seq=" + _number(rng), ""])]
+        args += ["--vary", rng.choice(["seq=512..2048", "rank=8..32:8", "gpus=1,2", "seq=1..1e9",
+                                       "rank=nan..inf", "batch=" + ",".join(["1"] * 50), "x=1",
+                                       "seq=" + _number(rng), ""])]
         if rng.random() < 0.3:
             args += ["--plot", _output(rng, env, rng.choice([".html", ".svg", ".pdf"]))]
     if cmd == "export":
@@ -299,9 +312,11 @@ def invocation(rng: random.Random, env: Env) -> list[str]:
             r = rng.random()
             if r < 0.35:
                 flag = rng.choice(sorted(CHOICES))
-                args += [flag, rng.choice(CHOICES[flag]) if rng.random() < 0.7 else rng.choice(NUMBERS + NAMES)]
+                args += [flag, (rng.choice(CHOICES[flag]) if rng.random() < 0.7
+                                else rng.choice(NUMBERS + NAMES))]
             elif r < 0.65:
-                args += [rng.choice(INT_FLAGS), _number(rng) if rng.random() < 0.7 else str(rng.choice([1, 2, 8, 64]))]
+                args += [rng.choice(INT_FLAGS),
+                         _number(rng) if rng.random() < 0.7 else str(rng.choice([1, 2, 8, 64]))]
             elif r < 0.9:
                 args += [rng.choice(FLOAT_FLAGS), _number(rng)]
             else:
@@ -393,18 +408,21 @@ def run_one(args: list[str], env: Env, timeout: float) -> Outcome:
     if "Traceback (most recent call last)" in stdout + stderr:
         problems.append("traceback")
     # after a "--" separator, --json is an argument, not the flag
-    if "--json" in args and "--" not in args and code is not None and not problems and not _strict_json(stdout):
+    if ("--json" in args and "--" not in args and code is not None and not problems
+            and not _strict_json(stdout)):
         problems.append("invalid json")
     if _snapshot(env.outside, env.root / "files") != watched:
         problems.append("file outside its folder")
     return Outcome(args, code, seconds, problems, stdout[-2000:], stderr[-2000:], wall)
 
 
-def fuzz(n: int, seed: int, timeout: float, root: Path | None = None, report_every: int = 0) -> dict[str, Any]:
+def fuzz(n: int, seed: int, timeout: float, root: Path | None = None,
+         report_every: int = 0) -> dict[str, Any]:
     """Run ``n`` invocations; counts of each problem kind, exit codes, rate, and the first examples."""
     rng = random.Random(seed)
     with contextlib.ExitStack() as stack:
-        base = Path(root) if root else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tp-fuzz-")))
+        base = (Path(root) if root
+                else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tp-fuzz-"))))
         env = make_env(base, rng)
         cwd = os.getcwd()
         os.chdir(env.work)
@@ -422,7 +440,8 @@ def fuzz(n: int, seed: int, timeout: float, root: Path | None = None, report_eve
                 o.problems.append("hang")
             slowest_wall = max(slowest_wall, o.wall)
             if report_every and o.problems:
-                print(f"problem {o.problems} (exit {o.code}, {o.seconds:.1f} s CPU): {[a[:80] for a in o.args]}",
+                print(f"problem {o.problems} (exit {o.code}, {o.seconds:.1f} s CPU): "
+                      f"{[a[:80] for a in o.args]}",
                       file=sys.stderr, flush=True)
             for p in dict.fromkeys(o.problems):
                 counts[p] += 1
@@ -435,11 +454,13 @@ def fuzz(n: int, seed: int, timeout: float, root: Path | None = None, report_eve
                       file=sys.stderr, flush=True)
         wall = time.perf_counter() - start
     return {"invocations": n, "seed": seed, "seconds": round(wall, 1), "per_second": round(n / wall, 1),
-            "slowest_s": round(slowest, 2), "slowest_wall_s": round(slowest_wall, 2), "exit_codes": dict(codes),
+            "slowest_s": round(slowest, 2), "slowest_wall_s": round(slowest_wall, 2),
+            "exit_codes": dict(codes),
             "tracebacks": counts["traceback"] + sum(v for k, v in counts.items() if k.startswith("exit 3")
                                                     or k.startswith("escaped")),
             "hangs": counts["hang"], "invalid_json": counts["invalid json"],
-            "files_outside": counts["file outside its folder"], "problems": dict(counts), "examples": examples}
+            "files_outside": counts["file outside its folder"], "problems": dict(counts),
+            "examples": examples}
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 CARDS = ("rtx-3060-12gb", "rtx-4060", "rtx-4060-ti-16gb", "rtx-4090", "rtx-5090", "t4", "v100-sxm2-32gb",
-         "l40s", "a100-40gb-sxm4", "a100-80gb-sxm4", "h100-sxm5-80gb", "h200-sxm-141gb", "ascend-910b", "mi300x")
+         "l40s", "a100-40gb-sxm4", "a100-80gb-sxm4", "h100-sxm5-80gb", "h200-sxm-141gb", "ascend-910b",
+         "mi300x")
 GPUS = (1, 2, 8)
 
 
@@ -36,8 +37,8 @@ def check_model(name: str) -> dict[str, Any]:
     from tuneplan.plan.space import METHOD_VARIANTS, compat_errors, families
 
     model = resolve_model(name, allow_network=False)
-    out: dict[str, Any] = {"model": name, "runs": 0, "recommended": 0, "tight": 0, "relaxed": 0, "violations": [],
-                           "seconds": 0.0, "evaluations": 0}
+    out: dict[str, Any] = {"model": name, "runs": 0, "recommended": 0, "tight": 0, "relaxed": 0,
+                           "violations": [], "seconds": 0.0, "evaluations": 0}
     t0 = time.perf_counter()
     for card in CARDS:
         acc = resolve_accelerator(card)
@@ -56,7 +57,8 @@ def check_model(name: str) -> dict[str, Any]:
             fams = families(list(METHOD_VARIANTS), probe.base, n, acc)
             hit = first_fitting(probe, fams, lambda f, p=probe, a=acc: not compat_errors(model, a, p.base, f))
             if (hit is not None) != any(m["fits"] for m in d["methods"]):
-                out["violations"].append(f"{where}: fewest-cards search says {hit is not None}, fit says otherwise")
+                out["violations"].append(f"{where}: fewest-cards search says {hit is not None}, "
+                                         "fit says otherwise")
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -64,7 +66,8 @@ def check_model(name: str) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
-    ap.add_argument("--models", type=int, default=None, help="only the first N catalog models (largest first)")
+    ap.add_argument("--models", type=int, default=None,
+                    help="only the first N catalog models (largest first)")
     args = ap.parse_args()
     from tuneplan.plan.max_model import catalog_models
 
@@ -83,7 +86,8 @@ def main() -> int:
     viol = sum(len(r["violations"]) for r in results)
     print(f"\n{len(names)} models x {len(CARDS)} cards x GPUs {'/'.join(map(str, GPUS))}: {runs} fit runs, "
           f"{rec} with a recommendation ({sum(r['tight'] for r in results)} tight, "
-          f"{sum(r['relaxed'] for r in results)} with a relaxed global batch), {runs - rec} where nothing fits; "
+          f"{sum(r['relaxed'] for r in results)} with a relaxed global batch), "
+          f"{runs - rec} where nothing fits; "
           f"{viol} violations of the invariants; {sum(r['evaluations'] for r in results):,} estimates, "
           f"{time.perf_counter() - t0:.0f} s wall")
     return 1 if viol else 0

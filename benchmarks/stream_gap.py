@@ -40,7 +40,8 @@ def run(streams: int, layers: int, layer_mib: int, act_mib: int) -> dict:
         acts = acts[: len(acts) // 2]
     torch.cuda.synchronize()
     return {"streams": streams, "layers": layers, "layer_mib": layer_mib, "act_mib": act_mib,
-            "max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+            "max_allocated": torch.cuda.max_memory_allocated(),
+            "max_reserved": torch.cuda.max_memory_reserved(),
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "time": time.time()}
 
 

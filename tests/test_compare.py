@@ -21,7 +21,8 @@ def peak(**kw) -> int:
 
 def test_the_seq_and_accumulation_question_names_the_sequence() -> None:
     # the user changed cutoff_len and gradient accumulation together and memory jumped: which one did it?
-    c = compare(M, {"method": "lora", "gpu": "rtx4090"}, {"seq": 1024, "grad_accum": 1}, {"seq": 2048, "grad_accum": 4})
+    c = compare(M, {"method": "lora", "gpu": "rtx4090"}, {"seq": 1024, "grad_accum": 1},
+                {"seq": 2048, "grad_accum": 4})
     d = c.to_dict()
     a, b = peak(method="lora", seq=1024, grad_accum=1), peak(method="lora", seq=2048, grad_accum=4)
     assert d["delta_bytes"] == b - a

@@ -72,7 +72,8 @@ def test_home_of_a_user_that_does_not_exist(capsys):
 @pytest.mark.parametrize("flag", ["--card-price", "--kwh-price", "--epochs", "--price", "--own-years"])
 @pytest.mark.parametrize("value", ["inf", "nan"])
 def test_non_finite_prices_and_epochs_are_refused_with_a_json_error(capsys, flag, value):
-    code, out, _ = cli(capsys, "estimate", "qwen2.5-3b", "--gpu", "a100", "--samples", "1000", flag, value, "--json")
+    code, out, _ = cli(capsys, "estimate", "qwen2.5-3b", "--gpu", "a100", "--samples", "1000", flag, value,
+                       "--json")
     assert code == 2
     err = strict(out)["error"]
     assert err["kind"] == "bad_input" and err["message"] and err["field"]
@@ -281,7 +282,8 @@ def test_a_symlinked_companion_file_refuses_the_whole_export(capsys, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     os.symlink(tmp_path / "elsewhere.json", out / "ds_z3_config.json")
-    code, _, err = cli(capsys, "export", "qwen2.5-3b", "-o", str(out / "train.py"), "--zero", "3", "--gpus", "2")
+    code, _, err = cli(capsys, "export", "qwen2.5-3b", "-o", str(out / "train.py"), "--zero", "3",
+                       "--gpus", "2")
     assert code == 2 and "ds_z3_config.json" in err
     assert not (out / "train.py").exists() and not (tmp_path / "elsewhere.json").exists()
 
@@ -301,7 +303,8 @@ def test_multi_file_write_is_all_or_nothing_on_a_full_disk(tmp_path, monkeypatch
         return real(fd)
 
     monkeypatch.setattr(safe_write.os, "fsync", full_disk)
-    files = [safe_write.OutFile(tmp_path / "a.py", b"print(1)\n", True), safe_write.OutFile(tmp_path / "b.json", b"{}")]
+    files = [safe_write.OutFile(tmp_path / "a.py", b"print(1)\n", True),
+             safe_write.OutFile(tmp_path / "b.json", b"{}")]
     with pytest.raises(TuneplanError, match="No space left"):
         safe_write.write_files(files, force=True, field="--output")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]  # no a.py, no temporary files
@@ -333,7 +336,8 @@ def test_train_script_compiles_with_backslash_escapes_in_paths(capsys, tmp_path,
 # ---- found by benchmarks/fuzz.py ------------------------------------------------------------------
 def test_deepspeed_file_under_an_unknown_home_is_a_file_not_found(capsys, tmp_path):
     p = tmp_path / "lf.yaml"
-    p.write_text('model_name_or_path: qwen2.5-3b\nstage: sft\nfinetuning_type: lora\ndeepspeed: "~nosuchuser/x"\n')
+    p.write_text('model_name_or_path: qwen2.5-3b\nstage: sft\nfinetuning_type: lora\n'
+                 'deepspeed: "~nosuchuser/x"\n')
     code, out, _ = cli(capsys, "estimate", "--from", str(p), "--json")
     assert code == 0 and strict(out)["model"]["name"] == "Qwen/Qwen2.5-3B"
 
@@ -348,7 +352,8 @@ def test_fsdp_of_the_wrong_type(capsys, tmp_path, value):
 
 def test_a_card_named_thousands_of_times_is_searched_once(capsys):
     start = time.perf_counter()
-    code, out, _ = cli(capsys, "gpus", "qwen2.5-3b", "--only", ",".join(["l4", "a100-80gb-sxm4"] * 1500), "--json")
+    code, out, _ = cli(capsys, "gpus", "qwen2.5-3b", "--only", ",".join(["l4", "a100-80gb-sxm4"] * 1500),
+                       "--json")
     assert code == 0
     assert len(strict(out)["ranking"]) == 2
     assert time.perf_counter() - start < 20

@@ -62,7 +62,8 @@ def test_fewest_cards_match_a_loop_over_every_count(full14b, qwen14b) -> None:
 def test_gpus_and_fit_give_the_same_answer_for_a_card(full14b, qwen14b) -> None:
     c = next(c for c in full14b.ranking if c.gpu == "a100-80gb-sxm4")
     rec = fit(qwen14b, "a100-80gb", method="full", gpus=c.min_gpus).recommended
-    assert (rec["strategy"], rec["micro_batch"], rec["grad_accum"]) == (c.strategy, c.micro_batch, c.grad_accum)
+    assert ((rec["strategy"], rec["micro_batch"], rec["grad_accum"])
+            == (c.strategy, c.micro_batch, c.grad_accum))
 
 
 def test_rent_or_buy_figures() -> None:

@@ -35,7 +35,8 @@ def test_fit_invariants_hold_anywhere(model, card, gpus, method, global_batch) -
     rec = d["recommended"]
     if rec is None:
         return
-    s = {k: v for k, v in rec["setup"].items() if v is not None and not (k == "bits" and rec["setup"]["method"] != "qlora")}
+    s = {k: v for k, v in rec["setup"].items()
+         if v is not None and not (k == "bits" and rec["setup"]["method"] != "qlora")}
     e = estimate(model, gpu=card, timing=False, **s)
     b = e.breakdown
     high = b.bands["reserved"].high + b.bands["cuda_context"].high + b.nccl_bytes

@@ -25,10 +25,12 @@ from tuneplan.specs.model import model_from_config  # noqa: E402
 
 H, L, A, KV, F, V = 64, 2, 4, 2, 128, 256
 D = H // A
-TINY = dict(model_type="llama", hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
-            intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
-LAYER = [H * A * D, H * KV * D, H * KV * D, A * D * H, H * F, H * F, F * H, H, H]  # q k v o gate up down 2 norms
-ROOT = [V * H, H, V * H]  # embed_tokens, final norm, lm_head: what the decoder-layer auto-wrap leaves to the root
+TINY = dict(model_type="llama", hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+            num_key_value_heads=KV, intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
+# q k v o gate up down 2 norms
+LAYER = [H * A * D, H * KV * D, H * KV * D, A * D * H, H * F, H * F, F * H, H, H]
+# embed_tokens, final norm, lm_head: what the decoder-layer auto-wrap leaves to the root
+ROOT = [V * H, H, V * H]
 ROPE = 2 * 512  # inv_freq and original_inv_freq, head_dim / 2 fp32 each: one 512-byte block apiece
 
 
@@ -65,7 +67,8 @@ def test_fsdp_full_shard_weights_and_states_are_rank0_shards(tiny, n: int) -> No
     shards = L * r512(4 * -(-sum(LAYER) // n)) + r512(4 * -(-sum(ROOT) // n))
     assert b.components["weights"] == shards + ROPE
     # foreach AdamW: exp_avg and exp_avg_sq per parameter slice of the shard (step counters on the host)
-    per_moment = L * sum(r512(4 * k) for k in rank0_slices(LAYER, n)) + sum(r512(4 * k) for k in rank0_slices(ROOT, n))
+    per_moment = (L * sum(r512(4 * k) for k in rank0_slices(LAYER, n))
+                  + sum(r512(4 * k) for k in rank0_slices(ROOT, n)))
     assert b.components["optimizer_states"] == 2 * per_moment
     assert b.nccl_bytes > 0
 
@@ -86,7 +89,8 @@ def test_fsdp_qlora_shards_the_bf16_stored_codes_and_offload_moves_them_to_the_h
     layer_elems = sum(k // 4 for k in LAYER[:7]) + 2 * H
     root_elems = V * H + H  # embeddings and final norm in bf16 (the lm_head is the adapter-free bf16 head)
     root_elems += V * H
-    assert on.breakdown.components["weights"] == L * r512(2 * (layer_elems // 2)) + r512(2 * (root_elems // 2)) + ROPE
+    assert on.breakdown.components["weights"] == (L * r512(2 * (layer_elems // 2))
+                                                  + r512(2 * (root_elems // 2)) + ROPE)
     # offloaded: no weight shard, adapter or optimizer state on the device; they are host memory
     c = off.breakdown.components
     assert c["lora_adapters"] == 0 and c["optimizer_states"] == 0 and c["gradients"] == 0
@@ -138,12 +142,14 @@ def test_ddp_rank0_holds_buckets_beside_the_gradients(tiny) -> None:
     total = L * sum(LAYER) + sum(ROOT)
     assert 4 * total < 2**20
     assert b.components["gradients"] == r512(4 * total)
-    assert b.components["weights"] == sum(r512(4 * k) for k in LAYER) * L + sum(r512(4 * k) for k in ROOT) + ROPE
+    assert b.components["weights"] == (sum(r512(4 * k) for k in LAYER) * L
+                                       + sum(r512(4 * k) for k in ROOT) + ROPE)
     ana = memory_breakdown(tiny, setup)
     assert abs(ana.allocated_peak_bytes / b.allocated_peak_bytes - 1) < 0.05
 
 
-@pytest.mark.parametrize("label", ["mg fsdp1 ws2 qlora q0.5b"])  # the rest: benchmarks/agreement.py --only "mg "
+# the rest: benchmarks/agreement.py --only "mg "
+@pytest.mark.parametrize("label", ["mg fsdp1 ws2 qlora q0.5b"])
 def test_analytic_within_3_percent_of_the_fsdp_simulation(label: str) -> None:
     import importlib.util
     from pathlib import Path

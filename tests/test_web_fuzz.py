@@ -39,26 +39,27 @@ def hostile_config(**changes: Any) -> str:
 
 
 NAMES = ["etc/passwd", "../etc/passwd", "./etc/passwd", "etc", "models", "models/config.json", "org/private",
-         "acme/private", "~root/.ssh/id_rsa", "~nosuchuser/x", "~/x", "/etc/passwd", "C:\\Windows\\x", "\\\\host\\x",
-         "file:///etc/passwd", "http://127.0.0.1/x", "..", ".", "../../../../", "org/..", "a--b/c", "x" * 300,
-         "a/" * 200, "\x00", "org/na\x00me", "😀/😀", "", " ", None, 123, ["etc/passwd"], {"a": 1}, "qwen2.5-7b",
-         "config.json", "etc/passwd.json", "CON", "nul/aux"]
+         "acme/private", "~root/.ssh/id_rsa", "~nosuchuser/x", "~/x", "/etc/passwd", "C:\\Windows\\x",
+         "\\\\host\\x", "file:///etc/passwd", "http://127.0.0.1/x", "..", ".", "../../../../", "org/..",
+         "a--b/c", "x" * 300, "a/" * 200, "\x00", "org/na\x00me", "😀/😀", "", " ", None, 123, ["etc/passwd"],
+         {"a": 1}, "qwen2.5-7b", "config.json", "etc/passwd.json", "CON", "nul/aux"]
 CONFIG_TEXTS = [
     hostile_config(num_hidden_layers=10**9), hostile_config(num_hidden_layers=-1),
     hostile_config(intermediate_size=-14336), hostile_config(moe_layer_freq=0, num_local_experts=8),
-    hostile_config(hidden_size=1e300), hostile_config(vocab_size=10**30), hostile_config(num_local_experts=10**6),
+    hostile_config(hidden_size=1e300), hostile_config(vocab_size=10**30),
+    hostile_config(num_local_experts=10**6),
     hostile_config(num_hidden_layers="abc"), hostile_config(num_hidden_layers=[1, 2]),
     hostile_config(num_hidden_layers=True), hostile_config(hidden_size=64.5),
     json.dumps({"model_type": "llava", "text_config": {**CANARY_CONFIG, "num_hidden_layers": 10**9}}),
     '{"hidden_size": NaN, "num_hidden_layers": 2}', '{"num_hidden_layers": Infinity}',
     '{"num_hidden_layers": -Infinity}', '{"num_hidden_layers": ' + "9" * 5000 + "}",
     "[" * 100_000 + "]" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000, " " * (limits.PASTE_MAX_BYTES + 10),
-    '{"x": "' + "y" * (limits.PASTE_MAX_BYTES + 10) + '"}', "\x00\x01\x02", "\ufeff{}", "[]", "null", "1", '"s"',
-    "{", "{}", '{"model_type": 5}', "etc/passwd", "/etc/passwd",
+    '{"x": "' + "y" * (limits.PASTE_MAX_BYTES + 10) + '"}', "\x00\x01\x02", "\ufeff{}", "[]", "null", "1",
+    '"s"', "{", "{}", '{"model_type": 5}', "etc/passwd", "/etc/passwd",
     '"\\' * 170_000, '\\"' * 250_000, '"' * 500_000,  # a naive string pattern rescans these: quadratic
 ]
-NUMBERS = [-1, 0, 1, 3, 2**31, 10**9, 10**400, 1e308, float("nan"), float("inf"), float("-inf"), "1e999", "abc",
-           None, "", True, False, [], {}, "NaN", 16.5, " 7 ", "0x10", b"12", "9" * 5000]
+NUMBERS = [-1, 0, 1, 3, 2**31, 10**9, 10**400, 1e308, float("nan"), float("inf"), float("-inf"), "1e999",
+           "abc", None, "", True, False, [], {}, "NaN", 16.5, " 7 ", "0x10", b"12", "9" * 5000]
 TEXTS = ["../x", "x" * 10_000, None, 5, [], "qlora", "all-linear", "\x00", "profile default", "on", "zzz"]
 NUMBER_FIELDS = ("rank", "batch", "seq", "grad_accum", "gpus", "nodes", "samples", "epochs", "avg_tokens",
                  "num_labels", "bits", "zero")
@@ -79,7 +80,8 @@ def sandbox(tmp_path, monkeypatch):
         plans.deploy_view(dict(DEFAULTS))
         WARM.append(True)
     root = tmp_path / "server"
-    for rel in ("etc/passwd", "models/config.json", "org/private/config.json", "config.json", "etc/passwd.json"):
+    for rel in ("etc/passwd", "models/config.json", "org/private/config.json", "config.json",
+                "etc/passwd.json"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(json.dumps(CANARY_CONFIG))
     hub = tmp_path / "hf" / "hub" / "models--acme--private"
@@ -146,10 +148,13 @@ def test_a_hostile_pasted_config_is_refused_quickly_with_a_message(sandbox, text
     assert_clean(out)
     assert sandbox == []
     if text.strip() and text != "\ufeff{}" and "64.5" not in text:  # blank: the name is used instead
-        assert out["model_msg"] and out["verdict"].count("CHECK THE INPUT") == 1, (text[:80], out["verdict"][:300])
-        changed = [k for k in ("num_hidden_layers", "intermediate_size", "hidden_size", "vocab_size", "moe_layer_freq",
-                               "num_local_experts") if f'"{k}": ' in text and k not in CANARY_CONFIG or
-                   (k in CANARY_CONFIG and f'"{k}": {json.dumps(CANARY_CONFIG[k])}' not in text and f'"{k}"' in text)]
+        assert out["model_msg"] and out["verdict"].count("CHECK THE INPUT") == 1, (text[:80],
+                                                                                  out["verdict"][:300])
+        changed = [k for k in ("num_hidden_layers", "intermediate_size", "hidden_size", "vocab_size",
+                               "moe_layer_freq", "num_local_experts")
+                   if f'"{k}": ' in text and k not in CANARY_CONFIG or
+                   (k in CANARY_CONFIG and f'"{k}": {json.dumps(CANARY_CONFIG[k])}' not in text
+                    and f'"{k}"' in text)]
         needle = changed[0] if changed else "config"
         assert needle in out["model_msg"], (text[:80], out["model_msg"][:300])
 
@@ -158,11 +163,13 @@ def test_ten_to_the_ninth_layers_is_refused_naming_the_field() -> None:
     out = callbacks.estimate_view({**DEFAULTS, "config_text": hostile_config(num_hidden_layers=10**9)})
     assert "num_hidden_layers is 1000000000" in out["model_msg"] and "1..1,024" in out["model_msg"]
     nested = json.dumps({"model_type": "x", "text_config": {**CANARY_CONFIG, "num_hidden_layers": 10**9}})
-    assert "text_config.num_hidden_layers" in callbacks.estimate_view({**DEFAULTS, "config_text": nested})["model_msg"]
+    assert ("text_config.num_hidden_layers"
+            in callbacks.estimate_view({**DEFAULTS, "config_text": nested})["model_msg"])
 
 
 def test_nesting_is_counted_outside_strings_only() -> None:
-    inside = '{"a": "' + "[" * 100 + '\\"' + "{" * 100 + '", "b": 1}'  # brackets in a string, an escaped quote
+    # brackets in a string, an escaped quote
+    inside = '{"a": "' + "[" * 100 + '\\"' + "{" * 100 + '", "b": 1}'
     assert limits.parse_json(inside)["b"] == 1
     assert limits.parse_json("[" * 32 + "]" * 32)
     with pytest.raises(TuneplanError, match="nests deeper than 32"):
@@ -296,7 +303,8 @@ def test_a_hub_id_is_fetched_anonymously_into_a_folder_of_its_own(monkeypatch, t
         sources.resolve_name("someone/other-model")
 
 
-def test_the_export_folder_is_the_pages_own_and_cleaning_spares_everything_else(tmp_path, monkeypatch) -> None:
+def test_the_export_folder_is_the_pages_own_and_cleaning_spares_everything_else(tmp_path,
+                                                                                 monkeypatch) -> None:
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -314,7 +322,8 @@ def test_the_export_folder_is_the_pages_own_and_cleaning_spares_everything_else(
     paths, msg = plans.export_files(dict(DEFAULTS), ["hf-script"])
     assert paths, msg
     root = exports.export_root()
-    assert root.parent == tmp_path and root.name.startswith("tuneplan-web-") and oct(root.stat().st_mode)[-3:] == "700"
+    assert (root.parent == tmp_path and root.name.startswith("tuneplan-web-")
+            and oct(root.stat().st_mode)[-3:] == "700")
     assert all(Path(p).parent.parent == root for p in paths)
     folder = Path(paths[0]).parent
     assert exports.sweep() == []  # fresh: kept
@@ -332,7 +341,8 @@ def test_each_session_has_its_own_folder_removed_when_it_ends(tmp_path, monkeypa
     monkeypatch.setattr(exports, "_sessions", {})
     a1, a2 = exports.fresh_folder("tab-a"), exports.fresh_folder("tab-a")
     hostile = exports.fresh_folder("../../victim")  # a client's session id is a key, never a path
-    assert a1 != a2 and a1.parent == a2.parent != exports.export_root() and a1.parent.parent == exports.export_root()
+    assert (a1 != a2 and a1.parent == a2.parent != exports.export_root()
+            and a1.parent.parent == exports.export_root())
     assert hostile.parent.parent == exports.export_root() and not (tmp_path / "victim").exists()
     (a1 / "train.py").write_text("x")
     assert exports.end_session("tab-a") == a1.parent

@@ -85,7 +85,8 @@ def read_text(path: str | Path, field: str, *, accepted: str = "a UTF-8 text fil
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise TuneplanError(f"{p} is not a UTF-8 text file (binary?)", field=field, accepted=accepted) from None
+        raise TuneplanError(f"{p} is not a UTF-8 text file (binary?)", field=field,
+                            accepted=accepted) from None
     if "\x00" in text:
         raise TuneplanError(f"{p} contains NUL bytes (binary?)", field=field, accepted=accepted)
     return text
@@ -96,7 +97,8 @@ def _refuse_constant(name: str) -> Any:
 
 
 def parse_json(text: str, field: str, shown: str) -> Any:
-    """``json.loads`` refusing NaN/Infinity, huge integers and deep nesting, with a message naming the file."""
+    """``json.loads`` refusing NaN/Infinity, huge integers and deep nesting, with a message naming the
+    file."""
     try:
         data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
@@ -216,7 +218,8 @@ def parse_toml(text: str, field: str, shown: str) -> Any:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the tomli backport has the same API
-        import tomli as tomllib  # type: ignore[no-redef]
+        # no-redef fires only where tomli is installed (Python 3.10); elsewhere the ignore is unused
+        import tomli as tomllib  # type: ignore[no-redef, unused-ignore]
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

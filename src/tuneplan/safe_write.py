@@ -54,9 +54,9 @@ def check_targets(paths: Sequence[str | Path], *, force: bool, field: str) -> li
             raise TuneplanError(f"cannot write {p}: {exc.strerror or exc}", field=field) from None
         if stat.S_ISLNK(st.st_mode):
             if not force:
-                raise TuneplanError(f"{p} is a symbolic link; nothing written (a link is never written through)",
-                                    field=field, accepted="another path, or --force to replace the link itself "
-                                    "by the file")
+                raise TuneplanError(f"{p} is a symbolic link; nothing written (a link is never written "
+                                    "through)", field=field, accepted="another path, or --force to replace "
+                                    "the link itself by the file")
         elif stat.S_ISDIR(st.st_mode):
             raise TuneplanError(f"{p} is a folder", field=field, accepted="a file path")
         elif not stat.S_ISREG(st.st_mode):
@@ -91,8 +91,8 @@ def write_files(files: Sequence[OutFile], *, force: bool, field: str) -> list[Pa
         for folder in {t.parent for t in targets}:
             _fsync_dir(folder)
     except OSError as exc:
-        raise TuneplanError(f"cannot write {exc.filename or targets[0]}: {exc.strerror or exc}; nothing written",
-                            field=field) from None
+        raise TuneplanError(f"cannot write {exc.filename or targets[0]}: {exc.strerror or exc}; "
+                            "nothing written", field=field) from None
     finally:
         for tmp in temps:
             try:

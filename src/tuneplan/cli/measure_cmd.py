@@ -32,7 +32,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
         device: Annotated[str, typer.Option("--device", help="auto | cuda | cuda:N | cpu")] = "auto",
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-        force: Annotated[bool, typer.Option("--force", help="append to --record even when it is a symbolic link (the link is replaced by the file)")] = False,
+        force: Annotated[bool, typer.Option("--force", help="append to --record even when it is a symbolic "
+                                            "link (the link is replaced by the file)")] = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """Run real training steps on this machine (GPU, or CPU with host memory figures) and compare.

@@ -211,7 +211,8 @@ BREAKDOWN_LABELS = {"compute": "compute", "memory_bound": "memory-bound", "commu
 
 
 def time_breakdown_line(sec: dict[str, Any]) -> str:
-    """One line: where the seconds of an optimizer step go, and what limits it (figures from the time section)."""
+    """One line: where the seconds of an optimizer step go, and what limits it (figures from the time
+    section)."""
     bd, step = sec["breakdown"], sec.get("step_seconds") or 0.0
     parts = []
     for k, label in BREAKDOWN_LABELS.items():
@@ -224,5 +225,7 @@ def time_breakdown_line(sec: dict[str, Any]) -> str:
                 extra = f" (dequantization {deq:.3g} s)"
             parts.append(f"{label} {v:.3g} s{share}{extra}")
     unverified = "" if sec.get("figures_verified", True) else " [yellow](card figures not verified)[/]"
-    return f"step {step:.3g} s = " + " + ".join(parts) + f"; limited by {BREAKDOWN_LABELS.get(sec.get('limited_by'), '?')}{unverified}"
+    limited_by = sec.get("limited_by")
+    limit = BREAKDOWN_LABELS.get(limited_by, "?") if limited_by is not None else "?"
+    return f"step {step:.3g} s = " + " + ".join(parts) + f"; limited by {limit}{unverified}"
 

@@ -79,7 +79,8 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-        force: Annotated[bool, typer.Option("--force", help="overwrite --snapshot (a symbolic link is replaced, never written through)")] = False,
+        force: Annotated[bool, typer.Option("--force", help="overwrite --snapshot (a symbolic link is "
+                                            "replaced, never written through)")] = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """Run the real training step (transformers + PEFT, two optimizer steps) on fake tensors and count

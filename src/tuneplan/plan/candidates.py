@@ -40,7 +40,8 @@ class CandidateSet:
 
 
 def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
-                     margin: Margin, prefer: str, timed: bool = True, gc_first: bool | None = None) -> CandidateSet:
+                     margin: Margin, prefer: str, timed: bool = True,
+                     gc_first: bool | None = None) -> CandidateSet:
     """The candidate set of (model, card, layout): compatibility first, then memory, then time."""
     fams = families(variants, probe.base, world, probe.gpu, gc_first=gc_first)
     pruned: dict[Family, list[str]] = {}
@@ -48,7 +49,8 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
     cands: list[Candidate] = []
     done: dict[tuple[str, str, str | None, bool | None], Candidate] = {}
     top = max(1, -(-target // world))
-    exact32: set[str] = set()  # methods with a 32-bit-optimizer candidate that keeps the margin and the target
+    # methods with a 32-bit-optimizer candidate that keeps the margin and the target
+    exact32: set[str] = set()
     for f in fams:
         if errs := compat_errors(probe.model, probe.gpu, probe.base, f):
             pruned[f] = errs

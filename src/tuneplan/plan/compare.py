@@ -32,8 +32,8 @@ class Cause:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"flag": self.flag, "from": self.from_value, "to": self.to_value, "delta_bytes": self.delta_bytes,
-                "components": self.components, "error": self.error}
+        return {"flag": self.flag, "from": self.from_value, "to": self.to_value,
+                "delta_bytes": self.delta_bytes, "components": self.components, "error": self.error}
 
 
 @dataclass
@@ -52,7 +52,8 @@ class Comparison:
     @property
     def interaction_bytes(self) -> int | None:
         parts = [c.delta_bytes for c in self.causes]
-        return None if any(p is None for p in parts) else self.delta_bytes - sum(parts)
+        known = [p for p in parts if p is not None]
+        return None if len(known) < len(parts) else self.delta_bytes - sum(known)
 
     def components(self) -> list[dict[str, Any]]:
         """Per component: A, B and B - A (device totals last)."""
@@ -78,7 +79,8 @@ def _estimate(model: ModelSpec, fields: Mapping[str, Any]) -> Estimate:
     return estimate(model, gpu=f.pop("gpu", None), timing=False, **f)
 
 
-def compare(model: str | ModelSpec, shared: Mapping[str, Any], a: Mapping[str, Any], b: Mapping[str, Any]) -> Comparison:
+def compare(model: str | ModelSpec, shared: Mapping[str, Any], a: Mapping[str, Any],
+            b: Mapping[str, Any]) -> Comparison:
     """Estimates of ``shared + a`` and ``shared + b`` (a ``gpu`` key names the card) and the causes."""
     spec = resolve_model(model) if isinstance(model, str) else model
     fa, fb = {**shared, **a}, {**shared, **b}
@@ -92,14 +94,16 @@ def compare(model: str | ModelSpec, shared: Mapping[str, Any], a: Mapping[str, A
             one[k] = fb[k]
         else:
             one.pop(k)
-        cause = Cause(flag="--" + k.replace("_", "-"), from_value=fa.get(k), to_value=fb.get(k), delta_bytes=None)
+        cause = Cause(flag="--" + k.replace("_", "-"), from_value=fa.get(k), to_value=fb.get(k),
+                      delta_bytes=None)
         try:
             e = _estimate(spec, one)
         except TuneplanError as exc:
             cause.error = str(exc)
         else:
             cause.delta_bytes = e.breakdown.device_peak_bytes - ea.breakdown.device_peak_bytes
-            cause.components = {c: v - ea.breakdown.components.get(c, 0) for c, v in e.breakdown.components.items()
+            cause.components = {c: v - ea.breakdown.components.get(c, 0)
+                                for c, v in e.breakdown.components.items()
                                 if v != ea.breakdown.components.get(c, 0)}
         causes.append(cause)
     return Comparison(spec.name, fa, fb, ea, eb, causes)

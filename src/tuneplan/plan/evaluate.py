@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from tuneplan.api import Estimate, estimate
 from tuneplan.errors import TuneplanError
@@ -45,7 +45,7 @@ def default_host_bytes(gpu: Accelerator, gpus_per_node: int) -> int:
     return max(HOST_MIN_BYTES, 2 * gpu.memory_bytes * gpus_per_node)
 
 
-def nominal(est: Estimate | None) -> bool:
+def nominal(est: Estimate | None) -> TypeGuard[Estimate]:
     return bool(est is not None and est.fits)
 
 
@@ -179,6 +179,7 @@ def plan_family(probe: Prober, fam: Family, *, target: int, world: int, margin: 
             at = {**fields, "batch": b, "grad_accum": ga}
             est = probe.timed(at) if timed else probe(at)
             if ok(est):  # memory depends on accumulation only through ga > 1; checked, not assumed
+                assert est is not None  # every verdict refuses None (nominal() is False for it)
                 c = Candidate(fam, b, ga, world, target, est, tight)
                 return measure(c) if timed else c
         start = None
@@ -189,7 +190,7 @@ def lighter_than(fam: Family) -> list[tuple[str, str, str | None, bool | None]]:
     """Keys (method, strategy, optimizer, checkpointing) of the families ``fam`` needs no more memory
     than: the same without checkpointing, or with the next heavier optimizer (paged 8-bit < 8-bit <
     32-bit AdamW). The space lists those first, so their candidates seed ``fam``'s search."""
-    out = []
+    out: list[tuple[str, str, str | None, bool | None]] = []
     if fam.gradient_checkpointing:
         out.append((fam.method, fam.strategy, fam.optimizer, False))
     heavier = {"paged-adamw-8bit": "adamw-8bit", "adamw-8bit": None}
@@ -208,7 +209,8 @@ def measure(cand: Candidate) -> Candidate:
     own = c.get("own_usd_per_gpu_hour")
 
     def per_m(usd_per_gpu_hour: float | None) -> float | None:  # USD per million tokens, all GPUs
-        return usd_per_gpu_hour * cand.world / tps / 3600 * 1e6 if usd_per_gpu_hour is not None and tps else None
+        return (usd_per_gpu_hour * cand.world / tps / 3600 * 1e6
+                if usd_per_gpu_hour is not None and tps else None)
 
     cand.metrics = {
         "tokens_per_second": tps, "step_seconds": t.get("step_seconds"), "mfu": t.get("mfu"),
@@ -239,7 +241,8 @@ def sparing(fams: list[Family]) -> list[Family]:
     return list(best.values())
 
 
-def first_fitting(probe: Prober, fams: list[Family], compatible: Callable[[Family], bool]) -> tuple[Family, Estimate] | None:
+def first_fitting(probe: Prober, fams: list[Family],
+                  compatible: Callable[[Family], bool]) -> tuple[Family, Estimate] | None:
     """The first family (offloading, sharded ones first) that fits at micro-batch 1 without accumulation."""
     order = sorted(sparing(fams), key=lambda f: ("offload-all" not in f.strategy, "offload" not in f.strategy,
                                                  f.strategy not in ("zero-3", "fsdp")))
@@ -248,5 +251,6 @@ def first_fitting(probe: Prober, fams: list[Family], compatible: Callable[[Famil
             continue
         est = probe({**f.as_fields, "batch": 1, "grad_accum": 1})
         if probe.ok(None)(est):
+            assert est is not None  # every verdict refuses None (nominal() is False for it)
             return f, est
     return None

@@ -39,6 +39,7 @@ def violations(d: dict[str, Any]) -> list[str]:
         same = [c for c in cands if c["tight"] == rec["tight"]]
         if rec["relaxed"] and any(not c["relaxed"] for c in same):
             out.append("recommended a relaxed global batch although a candidate reaches the target")
-        if not rec["tight"] and rec["device_peak_high_bytes"] > d["gpu"]["memory_bytes"] and d["margin"]["kind"] == "band":
+        if (not rec["tight"] and rec["device_peak_high_bytes"] > d["gpu"]["memory_bytes"]
+                and d["margin"]["kind"] == "band"):
             out.append("recommended beyond the usable memory at the upper band without being marked tight")
     return out

@@ -26,7 +26,8 @@ from typing import Any
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
 
-ACCEPTED = "band (the estimate's upper band, default), a size in GiB such as 2GiB, a percentage such as 10%, or 0"
+ACCEPTED = ("band (the estimate's upper band, default), a size in GiB such as 2GiB, a percentage such as "
+            "10%, or 0")
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class Margin:
 
     def describe(self) -> str:
         if self.kind == "band":
-            return "the upper band of the device peak (reserved high + CUDA context high) fits the usable memory"
+            return ("the upper band of the device peak (reserved high + CUDA context high) fits the usable "
+                    "memory")
         if self.kind == "bytes":
             return f"device peak + {self.value / GIB:g} GiB fits the usable memory"
         return f"device peak + {self.value * 100:g} % of the usable memory fits it"

@@ -87,7 +87,8 @@ def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margi
         ftps = fast.metrics.get("tokens_per_second") if fast else None
         why.append(f"CPU offload: {tps:,.0f} tokens/s"
                    + (f" ({ftps / tps:.1f}x slower than {LABELS[fast.family.method]} without offload, "
-                      f"{ftps:,.0f} tokens/s)" if ftps and ftps > tps else ""))
+                      f"{ftps:,.0f} tokens/s)" if fast is not None and ftps and ftps > tps else ""))
+    assert est.gpu is not None  # the prober passes its card to every estimate
     why.append(f"{(est.gpu.memory_bytes - c.device_peak_high_bytes) / GIB:.2f} GiB left at the upper band")
     return {
         "method": c.family.method, "strategy": strategy_name(est.setup),

@@ -27,7 +27,8 @@ FAITHFUL = ("full", "lora", "qlora-8", "qlora-4", "freeze")
 INF = float("inf")
 
 RULE_TEXT = {
-    "quality": "the most faithful method, then 32-bit optimizer states over 8-bit ones, then tokens/s, then cost",
+    "quality": ("the most faithful method, then 32-bit optimizer states over 8-bit ones, then tokens/s, "
+                "then cost"),
     "speed": "the most tokens/s, then the most faithful method, then cost",
     "cost": "the lowest cloud cost per token, then tokens/s, then the most faithful method",
 }
@@ -41,7 +42,8 @@ def check_prefer(prefer: str) -> str:
 
 def rule_text(prefer: str, margin_rule: str) -> str:
     return (f"among the candidates where {margin_rule} (else those that fit only on paper, marked tight), "
-            f"those that reach the target global batch (else the largest reachable), pick {RULE_TEXT[prefer]}")
+            "those that reach the target global batch (else the largest reachable), "
+            f"pick {RULE_TEXT[prefer]}")
 
 
 def faithful_rank(method: str) -> int:

@@ -27,8 +27,8 @@ from functools import lru_cache
 from typing import Any
 
 from tuneplan.api import build_setup
-from tuneplan.errors import TuneplanError
 from tuneplan.compat import capabilities, check
+from tuneplan.errors import TuneplanError
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import model_as_built

@@ -135,7 +135,8 @@ def mixed_precision(setup: TrainSetup, half: torch.dtype) -> Any:
 
 
 def wrap_fsdp1(model: nn.Module, setup: TrainSetup, half: torch.dtype, sharding: str = "full") -> nn.Module:
-    """``FullyShardedDataParallel`` as accelerate builds it for the HF Trainer (call inside FakeTensorMode)."""
+    """``FullyShardedDataParallel`` as accelerate builds it for the HF Trainer (call inside
+    FakeTensorMode)."""
     from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -143,7 +144,8 @@ def wrap_fsdp1(model: nn.Module, setup: TrainSetup, half: torch.dtype, sharding:
     peft = any("lora_" in n for n, _ in model.named_parameters())
     return FSDP(
         model, sharding_strategy=strategy, auto_wrap_policy=auto_wrap_policy(model, peft),
-        mixed_precision=mixed_precision(setup, half), cpu_offload=CPUOffload(offload_params=setup.offload != "none"),
+        mixed_precision=mixed_precision(setup, half),
+        cpu_offload=CPUOffload(offload_params=setup.offload != "none"),
         backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=False, limit_all_gathers=True,
         use_orig_params=True, sync_module_states=False, device_id=torch.device("cpu"),
     )
@@ -163,7 +165,8 @@ def _handles(model: nn.Module) -> list[Any]:
 
 
 DDP = "torch DistributedDataParallel (reducer buckets emulated)"
-DDP_BUCKET_CAP = 25 * 1024**2  # DistributedDataParallel(bucket_cap_mb=25) default; TrainingArguments.ddp_bucket_cap_mb None
+# DistributedDataParallel(bucket_cap_mb=25) default; TrainingArguments.ddp_bucket_cap_mb None
+DDP_BUCKET_CAP = 25 * 1024**2
 
 
 class DdpBuckets:

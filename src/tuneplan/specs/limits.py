@@ -134,6 +134,7 @@ def check_int(field: str, value: Any, low: int, high: int, why: str = "") -> int
     if not low <= value <= high:
         raise TuneplanError(f"{show_value(value)} is outside the sane range" + (f" ({why})" if why else ""),
                             field=field, accepted=f"an integer in {low}..{high}")
+    assert isinstance(value, int)  # a non-int was converted above or refused
     return value
 
 

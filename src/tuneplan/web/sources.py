@@ -85,15 +85,16 @@ def resolve_name(name: str) -> tuple[ModelSpec, tuple[str, ...]]:
     if not name:
         raise TuneplanError("choose a model", field="model", accepted=ACCEPTED_NAME)
     if len(name) > limits.NAME_MAX_CHARS:
-        raise TuneplanError(f"the name is {len(name):,} characters long", field="model", accepted=ACCEPTED_NAME)
+        raise TuneplanError(f"the name is {len(name):,} characters long", field="model",
+                            accepted=ACCEPTED_NAME)
     spec, notes = _warned(catalog_model, name)
     if spec is not None:
         return spec, notes
     if HF_ID.fullmatch(name) and ".." not in name and "--" not in name:
         return model_from_text(hub_config_text(name), default_name=name)
     if any(c in name for c in "/\\~:") or name.startswith(".") or name.endswith(".json"):
-        raise TuneplanError(f"{name!r} is not a catalog name or a Hugging Face id; the page does not read files "
-                            "on the server", field="model", accepted=ACCEPTED_NAME)
+        raise TuneplanError(f"{name!r} is not a catalog name or a Hugging Face id; the page does not "
+                            "read files on the server", field="model", accepted=ACCEPTED_NAME)
     near = suggestions(name)
     raise TuneplanError(f"unknown model {name!r}" + (f"; did you mean {', '.join(near)}?" if near else ""),
                         field="model", accepted=ACCEPTED_NAME)
@@ -114,7 +115,8 @@ def hub_config_text(repo_id: str) -> str:
 
 
 def _hub_error(repo_id: str, why: str) -> TuneplanError:
-    return TuneplanError(f"{repo_id!r} is not in the catalog and {why}", field="model", accepted=ACCEPTED_NAME)
+    return TuneplanError(f"{repo_id!r} is not in the catalog and {why}", field="model",
+                         accepted=ACCEPTED_NAME)
 
 
 def _fetch_anonymously(repo_id: str) -> str:
@@ -137,7 +139,8 @@ def _fetch_anonymously(repo_id: str) -> str:
         meta = get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), token=False, timeout=HUB_TIMEOUT_S)
         if meta.size is not None and meta.size > limits.PASTE_MAX_BYTES:
             raise _hub_error(repo_id, f"its config.json is {meta.size:,} bytes; a model config is a few KiB")
-        path = hf_hub_download(repo_id, "config.json", token=False, cache_dir=private, etag_timeout=HUB_TIMEOUT_S)
+        path = hf_hub_download(repo_id, "config.json", token=False, cache_dir=private,
+                               etag_timeout=HUB_TIMEOUT_S)
         data = Path(path).read_bytes()[: limits.PASTE_MAX_BYTES + 1]
     except TuneplanError:
         raise
@@ -149,7 +152,8 @@ def _fetch_anonymously(repo_id: str) -> str:
     except EntryNotFoundError:
         raise _hub_error(repo_id, "its repo on the Hub has no config.json") from None
     except Exception as exc:  # noqa: BLE001 - timeouts, DNS, HTTP errors: huggingface_hub raises many types
-        raise _hub_error(repo_id, f"its config.json could not be fetched from the Hub ({type(exc).__name__})") from None
+        raise _hub_error(repo_id, "its config.json could not be fetched from the Hub "
+                         f"({type(exc).__name__})") from None
     finally:
         shutil.rmtree(private, ignore_errors=True)
     try:
