@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["estimate", "estimate_grid", "Estimate", "Grid", "TrainSetup", "ModelSpec", "resolve_model", "resolve_accelerator",
-           "TuneplanError", "__version__"]
+__all__ = ["estimate", "estimate_grid", "Estimate", "Grid", "TrainSetup", "ModelSpec", "resolve_model",
+           "resolve_accelerator", "TuneplanError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import tuneplan` stays fast

@@ -45,7 +45,8 @@ EXACT_LIMIT = 2**53  # float64 holds every integer below it: the grid's products
 
 @dataclass
 class Grid:
-    """Per-GPU memory over a product of axes: every array has shape ``shape`` (the axes' lengths, in order)."""
+    """Per-GPU memory over a product of axes: every array has shape ``shape`` (the axes' lengths, in
+    order)."""
 
     axes: dict[str, tuple[Any, ...]]
     allocated: np.ndarray  # allocated peak bytes (int64)
@@ -65,8 +66,8 @@ class Grid:
 
     @property
     def fits(self) -> np.ndarray | None:
-        """``Estimate.fits`` element-wise: a valid setup, no error finding and the device peak within the card;
-        None without a GPU."""
+        """``Estimate.fits`` element-wise: a valid setup, no error finding and the device peak within the
+        card; None without a GPU."""
         if self.gpu is None:
             return None
         return self.valid & ~self.errors & (self.device_peak <= self.gpu.memory_bytes)
@@ -92,10 +93,11 @@ def _values(name: str, v: Any) -> tuple[Any, ...] | None:
 
 def _shape_axis(name: str, vals: tuple[Any, ...]) -> np.ndarray:
     for x in vals:
-        if isinstance(x, bool) or not isinstance(x, Integral) or x <= 0:
+        if isinstance(x, bool) or not isinstance(x, Integral) or int(x) <= 0:
             raise TuneplanError(f"must be a positive integer, got {x!r}", field=name, accepted="1, 2, 3, ...")
-        if name == "seq" and x > MAX_SEQ:
-            raise TuneplanError(f"{x} tokens is beyond any model's context", field="seq", accepted=f"1..{MAX_SEQ}")
+        if name == "seq" and int(x) > MAX_SEQ:
+            raise TuneplanError(f"{x} tokens is beyond any model's context", field="seq",
+                                accepted=f"1..{MAX_SEQ}")
     return np.asarray(vals, dtype=np.int64)
 
 
@@ -125,9 +127,11 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     return out
 
 
-def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: str | Accelerator | None = None,
-                  hardware_file: str | None = None, **axes: Any) -> Grid:
-    """Per-GPU memory of every combination of ``axes`` (setup fields; any may be a sequence): see the module."""
+def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
+                  gpu: str | Accelerator | None = None, hardware_file: str | None = None,
+                  **axes: Any) -> Grid:
+    """Per-GPU memory of every combination of ``axes`` (setup fields; any may be a sequence): see the
+    module."""
     from tuneplan.api import build_setup
     from tuneplan.catalog.accelerators import resolve_accelerator
     from tuneplan.catalog.models import resolve_model
@@ -136,11 +140,14 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *, gp
     acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
     grid_axes = {k: vals for k, v in axes.items() if (vals := _values(k, v)) is not None}
     fixed = {k: v for k, v in axes.items() if k not in grid_axes}
-    b_vals = grid_axes.get("batch", (fixed.pop("batch", None) or (setup.batch if setup else TrainSetup.batch),))
-    s_vals = grid_axes.get("seq", (fixed.pop("seq", None) or (setup.seq if setup else TrainSetup.seq),))
+    b_default = setup.batch if setup else TrainSetup.batch
+    s_default = setup.seq if setup else TrainSetup.seq
+    b_vals = grid_axes.get("batch", (fixed.pop("batch", None) or b_default,))
+    s_vals = grid_axes.get("seq", (fixed.pop("seq", None) or s_default,))
     b = _shape_axis("batch", b_vals)
     s = _shape_axis("seq", s_vals)
-    if int(b.max()) * int(s.max()) ** 2 * 1024 >= EXACT_LIMIT * 1024:  # t x s x bytes per position stays exact
+    # t x s x bytes per position stays exact
+    if int(b.max()) * int(s.max()) ** 2 * 1024 >= EXACT_LIMIT * 1024:
         raise TuneplanError("batch x seq x seq is too large to evaluate exactly", field="seq",
                             accepted=f"batch x seq^2 below {EXACT_LIMIT}")
     looped = [k for k in grid_axes if k not in VECTOR_AXES]
@@ -191,5 +198,6 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *, gp
     return Grid(axes={k: grid_axes[k] for k in want}, allocated=arrange(planes["allocated"]),
                 reserved=arrange(planes["reserved"]), device_peak=arrange(planes["device_peak"]),
                 components={c: arrange(planes[f"c:{c}"]) for c in COMPONENT_ORDER},
-                peak_phase=arrange(planes["peak_phase"]), errors=arrange(list(err.reshape((-1,) + err.shape[-2:]))),
+                peak_phase=arrange(planes["peak_phase"]),
+                errors=arrange(list(err.reshape((-1,) + err.shape[-2:]))),
                 valid=~arrange(planes["invalid"]), gpu=acc, runs=runs, invalid=invalid)

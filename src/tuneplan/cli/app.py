@@ -87,7 +87,8 @@ app = typer.Typer(
 
 # Exit status, one meaning each (README "Exit status").
 EXIT_OK, EXIT_NO_FIT, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-REPORT_HINT = "this is a bug in tuneplan: please report it with the command line (run again with --debug for details)"
+REPORT_HINT = ("this is a bug in tuneplan: please report it with the command line "
+               "(run again with --debug for details)")
 
 
 def _split_debug(args: list[str]) -> tuple[list[str], bool]:
@@ -158,10 +159,11 @@ def run(args: list[str]) -> int:
         rv = _command().main(args=args, prog_name="tuneplan", standalone_mode=False)
     except TuneplanError as exc:
         return _fail("bad_input", exc.message, EXIT_BAD_INPUT, as_json=as_json, err=exc)
-    except usage_errors as exc:  # an unknown flag, a value of the wrong type; a bare `tuneplan`: the help
-        if as_json and type(exc).__name__ != "NoArgsIsHelpError":
-            return _fail("bad_input", exc.format_message(), EXIT_BAD_INPUT, as_json=True)
-        exc.show()
+    except usage_errors as caught:  # an unknown flag, a value of the wrong type; a bare `tuneplan`: the help
+        usage: Any = caught  # a click ClickException (typer's vendored copy or click's own): both have these
+        if as_json and type(usage).__name__ != "NoArgsIsHelpError":
+            return _fail("bad_input", usage.format_message(), EXIT_BAD_INPUT, as_json=True)
+        usage.show()
         return EXIT_BAD_INPUT
     except aborts:
         typer.echo("aborted", err=True)

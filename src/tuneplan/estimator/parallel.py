@@ -96,8 +96,8 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         from tuneplan.specs.profiles import get_profile
 
         if get_profile(setup.framework).model_code != "hf":
-            # frameworks with their own model code and loops (LitGPT's no_sync accumulation, torchtune) are not
-            # simulated: their reduce-scatter input stays counted in every phase, as before
+            # frameworks with their own model code and loops (LitGPT's no_sync accumulation, torchtune) are
+            # not simulated: their reduce-scatter input stays counted in every phase, as before
             return ShardPlan(w, g, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
         # the HF Trainer's FSDP1 (simulated): the unsharded gradient exists only while its unit is
         # back-propagated and reduce-scattered, not at the loss or in the forward
@@ -172,8 +172,8 @@ def fsdp_layers_gathered(setup: TrainSetup) -> int:
     return 2
 
 
-def fsdp_reduce_scatter_input(model: ModelSpec, setup: TrainSetup, trainable_params: int, trainable_bytes: int,
-                              compute_bytes: int) -> int:
+def fsdp_reduce_scatter_input(model: ModelSpec, setup: TrainSetup, trainable_params: int,
+                              trainable_bytes: int, compute_bytes: int) -> int:
     """The unsharded gradient of the unit being reduce-scattered (FSDP1 ``_post_backward_hook``: the flat
     gradient autograd made for the unit, in the reduce dtype, alive until ``reduce_scatter_tensor`` fills the
     new sharded gradient). A frozen unit makes none: in a LoRA run only the adapters' units do, one

@@ -84,5 +84,6 @@ def resolve_run(model: ModelSpec, setup: TrainSetup) -> Run:
     kinds = layer_kinds(model, setup, dt, targets, attn, python_model_code=code == "hf",
                         quant_saves_input=prof.quant_saves_input, litgpt_code=code == "litgpt",
                         expand_kv=code == "torchtune", unsloth_code=code == "unsloth")
-    return Run(model=model, setup=setup, profile=prof, dtypes=dt, targets=targets, param_plan=pp, layers=kinds,
-               attn=attn, loss=loss_kind(setup, prof), optimizer=setup.optimizer or prof.default_optimizer)
+    return Run(model=model, setup=setup, profile=prof, dtypes=dt, targets=targets, param_plan=pp,
+               layers=kinds, attn=attn, loss=loss_kind(setup, prof),
+               optimizer=setup.optimizer or prof.default_optimizer)

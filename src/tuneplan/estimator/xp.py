@@ -1,4 +1,5 @@
-"""The three operations the shape-dependent formulas need beyond + - * //, for Python numbers and numpy arrays.
+"""The three operations the shape-dependent formulas need beyond + - * //, for Python numbers and numpy
+arrays.
 
 The memory formulas in batch and seq (``activations.activations_at``, ``logits.logits_plan``,
 ``memory.memory_at``) are written once and evaluated either on Python ints (``tuneplan.estimate``) or on
