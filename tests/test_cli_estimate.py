@@ -46,7 +46,10 @@ def test_does_not_fit_exit_1() -> None:
 
 
 @pytest.mark.parametrize("args,needle", [
-    (("estimate", "qwen2.5-7x", "--json"), "did you mean"),
+    (("estimate", "qwen2.5-7x"), "did you mean"),
+    # with --json the failure is one error object naming the field, with the suggestions
+    (("estimate", "qwen2.5-7x", "--json"), '"field": "model"'),
+    (("estimate", "qwen2.5-7x", "--json"), '"suggestions": ["qwen/qwen2.5-7b"'),
     (("estimate", "qwen2.5-7b", "--gpu", "rtx9999"), "gpu"),
     (("estimate", "qwen2.5-7b", "--batch", "0"), "batch"),
     (("estimate", "qwen2.5-7b", "--method", "full", "--bits", "4"), "bits"),

@@ -19,7 +19,9 @@ def test_fit_json() -> None:
     assert [m["method"] for m in d["methods"]] == ["full", "freeze", "lora", "qlora-8", "qlora-4"]
     for m in d["methods"]:
         assert {"method", "fits", "max_batch", "max_seq", "max_rank", "requires", "setup"} <= set(m)
-    assert d["recommended"]["setup"]["method"] in ("lora", "qlora", "freeze")
+    # the default objective (quality) takes the most faithful method that fits; the table is in that order
+    fitting = [m["method"] for m in d["methods"] if m["fits"]]
+    assert d["recommended"]["method"] == fitting[0]
     assert d["recommended"]["reason"]
 
 
