@@ -8,10 +8,10 @@ real model or run, so a real config is not refused (a test runs every catalog co
 
 - layers 1,024: Llama 3.1 405B has 126. Work grows with the layer count in the planner's searches: a
   pasted config with 10^6 layers took 13-31 s in the best-config search, 10^9 layers over 90 s.
-- hidden 131,072 (Llama 3.1 405B has 16,384), MLP width 1,048,576, vocabulary 4,194,304 (Gemma 3 has
-  262,144), experts 4,096 (Kimi K2 has 384), context 2^28 tokens.
+- experts 4,096 (Kimi K2 has 384); every other size (hidden 131,072, MLP width 1,048,576, vocabulary
+  4,194,304, context 2^28 tokens, ...) is the CLI's own range from ``specs/limits.py``.
 
-These limits are the page's own; the CLI's boundary checks live in the specs.
+The config sizes are the CLI's own table (``specs/limits.py``) with the two ceilings above lowered.
 """
 
 from __future__ import annotations
@@ -21,33 +21,33 @@ import re
 from typing import Any
 
 from tuneplan.errors import TuneplanError
+from tuneplan.specs.limits import MODEL_INT_ALIASES, MODEL_INT_RANGES
 
 PASTE_MAX_BYTES = 512 * 1024  # a config.json is a few KiB; the largest in the catalog is under 10 KiB
 JSON_MAX_DEPTH = 32  # real configs nest 3 deep (text_config -> rope_scaling -> ...)
 NAME_MAX_CHARS = 200  # a Hugging Face id is at most 96 + 1 + 96 characters
 INT_MAX_DIGITS = 20  # no config field needs a number wider than 64 bits
 
-LAYERS, WIDTH, FFN, HEADS, HEAD_DIM = 1024, 131_072, 1_048_576, 4096, 16_384
-VOCAB, EXPERTS, CONTEXT = 4_194_304, 4096, 2**28
+# The page takes the CLI's ranges (specs/limits.py: the field names, their spellings, and why each bound
+# is sane) and lowers the ceilings where a larger value makes one request slow: the planner's searches walk
+# the layers (10^6 layers took 13-31 s in the best-config search) and the MoE experts.
+LAYERS, EXPERTS = 1024, 4096
+PAGE_CEILINGS: dict[str, int] = {
+    **dict.fromkeys(("num_hidden_layers", "moe_layer_freq", "decoder_sparse_step", "first_k_dense_replace"),
+                    LAYERS),
+    **dict.fromkeys(("num_experts", "num_experts_per_tok", "n_shared_experts"), EXPERTS),
+}
+
+
+def _page_range(name: str) -> tuple[int, int]:
+    low, high, _why = MODEL_INT_RANGES[name]
+    return low, min(high, PAGE_CEILINGS.get(name, high))
+
 
 # config.json keys whose size drives the work or the figures: key -> (minimum, maximum).
 CONFIG_RANGES: dict[str, tuple[int, int]] = {
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers"), (1, LAYERS)),
-    "first_k_dense_replace": (0, LAYERS),
-    **dict.fromkeys(("moe_layer_freq", "decoder_sparse_step"), (1, LAYERS)),
-    **dict.fromkeys(("hidden_size", "n_embd", "d_model"), (1, WIDTH)),
-    **dict.fromkeys(("intermediate_size", "ffn_hidden_size", "moe_intermediate_size",
-                     "shared_expert_intermediate_size"), (1, FFN)),
-    **dict.fromkeys(("n_inner", "d_ff"), (0, FFN)),  # GPT-2's n_inner may be 0 / null: 4 x hidden
-    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads",
-                     "multi_query_group_num"), (1, HEADS)),
-    **dict.fromkeys(("head_dim", "kv_channels", "v_head_dim"), (1, HEAD_DIM)),
-    **dict.fromkeys(("qk_nope_head_dim", "qk_rope_head_dim", "q_lora_rank", "kv_lora_rank"), (0, WIDTH)),
-    **dict.fromkeys(("vocab_size", "padded_vocab_size"), (1, VOCAB)),
-    "type_vocab_size": (0, VOCAB),
-    **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts",
-                     "num_experts_per_tok"), (0, EXPERTS)),
-    **dict.fromkeys(("max_position_embeddings", "n_positions", "seq_length", "sliding_window"), (0, CONTEXT)),
+    **{name: _page_range(name) for name in MODEL_INT_RANGES},
+    **{alias: _page_range(name) for alias, name in MODEL_INT_ALIASES.items()},
 }
 
 # Form numbers: field -> largest accepted (the smallest is each field's own rule in form.whole).
