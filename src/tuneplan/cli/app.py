@@ -1,4 +1,10 @@
-"""The `tuneplan` command: one typer app, one module per command (each exposes ``register(app)``)."""
+"""The `tuneplan` command: the entry point, the exit statuses, and the one place failures are printed.
+
+The typer app (``cli/root.py``) lists every command and loads a command's module on first use. The
+commands of ``CLICK_COMMANDS`` are built with click directly from flag rows (``cli/flags.py``) and run
+without loading typer: typer 0.2x builds a pydantic validator for every option it parses, which costs more
+start-up than the estimate itself (``benchmarks/cli_startup.py`` measures it).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,6 @@ import functools
 import importlib
 import sys
 from typing import Any
-
-import typer
-from typer.core import TyperGroup
 
 from tuneplan.errors import TuneplanError
 
@@ -33,56 +36,16 @@ COMMANDS: dict[str, str] = {
     "accelerators": "tuneplan.cli.doctor_cmd",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
+# The commands built with click directly: each module has ``command()`` instead of ``register(app)``.
+CLICK_COMMANDS: dict[str, str] = {"estimate": "tuneplan.cli.estimate_cmd"}
 
 
-class LazyCommands(TyperGroup):
-    """The root group: lists every command, imports a command's module on first use."""
+def __getattr__(name: str) -> Any:  # ``app``: the typer app, imported (with typer) when asked for
+    if name == "app":
+        from tuneplan.cli.root import app
 
-    def list_commands(self, ctx: Any) -> list[str]:
-        return list(dict.fromkeys([*COMMANDS, *self.commands]))
-
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name not in self.commands and cmd_name in COMMANDS:
-            self.load(COMMANDS[cmd_name])
-        return self.commands.get(cmd_name)
-
-    def load(self, module: str) -> None:
-        sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-        importlib.import_module(module).register(sub)
-        for name, cmd in typer.main.get_group(sub).commands.items():
-            self.commands.setdefault(name, cmd)
-
-
-def print_version(value: bool) -> None:
-    """``--version``: the installed distribution's version (package metadata), then exit 0."""
-    if not value:
-        return
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        v = version("tuneplan")
-    except PackageNotFoundError:  # run from a source tree without installing
-        v = "unknown (not installed)"
-    typer.echo(f"tuneplan {v}")
-    raise typer.Exit()
-
-
-def _root(version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
-    """Plan an LLM fine-tune before spending a GPU-hour: memory, compatibility, time, cost, config."""
-
-
-app = typer.Typer(
-    name="tuneplan",
-    help="Plan an LLM fine-tune before spending a GPU-hour: memory, compatibility, time, cost, config.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # click's plain help: option names never cut, no type column, descriptions wrap to the terminal
-    rich_markup_mode=None,
-    cls=LazyCommands,
-    callback=_root,  # a group even before any command module is loaded
-)
+        return app
+    raise AttributeError(name)
 
 
 # Exit status, one meaning each (README "Exit status").
@@ -99,7 +62,19 @@ def _split_debug(args: list[str]) -> tuple[list[str], bool]:
 @functools.lru_cache(maxsize=1)
 def _command() -> Any:
     """The click command typer builds from ``app``, built once per process (~0.1 s each time otherwise)."""
+    import typer
+
+    from tuneplan.cli.root import app
+
     return typer.main.get_command(app)
+
+
+def _entry(args: list[str]) -> tuple[Any, list[str], str]:
+    """The command that parses ``args``: a command of CLICK_COMMANDS directly (with the ``click`` package),
+    else the typer app; the arguments it parses and its name in usage lines."""
+    if args and args[0] in CLICK_COMMANDS:
+        return importlib.import_module(CLICK_COMMANDS[args[0]]).command(), args[1:], f"tuneplan {args[0]}"
+    return _command(), args, "tuneplan"
 
 
 def _fail(kind: str, message: str, code: int, *, as_json: bool, err: TuneplanError | None = None) -> int:
@@ -114,8 +89,18 @@ def _fail(kind: str, message: str, code: int, *, as_json: bool, err: TuneplanErr
                "accepted": err.accepted if err else None, "suggestions": list(err.suggestions) if err else []}
         print(json.dumps({"error": obj}, allow_nan=False, default=str))
     else:
-        typer.echo(f"error: {err if err is not None else message}", err=True)
+        print(f"error: {err if err is not None else message}", file=sys.stderr)
     return code
+
+
+def _named(usage: Any) -> TuneplanError | None:
+    """A value of the wrong type (click's BadParameter) as an error naming the field and what it accepts."""
+    param = getattr(usage, "param", None)
+    if param is None or not getattr(param, "name", None):
+        return None
+    kind = getattr(getattr(param, "type", None), "name", "")
+    return TuneplanError(usage.format_message(), field=param.name,
+                         accepted={"integer": "an integer", "float": "a number"}.get(kind))
 
 
 def _encodable(text: str) -> bool:
@@ -127,15 +112,20 @@ def _encodable(text: str) -> bool:
 
 
 def _click_kinds() -> tuple[tuple[type[Exception], ...], tuple[type[BaseException], ...]]:
-    """Usage-error and abort classes: typer >= 0.20 carries its own copy of click, older typer uses click."""
+    """Usage-error and abort classes: typer >= 0.20 carries its own copy of click, older typer uses click.
+    Typer's are looked up only when typer is loaded (a command of CLICK_COMMANDS runs without it)."""
     usage: list[type[Exception]] = []
-    aborts: list[type[BaseException]] = [KeyboardInterrupt, typer.Abort]
-    try:
-        from typer._click.exceptions import ClickException as VendoredClickException
+    aborts: list[type[BaseException]] = [KeyboardInterrupt]
+    if "typer" in sys.modules:
+        import typer
 
-        usage.append(VendoredClickException)
-    except ImportError:
-        pass
+        aborts.append(typer.Abort)
+        try:
+            from typer._click.exceptions import ClickException as VendoredClickException
+
+            usage.append(VendoredClickException)
+        except ImportError:
+            pass
     try:
         import click
 
@@ -148,25 +138,28 @@ def _click_kinds() -> tuple[tuple[type[Exception], ...], tuple[type[BaseExceptio
 
 def run(args: list[str]) -> int:
     """Run one command line; the exit status: 0 fits, 1 does not fit / cannot run, 2 bad input, 3 internal."""
-    usage_errors, aborts = _click_kinds()
     args, debug = _split_debug(args)
     as_json = "--json" in args
     bad = next((i for i, a in enumerate(args) if "\x00" in a or not _encodable(a)), None)
     if bad is not None:  # no shell passes these; refused before any path or name is built from them
         return _fail("bad_input", f"argument {bad + 1} contains a NUL character or bytes that are not UTF-8",
                      EXIT_BAD_INPUT, as_json=as_json)
+    usage_errors: tuple[type[Exception], ...] = ()
+    aborts: tuple[type[BaseException], ...] = (KeyboardInterrupt,)
     try:
-        rv = _command().main(args=args, prog_name="tuneplan", standalone_mode=False)
+        command, rest, prog = _entry(args)
+        usage_errors, aborts = _click_kinds()
+        rv = command.main(args=rest, prog_name=prog, standalone_mode=False)
     except TuneplanError as exc:
         return _fail("bad_input", exc.message, EXIT_BAD_INPUT, as_json=as_json, err=exc)
     except usage_errors as caught:  # an unknown flag, a value of the wrong type; a bare `tuneplan`: the help
         usage: Any = caught  # a click ClickException (typer's vendored copy or click's own): both have these
         if as_json and type(usage).__name__ != "NoArgsIsHelpError":
-            return _fail("bad_input", usage.format_message(), EXIT_BAD_INPUT, as_json=True)
+            return _fail("bad_input", usage.format_message(), EXIT_BAD_INPUT, as_json=True, err=_named(usage))
         usage.show()
         return EXIT_BAD_INPUT
     except aborts:
-        typer.echo("aborted", err=True)
+        print("aborted", file=sys.stderr)
         return EXIT_NO_FIT
     except BrokenPipeError:  # `tuneplan ... | head`: the reader left; nothing to report
         return EXIT_OK

@@ -1,70 +1,72 @@
-"""`tuneplan estimate`: per-GPU peak memory by component, and the verdict on a GPU."""
+"""`tuneplan estimate`: per-GPU peak memory by component, and the verdict on a GPU.
+
+Built with click directly from flag rows (``cli/flags.py``), not from a typer signature: the command a
+script runs in a loop starts without typer's per-option validators (``cli/app.CLICK_COMMANDS``).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-import typer
+from tuneplan.cli.flags import Flag, click_command
+from tuneplan.cli.from_option import FROM_FLAG, resolve_from
+from tuneplan.cli.options import setup_flags, take_setup
+from tuneplan.cli.time_options import TIME_FLAGS, time_kw_from
 
-from tuneplan.cli.from_option import FromFiles, resolve_from
-from tuneplan.cli.options import with_setup_options
-from tuneplan.cli.time_options import with_time_options
+DOC = """Per-GPU peak memory of a fine-tune, by component, and whether it fits the GPU.
+
+Exit status: 0 fits (or no --gpu), 1 does not fit or cannot run there, 2 bad input."""
+MODEL = ("model", "catalog name, HF id, or path to config.json (optional with --from)")
+OWN_FLAGS = [
+    Flag("gpu", str, ("-g", "--gpu"), "accelerator, e.g. rtx4090, a100-80gb"),
+    Flag("engine", str, ("--engine",), "analytic | simulate", default="analytic", show_default=True),
+    Flag("as_json", bool, ("--json",), "print one JSON object", default=False),
+    Flag("details", bool, ("--details",), "everything: component descriptions, memory by instant, "
+         "uncertainty, all findings, time and cost tables", default=False),
+    Flag("hardware_file", str, ("--hardware-file",), "TOML/YAML file adding or overriding accelerators"),
+]
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("estimate")
-    @with_setup_options
-    @with_time_options
-    def estimate_cmd(
-        model: Annotated[
-            str | None,
-            typer.Argument(help="catalog name, HF id, or path to config.json (optional with --from)"),
-        ] = None,
-        from_files: FromFiles = None,
-        gpu: Annotated[
-            str | None, typer.Option("--gpu", "-g", help="accelerator, e.g. rtx4090, a100-80gb")
-        ] = None,
-        engine: Annotated[str, typer.Option("--engine", help="analytic | simulate")] = "analytic",
-        as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-        details: Annotated[
-            bool,
-            typer.Option(
-                "--details",
-                help="everything: component descriptions, memory by "
-                "instant, uncertainty, all findings, time and cost tables",
-            ),
-        ] = False,
-        hardware_file: Annotated[
-            str | None,
-            typer.Option("--hardware-file", help="TOML/YAML file adding or overriding accelerators"),
-        ] = None,
-        setup_kw: dict[str, Any] | None = None,
-        time_kw: dict[str, Any] | None = None,
-    ) -> None:
-        """Per-GPU peak memory of a fine-tune, by component, and whether it fits the GPU.
+def command() -> Any:
+    """The click command; the options in the order of the help: own, time and cost, setup."""
+    import click
 
-        Exit status: 0 fits (or no --gpu), 1 does not fit or cannot run there, 2 bad input.
-        """
-        from tuneplan.api import estimate
-        from tuneplan.cli.json_out import print_json
+    setup_names = [f.name for f in setup_flags()]
+    time_names = [f.name for f in TIME_FLAGS]
 
-        frm = resolve_from(from_files, model, setup_kw)
-        est = estimate(
-            frm.model,
-            frm.base,
-            gpu=gpu,
-            engine=engine,
-            hardware_file=hardware_file,
-            **frm.time_kw(time_kw),
-            **frm.setup_kw,
-        )
-        d = frm.annotate(est.to_dict())
-        if as_json:
-            print_json(d)
-        else:
-            from tuneplan.cli.render import render_estimate  # rich: only for the tables
+    def callback(**kw: Any) -> None:
+        setup_kw = take_setup(kw, setup_names)
+        time_kw = time_kw_from({n: kw.pop(n) for n in time_names})
+        if estimate(setup_kw=setup_kw, time_kw=time_kw, **kw) is False:
+            raise click.exceptions.Exit(1)
 
-            frm.render(d)
-            render_estimate(d, details=details)
-        if est.fits is False:
-            raise typer.Exit(1)
+    flags = [FROM_FLAG, *OWN_FLAGS, *TIME_FLAGS, *setup_flags()]
+    return click_command("estimate", callback, doc=DOC, argument=MODEL, flags=flags)
+
+
+def estimate(model: str | None, from_files: tuple[str, ...], gpu: str | None, engine: str, as_json: bool,
+             details: bool, hardware_file: str | None, setup_kw: dict[str, Any],
+             time_kw: dict[str, Any]) -> bool | None:
+    """Prints the estimate (one JSON object with ``as_json``); returns whether it fits (None: no GPU)."""
+    from tuneplan.api import estimate
+    from tuneplan.cli.json_out import print_json
+
+    frm = resolve_from(list(from_files) or None, model, setup_kw)
+    est = estimate(
+        frm.model,
+        frm.base,
+        gpu=gpu,
+        engine=engine,
+        hardware_file=hardware_file,
+        **frm.time_kw(time_kw),
+        **frm.setup_kw,
+    )
+    d = frm.annotate(est.to_dict())
+    if as_json:
+        print_json(d)
+    else:
+        from tuneplan.cli.render import render_estimate  # rich: only for the tables
+
+        frm.render(d)
+        render_estimate(d, details=details)
+    return est.fits

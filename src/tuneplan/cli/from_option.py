@@ -16,24 +16,28 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import typer
-
+from tuneplan.cli.flags import Flag, typer_option
 from tuneplan.errors import TuneplanError
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:  # the readers and rich load only when --from files are given / a table is printed
     from tuneplan.ingest import Resolved
 
-FromFiles = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--from",
-        help="training config to plan from (LLaMA-Factory/axolotl/accelerate YAML, "
-        "TrainingArguments/PEFT/bitsandbytes/DeepSpeed JSON); repeatable; flags override",
-        rich_help_panel="Setup",
-        show_default=False,
-    ),
-]
+FROM_FLAG = Flag(
+    "from_files",
+    str,
+    ("--from",),
+    "training config to plan from (LLaMA-Factory/axolotl/accelerate YAML, "
+    "TrainingArguments/PEFT/bitsandbytes/DeepSpeed JSON); repeatable; flags override",
+    repeat=True,
+    panel="Setup",
+)
+
+
+def __getattr__(name: str) -> Any:  # ``FromFiles``, the typer annotation, built (with typer) on first use
+    if name == "FromFiles":
+        return Annotated[FROM_FLAG.annotation(), typer_option(FROM_FLAG)]
+    raise AttributeError(name)
 
 
 @dataclass

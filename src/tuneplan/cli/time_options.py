@@ -12,15 +12,16 @@ import inspect
 from collections.abc import Callable
 from typing import Annotated, Any
 
-import typer
+from tuneplan.cli.flags import Flag, typer_option
 
 _P = "Time and cost"  # rich help panel
 
 
-def _opt(*names: str, help: str) -> Any:
-    return typer.Option(*names, help=help, rich_help_panel=_P, show_default=False)
+def _opt(*names: str, help: str) -> tuple[tuple[str, ...], str]:
+    return names, help
 
 
+# (name, type | None, (flag names, help)): the rows of TIME_FLAGS below
 TIME_OPTIONS: list[tuple[str, Any, Any]] = [
     ("samples", int | None, _opt("--samples", help="training samples in the dataset")),
     ("avg_tokens", float | None, _opt("--avg-tokens", help="average tokens per sample after the template (default: --seq)")),
@@ -33,6 +34,9 @@ TIME_OPTIONS: list[tuple[str, Any, Any]] = [
     ("own_years", float | None, _opt("--own-years", help="years an owned card is used (default 3)")),
     ("inter_node_gbs", float | None, _opt("--inter-node-gbs", help="network GB/s per GPU between nodes (default 25, InfiniBand HDR)")),
 ]
+# the rows as flags: typer options for ``with_time_options``, click options for the commands built with click
+TIME_FLAGS: list[Flag] = [Flag(name, next(t for t in ann.__args__ if t is not type(None)), names, help, panel=_P)
+                          for name, ann, (names, help) in TIME_OPTIONS]
 _DATASET = ("samples", "avg_tokens", "epochs", "dataset_tokens", "packing")
 
 
@@ -59,11 +63,11 @@ def time_kw_from(values: dict[str, Any]) -> dict[str, Any]:
 
 def with_time_options(func: Callable[..., Any]) -> Callable[..., Any]:
     sig = inspect.signature(func)
-    names = {n for n, _, _ in TIME_OPTIONS}
+    names = {f.name for f in TIME_FLAGS}
     params = [p for p in sig.parameters.values() if p.name != "time_kw"]
-    for name, ann, default in TIME_OPTIONS:
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                        annotation=Annotated[ann, default]))
+    for f in TIME_FLAGS:
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[f.annotation(), typer_option(f)]))
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
