@@ -28,10 +28,11 @@ OWN_FLAGS = [
 
 
 def command() -> Any:
-    """The click command; the options in the order of the help: own, time and cost, setup."""
+    """The click command; the options in the order of the help: --from, its own, time and cost, setup."""
     import click
 
-    setup_names = [f.name for f in setup_flags()]
+    setup = setup_flags()
+    setup_names = [f.name for f in setup]
     time_names = [f.name for f in TIME_FLAGS]
 
     def callback(**kw: Any) -> None:
@@ -40,7 +41,7 @@ def command() -> Any:
         if estimate(setup_kw=setup_kw, time_kw=time_kw, **kw) is False:
             raise click.exceptions.Exit(1)
 
-    flags = [FROM_FLAG, *OWN_FLAGS, *TIME_FLAGS, *setup_flags()]
+    flags = [FROM_FLAG, *OWN_FLAGS, *TIME_FLAGS, *setup]
     return click_command("estimate", callback, doc=DOC, argument=MODEL, flags=flags)
 
 

@@ -40,7 +40,7 @@ def __getattr__(name: str) -> Any:  # ``SETUP_OPTIONS``, built (with typer) on f
     raise AttributeError(name)
 
 
-def take_setup(kwargs: dict[str, Any], names: Any) -> dict[str, Any]:
+def take_setup(kwargs: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """Pops the setup flags out of a command's keyword arguments; the ones given, each checked alone at the
     boundary (before a planner varies the rest), and a warning for LoRA flags the method ignores."""
     setup_kw = {n: kwargs.pop(n) for n in names if kwargs.get(n) is not None}
