@@ -6,6 +6,7 @@ with click directly behaves as the typer-built commands do: the same help whiche
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ print(json.dumps({"code": code, "out": out.getvalue(), "modules": sorted(sys.mod
 
 def probe(args: list[str]) -> dict:
     r = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120,
-                       env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+                       env=dict(os.environ, PYTHONPATH=SRC))
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 
