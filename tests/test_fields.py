@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
 import tuneplan
 from tuneplan.specs import fields
-from tuneplan.specs.setup import TrainSetup
+from tuneplan.specs.setup import METHODS, TrainSetup
 
 SRC = Path(tuneplan.__file__).parent
 SETUP = {f.name: f for f in dataclasses.fields(TrainSetup) if f.name != "sources"}
@@ -77,8 +78,11 @@ def test_one_row_per_setup_field_with_its_default() -> None:
     for name, f in SETUP.items():
         row = fields.get(name)
         assert row.default == f.default, name
-        assert row.help and row.widget in fields.WIDGETS and set(row.keys) <= set(fields.FORMATS), name
-        assert row.plain <= set(row.keys), name
+        assert row.help and row.widget in fields.WIDGETS, name
+        assert set(row.keys) | set(row.via) <= set(fields.FORMATS), name
+        assert set(row.methods) <= set(METHODS), name
+        for fmt in row.keys:  # a name is either plain or translated, never both
+            assert not set(row.keys[fmt]) & set(row.via.get(fmt, ())), (name, fmt)
 
 
 @pytest.mark.parametrize("module", sorted(READERS))
@@ -86,7 +90,7 @@ def test_every_key_an_ingest_reader_uses_is_in_the_table(module: str) -> None:
     fmt = READERS[module]
     found = _reader_keys(module)
     assert found or module == "common"
-    missing = {(name, key) for name, key in found if key not in fields.get(name).keys.get(fmt, ())}
+    missing = {(name, key) for name, key in found if key not in fields.get(name).names(fmt)}
     assert not missing, f"{module}.py reads keys the field table does not list under {fmt}: {sorted(missing)}"
 
 
@@ -94,8 +98,7 @@ def test_every_key_an_ingest_reader_uses_is_in_the_table(module: str) -> None:
 def test_every_key_an_exporter_writes_is_in_the_table(module: str) -> None:
     fmt = WRITERS[module]
     found = _writer_keys(module)
-    assert found
-    missing = {(name, key) for name, key in found if key not in fields.get(name).keys.get(fmt, ())}
+    missing = {(name, key) for name, key in found if key not in fields.get(name).names(fmt)}
     assert not missing, (
         f"{module}.py writes keys the field table does not list under {fmt}: {sorted(missing)}"
     )
@@ -103,23 +106,91 @@ def test_every_key_an_exporter_writes_is_in_the_table(module: str) -> None:
 
 def test_lookups_by_file_key() -> None:
     # LLaMA-Factory's hparams (finetuning_args.py / data_args.py): lora_rank, lora_alpha, cutoff_len
-    lf = fields.by_llamafactory_key()
+    lf = fields.by_key("llamafactory")
     assert lf["lora_rank"] == "rank" and lf["lora_alpha"] == "alpha" and lf["cutoff_len"] == "seq"
     # axolotl's config: lora_r, micro_batch_size, sequence_len
-    ax = fields.by_axolotl_key()
+    ax = fields.by_key("axolotl")
     assert ax["lora_r"] == "rank" and ax["micro_batch_size"] == "batch" and ax["sequence_len"] == "seq"
-    # TrainingArguments / LoraConfig / BitsAndBytesConfig
-    hf = fields.by_transformers_key()
-    assert hf["per_device_train_batch_size"] == "batch" and hf["r"] == "rank"
-    assert hf["bnb_4bit_quant_type"] == "quant_type"
-    assert fields.by_deepspeed_key()["train_micro_batch_size_per_gpu"] == "batch"
-    assert fields.by_accelerate_key() == {
-        "num_machines": "nodes"
-    }  # num_processes is gpus x nodes: translated
+    # TrainingArguments / LoraConfig / BitsAndBytesConfig / TRL (max_length, and max_seq_length before 0.20)
+    hf = fields.by_key("transformers")
+    assert hf["per_device_train_batch_size"] == "batch" and hf["r"] == "rank" and hf["lora_r"] == "rank"
+    assert hf["bnb_4bit_quant_type"] == "quant_type" and hf["max_length"] == hf["max_seq_length"] == "seq"
+    assert fields.by_key("deepspeed") == {"train_micro_batch_size_per_gpu": "batch",
+                                          "gradient_accumulation_steps": "grad_accum"}
+    # num_processes is gpus x nodes: translated, never plain
+    assert fields.by_key("accelerate") == {"num_machines": "nodes"}
     # a translated key is listed but never offered as plain: quantization_bit sets the method too
-    assert "quantization_bit" in fields.get("method").keys["llamafactory"]
+    assert "quantization_bit" in fields.get("method").via["llamafactory"] and "quantization_bit" not in lf
     with pytest.raises(KeyError):
         fields.by_key("yaml")
+
+
+REC = Path(__file__).parent / "fixtures" / "recorded"
+# axolotl is not installed here: its names as axolotl writes them into the configs it saves with a model
+# (the "Built with Axolotl" cards of axolotl 0.3-0.4: sequence_len, micro_batch_size, lora_r...)
+AXOLOTL_NAMES = {"sequence_len", "micro_batch_size", "gradient_accumulation_steps", "lora_r", "lora_alpha",
+                 "lora_dropout"}
+# TRL is not installed here: trl/trainer/sft_config.py SFTConfig.max_length (max_seq_length before TRL
+# 0.20), trl/trainer/model_config.py ModelConfig.lora_r / lora_alpha / lora_dropout / use_bnb_nested_quant
+TRL_NAMES = {"max_length", "max_seq_length", "lora_r", "lora_alpha", "lora_dropout", "use_bnb_nested_quant",
+             "bnb_4bit_quant_type"}
+
+
+def _framework_names(fmt: str) -> set[str]:
+    """Every argument name the framework itself defines, read from the framework (or its record)."""
+    if fmt == "llamafactory":
+        rec = json.loads((REC / "llamafactory_args.json").read_text())
+        return {n for names in rec["llamafactory_fields"].values() for n in names} | set(
+            rec["transformers_training_args"])
+    if fmt == "deepspeed":
+        return set(json.loads((REC / "deepspeed_schema.json").read_text())["top_level"])
+    if fmt == "accelerate":
+        from accelerate.commands.config.config_args import ClusterConfig
+
+        return {f.name for f in dataclasses.fields(ClusterConfig)}
+    if fmt == "transformers":
+        import inspect
+
+        import peft
+        import transformers
+
+        return ({f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+                | {f.name for f in dataclasses.fields(peft.LoraConfig)}
+                | set(inspect.signature(transformers.BitsAndBytesConfig.__init__).parameters) | TRL_NAMES)
+    return AXOLOTL_NAMES
+
+
+@pytest.mark.parametrize("fmt", fields.FORMATS)
+def test_plain_keys_are_the_frameworks_own_names(fmt: str) -> None:
+    names = _framework_names(fmt)
+    plain = set(fields.by_key(fmt))
+    assert plain and plain <= names, sorted(plain - names)
+    # one plain key, one field: no key is claimed by two rows
+    assert sum(len(f.keys.get(fmt, ())) for f in fields.FIELDS) == len(plain)
+
+
+def test_a_reader_takes_every_plain_key_of_the_table() -> None:
+    """A LLaMA-Factory YAML and a TRL config written with LLaMA-Factory's / TRL's own names (lora_rank 32,
+    cutoff_len 1024, max_length 1024...) read back as those values, each sourced to its key."""
+    from tuneplan.ingest.document import Document
+    from tuneplan.ingest.hf_args import read_hf_args
+    from tuneplan.ingest.llamafactory import read_llamafactory
+
+    lf = {"model_name_or_path": "m", "finetuning_type": "lora", "quantization_bit": 4,
+          "quantization_type": "fp4", "double_quantization": False, "lora_rank": 32, "lora_alpha": 64,
+          "lora_dropout": 0.1,
+          "cutoff_len": 1024, "per_device_train_batch_size": 3, "gradient_accumulation_steps": 5}
+    got = read_llamafactory(Document("x.yaml", lf, "yaml"))
+    want = {"method": "qlora", "bits": 4, "quant_type": "fp4", "double_quant": False, "rank": 32, "alpha": 64,
+            "dropout": 0.1, "seq": 1024, "batch": 3, "grad_accum": 5}
+    assert {k: got.fields[k] for k in want} == want
+    assert got.sources["rank"].endswith("x.yaml:lora_rank")
+    trl = {"use_peft": True, "lora_r": 8, "max_length": 2048, "max_seq_length": 512,
+           "per_device_train_batch_size": 2, "gradient_checkpointing": True}
+    got = read_hf_args(Document("sft.yaml", trl, "yaml"))
+    # max_length, TRL's current name, wins over max_seq_length
+    assert (got.fields["rank"], got.fields["seq"], got.fields["batch"]) == (8, 2048, 2)
+    assert got.fields["gradient_checkpointing"] is True
 
 
 def test_cli_flags_and_web_labels_come_from_the_table() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.parallel import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from tuneplan.export.common import plain_keys
 from tuneplan.ingest.deepspeed import ZERO_DEFAULTS
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -37,8 +38,7 @@ def deepspeed_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
                             field="zero", accepted="plan with --zero 1|2|3 (with --offload on one GPU)")
     cfg: dict[str, Any] = {
         "train_batch_size": s.batch * s.grad_accum * s.world_size,
-        "train_micro_batch_size_per_gpu": s.batch,
-        "gradient_accumulation_steps": s.grad_accum,
+        **plain_keys(s, "deepspeed"),  # micro-batch and accumulation
         "gradient_clipping": MAX_GRAD_NORM,
         # HF/LLaMA-Factory hand DeepSpeed their own optimizer (optim=...): allowed only with this flag.
         "zero_allow_untested_optimizer": True,
