@@ -218,3 +218,46 @@ def test_a_value_outside_accepted_is_refused_naming_the_field() -> None:
         with pytest.raises(TuneplanError) as err:
             TrainSetup(**{name: "no-such-value"}).validate()
         assert err.value.field == name
+
+
+def test_each_face_words_an_error_its_own_way(capsys: pytest.CaptureFixture[str]) -> None:
+    """The core's error refers to fields; the CLI words them as flags (exit 2), ``--json`` keeps the field
+    name beside the worded message, the API as field names, and no core message names a flag."""
+    from tuneplan.cli.app import run
+    from tuneplan.errors import TuneplanError
+
+    args = ("estimate", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora", "--bits", "8")
+    assert run(list(args)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --bits: ") and "only applies to --method qlora" in err
+    assert "accepted: use --method qlora, or leave out --bits" in err and "{" not in err
+    assert run([*args, "--json"]) == 2
+    d = json.loads(capsys.readouterr().out)["error"]
+    assert d["field"] == "bits" and "--method qlora" in d["message"] and "--method qlora" in d["accepted"]
+    # a switch: --no-flag when the value is false; a field without a flag keeps its name
+    e = TuneplanError("x", field="fsdp",
+                      accepted="{zero=0} with {fsdp}, {compile=false}, {ds_overlap_comm=true}")
+    from tuneplan.cli.render import error_text
+
+    assert error_text(e) == "--fsdp: x; accepted: --zero 0 with --fsdp, --no-compile, ds_overlap_comm=true"
+    assert str(e) == "fsdp: x; accepted: zero=0 with fsdp, compile=false, ds_overlap_comm=true"
+
+
+def test_core_error_messages_name_no_flag() -> None:
+    """Every TuneplanError the setup, ingest, export and measure modules raise refers to fields as
+    ``{field}``: no literal ``--flag`` in their messages or accepted values."""
+    import re
+
+    flag = re.compile(r"(?<![\w-])--[a-z]")
+    found = []
+    for folder in ("specs", "ingest", "export", "measure", "deploy", "doctor"):
+        for path in sorted((SRC / folder).glob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for n in ast.walk(tree):
+                if not (isinstance(n, ast.Call) and getattr(n.func, "id", "").endswith("Error")):
+                    continue
+                parts = [*n.args, *(k.value for k in n.keywords if k.arg in ("accepted", "field"))]
+                for c in (c for part in parts for c in ast.walk(part)):
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str) and flag.search(c.value):
+                        found.append(f"{path.name}:{c.lineno}: {c.value[:60]}")
+    assert not found, found

@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         if record and os.path.islink(record) and not force:
             from tuneplan.safe_write import check_targets
 
-            check_targets([record], force=False, field="--record")  # refuses the link, before the run
+            check_targets([record], force=False, field="record")  # refuses the link, before the run
         out = measure(model, steps=steps, device=device, weights=weights, record=record, **(setup_kw or {}))
         if as_json:
             print_json(out)

@@ -129,7 +129,7 @@ class MachineInfo:
         if isinstance(d, dict) and isinstance(d.get("machine"), dict):
             d = d["machine"]  # a whole `tuneplan doctor --json` report
         if not isinstance(d, dict):
-            raise TuneplanError("expected a mapping (the `machine` section of `tuneplan doctor --json`)",
+            raise TuneplanError("expected a mapping (the `machine` section of a doctor report in JSON)",
                                 field="machine")
         unknown = sorted(str(k)[:64] for k in set(d) - {"devices", "driver_version", "cuda_driver_version", "versions", "notes", "platform"})
         if unknown:

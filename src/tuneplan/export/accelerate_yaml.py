@@ -43,7 +43,7 @@ def accelerate_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | No
         if s.offload == "optimizer":
             raise TuneplanError("FSDP has no optimizer-only offload (CPUOffload moves parameters and gradients, "
                                 "and the step runs on the CPU)", field="offload",
-                                accepted="--offload all with --fsdp, or --zero 2|3 --offload optimizer")
+                                accepted="{offload=all} with {fsdp}, or {zero=2|3} {offload=optimizer}")
         cfg["distributed_type"] = "FSDP"
         cfg["fsdp_config"] = {
             "fsdp_version": 1,

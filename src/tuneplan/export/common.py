@@ -73,20 +73,20 @@ def trainer_kernels(s: TrainSetup, who: str) -> None:
     """Refuse the setup fields a transformers-Trainer run cannot express (the plan would not be the run)."""
     if s.activation_offload:
         raise TuneplanError(f"{who} has no activation offloading", field="activation_offload",
-                            accepted="--no-activation-offload, or a torchtune recipe")
+                            accepted="{activation_offload=false}, or a torchtune recipe")
     if s.loss in ("chunked", "fused"):
         raise TuneplanError(f"{who} has no switch for a {s.loss} cross-entropy on materialised logits",
-                            field="loss", accepted="--loss fused-linear (Liger), --loss upcast, or an axolotl / "
+                            field="loss", accepted="{loss=fused-linear} (Liger), {loss=upcast}, or an axolotl / "
                                                    "torchtune / Unsloth config")
     if s.keep_grads:
         raise TuneplanError(f"{who} runs on torch >= 2.0, whose zero_grad frees the gradients",
-                            field="keep_grads", accepted="--no-keep-grads to export")
+                            field="keep_grads", accepted="{keep_grads=false} to export")
     if s.softmax_keeps_input:
         raise TuneplanError(f"{who} runs on torch >= 2.0, whose softmax keeps only its output",
-                            field="softmax_keeps_input", accepted="--no-softmax-keeps-input to export")
+                            field="softmax_keeps_input", accepted="{softmax_keeps_input=false} to export")
     if s.num_labels:
         raise TuneplanError("the exported recipes train a language model; a sequence-classification head is "
-                            "not written", field="num_labels", accepted="drop --num-labels to export")
+                            "not written", field="num_labels", accepted="leave out {num_labels} to export")
 
 
 def plain_keys(setup: TrainSetup, fmt: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:

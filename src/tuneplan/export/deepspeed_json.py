@@ -32,10 +32,10 @@ def deepspeed_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
     s = setup
     if s.fsdp:
         raise TuneplanError("this plan uses FSDP, not DeepSpeed", field="format",
-                            accepted="--format accelerate (FSDP), or plan with --zero 1|2|3")
+                            accepted="{format=accelerate} (FSDP), or plan with {zero=1|2|3}")
     if not s.zero:
         raise TuneplanError("this plan does not use DeepSpeed (ZeRO stage 0 is estimated as plain DDP)",
-                            field="zero", accepted="plan with --zero 1|2|3 (with --offload on one GPU)")
+                            field="zero", accepted="plan with {zero=1|2|3} (with {offload} on one GPU)")
     cfg: dict[str, Any] = {
         "train_batch_size": s.batch * s.grad_accum * s.world_size,
         **plain_keys(s, "deepspeed"),  # micro-batch and accumulation
@@ -59,7 +59,7 @@ def deepspeed_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
     if s.offload in ("optimizer", "all"):
         if s.optimizer not in ("adamw", "adamw-fused"):
             raise TuneplanError(f"ZeRO-Offload steps with DeepSpeed's CPU Adam, not {s.optimizer}",
-                                field="optimizer", accepted="adamw or adamw-fused with --offload, or --offload none")
+                                field="optimizer", accepted="adamw or adamw-fused with {offload}, or {offload=none}")
         zo["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         # ZeRO-Offload runs DeepSpeed's CPU Adam; a client (HF) optimizer is refused unless forced, so
         # name DeepSpeed's AdamW here ("auto" params are filled by the HF integration).

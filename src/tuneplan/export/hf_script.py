@@ -33,7 +33,7 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
     s = setup
     if s.optimizer_in_backward:
         raise TuneplanError("the transformers Trainer has no optimizer-in-backward", field="optimizer_in_backward",
-                            accepted="--no-optimizer-in-backward, or a torchtune recipe")
+                            accepted="{optimizer_in_backward=false}, or a torchtune recipe")
     trainer_kernels(s, "the transformers Trainer")
     if s.precision == "fp16" and s.method in ("full", "freeze"):
         raise TuneplanError("the Trainer's fp16 loss scaler refuses fp16 gradients (pure fp16 full/freeze tuning)",
@@ -51,7 +51,7 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
     if s.fsdp:
         if s.offload == "optimizer":
             raise TuneplanError("FSDP has no optimizer-only offload", field="offload",
-                                accepted="--offload all with --fsdp, or --zero 2|3 --offload optimizer")
+                                accepted="{offload=all} with {fsdp}, or {zero=2|3} {offload=optimizer}")
         fsdp = "full_shard auto_wrap" + (" offload" if s.offload == "all" else "")
     return {
         "model": model.name,

@@ -56,11 +56,11 @@ def _precision_keys(setup: TrainSetup) -> dict[str, Any]:
         return {"pure_bf16": True}
     if p == "fp16":
         raise TuneplanError("LLaMA-Factory has no pure-fp16 training", field="precision",
-                            accepted="fp16-mixed, bf16, bf16-mixed (or --format hf-script)")
+                            accepted="fp16-mixed, bf16, bf16-mixed (or {format=hf-script})")
     if setup.method != "full":
         raise TuneplanError("LLaMA-Factory loads the frozen weights in bf16/fp16 whenever the card has them "
                             "(infer_optim_dtype), so an fp32 adapter or freeze run is not expressible",
-                            field="precision", accepted="bf16-mixed, fp16-mixed, bf16 (or --format hf-script)")
+                            field="precision", accepted="bf16-mixed, fp16-mixed, bf16 (or {format=hf-script})")
     return {}  # no flag: full fine-tune in fp32 (trainable parameters are cast to fp32)
 
 
@@ -110,7 +110,7 @@ def llamafactory_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | 
         train["torch_compile"] = True
     if s.optimizer_in_backward:
         raise TuneplanError("LLaMA-Factory has no optimizer-in-backward", field="optimizer_in_backward",
-                            accepted="--no-optimizer-in-backward")
+                            accepted="{optimizer_in_backward=false}")
     train.update({k: v for k, v in _precision_keys(s).items() if k != "pure_bf16"})
     return [("model", model_sec), ("method", method), ("dataset", data), ("output", output), ("train", train)]
 

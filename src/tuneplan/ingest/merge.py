@@ -261,7 +261,8 @@ def _validate(merged: dict[str, Any], sources: dict[str, str], has_ds: bool) -> 
         msg = exc.message
         if f in ("zero", "fsdp") and "gpus" not in merged:
             msg += ("; the files do not say how many GPUs run (torchrun / accelerate launch decide): "
-                    "give --gpus N")
+                    "give {gpus=N}")
         if src and src != "flag":
-            raise ConfigError(f"{msg} (value from {src})", field=f, accepted=exc.accepted) from None
-        raise ConfigError(msg, field=f or None, accepted=exc.accepted) from None
+            raise ConfigError(f"{msg} (value from {src})", field=f, accepted=exc.accepted,
+                              field_is_key=False) from None
+        raise ConfigError(msg, field=f or None, accepted=exc.accepted, field_is_key=False) from None

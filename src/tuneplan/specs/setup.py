@@ -1,7 +1,8 @@
 """TrainSetup: how the model is trained. Typed, validated, no formulas.
 
-Field names and vocabularies are the CLI's (``--method``, ``--precision``...). ``validate`` raises a
-TuneplanError naming the field and the accepted values for every invalid value or combination.
+Field names are those of the field table (specs/fields.py). ``validate`` raises a TuneplanError naming the
+field and the accepted values for every invalid value or combination; a message that points at another
+field names it as ``{field}`` / ``{field=value}``, which each face words its own way (tuneplan.errors).
 Defaults that depend on the framework profile (optimizer, attention, targets, checkpointing) are left
 as ``None`` here and filled by :func:`tuneplan.specs.profiles.resolve_setup`, which records where each
 value came from.
@@ -142,8 +143,8 @@ class TrainSetup:
                        }.get(self.method, f"full fine-tuning of a {self.bits}-bit model is not possible: "
                                           "its weights cannot take gradients")
                 raise TuneplanError(
-                    f"--bits {self.bits} quantizes the frozen base, which only applies to --method qlora ({why})",
-                    field="bits", accepted="use --method qlora, or drop --bits")
+                    f"quantizing the frozen base to {self.bits} bits only applies to {{method=qlora}} ({why})",
+                    field="bits", accepted="use {method=qlora}, or leave out {bits}")
             if self.bits not in (4, 8):
                 raise TuneplanError(f"got {self.bits}", field="bits", accepted="4, 8")
         if self.is_lora:
@@ -158,17 +159,17 @@ class TrainSetup:
             raise TuneplanError(f"got {self.zero}", field="zero", accepted="0, 1, 2, 3")
         if self.zero and self.fsdp:
             raise TuneplanError("choose either DeepSpeed ZeRO or FSDP, not both", field="zero",
-                                accepted="--zero 0 with --fsdp, or --zero N without --fsdp")
+                                accepted="{zero=0} with {fsdp}, or {zero=N} without {fsdp}")
         if (self.zero or self.fsdp) and self.world_size == 1 and self.offload == "none":
             what = f"ZeRO-{self.zero}" if self.zero else "FSDP"
             raise TuneplanError(
                 f"{what} shards across GPUs and needs at least 2 (world size is 1); on one GPU it only "
-                "makes sense with CPU offload (--offload optimizer|all)",
-                field="zero" if self.zero else "fsdp", accepted="--gpus 2 or more")
+                "makes sense with CPU offload ({offload=optimizer|all})",
+                field="zero" if self.zero else "fsdp", accepted="{gpus=2} or more")
         if self.offload != "none":
             if not (self.zero or self.fsdp):
                 raise TuneplanError("CPU offload is a DeepSpeed ZeRO / FSDP feature", field="offload",
-                                    accepted="none, or add --zero 2|3 (optimizer) / --zero 3 or --fsdp (all)")
+                                    accepted="none, or add {zero=2|3} (optimizer) / {zero=3} or {fsdp} (all)")
             if self.offload == "all" and self.zero in (1, 2):
                 raise TuneplanError("parameter offload needs ZeRO-3 (or FSDP)", field="offload",
                                     accepted="optimizer with ZeRO-1/2; all with ZeRO-3 or FSDP")
@@ -184,11 +185,11 @@ class TrainSetup:
         if self.softmax_keeps_input and self.attn in ("sdpa", "flash"):
             raise TuneplanError("softmax_keeps_input models torch < 1.11, which has neither SDPA (torch 2.0) nor "
                                 "FlashAttention-2 (torch >= 1.12)", field="attn",
-                                accepted="eager with --softmax-keeps-input")
+                                accepted="eager with {softmax_keeps_input}")
         if self.keep_grads and (self.zero or self.fsdp):
             raise TuneplanError("DeepSpeed ZeRO and FSDP manage their own gradient buffers; keeping zeroed "
                                 "gradients is a single-GPU / DDP behaviour", field="keep_grads",
-                                accepted="--no-keep-grads with --zero / --fsdp")
+                                accepted="{keep_grads=false} with {zero} / {fsdp}")
         if self.method == "freeze" and self.freeze_trainable_layers <= 0:
             raise TuneplanError("must be positive", field="freeze_trainable_layers", accepted="1..n_layers")
         return self

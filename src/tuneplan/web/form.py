@@ -31,6 +31,7 @@ from tuneplan.specs.setup import (
     TrainSetup,
 )
 from tuneplan.web import limits, sources
+from tuneplan.web.wording import page_error
 
 AUTO = "profile default"  # a choice meaning "do not pass this field"
 GC_CHOICES = (AUTO, "on", "off")
@@ -253,17 +254,17 @@ def parse(values: dict[str, Any]) -> Parsed:
     try:
         p.model, p.notes = read_model(v.get("model"), v.get("config_text"))
     except TuneplanError as exc:
-        p.fail("model", str(exc))
+        p.fail("model", page_error(exc))
     try:
         p.setup_kw = setup_kwargs(v)
         # The core's validation, the same the CLI runs; repeated with the model by build_setup later.
         TrainSetup(**p.setup_kw).validate()
     except TuneplanError as exc:
-        p.fail(group_of(exc.field), str(exc))
+        p.fail(group_of(exc.field), page_error(exc))
     try:
         p.gpu = read_gpu(v.get("gpu"))
     except TuneplanError as exc:
-        p.fail("hardware", str(exc))
+        p.fail("hardware", page_error(exc))
     try:
         p.samples = whole("samples", v.get("samples"))
         p.epochs = positive("epochs", v.get("epochs"), maximum=limits.EPOCHS_MAX, accepted="a number > 0 (e.g. 1, 3, 0.5)")
@@ -273,5 +274,5 @@ def parse(values: dict[str, Any]) -> Parsed:
                                     accepted="tokens per sample after the chat template, e.g. 350; empty: fills seq")
         p.packing = bool(v.get("packing"))
     except TuneplanError as exc:
-        p.fail("dataset", str(exc))
+        p.fail("dataset", page_error(exc))
     return p
