@@ -203,10 +203,32 @@ def test_cli_flags_and_web_labels_come_from_the_table() -> None:
         assert (opt.default, *opt.param_decls) == row.flag and opt.help == row.cli_help()
     for name, label in fields.web_labels().items():
         assert LABELS[name] == label
-    # the calibration switches and DeepSpeed details are not user-facing flags
-    assert not {"longest_batch_first", "ds_reduce_bucket", "ds_overlap_comm"} & {
-        n for n, _, _ in SETUP_OPTIONS
-    }
+    # the DeepSpeed details a config carries are not flags
+    assert not {"ds_reduce_bucket", "ds_overlap_comm"} & {n for n, _, _ in SETUP_OPTIONS}
+
+
+def test_the_torch_era_switches_are_not_setup_fields() -> None:
+    """keep_grads, softmax_keeps_input and longest_batch_first only reproduce calibration rows of older
+    stacks: no TrainSetup field, no row, no flag, no widget, nothing in --json; a TorchEraSetup carries them
+    and the formulas see them."""
+    from tuneplan.cli.options import SETUP_OPTIONS
+    from tuneplan.specs.torch_era import SWITCHES, TorchEraSetup
+    from tuneplan.web.form import DEFAULTS
+
+    assert not set(SWITCHES) & (set(SETUP) | set(fields.BY_NAME) | {n for n, _, _ in SETUP_OPTIONS}
+                                | set(DEFAULTS) | set(TrainSetup().to_dict()))
+    assert all(getattr(TrainSetup(), n) is False for n in SWITCHES)
+    era = TorchEraSetup(method="full", keep_grads=True).replace(batch=2)  # replace keeps the kind
+    assert isinstance(era, TorchEraSetup) and era.keep_grads and era.to_dict()["keep_grads"] is True
+    from tuneplan.api import build_setup
+    from tuneplan.catalog.models import resolve_model
+
+    spec = resolve_model("Qwen/Qwen2.5-0.5B", allow_network=False)
+    s = build_setup(spec, method="full", softmax_keeps_input=True)
+    assert isinstance(s, TorchEraSetup) and s.softmax_keeps_input and s.attn == "eager"  # torch < 1.11
+    from tuneplan.cli.measure_cmd import _torch_era
+
+    assert _torch_era("keep_grads, longest_batch_first") == {"keep_grads": True, "longest_batch_first": True}
 
 
 def test_a_value_outside_accepted_is_refused_naming_the_field() -> None:

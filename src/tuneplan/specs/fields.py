@@ -46,7 +46,7 @@ WIDGETS = ("radio", "dropdown", "number", "checkbox", "textbox", "none")
 @dataclass(frozen=True)
 class Field:
     """One setup field. ``accepted``: the values (a tuple) or a range in words; ``flag``: the CLI names
-    (``()`` = not a flag: the calibration switches and the DeepSpeed details read from a config)."""
+    (``()`` = not a flag: the DeepSpeed details read from a config)."""
 
     name: str
     type: type
@@ -440,7 +440,6 @@ FIELDS: tuple[Field, ...] = (
         "DeepSpeed overlap_comm (default: on for ZeRO-3 only)",
         via={"deepspeed": ("zero_optimization", "overlap_comm")},  # counted for ZeRO-1/2 only
     ),
-    _f("longest_batch_first", bool, False, "the longest batch runs first (calibration: lit-gpt 2023)"),
     _f(
         "loss",
         str,
@@ -489,20 +488,6 @@ FIELDS: tuple[Field, ...] = (
         flag=("--num-labels",),
         label="Classifier labels",
         widget="textbox",
-    ),
-    _f(
-        "keep_grads",
-        bool,
-        False,
-        "zero_grad keeps the gradient buffers (torch < 2.0's default)",
-        flag=("--keep-grads/--no-keep-grads",),
-    ),
-    _f(
-        "softmax_keeps_input",
-        bool,
-        False,
-        "softmax / log_softmax keep their input for backward (torch < 1.11)",
-        flag=("--softmax-keeps-input/--no-softmax-keeps-input",),
     ),
 )
 
