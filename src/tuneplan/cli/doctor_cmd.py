@@ -114,10 +114,10 @@ def register(app: typer.Typer) -> None:
 
         Exit status: 0 (also when no GPU is found), 1 when plain LoRA cannot run as installed, 2 bad input.
         """
-        from tuneplan.doctor import StaticProbe, SystemProbe, diagnose
+        from tuneplan.doctor import StaticDetector, SystemDetector, diagnose
 
         source = (
-            StaticProbe.from_file(machine) if machine else SystemProbe(check_bnb_import=not no_import_check)
+            StaticDetector.from_file(machine) if machine else SystemDetector(check_bnb_import=not no_import_check)
         )
         report = diagnose(source.detect())
         d = report.to_dict()

@@ -54,9 +54,8 @@ def register(app: typer.Typer) -> None:
             from tuneplan.safe_write import check_targets
 
             check_targets([record], force=False, field="record")  # refuses the link, before the run
-        switches = _torch_era(torch_era)
-        out = measure(model, steps=steps, device=device, weights=weights, record=record,
-                      **(setup_kw or {}), **switches)
+        fields: dict[str, Any] = {**(setup_kw or {}), **_torch_era(torch_era)}
+        out = measure(model, steps=steps, device=device, weights=weights, record=record, **fields)
         if as_json:
             print_json(out)
             return
