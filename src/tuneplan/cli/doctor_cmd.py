@@ -154,7 +154,7 @@ def register(app: typer.Typer) -> None:
         q = (search or "").lower()
         rows = [a for a in cat.values() if not q or q in f"{a.id} {a.name} {a.vendor}".lower()]
         if as_json:
-            print_json([a.to_dict() for a in rows])
+            print_json({"accelerators": [a.to_dict() for a in rows]})
             return
         console.print(f"[bold]Accelerators[/] ({len(rows)})", highlight=False)
         t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
