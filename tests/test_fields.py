@@ -283,3 +283,26 @@ def test_core_error_messages_name_no_flag() -> None:
                     if isinstance(c, ast.Constant) and isinstance(c.value, str) and flag.search(c.value):
                         found.append(f"{path.name}:{c.lineno}: {c.value[:60]}")
     assert not found, found
+
+
+def test_a_row_with_a_widget_gets_one_on_the_page() -> None:
+    """Rows the page does not lay out by hand get a generated widget; its value reaches the setup as the
+    CLI's flag would pass it, and the default (an unticked box, the profile's choice, an empty box) passes
+    nothing."""
+    from tuneplan.errors import TuneplanError
+    from tuneplan.web import form
+
+    assert {f.name for f in fields.FIELDS if f.widget != "none"} <= set(form.DEFAULTS)  # every one is on it
+    switch = fields._f("x_switch", bool, False, "a switch", label="X", widget="checkbox")
+    assert form.widget_default(switch) is False
+    assert form.widget_value(switch, False) == {} and form.widget_value(switch, True) == {"x_switch": True}
+    count = fields._f("x_count", int, None, "a count", accepted=">= 0", label="N", widget="number")
+    assert form.widget_value(count, "") == {} and form.widget_value(count, 3.0) == {"x_count": 3}
+    with pytest.raises(TuneplanError) as e:
+        form.widget_value(count, "three")
+    assert e.value.field == "x_count"
+    vocab = fields._f("x_kind", str, None, "a kind", accepted=("a", "b"), label="K", widget="dropdown")
+    assert form.widget_default(vocab) == form.AUTO and form.widget_value(vocab, form.AUTO) == {}
+    assert form.widget_value(vocab, "b") == {"x_kind": "b"}
+    ranged = fields._f("x_range", int, 4, "a range", accepted="1..8", label="R", widget="dropdown")
+    assert form.widget_kind(ranged) == "textbox"  # no vocabulary to drop down
