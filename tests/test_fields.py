@@ -306,3 +306,14 @@ def test_a_row_with_a_widget_gets_one_on_the_page() -> None:
     assert form.widget_value(vocab, "b") == {"x_kind": "b"}
     ranged = fields._f("x_range", int, 4, "a range", accepted="1..8", label="R", widget="dropdown")
     assert form.widget_kind(ranged) == "textbox"  # no vocabulary to drop down
+
+
+def test_the_readers_warnings_are_worded_by_the_cli(tmp_path: Path) -> None:
+    """A reader's warning refers to fields as {field} too; the CLI shows it with the flag."""
+    from tuneplan.cli.from_option import resolve_from
+
+    p = tmp_path / "training_args.json"
+    p.write_text(json.dumps({"per_device_train_batch_size": 2, "bf16": True}))
+    r = resolve_from([str(p)], "Qwen/Qwen2.5-0.5B", {})
+    assert any("{seq}" in w for w in r.resolved.warnings)  # the reader's own text names the field
+    assert any("give --seq, or a TRL max_length" in w for w in r.warnings())

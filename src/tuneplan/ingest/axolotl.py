@@ -178,6 +178,6 @@ def _precision(c: Collector, d: dict[str, Any]) -> None:
     elif "bf16" not in d or str(d.get("bf16")).lower() == "auto":
         # axolotl's "auto" (its default): bf16 where the card has it, else fp16. That is what tuneplan does
         # with a precision nobody set (bf16-mixed, fp16-mixed on a --gpu without bf16), so leave it unset.
-        c.warn("bf16", "bf16: auto: bf16-mixed, or fp16-mixed on a card without bf16 (decided with --gpu)")
+        c.warn("bf16", "bf16: auto: bf16-mixed, or fp16-mixed on a card without bf16 (decided with {gpu})")
     elif d.get("bf16") is False and not d.get("fp16"):
         c.set("precision", "fp32", "bf16")

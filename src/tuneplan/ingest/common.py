@@ -266,7 +266,7 @@ def map_precision(c: Collector, bf16: Any, fp16: Any, key_bf16: str = "bf16", ke
         key = key_bf16 if bf16 is not None else key_fp16
         c.set("precision", "fp32", key)
         c.warn(key, "bf16 and fp16 are off: estimated as fp32 training; if the model is loaded in bf16, "
-                    "give --precision bf16")
+                    "give {precision=bf16}")
 
 
 def map_optimizer(c: Collector, name: Any, key: str) -> None:

@@ -72,7 +72,7 @@ def read_hf_args(doc: Document) -> Ingested:
     c.handled.update(_TRL_MODEL_KEYS)
     if "seq" not in c.out.fields:  # said by the merge only if no other file or flag gives it
         c.out.extras["missing"] = {"seq": f"{doc.path}: no sequence length here (TrainingArguments has none): "
-                                          "give --seq, or a TRL max_length"}
+                                          "give {seq}, or a TRL max_length"}
     return c.finish(HF_IGNORED, HF_IGNORED_PREFIXES, HF_NOT_MODELLED,
                     "not a TrainingArguments field tuneplan knows; not modelled")
 
