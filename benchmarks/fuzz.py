@@ -63,7 +63,7 @@ INT_FLAGS = ["--rank", "--alpha", "--batch", "--seq", "--grad-accum", "--gpus", 
 FLOAT_FLAGS = ["--dropout", "--epochs", "--avg-tokens", "--price", "--card-price", "--kwh-price",
                "--own-years"]
 BOOL_FLAGS = ["--gradient-checkpointing", "--no-gradient-checkpointing", "--fsdp", "--packing", "--compile",
-              "--keep-grads", "--activation-offload", "--double-quant", "--softmax-keeps-input"]
+              "--activation-offload", "--double-quant"]
 DEPLOY_FLAGS = {"--serve-precision": ["bf16", "fp16", "int8", "int4", "int3"], "--context": NUMBERS,
                 "--concurrency": NUMBERS, "--tp": NUMBERS, "--gpu-util": NUMBERS, "--prefill-tokens": NUMBERS,
                 "--kv-dtype": ["bf16", "fp8", "int2"], "--cards": NUMBERS,

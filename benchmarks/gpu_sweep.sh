@@ -55,11 +55,11 @@ QUICK=(
   "Qwen/Qwen2.5-3B|--method lora --batch 2 --seq 1024 --attn sdpa --no-gradient-checkpointing"
   "Qwen/Qwen2.5-3B|--method qlora --batch 2 --seq 1024 --attn sdpa"
   "Qwen/Qwen2.5-3B|--method lora --rank 64 --targets all-linear --batch 1 --seq 2048 --attn sdpa --gradient-checkpointing"
-  # the transformers-docs BERT classifier rows (M0249/M0250, torch 1.10: --keep-grads --softmax-keeps-input,
+  # the transformers-docs BERT classifier rows (M0249/M0250, torch 1.10: kept gradients and softmax inputs,
   # both emulated by measure on today's torch); these measure allocated and reserved directly, the last one
   # today's torch as it is
-  "google-bert/bert-large-uncased|--method full --num-labels 2 --precision fp32 --optimizer adamw-hf --batch 4 --seq 512 --attn eager --no-gradient-checkpointing --keep-grads --softmax-keeps-input"
-  "google-bert/bert-large-uncased|--method full --num-labels 2 --precision fp32 --optimizer adamw-hf --batch 1 --seq 512 --attn eager --no-gradient-checkpointing --keep-grads --softmax-keeps-input"
+  "google-bert/bert-large-uncased|--method full --num-labels 2 --precision fp32 --optimizer adamw-hf --batch 4 --seq 512 --attn eager --no-gradient-checkpointing --torch-era keep_grads,softmax_keeps_input"
+  "google-bert/bert-large-uncased|--method full --num-labels 2 --precision fp32 --optimizer adamw-hf --batch 1 --seq 512 --attn eager --no-gradient-checkpointing --torch-era keep_grads,softmax_keeps_input"
   "google-bert/bert-large-uncased|--method full --num-labels 2 --precision fp32 --optimizer adamw-hf --batch 4 --seq 512 --attn eager --no-gradient-checkpointing"
 )
 FULL=(

@@ -232,7 +232,9 @@ def test_cli_accelerators_lists_catalog_and_user_cards(tmp_path):
     p.write_text(TOML)
     r = CliRunner().invoke(app, ["accelerators", "--json", "--hardware-file", str(p)])
     assert r.exit_code == 0
-    rows = {d["id"]: d for d in json.loads(r.output)}
+    out = json.loads(r.output)
+    assert list(out) == ["accelerators"]  # one object, never a bare list
+    rows = {d["id"]: d for d in out["accelerators"]}
     assert len(rows) == 63  # 55 + 6 added + two new user cards (the third overrides rtx-4090)
     assert rows["h100-sxm5-80gb"]["source"] and rows["h100-sxm5-80gb"]["verified"] == "yes"
     assert rows["h100-sxm5-80gb"]["compute_capability"] == "9.0"

@@ -74,10 +74,13 @@ def test_malformed_config_file(tmp_path) -> None:
 def test_models_and_table() -> None:
     r = run("models", "--json")
     assert r.returncode == 0
-    assert len(json.loads(r.stdout)) >= 40
+    d = json.loads(r.stdout)
+    assert list(d) == ["models"] and len(d["models"]) >= 40  # one object, never a bare list
     t = run("table", "--json")
     assert t.returncode == 0
-    cells = json.loads(t.stdout)
+    d = json.loads(t.stdout)
+    assert list(d) == ["table"]
+    cells = d["table"]
     assert len(cells) == 16
     by = {(c["size"], c["method"]): c["device_peak_bytes"] for c in cells}
     for size in ("7B", "13B", "30B/32B", "70B"):  # computed ordering, not copied numbers

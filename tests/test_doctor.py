@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tuneplan.cli.app import app
-from tuneplan.doctor import MachineInfo, StaticProbe, diagnose
+from tuneplan.doctor import MachineInfo, StaticDetector, diagnose
 from tuneplan.doctor.report import match_accelerator
 from tuneplan.doctor.system import (
-    SystemProbe,
+    SystemDetector,
     cuda_version_from_int,
     parse_npu_smi_info,
     parse_nvidia_smi_csv,
@@ -156,7 +156,7 @@ def test_machine_round_trip_and_cli_machine_file(tmp_path):
     p.write_text(json.dumps(diagnose(m).to_dict()))
     r = CliRunner().invoke(app, ["doctor", "--machine", str(p), "--json"])
     assert r.exit_code == 1
-    assert json.loads(r.output) == diagnose(StaticProbe.from_file(p).detect()).to_dict()
+    assert json.loads(r.output) == diagnose(StaticDetector.from_file(p).detect()).to_dict()
     r = CliRunner().invoke(app, ["doctor", "--machine", str(p)])  # the human rendering runs too
     assert r.exit_code == 1 and "peft-imports-bnb" in r.output
 
@@ -165,10 +165,10 @@ def test_bad_machine_file(tmp_path):
     p = tmp_path / "box.yaml"
     p.write_text("devices:\n  - {name: x, kind: tpu}\n")
     with pytest.raises(TuneplanError, match="kind"):
-        StaticProbe.from_file(p)
+        StaticDetector.from_file(p)
     p.write_text("gpus: []\n")
     with pytest.raises(TuneplanError, match="unknown key"):
-        StaticProbe.from_file(p)
+        StaticDetector.from_file(p)
 
 
 # ---- the detection layer itself -------------------------------------------------------------------------
@@ -233,11 +233,11 @@ def _fake_pynvml(n: int) -> types.ModuleType:
     return m
 
 
-def test_system_probe_reads_nvml(monkeypatch):
+def test_system_detector_reads_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(2))
     monkeypatch.setattr("shutil.which", lambda name: None)
-    monkeypatch.setattr(SystemProbe, "_versions", lambda self, m: {"torch": None})
-    m = SystemProbe(check_bnb_import=False).detect()
+    monkeypatch.setattr(SystemDetector, "_versions", lambda self, m: {"torch": None})
+    m = SystemDetector(check_bnb_import=False).detect()
     assert [d.name for d in m.devices] == ["NVIDIA GeForce RTX 4090"] * 2
     assert m.devices[0].compute_capability == (8, 9) and m.driver_version == "580.65.06"
     assert m.cuda_driver_version == "13.0"
@@ -246,7 +246,7 @@ def test_system_probe_reads_nvml(monkeypatch):
     assert [f.code for f in r.devices[0].blocking] == ["torch-no-gpu-build"]  # torch not installed
 
 
-def test_system_probe_without_gpu(monkeypatch):
+def test_system_detector_without_gpu(monkeypatch):
     broken = types.ModuleType("pynvml")
 
     def fail():
@@ -255,7 +255,7 @@ def test_system_probe_without_gpu(monkeypatch):
     broken.nvmlInit = fail
     monkeypatch.setitem(sys.modules, "pynvml", broken)
     monkeypatch.setattr("shutil.which", lambda name: None)
-    m = SystemProbe(check_bnb_import=False).detect()
+    m = SystemDetector(check_bnb_import=False).detect()
     assert m.devices == [] and any("NVML unavailable" in n for n in m.notes)
     assert m.versions.get("torch")  # torch is installed in CI (CPU build) and reported
     r = CliRunner().invoke(app, ["doctor", "--json"])

@@ -65,7 +65,7 @@ def test_export_from_a_config(tmp_path: Path) -> None:
             "-o", str(out))
     assert r.returncode == 0, r.stderr
     text = out.read_text()
-    assert "'model': 'Qwen/Qwen2.5-7B-Instruct'" in text and "'max_seq_length': 1024" in text
+    assert "'model': 'Qwen/Qwen2.5-7B-Instruct'" in text and "'max_length': 1024" in text
     assert "'gradient_accumulation_steps': 8" in text
     assert "llamafactory profile" in r.stdout  # the recipe runs HF code: said, not hidden
 

@@ -46,7 +46,7 @@ def test_script_compiles_and_carries_the_plan(qwen7b, plan, tmp_path: Path) -> N
     p = plan_of(text)
     s = b.setup
     assert p["model"] == qwen7b.name and p["method"] == s.method
-    assert p["per_device_train_batch_size"] == s.batch and p["max_seq_length"] == s.seq
+    assert p["per_device_train_batch_size"] == s.batch and p["max_length"] == s.seq
     assert p["gradient_accumulation_steps"] == s.grad_accum
     assert p["gradient_checkpointing"] == s.gradient_checkpointing
     assert p["attn_implementation"] == {"sdpa": "sdpa", "flash": "flash_attention_2", "eager": "eager"}[s.attn]

@@ -81,7 +81,10 @@ def test_zero3_without_gpu_count_asks_for_gpus() -> None:
     with pytest.raises(TuneplanError) as e:
         read_configs([str(DS3)])
     msg = str(e.value)
-    assert "--gpus" in msg and "ds_z3_config.json:19" in msg
+    assert "give gpus=N" in msg and "ds_z3_config.json:19" in msg  # the API names the field
+    from tuneplan.cli.render import error_text
+
+    assert error_text(e.value).startswith("--zero: ") and "give --gpus N" in error_text(e.value)  # the CLI
 
 
 def test_full_offload_example() -> None:

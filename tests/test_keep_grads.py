@@ -9,7 +9,7 @@ from tuneplan.api import estimate
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.export import build_export
-from tuneplan.specs.setup import TrainSetup
+from tuneplan.specs.torch_era import TorchEraSetup
 
 from .conftest import BERT_CLASSIFIER_ARGS, cli_allocated_peak
 
@@ -45,11 +45,19 @@ def test_sharded_setups_refuse_the_switch_and_exports_refuse_it(tmp_path) -> Non
         estimate(spec, method="lora", zero=2, gpus=2, keep_grads=True, timing=False)
     assert e.value.field == "keep_grads"
     with pytest.raises(TuneplanError) as e:
-        build_export("hf-script", spec, TrainSetup(method="lora", keep_grads=True), None, tmp_path / "r")
+        build_export("hf-script", spec, TorchEraSetup(method="lora", keep_grads=True), None, tmp_path / "r")
     assert e.value.field == "keep_grads"
 
 
-def test_cli_flag() -> None:
+def test_a_calibration_switch_not_a_cli_flag() -> None:
+    """Only the calibration rows of torch 1.x stacks set it: the CLI has no such flag (exit 2), and the API
+    carries it on a TorchEraSetup (4 B x params of kept fp32 gradients on top of the same run)."""
+    from tuneplan.cli.app import run
+
+    assert run(["estimate", *BERT_CLASSIFIER_ARGS, "--keep-grads"]) == 2
     bert = resolve_model("google-bert/bert-large-uncased", allow_network=False)
-    assert cli_allocated_peak(*BERT_CLASSIFIER_ARGS, "--keep-grads") > \
-        cli_allocated_peak(*BERT_CLASSIFIER_ARGS) + 4 * bert.params_total * 0.9
+    kw = dict(method="full", precision="fp32", batch=4, seq=512, attn="eager", num_labels=2, timing=False)
+    plain = estimate(bert, **kw).breakdown.allocated_peak_bytes
+    assert plain == cli_allocated_peak(*BERT_CLASSIFIER_ARGS)  # the same run as the CLI's
+    kept = estimate(bert, TorchEraSetup(keep_grads=True), **kw).breakdown.allocated_peak_bytes
+    assert kept > plain + 4 * bert.params_total * 0.9

@@ -194,7 +194,7 @@ def test_nvml_sampler_matches_the_torch_device_by_uuid_and_reports_above_baselin
     import sys
     import types
 
-    from tuneplan.measure.probe import open_nvml
+    from tuneplan.measure.counters import open_nvml
 
     used = {"GPU-a": 5 * 2**30, "GPU-b": 1 * 2**30}  # another process holds 5 GiB on the first card
     fake = types.SimpleNamespace(

@@ -49,6 +49,9 @@ def test_gpus_json_and_list() -> None:
         assert {"gpu", "fits", "min_gpus", "per_gpu_peak_bytes", "total_hours", "cloud_usd"} <= set(c)
     r = run("gpus", "--list")
     assert r.returncode == 0 and "a100-80gb-sxm4" in r.stdout
+    r = run("gpus", "--list", "--json")
+    cards = json.loads(r.stdout)["accelerators"]
+    assert r.returncode == 0 and "a100-80gb-sxm4" in {c["id"] for c in cards}
     r = run("gpus", "Qwen/Qwen2.5-14B", "--sort", "price")
     assert r.returncode == 2 and "sort" in r.stderr
 

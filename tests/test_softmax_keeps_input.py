@@ -11,9 +11,9 @@ from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.logits import logits_plan
 from tuneplan.export import build_export
-from tuneplan.specs.setup import TrainSetup
+from tuneplan.specs.torch_era import TorchEraSetup
 
-from .conftest import BERT_CLASSIFIER_ARGS, cli_allocated_peak
+from .conftest import BERT_CLASSIFIER_ARGS
 
 BERT_KW = dict(method="full", batch=4, seq=512, attn="eager", gradient_checkpointing=False, num_labels=2,
                timing=False)
@@ -51,11 +51,12 @@ def test_torch_before_1_11_means_eager_attention_and_no_export(tmp_path) -> None
             estimate(qwen, method="lora", seq=256, attn=attn, softmax_keeps_input=True, timing=False)
         assert e.value.field == "attn"
     with pytest.raises(TuneplanError) as e:
-        build_export("hf-script", qwen, TrainSetup(method="lora", attn="eager", softmax_keeps_input=True), None,
+        build_export("hf-script", qwen, TorchEraSetup(method="lora", attn="eager", softmax_keeps_input=True), None,
                      tmp_path / "r")
     assert e.value.field == "softmax_keeps_input"
 
 
-def test_cli_flag() -> None:
-    args = (*BERT_CLASSIFIER_ARGS, "--no-gradient-checkpointing")
-    assert cli_allocated_peak(*args, "--softmax-keeps-input") - cli_allocated_peak(*args) == 24 * 4 * 16 * 512 * 512 * 4
+def test_a_calibration_switch_not_a_cli_flag() -> None:
+    from tuneplan.cli.app import run
+
+    assert run(["estimate", *BERT_CLASSIFIER_ARGS, "--softmax-keeps-input"]) == 2

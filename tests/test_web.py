@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from tests.conftest import TINY_LLAMA
+from tuneplan.specs.setup import TrainSetup
 from tuneplan.web import callbacks, form, views
 from tuneplan.web.form import DEFAULTS
 
@@ -217,15 +218,25 @@ def test_kernel_fields_reach_the_estimate() -> None:
 
 
 def test_core_messages_name_the_page_fields_not_cli_flags() -> None:
-    from tuneplan.web.wording import LABELS, page_words
+    from tuneplan.errors import TuneplanError
+    from tuneplan.web.wording import LABELS, page_error
 
-    msg = "bits: --bits 8 quantizes the frozen base; accepted: use --method qlora, or drop --bits"
-    out = page_words(msg)
-    assert "--" not in out
-    assert out.startswith(f"{LABELS['bits']}: ") and f"“{LABELS['method']}” qlora" in out
-    assert page_words("--no-gradient-checkpointing") == f"“{LABELS['gradient_checkpointing']}” off"
-    assert page_words("--cutoff-len 512") == f"“{LABELS['seq']}” 512"
-    assert page_words("run --from recipe.yaml") == "run --from recipe.yaml"  # no such field on the page
+    # the core refers to fields, each face words them: the page by the labels of its widgets
+    with pytest.raises(TuneplanError) as caught:
+        TrainSetup(method="lora", bits=8).validate()
+    err = caught.value
+    assert "--" not in err.message and "{method=qlora}" in err.accepted
+    out = page_error(err)
+    assert "--" not in out and "{" not in out
+    assert out.startswith(f"{LABELS['bits']}: ") and f"“{LABELS['method']}” set to qlora" in out
+    assert f"leave out “{LABELS['bits']}”" in out
+    switch = TuneplanError("x", field="zero", accepted="{gradient_checkpointing=false}, {fsdp}")
+    assert page_error(switch) == (f"{LABELS['zero']}: x; accepted: “{LABELS['gradient_checkpointing']}” off, "
+                                  f"“{LABELS['fsdp']}”")
+    # a key of a file is shown as the file spells it, even when a setup field has that name
+    from tuneplan.errors import ConfigError
+
+    assert page_error(ConfigError("`optimizer`: bad", field="optimizer")).startswith("optimizer: ")
     # the page shows them that way: an invalid combination from the core, rendered
     v = view(method="lora", zero="2", fsdp=True, gpus=2)
     shown = v["hardware_msg"]  # zero / fsdp sit in the hardware group

@@ -108,11 +108,14 @@ class Estimate:
 
 def build_setup(model: ModelSpec, setup: TrainSetup | None = None, *, accelerator: Accelerator | None = None,
                 **kwargs: Any) -> TrainSetup:
-    """A validated, profile-resolved TrainSetup from a base setup and/or keyword fields."""
-    unknown = set(kwargs) - SETUP_FIELDS
+    """A validated, profile-resolved TrainSetup from a base setup and/or keyword fields (and the torch-era
+    switches of calibration rows, specs/torch_era.py)."""
+    from tuneplan.specs.torch_era import with_switches
+
+    base, kwargs = with_switches(setup or TrainSetup(), kwargs)
+    unknown = set(kwargs) - {f.name for f in fields(base)} - SETUP_FIELDS
     if unknown:
         raise TuneplanError(f"unknown setup field(s) {sorted(unknown)}", field="setup", accepted=sorted(SETUP_FIELDS))
-    base = setup or TrainSetup()
     explicit = frozenset(kwargs) | frozenset(k for k, v in base.sources.items() if v != "default")
     s = base.replace(**kwargs) if kwargs else base
     s.validate()

@@ -82,14 +82,18 @@ def _fail(kind: str, message: str, code: int, *, as_json: bool, err: TuneplanErr
 
     ``{"error": {"kind": "bad_input" | "internal", "field", "message", "accepted", "suggestions"}}``
     """
+    from tuneplan.cli.render import error_text, flag_words
+
     if as_json:
         import json
 
-        obj = {"kind": kind, "field": err.field if err else None, "message": message,
-               "accepted": err.accepted if err else None, "suggestions": list(err.suggestions) if err else []}
+        accepted = err.parts(flag_words)[2] if err else None
+        obj = {"kind": kind, "field": err.field if err else None,
+               "message": err.parts(flag_words)[1] if err else message,
+               "accepted": accepted, "suggestions": list(err.suggestions) if err else []}
         print(json.dumps({"error": obj}, allow_nan=False, default=str))
     else:
-        print(f"error: {err if err is not None else message}", file=sys.stderr)
+        print(f"error: {error_text(err) if err is not None else message}", file=sys.stderr)
     return code
 
 

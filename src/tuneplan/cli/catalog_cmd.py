@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
             if not search or search.lower() in e.hf_id.lower() or any(search.lower() in a for a in e.aliases)
         ]
         if as_json:
-            print_json([asdict(e) for e in rows])
+            print_json({"models": [asdict(e) for e in rows]})
             return
         console.print(f"[bold]Model catalog[/] ({len(rows)} models)", highlight=False)
         t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
 
         cells = size_method_table(**(setup_kw or {}))
         if as_json:
-            print_json([asdict(c) for c in cells])
+            print_json({"table": [asdict(c) for c in cells]})
             return
         console.print(
             "[bold]Device peak memory per GPU, GiB[/] (rule-of-thumb range in brackets, GB)", highlight=False

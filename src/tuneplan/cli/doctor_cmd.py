@@ -114,10 +114,10 @@ def register(app: typer.Typer) -> None:
 
         Exit status: 0 (also when no GPU is found), 1 when plain LoRA cannot run as installed, 2 bad input.
         """
-        from tuneplan.doctor import StaticProbe, SystemProbe, diagnose
+        from tuneplan.doctor import StaticDetector, SystemDetector, diagnose
 
         source = (
-            StaticProbe.from_file(machine) if machine else SystemProbe(check_bnb_import=not no_import_check)
+            StaticDetector.from_file(machine) if machine else SystemDetector(check_bnb_import=not no_import_check)
         )
         report = diagnose(source.detect())
         d = report.to_dict()
@@ -154,7 +154,7 @@ def register(app: typer.Typer) -> None:
         q = (search or "").lower()
         rows = [a for a in cat.values() if not q or q in f"{a.id} {a.name} {a.vendor}".lower()]
         if as_json:
-            print_json([a.to_dict() for a in rows])
+            print_json({"accelerators": [a.to_dict() for a in rows]})
             return
         console.print(f"[bold]Accelerators[/] ({len(rows)})", highlight=False)
         t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))

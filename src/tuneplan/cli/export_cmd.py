@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         if output is None:
             if len(bundle.files) > 1:
                 raise TuneplanError(f"this plan needs {len(bundle.files)} files "
-                                    f"({', '.join(p.name for p, _ in bundle.files)})", field="--output",
+                                    f"({', '.join(p.name for p, _ in bundle.files)})", field="output",
                                     accepted="-o PATH (companions are written beside it)")
             if as_json:  # one JSON object: the file's text inside it
                 print_json({"format": fmt, "files": [], "name": bundle.files[0][0].name, "text": bundle.files[0][1],
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         # all files or none, each atomically; an existing file or a symbolic link only with --force, and
         # then the link itself is replaced (safe_write)
         write_files([OutFile(p, text.encode("utf-8"), executable=p.suffix == ".py") for p, text in bundle.files],
-                    force=force, field="--output")
+                    force=force, field="output")
         if as_json:
             print_json({"format": fmt, "files": [str(p) for p, _ in bundle.files],
                         "notes": warnings + bundle.notes, "setup": bundle.setup.to_dict()})

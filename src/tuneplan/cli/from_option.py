@@ -53,11 +53,18 @@ class FromResult:
             d["from"] = {
                 "files": [{"path": i.path, "kind": i.kind} for i in r.files],
                 "model_source": r.model_source,
-                "warnings": list(r.warnings),
+                "warnings": self.warnings(),
                 "deepspeed": r.deepspeed,
                 "run": r.run,
             }
         return d
+
+    def warnings(self) -> list[str]:
+        """The readers' warnings, the fields they name worded as flags (tuneplan.errors)."""
+        from tuneplan.cli.render import flag_words
+        from tuneplan.errors import word
+
+        return [word(w, flag_words) for w in (self.resolved.warnings if self.resolved else [])]
 
     def time_kw(self, time_kw: dict[str, Any] | None) -> dict[str, Any]:
         """The time/cost keywords: the flags' dataset when given, else the run length the files state."""
@@ -72,7 +79,7 @@ class FromResult:
             out["dataset"] = DatasetSpec(**fields_).validate()
             self.resolved.warnings.append(
                 f"dataset size for the time estimate from the files: {why}; "
-                "give --samples / --dataset-tokens to override"
+                "give {samples} / {dataset_tokens} to override"
             )
         return out
 
@@ -106,22 +113,18 @@ class FromResult:
         sources = d.get("setup_sources", {})
         setup = d.get("setup", {})
         method = setup.get("method")
-        hidden = {"sources"}  # rows that mean nothing for this method
-        if method != "qlora":
-            hidden |= {"bits", "quant_type", "double_quant"}
-        if method not in ("lora", "qlora"):
-            hidden |= {"rank", "alpha", "dropout", "targets"}
-        if method != "freeze":
-            hidden.add("freeze_trainable_layers")
+        from tuneplan.specs.fields import BY_NAME
+
         for f in fields(TrainSetup):
-            if f.name in hidden or f.name not in setup:
+            # rows that mean nothing for this method (the field table's methods) are left out
+            if f.name not in BY_NAME or f.name not in setup or not BY_NAME[f.name].applies_to(method):
                 continue
             value = d["setup"][f.name]
             src = shorten(sources.get(f.name, "tuneplan default"))
             style = "" if src.startswith(("flag", "tuneplan default")) or "profile default" in src else "cyan"
             t.add_row(f.name, str(value), f"[{style}]{src}[/]" if style else src)
         console.print(t)
-        for w in self.resolved.warnings:
+        for w in self.warnings():
             console.print(f"[yellow]warning:[/] {w}")
 
 

@@ -34,6 +34,12 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
         force: Annotated[bool, typer.Option("--force", help="append to --record even when it is a symbolic "
                                             "link (the link is replaced by the file)")] = False,
+        torch_era: Annotated[
+            str | None,
+            typer.Option("--torch-era", hidden=True,
+                         help="calibration rows of older stacks: a comma list of keep_grads, "
+                              "softmax_keeps_input, longest_batch_first"),
+        ] = None,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """Run real training steps on this machine (GPU, or CPU with host memory figures) and compare.
@@ -47,12 +53,26 @@ def register(app: typer.Typer) -> None:
         if record and os.path.islink(record) and not force:
             from tuneplan.safe_write import check_targets
 
-            check_targets([record], force=False, field="--record")  # refuses the link, before the run
-        out = measure(model, steps=steps, device=device, weights=weights, record=record, **(setup_kw or {}))
+            check_targets([record], force=False, field="record")  # refuses the link, before the run
+        fields: dict[str, Any] = {**(setup_kw or {}), **_torch_era(torch_era)}
+        out = measure(model, steps=steps, device=device, weights=weights, record=record, **fields)
         if as_json:
             print_json(out)
             return
         _render(out)
+
+
+def _torch_era(spec: str | None) -> dict[str, bool]:
+    """``--torch-era keep_grads,softmax_keeps_input`` -> those switches on (specs/torch_era.py): only the
+    calibration sweeps reproduce such stacks, so the option is not in the help."""
+    from tuneplan.errors import TuneplanError
+    from tuneplan.specs.torch_era import SWITCHES
+
+    names = [n.strip() for n in (spec or "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in SWITCHES]
+    if unknown:
+        raise TuneplanError(f"unknown switch(es) {', '.join(unknown)}", field="torch_era", accepted=SWITCHES)
+    return dict.fromkeys(names, True)
 
 
 def _render(out: dict[str, Any]) -> None:

@@ -409,7 +409,7 @@ def _list_cards(as_json: bool) -> None:
 
     cards = sorted(accelerators().values(), key=lambda a: (a.memory_bytes, a.id))
     if as_json:
-        print_json([a.to_dict() for a in cards])
+        print_json({"accelerators": [a.to_dict() for a in cards]})
         return
     t = compact_table()
     for c in ("id", "name", "GiB\nusable", "CC", "bf16\nTFLOPS", "cloud USD\nper GPU-h"):

@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
         if snapshot:
             from tuneplan.safe_write import check_targets
 
-            check_targets([snapshot], force=force, field="--snapshot")  # before minutes of simulation
+            check_targets([snapshot], force=force, field="snapshot")  # before minutes of simulation
         frm = resolve_from(from_files, model, setup_kw)
         # The result is built exactly as `estimate` builds it (model as built for the framework and head,
         # setup, findings, trainable parameters, time and cost); only the memory comes from the simulation.

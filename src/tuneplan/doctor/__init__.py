@@ -1,14 +1,15 @@
-"""`tuneplan doctor`: inspect this machine and say what will run (detection behind a fakeable Probe)."""
+"""`tuneplan doctor`: inspect this machine and say what will run (detection behind a fakeable Detector)."""
 
-from tuneplan.doctor.probe import Device, MachineInfo, Probe, StaticProbe
+from tuneplan.doctor.machine import Detector, Device, MachineInfo, StaticDetector
 from tuneplan.doctor.report import DoctorReport, diagnose
 
-__all__ = ["Device", "MachineInfo", "Probe", "StaticProbe", "DoctorReport", "diagnose", "SystemProbe"]
+__all__ = ["Device", "MachineInfo", "Detector", "StaticDetector", "DoctorReport", "diagnose",
+           "SystemDetector"]
 
 
-def __getattr__(name: str):  # the real probe imports subprocess/torch machinery only when asked
-    if name == "SystemProbe":
-        from tuneplan.doctor.system import SystemProbe
+def __getattr__(name: str):  # the real detector imports subprocess/torch machinery only when asked
+    if name == "SystemDetector":
+        from tuneplan.doctor.system import SystemDetector
 
-        return SystemProbe
+        return SystemDetector
     raise AttributeError(name)

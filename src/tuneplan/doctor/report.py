@@ -14,7 +14,7 @@ from typing import Any
 
 from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.compat import Capability, capabilities, check
-from tuneplan.doctor.probe import Device, MachineInfo
+from tuneplan.doctor.machine import Device, MachineInfo
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import Finding
 from tuneplan.specs.hardware import GIB, Accelerator

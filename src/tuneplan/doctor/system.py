@@ -1,4 +1,4 @@
-"""The real probe: ask this machine what it has. Every step may be missing; none may crash.
+"""The real detector: ask this machine what it has. Every step may be missing; none may crash.
 
 GPUs through NVML (``nvidia-ml-py``, the ``detect`` extra) or, without it, ``nvidia-smi``; Ascend NPUs
 through ``npu-smi info`` or torch_npu; AMD GPUs through a ROCm build of torch; library versions from
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from tuneplan.doctor.probe import Device, MachineInfo
+from tuneplan.doctor.machine import Device, MachineInfo
 
 MIB = 1024**2
 # distribution names to try per library key (the same project is published under several spellings)
@@ -85,7 +85,7 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess[str] | None:
         return None
 
 
-class SystemProbe:
+class SystemDetector:
     """Detection on the machine this runs on."""
 
     def __init__(self, check_bnb_import: bool = True) -> None:

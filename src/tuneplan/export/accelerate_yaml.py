@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from tuneplan.errors import TuneplanError
-from tuneplan.export.common import header_lines
+from tuneplan.export.common import header_lines, plain_keys
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -43,7 +43,7 @@ def accelerate_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | No
         if s.offload == "optimizer":
             raise TuneplanError("FSDP has no optimizer-only offload (CPUOffload moves parameters and gradients, "
                                 "and the step runs on the CPU)", field="offload",
-                                accepted="--offload all with --fsdp, or --zero 2|3 --offload optimizer")
+                                accepted="{offload=all} with {fsdp}, or {zero=2|3} {offload=optimizer}")
         cfg["distributed_type"] = "FSDP"
         cfg["fsdp_config"] = {
             "fsdp_version": 1,
@@ -66,7 +66,7 @@ def accelerate_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | No
         "downcast_bf16": "no",
         "machine_rank": 0,
         "main_training_function": "main",
-        "num_machines": s.nodes,
+        **plain_keys(s, "accelerate"),  # num_machines
         "num_processes": s.world_size,  # the total over all machines
         "rdzv_backend": "static",
         "same_network": True,

@@ -7,9 +7,12 @@ with the finding's fix rather than written out.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tuneplan import __version__
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
+from tuneplan.specs import fields as field_table
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -70,17 +73,30 @@ def trainer_kernels(s: TrainSetup, who: str) -> None:
     """Refuse the setup fields a transformers-Trainer run cannot express (the plan would not be the run)."""
     if s.activation_offload:
         raise TuneplanError(f"{who} has no activation offloading", field="activation_offload",
-                            accepted="--no-activation-offload, or a torchtune recipe")
+                            accepted="{activation_offload=false}, or a torchtune recipe")
     if s.loss in ("chunked", "fused"):
         raise TuneplanError(f"{who} has no switch for a {s.loss} cross-entropy on materialised logits",
-                            field="loss", accepted="--loss fused-linear (Liger), --loss upcast, or an axolotl / "
+                            field="loss", accepted="{loss=fused-linear} (Liger), {loss=upcast}, or an axolotl / "
                                                    "torchtune / Unsloth config")
     if s.keep_grads:
         raise TuneplanError(f"{who} runs on torch >= 2.0, whose zero_grad frees the gradients",
-                            field="keep_grads", accepted="--no-keep-grads to export")
+                            field="keep_grads", accepted="{keep_grads=false} to export")
     if s.softmax_keeps_input:
         raise TuneplanError(f"{who} runs on torch >= 2.0, whose softmax keeps only its output",
-                            field="softmax_keeps_input", accepted="--no-softmax-keeps-input to export")
+                            field="softmax_keeps_input", accepted="{softmax_keeps_input=false} to export")
     if s.num_labels:
         raise TuneplanError("the exported recipes train a language model; a sequence-classification head is "
-                            "not written", field="num_labels", accepted="drop --num-labels to export")
+                            "not written", field="num_labels", accepted="leave out {num_labels} to export")
+
+
+def plain_keys(setup: TrainSetup, fmt: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """``{key: value}`` for the plain keys of ``fmt`` (field table, specs/fields.py): each field's first name
+    with the setup's value, for the fields that apply to the setup's method (``names``: only those, in that
+    order). A field left unset (None) is left out: the framework's default is the run's."""
+    rows = {f.name: f for f in field_table.plain_fields(fmt, setup.method)}
+    out = {}
+    for name in names if names is not None else tuple(rows):
+        value = getattr(setup, name)
+        if name in rows and value is not None:
+            out[rows[name].keys[fmt][0]] = value
+    return out

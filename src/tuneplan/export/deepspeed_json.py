@@ -16,6 +16,7 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.parallel import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from tuneplan.export.common import plain_keys
 from tuneplan.ingest.deepspeed import ZERO_DEFAULTS
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -31,14 +32,13 @@ def deepspeed_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
     s = setup
     if s.fsdp:
         raise TuneplanError("this plan uses FSDP, not DeepSpeed", field="format",
-                            accepted="--format accelerate (FSDP), or plan with --zero 1|2|3")
+                            accepted="{format=accelerate} (FSDP), or plan with {zero=1|2|3}")
     if not s.zero:
         raise TuneplanError("this plan does not use DeepSpeed (ZeRO stage 0 is estimated as plain DDP)",
-                            field="zero", accepted="plan with --zero 1|2|3 (with --offload on one GPU)")
+                            field="zero", accepted="plan with {zero=1|2|3} (with {offload} on one GPU)")
     cfg: dict[str, Any] = {
         "train_batch_size": s.batch * s.grad_accum * s.world_size,
-        "train_micro_batch_size_per_gpu": s.batch,
-        "gradient_accumulation_steps": s.grad_accum,
+        **plain_keys(s, "deepspeed"),  # micro-batch and accumulation
         "gradient_clipping": MAX_GRAD_NORM,
         # HF/LLaMA-Factory hand DeepSpeed their own optimizer (optim=...): allowed only with this flag.
         "zero_allow_untested_optimizer": True,
@@ -59,7 +59,7 @@ def deepspeed_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
     if s.offload in ("optimizer", "all"):
         if s.optimizer not in ("adamw", "adamw-fused"):
             raise TuneplanError(f"ZeRO-Offload steps with DeepSpeed's CPU Adam, not {s.optimizer}",
-                                field="optimizer", accepted="adamw or adamw-fused with --offload, or --offload none")
+                                field="optimizer", accepted="adamw or adamw-fused with {offload}, or {offload=none}")
         zo["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         # ZeRO-Offload runs DeepSpeed's CPU Adam; a client (HF) optimizer is refused unless forced, so
         # name DeepSpeed's AdamW here ("auto" params are filled by the HF integration).

@@ -19,7 +19,7 @@ from importlib import resources
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.weights import resolve_targets
-from tuneplan.export.common import header_lines, launch_line, trainer_kernels
+from tuneplan.export.common import header_lines, launch_line, plain_keys, trainer_kernels
 from tuneplan.ingest.common import OPTIMIZER_TO_HF
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -33,7 +33,7 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
     s = setup
     if s.optimizer_in_backward:
         raise TuneplanError("the transformers Trainer has no optimizer-in-backward", field="optimizer_in_backward",
-                            accepted="--no-optimizer-in-backward, or a torchtune recipe")
+                            accepted="{optimizer_in_backward=false}, or a torchtune recipe")
     trainer_kernels(s, "the transformers Trainer")
     if s.precision == "fp16" and s.method in ("full", "freeze"):
         raise TuneplanError("the Trainer's fp16 loss scaler refuses fp16 gradients (pure fp16 full/freeze tuning)",
@@ -51,7 +51,7 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
     if s.fsdp:
         if s.offload == "optimizer":
             raise TuneplanError("FSDP has no optimizer-only offload", field="offload",
-                                accepted="--offload all with --fsdp, or --zero 2|3 --offload optimizer")
+                                accepted="{offload=all} with {fsdp}, or {zero=2|3} {offload=optimizer}")
         fsdp = "full_shard auto_wrap" + (" offload" if s.offload == "all" else "")
     return {
         "model": model.name,
@@ -68,10 +68,9 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
         "bf16": half == "bfloat16",
         "fp16": half == "float16",
         "optim": OPTIMIZER_TO_HF[s.optimizer or "adamw-fused"],
-        "per_device_train_batch_size": s.batch,
-        "gradient_accumulation_steps": s.grad_accum,
-        "max_seq_length": s.seq,
-        "gradient_checkpointing": bool(s.gradient_checkpointing),
+        # TrainingArguments / SFTConfig names, from the field table
+        **plain_keys(s.replace(gradient_checkpointing=bool(s.gradient_checkpointing)), "transformers",
+                     ("batch", "grad_accum", "seq", "gradient_checkpointing")),
         "use_liger_kernel": s.loss == "fused-linear",
         "torch_compile": s.compile,
         "attn_implementation": HF_ATTN[s.attn or "sdpa"],

@@ -15,7 +15,7 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.weights import resolve_targets
-from tuneplan.export.common import header_lines, trainer_kernels
+from tuneplan.export.common import header_lines, plain_keys, trainer_kernels
 from tuneplan.ingest.common import OPTIMIZER_TO_HF
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -56,11 +56,11 @@ def _precision_keys(setup: TrainSetup) -> dict[str, Any]:
         return {"pure_bf16": True}
     if p == "fp16":
         raise TuneplanError("LLaMA-Factory has no pure-fp16 training", field="precision",
-                            accepted="fp16-mixed, bf16, bf16-mixed (or --format hf-script)")
+                            accepted="fp16-mixed, bf16, bf16-mixed (or {format=hf-script})")
     if setup.method != "full":
         raise TuneplanError("LLaMA-Factory loads the frozen weights in bf16/fp16 whenever the card has them "
                             "(infer_optim_dtype), so an fp32 adapter or freeze run is not expressible",
-                            field="precision", accepted="bf16-mixed, fp16-mixed, bf16 (or --format hf-script)")
+                            field="precision", accepted="bf16-mixed, fp16-mixed, bf16 (or {format=hf-script})")
     return {}  # no flag: full fine-tune in fp32 (trainable parameters are cast to fp32)
 
 
@@ -74,18 +74,14 @@ def llamafactory_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | 
         model_sec["quantization_bit"] = s.quant_bits
         model_sec["quantization_method"] = "bnb"
         if s.quant_bits == 4:
-            model_sec["quantization_type"] = s.quant_type
-            model_sec["double_quantization"] = s.double_quant
+            model_sec.update(plain_keys(s, "llamafactory", ("quant_type", "double_quant")))
     model_sec["flash_attn"] = LF_ATTN[s.attn or "sdpa"]
     model_sec["disable_gradient_checkpointing"] = not s.gradient_checkpointing
 
     method: dict[str, Any] = {"stage": "sft", "do_train": True,
                               "finetuning_type": "lora" if s.is_lora else s.method}
     if s.is_lora:
-        method["lora_rank"] = s.rank
-        if s.alpha is not None:
-            method["lora_alpha"] = s.alpha
-        method["lora_dropout"] = float(s.dropout or 0.0)
+        method.update(plain_keys(s, "llamafactory", ("rank", "alpha", "dropout")))
         method["lora_target"] = lora_target_value(model, s.targets)
     if s.method == "freeze":
         method["freeze_trainable_layers"] = s.freeze_trainable_layers
@@ -94,14 +90,13 @@ def llamafactory_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | 
         method["deepspeed"] = deepspeed_file or f"ds_z{s.zero}_config.json"
     method.update({k: v for k, v in _precision_keys(s).items() if k == "pure_bf16"})
 
-    data = {"dataset": dataset, "template": template_for(model), "cutoff_len": s.seq, "overwrite_cache": True,
-            "preprocessing_num_workers": 16, "dataloader_num_workers": 4}
+    data = {"dataset": dataset, "template": template_for(model), **plain_keys(s, "llamafactory", ("seq",)),
+            "overwrite_cache": True, "preprocessing_num_workers": 16, "dataloader_num_workers": 4}
     short = model.name.split("/")[-1].lower()
     output = {"output_dir": output_dir or f"saves/{short}/{'lora' if s.is_lora else s.method}/sft",
               "logging_steps": 10, "save_steps": 500, "plot_loss": True, "report_to": "none"}
     train: dict[str, Any] = {
-        "per_device_train_batch_size": s.batch,
-        "gradient_accumulation_steps": s.grad_accum,
+        **plain_keys(s, "llamafactory", ("batch", "grad_accum")),
         "learning_rate": 1.0e-4 if s.is_lora else 1.0e-5,
         "num_train_epochs": 3.0,
         "lr_scheduler_type": "cosine",
@@ -115,7 +110,7 @@ def llamafactory_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | 
         train["torch_compile"] = True
     if s.optimizer_in_backward:
         raise TuneplanError("LLaMA-Factory has no optimizer-in-backward", field="optimizer_in_backward",
-                            accepted="--no-optimizer-in-backward")
+                            accepted="{optimizer_in_backward=false}")
     train.update({k: v for k, v in _precision_keys(s).items() if k != "pure_bf16"})
     return [("model", model_sec), ("method", method), ("dataset", data), ("output", output), ("train", train)]
 

@@ -33,7 +33,7 @@ PLAN = {
     "optim": "adamw_torch_fused",
     "per_device_train_batch_size": 2,
     "gradient_accumulation_steps": 2,
-    "max_seq_length": 32,
+    "max_length": 32,
     "gradient_checkpointing": True,
     "attn_implementation": "sdpa",
     "deepspeed": None,
@@ -188,7 +188,7 @@ def read_texts(args: argparse.Namespace) -> list[str]:
 
 
 def build_dataset(args: argparse.Namespace, plan: dict, vocab: int, torch) -> Rows:
-    seq = plan["max_seq_length"]
+    seq = plan["max_length"]
     if args.dataset.startswith("random:"):
         n = int(args.dataset.split(":", 1)[1])
         ids = torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(0))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneplan.ingest.common import Collector, Ingested
+from tuneplan.ingest.common import Collector, Ingested, map_plain
 from tuneplan.ingest.document import Document
 
 _IGNORED = frozenset({
@@ -86,13 +86,12 @@ def read_accelerate(doc: Document) -> Ingested:
     c = Collector(doc, "accelerate", "accelerate yaml")
     d = doc.data
     dist = str(c.get("distributed_type", "NO")).upper()
-    machines = c.as_int(c.get("num_machines", 1), "num_machines")
+    map_plain(c, "accelerate")
+    machines = c.out.fields.get("nodes", 1)
     procs = c.as_int(c.get("num_processes", 1), "num_processes")
     if procs % machines:
         raise c.fail("num_processes", f"{procs} processes do not split evenly over {machines} machines "
                                       "(num_processes is the total over all machines)")
-    if "num_machines" in d:
-        c.set("nodes", machines, "num_machines")
     if "num_processes" in d:
         c.set("gpus", procs // machines, "num_processes")
     if c.as_bool(c.get("use_cpu", False), "use_cpu"):

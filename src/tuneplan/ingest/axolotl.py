@@ -20,10 +20,12 @@ from tuneplan.ingest.common import (
     map_fsdp,
     map_kernel_switches,
     map_optimizer,
+    map_plain,
 )
 from tuneplan.ingest.document import Document
 
-AXOLOTL_DEFAULTS = {"sequence_len": 512, "micro_batch_size": 1, "gradient_checkpointing": False}
+# axolotl's defaults, by field (utils/schemas: sequence_len 512, micro_batch_size 1, gradient_checkpointing false)
+AXOLOTL_DEFAULTS = {"seq": ("sequence_len", 512), "batch": ("micro_batch_size", 1)}
 
 _IGNORED = HF_IGNORED | frozenset({
     "base_model", "base_model_config", "model_type", "tokenizer_type", "tokenizer_config", "tokenizer_use_fast",
@@ -97,14 +99,8 @@ def read_axolotl(doc: Document) -> Ingested:
             c.set("bits", 4 if four else 8, "load_in_4bit" if four else "load_in_8bit")
         else:
             c.set("method", "lora", "adapter")
-        if d.get("lora_r") is not None:
-            c.set("rank", c.as_int(d["lora_r"], "lora_r"), "lora_r")
-        else:
+        if d.get("lora_r") is None:
             c.warn("lora_r", "no lora_r: estimated at tuneplan's default rank")
-        if d.get("lora_alpha") is not None:
-            c.set("alpha", c.as_int(d["lora_alpha"], "lora_alpha"), "lora_alpha")
-        if d.get("lora_dropout") is not None:
-            c.set("dropout", c.as_float(d["lora_dropout"], "lora_dropout"), "lora_dropout")
         _targets(c, d)
         bnb = d.get("bnb_config_kwargs") or {}
         if isinstance(bnb, dict):
@@ -122,12 +118,10 @@ def read_axolotl(doc: Document) -> Ingested:
                          "a quantized base cannot be fully fine-tuned", accepted="adapter: lora or qlora")
         c.set("method", "full", *(("adapter",) if "adapter" in d else ("base_model",)))
 
-    for key, field in (("sequence_len", "seq"), ("micro_batch_size", "batch"),
-                       ("gradient_accumulation_steps", "grad_accum")):
-        if d.get(key) is not None:
-            c.set(field, c.as_int(d[key], key), key)
-        elif key in AXOLOTL_DEFAULTS:
-            c.default(field, AXOLOTL_DEFAULTS[key], f"{key} unset: axolotl uses {AXOLOTL_DEFAULTS[key]}")
+    given = map_plain(c, "axolotl", c.out.fields["method"])
+    for field, (key, value) in AXOLOTL_DEFAULTS.items():
+        if field not in given:
+            c.default(field, value, f"{key} unset: axolotl uses {value}")
     if d.get("optimizer") is not None:
         map_optimizer(c, d["optimizer"], "optimizer")
     gc = d.get("gradient_checkpointing")
@@ -184,6 +178,6 @@ def _precision(c: Collector, d: dict[str, Any]) -> None:
     elif "bf16" not in d or str(d.get("bf16")).lower() == "auto":
         # axolotl's "auto" (its default): bf16 where the card has it, else fp16. That is what tuneplan does
         # with a precision nobody set (bf16-mixed, fp16-mixed on a --gpu without bf16), so leave it unset.
-        c.warn("bf16", "bf16: auto: bf16-mixed, or fp16-mixed on a card without bf16 (decided with --gpu)")
+        c.warn("bf16", "bf16: auto: bf16-mixed, or fp16-mixed on a card without bf16 (decided with {gpu})")
     elif d.get("bf16") is False and not d.get("fp16"):
         c.set("precision", "fp32", "bf16")

@@ -1,5 +1,6 @@
-"""What every reader shares: the result type, a collector that records each value's origin, and the
-mapping of transformers ``TrainingArguments`` keys (which LLaMA-Factory and TRL configs also carry).
+"""What every reader shares: the result type, a collector that records each value's origin, the plain
+keys of every format (generated from the field table, specs/fields.py), and the translations of
+transformers ``TrainingArguments`` keys (which LLaMA-Factory and TRL configs also carry).
 
 Three kinds of keys: mapped (they set a TrainSetup field, and the source says ``file:line``), ignored
 silently (logging, saving, data loading, learning-rate schedule: no effect on memory, step time or
@@ -15,6 +16,7 @@ from typing import Any
 
 from tuneplan.errors import ConfigError
 from tuneplan.ingest.document import Document
+from tuneplan.specs import fields as field_table
 
 
 @dataclass
@@ -264,7 +266,7 @@ def map_precision(c: Collector, bf16: Any, fp16: Any, key_bf16: str = "bf16", ke
         key = key_bf16 if bf16 is not None else key_fp16
         c.set("precision", "fp32", key)
         c.warn(key, "bf16 and fp16 are off: estimated as fp32 training; if the model is loaded in bf16, "
-                    "give --precision bf16")
+                    "give {precision=bf16}")
 
 
 def map_optimizer(c: Collector, name: Any, key: str) -> None:
@@ -297,27 +299,46 @@ def map_fsdp(c: Collector, value: Any, key: str) -> None:
         c.set("offload", "all", key)
 
 
+def map_plain(c: Collector, fmt: str, method: str | None = None, *, skip: tuple[Any, ...] = ()) -> set[str]:
+    """Every plain key of ``fmt`` in the file -> its field, checked by the field's type; the fields set.
+
+    The keys come from the field table (specs/fields.py). Fields that apply to some methods only (the LoRA
+    rank, the 4-bit data type) are read only when ``method`` is one of them (None: not known, so only the
+    universal fields). ``skip``: values that leave the field to another file (DeepSpeed's "auto"). Of two
+    spellings of one field the first (the current one) wins.
+    """
+    d = c.doc.data
+    done = set()
+    for f in field_table.plain_fields(fmt, method):
+        for key in reversed(f.keys[fmt]):
+            v = d.get(key)
+            c.handled.add(key)
+            if v is None or (isinstance(v, str) and v in skip):
+                continue
+            c.set(f.name, _plain_value(c, f.type, v, key), key)
+            done.add(f.name)
+    return done
+
+
+def _plain_value(c: Collector, type_: type, value: Any, key: str) -> Any:
+    if type_ is bool:
+        return c.as_bool(value, key)
+    if type_ is int:
+        return c.as_int(value, key)
+    if type_ is float:
+        return c.as_float(value, key)
+    return str(value)
+
+
 def map_hf_training(c: Collector) -> None:
-    """The TrainingArguments keys that matter, from any reader whose file carries them."""
+    """The TrainingArguments keys that need a translation, from any reader whose file carries them."""
     d = c.doc.data
     map_kernel_switches(c)
-    if "per_device_train_batch_size" in d:
-        c.set("batch", c.as_int(c.get("per_device_train_batch_size"), "per_device_train_batch_size"),
-              "per_device_train_batch_size")
-    if "gradient_accumulation_steps" in d:
-        c.set("grad_accum", c.as_int(c.get("gradient_accumulation_steps"), "gradient_accumulation_steps"),
-              "gradient_accumulation_steps")
     if d.get("optim") is not None:
         map_optimizer(c, c.get("optim"), "optim")
-    for k in ("gradient_checkpointing", "activation_checkpointing"):
-        if d.get(k) is not None:
-            c.set("gradient_checkpointing", c.as_bool(c.get(k), k), k)
     if d.get("fsdp") not in (None, "", []):
         map_fsdp(c, c.get("fsdp"), "fsdp")
     c.handled.update({"fsdp", "fsdp_config"})
-    for k in ("max_seq_length", "max_length"):  # TRL SFTConfig (max_seq_length before TRL 0.20)
-        if d.get(k) is not None:
-            c.set("seq", c.as_int(c.get(k), k), k)
     run = c.out.extras.setdefault("run", {})
     for k in ("num_train_epochs", "max_steps"):
         if d.get(k) is not None:

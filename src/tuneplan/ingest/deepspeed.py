@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneplan.ingest.common import Collector, Ingested
+from tuneplan.ingest.common import Collector, Ingested, map_plain
 from tuneplan.ingest.document import Document
 
 # Defaults of deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig, deepspeed 0.19.8), in elements.
@@ -148,18 +148,13 @@ def read_deepspeed(doc: Document, label: str = "deepspeed json") -> Ingested:
         c.set("offload", "none", "zero_optimization", "stage")
 
     _precision(c, data)
-    micro = data.get("train_micro_batch_size_per_gpu")
-    ga = data.get("gradient_accumulation_steps")
+    # "auto": filled from the TrainingArguments by the HF integration, so the other files / flags decide
+    map_plain(c, "deepspeed", skip=("auto",))
+    micro, ga = c.out.fields.get("batch"), c.out.fields.get("grad_accum")
     tbs = data.get("train_batch_size")
-    if micro not in (None, "auto"):
-        micro = c.as_int(micro, "train_micro_batch_size_per_gpu")
-        c.set("batch", micro, "train_micro_batch_size_per_gpu")
-    if ga not in (None, "auto"):
-        ga = c.as_int(ga, "gradient_accumulation_steps")
-        c.set("grad_accum", ga, "gradient_accumulation_steps")
     if tbs not in (None, "auto"):
         tbs = c.as_int(tbs, "train_batch_size")
-        if isinstance(micro, int) and isinstance(ga, int):
+        if micro is not None and ga is not None:
             if tbs % (micro * ga):
                 raise c.fail("train_batch_size", f"{tbs} is not micro-batch {micro} x accumulation {ga} x "
                                                  "a whole number of GPUs (DeepSpeed asserts this)")

@@ -113,22 +113,22 @@ def load_document(path: str | Path) -> Document:
     from tuneplan.safe_read import parse_json, parse_yaml, path_exists, read_text, user_path
 
     shown = str(path)
-    p = user_path(shown, "--from") if isinstance(path, str) else Path(path)
+    p = user_path(shown, "from") if isinstance(path, str) else Path(path)
     if not path_exists(p):
-        raise ConfigError(f"no such file: {shown}", field="--from")
+        raise ConfigError(f"no such file: {shown}", field="from", field_is_key=False)
     if p.is_dir():
-        raise ConfigError(f"{shown} is a folder; give the config file inside it", field="--from")
+        raise ConfigError(f"{shown} is a folder; give the config file inside it", field="from", field_is_key=False)
     try:
-        text = read_text(p, "--from", accepted="a YAML or JSON training config")
+        text = read_text(p, "from", accepted="a YAML or JSON training config")
         if not text.strip():
-            raise ConfigError(f"{shown} is empty", field="--from", accepted="a YAML or JSON training config")
+            raise ConfigError(f"{shown} is empty", field="from", field_is_key=False, accepted="a YAML or JSON training config")
         is_json = p.suffix.lower() == ".json" or text.lstrip().startswith("{")
         if is_json:
-            data = parse_json(text, "--from", shown)
+            data = parse_json(text, "from", shown)
             lines = json_key_lines(text) if isinstance(data, dict) else {}
             fmt = "json"
         else:
-            data, node = parse_yaml(text, "--from", shown)
+            data, node = parse_yaml(text, "from", shown)
             lines = {}
             if node is not None:
                 _yaml_lines(node, (), lines)
@@ -136,8 +136,8 @@ def load_document(path: str | Path) -> Document:
     except ConfigError:
         raise
     except TuneplanError as exc:  # the readers' refusals, as the ConfigError callers expect
-        raise ConfigError(exc.message, field=exc.field, accepted=exc.accepted) from None
+        raise ConfigError(exc.message, field=exc.field, accepted=exc.accepted, field_is_key=False) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{shown}: the top level must be a mapping of keys to values, got {type(data).__name__}",
-                          field="--from", accepted="a YAML or JSON training config")
+                          field="from", field_is_key=False, accepted="a YAML or JSON training config")
     return Document(path=shown, data=data, fmt=fmt, lines=lines)

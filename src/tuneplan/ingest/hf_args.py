@@ -20,6 +20,7 @@ from tuneplan.ingest.common import (
     Collector,
     Ingested,
     map_hf_training,
+    map_plain,
     map_precision,
 )
 from tuneplan.ingest.document import Document
@@ -58,29 +59,20 @@ def read_hf_args(doc: Document) -> Ingested:
         c.set("method", "qlora" if (four or eight) else "lora", "use_peft")
         if four or eight:
             c.set("bits", 4 if four else 8, "load_in_4bit" if four else "load_in_8bit")
-        if d.get("lora_r") is not None:
-            c.set("rank", c.as_int(d["lora_r"], "lora_r"), "lora_r")
-        if d.get("lora_alpha") is not None:
-            c.set("alpha", c.as_int(d["lora_alpha"], "lora_alpha"), "lora_alpha")
-        if d.get("lora_dropout") is not None:
-            c.set("dropout", c.as_float(d["lora_dropout"], "lora_dropout"), "lora_dropout")
         if d.get("lora_target_modules"):
             _targets(c, d["lora_target_modules"], "lora_target_modules")
-        if d.get("bnb_4bit_quant_type"):
-            c.set("quant_type", str(d["bnb_4bit_quant_type"]), "bnb_4bit_quant_type")
-        if d.get("use_bnb_nested_quant") is not None:
-            c.set("double_quant", c.as_bool(d["use_bnb_nested_quant"], "use_bnb_nested_quant"), "use_bnb_nested_quant")
         for k in ("lora_modules_to_save", "use_dora"):
             if d.get(k):
                 c.warn(k, "not modelled: extra trainable parameters besides the adapters")
     elif d.get("use_peft") is not None:
         c.set("method", "full", "use_peft")
+    map_plain(c, "transformers", c.out.fields.get("method"))
     if d.get("attn_implementation"):
         _attn(c, d["attn_implementation"], "attn_implementation")
     c.handled.update(_TRL_MODEL_KEYS)
     if "seq" not in c.out.fields:  # said by the merge only if no other file or flag gives it
         c.out.extras["missing"] = {"seq": f"{doc.path}: no sequence length here (TrainingArguments has none): "
-                                          "give --seq, or a TRL max_length"}
+                                          "give {seq}, or a TRL max_length"}
     return c.finish(HF_IGNORED, HF_IGNORED_PREFIXES, HF_NOT_MODELLED,
                     "not a TrainingArguments field tuneplan knows; not modelled")
 
@@ -129,12 +121,7 @@ def read_peft(doc: Document) -> Ingested:
     if ptype != "LORA":
         raise c.fail("peft_type", f"{ptype} adapters are not modelled", accepted="LORA")
     c.set("method", "lora", *(("peft_type",) if "peft_type" in d else ("r",)), weak=True)
-    if d.get("r") is not None:
-        c.set("rank", c.as_int(c.get("r"), "r"), "r")
-    if d.get("lora_alpha") is not None:
-        c.set("alpha", c.as_int(c.get("lora_alpha"), "lora_alpha"), "lora_alpha")
-    if d.get("lora_dropout") is not None:
-        c.set("dropout", c.as_float(c.get("lora_dropout"), "lora_dropout"), "lora_dropout")
+    map_plain(c, "transformers", "lora")
     if d.get("target_modules"):
         _targets(c, c.get("target_modules"), "target_modules")
     if d.get("bias") not in (None, "none"):
@@ -142,8 +129,7 @@ def read_peft(doc: Document) -> Ingested:
     c.handled.add("bias")
     if d.get("base_model_name_or_path"):
         c.set_model(d["base_model_name_or_path"], "base_model_name_or_path")
-    for k in ("r", "lora_alpha", "lora_dropout", "target_modules", "alpha_pattern"):
-        c.handled.add(k)
+    c.handled.update({"target_modules", "alpha_pattern"})
     return c.finish(_PEFT_IGNORED, (), _PEFT_NOT_MODELLED, "not a LoraConfig field tuneplan knows; not modelled")
 
 
@@ -168,11 +154,8 @@ def read_bnb(doc: Document) -> Ingested:
         key = "load_in_4bit" if four else "load_in_8bit"
         c.set("method", "qlora", key)
         c.set("bits", 4 if four else 8, key)
-    if four and d.get("bnb_4bit_quant_type"):
-        c.set("quant_type", str(c.get("bnb_4bit_quant_type")), "bnb_4bit_quant_type")
-    if four and d.get("bnb_4bit_use_double_quant") is not None:
-        c.set("double_quant", c.as_bool(c.get("bnb_4bit_use_double_quant"), "bnb_4bit_use_double_quant"),
-              "bnb_4bit_use_double_quant")
+    if four:  # the 4-bit data type and nested quantization mean nothing to an 8-bit base
+        map_plain(c, "transformers", "qlora")
     c.handled.update({"bnb_4bit_quant_type", "bnb_4bit_use_double_quant"})
     cd = d.get("bnb_4bit_compute_dtype")
     if four and isinstance(cd, str) and cd in _COMPUTE:

@@ -16,6 +16,7 @@ from tuneplan.ingest.common import (
     Collector,
     Ingested,
     map_hf_training,
+    map_plain,
     map_precision,
 )
 from tuneplan.ingest.document import Document
@@ -93,24 +94,14 @@ def read_llamafactory(doc: Document) -> Ingested:
             raise c.fail("quantization_bit", f"{bits}-bit is not modelled", accepted="4, 8")
         c.set("method", "qlora", "quantization_bit")
         c.set("bits", bits, "quantization_bit")
-        if d.get("quantization_type") is not None:
-            c.set("quant_type", str(c.get("quantization_type")), "quantization_type")
-        if d.get("double_quantization") is not None:
-            c.set("double_quant", c.as_bool(c.get("double_quantization"), "double_quantization"),
-                  "double_quantization")
     elif "finetuning_type" in d:
         c.set("method", ft, "finetuning_type")
     else:
         c.default("method", ft, "finetuning_type unset: LLaMA-Factory uses lora")
+    given = map_plain(c, "llamafactory", "qlora" if qbit is not None else ft)
     if ft == "lora":
-        if d.get("lora_rank") is not None:
-            c.set("rank", c.as_int(c.get("lora_rank"), "lora_rank"), "lora_rank")
-        else:
+        if "rank" not in given:
             c.default("rank", LF_DEFAULTS["lora_rank"], "lora_rank unset: LLaMA-Factory uses 8")
-        if d.get("lora_alpha") is not None:
-            c.set("alpha", c.as_int(c.get("lora_alpha"), "lora_alpha"), "lora_alpha")
-        if d.get("lora_dropout") is not None:
-            c.set("dropout", c.as_float(c.get("lora_dropout"), "lora_dropout"), "lora_dropout")
         target = c.get("lora_target", "all")
         if isinstance(target, list):
             target = ",".join(map(str, target))
@@ -133,21 +124,18 @@ def read_llamafactory(doc: Document) -> Ingested:
             c.warn("freeze_trainable_modules", f"{mods}: only some modules of the trainable layers train; "
                                                "estimated as whole layers")
 
-    if d.get("cutoff_len") is not None:
-        c.set("seq", c.as_int(c.get("cutoff_len"), "cutoff_len"), "cutoff_len")
-    else:
+    if "seq" not in given:
         c.default("seq", LF_DEFAULTS["cutoff_len"], "cutoff_len unset: LLaMA-Factory uses 2048")
     if d.get("packing") or d.get("neat_packing"):  # packed rows are cutoff_len long: the estimate's case
         c.out.extras.setdefault("run", {})["packing"] = True
-    if "per_device_train_batch_size" not in d:
+    if "batch" not in given:
         c.default("batch", HF_DEFAULT_BATCH, "per_device_train_batch_size unset: the Trainer uses 8")
     map_hf_training(c)
     # LLaMA-Factory enables checkpointing itself (model_utils/checkpointing.py) unless told not to, so the
     # Trainer's own gradient_checkpointing key cannot turn it off.
     if d.get("gradient_checkpointing") is False:
         c.warn("gradient_checkpointing", "LLaMA-Factory checkpoints anyway; use disable_gradient_checkpointing")
-    c.out.fields.pop("gradient_checkpointing", None)
-    c.out.sources.pop("gradient_checkpointing", None)
+    c.handled.update({"gradient_checkpointing", "activation_checkpointing"})
     if d.get("disable_gradient_checkpointing") is not None:
         off = c.as_bool(c.get("disable_gradient_checkpointing"), "disable_gradient_checkpointing")
         c.set("gradient_checkpointing", not off, "disable_gradient_checkpointing")

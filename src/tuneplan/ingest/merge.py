@@ -96,7 +96,7 @@ def _guess_from_name(path: str, where: str) -> Ingested:
             out.sources["offload"] = out.sources["zero"]
         msg += f"; taking ZeRO-{stage}{' with offload' if 'offload' in name else ''} from its name"
     else:
-        msg += "; estimated without DeepSpeed: give it with --from"
+        msg += "; estimated without DeepSpeed: give it with {from}"
     out.warnings.append(msg)
     return out
 
@@ -116,7 +116,7 @@ def _read_all(specs: list[str]) -> list[Ingested]:
                 names = {Path(d.path).resolve() for d in explicit_ds}
                 found = _find_reference(ref, ing.path)
                 if found is None or found.resolve() not in names:
-                    ing.warnings.append(f"{where}: names {ref!r}; using the DeepSpeed file given with --from")
+                    ing.warnings.append(f"{where}: names {ref!r}; using the DeepSpeed file given with {{from}}")
                 continue
             found = _find_reference(ref, ing.path)
             out.append(read_config(str(found), kind="deepspeed") if found else _guess_from_name(ref, where))
@@ -166,7 +166,7 @@ def read_configs(files: list[str] | tuple[str, ...], setup_kw: dict[str, Any] | 
         nodes = merged.get("nodes", 1)
         if "gpus" not in merged:
             if n % nodes:
-                warnings.append(f"{src}: world size {n} does not split over {nodes} nodes; give --gpus")
+                warnings.append(f"{src}: world size {n} does not split over {nodes} nodes; give {{gpus}}")
             else:
                 merged["gpus"] = n // nodes
                 sources["gpus"] = f"{src} (train_batch_size / (micro-batch x accumulation) / nodes)"
@@ -261,7 +261,8 @@ def _validate(merged: dict[str, Any], sources: dict[str, str], has_ds: bool) -> 
         msg = exc.message
         if f in ("zero", "fsdp") and "gpus" not in merged:
             msg += ("; the files do not say how many GPUs run (torchrun / accelerate launch decide): "
-                    "give --gpus N")
+                    "give {gpus=N}")
         if src and src != "flag":
-            raise ConfigError(f"{msg} (value from {src})", field=f, accepted=exc.accepted) from None
-        raise ConfigError(msg, field=f or None, accepted=exc.accepted) from None
+            raise ConfigError(f"{msg} (value from {src})", field=f, accepted=exc.accepted,
+                              field_is_key=False) from None
+        raise ConfigError(msg, field=f or None, accepted=exc.accepted, field_is_key=False) from None

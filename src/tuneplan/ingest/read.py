@@ -68,7 +68,7 @@ def detect_kind(doc: Document) -> str:
         return "bitsandbytes"
     shown = ", ".join(sorted(map(str, keys))[:8]) + (" ..." if len(keys) > 8 else "")
     raise ConfigError(f"{doc.path}: cannot tell what kind of training config this is (keys: {shown})",
-                      field="--from", accepted="LLaMA-Factory YAML, axolotl YAML, TrainingArguments JSON, "
+                      field="from", field_is_key=False, accepted="LLaMA-Factory YAML, axolotl YAML, TrainingArguments JSON, "
                       "PEFT adapter_config.json, BitsAndBytesConfig JSON, DeepSpeed JSON, accelerate YAML; "
                       "or force one with KIND:PATH, KIND in " + ", ".join(KINDS))
 
@@ -85,7 +85,7 @@ def read_config(spec: str | Path, kind: str | None = None) -> Ingested:
     """Read one config file (``KIND:PATH`` forces the kind) into an :class:`Ingested`."""
     forced, path = split_kind(str(spec)) if kind is None else (kind, str(spec))
     if forced is not None and forced not in READERS:
-        raise ConfigError(f"unknown config kind {forced!r}", field="--from", accepted=KINDS)
+        raise ConfigError(f"unknown config kind {forced!r}", field="from", field_is_key=False, accepted=KINDS)
     doc = load_document(path)
     return READERS[forced or detect_kind(doc)](doc)
 

@@ -66,14 +66,14 @@ def check_measurable(setup: TrainSetup, device: str) -> None:
     if setup.world_size > 1 or setup.zero or setup.fsdp:
         raise TuneplanError("measure runs one process on one device; plan multi-GPU runs with `estimate`",
                             field="gpus" if setup.world_size > 1 else ("zero" if setup.zero else "fsdp"),
-                            accepted="--gpus 1 --nodes 1, no --zero / --fsdp")
+                            accepted="{gpus=1} {nodes=1}, no {zero} / {fsdp}")
     if setup.framework not in MEASURABLE_FRAMEWORKS:
         raise TuneplanError(f"measure runs the transformers + PEFT stack; {setup.framework} runs its own model "
                             "code, measure it with that framework's memory logging", field="framework",
                             accepted=MEASURABLE_FRAMEWORKS)
     if setup.optimizer_in_backward:
         raise TuneplanError("optimizer-in-backward is a torchtune recipe feature, not a Trainer one",
-                            field="optimizer_in_backward", accepted="--no-optimizer-in-backward")
+                            field="optimizer_in_backward", accepted="{optimizer_in_backward=false}")
     gpu_only = []
     if setup.method == "qlora":
         gpu_only.append(("method", "QLoRA quantizes with bitsandbytes, which needs a CUDA GPU",

@@ -23,7 +23,7 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.measure.build import BuiltRun, build_model, require_stack
-from tuneplan.measure.probe import CudaProbe, HostProbe, NvmlSampler, Probe, open_nvml
+from tuneplan.measure.counters import CudaCounters, HostCounters, MemoryCounters, NvmlSampler, open_nvml
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -88,21 +88,21 @@ def run_measure(model: ModelSpec, setup: TrainSetup, *, steps: int = 3, device: 
         index = torch.device(dev).index or 0
         nvml = open_nvml(torch, index)  # before the first allocation: baseline excludes this process
         torch.cuda.set_device(index)
-        probe: Probe = CudaProbe(torch, index, nvml)
+        counters: MemoryCounters = CudaCounters(torch, index, nvml)
         name = torch.cuda.get_device_name(index)
     else:
-        probe = HostProbe()
+        counters = HostCounters()
         name = f"CPU ({platform.processor() or platform.machine()}; no GPU)"
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
     if dev.startswith("cuda"):
         versions["cuda"] = str(torch.version.cuda)
         if nvml is not None and nvml.driver:
             versions["driver"] = nvml.driver
-    baseline = probe.current() if probe.kind == "host" else 0
+    baseline = counters.current() if counters.kind == "host" else 0
     res = MeasureResult(model=model.name, setup=setup.to_dict(), device="cuda" if dev.startswith("cuda") else "cpu",
-                        device_name=name, memory_kind=probe.kind, memory_metric=probe.label, steps=steps,
+                        device_name=name, memory_kind=counters.kind, memory_metric=counters.label, steps=steps,
                         versions=versions, tokens_per_step=setup.batch * setup.seq * setup.grad_accum)
-    if probe.kind == "host":
+    if counters.kind == "host":
         res.notes.append("no GPU: this ran on the CPU and every memory figure is the host process's resident "
                          "memory above its pre-load baseline, not GPU memory; the estimate's comparison is "
                          "indicative only")
@@ -115,15 +115,15 @@ def run_measure(model: ModelSpec, setup: TrainSetup, *, steps: int = 3, device: 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # transformers' notices about its own internals
-            _loop(torch, built, model, setup, steps, probe, baseline, res)
+            _loop(torch, built, model, setup, steps, counters, baseline, res)
     except oom as exc:
         res.outcome = "OOM"
         res.error = str(exc).splitlines()[0][:300]
-        reached = [v for v in res.phase_peaks.values() if v] + [probe.peak() - baseline]
+        reached = [v for v in res.phase_peaks.values() if v] + [counters.peak() - baseline]
         res.peak_bytes = max(reached)
         res.notes.append("out of memory: the figures are the peaks reached before the failed allocation")
-    if probe.kind == "cuda":  # the reserved pool since the last phase boundary (all of it after an OOM)
-        res.reserved_peak_bytes = max(res.reserved_peak_bytes or 0, probe.reserved_peak() or 0)
+    if counters.kind == "cuda":  # the reserved pool since the last phase boundary (all of it after an OOM)
+        res.reserved_peak_bytes = max(res.reserved_peak_bytes or 0, counters.reserved_peak() or 0)
     if nvml is not None:
         nvml.sample()
         res.nvml_device_peak_bytes = nvml.peak_delta
@@ -131,7 +131,7 @@ def run_measure(model: ModelSpec, setup: TrainSetup, *, steps: int = 3, device: 
     return res
 
 
-def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps: int, probe: Probe,
+def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps: int, counters: MemoryCounters,
           baseline: int, res: MeasureResult) -> None:
     net, opt = run.model, run.optimizer
     vocab = model.vocab
@@ -145,15 +145,15 @@ def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps:
     res.phase_peaks = peaks  # the same dict: an OOM part-way keeps the phases already read
 
     def mark(phase: str) -> None:
-        peaks[phase] = max(peaks[phase], probe.peak() - baseline)
-        reserved = probe.reserved_peak()
+        peaks[phase] = max(peaks[phase], counters.peak() - baseline)
+        reserved = counters.reserved_peak()
         if reserved is not None:
             res.reserved_peak_bytes = max(res.reserved_peak_bytes or 0, reserved)
-        probe.sample_device()
-        probe.reset_peak()
+        counters.sample_device()
+        counters.reset_peak()
 
-    probe.reset_peak()
-    res.persistent_bytes = probe.current() - baseline
+    counters.reset_peak()
+    res.persistent_bytes = counters.current() - baseline
     for step in range(steps):
         t0 = _now(torch, run.device)
         for _ in range(setup.grad_accum):
@@ -168,7 +168,7 @@ def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps:
             (run.scaler.scale(loss) if run.scaler is not None else loss).backward()
             del out, loss, ids, labels
             mark("backward")
-        before_step = probe.current() - baseline
+        before_step = counters.current() - baseline
         if run.scaler is not None:
             run.scaler.step(opt)
             run.scaler.update()
@@ -176,7 +176,7 @@ def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps:
             opt.step()
         opt.zero_grad(set_to_none=not setup.keep_grads)  # keep_grads: torch < 2.0's in-place zeroing
         mark("optimizer_step")
-        after = probe.current() - baseline
+        after = counters.current() - baseline
         res.step_seconds.append(_now(torch, run.device) - t0)
         if step == steps - 1:
             res.after_step_bytes = after

@@ -38,12 +38,12 @@ class DatasetSpec:
         if not isinstance(self.packing, bool):
             raise TuneplanError(f"got {self.packing!r}", field="packing", accepted="true, false")
         if self.samples is None and self.dataset_tokens is None:
-            raise TuneplanError("say how much data: --samples (with --avg-tokens) or --dataset-tokens",
-                                field="samples", accepted="--samples N [--avg-tokens T] or --dataset-tokens N")
+            raise TuneplanError("say how much data: {samples} (with {avg_tokens}) or {dataset_tokens}",
+                                field="samples", accepted="{samples=N} [{avg_tokens=T}] or {dataset_tokens=N}")
         if not self.packing and self.samples is None and self.avg_tokens is None:
-            raise TuneplanError("without packing every sample is padded to --seq, so the sample count is needed: "
-                                "give --samples, or --avg-tokens to derive it from --dataset-tokens, or --packing",
-                                field="samples", accepted="--samples N, --avg-tokens T, or --packing")
+            raise TuneplanError("without packing every sample is padded to {seq}, so the sample count is needed: "
+                                "give {samples}, or {avg_tokens} to derive it from {dataset_tokens}, or {packing}",
+                                field="samples", accepted="{samples=N}, {avg_tokens=T}, or {packing}")
         return self
 
     def sample_count(self) -> float | None:

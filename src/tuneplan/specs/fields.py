@@ -2,13 +2,21 @@
 the names each field has in the files people train with.
 
 Every ``TrainSetup`` field has one row here (a test holds the two together: same names, same defaults).
-Faces are generated from the rows: ``cli/options.py`` builds the setup flags (name, help, metavar) and
-``web/wording.py`` the page's labels. The ``keys`` of a row name the field in LLaMA-Factory YAML, axolotl
-YAML, Hugging Face ``TrainingArguments`` / PEFT ``LoraConfig`` / ``BitsAndBytesConfig`` ("transformers"),
-DeepSpeed JSON and accelerate YAML. The first key of a format listed in ``plain`` carries the value
-unchanged (same meaning, same vocabulary or a number); the other keys feed a hand-written translation in
-the reader or writer of that format (``quantization_bit`` sets the method, ``pure_bf16`` the precision).
-A test checks that every key the ingest readers and the exporters use for a field is in its row.
+Faces are generated from the rows: ``cli/options.py`` builds the setup flags (name, help, metavar),
+``web/wording.py`` the page's labels, ``ingest/common.py`` ``map_plain`` the plain part of every reader,
+and ``export/common.py`` ``plain_keys`` the plain part of every writer.
+
+A row names the field in LLaMA-Factory YAML, axolotl YAML, Hugging Face ``TrainingArguments`` / TRL
+``SFTConfig`` + ``ModelConfig`` / PEFT ``LoraConfig`` / ``BitsAndBytesConfig`` ("transformers"),
+DeepSpeed JSON and accelerate YAML, in two kinds:
+- ``keys``: plain names. The value is the field's, unchanged (same meaning, a number, a switch or the same
+  vocabulary); readers copy it, checked by the field's type, and writers write the first name (the others
+  are older spellings a reader still accepts).
+- ``via``: names (top-level, or inside the section named before them) that feed a hand-written
+  translation in that format's reader or writer (``quantization_bit`` sets the method too, ``pure_bf16``
+  the precision, optimizer names differ).
+``methods`` limits a field to the methods it applies to (LoRA rank: lora, qlora): a reader reads its plain
+keys only for those, a writer writes them only for those.
 
 Adding a setup field: a row here, the field on ``TrainSetup``, the formula that reads it, its tests.
 """
@@ -38,7 +46,7 @@ WIDGETS = ("radio", "dropdown", "number", "checkbox", "textbox", "none")
 @dataclass(frozen=True)
 class Field:
     """One setup field. ``accepted``: the values (a tuple) or a range in words; ``flag``: the CLI names
-    (``()`` = not a flag: the calibration switches and the DeepSpeed details read from a config)."""
+    (``()`` = not a flag: the DeepSpeed details read from a config)."""
 
     name: str
     type: type
@@ -50,7 +58,16 @@ class Field:
     label: str = ""
     widget: str = "none"
     keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    plain: frozenset[str] = frozenset()
+    via: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    methods: tuple[str, ...] = ()
+
+    def names(self, fmt: str) -> tuple[str, ...]:
+        """Every name of the field in ``fmt``: plain, then translated."""
+        return (*self.keys.get(fmt, ()), *self.via.get(fmt, ()))
+
+    def applies_to(self, method: str | None) -> bool:
+        """The field means something for ``method`` (None: not known yet, so only the universal fields)."""
+        return not self.methods or method in self.methods
 
     @property
     def is_switch(self) -> bool:
@@ -76,11 +93,13 @@ class Field:
 
 
 def _f(name: str, type_: type, default: Any, help: str, **kw: Any) -> Field:
-    keys = kw.pop("keys", {})
-    return Field(name, type_, default, help, keys=MappingProxyType(dict(keys)), **kw)
+    keys, via = kw.pop("keys", {}), kw.pop("via", {})
+    return Field(
+        name, type_, default, help, keys=MappingProxyType(dict(keys)), via=MappingProxyType(dict(via)), **kw
+    )
 
 
-_PLAIN_ALL = frozenset(FORMATS)
+LORA = ("lora", "qlora")
 
 FIELDS: tuple[Field, ...] = (
     _f(
@@ -92,7 +111,7 @@ FIELDS: tuple[Field, ...] = (
         flag=("--method",),
         label="Method",
         widget="radio",
-        keys={
+        via={
             "llamafactory": ("finetuning_type", "quantization_bit"),
             "axolotl": ("adapter",),
             "transformers": ("use_peft",),
@@ -108,12 +127,12 @@ FIELDS: tuple[Field, ...] = (
         flag=("--bits",),
         label="QLoRA bits",
         widget="radio",
-        keys={
+        via={
             "llamafactory": ("quantization_bit",),
             "axolotl": ("load_in_4bit", "load_in_8bit"),
             "transformers": ("load_in_4bit", "load_in_8bit"),
         },
-        plain=frozenset({"llamafactory"}),
+        methods=("qlora",),
     ),
     _f(
         "quant_type",
@@ -122,12 +141,9 @@ FIELDS: tuple[Field, ...] = (
         "4-bit data type (default: nf4)",
         accepted=QUANT_TYPES,
         flag=("--quant-type",),
-        keys={
-            "llamafactory": ("quantization_type",),
-            "axolotl": ("bnb_config_kwargs",),
-            "transformers": ("bnb_4bit_quant_type",),
-        },
-        plain=frozenset({"llamafactory", "transformers"}),
+        keys={"llamafactory": ("quantization_type",), "transformers": ("bnb_4bit_quant_type",)},
+        via={"axolotl": ("bnb_config_kwargs",)},
+        methods=("qlora",),
     ),
     _f(
         "double_quant",
@@ -137,10 +153,10 @@ FIELDS: tuple[Field, ...] = (
         flag=("--double-quant/--no-double-quant",),
         keys={
             "llamafactory": ("double_quantization",),
-            "axolotl": ("bnb_config_kwargs",),
             "transformers": ("bnb_4bit_use_double_quant", "use_bnb_nested_quant"),
         },
-        plain=frozenset({"llamafactory", "transformers"}),
+        via={"axolotl": ("bnb_config_kwargs",)},
+        methods=("qlora",),
     ),
     _f(
         "rank",
@@ -152,7 +168,7 @@ FIELDS: tuple[Field, ...] = (
         label="LoRA rank",
         widget="number",
         keys={"llamafactory": ("lora_rank",), "axolotl": ("lora_r",), "transformers": ("r", "lora_r")},
-        plain=frozenset({"llamafactory", "axolotl", "transformers"}),
+        methods=LORA,
     ),
     _f(
         "alpha",
@@ -161,7 +177,7 @@ FIELDS: tuple[Field, ...] = (
         "LoRA alpha, scaling only, no memory effect (default: 2 x rank)",
         flag=("--alpha",),
         keys={"llamafactory": ("lora_alpha",), "axolotl": ("lora_alpha",), "transformers": ("lora_alpha",)},
-        plain=frozenset({"llamafactory", "axolotl", "transformers"}),
+        methods=LORA,
     ),
     _f(
         "dropout",
@@ -175,7 +191,7 @@ FIELDS: tuple[Field, ...] = (
             "axolotl": ("lora_dropout",),
             "transformers": ("lora_dropout",),
         },
-        plain=frozenset({"llamafactory", "axolotl", "transformers"}),
+        methods=LORA,
     ),
     _f(
         "targets",
@@ -186,11 +202,12 @@ FIELDS: tuple[Field, ...] = (
         flag=("--targets",),
         label="LoRA targets",
         widget="dropdown",
-        keys={
+        via={
             "llamafactory": ("lora_target",),
             "axolotl": ("lora_target_modules", "lora_target_linear"),
-            "transformers": ("target_modules",),
+            "transformers": ("target_modules", "lora_target_modules"),
         },
+        methods=LORA,
     ),
     _f(
         "precision",
@@ -201,7 +218,7 @@ FIELDS: tuple[Field, ...] = (
         flag=("--precision",),
         label="Precision",
         widget="dropdown",
-        keys={
+        via={
             "llamafactory": ("bf16", "fp16", "pure_bf16"),
             "axolotl": ("bf16", "fp16", "bfloat16", "float16"),
             "transformers": ("bf16", "fp16", "bnb_4bit_compute_dtype"),
@@ -217,7 +234,7 @@ FIELDS: tuple[Field, ...] = (
         flag=("--optimizer",),
         label="Optimizer",
         widget="dropdown",
-        keys={
+        via={
             "llamafactory": ("optim",),
             "axolotl": ("optimizer",),
             "transformers": ("optim",),
@@ -247,7 +264,6 @@ FIELDS: tuple[Field, ...] = (
             "transformers": ("per_device_train_batch_size",),
             "deepspeed": ("train_micro_batch_size_per_gpu",),
         },
-        plain=_PLAIN_ALL - {"accelerate"},
     ),
     _f(
         "seq",
@@ -262,9 +278,9 @@ FIELDS: tuple[Field, ...] = (
         keys={
             "llamafactory": ("cutoff_len",),
             "axolotl": ("sequence_len",),
+            # TRL SFTConfig: max_length since TRL 0.20, max_seq_length before
             "transformers": ("max_length", "max_seq_length"),
         },
-        plain=frozenset({"llamafactory", "axolotl", "transformers"}),
     ),
     _f(
         "grad_accum",
@@ -282,7 +298,7 @@ FIELDS: tuple[Field, ...] = (
             "transformers": ("gradient_accumulation_steps",),
             "deepspeed": ("gradient_accumulation_steps",),
         },
-        plain=_PLAIN_ALL - {"accelerate"},
+        via={"accelerate": ("deepspeed_config",)},
     ),
     _f(
         "gradient_checkpointing",
@@ -292,12 +308,12 @@ FIELDS: tuple[Field, ...] = (
         flag=("--gradient-checkpointing/--no-gradient-checkpointing",),
         label="Gradient checkpointing",
         widget="dropdown",
-        keys={
+        keys={"transformers": ("gradient_checkpointing", "activation_checkpointing")},
+        via={
             "llamafactory": ("disable_gradient_checkpointing",),
             "axolotl": ("gradient_checkpointing", "fsdp_config"),
-            "transformers": ("gradient_checkpointing",),
+            "accelerate": ("fsdp_config",),
         },
-        plain=frozenset({"axolotl", "transformers"}),
     ),
     _f(
         "attn",
@@ -308,9 +324,9 @@ FIELDS: tuple[Field, ...] = (
         flag=("--attn",),
         label="Attention",
         widget="dropdown",
-        keys={
+        via={
             "llamafactory": ("flash_attn",),
-            "axolotl": ("flash_attention", "sdp_attention"),
+            "axolotl": ("flash_attention", "sdp_attention", "eager_attention"),
             "transformers": ("attn_implementation",),
         },
     ),
@@ -323,7 +339,7 @@ FIELDS: tuple[Field, ...] = (
         flag=("--gpus",),
         label="GPUs per node",
         widget="number",
-        keys={"accelerate": ("num_processes",)},
+        via={"accelerate": ("num_processes",)},  # the total over all machines
     ),
     _f(
         "nodes",
@@ -335,7 +351,6 @@ FIELDS: tuple[Field, ...] = (
         label="Nodes",
         widget="number",
         keys={"accelerate": ("num_machines",)},
-        plain=frozenset({"accelerate"}),
     ),
     _f(
         "zero",
@@ -346,7 +361,10 @@ FIELDS: tuple[Field, ...] = (
         flag=("--zero",),
         label="DeepSpeed ZeRO stage",
         widget="dropdown",
-        keys={"deepspeed": ("zero_optimization", "stage"), "accelerate": ("distributed_type", "zero_stage")},
+        via={
+            "deepspeed": ("zero_optimization", "stage"),
+            "accelerate": ("distributed_type", "deepspeed_config", "zero_stage"),
+        },
     ),
     _f(
         "fsdp",
@@ -356,7 +374,11 @@ FIELDS: tuple[Field, ...] = (
         flag=("--fsdp/--no-fsdp",),
         label="FSDP full shard",
         widget="checkbox",
-        keys={"axolotl": ("fsdp_config",), "transformers": ("fsdp",), "accelerate": ("distributed_type",)},
+        via={
+            "axolotl": ("fsdp", "fsdp_config"),
+            "transformers": ("fsdp",),
+            "accelerate": ("distributed_type", "fsdp_config"),
+        },
     ),
     _f(
         "offload",
@@ -367,10 +389,11 @@ FIELDS: tuple[Field, ...] = (
         flag=("--offload",),
         label="CPU offload",
         widget="dropdown",
-        keys={
-            "axolotl": ("fsdp_config",),
+        via={
+            "axolotl": ("fsdp", "fsdp_config"),
+            "transformers": ("fsdp",),
             "deepspeed": ("zero_optimization",),
-            "accelerate": ("distributed_type",),
+            "accelerate": ("distributed_type", "deepspeed_config", "fsdp_config"),
         },
     ),
     _f(
@@ -382,7 +405,7 @@ FIELDS: tuple[Field, ...] = (
         flag=("--framework",),
         label="Framework profile",
         widget="dropdown",
-        keys={"llamafactory": ("use_unsloth",)},
+        via={"llamafactory": ("finetuning_type", "use_unsloth"), "axolotl": ("adapter", "base_model")},
     ),
     _f(
         "freeze_trainable_layers",
@@ -391,8 +414,8 @@ FIELDS: tuple[Field, ...] = (
         "method freeze: the last N layers train",
         accepted=">= 1",
         unit="layers",
-        keys={"llamafactory": ("freeze_trainable_layers",)},
-        plain=frozenset({"llamafactory"}),
+        via={"llamafactory": ("freeze_trainable_layers",)},  # negative: the first layers train
+        methods=("freeze",),
     ),
     _f(
         "ds_reduce_bucket",
@@ -400,8 +423,7 @@ FIELDS: tuple[Field, ...] = (
         None,
         "DeepSpeed reduce bucket (default: DeepSpeed's)",
         unit="elements",
-        keys={"deepspeed": ("reduce_bucket_size",)},
-        plain=frozenset({"deepspeed"}),
+        via={"deepspeed": ("zero_optimization", "reduce_bucket_size")},  # "auto" = hidden^2
     ),
     _f(
         "ds_prefetch_bucket",
@@ -409,18 +431,15 @@ FIELDS: tuple[Field, ...] = (
         None,
         "DeepSpeed ZeRO-3 prefetch bucket (default: DeepSpeed's)",
         unit="elements",
-        keys={"deepspeed": ("stage3_prefetch_bucket_size",)},
-        plain=frozenset({"deepspeed"}),
+        via={"deepspeed": ("zero_optimization", "stage3_prefetch_bucket_size")},  # "auto" = 0.9 hidden^2
     ),
     _f(
         "ds_overlap_comm",
         bool,
         None,
         "DeepSpeed overlap_comm (default: on for ZeRO-3 only)",
-        keys={"deepspeed": ("overlap_comm", "zero_optimization")},
-        plain=frozenset({"deepspeed"}),
+        via={"deepspeed": ("zero_optimization", "overlap_comm")},  # counted for ZeRO-1/2 only
     ),
-    _f("longest_batch_first", bool, False, "the longest batch runs first (calibration: lit-gpt 2023)"),
     _f(
         "loss",
         str,
@@ -430,7 +449,11 @@ FIELDS: tuple[Field, ...] = (
         flag=("--loss",),
         label="Loss kernel",
         widget="dropdown",
-        keys={"axolotl": ("liger_fused_linear_cross_entropy", "cut_cross_entropy")},
+        via={  # switches that pick a kernel (ingest/common.py KERNEL_SWITCHES)
+            "llamafactory": ("enable_liger_kernel",),
+            "axolotl": ("liger_fused_linear_cross_entropy", "cut_cross_entropy", "chunked_cross_entropy"),
+            "transformers": ("use_liger_kernel",),
+        },
     ),
     _f(
         "activation_offload",
@@ -449,8 +472,12 @@ FIELDS: tuple[Field, ...] = (
         flag=("--compile/--no-compile",),
         label="torch.compile",
         widget="checkbox",
-        keys={"axolotl": ("torch_compile",), "transformers": ("torch_compile",)},
-        plain=frozenset({"axolotl", "transformers"}),
+        # on-only switches with a note on what is modelled (ingest/common.py KERNEL_SWITCHES)
+        via={
+            "llamafactory": ("torch_compile",),
+            "axolotl": ("torch_compile",),
+            "transformers": ("torch_compile",),
+        },
     ),
     _f(
         "num_labels",
@@ -461,22 +488,6 @@ FIELDS: tuple[Field, ...] = (
         flag=("--num-labels",),
         label="Classifier labels",
         widget="textbox",
-        keys={"transformers": ("num_labels",)},
-        plain=frozenset({"transformers"}),
-    ),
-    _f(
-        "keep_grads",
-        bool,
-        False,
-        "zero_grad keeps the gradient buffers (torch < 2.0's default)",
-        flag=("--keep-grads/--no-keep-grads",),
-    ),
-    _f(
-        "softmax_keeps_input",
-        bool,
-        False,
-        "softmax / log_softmax keep their input for backward (torch < 1.11)",
-        flag=("--softmax-keeps-input/--no-softmax-keeps-input",),
     ),
 )
 
@@ -498,32 +509,12 @@ def web_labels() -> dict[str, str]:
 
 
 def by_key(fmt: str) -> dict[str, str]:
-    """Plain keys of ``fmt`` -> field name: the keys whose value a reader can copy into the field as is."""
+    """Plain keys of ``fmt`` -> field name: the keys whose value a reader copies into the field as is."""
+    return {k: f.name for f in plain_fields(fmt) for k in f.keys[fmt]}
+
+
+def plain_fields(fmt: str, method: str | None = "") -> tuple[Field, ...]:
+    """The rows with plain keys in ``fmt``; with ``method`` given, those that apply to it."""
     if fmt not in FORMATS:
         raise KeyError(f"{fmt!r}: formats are {', '.join(FORMATS)}")
-    return {f.keys[fmt][0]: f.name for f in FIELDS if fmt in f.plain and f.keys.get(fmt)}
-
-
-def keys_of(fmt: str) -> dict[str, tuple[str, ...]]:
-    """Field name -> every key of ``fmt`` that carries it (plain or translated)."""
-    return {f.name: f.keys[fmt] for f in FIELDS if f.keys.get(fmt)}
-
-
-def by_llamafactory_key() -> dict[str, str]:
-    return by_key("llamafactory")
-
-
-def by_axolotl_key() -> dict[str, str]:
-    return by_key("axolotl")
-
-
-def by_transformers_key() -> dict[str, str]:
-    return by_key("transformers")
-
-
-def by_deepspeed_key() -> dict[str, str]:
-    return by_key("deepspeed")
-
-
-def by_accelerate_key() -> dict[str, str]:
-    return by_key("accelerate")
+    return tuple(f for f in FIELDS if f.keys.get(fmt) and (method == "" or f.applies_to(method)))

@@ -1,7 +1,8 @@
 """TrainSetup: how the model is trained. Typed, validated, no formulas.
 
-Field names and vocabularies are the CLI's (``--method``, ``--precision``...). ``validate`` raises a
-TuneplanError naming the field and the accepted values for every invalid value or combination.
+Field names are those of the field table (specs/fields.py). ``validate`` raises a TuneplanError naming the
+field and the accepted values for every invalid value or combination; a message that points at another
+field names it as ``{field}`` / ``{field=value}``, which each face words its own way (tuneplan.errors).
 Defaults that depend on the framework profile (optimizer, attention, targets, checkpointing) are left
 as ``None`` here and filled by :func:`tuneplan.specs.profiles.resolve_setup`, which records where each
 value came from.
@@ -64,9 +65,6 @@ class TrainSetup:
     # DeepSpeed overlap_comm; None = DeepSpeed's default (on for stage 3 only). ZeRO-1/2 with it on keep a
     # second contiguous-gradients bucket (estimator/parallel.py). Read from a DeepSpeed JSON by --from.
     ds_overlap_comm: bool | None = None
-    # The longest batch runs first (lit-gpt 2023 forced its longest sample into iteration 1): nothing a
-    # previous micro-batch left behind (a framework loop's held logits and graph) adds to its peak.
-    longest_batch_first: bool = False
     loss: str | None = None  # None = the profile's loss kernel (LOSSES)
     # saved activations moved to host memory as they are made, brought back for backward (torchtune
     # enable_activation_offloading); the lm_head / loss stay on the GPU
@@ -77,16 +75,12 @@ class TrainSetup:
     # a sequence-classification head with this many labels instead of the LM head (classifiers, reward
     # models: transformers *ForSequenceClassification); None = causal / masked language modelling
     num_labels: int | None = None
-    # zero_grad(set_to_none=False): the gradient buffers are zeroed in place, not freed, so they stay
-    # allocated through the next forward even without accumulation. torch < 2.0's default for
-    # Module.zero_grad / Optimizer.zero_grad (pytorch/pytorch#92731 made set_to_none=True the default), which
-    # the transformers Trainer of that time called as model.zero_grad() after every optimizer step.
-    keep_grads: bool = False
-    # softmax and log_softmax keep their *input* for backward beside their output: torch < 1.11, whose
-    # derivatives.yaml passed `self` to _softmax_backward_data (pytorch/pytorch#64000, fixed by #65242 /
-    # #66018 in October 2021, first released in torch 1.11 on 2022-03-10)
-    softmax_keeps_input: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+    # Behaviours of older torch stacks that only calibration rows need: not fields of a setup anyone plans
+    # (no flag, no widget); specs/torch_era.py TorchEraSetup sets them, the formulas read them from any setup.
+    keep_grads = False
+    softmax_keeps_input = False
+    longest_batch_first = False
 
     @property
     def world_size(self) -> int:
@@ -142,8 +136,8 @@ class TrainSetup:
                        }.get(self.method, f"full fine-tuning of a {self.bits}-bit model is not possible: "
                                           "its weights cannot take gradients")
                 raise TuneplanError(
-                    f"--bits {self.bits} quantizes the frozen base, which only applies to --method qlora ({why})",
-                    field="bits", accepted="use --method qlora, or drop --bits")
+                    f"quantizing the frozen base to {self.bits} bits only applies to {{method=qlora}} ({why})",
+                    field="bits", accepted="use {method=qlora}, or leave out {bits}")
             if self.bits not in (4, 8):
                 raise TuneplanError(f"got {self.bits}", field="bits", accepted="4, 8")
         if self.is_lora:
@@ -158,17 +152,17 @@ class TrainSetup:
             raise TuneplanError(f"got {self.zero}", field="zero", accepted="0, 1, 2, 3")
         if self.zero and self.fsdp:
             raise TuneplanError("choose either DeepSpeed ZeRO or FSDP, not both", field="zero",
-                                accepted="--zero 0 with --fsdp, or --zero N without --fsdp")
+                                accepted="{zero=0} with {fsdp}, or {zero=N} without {fsdp}")
         if (self.zero or self.fsdp) and self.world_size == 1 and self.offload == "none":
             what = f"ZeRO-{self.zero}" if self.zero else "FSDP"
             raise TuneplanError(
                 f"{what} shards across GPUs and needs at least 2 (world size is 1); on one GPU it only "
-                "makes sense with CPU offload (--offload optimizer|all)",
-                field="zero" if self.zero else "fsdp", accepted="--gpus 2 or more")
+                "makes sense with CPU offload ({offload=optimizer|all})",
+                field="zero" if self.zero else "fsdp", accepted="{gpus=2} or more")
         if self.offload != "none":
             if not (self.zero or self.fsdp):
                 raise TuneplanError("CPU offload is a DeepSpeed ZeRO / FSDP feature", field="offload",
-                                    accepted="none, or add --zero 2|3 (optimizer) / --zero 3 or --fsdp (all)")
+                                    accepted="none, or add {zero=2|3} (optimizer) / {zero=3} or {fsdp} (all)")
             if self.offload == "all" and self.zero in (1, 2):
                 raise TuneplanError("parameter offload needs ZeRO-3 (or FSDP)", field="offload",
                                     accepted="optimizer with ZeRO-1/2; all with ZeRO-3 or FSDP")
@@ -181,14 +175,6 @@ class TrainSetup:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
                 raise TuneplanError(f"must be a positive number of elements, got {v!r}", field=name,
                                     accepted="1, 2, 3, ... (e.g. 500000000)")
-        if self.softmax_keeps_input and self.attn in ("sdpa", "flash"):
-            raise TuneplanError("softmax_keeps_input models torch < 1.11, which has neither SDPA (torch 2.0) nor "
-                                "FlashAttention-2 (torch >= 1.12)", field="attn",
-                                accepted="eager with --softmax-keeps-input")
-        if self.keep_grads and (self.zero or self.fsdp):
-            raise TuneplanError("DeepSpeed ZeRO and FSDP manage their own gradient buffers; keeping zeroed "
-                                "gradients is a single-GPU / DDP behaviour", field="keep_grads",
-                                accepted="--no-keep-grads with --zero / --fsdp")
         if self.method == "freeze" and self.freeze_trainable_layers <= 0:
             raise TuneplanError("must be positive", field="freeze_trainable_layers", accepted="1..n_layers")
         return self
@@ -199,7 +185,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "quant_type": QUANT_TYPES, "optimizer": OPTIMIZERS, "attn": ATTENTIONS, "loss": LOSSES,
 }
 _BOOLS = ("double_quant", "optimizer_in_backward", "gradient_checkpointing", "fsdp", "ds_overlap_comm",
-          "longest_batch_first", "activation_offload", "compile", "keep_grads", "softmax_keeps_input")
+          "activation_offload", "compile")
 _CHECKED = (*_CHOICES, *SETUP_INT_RANGES, *_BOOLS, "bits", "rank", "alpha", "dropout", "zero", "num_labels",
             "ds_reduce_bucket", "ds_prefetch_bucket", "targets")
 # a DeepSpeed bucket of 10^12 elements is 2 TB in bf16: beyond any device (DeepSpeed's default is 5e8)

@@ -16,6 +16,7 @@ from typing import Any
 from tuneplan.errors import TuneplanError
 from tuneplan.web import views
 from tuneplan.web.form import GROUPS, Parsed, group_of, parse
+from tuneplan.web.wording import page_error
 
 log = logging.getLogger("tuneplan.web")
 
@@ -37,7 +38,7 @@ def guarded(slot: str, outputs: tuple[str, ...] | None = None) -> Callable[[Call
             try:
                 return fn(*args, **kwargs)
             except TuneplanError as exc:
-                msg = views.message_html(str(exc))
+                msg = views.message_html(page_error(exc))
             except Exception as exc:  # a bug must not take the page down: log it, say so in one line
                 log.exception("web callback %s failed", fn.__name__)
                 msg = views.message_html(f"internal error ({type(exc).__name__}: {exc}); logged on the server")
@@ -86,12 +87,12 @@ def estimate_view(values: dict[str, Any]) -> dict[str, str]:
         try:
             extra = dataset_kwargs(p)
         except TuneplanError as exc:  # time and cost are then left out; the verdict still shows
-            out["dataset_msg"] = views.message_html(str(exc))
+            out["dataset_msg"] = views.message_html(page_error(exc))
     try:
         est = _estimate(p, extra)
     except TuneplanError as exc:
         g = group_of(exc.field)
-        out[f"{g}_msg"] = views.message_html(str(exc))
+        out[f"{g}_msg"] = views.message_html(page_error(exc))
         out.update(verdict=views.error_verdict_html([g]), chart="", memory="", findings="", time="")
         return out
     d = est.to_dict()

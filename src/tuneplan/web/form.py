@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from tuneplan.errors import TuneplanError
+from tuneplan.specs import fields as field_table
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import (
@@ -31,6 +32,7 @@ from tuneplan.specs.setup import (
     TrainSetup,
 )
 from tuneplan.web import limits, sources
+from tuneplan.web.wording import page_error
 
 AUTO = "profile default"  # a choice meaning "do not pass this field"
 GC_CHOICES = (AUTO, "on", "off")
@@ -68,9 +70,38 @@ DEFAULTS: dict[str, Any] = {
     "epochs": 1,
     "packing": False,
 }
+
+
+def widget_kind(f: field_table.Field) -> str:
+    """The widget a row names; a dropdown or radio without a vocabulary (a range in words) is a textbox."""
+    if f.widget in ("dropdown", "radio") and not isinstance(f.accepted, tuple):
+        return "textbox"
+    return f.widget
+
+
+def widget_default(f: field_table.Field) -> Any:
+    """The form value of a generated widget before the user touches it: the setup's default, or
+    ``AUTO`` for a choice the profile makes (default None)."""
+    kind = widget_kind(f)
+    if kind == "checkbox":
+        return bool(f.default)
+    if kind in ("dropdown", "radio"):
+        return AUTO if f.default is None else str(f.default)
+    if kind == "textbox":
+        return "" if f.default is None else str(f.default)
+    return f.default
+
+
+# Setup fields the page does not lay out by hand (the ones above): a widget generated from the field table
+# for each row that names one, placed under "more settings" (page.py), read by setup_kwargs.
+GENERATED: tuple[field_table.Field, ...] = tuple(
+    f for f in field_table.FIELDS if f.widget != "none" and f.name not in DEFAULTS)
+DEFAULTS.update({f.name: widget_default(f) for f in GENERATED})
 FIELDS: tuple[str, ...] = tuple(DEFAULTS)
 
 CHOICES: dict[str, tuple[str, ...]] = {
+    **{f.name: (*((AUTO,) if f.default is None else ()), *map(str, f.accepted))
+       for f in GENERATED if widget_kind(f) in ("dropdown", "radio")},
     "method": METHODS,
     "bits": ("4", "8"),
     "targets": TARGET_CHOICES,
@@ -212,7 +243,30 @@ def setup_kwargs(v: dict[str, Any]) -> dict[str, Any]:
     labels = v.get("num_labels")
     if not _blank(labels):
         kw["num_labels"] = whole("num_labels", labels)
+    for f in GENERATED:
+        if f.applies_to(method):
+            kw.update(widget_value(f, v.get(f.name)))
     return kw
+
+
+def widget_value(f: field_table.Field, value: Any) -> dict[str, Any]:
+    """``{field: value}`` from a generated widget, as the CLI's flag would pass it; ``{}`` where the widget
+    says "the default" (an empty box, ``AUTO``, a switch left as it was). Raises TuneplanError."""
+    kind = widget_kind(f)
+    if kind == "checkbox":
+        return {} if bool(value) == bool(f.default) else {f.name: bool(value)}
+    if kind in ("dropdown", "radio"):
+        picked = choice(f.name, value, widget_default(f))
+        if picked == AUTO or picked == widget_default(f):
+            return {}
+        return {f.name: whole(f.name, picked, minimum=0) if f.type is int else picked}
+    if _blank(value):
+        return {}
+    if f.type is int:
+        return {f.name: whole(f.name, value, minimum=0)}
+    if f.type is float:
+        return {f.name: _number(f.name, value, str(f.accepted or "a number"))}
+    return {f.name: choice(f.name, value, "")}
 
 
 # Resolved once per name or text (a Hub id costs a network round trip; every field change re-reads the
@@ -253,17 +307,17 @@ def parse(values: dict[str, Any]) -> Parsed:
     try:
         p.model, p.notes = read_model(v.get("model"), v.get("config_text"))
     except TuneplanError as exc:
-        p.fail("model", str(exc))
+        p.fail("model", page_error(exc))
     try:
         p.setup_kw = setup_kwargs(v)
         # The core's validation, the same the CLI runs; repeated with the model by build_setup later.
         TrainSetup(**p.setup_kw).validate()
     except TuneplanError as exc:
-        p.fail(group_of(exc.field), str(exc))
+        p.fail(group_of(exc.field), page_error(exc))
     try:
         p.gpu = read_gpu(v.get("gpu"))
     except TuneplanError as exc:
-        p.fail("hardware", str(exc))
+        p.fail("hardware", page_error(exc))
     try:
         p.samples = whole("samples", v.get("samples"))
         p.epochs = positive("epochs", v.get("epochs"), maximum=limits.EPOCHS_MAX, accepted="a number > 0 (e.g. 1, 3, 0.5)")
@@ -273,5 +327,5 @@ def parse(values: dict[str, Any]) -> Parsed:
                                     accepted="tokens per sample after the chat template, e.g. 350; empty: fills seq")
         p.packing = bool(v.get("packing"))
     except TuneplanError as exc:
-        p.fail("dataset", str(exc))
+        p.fail("dataset", page_error(exc))
     return p

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuneplan.web import callbacks, exports, limits, planner_tabs
-from tuneplan.web.form import AUTO, CHOICES, DEFAULTS, FIELDS
+from tuneplan.web.form import AUTO, CHOICES, DEFAULTS, FIELDS, GENERATED, widget_kind
 from tuneplan.web.wording import LABELS
 
 TITLE = "tuneplan: will this fine-tune fit?"
@@ -119,6 +119,21 @@ def _number(gr: Any, name: str, label: str, **kw: Any) -> Any:
     return gr.Number(value=DEFAULTS[name], label=label, elem_id=f"tp-{name}", **kw)
 
 
+def _generated(gr: Any, f: Any) -> Any:
+    """The widget a field-table row names (``Field.widget``), labelled and explained from the row."""
+    kw = {"label": LABELS[f.name], "elem_id": f"tp-{f.name}"}
+    kind = widget_kind(f)
+    if kind == "checkbox":
+        return gr.Checkbox(value=DEFAULTS[f.name], info=f.help, **kw)
+    if kind == "number":
+        return gr.Number(value=DEFAULTS[f.name], info=f.cli_help(), **kw)
+    if kind == "radio":
+        return gr.Radio(list(CHOICES[f.name]), value=DEFAULTS[f.name], info=f.help, **kw)
+    if kind == "dropdown":
+        return gr.Dropdown(list(CHOICES[f.name]), value=DEFAULTS[f.name], info=f.help, **kw)
+    return gr.Textbox(value=DEFAULTS[f.name], info=f.cli_help(), **kw)
+
+
 def _model_inputs(gr: Any) -> dict[str, Any]:
     w: dict[str, Any] = {}
     gr.Markdown("#### Model")
@@ -167,6 +182,9 @@ def _setup_inputs(gr: Any) -> dict[str, Any]:
                                          elem_id="tp-num-labels")
             w["framework"] = _dropdown(gr, "framework", LABELS["framework"],
                                        info=f"'{AUTO}' fields take this framework's defaults")
+        if GENERATED:  # setup fields the field table gives a widget and this page no place of its own
+            with gr.Accordion("More settings", open=False):
+                w.update({f.name: _generated(gr, f) for f in GENERATED})
     w["setup_msg"] = gr.HTML(elem_id="tp-setup-msg")
     return w
 

@@ -16,6 +16,7 @@ from tuneplan.errors import TuneplanError
 from tuneplan.web import views
 from tuneplan.web.callbacks import guarded
 from tuneplan.web.form import Parsed, parse
+from tuneplan.web.wording import page_error
 
 log = logging.getLogger("tuneplan.web")
 
@@ -159,7 +160,7 @@ def export_files(values: dict[str, Any], formats: list[str] | tuple[str, ...] | 
     try:
         return _export(build_export, values, list(formats or ()))
     except TuneplanError as exc:  # e.g. the setup cannot run on the card: no recipe for it
-        return [], views.message_html(str(exc))
+        return [], views.message_html(page_error(exc))
     except Exception as exc:  # noqa: BLE001 - same contract as guarded(): logged, one line
         log.exception("export failed")
         return [], views.message_html(f"internal error ({type(exc).__name__}: {exc}); logged on the server")

@@ -12,7 +12,6 @@ from html import escape
 from typing import Any
 
 from tuneplan.estimator.types import COMPONENTS, GIB
-from tuneplan.web.wording import page_words
 
 # Colour per bar segment (Okabe-Ito palette, readable by colour-blind viewers), in COMPONENTS order.
 PALETTE = ("#0072B2", "#56B4E9", "#009E73", "#E69F00", "#D55E00", "#F0E442", "#CC79A7", "#999933",
@@ -26,10 +25,11 @@ def gib(n: float | int | None) -> str:
 
 
 def message_html(text: str | None) -> str:
-    """An input error shown under its fields (empty string: no message)."""
+    """An input error shown under its fields (empty string: no message); worded by the caller
+    (``wording.page_error``)."""
     if not text:
         return ""
-    lines = "<br>".join(escape(page_words(t)) for t in text.splitlines())
+    lines = "<br>".join(escape(t) for t in text.splitlines())
     return (f'<div class="tp-error" role="alert" style="color:{BAD};border-left:3px solid {BAD};'
             f'padding:4px 8px;margin:4px 0;font-size:0.9em">{lines}</div>')
 

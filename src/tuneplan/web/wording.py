@@ -1,15 +1,14 @@
-"""The page's names for the setup fields, and core messages reworded with them.
+"""The page's names for the setup fields, and how the page words an error.
 
-The core's errors speak the CLI's language (``use --method qlora``, ``accepted: --zero 0 with --fsdp``);
-on the page there are no flags, only labelled fields. ``page_words`` swaps each known flag (and a leading
-field name) for the label the page shows, so a message points at a widget the user can see.
+The core's errors refer to other fields as ``{field}`` / ``{field=value}`` (tuneplan.errors); on the page
+there are no flags, only labelled widgets, so ``page_words`` names each by the label the page shows
+(“Method” set to qlora, “FSDP full shard” off), and ``page_error`` words a whole error that way.
 """
 
 from __future__ import annotations
 
-import re
-
-from tuneplan.specs.fields import web_labels
+from tuneplan.errors import TuneplanError
+from tuneplan.specs.fields import BY_NAME, web_labels
 
 # The setup fields' labels come from the field table (specs/fields.py); the rest are the page's own.
 LABELS: dict[str, str] = {
@@ -21,23 +20,21 @@ LABELS: dict[str, str] = {
     "epochs": "Epochs",
     "packing": "Packing",
 }
-# CLI spellings that are not the field name with dashes (cli/options.py)
-_ALIASES = {"cutoff_len": "seq"}
-_FLAG = re.compile(r"--(no-)?([a-z][a-z0-9-]*)")
 
 
-def page_words(text: str) -> str:
-    """``text`` with CLI flags replaced by the page's field labels (unknown flags are left as they are)."""
+def page_words(name: str, value: str | None) -> str | None:
+    """A field as the page names it: its label in quotes, with the value (None: no widget of that name)."""
+    if name not in LABELS:
+        return None
+    label = f"“{LABELS[name]}”"
+    if value is None:
+        return label
+    row = BY_NAME.get(name)
+    if row is not None and row.is_switch:
+        return f"{label} {'off' if value.lower() in ('false', 'off', 'no') else 'on'}"
+    return f"{label} set to {value}"
 
-    def label(m: re.Match[str]) -> str:
-        name = m.group(2).replace("-", "_")
-        name = _ALIASES.get(name, name)
-        if name not in LABELS:
-            return m.group(0)
-        return f"“{LABELS[name]}” off" if m.group(1) else f"“{LABELS[name]}”"
 
-    out = _FLAG.sub(label, text)
-    field, sep, rest = out.partition(": ")
-    if sep and field in LABELS:  # TuneplanError's "field: message" prefix
-        out = f"{LABELS[field]}: {rest}"
-    return out
+def page_error(err: TuneplanError) -> str:
+    """An error as the page shows it: headed by the label of its field, the fields it names in quotes."""
+    return err.worded(page_words, LABELS.get)

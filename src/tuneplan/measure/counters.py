@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 
-class Probe:
+class MemoryCounters:
     """Common interface: current bytes, peak since the last reset, reset."""
 
     kind = "none"
@@ -44,7 +44,7 @@ class Probe:
         """Take an NVML reading now (no-op without NVML)."""
 
 
-class CudaProbe(Probe):
+class CudaCounters(MemoryCounters):
     kind = "cuda"
     label = "torch.cuda.max_memory_allocated"
 
@@ -72,16 +72,16 @@ class CudaProbe(Probe):
             self.nvml.sample()
 
 
-class HostProbe(Probe):
+class HostCounters(MemoryCounters):
     """Resident set of this process, relative to a baseline taken before the model was built."""
 
     kind = "host"
 
     def __init__(self) -> None:
         self.resettable = _can_reset_hwm()
-        self.label = ("host RSS peak (VmHWM, reset per phase) above the pre-load baseline; CPU run, not GPU memory"
-                      if self.resettable else
-                      "host RSS lifetime peak (getrusage ru_maxrss) above the pre-load baseline; CPU run, not GPU memory")
+        what = ("host RSS peak (VmHWM, reset per phase)" if self.resettable else
+                "host RSS lifetime peak (getrusage ru_maxrss)")
+        self.label = f"{what} above the pre-load baseline; CPU run, not GPU memory"
 
     def current(self) -> int:
         return _status_kib("VmRSS") * 1024

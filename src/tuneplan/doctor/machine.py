@@ -1,8 +1,8 @@
 """What `tuneplan doctor` detects about a machine, and the interface detection sits behind.
 
-``Probe.detect() -> MachineInfo``. The real probe (:class:`tuneplan.doctor.system.SystemProbe`) asks
+``Detector.detect() -> MachineInfo``. The real detector (:class:`tuneplan.doctor.system.SystemDetector`) asks
 NVML / nvidia-smi / npu-smi / torch; tests and ``tuneplan doctor --machine FILE`` use
-:class:`StaticProbe` with a ``MachineInfo`` built from a dict (the ``machine`` section of a previous
+:class:`StaticDetector` with a ``MachineInfo`` built from a dict (the ``machine`` section of a previous
 ``tuneplan doctor --json``), so a report can be re-diagnosed on another computer.
 """
 
@@ -37,7 +37,8 @@ class Device:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["compute_capability"] = ".".join(map(str, self.compute_capability)) if self.compute_capability else None
+        cc = self.compute_capability
+        d["compute_capability"] = ".".join(map(str, cc)) if cc else None
         return d
 
     @classmethod
@@ -59,8 +60,10 @@ class Device:
                                 field="machine", accepted="e.g. \"8.9\"")
         return cls(index=_int(d.get("index", 0), f"{where}.index", 0, MAX_DEVICE_INDEX) or 0, kind=kind,
                    name=_str(d["name"], f"{where}.name") or "",
-                   memory_total_bytes=_int(d.get("memory_total_bytes"), f"{where}.memory_total_bytes", 0, MAX_BYTES),
-                   memory_free_bytes=_int(d.get("memory_free_bytes"), f"{where}.memory_free_bytes", 0, MAX_BYTES),
+                   memory_total_bytes=_int(d.get("memory_total_bytes"), f"{where}.memory_total_bytes", 0,
+                                           MAX_BYTES),
+                   memory_free_bytes=_int(d.get("memory_free_bytes"), f"{where}.memory_free_bytes", 0,
+                                          MAX_BYTES),
                    compute_capability=parsed, arch_target=_str(d.get("arch_target"), f"{where}.arch_target"))
 
 
@@ -78,7 +81,8 @@ def _int(v: Any, where: str, low: int, high: int) -> int | None:
     if isinstance(v, float) and math.isfinite(v) and v == int(v):
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-        raise TuneplanError(f"{where}: expected an integer in {low}..{high}, got {show_value(v)}", field="machine")
+        raise TuneplanError(f"{where}: expected an integer in {low}..{high}, got {show_value(v)}",
+                            field="machine")
     return v
 
 
@@ -100,6 +104,9 @@ def _str(v: Any, where: str) -> str | None:
         raise TuneplanError(f"{where}: expected a short text, got {show_value(v)}", field="machine")
     return str(v)
 
+
+# the keys of a MachineInfo dict (to_dict / the `machine` section of a doctor report)
+MACHINE_KEYS = ("devices", "driver_version", "cuda_driver_version", "versions", "notes", "platform")
 
 @dataclass
 class MachineInfo:
@@ -129,12 +136,12 @@ class MachineInfo:
         if isinstance(d, dict) and isinstance(d.get("machine"), dict):
             d = d["machine"]  # a whole `tuneplan doctor --json` report
         if not isinstance(d, dict):
-            raise TuneplanError("expected a mapping (the `machine` section of `tuneplan doctor --json`)",
+            raise TuneplanError("expected a mapping (the `machine` section of a doctor report in JSON)",
                                 field="machine")
-        unknown = sorted(str(k)[:64] for k in set(d) - {"devices", "driver_version", "cuda_driver_version", "versions", "notes", "platform"})
+        unknown = sorted(str(k)[:64] for k in set(d) - set(MACHINE_KEYS))
         if unknown:
             raise TuneplanError(f"unknown key(s) {unknown}", field="machine",
-                                accepted="devices, driver_version, cuda_driver_version, versions, notes, platform")
+                                accepted=", ".join(MACHINE_KEYS))
         raw_devices = d.get("devices") or []
         if not isinstance(raw_devices, list) or len(raw_devices) > MAX_DEVICE_INDEX:
             raise TuneplanError("devices: expected a list of device records", field="machine")
@@ -142,7 +149,8 @@ class MachineInfo:
         versions = d.get("versions") or {}
         if not isinstance(versions, dict):
             raise TuneplanError("versions: expected a mapping of library -> version", field="machine")
-        versions = {_str(k, "versions") or "": _version(v, f"versions.{str(k)[:64]}") for k, v in versions.items()}
+        versions = {_str(k, "versions") or "": _version(v, f"versions.{str(k)[:64]}")
+                    for k, v in versions.items()}
         notes = d.get("notes") or []
         if not isinstance(notes, list):
             raise TuneplanError("notes: expected a list of texts", field="machine")
@@ -156,12 +164,12 @@ class MachineInfo:
                              for k, v in platform.items()})
 
 
-class Probe(Protocol):
+class Detector(Protocol):
     def detect(self) -> MachineInfo: ...
 
 
-class StaticProbe:
-    """A probe that returns a fixed MachineInfo (tests; `--machine FILE`)."""
+class StaticDetector:
+    """A detector that returns a fixed MachineInfo (tests; `--machine FILE`)."""
 
     def __init__(self, machine: MachineInfo) -> None:
         self.machine = machine
@@ -170,7 +178,7 @@ class StaticProbe:
         return self.machine
 
     @classmethod
-    def from_file(cls, path: str | Path) -> StaticProbe:
+    def from_file(cls, path: str | Path) -> StaticDetector:
         from tuneplan.safe_read import parse_json, parse_yaml, read_text, user_path
 
         p = user_path(str(path), "machine")
