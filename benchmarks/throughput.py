@@ -12,7 +12,8 @@ What a row's "work" is, and the assumptions that go with it (printed with the re
 - litgpt resource tables (A100 40GB, 2023): 1,000 micro-batches of Alpaca, batches padded to their longest
   sample, the longest sample of the dataset forced into the first one;
 - litgpt config hub (A10G, 2024): Alpaca2k, 1,900 training samples (val_split_fraction 0.05), epochs as
-  published, samples truncated to 512 tokens, batches padded to their longest sample;
+  published, samples truncated to 512 tokens, batches padded to their longest sample; Alpaca2k rows are
+  1.87x as long as Alpaca's (the byte sizes of the two parquet files with the same columns);
 - torchtune / LLaMA-Factory tokens per second: tokens per GPU per second at the stated sequence length
   (packed rows are full; unpacked Alpaca rows count real tokens, computed on padded batches);
 - transformers docs (BERT on V100): samples/s x 512 tokens.
@@ -55,6 +56,11 @@ ALPACA_MEAN_LLAMA2 = 140.0
 ALPACA_SIGMA = 0.58
 ALPACA_LONGEST_LLAMA2 = 1304
 ALPACA2K_TRAIN = 1900  # 2,000 samples, litgpt Alpaca2k val_split_fraction 0.05
+# Alpaca2k (mhenrichsen/alpaca_2k_test) samples are longer than Alpaca's: both are published as parquet with
+# the same four columns (instruction, input, output, templated text), 1.76 MB for 2,000 rows (880 B a row)
+# against 24.52 MB for 52,002 rows (471.6 B a row, the Alpaca split whose 47.8 MB gives the 140-token mean).
+# Same columns, same snappy compression: Alpaca2k rows hold 880 / 471.6 = 1.87x the text.
+ALPACA2K_LENGTH_RATIO = (1.76e6 / 2000) / (24_523_957 / 52_002)
 
 
 # Rows that some constant of the time model was read off (throughput.py says which); every other row is
@@ -85,9 +91,10 @@ def tokenizer_factor(vocab: int, model_type: str) -> float:
     return 1.0
 
 
-def padded_length(batch: int, factor: float, cap: int | None) -> tuple[float, float]:
-    """(E[longest of ``batch`` Alpaca samples] capped at ``cap``, E[one sample] capped): log-normal lengths."""
-    mean = ALPACA_MEAN_LLAMA2 * factor
+def padded_length(batch: int, factor: float, cap: int | None, scale: float = 1.0) -> tuple[float, float]:
+    """(E[longest of ``batch`` Alpaca samples] capped at ``cap``, E[one sample] capped): log-normal lengths
+    (``scale``: the data set's mean length relative to Alpaca's, same spread)."""
+    mean = ALPACA_MEAN_LLAMA2 * factor * scale
     median = mean / math.exp(ALPACA_SIGMA**2 / 2)
     nd = NormalDist()
     n = 4000
@@ -128,7 +135,7 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
     if row["time_seconds_derived"] and "alpaca2k" in scope:
         epochs = int(scope.split("for ")[1].split(" epoch")[0])
         cap = int(m.setup["seq"])
-        e_max, _ = padded_length(b, fac, cap)
+        e_max, _ = padded_length(b, fac, cap, ALPACA2K_LENGTH_RATIO)
         iters = epochs * math.ceil(ALPACA2K_TRAIN / (b * n_gpus))
         capped = re.search(r"max_steps=(\d+)", row["notes"])
         if capped:
