@@ -11,9 +11,10 @@ per GPU and overall. Rows it cannot score are listed with the reason.
 What a row's "work" is, and the assumptions that go with it (printed with the results):
 - litgpt resource tables (A100 40GB, 2023): 1,000 micro-batches of Alpaca, batches padded to their longest
   sample, the longest sample of the dataset forced into the first one;
-- litgpt config hub (A10G, 2024): Alpaca2k, 1,900 training samples (val_split_fraction 0.05), epochs as
+- litgpt config hub (A10G, 2024): Alpaca2k, 2,000 samples less the config's validation split, epochs as
   published, samples truncated to 512 tokens, batches padded to their longest sample; Alpaca2k rows are
-  1.87x as long as Alpaca's (the byte sizes of the two parquet files with the same columns);
+  1.87x as long as Alpaca's (the byte sizes of the two parquet files with the same columns); the timed
+  ``fit`` also validates and generates an example every ``eval.interval`` steps (``LITGPT_EVAL``);
 - torchtune / LLaMA-Factory tokens per second: tokens per GPU per second at the stated sequence length
   (packed rows are full; unpacked Alpaca rows count real tokens, computed on padded batches);
 - transformers docs (BERT on V100): samples/s x 512 tokens.
@@ -46,8 +47,9 @@ from tuneplan.api import build_setup  # noqa: E402
 from tuneplan.catalog.accelerators import resolve_accelerator  # noqa: E402
 from tuneplan.catalog.models import resolve_model  # noqa: E402
 from tuneplan.errors import TuneplanError  # noqa: E402
+from tuneplan.estimator.run import resolve_run  # noqa: E402
 from tuneplan.estimator.runtime import unverified_figures  # noqa: E402
-from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, step_time  # noqa: E402
+from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, run_eval_time, run_step_time  # noqa: E402
 
 LOCAL = HERE / "data" / "calibration" / "measured.csv"
 SHARED = HERE.parent.parent / "shared" / "calibration" / "measured.csv"
@@ -55,12 +57,44 @@ SHARED = HERE.parent.parent / "shared" / "calibration" / "measured.csv"
 ALPACA_MEAN_LLAMA2 = 140.0
 ALPACA_SIGMA = 0.58
 ALPACA_LONGEST_LLAMA2 = 1304
-ALPACA2K_TRAIN = 1900  # 2,000 samples, litgpt Alpaca2k val_split_fraction 0.05
 # Alpaca2k (mhenrichsen/alpaca_2k_test) samples are longer than Alpaca's: both are published as parquet with
 # the same four columns (instruction, input, output, templated text), 1.76 MB for 2,000 rows (880 B a row)
 # against 24.52 MB for 52,002 rows (471.6 B a row, the Alpaca split whose 47.8 MB gives the 140-token mean).
 # Same columns, same snappy compression: Alpaca2k rows hold 880 / 471.6 = 1.87x the text.
 ALPACA2K_LENGTH_RATIO = (1.76e6 / 2000) / (24_523_957 / 52_002)
+ALPACA2K_SAMPLES = 2000
+# litgpt's ``fit`` (finetune/lora.py, full.py, April-September 2024) is what the config hub's "Training
+# runtime" times. Inside it: a sanity check of 2 validation micro-batches, then every ``eval.interval``
+# optimizer steps ``validate`` (min(len(val_dataloader), eval.max_iters) forward-only micro-batches) and
+# ``generate_example`` (eval.max_new_tokens tokens at batch 1 with a KV cache). The configs
+# (config_hub/finetune/*.yaml at the table's commits) all set max_iters 100 and max_new_tokens 100; the
+# interval and the validation split per config (blank split: Alpaca2k's default 0.05):
+LITGPT_SANITY_ITERS = 2
+LITGPT_EVAL_MAX_ITERS = 100
+LITGPT_EVAL_NEW_TOKENS = 100
+LITGPT_EVAL = {  # config: (eval.interval, val_split_fraction)
+    "falcon-7b/lora.yaml": (100, 0.05), "falcon-7b/qlora.yaml": (100, 0.05),
+    "gemma-2b/full.yaml": (25, 0.03847), "gemma-2b/lora.yaml": (25, 0.03847), "gemma-2b/qlora.yaml": (25, 0.03847),
+    "gemma-7b/lora.yaml": (25, 0.03847), "gemma-7b/qlora.yaml": (25, 0.03847),
+    "gemma2-2b/lora.yaml": (25, 0.03847), "gemma2-2b/qlora.yaml": (25, 0.03847),
+    "gemma2-9b/lora.yaml": (25, 0.03847), "gemma2-9b/qlora.yaml": (25, 0.03847),
+    "llama-2-7b/full.yaml": (25, 0.05), "llama-2-7b/lora.yaml": (100, 0.05), "llama-2-7b/qlora.yaml": (100, 0.05),
+    "llama-3-8b/full.yaml": (25, 0.05), "llama-3-8b/lora.yaml": (100, 0.05), "llama-3-8b/qlora.yaml": (100, 0.05),
+    "llama-3.1-8b/full.yaml": (25, 0.05), "llama-3.1-8b/lora.yaml": (100, 0.05),
+    "llama-3.1-8b/qlora.yaml": (100, 0.05),
+    "llama-3.2-1B/full.yaml": (25, 0.05), "llama-3.2-1B/lora.yaml": (100, 0.05),
+    "llama-3.2-1B/qlora.yaml": (100, 0.05),
+    "llama-3.2-3B/full.yaml": (25, 0.05), "llama-3.2-3B/lora.yaml": (100, 0.05),
+    "llama-3.2-3B/qlora.yaml": (100, 0.05),
+    "mistral-7b-v0.2/lora.yaml": (100, 0.05), "mistral-7b-v0.2/qlora.yaml": (100, 0.05),
+    "mistral-7b/lora.yaml": (100, 0.05), "mistral-7b/qlora.yaml": (100, 0.05),
+    "phi-2/full.yaml": (25, 0.05), "phi-2/lora.yaml": (100, 0.03847), "phi-2/qlora.yaml": (100, 0.03847),
+    "phi-3/full.yaml": (25, 0.05), "phi-3/lora.yaml": (100, 0.03847), "phi-3/qlora.yaml": (100, 0.03847),
+    "stablelm-base-alpha-3b/full.yaml": (25, 0.03847), "stablelm-base-alpha-3b/lora.yaml": (100, 0.05),
+    "stablelm-base-alpha-3b/qlora.yaml": (100, 0.05),
+    "tiny-llama/full.yaml": (25, 0.03847), "tiny-llama/lora.yaml": (100, 0.03847),
+    "tiny-llama/qlora.yaml": (100, 0.03847),
+}
 
 
 # Rows that some constant of the time model was read off (throughput.py says which); every other row is
@@ -136,14 +170,25 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
         epochs = int(scope.split("for ")[1].split(" epoch")[0])
         cap = int(m.setup["seq"])
         e_max, _ = padded_length(b, fac, cap, ALPACA2K_LENGTH_RATIO)
-        iters = epochs * math.ceil(ALPACA2K_TRAIN / (b * n_gpus))
+        config = re.search(r"row (\S+\.yaml)", row["source_location"])
+        interval, split = LITGPT_EVAL.get(config.group(1) if config else "", (0, 0.05))
+        n_val = math.ceil(ALPACA2K_SAMPLES * split)  # datasets' train_test_split rounds the test size up
+        ga = int(m.setup.get("grad_accum", 1))
+        iters = epochs * math.ceil((ALPACA2K_SAMPLES - n_val) / (b * n_gpus))
         capped = re.search(r"max_steps=(\d+)", row["notes"])
         if capped:
-            ga = int(m.setup.get("grad_accum", 1))
             iters = min(iters, int(capped.group(1)) * ga)
             notes.append(f"run capped by max_steps={capped.group(1)} (x grad_accum {ga})")
         notes.append(f"Alpaca2k: {iters} micro-batches per GPU of E = {e_max:.0f} padded tokens")
-        return {"shapes": [(iters, e_max)], "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+        out = {"shapes": [(iters, e_max)], "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+        if interval:
+            evals = iters // ga // interval
+            val_iters = min(math.ceil(math.ceil(n_val / n_gpus) / b), LITGPT_EVAL_MAX_ITERS)
+            out["eval"] = {"forward": LITGPT_SANITY_ITERS + evals * val_iters, "tokens": evals * LITGPT_EVAL_NEW_TOKENS,
+                           "length": e_max}
+            notes.append(f"litgpt fit: {evals} evaluations of {val_iters} forward micro-batches and "
+                         f"{LITGPT_EVAL_NEW_TOKENS} generated tokens, + {LITGPT_SANITY_ITERS} sanity micro-batches")
+        return out
     if row["time_seconds_derived"] and "512 samples" in scope:
         seq = int(m.setup["seq"])
         return {"shapes": [(512 // b, float(seq))], "measured_s": float(row["time_seconds_derived"]), "notes": notes}
@@ -204,10 +249,15 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
     bound = ""
     try:
         for count, length in w["shapes"]:
-            setup = build_setup(spec, **{**fields, "seq": max(1, round(length))})
-            st = step_time(spec, setup, acc, opts)
-            seconds += count * st.step_seconds / setup.grad_accum
+            run = resolve_run(spec, build_setup(spec, **{**fields, "seq": max(1, round(length))}))
+            st = run_step_time(run, acc, opts)
+            seconds += count * st.step_seconds / run.setup.grad_accum
             bound = bound or st.bound
+        if "eval" in w:
+            ev = w["eval"]
+            et = run_eval_time(resolve_run(spec, build_setup(spec, **{**fields, "seq": max(1, round(ev["length"]))})),
+                               acc, opts)
+            seconds += ev["forward"] * et.forward_seconds + ev["tokens"] * et.token_seconds
     except (TuneplanError, UnknownThroughput) as exc:
         return f"cannot predict: {exc}"
     err = w["measured_s"] / seconds - 1.0  # = predicted tokens/s / measured tokens/s - 1 (same work)

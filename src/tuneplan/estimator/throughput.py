@@ -21,7 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.compute import FlopCount, FlopPlan, flop_plan, flops_at
+from tuneplan.estimator.compute import (
+    BWD_KERNELS_PER_FWD,
+    BWD_TRAFFIC_PER_FWD,
+    FlopCount,
+    FlopPlan,
+    flop_plan,
+    flops_at,
+)
 from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor
 from tuneplan.estimator.optimizer import optimizer_plan
 from tuneplan.specs.hardware import Accelerator
@@ -241,6 +248,7 @@ class TimeStatics:
     links: dict[str, str]  # intra_node (and inter_node)
     link_gbs: float
     per_micro: float
+    gather_s: float  # one all-gather of every sharded parameter (ZeRO-3/FSDP), seconds; 0 unsharded
     per_step: float
     serial: float
     bucket: float
@@ -304,6 +312,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     gathered = pp.weight_bytes + pp.adapter_bytes
     per_micro, per_step, serial, notes = _collectives(model, setup, trainable=pp.trainable_params,
                                                       grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
+    gather_s = gathered * ring_factor("all_gather", n) / (link.gbs * 1e9) if sharded else 0.0
     if sharded:
         bucket = max(model.largest_layer_params * 2, 1)
     else:
@@ -334,7 +343,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
         launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
         optimizer_s=optimizer_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
-        per_micro=per_micro, per_step=per_step, serial=serial, bucket=bucket, offload_step_bytes=step_bytes,
+        per_micro=per_micro, gather_s=gather_s, per_step=per_step, serial=serial, bucket=bucket, offload_step_bytes=step_bytes,
         offload_micro_bytes=micro_bytes, cpu_optimizer_s=cpu_optimizer_s, assumptions_head=tuple(notes),
         assumptions_tail=tuple(tail))
     run.memo["time"] = (acc, opt, ts)
@@ -473,3 +482,47 @@ def one_gpu_run(run: Run) -> Run:
     if (o.batch, o.seq, o.grad_accum) != (s.batch, s.seq, s.grad_accum):
         one = one.reshaped(batch=s.batch, seq=s.seq, grad_accum=s.grad_accum)
     return one
+
+
+@dataclass(frozen=True)
+class EvalTime:
+    """Time of the evaluation work some trainers do inside their timed loop (litgpt's ``fit`` validates and
+    generates an example every ``eval.interval`` steps)."""
+
+    forward_seconds: float  # one forward-only micro-batch at the run's shape (no_grad: no backward, no recompute)
+    token_seconds: float  # one generated token at batch 1 with a KV cache
+
+
+def run_eval_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = None) -> EvalTime:
+    """Forward-only micro-batch and one decoded token of ``run`` on ``acc``, from the same statics as the step:
+
+    - forward: the forward matmul FLOPs at the tensor rate, but never faster than one read of the weights;
+      the forward share of the element-wise traffic and of the launches (1 of the 1 + 2 (+1 recompute)
+      traffic passes, 1 of the 1 + 1.5 (+1) kernel passes of ``compute.py``); one dequantization pass;
+    - a generated token (batch 1, KV cache): one read of the weights at the streaming bandwidth, or the
+      forward's launches when those take longer (bitsandbytes multiplies one token against the 4-bit weights
+      directly, ``gemv_4bit``, so no dequantization pass);
+    - ZeRO-3/FSDP: every forward, and so every generated token, all-gathers every sharded parameter (FSDP
+      unshards each unit in its forward pre-hook), plus the forward half of the per-unit CPU work.
+    """
+    opt = options or RuntimeOptions()
+    ts = time_statics(run, acc, opt)
+    setup = run.setup
+    tokens = setup.batch * setup.seq
+    fl = flops_at(ts.flops, setup.seq)
+    ckpt = 1.0 if setup.gradient_checkpointing else 0.0
+    kpasses = 1.0 + BWD_KERNELS_PER_FWD + ckpt
+    tpasses = 1.0 + BWD_TRAFFIC_PER_FWD + ckpt
+    t = fl.traffic_parts
+    fwd_traffic = ((t.get("layers", 0.0) + t.get("adapters", 0.0) + t.get("attention_scores", 0.0)) / tpasses
+                   + t.get("loss", 0.0) / 2 + t.get("embedding", 0.0))
+    matmul_s = max(fl.forward * tokens / (ts.peak * 1e12 * ts.u), ts.weight_bytes / ts.bw)
+    elem_s = fwd_traffic * tokens * ts.traffic_factor / ts.bw
+    dequant_s = ts.dequant_s / (2.0 + ckpt)
+    gpu_s = matmul_s + elem_s + dequant_s
+    launch_s = ts.launch_s / kpasses
+    forward_s = (max(gpu_s, launch_s) + ts.unit_s / 2 + max(0.0, ts.gather_s - gpu_s)
+                 + MICRO_BATCH_FIXED_SECONDS)
+    token_launch_s = (ts.gemm_launch + ts.other_launch) / kpasses
+    token_s = max(ts.weight_bytes / ts.bw, token_launch_s) + ts.unit_s / 2 + ts.gather_s
+    return EvalTime(forward_seconds=forward_s, token_seconds=token_s)
