@@ -211,16 +211,28 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
             return {"shapes": [(1, e_max)], "measured_s": b * e_one / value, "notes": notes}
         if not packed:
             notes.append(f"sample lengths not published: sequences assumed to fill {seq} tokens")
-        per_gpu = value
-        if m.source_group == "torchtune" and n_gpus > 1:
-            # torchtune's multi-GPU table rows only make sense as totals: 70B LoRA at 3,497 tokens/s per
-            # A100 would be ~1.5 PFLOP/s per card, five times its peak.
-            per_gpu = value / n_gpus
-            notes.append(f"torchtune multi-GPU tokens/s read as the total of {n_gpus} GPUs")
-        elif "tgs" not in unit:
+        stated = "not stated" not in unit and any(k in unit for k in ("per gpu", "per device", "total", "tgs"))
+        if n_gpus > 1 and not stated:
+            # The metric is not stated: scored against the band between its two readings (per GPU: the
+            # shorter time; the total of n GPUs: n times it), calibration-scoring.md's rule for rows whose
+            # metric is not stated. A reading faster than the card's peak is dropped in predict().
+            notes.append(f"tokens/s per GPU or total of {n_gpus} GPUs (not stated): scored against both readings")
+            return {"shapes": [(1, float(seq))], "measured_s": n_gpus * b * seq / value,
+                    "band_s": (b * seq / value, n_gpus * b * seq / value), "notes": notes}
+        if "tgs" not in unit:
             notes.append("tokens/s read as per GPU")
-        return {"shapes": [(1, float(seq))], "measured_s": b * seq / per_gpu, "notes": notes}
+        return {"shapes": [(1, float(seq))], "measured_s": b * seq / value, "notes": notes}
     return f"throughput unit not mapped: {row['throughput_unit']}"
+
+
+def band_error(predicted_s: float, lo: float, hi: float) -> float:
+    """Predicted tokens/s / measured tokens/s - 1 (= measured seconds / predicted seconds - 1, same work)
+    against measured seconds in [lo, hi]: 0 inside, else against the nearer end (calibration-scoring.md)."""
+    if predicted_s < lo:
+        return lo / predicted_s - 1.0
+    if predicted_s > hi:
+        return hi / predicted_s - 1.0
+    return 0.0
 
 
 def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, Any] | str:
@@ -245,13 +257,15 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
         peak = a10g_tflops
         notes.append(f"A10G tensor peak not in the catalog: {a10g_tflops:g} TFLOPS assumed (third-party tables)")
     opts = RuntimeOptions(compiled=compiled, peak_tflops=peak)
-    seconds = 0.0
+    seconds = floor = 0.0
     bound = ""
     try:
         for count, length in w["shapes"]:
             run = resolve_run(spec, build_setup(spec, **{**fields, "seq": max(1, round(length))}))
             st = run_step_time(run, acc, opts)
             seconds += count * st.step_seconds / run.setup.grad_accum
+            # the forward and backward matmul FLOPs at the card's dense peak: no framework is faster
+            floor += count * st.mfu * st.step_seconds / run.setup.grad_accum
             bound = bound or st.bound
         if "eval" in w:
             ev = w["eval"]
@@ -260,11 +274,20 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
             seconds += ev["forward"] * et.forward_seconds + ev["tokens"] * et.token_seconds
     except (TuneplanError, UnknownThroughput) as exc:
         return f"cannot predict: {exc}"
-    err = w["measured_s"] / seconds - 1.0  # = predicted tokens/s / measured tokens/s - 1 (same work)
+    lo, hi = w.get("band_s", (w["measured_s"], w["measured_s"]))
+    banded = "band_s" in w
+    if banded and lo < floor:  # the per-GPU reading is faster than the card can go: only the total remains
+        lo, banded = hi, False
+        notes.append(f"the per-GPU reading ({w['band_s'][0]:.2f} s) is below the card's floor ({floor:.2f} s): "
+                     "read as the total")
+    if hi < floor:
+        return {"row_id": m.row_id, "inconsistent": True, "floor_s": floor, "measured_s": hi}
+    err = band_error(seconds, lo, hi)
     method = m.setup.get("method", "?")
-    return {"row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu,
+    return {"row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu, "banded": banded,
+            "floor_s": floor,
             "framework/method": f"{m.framework}/{method}", "held_out": m.row_id not in USED_FOR_CONSTANTS,
-            "model": m.model, "measured_s": w["measured_s"], "predicted_s": seconds, "rel_err": err, "bound": bound,
+            "model": m.model, "measured_s": hi, "band_s": (lo, hi) if banded else None, "predicted_s": seconds, "rel_err": err, "bound": bound,
             "assumed_peak": peak is not None or unverified_figures(acc) is not None, "compiled": compiled,
             "notes": notes}
 
@@ -283,7 +306,7 @@ def summarize(res: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
 
 def run(a10g_tflops: float) -> dict[str, Any]:
     path = csv_path()
-    results, skipped = [], []
+    results, skipped, inconsistent = [], [], []
     for raw in load(path):
         if not (raw["throughput_value"] or raw["time_value"]):
             continue
@@ -294,11 +317,14 @@ def run(a10g_tflops: float) -> dict[str, Any]:
         p = predict(raw, m, a10g_tflops)
         if isinstance(p, str):
             skipped.append({"row_id": m.row_id, "reason": p})
+        elif p.get("inconsistent"):
+            inconsistent.append(p)
         else:
             results.append(p)
     catalog_only = [r for r in results if not r["assumed_peak"]]
     held_out = [r for r in catalog_only if r["held_out"]]
-    return {"csv": str(path), "results": results, "skipped": skipped,
+    return {"csv": str(path), "results": results, "skipped": skipped, "source_inconsistent": inconsistent,
+            "banded": sum(1 for r in results if r["band_s"]),
             "summary": {k: summarize(results, k) for k in ("framework", "method", "framework/method", "gpu", "all")},
             "headline": {"all rows": summarize(results, "all"),
                          "verified card figures (not the A10G's)": summarize(catalog_only, "all"),
@@ -317,13 +343,18 @@ def main() -> None:
         print(json.dumps(out, indent=2, default=str))
         return
     print(f"calibration data: {out['csv']}")
-    print(f"scored rows: {len(out['results'])}; skipped: {len(out['skipped'])}")
+    print(f"scored rows: {len(out['results'])}; skipped: {len(out['skipped'])}; "
+          f"scored against a band (metric not stated: per GPU or total): {out['banded']}")
+    for r in out["source_inconsistent"]:
+        print(f"  source-inconsistent (left out): {r['row_id']} published {r['measured_s']:.2f} s of work, "
+              f"below the card's floor of {r['floor_s']:.2f} s (its matmul FLOPs at the dense peak)")
     # err = measured seconds / predicted seconds - 1 = predicted tokens/s / measured tokens/s - 1
     print("relative error = predicted tokens/s / measured tokens/s - 1 (positive: we predict too fast)")
     if a.rows:
         for r in out["results"]:
             print(f"  {r['row_id']} {r['framework']:12s} {r['method']:6s} {r['gpu']:16s} {r['model'][:34]:34s} "
-                  f"meas {r['measured_s']:9.1f}s pred {r['predicted_s']:9.1f}s err {r['rel_err']:+6.0%} {r['bound']}")
+                  f"meas {r['measured_s']:9.1f}s pred {r['predicted_s']:9.1f}s err {r['rel_err']:+6.0%} {r['bound']}"
+                  f"{' (band)' if r['band_s'] else ''}")
     for key, rows in out["summary"].items():
         print(f"\nby {key}:")
         print(f"  {'group':22s} {'n':>4s} {'median|err|':>12s} {'p90|err|':>9s} {'median err':>11s}")
