@@ -10,7 +10,8 @@ per GPU and overall. Rows it cannot score are listed with the reason.
 
 What a row's "work" is, and the assumptions that go with it (printed with the results):
 - litgpt resource tables (A100 40GB, 2023): 1,000 micro-batches of Alpaca, batches padded to their longest
-  sample, the longest sample of the dataset forced into the first one;
+  sample, the longest sample of the dataset forced into the first one, after the timed loop's sanity
+  validation (100 forward micro-batches, 100 generated tokens);
 - litgpt config hub (A10G, 2024): Alpaca2k, 2,000 samples less the config's validation split, epochs as
   published, samples truncated to 512 tokens, batches padded to their longest sample; Alpaca2k rows are
   1.87x as long as Alpaca's (the byte sizes of the two parquet files with the same columns); the timed
@@ -70,6 +71,11 @@ ALPACA2K_SAMPLES = 2000
 # (config_hub/finetune/*.yaml at the table's commits) all set max_iters 100 and max_new_tokens 100; the
 # interval and the validation split per config (blank split: Alpaca2k's default 0.05):
 LITGPT_SANITY_ITERS = 2
+# lit-gpt of the 2023 resource tables (finetune/lora.py at the tables' commit): ``train`` (timed) opens with
+# ``validate`` as a sanity check: eval_iters = 100 forward micro-batches and an example of
+# eval_max_new_tokens = 100 tokens; 1,000 iterations are 7 optimizer steps, short of eval_interval (100).
+LITGPT_2023_EVAL_ITERS = 100
+LITGPT_2023_NEW_TOKENS = 100
 LITGPT_EVAL_MAX_ITERS = 100
 LITGPT_EVAL_NEW_TOKENS = 100
 LITGPT_EVAL = {  # config: (eval.interval, val_split_fraction)
@@ -165,7 +171,10 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
         e_max, _ = padded_length(b, fac, longest)
         shapes = [(999, e_max), (1, float(longest))]
         notes.append(f"Alpaca batches padded to their longest: E = {e_max:.0f} tokens; first micro-batch {longest}")
-        return {"shapes": shapes, "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+        notes.append(f"lit-gpt train(): a sanity validation of {LITGPT_2023_EVAL_ITERS} forward micro-batches and "
+                     f"{LITGPT_2023_NEW_TOKENS} generated tokens")
+        return {"shapes": shapes, "measured_s": float(row["time_seconds_derived"]), "notes": notes,
+                "eval": {"forward": LITGPT_2023_EVAL_ITERS, "tokens": LITGPT_2023_NEW_TOKENS, "length": e_max}}
     if row["time_seconds_derived"] and "alpaca2k" in scope:
         epochs = int(scope.split("for ")[1].split(" epoch")[0])
         cap = int(m.setup["seq"])
