@@ -223,7 +223,7 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
         stated = "not stated" not in unit and any(k in unit for k in ("per gpu", "per device", "total", "tgs"))
         if n_gpus > 1 and not stated:
             # The metric is not stated: scored against the band between its two readings (per GPU: the
-            # shorter time; the total of n GPUs: n times it), calibration-scoring.md's rule for rows whose
+            # shorter time; the total of n GPUs: n times it), the calibration data's scoring rule for rows whose
             # metric is not stated. A reading faster than the card's peak is dropped in predict().
             notes.append(f"tokens/s per GPU or total of {n_gpus} GPUs (not stated): scored against both readings")
             return {"shapes": [(1, float(seq))], "measured_s": n_gpus * b * seq / value,
@@ -236,7 +236,7 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
 
 def band_error(predicted_s: float, lo: float, hi: float) -> float:
     """Predicted tokens/s / measured tokens/s - 1 (= measured seconds / predicted seconds - 1, same work)
-    against measured seconds in [lo, hi]: 0 inside, else against the nearer end (calibration-scoring.md)."""
+    against measured seconds in [lo, hi]: 0 inside, else against the nearer end (the calibration data's scoring rule)."""
     if predicted_s < lo:
         return lo / predicted_s - 1.0
     if predicted_s > hi:
