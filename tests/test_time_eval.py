@@ -3,6 +3,8 @@ by hand from the card's figures and the model's size."""
 
 from __future__ import annotations
 
+import pytest
+
 from tuneplan.api import build_setup
 from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.estimator.run import resolve_run
@@ -45,3 +47,19 @@ def test_sharded_generation_gathers_the_model_for_every_token() -> None:
     two = run_eval_time(_run(**kw, gpus=2, fsdp=True), acc)
     pcie4_x16_one_way = 31.5e9  # PCI-SIG: 16 GT/s x 16 lanes, 128b/130b
     assert two.token_seconds - one.token_seconds >= WEIGHT_BYTES_16BIT / 2 / pcie4_x16_one_way
+
+
+def test_dequantization_traffic_follows_the_kernel_that_rebuilds_the_weight() -> None:
+    """Bytes per weight element and pass at 70 % of peak bandwidth, by hand: bitsandbytes (0.5 B codes read,
+    2 B written, x2 for the pre-0.48 branchy kernel, then 2 B read by the GEMM) 7 / 0.7 = 10; torchao NF4
+    compiled into one kernel (0.5 + 2, then 2) 4.5 / 0.7; torchao eager, every op of get_original_weight
+    traced (shifts, int64 casts, lookups, scaler copies, multiplies, stack: 17 B written, 16 B read, then 2)
+    35 / 0.7, in ~15 kernels instead of 1."""
+    from tuneplan.estimator.throughput import dequant_bytes_per_weight, kernels_per_dequant
+
+    q = build_setup(LLAMA, method="qlora", batch=1, seq=512)
+    assert dequant_bytes_per_weight(q, "hf", False) == pytest.approx(7 / 0.7)
+    assert dequant_bytes_per_weight(q, "torchtune", True) == pytest.approx(4.5 / 0.7)
+    assert dequant_bytes_per_weight(q, "torchtune", False) == pytest.approx(35 / 0.7)
+    assert kernels_per_dequant(q, "hf", False) == kernels_per_dequant(q, "torchtune", True) == 1
+    assert kernels_per_dequant(q, "torchtune", False) > 10

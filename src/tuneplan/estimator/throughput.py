@@ -68,6 +68,18 @@ DEQUANT_KERNEL_BYTES = 2.5
 BNB_BRANCHY_KERNEL_SLOWDOWN = 2.0
 DEQUANT_COPY_READ_BYTES = 2.0
 DEQUANT_BYTES_PER_WEIGHT = (DEQUANT_KERNEL_BYTES * BNB_BRANCHY_KERNEL_SLOWDOWN + DEQUANT_COPY_READ_BYTES) / BW_EFFICIENCY
+# torchao NF4Tensor (torchtune's QLoRA, torchao/dtypes/nf4tensor.py) rebuilds the weight with PyTorch ops,
+# ``get_original_weight``; per weight element (n/2 packed bytes hold n codes), eager:
+#   ``>> 4`` and ``& 0b1111`` read 0.5 B and write 0.5 B each; each ``.to(torch.long)`` reads those 0.5 B
+#   and writes 4 B; each table lookup ``nf4[codes]`` reads 4 B, writes 1 B (bf16, half the elements);
+#   ``repeated.flatten()`` copies the expanded scalers twice (1 B written each); each scaling multiply
+#   reads 1 + 1 B, writes 1 B; ``torch.stack`` reads 2 B, writes 2 B:
+#   17 B written + 16 B read = 33 B, in 11 kernels plus the scalers' own dequantization (~4 more).
+# Under torch.compile one fused kernel reads the codes and writes the 16-bit weight (0.5 + 2 B). Either
+# way the GEMM then reads the 16-bit copy (2 B). No branchy bitsandbytes kernel in that path.
+TORCHAO_EAGER_DEQUANT_BYTES = 33.0
+TORCHAO_EAGER_DEQUANT_KERNELS = 15
+TORCHAO_COMPILED_DEQUANT_BYTES = 0.5 + 2.0
 # LLM.int8 (8-bit) matmuls decompose outliers and run int8 GEMMs; much slower than 4-bit dequant in
 # practice (bitsandbytes README: "8-bit ... slower"); modeled as twice the 4-bit pass (assumption).
 INT8_DEQUANT_FACTOR = 2.0
@@ -144,6 +156,7 @@ class StepTime:
     # overhead (kernel launches, framework hooks, fixed per micro-batch cost not hidden behind GPU work)
     breakdown: dict[str, float] = field(default_factory=dict)
     breakdown_detail: dict[str, float] = field(default_factory=dict)  # named parts inside the five
+    dequant_library: str = "bitsandbytes"  # what rebuilds the 16-bit weights of a quantized run
 
 
 def fsdp_unit_ops(setup: TrainSetup) -> int:
@@ -151,6 +164,27 @@ def fsdp_unit_ops(setup: TrainSetup) -> int:
     if setup.method == "full":
         return FSDP_UNIT_OPS_FULL
     return FSDP_UNIT_OPS_LORA_CHECKPOINTED if setup.gradient_checkpointing else FSDP_UNIT_OPS_LORA
+
+
+def dequant_bytes_per_weight(setup: TrainSetup, model_code: str, compiled: bool) -> float:
+    """Bytes per weight element and dequantization pass, at peak bandwidth (the kernel's traffic divided by
+    ``BW_EFFICIENCY``): torchao's NF4 for torchtune's model code, else bitsandbytes (see the constants)."""
+    if model_code == "torchtune" and setup.quant_bits == 4:
+        kernel = TORCHAO_COMPILED_DEQUANT_BYTES if compiled else TORCHAO_EAGER_DEQUANT_BYTES
+        return (kernel + DEQUANT_COPY_READ_BYTES) / BW_EFFICIENCY
+    return DEQUANT_BYTES_PER_WEIGHT * (INT8_DEQUANT_FACTOR if setup.quant_bits == 8 else 1.0)
+
+
+def dequant_library(setup: TrainSetup, model_code: str) -> str:
+    """The library whose kernels rebuild a quantized run's 16-bit weights (see ``dequant_bytes_per_weight``)."""
+    return "torchao NF4" if model_code == "torchtune" and setup.quant_bits == 4 else "bitsandbytes"
+
+
+def kernels_per_dequant(setup: TrainSetup, model_code: str, compiled: bool) -> int:
+    """Kernels one dequantization of one weight launches: bitsandbytes' ``dequantize_4bit`` and a compiled
+    torchao kernel 1, eager torchao's ``get_original_weight`` ~15 (``TORCHAO_EAGER_DEQUANT_KERNELS``)."""
+    eager_torchao = model_code == "torchtune" and setup.quant_bits == 4 and not compiled
+    return TORCHAO_EAGER_DEQUANT_KERNELS if eager_torchao else 1
 
 
 def card_class(acc: Accelerator) -> str:
@@ -240,6 +274,7 @@ class TimeStatics:
     other_kernels: float
     dequant_s: float
     dequant_part: float
+    dequant_library: str
     launch_s: float  # every launch of one micro-batch
     unit_s: float
     optimizer_s: float
@@ -282,7 +317,8 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     fused = compiled or prof.model_code == "unsloth"
     n = setup.world_size
     sharded = setup.zero == 3 or setup.fsdp
-    deq = DEQUANT_BYTES_PER_WEIGHT * (INT8_DEQUANT_FACTOR if setup.quant_bits == 8 else 1.0)
+    deq = dequant_bytes_per_weight(setup, prof.model_code, compiled)
+    dequant_kernels *= kernels_per_dequant(setup, prof.model_code, compiled)
     dequant_s = fp.dequant * deq / dev_bw
     launch = DISPATCH_SECONDS * (FUSED_OPS if compiled else 1.0)
     other_kernels = other_kernels * (FUSED_OPS if fused else 1.0)
@@ -341,6 +377,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         grad_bytes=pp.trainable_params * pp.trainable_bytes, traffic_factor=FUSED_TRAFFIC if fused else 1.0,
         gemm_launch=gemm_kernels * launch, other_launch=other_kernels * launch, other_kernels=other_kernels,
         dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
+        dequant_library=dequant_library(setup, prof.model_code),
         launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
         optimizer_s=optimizer_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
         per_micro=per_micro, gather_s=gather_s, per_step=per_step, serial=serial, bucket=bucket, offload_step_bytes=step_bytes,
@@ -465,7 +502,7 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     return StepTime(step_seconds=step_s, micro_batch_seconds=micro_s, tokens_per_step=tok_step,
                     tokens_per_second=tps_gpu * n, tokens_per_second_per_gpu=tps_gpu, bound=bound, mfu=mfu,
                     components=components, flops=fl, links=links, assumptions=assumptions,
-                    breakdown=breakdown, breakdown_detail=detail)
+                    breakdown=breakdown, breakdown_detail=detail, dequant_library=ts.dequant_library)
 
 
 def one_gpu_run(run: Run) -> Run:
