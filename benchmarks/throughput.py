@@ -71,11 +71,6 @@ ALPACA2K_SAMPLES = 2000
 # (config_hub/finetune/*.yaml at the table's commits) all set max_iters 100 and max_new_tokens 100; the
 # interval and the validation split per config (blank split: Alpaca2k's default 0.05):
 LITGPT_SANITY_ITERS = 2
-# lit-gpt of the 2023 resource tables (finetune/lora.py at the tables' commit): ``train`` (timed) opens with
-# ``validate`` as a sanity check: eval_iters = 100 forward micro-batches and an example of
-# eval_max_new_tokens = 100 tokens; 1,000 iterations are 7 optimizer steps, short of eval_interval (100).
-LITGPT_2023_EVAL_ITERS = 100
-LITGPT_2023_NEW_TOKENS = 100
 LITGPT_EVAL_MAX_ITERS = 100
 LITGPT_EVAL_NEW_TOKENS = 100
 LITGPT_EVAL = {  # config: (eval.interval, val_split_fraction)
@@ -101,6 +96,11 @@ LITGPT_EVAL = {  # config: (eval.interval, val_split_fraction)
     "tiny-llama/full.yaml": (25, 0.03847), "tiny-llama/lora.yaml": (100, 0.03847),
     "tiny-llama/qlora.yaml": (100, 0.03847),
 }
+# lit-gpt of the 2023 resource tables (finetune/lora.py at the tables' commit): ``train`` (timed) opens with
+# ``validate`` as a sanity check: eval_iters = 100 forward micro-batches and an example of
+# eval_max_new_tokens = 100 tokens; 1,000 iterations are 7 optimizer steps, short of eval_interval (100).
+LITGPT_2023_EVAL_ITERS = 100
+LITGPT_2023_NEW_TOKENS = 100
 
 
 # Rows that some constant of the time model was read off (throughput.py says which); every other row is
@@ -223,8 +223,8 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
         stated = "not stated" not in unit and any(k in unit for k in ("per gpu", "per device", "total", "tgs"))
         if n_gpus > 1 and not stated:
             # The metric is not stated: scored against the band between its two readings (per GPU: the
-            # shorter time; the total of n GPUs: n times it), the calibration data's scoring rule for rows whose
-            # metric is not stated. A reading faster than the card's peak is dropped in predict().
+            # shorter time; the total of n GPUs: n times it), the calibration data's scoring rule for rows
+            # whose metric is not stated. A reading faster than the card's peak is dropped in predict().
             notes.append(f"tokens/s per GPU or total of {n_gpus} GPUs (not stated): scored against both readings")
             return {"shapes": [(1, float(seq))], "measured_s": n_gpus * b * seq / value,
                     "band_s": (b * seq / value, n_gpus * b * seq / value), "notes": notes}
@@ -236,7 +236,8 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
 
 def band_error(predicted_s: float, lo: float, hi: float) -> float:
     """Predicted tokens/s / measured tokens/s - 1 (= measured seconds / predicted seconds - 1, same work)
-    against measured seconds in [lo, hi]: 0 inside, else against the nearer end (the calibration data's scoring rule)."""
+    against measured seconds in [lo, hi]: 0 inside, else against the nearer end (the calibration data's
+    scoring rule)."""
     if predicted_s < lo:
         return lo / predicted_s - 1.0
     if predicted_s > hi:
@@ -293,10 +294,10 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
         return {"row_id": m.row_id, "inconsistent": True, "floor_s": floor, "measured_s": hi}
     err = band_error(seconds, lo, hi)
     method = m.setup.get("method", "?")
-    return {"row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu, "banded": banded,
-            "floor_s": floor,
+    return {"row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu, "floor_s": floor,
             "framework/method": f"{m.framework}/{method}", "held_out": m.row_id not in USED_FOR_CONSTANTS,
-            "model": m.model, "measured_s": hi, "band_s": (lo, hi) if banded else None, "predicted_s": seconds, "rel_err": err, "bound": bound,
+            "model": m.model, "measured_s": hi, "band_s": (lo, hi) if banded else None, "predicted_s": seconds,
+            "rel_err": err, "bound": bound,
             "assumed_peak": peak is not None or unverified_figures(acc) is not None, "compiled": compiled,
             "notes": notes}
 
