@@ -109,6 +109,23 @@ DISPATCH_SECONDS = OPS_PER_KERNEL * OP_DISPATCH_SECONDS
 FSDP_UNIT_OPS_FULL = 93
 FSDP_UNIT_OPS_LORA = 168
 FSDP_UNIT_OPS_LORA_CHECKPOINTED = 204
+# The optimizer step launches its own kernels, once per step: a per-parameter loop dispatches a few ops for
+# every trainable tensor, a foreach / fused implementation a few ops per chunk of tensors (PyTorch's
+# multi_tensor_apply packs up to 36-110 tensors in one launch, by operand count; 48 taken). Counted from the
+# implementations' ``step`` (dispatched aten ops, each at OP_DISPATCH_SECONDS):
+# - transformers' AdamW (``adamw_hf``): mul_, add_, mul_, addcmul_, sqrt, add_, addcdiv_ per tensor: 7;
+# - transformers' Adafactor (factored, no first moment): 28 per matrix (2 norms, the row / column means
+#   and their moving averages, the rsqrt approximation, the clip by RMS), ~17 per vector: 22 taken;
+# - bitsandbytes 8-bit / paged optimizers: one update kernel per tensor from a Python loop, with its ctypes
+#   bookkeeping: 2;
+# - torch AdamW foreach (the default on CUDA since 2.0): 9 foreach ops per chunk (step, weight decay, lerp,
+#   mul, addcmul, sqrt, div, add, addcdiv); fused AdamW: 1 per chunk; SGD: 1 per chunk.
+# The step takes the longer of these launches and its memory traffic (the per-kernel roofline). Sharded
+# optimizers (ZeRO: one flat partition per group; FSDP: flat parameters per unit) launch few: left at 0.
+OPTIMIZER_OPS_PER_TENSOR = {"adamw-hf": 7, "adafactor": 22, "adamw-8bit": 2, "paged-adamw-8bit": 2,
+                            "paged-adamw": 2}
+OPTIMIZER_OPS_PER_CHUNK = {"adamw": 9, "adamw-fused": 1, "sgd": 1}
+FOREACH_TENSORS_PER_LAUNCH = 48
 # Per-micro-batch fixed cost outside the layers: data loading to the GPU, loss bookkeeping, logging.
 MICRO_BATCH_FIXED_SECONDS = 2e-3
 # Part of a collective that cannot hide behind compute: the last bucket (PyTorch DDP bucket_cap_mb=25;
@@ -173,6 +190,13 @@ def dequant_bytes_per_weight(setup: TrainSetup, model_code: str, compiled: bool)
         kernel = TORCHAO_COMPILED_DEQUANT_BYTES if compiled else TORCHAO_EAGER_DEQUANT_BYTES
         return (kernel + DEQUANT_COPY_READ_BYTES) / BW_EFFICIENCY
     return DEQUANT_BYTES_PER_WEIGHT * (INT8_DEQUANT_FACTOR if setup.quant_bits == 8 else 1.0)
+
+
+def optimizer_ops(name: str, tensors: int) -> int:
+    """aten ops one optimizer step dispatches over ``tensors`` trainable tensors (see OPTIMIZER_OPS_*)."""
+    if name in OPTIMIZER_OPS_PER_TENSOR:
+        return OPTIMIZER_OPS_PER_TENSOR[name] * tensors
+    return OPTIMIZER_OPS_PER_CHUNK.get(name, 0) * -(-tensors // FOREACH_TENSORS_PER_LAUNCH)
 
 
 def dequant_library(setup: TrainSetup, model_code: str) -> str:
@@ -278,6 +302,7 @@ class TimeStatics:
     launch_s: float  # every launch of one micro-batch
     unit_s: float
     optimizer_s: float
+    optimizer_launch_s: float  # the optimizer's launches beyond its memory time (per-kernel roofline)
     paged: int  # paged optimizer state bytes
     host: Link
     links: dict[str, str]  # intra_node (and inter_node)
@@ -333,6 +358,10 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     if setup.zero or setup.fsdp:
         upd_bytes /= n
     optimizer_s = 0.0 if setup.offload != "none" else upd_bytes / bw
+    optimizer_launch_s = 0.0
+    if setup.offload == "none" and not (setup.zero or setup.fsdp):
+        optimizer_launch_s = max(0.0, optimizer_ops(run.optimizer, pp.trainable_tensors) * OP_DISPATCH_SECONDS
+                                 - optimizer_s)
     host = host_link(acc)
 
     # --- collectives
@@ -379,7 +408,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
         dequant_library=dequant_library(setup, prof.model_code),
         launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
-        optimizer_s=optimizer_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
+        optimizer_s=optimizer_s, optimizer_launch_s=optimizer_launch_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
         per_micro=per_micro, gather_s=gather_s, per_step=per_step, serial=serial, bucket=bucket, offload_step_bytes=step_bytes,
         offload_micro_bytes=micro_bytes, cpu_optimizer_s=cpu_optimizer_s, assumptions_head=tuple(notes),
         assumptions_tail=tuple(tail))
@@ -465,16 +494,17 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         offload_s = (ts.offload_step_bytes + ga * ts.offload_micro_bytes) / (host.gbs * 1e9)
         offload_s += ts.cpu_optimizer_s
 
-    step_s = ga * micro_s + optimizer_s + paged_s + exposed + offload_s
+    step_s = ga * micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s
     tensor_s = gemm_s if gemm_s >= weights_s else 0.0  # matmuls held by the tensor cores, not by reading weights
     breakdown = {
         "compute": ga * tensor_s,
         "memory_bound": ga * (matmul_s - tensor_s + elem_s + dequant_s) + optimizer_s + paged_s,
         "communication": exposed,
         "offload": offload_s,
-        "overhead": ga * (micro_s - gpu_s),
+        "overhead": ga * (micro_s - gpu_s) + ts.optimizer_launch_s,
     }
     detail = {"dequantization": ga * dequant_s, "optimizer_update": optimizer_s + paged_s,
+              "optimizer_launches": ts.optimizer_launch_s,
               "kernel_launches": ga * max(gemm_part + other_part + dequant_part - gpu_s, 0.0),
               "sharded_unit_fixed": ga * unit_s, "micro_batch_fixed": ga * MICRO_BATCH_FIXED_SECONDS}
     if n > 1:
@@ -482,20 +512,25 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         # the collectives cost at a fixed per-GPU batch. Paging and offload are left out of the floor
         # (they come from one card's memory, which sharding relieves).
         one = run_step_time(one_gpu_run(run), acc, opt)
-        floor = one.step_seconds - one.components.get("paged_optimizer", 0.0)
+        # (and so is a per-tensor optimizer's launch time: sharded optimizers step flat partitions)
+        one_launch = one.components.get("optimizer_launches", 0.0) if (setup.zero or setup.fsdp) else 0.0
+        floor = one.step_seconds - one.components.get("paged_optimizer", 0.0) - one_launch
         if floor > step_s:
             assumptions.append("per-GPU time floored at the single-GPU step (no superlinear scaling)")
             step_s = floor
             breakdown = dict(one.breakdown, memory_bound=one.breakdown["memory_bound"]
-                             - one.components.get("paged_optimizer", 0.0))
-            detail = dict(one.breakdown_detail)
+                             - one.components.get("paged_optimizer", 0.0),
+                             overhead=one.breakdown["overhead"] - one_launch)
+            detail = dict(one.breakdown_detail, optimizer_launches=one.breakdown_detail["optimizer_launches"]
+                          - one_launch)
     tok_step = tokens * ga * n
     tps_gpu = tokens * ga / step_s
     mfu = (fl.forward + fl.backward) * tokens * ga / (step_s * peak * 1e12)
     components = {
         "matmul": ga * matmul_s, "elementwise": ga * elem_s,
         "dequant": ga * dequant_s, "launch_and_fixed": ga * max(micro_s - gpu_s, 0.0),
-        "optimizer": optimizer_s, "paged_optimizer": paged_s, "communication_exposed": exposed,
+        "optimizer": optimizer_s, "optimizer_launches": ts.optimizer_launch_s, "paged_optimizer": paged_s,
+        "communication_exposed": exposed,
         "communication_total": comm_total, "offload": offload_s,
     }
     assumptions.extend(ts.assumptions_tail)
