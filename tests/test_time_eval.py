@@ -81,3 +81,19 @@ def test_a_per_tensor_optimizer_step_takes_its_launches() -> None:
     took = detail["optimizer_update"] + detail.get("optimizer_launches", 0.0)
     assert took == pytest.approx(max(9 * 3 * 15e-6, foreach.components["optimizer"]), rel=0.01)
     assert hf.step_seconds > foreach.step_seconds
+
+
+def test_litgpt_rebuilds_its_quantized_head_for_every_chunk() -> None:
+    """LitGPT quantizes the lm_head too and applies it 128 tokens at a time: each chunk dequantizes the whole
+    32,000 x 4,096 head in forward and again for its input gradient. 300 tokens are 3 chunks, 128 are 1:
+    the difference is 2 chunks x 2 passes x 131,072,000 elements. transformers leaves the head in 16 bits."""
+    from tuneplan.estimator.compute import flops_at
+    from tuneplan.estimator.throughput import RuntimeOptions, time_statics
+
+    acc = resolve_accelerator("a10g")
+    plan = time_statics(_run(method="qlora", batch=1, seq=300), acc, RuntimeOptions()).flops
+    head = 32_000 * 4_096
+    assert flops_at(plan, 300).dequant_elements - flops_at(plan, 128).dequant_elements == 2 * 2 * head
+    hf = resolve_run(LLAMA, build_setup(LLAMA, framework="hf", method="qlora", batch=1, seq=300))
+    hf_plan = time_statics(hf, acc, RuntimeOptions()).flops
+    assert flops_at(hf_plan, 300).dequant_elements == flops_at(hf_plan, 128).dequant_elements

@@ -30,6 +30,7 @@ from tuneplan.estimator.compute import (
     flops_at,
 )
 from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor
+from tuneplan.estimator.logits import LITGPT_CHUNK
 from tuneplan.estimator.optimizer import optimizer_plan
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -296,9 +297,11 @@ class TimeStatics:
     gemm_launch: float  # matmul kernels x launch time
     other_launch: float
     other_kernels: float
-    dequant_s: float
+    dequant_s: float  # the block linears' rebuilds per micro-batch (a chunked quantized head: per shape)
     dequant_part: float
     dequant_library: str
+    dequant_s_per_elem: float
+    launch: float  # seconds per counted kernel
     launch_s: float  # every launch of one micro-batch
     unit_s: float
     optimizer_s: float
@@ -332,7 +335,8 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     if not acc.memory_bandwidth_gbs:
         raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
                                 "(add memory_bandwidth_gbs with --hardware-file)")
-    fp = flop_plan(model, setup, dt, run.targets, run.attn, run.loss)
+    head_chunk = LITGPT_CHUNK if prof.quantizes_lm_head and model.lm_head_params else 0
+    fp = flop_plan(model, setup, dt, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk)
     gemm_kernels, other_kernels, dequant_kernels = fp.kernels
     cls = card_class(acc)
     u = opt.gemm_efficiency or GEMM_EFFICIENCY[cls]
@@ -406,7 +410,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         grad_bytes=pp.trainable_params * pp.trainable_bytes, traffic_factor=FUSED_TRAFFIC if fused else 1.0,
         gemm_launch=gemm_kernels * launch, other_launch=other_kernels * launch, other_kernels=other_kernels,
         dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
-        dequant_library=dequant_library(setup, prof.model_code),
+        dequant_library=dequant_library(setup, prof.model_code), dequant_s_per_elem=deq / dev_bw, launch=launch,
         launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
         optimizer_s=optimizer_s, optimizer_launch_s=optimizer_launch_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
         per_micro=per_micro, gather_s=gather_s, per_step=per_step, serial=serial, bucket=bucket, offload_step_bytes=step_bytes,
@@ -439,10 +443,14 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     weights_s = (ts.passes * ts.weight_bytes + grad_rw) / bw  # ZeRO-3/FSDP gather the weights: all are read
     matmul_s = max(gemm_s, weights_s)
     elem_s = fl.traffic_bytes * tokens * ts.traffic_factor / bw
-    dequant_s = ts.dequant_s
+    head_elems = fl.dequant_elements - ts.flops.dequant  # a quantized lm_head, rebuilt per chunk
+    dequant_s = ts.dequant_s + head_elems * ts.dequant_s_per_elem
     gemm_part = max(ts.gemm_launch, matmul_s)
     other_part = max(ts.other_launch, elem_s)
     dequant_part = ts.dequant_part
+    if head_elems:
+        head_kernels = 2 * -(-setup.seq // ts.flops.head_chunk)
+        dequant_part = max(ts.dequant_part + head_kernels * ts.launch, dequant_s)
     unit_s = ts.unit_s
     micro_s = gemm_part + other_part + dequant_part + unit_s + MICRO_BATCH_FIXED_SECONDS
     gpu_s = matmul_s + elem_s + dequant_s
