@@ -10,9 +10,12 @@ per GPU and overall. Rows it cannot score are listed with the reason.
 
 What a row's "work" is, and the assumptions that go with it (printed with the results):
 - litgpt resource tables (A100 40GB, 2023): 1,000 micro-batches of Alpaca, batches padded to their longest
-  sample, the longest sample of the dataset forced into the first one;
-- litgpt config hub (A10G, 2024): Alpaca2k, 1,900 training samples (val_split_fraction 0.05), epochs as
-  published, samples truncated to 512 tokens, batches padded to their longest sample;
+  sample, the longest sample of the dataset forced into the first one, after the timed loop's sanity
+  validation (100 forward micro-batches, 100 generated tokens);
+- litgpt config hub (A10G, 2024): Alpaca2k, 2,000 samples less the config's validation split, epochs as
+  published, samples truncated to 512 tokens, batches padded to their longest sample; Alpaca2k rows are
+  1.87x as long as Alpaca's (the byte sizes of the two parquet files with the same columns); the timed
+  ``fit`` also validates and generates an example every ``eval.interval`` steps (``LITGPT_EVAL``);
 - torchtune / LLaMA-Factory tokens per second: tokens per GPU per second at the stated sequence length
   (packed rows are full; unpacked Alpaca rows count real tokens, computed on padded batches);
 - transformers docs (BERT on V100): samples/s x 512 tokens.
@@ -45,8 +48,9 @@ from tuneplan.api import build_setup  # noqa: E402
 from tuneplan.catalog.accelerators import resolve_accelerator  # noqa: E402
 from tuneplan.catalog.models import resolve_model  # noqa: E402
 from tuneplan.errors import TuneplanError  # noqa: E402
+from tuneplan.estimator.run import resolve_run  # noqa: E402
 from tuneplan.estimator.runtime import unverified_figures  # noqa: E402
-from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, step_time  # noqa: E402
+from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, run_eval_time, run_step_time  # noqa: E402
 
 LOCAL = HERE / "data" / "calibration" / "measured.csv"
 SHARED = HERE.parent.parent / "shared" / "calibration" / "measured.csv"
@@ -54,7 +58,49 @@ SHARED = HERE.parent.parent / "shared" / "calibration" / "measured.csv"
 ALPACA_MEAN_LLAMA2 = 140.0
 ALPACA_SIGMA = 0.58
 ALPACA_LONGEST_LLAMA2 = 1304
-ALPACA2K_TRAIN = 1900  # 2,000 samples, litgpt Alpaca2k val_split_fraction 0.05
+# Alpaca2k (mhenrichsen/alpaca_2k_test) samples are longer than Alpaca's: both are published as parquet with
+# the same four columns (instruction, input, output, templated text), 1.76 MB for 2,000 rows (880 B a row)
+# against 24.52 MB for 52,002 rows (471.6 B a row, the Alpaca split whose 47.8 MB gives the 140-token mean).
+# Same columns, same snappy compression: Alpaca2k rows hold 880 / 471.6 = 1.87x the text.
+ALPACA2K_LENGTH_RATIO = (1.76e6 / 2000) / (24_523_957 / 52_002)
+ALPACA2K_SAMPLES = 2000
+# litgpt's ``fit`` (finetune/lora.py, full.py, April-September 2024) is what the config hub's "Training
+# runtime" times. Inside it: a sanity check of 2 validation micro-batches, then every ``eval.interval``
+# optimizer steps ``validate`` (min(len(val_dataloader), eval.max_iters) forward-only micro-batches) and
+# ``generate_example`` (eval.max_new_tokens tokens at batch 1 with a KV cache). The configs
+# (config_hub/finetune/*.yaml at the table's commits) all set max_iters 100 and max_new_tokens 100; the
+# interval and the validation split per config (blank split: Alpaca2k's default 0.05):
+LITGPT_SANITY_ITERS = 2
+LITGPT_EVAL_MAX_ITERS = 100
+LITGPT_EVAL_NEW_TOKENS = 100
+LITGPT_EVAL = {  # config: (eval.interval, val_split_fraction)
+    "falcon-7b/lora.yaml": (100, 0.05), "falcon-7b/qlora.yaml": (100, 0.05),
+    "gemma-2b/full.yaml": (25, 0.03847), "gemma-2b/lora.yaml": (25, 0.03847), "gemma-2b/qlora.yaml": (25, 0.03847),
+    "gemma-7b/lora.yaml": (25, 0.03847), "gemma-7b/qlora.yaml": (25, 0.03847),
+    "gemma2-2b/lora.yaml": (25, 0.03847), "gemma2-2b/qlora.yaml": (25, 0.03847),
+    "gemma2-9b/lora.yaml": (25, 0.03847), "gemma2-9b/qlora.yaml": (25, 0.03847),
+    "llama-2-7b/full.yaml": (25, 0.05), "llama-2-7b/lora.yaml": (100, 0.05), "llama-2-7b/qlora.yaml": (100, 0.05),
+    "llama-3-8b/full.yaml": (25, 0.05), "llama-3-8b/lora.yaml": (100, 0.05), "llama-3-8b/qlora.yaml": (100, 0.05),
+    "llama-3.1-8b/full.yaml": (25, 0.05), "llama-3.1-8b/lora.yaml": (100, 0.05),
+    "llama-3.1-8b/qlora.yaml": (100, 0.05),
+    "llama-3.2-1B/full.yaml": (25, 0.05), "llama-3.2-1B/lora.yaml": (100, 0.05),
+    "llama-3.2-1B/qlora.yaml": (100, 0.05),
+    "llama-3.2-3B/full.yaml": (25, 0.05), "llama-3.2-3B/lora.yaml": (100, 0.05),
+    "llama-3.2-3B/qlora.yaml": (100, 0.05),
+    "mistral-7b-v0.2/lora.yaml": (100, 0.05), "mistral-7b-v0.2/qlora.yaml": (100, 0.05),
+    "mistral-7b/lora.yaml": (100, 0.05), "mistral-7b/qlora.yaml": (100, 0.05),
+    "phi-2/full.yaml": (25, 0.05), "phi-2/lora.yaml": (100, 0.03847), "phi-2/qlora.yaml": (100, 0.03847),
+    "phi-3/full.yaml": (25, 0.05), "phi-3/lora.yaml": (100, 0.03847), "phi-3/qlora.yaml": (100, 0.03847),
+    "stablelm-base-alpha-3b/full.yaml": (25, 0.03847), "stablelm-base-alpha-3b/lora.yaml": (100, 0.05),
+    "stablelm-base-alpha-3b/qlora.yaml": (100, 0.05),
+    "tiny-llama/full.yaml": (25, 0.03847), "tiny-llama/lora.yaml": (100, 0.03847),
+    "tiny-llama/qlora.yaml": (100, 0.03847),
+}
+# lit-gpt of the 2023 resource tables (finetune/lora.py at the tables' commit): ``train`` (timed) opens with
+# ``validate`` as a sanity check: eval_iters = 100 forward micro-batches and an example of
+# eval_max_new_tokens = 100 tokens; 1,000 iterations are 7 optimizer steps, short of eval_interval (100).
+LITGPT_2023_EVAL_ITERS = 100
+LITGPT_2023_NEW_TOKENS = 100
 
 
 # Rows that some constant of the time model was read off (throughput.py says which); every other row is
@@ -85,9 +131,10 @@ def tokenizer_factor(vocab: int, model_type: str) -> float:
     return 1.0
 
 
-def padded_length(batch: int, factor: float, cap: int | None) -> tuple[float, float]:
-    """(E[longest of ``batch`` Alpaca samples] capped at ``cap``, E[one sample] capped): log-normal lengths."""
-    mean = ALPACA_MEAN_LLAMA2 * factor
+def padded_length(batch: int, factor: float, cap: int | None, scale: float = 1.0) -> tuple[float, float]:
+    """(E[longest of ``batch`` Alpaca samples] capped at ``cap``, E[one sample] capped): log-normal lengths
+    (``scale``: the data set's mean length relative to Alpaca's, same spread)."""
+    mean = ALPACA_MEAN_LLAMA2 * factor * scale
     median = mean / math.exp(ALPACA_SIGMA**2 / 2)
     nd = NormalDist()
     n = 4000
@@ -124,19 +171,33 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
         e_max, _ = padded_length(b, fac, longest)
         shapes = [(999, e_max), (1, float(longest))]
         notes.append(f"Alpaca batches padded to their longest: E = {e_max:.0f} tokens; first micro-batch {longest}")
-        return {"shapes": shapes, "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+        notes.append(f"lit-gpt train(): a sanity validation of {LITGPT_2023_EVAL_ITERS} forward micro-batches and "
+                     f"{LITGPT_2023_NEW_TOKENS} generated tokens")
+        return {"shapes": shapes, "measured_s": float(row["time_seconds_derived"]), "notes": notes,
+                "eval": {"forward": LITGPT_2023_EVAL_ITERS, "tokens": LITGPT_2023_NEW_TOKENS, "length": e_max}}
     if row["time_seconds_derived"] and "alpaca2k" in scope:
         epochs = int(scope.split("for ")[1].split(" epoch")[0])
         cap = int(m.setup["seq"])
-        e_max, _ = padded_length(b, fac, cap)
-        iters = epochs * math.ceil(ALPACA2K_TRAIN / (b * n_gpus))
+        e_max, _ = padded_length(b, fac, cap, ALPACA2K_LENGTH_RATIO)
+        config = re.search(r"row (\S+\.yaml)", row["source_location"])
+        interval, split = LITGPT_EVAL.get(config.group(1) if config else "", (0, 0.05))
+        n_val = math.ceil(ALPACA2K_SAMPLES * split)  # datasets' train_test_split rounds the test size up
+        ga = int(m.setup.get("grad_accum", 1))
+        iters = epochs * math.ceil((ALPACA2K_SAMPLES - n_val) / (b * n_gpus))
         capped = re.search(r"max_steps=(\d+)", row["notes"])
         if capped:
-            ga = int(m.setup.get("grad_accum", 1))
             iters = min(iters, int(capped.group(1)) * ga)
             notes.append(f"run capped by max_steps={capped.group(1)} (x grad_accum {ga})")
         notes.append(f"Alpaca2k: {iters} micro-batches per GPU of E = {e_max:.0f} padded tokens")
-        return {"shapes": [(iters, e_max)], "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+        out = {"shapes": [(iters, e_max)], "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+        if interval:
+            evals = iters // ga // interval
+            val_iters = min(math.ceil(math.ceil(n_val / n_gpus) / b), LITGPT_EVAL_MAX_ITERS)
+            out["eval"] = {"forward": LITGPT_SANITY_ITERS + evals * val_iters, "tokens": evals * LITGPT_EVAL_NEW_TOKENS,
+                           "length": e_max}
+            notes.append(f"litgpt fit: {evals} evaluations of {val_iters} forward micro-batches and "
+                         f"{LITGPT_EVAL_NEW_TOKENS} generated tokens, + {LITGPT_SANITY_ITERS} sanity micro-batches")
+        return out
     if row["time_seconds_derived"] and "512 samples" in scope:
         seq = int(m.setup["seq"])
         return {"shapes": [(512 // b, float(seq))], "measured_s": float(row["time_seconds_derived"]), "notes": notes}
@@ -159,16 +220,29 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
             return {"shapes": [(1, e_max)], "measured_s": b * e_one / value, "notes": notes}
         if not packed:
             notes.append(f"sample lengths not published: sequences assumed to fill {seq} tokens")
-        per_gpu = value
-        if m.source_group == "torchtune" and n_gpus > 1:
-            # torchtune's multi-GPU table rows only make sense as totals: 70B LoRA at 3,497 tokens/s per
-            # A100 would be ~1.5 PFLOP/s per card, five times its peak.
-            per_gpu = value / n_gpus
-            notes.append(f"torchtune multi-GPU tokens/s read as the total of {n_gpus} GPUs")
-        elif "tgs" not in unit:
+        stated = "not stated" not in unit and any(k in unit for k in ("per gpu", "per device", "total", "tgs"))
+        if n_gpus > 1 and not stated:
+            # The metric is not stated: scored against the band between its two readings (per GPU: the
+            # shorter time; the total of n GPUs: n times it), the calibration data's scoring rule for rows
+            # whose metric is not stated. A reading faster than the card's peak is dropped in predict().
+            notes.append(f"tokens/s per GPU or total of {n_gpus} GPUs (not stated): scored against both readings")
+            return {"shapes": [(1, float(seq))], "measured_s": n_gpus * b * seq / value,
+                    "band_s": (b * seq / value, n_gpus * b * seq / value), "notes": notes}
+        if "tgs" not in unit:
             notes.append("tokens/s read as per GPU")
-        return {"shapes": [(1, float(seq))], "measured_s": b * seq / per_gpu, "notes": notes}
+        return {"shapes": [(1, float(seq))], "measured_s": b * seq / value, "notes": notes}
     return f"throughput unit not mapped: {row['throughput_unit']}"
+
+
+def band_error(predicted_s: float, lo: float, hi: float) -> float:
+    """Predicted tokens/s / measured tokens/s - 1 (= measured seconds / predicted seconds - 1, same work)
+    against measured seconds in [lo, hi]: 0 inside, else against the nearer end (the calibration data's
+    scoring rule)."""
+    if predicted_s < lo:
+        return lo / predicted_s - 1.0
+    if predicted_s > hi:
+        return hi / predicted_s - 1.0
+    return 0.0
 
 
 def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, Any] | str:
@@ -193,21 +267,37 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
         peak = a10g_tflops
         notes.append(f"A10G tensor peak not in the catalog: {a10g_tflops:g} TFLOPS assumed (third-party tables)")
     opts = RuntimeOptions(compiled=compiled, peak_tflops=peak)
-    seconds = 0.0
+    seconds = floor = 0.0
     bound = ""
     try:
         for count, length in w["shapes"]:
-            setup = build_setup(spec, **{**fields, "seq": max(1, round(length))})
-            st = step_time(spec, setup, acc, opts)
-            seconds += count * st.step_seconds / setup.grad_accum
+            run = resolve_run(spec, build_setup(spec, **{**fields, "seq": max(1, round(length))}))
+            st = run_step_time(run, acc, opts)
+            seconds += count * st.step_seconds / run.setup.grad_accum
+            # the forward and backward matmul FLOPs at the card's dense peak: no framework is faster
+            floor += count * st.mfu * st.step_seconds / run.setup.grad_accum
             bound = bound or st.bound
+        if "eval" in w:
+            ev = w["eval"]
+            et = run_eval_time(resolve_run(spec, build_setup(spec, **{**fields, "seq": max(1, round(ev["length"]))})),
+                               acc, opts)
+            seconds += ev["forward"] * et.forward_seconds + ev["tokens"] * et.token_seconds
     except (TuneplanError, UnknownThroughput) as exc:
         return f"cannot predict: {exc}"
-    err = w["measured_s"] / seconds - 1.0  # = predicted tokens/s / measured tokens/s - 1 (same work)
+    lo, hi = w.get("band_s", (w["measured_s"], w["measured_s"]))
+    banded = "band_s" in w
+    if banded and lo < floor:  # the per-GPU reading is faster than the card can go: only the total remains
+        lo, banded = hi, False
+        notes.append(f"the per-GPU reading ({w['band_s'][0]:.2f} s) is below the card's floor ({floor:.2f} s): "
+                     "read as the total")
+    if hi < floor:
+        return {"row_id": m.row_id, "inconsistent": True, "floor_s": floor, "measured_s": hi}
+    err = band_error(seconds, lo, hi)
     method = m.setup.get("method", "?")
-    return {"row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu,
+    return {"row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu, "floor_s": floor,
             "framework/method": f"{m.framework}/{method}", "held_out": m.row_id not in USED_FOR_CONSTANTS,
-            "model": m.model, "measured_s": w["measured_s"], "predicted_s": seconds, "rel_err": err, "bound": bound,
+            "model": m.model, "measured_s": hi, "band_s": (lo, hi) if banded else None, "predicted_s": seconds,
+            "rel_err": err, "bound": bound,
             "assumed_peak": peak is not None or unverified_figures(acc) is not None, "compiled": compiled,
             "notes": notes}
 
@@ -226,7 +316,7 @@ def summarize(res: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
 
 def run(a10g_tflops: float) -> dict[str, Any]:
     path = csv_path()
-    results, skipped = [], []
+    results, skipped, inconsistent = [], [], []
     for raw in load(path):
         if not (raw["throughput_value"] or raw["time_value"]):
             continue
@@ -237,11 +327,14 @@ def run(a10g_tflops: float) -> dict[str, Any]:
         p = predict(raw, m, a10g_tflops)
         if isinstance(p, str):
             skipped.append({"row_id": m.row_id, "reason": p})
+        elif p.get("inconsistent"):
+            inconsistent.append(p)
         else:
             results.append(p)
     catalog_only = [r for r in results if not r["assumed_peak"]]
     held_out = [r for r in catalog_only if r["held_out"]]
-    return {"csv": str(path), "results": results, "skipped": skipped,
+    return {"csv": str(path), "results": results, "skipped": skipped, "source_inconsistent": inconsistent,
+            "banded": sum(1 for r in results if r["band_s"]),
             "summary": {k: summarize(results, k) for k in ("framework", "method", "framework/method", "gpu", "all")},
             "headline": {"all rows": summarize(results, "all"),
                          "verified card figures (not the A10G's)": summarize(catalog_only, "all"),
@@ -260,13 +353,18 @@ def main() -> None:
         print(json.dumps(out, indent=2, default=str))
         return
     print(f"calibration data: {out['csv']}")
-    print(f"scored rows: {len(out['results'])}; skipped: {len(out['skipped'])}")
+    print(f"scored rows: {len(out['results'])}; skipped: {len(out['skipped'])}; "
+          f"scored against a band (metric not stated: per GPU or total): {out['banded']}")
+    for r in out["source_inconsistent"]:
+        print(f"  source-inconsistent (left out): {r['row_id']} published {r['measured_s']:.2f} s of work, "
+              f"below the card's floor of {r['floor_s']:.2f} s (its matmul FLOPs at the dense peak)")
     # err = measured seconds / predicted seconds - 1 = predicted tokens/s / measured tokens/s - 1
     print("relative error = predicted tokens/s / measured tokens/s - 1 (positive: we predict too fast)")
     if a.rows:
         for r in out["results"]:
             print(f"  {r['row_id']} {r['framework']:12s} {r['method']:6s} {r['gpu']:16s} {r['model'][:34]:34s} "
-                  f"meas {r['measured_s']:9.1f}s pred {r['predicted_s']:9.1f}s err {r['rel_err']:+6.0%} {r['bound']}")
+                  f"meas {r['measured_s']:9.1f}s pred {r['predicted_s']:9.1f}s err {r['rel_err']:+6.0%} {r['bound']}"
+                  f"{' (band)' if r['band_s'] else ''}")
     for key, rows in out["summary"].items():
         print(f"\nby {key}:")
         print(f"  {'group':22s} {'n':>4s} {'median|err|':>12s} {'p90|err|':>9s} {'median err':>11s}")

@@ -138,6 +138,8 @@ class FlopPlan:
     six_n: float
     dequant: float
     kernels: tuple[float, float, float]  # gemm, other, dequant
+    head_dequant: float = 0.0  # a quantized, chunked lm_head: elements rebuilt per chunk (forward + backward)
+    head_chunk: int = 0  # tokens per lm_head chunk (0: the head is not quantized)
 
 
 def flops_at(plan: FlopPlan, s: int) -> FlopCount:
@@ -167,15 +169,19 @@ def flops_at(plan: FlopPlan, s: int) -> FlopCount:
     fwd = parts["linear_fwd"] + parts["attn_fwd"] + parts["logits_fwd"] + parts["adapter_fwd"]
     bwd = (parts["linear_bwd_input"] + parts["linear_bwd_weight"] + parts["attn_bwd"] + parts["logits_bwd"]
            + parts["adapter_bwd"])
+    head = plan.head_dequant * -(-s // plan.head_chunk) if plan.head_chunk else 0.0
     return FlopCount(seq=s, forward=fwd, backward=bwd, recompute=parts["recompute"], parts=parts,
-                     six_n=plan.six_n, dequant_elements=plan.dequant, traffic_bytes=sum(traffic.values()),
+                     six_n=plan.six_n, dequant_elements=plan.dequant + head, traffic_bytes=sum(traffic.values()),
                      traffic_parts=traffic, gemm_kernels=plan.kernels[0], other_kernels=plan.kernels[1],
                      dequant_kernels=plan.kernels[2])
 
 
 def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
-              loss: str) -> FlopPlan:
-    """The shape-independent work of one token (see the module doc); ``flops_at`` adds the attention."""
+              loss: str, quant_head_chunk: int = 0) -> FlopPlan:
+    """The shape-independent work of one token (see the module doc); ``flops_at`` adds the attention.
+    ``quant_head_chunk``: the framework quantizes the lm_head too and applies it in chunks of that many
+    tokens (LitGPT: ``lm_head_chunk_size=128``): each chunk rebuilds the whole head, in forward and again for
+    its input gradient (bitsandbytes ``MatMul4Bit.backward``)."""
     r = setup.rank
     attn_bwd = ATTN_BWD_EAGER if attn == "eager" else ATTN_BWD_FLASH
     c = dt.compute
@@ -277,4 +283,6 @@ def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozense
     return FlopPlan(model=model, attn=attn, attn_bwd=attn_bwd, parts=parts, traffic=traffic,
                     attn_fwd_n=tuple(attn_fwd_n), attn_bwd_n=tuple(attn_bwd_n), recompute=tuple(recompute),
                     scores_n=tuple(scores_n), scores_bytes=scores_bytes, six_n=6.0 * model.params_active,
-                    dequant=dequant, kernels=(kernels["gemm"], kernels["other"], kernels["dequant"]))
+                    dequant=dequant, kernels=(kernels["gemm"], kernels["other"], kernels["dequant"]),
+                    head_dequant=2.0 * model.lm_head_params if bits and quant_head_chunk else 0.0,
+                    head_chunk=quant_head_chunk if bits else 0)

@@ -11,8 +11,16 @@ Sources:
 - NCCL all-reduce bus bandwidth on DGX A100 is ~230-240 GB/s of the 300 GB/s one-way NVLink figure
   (nccl-tests results published by NVIDIA / cloud providers): ``NVLINK_EFFICIENCY`` 0.78.
 - Over PCIe, NCCL reaches ~20-24 GB/s of 31.5 on gen4 x16 with peer-to-peer (``PCIE_EFFICIENCY`` 0.7).
-  GeForce cards have peer-to-peer disabled by the driver, so traffic bounces through host memory:
-  ``GEFORCE_P2P_OFF`` halves it (NVIDIA forum statements for the RTX 4090; assumption for the factor).
+  Without peer-to-peer NCCL stages every byte through host memory (its SHM transport): the sender writes
+  it to pinned host memory, the receiver reads it back. ``GEFORCE_P2P_OFF`` halves the link for that:
+  two PCIe crossings per byte; CUDA's p2pBandwidthLatencyTest with P2P disabled shows ~19-20 GB/s in both
+  directions together between two gen4 x16 A40s (nccl-tests issue #74), about 10 GB/s each way. Two causes:
+  - GeForce cards: peer-to-peer is disabled by the driver (NVIDIA forum statements for the RTX 4090);
+  - NCCL's own rule (src/graph/paths.cc, ``ncclTopoCheckP2p``): P2P only between GPUs behind a common PCIe
+    switch (path PXB or closer), not across the CPU's host bridge, except on AMD CPUs with at most two
+    GPUs. Where every GPU hangs off its own CPU root port, as in AWS g5 (aws-ofi-nccl
+    topology/g5.48xl-topo.xml: each A10G on its own root port, no switch; g5 comes with 4 or 8 GPUs),
+    NCCL goes through host memory (``NO_P2P_PLATFORMS``).
 - Between nodes: InfiniBand HDR 200 Gb/s = 25 GB/s per NIC, one NIC per GPU as in a DGX A100 (practitioners quote
   IB/RoCE at 25-50 GB/s); ``NETWORK_EFFICIENCY`` 0.9 of line rate for large messages. Override per call.
 """
@@ -33,6 +41,8 @@ GEFORCE_P2P_OFF = 0.5
 DEFAULT_NETWORK_GBS = 25.0  # InfiniBand HDR 200 Gb/s per GPU
 NETWORK_EFFICIENCY = 0.9
 DEFAULT_PCIE_GEN = 4
+# Cards sold only in one platform whose GPUs NCCL connects through host memory (see the module doc).
+NO_P2P_PLATFORMS = {"a10g": "AWS g5: each GPU on its own CPU root port, NCCL does not use peer-to-peer"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,9 @@ def _pcie_link(acc: Accelerator, what: str) -> Link:
     if what == "peer" and "consumer" in (acc.form_factor or "").lower():
         eff *= GEFORCE_P2P_OFF
         src += f" x {GEFORCE_P2P_OFF:g} (GeForce: no peer-to-peer, staged through host memory)"
+    elif what == "peer" and acc.id in NO_P2P_PLATFORMS:
+        eff *= GEFORCE_P2P_OFF
+        src += f" x {GEFORCE_P2P_OFF:g} ({NO_P2P_PLATFORMS[acc.id]}: staged through host memory)"
     if not got:
         src += " (no PCIe generation in the catalog's interconnect text: PCIe 4.0 x16 assumed)"
     return Link(f"PCIe {gen}.0 x{lanes}", raw * eff, src)

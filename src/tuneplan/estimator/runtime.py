@@ -82,7 +82,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
     deq = st.breakdown_detail.get("dequantization", 0.0)
     if deq:
         time["assumptions"].append(
-            f"{setup.quant_bits}-bit weights: bitsandbytes rebuilds a 16-bit copy of every quantized weight before "
+            f"{setup.quant_bits}-bit weights: {st.dequant_library} rebuilds a 16-bit copy of every quantized weight before "
             "each matmul that uses it (forward, the input-gradient matmul of backward"
             + (", and the recomputation of gradient checkpointing" if setup.gradient_checkpointing else "")
             + f"): {deq / st.step_seconds:.0%} of the step; this is why it is slower than LoRA on 16-bit weights")

@@ -21,8 +21,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.compute import FlopCount, FlopPlan, flop_plan, flops_at
+from tuneplan.estimator.compute import (
+    BWD_KERNELS_PER_FWD,
+    BWD_TRAFFIC_PER_FWD,
+    FlopCount,
+    FlopPlan,
+    flop_plan,
+    flops_at,
+)
 from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor
+from tuneplan.estimator.logits import LITGPT_CHUNK
 from tuneplan.estimator.optimizer import optimizer_plan
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -61,6 +69,18 @@ DEQUANT_KERNEL_BYTES = 2.5
 BNB_BRANCHY_KERNEL_SLOWDOWN = 2.0
 DEQUANT_COPY_READ_BYTES = 2.0
 DEQUANT_BYTES_PER_WEIGHT = (DEQUANT_KERNEL_BYTES * BNB_BRANCHY_KERNEL_SLOWDOWN + DEQUANT_COPY_READ_BYTES) / BW_EFFICIENCY
+# torchao NF4Tensor (torchtune's QLoRA, torchao/dtypes/nf4tensor.py) rebuilds the weight with PyTorch ops,
+# ``get_original_weight``; per weight element (n/2 packed bytes hold n codes), eager:
+#   ``>> 4`` and ``& 0b1111`` read 0.5 B and write 0.5 B each; each ``.to(torch.long)`` reads those 0.5 B
+#   and writes 4 B; each table lookup ``nf4[codes]`` reads 4 B, writes 1 B (bf16, half the elements);
+#   ``repeated.flatten()`` copies the expanded scalers twice (1 B written each); each scaling multiply
+#   reads 1 + 1 B, writes 1 B; ``torch.stack`` reads 2 B, writes 2 B:
+#   17 B written + 16 B read = 33 B, in 11 kernels plus the scalers' own dequantization (~4 more).
+# Under torch.compile one fused kernel reads the codes and writes the 16-bit weight (0.5 + 2 B). Either
+# way the GEMM then reads the 16-bit copy (2 B). No branchy bitsandbytes kernel in that path.
+TORCHAO_EAGER_DEQUANT_BYTES = 33.0
+TORCHAO_EAGER_DEQUANT_KERNELS = 15
+TORCHAO_COMPILED_DEQUANT_BYTES = 0.5 + 2.0
 # LLM.int8 (8-bit) matmuls decompose outliers and run int8 GEMMs; much slower than 4-bit dequant in
 # practice (bitsandbytes README: "8-bit ... slower"); modeled as twice the 4-bit pass (assumption).
 INT8_DEQUANT_FACTOR = 2.0
@@ -90,6 +110,23 @@ DISPATCH_SECONDS = OPS_PER_KERNEL * OP_DISPATCH_SECONDS
 FSDP_UNIT_OPS_FULL = 93
 FSDP_UNIT_OPS_LORA = 168
 FSDP_UNIT_OPS_LORA_CHECKPOINTED = 204
+# The optimizer step launches its own kernels, once per step: a per-parameter loop dispatches a few ops for
+# every trainable tensor, a foreach / fused implementation a few ops per chunk of tensors (PyTorch's
+# multi_tensor_apply packs up to 36-110 tensors in one launch, by operand count; 48 taken). Counted from the
+# implementations' ``step`` (dispatched aten ops, each at OP_DISPATCH_SECONDS):
+# - transformers' AdamW (``adamw_hf``): mul_, add_, mul_, addcmul_, sqrt, add_, addcdiv_ per tensor: 7;
+# - transformers' Adafactor (factored, no first moment): 28 per matrix (2 norms, the row / column means
+#   and their moving averages, the rsqrt approximation, the clip by RMS), ~17 per vector: 22 taken;
+# - bitsandbytes 8-bit / paged optimizers: one update kernel per tensor from a Python loop, with its ctypes
+#   bookkeeping: 2;
+# - torch AdamW foreach (the default on CUDA since 2.0): 9 foreach ops per chunk (step, weight decay, lerp,
+#   mul, addcmul, sqrt, div, add, addcdiv); fused AdamW: 1 per chunk; SGD: 1 per chunk.
+# The step takes the longer of these launches and its memory traffic (the per-kernel roofline). Sharded
+# optimizers (ZeRO: one flat partition per group; FSDP: flat parameters per unit) launch few: left at 0.
+OPTIMIZER_OPS_PER_TENSOR = {"adamw-hf": 7, "adafactor": 22, "adamw-8bit": 2, "paged-adamw-8bit": 2,
+                            "paged-adamw": 2}
+OPTIMIZER_OPS_PER_CHUNK = {"adamw": 9, "adamw-fused": 1, "sgd": 1}
+FOREACH_TENSORS_PER_LAUNCH = 48
 # Per-micro-batch fixed cost outside the layers: data loading to the GPU, loss bookkeeping, logging.
 MICRO_BATCH_FIXED_SECONDS = 2e-3
 # Part of a collective that cannot hide behind compute: the last bucket (PyTorch DDP bucket_cap_mb=25;
@@ -137,6 +174,7 @@ class StepTime:
     # overhead (kernel launches, framework hooks, fixed per micro-batch cost not hidden behind GPU work)
     breakdown: dict[str, float] = field(default_factory=dict)
     breakdown_detail: dict[str, float] = field(default_factory=dict)  # named parts inside the five
+    dequant_library: str = "bitsandbytes"  # what rebuilds the 16-bit weights of a quantized run
 
 
 def fsdp_unit_ops(setup: TrainSetup) -> int:
@@ -144,6 +182,34 @@ def fsdp_unit_ops(setup: TrainSetup) -> int:
     if setup.method == "full":
         return FSDP_UNIT_OPS_FULL
     return FSDP_UNIT_OPS_LORA_CHECKPOINTED if setup.gradient_checkpointing else FSDP_UNIT_OPS_LORA
+
+
+def dequant_bytes_per_weight(setup: TrainSetup, model_code: str, compiled: bool) -> float:
+    """Bytes per weight element and dequantization pass, at peak bandwidth (the kernel's traffic divided by
+    ``BW_EFFICIENCY``): torchao's NF4 for torchtune's model code, else bitsandbytes (see the constants)."""
+    if model_code == "torchtune" and setup.quant_bits == 4:
+        kernel = TORCHAO_COMPILED_DEQUANT_BYTES if compiled else TORCHAO_EAGER_DEQUANT_BYTES
+        return (kernel + DEQUANT_COPY_READ_BYTES) / BW_EFFICIENCY
+    return DEQUANT_BYTES_PER_WEIGHT * (INT8_DEQUANT_FACTOR if setup.quant_bits == 8 else 1.0)
+
+
+def optimizer_ops(name: str, tensors: int) -> int:
+    """aten ops one optimizer step dispatches over ``tensors`` trainable tensors (see OPTIMIZER_OPS_*)."""
+    if name in OPTIMIZER_OPS_PER_TENSOR:
+        return OPTIMIZER_OPS_PER_TENSOR[name] * tensors
+    return OPTIMIZER_OPS_PER_CHUNK.get(name, 0) * -(-tensors // FOREACH_TENSORS_PER_LAUNCH)
+
+
+def dequant_library(setup: TrainSetup, model_code: str) -> str:
+    """The library whose kernels rebuild a quantized run's 16-bit weights (see ``dequant_bytes_per_weight``)."""
+    return "torchao NF4" if model_code == "torchtune" and setup.quant_bits == 4 else "bitsandbytes"
+
+
+def kernels_per_dequant(setup: TrainSetup, model_code: str, compiled: bool) -> int:
+    """Kernels one dequantization of one weight launches: bitsandbytes' ``dequantize_4bit`` and a compiled
+    torchao kernel 1, eager torchao's ``get_original_weight`` ~15 (``TORCHAO_EAGER_DEQUANT_KERNELS``)."""
+    eager_torchao = model_code == "torchtune" and setup.quant_bits == 4 and not compiled
+    return TORCHAO_EAGER_DEQUANT_KERNELS if eager_torchao else 1
 
 
 def card_class(acc: Accelerator) -> str:
@@ -231,16 +297,21 @@ class TimeStatics:
     gemm_launch: float  # matmul kernels x launch time
     other_launch: float
     other_kernels: float
-    dequant_s: float
+    dequant_s: float  # the block linears' rebuilds per micro-batch (a chunked quantized head: per shape)
     dequant_part: float
+    dequant_library: str
+    dequant_s_per_elem: float
+    launch: float  # seconds per counted kernel
     launch_s: float  # every launch of one micro-batch
     unit_s: float
     optimizer_s: float
+    optimizer_launch_s: float  # the optimizer's launches beyond its memory time (per-kernel roofline)
     paged: int  # paged optimizer state bytes
     host: Link
     links: dict[str, str]  # intra_node (and inter_node)
     link_gbs: float
     per_micro: float
+    gather_s: float  # one all-gather of every sharded parameter (ZeRO-3/FSDP), seconds; 0 unsharded
     per_step: float
     serial: float
     bucket: float
@@ -264,7 +335,8 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     if not acc.memory_bandwidth_gbs:
         raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
                                 "(add memory_bandwidth_gbs with --hardware-file)")
-    fp = flop_plan(model, setup, dt, run.targets, run.attn, run.loss)
+    head_chunk = LITGPT_CHUNK if prof.quantizes_lm_head and model.lm_head_params else 0
+    fp = flop_plan(model, setup, dt, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk)
     gemm_kernels, other_kernels, dequant_kernels = fp.kernels
     cls = card_class(acc)
     u = opt.gemm_efficiency or GEMM_EFFICIENCY[cls]
@@ -274,7 +346,8 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     fused = compiled or prof.model_code == "unsloth"
     n = setup.world_size
     sharded = setup.zero == 3 or setup.fsdp
-    deq = DEQUANT_BYTES_PER_WEIGHT * (INT8_DEQUANT_FACTOR if setup.quant_bits == 8 else 1.0)
+    deq = dequant_bytes_per_weight(setup, prof.model_code, compiled)
+    dequant_kernels *= kernels_per_dequant(setup, prof.model_code, compiled)
     dequant_s = fp.dequant * deq / dev_bw
     launch = DISPATCH_SECONDS * (FUSED_OPS if compiled else 1.0)
     other_kernels = other_kernels * (FUSED_OPS if fused else 1.0)
@@ -289,6 +362,10 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     if setup.zero or setup.fsdp:
         upd_bytes /= n
     optimizer_s = 0.0 if setup.offload != "none" else upd_bytes / bw
+    optimizer_launch_s = 0.0
+    if setup.offload == "none" and not (setup.zero or setup.fsdp):
+        optimizer_launch_s = max(0.0, optimizer_ops(run.optimizer, pp.trainable_tensors) * OP_DISPATCH_SECONDS
+                                 - optimizer_s)
     host = host_link(acc)
 
     # --- collectives
@@ -304,6 +381,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     gathered = pp.weight_bytes + pp.adapter_bytes
     per_micro, per_step, serial, notes = _collectives(model, setup, trainable=pp.trainable_params,
                                                       grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
+    gather_s = gathered * ring_factor("all_gather", n) / (link.gbs * 1e9) if sharded else 0.0
     if sharded:
         bucket = max(model.largest_layer_params * 2, 1)
     else:
@@ -332,9 +410,10 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         grad_bytes=pp.trainable_params * pp.trainable_bytes, traffic_factor=FUSED_TRAFFIC if fused else 1.0,
         gemm_launch=gemm_kernels * launch, other_launch=other_kernels * launch, other_kernels=other_kernels,
         dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
+        dequant_library=dequant_library(setup, prof.model_code), dequant_s_per_elem=deq / dev_bw, launch=launch,
         launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
-        optimizer_s=optimizer_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
-        per_micro=per_micro, per_step=per_step, serial=serial, bucket=bucket, offload_step_bytes=step_bytes,
+        optimizer_s=optimizer_s, optimizer_launch_s=optimizer_launch_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
+        per_micro=per_micro, gather_s=gather_s, per_step=per_step, serial=serial, bucket=bucket, offload_step_bytes=step_bytes,
         offload_micro_bytes=micro_bytes, cpu_optimizer_s=cpu_optimizer_s, assumptions_head=tuple(notes),
         assumptions_tail=tuple(tail))
     run.memo["time"] = (acc, opt, ts)
@@ -364,10 +443,14 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     weights_s = (ts.passes * ts.weight_bytes + grad_rw) / bw  # ZeRO-3/FSDP gather the weights: all are read
     matmul_s = max(gemm_s, weights_s)
     elem_s = fl.traffic_bytes * tokens * ts.traffic_factor / bw
-    dequant_s = ts.dequant_s
+    head_elems = fl.dequant_elements - ts.flops.dequant  # a quantized lm_head, rebuilt per chunk
+    dequant_s = ts.dequant_s + head_elems * ts.dequant_s_per_elem
     gemm_part = max(ts.gemm_launch, matmul_s)
     other_part = max(ts.other_launch, elem_s)
     dequant_part = ts.dequant_part
+    if head_elems:
+        head_kernels = 2 * -(-setup.seq // ts.flops.head_chunk)
+        dequant_part = max(ts.dequant_part + head_kernels * ts.launch, dequant_s)
     unit_s = ts.unit_s
     micro_s = gemm_part + other_part + dequant_part + unit_s + MICRO_BATCH_FIXED_SECONDS
     gpu_s = matmul_s + elem_s + dequant_s
@@ -419,16 +502,17 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         offload_s = (ts.offload_step_bytes + ga * ts.offload_micro_bytes) / (host.gbs * 1e9)
         offload_s += ts.cpu_optimizer_s
 
-    step_s = ga * micro_s + optimizer_s + paged_s + exposed + offload_s
+    step_s = ga * micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s
     tensor_s = gemm_s if gemm_s >= weights_s else 0.0  # matmuls held by the tensor cores, not by reading weights
     breakdown = {
         "compute": ga * tensor_s,
         "memory_bound": ga * (matmul_s - tensor_s + elem_s + dequant_s) + optimizer_s + paged_s,
         "communication": exposed,
         "offload": offload_s,
-        "overhead": ga * (micro_s - gpu_s),
+        "overhead": ga * (micro_s - gpu_s) + ts.optimizer_launch_s,
     }
     detail = {"dequantization": ga * dequant_s, "optimizer_update": optimizer_s + paged_s,
+              "optimizer_launches": ts.optimizer_launch_s,
               "kernel_launches": ga * max(gemm_part + other_part + dequant_part - gpu_s, 0.0),
               "sharded_unit_fixed": ga * unit_s, "micro_batch_fixed": ga * MICRO_BATCH_FIXED_SECONDS}
     if n > 1:
@@ -436,27 +520,32 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         # the collectives cost at a fixed per-GPU batch. Paging and offload are left out of the floor
         # (they come from one card's memory, which sharding relieves).
         one = run_step_time(one_gpu_run(run), acc, opt)
-        floor = one.step_seconds - one.components.get("paged_optimizer", 0.0)
+        # (and so is a per-tensor optimizer's launch time: sharded optimizers step flat partitions)
+        one_launch = one.components.get("optimizer_launches", 0.0) if (setup.zero or setup.fsdp) else 0.0
+        floor = one.step_seconds - one.components.get("paged_optimizer", 0.0) - one_launch
         if floor > step_s:
             assumptions.append("per-GPU time floored at the single-GPU step (no superlinear scaling)")
             step_s = floor
             breakdown = dict(one.breakdown, memory_bound=one.breakdown["memory_bound"]
-                             - one.components.get("paged_optimizer", 0.0))
-            detail = dict(one.breakdown_detail)
+                             - one.components.get("paged_optimizer", 0.0),
+                             overhead=one.breakdown["overhead"] - one_launch)
+            detail = dict(one.breakdown_detail, optimizer_launches=one.breakdown_detail["optimizer_launches"]
+                          - one_launch)
     tok_step = tokens * ga * n
     tps_gpu = tokens * ga / step_s
     mfu = (fl.forward + fl.backward) * tokens * ga / (step_s * peak * 1e12)
     components = {
         "matmul": ga * matmul_s, "elementwise": ga * elem_s,
         "dequant": ga * dequant_s, "launch_and_fixed": ga * max(micro_s - gpu_s, 0.0),
-        "optimizer": optimizer_s, "paged_optimizer": paged_s, "communication_exposed": exposed,
+        "optimizer": optimizer_s, "optimizer_launches": ts.optimizer_launch_s, "paged_optimizer": paged_s,
+        "communication_exposed": exposed,
         "communication_total": comm_total, "offload": offload_s,
     }
     assumptions.extend(ts.assumptions_tail)
     return StepTime(step_seconds=step_s, micro_batch_seconds=micro_s, tokens_per_step=tok_step,
                     tokens_per_second=tps_gpu * n, tokens_per_second_per_gpu=tps_gpu, bound=bound, mfu=mfu,
                     components=components, flops=fl, links=links, assumptions=assumptions,
-                    breakdown=breakdown, breakdown_detail=detail)
+                    breakdown=breakdown, breakdown_detail=detail, dequant_library=ts.dequant_library)
 
 
 def one_gpu_run(run: Run) -> Run:
@@ -473,3 +562,47 @@ def one_gpu_run(run: Run) -> Run:
     if (o.batch, o.seq, o.grad_accum) != (s.batch, s.seq, s.grad_accum):
         one = one.reshaped(batch=s.batch, seq=s.seq, grad_accum=s.grad_accum)
     return one
+
+
+@dataclass(frozen=True)
+class EvalTime:
+    """Time of the evaluation work some trainers do inside their timed loop (litgpt's ``fit`` validates and
+    generates an example every ``eval.interval`` steps)."""
+
+    forward_seconds: float  # one forward-only micro-batch at the run's shape (no_grad: no backward, no recompute)
+    token_seconds: float  # one generated token at batch 1 with a KV cache
+
+
+def run_eval_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = None) -> EvalTime:
+    """Forward-only micro-batch and one decoded token of ``run`` on ``acc``, from the same statics as the step:
+
+    - forward: the forward matmul FLOPs at the tensor rate, but never faster than one read of the weights;
+      the forward share of the element-wise traffic and of the launches (1 of the 1 + 2 (+1 recompute)
+      traffic passes, 1 of the 1 + 1.5 (+1) kernel passes of ``compute.py``); one dequantization pass;
+    - a generated token (batch 1, KV cache): one read of the weights at the streaming bandwidth, or the
+      forward's launches when those take longer (bitsandbytes multiplies one token against the 4-bit weights
+      directly, ``gemv_4bit``, so no dequantization pass);
+    - ZeRO-3/FSDP: every forward, and so every generated token, all-gathers every sharded parameter (FSDP
+      unshards each unit in its forward pre-hook), plus the forward half of the per-unit CPU work.
+    """
+    opt = options or RuntimeOptions()
+    ts = time_statics(run, acc, opt)
+    setup = run.setup
+    tokens = setup.batch * setup.seq
+    fl = flops_at(ts.flops, setup.seq)
+    ckpt = 1.0 if setup.gradient_checkpointing else 0.0
+    kpasses = 1.0 + BWD_KERNELS_PER_FWD + ckpt
+    tpasses = 1.0 + BWD_TRAFFIC_PER_FWD + ckpt
+    t = fl.traffic_parts
+    fwd_traffic = ((t.get("layers", 0.0) + t.get("adapters", 0.0) + t.get("attention_scores", 0.0)) / tpasses
+                   + t.get("loss", 0.0) / 2 + t.get("embedding", 0.0))
+    matmul_s = max(fl.forward * tokens / (ts.peak * 1e12 * ts.u), ts.weight_bytes / ts.bw)
+    elem_s = fwd_traffic * tokens * ts.traffic_factor / ts.bw
+    dequant_s = ts.dequant_s / (2.0 + ckpt)
+    gpu_s = matmul_s + elem_s + dequant_s
+    launch_s = ts.launch_s / kpasses
+    forward_s = (max(gpu_s, launch_s) + ts.unit_s / 2 + max(0.0, ts.gather_s - gpu_s)
+                 + MICRO_BATCH_FIXED_SECONDS)
+    token_launch_s = (ts.gemm_launch + ts.other_launch) / kpasses
+    token_s = max(ts.weight_bytes / ts.bw, token_launch_s) + ts.unit_s / 2 + ts.gather_s
+    return EvalTime(forward_seconds=forward_s, token_seconds=token_s)
