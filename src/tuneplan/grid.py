@@ -118,8 +118,10 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     out = {"allocated": allocated, "reserved": reserved,
            "device_peak": reserved + cuda_context_bytes() + m.statics.sp.nccl,
            "peak_phase": np.asarray(names)[peak]}
-    for c in COMPONENT_ORDER:
-        vals = [m.phases[p].get(c, m.statics.blank[c]) for p in names]
+    rows = [m.phases[p] for p in names]
+    for i, c in enumerate(COMPONENT_ORDER):
+        k = i - len(PERSISTENT)  # a step component's place in a row (memory.STEP_COMPONENTS)
+        vals = [m.statics.common[c]] * len(rows) if k < 0 else [row[k] for row in rows]
         if all(type(v) is int for v in vals):
             out[f"c:{c}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
         else:

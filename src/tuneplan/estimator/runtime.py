@@ -20,6 +20,7 @@ from tuneplan.specs.setup import TrainSetup
 
 UNVERIFIED_MARKERS = ("tensor", "bf16", "bandwidth", "throughput", "all numeric", "all throughput")
 LINK_MARKERS = ("nvlink", "if bandwidth", "hccs")
+DEFAULT_OPTIONS = RuntimeOptions()  # one object: the run's kept time terms match it without a new one per call
 
 
 def unverified_figures(acc: Accelerator) -> str | None:
@@ -46,7 +47,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
     setup = run.setup
     rates, why = card_terms(run, acc, prices)
     try:
-        st = run_step_time(run, acc, options, memory)
+        st = run_step_time(run, acc, options or DEFAULT_OPTIONS, memory)
     except UnknownThroughput as exc:
         reason = f"time cannot be computed: {exc}"
         t: dict[str, Any] = {k: None for k in ("tokens_per_second", "step_seconds", "total_hours", "gpu_hours")}
