@@ -164,7 +164,9 @@ class MemoryAt:
 
     def components(self, phase: str) -> dict[str, Any]:
         """Every component of ``phase``, in display order."""
-        return {**self.statics.common, **dict(zip(STEP_COMPONENTS, self.phases[phase], strict=True))}
+        comps = self.statics.common.copy()
+        comps.update(zip(STEP_COMPONENTS, self.phases[phase], strict=True))
+        return comps
 
     def total(self, phase: str) -> Any:
         """Bytes allocated at ``phase`` (exact: the components are ints, or int64 arrays)."""
