@@ -103,7 +103,21 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         gpu_hours = time["gpu_hours"]
     else:
         time["unknown"] = ["no dataset size: give --samples (and --avg-tokens) or --dataset-tokens for hours"]
+        return {"time": time, "cost": hourless_cost(run, acc, prices, rates)}
     return {"time": time, "cost": cost_section(acc, setup.world_size, gpu_hours, prices, rates=rates)}
+
+
+def hourless_cost(run: Run, acc: Accelerator, prices: Prices | None, rates: CostRates) -> dict[str, Any]:
+    """The cost section without a dataset (no hours): shape-independent, so made once per (run, card,
+    prices) next to the card's rates (``card_terms``), and copied for each caller (its lists too)."""
+    last = run.memo["cost"]
+    if len(last) == 4:
+        last = run.memo["cost"] = (*last, cost_section(acc, run.setup.world_size, None, prices, rates=rates))
+    sec = dict(last[4])
+    sec["assumptions"] = list(sec["assumptions"])
+    if "unknown" in sec:
+        sec["unknown"] = list(sec["unknown"])
+    return sec
 
 
 def card_terms(run: Run, acc: Accelerator, prices: Prices | None) -> tuple[CostRates, str | None]:
