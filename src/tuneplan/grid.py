@@ -119,14 +119,17 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     out = {"allocated": allocated, "reserved": reserved,
            "device_peak": reserved + cuda_context_bytes() + m.statics.sp.nccl,
            "peak_phase": np.asarray(names)[peak]}
+    for c in PERSISTENT:  # the same at every instant
+        out[f"c:{c}"] = np.full(shape, m.statics.common[c], dtype=np.int64)
     rows = [m.phases[p] for p in names]
-    for i, c in enumerate(COMPONENT_ORDER):
-        k = i - len(PERSISTENT)  # a step component's place in a row (memory.STEP_COMPONENTS)
-        vals = [m.statics.common[c]] * len(rows) if k < 0 else [row[k] for row in rows]
+    for k, c in enumerate(STEP_COMPONENTS):  # a step component's place in a row
+        vals = [row[k] for row in rows]
         if all(type(v) is int for v in vals):
             out[f"c:{c}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
         else:
-            out[f"c:{c}"] = np.choose(peak, [np.asarray(v, dtype=np.int64) for v in vals])
+            for i, v in enumerate(vals):  # the totals' array is free again: each instant's value, then the peak's
+                totals[i] = v
+            out[f"c:{c}"] = np.take_along_axis(totals, peak[None], 0)[0]
     return out
 
 
