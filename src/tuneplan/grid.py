@@ -127,7 +127,8 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
         if all(type(v) is int for v in vals):
             out[f"c:{c}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
         else:
-            for i, v in enumerate(vals):  # the totals' array is free again: each instant's value, then the peak
+            # the totals' array is free again: each instant's value in it, then the peak's value picked
+            for i, v in enumerate(vals):
                 totals[i] = v
             out[f"c:{c}"] = np.take_along_axis(totals, peak[None], 0)[0]
     return out
