@@ -72,6 +72,14 @@ class MemoryStatics:
     # the token-embedding gradient's instant (single GPU, no optimizer in backward): None when it has none;
     # True when a buffer is already there (accumulation / keep_grads), so the new gradient is a temporary
     embedding_into_buffer: bool | None
+    # gradients with their buffers: G0 (earlier micro-batches') and G1 (all), + FSDP's reduce-scatter input
+    # while a layer is back-propagated; ZeRO-3 / FSDP parameters gathered at the loss and in the layers
+    g0: int
+    g1: int
+    g0_layer: int
+    g1_layer: int
+    gathered_at_loss: int
+    gathered: int
     next_micro_batch: bool  # the instant after the longest micro-batch (longest first, accumulation)
     next_grads: int  # gradients at that instant, buffers included
     step_grads: int  # gradients at the optimizer step, buffers included
@@ -143,7 +151,10 @@ def memory_statics(run: Run) -> MemoryStatics:
         logit_bytes=dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block),
         hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input, holds=prof.loop_holds_outputs,
         first=setup.longest_batch_first, checkpointed=setup.gradient_checkpointing, n_layers=max(model.n_layers, 1),
-        embedding_into_buffer=embedding, next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
+        embedding_into_buffer=embedding, g0=grads_prev + sp.grad_buffers, g1=grads + sp.grad_buffers,
+        g0_layer=grads_prev + sp.grad_buffers + sp.transient_grad_buffers,
+        g1_layer=grads + sp.grad_buffers + sp.transient_grad_buffers, gathered_at_loss=sp.gathered_at_loss,
+        gathered=sp.gathered, next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(fg.accumulating if fg is not None else grads) + sp.grad_buffers,
         step_grads=grads_step + sp.grad_buffers, step_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp,
         base_notes=tuple(sp.notes) + tuple(opt.notes))
@@ -183,7 +194,6 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     backward_start = G0 + A + L's loss backward; the top and bottom layers' backward as below; optimizer_step
     = the step's gradients + its temporaries (+ what the loop holds)."""
     st = run.memo.get("memory") or memory_statics(run)
-    sp = st.sp
     acts = saved_at(st.acts, batch, seq)
     lg = logits_plan(batch * seq, st.vocab, st.logit_bytes, run.loss, seq, st.hidden, st.softmax_keeps_input)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
@@ -195,13 +205,11 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     prev_held = 0 if first else held
     head_deq = st.head_deq
     fwd_logits = maximum(maximum(lg.forward_peak, prev_held + lg.cast_peak), prev_held + lg.at_forward_end + head_deq)
-    g0, g1 = st.grads_prev + sp.grad_buffers, st.grads + sp.grad_buffers
-    # FSDP's reduce-scatter input lives while a layer is back-propagated
-    g0_layer, g1_layer = g0 + sp.transient_grad_buffers, g1 + sp.transient_grad_buffers
+    g0, g0_layer, g1_layer = st.g0, st.g0_layer, st.g1_layer
     acts_fwd, ac, ac_bwd = acts.saved_bytes, st.ac, st.ac_bwd
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
     bwd = acts.backward_temp_bytes + st.dequant
-    loss_gathered, gathered = sp.gathered_at_loss, sp.gathered
+    loss_gathered, gathered = st.gathered_at_loss, st.gathered
     emb_cut, emb_row = embedding_backward_row(acts, st) if st.embedding_into_buffer is not None else (0, None)
     kept = pinned if holds else 0
     # one row per instant, in STEP_COMPONENTS order:
@@ -248,7 +256,7 @@ def embedding_backward_row(acts: ActivationPlan, st: MemoryStatics) -> tuple[Any
         return 0, None
     grad = minimum(acts.embedding_grad_bytes, st.grads)
     cut, temp = (0, acts.embedding_backward_bytes + grad) if st.embedding_into_buffer else (grad, acts.embedding_backward_bytes)
-    return cut, (st.grads + st.sp.grad_buffers, 0, 0, 0, 0, temp, 0)
+    return cut, (st.g1, 0, 0, 0, 0, temp, 0)
 
 
 def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
