@@ -106,7 +106,6 @@ class ActivationTerms:
     backward_temp_per_pos, attn_backward_offset, count), the ``LayerActs`` fields in a flat tuple."""
 
     kinds: tuple[tuple[float, float, float, float, float, float, float, int], ...]
-    hidden: int
     head_per_example: bool  # an encoder's classifier head reads one token per example (the pooler)
     tail_per_head_token: int  # bytes x hidden the final norm and the head keep per token they read
     tail_per_token: int  # embedding-dropout mask and a 4-bit lm_head's kept input, per token
@@ -139,7 +138,7 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: Lay
     flat = tuple((la.per_token, la.per_token_per_pos, la.pinned, la.input_alias, la.backward_temp,
                   la.backward_temp_per_pos, la.attn_backward_offset, n) for la, n in kinds.kinds)
     return ActivationTerms(
-        kinds=flat, hidden=h, head_per_example=model.architecture == "encoder" and bool(model.head_out),
+        kinds=flat, head_per_example=model.architecture == "encoder" and bool(model.head_out),
         tail_per_head_token=head * h, tail_per_token=per_token * h, pinned_per_token=pinned,
         checkpointed=setup.gradient_checkpointing, checkpoint_per_token=dt.residual * h * n_active,
         offload=(gc_offload or setup.activation_offload) if setup.gradient_checkpointing else setup.activation_offload,
