@@ -110,7 +110,9 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
 def hourless_cost(run: Run, acc: Accelerator, prices: Prices | None, rates: CostRates) -> dict[str, Any]:
     """The cost section without a dataset (no hours): shape-independent, so made once per (run, card,
     prices) next to the card's rates (``card_terms``), and copied for each caller (its lists too)."""
-    last = run.memo["cost"]
+    last = run.memo.get("cost")
+    if last is None or last[2] is not rates:  # another card asked about meanwhile: nothing to share
+        return cost_section(acc, run.setup.world_size, None, prices, rates=rates)
     if len(last) == 4:
         last = run.memo["cost"] = (*last, cost_section(acc, run.setup.world_size, None, prices, rates=rates))
     sec = dict(last[4])
