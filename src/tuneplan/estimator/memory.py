@@ -110,20 +110,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         adapters = pp.adapter_params * dt.compute // (setup.world_size if setup.zero == 3 else 1)
     weights = max(sp.weights - adapters, 0)
 
-    grads = sp.grads_live
-    if setup.optimizer_in_backward:
-        grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
-    # earlier micro-batches' gradients (accumulation), or the previous step's zeroed buffers (keep_grads)
-    grads_prev = grads if (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward else 0
-    grads_step = grads
     fg = fsdp_gradients(model, setup, prof, dt, pp.trainable_params, pp.adapter_params)
-    if fg is not None:
-        # The profile's FSDP wrapping (estimator/fsdp_grads.py): accumulating micro-batches keep unsharded
-        # gradients of whole units; the optimizer step sees the reduce-scattered shard.
-        grads, grads_step = fg.accumulating, fg.synced
-        grads_prev = fg.accumulating if setup.grad_accum > 1 else 0
-    if setup.longest_batch_first:
-        grads_prev = 0  # the peak batch is the run's first micro-batch: no gradient has accumulated yet
+    grads, grads_prev, grads_step = gradient_terms(run, sp, fg)
     ac = pp.autocast_copy_bytes
     # From the loss backward on, only the casts autograd saved remain (weights.param_plan: under gradient
     # checkpointing the layers' casts die with autocast's cache at the end of the forward).
@@ -160,6 +148,27 @@ def memory_statics(run: Run) -> MemoryStatics:
         base_notes=tuple(sp.notes) + tuple(opt.notes))
     run.memo["memory"] = out
     return out
+
+
+def gradient_terms(run: Run, sp: ShardPlan, fg: FsdpGrads | None) -> tuple[int, int, int]:
+    """(gradients once backward has run, those alive through the next forward, those the optimizer step
+    sees), per GPU: an optimizer in backward keeps only the largest tensor's gradient; earlier micro-batches'
+    gradients (accumulation) or the previous step's zeroed buffers (keep_grads) stay through the forward;
+    under the profile's FSDP wrapping (estimator/fsdp_grads.py) accumulating micro-batches keep unsharded
+    gradients of whole units and the step sees the reduce-scattered shard; with the longest micro-batch
+    first, the peak batch is the run's first: nothing has accumulated yet."""
+    setup, pp = run.setup, run.param_plan
+    grads = sp.grads_live
+    if setup.optimizer_in_backward:
+        grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
+    grads_prev = grads if (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward else 0
+    grads_step = grads
+    if fg is not None:
+        grads, grads_step = fg.accumulating, fg.synced
+        grads_prev = fg.accumulating if setup.grad_accum > 1 else 0
+    if setup.longest_batch_first:
+        grads_prev = 0
+    return grads, grads_prev, grads_step
 
 
 class MemoryAt:
