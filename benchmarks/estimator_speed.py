@@ -5,12 +5,12 @@
 All figures come from one run on one machine, side by side. In-process figures are CPU time per call
 (``time.process_time``: what one core spends, not the time other processes of a shared machine take), the
 best of five slices, for tuneplan and the peer alike; the CLI figures are wall time.
+
 - per-estimate time on Llama-2-7B LoRA (batch 1..8, seq 512), the setup resolved once into a ``Run``
   (``tuneplan.api.resolve_run``) and reshaped per batch: the memory core (``estimator.memory.memory_of``),
   the full ``estimate_run`` (memory, findings, time, cost) and, for reference, ``tuneplan.estimate()``
-  resolving everything from the model name each time;
-  One sequence length: what depends on it alone (the FLOP count per token) is counted once and reused
-  across the batches, as in any batch sweep;
+  resolving everything from the model name each time. At one sequence length, what depends on it alone
+  (the FLOP count per token) is counted once and reused across the batches, as in any batch sweep;
 - ``tuneplan.estimate_grid`` on 64 batches x 64 lengths x 4 ranks (16,384 configurations), configurations/s;
 - the wall time of ``tuneplan estimate ... --json`` against ``python3 -c pass``, both with bytecode
   caching on (as an installed package has it: the subprocesses get PYTHONPYCACHEPREFIX in a temporary
