@@ -22,6 +22,7 @@ Findings (compatibility rules) are per resolved run: no rule reads the batch siz
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any
@@ -118,12 +119,18 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     out = {"allocated": allocated, "reserved": reserved,
            "device_peak": reserved + cuda_context_bytes() + m.statics.sp.nccl,
            "peak_phase": np.asarray(names)[peak]}
-    for c in COMPONENT_ORDER:
-        vals = [m.phases[p].get(c, m.statics.blank[c]) for p in names]
+    for c in PERSISTENT:  # the same at every instant
+        out[f"c:{c}"] = np.full(shape, m.statics.common[c], dtype=np.int64)
+    rows = [m.phases[p] for p in names]
+    for k, c in enumerate(STEP_COMPONENTS):  # a step component's place in a row
+        vals = [row[k] for row in rows]
         if all(type(v) is int for v in vals):
             out[f"c:{c}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
         else:
-            out[f"c:{c}"] = np.choose(peak, [np.asarray(v, dtype=np.int64) for v in vals])
+            # the totals' array is free again: each instant's value in it, then the peak's value picked
+            for i, v in enumerate(vals):
+                totals[i] = v
+            out[f"c:{c}"] = np.take_along_axis(totals, peak[None], 0)[0]
     return out
 
 
@@ -151,53 +158,52 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
         raise TuneplanError("batch x seq x seq is too large to evaluate exactly", field="seq",
                             accepted=f"batch x seq^2 below {EXACT_LIMIT}")
     looped = [k for k in grid_axes if k not in VECTOR_AXES]
-    planes: dict[str, list[np.ndarray]] = {}
-    errors: list[bool] = []
+    lead = tuple(len(grid_axes[k]) for k in looped)
+    plane = (len(b), len(s))
+    # one array per figure, [combination of the looped axes, batch, seq]; an invalid combination stays 0
+    out: dict[str, np.ndarray] = {}
+    valid = np.zeros(math.prod(lead), dtype=bool)
+    errors = np.ones(math.prod(lead), dtype=bool)
     runs: dict[tuple[Any, ...], Run] = {}
     invalid: dict[tuple[Any, ...], str] = {}
     first_error: TuneplanError | None = None
-    for combo in itertools.product(*(grid_axes[k] for k in looped)):
+    for i, combo in enumerate(itertools.product(*(grid_axes[k] for k in looped))):
         kw = {**fixed, **dict(zip(looped, combo, strict=True)), "batch": int(b[0]), "seq": int(s[0])}
         try:
             run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kw))
         except TuneplanError as e:  # this combination of the looped axes is not a valid setup
             first_error = first_error or e
             invalid[combo] = str(e)
-            planes.setdefault("invalid", []).append(np.ones((len(b), len(s)), dtype=bool))
-            errors.append(True)
             continue
         runs[combo] = run
         for k, v in memory_plane(run, b[:, None], s[None, :]).items():
-            planes.setdefault(k, []).append(v)
-        planes.setdefault("invalid", []).append(np.zeros((len(b), len(s)), dtype=bool))
-        errors.append(any(f.level == "error" for f in run.findings(acc)))
+            arr = out.get(k)
+            if arr is None or (v.dtype.kind == "U" and v.dtype.itemsize > arr.dtype.itemsize):
+                # the first plane (or a longer instant name): the array, zero-filled, in this plane's dtype
+                arr = np.zeros((len(valid),) + plane, dtype=v.dtype) if arr is None else arr.astype(v.dtype)
+                out[k] = arr
+            arr[i] = v
+        valid[i] = True
+        errors[i] = any(f.level == "error" for f in run.findings(acc))
     if not runs:
         assert first_error is not None
         raise first_error  # no combination is valid: the input itself is wrong
-    if invalid:  # zero-filled planes in the invalid combinations' places, so every array keeps its shape
-        blank = {k: np.zeros_like(v[0]) for k, v in planes.items() if k != "invalid"}
-        filled: dict[str, list[np.ndarray]] = {k: [] for k in blank}
-        it = {k: iter(v) for k, v in planes.items()}
-        for bad in planes["invalid"]:
-            for k in blank:
-                filled[k].append(blank[k] if bad.all() else next(it[k]))
-        planes = {**filled, "invalid": planes["invalid"]}
     # [looped..., batch, seq] -> the caller's axis order, without the batch / seq axes that were single values
-    lead = tuple(len(grid_axes[k]) for k in looped)
     order = looped + ["batch", "seq"]
     want = list(grid_axes)
+    kept = [k for k in order if k in grid_axes]
     squeeze = tuple(i for i, k in enumerate(order) if k in VECTOR_AXES and k not in grid_axes)
 
-    def arrange(stack: list[np.ndarray]) -> np.ndarray:
-        a = np.stack(stack).reshape(lead + stack[0].shape)
+    def arrange(a: np.ndarray) -> np.ndarray:
+        a = a.reshape(lead + plane)
         a = np.squeeze(a, axis=squeeze) if squeeze else a
-        kept = [k for k in order if k in grid_axes]
         return np.transpose(a, [kept.index(k) for k in want]) if kept != want else a
 
-    err = np.broadcast_to(np.asarray(errors, dtype=bool).reshape(lead + (1, 1)), lead + (len(b), len(s)))
-    return Grid(axes={k: grid_axes[k] for k in want}, allocated=arrange(planes["allocated"]),
-                reserved=arrange(planes["reserved"]), device_peak=arrange(planes["device_peak"]),
-                components={c: arrange(planes[f"c:{c}"]) for c in COMPONENT_ORDER},
-                peak_phase=arrange(planes["peak_phase"]),
-                errors=arrange(list(err.reshape((-1,) + err.shape[-2:]))),
-                valid=~arrange(planes["invalid"]), gpu=acc, runs=runs, invalid=invalid)
+    def per_cell(flags: np.ndarray) -> np.ndarray:
+        return arrange(np.repeat(flags, plane[0] * plane[1]).reshape((len(flags),) + plane))
+
+    return Grid(axes={k: grid_axes[k] for k in want}, allocated=arrange(out["allocated"]),
+                reserved=arrange(out["reserved"]), device_peak=arrange(out["device_peak"]),
+                components={c: arrange(out[f"c:{c}"]) for c in COMPONENT_ORDER},
+                peak_phase=arrange(out["peak_phase"]), errors=per_cell(errors), valid=per_cell(valid),
+                gpu=acc, runs=runs, invalid=invalid)

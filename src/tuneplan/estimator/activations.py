@@ -19,12 +19,15 @@ from tuneplan.estimator.xp import maximum, to_int
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
-__all__ = ["ActivationPlan", "LayerActs", "LayerKinds", "activation_plan", "activations_at", "layer_activations",
-           "layer_kinds"]
+__all__ = ["ActivationPlan", "ActivationTerms", "LayerActs", "LayerKinds", "activation_plan", "activation_terms",
+           "activations_at", "layer_activations", "layer_kinds", "saved_at"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class ActivationPlan:
+    """The saved activations at one shape (ints) or at every shape of a grid (int64 arrays). Not frozen: one
+    is made per estimate, and a frozen dataclass's ``__init__`` costs several times as much."""
+
     saved_bytes: int  # all saved activations at the end of forward (layers + embedding/final norm)
     top_layer_bytes: int  # one layer's saved activations (the one recomputed / freed first)
     checkpoint_bytes: int  # layer inputs kept under gradient checkpointing (0 otherwise)
@@ -95,67 +98,106 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: fr
                           quant_lm_head=quant_lm_head, expand_kv=expand_kv)
 
 
+@dataclass(frozen=True)
+class ActivationTerms:
+    """What :func:`saved_at` needs besides batch and seq, resolved once per run (``activation_terms``).
+
+    ``kinds``: per kind of layer, (per_token, per_token_per_pos, pinned, input_alias, backward_temp,
+    backward_temp_per_pos, attn_backward_offset, count), the ``LayerActs`` fields in a flat tuple."""
+
+    kinds: tuple[tuple[float, float, float, float, float, float, float, int], ...]
+    head_per_example: bool  # an encoder's classifier head reads one token per example (the pooler)
+    tail_per_head_token: int  # bytes x hidden the final norm and the head keep per token they read
+    tail_per_token: int  # embedding-dropout mask and a 4-bit lm_head's kept input, per token
+    pinned_per_token: int  # a 4-bit lm_head's input, held by bitsandbytes
+    checkpointed: bool  # gradient checkpointing
+    checkpoint_per_token: int  # residual bytes x hidden x active layers
+    offload: bool  # checkpoints (or, without checkpointing, every saved tensor) go to host memory
+    model: ModelSpec  # for the embedding backward (a full fine-tune only)
+    method: str
+    dt: Dtypes
+
+
+def activation_terms(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: LayerKinds, *, gc_offload: bool,
+                     quant_saves_input: bool = False, quant_lm_head: bool = False) -> ActivationTerms:
+    """The shape-independent terms of :func:`activations_at`: the tail outside the layers (the final norm
+    keeps its fp32 input, 4 h per token; lm_head keeps its input when it trains: a classification head
+    always trains, PEFT puts it in modules_to_save; BERT has no final norm, its MLM head's transform keeps
+    about as much, and its classifier reads the first token only, through the pooler), the embedding
+    dropout mask (1 h per token) and a 4-bit lm_head's input (c h per token, kept and pinned)."""
+    h = model.hidden
+    head = 4
+    per_token = DROPOUT_MASK_BYTES if kinds.embedding_dropout else 0
+    pinned = 0
+    if setup.method == "full" or model.head_out:
+        head += dt.compute if dt.autocast else dt.norm_out
+    elif quant_lm_head and quant_saves_input and setup.quant_bits is not None:
+        per_token += dt.compute
+        pinned = dt.compute * h
+    n_active = model.n_layers if setup.method != "freeze" else min(setup.freeze_trainable_layers, model.n_layers)
+    flat = tuple((la.per_token, la.per_token_per_pos, la.pinned, la.input_alias, la.backward_temp,
+                  la.backward_temp_per_pos, la.attn_backward_offset, n) for la, n in kinds.kinds)
+    return ActivationTerms(
+        kinds=flat, head_per_example=model.architecture == "encoder" and bool(model.head_out),
+        tail_per_head_token=head * h, tail_per_token=per_token * h, pinned_per_token=pinned,
+        checkpointed=setup.gradient_checkpointing, checkpoint_per_token=dt.residual * h * n_active,
+        offload=(gc_offload or setup.activation_offload) if setup.gradient_checkpointing else setup.activation_offload,
+        model=model, method=setup.method, dt=dt)
+
+
 def activations_at(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: LayerKinds, batch: Any, seq: Any, *,
                    gc_offload: bool, quant_saves_input: bool = False, litgpt_code: bool = False,
                    quant_lm_head: bool = False, expand_kv: bool = False) -> ActivationPlan:
+    """:func:`saved_at` with the terms resolved from the arguments (``litgpt_code`` and ``expand_kv`` are
+    already in ``kinds``)."""
+    terms = activation_terms(model, setup, dt, kinds, gc_offload=gc_offload, quant_saves_input=quant_saves_input,
+                             quant_lm_head=quant_lm_head)
+    return saved_at(terms, batch, seq)
+
+
+def saved_at(a: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     """The saved activations at ``batch`` x ``seq`` (Python ints, or numpy arrays of a grid: see ``xp``).
 
     A layer kind keeps ``t * per_token + t * s * per_token_per_pos`` bytes (t = batch * seq tokens, s key
-    positions of eager attention); the model keeps the sum over its layers plus the tail (final norm input,
-    head input, embedding-dropout mask); under gradient checkpointing only each layer's input (t x residual
-    bytes x hidden) plus the largest layer recomputed in backward."""
+    positions of eager attention); the model keeps the sum over its layers plus the tail (per head token,
+    what the final norm and the head keep; per token, the embedding-dropout mask); under gradient
+    checkpointing only each layer's input (t x residual bytes x hidden) plus the largest layer recomputed
+    in backward."""
     # (no in-place += below: on a grid an operand may broadcast to a larger shape than the accumulator)
     tokens = batch * seq
-    s = seq
-    h = model.hidden
+    pairs = tokens * seq  # t x s: (query, key) pairs
     total = 0.0
     biggest = 0.0
     biggest_recompute = 0.0  # a recomputed layer without what aliases its checkpointed input
     biggest_bwd = 0.0
     pinned = 0.0
-    for la, n in kinds.kinds:
-        per_layer = tokens * la.per_token + tokens * s * la.per_token_per_pos
+    for per_token, per_pos, kept, alias, bwd, bwd_per_pos, attn_off, n in a.kinds:
+        per_layer = tokens * per_token + pairs * per_pos
         total = total + per_layer * n
-        pinned = pinned + tokens * la.pinned * n
+        pinned = pinned + tokens * kept * n
         biggest = maximum(biggest, per_layer)
-        biggest_recompute = maximum(biggest_recompute, per_layer - tokens * la.input_alias)
-        attn_bwd = tokens * s * la.backward_temp_per_pos + tokens * la.attn_backward_offset if la.backward_temp_per_pos else 0
-        biggest_bwd = maximum(maximum(biggest_bwd, tokens * la.backward_temp), attn_bwd)
-    # Outside the layers: the final norm keeps its fp32 input; lm_head keeps its input when it trains (a
-    # classification head always trains: PEFT puts it in modules_to_save). BERT has no final norm: its MLM
-    # head's transform keeps about as much; its classifier reads the first token only, through the pooler.
-    head_tokens = batch if (model.architecture == "encoder" and model.head_out) else tokens
-    tail = head_tokens * 4 * h
-    if kinds.embedding_dropout:
-        tail = tail + tokens * DROPOUT_MASK_BYTES * h  # embedding dropout mask
-    if setup.method == "full" or model.head_out:
-        tail = tail + head_tokens * (dt.compute if dt.autocast else dt.norm_out) * h
-    elif quant_lm_head and quant_saves_input and setup.quant_bits is not None:
-        tail = tail + tokens * dt.compute * h  # a 4-bit lm_head keeps its input (the final norm's output)
-        pinned = pinned + tokens * dt.compute * h
-    n_active = model.n_layers if setup.method != "freeze" else min(setup.freeze_trainable_layers, model.n_layers)
-    emb_grad, emb_extra = embedding_backward_at(model, setup.method, dt, tokens)
-    if setup.gradient_checkpointing:
-        ckpt = tokens * dt.residual * h * n_active
-        offload = gc_offload or setup.activation_offload
-        offloaded = ckpt if offload else 0
+        biggest_recompute = maximum(biggest_recompute, per_layer - tokens * alias)
+        biggest_bwd = maximum(biggest_bwd, tokens * bwd)
+        if bwd_per_pos:  # eager attention's backward: the scores' gradients, from the attention block on
+            biggest_bwd = maximum(biggest_bwd, pairs * bwd_per_pos + tokens * attn_off)
+    tail = (batch if a.head_per_example else tokens) * a.tail_per_head_token + tokens * a.tail_per_token
+    if a.pinned_per_token:
+        pinned = pinned + tokens * a.pinned_per_token
+    emb_grad, emb_extra = embedding_backward_at(a.model, a.method, a.dt, tokens) if a.method == "full" else (0, 0)
+    if a.checkpointed:
+        ckpt = tokens * a.checkpoint_per_token
+        offloaded = ckpt if a.offload else 0
         # the recomputed layer's first norm keeps the checkpoint itself when nothing casts it (simulate:
-        # Llama-3.2-1B QLoRA, fp32 residual); an offloaded checkpoint comes back as a new GPU copy
-        recompute = biggest if offload else biggest_recompute
+        # Llama-3.2-1B QLoRA, fp32 residual); an offloaded checkpoint comes back as a new GPU copy;
         # recomputed layers' graphs die with each layer's backward: nothing stays pinned
-        return ActivationPlan(saved_bytes=to_int(ckpt - offloaded + tail), top_layer_bytes=to_int(biggest),
-                              checkpoint_bytes=to_int(ckpt - offloaded), recompute_bytes=to_int(recompute),
-                              backward_temp_bytes=to_int(biggest_bwd), offloaded_bytes=to_int(offloaded),
-                              embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra,
-                              tail_bytes=to_int(tail))
-    if setup.activation_offload:
+        recompute = biggest if a.offload else biggest_recompute
+        return ActivationPlan(to_int(ckpt - offloaded + tail), to_int(biggest), to_int(ckpt - offloaded),
+                              to_int(recompute), to_int(biggest_bwd), to_int(offloaded), emb_grad, emb_extra, 0,
+                              to_int(tail))
+    if a.offload:
         # torchtune OffloadActivations: each saved tensor goes to host memory as it is made and comes back
         # for its layer's backward; the output projection and the loss run outside it (NoOpManager)
-        return ActivationPlan(saved_bytes=to_int(tail + biggest), top_layer_bytes=to_int(biggest), checkpoint_bytes=0,
-                              recompute_bytes=0, backward_temp_bytes=to_int(biggest_bwd),
-                              offloaded_bytes=to_int(total - biggest),
-                              embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra)
-    return ActivationPlan(saved_bytes=to_int(total + tail), top_layer_bytes=to_int(biggest), checkpoint_bytes=0,
-                          recompute_bytes=0, backward_temp_bytes=to_int(biggest_bwd),
-                          embedding_grad_bytes=emb_grad, embedding_backward_bytes=emb_extra,
-                          pinned_bytes=to_int(pinned))
+        return ActivationPlan(to_int(tail + biggest), to_int(biggest), 0, 0, to_int(biggest_bwd),
+                              to_int(total - biggest), emb_grad, emb_extra)
+    return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_bwd), 0, emb_grad, emb_extra,
+                          to_int(pinned))

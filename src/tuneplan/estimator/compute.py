@@ -140,10 +140,17 @@ class FlopPlan:
     kernels: tuple[float, float, float]  # gemm, other, dequant
     head_dequant: float = 0.0  # a quantized, chunked lm_head: elements rebuilt per chunk (forward + backward)
     head_chunk: int = 0  # tokens per lm_head chunk (0: the head is not quantized)
+    # flops_at's counts by sequence length: they depend on nothing else, so a batch sweep reuses them
+    memo: dict[int, FlopCount] = field(default_factory=dict, compare=False, repr=False)
 
 
 def flops_at(plan: FlopPlan, s: int) -> FlopCount:
-    """The ``FlopCount`` of ``plan`` at sequence length ``s``."""
+    """The ``FlopCount`` of ``plan`` at sequence length ``s`` (kept on the plan per ``s``)."""
+    kept = plan.memo.get(s)
+    if kept is not None:
+        return kept
+    if len(plan.memo) >= 4096:
+        plan.memo.clear()
     model = plan.model
     ctx = attention_context(model, s, plan.attn)
     att = 2.0 * model.n_heads * (model.head_dim + model.v_head_dim) * ctx
@@ -170,10 +177,11 @@ def flops_at(plan: FlopPlan, s: int) -> FlopCount:
     bwd = (parts["linear_bwd_input"] + parts["linear_bwd_weight"] + parts["attn_bwd"] + parts["logits_bwd"]
            + parts["adapter_bwd"])
     head = plan.head_dequant * -(-s // plan.head_chunk) if plan.head_chunk else 0.0
-    return FlopCount(seq=s, forward=fwd, backward=bwd, recompute=parts["recompute"], parts=parts,
-                     six_n=plan.six_n, dequant_elements=plan.dequant + head, traffic_bytes=sum(traffic.values()),
-                     traffic_parts=traffic, gemm_kernels=plan.kernels[0], other_kernels=plan.kernels[1],
-                     dequant_kernels=plan.kernels[2])
+    out = plan.memo[s] = FlopCount(
+        seq=s, forward=fwd, backward=bwd, recompute=parts["recompute"], parts=parts, six_n=plan.six_n,
+        dequant_elements=plan.dequant + head, traffic_bytes=sum(traffic.values()), traffic_parts=traffic,
+        gemm_kernels=plan.kernels[0], other_kernels=plan.kernels[1], dequant_kernels=plan.kernels[2])
+    return out
 
 
 def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuneplan.estimator.activations import ActivationPlan, activations_at
+from tuneplan.estimator.activations import ActivationPlan, ActivationTerms, activation_terms, saved_at
 from tuneplan.estimator.fsdp_grads import FsdpGrads, fsdp_gradients
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
@@ -44,13 +44,13 @@ STEP_COMPONENTS = ("gradients", "optimizer_temp", "activations", "autocast_copie
 
 @dataclass(frozen=True)
 class MemoryStatics:
-    """What does not depend on batch x seq: persistent terms, gradients, optimizer, sharding."""
+    """What does not depend on batch x seq: persistent terms, gradients, optimizer, sharding, and the switches
+    that choose which instants exist, resolved once per run so that :func:`memory_at` is arithmetic."""
 
     opt: OptimizerPlan
     sp: ShardPlan
     fg: FsdpGrads | None
     common: dict[str, int]  # weights, quant_meta, lora_adapters, optimizer_states, framework
-    blank: dict[str, int]  # ``common`` with every step component at 0: the template of an instant
     common_total: int  # sum of ``common``, the persistent part of every instant's total
     grads: int  # gradients once backward has run
     grads_prev: int  # gradients alive through the next forward (accumulation / keep_grads)
@@ -59,6 +59,32 @@ class MemoryStatics:
     ac_bwd: int  # ... and from the loss backward on
     head_deq: int  # a quantized lm_head's dequantized weight, live per chunk
     dequant: int  # the largest quantized linear's dequantization scratch
+    acts: ActivationTerms  # the saved-activation terms (activations.saved_at)
+    # the logits chain's arguments (logits.logits_plan)
+    vocab: int
+    logit_bytes: int
+    hidden: int
+    softmax_keeps_input: bool
+    holds: bool  # the training loop keeps the last micro-batch's outputs (profile.loop_holds_outputs)
+    first: bool  # the longest micro-batch runs first (setup.longest_batch_first)
+    checkpointed: bool
+    n_layers: int
+    # the token-embedding gradient's instant (single GPU, no optimizer in backward): None when it has none;
+    # True when a buffer is already there (accumulation / keep_grads), so the new gradient is a temporary
+    embedding_into_buffer: bool | None
+    # gradients with their buffers: G0 (earlier micro-batches') and G1 (all), + FSDP's reduce-scatter input
+    # while a layer is back-propagated; ZeRO-3 / FSDP parameters gathered at the loss and in the layers
+    g0: int
+    g1: int
+    g0_layer: int
+    g1_layer: int
+    gathered_at_loss: int
+    gathered: int
+    next_micro_batch: bool  # the instant after the longest micro-batch (longest first, accumulation)
+    next_grads: int  # gradients at that instant, buffers included
+    step_grads: int  # gradients at the optimizer step, buffers included
+    step_temp: int  # the optimizer step's temporaries (0 when it runs in backward)
+    base_notes: tuple[str, ...]  # sharding and optimizer notes
 
 
 def memory_statics(run: Run) -> MemoryStatics:
@@ -84,20 +110,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         adapters = pp.adapter_params * dt.compute // (setup.world_size if setup.zero == 3 else 1)
     weights = max(sp.weights - adapters, 0)
 
-    grads = sp.grads_live
-    if setup.optimizer_in_backward:
-        grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
-    # earlier micro-batches' gradients (accumulation), or the previous step's zeroed buffers (keep_grads)
-    grads_prev = grads if (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward else 0
-    grads_step = grads
     fg = fsdp_gradients(model, setup, prof, dt, pp.trainable_params, pp.adapter_params)
-    if fg is not None:
-        # The profile's FSDP wrapping (estimator/fsdp_grads.py): accumulating micro-batches keep unsharded
-        # gradients of whole units; the optimizer step sees the reduce-scattered shard.
-        grads, grads_step = fg.accumulating, fg.synced
-        grads_prev = fg.accumulating if setup.grad_accum > 1 else 0
-    if setup.longest_batch_first:
-        grads_prev = 0  # the peak batch is the run's first micro-batch: no gradient has accumulated yet
+    grads, grads_prev, grads_step = gradient_terms(run, sp, fg)
     ac = pp.autocast_copy_bytes
     # From the loss backward on, only the casts autograd saved remain (weights.param_plan: under gradient
     # checkpointing the layers' casts die with autocast's cache at the end of the forward).
@@ -113,120 +127,145 @@ def memory_statics(run: Run) -> MemoryStatics:
         "optimizer_states": sp.states,
         "framework": CUBLAS_WORKSPACE,
     }
-    blank = {**common, **dict.fromkeys(STEP_COMPONENTS, 0)}
-    out = MemoryStatics(opt=opt, sp=sp, fg=fg, common=common, blank=blank, common_total=sum(common.values()),
-                        grads=grads, grads_prev=grads_prev,
-                        grads_step=grads_step, ac=ac, ac_bwd=ac_bwd, head_deq=head_deq,
-                        dequant=dequant_transient_bytes(model, setup, prof))
+    acts = activation_terms(model, setup, dt, run.layers, gc_offload=prof.gc_offload,
+                            quant_saves_input=prof.quant_saves_input, quant_lm_head=prof.quantizes_lm_head)
+    embedding = None
+    if acts.method == "full" and setup.world_size == 1 and not setup.optimizer_in_backward:
+        embedding = setup.keep_grads or setup.grad_accum > 1
+    out = MemoryStatics(
+        opt=opt, sp=sp, fg=fg, common=common, common_total=sum(common.values()),
+        grads=grads, grads_prev=grads_prev, grads_step=grads_step, ac=ac, ac_bwd=ac_bwd, head_deq=head_deq,
+        dequant=dequant_transient_bytes(model, setup, prof), acts=acts, vocab=model.head_width,
+        logit_bytes=dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block),
+        hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input, holds=prof.loop_holds_outputs,
+        first=setup.longest_batch_first, checkpointed=setup.gradient_checkpointing, n_layers=max(model.n_layers, 1),
+        embedding_into_buffer=embedding, g0=grads_prev + sp.grad_buffers, g1=grads + sp.grad_buffers,
+        g0_layer=grads_prev + sp.grad_buffers + sp.transient_grad_buffers,
+        g1_layer=grads + sp.grad_buffers + sp.transient_grad_buffers, gathered_at_loss=sp.gathered_at_loss,
+        gathered=sp.gathered, next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
+        next_grads=(fg.accumulating if fg is not None else grads) + sp.grad_buffers,
+        step_grads=grads_step + sp.grad_buffers, step_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp,
+        base_notes=tuple(sp.notes) + tuple(opt.notes))
     run.memo["memory"] = out
     return out
 
 
-@dataclass(frozen=True)
+def gradient_terms(run: Run, sp: ShardPlan, fg: FsdpGrads | None) -> tuple[int, int, int]:
+    """(gradients once backward has run, those alive through the next forward, those the optimizer step
+    sees), per GPU: an optimizer in backward keeps only the largest tensor's gradient; earlier micro-batches'
+    gradients (accumulation) or the previous step's zeroed buffers (keep_grads) stay through the forward;
+    under the profile's FSDP wrapping (estimator/fsdp_grads.py) accumulating micro-batches keep unsharded
+    gradients of whole units and the step sees the reduce-scattered shard; with the longest micro-batch
+    first, the peak batch is the run's first: nothing has accumulated yet."""
+    setup, pp = run.setup, run.param_plan
+    grads = sp.grads_live
+    if setup.optimizer_in_backward:
+        grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
+    grads_prev = grads if (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward else 0
+    grads_step = grads
+    if fg is not None:
+        grads, grads_step = fg.accumulating, fg.synced
+        grads_prev = fg.accumulating if setup.grad_accum > 1 else 0
+    if setup.longest_batch_first:
+        grads_prev = 0
+    return grads, grads_prev, grads_step
+
+
 class MemoryAt:
     """Every instant's components at one shape (ints), or at every shape of a grid (numpy arrays).
-    ``phases`` holds each instant's step components (``STEP_COMPONENTS``; one left out is 0); the persistent
+    ``phases`` maps each instant to its step components, a row in ``STEP_COMPONENTS`` order; the persistent
     ones (``statics.common``) are the same at every instant: ``components`` and ``total`` add them."""
 
-    phases: dict[str, dict[str, Any]]
-    acts: ActivationPlan
-    logits: LogitsPlan
-    held: Any
-    statics: MemoryStatics
+    __slots__ = ("phases", "acts", "logits", "held", "statics")
+
+    def __init__(self, phases: dict[str, tuple[Any, ...]], acts: ActivationPlan, logits: LogitsPlan, held: Any,
+                 statics: MemoryStatics) -> None:
+        self.phases, self.acts, self.logits, self.held, self.statics = phases, acts, logits, held, statics
 
     def components(self, phase: str) -> dict[str, Any]:
         """Every component of ``phase``, in display order."""
-        return {**self.statics.blank, **self.phases[phase]}
+        comps = self.statics.common.copy()
+        comps.update(zip(STEP_COMPONENTS, self.phases[phase], strict=True))
+        return comps
 
     def total(self, phase: str) -> Any:
         """Bytes allocated at ``phase`` (exact: the components are ints, or int64 arrays)."""
-        return self.statics.common_total + sum(self.phases[phase].values())
+        return self.statics.common_total + sum(self.phases[phase])
 
 
 def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     """The components live at each instant of the step at ``batch`` x ``seq``: Python ints, or numpy arrays
-    broadcast together (a grid); the formulas are the same either way (``estimator/xp.py``)."""
-    model, setup, prof, dt = run.model, run.setup, run.profile, run.dtypes
-    st = memory_statics(run)
-    sp = st.sp
-    acts = activations_at(model, setup, dt, run.layers, batch, seq, gc_offload=prof.gc_offload,
-                          quant_saves_input=prof.quant_saves_input, litgpt_code=prof.model_code == "litgpt",
-                          quant_lm_head=prof.quantizes_lm_head, expand_kv=prof.model_code == "torchtune")
-    tokens = batch * seq
-    logit_bytes = dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block)
-    lg = logits_plan(tokens, model.head_width, logit_bytes, run.loss, seq, model.hidden,
-                     softmax_keeps_input=setup.softmax_keeps_input)
+    broadcast together (a grid); the formulas are the same either way (``estimator/xp.py``).
+
+    Gradients G0 = earlier micro-batches' + buffers through the forward and the top layer's backward, G1 =
+    all of them + buffers from the bottom layer on; A = saved activations; L = the logits chain (logits.py):
+    forward = G0 + A (+ the previous micro-batch's pinned inputs) + autocast copies + L at the loss;
+    backward_start = G0 + A + L's loss backward; the top and bottom layers' backward as below; optimizer_step
+    = the step's gradients + its temporaries (+ what the loop holds)."""
+    st = run.memo.get("memory") or memory_statics(run)
+    acts = saved_at(st.acts, batch, seq)
+    lg = logits_plan(batch * seq, st.vocab, st.logit_bytes, run.loss, seq, st.hidden, st.softmax_keeps_input)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
-    held = lg.held if prof.loop_holds_outputs else 0
+    holds, first = st.holds, st.first
+    held = lg.held if holds else 0
     pinned = acts.pinned_bytes
-    first = setup.longest_batch_first
-    prev_pinned = pinned if prof.loop_holds_outputs and not first else 0
+    prev_pinned = pinned if holds and not first else 0
     prev_held = 0 if first else held
     head_deq = st.head_deq
     fwd_logits = maximum(maximum(lg.forward_peak, prev_held + lg.cast_peak), prev_held + lg.at_forward_end + head_deq)
-    grads, grads_prev = st.grads, st.grads_prev
-
-    def phase(**extra: Any) -> dict[str, Any]:
-        return extra  # the step components; MemoryAt.components adds the persistent ones
-
-    fwd_acts = acts.saved_bytes
+    g0, g0_layer, g1_layer = st.g0, st.g0_layer, st.g1_layer
+    acts_fwd, ac, ac_bwd = acts.saved_bytes, st.ac, st.ac_bwd
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
-    bwd_temp = acts.backward_temp_bytes + st.dequant
-    phases: dict[str, dict[str, Any]] = {
-        "forward": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + prev_pinned,
-                         autocast_copies=st.ac, logits_loss=fwd_logits, parallel_buffers=sp.gathered_at_loss),
-        "backward_start": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts,
-                                autocast_copies=st.ac_bwd, logits_loss=lg.backward_peak, parallel_buffers=sp.gathered_at_loss),
+    bwd = acts.backward_temp_bytes + st.dequant
+    loss_gathered, gathered = st.gathered_at_loss, st.gathered
+    emb_cut, emb_row = embedding_backward_row(acts, st) if st.embedding_into_buffer is not None else (0, None)
+    kept = pinned if holds else 0
+    # one row per instant, in STEP_COMPONENTS order:
+    #      gradients  optimizer_temp  activations  autocast_copies  logits_loss  backward_temp  parallel_buffers
+    phases: dict[str, tuple[Any, ...]] = {
+        "forward": (g0, 0, acts_fwd + prev_pinned, ac, fwd_logits, 0, loss_gathered),
+        "backward_start": (g0, 0, acts_fwd, ac_bwd, lg.backward_peak, 0, loss_gathered),
     }
     if head_deq:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
         # first), the held outputs, and the whole head dequantized again for the input gradient
-        phases["backward_lm_head"] = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts,
-                                           logits_loss=held + lg.at_forward_end + head_deq,
-                                           parallel_buffers=sp.gathered)
-    if setup.gradient_checkpointing:
+        phases["backward_lm_head"] = (g0, 0, acts_fwd, 0, held + lg.at_forward_end + head_deq, 0, gathered)
+    if st.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
-        top = phase(gradients=grads_prev + sp.grad_buffers,
-                    activations=fwd_acts - acts.tail_bytes + acts.recompute_bytes,
-                    autocast_copies=st.ac_bwd, backward_temp=bwd_temp, parallel_buffers=sp.gathered)
-        bottom = phase(gradients=grads + sp.grad_buffers, activations=acts.recompute_bytes,
-                       backward_temp=bwd_temp, parallel_buffers=sp.gathered)
+        recomputed = acts.recompute_bytes
+        phases["backward_layers_top"] = (g0_layer, 0, acts_fwd - acts.tail_bytes + recomputed, ac_bwd, 0, bwd,
+                                         gathered)
+        phases["backward_layers_bottom"] = (g1_layer - emb_cut, 0, recomputed, 0, 0, bwd, gathered)
     else:
-        top = phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts, autocast_copies=st.ac,
-                    backward_temp=bwd_temp, logits_loss=held, parallel_buffers=sp.gathered)
+        phases["backward_layers_top"] = (g0_layer, 0, acts_fwd, ac, held, bwd, gathered)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
-        bottom = phase(gradients=grads + sp.grad_buffers,
-                       activations=acts.top_layer_bytes + pinned - pinned // max(model.n_layers, 1),
-                       backward_temp=bwd_temp, logits_loss=held, parallel_buffers=sp.gathered)
-    top["gradients"] += sp.transient_grad_buffers  # FSDP's reduce-scatter input, during a layer's backward
-    bottom["gradients"] += sp.transient_grad_buffers
-    phases["backward_layers_top"] = top
-    phases["backward_layers_bottom"] = bottom
-    # Single GPU (checked against the simulate engine): the token-embedding gradient is the last one made,
-    # so the bottom layer runs without it, and the embedding backward adds its scratch (tied weights: the
-    # out-of-place sum of the lm_head and embedding contributions) on top of every gradient, with no
-    # activation left (activations.embedding_backward). When a buffer is already there (a later micro-batch of
-    # an accumulation, or keep_grads' zeroed buffer) the new gradient is a temporary that AccumulateGrad
-    # adds into it in place (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor).
-    if acts.embedding_grad_bytes and setup.world_size == 1 and not setup.optimizer_in_backward:
-        if setup.keep_grads or setup.grad_accum > 1:
-            emb_temp = acts.embedding_backward_bytes + minimum(acts.embedding_grad_bytes, grads)
-        else:
-            bottom["gradients"] = bottom["gradients"] - minimum(acts.embedding_grad_bytes, grads)
-            emb_temp = acts.embedding_backward_bytes
-        phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers, backward_temp=emb_temp)
-    if first and setup.grad_accum > 1:
+        bottom_acts = acts.top_layer_bytes + pinned - pinned // st.n_layers
+        phases["backward_layers_bottom"] = (g1_layer - emb_cut, 0, bottom_acts, 0, held, bwd, gathered)
+    if emb_row is not None:
+        phases["backward_embedding"] = emb_row
+    if st.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
-        phases["next_micro_batch"] = phase(
-            gradients=(st.fg.accumulating if st.fg is not None else grads) + sp.grad_buffers,
-            activations=pinned if prof.loop_holds_outputs else 0, logits_loss=held, parallel_buffers=sp.gathered)
-    phases["optimizer_step"] = phase(gradients=st.grads_step + sp.grad_buffers,
-                                     optimizer_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp,
-                                     activations=pinned if prof.loop_holds_outputs else 0, logits_loss=held)
-    return MemoryAt(phases=phases, acts=acts, logits=lg, held=held, statics=st)
+        phases["next_micro_batch"] = (st.next_grads, 0, kept, 0, held, 0, gathered)
+    phases["optimizer_step"] = (st.step_grads, st.step_temp, kept, 0, held, 0, 0)
+    return MemoryAt(phases, acts, lg, held, st)
+
+
+def embedding_backward_row(acts: ActivationPlan, st: MemoryStatics) -> tuple[Any, tuple[Any, ...] | None]:
+    """(what the bottom layer's gradients lack, the embedding backward's row) on a single GPU (checked against
+    the simulate engine): the token-embedding gradient is the last one made, so the bottom layer runs without
+    it, and the embedding backward adds its scratch (tied weights: the out-of-place sum of the lm_head and
+    embedding contributions) on top of every gradient, with no activation left (activations.
+    embedding_backward). When a buffer is already there (a later micro-batch of an accumulation, or
+    keep_grads' zeroed buffer) the new gradient is a temporary that AccumulateGrad adds into it in place
+    (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer."""
+    if not acts.embedding_grad_bytes:
+        return 0, None
+    grad = minimum(acts.embedding_grad_bytes, st.grads)
+    cut, temp = (0, acts.embedding_backward_bytes + grad) if st.embedding_into_buffer else (grad, acts.embedding_backward_bytes)
+    return cut, (st.g1, 0, 0, 0, 0, temp, 0)
 
 
 def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
@@ -237,15 +276,18 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
 def memory_of(run: Run) -> MemoryBreakdown:
     """Analytic per-GPU memory of a resolved run at its own batch and seq: the instant with the largest
     allocated total (the first one on a tie), its components, the reserved and device figures."""
-    setup, prof = run.setup, run.profile
+    setup = run.setup
     m = memory_at(run, setup.batch, setup.seq)
+    st = m.statics
     # Python ints at one shape (activations_at truncates its float sums): the totals are exact in any order
-    base = m.statics.common_total
-    totals = {k: base + sum(v.values()) for k, v in m.phases.items()}
-    peak = max(totals, key=totals.__getitem__)
+    base = st.common_total
+    totals = {}
+    allocated, peak = -1, ""
+    for k, row in m.phases.items():
+        totals[k] = t = base + sum(row)
+        if t > allocated:
+            allocated, peak = t, k
     comps = m.components(peak)
-    allocated = totals[peak]
-    reserved = reserved_from_allocated(allocated)
     transient = comps["activations"] + comps["logits_loss"] + comps["backward_temp"]
     bands = {
         "allocated": Band(int(allocated - ACTIVATION_BAND * transient), int(allocated + ACTIVATION_BAND * transient),
@@ -254,21 +296,27 @@ def memory_of(run: Run) -> MemoryBreakdown:
                          "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
         "cuda_context": CUDA_CONTEXT,
     }
-    st, acts, held = m.statics, m.acts, m.held
+    acts = m.acts
+    notes = list(st.base_notes)
+    if acts.offloaded_bytes or m.held or st.head_deq or (acts.pinned_bytes and st.holds):
+        notes.extend(shape_notes(run, st, acts, m.held))
+    return MemoryBreakdown(comps, peak, totals, reserved_from_allocated(allocated), cuda_context_bytes(),
+                           st.sp.nccl, st.opt.paged, st.sp.host + acts.offloaded_bytes, "analytic", bands, notes)
+
+
+def shape_notes(run: Run, st: MemoryStatics, acts: ActivationPlan, held: int) -> list[str]:
+    """The notes that name a shape-dependent amount: offloaded activations, held outputs, pinned inputs, a
+    4-bit lm_head's dequantized weight."""
+    notes = []
     pinned, head_deq = acts.pinned_bytes, st.head_deq
-    notes = list(st.sp.notes) + list(st.opt.notes)
     if acts.offloaded_bytes:
         notes.append(f"{acts.offloaded_bytes / 2**30:.2f} GiB of saved activations offloaded to CPU")
     if held:
-        notes.append(f"{prof.label}: the training loop keeps the last micro-batch's logits ({held / 2**30:.2f} GiB) "
-                     "through backward, the optimizer step and the next forward")
-    if pinned and prof.loop_holds_outputs:
+        notes.append(f"{run.profile.label}: the training loop keeps the last micro-batch's logits "
+                     f"({held / 2**30:.2f} GiB) through backward, the optimizer step and the next forward")
+    if pinned and st.holds:
         notes.append(f"bitsandbytes <= 0.43 keeps every 4-bit matmul input ({pinned / 2**30:.2f} GiB) for as long "
                      "as the loss's graph lives (the next micro-batch's forward included)")
     if head_deq:
         notes.append(f"the 4-bit lm_head dequantizes its whole weight for every chunk ({head_deq / 2**30:.2f} GiB live)")
-    return MemoryBreakdown(
-        components=comps, peak_phase=peak, phases=totals, reserved_peak_bytes=reserved,
-        cuda_context_bytes=cuda_context_bytes(), nccl_bytes=st.sp.nccl, paged_bytes=st.opt.paged,
-        host_bytes=st.sp.host + acts.offloaded_bytes, engine="analytic", bands=bands, notes=notes,
-    )
+    return notes

@@ -20,6 +20,7 @@ from tuneplan.specs.setup import TrainSetup
 
 UNVERIFIED_MARKERS = ("tensor", "bf16", "bandwidth", "throughput", "all numeric", "all throughput")
 LINK_MARKERS = ("nvlink", "if bandwidth", "hccs")
+DEFAULT_OPTIONS = RuntimeOptions()  # one object: the run's kept time terms match it without a new one per call
 
 
 def unverified_figures(acc: Accelerator) -> str | None:
@@ -46,7 +47,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
     setup = run.setup
     rates, why = card_terms(run, acc, prices)
     try:
-        st = run_step_time(run, acc, options, memory)
+        st = run_step_time(run, acc, options or DEFAULT_OPTIONS, memory)
     except UnknownThroughput as exc:
         reason = f"time cannot be computed: {exc}"
         t: dict[str, Any] = {k: None for k in ("tokens_per_second", "step_seconds", "total_hours", "gpu_hours")}
@@ -102,7 +103,23 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         gpu_hours = time["gpu_hours"]
     else:
         time["unknown"] = ["no dataset size: give --samples (and --avg-tokens) or --dataset-tokens for hours"]
+        return {"time": time, "cost": hourless_cost(run, acc, prices, rates)}
     return {"time": time, "cost": cost_section(acc, setup.world_size, gpu_hours, prices, rates=rates)}
+
+
+def hourless_cost(run: Run, acc: Accelerator, prices: Prices | None, rates: CostRates) -> dict[str, Any]:
+    """The cost section without a dataset (no hours): shape-independent, so made once per (run, card,
+    prices) next to the card's rates (``card_terms``), and copied for each caller (its lists too)."""
+    last = run.memo.get("cost")
+    if last is None or last[2] is not rates:  # another card asked about meanwhile: nothing to share
+        return cost_section(acc, run.setup.world_size, None, prices, rates=rates)
+    if len(last) == 4:
+        last = run.memo["cost"] = (*last, cost_section(acc, run.setup.world_size, None, prices, rates=rates))
+    sec = dict(last[4])
+    sec["assumptions"] = list(sec["assumptions"])
+    if "unknown" in sec:
+        sec["unknown"] = list(sec["unknown"])
+    return sec
 
 
 def card_terms(run: Run, acc: Accelerator, prices: Prices | None) -> tuple[CostRates, str | None]:

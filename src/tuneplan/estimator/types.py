@@ -43,9 +43,10 @@ class Finding:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Band:
-    """An uncertainty band around a figure: low and high bytes, with the reason."""
+    """An uncertainty band around a figure: low and high bytes, with the reason. (Not frozen: two are made per
+    estimate, and a frozen dataclass's ``__init__`` costs several times as much.)"""
 
     low: int
     high: int

@@ -1,12 +1,13 @@
 """The three operations the shape-dependent formulas need beyond + - * //, for Python numbers and numpy
 arrays.
 
-The memory formulas in batch and seq (``activations.activations_at``, ``logits.logits_plan``,
-``memory.memory_at``) are written once and evaluated either on Python ints (``tuneplan.estimate``) or on
-numpy arrays of every (batch, seq) of a grid (``tuneplan.grid``). Python's ``max``/``min``/``int`` do not
-broadcast over arrays, so those formulas call these instead. For numbers they are exactly the builtins
-(``max(a, b)`` returns ``a`` unless ``b > a``); for arrays the element-wise numpy equivalents, which give the
-same IEEE-754 results (both paths multiply and add in float64 in the same order, and truncate toward zero).
+The memory formulas in batch and seq (``activations.saved_at``, ``logits.logits_plan``, ``memory.memory_at``)
+are written once and evaluated either on Python ints (``tuneplan.estimate``) or on numpy arrays of every
+(batch, seq) of a grid (``tuneplan.grid``). Python's ``max``/``min``/``int`` do not broadcast over arrays, so
+those formulas call these instead. For numbers they are exactly the builtins (``max(a, b)`` returns ``a``
+unless ``b > a``; a comparison that gives a Python bool means two numbers, so that is the only test made);
+for arrays the element-wise numpy equivalents, which give the same IEEE-754 results (both paths multiply
+and add in float64 in the same order, and truncate toward zero).
 numpy is imported only when an array is passed: the scalar path and the CLI never load it.
 """
 
@@ -18,16 +19,18 @@ _NUMBERS = (int, float)
 
 
 def maximum(a: Any, b: Any) -> Any:
-    if type(a) in _NUMBERS and type(b) in _NUMBERS:
-        return b if b > a else a
+    more = b > a  # a bool for two numbers; an array (or a numpy bool) when either is numpy
+    if more.__class__ is bool:
+        return b if more else a
     import numpy as np
 
     return np.maximum(a, b)
 
 
 def minimum(a: Any, b: Any) -> Any:
-    if type(a) in _NUMBERS and type(b) in _NUMBERS:
-        return b if b < a else a
+    less = b < a
+    if less.__class__ is bool:
+        return b if less else a
     import numpy as np
 
     return np.minimum(a, b)
@@ -35,7 +38,7 @@ def minimum(a: Any, b: Any) -> Any:
 
 def to_int(x: Any) -> Any:
     """``int(x)``: truncation toward zero (numpy ``astype(int64)`` truncates the same way)."""
-    if type(x) in _NUMBERS:
+    if x.__class__ in _NUMBERS:
         return int(x)
     import numpy as np
 
