@@ -5,8 +5,10 @@
 2. a (method, strategy) whose most sparing family (checkpointing on, lightest optimizer) does not fit
    at micro-batch 1 holds no candidate (checkpointing and lighter optimizer states never add memory);
 3. a family the rule can never pick over one already evaluated is dominated (:func:`_dominated`);
-4. every other family gets its candidate (:func:`tuneplan.plan.evaluate.plan_family`), searched from
-   the candidate of a family needing no less memory, and timed.
+4. every other family gets its candidate (:func:`tuneplan.plan.evaluate.plan_family`: every
+   micro-batch with and without accumulation, read off one grid);
+5. time and cost are computed when the rule compares on them, for the finalists only
+   (:meth:`CandidateSet.best`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuneplan.plan import rule
-from tuneplan.plan.evaluate import Candidate, Prober, lighter_than, plan_family, sparing
+from tuneplan.plan.evaluate import Candidate, Prober, measure, plan_family, sparing
 from tuneplan.plan.margin import Margin
-from tuneplan.plan.space import Family, compat_errors, families
+from tuneplan.plan.space import Family, families
 
 
 @dataclass
@@ -28,20 +30,25 @@ class CandidateSet:
     pruned: dict[Family, list[str]]
     candidates: list[Candidate]
     prefer: str
+    probe: Prober
     dominated: list[Family] = field(default_factory=list)
 
     def of(self, method: str, strategy: str | None = None) -> list[Candidate]:
         return [c for c in self.candidates if c.family.method == method
                 and (strategy is None or c.family.strategy == strategy)]
 
-    def best(self, method: str | None = None, strategy: str | None = None) -> Candidate | None:
+    def best(self, method: str | None = None, strategy: str | None = None,
+             prefer: str | None = None) -> Candidate | None:
+        """The rule's pick among all candidates (or one method's, one strategy's), its finalists timed."""
         pool = self.candidates if method is None else self.of(method, strategy)
-        return rule.best(pool, self.prefer)
+        return rule.best(pool, prefer or self.prefer, self.measure)
+
+    def measure(self, c: Candidate) -> Candidate:
+        return measure(self.probe, c)
 
 
 def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
-                     margin: Margin, prefer: str, timed: bool = True,
-                     gc_first: bool | None = None) -> CandidateSet:
+                     margin: Margin, prefer: str, gc_first: bool | None = None) -> CandidateSet:
     """The candidate set of (model, card, layout): compatibility first, then memory, then time."""
     fams = families(variants, probe.base, world, probe.gpu, gc_first=gc_first)
     pruned: dict[Family, list[str]] = {}
@@ -52,7 +59,7 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
     # methods with a 32-bit-optimizer candidate that keeps the margin and the target
     exact32: set[str] = set()
     for f in fams:
-        if errs := compat_errors(probe.model, probe.gpu, probe.base, f):
+        if errs := probe.compat_errors(f):
             pruned[f] = errs
     ok = {f: f not in pruned for f in fams}
     # a (method, strategy) whose most sparing family does not fit at micro-batch 1 holds no candidate
@@ -68,9 +75,7 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
         if _dominated(fam, done, top, prefer, exact32):
             dominated.append(fam)
             continue
-        seeds = [done[k] for k in lighter_than(fam) if k in done and not done[k].tight]
-        floor = max(seeds, key=lambda c: (c.grad_accum == 1, c.batch), default=None)
-        c = plan_family(probe, fam, target=target, world=world, margin=margin, timed=timed, floor=floor)
+        c = plan_family(probe, fam, target=target, world=world, margin=margin)
         if c is not None:
             cands.append(c)
             done[(fam.method, fam.strategy, fam.optimizer, fam.gradient_checkpointing)] = c
@@ -78,7 +83,7 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
                 exact32.add(fam.method)
     order = {f: i for i, f in enumerate(fams)}
     cands.sort(key=lambda c: order[c.family])  # the space's order: the rule's last tie-break
-    return CandidateSet(fams, pruned, cands, prefer, dominated)
+    return CandidateSet(fams, pruned, cands, prefer, probe, dominated)
 
 
 def _dominated(fam: Family, done: dict[tuple[str, str, str | None, bool | None], Candidate], top: int,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneplan.errors import TuneplanError
+from tuneplan.estimator.overhead import CUDA_CONTEXT_BAND, FRAGMENTATION_BAND, cuda_context_bytes
 from tuneplan.estimator.types import GIB
 
 ACCEPTED = ("band (the estimate's upper band, default), a size in GiB such as 2GiB, a percentage such as "
@@ -77,6 +78,14 @@ def device_peak_high(est: Any) -> int:
     c = b.bands.get("cuda_context")
     return ((r.high if r is not None else b.reserved_peak_bytes)
             + (c.high if c is not None else b.cuda_context_bytes) + b.nccl_bytes)
+
+
+def upper_band(allocated: Any, reserved: Any, device_peak: Any) -> Any:
+    """:func:`device_peak_high` from a grid's arrays (``tuneplan.grid.Grid``), element-wise: the reserved
+    band's high end is ``int(allocated x (1 + FRAGMENTATION_BAND[1]))`` (``estimator/memory.memory_of``;
+    ``astype`` truncates as ``int()`` does), NCCL is what the device peak holds above reserved + context."""
+    nccl = device_peak - reserved - cuda_context_bytes()
+    return (allocated * (1 + FRAGMENTATION_BAND[1])).astype("int64") + CUDA_CONTEXT_BAND[1] + nccl
 
 
 def required_bytes(est: Any, margin: Margin) -> int:

@@ -1,0 +1,207 @@
+"""Inside one family: every micro-batch, with and without accumulation, from one grid; the global batch rule.
+
+Memory depends on gradient accumulation only through "more than one micro-batch per step" (then the
+gradients of the earlier micro-batches live through the next forward: ``estimator/memory.py`` tests
+``grad_accum > 1``). So one grid, ``grad_accum`` {1, 2} x micro-batch 1..top at the family's sequence
+length (the planes :func:`tuneplan.estimate_grid` evaluates), holds the memory of every size the rule
+can pick. What passes is read off it for the card (its usable memory, the host memory, the margin):
+every micro-batch is looked at, none is skipped by bisection and no monotonicity is assumed. Nothing in
+the grid depends on the card but its bf16 support (``api.build_setup``), so :class:`Shared` keeps the
+grids, the resolved runs and the memory-only estimates for every card and layout of one question.
+
+Global batch rule (``G`` sequences per optimizer step, ``W`` GPUs, ``top = ceil(G / W)``), on the
+cells that pass:
+1. micro-batch ``top`` without accumulation (global ``top x W``: ``G`` when ``W`` divides it);
+2. else the largest micro-batch ``b < top`` that passes with accumulation and, where ``W`` divides
+   ``G``, divides ``G / W``; accumulation ``ceil(G / (b x W))``;
+3. else the largest micro-batch that passes without accumulation: the global batch is relaxed to
+   ``b x W`` and the answer says so.
+Each step is tried first with the safety margin (:mod:`tuneplan.plan.margin`), then without it; a
+candidate found only without it is *tight*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from tuneplan.api import Estimate, build_setup, estimate_run
+from tuneplan.compat import check
+from tuneplan.errors import TuneplanError
+from tuneplan.estimator.run import Run, resolve_run
+from tuneplan.grid import memory_plane
+from tuneplan.plan.margin import Margin, upper_band
+from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.profiles import model_as_built
+from tuneplan.specs.setup import TrainSetup, check_fields
+
+SHAPE = ("batch", "seq", "grad_accum")  # what a resolved run is reshaped to, never resolved again for
+Items = tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class SizeGrid:
+    """One family's per-GPU memory at micro-batch 1..top, arrays shaped (2, top): row 0 without
+    accumulation, row 1 with it. Card-independent (the card decides what passes: :meth:`passes`)."""
+
+    device_peak: np.ndarray
+    device_peak_high: np.ndarray  # the upper band (margin.upper_band)
+    host: np.ndarray  # CPU memory per GPU for offloaded states / activations
+
+    @property
+    def top(self) -> int:
+        return int(self.device_peak.shape[1])
+
+    @property
+    def size(self) -> int:
+        return int(self.device_peak.size)
+
+    def passes(self, memory: int, host_limit: int, gpus: int, margin: Margin | None) -> np.ndarray:
+        """The planner's verdict on every cell: fits the card (``Estimate.fits``, compatibility being
+        checked per family before), the node's host memory holds what all its GPUs offload, and with
+        ``margin`` the safety margin (``margin.required_bytes``, element-wise)."""
+        ok = (self.device_peak <= memory) & (self.host * gpus <= host_limit)
+        if margin is None:
+            return ok
+        if margin.kind == "band":
+            need = self.device_peak_high
+        elif margin.kind == "bytes":
+            need = self.device_peak + int(margin.value)
+        else:
+            need = self.device_peak + int(margin.value * memory)
+        return ok & (need <= memory)
+
+
+def choose(ok: np.ndarray, target: int, world: int) -> tuple[int, int] | None:
+    """(micro-batch, accumulation) by the global batch rule of the module docstring, or None; ``ok``
+    is a (2, top) verdict of :meth:`SizeGrid.passes`."""
+    top = ok.shape[1]
+    if ok[0, top - 1]:
+        return top, 1
+    per_gpu = target // world if target % world == 0 else None
+    for b in range(top - 1, 0, -1):
+        if ok[1, b - 1] and (per_gpu is None or per_gpu % b == 0):
+            return b, -(-target // (b * world))
+    fit1 = np.flatnonzero(ok[0, : top - 1])
+    return (int(fit1[-1]) + 1, 1) if fit1.size else None
+
+
+class Shared:
+    """What does not depend on the card, kept across the cards and layouts of one question (one model):
+    validated setups and resolved runs (by setup fields but the sizes), memory-only estimates (by setup),
+    size grids (by family and top), and compatibility errors (by card and family). The card enters the
+    setup only through its bf16 support, which is part of every key."""
+
+    def __init__(self, model: ModelSpec):
+        self.model = model
+        self._setups: dict[tuple[bool, Items], TrainSetup | TuneplanError] = {}
+        self._runs: dict[tuple[bool, Items], Run] = {}
+        self._memory: dict[tuple[bool, Items], Estimate | None] = {}
+        self._grids: dict[tuple[bool, Items, int], SizeGrid | None] = {}
+        self._errors: dict[tuple[str, Items], list[str]] = {}
+
+    def _key(self, acc: Accelerator, fields: Mapping[str, Any]) -> tuple[bool, Items]:
+        return acc.supports_bf16, tuple(sorted((k, v) for k, v in fields.items() if k not in SHAPE))
+
+    def setup(self, acc: Accelerator, fields: Mapping[str, Any]) -> TrainSetup:
+        """``api.build_setup`` of ``fields`` but the sizes (raises the setup's TuneplanError)."""
+        key = self._key(acc, fields)
+        got = self._setups.get(key)
+        if got is None:
+            try:
+                got = build_setup(self.model, None, accelerator=acc, **dict(key[1]))
+            except TuneplanError as e:
+                got = e
+            self._setups[key] = got
+        if isinstance(got, TuneplanError):
+            raise got
+        return got
+
+    def run(self, acc: Accelerator, fields: Mapping[str, Any]) -> Run:
+        """The resolved run of ``fields`` on ``acc`` at its sizes (raises the setup's TuneplanError)."""
+        key = self._key(acc, fields)
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = resolve_run(self.model, self.setup(acc, fields))
+        run.findings(acc)  # kept in the run's memo, which its reshaped copies carry: checked once per card
+        shape = {k: fields[k] for k in SHAPE if k in fields}
+        if not shape:
+            return run
+        check_fields(shape)  # the sizes' own range checks, as build_setup's validation makes them
+        return run.reshaped(**shape)
+
+    def errors(self, acc: Accelerator, fields: Mapping[str, Any]) -> list[str]:
+        """Why ``fields`` cannot run on ``acc`` at all: setup validation, then the compatibility rules
+        (error findings). The rules read the method, precision, optimizer, attention and strategy, never
+        the sizes (catalog/compat_rules.toml), so one check decides for a whole family."""
+        key = (acc.id, self._key(acc, fields)[1])
+        if key not in self._errors:
+            try:
+                s = self.setup(acc, fields)
+            except TuneplanError as exc:
+                self._errors[key] = [str(exc)]
+            else:
+                built = model_as_built(self.model, s.framework, s.num_labels)
+                self._errors[key] = [f.message for f in check(acc, s, built) if f.level == "error"]
+        return self._errors[key]
+
+    def memory(self, acc: Accelerator, fields: Mapping[str, Any]) -> Estimate | None:
+        """Memory-only ``estimate`` of ``fields`` on ``acc`` (None: not a valid setup)."""
+        key = (acc.supports_bf16, tuple(sorted(fields.items())))
+        if key not in self._memory:
+            try:
+                run = self.run(acc, fields)
+            except TuneplanError:
+                self._memory[key] = None
+            else:
+                self._memory[key] = estimate_run(run, gpu=acc, timing=False)
+        est = self._memory[key]
+        if est is None or est.gpu is acc:
+            return est
+        assert est.run is not None  # estimate_run keeps its run
+        return replace(est, gpu=acc, findings=est.run.findings(acc))  # another card: its own findings
+
+    def grid(self, acc: Accelerator, fields: Mapping[str, Any], top: int) -> SizeGrid | None:
+        """The family's :class:`SizeGrid` for micro-batch 1..``top`` (None: not a valid setup)."""
+        fixed = {k: v for k, v in fields.items() if k not in ("batch", "grad_accum")}
+        key = (*self._key(acc, fixed), top)
+        if key not in self._grids:
+            try:
+                self._grids[key] = self._size_grid(acc, fixed, top)
+            except TuneplanError:
+                self._grids[key] = None
+        return self._grids[key]
+
+    def _size_grid(self, acc: Accelerator, fixed: dict[str, Any], top: int) -> SizeGrid:
+        """The grid's planes (``tuneplan.grid.memory_plane``, what ``estimate_grid`` evaluates for each
+        resolved run) on the family's own run, without and with accumulation (``Run.reshaped``: nothing
+        is resolved again)."""
+        run = self.run(acc, {**fixed, "batch": 1, "grad_accum": 1})
+        batch = np.arange(1, top + 1, dtype=np.int64)[None, :]
+        seq = np.asarray([[run.setup.seq]], dtype=np.int64)
+        planes = [memory_plane(r, batch, seq) for r in (run, run.reshaped(grad_accum=2))]
+
+        def rows(name: str) -> np.ndarray:
+            return np.concatenate([p[name] for p in planes])
+
+        allocated, reserved, device_peak = rows("allocated"), rows("reserved"), rows("device_peak")
+        # Host memory is not on the grid: the sharding's host share (states, parameters) plus activations
+        # offloaded to the CPU, which exist only with activation offload or checkpoints offloaded by the
+        # profile (``estimator/activations.activations_at``). Without them it is one figure for the family;
+        # with them it grows with the micro-batch: the scalar estimate of every cell.
+        host = np.zeros(device_peak.shape, dtype=np.int64)
+        s = run.setup
+        if s.activation_offload or (s.gradient_checkpointing and run.profile.gc_offload):
+            for i, ga in enumerate((1, 2)):
+                for b in range(1, top + 1):
+                    e = self.memory(acc, {**fixed, "batch": b, "grad_accum": ga})
+                    host[i, b - 1] = e.breakdown.host_bytes if e is not None else 0
+        else:
+            e = self.memory(acc, {**fixed, "batch": 1, "grad_accum": 1})
+            host[:] = e.breakdown.host_bytes if e is not None else 0
+        high = upper_band(allocated, reserved, device_peak)
+        return SizeGrid(device_peak=device_peak, device_peak_high=high, host=host)
