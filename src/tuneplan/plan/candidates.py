@@ -13,11 +13,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuneplan.plan import rule
-from tuneplan.plan.evaluate import Candidate, Prober, measure, plan_family, sparing
+from tuneplan.plan.evaluate import Candidate, Prober, lightness, measure, plan_family
 from tuneplan.plan.margin import Margin
 from tuneplan.plan.space import Family, families
 
@@ -48,42 +49,65 @@ class CandidateSet:
 
 
 def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
-                     margin: Margin, prefer: str, gc_first: bool | None = None) -> CandidateSet:
-    """The candidate set of (model, card, layout): compatibility first, then memory, then time."""
+                     margin: Margin, prefer: str, gc_first: bool | None = None,
+                     every_reason: bool = True) -> CandidateSet:
+    """The candidate set of (model, card, layout): memory, compatibility, then time when compared on it.
+
+    A family's compatibility is checked before it can hold a candidate or decide anything about
+    another (the sparing family of its (method, strategy), a dominance); the families that never get
+    that far are checked at the end when ``every_reason`` (``fit`` reports why each cannot run; a
+    ``gpus`` card needs only the rule's pick). The set is the same either way."""
     fams = families(variants, probe.base, world, probe.gpu, gc_first=gc_first)
     pruned: dict[Family, list[str]] = {}
+
+    def compatible(f: Family) -> bool:
+        if errs := probe.compat_errors(f):
+            pruned[f] = errs
+        return not errs
+
     dominated: list[Family] = []
     cands: list[Candidate] = []
     done: dict[tuple[str, str, str | None, bool | None], Candidate] = {}
     top = max(1, -(-target // world))
     # methods with a 32-bit-optimizer candidate that keeps the margin and the target
     exact32: set[str] = set()
-    for f in fams:
-        if errs := probe.compat_errors(f):
-            pruned[f] = errs
-    ok = {f: f not in pruned for f in fams}
-    # a (method, strategy) whose most sparing family does not fit at micro-batch 1 holds no candidate
-    # (checkpointing and lighter optimizer states never add memory; see evaluate.sparing)
-    dead = {(f.method, f.strategy) for f in sparing([f for f in fams if ok[f]])
-            if not probe.ok(None)(probe({**f.as_fields, "batch": 1, "grad_accum": 1}))}
+    dead = _dead(probe, fams, compatible)
     # 32-bit optimizer families first: under the quality rule they decide whether 8-bit ones can win
     for fam in sorted(fams, key=lambda f: rule.optimizer_rank(f.optimizer)):
-        if not ok[fam]:
-            continue
         if (fam.method, fam.strategy) in dead:
             continue
         if _dominated(fam, done, top, prefer, exact32):
             dominated.append(fam)
             continue
         c = plan_family(probe, fam, target=target, world=world, margin=margin)
-        if c is not None:
+        if c is not None and compatible(fam):
             cands.append(c)
             done[(fam.method, fam.strategy, fam.optimizer, fam.gradient_checkpointing)] = c
             if rule.optimizer_rank(fam.optimizer) == 0 and not c.tight and not c.relaxed:
                 exact32.add(fam.method)
+    if every_reason:
+        for f in fams:
+            compatible(f)
+        dominated = [f for f in dominated if f not in pruned]  # counted once: as cannot run
     order = {f: i for i, f in enumerate(fams)}
     cands.sort(key=lambda c: order[c.family])  # the space's order: the rule's last tie-break
     return CandidateSet(fams, pruned, cands, prefer, probe, dominated)
+
+
+def _dead(probe: Prober, fams: list[Family], compatible: Callable[[Family], bool]) -> set[tuple[str, str]]:
+    """The (method, strategy) pairs whose most sparing compatible family (:func:`sparing`) does not fit
+    at micro-batch 1: they hold no candidate (checkpointing and lighter optimizer states never add
+    memory). Families are checked for compatibility lightest first, until one is compatible."""
+    out = set()
+    pairs = list(dict.fromkeys((f.method, f.strategy) for f in fams))
+    for pair in pairs:
+        group = [f for f in fams if (f.method, f.strategy) == pair]
+        lightest = next((f for f in sorted(group, key=lightness) if compatible(f)), None)
+        if lightest is None:
+            continue
+        if not probe.ok(None)(probe({**lightest.as_fields, "batch": 1, "grad_accum": 1})):
+            out.add(pair)
+    return out
 
 
 def _dominated(fam: Family, done: dict[tuple[str, str, str | None, bool | None], Candidate], top: int,

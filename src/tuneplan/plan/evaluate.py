@@ -201,10 +201,14 @@ def sparing(fams: list[Family]) -> list[Family]:
     for f in fams:
         k = (f.method, f.strategy)
         cur = best.get(k)
-        rank = (not f.gradient_checkpointing, _OPT_LIGHT.get(f.optimizer or "", 2))
-        if cur is None or rank < (not cur.gradient_checkpointing, _OPT_LIGHT.get(cur.optimizer or "", 2)):
+        if cur is None or lightness(f) < lightness(cur):
             best[k] = f
     return list(best.values())
+
+
+def lightness(f: Family) -> tuple[bool, int]:
+    """Sorts a (method, strategy)'s families from the one needing least memory (:func:`sparing`)."""
+    return not f.gradient_checkpointing, _OPT_LIGHT.get(f.optimizer or "", 2)
 
 
 def first_fitting(probe: Prober, fams: list[Family],

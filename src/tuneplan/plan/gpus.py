@@ -145,7 +145,7 @@ def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants
         return res, calls[0] + probe.evaluations
     baseline = baseline if baseline is not None else probe.check_base(**variants[0][1]).setup
     cs = build_candidates(probe, variants, n, target=target, margin=margin, prefer=prefer,
-                          gc_first=baseline.gradient_checkpointing)
+                          gc_first=baseline.gradient_checkpointing, every_reason=False)
     c = cs.best()
     if c is None:  # cannot happen: min_cards found a family fitting at micro-batch 1
         raise AssertionError(f"{acc.id}: fits at micro-batch 1 on {n} cards but no candidate")
