@@ -105,7 +105,8 @@ def _dead(probe: Prober, fams: list[Family], compatible: Callable[[Family], bool
         lightest = next((f for f in sorted(group, key=lightness) if compatible(f)), None)
         if lightest is None:
             continue
-        if not probe.ok(None)(probe({**lightest.as_fields, "batch": 1, "grad_accum": 1})):
+        at_one = {**lightest.as_fields, "batch": 1, "grad_accum": 1}
+        if not probe.memory_fits(at_one) or not probe.ok(None)(probe(at_one)):
             out.add(pair)
     return out
 

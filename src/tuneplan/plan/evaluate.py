@@ -12,10 +12,11 @@ for the candidates the rule has to compare on them (:func:`measure`, called by
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
-from tuneplan.api import Estimate, estimate, estimate_run
+from tuneplan.api import DEFAULT_PRICES, Estimate, estimate, estimate_run
+from tuneplan.estimator.runtime import run_time_and_cost
 from tuneplan.plan.margin import Margin, device_peak_high, fits_with_margin
 from tuneplan.plan.sizes import Shared, SizeGrid, choose
 from tuneplan.plan.space import Family
@@ -77,6 +78,14 @@ class Prober:
             self._memo[key] = self.shared.memory(self.gpu, dict(key))
         return self._memo[key]
 
+    def memory_fits(self, fields: Mapping[str, Any]) -> bool:
+        """The memory side of ``ok(None)`` alone (device peak within the card, host memory), from
+        figures any card of the same bf16 support shares: False rules a setup out before its
+        compatibility findings on this card are computed."""
+        est = self.shared.memory(self.gpu, {**self.base, **fields}, findings=False)
+        return bool(est is not None and est.breakdown.device_peak_bytes <= self.gpu.memory_bytes
+                    and est.breakdown.host_bytes * est.setup.gpus <= self.host_bytes)
+
     def ok(self, margin: Margin | None) -> Verdict:
         """The verdict: ``Estimate.fits``, the host memory holds what is offloaded (all GPUs of the
         node), and with ``margin`` the safety margin too."""
@@ -91,10 +100,17 @@ class Prober:
         """With this prober's margin when it has one, else the central figure."""
         return self.ok(self.margin)(self(fields))
 
-    def timed(self, fields: Mapping[str, Any]) -> Estimate:
+    def timed(self, fields: Mapping[str, Any], memory: Estimate | None = None) -> Estimate:
+        """``fields`` with time and cost. ``memory``: its memory-only estimate on this card, whose
+        breakdown the time model reads (as ``api.estimate_run`` hands its own over): only the time
+        and cost sections are computed."""
         self.calls += 1
-        run = self.shared.run(self.gpu, {**self.base, **fields})
-        return estimate_run(run, gpu=self.gpu, **self.timing_kw)
+        if memory is None or memory.run is None:
+            run = self.shared.run(self.gpu, {**self.base, **fields})
+            return estimate_run(run, gpu=self.gpu, **self.timing_kw)
+        sections = run_time_and_cost(memory.run, self.gpu, self.timing_kw.get("dataset"), DEFAULT_PRICES,
+                                     memory=memory.breakdown)
+        return replace(memory, extras={**memory.extras, "sections": sections})
 
     def compat_errors(self, fam: Family) -> list[str]:
         """Why ``fam`` cannot run on this card at all; [] when it can (``Shared.errors``)."""
@@ -167,7 +183,7 @@ def measure(probe: Prober, cand: Candidate) -> Candidate:
     million tokens."""
     if cand.metrics:
         return cand
-    est = cand.estimate = probe.timed(cand.fields)
+    est = cand.estimate = probe.timed(cand.fields, cand.estimate)
     d = est.extras.get("sections", {})  # the time and cost sections of Estimate.to_dict(), without the rest
     t, c = d.get("time") or {}, d.get("cost") or {}
     tps = t.get("tokens_per_second")
@@ -217,7 +233,10 @@ def first_fitting(probe: Prober, fams: list[Family],
     order = sorted(sparing(fams), key=lambda f: ("offload-all" not in f.strategy, "offload" not in f.strategy,
                                                  f.strategy not in ("zero-3", "fsdp")))
     for f in order:  # memory first: it is shared across cards, the compatibility check is not
-        est = probe({**f.as_fields, "batch": 1, "grad_accum": 1})
+        at_one = {**f.as_fields, "batch": 1, "grad_accum": 1}
+        if not probe.memory_fits(at_one):
+            continue
+        est = probe(at_one)
         if probe.ok(None)(est) and compatible(f):
             assert est is not None  # every verdict refuses None (nominal() is False for it)
             return f, est

@@ -32,6 +32,7 @@ from tuneplan.api import Estimate, build_setup, estimate_run
 from tuneplan.compat import check
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.run import Run, resolve_run
+from tuneplan.estimator.types import Finding
 from tuneplan.grid import memory_plane
 from tuneplan.plan.margin import Margin, upper_band
 from tuneplan.specs.hardware import Accelerator
@@ -102,7 +103,7 @@ class Shared:
         self._runs: dict[tuple[bool, Items], Run] = {}
         self._memory: dict[tuple[bool, Items], Estimate | None] = {}
         self._grids: dict[tuple[bool, Items, int], SizeGrid | None] = {}
-        self._errors: dict[tuple[str, Items], list[str]] = {}
+        self._findings: dict[tuple[str, Items], list[Finding] | TuneplanError] = {}
 
     def _key(self, acc: Accelerator, fields: Mapping[str, Any]) -> tuple[bool, Items]:
         return acc.supports_bf16, tuple(sorted((k, v) for k, v in fields.items() if k not in SHAPE))
@@ -127,30 +128,43 @@ class Shared:
         run = self._runs.get(key)
         if run is None:
             run = self._runs[key] = resolve_run(self.model, self.setup(acc, fields))
-        run.findings(acc)  # kept in the run's memo, which its reshaped copies carry: checked once per card
+            run.findings(acc)  # kept in the run's memo, which its reshaped copies carry
         shape = {k: fields[k] for k in SHAPE if k in fields}
         if not shape:
             return run
         check_fields(shape)  # the sizes' own range checks, as build_setup's validation makes them
         return run.reshaped(**shape)
 
-    def errors(self, acc: Accelerator, fields: Mapping[str, Any]) -> list[str]:
-        """Why ``fields`` cannot run on ``acc`` at all: setup validation, then the compatibility rules
-        (error findings). The rules read the method, precision, optimizer, attention and strategy, never
-        the sizes (catalog/compat_rules.toml), so one check decides for a whole family."""
+    def findings(self, acc: Accelerator, fields: Mapping[str, Any]) -> list[Finding]:
+        """The compatibility findings of ``fields`` on ``acc`` (``Run.findings``: the rules read the method,
+        precision, optimizer, attention and strategy, never the sizes, catalog/compat_rules.toml), once
+        per card and family (raises the setup's TuneplanError)."""
         key = (acc.id, self._key(acc, fields)[1])
-        if key not in self._errors:
+        got = self._findings.get(key)
+        if got is None:
             try:
                 s = self.setup(acc, fields)
-            except TuneplanError as exc:
-                self._errors[key] = [str(exc)]
+            except TuneplanError as e:
+                got = e
             else:
-                built = model_as_built(self.model, s.framework, s.num_labels)
-                self._errors[key] = [f.message for f in check(acc, s, built) if f.level == "error"]
-        return self._errors[key]
+                got = check(acc, s, model_as_built(self.model, s.framework, s.num_labels))
+            self._findings[key] = got
+        if isinstance(got, TuneplanError):
+            raise got
+        return got
 
-    def memory(self, acc: Accelerator, fields: Mapping[str, Any]) -> Estimate | None:
-        """Memory-only ``estimate`` of ``fields`` on ``acc`` (None: not a valid setup)."""
+    def errors(self, acc: Accelerator, fields: Mapping[str, Any]) -> list[str]:
+        """Why ``fields`` cannot run on ``acc`` at all (setup validation, then the compatibility rules'
+        error findings); [] when it can. One check decides for a whole family."""
+        try:
+            return [f.message for f in self.findings(acc, fields) if f.level == "error"]
+        except TuneplanError as exc:
+            return [str(exc)]
+
+    def memory(self, acc: Accelerator, fields: Mapping[str, Any], *,
+               findings: bool = True) -> Estimate | None:
+        """Memory-only ``estimate`` of ``fields`` on ``acc`` (None: not a valid setup). Without
+        ``findings`` it may carry another card's findings (its memory figures are the same)."""
         key = (acc.supports_bf16, tuple(sorted(fields.items())))
         if key not in self._memory:
             try:
@@ -160,10 +174,9 @@ class Shared:
             else:
                 self._memory[key] = estimate_run(run, gpu=acc, timing=False)
         est = self._memory[key]
-        if est is None or est.gpu is acc:
+        if est is None or est.gpu is acc or not findings:
             return est
-        assert est.run is not None  # estimate_run keeps its run
-        return replace(est, gpu=acc, findings=est.run.findings(acc))  # another card: its own findings
+        return replace(est, gpu=acc, findings=list(self.findings(acc, fields)))  # another card: its own
 
     def grid(self, acc: Accelerator, fields: Mapping[str, Any], top: int) -> SizeGrid | None:
         """The family's :class:`SizeGrid` for micro-batch 1..``top`` (None: not a valid setup)."""

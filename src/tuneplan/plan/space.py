@@ -125,10 +125,15 @@ def optimizers(acc: Accelerator, base: Mapping[str, Any], offload: str) -> list[
         return [base["optimizer"]]
     if offload != "none":
         return [None]
-    caps = {c.name: c.ok for c in capabilities(acc)}
-    if caps.get("bnb_8bit_optim") is False:
+    if not _bnb_optimizers_run(acc):
         return [None]  # e.g. an NPU: bitsandbytes has no backend there
     return [None, *BNB_OPTIMIZERS]
+
+
+@lru_cache(maxsize=256)
+def _bnb_optimizers_run(acc: Accelerator) -> bool:
+    caps = {c.name: c.ok for c in capabilities(acc)}
+    return caps.get("bnb_8bit_optim") is not False
 
 
 def families(variants: list[tuple[str, dict[str, Any]]], base: Mapping[str, Any], world: int,
