@@ -31,7 +31,7 @@ from tuneplan.plan.fit import check_positive, host_bytes, split_method
 from tuneplan.plan.margin import Margin, parse_margin
 from tuneplan.plan.search import smallest_true
 from tuneplan.plan.sizes import Shared
-from tuneplan.plan.space import SEARCHED, families, strategy_name, switches
+from tuneplan.plan.space import SEARCHED, Family, families, strategy_name, switches
 from tuneplan.plan.timecost import dataset_kw
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.limits import MAX_SEARCH_GPUS
@@ -120,6 +120,20 @@ def min_cards(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants
     return smallest_true(ok, 1, len(counts) - 1)
 
 
+def least_peak(probe: Prober, fams: list[Family]) -> tuple[int | None, list[str]]:
+    """(the smallest device peak of a compatible family at micro-batch 1, []), or (None, every reason)
+    when no family can run. Families are taken by their memory (the same on every card of the same bf16
+    support), so the first compatible one is the answer and only those before it are checked."""
+    at_one = [(f, probe.shared.memory(probe.gpu, {**probe.base, **f.as_fields, "batch": 1, "grad_accum": 1},
+                                      findings=False)) for f in fams]
+    valid = sorted(((e.breakdown.device_peak_bytes, i) for i, (_f, e) in enumerate(at_one) if e is not None))
+    for peak, i in valid:
+        if not probe.compat_errors(at_one[i][0]):
+            return peak, []
+    errs = {m for f in fams for m in probe.compat_errors(f)}
+    return None, sorted(errs) if not any(not probe.compat_errors(f) for f in fams) else []
+
+
 def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants: list[tuple[str, dict[str, Any]]],
               counts: list[tuple[int, dict[str, int]]], *, target: int, margin: Margin, prefer: str,
               dataset: Any = None, host: int | None = None, baseline: Any = None,
@@ -132,16 +146,8 @@ def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants
     i = min_cards(model, acc, base, variants, counts, calls, host, shared)
     n, layout = counts[i if i is not None else -1]
     probe = Prober(model, acc, {**base, **layout}, timing_kw=dataset_kw(dataset), host_bytes=host, shared=shared)
-    if i is None:  # why not: compatibility, or the most sparing family's memory at the most cards
-        fams = families(variants, probe.base, n, acc)
-        errs = {m for f in fams for m in probe.compat_errors(f)}
-        live = [f for f in fams if not probe.compat_errors(f)]
-        if not live:
-            res.blocked_by = sorted(errs)
-        else:
-            ests = [e for f in live if (e := probe({**f.as_fields, "batch": 1, "grad_accum": 1})) is not None]
-            if ests:
-                res.per_gpu_peak_bytes = min(e.breakdown.device_peak_bytes for e in ests)
+    if i is None:  # why not: the least memory a compatible family needs at the most cards, or compatibility
+        res.per_gpu_peak_bytes, res.blocked_by = least_peak(probe, families(variants, probe.base, n, acc))
         return res, calls[0] + probe.evaluations
     baseline = baseline if baseline is not None else probe.check_base(**variants[0][1]).setup
     cs = build_candidates(probe, variants, n, target=target, margin=margin, prefer=prefer,

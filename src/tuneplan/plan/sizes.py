@@ -103,7 +103,7 @@ class Shared:
         self._runs: dict[tuple[bool, Items], Run] = {}
         self._memory: dict[tuple[bool, Items], Estimate | None] = {}
         self._grids: dict[tuple[bool, Items, int], SizeGrid | None] = {}
-        self._findings: dict[tuple[str, Items], list[Finding] | TuneplanError] = {}
+        self._findings: dict[tuple[Accelerator, Items], list[Finding] | TuneplanError] = {}
 
     def _key(self, acc: Accelerator, fields: Mapping[str, Any]) -> tuple[bool, Items]:
         return acc.supports_bf16, tuple(sorted((k, v) for k, v in fields.items() if k not in SHAPE))
@@ -139,7 +139,7 @@ class Shared:
         """The compatibility findings of ``fields`` on ``acc`` (``Run.findings``: the rules read the method,
         precision, optimizer, attention and strategy, never the sizes, catalog/compat_rules.toml), once
         per card and family (raises the setup's TuneplanError)."""
-        key = (acc.id, self._key(acc, fields)[1])
+        key = (acc, self._key(acc, fields)[1])  # the card itself: a copy with other memory is another card
         got = self._findings.get(key)
         if got is None:
             try:
