@@ -129,3 +129,48 @@ def test_the_recommendation_is_the_rule_over_the_brute_force_candidates(prefer: 
     assert rec["setup"]["optimizer"] == want.estimate.setup.optimizer
     assert rec["setup"]["gradient_checkpointing"] == want.family.gradient_checkpointing
     assert rec["tokens_per_second"] == want.metrics["tokens_per_second"]
+
+
+def test_a_ranking_shares_nothing_that_depends_on_the_card() -> None:
+    """Runs, memory and grids are shared across the cards of one ranking; each card's answer must be the
+    one it gets alone (same model and setup, that card only)."""
+    from tuneplan.plan import rank_gpus
+
+    cards = ["rtx-3060-12gb", "rtx-4090", "v100-sxm2-32gb", "a100-40gb-sxm4", "ascend-910b", "t4"]
+    together = {c.gpu: c.to_dict() for c in rank_gpus("Qwen/Qwen2.5-7B", only=cards, method="lora",
+                                                      max_gpus=8).ranking}
+    for card in cards:
+        alone = rank_gpus("Qwen/Qwen2.5-7B", only=[card], method="lora", max_gpus=8).ranking[0].to_dict()
+        assert together[alone["gpu"]] == alone
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tuneplan.catalog.accelerators import catalog_accelerators  # noqa: E402
+from tuneplan.plan.max_model import catalog_models  # noqa: E402
+
+SMALL = [m.name for m in catalog_models() if m.params_total < 15e9]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(SMALL), card=st.sampled_from(sorted(catalog_accelerators())),
+       gpus=st.sampled_from([1, 2, 8]), target=st.integers(1, 24),
+       margin_text=st.sampled_from(["band", "1GiB", "0"]), seq=st.sampled_from([256, 1024, 4096]),
+       method=st.sampled_from([label for label, _ in METHOD_VARIANTS]), pick=st.integers(0, 10_000))
+def test_any_family_matches_the_brute_force(model, card, gpus, target, margin_text, seq, method,
+                                            pick) -> None:
+    model, gpu = resolve_model(model), resolve_accelerator(card)
+    variant = next(v for v in METHOD_VARIANTS if v[0] == method)
+    base = {"gpus": gpus, "seq": seq}
+    fams = families([variant], base, gpus, gpu)
+    fam = fams[pick % len(fams)]
+    probe = Prober(model, gpu, base)
+    host = default_host_bytes(gpu, gpus)
+    want = brute_force(model, gpu, base, fam.as_fields, target, gpus, margin_text, host)
+    if probe.compat_errors(fam):
+        assert want is None
+        return
+    got = plan_family(probe, fam, target=target, world=gpus, margin=parse_margin(margin_text))
+    assert (None if got is None else (got.batch, got.grad_accum, got.tight)) == want
