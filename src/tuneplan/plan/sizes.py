@@ -36,6 +36,7 @@ from tuneplan.estimator.types import Finding
 from tuneplan.grid import memory_plane
 from tuneplan.plan.margin import Margin, upper_band
 from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.limits import SETUP_INT_RANGES
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import model_as_built
 from tuneplan.specs.setup import TrainSetup, check_fields
@@ -129,10 +130,13 @@ class Shared:
         if run is None:
             run = self._runs[key] = resolve_run(self.model, self.setup(acc, fields))
             run.findings(acc)  # kept in the run's memo, which its reshaped copies carry
-        shape = {k: fields[k] for k in SHAPE if k in fields}
+        shape = {k: v for k in SHAPE if k in fields and (v := fields[k]) != getattr(run.setup, k)}
         if not shape:
             return run
-        check_fields(shape)  # the sizes' own range checks, as build_setup's validation makes them
+        # the sizes' own range checks, as build_setup's validation makes them (the same table)
+        if not all(type(v) is int and SETUP_INT_RANGES[k][0] <= v <= SETUP_INT_RANGES[k][1]
+                   for k, v in shape.items()):
+            check_fields(shape)
         return run.reshaped(**shape)
 
     def findings(self, acc: Accelerator, fields: Mapping[str, Any]) -> list[Finding]:
