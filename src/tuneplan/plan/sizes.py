@@ -43,6 +43,7 @@ from tuneplan.specs.setup import TrainSetup, check_fields
 
 SHAPE = ("batch", "seq", "grad_accum")  # what a resolved run is reshaped to, never resolved again for
 Items = tuple[tuple[str, Any], ...]
+Key = tuple[bool | None, Items]  # the card's bf16 support (None: unknown), the setup fields but the sizes
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,13 @@ class Shared:
 
     def __init__(self, model: ModelSpec):
         self.model = model
-        self._setups: dict[tuple[bool, Items], TrainSetup | TuneplanError] = {}
-        self._runs: dict[tuple[bool, Items], Run] = {}
-        self._memory: dict[tuple[bool, Items], Estimate | None] = {}
-        self._grids: dict[tuple[bool, Items, int], SizeGrid | None] = {}
+        self._setups: dict[Key, TrainSetup | TuneplanError] = {}
+        self._runs: dict[Key, Run] = {}
+        self._memory: dict[Key, Estimate | None] = {}
+        self._grids: dict[tuple[bool | None, Items, int], SizeGrid | None] = {}
         self._findings: dict[tuple[Accelerator, Items], list[Finding] | TuneplanError] = {}
 
-    def _key(self, acc: Accelerator, fields: Mapping[str, Any]) -> tuple[bool, Items]:
+    def _key(self, acc: Accelerator, fields: Mapping[str, Any]) -> Key:
         return acc.supports_bf16, tuple(sorted((k, v) for k, v in fields.items() if k not in SHAPE))
 
     def setup(self, acc: Accelerator, fields: Mapping[str, Any]) -> TrainSetup:
