@@ -90,11 +90,18 @@ def upper_band(allocated: Any, reserved: Any, device_peak: Any) -> Any:
 
 def required_bytes(est: Any, margin: Margin) -> int:
     """What must fit under the usable memory for ``est`` to count as fitting with ``margin``."""
+    high = device_peak_high(est) if margin.kind == "band" else None
+    return required(margin, est.breakdown.device_peak_bytes, high, est.gpu.memory_bytes)
+
+
+def required(margin: Margin, device_peak: Any, device_peak_high: Any, memory: int) -> Any:
+    """:func:`required_bytes` from the figures themselves (ints, or a grid's arrays element-wise):
+    the upper band for ``band``, else the central device peak plus the margin's bytes."""
     if margin.kind == "band":
-        return device_peak_high(est)
+        return device_peak_high
     if margin.kind == "bytes":
-        return est.breakdown.device_peak_bytes + int(margin.value)
-    return est.breakdown.device_peak_bytes + int(margin.value * est.gpu.memory_bytes)
+        return device_peak + int(margin.value)
+    return device_peak + int(margin.value * memory)
 
 
 def fits_with_margin(est: Any, margin: Margin) -> bool:

@@ -34,7 +34,7 @@ from tuneplan.errors import TuneplanError
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.estimator.types import Finding
 from tuneplan.grid import memory_plane
-from tuneplan.plan.margin import Margin, upper_band
+from tuneplan.plan.margin import Margin, required, upper_band
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.limits import SETUP_INT_RANGES
 from tuneplan.specs.model import ModelSpec
@@ -56,10 +56,6 @@ class SizeGrid:
     host: np.ndarray  # CPU memory per GPU for offloaded states / activations
 
     @property
-    def top(self) -> int:
-        return int(self.device_peak.shape[1])
-
-    @property
     def size(self) -> int:
         return int(self.device_peak.size)
 
@@ -70,13 +66,7 @@ class SizeGrid:
         ok = (self.device_peak <= memory) & (self.host * gpus <= host_limit)
         if margin is None:
             return ok
-        if margin.kind == "band":
-            need = self.device_peak_high
-        elif margin.kind == "bytes":
-            need = self.device_peak + int(margin.value)
-        else:
-            need = self.device_peak + int(margin.value * memory)
-        return ok & (need <= memory)
+        return ok & (required(margin, self.device_peak, self.device_peak_high, memory) <= memory)
 
 
 def choose(ok: np.ndarray, target: int, world: int) -> tuple[int, int] | None:
