@@ -68,6 +68,8 @@ def brute_force(model, gpu, base: dict, fields: dict, target: int, world: int, m
     return None
 
 
+ONE_FAMILY = {"optimizer": "adamw", "gradient_checkpointing": True, "zero": 0, "fsdp": False,
+              "offload": "none"}
 CASES = [
     # model, card, base setup, variants (method label, fields), global batch, margin
     ("meta-llama/Llama-2-70b-hf", "a100-80gb", {}, [("qlora-4", {"method": "qlora", "bits": 4})], 8, "band"),
@@ -77,6 +79,10 @@ CASES = [
      [("qlora-4", {"method": "qlora", "bits": 4})], 6, "10%"),
     ("Qwen/Qwen2.5-7B", "t4", {"gpus": 2}, [("qlora-4", {"method": "qlora", "bits": 4})], 7, "2GiB"),
     ("Qwen/Qwen2.5-0.5B", "rtx-3060-12gb", {"seq": 4096}, [("full", {"method": "full"})], 6, "0"),
+    # more than 256 micro-batches: the grid grows past its first block while the widest still fits
+    ("Qwen/Qwen2.5-0.5B", "h200", {"seq": 64}, [("lora", {"method": "lora"})], 300, "band"),
+    ("Qwen/Qwen2.5-0.5B", "rtx4090", {"seq": 1024, **ONE_FAMILY}, [("lora", {"method": "lora"})], 300,
+     "band"),
 ]
 
 

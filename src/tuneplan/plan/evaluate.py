@@ -15,10 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
+import numpy as np
+
 from tuneplan.api import DEFAULT_PRICES, Estimate, estimate, estimate_run
 from tuneplan.estimator.runtime import run_time_and_cost
 from tuneplan.plan.margin import Margin, device_peak_high, fits_with_margin
-from tuneplan.plan.sizes import Shared, SizeGrid, choose
+from tuneplan.plan.sizes import Shared, SizeGrid, choose, grid_width
 from tuneplan.plan.space import Family
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -117,12 +119,25 @@ class Prober:
         return self.shared.errors(self.gpu, {**self.base, **fam.as_fields})
 
     def grid(self, fields: Mapping[str, Any], top: int) -> SizeGrid | None:
-        """The family's micro-batch 1..``top`` x accumulation grid (:mod:`tuneplan.plan.sizes`)."""
-        g = self.shared.grid(self.gpu, {**self.base, **fields}, top)
-        if g is not None and id(g) not in self._grids_seen:
-            self._grids_seen.add(id(g))
-            self.cells += g.size
-        return g
+        """The family's micro-batch x accumulation grid (:mod:`tuneplan.plan.sizes`) for a global batch
+        of ``top`` sequences per GPU: 1..``top``, or fewer past a block where nothing fits any more
+        (``sizes.grid_width``)."""
+        def at(width: int) -> SizeGrid | None:
+            g = self.shared.grid(self.gpu, {**self.base, **fields}, width)
+            if g is not None and id(g) not in self._grids_seen:
+                self._grids_seen.add(id(g))
+                self.cells += g.size
+            return g
+
+        def last_passes(width: int) -> bool:
+            g = at(width)
+            return g is not None and bool(self.passes(g, None)[:, -1].any())
+
+        return at(grid_width(top, last_passes))
+
+    def passes(self, grid: SizeGrid, margin: Margin | None) -> np.ndarray:
+        """:meth:`SizeGrid.passes` on this card, its host memory and GPUs per node."""
+        return grid.passes(self.gpu.memory_bytes, self.host_bytes, int(self.base.get("gpus", 1)), margin)
 
 
 @dataclass
@@ -156,7 +171,8 @@ class Candidate:
 def plan_family(probe: Prober, fam: Family, *, target: int, world: int, margin: Margin) -> Candidate | None:
     """The family's candidate: with the margin if possible, else tight; None if nothing fits at all.
 
-    Every micro-batch 1..ceil(target / world), with and without accumulation, is read off one grid
+    Every micro-batch 1..ceil(target / world) (past 256, while the widest still fits:
+    ``sizes.grid_width``), with and without accumulation, is read off one grid
     (:func:`tuneplan.plan.sizes.choose`); the candidate's memory-only scalar estimate at its exact
     accumulation checks the verdict (memory depends on accumulation only through ga > 1: checked,
     not assumed)."""
@@ -165,9 +181,8 @@ def plan_family(probe: Prober, fam: Family, *, target: int, world: int, margin: 
     grid = probe.grid(fields, top)
     if grid is None:
         return None
-    gpus = int(probe.base.get("gpus", 1))
     for m, tight in ((margin, False), (None, True)):
-        got = choose(grid.passes(probe.gpu.memory_bytes, probe.host_bytes, gpus, m), target, world)
+        got = choose(probe.passes(grid, m), target, world)
         if got is None:
             continue
         b, ga = got

@@ -4,8 +4,9 @@ Memory depends on gradient accumulation only through "more than one micro-batch 
 gradients of the earlier micro-batches live through the next forward: ``estimator/memory.py`` tests
 ``grad_accum > 1``). So one grid, ``grad_accum`` {1, 2} x micro-batch 1..top at the family's sequence
 length (the planes :func:`tuneplan.estimate_grid` evaluates), holds the memory of every size the rule
-can pick. What passes is read off it for the card (its usable memory, the host memory, the margin):
-every micro-batch is looked at, none is skipped by bisection and no monotonicity is assumed. Nothing in
+can pick (past 256 micro-batches the grid grows in doubling blocks only while its widest micro-batch
+still fits: :func:`grid_width`). What passes is read off it for the card (its usable memory, the host
+memory, the margin): every micro-batch of the grid is looked at, none is skipped by bisection. Nothing in
 the grid depends on the card but its bf16 support (``api.build_setup``), so :class:`Shared` keeps the
 grids, the resolved runs and the memory-only estimates for every card and layout of one question.
 
@@ -13,7 +14,7 @@ Global batch rule (``G`` sequences per optimizer step, ``W`` GPUs, ``top = ceil(
 cells that pass:
 1. micro-batch ``top`` without accumulation (global ``top x W``: ``G`` when ``W`` divides it);
 2. else the largest micro-batch ``b < top`` that passes with accumulation and, where ``W`` divides
-   ``G``, divides ``G / W``; accumulation ``ceil(G / (b x W))``;
+   ``G``, divides ``G / W``; accumulation ``ceil(G / (b x W))`` (within what a setup may have);
 3. else the largest micro-batch that passes without accumulation: the global batch is relaxed to
    ``b x W`` and the answer says so.
 Each step is tried first with the safety margin (:mod:`tuneplan.plan.margin`), then without it; a
@@ -22,7 +23,7 @@ candidate found only without it is *tight*.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +45,9 @@ from tuneplan.specs.setup import TrainSetup, check_fields
 SHAPE = ("batch", "seq", "grad_accum")  # what a resolved run is reshaped to, never resolved again for
 Items = tuple[tuple[str, Any], ...]
 Key = tuple[bool | None, Items]  # the card's bf16 support (None: unknown), the setup fields but the sizes
+BLOCK = 256  # micro-batches every family's grid covers (a global batch of 256 sequences per GPU)
+BATCH_MAX = SETUP_INT_RANGES["batch"][1]  # the largest micro-batch a setup may have (specs/limits.py)
+GA_MAX = SETUP_INT_RANGES["grad_accum"][1]  # ... and the most micro-batches per optimizer step
 
 
 @dataclass(frozen=True)
@@ -71,16 +75,30 @@ class SizeGrid:
 
 def choose(ok: np.ndarray, target: int, world: int) -> tuple[int, int] | None:
     """(micro-batch, accumulation) by the global batch rule of the module docstring, or None; ``ok``
-    is a (2, top) verdict of :meth:`SizeGrid.passes`."""
-    top = ok.shape[1]
-    if ok[0, top - 1]:
+    is a (2, width) verdict of :meth:`SizeGrid.passes` (:func:`grid_width`: a micro-batch past the
+    width does not pass)."""
+    top = max(1, -(-target // world))
+    width = ok.shape[1]
+    if top <= width and ok[0, top - 1]:
         return top, 1
     per_gpu = target // world if target % world == 0 else None
-    for b in range(top - 1, 0, -1):
-        if ok[1, b - 1] and (per_gpu is None or per_gpu % b == 0):
-            return b, -(-target // (b * world))
-    fit1 = np.flatnonzero(ok[0, : top - 1])
+    for b in range(min(top - 1, width), 0, -1):
+        ga = -(-target // (b * world))
+        if ok[1, b - 1] and (per_gpu is None or per_gpu % b == 0) and ga <= GA_MAX:
+            return b, ga
+    fit1 = np.flatnonzero(ok[0, : min(top - 1, width)])
     return (int(fit1[-1]) + 1, 1) if fit1.size else None
+
+
+def grid_width(top: int, last_passes: Callable[[int], bool]) -> int:
+    """How many micro-batches a family's grid covers: all of 1..``top`` up to :data:`BLOCK`; past it,
+    doubling while the widest micro-batch still fits (``last_passes(width)``), never past ``top`` or
+    the largest micro-batch a setup may have. A global batch of thousands on one GPU would otherwise
+    be a grid of thousands of micro-batches per family, almost none of which fit."""
+    width = min(top, BLOCK, BATCH_MAX)
+    while width < min(top, BATCH_MAX) and last_passes(width):
+        width = min(2 * width, top, BATCH_MAX)
+    return width
 
 
 class Shared:
@@ -174,7 +192,8 @@ class Shared:
         return replace(est, gpu=acc, findings=list(self.findings(acc, fields)))  # another card: its own
 
     def grid(self, acc: Accelerator, fields: Mapping[str, Any], top: int) -> SizeGrid | None:
-        """The family's :class:`SizeGrid` for micro-batch 1..``top`` (None: not a valid setup)."""
+        """The family's :class:`SizeGrid` for micro-batch 1..``top`` (None: not a valid setup); ``top``
+        is a width from :func:`grid_width`."""
         fixed = {k: v for k, v in fields.items() if k not in ("batch", "grad_accum")}
         key = (*self._key(acc, fixed), top)
         if key not in self._grids:
