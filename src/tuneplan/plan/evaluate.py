@@ -63,8 +63,12 @@ class Prober:
         self.shared = shared if shared is not None and shared.model is model else Shared(model)
         self._memo: dict[tuple[tuple[str, Any], ...], Estimate | None] = {}
         self.calls = 0
-        self.cells = 0
-        self._grids_seen: set[int] = set()
+        self._grids_seen: dict[int, SizeGrid] = {}
+
+    @property
+    def cells(self) -> int:
+        """Grid configurations evaluated for this prober's questions (shared ones included)."""
+        return sum(g.cells for g in self._grids_seen.values())
 
     @property
     def evaluations(self) -> int:
@@ -124,20 +128,19 @@ class Prober:
         (``sizes.grid_width``)."""
         def at(width: int) -> SizeGrid | None:
             g = self.shared.grid(self.gpu, {**self.base, **fields}, width)
-            if g is not None and id(g) not in self._grids_seen:
-                self._grids_seen.add(id(g))
-                self.cells += g.size
+            if g is not None:
+                self._grids_seen[id(g)] = g
             return g
 
         def last_passes(width: int) -> bool:
             g = at(width)
-            return g is not None and bool(self.passes(g, None)[:, -1].any())
+            return g is not None and bool(self.passes(g, None, 0)[-1] or self.passes(g, None, 1)[-1])
 
         return at(grid_width(top, last_passes))
 
-    def passes(self, grid: SizeGrid, margin: Margin | None) -> np.ndarray:
+    def passes(self, grid: SizeGrid, margin: Margin | None, row: int) -> np.ndarray:
         """:meth:`SizeGrid.passes` on this card, its host memory and GPUs per node."""
-        return grid.passes(self.gpu.memory_bytes, self.host_bytes, int(self.base.get("gpus", 1)), margin)
+        return grid.passes(row, self.gpu.memory_bytes, self.host_bytes, int(self.base.get("gpus", 1)), margin)
 
 
 @dataclass
@@ -182,7 +185,10 @@ def plan_family(probe: Prober, fam: Family, *, target: int, world: int, margin: 
     if grid is None:
         return None
     for m, tight in ((margin, False), (None, True)):
-        got = choose(probe.passes(grid, m), target, world)
+        def ok(row: int, m: Margin | None = m) -> np.ndarray:
+            return probe.passes(grid, m, row)
+
+        got = choose(ok, target, world)
         if got is None:
             continue
         b, ga = got

@@ -54,7 +54,7 @@ def on_paper(probe: Prober, c: Candidate, top: int) -> int:
     grid = probe.grid(c.family.as_fields, top)
     if grid is None or c.batch >= top:
         return c.batch
-    fit = np.flatnonzero(probe.passes(grid, None)[int(c.grad_accum > 1), : top])
+    fit = np.flatnonzero(probe.passes(grid, None, int(c.grad_accum > 1))[:top])
     return max(c.batch, int(fit[-1]) + 1) if fit.size else c.batch
 
 

@@ -51,42 +51,64 @@ GA_MAX = SETUP_INT_RANGES["grad_accum"][1]  # ... and the most micro-batches per
 
 
 @dataclass(frozen=True)
-class SizeGrid:
-    """One family's per-GPU memory at micro-batch 1..top, arrays shaped (2, top): row 0 without
-    accumulation, row 1 with it. Card-independent (the card decides what passes: :meth:`passes`)."""
+class Row:
+    """Per-GPU memory of a family at micro-batch 1..width, one accumulation regime (1-D arrays)."""
 
     device_peak: np.ndarray
     device_peak_high: np.ndarray  # the upper band (margin.upper_band)
     host: np.ndarray  # CPU memory per GPU for offloaded states / activations
 
-    @property
-    def size(self) -> int:
-        return int(self.device_peak.size)
 
-    def passes(self, memory: int, host_limit: int, gpus: int, margin: Margin | None) -> np.ndarray:
-        """The planner's verdict on every cell: fits the card (``Estimate.fits``, compatibility being
-        checked per family before), the node's host memory holds what all its GPUs offload, and with
-        ``margin`` the safety margin (``margin.required_bytes``, element-wise)."""
-        ok = (self.device_peak <= memory) & (self.host * gpus <= host_limit)
+class SizeGrid:
+    """One family's per-GPU memory at micro-batch 1..width: row 0 without accumulation, row 1 with it,
+    each one grid plane, evaluated when first read (a family whose widest micro-batch passes without
+    accumulation never needs row 1). Card-independent: the card decides what passes (:meth:`passes`)."""
+
+    def __init__(self, width: int, plane: Callable[[int], Row]):
+        self.width = width
+        self._plane = plane
+        self._rows: dict[int, Row] = {}
+
+    @property
+    def cells(self) -> int:
+        """Configurations evaluated so far."""
+        return self.width * len(self._rows)
+
+    def row(self, i: int) -> Row:
+        if i not in self._rows:
+            self._rows[i] = self._plane(i)
+        return self._rows[i]
+
+    def passes(self, i: int, memory: int, host_limit: int, gpus: int, margin: Margin | None) -> np.ndarray:
+        """The planner's verdict on every cell of row ``i``: fits the card (``Estimate.fits``,
+        compatibility being checked per family before), the node's host memory holds what all its GPUs
+        offload, and with ``margin`` the safety margin (``margin.required``, element-wise)."""
+        r = self.row(i)
+        ok = (r.device_peak <= memory) & (r.host * gpus <= host_limit)
         if margin is None:
             return ok
-        return ok & (required(margin, self.device_peak, self.device_peak_high, memory) <= memory)
+        return ok & (required(margin, r.device_peak, r.device_peak_high, memory) <= memory)
 
 
-def choose(ok: np.ndarray, target: int, world: int) -> tuple[int, int] | None:
-    """(micro-batch, accumulation) by the global batch rule of the module docstring, or None; ``ok``
-    is a (2, width) verdict of :meth:`SizeGrid.passes` (:func:`grid_width`: a micro-batch past the
-    width does not pass)."""
+def choose(ok: Callable[[int], np.ndarray], target: int, world: int) -> tuple[int, int] | None:
+    """(micro-batch, accumulation) by the global batch rule of the module docstring, or None. ``ok(0)``
+    and ``ok(1)`` are the verdicts without and with accumulation (:meth:`SizeGrid.passes`) over
+    micro-batch 1..width (:func:`grid_width`: a micro-batch past the width does not pass); the second
+    is asked for only when the first step fails."""
     top = max(1, -(-target // world))
-    width = ok.shape[1]
-    if top <= width and ok[0, top - 1]:
+    row0 = ok(0)
+    width = row0.shape[0]
+    if top <= width and row0[top - 1]:
         return top, 1
+    if top == 1:
+        return None
+    row1 = ok(1)
     per_gpu = target // world if target % world == 0 else None
     for b in range(min(top - 1, width), 0, -1):
         ga = -(-target // (b * world))
-        if ok[1, b - 1] and (per_gpu is None or per_gpu % b == 0) and ga <= GA_MAX:
+        if row1[b - 1] and (per_gpu is None or per_gpu % b == 0) and ga <= GA_MAX:
             return b, ga
-    fit1 = np.flatnonzero(ok[0, : min(top - 1, width)])
+    fit1 = np.flatnonzero(row0[: min(top - 1, width)])
     return (int(fit1[-1]) + 1, 1) if fit1.size else None
 
 
@@ -203,32 +225,31 @@ class Shared:
                 self._grids[key] = None
         return self._grids[key]
 
-    def _size_grid(self, acc: Accelerator, fixed: dict[str, Any], top: int) -> SizeGrid:
+    def _size_grid(self, acc: Accelerator, fixed: dict[str, Any], width: int) -> SizeGrid:
         """The grid's planes (``tuneplan.grid.memory_plane``, what ``estimate_grid`` evaluates for each
         resolved run) on the family's own run, without and with accumulation (``Run.reshaped``: nothing
         is resolved again)."""
         run = self.run(acc, {**fixed, "batch": 1, "grad_accum": 1})
-        batch = np.arange(1, top + 1, dtype=np.int64)[None, :]
+        batch = np.arange(1, width + 1, dtype=np.int64)[None, :]
         seq = np.asarray([[run.setup.seq]], dtype=np.int64)
-        planes = [memory_plane(r, batch, seq) for r in (run, run.reshaped(grad_accum=2))]
-
-        def rows(name: str) -> np.ndarray:
-            return np.concatenate([p[name] for p in planes])
-
-        allocated, reserved, device_peak = rows("allocated"), rows("reserved"), rows("device_peak")
         # Host memory is not on the grid: the sharding's host share (states, parameters) plus activations
         # offloaded to the CPU, which exist only with activation offload or checkpoints offloaded by the
-        # profile (``estimator/activations.activations_at``). Without them it is one figure for the family;
-        # with them it grows with the micro-batch: the scalar estimate of every cell.
-        host = np.zeros(device_peak.shape, dtype=np.int64)
+        # profile (``estimator/activations.activations_at``). Without them it is one figure for the family
+        # (read at the widest micro-batch, the likeliest candidate); with them it grows with the
+        # micro-batch: the scalar estimate of every cell.
         s = run.setup
-        if s.activation_offload or (s.gradient_checkpointing and run.profile.gc_offload):
-            for i, ga in enumerate((1, 2)):
-                for b in range(1, top + 1):
-                    e = self.memory(acc, {**fixed, "batch": b, "grad_accum": ga})
-                    host[i, b - 1] = e.breakdown.host_bytes if e is not None else 0
-        else:
-            e = self.memory(acc, {**fixed, "batch": 1, "grad_accum": 1})
-            host[:] = e.breakdown.host_bytes if e is not None else 0
-        high = upper_band(allocated, reserved, device_peak)
-        return SizeGrid(device_peak=device_peak, device_peak_high=high, host=host)
+        per_cell = s.activation_offload or (s.gradient_checkpointing and run.profile.gc_offload)
+
+        def host(ga: int) -> np.ndarray:
+            cells = range(1, width + 1) if per_cell else (width,)
+            got = [self.memory(acc, {**fixed, "batch": b, "grad_accum": ga}) for b in cells]
+            values = [e.breakdown.host_bytes if e is not None else 0 for e in got]
+            return np.asarray(values if per_cell else values * width, dtype=np.int64)
+
+        def plane(i: int) -> Row:
+            p = memory_plane(run if i == 0 else run.reshaped(grad_accum=2), batch, seq)
+            allocated, reserved, peak = p["allocated"][0], p["reserved"][0], p["device_peak"][0]
+            return Row(device_peak=peak, device_peak_high=upper_band(allocated, reserved, peak),
+                       host=host(1 + i))
+
+        return SizeGrid(width, plane)
