@@ -88,8 +88,8 @@ def main() -> int:
           f"{rec} with a recommendation ({sum(r['tight'] for r in results)} tight, "
           f"{sum(r['relaxed'] for r in results)} with a relaxed global batch), "
           f"{runs - rec} where nothing fits; "
-          f"{viol} violations of the invariants; {sum(r['evaluations'] for r in results):,} estimates, "
-          f"{time.perf_counter() - t0:.0f} s wall")
+          f"{viol} violations of the invariants; {sum(r['evaluations'] for r in results):,} setups "
+          f"evaluated, {time.perf_counter() - t0:.0f} s wall")
     return 1 if viol else 0
 
 

@@ -75,3 +75,41 @@ def test_matplotlib_plot(tmp_path, suffix: str) -> None:
     out = write_plot(r, tmp_path / f"sweep.{suffix}")
     head = out.read_bytes()[:200]
     assert head.startswith(b"\x89PNG") if suffix == "png" else b"<svg" in head or b"<?xml" in head
+
+
+@pytest.mark.parametrize("vary, kw", [
+    ("seq=512..32768", {"gpu": "rtx4090", "method": "qlora"}),
+    ("batch=1..12:1", {"gpu": "a100-80gb", "method": "lora", "samples": 10_000}),
+    ("rank=8..64:8", {"gpu": "a100-80gb", "method": "lora"}),
+    ("gpus=1,2,4", {"gpu": "a100-80gb", "method": "full", "zero": 3, "gpus": 2}),
+    ("grad_accum=1..3:1", {"gpu": "v100", "method": "lora"}),
+    ("seq=512..2048", {"method": "lora"}),
+])
+def test_every_point_of_the_grid_sweep_is_the_scalar_estimate(vary: str, kw: dict) -> None:
+    """The sweep reads one grid; each point must be what ``estimate`` says at that value, field by field."""
+    from tuneplan.plan.timecost import make_dataset
+
+    kw = dict(kw)
+    ds = make_dataset(samples=kw.pop("samples")) if "samples" in kw else None
+    gpu = kw.pop("gpu", None)
+    r = sweep("Qwen/Qwen2.5-7B", vary, gpu=gpu, dataset=ds, **kw)
+    name, values = parse_vary(vary)
+    assert [p.value for p in r.points] == values
+    for p in r.points:
+        try:
+            est = estimate("Qwen/Qwen2.5-7B", gpu=gpu, **({"dataset": ds} if ds else {}), **{**kw, name: p.value})
+        except TuneplanError as exc:
+            assert p.error == str(exc) and p.fits is False
+            continue
+        b, d = est.breakdown, est.to_dict()
+        assert p.error is None
+        assert (p.device_peak_bytes, p.allocated_peak_bytes, p.reserved_peak_bytes, p.peak_phase) == (
+            b.device_peak_bytes, b.allocated_peak_bytes, b.reserved_peak_bytes, b.peak_phase)
+        assert p.stack == {**b.components, "allocator_reserve": b.reserved_peak_bytes - b.allocated_peak_bytes,
+                           "cuda_context": b.cuda_context_bytes, "nccl": b.nccl_bytes}
+        assert (p.fits, p.headroom_bytes) == (est.fits, est.headroom_bytes)
+        t, c = d.get("time") or {}, d.get("cost") or {}
+        assert (p.tokens_per_second, p.total_hours, p.cloud_usd) == (
+            t.get("tokens_per_second"), t.get("total_hours"), c.get("cloud_usd"))
+    if ds is not None:
+        assert all(p.total_hours for p in r.points)  # the dataset reaches the time model

@@ -5,19 +5,22 @@
 2. a (method, strategy) whose most sparing family (checkpointing on, lightest optimizer) does not fit
    at micro-batch 1 holds no candidate (checkpointing and lighter optimizer states never add memory);
 3. a family the rule can never pick over one already evaluated is dominated (:func:`_dominated`);
-4. every other family gets its candidate (:func:`tuneplan.plan.evaluate.plan_family`), searched from
-   the candidate of a family needing no less memory, and timed.
+4. every other family gets its candidate (:func:`tuneplan.plan.evaluate.plan_family`: every
+   micro-batch with and without accumulation, read off one grid);
+5. time and cost are computed when the rule compares on them, for the finalists only
+   (:meth:`CandidateSet.best`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuneplan.plan import rule
-from tuneplan.plan.evaluate import Candidate, Prober, lighter_than, plan_family, sparing
+from tuneplan.plan.evaluate import Candidate, Prober, lightness, measure, plan_family
 from tuneplan.plan.margin import Margin
-from tuneplan.plan.space import Family, compat_errors, families
+from tuneplan.plan.space import Family, families
 
 
 @dataclass
@@ -28,57 +31,84 @@ class CandidateSet:
     pruned: dict[Family, list[str]]
     candidates: list[Candidate]
     prefer: str
+    probe: Prober
     dominated: list[Family] = field(default_factory=list)
 
     def of(self, method: str, strategy: str | None = None) -> list[Candidate]:
         return [c for c in self.candidates if c.family.method == method
                 and (strategy is None or c.family.strategy == strategy)]
 
-    def best(self, method: str | None = None, strategy: str | None = None) -> Candidate | None:
+    def best(self, method: str | None = None, strategy: str | None = None,
+             prefer: str | None = None) -> Candidate | None:
+        """The rule's pick among all candidates (or one method's, one strategy's), its finalists timed."""
         pool = self.candidates if method is None else self.of(method, strategy)
-        return rule.best(pool, self.prefer)
+        return rule.best(pool, prefer or self.prefer, self.measure)
+
+    def measure(self, c: Candidate) -> Candidate:
+        return measure(self.probe, c)
 
 
 def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
-                     margin: Margin, prefer: str, timed: bool = True,
-                     gc_first: bool | None = None) -> CandidateSet:
-    """The candidate set of (model, card, layout): compatibility first, then memory, then time."""
+                     margin: Margin, prefer: str, gc_first: bool | None = None,
+                     every_reason: bool = True) -> CandidateSet:
+    """The candidate set of (model, card, layout): memory, compatibility, then time when compared on it.
+
+    A family's compatibility is checked before it can hold a candidate or decide anything about
+    another (the sparing family of its (method, strategy), a dominance); the families that never get
+    that far are checked at the end when ``every_reason`` (``fit`` reports why each cannot run; a
+    ``gpus`` card needs only the rule's pick). The set is the same either way."""
     fams = families(variants, probe.base, world, probe.gpu, gc_first=gc_first)
     pruned: dict[Family, list[str]] = {}
+
+    def compatible(f: Family) -> bool:
+        if errs := probe.compat_errors(f):
+            pruned[f] = errs
+        return not errs
+
     dominated: list[Family] = []
     cands: list[Candidate] = []
     done: dict[tuple[str, str, str | None, bool | None], Candidate] = {}
     top = max(1, -(-target // world))
     # methods with a 32-bit-optimizer candidate that keeps the margin and the target
     exact32: set[str] = set()
-    for f in fams:
-        if errs := compat_errors(probe.model, probe.gpu, probe.base, f):
-            pruned[f] = errs
-    ok = {f: f not in pruned for f in fams}
-    # a (method, strategy) whose most sparing family does not fit at micro-batch 1 holds no candidate
-    # (checkpointing and lighter optimizer states never add memory; see evaluate.sparing)
-    dead = {(f.method, f.strategy) for f in sparing([f for f in fams if ok[f]])
-            if not probe.ok(None)(probe({**f.as_fields, "batch": 1, "grad_accum": 1}))}
+    dead = _dead(probe, fams, compatible)
     # 32-bit optimizer families first: under the quality rule they decide whether 8-bit ones can win
     for fam in sorted(fams, key=lambda f: rule.optimizer_rank(f.optimizer)):
-        if not ok[fam]:
-            continue
         if (fam.method, fam.strategy) in dead:
             continue
         if _dominated(fam, done, top, prefer, exact32):
             dominated.append(fam)
             continue
-        seeds = [done[k] for k in lighter_than(fam) if k in done and not done[k].tight]
-        floor = max(seeds, key=lambda c: (c.grad_accum == 1, c.batch), default=None)
-        c = plan_family(probe, fam, target=target, world=world, margin=margin, timed=timed, floor=floor)
-        if c is not None:
+        c = plan_family(probe, fam, target=target, world=world, margin=margin)
+        if c is not None and compatible(fam):
             cands.append(c)
             done[(fam.method, fam.strategy, fam.optimizer, fam.gradient_checkpointing)] = c
             if rule.optimizer_rank(fam.optimizer) == 0 and not c.tight and not c.relaxed:
                 exact32.add(fam.method)
+    if every_reason:
+        for f in fams:
+            compatible(f)
+        dominated = [f for f in dominated if f not in pruned]  # counted once: as cannot run
     order = {f: i for i, f in enumerate(fams)}
     cands.sort(key=lambda c: order[c.family])  # the space's order: the rule's last tie-break
-    return CandidateSet(fams, pruned, cands, prefer, dominated)
+    return CandidateSet(fams, pruned, cands, prefer, probe, dominated)
+
+
+def _dead(probe: Prober, fams: list[Family], compatible: Callable[[Family], bool]) -> set[tuple[str, str]]:
+    """The (method, strategy) pairs whose most sparing compatible family (:func:`sparing`) does not fit
+    at micro-batch 1: they hold no candidate (checkpointing and lighter optimizer states never add
+    memory). Families are checked for compatibility lightest first, until one is compatible."""
+    out = set()
+    pairs = list(dict.fromkeys((f.method, f.strategy) for f in fams))
+    for pair in pairs:
+        group = [f for f in fams if (f.method, f.strategy) == pair]
+        lightest = next((f for f in sorted(group, key=lightness) if compatible(f)), None)
+        if lightest is None:
+            continue
+        at_one = {**lightest.as_fields, "batch": 1, "grad_accum": 1}
+        if not probe.memory_fits(at_one) or not probe.ok(None)(probe(at_one)):
+            out.add(pair)
+    return out
 
 
 def _dominated(fam: Family, done: dict[tuple[str, str, str | None, bool | None], Candidate], top: int,

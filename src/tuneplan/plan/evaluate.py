@@ -1,33 +1,26 @@
-"""Inside one family: the sizes that fit, and the one candidate that reaches the global batch.
+"""The planner's unit of work: a prober of one model on one card, and the candidate of one family.
 
-Memory grows with the micro-batch (activation, logit and loss terms are non-decreasing in it) and
-depends on gradient accumulation only through "more than one micro-batch per step" (then the
-gradients of the earlier micro-batches live through the next forward: ``estimator/memory.py`` tests
-``grad_accum > 1``). So inside a family the verdict is monotone in the micro-batch for each of the
-two accumulation regimes, and the largest fitting micro-batch is one bisection
-(:func:`largest_fitting_batch`, the one function a grid evaluator can replace: it answers for a whole
-family at once). Every candidate returned is checked again at its exact accumulation.
-
-Global batch rule (``G`` sequences per optimizer step, ``W`` GPUs, ``top = ceil(G / W)``):
-1. micro-batch ``top`` without accumulation, if it fits (global ``top x W``: ``G`` when ``W`` divides it);
-2. else the largest micro-batch ``b < top`` that fits with accumulation and, where ``W`` divides ``G``,
-   divides ``G / W``; accumulation ``ceil(G / (b x W))``;
-3. else (accumulation itself does not fit) the largest micro-batch that fits without it: the global
-   batch is relaxed to ``b x W`` and the answer says so.
-Each step is tried first with the safety margin (:mod:`tuneplan.plan.margin`), then without it; a
-candidate found only without it is *tight*.
+:class:`Prober` answers memory-only estimates of setups given as field dicts, through a
+:class:`tuneplan.plan.sizes.Shared` cache (runs resolved once, card-independent parts kept across
+cards). :func:`plan_family` reads a family's whole micro-batch x accumulation grid
+(:mod:`tuneplan.plan.sizes`) and picks its candidate by the global batch rule; the candidate's own
+scalar estimate then checks the verdict at its exact accumulation. Time and cost are computed only
+for the candidates the rule has to compare on them (:func:`measure`, called by
+:func:`tuneplan.plan.rule.best`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
-from tuneplan.api import Estimate, estimate
-from tuneplan.errors import TuneplanError
+import numpy as np
+
+from tuneplan.api import DEFAULT_PRICES, Estimate, estimate, estimate_run
+from tuneplan.estimator.runtime import run_time_and_cost
 from tuneplan.plan.margin import Margin, device_peak_high, fits_with_margin
-from tuneplan.plan.search import largest_true
+from tuneplan.plan.sizes import Shared, SizeGrid, choose, grid_width
 from tuneplan.plan.space import Family
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -50,23 +43,36 @@ def nominal(est: Estimate | None) -> TypeGuard[Estimate]:
 
 
 class Prober:
-    """Memoised memory-only ``estimate`` of one model on one card, for setups given as field dicts.
+    """Memory-only ``estimate`` of one model on one card, for setups given as field dicts.
 
     A setup that validation refuses is None (not fitting); the user's own input is checked first with
     :meth:`check_base`, which lets its error through. :meth:`timed` adds time and cost (one call per
-    candidate that is ranked).
+    candidate the rule compares on them). ``shared`` carries what other cards and layouts of the same
+    question already computed (:class:`tuneplan.plan.sizes.Shared`); ``calls`` counts the scalar
+    estimates and ``cells`` the grid configurations this prober asked for.
     """
 
     def __init__(self, model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], *,
                  margin: Margin | None = None, timing_kw: Mapping[str, Any] | None = None,
-                 host_bytes: int | None = None):
+                 host_bytes: int | None = None, shared: Shared | None = None):
         self.model, self.gpu, self.base = model, gpu, dict(base)
         self.margin = margin
         self.host_bytes = host_bytes if host_bytes is not None else default_host_bytes(
             gpu, int(self.base.get("gpus", 1)))
         self.timing_kw = dict(timing_kw or {})
+        self.shared = shared if shared is not None and shared.model is model else Shared(model)
         self._memo: dict[tuple[tuple[str, Any], ...], Estimate | None] = {}
         self.calls = 0
+        self._grids_seen: dict[int, SizeGrid] = {}
+
+    @property
+    def cells(self) -> int:
+        """Grid configurations evaluated for this prober's questions (shared ones included)."""
+        return sum(g.cells for g in self._grids_seen.values())
+
+    @property
+    def evaluations(self) -> int:
+        return self.calls + self.cells
 
     def check_base(self, **changes: Any) -> Estimate:
         return estimate(self.model, gpu=self.gpu, timing=False, **{**self.base, **changes})
@@ -75,11 +81,16 @@ class Prober:
         key = tuple(sorted({**self.base, **fields}.items()))
         if key not in self._memo:
             self.calls += 1
-            try:
-                self._memo[key] = estimate(self.model, gpu=self.gpu, timing=False, **dict(key))
-            except TuneplanError:
-                self._memo[key] = None
+            self._memo[key] = self.shared.memory(self.gpu, dict(key))
         return self._memo[key]
+
+    def memory_fits(self, fields: Mapping[str, Any]) -> bool:
+        """The memory side of ``ok(None)`` alone (device peak within the card, host memory), from
+        figures any card of the same bf16 support shares: False rules a setup out before its
+        compatibility findings on this card are computed."""
+        est = self.shared.memory(self.gpu, {**self.base, **fields}, findings=False)
+        return bool(est is not None and est.breakdown.device_peak_bytes <= self.gpu.memory_bytes
+                    and est.breakdown.host_bytes * est.setup.gpus <= self.host_bytes)
 
     def ok(self, margin: Margin | None) -> Verdict:
         """The verdict: ``Estimate.fits``, the host memory holds what is offloaded (all GPUs of the
@@ -95,16 +106,41 @@ class Prober:
         """With this prober's margin when it has one, else the central figure."""
         return self.ok(self.margin)(self(fields))
 
-    def timed(self, fields: Mapping[str, Any]) -> Estimate:
+    def timed(self, fields: Mapping[str, Any], memory: Estimate | None = None) -> Estimate:
+        """``fields`` with time and cost. ``memory``: its memory-only estimate on this card, whose
+        breakdown the time model reads (as ``api.estimate_run`` hands its own over): only the time
+        and cost sections are computed."""
         self.calls += 1
-        return estimate(self.model, gpu=self.gpu, **{**self.base, **fields}, **self.timing_kw)
+        if memory is None or memory.run is None:
+            run = self.shared.run(self.gpu, {**self.base, **fields})
+            return estimate_run(run, gpu=self.gpu, **self.timing_kw)
+        sections = run_time_and_cost(memory.run, self.gpu, self.timing_kw.get("dataset"), DEFAULT_PRICES,
+                                     memory=memory.breakdown)
+        return replace(memory, extras={**memory.extras, "sections": sections})
 
+    def compat_errors(self, fam: Family) -> list[str]:
+        """Why ``fam`` cannot run on this card at all; [] when it can (``Shared.errors``)."""
+        return self.shared.errors(self.gpu, {**self.base, **fam.as_fields})
 
-def largest_fitting_batch(probe: Prober, fields: Mapping[str, Any], ok: Verdict, *, grad_accum: int,
-                          hi: int, known: dict[int, bool] | None = None) -> int | None:
-    """Largest micro-batch in ``[1, hi]`` of a family at ``grad_accum`` that ``ok`` accepts (None: not 1)."""
-    return largest_true(lambda b: ok(probe({**fields, "batch": b, "grad_accum": grad_accum})), 1, hi,
-                        known=known)
+    def grid(self, fields: Mapping[str, Any], top: int) -> SizeGrid | None:
+        """The family's micro-batch x accumulation grid (:mod:`tuneplan.plan.sizes`) for a global batch
+        of ``top`` sequences per GPU: 1..``top``, or fewer past a block where nothing fits any more
+        (``sizes.grid_width``)."""
+        def at(width: int) -> SizeGrid | None:
+            g = self.shared.grid(self.gpu, {**self.base, **fields}, width)
+            if g is not None:
+                self._grids_seen[id(g)] = g
+            return g
+
+        def last_passes(width: int) -> bool:
+            g = at(width)
+            return g is not None and bool(self.passes(g, None, 0)[-1] or self.passes(g, None, 1)[-1])
+
+        return at(grid_width(top, last_passes))
+
+    def passes(self, grid: SizeGrid, margin: Margin | None, row: int) -> np.ndarray:
+        """:meth:`SizeGrid.passes` on this card, its host memory and GPUs per node."""
+        return grid.passes(row, self.gpu.memory_bytes, self.host_bytes, int(self.base.get("gpus", 1)), margin)
 
 
 @dataclass
@@ -116,7 +152,7 @@ class Candidate:
     target: int
     estimate: Estimate
     tight: bool  # fits only without the safety margin
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)  # time and cost, once measured
 
     @property
     def global_batch(self) -> int:
@@ -135,73 +171,40 @@ class Candidate:
         return device_peak_high(self.estimate)
 
 
-def _compose(probe: Prober, fields: dict[str, Any], ok: Verdict, target: int, world: int,
-             floor: tuple[int, int] | None = None) -> tuple[int, int] | None:
-    """(micro-batch, accumulation) by the global batch rule of the module docstring, or None.
-
-    ``floor`` = (b, ga) at which the family is already known to pass ``ok`` (a family needing no less
-    memory passed there): the search starts from it instead of from 1."""
-    top = max(1, -(-target // world))
-
-    def at(b: int, ga: int) -> bool:
-        return ok(probe({**fields, "batch": b, "grad_accum": ga}))
-
-    if floor == (top, 1) or at(top, 1):
-        return top, 1
-    if top == 1:
-        return None
-    lo = floor[0] if floor is not None and floor[1] > 1 else None
-    bg = largest_true(lambda b: at(b, 2), 1, top - 1, start=lo, known={lo: True} if lo else None)
-    if bg is not None:  # every b <= bg fits with accumulation (monotone); b = 1 divides anything
-        exact = target % world == 0
-        b = next(b for b in range(bg, 0, -1) if not exact or (target // world) % b == 0)
-        return b, -(-target // (b * world))
-    b1 = largest_fitting_batch(probe, fields, ok, grad_accum=1, hi=top - 1)
-    return (b1, 1) if b1 is not None else None
-
-
-def plan_family(probe: Prober, fam: Family, *, target: int, world: int, margin: Margin,
-                timed: bool = True, floor: Candidate | None = None) -> Candidate | None:
+def plan_family(probe: Prober, fam: Family, *, target: int, world: int, margin: Margin) -> Candidate | None:
     """The family's candidate: with the margin if possible, else tight; None if nothing fits at all.
 
-    Its estimate is the one at its exact accumulation: the timed one when ``timed`` (one call for both
-    the verdict check and the time), else a memory-only one. ``floor`` is the candidate of a family
-    that needs at least as much memory (:func:`lighter_than`); its sizes are where the search starts,
-    and the candidate's own estimate checks the verdict."""
+    Every micro-batch 1..ceil(target / world) (past 256, while the widest still fits:
+    ``sizes.grid_width``), with and without accumulation, is read off one grid
+    (:func:`tuneplan.plan.sizes.choose`); the candidate's memory-only scalar estimate at its exact
+    accumulation checks the verdict (memory depends on accumulation only through ga > 1: checked,
+    not assumed)."""
     fields = fam.as_fields
-    start = (floor.batch, floor.grad_accum) if floor is not None and not floor.tight else None
-    for ok, tight in ((probe.ok(margin), False), (probe.ok(None), True)):
-        for hint in dict.fromkeys((start, None)):
-            got = _compose(probe, fields, ok, target, world, hint)
-            if got is None:
-                continue
-            b, ga = got
-            at = {**fields, "batch": b, "grad_accum": ga}
-            est = probe.timed(at) if timed else probe(at)
-            if ok(est):  # memory depends on accumulation only through ga > 1; checked, not assumed
-                assert est is not None  # every verdict refuses None (nominal() is False for it)
-                c = Candidate(fam, b, ga, world, target, est, tight)
-                return measure(c) if timed else c
-        start = None
+    top = max(1, -(-target // world))
+    grid = probe.grid(fields, top)
+    if grid is None:
+        return None
+    for m, tight in ((margin, False), (None, True)):
+        def ok(row: int, m: Margin | None = m) -> np.ndarray:
+            return probe.passes(grid, m, row)
+
+        got = choose(ok, target, world)
+        if got is None:
+            continue
+        b, ga = got
+        est = probe({**fields, "batch": b, "grad_accum": ga})
+        if probe.ok(m)(est):
+            assert est is not None  # every verdict refuses None (nominal() is False for it)
+            return Candidate(fam, b, ga, world, target, est, tight)
     return None
 
 
-def lighter_than(fam: Family) -> list[tuple[str, str, str | None, bool | None]]:
-    """Keys (method, strategy, optimizer, checkpointing) of the families ``fam`` needs no more memory
-    than: the same without checkpointing, or with the next heavier optimizer (paged 8-bit < 8-bit <
-    32-bit AdamW). The space lists those first, so their candidates seed ``fam``'s search."""
-    out: list[tuple[str, str, str | None, bool | None]] = []
-    if fam.gradient_checkpointing:
-        out.append((fam.method, fam.strategy, fam.optimizer, False))
-    heavier = {"paged-adamw-8bit": "adamw-8bit", "adamw-8bit": None}
-    if fam.optimizer in heavier:
-        out.append((fam.method, fam.strategy, heavier[fam.optimizer], fam.gradient_checkpointing))
-    return out
-
-
-def measure(cand: Candidate) -> Candidate:
-    """Time and cost of a candidate from its timed estimate: tokens/s, hours, USD per million tokens."""
-    est = cand.estimate
+def measure(probe: Prober, cand: Candidate) -> Candidate:
+    """Time and cost of a candidate from its timed estimate (computed once): tokens/s, hours, USD per
+    million tokens."""
+    if cand.metrics:
+        return cand
+    est = cand.estimate = probe.timed(cand.fields, cand.estimate)
     d = est.extras.get("sections", {})  # the time and cost sections of Estimate.to_dict(), without the rest
     t, c = d.get("time") or {}, d.get("cost") or {}
     tps = t.get("tokens_per_second")
@@ -235,10 +238,14 @@ def sparing(fams: list[Family]) -> list[Family]:
     for f in fams:
         k = (f.method, f.strategy)
         cur = best.get(k)
-        rank = (not f.gradient_checkpointing, _OPT_LIGHT.get(f.optimizer or "", 2))
-        if cur is None or rank < (not cur.gradient_checkpointing, _OPT_LIGHT.get(cur.optimizer or "", 2)):
+        if cur is None or lightness(f) < lightness(cur):
             best[k] = f
     return list(best.values())
+
+
+def lightness(f: Family) -> tuple[bool, int]:
+    """Sorts a (method, strategy)'s families from the one needing least memory (:func:`sparing`)."""
+    return not f.gradient_checkpointing, _OPT_LIGHT.get(f.optimizer or "", 2)
 
 
 def first_fitting(probe: Prober, fams: list[Family],
@@ -246,11 +253,12 @@ def first_fitting(probe: Prober, fams: list[Family],
     """The first family (offloading, sharded ones first) that fits at micro-batch 1 without accumulation."""
     order = sorted(sparing(fams), key=lambda f: ("offload-all" not in f.strategy, "offload" not in f.strategy,
                                                  f.strategy not in ("zero-3", "fsdp")))
-    for f in order:
-        if not compatible(f):
+    for f in order:  # memory first: it is shared across cards, the compatibility check is not
+        at_one = {**f.as_fields, "batch": 1, "grad_accum": 1}
+        if not probe.memory_fits(at_one):
             continue
-        est = probe({**f.as_fields, "batch": 1, "grad_accum": 1})
-        if probe.ok(None)(est):
+        est = probe(at_one)
+        if probe.ok(None)(est) and compatible(f):
             assert est is not None  # every verdict refuses None (nominal() is False for it)
             return f, est
     return None

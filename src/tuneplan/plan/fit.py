@@ -6,7 +6,8 @@ One candidate set is built and everything is read from it (:mod:`tuneplan.plan.s
 1. every family of the space is checked for compatibility first; a family that cannot run is pruned
    with its reason and never costs a memory figure;
 2. every compatible family gets its candidate (micro-batch x accumulation reaching the global batch,
-   with the safety margin if it can), and each candidate one timed estimate (tokens/s, cost);
+   with the safety margin if it can, read off one grid per family); the candidates the rule compares
+   on time get one timed estimate each (tokens/s, cost);
 3. the rule orders the candidates; the recommendation is the first, and each method's row in the
    table is the first candidate of that method, so the table, the verdict and the recommendation
    cannot disagree. A method is "cannot run" only when every one of its families was pruned.
@@ -29,6 +30,7 @@ from tuneplan.plan.limits import limits_at, rank_cap
 from tuneplan.plan.margin import Margin, parse_margin
 from tuneplan.plan.recommend import recommendation
 from tuneplan.plan.search import largest_true
+from tuneplan.plan.sizes import Shared
 from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, strategy_name, switches
 from tuneplan.plan.timecost import dataset_kw
 from tuneplan.specs.hardware import Accelerator
@@ -160,11 +162,11 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
     row.tokens_per_second, row.total_hours = c.metrics.get("tokens_per_second"), c.metrics.get("total_hours")
     if limits:
         view = Prober(probe.model, probe.gpu, probe.base, margin=None if c.tight else margin,
-                      host_bytes=probe.host_bytes)
+                      host_bytes=probe.host_bytes, shared=probe.shared)
         view._memo = probe._memo  # same estimates, the row's own verdict
         lim = limits_at(view, c.fields, est.setup)
         row.max_batch, row.max_seq, row.max_rank, row.limited_by = lim.max_batch, lim.max_seq, lim.max_rank, lim.limited_by
-        probe.calls += view.calls
+        probe.calls += view.evaluations
     names = list(dict.fromkeys(f.strategy for f in fams))
     for sname in names:
         sc = cs.best(label, sname)
@@ -178,7 +180,7 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
 
 
 def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any],
-                       lora: MethodFit) -> dict[str, Any] | None:
+                       lora: MethodFit, shared: Shared | None = None) -> dict[str, Any] | None:
     """The largest QLoRA rank within the memory LoRA uses at its rank (same other fields), a boundary.
 
     QLoRA runs at LoRA's row setup with only the base quantized; the budget is LoRA's device peak, the
@@ -188,7 +190,7 @@ def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, An
         return None
     budget = lora.device_peak_bytes
     card = replace(gpu, memory_gib_usable_observed=(budget + 0.5) / GIB)
-    probe = Prober(model, card, base)
+    probe = Prober(model, card, base, shared=shared)  # same bf16 as ``gpu``: its runs serve this card
     out: dict[str, Any] = {"lora_rank": lora.setup["rank"], "budget_bytes": budget, "qlora": {}}
     for bits in (8, 4):
         fields = {**lora.fields, "method": "qlora", "bits": bits}
@@ -200,7 +202,7 @@ def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, An
         cap = rank_cap(probe, est.setup)
         out["qlora"][f"qlora-{bits}"] = largest_true(lambda r, f=fields: probe.fits({**f, "rank": r}), 1, cap,
                                                      start=lora.setup["rank"])
-    out["evaluations"] = probe.calls
+    out["evaluations"] = probe.evaluations
     return out
 
 
@@ -227,7 +229,7 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
     methods = [method_row(probe, cs, label, baseline, mg, limits=detail) for label, _ in variants]
     rec = recommendation(probe, cs, baseline, mg, global_batch, world, line)
     lora = next((m for m in methods if m.method == "lora"), None)
-    eq = equal_memory_ranks(spec, acc, base, lora) if lora is not None and detail else None
+    eq = equal_memory_ranks(spec, acc, base, lora, probe.shared) if lora is not None and detail else None
     listed = [{"method": c.family.method, "strategy": c.family.strategy, "optimizer": c.family.optimizer,
                "gradient_checkpointing": c.family.gradient_checkpointing, "micro_batch": c.batch,
                "grad_accum": c.grad_accum, "tight": c.tight, "relaxed": c.relaxed,
@@ -237,4 +239,4 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
     return FitReport(model=spec.name, gpu=acc.to_dict(), world_size=world, global_batch=global_batch,
                      prefer=prefer, margin=mg.to_dict(), rule=line, host_memory_bytes=probe.host_bytes, methods=methods, recommended=rec,
                      candidates=listed, equal_memory=eq,
-                     evaluations=probe.calls + (eq or {}).get("evaluations", 0))
+                     evaluations=probe.evaluations + (eq or {}).get("evaluations", 0))

@@ -30,7 +30,8 @@ from tuneplan.plan.evaluate import Prober, first_fitting
 from tuneplan.plan.fit import check_positive, host_bytes, split_method
 from tuneplan.plan.margin import Margin, parse_margin
 from tuneplan.plan.search import smallest_true
-from tuneplan.plan.space import SEARCHED, compat_errors, families, strategy_name, switches
+from tuneplan.plan.sizes import Shared
+from tuneplan.plan.space import SEARCHED, Family, families, strategy_name, switches
 from tuneplan.plan.timecost import dataset_kw
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.limits import MAX_SEARCH_GPUS
@@ -99,14 +100,15 @@ class GpuRanking:
 
 
 def min_cards(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants: list[tuple[str, dict[str, Any]]],
-              counts: list[tuple[int, dict[str, int]]], calls: list[int], host: int | None = None) -> int | None:
+              counts: list[tuple[int, dict[str, int]]], calls: list[int], host: int | None = None,
+              shared: Shared | None = None) -> int | None:
     """Index in ``counts`` of the fewest cards on which some family fits; exact under the monotonicity above."""
     def ok(k: int) -> bool:
         layout = counts[k][1]
-        probe = Prober(model, acc, {**base, **layout}, host_bytes=host)
+        probe = Prober(model, acc, {**base, **layout}, host_bytes=host, shared=shared)
         fams = families(variants, probe.base, counts[k][0], acc)
-        hit = first_fitting(probe, fams, lambda f: not compat_errors(model, acc, probe.base, f))
-        calls[0] += probe.calls
+        hit = first_fitting(probe, fams, lambda f: not probe.compat_errors(f))
+        calls[0] += probe.evaluations
         return hit is not None
 
     if not counts:
@@ -118,30 +120,38 @@ def min_cards(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants
     return smallest_true(ok, 1, len(counts) - 1)
 
 
+def least_peak(probe: Prober, fams: list[Family]) -> tuple[int | None, list[str]]:
+    """(the smallest device peak of a compatible family at micro-batch 1, []), or (None, every reason)
+    when no family can run. Families are taken by their memory (the same on every card of the same bf16
+    support), so the first compatible one is the answer and only those before it are checked."""
+    at_one = [(f, probe.shared.memory(probe.gpu, {**probe.base, **f.as_fields, "batch": 1, "grad_accum": 1},
+                                      findings=False)) for f in fams]
+    valid = sorted(((e.breakdown.device_peak_bytes, i) for i, (_f, e) in enumerate(at_one) if e is not None))
+    for peak, i in valid:
+        if not probe.compat_errors(at_one[i][0]):
+            return peak, []
+    errs = {m for f in fams for m in probe.compat_errors(f)}
+    return None, sorted(errs) if not any(not probe.compat_errors(f) for f in fams) else []
+
+
 def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants: list[tuple[str, dict[str, Any]]],
               counts: list[tuple[int, dict[str, int]]], *, target: int, margin: Margin, prefer: str,
-              dataset: Any = None, host: int | None = None, baseline: Any = None) -> tuple[CardResult, int]:
-    """One card: fewest cards, then the rule's candidate there, with its time and cost."""
+              dataset: Any = None, host: int | None = None, baseline: Any = None,
+              shared: Shared | None = None) -> tuple[CardResult, int]:
+    """One card: fewest cards, then the rule's candidate there, with its time and cost. ``shared`` keeps
+    what does not depend on the card (resolved runs, memory, size grids) for the next card."""
     res = CardResult(gpu=acc.id, name=acc.name, memory_bytes=acc.memory_bytes, fits=False, min_gpus=None,
                      per_gpu_peak_bytes=None, cloud_usd_per_gpu_hr=acc.cloud_usd_per_gpu_hr)
     calls = [0]
-    i = min_cards(model, acc, base, variants, counts, calls, host)
+    i = min_cards(model, acc, base, variants, counts, calls, host, shared)
     n, layout = counts[i if i is not None else -1]
-    probe = Prober(model, acc, {**base, **layout}, timing_kw=dataset_kw(dataset), host_bytes=host)
-    if i is None:  # why not: compatibility, or the most sparing family's memory at the most cards
-        fams = families(variants, probe.base, n, acc)
-        errs = {m for f in fams for m in compat_errors(model, acc, probe.base, f)}
-        live = [f for f in fams if not compat_errors(model, acc, probe.base, f)]
-        if not live:
-            res.blocked_by = sorted(errs)
-        else:
-            ests = [e for f in live if (e := probe({**f.as_fields, "batch": 1, "grad_accum": 1})) is not None]
-            if ests:
-                res.per_gpu_peak_bytes = min(e.breakdown.device_peak_bytes for e in ests)
-        return res, calls[0] + probe.calls
+    probe = Prober(model, acc, {**base, **layout}, timing_kw=dataset_kw(dataset), host_bytes=host, shared=shared)
+    if i is None:  # why not: the least memory a compatible family needs at the most cards, or compatibility
+        res.per_gpu_peak_bytes, res.blocked_by = least_peak(probe, families(variants, probe.base, n, acc))
+        return res, calls[0] + probe.evaluations
     baseline = baseline if baseline is not None else probe.check_base(**variants[0][1]).setup
     cs = build_candidates(probe, variants, n, target=target, margin=margin, prefer=prefer,
-                          gc_first=baseline.gradient_checkpointing)
+                          gc_first=baseline.gradient_checkpointing, every_reason=False)
     c = cs.best()
     if c is None:  # cannot happen: min_cards found a family fitting at micro-batch 1
         raise AssertionError(f"{acc.id}: fits at micro-batch 1 on {n} cards but no candidate")
@@ -158,7 +168,7 @@ def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants
         setattr(res, k, m.get(k))
     if m.get("cloud_usd_per_gpu_hour") is not None:
         res.cloud_usd_per_gpu_hr = m["cloud_usd_per_gpu_hour"]
-    return res, calls[0] + probe.calls
+    return res, calls[0] + probe.evaluations
 
 
 def _sort_key(sort: str, prefer: str):  # noqa: ANN202 - a key function
@@ -220,9 +230,10 @@ def rank_gpus(model: str | ModelSpec, *, only: Iterable[str] | None = None, max_
         base.update({"gradient_checkpointing": s.gradient_checkpointing, "optimizer": s.optimizer,
                      "zero": s.zero, "fsdp": s.fsdp, "offload": s.offload})
     results, calls = [], 0
+    shared = Shared(spec)
     for acc in cards:
         r, k = rate_card(spec, acc, base, variants, counts, target=global_batch, margin=mg, prefer=prefer,
-                         dataset=dataset, host=host, baseline=s)
+                         dataset=dataset, host=host, baseline=s, shared=shared)
         results.append(r)
         calls += k
     results.sort(key=_sort_key(sort, prefer))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneplan.errors import TuneplanError
+from tuneplan.estimator.overhead import CUDA_CONTEXT_BAND, FRAGMENTATION_BAND, cuda_context_bytes
 from tuneplan.estimator.types import GIB
 
 ACCEPTED = ("band (the estimate's upper band, default), a size in GiB such as 2GiB, a percentage such as "
@@ -79,13 +80,28 @@ def device_peak_high(est: Any) -> int:
             + (c.high if c is not None else b.cuda_context_bytes) + b.nccl_bytes)
 
 
+def upper_band(allocated: Any, reserved: Any, device_peak: Any) -> Any:
+    """:func:`device_peak_high` from a grid's arrays (``tuneplan.grid.Grid``), element-wise: the reserved
+    band's high end is ``int(allocated x (1 + FRAGMENTATION_BAND[1]))`` (``estimator/memory.memory_of``;
+    ``astype`` truncates as ``int()`` does), NCCL is what the device peak holds above reserved + context."""
+    nccl = device_peak - reserved - cuda_context_bytes()
+    return (allocated * (1 + FRAGMENTATION_BAND[1])).astype("int64") + CUDA_CONTEXT_BAND[1] + nccl
+
+
 def required_bytes(est: Any, margin: Margin) -> int:
     """What must fit under the usable memory for ``est`` to count as fitting with ``margin``."""
+    high = device_peak_high(est) if margin.kind == "band" else None
+    return required(margin, est.breakdown.device_peak_bytes, high, est.gpu.memory_bytes)
+
+
+def required(margin: Margin, device_peak: Any, device_peak_high: Any, memory: int) -> Any:
+    """:func:`required_bytes` from the figures themselves (ints, or a grid's arrays element-wise):
+    the upper band for ``band``, else the central device peak plus the margin's bytes."""
     if margin.kind == "band":
-        return device_peak_high(est)
+        return device_peak_high
     if margin.kind == "bytes":
-        return est.breakdown.device_peak_bytes + int(margin.value)
-    return est.breakdown.device_peak_bytes + int(margin.value * est.gpu.memory_bytes)
+        return device_peak + int(margin.value)
+    return device_peak + int(margin.value * memory)
 
 
 def fits_with_margin(est: Any, margin: Margin) -> bool:

@@ -25,7 +25,7 @@ from tuneplan.errors import TuneplanError
 from tuneplan.plan.evaluate import Prober, first_fitting
 from tuneplan.plan.fit import host_bytes, split_method
 from tuneplan.plan.search import largest_true
-from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, compat_errors, families, strategy_name, switches
+from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, families, strategy_name, switches
 from tuneplan.plan.standard_arch import MAX_INDEX, shape, standard_model
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -83,14 +83,14 @@ def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed:
         world = int(base.get("gpus", 1)) * int(base.get("nodes", 1))
         label = next(lb for lb, f in METHOD_VARIANTS if f == dict(fixed))
         fams = families([(label, dict(fixed))], base, world, gpu)
-        hit = first_fitting(probe, fams, lambda f: not compat_errors(model, gpu, base, f))
+        hit = first_fitting(probe, fams, lambda f: not probe.compat_errors(f))
         if hit is None:
             return Verdict(False, [], probe({**dict(fixed), "batch": 1}))
         baseline = probe({**dict(fixed), "batch": 1})
         names = switches(hit[1].setup, baseline.setup)[0] if baseline is not None else [strategy_name(hit[1].setup)]
         return Verdict(True, names, hit[1])
     finally:
-        count[0] += probe.calls
+        count[0] += probe.evaluations
 
 
 def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed: Mapping[str, Any], *,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tuneplan.estimator.types import GIB
 from tuneplan.plan import rule
 from tuneplan.plan.candidates import CandidateSet
@@ -46,6 +48,16 @@ def restore_knob(probe: Prober, c: Candidate, margin: Margin) -> dict[str, Any] 
     return {"field": "seq", "from": seq, "to": best, "flag": f"--seq {best}"} if best else None
 
 
+def on_paper(probe: Prober, c: Candidate, top: int) -> int:
+    """The largest micro-batch (up to ``top``) that fits without the margin at the candidate's
+    accumulation regime: read off the family's grid (the one its candidate came from)."""
+    grid = probe.grid(c.family.as_fields, top)
+    if grid is None or c.batch >= top:
+        return c.batch
+    fit = np.flatnonzero(probe.passes(grid, None, int(c.grad_accum > 1))[:top])
+    return max(c.batch, int(fit[-1]) + 1) if fit.size else c.batch
+
+
 def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margin, target: int,
                    world: int, rule_line: str) -> dict[str, Any] | None:
     c = cs.best()
@@ -73,17 +85,15 @@ def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margi
                    + (f"{knob['flag']} restores it" if knob else "no setting on this card restores it: more GPUs "
                       "or a larger card") + ")")
     else:
-        hi = max(1, -(-target // world))
-        paper = largest_true(lambda b: probe.ok(None)(probe({**c.family.as_fields, "batch": b, "grad_accum": c.grad_accum})),
-                             c.batch, hi) if c.batch < hi else c.batch
-        if paper and paper > c.batch:
+        paper = on_paper(probe, c, max(1, -(-target // world)))
+        if paper > c.batch:
             knob = {"field": "batch", "from": paper, "to": c.batch, "flag": f"--batch {c.batch}"}
             why.append(f"micro-batch {paper} fits on paper, {c.batch} keeps the margin")
     m = c.metrics
     tps = m.get("tokens_per_second")
     if c.family.offload != "none" and tps:
         plain = [x for x in cs.candidates if x.family.offload == "none"]
-        fast = rule.best([x for x in plain if x.family.method == c.family.method] or plain, "speed")
+        fast = rule.best([x for x in plain if x.family.method == c.family.method] or plain, "speed", cs.measure)
         ftps = fast.metrics.get("tokens_per_second") if fast else None
         why.append(f"CPU offload: {tps:,.0f} tokens/s"
                    + (f" ({ftps / tps:.1f}x slower than {LABELS[fast.family.method]} without offload, "

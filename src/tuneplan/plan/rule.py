@@ -17,6 +17,7 @@ An unknown tokens/s or price ranks last on that field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tuneplan.errors import TuneplanError
@@ -66,8 +67,27 @@ def key(c: Candidate, prefer: str, order: int = 0) -> tuple[Any, ...]:
     return (c.tight, c.relaxed, *obj, order)
 
 
-def best(cands: list[Candidate], prefer: str) -> Candidate | None:
-    """The candidate the rule picks (``cands`` in the space's order), or None when there is none."""
+def known(c: Candidate, prefer: str) -> tuple[Any, ...]:
+    """The fields of :func:`key` that come before the first one needing time or cost."""
+    head = (c.tight, c.relaxed)
+    if prefer == "quality":
+        return (*head, faithful_rank(c.family.method), optimizer_rank(c.family.optimizer))
+    return head
+
+
+def best(cands: list[Candidate], prefer: str,
+         measure: Callable[[Candidate], Any] | None = None) -> Candidate | None:
+    """The candidate the rule picks (``cands`` in the space's order), or None when there is none.
+
+    ``measure`` fills a candidate's time and cost; it is called only on the finalists, the candidates
+    that tie on every field before the first that needs them (:func:`known`): the others cannot win
+    whatever their time."""
     if not cands:
         return None
+    if measure is not None:
+        heads = [known(c, prefer) for c in cands]
+        lo = min(heads)
+        for c, h in zip(cands, heads, strict=True):
+            if h == lo:
+                measure(c)
     return min(enumerate(cands), key=lambda ic: key(ic[1], prefer, ic[0]))[1]

@@ -125,16 +125,41 @@ def optimizers(acc: Accelerator, base: Mapping[str, Any], offload: str) -> list[
         return [base["optimizer"]]
     if offload != "none":
         return [None]
-    caps = {c.name: c.ok for c in capabilities(acc)}
-    if caps.get("bnb_8bit_optim") is False:
+    if not _bnb_optimizers_run(acc):
         return [None]  # e.g. an NPU: bitsandbytes has no backend there
     return [None, *BNB_OPTIMIZERS]
+
+
+@lru_cache(maxsize=256)
+def _bnb_optimizers_run(acc: Accelerator) -> bool:
+    caps = {c.name: c.ok for c in capabilities(acc)}
+    return caps.get("bnb_8bit_optim") is not False
 
 
 def families(variants: list[tuple[str, dict[str, Any]]], base: Mapping[str, Any], world: int,
              acc: Accelerator, *, gc_first: bool | None = None) -> list[Family]:
     """The whole space of families, method by method in the order given; ``gc_first`` (the framework
-    profile's checkpointing default) comes first, which decides ties the rule cannot (no tokens/s)."""
+    profile's checkpointing default) comes first, which decides ties the rule cannot (no tokens/s).
+    The card enters only through whether bitsandbytes' optimizers run on it, so the space is kept per
+    (variants, setup, world size, that, ``gc_first``): a ``gpus`` ranking asks for it per card and count."""
+    try:
+        key = (tuple((label, tuple(sorted(m.items()))) for label, m in variants), tuple(sorted(base.items())),
+               world, _bnb_optimizers_run(acc), gc_first)
+        got = _SPACES.get(key)
+    except TypeError:  # a field value that cannot be a key: build it anew
+        return _build_families(variants, base, world, acc, gc_first)
+    if got is None:
+        if len(_SPACES) >= 4096:
+            _SPACES.clear()
+        got = _SPACES[key] = tuple(_build_families(variants, base, world, acc, gc_first))
+    return list(got)
+
+
+_SPACES: dict[tuple[Any, ...], tuple[Family, ...]] = {}
+
+
+def _build_families(variants: list[tuple[str, dict[str, Any]]], base: Mapping[str, Any], world: int,
+                    acc: Accelerator, gc_first: bool | None) -> list[Family]:
     framework = base.get("framework", "hf")
     gcs = [base["gradient_checkpointing"]] if "gradient_checkpointing" in base else list(GC_CHOICES)
     if gc_first is not None and gc_first in gcs:

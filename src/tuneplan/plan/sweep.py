@@ -3,7 +3,10 @@
 ``--vary seq=512..8192`` doubles from 512 to 8192; ``rank=8..256:8`` steps by 8; ``gpus=1,2,4,8`` takes
 the list. Each point is the estimator's answer at that value, every other field as given; the stack
 (components, allocator reserve, CUDA context, NCCL) adds up to the device peak that ``fits`` is
-judged on. Rendering (table, PNG/SVG/HTML) lives with the faces: :mod:`tuneplan.plan.sweep_plot`.
+judged on. The memory of every point comes from one :func:`tuneplan.estimate_grid` call over the
+variable (batch and length in one vectorized plane, the other variables one resolved run each); the
+time and cost of a point from the scalar time model on the grid's run, reshaped to the point.
+Rendering (table, PNG/SVG/HTML) lives with the faces: :mod:`tuneplan.plan.sweep_plot`.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuneplan.api import estimate
+from tuneplan.api import estimate, estimate_run
 from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
+from tuneplan.estimator.overhead import cuda_context_bytes
+from tuneplan.grid import VECTOR_AXES, Grid, estimate_grid
 from tuneplan.plan.timecost import dataset_kw, time_cost
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -101,6 +106,7 @@ class SweepResult:
 
 
 def _point(value: int, est: Any) -> SweepPoint:
+    """A point from a scalar estimate (when the grid cannot hold the sweep)."""
     b = est.breakdown
     stack = dict(b.components)
     stack["allocator_reserve"] = b.reserved_peak_bytes - b.allocated_peak_bytes
@@ -114,6 +120,30 @@ def _point(value: int, est: Any) -> SweepPoint:
                       cloud_usd=tc["cloud_usd"])
 
 
+def _grid_point(grid: Grid, i: int, value: int, run: Any, acc: Accelerator | None,
+                extra: dict[str, Any]) -> SweepPoint:
+    """Point ``i`` of a one-axis grid; its time and cost from ``run`` (the grid's run at this value)."""
+    allocated, reserved, peak = int(grid.allocated[i]), int(grid.reserved[i]), int(grid.device_peak[i])
+    stack = {c: int(v[i]) for c, v in grid.components.items()}
+    stack["allocator_reserve"] = reserved - allocated
+    stack["cuda_context"] = cuda_context_bytes()
+    stack["nccl"] = peak - reserved - stack["cuda_context"]  # the device peak is reserved + context + NCCL
+    fits = grid.fits
+    sections = estimate_run(run, gpu=acc, **extra).extras.get("sections", {}) if acc is not None else {}
+    tc = time_cost(sections)
+    return SweepPoint(value=value, fits=bool(fits[i]) if fits is not None else None, device_peak_bytes=peak,
+                      allocated_peak_bytes=allocated, reserved_peak_bytes=reserved, stack=stack,
+                      peak_phase=str(grid.peak_phase[i]),
+                      headroom_bytes=acc.memory_bytes - peak if acc is not None else None,
+                      total_hours=tc["total_hours"], tokens_per_second=tc["tokens_per_second"],
+                      cloud_usd=tc["cloud_usd"])
+
+
+def _refused(value: int, why: str) -> SweepPoint:
+    return SweepPoint(value=value, fits=False, device_peak_bytes=0, allocated_peak_bytes=0, reserved_peak_bytes=0,
+                      stack={}, peak_phase="", error=why)
+
+
 def sweep(model: str | ModelSpec, vary: str, *, gpu: str | Accelerator | None = None, dataset: Any = None,
           **setup: Any) -> SweepResult:
     """The estimate at every value of ``vary`` (``"seq=512..8192"``), other fields as in ``setup``."""
@@ -124,12 +154,20 @@ def sweep(model: str | ModelSpec, vary: str, *, gpu: str | Accelerator | None = 
     extra = dataset_kw(dataset)
     out = SweepResult(model=spec.name, variable=name, gpu=acc.to_dict() if acc else None,
                       capacity_bytes=acc.memory_bytes if acc else None, setup=base.setup.to_dict())
-    for v in values:
-        try:
-            est = estimate(spec, gpu=acc, **{**setup, name: v}, **extra)
-        except TuneplanError as exc:
-            out.points.append(SweepPoint(value=v, fits=False, device_peak_bytes=0, allocated_peak_bytes=0,
-                                         reserved_peak_bytes=0, stack={}, peak_phase="", error=str(exc)))
-            continue
-        out.points.append(_point(v, est))
+    try:
+        grid = estimate_grid(spec, gpu=acc, **{**setup, name: values})
+    except TuneplanError:  # e.g. no value of the variable is valid: each point says why, one by one
+        grid = None
+    for i, v in enumerate(values):
+        if grid is not None and name in VECTOR_AXES:
+            out.points.append(_grid_point(grid, i, v, grid.runs[()].reshaped(**{name: v}), acc, extra))
+        elif grid is not None and (v,) in grid.runs:
+            out.points.append(_grid_point(grid, i, v, grid.runs[(v,)], acc, extra))
+        elif grid is not None:
+            out.points.append(_refused(v, grid.invalid[(v,)]))
+        else:
+            try:
+                out.points.append(_point(v, estimate(spec, gpu=acc, **{**setup, name: v}, **extra)))
+            except TuneplanError as exc:
+                out.points.append(_refused(v, str(exc)))
     return out
