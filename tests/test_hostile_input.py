@@ -69,6 +69,13 @@ def test_home_of_a_user_that_does_not_exist(capsys):
     assert code == 2 and "model" in err and "~nosuchuser" in err
 
 
+@pytest.mark.parametrize("flag,field", [("--weights", "weights"), ("--record", "record")])
+def test_measure_paths_in_the_home_of_a_user_that_does_not_exist(capsys, flag, field):
+    # Path.expanduser raises RuntimeError for an unknown user: a bad path, not an internal error
+    code, _, err = cli(capsys, "measure", "qwen2.5-0.5b", flag, "~nosuchuser/x")
+    assert code == 2 and f"--{field}" in err and "~nosuchuser" in err
+
+
 @pytest.mark.parametrize("flag", ["--card-price", "--kwh-price", "--epochs", "--price", "--own-years"])
 @pytest.mark.parametrize("value", ["inf", "nan"])
 def test_non_finite_prices_and_epochs_are_refused_with_a_json_error(capsys, flag, value):

@@ -26,6 +26,7 @@ from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
 from tuneplan.measure.columns import MEASURED_COLUMNS, SOURCE_GROUP
 from tuneplan.measure.runner import MeasureResult
+from tuneplan.safe_read import user_path
 
 METHOD_NAMES = {"full": "full", "freeze": "freeze", "lora": "lora"}  # qlora -> qlora-4bit / qlora-8bit
 PRECISION_TEXT = {
@@ -124,7 +125,7 @@ def build_record(result: MeasureResult, comparison: list[dict[str, Any]], params
 
 def check_record_target(path: str | Path) -> Path:
     """Refuse, before any run, a path that is a folder or a CSV with other columns."""
-    p = Path(path).expanduser()
+    p = user_path(str(path), "record")
     if p.is_dir():
         raise TuneplanError(f"{p} is a folder", field="record", accepted="a .csv file path")
     if p.exists() and p.stat().st_size > 0:

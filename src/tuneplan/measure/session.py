@@ -9,6 +9,7 @@ from tuneplan.errors import TuneplanError
 from tuneplan.measure.compare import compare
 from tuneplan.measure.record import append_record, build_record, check_record_target
 from tuneplan.measure.runner import run_measure
+from tuneplan.safe_read import path_exists, user_path
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -25,7 +26,7 @@ def measure(model: str | ModelSpec, setup: TrainSetup | None = None, *, steps: i
 
     if record is not None:
         check_record_target(record)  # before spending the run
-    if weights is not None and not Path(weights).expanduser().exists():
+    if weights is not None and not path_exists(user_path(str(weights), "weights")):
         raise TuneplanError(f"no checkpoint at {weights}", field="weights",
                             accepted="a local folder with config.json and weights, or leave out for random weights")
     est = estimate(model, setup, **setup_fields)
