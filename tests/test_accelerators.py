@@ -127,7 +127,10 @@ def test_miss_suggests():
     with pytest.raises(UnknownNameError) as e:
         resolve_accelerator("rtx 4099")
     assert "rtx-4090" in e.value.suggestions
-    assert "hardware-file" in str(e.value)
+    assert "add it with hardware_file" in str(e.value)  # the API names the field
+    from tuneplan.cli.render import error_text
+
+    assert "add it with --hardware-file" in error_text(e.value)  # the CLI, its flag
 
 
 # ---- user hardware files ------------------------------------------------------------------------------

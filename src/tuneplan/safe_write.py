@@ -55,7 +55,7 @@ def check_targets(paths: Sequence[str | Path], *, force: bool, field: str) -> li
         if stat.S_ISLNK(st.st_mode):
             if not force:
                 raise TuneplanError(f"{p} is a symbolic link; nothing written (a link is never written "
-                                    "through)", field=field, accepted="another path, or --force to replace "
+                                    "through)", field=field, accepted="another path, or {force} to replace "
                                     "the link itself by the file")
         elif stat.S_ISDIR(st.st_mode):
             raise TuneplanError(f"{p} is a folder", field=field, accepted="a file path")
@@ -66,7 +66,7 @@ def check_targets(paths: Sequence[str | Path], *, force: bool, field: str) -> li
         out.append(p)
     if existing and not force:
         raise TuneplanError(f"{', '.join(existing)} already exist(s); nothing written", field=field,
-                            accepted="another path, or --force to overwrite")
+                            accepted="another path, or {force} to overwrite")
     return out
 
 

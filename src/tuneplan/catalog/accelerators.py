@@ -212,7 +212,7 @@ def _resolve(name: str, cat: dict[str, Accelerator]) -> Accelerator:
     close = difflib.get_close_matches(k, list(idx), n=5, cutoff=0.5)
     sugg = list(dict.fromkeys(hits + loose + [idx[c] for c in close]))[:8]
     raise UnknownNameError(f"unknown accelerator {name!r}", field="gpu", suggestions=sugg,
-                           accepted="a catalog id (see `tuneplan accelerators`), or add it with --hardware-file")
+                           accepted="a catalog id (see `tuneplan accelerators`), or add it with {hardware_file}")
 
 
 # ---- user hardware files ------------------------------------------------------------------------

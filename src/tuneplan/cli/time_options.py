@@ -50,7 +50,7 @@ def time_kw_from(values: dict[str, Any]) -> dict[str, Any]:
         if given["inter_node_gbs"] <= 0:
             from tuneplan.errors import TuneplanError
 
-            raise TuneplanError(f"{given['inter_node_gbs']:g} is not a bandwidth", field="--inter-node-gbs",
+            raise TuneplanError(f"{given['inter_node_gbs']:g} is not a bandwidth", field="inter_node_gbs",
                                 accepted="GB/s per GPU > 0, e.g. 25 (InfiniBand HDR) or 50 (NDR)")
         from tuneplan.estimator.throughput import RuntimeOptions
 

@@ -111,7 +111,7 @@ def split_method(setup: Mapping[str, Any]) -> tuple[list[tuple[str, dict[str, An
     chosen = [v for v in METHOD_VARIANTS if v[1]["method"] == method and (bits is None or v[1].get("bits") == bits)]
     if not chosen:
         raise TuneplanError(f"no method {method!r} with bits {bits!r}", field="method",
-                            accepted="full, freeze, lora, qlora (--bits 4|8)")
+                            accepted="full, freeze, lora, qlora ({bits=4|8})")
     return chosen, base
 
 
