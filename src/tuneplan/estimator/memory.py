@@ -175,7 +175,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     bwd_temp = acts.backward_temp_bytes + st.dequant
     phases: dict[str, dict[str, Any]] = {
         "forward": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts + prev_pinned,
-                         autocast_copies=st.ac, logits_loss=fwd_logits, parallel_buffers=sp.gathered_at_loss),
+                         autocast_copies=st.ac, logits_loss=fwd_logits, parallel_buffers=sp.gathered_at_forward_end),
         "backward_start": phase(gradients=grads_prev + sp.grad_buffers, activations=fwd_acts,
                                 autocast_copies=st.ac_bwd, logits_loss=lg.backward_peak, parallel_buffers=sp.gathered_at_loss),
     }
@@ -201,7 +201,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
                        activations=acts.top_layer_bytes + pinned - pinned // max(model.n_layers, 1),
                        backward_temp=bwd_temp, logits_loss=held, parallel_buffers=sp.gathered)
     top["gradients"] += sp.transient_grad_buffers  # FSDP's reduce-scatter input, during a layer's backward
-    bottom["gradients"] += sp.transient_grad_buffers
+    bottom["gradients"] += sp.transient_grad_buffers - sp.grads_pending_bottom
     phases["backward_layers_top"] = top
     phases["backward_layers_bottom"] = bottom
     # Single GPU (checked against the simulate engine): the token-embedding gradient is the last one made,
@@ -217,6 +217,9 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
             bottom["gradients"] = bottom["gradients"] - minimum(acts.embedding_grad_bytes, grads)
             emb_temp = acts.embedding_backward_bytes
         phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers, backward_temp=emb_temp)
+    if sp.end_of_backward is not None:  # FSDP2's embedding backward (estimator/parallel.fully_shard_terms)
+        phases["backward_embedding"] = phase(gradients=grads + sp.grad_buffers + sp.end_of_backward[0],
+                                             parallel_buffers=sp.end_of_backward[1])
     if first and setup.grad_accum > 1:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted

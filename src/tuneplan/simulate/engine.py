@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
@@ -55,6 +56,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tuneplan.simulate.build import build, compute_dtype, lora_targets_skipped, uses_autocast
+    from tuneplan.simulate.distributed import gradient_sync_off
     from tuneplan.simulate.kernels import (
         KERNEL_BUFFERS,
         cuda_autocast_policies,
@@ -77,7 +79,17 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     with fake:
         model = build(spec, setup, prof, targets)
     wrapper = ""
-    if setup.fsdp:
+    fsdp2 = setup.fsdp and setup.fsdp_version == 2
+    if fsdp2:
+        from tuneplan.simulate.distributed import FSDP2, device_mesh, wrap_fsdp2
+
+        mesh = device_mesh(setup.world_size)
+        with fake:
+            model = wrap_fsdp2(model, setup, compute_dtype(setup), mesh)
+        wrapper = FSDP2
+        notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {FSDP2}, reshard_after_forward=True on a fake "
+                     "process group" + (", CPUOffloadPolicy" if setup.offload != "none" else ""))
+    elif setup.fsdp:
         from tuneplan.simulate.distributed import FSDP1, wrap_fsdp1
 
         with fake:
@@ -115,6 +127,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     with fake:
         for name, p in model.named_parameters():
             cat = "lora_adapters" if "lora_" in name else "weights"
+            p = getattr(p, "_local_tensor", p)  # fully_shard: rank 0's shard of the DTensor parameter
             b = tracker.register(p, cat, op="parameter")
             if b is not None:
                 b.module = name
@@ -142,7 +155,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     if ddp is not None:
         with fake:
             ddp.allocate()  # DistributedDataParallel.__init__ builds the Reducer and its buckets
-    offload = setup.fsdp and setup.offload != "none"
+    offload = setup.fsdp and setup.offload != "none" and not fsdp2
     if offload:
         from tuneplan.simulate.distributed import flat_params
 
@@ -151,7 +164,11 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     hooks = nullcontext()
-    if setup.fsdp:
+    if fsdp2:
+        from tuneplan.simulate.distributed import fsdp2_storage_hooks
+
+        hooks = fsdp2_storage_hooks(tracker)
+    elif setup.fsdp:
         from tuneplan.simulate.distributed import fsdp_storage_hooks
 
         hooks = fsdp_storage_hooks(tracker)
@@ -160,7 +177,8 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
                 softmax_keeps_input(setup.softmax_keeps_input):
             opt = run_steps(model, setup, setup.optimizer or prof.default_optimizer, tracker,
                             compute_dtype(setup), uses_autocast(setup, prof), progress,
-                            no_sync=model.no_sync if setup.fsdp else None,
+                            no_sync=(partial(gradient_sync_off, model) if fsdp2
+                                     else model.no_sync if setup.fsdp else None),
                             on_step=ddp.on_step if ddp is not None else None)
     finally:
         h1.remove()
