@@ -139,7 +139,7 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     prefetch_bucket = setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET
     # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
     # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
-    # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() at every backward (a second one only
+    # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
     # with overlap_comm, off by default below stage 3), stage3.py __init__ once. DeepSpeed 0.19 source.
     bucket = reduce_bucket * compute_bytes
     gathered = 0
@@ -169,7 +169,20 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         w16 = 0
         notes.append("parameters offloaded to CPU; only gathered layers live on the GPU")
     notes.append(f"DeepSpeed ZeRO-{setup.zero} over {n} GPUs (default buckets)")
-    return ShardPlan(w16, g_live, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
+    if setup.zero in (1, 2):
+        # DeepSpeedZeroOptimizer allocates the bucket when the first gradient is ready (process_gradients ->
+        # setup_buckets) and frees it at the end of the backward (independent_gradient_partition_epilogue
+        # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
+        # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
+        return ShardPlan(w16, g_live, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
+                         transient_grad_buffers=buffers)
+    # ZeRO-3 (stage3.py __init__, DeepSpeed 0.19.8): the gradient partitions are one flat buffer allocated at
+    # construction (grad_partitions_flat_buffer, zeros, kept for the run), beside the IPG bucket; at the
+    # loss the output head's weight is gathered whole (its forward ran last; it is used again in backward)
+    head16 = ((model.lm_head_params or model.embed_params) * compute_bytes
+              if setup.offload != "all" else 0)
+    return ShardPlan(w16, 0, buffers + g_live, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0,
+                     tuple(notes), gathered_outside_layers=head16)
 
 
 # Trainers that wrap each LoRA matrix in an FSDP unit of its own: the HF Trainer (transformers

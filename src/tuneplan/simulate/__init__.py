@@ -44,7 +44,12 @@ def _require_extra() -> None:
 def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
     """Why this setup cannot be simulated in one fake process ('' when it can)."""
     if setup.zero:
-        return "DeepSpeed ZeRO is not simulated (its engine does not run on a fake process group)"
+        from tuneplan.simulate.zero import deepspeed_version
+
+        if not deepspeed_version():
+            return "DeepSpeed ZeRO is simulated with DeepSpeed's own engine, and deepspeed is not installed"
+        if setup.offload != "none":
+            return "DeepSpeed ZeRO with CPU offload is not simulated yet (DeepSpeedCPUAdam is a compiled op)"
     if setup.fsdp and setup.fsdp_version == 2 and setup.offload != "none":
         return ("FSDP2 with CPUOffloadPolicy is not simulated yet (the CPU device cannot tell the host shards "
                 "from the device copies)")

@@ -45,7 +45,7 @@ def simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         # FSDP's use of data_ptr() on fake storages (answered by distributed.fsdp_storage_hooks)
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         warnings.filterwarnings("ignore", message=".*FSDP.*")
-        group = fake_process_group(setup.world_size) if setup.fsdp else nullcontext()
+        group = fake_process_group(setup.world_size) if (setup.fsdp or setup.zero) else nullcontext()
         with group:
             return _simulate_run(spec, setup, prof, progress, fsdp_sharding)
 
@@ -161,6 +161,8 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
 
         for fp in flat_params(model):
             tracker.untrack(fp)  # CPUOffload(offload_params=True): the sharded flat parameters live on the host
+    if setup.zero:
+        return _run_zero(model, setup, prof, tracker, fake, notes, progress, t0, build_s, pre, post)
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     hooks = nullcontext()
@@ -213,3 +215,46 @@ def _file_offloaded_on_host(model: Any, tracker: Any) -> None:
     for b in tracker.blocks:
         if b.phase.endswith((".optimizer", ".zero_grad")) or b.category == "optimizer_states":
             b.category = "host"
+
+
+def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: Any, notes: list[str],
+              progress: Callable[[float, str], None] | None, t0: float, build_s: float, pre: Any,
+              post: Any) -> SimRun:
+    """DeepSpeed's engine wraps the model inside the tracker (its partitions and buckets are allocations of
+    the run), then the Trainer's DeepSpeed loop runs two steps (simulate/zero.py)."""
+    import torch
+
+    from tuneplan.simulate.kernels import KERNEL_BUFFERS, cuda_dropout
+    from tuneplan.simulate.step import make_optimizer, relabel_states
+    from tuneplan.simulate.zero import (
+        ZERO,
+        deepspeed_version,
+        label_zero_buffers,
+        run_zero_steps,
+        value_checks_answered,
+        wrap_zero,
+    )
+
+    wrapper = ZERO.format(version=deepspeed_version())
+    notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {wrapper}, ZeRO-{setup.zero} on a fake process "
+                 "group (overflow, gradient-norm and rank-agreement checks answered as a healthy step does)")
+    tracker.host_scalars_in_optimizer = False
+    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
+    try:
+        with fake, tracker, value_checks_answered(), cuda_dropout():
+            tracker.phase = "setup.zero"
+            params = [p for p in model.parameters() if p.requires_grad]
+            # the Trainer's optimizer (adamw_torch_fused): fp32 states beside DeepSpeed's fp32 master
+            engine, opt = wrap_zero(model, setup, make_optimizer("adamw-fused", params))
+            label_zero_buffers(tracker, engine, opt)
+            run_zero_steps(engine, setup, tracker, progress)
+            relabel_states(tracker, getattr(opt, "optimizer", opt), True)
+    finally:
+        h1.remove()
+        h2.remove()
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    n_train = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    return SimRun(tracker.result(), time.perf_counter() - t0, build_s, notes=notes, n_params=n_params,
+                  n_trainable=n_train, kernel_buffers=dict(KERNEL_BUFFERS), wrapper=wrapper,
+                  world_size=setup.world_size)
