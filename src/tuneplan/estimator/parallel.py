@@ -26,6 +26,7 @@ from tuneplan.specs.setup import TrainSetup
 
 DS_REDUCE_BUCKET = 500_000_000  # elements, DeepSpeed default reduce_bucket_size
 DS_PREFETCH_BUCKET = 50_000_000  # elements, DeepSpeed default stage3_prefetch_bucket_size
+DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
 NCCL_BYTES = 512 * 1024**2  # NCCL buffers + communicator state per process (order of NCCL_BUFFSIZE=4 MiB
 #                             x channels x peers); outside PyTorch's allocator
 
@@ -179,10 +180,13 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     # ZeRO-3 (stage3.py __init__, DeepSpeed 0.19.8): the gradient partitions are one flat buffer allocated at
     # construction (grad_partitions_flat_buffer, zeros, kept for the run), beside the IPG bucket; at the
     # loss the output head's weight is gathered whole (its forward ran last; it is used again in backward)
-    head16 = ((model.lm_head_params or model.embed_params) * compute_bytes
-              if setup.offload != "all" else 0)
-    return ShardPlan(w16, 0, buffers + g_live, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0,
-                     tuple(notes), gathered_outside_layers=head16)
+    head = model.lm_head_params or model.embed_params
+    kept = zero3_layers_kept(model, head) * model.largest_layer_params * compute_bytes
+    head16 = head * compute_bytes
+    whole = w16 * n  # the sharded 16-bit model, gathered
+    return ShardPlan(w16, 0, buffers + g_live, st, tmp, min(max(gathered, kept), whole), host,
+                     NCCL_BYTES if n > 1 else 0, tuple(notes),
+                     gathered_outside_layers=min(head16 + kept, whole))
 
 
 # Trainers that wrap each LoRA matrix in an FSDP unit of its own: the HF Trainer (transformers
@@ -284,3 +288,19 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
                 model.embed_params * compute_bytes) if head_trains else None)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
                            pending_bottom=-(-int(pending * per_elem) // n), end=end)
+
+
+def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
+    """Decoder layers whose gathered parameters ZeRO-3 keeps from their forward to their backward.
+
+    ``PartitionedParameterCoordinator.__params_to_release`` (DeepSpeed 0.19.8), once the module trace is
+    complete (from the second step): a module's parameters are not released if they are used again
+    within ``stage3_max_reuse_distance`` elements of parameters in the traced order. After layer ``L-1-k``'s
+    forward come the ``k`` layers above it, the output head, and the backward of those ``k`` layers before
+    its own: ``2 k P_layer + P_head`` elements. Layers with that under the distance stay gathered through
+    the turn from forward to backward."""
+    per_layer = max(model.largest_layer_params, 1)
+    room = DS_MAX_REUSE_DISTANCE - head_params
+    if room <= 0:
+        return 0
+    return min(model.n_layers, -(-room // (2 * per_layer)))

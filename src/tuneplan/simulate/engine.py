@@ -230,6 +230,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
         ZERO,
         deepspeed_version,
         label_zero_buffers,
+        memory_efficient_linear,
         run_zero_steps,
         value_checks_answered,
         wrap_zero,
@@ -242,7 +243,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     try:
-        with fake, tracker, value_checks_answered(), cuda_dropout():
+        with fake, tracker, value_checks_answered(), memory_efficient_linear(setup.zero), cuda_dropout():
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
             # the Trainer's optimizer (adamw_torch_fused): fp32 states beside DeepSpeed's fp32 master

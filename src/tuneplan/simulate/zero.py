@@ -11,6 +11,8 @@ answered as a healthy step answers them (nothing else is replaced):
 - ``assert_ints_same_as_other_ranks`` (ZeRO-3's check that every rank traced the same module order,
   by a broadcast from rank 0): rank 0 agrees with itself.
 
+ZeRO-3 runs with DeepSpeed's memory-efficient linear, as a model built under ``zero.Init`` does.
+
 Configured as the HF Trainer's DeepSpeed integration does with a config that names no optimizer
 (transformers ``deepspeed_optim_sched``: the Trainer's own optimizer, ``zero_allow_untested_optimizer``):
 ``bf16`` / ``fp16`` from the precision, the stage, ``reduce_bucket_size``, ``stage3_prefetch_bucket_size``
@@ -79,6 +81,27 @@ def value_checks_answered() -> Iterator[None]:
     finally:
         (s12.DeepSpeedZeroOptimizer.has_overflow, s3.DeepSpeedZeroOptimizer_Stage3.has_overflow,  # type: ignore[method-assign]
          s12.is_invalid_grad_norm, s3.is_invalid_grad_norm, coord.assert_ints_same_as_other_ranks) = saved
+
+
+@contextmanager
+def memory_efficient_linear(stage: int) -> Iterator[None]:
+    """ZeRO-3 under the HF Trainer builds the model inside ``deepspeed.zero.Init`` (transformers'
+    ``from_pretrained`` when ZeRO-3 is configured), which replaces ``torch.nn.functional.linear`` by
+    ``zero3_linear_wrap`` for the rest of the process (``_enable_mem_efficient_linear``: "This will persist
+    unless manually reset"): its autograd function saves the weight parameter, not the ``weight.t()`` view
+    that plain ``F.linear`` saves, so a gathered weight is not kept alive after the module releases it."""
+    if stage != 3:
+        yield
+        return
+    import torch.nn.functional as fn
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
+
+    saved = fn.linear
+    fn.linear = zero3_linear_wrap
+    try:
+        yield
+    finally:
+        fn.linear = saved
 
 
 def forget_process_groups() -> None:
