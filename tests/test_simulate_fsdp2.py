@@ -24,19 +24,11 @@ from tuneplan.api import build_setup  # noqa: E402
 from tuneplan.simulate import simulate_report  # noqa: E402
 from tuneplan.specs.model import model_from_config  # noqa: E402
 
-H, L, A, KV, F, V = 64, 2, 4, 2, 128, 256
-D = H // A
-TINY = dict(model_type="llama", hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-            num_key_value_heads=KV, intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
+from .sharded_tiny import KV, ROPE, TINY, A, D, F, H, L, V, r512  # noqa: E402
+
 # (dim 0, the rest) of q k v o gate up down and the two norms
 LAYER = [(A * D, H), (KV * D, H), (KV * D, H), (H, A * D), (F, H), (F, H), (H, F), (H, 1), (H, 1)]
 EMBED, NORM, HEAD = (V, H), (H, 1), (V, H)
-ROPE = 2 * 512  # inv_freq and original_inv_freq: one 512-byte block each
-
-
-def r512(n: int) -> int:
-    return -(-n // 512) * 512
-
 
 def shard_rows(d0: int, n: int) -> int:
     """torch.chunk's chunk size: rank 0 always holds a full chunk (the padded sharded size)."""

@@ -19,17 +19,11 @@ pytest.importorskip("peft")
 from tuneplan.api import build_setup  # noqa: E402
 from tuneplan.specs.model import model_from_config  # noqa: E402
 
-H, L, A, KV, F, V = 64, 2, 4, 2, 128, 256
-D = H // A
-TINY = dict(model_type="llama", hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-            num_key_value_heads=KV, intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
+from .sharded_tiny import KV, TINY, A, D, F, H, L, V, r512  # noqa: E402
+
 LAYER = H * A * D + 2 * H * KV * D + A * D * H + 3 * H * F + 2 * H
 TOTAL = L * LAYER + 2 * V * H + H
 BUCKET = 100_000  # reduce_bucket_size, elements
-
-
-def r512(n: int) -> int:
-    return -(-n // 512) * 512
 
 
 def _needs_deepspeed():
