@@ -157,8 +157,8 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         shard16 = -(-w16 // n)
         # the current layer plus the prefetch bucket, never more than the rest of the model
         gathered = min(layer16 + prefetch_bucket * compute_bytes, w16 - shard16)
-        # what can be gathered beyond rank 0's own partition (all of it when parameters are offloaded)
-        others16 = w16 if setup.offload == "all" else w16 - shard16
+        # at most the whole 16-bit model gathered: a gathered parameter is whole, beside rank 0's partition
+        whole16 = w16
         w16 = shard16
     # fp32 gradient partition the optimizer step reads (a copy only when gradients are 16-bit)
     fp32_grad_step = -(-4 * pt // n) if compute_bytes < 4 else 0
@@ -189,9 +189,9 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
         host += g_live
         g_live = 0
-    return ShardPlan(w16, 0, buffers + g_live, st, tmp, min(max(gathered, kept), others16), host,
+    return ShardPlan(w16, 0, buffers + g_live, st, tmp, min(max(gathered, kept), whole16), host,
                      NCCL_BYTES if n > 1 else 0, tuple(notes),
-                     gathered_outside_layers=min(head16 + kept, others16))
+                     gathered_outside_layers=min(head16 + kept, whole16))
 
 
 # Trainers that wrap each LoRA matrix in an FSDP unit of its own: the HF Trainer (transformers
