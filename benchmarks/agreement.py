@@ -140,8 +140,8 @@ CASES: list[Case] = [
 ]
 
 # Several GPUs: rank 0 of an FSDP1 job (the real FullyShardedDataParallel on a fake process group, configured
-# as the HF Trainer does). Labels start with "mg " (--only "mg "). DeepSpeed ZeRO and FSDP2 do not run on a
-# fake process group on the CPU build (docs/simulate.md), so they have no case here.
+# as the HF Trainer does). Labels start with "mg " (--only "mg "). DeepSpeed ZeRO does not run on a fake
+# process group on the CPU build (docs/simulate.md), so it has no case here.
 FSDP = dict(fsdp=True)
 MULTI_GPU: list[Case] = [
     Case("mg fsdp1 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, **FSDP), layers=4),
@@ -182,6 +182,46 @@ MULTI_GPU: list[Case] = [
     Case("mg fsdp1 ws8 lora l70b", L70, dict(method="lora", seq=2048, gpus=8, gradient_checkpointing=True, **FSDP),
          layers=2),
 ]
+# FSDP2: the real fully_shard on a fake process group, grouped as accelerate's fsdp2_prepare_model does
+F2 = dict(fsdp=True, fsdp_version=2)
+MULTI_GPU += [
+    Case("mg fsdp2 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, **F2), layers=4),
+    Case("mg fsdp2 ws4 full q0.5b gc", Q05, dict(method="full", seq=1024, gpus=4, gradient_checkpointing=True, **F2),
+         layers=4),
+    Case("mg fsdp2 ws8 full q0.5b s256 (tied head grads)", Q05, dict(method="full", seq=256, gpus=8, **F2), layers=6),
+    Case("mg fsdp2 ws2 full q0.5b ga2", Q05, dict(method="full", seq=512, gpus=2, grad_accum=2, **F2), layers=4),
+    Case("mg fsdp2 ws4 full l1b bf16 s512", L1, dict(method="full", seq=512, gpus=4, precision="bf16", **F2), layers=6),
+    Case("mg fsdp2 ws2 full l2-7b bf16", L27, dict(method="full", seq=1024, gpus=2, precision="bf16", **F2), layers=6),
+    Case("mg fsdp2 ws2 lora q0.5b", Q05, dict(method="lora", seq=1024, gpus=2, **F2), layers=4),
+    Case("mg fsdp2 ws4 lora q0.5b all-linear gc", Q05, dict(method="lora", seq=1024, gpus=4, targets="all-linear",
+                                                            gradient_checkpointing=True, **F2), layers=4),
+    Case("mg fsdp2 ws2 lora l2-7b gc", L27, dict(method="lora", seq=2048, gpus=2, gradient_checkpointing=True, **F2),
+         layers=3),
+    Case("mg fsdp2 ws2 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=2, **F2), layers=4, tags=("ci",)),
+    Case("mg fsdp2 ws8 qlora l1b", L1, dict(method="qlora", seq=2048, gpus=8, **F2), layers=4),
+    Case("mg fsdp2 ws4 qlora l70b all-linear", L70, dict(method="qlora", seq=2048, batch=2, gpus=4, precision="bf16",
+                                                        targets="all-linear", attn="flash", **F2), layers=2),
+]
+# DeepSpeed ZeRO: DeepSpeed's own engine on a fake process group (needs deepspeed installed; without it these
+# cases are left out and the run says so)
+ZERO_CASES: list[Case] = [
+    Case("mg zero1 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, zero=1), layers=4),
+    Case("mg zero2 ws4 full q0.5b", Q05, dict(method="full", seq=1024, gpus=4, zero=2), layers=4),
+    Case("mg zero2 ws8 full l1b bf16 gc", L1, dict(method="full", seq=1024, gpus=8, zero=2, precision="bf16",
+                                                  gradient_checkpointing=True), layers=4),
+    Case("mg zero2 ws2 lora q0.5b", Q05, dict(method="lora", seq=1024, gpus=2, zero=2), layers=4),
+    Case("mg zero3 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, zero=3), layers=4),
+    Case("mg zero3 ws4 full l2-7b bf16 gc", L27, dict(method="full", seq=2048, gpus=4, zero=3, precision="bf16",
+                                                     gradient_checkpointing=True), layers=4),
+    Case("mg zero3 ws8 lora l2-7b", L27, dict(method="lora", seq=2048, gpus=8, zero=3), layers=4),
+    Case("mg zero3 ws4 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=4, zero=3), layers=4),
+    Case("mg zero2 ws2 full q0.5b small buckets", Q05, dict(method="full", seq=1024, gpus=2, zero=2,
+                                                           ds_reduce_bucket=10_000_000), layers=4),
+    Case("mg zero3 ws2 full q0.5b small buckets", Q05, dict(method="full", seq=1024, gpus=2, zero=3,
+                                                           ds_reduce_bucket=10_000_000,
+                                                           ds_prefetch_bucket=5_000_000), layers=4),
+]
+MULTI_GPU += ZERO_CASES
 CASES += MULTI_GPU
 
 
@@ -232,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out", default="", help="write the results to this file")
     args = ap.parse_args(argv)
     cases = [c for c in CASES if (not args.quick or c.quick) and args.only.lower() in c.label.lower()]
+    from tuneplan.simulate.zero import deepspeed_version
+
+    if not deepspeed_version() and any(c in ZERO_CASES for c in cases):
+        cases = [c for c in cases if c not in ZERO_CASES]
+        print(f"deepspeed is not installed: the {len(ZERO_CASES)} ZeRO cases are left out", file=sys.stderr)
     header = ("| case | simulate GiB | analytic GiB | peak diff | largest component diff (% of peak) | "
               "peak phase sim / analytic | simulated peak op | sim s |\n|---|---:|---:|---:|---|---|---|---:|")
     stream = not args.markdown  # --markdown: one table in case order at the end

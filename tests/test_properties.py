@@ -74,7 +74,14 @@ def test_zero_stages_order(m, s, gpus, method) -> None:
     s = {**s, "method": method, "gpus": gpus, "framework": "hf",
          "precision": "fp32" if s["precision"] == "fp32" else "bf16-mixed"}
     dev = [estimate(MODELS[m], **{**s, "zero": z}).breakdown.device_peak_bytes for z in (0, 1, 2, 3)]
-    assert dev[3] <= dev[2] <= dev[1], dev
+    assert dev[2] <= dev[1], dev
+    # ZeRO-3 keeps its contiguous-gradients bucket and its flat gradient partition for the run (stage3
+    # __init__), ZeRO-2 makes them in the backward (setup_buckets .. _release_ipg_buffers): at the loss
+    # ZeRO-3 holds g/N more and saves (N-1)/N of the 16-bit weights, so it orders below ZeRO-2 from 3 GPUs,
+    # up to the bucket on a model smaller than it (DeepSpeed's engine on a fake process group: tiny
+    # Llama, ZeRO-3 +0.03% over ZeRO-2)
+    if gpus > 2:
+        assert dev[3] <= dev[2] + 4 * 500_000_000, dev
     # ZeRO's one fixed cost over DDP: the contiguous-gradients bucket, reduce_bucket_size 16-bit (or fp32)
     # elements whatever the model's size (a tiny model can need more under ZeRO-1 than under DDP), reserved
     # with the allocator's fragmentation and segment rounding on top

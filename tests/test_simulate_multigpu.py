@@ -23,19 +23,12 @@ from tuneplan.api import build_setup  # noqa: E402
 from tuneplan.simulate import simulate_report  # noqa: E402
 from tuneplan.specs.model import model_from_config  # noqa: E402
 
-H, L, A, KV, F, V = 64, 2, 4, 2, 128, 256
-D = H // A
-TINY = dict(model_type="llama", hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-            num_key_value_heads=KV, intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
+from .sharded_tiny import KV, ROPE, TINY, A, D, F, H, L, V, r512  # noqa: E402
+
 # q k v o gate up down 2 norms
 LAYER = [H * A * D, H * KV * D, H * KV * D, A * D * H, H * F, H * F, F * H, H, H]
 # embed_tokens, final norm, lm_head: what the decoder-layer auto-wrap leaves to the root
 ROOT = [V * H, H, V * H]
-ROPE = 2 * 512  # inv_freq and original_inv_freq, head_dim / 2 fp32 each: one 512-byte block apiece
-
-
-def r512(n: int) -> int:
-    return -(-n // 512) * 512
 
 
 def rank0_slices(numels: list[int], n: int) -> list[int]:

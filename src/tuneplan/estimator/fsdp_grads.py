@@ -61,7 +61,15 @@ def fsdp_gradients(model: ModelSpec, setup: TrainSetup, prof: Profile, dt: Dtype
         grad_params, grad_bytes = model.params_layers + adapter_params, dt.frozen_weight
     else:
         grad_params, grad_bytes = trainable_params, dt.adapter if setup.is_lora else dt.trainable
+    unsharded_bytes = grad_bytes
+    if setup.fsdp_version == 2 and setup.precision.endswith("-mixed") and setup.method != "qlora":
+        # accelerate's fsdp2_prepare_model upcasts the trainable parameters to fp32 (no Params4bit in the
+        # model): their sharded gradients are fp32; the unsharded ones accumulated under
+        # set_requires_gradient_sync(False) stay in the MixedPrecisionPolicy param dtype
+        grad_bytes, unsharded_bytes = 4, dt.compute
     full = grad_params * grad_bytes
     synced = -(-full // n)
-    accumulating = full if (setup.grad_accum > 1 and accumulate_unsharded) else synced
+    accumulating = synced
+    if setup.grad_accum > 1 and accumulate_unsharded:
+        accumulating = grad_params * unsharded_bytes
     return FsdpGrads(accumulating=accumulating, synced=synced)

@@ -78,8 +78,11 @@ class MemoryStatics:
     g1: int
     g0_layer: int
     g1_layer: int
+    gathered_at_forward_end: int  # FSDP2: the tail group (norm + head) unsharded at the loss
     gathered_at_loss: int
     gathered: int
+    # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
+    end_of_backward: tuple[int, int] | None
     next_micro_batch: bool  # the instant after the longest micro-batch (longest first, accumulation)
     next_grads: int  # gradients at that instant, buffers included
     step_grads: int  # gradients at the optimizer step, buffers included
@@ -141,7 +144,10 @@ def memory_statics(run: Run) -> MemoryStatics:
         first=setup.longest_batch_first, checkpointed=setup.gradient_checkpointing, n_layers=max(model.n_layers, 1),
         embedding_into_buffer=embedding, g0=grads_prev + sp.grad_buffers, g1=grads + sp.grad_buffers,
         g0_layer=grads_prev + sp.grad_buffers + sp.transient_grad_buffers,
-        g1_layer=grads + sp.grad_buffers + sp.transient_grad_buffers, gathered_at_loss=sp.gathered_at_loss,
+        # near the bottom of the backward some sharded gradients are not made yet (FSDP2)
+        g1_layer=grads + sp.grad_buffers + sp.transient_grad_buffers - sp.grads_pending_bottom,
+        gathered_at_forward_end=sp.gathered_at_forward_end, gathered_at_loss=sp.gathered_at_loss,
+        end_of_backward=sp.end_of_backward,
         gathered=sp.gathered, next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(fg.accumulating if fg is not None else grads) + sp.grad_buffers,
         step_grads=grads_step + sp.grad_buffers, step_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp,
@@ -224,7 +230,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     # one row per instant, in STEP_COMPONENTS order:
     #      gradients  optimizer_temp  activations  autocast_copies  logits_loss  backward_temp  parallel_buffers
     phases: dict[str, tuple[Any, ...]] = {
-        "forward": (g0, 0, acts_fwd + prev_pinned, ac, fwd_logits, 0, loss_gathered),
+        "forward": (g0, 0, acts_fwd + prev_pinned, ac, fwd_logits, 0, st.gathered_at_forward_end),
         "backward_start": (g0, 0, acts_fwd, ac_bwd, lg.backward_peak, 0, loss_gathered),
     }
     if head_deq:
@@ -245,6 +251,9 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         phases["backward_layers_bottom"] = (g1_layer - emb_cut, 0, bottom_acts, 0, held, bwd, gathered)
     if emb_row is not None:
         phases["backward_embedding"] = emb_row
+    if st.end_of_backward is not None:  # FSDP2's embedding backward (estimator/parallel.fully_shard_terms)
+        held_grads, buffers = st.end_of_backward
+        phases["backward_embedding"] = (st.g1 + held_grads, 0, 0, 0, 0, 0, buffers)
     if st.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted

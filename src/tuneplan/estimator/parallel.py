@@ -26,6 +26,7 @@ from tuneplan.specs.setup import TrainSetup
 
 DS_REDUCE_BUCKET = 500_000_000  # elements, DeepSpeed default reduce_bucket_size
 DS_PREFETCH_BUCKET = 50_000_000  # elements, DeepSpeed default stage3_prefetch_bucket_size
+DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
 NCCL_BYTES = 512 * 1024**2  # NCCL buffers + communicator state per process (order of NCCL_BUFFSIZE=4 MiB
 #                             x channels x peers); outside PyTorch's allocator
 
@@ -46,6 +47,17 @@ class ShardPlan:
     transient_grad_buffers: int = 0
     # ZeRO-3/FSDP unsharded parameters at the loss and at the end of the forward (-1: as ``gathered``)
     gathered_outside_layers: int = -1
+
+    # FSDP2: sharded gradients not made yet while the layers near the bottom are back-propagated, and the
+    # end of the backward (the embedding's) as (gradient bytes beyond the sharded ones, unsharded parameters)
+    grads_pending_bottom: int = 0
+    end_of_backward: tuple[int, int] | None = None
+    # unsharded parameters at the end of the forward, where the loss is computed (-1: as at the loss)
+    gathered_forward_end: int = -1
+
+    @property
+    def gathered_at_forward_end(self) -> int:
+        return self.gathered_at_loss if self.gathered_forward_end < 0 else self.gathered_forward_end
 
     @property
     def gathered_at_loss(self) -> int:
@@ -92,13 +104,22 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
             st, g, tmp = 0, 0, 0
             if setup.offload == "all":
                 w = 0
-        notes.append(f"FSDP FULL_SHARD: params, grads and optimizer states sharded over {n} GPUs")
+        if setup.fsdp_version == 1:
+            notes.append(f"FSDP FULL_SHARD: params, grads and optimizer states sharded over {n} GPUs")
         from tuneplan.specs.profiles import get_profile
 
         if get_profile(setup.framework).model_code != "hf":
             # frameworks with their own model code and loops (LitGPT's no_sync accumulation, torchtune) are
             # not simulated: their reduce-scatter input stays counted in every phase, as before
             return ShardPlan(w, g, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
+        if setup.fsdp_version == 2:
+            f2 = fully_shard_terms(model, setup, buffers, compute_bytes, grads, trainable_params)
+            return ShardPlan(w, g, 0, st, tmp, 2 * layer16 + f2.held, host, NCCL_BYTES if n > 1 else 0,
+                             (f"FSDP2 fully_shard: each parameter sharded over {n} GPUs",),
+                             transient_grad_buffers=f2.transient, gathered_outside_layers=f2.tail16,
+                             grads_pending_bottom=f2.pending_bottom, end_of_backward=f2.end,
+                             gathered_forward_end=f2.tail16 + (f2.tail16 if model.lm_head_params
+                                                               else layer16))
         # the HF Trainer's FSDP1 (simulated): the unsharded gradient exists only while its unit is
         # back-propagated and reduce-scattered, not at the loss or in the forward
         # at the loss: the root (kept unsharded) and the last layer, which the root's pre-backward hook
@@ -119,7 +140,7 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     prefetch_bucket = setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET
     # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
     # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
-    # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() at every backward (a second one only
+    # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
     # with overlap_comm, off by default below stage 3), stage3.py __init__ once. DeepSpeed 0.19 source.
     bucket = reduce_bucket * compute_bytes
     gathered = 0
@@ -136,6 +157,8 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         shard16 = -(-w16 // n)
         # the current layer plus the prefetch bucket, never more than the rest of the model
         gathered = min(layer16 + prefetch_bucket * compute_bytes, w16 - shard16)
+        # at most the whole 16-bit model gathered: a gathered parameter is whole, beside rank 0's partition
+        whole16 = w16
         w16 = shard16
     # fp32 gradient partition the optimizer step reads (a copy only when gradients are 16-bit)
     fp32_grad_step = -(-4 * pt // n) if compute_bytes < 4 else 0
@@ -149,7 +172,26 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         w16 = 0
         notes.append("parameters offloaded to CPU; only gathered layers live on the GPU")
     notes.append(f"DeepSpeed ZeRO-{setup.zero} over {n} GPUs (default buckets)")
-    return ShardPlan(w16, g_live, buffers, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes))
+    if setup.zero in (1, 2):
+        # DeepSpeedZeroOptimizer allocates the bucket when the first gradient is ready (process_gradients ->
+        # setup_buckets) and frees it at the end of the backward (independent_gradient_partition_epilogue
+        # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
+        # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
+        return ShardPlan(w16, g_live, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
+                         transient_grad_buffers=buffers)
+    # ZeRO-3 (stage3.py __init__, DeepSpeed 0.19.8): the gradient partitions are one flat buffer allocated at
+    # construction (grad_partitions_flat_buffer, zeros, kept for the run), beside the IPG bucket; at the
+    # loss the output head's weight is gathered whole (its forward ran last; it is used again in backward)
+    head = model.lm_head_params or model.embed_params
+    kept = zero3_layers_kept(model, head) * model.largest_layer_params * compute_bytes
+    head16 = head * compute_bytes
+    if setup.offload != "none":
+        # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
+        host += g_live
+        g_live = 0
+    return ShardPlan(w16, 0, buffers + g_live, st, tmp, min(max(gathered, kept), whole16), host,
+                     NCCL_BYTES if n > 1 else 0, tuple(notes),
+                     gathered_outside_layers=min(head16 + kept, whole16))
 
 
 # Trainers that wrap each LoRA matrix in an FSDP unit of its own: the HF Trainer (transformers
@@ -189,3 +231,81 @@ def fsdp_reduce_scatter_input(model: ModelSpec, setup: TrainSetup, trainable_par
     if setup.is_lora:
         return per_layer * grad_bytes
     return min(model.largest_layer_params, trainable_params) * grad_bytes
+
+
+@dataclass(frozen=True)
+class FullyShardTerms:
+    held: int  # beyond the current and the prefetched layer, unsharded through a layer's backward
+    transient: int  # unsharded gradients made by the layer being back-propagated (and a tied head's)
+    tail16: int  # unsharded at the loss
+    pending_bottom: int  # sharded gradients not made yet at the second layer's backward
+    # the embedding's backward: (unsharded gradients less the shards not made yet, unsharded parameters)
+    end: tuple[int, int] | None
+
+
+def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, compute_bytes: int,
+                      grads: int, trainable_params: int) -> FullyShardTerms:
+    """FSDP2 (``fully_shard``, as accelerate's ``fsdp2_prepare_model`` applies it), torch 2.13 source.
+
+    Groups: each decoder layer; the input embeddings (untied) with ``reshard_after_forward=True``; the
+    tail (final norm and output head, with the embeddings when tied) with ``reshard_after_forward=False``.
+
+    - In the forward, ``wait_for_unshard`` keeps a group's flat all-gather output in
+      ``comm_ctx.all_gather_state`` until the next group's copy-out, and the root's post-forward frees the
+      last one: transformers computes the loss inside the root's forward, so at the loss the last group
+      gathered (the untied tail, or the last layer when the tail gathered first at the tied embeddings)
+      still has its flat buffer next to the unsharded tail.
+    - At the loss backward only the tail is unsharded: the last layer was resharded after its forward, the
+      root's post-forward freed the last all-gather result, and the backward prefetch of the last layer waits
+      for the tail's pre-backward hook, which the logits' gradient fires after the loss backward.
+    - ``_backward_prefetch``: a group's pre-backward all-gathers the group before it in forward order into
+      one flat buffer (a layer in the param dtype), alive until that group's copy-out: two layers unsharded.
+    - ``foreach_reduce`` keeps a group's flat reduce-scatter input (its unsharded gradients in the reduce
+      dtype) in ``comm_ctx.reduce_scatter_state`` until the next reduce-scatter replaces it: a layer's
+      backward holds the previous group's (a layer's gradients, or an untied trainable head's).
+    - A group's post-backward hook is registered on its forward inputs that require grad. The embeddings'
+      input ids do not: an untied embedding group, and a tied tail (which starts its forward at the
+      embeddings), reshard and reduce-scatter only in the root's final callback. A tied tail stays
+      unsharded through the whole backward and its head gradient waits there; at the embedding's backward
+      the head's and the embedding's gradients and their sum are live (three in the param dtype).
+    - The sharded gradient of a group appears after its reduce-scatter: at the second layer's backward
+      (the peak near the bottom: the first one prefetches the smaller embedding group) two layers' shards
+      and the embedding's (the tied tail's) are still missing.
+    """
+    n = setup.world_size
+    tied = not model.lm_head_params
+    tail = (model.lm_head_params or model.embed_params) + model.final_norm_params
+    tail16 = tail * compute_bytes
+    head_trains = setup.method == "full"
+    per_elem = grads / max(trainable_params, 1)  # sharded gradient bytes per trainable element
+    layer_train = layer_grads / max(compute_bytes, 1)
+    emb_grad16 = model.embed_params * compute_bytes if head_trains else 0
+    if tied:
+        held = layer_grads
+        transient = layer_grads + emb_grad16
+        pending = 2 * layer_train + (tail if head_trains else 0)
+        end = (3 * emb_grad16 + layer_grads - -(-int(tail * per_elem) // n), tail16) if head_trains else None
+    else:
+        held = max(layer_grads, tail * compute_bytes if head_trains else 0)
+        transient = layer_grads
+        pending = 2 * layer_train + (model.embed_params if head_trains else 0)
+        end = ((emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // n),
+                model.embed_params * compute_bytes) if head_trains else None)
+    return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
+                           pending_bottom=-(-int(pending * per_elem) // n), end=end)
+
+
+def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
+    """Decoder layers whose gathered parameters ZeRO-3 keeps from their forward to their backward.
+
+    ``PartitionedParameterCoordinator.__params_to_release`` (DeepSpeed 0.19.8), once the module trace is
+    complete (from the second step): a module's parameters are not released if they are used again
+    within ``stage3_max_reuse_distance`` elements of parameters in the traced order. After layer ``L-1-k``'s
+    forward come the ``k`` layers above it, the output head, and the backward of those ``k`` layers before
+    its own: ``2 k P_layer + P_head`` elements. Layers with that under the distance stay gathered through
+    the turn from forward to backward."""
+    per_layer = max(model.largest_layer_params, 1)
+    room = DS_MAX_REUSE_DISTANCE - head_params
+    if room <= 0:
+        return 0
+    return min(model.n_layers, -(-room // (2 * per_layer)))

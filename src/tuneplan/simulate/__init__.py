@@ -5,9 +5,11 @@ is imported until a simulation runs. ``simulate_breakdown`` returns the same ``M
 analytic engine (components keyed alike), so the two compare field by field; ``simulate_report`` adds
 the peak op, the live set by module, the kernel workspaces and the caching-allocator emulation.
 
-Several GPUs: rank 0 of an FSDP job runs the real ``FullyShardedDataParallel`` on a fake process group
-(``simulate/distributed.py``); DDP runs with its reducer's buckets emulated. What the fake process cannot run falls back to the analytic engine with a
-note: DeepSpeed ZeRO, frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
+Several GPUs: rank 0 of an FSDP job runs the real ``FullyShardedDataParallel`` (FSDP1) or ``fully_shard``
+(FSDP2) on a fake process group (``simulate/distributed.py``), a ZeRO job DeepSpeed's own engine when
+deepspeed is installed (``simulate/zero.py``); DDP runs with its reducer's buckets emulated. What the fake
+process cannot run falls back to the analytic engine with a note: ZeRO without deepspeed, FSDP2 or ZeRO
+with CPU offload, frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
 8-bit bitsandbytes base weights, encoder models.
 """
 
@@ -44,7 +46,15 @@ def _require_extra() -> None:
 def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
     """Why this setup cannot be simulated in one fake process ('' when it can)."""
     if setup.zero:
-        return "DeepSpeed ZeRO is not simulated (its engine does not run on a fake process group)"
+        from tuneplan.simulate.zero import deepspeed_version
+
+        if not deepspeed_version():
+            return "DeepSpeed ZeRO is simulated with DeepSpeed's own engine, and deepspeed is not installed"
+        if setup.offload != "none":
+            return "DeepSpeed ZeRO with CPU offload is not simulated yet (DeepSpeedCPUAdam is a compiled op)"
+    if setup.fsdp and setup.fsdp_version == 2 and setup.offload != "none":
+        return ("FSDP2 with CPUOffloadPolicy is not simulated yet (the CPU device cannot tell the host shards "
+                "from the device copies)")
     if setup.framework not in SIMULATED_FRAMEWORKS:
         return f"the {setup.framework} profile runs its own model code / loss kernels, which simulate does not have"
     if setup.quant_bits == 8:

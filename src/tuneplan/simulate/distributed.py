@@ -218,3 +218,138 @@ class DdpBuckets:
             self.rebuilt = True
             self.buckets = []
             self.allocate()
+
+
+FSDP2 = "torch fully_shard (FSDP2)"
+
+
+@contextmanager
+def fsdp2_storage_hooks(tracker: Any) -> Iterator[None]:
+    """Report FSDP2's storage resizes (each parameter's unsharded all-gather output) to the tracker, and
+    answer its storage-identity test without ``data_ptr()``.
+
+    ``_fsdp_param.alloc_storage`` / ``free_storage`` resize the storage of each parameter's all-gather
+    output (``FSDPParam.all_gather_outputs``) in ``wait_for_unshard`` and ``reshard``; no op sees that.
+    ``FSDPParam.reset_sharded_param`` (the root's lazy init) asks whether the parameter's local tensor still
+    lives in ``_sharded_param_data`` by comparing ``data_ptr()``, which is 0 for every fake storage, so it
+    would pad a second copy of every unevenly sharded parameter; the storages are compared here instead
+    and, when they are the same, it does what it does then: keep the data, refresh the sharding spec."""
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives as fcoll
+    import torch.distributed.fsdp._fully_shard._fsdp_param as fp2
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as fpg
+
+    orig_alloc, orig_free, orig_reset = fp2.alloc_storage, fp2.free_storage, fp2.FSDPParam.reset_sharded_param
+
+    def alloc(tensor: torch.Tensor) -> None:
+        orig_alloc(tensor)
+        tracker.resized(tensor, "parallel_buffers", op="fully_shard unshard (all-gather output)")
+
+    def free(tensor: torch.Tensor) -> None:
+        orig_free(tensor)
+        tracker.resized(tensor, "parallel_buffers")
+
+    def reset(self: Any) -> None:
+        local = getattr(self.sharded_param, "_local_tensor", None)
+        data = getattr(self, "_sharded_param_data", None)
+        same = (local is not None and type(data) is torch.Tensor and data.numel() > 0
+                and local.untyped_storage()._cdata == data.untyped_storage()._cdata)
+        if same and not self.pin_memory:
+            self._sharding_spec = self.sharded_param._spec
+            return
+        orig_reset(self)
+
+    orig_buffer = fcoll.DefaultAllocMixin.allocate
+
+    def buffer(self: Any, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        # the flat all-gather output and reduce-scatter input / output of a group (foreach_all_gather,
+        # foreach_reduce); a reduce-scatter output becomes the sharded gradients (relabelled by the step)
+        t = orig_buffer(self, size, dtype=dtype, device=device)
+        b = tracker.block_of(t)
+        if b is not None:
+            b.category, b.op = "parallel_buffers", f"fully_shard {type(self).__name__} buffer"
+        return t
+
+    orig_pin = torch.Tensor.pin_memory
+    fcoll.DefaultAllocMixin.allocate = buffer  # type: ignore[method-assign]
+    fp2.alloc_storage, fp2.free_storage, fpg.alloc_storage = alloc, free, alloc
+    fp2.FSDPParam.reset_sharded_param = reset  # type: ignore[method-assign]
+    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        fp2.alloc_storage, fp2.free_storage, fpg.alloc_storage = orig_alloc, orig_free, orig_alloc
+        fcoll.DefaultAllocMixin.allocate = orig_buffer  # type: ignore[method-assign]
+        fp2.FSDPParam.reset_sharded_param = orig_reset  # type: ignore[method-assign]
+        torch.Tensor.pin_memory = orig_pin  # type: ignore[method-assign]
+
+
+def device_mesh(world_size: int) -> Any:
+    """The 1-D mesh ``fully_shard`` shards over (made outside FakeTensorMode: building it runs real ops)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (world_size,))
+
+
+def wrap_fsdp2(model: nn.Module, setup: TrainSetup, half: torch.dtype, mesh: Any) -> nn.Module:
+    """``fully_shard`` as accelerate's ``fsdp2_prepare_model`` applies it for the HF Trainer (accelerate
+    1.x, ``fsdp_version: 2``; call inside FakeTensorMode):
+
+    - each decoder layer (the model's ``_no_split_modules``, ``transformer_auto_wrap_policy``) is a group; a
+      PEFT model keeps that policy (the Trainer creates the optimizer before ``prepare`` under FSDP2, so
+      ``update_fsdp_plugin_peft`` and PEFT's per-adapter policy never run): adapters shard inside their layer;
+    - the input embeddings (when untied) are a group; the final norm and the output embeddings (with the input
+      embeddings when tied) are one group with ``reshard_after_forward=False``; the root gets the rest with
+      the default, which the root resolves to no reshard;
+    - ``reshard_after_forward=True`` (FULL_SHARD), ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` in the
+      16-bit type for the ``-mixed`` precisions, after the trainable parameters are upcast to fp32;
+    - ``CPUOffloadPolicy()`` for offload.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mixed = setup.precision.endswith("-mixed")
+    if mixed and setup.method != "qlora":  # accelerate skips the upcast when the model has Params4bit
+        for p in model.parameters():
+            if p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.to(torch.float32)
+    mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=half) if mixed else MixedPrecisionPolicy()
+    kw = dict(mesh=mesh, mp_policy=mp,
+              offload_policy=CPUOffloadPolicy() if setup.offload != "none" else OffloadPolicy())
+    layers = tuple(_layer_classes(model))
+    for m in list(model.modules())[::-1]:
+        if m is not model and isinstance(m, layers):
+            fully_shard(m, reshard_after_forward=True, **kw)
+    emb_in, emb_out = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = emb_out is not None and emb_in.weight is emb_out.weight
+    if not tied:
+        fully_shard(emb_in, reshard_after_forward=True, **kw)
+    norm = _final_norm(model)
+    tail = [m for m in ((norm, emb_in, emb_out) if tied else (norm, emb_out)) if m is not None]
+    if tail:
+        fully_shard(tail, reshard_after_forward=False, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def _final_norm(model: nn.Module) -> nn.Module | None:
+    """accelerate ``_find_final_norm``: the last direct child of ``model.<base_model_prefix>`` whose class
+    name has "Norm" (None for a PEFT model, which has no such prefix: its tail group is the head alone)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    body = getattr(model, prefix, None) if prefix else model
+    if not isinstance(body, nn.Module):
+        return None
+    norm = None
+    for _, m in body.named_children():
+        if "Norm" in type(m).__name__:
+            norm = m
+    return norm
+
+
+@contextmanager
+def gradient_sync_off(model: Any) -> Iterator[None]:
+    """accelerate ``Accelerator.no_sync`` under FSDP2: ``set_requires_gradient_sync(False)`` for the
+    accumulating micro-batches (each group then keeps its unsharded gradient until the synced one)."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

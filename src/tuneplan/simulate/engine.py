@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
@@ -44,7 +45,7 @@ def simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         # FSDP's use of data_ptr() on fake storages (answered by distributed.fsdp_storage_hooks)
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         warnings.filterwarnings("ignore", message=".*FSDP.*")
-        group = fake_process_group(setup.world_size) if setup.fsdp else nullcontext()
+        group = fake_process_group(setup.world_size) if (setup.fsdp or setup.zero) else nullcontext()
         with group:
             return _simulate_run(spec, setup, prof, progress, fsdp_sharding)
 
@@ -55,6 +56,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tuneplan.simulate.build import build, compute_dtype, lora_targets_skipped, uses_autocast
+    from tuneplan.simulate.distributed import gradient_sync_off
     from tuneplan.simulate.kernels import (
         KERNEL_BUFFERS,
         cuda_autocast_policies,
@@ -77,7 +79,17 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     with fake:
         model = build(spec, setup, prof, targets)
     wrapper = ""
-    if setup.fsdp:
+    fsdp2 = setup.fsdp and setup.fsdp_version == 2
+    if fsdp2:
+        from tuneplan.simulate.distributed import FSDP2, device_mesh, wrap_fsdp2
+
+        mesh = device_mesh(setup.world_size)
+        with fake:
+            model = wrap_fsdp2(model, setup, compute_dtype(setup), mesh)
+        wrapper = FSDP2
+        notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {FSDP2}, reshard_after_forward=True on a fake "
+                     "process group" + (", CPUOffloadPolicy" if setup.offload != "none" else ""))
+    elif setup.fsdp:
         from tuneplan.simulate.distributed import FSDP1, wrap_fsdp1
 
         with fake:
@@ -115,6 +127,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     with fake:
         for name, p in model.named_parameters():
             cat = "lora_adapters" if "lora_" in name else "weights"
+            p = getattr(p, "_local_tensor", p)  # fully_shard: rank 0's shard of the DTensor parameter
             b = tracker.register(p, cat, op="parameter")
             if b is not None:
                 b.module = name
@@ -142,16 +155,22 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     if ddp is not None:
         with fake:
             ddp.allocate()  # DistributedDataParallel.__init__ builds the Reducer and its buckets
-    offload = setup.fsdp and setup.offload != "none"
+    offload = setup.fsdp and setup.offload != "none" and not fsdp2
     if offload:
         from tuneplan.simulate.distributed import flat_params
 
         for fp in flat_params(model):
             tracker.untrack(fp)  # CPUOffload(offload_params=True): the sharded flat parameters live on the host
+    if setup.zero:
+        return _run_zero(model, setup, prof, tracker, fake, notes, progress, t0, build_s, pre, post)
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     hooks = nullcontext()
-    if setup.fsdp:
+    if fsdp2:
+        from tuneplan.simulate.distributed import fsdp2_storage_hooks
+
+        hooks = fsdp2_storage_hooks(tracker)
+    elif setup.fsdp:
         from tuneplan.simulate.distributed import fsdp_storage_hooks
 
         hooks = fsdp_storage_hooks(tracker)
@@ -160,7 +179,8 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
                 softmax_keeps_input(setup.softmax_keeps_input):
             opt = run_steps(model, setup, setup.optimizer or prof.default_optimizer, tracker,
                             compute_dtype(setup), uses_autocast(setup, prof), progress,
-                            no_sync=model.no_sync if setup.fsdp else None,
+                            no_sync=(partial(gradient_sync_off, model) if fsdp2
+                                     else model.no_sync if setup.fsdp else None),
                             on_step=ddp.on_step if ddp is not None else None)
     finally:
         h1.remove()
@@ -195,3 +215,47 @@ def _file_offloaded_on_host(model: Any, tracker: Any) -> None:
     for b in tracker.blocks:
         if b.phase.endswith((".optimizer", ".zero_grad")) or b.category == "optimizer_states":
             b.category = "host"
+
+
+def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: Any, notes: list[str],
+              progress: Callable[[float, str], None] | None, t0: float, build_s: float, pre: Any,
+              post: Any) -> SimRun:
+    """DeepSpeed's engine wraps the model inside the tracker (its partitions and buckets are allocations of
+    the run), then the Trainer's DeepSpeed loop runs two steps (simulate/zero.py)."""
+    import torch
+
+    from tuneplan.simulate.kernels import KERNEL_BUFFERS, cuda_dropout
+    from tuneplan.simulate.step import make_optimizer, relabel_states
+    from tuneplan.simulate.zero import (
+        ZERO,
+        deepspeed_version,
+        label_zero_buffers,
+        memory_efficient_linear,
+        run_zero_steps,
+        value_checks_answered,
+        wrap_zero,
+    )
+
+    wrapper = ZERO.format(version=deepspeed_version())
+    notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {wrapper}, ZeRO-{setup.zero} on a fake process "
+                 "group (overflow, gradient-norm and rank-agreement checks answered as a healthy step does)")
+    tracker.host_scalars_in_optimizer = False
+    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
+    try:
+        with fake, tracker, value_checks_answered(), memory_efficient_linear(setup.zero), cuda_dropout():
+            tracker.phase = "setup.zero"
+            params = [p for p in model.parameters() if p.requires_grad]
+            # the Trainer's optimizer (adamw_torch_fused): fp32 states beside DeepSpeed's fp32 master
+            engine, opt = wrap_zero(model, setup, make_optimizer("adamw-fused", params))
+            label_zero_buffers(tracker, engine, opt)
+            run_zero_steps(engine, setup, tracker, progress)
+            relabel_states(tracker, getattr(opt, "optimizer", opt), True)
+    finally:
+        h1.remove()
+        h2.remove()
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    n_train = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    return SimRun(tracker.result(), time.perf_counter() - t0, build_s, notes=notes, n_params=n_params,
+                  n_trainable=n_train, kernel_buffers=dict(KERNEL_BUFFERS), wrapper=wrapper,
+                  world_size=setup.world_size)

@@ -132,6 +132,7 @@ class StorageTracker(TorchDispatchMode):
             self.register(t, category, op=op)
 
     def block_of(self, t: torch.Tensor) -> Block | None:
+        t = getattr(t, "_local_tensor", t)  # a DTensor (fully_shard's params, gradients, states): the shard
         return self._live.get(t.untyped_storage()._cdata)
 
     def relabel(self, t: torch.Tensor | None, category: str) -> None:
@@ -199,6 +200,8 @@ class StorageTracker(TorchDispatchMode):
         flat, _ = tree_flatten(out)
         for t in flat:
             if isinstance(t, torch.Tensor):
+                # a DTensor's op runs on its local shard below this mode: the shard is what is allocated
+                t = getattr(t, "_local_tensor", t)
                 key = t.untyped_storage()._cdata
                 if key not in self._live:
                     self.register(t, self._category(func, args, t), op=str(func))

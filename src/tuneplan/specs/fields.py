@@ -381,6 +381,15 @@ FIELDS: tuple[Field, ...] = (
         },
     ),
     _f(
+        "fsdp_version",
+        int,
+        1,
+        "FSDP 1 (FullyShardedDataParallel) or 2 (fully_shard) (default: 1)",
+        accepted=(1, 2),
+        flag=("--fsdp-version",),
+        keys={"accelerate": ("fsdp_config", "fsdp_version")},
+    ),
+    _f(
         "offload",
         str,
         "none",

@@ -55,6 +55,8 @@ class TrainSetup:
     nodes: int = 1
     zero: int = 0
     fsdp: bool = False
+    # 1: FullyShardedDataParallel (flat parameters); 2: fully_shard (per-parameter DTensor shards)
+    fsdp_version: int = 1
     offload: str = "none"
     framework: str = "hf"
     freeze_trainable_layers: int = 2  # method=freeze: last N layers trainable (LLaMA-Factory default 2)
@@ -150,6 +152,8 @@ class TrainSetup:
             raise TuneplanError(f"got {self.dropout}", field="dropout", accepted="0 <= dropout < 1")
         if self.zero not in (0, 1, 2, 3):
             raise TuneplanError(f"got {self.zero}", field="zero", accepted="0, 1, 2, 3")
+        if self.fsdp_version not in (1, 2) or isinstance(self.fsdp_version, bool):
+            raise TuneplanError(f"got {self.fsdp_version!r}", field="fsdp_version", accepted="1, 2")
         if self.zero and self.fsdp:
             raise TuneplanError("choose either DeepSpeed ZeRO or FSDP, not both", field="zero",
                                 accepted="{zero=0} with {fsdp}, or {zero=N} without {fsdp}")
@@ -187,7 +191,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 _BOOLS = ("double_quant", "optimizer_in_backward", "gradient_checkpointing", "fsdp", "ds_overlap_comm",
           "activation_offload", "compile")
 _CHECKED = (*_CHOICES, *SETUP_INT_RANGES, *_BOOLS, "bits", "rank", "alpha", "dropout", "zero", "num_labels",
-            "ds_reduce_bucket", "ds_prefetch_bucket", "targets")
+            "ds_reduce_bucket", "ds_prefetch_bucket", "targets", "fsdp_version")
 # a DeepSpeed bucket of 10^12 elements is 2 TB in bf16: beyond any device (DeepSpeed's default is 5e8)
 _MAX_BUCKET = 10**12
 
@@ -220,6 +224,8 @@ def check_fields(values: Mapping[str, Any]) -> None:
                 raise TuneplanError(f"got {value}", field="dropout", accepted="0 <= dropout < 1")
         elif name == "zero" and (isinstance(value, bool) or value not in (0, 1, 2, 3)):
             raise TuneplanError(f"got {show_value(value)}", field="zero", accepted="0, 1, 2, 3")
+        elif name == "fsdp_version" and (isinstance(value, bool) or value not in (1, 2)):
+            raise TuneplanError(f"got {show_value(value)}", field="fsdp_version", accepted="1, 2")
         elif name == "num_labels":
             check_int("num_labels", value, 1, MODEL_INT_RANGES["vocab_size"][1], "labels of a classifier head")
         elif name in ("ds_reduce_bucket", "ds_prefetch_bucket"):

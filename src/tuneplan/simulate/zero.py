@@ -1,0 +1,179 @@
+"""DeepSpeed ZeRO-1/2/3 on a fake process group: DeepSpeed's own engine, rank 0 of an N-GPU job.
+
+DeepSpeed (0.19, CPU accelerator) runs as it is on fake tensors: ``deepspeed.initialize`` flattens and
+partitions the 16-bit parameters, makes the fp32 master partition and the contiguous-gradients (IPG)
+bucket, and ``engine.backward`` / ``engine.step`` reduce, partition, step and all-gather as on a GPU; the
+collectives return at once. Three checks read tensor values, which a fake tensor has not, and are
+answered as a healthy step answers them (nothing else is replaced):
+
+- ``DeepSpeedZeroOptimizer(_Stage3).has_overflow`` (the fp16/bf16 overflow check): no overflow;
+- ``is_invalid_grad_norm`` (a NaN / inf gradient norm skips the step): a finite norm;
+- ``assert_ints_same_as_other_ranks`` (ZeRO-3's check that every rank traced the same module order,
+  by a broadcast from rank 0): rank 0 agrees with itself.
+
+ZeRO-3 runs with DeepSpeed's memory-efficient linear, as a model built under ``zero.Init`` does.
+
+Configured as the HF Trainer's DeepSpeed integration does with a config that names no optimizer
+(transformers ``deepspeed_optim_sched``: the Trainer's own optimizer, ``zero_allow_untested_optimizer``):
+``bf16`` / ``fp16`` from the precision, the stage, ``reduce_bucket_size``, ``stage3_prefetch_bucket_size``
+and ``overlap_comm`` when set (DeepSpeed's defaults otherwise), ``gradient_clipping`` 1.0
+(``max_grad_norm``), ``gradient_accumulation_steps``. The Trainer calls ``engine.backward(loss)`` and
+``engine.step()`` for every micro-batch; DeepSpeed steps at the accumulation boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuneplan.specs.setup import TrainSetup
+
+ZERO = "DeepSpeed ZeRO engine (deepspeed {version})"
+
+
+def deepspeed_version() -> str:
+    """The installed DeepSpeed's version, '' when it is not installed."""
+    try:
+        import deepspeed
+    except Exception:  # not installed, or its import fails on this machine
+        return ""
+    return str(getattr(deepspeed, "__version__", "?"))
+
+
+def ds_config(setup: TrainSetup) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": setup.zero}
+    if setup.ds_reduce_bucket:
+        zero["reduce_bucket_size"] = setup.ds_reduce_bucket
+    if setup.ds_prefetch_bucket:
+        zero["stage3_prefetch_bucket_size"] = setup.ds_prefetch_bucket
+    if setup.ds_overlap_comm is not None:
+        zero["overlap_comm"] = setup.ds_overlap_comm
+    return {
+        "train_micro_batch_size_per_gpu": setup.batch,
+        "gradient_accumulation_steps": setup.grad_accum,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": setup.precision.startswith("bf16")},
+        "fp16": {"enabled": setup.precision.startswith("fp16")},
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+    }
+
+
+@contextmanager
+def value_checks_answered() -> Iterator[None]:
+    """The three value-reading checks of a ZeRO step, answered as a healthy step answers them."""
+    import deepspeed.runtime.zero.partitioned_param_coordinator as coord
+    import deepspeed.runtime.zero.stage3 as s3
+    import deepspeed.runtime.zero.stage_1_and_2 as s12
+
+    saved = (s12.DeepSpeedZeroOptimizer.has_overflow, s3.DeepSpeedZeroOptimizer_Stage3.has_overflow,
+             s12.is_invalid_grad_norm, s3.is_invalid_grad_norm, coord.assert_ints_same_as_other_ranks)
+    s12.DeepSpeedZeroOptimizer.has_overflow = lambda self, *a, **k: False  # type: ignore[method-assign]
+    s3.DeepSpeedZeroOptimizer_Stage3.has_overflow = lambda self, *a, **k: False  # type: ignore[method-assign]
+    s12.is_invalid_grad_norm = s3.is_invalid_grad_norm = lambda norm: False
+    coord.assert_ints_same_as_other_ranks = lambda ints: None
+    try:
+        yield
+    finally:
+        (s12.DeepSpeedZeroOptimizer.has_overflow, s3.DeepSpeedZeroOptimizer_Stage3.has_overflow,  # type: ignore[method-assign]
+         s12.is_invalid_grad_norm, s3.is_invalid_grad_norm, coord.assert_ints_same_as_other_ranks) = saved
+
+
+@contextmanager
+def memory_efficient_linear(stage: int) -> Iterator[None]:
+    """ZeRO-3 under the HF Trainer builds the model inside ``deepspeed.zero.Init`` (transformers'
+    ``from_pretrained`` when ZeRO-3 is configured), which replaces ``torch.nn.functional.linear`` by
+    ``zero3_linear_wrap`` for the rest of the process (``_enable_mem_efficient_linear``: "This will persist
+    unless manually reset"): its autograd function saves the weight parameter, not the ``weight.t()`` view
+    that plain ``F.linear`` saves, so a gathered weight is not kept alive after the module releases it."""
+    if stage != 3:
+        yield
+        return
+    import torch.nn.functional as fn
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
+
+    saved = fn.linear
+    fn.linear = zero3_linear_wrap
+    try:
+        yield
+    finally:
+        fn.linear = saved
+
+
+def forget_process_groups() -> None:
+    """DeepSpeed caches the process groups of the job (``deepspeed.utils.groups``) and its communication
+    backend (``deepspeed.comm.comm.cdb``) in module globals; each simulation has a fake group of its own,
+    destroyed at its end, so a second simulation in the same process must not find the first one's."""
+    import re
+
+    import deepspeed.comm.comm as comm
+    import deepspeed.utils.groups as groups
+
+    for name, value in list(vars(groups).items()):
+        if re.fullmatch(r"_[A-Z][A-Z_]*", name) and not isinstance(value, str):
+            setattr(groups, name, {} if isinstance(value, dict) else None)
+    groups.mesh_device = None
+    for name in ("cdb", "nccl_backend", "mpi_backend", "ccl_backend", "hccl_backend"):
+        if hasattr(comm, name):
+            setattr(comm, name, None)
+
+
+def wrap_zero(model: nn.Module, setup: TrainSetup, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    """``deepspeed.initialize`` on the fake process group (call inside FakeTensorMode, the tracker on)."""
+    import os
+
+    import deepspeed
+
+    from tuneplan.simulate.build import data_assignment_apply
+
+    os.environ.setdefault("LOCAL_RANK", "0")  # read by DeepSpeed's accelerator for the device index
+    forget_process_groups()
+    with data_assignment_apply():
+        engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(setup),
+                                                 dist_init_required=False)
+    return engine, opt
+
+
+def run_zero_steps(engine: Any, setup: TrainSetup, tracker: Any,
+                   progress: Callable[[float, str], None] | None, steps: int = 2) -> None:
+    """The HF Trainer's loop under DeepSpeed: ``engine.backward(loss)``, ``engine.step()`` per micro-batch."""
+    ids = torch.zeros((setup.batch, setup.seq), dtype=torch.long)
+    total, done = steps * setup.grad_accum, 0
+    for step in range(1, steps + 1):
+        for _ in range(setup.grad_accum):
+            tracker.phase = f"step{step}.forward"
+            outputs = engine(input_ids=ids, labels=ids)
+            loss = outputs.loss
+            del outputs
+            tracker.phase = f"step{step}.backward"
+            engine.backward(loss)
+            del loss
+            tracker.phase = f"step{step}.optimizer"
+            engine.step()
+            done += 1
+            if progress:
+                progress(done / total, f"step {step}")
+
+
+def label_zero_buffers(tracker: Any, engine: Any, opt: Any) -> None:
+    """File what ``deepspeed.initialize`` allocated: every block it left live is a DeepSpeed buffer (the
+    contiguous-gradients bucket, the flat 16-bit groups, partition bookkeeping) unless it is a module
+    parameter or its ZeRO-3 partition (weights) or an fp32 master partition (optimizer states, as the
+    analytic engine files the master with the Adam states)."""
+    for b in tracker.blocks:
+        if b.phase == "setup.zero" and b.freed_at < 0:
+            b.category = "parallel_buffers"
+    for p in engine.module.parameters():
+        tracker.relabel(getattr(p, "ds_tensor", None), "weights")
+        tracker.relabel(p, "weights")
+    flats = getattr(opt, "bit16_groups_flat", None) or getattr(opt, "fp16_partitioned_groups_flat", None)
+    for flat in flats or ():
+        tracker.relabel(flat, "weights")
+    inner = getattr(opt, "optimizer", None)
+    for group in getattr(inner, "param_groups", ()):
+        for p in group["params"]:
+            tracker.relabel(p, "optimizer_states")
