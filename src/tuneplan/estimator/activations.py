@@ -140,7 +140,7 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: Lay
     return ActivationTerms(
         kinds=flat, head_per_example=model.architecture == "encoder" and bool(model.head_out),
         tail_per_head_token=head * h, tail_per_token=per_token * h, pinned_per_token=pinned,
-        checkpointed=setup.gradient_checkpointing, checkpoint_per_token=dt.residual * h * n_active,
+        checkpointed=bool(setup.gradient_checkpointing), checkpoint_per_token=dt.residual * h * n_active,
         offload=(gc_offload or setup.activation_offload) if setup.gradient_checkpointing else setup.activation_offload,
         model=model, method=setup.method, dt=dt)
 

@@ -141,7 +141,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         dequant=dequant_transient_bytes(model, setup, prof), acts=acts, vocab=model.head_width,
         logit_bytes=dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block),
         hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input, holds=prof.loop_holds_outputs,
-        first=setup.longest_batch_first, checkpointed=setup.gradient_checkpointing, n_layers=max(model.n_layers, 1),
+        first=setup.longest_batch_first, checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),
         embedding_into_buffer=embedding, g0=grads_prev + sp.grad_buffers, g1=grads + sp.grad_buffers,
         g0_layer=grads_prev + sp.grad_buffers + sp.transient_grad_buffers,
         # near the bottom of the backward some sharded gradients are not made yet (FSDP2)
