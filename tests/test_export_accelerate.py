@@ -17,6 +17,7 @@ PLANS = [
     dict(method="qlora", gpus=2),
     dict(method="lora"),
     dict(method="full", gpus=2, fsdp=True, precision="bf16"),
+    dict(method="lora", gpus=2, fsdp=True, fsdp_version=2),
 ]
 
 
@@ -54,9 +55,14 @@ def test_values_are_the_plan(qwen7b, plan, tmp_path: Path) -> None:
         assert (tmp_path / ds["deepspeed_config_file"]).exists()  # the companion is written beside
     if s.fsdp:
         f = cfg["fsdp_config"]
-        assert f["fsdp_sharding_strategy"] == "FULL_SHARD"
+        assert f["fsdp_version"] == s.fsdp_version
         assert f["fsdp_offload_params"] == (s.offload == "all")
-        assert f["fsdp_use_orig_params"] is True  # frozen + trainable parameters in one unit
+        if s.fsdp_version == 1:
+            assert f["fsdp_sharding_strategy"] == "FULL_SHARD"
+            assert f["fsdp_use_orig_params"] is True  # frozen + trainable parameters in one unit
+        else:  # FSDP2 spells FULL_SHARD as resharding after forward and has no use_orig_params
+            assert f["fsdp_reshard_after_forward"] is True
+            assert "fsdp_sharding_strategy" not in f and "fsdp_use_orig_params" not in f
     mp = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(s.precision, "no")
     if s.zero and s.precision == "bf16":
         mp = "bf16"  # DeepSpeed reads bf16 from its JSON; accelerate must agree

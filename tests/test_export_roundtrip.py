@@ -28,6 +28,8 @@ def carried(fmt: str, s: TrainSetup) -> set[str]:
         return {"zero", "offload", "batch", "grad_accum", "gpus", "precision"}
     if fmt == "accelerate":
         out = {"gpus", "nodes", "zero", "fsdp", "offload"}
+        if s.fsdp:
+            out.add("fsdp_version")
         if s.zero:
             out |= {"batch", "grad_accum"}  # from the DeepSpeed JSON it points at
         if s.precision.endswith("-mixed"):
@@ -59,6 +61,7 @@ PLANS = [
     dict(method="full", batch=2, seq=512, gpus=2, zero=2, offload="optimizer", precision="fp16-mixed",
          optimizer="adamw-fused"),
     dict(method="lora", batch=1, seq=4096, gpus=4, fsdp=True, offload="all", gradient_checkpointing=True),
+    dict(method="lora", batch=1, seq=2048, gpus=2, fsdp=True, fsdp_version=2),
     dict(method="freeze", freeze_trainable_layers=3, batch=2, seq=1024, precision="bf16"),
     dict(method="lora", batch=2, seq=512, gpus=2, nodes=2, zero=2),
     dict(method="full", batch=1, seq=512, precision="fp32", optimizer="sgd"),

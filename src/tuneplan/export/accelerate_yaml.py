@@ -46,18 +46,21 @@ def accelerate_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | No
                                 accepted="{offload=all} with {fsdp}, or {zero=2|3} {offload=optimizer}")
         cfg["distributed_type"] = "FSDP"
         cfg["fsdp_config"] = {
-            "fsdp_version": 1,
+            "fsdp_version": s.fsdp_version,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_backward_prefetch": "BACKWARD_PRE",
-            "fsdp_forward_prefetch": False,
             "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_offload_params": s.offload == "all",
-            "fsdp_sharding_strategy": "FULL_SHARD",
             "fsdp_state_dict_type": "FULL_STATE_DICT",
-            "fsdp_sync_module_states": True,
-            "fsdp_use_orig_params": True,
             "fsdp_activation_checkpointing": bool(s.gradient_checkpointing),
         }
+        if s.fsdp_version == 2:
+            # FSDP2 (accelerate's FSDP1-vs-FSDP2 guide): the sharding strategy becomes reshard_after_forward
+            # (True = FULL_SHARD); prefetch, sync_module_states and use_orig_params are gone
+            cfg["fsdp_config"]["fsdp_reshard_after_forward"] = True
+        else:
+            cfg["fsdp_config"].update({"fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_forward_prefetch": False,
+                                       "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_sync_module_states": True,
+                                       "fsdp_use_orig_params": True})
         cfg["mixed_precision"] = MIXED_PRECISION[s.precision]
     else:
         cfg["distributed_type"] = "MULTI_GPU" if s.world_size > 1 else "NO"

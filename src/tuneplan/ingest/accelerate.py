@@ -32,7 +32,12 @@ _SHARDING = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYB
 def _fsdp(c: Collector, cfg: dict[str, Any]) -> None:
     k = "fsdp_config"
     strategy = cfg.get("fsdp_sharding_strategy")
-    if strategy is None and str(cfg.get("fsdp_version", 1)) == "2":
+    version = str(cfg.get("fsdp_version", 1))
+    if version in ("1", "2"):
+        c.set("fsdp_version", int(version), k, "fsdp_version")
+    else:
+        c.warn((k, "fsdp_version"), f"fsdp_version {version}: not 1 or 2, estimated as FSDP 1")
+    if strategy is None and version == "2":
         reshard = cfg.get("fsdp_reshard_after_forward", True)
         strategy = "FULL_SHARD" if c.as_bool(reshard, (k, "fsdp_reshard_after_forward")) else "SHARD_GRAD_OP"
     strategy = _SHARDING.get(str(strategy), str(strategy or "FULL_SHARD")).upper()

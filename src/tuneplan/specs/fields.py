@@ -387,7 +387,7 @@ FIELDS: tuple[Field, ...] = (
         "FSDP 1 (FullyShardedDataParallel) or 2 (fully_shard) (default: 1)",
         accepted=(1, 2),
         flag=("--fsdp-version",),
-        keys={"accelerate": ("fsdp_config", "fsdp_version")},
+        via={"accelerate": ("fsdp_config",)},
     ),
     _f(
         "offload",
