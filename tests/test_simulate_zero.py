@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO simulated with DeepSpeed's own engine on a fake process group (simulate/zero.py).
 
-Needs the ``deepspeed`` package, which the CI does not install (a source build and a JIT-compiled
-communication op): those tests skip there with that reason; the fallback test runs everywhere.
+Needs the ``deepspeed`` package (the ``deepspeed`` extra; the CI installs it): without it those tests
+skip with that reason; the fallback test runs everywhere.
 Expected bytes by hand from DeepSpeed 0.19's ZeRO-1/2 layout (``stage_1_and_2.py``): the fp32 master is a
 1/N partition of the flat trainable parameters, the Adam moments are the same size, the contiguous-
 gradients bucket is ``reduce_bucket_size`` elements in the 16-bit dtype, made when the first gradient is
@@ -30,7 +30,7 @@ def _needs_deepspeed():
     from tuneplan.simulate.zero import deepspeed_version
 
     if not deepspeed_version():
-        pytest.skip("deepspeed is not installed (the CI does not install it: source build + JIT op)")
+        pytest.skip("deepspeed is not installed (pip install -e '.[deepspeed]')")
 
 
 def _run(n: int, stage: int):
