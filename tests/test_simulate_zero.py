@@ -80,3 +80,21 @@ def test_without_deepspeed_zero_falls_back_with_the_reason(monkeypatch) -> None:
     rep = simulate_report(spec, build_setup(spec, method="full", seq=64, gpus=2, zero=2))
     assert "deepspeed is not installed" in rep.fallback
     assert rep.breakdown.engine == "analytic"
+
+
+def test_cli_zero_simulate_json_is_one_object_on_stdout(tmp_path) -> None:
+    # DeepSpeed logs and reports its JIT builds on stdout; --json must still print exactly one JSON object
+    import json
+    import os
+    import subprocess
+    import sys
+
+    _needs_deepspeed()
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "estimate", str(cfg), "--method", "full",
+                        "--seq", "64", "--gpus", "2", "--zero", "2", "--engine", "simulate", "--json"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout)
+    assert d["engine"] == "simulate" and "DeepSpeed ZeRO engine" in d["wrapper"]

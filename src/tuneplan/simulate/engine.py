@@ -232,6 +232,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
         label_zero_buffers,
         memory_efficient_linear,
         run_zero_steps,
+        stdout_to_stderr,
         value_checks_answered,
         wrap_zero,
     )
@@ -243,7 +244,8 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     try:
-        with fake, tracker, value_checks_answered(), memory_efficient_linear(setup.zero), cuda_dropout():
+        with (stdout_to_stderr(), fake, tracker, value_checks_answered(), memory_efficient_linear(setup.zero),
+              cuda_dropout()):
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
             # the Trainer's optimizer (adamw_torch_fused): fp32 states beside DeepSpeed's fp32 master

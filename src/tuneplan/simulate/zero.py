@@ -23,8 +23,9 @@ and ``overlap_comm`` when set (DeepSpeed's defaults otherwise), ``gradient_clipp
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from typing import Any
 
 import torch
@@ -35,10 +36,20 @@ from tuneplan.specs.setup import TrainSetup
 ZERO = "DeepSpeed ZeRO engine (deepspeed {version})"
 
 
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """DeepSpeed writes to stdout: its logger's handler (made at import, on the stdout of that moment) and
+    the op builders' ``print`` of a JIT build. A command's stdout carries its result (one JSON object with
+    ``--json``), so while DeepSpeed is imported or runs, stdout is stderr."""
+    with redirect_stdout(sys.stderr):
+        yield
+
+
 def deepspeed_version() -> str:
     """The installed DeepSpeed's version, '' when it is not installed."""
     try:
-        import deepspeed
+        with stdout_to_stderr():
+            import deepspeed
     except Exception:  # not installed, or its import fails on this machine
         return ""
     return str(getattr(deepspeed, "__version__", "?"))
