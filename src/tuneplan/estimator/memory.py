@@ -23,8 +23,8 @@ from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
 from tuneplan.estimator.overhead import (
     CUBLAS_WORKSPACE,
     CUDA_CONTEXT_BAND,
-    FRAGMENTATION_BAND,
     cuda_context_bytes,
+    reserved_band,
     reserved_from_allocated,
 )
 from tuneplan.estimator.parallel import ShardPlan, shard
@@ -301,7 +301,7 @@ def memory_of(run: Run) -> MemoryBreakdown:
     bands = {
         "allocated": Band(int(allocated - ACTIVATION_BAND * transient), int(allocated + ACTIVATION_BAND * transient),
                           "activation and loss terms +-10% (saved-tensor model)"),
-        "reserved": Band(int(allocated * (1 + FRAGMENTATION_BAND[0])), int(allocated * (1 + FRAGMENTATION_BAND[1])),
+        "reserved": Band(*reserved_band(allocated),
                          "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
         "cuda_context": CUDA_CONTEXT,
     }

@@ -34,5 +34,11 @@ def reserved_from_allocated(allocated: Any) -> Any:
     return -(-r // SEGMENT) * SEGMENT
 
 
+def reserved_band(allocated: Any) -> tuple[Any, Any]:
+    """The reserved figure's band: allocated x (1 + FRAGMENTATION_BAND), each end truncated to bytes (ints, or
+    arrays of a grid: the planner reads the high end off every cell)."""
+    return (to_int(allocated * (1 + FRAGMENTATION_BAND[0])), to_int(allocated * (1 + FRAGMENTATION_BAND[1])))
+
+
 def cuda_context_bytes(vendor: str | None = None) -> int:
     return CUDA_CONTEXT

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.overhead import CUDA_CONTEXT_BAND, FRAGMENTATION_BAND, cuda_context_bytes
+from tuneplan.estimator.overhead import CUDA_CONTEXT_BAND, cuda_context_bytes, reserved_band
 from tuneplan.estimator.types import GIB
 
 ACCEPTED = ("band (the estimate's upper band, default), a size in GiB such as 2GiB, a percentage such as "
@@ -82,10 +82,10 @@ def device_peak_high(est: Any) -> int:
 
 def upper_band(allocated: Any, reserved: Any, device_peak: Any) -> Any:
     """:func:`device_peak_high` from a grid's arrays (``tuneplan.grid.Grid``), element-wise: the reserved
-    band's high end is ``int(allocated x (1 + FRAGMENTATION_BAND[1]))`` (``estimator/memory.memory_of``;
-    ``astype`` truncates as ``int()`` does), NCCL is what the device peak holds above reserved + context."""
+    band's high end (``overhead.reserved_band``, as ``estimator/memory.memory_of`` reads it) + the context
+    band's high end + NCCL, which is what the device peak holds above reserved + context."""
     nccl = device_peak - reserved - cuda_context_bytes()
-    return (allocated * (1 + FRAGMENTATION_BAND[1])).astype("int64") + CUDA_CONTEXT_BAND[1] + nccl
+    return reserved_band(allocated)[1] + CUDA_CONTEXT_BAND[1] + nccl
 
 
 def required_bytes(est: Any, margin: Margin) -> int:

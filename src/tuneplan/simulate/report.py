@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuneplan.estimator.overhead import CUDA_CONTEXT_BAND, cuda_context_bytes
+from tuneplan.estimator.memory import CUDA_CONTEXT
+from tuneplan.estimator.overhead import cuda_context_bytes
 from tuneplan.estimator.parallel import NCCL_BYTES
 from tuneplan.estimator.types import COMPONENTS, Band, MemoryBreakdown
 
@@ -122,7 +123,7 @@ def build_report(run: Any, capacity: int | None = None, snapshot_path: str | Non
                           "exact for the simulated code path; kernel workspaces not in the table are missed"),
         "reserved": Band(int(reserved * (1 + RESERVED_BAND[0])), int(reserved * (1 + RESERVED_BAND[1])),
                          "caching-allocator emulation (checked on 5 published GPU runs: -4.9%..+1.4%)"),
-        "cuda_context": Band(CUDA_CONTEXT_BAND[0], CUDA_CONTEXT_BAND[1], "driver, CUDA version, lazy loading"),
+        "cuda_context": CUDA_CONTEXT,
     }
     wrapper = getattr(run, "wrapper", "")
     if wrapper:
