@@ -30,6 +30,7 @@ from typing import Any
 
 from tuneplan.specs.setup import (
     ATTENTIONS,
+    DEVICE_MAPS,
     FRAMEWORKS,
     LOSSES,
     METHODS,
@@ -404,6 +405,17 @@ FIELDS: tuple[Field, ...] = (
             "deepspeed": ("zero_optimization",),
             "accelerate": ("distributed_type", "deepspeed_config", "fsdp_config"),
         },
+    ),
+    _f(
+        "device_map",
+        str,
+        "none",
+        "split the layers over --gpus cards of one process, one card busy at a time (transformers "
+        "from_pretrained device_map); none: one data-parallel process per GPU (default: none)",
+        accepted=DEVICE_MAPS,
+        flag=("--device-map",),
+        label="Layers split over the GPUs (device_map)",
+        widget="dropdown",
     ),
     _f(
         "framework",

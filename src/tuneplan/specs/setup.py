@@ -31,6 +31,11 @@ LOSSES = ("upcast", "chunked", "fused", "fused-linear")
 QUANT_TYPES = ("nf4", "fp4")
 FRAMEWORKS = ("hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt")
 TARGET_SHORTHANDS = ("all-linear", "all", "attn", "mlp")
+# transformers' from_pretrained(device_map=...) strategies that split the layers over the cards of one process
+# (integrations/accelerate.py _get_device_map): "auto" and "balanced" are the same rule; "none" = no split.
+DEVICE_MAPS = ("none", "auto", "balanced", "balanced_low_0", "sequential")
+# the frameworks whose model is built by transformers' from_pretrained, which takes a device_map
+DEVICE_MAP_FRAMEWORKS = ("hf", "llamafactory")
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,9 @@ class TrainSetup:
     # a sequence-classification head with this many labels instead of the LM head (classifiers, reward
     # models: transformers *ForSequenceClassification); None = causal / masked language modelling
     num_labels: int | None = None
+    # naive model parallelism: one process, the layers split over ``gpus`` cards by accelerate's placement
+    # rule (from_pretrained(device_map="auto")), one card busy at a time; "none" = each GPU a data-parallel rank
+    device_map: str = "none"
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     # Behaviours of older torch stacks that only calibration rows need: not fields of a setup anyone plans
     # (no flag, no widget); specs/torch_era.py TorchEraSetup sets them, the formulas read them from any setup.
@@ -86,6 +94,12 @@ class TrainSetup:
 
     @property
     def world_size(self) -> int:
+        """Data-parallel ranks (processes): a device_map run is one process however many cards it spans."""
+        return 1 if self.device_map != "none" else self.gpus * self.nodes
+
+    @property
+    def cards(self) -> int:
+        """GPUs the run holds (and pays for): every rank's card, or every card a device_map spans."""
         return self.gpus * self.nodes
 
     @property
@@ -154,6 +168,8 @@ class TrainSetup:
             raise TuneplanError(f"got {self.zero}", field="zero", accepted="0, 1, 2, 3")
         if self.fsdp_version not in (1, 2) or isinstance(self.fsdp_version, bool):
             raise TuneplanError(f"got {self.fsdp_version!r}", field="fsdp_version", accepted="1, 2")
+        if self.device_map != "none":
+            _device_map_combinations(self)
         if self.zero and self.fsdp:
             raise TuneplanError("choose either DeepSpeed ZeRO or FSDP, not both", field="zero",
                                 accepted="{zero=0} with {fsdp}, or {zero=N} without {fsdp}")
@@ -187,6 +203,7 @@ class TrainSetup:
 _CHOICES: dict[str, tuple[str, ...]] = {
     "method": METHODS, "precision": PRECISIONS, "framework": FRAMEWORKS, "offload": OFFLOADS,
     "quant_type": QUANT_TYPES, "optimizer": OPTIMIZERS, "attn": ATTENTIONS, "loss": LOSSES,
+    "device_map": DEVICE_MAPS,
 }
 _BOOLS = ("double_quant", "optimizer_in_backward", "gradient_checkpointing", "fsdp", "ds_overlap_comm",
           "activation_offload", "compile")
@@ -244,3 +261,23 @@ def _choice(name: str, value: Any, accepted: tuple[str, ...]) -> None:
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise TuneplanError(f"must be a positive integer, got {value!r}", field=name, accepted="1, 2, 3, ...")
+
+
+def _device_map_combinations(s: TrainSetup) -> None:
+    """A device_map splits one process's model over the cards of one machine: no data-parallel wrapper, no
+    second node, and only where transformers builds the model (transformers refuses ZeRO-3 with a device_map:
+    integrations/accelerate.py; HF Trainer does not wrap a model that spans several cards in DDP)."""
+    how = "{device_map} splits the layers over the cards of one process"
+    if s.zero:
+        raise TuneplanError(f"{how}; DeepSpeed ZeRO shards over one process per card: choose one",
+                            field="device_map", accepted="{device_map=none} with {zero}, or {zero=0}")
+    if s.fsdp:
+        raise TuneplanError(f"{how}; FSDP shards over one process per card: choose one",
+                            field="device_map", accepted="{device_map=none} with {fsdp}, or leave out {fsdp}")
+    if s.nodes > 1:
+        raise TuneplanError(f"{how} of one machine; several nodes mean data-parallel ranks (DDP)",
+                            field="device_map", accepted="{nodes=1} with {device_map}, or {device_map=none}")
+    if s.framework not in DEVICE_MAP_FRAMEWORKS:
+        raise TuneplanError(f"{how}, as transformers' from_pretrained does; the {s.framework} profile builds "
+                            "its model another way", field="device_map",
+                            accepted="{framework=hf} or {framework=llamafactory}, or {device_map=none}")
