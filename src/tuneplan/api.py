@@ -89,6 +89,7 @@ class Estimate:
                 "components": dict(b.components),
                 "phases": dict(b.phases),
                 "bands": {k: {"low": v.low, "high": v.high, "why": v.why} for k, v in b.bands.items()},
+                **({"per_card": list(b.per_card)} if b.per_card else {}),
             },
             "peak_phase": b.peak_phase,
             "engine": b.engine,
@@ -149,7 +150,11 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
     """``estimate`` on a run already resolved (``estimator.run.resolve_run``; ``run.reshaped(batch=, seq=)``
     for another shape): nothing is looked up or resolved again."""
     spec, s, acc = run.model, run.setup, gpu
-    if engine == "analytic":
+    if engine == "analytic" and s.device_map != "none" and s.gpus > 1:
+        from tuneplan.estimator.device_map import device_map_breakdown
+
+        breakdown = device_map_breakdown(run, acc)
+    elif engine == "analytic":
         breakdown = memory_of(run)
     elif engine == "simulate":
         from tuneplan.simulate import simulate_breakdown  # optional extra, imported lazily
@@ -167,5 +172,9 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
                                if v is not None})
         extras["sections"] = run_time_and_cost(run, acc, dataset, prices, time_options,
                                                memory=breakdown if engine == "analytic" else None)
-    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=run.findings(acc), extras=extras,
-                    run=run)
+    findings = run.findings(acc)
+    if s.device_map != "none" and s.gpus > 1:
+        from tuneplan.estimator.device_map import spill_finding
+
+        findings.extend(f for f in (spill_finding(run, acc),) if f is not None)
+    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=findings, extras=extras, run=run)

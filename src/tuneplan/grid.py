@@ -142,7 +142,9 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
     from tuneplan.api import build_setup
     from tuneplan.catalog.accelerators import resolve_accelerator
     from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.device_map import refuse_in_search
 
+    refuse_in_search(axes.get("device_map", setup.device_map if setup else None))
     spec = resolve_model(model) if isinstance(model, str) else model
     acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
     grid_axes = {k: vals for k, v in axes.items() if (vals := _values(k, v)) is not None}

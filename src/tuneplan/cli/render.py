@@ -69,6 +69,8 @@ def render_setup(d: dict[str, Any]) -> None:
         + (f", loss {s['loss']}" if s.get("loss") else "")
         + (", compiled" if s.get("compile") else "")
         + (", activations offloaded" if s.get("activation_offload") else "")
+        + (f"  ·  device_map {s['device_map']} over {s['gpus']} GPUs" if s.get("device_map", "none") != "none"
+           else "")
         + f"  ·  {s['framework']} profile",
         highlight=False,
     )
@@ -105,6 +107,15 @@ def render_memory(d: dict[str, Any], details: bool) -> None:
     if pg.get("host_bytes"):
         row("host (CPU) memory", pg["host_bytes"], "offloaded states / params / checkpoints")
     console.print(t)
+    render_cards(pg.get("per_card", []))
+
+
+def render_cards(cards: list[dict[str, Any]]) -> None:
+    """A device_map run: one line per card (the table above is the fullest card's)."""
+    for c in cards:
+        console.print(f"card {c['card']}: {gib(c['device_peak_bytes'])} GiB device peak "
+                      f"({gib(c['allocated_peak_bytes'])} allocated, at {c['peak_phase']}): "
+                      f"{escape(c['modules'])}", highlight=False)
 
 
 def render_memory_details(d: dict[str, Any]) -> None:

@@ -451,7 +451,7 @@ def _package(ctx: Context, p: dict[str, Any]) -> Hit:
 @predicate("multi-gpu-no-fast-link")
 def _no_link(ctx: Context, p: dict[str, Any]) -> Hit:
     s = ctx.setup
-    if ctx.acc is None or s.gpus < 2 or ctx.card.has_fast_link is not False:
+    if ctx.acc is None or s.gpus < 2 or s.device_map != "none" or ctx.card.has_fast_link is not False:
         return None
     traffic = (
         " and ZeRO-3/FSDP parameter all-gathers"

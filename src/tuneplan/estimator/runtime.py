@@ -53,7 +53,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         t: dict[str, Any] = {k: None for k in ("tokens_per_second", "step_seconds", "total_hours", "gpu_hours")}
         t["unknown"] = [reason]
         t["assumptions"] = []
-        c = cost_section(acc, setup.world_size, None, prices, why_no_hours=reason, rates=rates)
+        c = cost_section(acc, setup.cards, None, prices, why_no_hours=reason, rates=rates)
         return {"time": t, "cost": c}
 
     fl = st.flops
@@ -95,7 +95,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         seconds = steps * st.step_seconds
         time["optimizer_steps"] = steps
         time["total_hours"] = seconds / 3600.0
-        time["gpu_hours"] = time["total_hours"] * setup.world_size
+        time["gpu_hours"] = time["total_hours"] * setup.cards
         time["computed_tokens"] = plan.computed_tokens
         time["trained_tokens"] = plan.real_tokens
         time["trained_tokens_per_second"] = plan.real_tokens / seconds if seconds else None
@@ -104,7 +104,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
     else:
         time["unknown"] = ["no dataset size: give --samples (and --avg-tokens) or --dataset-tokens for hours"]
         return {"time": time, "cost": hourless_cost(run, acc, prices, rates)}
-    return {"time": time, "cost": cost_section(acc, setup.world_size, gpu_hours, prices, rates=rates)}
+    return {"time": time, "cost": cost_section(acc, setup.cards, gpu_hours, prices, rates=rates)}
 
 
 def hourless_cost(run: Run, acc: Accelerator, prices: Prices | None, rates: CostRates) -> dict[str, Any]:
@@ -112,9 +112,9 @@ def hourless_cost(run: Run, acc: Accelerator, prices: Prices | None, rates: Cost
     prices) next to the card's rates (``card_terms``), and copied for each caller (its lists too)."""
     last = run.memo.get("cost")
     if last is None or last[2] is not rates:  # another card asked about meanwhile: nothing to share
-        return cost_section(acc, run.setup.world_size, None, prices, rates=rates)
+        return cost_section(acc, run.setup.cards, None, prices, rates=rates)
     if len(last) == 4:
-        last = run.memo["cost"] = (*last, cost_section(acc, run.setup.world_size, None, prices, rates=rates))
+        last = run.memo["cost"] = (*last, cost_section(acc, run.setup.cards, None, prices, rates=rates))
     sec = dict(last[4])
     sec["assumptions"] = list(sec["assumptions"])
     if "unknown" in sec:

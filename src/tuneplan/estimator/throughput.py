@@ -502,6 +502,13 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         offload_s = (ts.offload_step_bytes + ga * ts.offload_micro_bytes) / (host.gbs * 1e9)
         offload_s += ts.cpu_optimizer_s
 
+    if setup.device_map != "none" and setup.gpus > 1:
+        # one process over several cards: the hand-overs between them, hidden by nothing (device_map.py)
+        from tuneplan.estimator.device_map import copy_seconds
+
+        hand_over_s, links["device_map"] = copy_seconds(run, acc)
+        exposed += ga * hand_over_s
+        comm_total += ga * hand_over_s
     step_s = ga * micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s
     tensor_s = gemm_s if gemm_s >= weights_s else 0.0  # matmuls held by the tensor cores, not by reading weights
     breakdown = {
@@ -543,7 +550,10 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     }
     assumptions.extend(ts.assumptions_tail)
     return StepTime(step_seconds=step_s, micro_batch_seconds=micro_s, tokens_per_step=tok_step,
-                    tokens_per_second=tps_gpu * n, tokens_per_second_per_gpu=tps_gpu, bound=bound, mfu=mfu,
+                    tokens_per_second=tps_gpu * n, bound=bound,
+                    # a device_map run's cards share one process's work: each is busy 1/cards of the step
+                    tokens_per_second_per_gpu=tps_gpu if setup.device_map == "none" else tps_gpu / setup.cards,
+                    mfu=mfu if setup.device_map == "none" else mfu / setup.cards,
                     components=components, flops=fl, links=links, assumptions=assumptions,
                     breakdown=breakdown, breakdown_detail=detail, dequant_library=ts.dequant_library)
 

@@ -69,6 +69,8 @@ class MemoryBreakdown:
     bands: dict[str, Band] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     wrapper: str = ""  # the data-parallel wrapper a simulation ran (e.g. FSDP1); "" when none ran
+    # device_map runs: every card's figures (estimator/device_map.CardMemory.to_dict); [] otherwise
+    per_card: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def allocated_peak_bytes(self) -> int:
@@ -95,4 +97,5 @@ class MemoryBreakdown:
             "peak_phase": self.peak_phase,
             "bands": {k: asdict(v) for k, v in self.bands.items()},
             "notes": list(self.notes),
+            **({"per_card": list(self.per_card)} if self.per_card else {}),
         }

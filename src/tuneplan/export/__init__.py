@@ -47,6 +47,10 @@ def build_export(fmt: str, model: ModelSpec, setup: TrainSetup | None, acc: Acce
         notes.append(f"the plan used the {s.framework} profile; this recipe runs {runner}'s code, so it is "
                      f"estimated with the {runner} profile (settings kept)")
         s = build_setup(model, s.replace(framework=runner), accelerator=acc)
+    if s.device_map != "none" and fmt == "deepspeed":
+        raise TuneplanError("DeepSpeed runs one process per card; a device_map plan splits one process's layers "
+                            "over the cards and has no DeepSpeed config", field="device_map",
+                            accepted="the hf-script or accelerate format for {device_map}, or {device_map=none}")
     refuse_if_cannot_run(model, s, acc)
     if acc is not None:
         est = estimate_for(model, s, acc)

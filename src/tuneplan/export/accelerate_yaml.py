@@ -87,6 +87,9 @@ def render_accelerate(model: ModelSpec, setup: TrainSetup, acc: Accelerator | No
     head = [f"# {line}" for line in header_lines(model, setup, acc)]
     if setup.fsdp and setup.method == "qlora":  # FSDP flattens the 4-bit storage with the other parameters
         head.append("# QLoRA under FSDP: load with BitsAndBytesConfig(..., bnb_4bit_quant_storage=<compute dtype>)")
+    if setup.device_map != "none":  # accelerate's config has no device_map: the script's from_pretrained sets it
+        head.append(f"# device_map {setup.device_map}: one process; load the model with "
+                    f"from_pretrained(..., device_map=\"{setup.device_map}\") in the training script")
     head.append("# Launch: accelerate launch --config_file THIS_FILE your_training_script.py ..."
                 + (" (set machine_rank and main_process_ip on each machine)" if setup.nodes > 1 else ""))
     return "\n".join(head) + "\n" + yaml.safe_dump(cfg, sort_keys=False)

@@ -41,7 +41,8 @@ def header_lines(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None) -
         (f" r={s.rank} targets={s.targets}" if s.is_lora else "") + \
         (f" last {s.freeze_trainable_layers} layers" if s.method == "freeze" else "")
     par = f"{s.gpus} GPU(s) x {s.nodes} node(s)" + (f", ZeRO-{s.zero}" if s.zero else "") + \
-        (", FSDP" if s.fsdp else "") + (f", offload {s.offload}" if s.offload != "none" else "")
+        (", FSDP" if s.fsdp else "") + (f", offload {s.offload}" if s.offload != "none" else "") + \
+        (f", device_map {s.device_map} (one process)" if s.device_map != "none" else "")
     lines = [
         f"Written by tuneplan {__version__} for {model.name} ({model.params_total / 1e9:.2f}B params).",
         f"Plan: {what}; batch {s.batch} x seq {s.seq}, grad accum {s.grad_accum}; {s.precision}, "

@@ -86,6 +86,11 @@ def render_hf_script(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
     head, rest = template.split(_START, 1)
     _, tail = rest.split(_END, 1)
     plan = script_plan(model, setup, deepspeed_file)
+    if setup.device_map != "none":
+        from tuneplan.estimator.device_map import assumed_max_memory
+
+        plan["device_map"] = setup.device_map
+        plan["max_memory"] = assumed_max_memory(setup, acc)
     needs = ["torch", "'transformers>=4.56'", "'peft>=0.13'", "accelerate"]  # quoted for the shell
     if setup.method == "qlora" or plan["optim"] in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
         needs.append("bitsandbytes")

@@ -39,6 +39,8 @@ PLAN = {
     "deepspeed": None,
     "fsdp": "",
     "world_size": 1,
+    "device_map": None,
+    "max_memory": None,
 }
 # --- PLAN END ---
 
@@ -109,6 +111,11 @@ def load_model(args: argparse.Namespace, plan: dict, torch):
         )
         if not (plan["fsdp"] or plan["deepspeed"]):
             kw["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    if plan.get("device_map") and not args.cpu:
+        # one process, the layers split over the visible cards (transformers + accelerate place them)
+        kw["device_map"] = plan["device_map"]
+        if plan.get("max_memory"):
+            kw["max_memory"] = {int(card): int(n) for card, n in plan["max_memory"].items()}
     if args.model_config:
         config = AutoConfig.from_pretrained(args.model_config)
         if plan["method"] == "qlora":  # bitsandbytes quantizes while loading: save random weights, reload

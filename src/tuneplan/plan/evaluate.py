@@ -55,6 +55,9 @@ class Prober:
     def __init__(self, model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], *,
                  margin: Margin | None = None, timing_kw: Mapping[str, Any] | None = None,
                  host_bytes: int | None = None, shared: Shared | None = None):
+        from tuneplan.estimator.device_map import refuse_in_search
+
+        refuse_in_search(base.get("device_map"))
         self.model, self.gpu, self.base = model, gpu, dict(base)
         self.margin = margin
         self.host_bytes = host_bytes if host_bytes is not None else default_host_bytes(

@@ -34,8 +34,10 @@ TARGET_SHORTHANDS = ("all-linear", "all", "attn", "mlp")
 # transformers' from_pretrained(device_map=...) strategies that split the layers over the cards of one process
 # (integrations/accelerate.py _get_device_map): "auto" and "balanced" are the same rule; "none" = no split.
 DEVICE_MAPS = ("none", "auto", "balanced", "balanced_low_0", "sequential")
-# the frameworks whose model is built by transformers' from_pretrained, which takes a device_map
-DEVICE_MAP_FRAMEWORKS = ("hf", "llamafactory")
+# the frameworks whose training loads the model with a device_map the user chooses: the HF Trainer path.
+# LLaMA-Factory's training sets model_args.device_map = {"": get_current_device()} (hparams/parser.py
+# get_train_args): one card per process, whatever the config says.
+DEVICE_MAP_FRAMEWORKS = ("hf",)
 
 
 @dataclass(frozen=True)
@@ -275,9 +277,11 @@ def _device_map_combinations(s: TrainSetup) -> None:
         raise TuneplanError(f"{how}; FSDP shards over one process per card: choose one",
                             field="device_map", accepted="{device_map=none} with {fsdp}, or leave out {fsdp}")
     if s.nodes > 1:
-        raise TuneplanError(f"{how} of one machine; several nodes mean data-parallel ranks (DDP)",
+        raise TuneplanError("{device_map} splits the layers over the cards of one machine; several nodes mean "
+                            "data-parallel ranks (DDP)",
                             field="device_map", accepted="{nodes=1} with {device_map}, or {device_map=none}")
     if s.framework not in DEVICE_MAP_FRAMEWORKS:
-        raise TuneplanError(f"{how}, as transformers' from_pretrained does; the {s.framework} profile builds "
-                            "its model another way", field="device_map",
-                            accepted="{framework=hf} or {framework=llamafactory}, or {device_map=none}")
+        why = ("LLaMA-Factory's training loads the model on each process's own card" if s.framework == "llamafactory"
+               else f"the {s.framework} profile builds its model another way")
+        raise TuneplanError(f"{how}, as transformers' from_pretrained does; {why}", field="device_map",
+                            accepted="{framework=hf}, or {device_map=none}")
