@@ -156,6 +156,10 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
         breakdown = device_map_breakdown(run, acc)
     elif engine == "analytic":
         breakdown = memory_of(run)
+    elif engine == "simulate" and s.device_map != "none" and s.gpus > 1:
+        from tuneplan.simulate.device_map import simulate_device_map
+
+        breakdown = simulate_device_map(run, acc)
     elif engine == "simulate":
         from tuneplan.simulate import simulate_breakdown  # optional extra, imported lazily
 

@@ -71,21 +71,27 @@ def placement(run: Run, acc: Accelerator | None) -> Placement:
     tree = module_tree(model, setup, run.dtypes)
     free = free_bytes(acc)
     budgets = balanced_budgets(tree, [free] * setup.gpus, setup.device_map, setup.quant_bits is not None)
-    where = place(tree, budgets)
-    sizes = {m.name: m.size for m in _walk(tree)}
-    # a module the walk placed whole stands for all its descendants (the body that fits on one card)
-    for name in list(where):
-        for m in _walk(tree):
-            if m.name.startswith(name + ".") and m.name not in where:
-                where[m.name] = where[name]
-    layers = tuple(tuple(sorted(m.index for m in _walk(tree) if m.kind == "layer" and where[m.name] == k))
-                   for k in range(setup.gpus))
-    units = [m for m in _walk(tree) if m.kind]
-    per_card = tuple(sum(m.size for m in units if where[m.name] == k) for k in range(setup.gpus))
-    cpu = sum(sizes[m.name] for m in units if where[m.name] == CPU)
-    out = Placement(where, tuple(budgets), free, layers, per_card, cpu)
+    out = settle(run, place(tree, budgets), tuple(budgets), free)
     run.memo["device_map"] = (acc, out)
     return out
+
+
+def settle(run: Run, found: dict[str, int], budgets: tuple[float, ...], free: float) -> Placement:
+    """A placement from a device map (module name -> card, ``CPU`` for anything else): each module takes the
+    card of its nearest named ancestor, as accelerate's ``dispatch_model`` reads a map."""
+    tree = module_tree(run.model, run.setup, run.dtypes)
+    units = [m for m in _walk(tree) if m.kind]
+    where = {}
+    for m in units:
+        key = m.name
+        while key not in found and key:
+            key = key.rsplit(".", 1)[0] if "." in key else ""
+        where[m.name] = found.get(key, CPU)
+    cards = range(run.setup.gpus)
+    layers = tuple(tuple(m.index for m in units if m.kind == "layer" and where[m.name] == k) for k in cards)
+    per_card = tuple(sum(m.size for m in units if where[m.name] == k) for k in cards)
+    cpu = sum(m.size for m in units if where[m.name] == CPU)
+    return Placement(where, budgets, free, layers, per_card, cpu)
 
 
 def free_bytes(acc: Accelerator | None) -> float:
@@ -321,4 +327,4 @@ def refuse_in_search(value: Any) -> None:
     if any(v not in (None, "none") for v in values):
         raise TuneplanError("the planner searches data-parallel plans; a plan with the layers split over the "
                             "cards is estimated one at a time", field="device_map",
-                            accepted="tuneplan estimate with {device_map}, or {device_map=none}")
+                            accepted="an estimate with {device_map}, or {device_map=none}")

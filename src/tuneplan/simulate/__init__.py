@@ -73,6 +73,9 @@ def simulate_report(model: ModelSpec, setup: TrainSetup, *, progress: Callable[[
     from tuneplan.specs.profiles import get_profile, resolve_setup
 
     setup = resolve_setup(setup, model)
+    if setup.device_map != "none" and setup.gpus > 1:  # per card, on a card: simulate/device_map.py
+        raise TuneplanError("a device_map run is placed by transformers and estimated per card of a GPU model",
+                            field="device_map", accepted="an estimate with {engine=simulate} and {device_map}")
     reason = unsupported_reason(model, setup)
     if reason:
         return _fallback(model, setup, reason)
