@@ -81,7 +81,11 @@ def render_setup(d: dict[str, Any]) -> None:
 
 def render_memory(d: dict[str, Any], details: bool) -> None:
     pg = d["per_gpu"]
-    console.print(f"[bold]Per-GPU peak memory (GiB)[/], peak at {d['peak_phase']}", highlight=False)
+    cards = pg.get("per_card", [])
+    fullest = max(cards, key=lambda c: c["device_peak_bytes"])["card"] if cards else None
+    title = ("Per-GPU peak memory (GiB)" if fullest is None
+             else f"Peak memory of card {fullest}, the fullest (GiB)")
+    console.print(f"[bold]{title}[/], peak at {d['peak_phase']}", highlight=False)
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     t.add_column("component")
     t.add_column("GiB", justify="right")
@@ -107,7 +111,7 @@ def render_memory(d: dict[str, Any], details: bool) -> None:
     if pg.get("host_bytes"):
         row("host (CPU) memory", pg["host_bytes"], "offloaded states / params / checkpoints")
     console.print(t)
-    render_cards(pg.get("per_card", []))
+    render_cards(cards)
 
 
 def render_cards(cards: list[dict[str, Any]]) -> None:
