@@ -509,6 +509,9 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         hand_over_s, links["device_map"] = copy_seconds(run, acc)
         exposed += ga * hand_over_s
         comm_total += ga * hand_over_s
+        assumptions.append(f"device_map over {setup.gpus} cards: one works at a time, so the step is one card's "
+                           f"for the whole model plus {hand_over_s * 1e3:.3g} ms of copies between cards per "
+                           "micro-batch (accelerate's per-module hooks not counted)")
     step_s = ga * micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s
     tensor_s = gemm_s if gemm_s >= weights_s else 0.0  # matmuls held by the tensor cores, not by reading weights
     breakdown = {
