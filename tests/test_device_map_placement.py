@@ -155,3 +155,21 @@ def test_simulate_engine_reports_the_check() -> None:
     assert est.breakdown.notes[0].startswith("simulate: transformers placed the model itself")
     assert "agrees with the formula's on every module" in est.breakdown.notes[0]
     assert len(est.breakdown.per_card) == 2
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("name,what,free", MODELS[:4], ids=[m[0].split("/")[1] for m in MODELS[:4]])
+def test_the_walk_matches_accelerates_own_walk(name: str, what: str, free: float, n: int) -> None:
+    """accelerate.utils.infer_auto_device_map (accelerate 1.x, what transformers 4.x called) walks the modules
+    as transformers 5's copy does: given the same budgets it places every module where the formula does.
+    (accelerate's own get_balanced_memory sizes its margin from the mean module instead of the largest leaf,
+    so the budgets themselves are transformers 5's.)"""
+    from accelerate.utils import infer_auto_device_map
+
+    model = meta_model(name)
+    tree, mine = formula(name, "auto", free, n)
+    budgets = balanced_budgets(tree, [free] * n, "auto", False)
+    theirs = infer_auto_device_map(model, max_memory=dict(enumerate(budgets)),
+                                   no_split_module_classes=list(model._no_split_modules))
+    cards = {k: (v if isinstance(v, int) else CPU) for k, v in theirs.items()}
+    assert {u: card_of(cards, u) for u in mine} == mine

@@ -19,6 +19,11 @@ accelerate 1.x, read from their code:
   children; a no-split block that does not fit moves the walk to the next card (card 0 then counts that
   reserve as used). The head tied to the embedding goes with it. Past the last card the walk reaches the
   CPU: bitsandbytes refuses such a map, other models run with those modules offloaded.
+
+transformers 4.x called accelerate's own ``get_balanced_memory``, whose margin is ``1.25 x max(the first
+no-split block, the mean size of the modules that hold parameters)``: the same walk (the tests check it
+against accelerate's ``infer_auto_device_map``), but on models whose embedding is the largest module (tied
+small models) a smaller cap, so a few layers move to later cards. The rule here is transformers 5's.
 """
 
 from __future__ import annotations
