@@ -216,3 +216,17 @@ def test_hf_script_loads_with_the_device_map_and_the_assumed_max_memory() -> Non
     with pytest.raises(TuneplanError) as e:
         build_export("deepspeed", spec, TrainSetup(method="qlora", gpus=2, device_map="auto"), acc, "ds.json")
     assert e.value.field == "device_map"
+
+
+def test_one_card_auto_map_can_leave_layers_on_the_cpu() -> None:
+    """Llama-3.1-70B 4-bit on one L40S (47.58 GB, 47.04 GB free): accelerate keeps 0.9 (one card, no
+    max_memory) x 0.9 (bitsandbytes) of it, 38.1 GB, less the largest layer it reserves on card 0, for a
+    model it sizes at about 38.5 GB: the last layers land on the CPU and bitsandbytes refuses to load. Without
+    a device_map the same plan has no such error (it does not fit for memory)."""
+    kw = dict(method="qlora", seq=256, gradient_checkpointing=True, gpu="l40s")
+    auto = estimate("meta-llama/Llama-3.1-70B-Instruct", device_map="auto", **kw)
+    assert "device-map-spills-to-cpu" in [f.code for f in auto.findings if f.level == "error"]
+    plain = estimate("meta-llama/Llama-3.1-70B-Instruct", **kw)
+    assert not [f for f in plain.findings if f.level == "error"]
+    where = placement(auto.run, auto.gpu)
+    assert where.budgets[0] == pytest.approx(0.9 * 0.9 * (auto.gpu.memory_bytes - 512 * 2**20))

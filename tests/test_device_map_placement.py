@@ -173,3 +173,22 @@ def test_the_walk_matches_accelerates_own_walk(name: str, what: str, free: float
                                    no_split_module_classes=list(model._no_split_modules))
     cards = {k: (v if isinstance(v, int) else CPU) for k, v in theirs.items()}
     assert {u: card_of(cards, u) for u in mine} == mine
+
+
+def test_one_card_keeps_ten_percent_as_transformers_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """device_map="auto" on one card with no max_memory: get_balanced_memory keeps 90 % of the free memory
+    for the model; Mistral-7B in bf16 (13.49 GiB) on 14.5 GiB free spills its last layers to the CPU.
+    transformers reads the free memory from the card, so the test hands it the same figure."""
+    import transformers.integrations.accelerate as tia
+
+    free = 14.5 * 2**30
+    monkeypatch.setattr(tia, "get_max_memory",
+                        lambda max_memory=None: dict(max_memory) if max_memory is not None
+                        else {0: free, "cpu": float(2**50)})
+    name = "mistralai/Mistral-7B-v0.1"
+    found = _get_device_map(meta_model(name), "auto", None, None)
+    theirs = {k: (v if isinstance(v, int) else CPU) for k, v in found.items()}
+    tree, mine = formula(name, "auto", free, 1)
+    assert balanced_budgets(tree, [free], "auto", False) == [0.9 * free]
+    assert CPU in mine.values() and 0 in mine.values()
+    assert {u: card_of(theirs, u) for u in mine} == mine

@@ -177,7 +177,7 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
         extras["sections"] = run_time_and_cost(run, acc, dataset, prices, time_options,
                                                memory=breakdown if engine == "analytic" else None)
     findings = run.findings(acc)
-    if s.device_map != "none" and s.gpus > 1:
+    if s.device_map != "none":  # one card too: accelerate may still leave layers on the CPU
         from tuneplan.estimator.device_map import spill_finding
 
         findings.extend(f for f in (spill_finding(run, acc),) if f is not None)

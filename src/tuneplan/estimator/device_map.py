@@ -101,8 +101,9 @@ def free_bytes(acc: Accelerator | None) -> float:
 
 def assumed_max_memory(setup: TrainSetup, acc: Accelerator | None) -> dict[int, int] | None:
     """The ``max_memory`` the estimate assumes ({card: free bytes}, what accelerate's default reads), for a
-    recipe to pass explicitly; None without a card (accelerate then reads the cards it runs on)."""
-    if acc is None:
+    recipe to pass explicitly; None without a card (accelerate then reads the cards it runs on) or on one
+    card, where a given max_memory would turn off the 90 % rule the estimate assumes."""
+    if acc is None or setup.gpus == 1:
         return None
     return {k: int(free_bytes(acc)) for k in range(setup.gpus)}
 

@@ -10,8 +10,9 @@ accelerate 1.x, read from their code:
   "auto" / "balanced" / "balanced_low_0" then cap every card but the last (``get_balanced_memory``) at
   ``total // cards + int(1.25 * biggest)``, biggest = the largest no-split block (the decoder layer class
   in ``_no_split_modules``) or leaf module (the embedding, the head); "balanced_low_0" gives card 0 only
-  what the others cannot hold. "sequential" keeps the free memory. The 90 % rule there applies only to a
-  single card. A bitsandbytes quantizer then scales every budget by 0.90 (``adjust_max_memory``).
+  what the others cannot hold. "sequential" keeps the free memory. Its 90 % rule applies only to a
+  single card (no ``max_memory`` given: 90 % of it, the rest "for the buffer"). A bitsandbytes quantizer
+  then scales every budget by 0.90 (``adjust_max_memory``).
 - **Walk** (``infer_auto_device_map``): the modules in order (the body's embedding, its layers, its final
   norm and rotary buffers, then the head), each on the current card while ``used + size`` fits its budget;
   card 0 keeps room for the largest remaining layer (it is the "main" device that would take back an
@@ -36,6 +37,7 @@ from tuneplan.specs.setup import TrainSetup
 
 CPU = -1  # the card index of a module the walk leaves on the CPU
 BALANCE_MARGIN = 1.25  # get_balanced_memory: buffer = int(1.25 * max(biggest no-split block, biggest leaf))
+SINGLE_CARD_SHARE = 0.90  # get_balanced_memory, one card and no max_memory given: "90% is a good compromise"
 QUANT_BUDGET = 0.90  # Bnb4BitHfQuantizer / Bnb8BitHfQuantizer.adjust_max_memory (quantization buffers)
 ROPE_BUFFERS = 2  # rotary_emb.inv_freq and .original_inv_freq: head_dim / 2 fp32 values each (transformers 5)
 
@@ -120,6 +122,8 @@ def balanced_budgets(root: Module, free: list[float], rule: str, quantized: bool
     free bytes of each card (``float('inf')``: not bounded)."""
     budgets = list(free)
     n = len(budgets)
+    if rule != "sequential" and n == 1:
+        budgets[0] *= SINGLE_CARD_SHARE
     if rule != "sequential" and n > 1:
         low_zero = rule == "balanced_low_0"
         per_card = root.size // (n - 1 if low_zero else n)
