@@ -230,3 +230,12 @@ def test_one_card_auto_map_can_leave_layers_on_the_cpu() -> None:
     assert not [f for f in plain.findings if f.level == "error"]
     where = placement(auto.run, auto.gpu)
     assert where.budgets[0] == pytest.approx(0.9 * 0.9 * (auto.gpu.memory_bytes - 512 * 2**20))
+
+
+def test_measure_refuses_a_plan_over_several_cards() -> None:
+    """One process, yet several cards: measure runs on one device, so it must not take the plan for one."""
+    from tuneplan.measure.build import check_measurable
+
+    with pytest.raises(TuneplanError) as e:
+        check_measurable(TrainSetup(gpus=2, device_map="auto"), "cpu")
+    assert e.value.field == "gpus"

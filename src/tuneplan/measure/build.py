@@ -63,9 +63,9 @@ class BuiltRun:
 
 def check_measurable(setup: TrainSetup, device: str) -> None:
     """Refuse, naming the field, what one process on one device cannot run."""
-    if setup.world_size > 1 or setup.zero or setup.fsdp:
+    if setup.cards > 1 or setup.zero or setup.fsdp:  # cards: a device_map run spans several in one process
         raise TuneplanError("measure runs one process on one device; plan multi-GPU runs with `estimate`",
-                            field="gpus" if setup.world_size > 1 else ("zero" if setup.zero else "fsdp"),
+                            field="gpus" if setup.cards > 1 else ("zero" if setup.zero else "fsdp"),
                             accepted="{gpus=1} {nodes=1}, no {zero} / {fsdp}")
     if setup.framework not in MEASURABLE_FRAMEWORKS:
         raise TuneplanError(f"measure runs the transformers + PEFT stack; {setup.framework} runs its own model "
