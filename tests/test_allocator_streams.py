@@ -1,0 +1,134 @@
+"""The caching-allocator emulation's stream rules, on hand-made allocation streams, and the tracker's view of
+FSDP's streams on the tiny sharded model.
+
+Expected sizes come from c10/cuda/CUDACachingAllocator.cpp's constants: a request of 1 MiB .. 10 MiB gets a
+20 MiB large segment (``kLargeBuffer``), one <= 1 MiB a 2 MiB small segment (``kSmallBuffer``); free blocks
+are looked up in the requesting stream's part of the pool only; a block ``record_stream``-ed on another
+stream returns to its pool when the events recorded on those streams at its free have completed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tuneplan.simulate.allocator import CachingAllocatorSim, StreamClock  # noqa: E402
+
+MIB = 1024**2
+
+
+def test_a_block_cached_by_one_stream_is_not_reused_by_another() -> None:
+    one = CachingAllocatorSim()
+    one.malloc(0, 8 * MIB, 8 * MIB)
+    one.free(0, 8 * MIB)
+    one.malloc(1, 8 * MIB, 8 * MIB)
+    assert one.stats.max_reserved == 20 * MIB  # the cached block is reused
+
+    two = CachingAllocatorSim()
+    two.malloc(0, 8 * MIB, 8 * MIB, stream="side")
+    two.free(0, 8 * MIB)
+    two.malloc(1, 8 * MIB, 8 * MIB, stream="default")
+    assert two.stats.max_reserved == 40 * MIB  # a second segment: the side stream's block stays its own
+    assert two.stats.reserved_by_stream_at_peak == {"side": 20 * MIB, "default": 20 * MIB}
+    two.malloc(2, 8 * MIB, 8 * MIB, stream="side")
+    assert two.reserved == 40 * MIB  # the side stream reuses its own cached block
+
+
+def test_record_stream_defers_reuse_until_the_use_stream_is_synchronized() -> None:
+    sim = CachingAllocatorSim()
+    sim.malloc(0, 12 * MIB, 12 * MIB, stream="side")  # >= 10 MiB: a segment of exactly 12 MiB
+    sim.free(0, 12 * MIB, uses=frozenset({"default"}), at=5)
+    assert sim.allocated == 0 and sim.pending_bytes == 12 * MIB  # allocated drops at once
+    sim.malloc(1, 12 * MIB, 12 * MIB, stream="side")
+    assert sim.reserved == 24 * MIB  # the pending block is not handed out: a new segment
+    sim.clock.sync("default", 4)  # the CPU waited for the default stream, but only up to before the free
+    sim.malloc(2, 12 * MIB, 12 * MIB, stream="side")
+    assert sim.reserved == 36 * MIB
+    sim.clock.sync("default", 5)
+    sim.malloc(3, 12 * MIB, 12 * MIB, stream="side")
+    assert sim.reserved == 36 * MIB and sim.pending_bytes == 0  # now it is returned and reused
+
+
+def test_record_stream_on_the_blocks_own_stream_changes_nothing() -> None:
+    sim = CachingAllocatorSim()
+    sim.malloc(0, 12 * MIB, 12 * MIB, stream="side")
+    sim.free(0, 12 * MIB, uses=frozenset({"side"}), at=1)
+    sim.malloc(1, 12 * MIB, 12 * MIB, stream="side")
+    assert sim.reserved == 12 * MIB and sim.stats.deferred_frees == 0
+
+
+def test_a_gpu_that_keeps_up_returns_pending_blocks_at_the_next_malloc() -> None:
+    sim = CachingAllocatorSim(complete="eager")
+    sim.malloc(0, 12 * MIB, 12 * MIB, stream="side")
+    sim.free(0, 12 * MIB, uses=frozenset({"default"}), at=5)
+    sim.malloc(1, 12 * MIB, 12 * MIB, stream="side")
+    assert sim.reserved == 12 * MIB
+
+
+def test_release_cached_blocks_completes_pending_frees_first() -> None:
+    sim = CachingAllocatorSim(capacity=40 * MIB)
+    sim.malloc(0, 8 * MIB, 8 * MIB, stream="side")  # 1..10 MiB: a 20 MiB segment
+    sim.free(0, 8 * MIB, uses=frozenset({"default"}), at=1)
+    sim.malloc(1, 12 * MIB, 12 * MIB, stream="default")  # 12 MiB segment: 32 MiB reserved
+    sim.malloc(2, 12 * MIB, 12 * MIB, stream="default")  # 44 > 40: synchronize, release the side segment
+    assert not sim.stats.oom and sim.reserved == 24 * MIB and sim.stats.cuda_frees == 1
+
+
+def test_stream_clock_follows_wait_stream_edges() -> None:
+    c = StreamClock()
+    c.wait("default", "reduce", 10)  # at event 10 the default stream waits for the reduce stream's work
+    c.sync("default", 9)
+    assert not c.complete(frozenset({"reduce"}), 8)  # that wait is later than what the CPU waited for
+    c.sync("default", 12)
+    assert c.complete(frozenset({"reduce"}), 10) and not c.complete(frozenset({"reduce"}), 11)
+
+
+@pytest.fixture(scope="module")
+def tiny_fsdp1():
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from tuneplan.api import build_setup
+    from tuneplan.simulate import simulate_report
+    from tuneplan.specs.model import model_from_config
+
+    from .sharded_tiny import TINY
+
+    spec = model_from_config(TINY, "tiny-llama-streams")
+    return simulate_report(spec, build_setup(spec, method="full", precision="fp32", optimizer="adamw", seq=64,
+                                             attn="eager", gradient_checkpointing=False, gpus=2, fsdp=True))
+
+
+def test_fsdp1_all_gathers_and_reduce_scatters_on_their_own_streams(tiny_fsdp1) -> None:
+    from .sharded_tiny import KV, A, D, F, H, V
+
+    layer_fp32 = 4 * (H * A * D + 2 * H * KV * D + A * D * H + 3 * H * F + 2 * H)
+    root_fp32 = 4 * (2 * V * H + H)  # embed_tokens, lm_head, final norm
+    a = tiny_fsdp1.allocator
+    by = a["reserved_by_stream_bytes"]
+    # every unsharded layer (and the root unit) and every sharded gradient of the tiny model is under 1 MiB,
+    # and at most two layers and the root live or pending at once (under 2 MiB): one small segment per stream
+    assert 2 * layer_fp32 + root_fp32 < 2 * MIB
+    assert by["fsdp unshard (all-gather)"] == 2 * MIB
+    assert by["fsdp post-backward (reduce-scatter)"] == 2 * MIB
+    # the unsharded flat parameters are record_stream-ed on the compute stream before they are freed
+    assert a["deferred_frees"] > 0
+    assert a["cross_stream_bytes"] == a["reserved_bytes"] - a["reserved_one_stream_bytes"] > 0
+    assert a["gap_bytes"] == a["reserved_bytes"] - a["allocated_bytes"]
+    assert tiny_fsdp1.breakdown.reserved_peak_bytes == a["reserved_bytes"]
+
+
+def test_a_single_gpu_run_has_one_stream_and_no_cross_stream_gap() -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from tuneplan.api import build_setup
+    from tuneplan.simulate import simulate_report
+    from tuneplan.specs.model import model_from_config
+
+    from .sharded_tiny import TINY
+
+    spec = model_from_config(TINY, "tiny-llama-one")
+    a = simulate_report(spec, build_setup(spec, method="lora", seq=64, attn="eager")).allocator
+    assert list(a["reserved_by_stream_bytes"]) == ["default"]
+    assert a["cross_stream_bytes"] == 0 and a["deferred_frees"] == 0
+    assert a["reserved_one_stream_bytes"] == a["reserved_gpu_keeps_up_bytes"] == a["reserved_bytes"]
