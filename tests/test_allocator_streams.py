@@ -4,7 +4,8 @@ FSDP's streams on the tiny sharded model.
 Expected sizes come from c10/cuda/CUDACachingAllocator.cpp's constants: a request of 1 MiB .. 10 MiB gets a
 20 MiB large segment (``kLargeBuffer``), one <= 1 MiB a 2 MiB small segment (``kSmallBuffer``); free blocks
 are looked up in the requesting stream's part of the pool only; a block ``record_stream``-ed on another
-stream returns to its pool when the events recorded on those streams at its free have completed.
+stream returns to its pool when the events recorded on those streams at its free have completed (here: once
+the CPU has waited for the GPU's work queued after the free).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tuneplan.simulate.allocator import CachingAllocatorSim, StreamClock  # noqa: E402
+from tuneplan.simulate.allocator import CachingAllocatorSim  # noqa: E402
 
 MIB = 1024**2
 
@@ -42,10 +43,10 @@ def test_record_stream_defers_reuse_until_the_use_stream_is_synchronized() -> No
     assert sim.allocated == 0 and sim.pending_bytes == 12 * MIB  # allocated drops at once
     sim.malloc(1, 12 * MIB, 12 * MIB, stream="side")
     assert sim.reserved == 24 * MIB  # the pending block is not handed out: a new segment
-    sim.clock.sync("default", 4)  # the CPU waited for the default stream, but only up to before the free
+    sim.clock.sync(4)  # the CPU waited for the default stream, but only up to before the free
     sim.malloc(2, 12 * MIB, 12 * MIB, stream="side")
     assert sim.reserved == 36 * MIB
-    sim.clock.sync("default", 5)
+    sim.clock.sync(5)
     sim.malloc(3, 12 * MIB, 12 * MIB, stream="side")
     assert sim.reserved == 36 * MIB and sim.pending_bytes == 0  # now it is returned and reused
 
@@ -73,15 +74,6 @@ def test_release_cached_blocks_completes_pending_frees_first() -> None:
     sim.malloc(1, 12 * MIB, 12 * MIB, stream="default")  # 12 MiB segment: 32 MiB reserved
     sim.malloc(2, 12 * MIB, 12 * MIB, stream="default")  # 44 > 40: synchronize, release the side segment
     assert not sim.stats.oom and sim.reserved == 24 * MIB and sim.stats.cuda_frees == 1
-
-
-def test_stream_clock_follows_wait_stream_edges() -> None:
-    c = StreamClock()
-    c.wait("default", "reduce", 10)  # at event 10 the default stream waits for the reduce stream's work
-    c.sync("default", 9)
-    assert not c.complete(frozenset({"reduce"}), 8)  # that wait is later than what the CPU waited for
-    c.sync("default", 12)
-    assert c.complete(frozenset({"reduce"}), 10) and not c.complete(frozenset({"reduce"}), 11)
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +124,41 @@ def test_a_single_gpu_run_has_one_stream_and_no_cross_stream_gap() -> None:
     assert list(a["reserved_by_stream_bytes"]) == ["default"]
     assert a["cross_stream_bytes"] == 0 and a["deferred_frees"] == 0
     assert a["reserved_one_stream_bytes"] == a["reserved_gpu_keeps_up_bytes"] == a["reserved_bytes"]
+
+
+# ---- the analytic engine's per-stream reserve (estimator/overhead.cross_stream_reserve) --------------------
+# Llama-2-7B's decoder layer: q, k, v, o 4096 x 4096, gate / up / down 4096 x 11008, two 4096 norms
+LLAMA2_7B_LAYER = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+
+
+def _cross_stream(**kw):
+    from tuneplan.api import estimate
+    from tuneplan.estimator.overhead import reserved_from_allocated
+
+    b = estimate("meta-llama/Llama-2-7b-hf", **kw).breakdown
+    return b.reserved_peak_bytes - reserved_from_allocated(b.allocated_peak_bytes)
+
+
+def test_fsdp1_holds_the_rate_limiters_freed_units_and_gradients() -> None:
+    # full fine-tune, bf16-mixed: one layer unsharded in bf16 (u) and its unsharded bf16 gradient (g = u);
+    # the rate limiter lets two freed units (and two recorded gradients) wait for the compute stream
+    u = 2 * LLAMA2_7B_LAYER
+    assert _cross_stream(method="full", gpus=4, fsdp=True, gradient_checkpointing=True) == 2 * (u + u)
+
+
+def test_fsdp2_caches_two_all_gather_outputs_and_one_reduce_scatter_input() -> None:
+    u = 2 * LLAMA2_7B_LAYER
+    got = _cross_stream(method="full", gpus=4, fsdp=True, fsdp_version=2, gradient_checkpointing=True)
+    assert got == 3 * u
+
+
+def test_lora_under_fsdp1_holds_the_adapters_gradients_not_the_layers() -> None:
+    # r=16 on q_proj and v_proj: 2 x (4096 x 16 + 16 x 4096) trainable per layer, gradients in bf16
+    u, g = 2 * LLAMA2_7B_LAYER, 2 * 2 * (4096 * 16 + 16 * 4096)
+    assert _cross_stream(method="lora", rank=16, targets="q_proj,v_proj", gpus=2, fsdp=True) == 2 * (u + g)
+
+
+@pytest.mark.parametrize("kw", [dict(method="lora"), dict(method="full", gpus=2),
+                                dict(method="full", gpus=2, zero=3)])
+def test_no_cross_stream_reserve_without_fsdp(kw) -> None:
+    assert _cross_stream(**kw) == 0

@@ -22,11 +22,13 @@ Streams (same source):
   freed, ``allocated`` drops at once but the block stays out of the pool (``insert_events``: one event per
   use stream, recorded at the free) until those events complete (``process_events``, run at the start of
   every ``malloc``);
-- when an event completes is the GPU's business: ``complete="sync"`` (the default) returns a pending block
-  once the CPU has provably waited for its use streams past the free (an ``Event.synchronize`` on an event
-  recorded later on that stream, e.g. FSDP1's all-gather rate limiter, or a stream this one waited for
-  through ``wait_stream`` before that point): a GPU-bound run, where the CPU runs ahead until it blocks;
-  ``complete="eager"`` returns it at the next ``malloc`` (a GPU that keeps up with the CPU).
+- when an event completes is the GPU's business. ``complete="sync"`` (the default) is a GPU-bound run, where
+  the CPU runs ahead of the GPU until it blocks: a pending block returns once the CPU has waited for work
+  queued after its free (an ``Event.synchronize`` on an event recorded after it, e.g. FSDP1's all-gather
+  rate limiter; a ``Stream.synchronize``; a device value read on the host), on the assumption that the
+  communication streams keep pace with the compute stream (the overlap FSDP is built for: a reduce-scatter
+  queued before that point has finished when the compute queued before it has). ``complete="eager"``
+  returns it at the next ``malloc`` (a GPU that keeps up with the CPU): the low end.
 Not modelled: ``expandable_segments:True`` (reserved ~ allocated rounded to 2 MiB pages),
 ``garbage_collection_threshold``, ``max_split_size_mb``.
 """
@@ -80,30 +82,17 @@ class TraceEntry:
 
 
 class StreamClock:
-    """What the CPU knows to be complete on each stream: ``done[s]`` = the event index through which stream
-    ``s``'s work has finished. ``sync(s, i)`` (the CPU waited for ``s`` up to ``i``) also completes, through
-    the ``wait_stream`` edges ``s`` had by then, the work of the streams it waited for."""
+    """What the CPU knows to be complete: ``done`` = the event index through which the GPU's work has finished
+    (every stream alike: the communication streams keep pace with the compute stream)."""
 
     def __init__(self) -> None:
-        self.done: dict[str, int] = {}
-        self._waits: dict[str, list[tuple[int, str, int]]] = {}  # waiter -> [(at, waitee, waitee's at)]
+        self.done = -1
 
-    def wait(self, waiter: str, waitee: str, at: int) -> None:
-        if waiter != waitee:
-            self._waits.setdefault(waiter, []).append((at, waitee, at))
+    def sync(self, at: int) -> None:
+        self.done = max(self.done, at)
 
-    def sync(self, stream: str, at: int) -> None:
-        todo = [(stream, at)]
-        while todo:
-            s, i = todo.pop()
-            old = self.done.get(s, -1)
-            if i <= old:
-                continue
-            self.done[s] = i
-            todo.extend((waitee, j) for (k, waitee, j) in self._waits.get(s, ()) if old < k <= i)
-
-    def complete(self, uses: frozenset[str], at: int) -> bool:
-        return all(self.done.get(s, -1) >= at for s in uses)
+    def complete(self, at: int) -> bool:
+        return self.done >= at
 
 
 class CachingAllocatorSim:
@@ -172,7 +161,7 @@ class CachingAllocatorSim:
             return
         keep = []
         for bid, uses, at in self._pending:
-            if self.complete_mode == "eager" or self.clock.complete(uses, at):
+            if self.complete_mode == "eager" or self.clock.complete(at):
                 self._return_block(bid)
             else:
                 keep.append((bid, uses, at))
@@ -266,8 +255,7 @@ def replay(events: list, capacity: int | None = None, stream_ops: list | None = 
     """Feed the tracker's events (host-side blocks excluded) through the emulated allocator.
 
     ``stream_ops`` (the tracker's log, in event order: ``(at, "sync", stream, upto)`` the CPU waited at event
-    ``at`` for ``stream``'s work through event ``upto``; ``(at, "wait", waiter, waitee)`` a ``wait_stream``);
-    ``streams=False`` replays
+    ``at`` for ``stream``'s work through event ``upto``); ``streams=False`` replays
     every block on one stream with no pending frees (the one-stream emulation, for the cross-stream part of
     the gap)."""
     sim = CachingAllocatorSim(capacity, complete=complete)
@@ -290,8 +278,5 @@ def replay(events: list, capacity: int | None = None, stream_ops: list | None = 
 
 
 def _apply(clock: StreamClock, op: tuple[Any, ...]) -> None:
-    at, kind = op[0], op[1]
-    if kind == "sync":
-        clock.sync(op[2], op[3])
-    elif kind == "wait":
-        clock.wait(op[2], op[3], at)
+    if op[1] == "sync":
+        clock.sync(op[3])

@@ -23,11 +23,10 @@ changing what the wrapper does:
 - ``record_stream``: FSDP1's ``_no_dispatch_record_stream`` returns at once for a CPU tensor; the hook
   files the stream use on the block instead (the unsharded flat parameter recorded on the compute stream
   before it is freed, the autograd gradient recorded on the post-backward stream, the low-precision shard);
-- when the CPU provably waits for a stream: ``Event.record`` / ``Event.synchronize`` (FSDP1's rate
-  limiter, ``limit_all_gathers``), ``Stream.synchronize`` (FSDP1's CPU-offload callback), and
-  ``Stream.wait_stream`` edges; and, after every micro-batch's backward, the HF Trainer's
-  ``torch.isnan(tr_loss_step)`` check (``logging_nan_inf_filter``, default on), whose ``bool()`` waits for
-  the compute stream;
+- when the CPU waits for the GPU: ``Event.record`` / ``Event.synchronize`` (FSDP1's rate limiter,
+  ``limit_all_gathers``), ``Stream.synchronize`` (FSDP1's CPU-offload callback) and, after every
+  micro-batch's backward, the HF Trainer's ``torch.isnan(tr_loss_step)`` check (``logging_nan_inf_filter``,
+  default on), whose ``bool()`` waits for the compute stream;
 - stream names: the attributes FSDP1 (``_runtime_utils._init_streams``) and FSDP2
   (``FSDPCommContext.lazy_init``) store their streams under.
 """
@@ -125,7 +124,7 @@ class StorageTracker(TorchDispatchMode):
     def phase(self, value: str) -> None:
         if getattr(self, "_phase", "").endswith(".backward") and not value.endswith(".backward"):
             # the Trainer's isnan(tr_loss_step) after the micro-batch's backward: the CPU waits for the
-            # compute stream (and, through the wrapper's end-of-backward wait_stream, for what it waited on)
+            # compute stream
             at = len(self.events)
             self.stream_ops.append((at, "sync", "default", at))
         self._phase = value
@@ -326,9 +325,6 @@ def stream_hooks(tracker: StorageTracker) -> Iterator[None]:
     def at() -> int:
         return len(tracker.events)
 
-    def wait_stream(self: Any, other: Any) -> None:
-        tracker.stream_ops.append((at(), "wait", tracker.stream_name(self), tracker.stream_name(other)))
-
     def record(self: Any, stream: Any = None) -> None:
         self._tuneplan_recorded = (tracker.stream_name(stream), at())
 
@@ -343,7 +339,6 @@ def stream_hooks(tracker: StorageTracker) -> Iterator[None]:
     def record_stream(tensor: torch.Tensor, stream: Any) -> None:
         tracker.record_use(tensor, stream)
 
-    patch(torch.cpu.Stream, "wait_stream", wait_stream)
     patch(torch.cpu.Stream, "synchronize", stream_synchronize)
     patch(torch.cpu.Event, "record", record)
     patch(torch.cpu.Event, "synchronize", synchronize)
