@@ -162,3 +162,22 @@ def test_lora_under_fsdp1_holds_the_adapters_gradients_not_the_layers() -> None:
                                 dict(method="full", gpus=2, zero=3)])
 def test_no_cross_stream_reserve_without_fsdp(kw) -> None:
     assert _cross_stream(**kw) == 0
+
+
+def test_stream_gap_benchmark_pattern_emulated() -> None:
+    """benchmarks/stream_gap.py's FSDP1-like pattern (256 MiB layer buffers: exact 256 MiB segments).
+    GPU-bound: at layer i the rate limiter has waited for the free event of layer i - 2 only, so the
+    buffer of layer i - 1 is still pending and layer i reuses layer i - 2's: two buffers in the side
+    stream's pool. A GPU that keeps up returns each buffer at the next allocation: one."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from stream_gap import emulate
+
+    shape = dict(layers=8, layer_mib=256, act_mib=64)
+    bound = emulate(2, **shape, complete="sync")
+    keeps_up = emulate(2, **shape, complete="eager")
+    assert bound["reserved_by_stream_at_peak"]["side"] == 2 * 256 * MIB
+    assert keeps_up["reserved_by_stream_at_peak"]["side"] == 256 * MIB
+    assert bound["max_allocated"] == keeps_up["max_allocated"] == emulate(1, **shape)["max_allocated"]
