@@ -69,7 +69,7 @@ def cross_stream_reserve(run: Any) -> int:
       keeps until the next group's (``reduce_scatter_state``): ``2 x u + g``;
     - one GPU, DDP, DeepSpeed: 0 (every block on the compute stream; DeepSpeed's own streams are not
       emulated).
-    Against simulate's emulation (Llama-2-7B, seq 512): FSDP1 LoRA 2 GPUs 0.75 GiB here vs 0.33 GiB in the
+    Against simulate's emulation (Llama-2-7B, seq 512): FSDP1 LoRA 2 GPUs 0.75 GiB here vs 0.32 GiB in the
     trace, FSDP1 full 4 GPUs 1.5 vs 2.5, FSDP2 LoRA 0.75 vs 0.76, FSDP2 full 1.1 vs 0.8 (the trace's reserved
     less allocated x (1 + FRAGMENTATION))."""
     setup = run.setup
