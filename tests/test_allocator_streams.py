@@ -181,3 +181,23 @@ def test_stream_gap_benchmark_pattern_emulated() -> None:
     assert bound["reserved_by_stream_at_peak"]["side"] == 2 * 256 * MIB
     assert keeps_up["reserved_by_stream_at_peak"]["side"] == 256 * MIB
     assert bound["max_allocated"] == keeps_up["max_allocated"] == emulate(1, **shape)["max_allocated"]
+
+
+def test_the_trackers_stream_hooks_are_undone_on_exit_even_when_re_entered() -> None:
+    import torch
+
+    from tuneplan.simulate.tracker import StorageTracker
+
+    record, had_sync = torch.cpu.Event.record, hasattr(torch.cpu.Stream, "synchronize")
+    t = StorageTracker()
+    with t:
+        patched = torch.cpu.Event.record
+        assert patched is not record
+        with t:  # a mode pushed again (a checkpoint's recomputation) keeps the outer hooks
+            assert torch.cpu.Event.record is patched
+        assert torch.cpu.Event.record is patched
+        s = torch.cpu.Stream()
+        with torch.cpu.stream(s):
+            assert t.stream_name() == "side stream 1"
+        assert t.stream_name() == "default"
+    assert torch.cpu.Event.record is record and hasattr(torch.cpu.Stream, "synchronize") == had_sync

@@ -114,6 +114,7 @@ class StorageTracker(TorchDispatchMode):
         self.stream_ops: list[tuple[Any, ...]] = []
         self._stream_names: dict[int, str] = {}
         self._unhook: Any = None
+        self._depth = 0
 
     # ---- streams -----------------------------------------------------------------------------
     @property
@@ -160,12 +161,15 @@ class StorageTracker(TorchDispatchMode):
 
     def __enter__(self) -> StorageTracker:
         out = super().__enter__()
-        self._unhook = stream_hooks(self)
-        self._unhook.__enter__()
+        self._depth += 1
+        if self._depth == 1:  # a re-entered mode (a checkpoint's recomputation) keeps the outer hooks
+            self._unhook = stream_hooks(self)
+            self._unhook.__enter__()
         return out
 
     def __exit__(self, *exc: Any) -> None:
-        if self._unhook is not None:
+        self._depth -= 1
+        if self._depth == 0 and self._unhook is not None:
             self._unhook.__exit__(None, None, None)
             self._unhook = None
         super().__exit__(*exc)
