@@ -82,7 +82,7 @@ def stream_gap(res: Any, alloc: Any, capacity: int | None) -> dict[str, Any]:
     """The reserved-vs-allocated gap of the run and its cross-stream part.
 
     ``alloc`` is the emulation with the allocator's stream rules (``allocator.replay``: pools per stream,
-    ``record_stream`` frees returned when the CPU has provably waited for the use stream). The same events
+    ``record_stream`` frees returned once the CPU has waited for work queued after them). The same events
     replayed on one stream give the reserved peak without them; the difference is the cross-stream caching
     (0 for a run whose blocks all live on the compute stream: every single-GPU run). A replay whose pending
     frees return at the next allocation (a GPU that keeps up with the CPU) gives the low end."""
