@@ -61,7 +61,8 @@ def predict(row: MappedRow, engine: str) -> dict[str, Any]:
         # the run reserved this much while loading the model (torchtune 0.1 builds the NF4 weights on the GPU)
         # and the caching allocator kept it: tuneplan estimates the training step, not the load
         quantity = max(quantity, row.reserved_floor_bytes)
-    return {"predicted_bytes": quantity, "allocated_bytes": b.allocated_peak_bytes, "device_bytes": device,
+    return {"predicted_bytes": quantity, "allocated_bytes": b.allocated_peak_bytes,
+            "reserved_bytes": b.reserved_peak_bytes, "device_bytes": device,
             "floor_bytes": floor, "fits": est.fits, "gpu_bytes": est.gpu.memory_bytes if est.gpu else None}
 
 

@@ -103,9 +103,10 @@ for entry in "${CONFIGS[@]}"; do
 done
 echo "gpu_sweep: $ok recorded, $failed failed, $skipped skipped in $(( $(date +%s) - start ))s -> $OUT"
 
-# Reserved vs allocated when blocks cross streams (FSDP's all-gather on its own stream, record_stream):
-# one run on one stream and one on two, appended to benchmarks/data/stream_gap.jsonl, to check the caching-
-# allocator emulation's per-stream rules against this card.
+# Reserved vs allocated when blocks cross streams (FSDP1's all-gather on its own stream, record_stream, the
+# rate limiter, GPU work that keeps the CPU ahead): one run on one stream and one on two, appended to
+# benchmarks/data/stream_gap.jsonl beside the allocator emulation's figures for the same pattern (one stream;
+# two streams, GPU-bound and GPU keeping up), to check the emulation's per-stream rules against this card.
 echo "== stream gap (one card, one stream vs two)"
 timeout "$RUN_TIMEOUT" python3 benchmarks/stream_gap.py --out benchmarks/data/stream_gap.jsonl \
   || echo "gpu_sweep: stream gap run failed (exit $?)" >&2

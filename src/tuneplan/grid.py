@@ -31,7 +31,7 @@ import numpy as np
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.memory import STEP_COMPONENTS, memory_at
-from tuneplan.estimator.overhead import cuda_context_bytes, reserved_from_allocated
+from tuneplan.estimator.overhead import cross_stream_reserve, cuda_context_bytes, reserved_from_allocated
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -115,7 +115,7 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
         totals[i] = m.total(p)
     peak = np.argmax(totals, axis=0)
     allocated = np.take_along_axis(totals, peak[None], 0)[0]
-    reserved = reserved_from_allocated(allocated)
+    reserved = reserved_from_allocated(allocated, cross_stream_reserve(run))
     out = {"allocated": allocated, "reserved": reserved,
            "device_peak": reserved + cuda_context_bytes() + m.statics.sp.nccl,
            "peak_phase": np.asarray(names)[peak]}

@@ -50,6 +50,13 @@ def _render_simulation(sim: dict[str, Any]) -> None:
         + (", would run out of the given capacity" if a.get("would_oom") else "")
         + "[/]"
     )
+    if len(a.get("reserved_by_stream_bytes", {})) > 1:
+        console.print(
+            f"[dim]reserved - allocated {gib(a['gap_bytes'])} GiB, of which "
+            f"{gib(a['cross_stream_bytes'])} GiB cached per CUDA stream ("
+            + ", ".join(f"{k} {gib(v)}" for k, v in a["reserved_by_stream_bytes"].items())
+            + " GiB reserved)[/]"
+        )
     o = sim["outside_pytorch"]
     console.print(
         f"[dim]outside PyTorch: CUDA context {gib(o['cuda_context_bytes'])} GiB"

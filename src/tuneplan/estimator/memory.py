@@ -23,6 +23,7 @@ from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
 from tuneplan.estimator.overhead import (
     CUBLAS_WORKSPACE,
     CUDA_CONTEXT_BAND,
+    cross_stream_reserve,
     cuda_context_bytes,
     reserved_band,
     reserved_from_allocated,
@@ -301,7 +302,7 @@ def memory_of(run: Run) -> MemoryBreakdown:
     bands = {
         "allocated": Band(int(allocated - ACTIVATION_BAND * transient), int(allocated + ACTIVATION_BAND * transient),
                           "activation and loss terms +-10% (saved-tensor model)"),
-        "reserved": Band(*reserved_band(allocated),
+        "reserved": Band(*reserved_band(allocated, cross_stream_reserve(run)),
                          "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
         "cuda_context": CUDA_CONTEXT,
     }
@@ -309,7 +310,8 @@ def memory_of(run: Run) -> MemoryBreakdown:
     notes = list(st.base_notes)
     if acts.offloaded_bytes or m.held or st.head_deq or (acts.pinned_bytes and st.holds):
         notes.extend(shape_notes(run, st, acts, m.held))
-    return MemoryBreakdown(comps, peak, totals, reserved_from_allocated(allocated), cuda_context_bytes(),
+    return MemoryBreakdown(comps, peak, totals, reserved_from_allocated(allocated, cross_stream_reserve(run)),
+                           cuda_context_bytes(),
                            st.sp.nccl, st.opt.paged, st.sp.host + acts.offloaded_bytes, "analytic", bands, notes)
 
 

@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.overhead import CUDA_CONTEXT_BAND, cuda_context_bytes, reserved_band
+from tuneplan.estimator.overhead import (
+    CUDA_CONTEXT_BAND,
+    cuda_context_bytes,
+    reserved_band,
+    reserved_from_allocated,
+)
 from tuneplan.estimator.types import GIB
 
 ACCEPTED = ("band (the estimate's upper band, default), a size in GiB such as 2GiB, a percentage such as "
@@ -85,7 +90,8 @@ def upper_band(allocated: Any, reserved: Any, device_peak: Any) -> Any:
     band's high end (``overhead.reserved_band``, as ``estimator/memory.memory_of`` reads it) + the context
     band's high end + NCCL, which is what the device peak holds above reserved + context."""
     nccl = device_peak - reserved - cuda_context_bytes()
-    return reserved_band(allocated)[1] + CUDA_CONTEXT_BAND[1] + nccl
+    cross_stream = reserved - reserved_from_allocated(allocated)  # overhead.cross_stream_reserve of the run
+    return reserved_band(allocated, cross_stream)[1] + CUDA_CONTEXT_BAND[1] + nccl
 
 
 def required_bytes(est: Any, margin: Margin) -> int:
