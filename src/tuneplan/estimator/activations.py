@@ -15,7 +15,7 @@ from tuneplan.estimator.saved_tensors import (
     embedding_backward_at,
     model_dropout,
 )
-from tuneplan.estimator.xp import maximum, to_int
+from tuneplan.estimator.xp import int_for, maximum
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -165,6 +165,7 @@ def saved_at(a: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     in backward."""
     # (no in-place += below: on a grid an operand may broadcast to a larger shape than the accumulator)
     tokens = batch * seq
+    to_int = int_for(tokens)  # the builtin on Python numbers (the scalar estimate), else the array-aware one
     pairs = tokens * seq  # t x s: (query, key) pairs
     total = 0.0
     biggest = 0.0
