@@ -40,6 +40,9 @@ ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked 
 CUDA_CONTEXT = Band(CUDA_CONTEXT_BAND[0], CUDA_CONTEXT_BAND[1], "driver, CUDA version, lazy loading")
 STEP_COMPONENTS = ("gradients", "optimizer_temp", "activations", "autocast_copies", "logits_loss",
                    "backward_temp", "parallel_buffers")
+# the transient ones' places in an instant's row (the allocated band's +-10%)
+ACTIVATIONS, LOGITS_LOSS, BACKWARD_TEMP = (STEP_COMPONENTS.index(c) for c in ("activations", "logits_loss",
+                                                                              "backward_temp"))
 
 
 @dataclass(frozen=True)
@@ -348,9 +351,8 @@ class AnalyticBreakdown(MemoryBreakdown):
 
     @built_on_read
     def bands(self) -> dict[str, Band]:
-        phases, st = self._at[0], self._at[4]
-        allocated, comps = self._allocated, components_of(st, phases[self.peak_phase])
-        transient = comps["activations"] + comps["logits_loss"] + comps["backward_temp"]
+        allocated, row = self._allocated, self._at[0][self.peak_phase]
+        transient = row[ACTIVATIONS] + row[LOGITS_LOSS] + row[BACKWARD_TEMP]
         return {
             "allocated": Band(int(allocated - ACTIVATION_BAND * transient),
                               int(allocated + ACTIVATION_BAND * transient),
