@@ -299,10 +299,11 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
     return memory_of(resolve_run(model, setup))
 
 
-def memory_of(run: Run) -> AnalyticBreakdown:
-    """Analytic per-GPU memory of a resolved run at its own batch and seq: the instant with the largest
-    allocated total (the first one on a tie), the reserved and device figures; its components, the other
-    instants' totals, the bands and the notes are built from the same instants when first read."""
+def memory_of(run: Run) -> MemoryBreakdown:
+    """Analytic per-GPU memory of a resolved run at its own batch and seq (an :class:`AnalyticBreakdown`):
+    the instant with the largest allocated total (the first one on a tie), the reserved and device figures;
+    its components, the other instants' totals, the bands and the notes are built from the same instants
+    when first read."""
     at = instants(run, run.setup.batch, run.setup.seq)
     # Python ints at one shape (activations_at truncates its float sums): the totals are exact in any order,
     # so the persistent part, the same at every instant, is added once after the choice (-1 - base: the
@@ -324,13 +325,10 @@ class AnalyticBreakdown(MemoryBreakdown):
     setup fits does not build them."""
 
     def __init__(self, run: Run, at: Instants, peak: str, allocated: int) -> None:
-        st = at[4]
         self.peak_phase = peak
         self.reserved_peak_bytes = reserved_from_allocated(allocated)
         self.cuda_context_bytes = cuda_context_bytes()
-        self.nccl_bytes = st.sp.nccl
-        self.paged_bytes = st.opt.paged
-        self.host_bytes = st.sp.host + at[1].offloaded_bytes
+        self.nccl_bytes = at[4].sp.nccl
         self._run, self._at, self._allocated = run, at, allocated
 
     @property
@@ -338,6 +336,14 @@ class AnalyticBreakdown(MemoryBreakdown):
         # the sum of the components, which is the peak instant's total until a caller edits the components
         comps = self.__dict__.get("components")
         return self._allocated if comps is None else sum(comps.values())
+
+    @built_on_read
+    def paged_bytes(self) -> int:
+        return self._at[4].opt.paged
+
+    @built_on_read
+    def host_bytes(self) -> int:
+        return self._at[4].sp.host + self._at[1].offloaded_bytes
 
     @built_on_read
     def components(self) -> dict[str, int]:
