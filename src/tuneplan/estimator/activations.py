@@ -15,7 +15,7 @@ from tuneplan.estimator.saved_tensors import (
     embedding_backward_at,
     model_dropout,
 )
-from tuneplan.estimator.xp import maximum, to_int
+from tuneplan.estimator.xp import int_for, maximum
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -165,18 +165,24 @@ def saved_at(a: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     in backward."""
     # (no in-place += below: on a grid an operand may broadcast to a larger shape than the accumulator)
     tokens = batch * seq
+    to_int = int_for(tokens)  # the builtin on Python numbers (the scalar estimate), else the array-aware one
     pairs = tokens * seq  # t x s: (query, key) pairs
     total = 0.0
     biggest = 0.0
     biggest_recompute = 0.0  # a recomputed layer without what aliases its checkpointed input
     biggest_bwd = 0.0
     pinned = 0.0
+    # (terms that are zero for a kind, and the recomputed layer without checkpointing, are skipped: the scalar
+    # estimate is a few microseconds, and each product costs a tenth of one)
+    checkpointed = a.checkpointed
     for per_token, per_pos, kept, alias, bwd, bwd_per_pos, attn_off, n in a.kinds:
-        per_layer = tokens * per_token + pairs * per_pos
+        per_layer = tokens * per_token + pairs * per_pos if per_pos else tokens * per_token
         total = total + per_layer * n
-        pinned = pinned + tokens * kept * n
+        if kept:
+            pinned = pinned + tokens * kept * n
         biggest = maximum(biggest, per_layer)
-        biggest_recompute = maximum(biggest_recompute, per_layer - tokens * alias)
+        if checkpointed:
+            biggest_recompute = maximum(biggest_recompute, per_layer - tokens * alias)
         biggest_bwd = maximum(biggest_bwd, tokens * bwd)
         if bwd_per_pos:  # eager attention's backward: the scores' gradients, from the attention block on
             biggest_bwd = maximum(biggest_bwd, pairs * bwd_per_pos + tokens * attn_off)
@@ -184,7 +190,7 @@ def saved_at(a: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     if a.pinned_per_token:
         pinned = pinned + tokens * a.pinned_per_token
     emb_grad, emb_extra = embedding_backward_at(a.model, a.method, a.dt, tokens) if a.method == "full" else (0, 0)
-    if a.checkpointed:
+    if checkpointed:
         ckpt = tokens * a.checkpoint_per_token
         offloaded = ckpt if a.offload else 0
         # the recomputed layer's first norm keeps the checkpoint itself when nothing casts it (simulate:

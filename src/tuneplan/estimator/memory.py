@@ -31,7 +31,7 @@ from tuneplan.estimator.overhead import (
 from tuneplan.estimator.parallel import ShardPlan, shard
 from tuneplan.estimator.quant_kernels import dequant_transient_bytes
 from tuneplan.estimator.run import Run, resolve_run
-from tuneplan.estimator.types import Band, MemoryBreakdown
+from tuneplan.estimator.types import Band, MemoryBreakdown, built_on_read
 from tuneplan.estimator.xp import maximum, minimum
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -41,6 +41,9 @@ ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked 
 CUDA_CONTEXT = Band(CUDA_CONTEXT_BAND[0], CUDA_CONTEXT_BAND[1], "driver, CUDA version, lazy loading")
 STEP_COMPONENTS = ("gradients", "optimizer_temp", "activations", "autocast_copies", "logits_loss",
                    "backward_temp", "parallel_buffers")
+# the transient ones' places in an instant's row (the allocated band's +-10%)
+ACTIVATIONS, LOGITS_LOSS, BACKWARD_TEMP = (STEP_COMPONENTS.index(c) for c in ("activations", "logits_loss",
+                                                                              "backward_temp"))
 
 
 @dataclass(frozen=True)
@@ -191,18 +194,32 @@ class MemoryAt:
 
     def components(self, phase: str) -> dict[str, Any]:
         """Every component of ``phase``, in display order."""
-        comps = self.statics.common.copy()
-        comps.update(zip(STEP_COMPONENTS, self.phases[phase], strict=True))
-        return comps
+        return components_of(self.statics, self.phases[phase])
 
     def total(self, phase: str) -> Any:
         """Bytes allocated at ``phase`` (exact: the components are ints, or int64 arrays)."""
         return self.statics.common_total + sum(self.phases[phase])
 
 
+def components_of(st: MemoryStatics, row: tuple[Any, ...]) -> dict[str, Any]:
+    """The persistent components and an instant's ``row`` of step components, by name in display order."""
+    comps = st.common.copy()
+    comps.update(zip(STEP_COMPONENTS, row, strict=True))
+    return comps
+
+
 def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
-    """The components live at each instant of the step at ``batch`` x ``seq``: Python ints, or numpy arrays
-    broadcast together (a grid); the formulas are the same either way (``estimator/xp.py``).
+    """:func:`instants` as a record (the grid's form; the scalar :func:`memory_of` reads the tuple)."""
+    return MemoryAt(*instants(run, batch, seq))
+
+
+Instants = tuple[dict[str, tuple[Any, ...]], ActivationPlan, LogitsPlan, Any, "MemoryStatics"]
+
+
+def instants(run: Run, batch: Any, seq: Any) -> Instants:
+    """(phases, saved activations, logits chain, what the loop holds, the run's statics): the components live
+    at each instant of the step at ``batch`` x ``seq``: Python ints, or numpy arrays broadcast together (a
+    grid); the formulas are the same either way (``estimator/xp.py``).
 
     Gradients G0 = earlier micro-batches' + buffers through the forward and the top layer's backward, G1 =
     all of them + buffers from the bottom layer on; A = saved activations; L = the logits chain (logits.py):
@@ -260,7 +277,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
         phases["next_micro_batch"] = (st.next_grads, 0, kept, 0, held, 0, gathered)
     phases["optimizer_step"] = (st.step_grads, st.step_temp, kept, 0, held, 0, 0)
-    return MemoryAt(phases, acts, lg, held, st)
+    return phases, acts, lg, held, st
 
 
 def embedding_backward_row(acts: ActivationPlan, st: MemoryStatics) -> tuple[Any, tuple[Any, ...] | None]:
@@ -284,35 +301,81 @@ def memory_breakdown(model: ModelSpec, setup: TrainSetup) -> MemoryBreakdown:
 
 
 def memory_of(run: Run) -> MemoryBreakdown:
-    """Analytic per-GPU memory of a resolved run at its own batch and seq: the instant with the largest
-    allocated total (the first one on a tie), its components, the reserved and device figures."""
-    setup = run.setup
-    m = memory_at(run, setup.batch, setup.seq)
-    st = m.statics
-    # Python ints at one shape (activations_at truncates its float sums): the totals are exact in any order
-    base = st.common_total
-    totals = {}
-    allocated, peak = -1, ""
-    for k, row in m.phases.items():
-        totals[k] = t = base + sum(row)
-        if t > allocated:
-            allocated, peak = t, k
-    comps = m.components(peak)
-    transient = comps["activations"] + comps["logits_loss"] + comps["backward_temp"]
-    bands = {
-        "allocated": Band(int(allocated - ACTIVATION_BAND * transient), int(allocated + ACTIVATION_BAND * transient),
-                          "activation and loss terms +-10% (saved-tensor model)"),
-        "reserved": Band(*reserved_band(allocated, cross_stream_reserve(run)),
-                         "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
-        "cuda_context": CUDA_CONTEXT,
-    }
-    acts = m.acts
-    notes = list(st.base_notes)
-    if acts.offloaded_bytes or m.held or st.head_deq or (acts.pinned_bytes and st.holds):
-        notes.extend(shape_notes(run, st, acts, m.held))
-    return MemoryBreakdown(comps, peak, totals, reserved_from_allocated(allocated, cross_stream_reserve(run)),
-                           cuda_context_bytes(),
-                           st.sp.nccl, st.opt.paged, st.sp.host + acts.offloaded_bytes, "analytic", bands, notes)
+    """Analytic per-GPU memory of a resolved run at its own batch and seq (an :class:`AnalyticBreakdown`):
+    the instant with the largest allocated total (the first one on a tie), the reserved and device figures;
+    its components, the other instants' totals, the bands and the notes are built from the same instants
+    when first read."""
+    at = instants(run, run.setup.batch, run.setup.seq)
+    # Python ints at one shape (activations_at truncates its float sums): the totals are exact in any order,
+    # so the persistent part, the same at every instant, is added once after the choice (-1 - base: the
+    # totals' floor of -1)
+    base = at[4].common_total
+    step, peak = -1 - base, ""
+    for k, row in at[0].items():
+        t = sum(row)
+        if t > step:
+            step, peak = t, k
+    return AnalyticBreakdown(run, at, peak, base + step)
+
+
+class AnalyticBreakdown(MemoryBreakdown):
+    """:func:`memory_of`'s result. The peak instant and the allocated, reserved and device peaks (what a
+    verdict needs) are set when it is made; ``components`` (the peak instant's), ``phases`` (every instant's
+    total), ``bands`` and ``notes`` are built from the instants on first read and kept (types.built_on_read):
+    the values a face reads are the ones an eager breakdown held, and a search that only asks whether the
+    setup fits does not build them."""
+
+    def __init__(self, run: Run, at: Instants, peak: str, allocated: int) -> None:
+        self.peak_phase = peak
+        self.reserved_peak_bytes = reserved_from_allocated(allocated, cross_stream_reserve(run))
+        self.cuda_context_bytes = cuda_context_bytes()
+        self.nccl_bytes = at[4].sp.nccl
+        self._run, self._at, self._allocated = run, at, allocated
+
+    @property
+    def allocated_peak_bytes(self) -> int:
+        # the sum of the components, which is the peak instant's total until a caller edits the components
+        comps = self.__dict__.get("components")
+        return self._allocated if comps is None else sum(comps.values())
+
+    @built_on_read
+    def paged_bytes(self) -> int:
+        return self._at[4].opt.paged
+
+    @built_on_read
+    def host_bytes(self) -> int:
+        return self._at[4].sp.host + self._at[1].offloaded_bytes
+
+    @built_on_read
+    def components(self) -> dict[str, int]:
+        phases, st = self._at[0], self._at[4]
+        return components_of(st, phases[self.peak_phase])
+
+    @built_on_read
+    def phases(self) -> dict[str, int]:
+        phases, base = self._at[0], self._at[4].common_total
+        return {k: base + sum(row) for k, row in phases.items()}
+
+    @built_on_read
+    def bands(self) -> dict[str, Band]:
+        allocated, row = self._allocated, self._at[0][self.peak_phase]
+        transient = row[ACTIVATIONS] + row[LOGITS_LOSS] + row[BACKWARD_TEMP]
+        return {
+            "allocated": Band(int(allocated - ACTIVATION_BAND * transient),
+                              int(allocated + ACTIVATION_BAND * transient),
+                              "activation and loss terms +-10% (saved-tensor model)"),
+            "reserved": Band(*reserved_band(allocated, cross_stream_reserve(self._run)),
+                             "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
+            "cuda_context": CUDA_CONTEXT,
+        }
+
+    @built_on_read
+    def notes(self) -> list[str]:
+        _, acts, _, held, st = self._at
+        notes = list(st.base_notes)
+        if acts.offloaded_bytes or held or st.head_deq or (acts.pinned_bytes and st.holds):
+            notes.extend(shape_notes(self._run, st, acts, held))
+        return notes
 
 
 def shape_notes(run: Run, st: MemoryStatics, acts: ActivationPlan, held: int) -> list[str]:

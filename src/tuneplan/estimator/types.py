@@ -3,6 +3,10 @@
 ``MemoryBreakdown`` is per GPU. ``components`` are the allocated bytes live at the peak instant and
 sum exactly to ``allocated_peak_bytes``; ``phases`` gives the allocated total at every instant of the
 step that was evaluated, so a face can show where the peak falls and by how much the others trail.
+
+The analytic engine returns a subclass (``estimator.memory.AnalyticBreakdown``) that fixes the peak figures
+at once and builds ``components``, ``phases``, ``bands`` and ``notes`` from the instants on first read
+(:class:`built_on_read`): the same values, paid for only by the faces that show them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,23 @@ COMPONENTS: dict[str, str] = {
     "parallel_buffers": "ZeRO-3/FSDP gathered parameters and prefetch buffers",
     "framework": "framework workspaces counted by the allocator (cuBLAS workspace)",
 }
+
+
+class built_on_read:  # noqa: N801 - used as a decorator, like ``property``
+    """A field computed by the decorated method on first read and then stored on the instance: a non-data
+    descriptor, so the stored value is what every later read (and any edit: simulate's fallback adds a note)
+    sees. (``functools.cached_property`` does the same behind a lock on Python 3.11.)"""
+
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.name = fn, fn.__name__
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass(frozen=True)

@@ -43,3 +43,10 @@ def to_int(x: Any) -> Any:
     import numpy as np
 
     return np.asarray(x).astype(np.int64)
+
+
+def int_for(x: Any) -> Any:
+    """``to_int`` for a formula whose operands are numbers when ``x`` is one: the builtin ``int`` then (the
+    same result without a Python call around it, on the scalar path), else :func:`to_int`. (Python's
+    two-argument ``max`` is slower than :func:`maximum` on numbers: it goes through an iterator.)"""
+    return int if x.__class__ in _NUMBERS else to_int
