@@ -22,6 +22,7 @@ The estimate's peak is the fullest card's; every card's figures are listed.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -295,7 +296,9 @@ def device_map_breakdown(run: Run, acc: Accelerator | None,
         notes.append(spill_text(where))
     notes.append("parallel_buffers: the hidden states a card sends to the next, and on card 0 the logits "
                  "copied back to the input's card, at the end of the forward")
-    out = replace(b, notes=notes + list(b.notes))
+    # a shallow copy, not dataclasses.replace: memory_of's breakdown builds its parts on read
+    out = copy.copy(b)
+    out.notes = notes + list(b.notes)
     out.per_card = [c.to_dict() for c in cards]
     return out
 

@@ -339,6 +339,11 @@ class AnalyticBreakdown(MemoryBreakdown):
         return self._allocated if comps is None else sum(comps.values())
 
     @built_on_read
+    def per_card(self) -> list[dict[str, Any]]:
+        # one card's run: the device_map estimate sets its cards on the fullest card's breakdown
+        return []
+
+    @built_on_read
     def paged_bytes(self) -> int:
         return self._at[4].opt.paged
 
