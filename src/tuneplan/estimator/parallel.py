@@ -125,8 +125,16 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         # at the loss: the root (kept unsharded) and the last layer, which the root's pre-backward hook
         # prefetches (BACKWARD_PRE) before any layer's backward; the forward gathers one layer at a time
         # (limit_all_gathers, no forward prefetch)
+        at_loss = layer16 + root16
+        if setup.offload != "none" and not fsdp1_param_mixed_precision(setup):
+            # without a MixedPrecision policy, pre_unshard copies each unit's host shard to the device for the
+            # all-gather (FlatParamHandle.flat_param_to) and the original parameters stay views of that copy
+            # (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit beside it (torch 2.13
+            # torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a fake process group)
+            gathered += -(-gathered // n)
+            at_loss += -(-at_loss // n)
         return ShardPlan(w, g, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
-                         transient_grad_buffers=buffers, gathered_outside_layers=layer16 + root16)
+                         transient_grad_buffers=buffers, gathered_outside_layers=at_loss)
     # DeepSpeed: trainable params live in 16 bits; fp32 master + fp32 Adam states partitioned.
     w16 = weights - trainable_weight_params * max(trainable_bytes - compute_bytes, 0)
     if trainable_bytes > compute_bytes and trainable_params > trainable_weight_params:  # adapters too
@@ -212,6 +220,13 @@ def fsdp_layers_gathered(setup: TrainSetup) -> int:
     if setup.is_lora and setup.framework in PEFT_UNIT_WRAP:
         return 1
     return 2
+
+
+def fsdp1_param_mixed_precision(setup: TrainSetup) -> bool:
+    """Whether FSDP1 runs with a ``MixedPrecision`` param dtype as accelerate sets it for the HF Trainer
+    (``set_mixed_precision`` for the ``-mixed`` precisions; ``update_fsdp_plugin_peft`` for QLoRA's floating
+    ``bnb_4bit_quant_storage``); pure 16-bit and fp32 runs have none."""
+    return setup.precision.endswith("-mixed") or setup.method == "qlora"
 
 
 def fsdp_reduce_scatter_input(model: ModelSpec, setup: TrainSetup, trainable_params: int,

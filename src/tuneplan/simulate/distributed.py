@@ -63,8 +63,10 @@ def fake_process_group(world_size: int) -> Iterator[None]:
 
 
 @contextmanager
-def fsdp_storage_hooks(tracker: Any, host: bool = False) -> Iterator[None]:
-    """Report FSDP1's storage resizes (unsharded flat parameters, low-precision shards) to the tracker."""
+def fsdp_storage_hooks(tracker: Any) -> Iterator[None]:
+    """Report FSDP1's storage resizes (unsharded flat parameters, low-precision shards) to the tracker, and
+    put on the host / the device what a GPU run with ``CPUOffload(offload_params=True)`` puts there
+    (``offloaded_where_a_gpu_puts_it``)."""
     import torch.distributed.fsdp._flat_param as fp
 
     orig_alloc, orig_free, orig_same = fp._alloc_storage, fp._free_storage, fp._same_storage
@@ -95,12 +97,68 @@ def fsdp_storage_hooks(tracker: Any, host: bool = False) -> Iterator[None]:
     if add_sync:
         torch.cpu.Stream.synchronize = lambda self: None  # type: ignore[attr-defined]
     try:
-        yield
+        with offloaded_where_a_gpu_puts_it(tracker):
+            yield
     finally:
         if add_sync:
             del torch.cpu.Stream.synchronize  # type: ignore[attr-defined]
         fp._alloc_storage, fp._free_storage, fp._same_storage = orig_alloc, orig_free, orig_same
         torch.Tensor.pin_memory = orig_pin  # type: ignore[method-assign]
+
+
+@contextmanager
+def offloaded_where_a_gpu_puts_it(tracker: Any) -> Iterator[None]:
+    """FSDP1 with ``offload_params=True``: on the CPU build the compute device and the host are one device,
+    so two of FSDP's tensors land on the wrong side of the PCIe bus; they are put where a GPU run has them
+    (torch 2.13, ``torch/distributed/fsdp/_flat_param.py``):
+
+    - ``_writeback_orig_params`` (``pre_unshard``, before each unshard) finds the original parameters'
+      ``.grad`` set (after the forward's reshard they are views of ``_cpu_grad``, ``_use_sharded_grad_views``)
+      and ``flat_param.grad`` None, so it makes ``torch.zeros_like(flat_param)`` and writes them back into it.
+      With offload the sharded ``flat_param`` is ``_local_shard``, on the host (``_use_sharded_flat_param``):
+      that zero gradient is host memory, dropped again by ``prepare_gradient_for_backward``. Simulated as
+      device memory it put the root's and the prefetched layer's shard-size fp32 gradients at the loss.
+    - without a mixed-precision policy ``pre_unshard`` copies the host shard to the device
+      (``flat_param_to(self.device)``, when ``flat_param.device != self.device``), the all-gather's input,
+      freed when ``_use_unsharded_flat_param`` replaces it; on the CPU build the devices are equal and nothing
+      is copied, so the copy is made here (a clone, filed as a parallel buffer), the views refreshed as
+      ``flat_param_to`` does.
+    """
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    orig_writeback, orig_pre = FlatParamHandle._writeback_orig_params, FlatParamHandle.pre_unshard
+
+    def writeback(self: Any) -> bool:
+        first = len(tracker.blocks)
+        out = orig_writeback(self)
+        if self._offload_params:
+            for b in tracker.blocks[first:]:
+                b.category = "host"
+        return out
+
+    def pre_unshard(self: Any) -> bool:
+        ran = orig_pre(self)
+        flat = self.flat_param
+        low_precision_shard = self._uses_param_mixed_precision and not self._force_full_precision
+        if not (self._offload_params and not low_precision_shard and self.is_sharded(flat)
+                and flat.untyped_storage()._cdata == flat._local_shard.untyped_storage()._cdata):
+            return ran
+        with torch.no_grad():
+            flat.data = flat.data.clone()
+        b = tracker.block_of(flat)
+        if b is not None:
+            b.category, b.op = "parallel_buffers", "fsdp pre_unshard (host shard copied to the device)"
+        if self._use_orig_params:
+            self._use_sharded_views()
+        return True
+
+    FlatParamHandle._writeback_orig_params = writeback  # type: ignore[method-assign]
+    FlatParamHandle.pre_unshard = pre_unshard  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FlatParamHandle._writeback_orig_params = orig_writeback  # type: ignore[method-assign]
+        FlatParamHandle.pre_unshard = orig_pre  # type: ignore[method-assign]
 
 
 def _layer_classes(model: nn.Module) -> set[type]:
@@ -128,8 +186,9 @@ def mixed_precision(setup: TrainSetup, half: torch.dtype) -> Any:
     """accelerate ``set_mixed_precision`` (param, reduce and buffer dtype alike), or None for pure 16-bit."""
     from torch.distributed.fsdp import MixedPrecision
 
-    sharded_qlora = setup.method == "qlora"
-    if not (setup.precision.endswith("-mixed") or sharded_qlora):
+    from tuneplan.estimator.parallel import fsdp1_param_mixed_precision
+
+    if not fsdp1_param_mixed_precision(setup):
         return None
     return MixedPrecision(param_dtype=half, reduce_dtype=half, buffer_dtype=half)
 
