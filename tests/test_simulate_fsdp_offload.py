@@ -72,3 +72,61 @@ def test_fsdp1_offload_without_mixed_precision_copies_each_shard_to_the_device(b
     assert copies and all(bl.category == "parallel_buffers" for bl in copies)
     assert {bl.size for bl in copies} == {r512(2 * -(-sum(LAYER) // 2)), r512(2 * -(-sum(ROOT) // 2))}
     assert all(bl.freed_at >= 0 for bl in copies)  # freed once the all-gather output replaces them
+
+
+def _fsdp2_offload(spec):
+    return simulate_report(spec, build_setup(spec, method="full", precision="fp32", optimizer="adamw",
+                                             seq=256, attn="eager", gradient_checkpointing=False,
+                                             gpus=2, fsdp=True, fsdp_version=2, offload="all"))
+
+
+def test_fsdp2_cpu_offload_policy_keeps_shards_gradients_and_states_on_the_host(big_vocab) -> None:
+    # at the loss: the tail group (final norm, lm_head; reshard_after_forward=False) unsharded, one
+    # all-gather output per parameter of N * ceil(d0 / N) rows; every shard, gradient and optimizer state
+    # is on the host: the only device weights are the rotary buffers
+    rep = _fsdp2_offload(big_vocab)
+    b = rep.breakdown
+    assert b.engine == "simulate" and not rep.fallback and "fully_shard" in b.wrapper
+    assert rep.peak_op.startswith("_log_softmax_backward_data")
+    assert b.components["parallel_buffers"] == r512(4 * 2 * -(-V // 2) * H) + r512(4 * 2 * -(-H // 2))
+    assert b.components["weights"] == 2 * 512
+    assert b.components["gradients"] == b.components["optimizer_states"] == 0
+    # on the host: rank 0's fp32 shard of every parameter (d0 / 2 rows, the 9 per layer, embeddings, norm,
+    # head), at least once, and its gradient
+    layer = [(A * D, H), (KV * D, H), (KV * D, H), (H, A * D), (F, H), (F, H), (H, F), (H, 1), (H, 1)]
+    shards = 2 * sum(r512(4 * -(-d0 // 2) * rest) for d0, rest in layer)
+    shards += r512(4 * -(-V // 2) * H) * 2 + r512(4 * -(-H // 2))
+    assert b.host_bytes >= 2 * shards
+
+
+def test_fsdp2_offload_copies_each_host_shard_to_the_device_for_the_all_gather(big_vocab) -> None:
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    setup = resolve_setup(build_setup(big_vocab, method="full", precision="fp32", seq=64, gpus=2, fsdp=True,
+                                      fsdp_version=2, offload="all"), big_vocab)
+    run = simulate_run(big_vocab, setup, get_profile(setup.framework))
+    copies = [bl for bl in run.result.blocks if "host shard copied" in bl.op]
+    assert copies and all(bl.category == "parallel_buffers" and bl.freed_at >= 0 for bl in copies)
+    # one per parameter per all-gather: the q_proj shard (A * D / 2 rows of H fp32) among them
+    assert r512(4 * (A * D // 2) * H) in {bl.size for bl in copies}
+
+
+def test_cli_estimate_fsdp2_offload_simulate_prints_one_json_object(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "estimate", str(cfg), "--method", "qlora",
+                        "--seq", "64", "--gpus", "2", "--fsdp", "--fsdp-version", "2", "--offload", "all",
+                        "--engine", "simulate", "--json"],
+                       capture_output=True, text=True, timeout=300,
+                       env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}})
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout)  # the whole of stdout is one object
+    assert d["engine"] == "simulate" and "fully_shard" in d["wrapper"]
+    assert any("CPUOffloadPolicy" in n for n in d["notes"])

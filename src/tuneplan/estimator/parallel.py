@@ -54,6 +54,9 @@ class ShardPlan:
     end_of_backward: tuple[int, int] | None = None
     # unsharded parameters at the end of the forward, where the loss is computed (-1: as at the loss)
     gathered_forward_end: int = -1
+    # FSDP2: the top layer's backward, as (its unsharded gradients, made as its activations are released,
+    # unsharded parameters then); None: the layer rows as for the other layers
+    top_layer: tuple[int, int] | None = None
 
     @property
     def gathered_at_forward_end(self) -> int:
@@ -119,7 +122,8 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
                              transient_grad_buffers=f2.transient, gathered_outside_layers=f2.tail16,
                              grads_pending_bottom=f2.pending_bottom, end_of_backward=f2.end,
                              gathered_forward_end=f2.tail16 + (f2.tail16 if model.lm_head_params
-                                                               else layer16))
+                                                               else layer16),
+                             top_layer=(buffers, 2 * layer16 + f2.held_top))
         # the HF Trainer's FSDP1 (simulated): the unsharded gradient exists only while its unit is
         # back-propagated and reduce-scattered, not at the loss or in the forward
         # at the loss: the root (kept unsharded) and the last layer, which the root's pre-backward hook
@@ -256,6 +260,7 @@ class FullyShardTerms:
     pending_bottom: int  # sharded gradients not made yet at the second layer's backward
     # the embedding's backward: (unsharded gradients less the shards not made yet, unsharded parameters)
     end: tuple[int, int] | None
+    held_top: int = 0  # as ``held``, through the top layer's backward
 
 
 def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, compute_bytes: int,
@@ -285,14 +290,19 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
       the head's and the embedding's gradients and their sum are live (three in the param dtype).
     - The sharded gradient of a group appears after its reduce-scatter: at the second layer's backward
       (the peak near the bottom: the first one prefetches the smaller embedding group) two layers' shards
-      and the embedding's (the tied tail's) are still missing.
+      and the embedding's (the tied tail's) are still missing. With ``CPUOffloadPolicy`` the sharded
+      gradients are copied to the host as they are made (``foreach_reduce``): none is on the device to miss.
+    - The top layer is the first back-propagated: the reduce-scatter input held through it is the tail's
+      (an untied head that trains), or none; a tied tail stays unsharded. Its unsharded gradients grow as
+      its activations are released (``memory_at``'s top-layer row takes the larger of its start and end).
     """
     n = setup.world_size
     tied = not model.lm_head_params
     tail = (model.lm_head_params or model.embed_params) + model.final_norm_params
     tail16 = tail * compute_bytes
     head_trains = setup.method == "full"
-    per_elem = grads / max(trainable_params, 1)  # sharded gradient bytes per trainable element
+    # sharded gradient bytes per trainable element on the device (none under CPUOffloadPolicy: host)
+    per_elem = 0 if setup.offload != "none" else grads / max(trainable_params, 1)
     layer_train = layer_grads / max(compute_bytes, 1)
     emb_grad16 = model.embed_params * compute_bytes if head_trains else 0
     if tied:
@@ -306,8 +316,9 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
         pending = 2 * layer_train + (model.embed_params if head_trains else 0)
         end = ((emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // n),
                 model.embed_params * compute_bytes) if head_trains else None)
+    held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
-                           pending_bottom=-(-int(pending * per_elem) // n), end=end)
+                           pending_bottom=-(-int(pending * per_elem) // n), end=end, held_top=held_top)
 
 
 def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
