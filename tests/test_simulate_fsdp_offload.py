@@ -130,3 +130,20 @@ def test_cli_estimate_fsdp2_offload_simulate_prints_one_json_object(tmp_path) ->
     d = json.loads(r.stdout)  # the whole of stdout is one object
     assert d["engine"] == "simulate" and "fully_shard" in d["wrapper"]
     assert any("CPUOffloadPolicy" in n for n in d["notes"])
+
+
+def test_analytic_within_3_percent_of_the_fsdp2_offload_simulation() -> None:
+    # the benchmark's CI case for FSDP2 + CPUOffloadPolicy (the rest: benchmarks/agreement.py --only offload)
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "agreement.py"
+    spec = importlib.util.spec_from_file_location("agreement_bench_offload", path)
+    agreement = importlib.util.module_from_spec(spec)
+    sys.modules["agreement_bench_offload"] = agreement
+    spec.loader.exec_module(agreement)  # type: ignore[union-attr]
+    case = next(c for c in agreement.MULTI_GPU if c.label == "mg fsdp2 ws2 qlora q0.5b offload")
+    assert "ci" in case.tags
+    r = agreement.run_case(agreement.Case(case.label, case.model, case.setup, layers=2))
+    assert abs(r["rel"]) <= 0.03, f"{case.label}: {100 * r['rel']:+.2f}% {r['components']}"

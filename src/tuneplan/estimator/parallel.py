@@ -54,9 +54,10 @@ class ShardPlan:
     end_of_backward: tuple[int, int] | None = None
     # unsharded parameters at the end of the forward, where the loss is computed (-1: as at the loss)
     gathered_forward_end: int = -1
-    # FSDP2: the top layer's backward, as (its unsharded gradients, made as its activations are released,
-    # unsharded parameters then); None: the layer rows as for the other layers
-    top_layer: tuple[int, int] | None = None
+    # FSDP: the top layer's backward, whose unsharded gradients are made as its activations are released, as
+    # (those gradients as counted in transient_grad_buffers, the gradient bytes live at its end, unsharded
+    # parameters then, whether its last op's scratch is live at its end); None: as the other layers
+    top_layer: tuple[int, int, int, bool] | None = None
 
     @property
     def gathered_at_forward_end(self) -> int:
@@ -123,22 +124,34 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
                              grads_pending_bottom=f2.pending_bottom, end_of_backward=f2.end,
                              gathered_forward_end=f2.tail16 + (f2.tail16 if model.lm_head_params
                                                                else layer16),
-                             top_layer=(buffers, 2 * layer16 + f2.held_top))
+                             top_layer=(buffers, buffers, 2 * layer16 + f2.held_top, True))
         # the HF Trainer's FSDP1 (simulated): the unsharded gradient exists only while its unit is
         # back-propagated and reduce-scattered, not at the loss or in the forward
         # at the loss: the root (kept unsharded) and the last layer, which the root's pre-backward hook
         # prefetches (BACKWARD_PRE) before any layer's backward; the forward gathers one layer at a time
         # (limit_all_gathers, no forward prefetch)
         at_loss = layer16 + root16
-        if setup.offload != "none" and not fsdp1_param_mixed_precision(setup):
-            # without a MixedPrecision policy, pre_unshard copies each unit's host shard to the device for the
-            # all-gather (FlatParamHandle.flat_param_to) and the original parameters stay views of that copy
-            # (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit beside it (torch 2.13
-            # torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a fake process group)
+        if setup.offload != "none" and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)):
+            # a unit whose flat parameter is already in the param dtype (no MixedPrecision, or frozen
+            # 16-bit weights / bf16-stored 4-bit codes: _uses_param_mixed_precision False) has no
+            # low-precision shard: pre_unshard copies its host shard to the device for the all-gather
+            # (FlatParamHandle.flat_param_to) and the original parameters stay views of that copy
+            # (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit beside it (torch
+            # 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a fake process
+            # group). A full fine-tune's fp32 units under MixedPrecision all-gather their bf16 _mp_shard.
             gathered += -(-gathered // n)
             at_loss += -(-at_loss // n)
+        # the top layer's end (FSDP1 use_orig_params: each parameter's gradient is a view's gradient; autograd
+        # concatenates them into the flat parameter's unsharded gradient, a cat whose inputs and output are
+        # live together, before _post_backward_hook reduce-scatters it), while the root's head gradient, made
+        # at the loss, waits for the root's post-backward at the very end (simulate: FSDP1, Llama-2-7B)
+        head_wait = 0
+        if setup.method == "full" and root_embeddings:
+            head_wait = (model.lm_head_params or model.embed_params) * (
+                compute_bytes if setup.precision.endswith("-mixed") else trainable_bytes)
         return ShardPlan(w, g, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
-                         transient_grad_buffers=buffers, gathered_outside_layers=at_loss)
+                         transient_grad_buffers=buffers, gathered_outside_layers=at_loss,
+                         top_layer=(buffers, 2 * buffers + head_wait, gathered, False))
     # DeepSpeed: trainable params live in 16 bits; fp32 master + fp32 Adam states partitioned.
     w16 = weights - trainable_weight_params * max(trainable_bytes - compute_bytes, 0)
     if trainable_bytes > compute_bytes and trainable_params > trainable_weight_params:  # adapters too
