@@ -27,9 +27,9 @@ accelerate 1.x, transformers 5):
 - gradient checkpointing: transformers' own (``gradient_checkpointing_enable``), as the Trainer does.
 
 The CPU build has no CUDA device: the compute device is the CPU. With CPU offload, what FSDP keeps on the
-host (the sharded flat parameters, their ``_cpu_grad``, the optimizer states) is filed as host memory, and
-the device copy of each shard that ``pre_unshard`` makes (``flat_param.to(device)``) is added around the
-all-gather, as on a GPU.
+host (the sharded flat parameters, their ``_cpu_grad``, the optimizer states, the writeback gradient) is
+filed as host memory, and the device copy of each shard that ``pre_unshard`` makes (``flat_param_to``) is
+made as on a GPU (``offloaded_where_a_gpu_puts_it``; FSDP2: ``fsdp2_offload_emulated``).
 """
 
 from __future__ import annotations
@@ -126,10 +126,12 @@ def offloaded_where_a_gpu_puts_it(tracker: Any) -> Iterator[None]:
       With offload the sharded ``flat_param`` is ``_local_shard``, on the host (``_use_sharded_flat_param``):
       that zero gradient is host memory, dropped again by ``prepare_gradient_for_backward``. Simulated as
       device memory it put the root's and the prefetched layer's shard-size fp32 gradients at the loss.
-    - without a mixed-precision policy ``pre_unshard`` copies the host shard to the device
-      (``flat_param_to(self.device)``, when ``flat_param.device != self.device``), the all-gather's input,
-      freed when ``_use_unsharded_flat_param`` replaces it; on the CPU build the devices are equal and nothing
-      is copied, so the copy is made here (a clone, filed as a parallel buffer), the views refreshed as
+    - a unit with no low-precision shard (no ``MixedPrecision``, or a flat parameter already in the param
+      dtype: frozen 16-bit weights, bf16-stored 4-bit codes) has its host shard copied to the device by
+      ``pre_unshard`` (``flat_param_to(self.device)``, when ``flat_param.device != self.device``), the
+      all-gather's input; ``flat_param_to`` points the original parameters at it (``_use_sharded_views``),
+      which keeps it alive until the unit reshards. On the CPU build the devices are equal and nothing is
+      copied, so the copy is made here (a clone, filed as a parallel buffer), the views refreshed as
       ``flat_param_to`` does.
     """
     from torch.distributed.fsdp._flat_param import FlatParamHandle
