@@ -202,6 +202,35 @@ MULTI_GPU += [
     Case("mg fsdp2 ws4 qlora l70b all-linear", L70, dict(method="qlora", seq=2048, batch=2, gpus=4, precision="bf16",
                                                         targets="all-linear", attn="flash", **F2), layers=2),
 ]
+# FSDP coverage: world sizes 2, 4 and 8 for FSDP1 and FSDP2, with and without CPU offload (FSDP1
+# CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy), full, LoRA and QLoRA; loss-dominated (Qwen2.5's
+# 152k vocabulary) and layer-dominated (Llama-2-7B's wide layers) peaks
+OFF = dict(offload="all")
+MULTI_GPU += [
+    Case("mg fsdp1 ws2 full q0.5b bf16 offload (no MixedPrecision)", Q05, dict(method="full", seq=1024, gpus=2,
+                                                                       precision="bf16", **OFF, **FSDP), layers=4),
+    Case("mg fsdp1 ws8 full l2-7b bf16 offload", L27, dict(method="full", seq=1024, gpus=8, precision="bf16", **OFF,
+                                                          **FSDP), layers=4),
+    Case("mg fsdp1 ws4 lora l2-7b offload", L27, dict(method="lora", seq=2048, gpus=4, **OFF, **FSDP), layers=3),
+    Case("mg fsdp1 ws8 lora q0.5b gc offload", Q05, dict(method="lora", seq=1024, gpus=8, gradient_checkpointing=True,
+                                                        **OFF, **FSDP), layers=4),
+    Case("mg fsdp1 ws4 qlora l1b offload", L1, dict(method="qlora", seq=2048, gpus=4, **OFF, **FSDP), layers=4),
+    Case("mg fsdp1 ws8 qlora l2-7b offload", L27, dict(method="qlora", seq=2048, gpus=8, **OFF, **FSDP), layers=3),
+    Case("mg fsdp2 ws8 lora l1b", L1, dict(method="lora", seq=2048, gpus=8, **F2), layers=4),
+    Case("mg fsdp2 ws2 full l2-7b bf16 offload", L27, dict(method="full", seq=1024, gpus=2, precision="bf16", **OFF,
+                                                          **F2), layers=6),
+    Case("mg fsdp2 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, **OFF, **F2), layers=4),
+    Case("mg fsdp2 ws8 full q0.5b s256 offload (tied head grads)", Q05, dict(method="full", seq=256, gpus=8, **OFF,
+                                                                             **F2), layers=6),
+    Case("mg fsdp2 ws2 lora q0.5b offload", Q05, dict(method="lora", seq=1024, gpus=2, **OFF, **F2), layers=4),
+    Case("mg fsdp2 ws4 lora l2-7b gc offload", L27, dict(method="lora", seq=2048, gpus=4, gradient_checkpointing=True,
+                                                        **OFF, **F2), layers=3),
+    Case("mg fsdp2 ws8 lora l1b offload", L1, dict(method="lora", seq=2048, gpus=8, **OFF, **F2), layers=4),
+    Case("mg fsdp2 ws2 qlora q0.5b offload", Q05, dict(method="qlora", seq=1024, gpus=2, **OFF, **F2), layers=4,
+         tags=("ci",)),
+    Case("mg fsdp2 ws4 qlora l2-7b offload", L27, dict(method="qlora", seq=2048, gpus=4, **OFF, **F2), layers=3),
+    Case("mg fsdp2 ws8 qlora l1b offload", L1, dict(method="qlora", seq=2048, gpus=8, **OFF, **F2), layers=4),
+]
 # DeepSpeed ZeRO: DeepSpeed's own engine on a fake process group (needs deepspeed installed; without it these
 # cases are left out and the run says so)
 ZERO_CASES: list[Case] = [

@@ -255,15 +255,24 @@ def instants(run: Run, batch: Any, seq: Any) -> Instants:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
         # first), the held outputs, and the whole head dequantized again for the input gradient
         phases["backward_lm_head"] = (g0, 0, acts_fwd, 0, held + lg.at_forward_end + head_deq, 0, gathered)
+    top_g, top_freed, top_scratch, top_gathered = g0_layer, 0, bwd, gathered
+    if st.sp.top_layer is not None:
+        # FSDP (estimator/parallel.ShardPlan.top_layer): the top layer's unsharded gradients are made as its
+        # activations are released; the row's total is the larger of its start (all activations and the
+        # scratch, none of its gradients) and its end (its gradients, its activations gone)
+        counted, at_end, top_gathered, keeps_scratch = st.sp.top_layer
+        top_g = g0_layer - counted + at_end
+        top_freed = minimum(acts.recompute_bytes if st.checkpointed else acts.top_layer_bytes, at_end)
+        top_scratch = bwd if keeps_scratch else bwd - minimum(bwd, at_end - top_freed)
     if st.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
         recomputed = acts.recompute_bytes
-        phases["backward_layers_top"] = (g0_layer, 0, acts_fwd - acts.tail_bytes + recomputed, ac_bwd, 0, bwd,
-                                         gathered)
+        phases["backward_layers_top"] = (top_g, 0, acts_fwd - acts.tail_bytes + recomputed - top_freed, ac_bwd,
+                                         0, top_scratch, top_gathered)
         phases["backward_layers_bottom"] = (g1_layer - emb_cut, 0, recomputed, 0, 0, bwd, gathered)
     else:
-        phases["backward_layers_top"] = (g0_layer, 0, acts_fwd, ac, held, bwd, gathered)
+        phases["backward_layers_top"] = (top_g, 0, acts_fwd - top_freed, ac, held, top_scratch, top_gathered)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + pinned - pinned // st.n_layers
         phases["backward_layers_bottom"] = (g1_layer - emb_cut, 0, bottom_acts, 0, held, bwd, gathered)

@@ -54,6 +54,10 @@ class ShardPlan:
     end_of_backward: tuple[int, int] | None = None
     # unsharded parameters at the end of the forward, where the loss is computed (-1: as at the loss)
     gathered_forward_end: int = -1
+    # FSDP: the top layer's backward, whose unsharded gradients are made as its activations are released, as
+    # (those gradients as counted in transient_grad_buffers, the gradient bytes live at its end, unsharded
+    # parameters then, whether its last op's scratch is live at its end); None: as the other layers
+    top_layer: tuple[int, int, int, bool] | None = None
 
     @property
     def gathered_at_forward_end(self) -> int:
@@ -119,14 +123,35 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
                              transient_grad_buffers=f2.transient, gathered_outside_layers=f2.tail16,
                              grads_pending_bottom=f2.pending_bottom, end_of_backward=f2.end,
                              gathered_forward_end=f2.tail16 + (f2.tail16 if model.lm_head_params
-                                                               else layer16))
+                                                               else layer16),
+                             top_layer=(buffers, buffers, 2 * layer16 + f2.held_top, True))
         # the HF Trainer's FSDP1 (simulated): the unsharded gradient exists only while its unit is
         # back-propagated and reduce-scattered, not at the loss or in the forward
         # at the loss: the root (kept unsharded) and the last layer, which the root's pre-backward hook
         # prefetches (BACKWARD_PRE) before any layer's backward; the forward gathers one layer at a time
         # (limit_all_gathers, no forward prefetch)
+        at_loss = layer16 + root16
+        if setup.offload != "none" and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)):
+            # a unit whose flat parameter is already in the param dtype (no MixedPrecision, or frozen
+            # 16-bit weights / bf16-stored 4-bit codes: _uses_param_mixed_precision False) has no
+            # low-precision shard: pre_unshard copies its host shard to the device for the all-gather
+            # (FlatParamHandle.flat_param_to) and the original parameters stay views of that copy
+            # (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit beside it (torch
+            # 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a fake process
+            # group). A full fine-tune's fp32 units under MixedPrecision all-gather their bf16 _mp_shard.
+            gathered += -(-gathered // n)
+            at_loss += -(-at_loss // n)
+        # the top layer's end (FSDP1 use_orig_params: each parameter's gradient is a view's gradient; autograd
+        # concatenates them into the flat parameter's unsharded gradient, a cat whose inputs and output are
+        # live together, before _post_backward_hook reduce-scatters it), while the root's head gradient, made
+        # at the loss, waits for the root's post-backward at the very end (simulate: FSDP1, Llama-2-7B)
+        head_wait = 0
+        if setup.method == "full" and root_embeddings:
+            head_wait = (model.lm_head_params or model.embed_params) * (
+                compute_bytes if setup.precision.endswith("-mixed") else trainable_bytes)
         return ShardPlan(w, g, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
-                         transient_grad_buffers=buffers, gathered_outside_layers=layer16 + root16)
+                         transient_grad_buffers=buffers, gathered_outside_layers=at_loss,
+                         top_layer=(buffers, 2 * buffers + head_wait, gathered, False))
     # DeepSpeed: trainable params live in 16 bits; fp32 master + fp32 Adam states partitioned.
     w16 = weights - trainable_weight_params * max(trainable_bytes - compute_bytes, 0)
     if trainable_bytes > compute_bytes and trainable_params > trainable_weight_params:  # adapters too
@@ -214,6 +239,13 @@ def fsdp_layers_gathered(setup: TrainSetup) -> int:
     return 2
 
 
+def fsdp1_param_mixed_precision(setup: TrainSetup) -> bool:
+    """Whether FSDP1 runs with a ``MixedPrecision`` param dtype as accelerate sets it for the HF Trainer
+    (``set_mixed_precision`` for the ``-mixed`` precisions; ``update_fsdp_plugin_peft`` for QLoRA's floating
+    ``bnb_4bit_quant_storage``); pure 16-bit and fp32 runs have none."""
+    return setup.precision.endswith("-mixed") or setup.method == "qlora"
+
+
 def fsdp_reduce_scatter_input(model: ModelSpec, setup: TrainSetup, trainable_params: int,
                               trainable_bytes: int, compute_bytes: int) -> int:
     """The unsharded gradient of the unit being reduce-scattered (FSDP1 ``_post_backward_hook``: the flat
@@ -241,6 +273,7 @@ class FullyShardTerms:
     pending_bottom: int  # sharded gradients not made yet at the second layer's backward
     # the embedding's backward: (unsharded gradients less the shards not made yet, unsharded parameters)
     end: tuple[int, int] | None
+    held_top: int = 0  # as ``held``, through the top layer's backward
 
 
 def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, compute_bytes: int,
@@ -270,14 +303,19 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
       the head's and the embedding's gradients and their sum are live (three in the param dtype).
     - The sharded gradient of a group appears after its reduce-scatter: at the second layer's backward
       (the peak near the bottom: the first one prefetches the smaller embedding group) two layers' shards
-      and the embedding's (the tied tail's) are still missing.
+      and the embedding's (the tied tail's) are still missing. With ``CPUOffloadPolicy`` the sharded
+      gradients are copied to the host as they are made (``foreach_reduce``): none is on the device to miss.
+    - The top layer is the first back-propagated: the reduce-scatter input held through it is the tail's
+      (an untied head that trains), or none; a tied tail stays unsharded. Its unsharded gradients grow as
+      its activations are released (``memory_at``'s top-layer row takes the larger of its start and end).
     """
     n = setup.world_size
     tied = not model.lm_head_params
     tail = (model.lm_head_params or model.embed_params) + model.final_norm_params
     tail16 = tail * compute_bytes
     head_trains = setup.method == "full"
-    per_elem = grads / max(trainable_params, 1)  # sharded gradient bytes per trainable element
+    # sharded gradient bytes per trainable element on the device (none under CPUOffloadPolicy: host)
+    per_elem = 0 if setup.offload != "none" else grads / max(trainable_params, 1)
     layer_train = layer_grads / max(compute_bytes, 1)
     emb_grad16 = model.embed_params * compute_bytes if head_trains else 0
     if tied:
@@ -291,8 +329,9 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
         pending = 2 * layer_train + (model.embed_params if head_trains else 0)
         end = ((emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // n),
                 model.embed_params * compute_bytes) if head_trains else None)
+    held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
-                           pending_bottom=-(-int(pending * per_elem) // n), end=end)
+                           pending_bottom=-(-int(pending * per_elem) // n), end=end, held_top=held_top)
 
 
 def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:

@@ -8,8 +8,8 @@ the peak op, the live set by module, the kernel workspaces and the caching-alloc
 Several GPUs: rank 0 of an FSDP job runs the real ``FullyShardedDataParallel`` (FSDP1) or ``fully_shard``
 (FSDP2) on a fake process group (``simulate/distributed.py``), a ZeRO job DeepSpeed's own engine when
 deepspeed is installed (``simulate/zero.py``); DDP runs with its reducer's buckets emulated. What the fake
-process cannot run falls back to the analytic engine with a note: ZeRO without deepspeed, FSDP2 or ZeRO
-with CPU offload, frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
+process cannot run falls back to the analytic engine with a note: ZeRO without deepspeed, ZeRO with CPU
+offload, frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
 8-bit bitsandbytes base weights, encoder models.
 """
 
@@ -52,9 +52,6 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
             return "DeepSpeed ZeRO is simulated with DeepSpeed's own engine, and deepspeed is not installed"
         if setup.offload != "none":
             return "DeepSpeed ZeRO with CPU offload is not simulated yet (DeepSpeedCPUAdam is a compiled op)"
-    if setup.fsdp and setup.fsdp_version == 2 and setup.offload != "none":
-        return ("FSDP2 with CPUOffloadPolicy is not simulated yet (the CPU device cannot tell the host shards "
-                "from the device copies)")
     if setup.framework not in SIMULATED_FRAMEWORKS:
         return f"the {setup.framework} profile runs its own model code / loss kernels, which simulate does not have"
     if setup.quant_bits == 8:

@@ -27,9 +27,9 @@ accelerate 1.x, transformers 5):
 - gradient checkpointing: transformers' own (``gradient_checkpointing_enable``), as the Trainer does.
 
 The CPU build has no CUDA device: the compute device is the CPU. With CPU offload, what FSDP keeps on the
-host (the sharded flat parameters, their ``_cpu_grad``, the optimizer states) is filed as host memory, and
-the device copy of each shard that ``pre_unshard`` makes (``flat_param.to(device)``) is added around the
-all-gather, as on a GPU.
+host (the sharded flat parameters, their ``_cpu_grad``, the optimizer states, the writeback gradient) is
+filed as host memory, and the device copy of each shard that ``pre_unshard`` makes (``flat_param_to``) is
+made as on a GPU (``offloaded_where_a_gpu_puts_it``; FSDP2: ``fsdp2_offload_emulated``).
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ def fake_process_group(world_size: int) -> Iterator[None]:
 
 
 @contextmanager
-def fsdp_storage_hooks(tracker: Any, host: bool = False) -> Iterator[None]:
-    """Report FSDP1's storage resizes (unsharded flat parameters, low-precision shards) to the tracker."""
+def fsdp_storage_hooks(tracker: Any) -> Iterator[None]:
+    """Report FSDP1's storage resizes (unsharded flat parameters, low-precision shards) to the tracker, and
+    put on the host / the device what a GPU run with ``CPUOffload(offload_params=True)`` puts there
+    (``offloaded_where_a_gpu_puts_it``)."""
     import torch.distributed.fsdp._flat_param as fp
 
     orig_alloc, orig_free, orig_same = fp._alloc_storage, fp._free_storage, fp._same_storage
@@ -84,23 +86,89 @@ def fsdp_storage_hooks(tracker: Any, host: bool = False) -> Iterator[None]:
         b = b._local_tensor if isinstance(b, DTensor) else b
         return a.untyped_storage()._cdata == b.untyped_storage()._cdata
 
-    # CPU offload pins the host shard and gradient (_flat_param.py init_flat_param_attributes); pinning has no
-    # fake kernel and changes no device memory: the host tensor is kept as it is
-    orig_pin = torch.Tensor.pin_memory
     fp._alloc_storage, fp._free_storage, fp._same_storage = alloc, free, same
-    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
     # with CPU offload, the post-backward callback waits for the device-to-host gradient copies
     # (current_stream().synchronize()); the CPU device's stream has nothing to wait for
     add_sync = not hasattr(torch.cpu.Stream, "synchronize")
     if add_sync:
         torch.cpu.Stream.synchronize = lambda self: None  # type: ignore[attr-defined]
     try:
-        yield
+        with offloaded_where_a_gpu_puts_it(tracker), host_pinning_skipped():
+            yield
     finally:
         if add_sync:
             del torch.cpu.Stream.synchronize  # type: ignore[attr-defined]
         fp._alloc_storage, fp._free_storage, fp._same_storage = orig_alloc, orig_free, orig_same
+
+
+@contextmanager
+def host_pinning_skipped() -> Iterator[None]:
+    """CPU offload pins the host shards and gradients (FSDP1 ``init_flat_param_attributes``, FSDP2
+    ``_init_sharded_param``); pinning has no fake kernel and changes no device memory: the host tensor is kept
+    as it is."""
+    orig_pin = torch.Tensor.pin_memory
+    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
         torch.Tensor.pin_memory = orig_pin  # type: ignore[method-assign]
+
+
+@contextmanager
+def offloaded_where_a_gpu_puts_it(tracker: Any) -> Iterator[None]:
+    """FSDP1 with ``offload_params=True``: on the CPU build the compute device and the host are one device,
+    so two of FSDP's tensors land on the wrong side of the PCIe bus; they are put where a GPU run has them
+    (torch 2.13, ``torch/distributed/fsdp/_flat_param.py``):
+
+    - ``_writeback_orig_params`` (``pre_unshard``, before each unshard) finds the original parameters'
+      ``.grad`` set (after the forward's reshard they are views of ``_cpu_grad``, ``_use_sharded_grad_views``)
+      and ``flat_param.grad`` None, so it makes ``torch.zeros_like(flat_param)`` and writes them back into it.
+      With offload the sharded ``flat_param`` is ``_local_shard``, on the host (``_use_sharded_flat_param``):
+      that zero gradient is host memory, dropped again by ``prepare_gradient_for_backward``. Simulated as
+      device memory it put the root's and the prefetched layer's shard-size fp32 gradients at the loss.
+    - a unit with no low-precision shard (no ``MixedPrecision``, or a flat parameter already in the param
+      dtype: frozen 16-bit weights, bf16-stored 4-bit codes) has its host shard copied to the device by
+      ``pre_unshard`` (``flat_param_to(self.device)``, when ``flat_param.device != self.device``), the
+      all-gather's input; ``flat_param_to`` points the original parameters at it (``_use_sharded_views``),
+      which keeps it alive until the unit reshards. On the CPU build the devices are equal and nothing is
+      copied, so the copy is made here (a clone, filed as a parallel buffer), the views refreshed as
+      ``flat_param_to`` does.
+    """
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    orig_writeback, orig_pre = FlatParamHandle._writeback_orig_params, FlatParamHandle.pre_unshard
+
+    def writeback(self: Any) -> bool:
+        first = len(tracker.blocks)
+        out = orig_writeback(self)
+        if self._offload_params:
+            for b in tracker.blocks[first:]:
+                b.category = "host"
+        return out
+
+    def pre_unshard(self: Any) -> bool:
+        ran = orig_pre(self)
+        flat = self.flat_param
+        low_precision_shard = self._uses_param_mixed_precision and not self._force_full_precision
+        if not (self._offload_params and not low_precision_shard and self.is_sharded(flat)
+                and flat.untyped_storage()._cdata == flat._local_shard.untyped_storage()._cdata):
+            return ran
+        with torch.no_grad():
+            flat.data = flat.data.clone()
+        b = tracker.block_of(flat)
+        if b is not None:
+            b.category, b.op = "parallel_buffers", "fsdp pre_unshard (host shard copied to the device)"
+        if self._use_orig_params:
+            self._use_sharded_views()
+        return True
+
+    FlatParamHandle._writeback_orig_params = writeback  # type: ignore[method-assign]
+    FlatParamHandle.pre_unshard = pre_unshard  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FlatParamHandle._writeback_orig_params = orig_writeback  # type: ignore[method-assign]
+        FlatParamHandle.pre_unshard = orig_pre  # type: ignore[method-assign]
 
 
 def _layer_classes(model: nn.Module) -> set[type]:
@@ -128,8 +196,9 @@ def mixed_precision(setup: TrainSetup, half: torch.dtype) -> Any:
     """accelerate ``set_mixed_precision`` (param, reduce and buffer dtype alike), or None for pure 16-bit."""
     from torch.distributed.fsdp import MixedPrecision
 
-    sharded_qlora = setup.method == "qlora"
-    if not (setup.precision.endswith("-mixed") or sharded_qlora):
+    from tuneplan.estimator.parallel import fsdp1_param_mixed_precision
+
+    if not fsdp1_param_mixed_precision(setup):
         return None
     return MixedPrecision(param_dtype=half, reduce_dtype=half, buffer_dtype=half)
 
@@ -253,10 +322,16 @@ def fsdp2_storage_hooks(tracker: Any) -> Iterator[None]:
         data = getattr(self, "_sharded_param_data", None)
         same = (local is not None and type(data) is torch.Tensor and data.numel() > 0
                 and local.untyped_storage()._cdata == data.untyped_storage()._cdata)
-        if same and not self.pin_memory:
+        if same:
+            # CPUOffloadPolicy(pin_memory=True): the shard pinned in _init_sharded_param is still pinned on a
+            # GPU run (``is_pinned()``), so nothing is re-pinned either
             self._sharding_spec = self.sharded_param._spec
             return
+        first = len(tracker.blocks)
         orig_reset(self)
+        if self.offload_to_cpu:  # a re-padded / re-pinned shard of an offloaded parameter is host memory
+            for b in tracker.blocks[first:]:
+                b.category = "host"
 
     orig_buffer = fcoll.DefaultAllocMixin.allocate
 
@@ -269,18 +344,77 @@ def fsdp2_storage_hooks(tracker: Any) -> Iterator[None]:
             b.category, b.op = "parallel_buffers", f"fully_shard {type(self).__name__} buffer"
         return t
 
-    orig_pin = torch.Tensor.pin_memory
     fcoll.DefaultAllocMixin.allocate = buffer  # type: ignore[method-assign]
     fp2.alloc_storage, fp2.free_storage, fpg.alloc_storage = alloc, free, alloc
     fp2.FSDPParam.reset_sharded_param = reset  # type: ignore[method-assign]
-    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
     try:
-        yield
+        with fsdp2_offload_emulated(tracker), host_pinning_skipped():
+            yield
     finally:
         fp2.alloc_storage, fp2.free_storage, fpg.alloc_storage = orig_alloc, orig_free, orig_alloc
         fcoll.DefaultAllocMixin.allocate = orig_buffer  # type: ignore[method-assign]
         fp2.FSDPParam.reset_sharded_param = orig_reset  # type: ignore[method-assign]
-        torch.Tensor.pin_memory = orig_pin  # type: ignore[method-assign]
+
+
+@contextmanager
+def fsdp2_offload_emulated(tracker: Any) -> Iterator[None]:
+    """``CPUOffloadPolicy``: the two host <-> device copies ``fully_shard`` makes, which the CPU build, where
+    host and device are one, does not make (``.to("cpu")`` of a CPU tensor is the tensor itself). Torch 2.13:
+
+    - ``FSDPParam.all_gather_inputs`` (``_fully_shard/_fsdp_param.py``): the host shard
+      ``_sharded_param_data`` is copied to the device (``.to(self.device, non_blocking=True)``) and cast to
+      the mixed-precision param dtype; the device copy is the all-gather input (freed after the copy-in) or,
+      with a cast, freed once cast. Here ``_sharded_param_data`` is a device copy (a clone, a parallel
+      buffer) while the real property runs;
+    - ``foreach_reduce`` (``_fully_shard/_fsdp_collectives.py``): each parameter's view of the reduce-scatter
+      output is copied to the host (``new_sharded_grad.to(torch.device("cpu"), non_blocking=...)``) before it
+      becomes ``sharded_param.grad``, so the device output dies with the call. Here the view reaching
+      ``to_sharded_dtensor`` inside ``foreach_reduce`` is cloned and the clone filed as host memory.
+
+    Everything else of the step (the sharded parameters, their gradients, the optimizer step on them) is on
+    the host on a GPU too: the engine files it there (``engine._file_offloaded_on_host``)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param as fp2
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as fpg
+
+    prop = fp2.FSDPParam.all_gather_inputs
+    orig_reduce, orig_dtensor = fpg.foreach_reduce, fp2.FSDPParam.to_sharded_dtensor
+    reducing = [False]
+
+    def inputs(self: Any) -> list[torch.Tensor]:
+        if not (self.offload_to_cpu and self.sharded_state == fp2.ShardedState.SHARDED
+                and not hasattr(self._sharded_local_tensor, "fsdp_pre_all_gather")):
+            return prop.fget(self)
+        host = self._sharded_param_data
+        with torch.no_grad():
+            self._sharded_param_data = host.clone()  # .to(self.device, non_blocking=True)
+        b = tracker.block_of(self._sharded_param_data)
+        if b is not None:
+            b.category, b.op = "parallel_buffers", "fully_shard offload: host shard copied to the device"
+        try:
+            return prop.fget(self)
+        finally:
+            self._sharded_param_data = host
+
+    def reduce(*args: Any, **kwargs: Any) -> Any:
+        reducing[0] = True
+        try:
+            return orig_reduce(*args, **kwargs)
+        finally:
+            reducing[0] = False
+
+    def to_dtensor(self: Any, tensor: torch.Tensor) -> Any:
+        if reducing[0] and self.offload_to_cpu:
+            tensor = tensor.clone()  # new_sharded_grad.to(torch.device("cpu"))
+            tracker.untrack(tensor)
+        return orig_dtensor(self, tensor)
+
+    fp2.FSDPParam.all_gather_inputs = property(inputs)  # type: ignore[method-assign,assignment]
+    fpg.foreach_reduce, fp2.FSDPParam.to_sharded_dtensor = reduce, to_dtensor  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        fp2.FSDPParam.all_gather_inputs = prop  # type: ignore[method-assign]
+        fpg.foreach_reduce, fp2.FSDPParam.to_sharded_dtensor = orig_reduce, orig_dtensor  # type: ignore[method-assign]
 
 
 def device_mesh(world_size: int) -> Any:
@@ -315,18 +449,19 @@ def wrap_fsdp2(model: nn.Module, setup: TrainSetup, half: torch.dtype, mesh: Any
     kw = dict(mesh=mesh, mp_policy=mp,
               offload_policy=CPUOffloadPolicy() if setup.offload != "none" else OffloadPolicy())
     layers = tuple(_layer_classes(model))
-    for m in list(model.modules())[::-1]:
-        if m is not model and isinstance(m, layers):
-            fully_shard(m, reshard_after_forward=True, **kw)
-    emb_in, emb_out = model.get_input_embeddings(), model.get_output_embeddings()
-    tied = emb_out is not None and emb_in.weight is emb_out.weight
-    if not tied:
-        fully_shard(emb_in, reshard_after_forward=True, **kw)
-    norm = _final_norm(model)
-    tail = [m for m in ((norm, emb_in, emb_out) if tied else (norm, emb_out)) if m is not None]
-    if tail:
-        fully_shard(tail, reshard_after_forward=False, **kw)
-    fully_shard(model, **kw)
+    with host_pinning_skipped():
+        for m in list(model.modules())[::-1]:
+            if m is not model and isinstance(m, layers):
+                fully_shard(m, reshard_after_forward=True, **kw)
+        emb_in, emb_out = model.get_input_embeddings(), model.get_output_embeddings()
+        tied = emb_out is not None and emb_in.weight is emb_out.weight
+        if not tied:
+            fully_shard(emb_in, reshard_after_forward=True, **kw)
+        norm = _final_norm(model)
+        tail = [m for m in ((norm, emb_in, emb_out) if tied else (norm, emb_out)) if m is not None]
+        if tail:
+            fully_shard(tail, reshard_after_forward=False, **kw)
+        fully_shard(model, **kw)
     return model
 
 

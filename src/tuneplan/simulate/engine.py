@@ -88,7 +88,9 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
             model = wrap_fsdp2(model, setup, compute_dtype(setup), mesh)
         wrapper = FSDP2
         notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {FSDP2}, reshard_after_forward=True on a fake "
-                     "process group" + (", CPUOffloadPolicy" if setup.offload != "none" else ""))
+                     "process group" + (", CPUOffloadPolicy (the host-to-device copy of each shard and the "
+                                        "device-to-host copy of each gradient emulated)"
+                                        if setup.offload != "none" else ""))
     elif setup.fsdp:
         from tuneplan.simulate.distributed import FSDP1, wrap_fsdp1
 
@@ -155,8 +157,11 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     if ddp is not None:
         with fake:
             ddp.allocate()  # DistributedDataParallel.__init__ builds the Reducer and its buckets
-    offload = setup.fsdp and setup.offload != "none" and not fsdp2
-    if offload:
+    offload = setup.fsdp and setup.offload != "none"
+    if offload and fsdp2:
+        for p in model.parameters():
+            tracker.untrack(getattr(p, "_local_tensor", p))  # CPUOffloadPolicy: the sharded parameters
+    elif offload:
         from tuneplan.simulate.distributed import flat_params
 
         for fp in flat_params(model):
@@ -192,7 +197,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
                 # (new tensors made outside any module): they are the model's buffers, resident like weights
                 tracker.relabel(buf, "weights")
     if offload:
-        _file_offloaded_on_host(model, tracker)
+        _file_offloaded_on_host(model, tracker, fsdp2)
     paged = getattr(opt, "paged_bytes", 0)
     n_params = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -201,13 +206,15 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
                   world_size=setup.world_size)
 
 
-def _file_offloaded_on_host(model: Any, tracker: Any) -> None:
+def _file_offloaded_on_host(model: Any, tracker: Any, fsdp2: bool = False) -> None:
     """FSDP1 with ``offload_params=True`` keeps the sharded flat parameters and their ``_cpu_grad`` on the
     host and steps the optimizer there (FSDP docs, ``CPUOffload``: "gradients ... offloaded to CPU ... the
-    optimizer step runs on CPU"): every block of the optimizer step and zero_grad is host memory."""
+    optimizer step runs on CPU"); FSDP2's ``CPUOffloadPolicy`` likewise ("offloads parameters, gradients, and
+    optimizer states to CPU": the sharded parameters and the gradients copied out of the reduce-scatter,
+    ``distributed.fsdp2_offload_emulated``): every block of the optimizer step and zero_grad is host memory."""
     from tuneplan.simulate.distributed import flat_params
 
-    for fp in flat_params(model):
+    for fp in ([] if fsdp2 else flat_params(model)):
         # not ``fp`` itself: a unit left unsharded (the root) points its data at the device buffer
         for t in (getattr(fp, "_local_shard", None), getattr(fp, "_cpu_grad", None)):
             if t is not None:
