@@ -77,6 +77,8 @@ FRAMEWORK_STRATEGIES: dict[str, frozenset[str]] = {
     "torchtune-0.2": frozenset({"single", "fsdp", "fsdp+offload-all"}),
     "litgpt": frozenset({"single", "fsdp"}),
     "unsloth": frozenset({"single", "ddp"}),
+    # Answer.AI's fsdp_qlora train.py always wraps in FSDP1 (one GPU included), CPU offload or not
+    "fsdp-qlora": frozenset({"single", "fsdp", "fsdp+offload-all"}),
 }
 BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit")
 GC_CHOICES = (False, True)
