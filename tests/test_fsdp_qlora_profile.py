@@ -44,7 +44,8 @@ def test_profile_defaults_are_the_scripts() -> None:
 
 def test_resolved_setup_takes_the_defaults_and_keeps_the_users() -> None:
     s = _sharded().setup
-    assert (s.rank, s.dropout, s.precision, s.optimizer, s.gradient_checkpointing) == (64, 0.1, "bf16", "adamw", True)
+    got = (s.rank, s.dropout, s.precision, s.optimizer, s.gradient_checkpointing)
+    assert got == (64, 0.1, "bf16", "adamw", True)
     assert s.targets == "k_proj,q_proj,v_proj,up_proj,down_proj,gate_proj"
     assert s.sources["rank"] == "fsdp-qlora profile default"
     assert _sharded(rank=16).setup.rank == 16
