@@ -88,7 +88,7 @@ def _targets_flag(model: ModelSpec, s: TrainSetup) -> str:
                         ("default", peft_default_targets(model))):
         if chosen == resolve_targets(model, names):
             return flag
-    raise TuneplanError(f"train.py's --lora_target_modules takes 'all' or 'default', not {s.targets}",
+    raise TuneplanError(f"train.py's lora_target_modules takes 'all' or 'default', not {s.targets}",
                         field="targets", accepted=(get_profile("fsdp-qlora").default_targets,
                                                    peft_default_targets(model)))
 
