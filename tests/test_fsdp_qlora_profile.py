@@ -104,3 +104,17 @@ def test_cli_refuses_an_unknown_framework_naming_the_accepted(bad: str) -> None:
     assert r.returncode == 2
     d = json.loads(r.stdout)
     assert "fsdp-qlora" in json.dumps(d) and "Traceback" not in r.stderr
+
+
+def test_planner_space_holds_only_what_train_py_runs() -> None:
+    from tuneplan.catalog.accelerators import resolve_accelerator
+    from tuneplan.plan.space import METHOD_VARIANTS, families
+
+    fams = families(list(METHOD_VARIANTS), {"framework": "fsdp-qlora"}, 2, resolve_accelerator("rtx3090"))
+    # train.py: --train_type full / lora / qlora (4-bit), FSDP with or without CPU offload or one GPU, and
+    # --optimizer adamw / adam / sgd / adadelta (no bitsandbytes optimizer)
+    assert {f.method for f in fams} == {"full", "lora", "qlora-4"}
+    assert {f.strategy for f in fams} == {"fsdp", "fsdp+offload-all"}
+    assert {f.optimizer for f in fams} == {None}
+    hf = families(list(METHOD_VARIANTS), {"framework": "hf"}, 2, resolve_accelerator("rtx3090"))
+    assert {"qlora-8", "freeze"} <= {f.method for f in hf} and "adamw-8bit" in {f.optimizer for f in hf}
