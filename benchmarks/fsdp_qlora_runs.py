@@ -33,6 +33,7 @@ import csv
 import json
 import statistics
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,15 @@ def setup_of(row: dict[str, str]) -> dict[str, Any]:
     return kw
 
 
+@cache
+def _estimate(model_id: str, gpu: str, engine: str, setup: tuple[tuple[str, Any], ...]) -> Any:
+    """One estimate per setup: rows of one run that state two metrics (FQ03 / FQ05) share it."""
+    return estimate(resolve_model(model_id, allow_network=False), gpu=gpu, engine=engine, timing=False,
+                    **dict(setup)).breakdown
+
+
 def predict(row: dict[str, str], engine: str) -> dict[str, Any]:
-    est = estimate(resolve_model(row["model_id"], allow_network=False), gpu=row["gpu"], engine=engine,
-                   timing=False, **setup_of(row))
-    b = est.breakdown
+    b = _estimate(row["model_id"], row["gpu"], engine, tuple(sorted(setup_of(row).items())))
     reserved = "reserved" in row["peak_metric"]
     predicted = b.reserved_peak_bytes if reserved else b.allocated_peak_bytes
     measured = float(row["peak_gib"]) * GIB
@@ -85,8 +91,16 @@ def stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "bias": statistics.median(r["rel_error"] for r in rows) if rows else None}
 
 
-def run(engine: str = "analytic") -> dict[str, Any]:
-    rows = [predict(r, engine) for r in load()]
+def run(engine: str = "analytic", only: tuple[str, ...] = (),
+        each: Any = None) -> dict[str, Any]:
+    """Every row (or those in ``only``); ``each(result)`` is called as each row is done."""
+    rows = []
+    for r in load():
+        if only and r["row_id"] not in only:
+            continue
+        rows.append(predict(r, engine))
+        if each is not None:
+            each(rows[-1])
     fsdp = [r for r in rows if r["sharding"] == "full_shard"]
     return {"engine": engine, "rows": rows,
             "summary": {"fsdp_reserved": stats([r for r in fsdp if r["metric"] == "reserved"]),
@@ -105,18 +119,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=("analytic", "simulate"), default="analytic")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--rows", default="", help="comma-separated row ids (default: all)")
     a = ap.parse_args()
-    res = run(a.engine)
+    only = tuple(x for x in a.rows.split(",") if x)
     if a.json:
-        print(json.dumps(res, indent=1))
+        print(json.dumps(run(a.engine, only), indent=1))
         return
     print(f"{'row':5} {'model':20} {'type':5} {'shard':10} {'off':3} {'B':>2} {'S':>5} {'metric':9} "
-          f"{'published':>9} {'estimate':>8} {'alloc':>6} {'error':>7}")
-    for r in res["rows"]:
+          f"{'published':>9} {'estimate':>8} {'alloc':>6} {'error':>7}", flush=True)
+
+    def line(r: dict[str, Any]) -> None:
         print(f"{r['row_id']:5} {r['model']:20} {r['train_type']:5} {r['sharding']:10} "
               f"{'yes' if r['cpu_offload'] else 'no':3} {r['batch']:2d} {r['seq']:5d} {r['metric']:9} "
               f"{r['published_gib']:9.2f} {r['predicted_gib']:8.2f} {r['allocated_gib']:6.2f} "
-              f"{100 * r['rel_error']:+6.1f}%")
+              f"{100 * r['rel_error']:+6.1f}%", flush=True)
+
+    res = run(a.engine, only, each=line)
     s = res["summary"]
     print(f"\nengine {res['engine']} (GiB per GPU)")
     print(f"FSDP FULL_SHARD, peak reserved   {_fmt(s['fsdp_reserved'])}")
