@@ -118,6 +118,9 @@ CASES: dict[str, tuple[str, tuple, tuple]] = {
     "qlora-sharded-quant-storage": ("warning", (None, {"method": "qlora", "gpus": 2, "zero": 3}, None, None),
                                     (None, {"method": "qlora", "gpus": 2, "zero": 2}, None, None)),
     "hardware-unknown": ("info", (NO_CC, {}, None, None), ("rtx4090", {}, None, None)),
+    # fsdp_qlora train.py: LlamaDecoderLayer / MistralDecoderLayer only
+    "fsdp-qlora-layer-classes": ("warning", (None, {"framework": "fsdp-qlora"}, "Qwen/Qwen2.5-7B-Instruct", None),
+                                 (None, {"framework": "fsdp-qlora"}, "meta-llama/Llama-2-7b-hf", None)),
 }
 
 

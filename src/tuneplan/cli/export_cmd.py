@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     def export_cmd(
         model: Annotated[str | None, typer.Argument(help="catalog name, HF id, or path to config.json (optional with --from)")] = None,
         from_files: FromFiles = None,
-        fmt: Annotated[str, typer.Option("--format", "-f", help="hf-script | llamafactory | deepspeed | accelerate")] = "hf-script",
+        fmt: Annotated[str, typer.Option("--format", "-f", help="hf-script | llamafactory | deepspeed | accelerate | fsdp-qlora")] = "hf-script",
         output: Annotated[str | None, typer.Option("--output", "-o", help="file to write (companion files go beside it); without it the main file is printed")] = None,
         gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="accelerator the recipe is for (refuses a plan it cannot run)")] = None,
         dataset: Annotated[str | None, typer.Option("--dataset", help="dataset the recipe trains on (a file, a Hub id, or a LLaMA-Factory dataset name)")] = None,
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
             return
         # all files or none, each atomically; an existing file or a symbolic link only with --force, and
         # then the link itself is replaced (safe_write)
-        write_files([OutFile(p, text.encode("utf-8"), executable=p.suffix == ".py") for p, text in bundle.files],
+        write_files([OutFile(p, text.encode("utf-8"), executable=p.suffix in (".py", ".sh")) for p, text in bundle.files],
                     force=force, field="output")
         if as_json:
             print_json({"format": fmt, "files": [str(p) for p, _ in bundle.files],

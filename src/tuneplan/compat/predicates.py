@@ -468,4 +468,14 @@ def _quant_storage(ctx: Context, p: dict[str, Any]) -> Hit:
     s = ctx.setup
     if s.method != "qlora" or s.quant_bits != 4 or not (s.zero == 3 or s.fsdp):
         return None
+    if s.framework == "fsdp-qlora":
+        return None  # its train.py builds Linear4bit(quant_storage=torch_dtype) itself
     return {"sharding": "FSDP" if s.fsdp else "DeepSpeed ZeRO-3"}
+
+
+@predicate("fsdp-qlora-layer-classes")
+def _fsdp_qlora_layers(ctx: Context, p: dict[str, Any]) -> Hit:
+    model = ctx.model
+    if ctx.setup.framework != "fsdp-qlora" or model is None or model.model_type in ("llama", "mistral"):
+        return None
+    return {"model_type": model.model_type}

@@ -221,8 +221,9 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
 
 # Trainers that wrap each LoRA matrix in an FSDP unit of its own: the HF Trainer (transformers
 # update_fsdp_plugin_peft sets PEFT's fsdp_auto_wrap_policy: decoder layers, plus every leaf module with a
-# trainable weight), and LLaMA-Factory, which trains through it.
-PEFT_UNIT_WRAP = ("hf", "llamafactory")
+# trainable weight), and LLaMA-Factory, which trains through it; Answer.AI's fsdp_qlora train.py
+# (get_wrapping_policy: decoder layers or leaf modules whose weight requires grad).
+PEFT_UNIT_WRAP = ("hf", "llamafactory", "fsdp-qlora")
 
 
 def fsdp_layers_gathered(setup: TrainSetup) -> int:

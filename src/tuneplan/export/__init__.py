@@ -14,10 +14,10 @@ from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
-FORMATS = ("hf-script", "llamafactory", "deepspeed", "accelerate")
+FORMATS = ("hf-script", "llamafactory", "deepspeed", "accelerate", "fsdp-qlora")
 DEFAULT_NAMES = {"hf-script": "train.py", "llamafactory": "train_lora.yaml", "deepspeed": "ds_config.json",
-                 "accelerate": "accelerate_config.yaml"}
-FRAMEWORK_OF = {"hf-script": "hf", "llamafactory": "llamafactory"}  # whose code runs the recipe
+                 "accelerate": "accelerate_config.yaml", "fsdp-qlora": "run_fsdp_qlora.sh"}
+FRAMEWORK_OF = {"hf-script": "hf", "llamafactory": "llamafactory", "fsdp-qlora": "fsdp-qlora"}  # whose code runs the recipe
 
 
 @dataclass
@@ -74,6 +74,10 @@ def build_export(fmt: str, model: ModelSpec, setup: TrainSetup | None, acc: Acce
     elif fmt == "deepspeed":
         files.append((main, render_deepspeed(model, s, acc)))
         ds_path = None
+    elif fmt == "fsdp-qlora":
+        from tuneplan.export.fsdp_qlora import render_fsdp_qlora
+
+        files.append((main, render_fsdp_qlora(model, s, acc, dataset=dataset)))
     else:  # accelerate
         files.append((main, render_accelerate(model, s, acc, deepspeed_file=ds_path.name if ds_path else "")))
     if ds_path is not None:

@@ -77,6 +77,8 @@ FRAMEWORK_STRATEGIES: dict[str, frozenset[str]] = {
     "torchtune-0.2": frozenset({"single", "fsdp", "fsdp+offload-all"}),
     "litgpt": frozenset({"single", "fsdp"}),
     "unsloth": frozenset({"single", "ddp"}),
+    # Answer.AI's fsdp_qlora train.py always wraps in FSDP1 (one GPU included), CPU offload or not
+    "fsdp-qlora": frozenset({"single", "fsdp", "fsdp+offload-all"}),
 }
 BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit")
 GC_CHOICES = (False, True)
@@ -119,10 +121,21 @@ def strategies(world: int, framework: str, base: Mapping[str, Any]) -> list[tupl
     return out
 
 
-def optimizers(acc: Accelerator, base: Mapping[str, Any], offload: str) -> list[str | None]:
+# frameworks whose scripts take no bitsandbytes optimizer: fsdp_qlora train.py's --optimizer choices are
+# adamw, adam, sgd, adadelta
+NO_BNB_OPTIMIZERS = ("fsdp-qlora",)
+# the method variants a framework's script runs, where it does not run them all: fsdp_qlora train.py's
+# train types full / lora / qlora (bitsandbytes Linear4bit: 4-bit only)
+FRAMEWORK_METHODS: dict[str, frozenset[str]] = {"fsdp-qlora": frozenset({"full", "lora", "qlora-4"})}
+
+
+def optimizers(acc: Accelerator, base: Mapping[str, Any], offload: str,
+               framework: str = "hf") -> list[str | None]:
     """Optimizers of the space: the user's if set; else AdamW and, where they run, the 8-bit ones."""
     if "optimizer" in base:
         return [base["optimizer"]]
+    if framework in NO_BNB_OPTIMIZERS:
+        return [None]
     if offload != "none":
         return [None]
     if not _bnb_optimizers_run(acc):
@@ -166,8 +179,10 @@ def _build_families(variants: list[tuple[str, dict[str, Any]]], base: Mapping[st
         gcs = [gc_first, *[g for g in gcs if g != gc_first]]
     out = []
     for label, mfields in variants:
+        if label not in FRAMEWORK_METHODS.get(framework, frozenset({label})):
+            continue
         for sname, sfields in strategies(world, framework, base):
-            for opt in optimizers(acc, base, sfields["offload"]):
+            for opt in optimizers(acc, base, sfields["offload"], framework):
                 for gc in gcs:
                     f = {**mfields, **sfields, "gradient_checkpointing": gc}
                     if opt is not None:

@@ -24,7 +24,8 @@ from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 EXTRA_HINT = "pip install 'tuneplan[simulate]'  (torch, transformers, peft, accelerate)"
-SIMULATED_FRAMEWORKS = ("hf", "llamafactory")  # HF Trainer + transformers modeling code + PEFT
+# HF Trainer + transformers modeling code + PEFT; Answer.AI's fsdp_qlora train.py (simulate/fsdp_qlora.py)
+SIMULATED_FRAMEWORKS = ("hf", "llamafactory", "fsdp-qlora")
 
 
 class SimulateUnavailable(TuneplanError):

@@ -91,6 +91,14 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
                      "process group" + (", CPUOffloadPolicy (the host-to-device copy of each shard and the "
                                         "device-to-host copy of each gradient emulated)"
                                         if setup.offload != "none" else ""))
+    elif setup.fsdp and prof.name == "fsdp-qlora":
+        from tuneplan.simulate.fsdp_qlora import TRAIN_PY, wrap_train_py
+
+        with fake:
+            model = wrap_train_py(model, setup)
+        wrapper = TRAIN_PY
+        notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {TRAIN_PY}, FULL_SHARD on a fake process "
+                     "group" + (", CPUOffload(offload_params=True)" if setup.offload != "none" else ""))
     elif setup.fsdp:
         from tuneplan.simulate.distributed import FSDP1, wrap_fsdp1
 
@@ -109,6 +117,10 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         notes.append(f"simulated rank 0 of {setup.world_size} GPUs: DistributedDataParallel's C++ reducer does "
                      "not run on fake tensors; its gradient buckets are emulated from its code (25 MiB buckets, "
                      "first 1 MiB, gradient_as_bucket_view=False, rebuilt after the first iteration)")
+    if prof.name == "fsdp-qlora":
+        from tuneplan.simulate.fsdp_qlora import legacy_causal_lm_loss
+
+        legacy_causal_lm_loss(model)
     build_s = time.perf_counter() - t0
     if progress:
         progress(0.0, f"built {type(model).__name__} in {build_s:.1f} s")
@@ -186,7 +198,8 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
                             compute_dtype(setup), uses_autocast(setup, prof), progress,
                             no_sync=(partial(gradient_sync_off, model) if fsdp2
                                      else model.no_sync if setup.fsdp else None),
-                            on_step=ddp.on_step if ddp is not None else None)
+                            on_step=ddp.on_step if ddp is not None else None,
+                            outputs_until_step=prof.name == "fsdp-qlora")
     finally:
         h1.remove()
         h2.remove()

@@ -121,11 +121,13 @@ def relabel_states(tracker: StorageTracker, opt: torch.optim.Optimizer, fused: b
 
 def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: StorageTracker, half: torch.dtype,
               autocast: bool, progress: Callable[[float, str], None] | None = None, steps: int = 2,
-              no_sync: Callable[[], Any] | None = None, on_step: Callable[[int], None] | None = None) -> Any:
+              no_sync: Callable[[], Any] | None = None, on_step: Callable[[int], None] | None = None,
+              outputs_until_step: bool = False) -> Any:
     """``no_sync``: the wrapper's context for the accumulating micro-batches (the Trainer runs every
     micro-batch but the last of a step under ``accelerator.no_sync(model)``: transformers
     ``_inner_training_loop``; DeepSpeed excepted). ``on_step(step)``: called as each step's first forward
-    begins (DDP's bucket rebuild)."""
+    begins (DDP's bucket rebuild). ``outputs_until_step``: the loop keeps each micro-batch's outputs until
+    the optimizer step has run (fsdp_qlora train.py: ``output = None`` after the step), not the Trainer's."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(optimizer, params)
     fused = optimizer == "adamw-fused"
@@ -147,6 +149,7 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
             progress(done / total, msg)
 
     amp = (lambda: torch.autocast("cpu", dtype=half)) if autocast else nullcontext
+    kept: list[Any] = []
     for step in range(1, steps + 1):
         for micro in range(setup.grad_accum):
             tracker.phase = f"step{step}.forward"
@@ -158,6 +161,7 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
                 with amp():
                     outputs = model(input_ids=ids, labels=labels)
                 loss = outputs.loss
+                kept.append(outputs if outputs_until_step else None)
                 del outputs  # Trainer.compute_loss returns the loss only: the logits die here
                 if setup.grad_accum > 1:
                     loss = loss / setup.grad_accum
@@ -167,6 +171,8 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
                 del loss
             for p in params:
                 tracker.relabel(p.grad, "gradients")
+            if micro < setup.grad_accum - 1:
+                kept.clear()  # an accumulating micro-batch's outputs go at its end, the last one's after the step
             tick(f"step {step} backward {micro + 1}/{setup.grad_accum}")
         tracker.phase = f"step{step}.optimizer"
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -174,5 +180,6 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
         relabel_states(tracker, opt, fused)
         tracker.phase = f"step{step}.zero_grad"
         opt.zero_grad(set_to_none=not setup.keep_grads)
+        kept.clear()
         tick(f"step {step} optimizer")
     return opt

@@ -57,6 +57,8 @@ class Profile:
     # parameter, whole on every rank (bnb nn/modules.py fix_4bit_weight_quant_state_from_module: "the quant
     # state got lost when the parameter got converted. This happens for example for fsdp")
     quant_meta_sharded: bool = False
+    # LoRA rank when the user gives none (None: the setup's own default)
+    default_rank: int | None = None
     sources: tuple[str, ...] = ()
 
 
@@ -179,6 +181,58 @@ PROFILES["torchtune-0.2"] = replace(
 )
 
 
+# Answer.AI's fsdp_qlora train.py (github.com/AnswerDotAI/fsdp_qlora, train.py at 05ed9f2, 2024-06-13): its own
+# loop around FSDP1, transformers' Llama / Mistral code and PEFT (train_type lora / qlora). What it does by
+# default, read from the script (line numbers of that commit):
+# - precision "bf16": the model is built and loaded in bf16, no autocast, no MixedPrecision policy (540-553,
+#   822-826); the bf16_autocast / fp16_autocast choices load fp32 and autocast (tuneplan's '-mixed');
+# - qlora: every nn.Linear of model.model becomes a bitsandbytes Linear4bit(quant_type="nf4",
+#   compute_dtype=bf16, quant_storage=bf16), the lm_head skipped (591, 615-616); the Linear4bit default
+#   compress_statistics=True is double quantization; no prepare_model_for_kbit_training: the embeddings,
+#   norms and lm_head stay bf16 as loaded (load_and_quantize casts every tensor to torch_dtype);
+# - FSDP1 FULL_SHARD, use_orig_params=False, limit_all_gathers=True, backward_prefetch left at its default
+#   (BACKWARD_PRE), forward_prefetch off, CPUOffload(offload_params=True) when use_cpu_offload,
+#   sync_module_states=low_memory (753-766); auto-wrap = LlamaDecoderLayer / MistralDecoderLayer plus every
+#   leaf module whose weight requires grad (each LoRA A and B a unit of its own, as PEFT's
+#   fsdp_auto_wrap_policy), the decoder layers alone for full fine-tuning (468-503, 734-735);
+# - activation checkpointing: apply_activation_checkpointing(checkpoint_wrapper) on every decoder layer,
+#   NO_REENTRANT unless --reentrant_checkpointing (777-792);
+# - the loss: model(input_ids, labels=...) -> transformers' causal-LM loss; the loop drops output and loss
+#   after the optimizer step (925-926);
+# - optimizer torch.optim.AdamW (foreach, not fused; 459-461); LoRA r=64, alpha=16, dropout 0.1, targets
+#   "all" = k,q,v,up,down,gate (no o_proj) (1058-1061, 1158-1159).
+PROFILES["fsdp-qlora"] = Profile(
+    name="fsdp-qlora", label="Answer.AI fsdp_qlora train.py (FSDP1, pure bf16, bnb 4-bit in bf16 storage)",
+    default_precision="bf16", default_optimizer="adamw", default_optimizer_qlora="adamw",
+    default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True,
+    default_targets="k_proj,q_proj,v_proj,up_proj,down_proj,gate_proj",
+    autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=True,
+    mixed_base_fp32=True, loss="torchtune_legacy", default_dropout=0.1, default_rank=64,
+    sources=(
+        "fsdp_qlora train.py fsdp_qlora(): precision='bf16' (torch_dtype bf16, no autocast, mp_policy None); "
+        "bf16_autocast / fp16_autocast load fp32 and run under torch.cuda.amp.autocast",
+        "fsdp_qlora train.py: use_gradient_checkpointing=True (checkpoint_wrapper on LlamaDecoderLayer / "
+        "MistralDecoderLayer), reentrant_checkpointing=False",
+        "fsdp_qlora train.py get_optimizer: optimizer='adamw' -> torch.optim.AdamW(fused=False)",
+        "fsdp_qlora train.py: lora_rank=64, lora_alpha=16, lora_dropout=0.1, lora_target_modules='all' -> "
+        "['k_proj','q_proj','v_proj','up_proj','down_proj','gate_proj']",
+        "fsdp_qlora train.py: replace_linear(model.model, Linear4bit, quant_type='nf4', quant_storage=torch_dtype, "
+        "skip_modules=['lm_head']); no prepare_model_for_kbit_training",
+        "fsdp_qlora train.py: attn_impl='sdpa'",
+        "PEFT < 0.11 (the 2024 stack of Answer.AI's measurements) gives adapters the dtype of the base layer's "
+        "weight (bf16, Params4bit in bf16 quant_storage); PEFT >= 0.11 upcasts them to fp32 "
+        "(huggingface/peft#1706, autocast_adapter_dtype)",
+        "transformers 4.37-4.45 LlamaForCausalLM / MistralForCausalLM.forward: logits = logits.float(); "
+        "shift_logits = logits[..., :-1, :].contiguous(): the fp32 logits (kept in the output through "
+        "backward) and a contiguous fp32 shifted copy, the chain of the 'torchtune_legacy' loss; train.py "
+        "sets output = None after the step, so nothing is held into the next forward",
+        "fsdp_qlora train.py FSDP(...): ShardingStrategy.FULL_SHARD, use_orig_params=False, "
+        "limit_all_gathers=True, BackwardPrefetch default (BACKWARD_PRE), CPUOffload(offload_params=True) "
+        "when use_cpu_offload; auto-wrap _or_policy(decoder layers, leaf modules with a trainable weight)",
+    ),
+)
+
+
 def get_profile(name: str) -> Profile:
     try:
         return PROFILES[name]
@@ -256,6 +310,8 @@ def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] 
 
     if setup.method == "qlora" and setup.bits is None:
         default("bits", 4)
+    if prof.default_rank and "rank" not in explicit and "rank" not in sources and setup.rank == TrainSetup.rank:
+        default("rank", prof.default_rank)
     if setup.dropout is None:
         default("dropout", prof.default_dropout if setup.is_lora else 0.0)
     if setup.optimizer is None:

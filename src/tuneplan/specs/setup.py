@@ -29,7 +29,7 @@ OFFLOADS = ("none", "optimizer", "all")
 # fused linear cross-entropy, Apple's cut cross-entropy, Unsloth's current default).
 LOSSES = ("upcast", "chunked", "fused", "fused-linear")
 QUANT_TYPES = ("nf4", "fp4")
-FRAMEWORKS = ("hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt")
+FRAMEWORKS = ("hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt", "fsdp-qlora")
 TARGET_SHORTHANDS = ("all-linear", "all", "attn", "mlp")
 # transformers' from_pretrained(device_map=...) strategies that split the layers over the cards of one process
 # (integrations/accelerate.py _get_device_map): "auto" and "balanced" are the same rule; "none" = no split.
