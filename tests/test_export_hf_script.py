@@ -123,3 +123,27 @@ def test_qlora_script_stops_clearly_without_a_gpu(tmp_path: Path) -> None:
     r = _run(tmp_path / "train.py", "--model-config", "config.json", "--dataset", "random:4", "--cpu")
     assert r.returncode != 0 and "QLoRA needs a CUDA GPU" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("offload", ["none", "all"])
+def test_fsdp_plan_reaches_the_trainer_as_estimated(qwen7b, version, offload) -> None:
+    """The Trainer's own FSDP parsing (transformers' TrainingArguments) must end with the FSDP version the
+    estimate assumed, and under FSDP1 with BACKWARD_PRE prefetch: the Trainer's defaults (FSDP2 in
+    transformers 5, NO_PREFETCH) differ, so the script must say both."""
+    transformers = pytest.importorskip("transformers")
+    from tuneplan.export import train_script
+
+    setup = TrainSetup(method="lora", gpus=2, fsdp=True, fsdp_version=version, offload=offload)
+    p = plan_of(build_export("hf-script", qwen7b, setup, None, Path("train.py")).files[0][1])
+    args = transformers.TrainingArguments(output_dir="out", fsdp=p["fsdp"], use_cpu=True, report_to="none",
+                                          fsdp_config=train_script.fsdp_config(p, True))
+    got = args.fsdp_plugin_args
+    assert got["fsdp_version"] == version
+    assert got.get("cpu_offload", False) == (offload == "all")
+    assert got["activation_checkpointing"] is True
+    if version == 1:
+        assert got["backward_prefetch"] == "BACKWARD_PRE" and got["use_orig_params"] is True
+        assert got["reshard_after_forward"] == "full_shard"
+    else:
+        assert got["reshard_after_forward"] is True

@@ -76,6 +76,7 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
         "attn_implementation": HF_ATTN[s.attn or "sdpa"],
         "deepspeed": (deepspeed_file or "ds_config.json") if s.zero else None,
         "fsdp": fsdp,
+        "fsdp_version": s.fsdp_version,
         "world_size": s.world_size,
     }
 

@@ -38,6 +38,7 @@ PLAN = {
     "attn_implementation": "sdpa",
     "deepspeed": None,
     "fsdp": "",
+    "fsdp_version": 1,
     "world_size": 1,
     "device_map": None,
     "max_memory": None,
@@ -45,6 +46,18 @@ PLAN = {
 # --- PLAN END ---
 
 BNB_OPTIMIZERS = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
+
+
+def fsdp_config(plan: dict, checkpointing: bool) -> dict:
+    """The Trainer's ``fsdp_config`` for the FSDP version the plan was estimated with. The version is
+    written out because the Trainer's default changed (FSDP1 in transformers 4.x, FSDP2 in 5.x:
+    ``TrainingArguments._process_fsdp_args``), and FSDP1's backward prefetch because the Trainer's default
+    there is NO_PREFETCH while the plan assumes BACKWARD_PRE (accelerate's launcher default)."""
+    cfg = {"version": plan.get("fsdp_version", 1), "cpu_ram_efficient_loading": True,
+           "activation_checkpointing": checkpointing}
+    if cfg["version"] == 1:
+        cfg.update(use_orig_params=True, sync_module_states=True, backward_prefetch="backward_pre")
+    return cfg
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -254,8 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         targs["deepspeed"] = args.deepspeed
     if plan["fsdp"]:
         targs["fsdp"] = plan["fsdp"]
-        targs["fsdp_config"] = {"use_orig_params": True, "cpu_ram_efficient_loading": True,
-                                "sync_module_states": True, "activation_checkpointing": fsdp_gc}
+        targs["fsdp_config"] = fsdp_config(plan, fsdp_gc)
     trainer = Trainer(model=model, args=TrainingArguments(**targs), train_dataset=train,
                       data_collator=default_data_collator)
     result = trainer.train()
