@@ -54,6 +54,11 @@ class ShardPlan:
     end_of_backward: tuple[int, int] | None = None
     # unsharded parameters at the end of the forward, where the loss is computed (-1: as at the loss)
     gathered_forward_end: int = -1
+    # DeepSpeed ZeRO-1/2 (a full fine-tune): gradient bytes alive while the token embedding is
+    # back-propagated, its own gradient excluded, buffers included (-1: the single-GPU rule or none), and
+    # whether the layers' gradient rows already hold the embedding's gradient (ZeRO-1 keeps all of them)
+    grads_at_embedding: int = -1
+    layers_hold_embedding_grad: bool = False
 
     @property
     def gathered_at_forward_end(self) -> int:
@@ -177,8 +182,11 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         # setup_buckets) and frees it at the end of the backward (independent_gradient_partition_epilogue
         # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
+        at_embedding = zero12_grads_at_embedding(model, setup, trainable_params, g16, g_live, buffers,
+                                                 reduce_bucket)
         return ShardPlan(w16, g_live, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
-                         transient_grad_buffers=buffers)
+                         transient_grad_buffers=buffers, grads_at_embedding=at_embedding,
+                         layers_hold_embedding_grad=setup.zero == 1)
     # ZeRO-3 (stage3.py __init__, DeepSpeed 0.19.8): the gradient partitions are one flat buffer allocated at
     # construction (grad_partitions_flat_buffer, zeros, kept for the run), beside the IPG bucket; at the
     # loss the output head's weight is gathered whole (its forward ran last; it is used again in backward)
@@ -192,6 +200,35 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     return ShardPlan(w16, 0, buffers + g_live, st, tmp, min(max(gathered, kept), whole16), host,
                      NCCL_BYTES if n > 1 else 0, tuple(notes),
                      gathered_outside_layers=min(head16 + kept, whole16))
+
+
+def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, g16: int,
+                              g_live: int, bucket_bytes: int, bucket_elements: int) -> int:
+    """Gradient bytes alive under ZeRO-1/2 while the token embedding is back-propagated (a full fine-tune;
+    the embedding is the last parameter whose gradient autograd makes), the embedding's own gradient and
+    the backward kernel's temporaries excluded (memory.embedding_backward_row adds those); -1 when the
+    instant is not modelled (LoRA: a frozen embedding; ZeRO-1 with accumulation).
+
+    DeepSpeed 0.19.8, ``runtime/zero/stage_1_and_2.py``:
+    - ``process_gradients`` runs ``setup_buckets`` on the first ready gradient: the contiguous-gradients
+      bucket is allocated whole and stays until ``_release_ipg_buffers`` at the end of the backward;
+    - ZeRO-1 (``partition_gradients`` False, no ``overlap_comm``): the hook does not call
+      ``reduce_ready_partitions_and_remove_grads``; every 16-bit gradient stays in ``param.grad`` until the
+      epilogue;
+    - ZeRO-2: each gradient is copied into the bucket (``reduce_independent_p_g_buckets_and_remove_grads``);
+      only when the next one would overflow ``reduce_bucket_size`` does ``reduce_ipg_grads`` run, and its
+      ``copy_grads_in_partition`` allocates ``grads_in_partition`` (this rank's 1/N partition, 16 bits).
+      While the embedding's gradient is being made its hook has not fired: the partition exists only if
+      the other trainable parameters overflowed the bucket before."""
+    if setup.method != "full":
+        return -1
+    emb = model.embed_params
+    if setup.zero == 1:
+        if setup.grad_accum > 1:
+            return -1
+        return max(g16 - emb * (g16 // max(trainable_params, 1)), 0) + bucket_bytes
+    partition = g_live if trainable_params - emb > bucket_elements else 0
+    return partition + bucket_bytes
 
 
 # Trainers that wrap each LoRA matrix in an FSDP unit of its own: the HF Trainer (transformers
