@@ -106,7 +106,8 @@ def memory_statics(run: Run) -> MemoryStatics:
                trainable_bytes=pp.trainable_bytes, trainable_weight_params=pp.trainable_weight_params,
                states=opt.states, optimizer_temp=opt.temp, compute_bytes=dt.compute,
                optimizer=run.optimizer,
-               root_embeddings=setup.method in prof.fsdp_root_embeddings)
+               root_embeddings=setup.method in prof.fsdp_root_embeddings,
+               largest_trainable=pp.largest_trainable_tensor)
     # Split the sharded weights back into base weights and adapters for display.
     adapters = min(pp.adapter_bytes, sp.weights) if not (setup.zero == 3 or setup.fsdp) else -(-pp.adapter_bytes // setup.world_size)
     if setup.zero and pp.trainable_bytes > dt.compute:

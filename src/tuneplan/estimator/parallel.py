@@ -71,7 +71,8 @@ class ShardPlan:
 
 def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params: int, trainable_bytes: int,
           trainable_weight_params: int, states: int, optimizer_temp: int, compute_bytes: int,
-          optimizer: str = "adamw", layer_stored_bytes: int = 0, root_embeddings: bool = True) -> ShardPlan:
+          optimizer: str = "adamw", layer_stored_bytes: int = 0, root_embeddings: bool = True,
+          largest_trainable: int = 0) -> ShardPlan:
     n = setup.world_size
     grads = trainable_params * trainable_bytes
     if not setup.zero and not setup.fsdp:
@@ -165,6 +166,7 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         # at most the whole 16-bit model gathered: a gathered parameter is whole, beside rank 0's partition
         whole16 = w16
         w16 = shard16
+    offload_grad_buffer = 0
     # fp32 gradient partition the optimizer step reads (a copy only when gradients are 16-bit)
     fp32_grad_step = -(-4 * pt // n) if compute_bytes < 4 else 0
     tmp = fp32_grad_step
@@ -172,6 +174,15 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         host += st + fp32_grad_step
         st, tmp = 0, 0
         notes.append("optimizer states, fp32 master and fp32 gradients offloaded to CPU")
+        if setup.zero in (1, 2):
+            # stage_1_and_2.py (DeepSpeed 0.19.8) with cpu_offload: __init__ keeps
+            # temp_grad_buffer_for_gpu_offload (the largest trainable parameter, 16 bits) on the device for
+            # the run; ZeRO-2's reduced partitions go straight to the host fp32 gradient buffer
+            # (copy_grads_in_partition -> async_inplace_copy_grad_to_fp32_buffer_from_gpu, then
+            # clear_grad_attribute): no device gradient partition
+            offload_grad_buffer = largest_trainable * compute_bytes
+            if setup.zero == 2:
+                g_live = 0
     if setup.offload == "all":
         host += w16
         w16 = 0
@@ -184,8 +195,10 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
         at_embedding = zero12_grads_at_embedding(model, setup, trainable_params, g16, g_live, buffers,
                                                  reduce_bucket)
-        return ShardPlan(w16, g_live, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
-                         transient_grad_buffers=buffers, grads_at_embedding=at_embedding,
+        at_embedding += offload_grad_buffer if at_embedding >= 0 else 0
+        return ShardPlan(w16, g_live, offload_grad_buffer, st, tmp, gathered, host,
+                         NCCL_BYTES if n > 1 else 0, tuple(notes), transient_grad_buffers=buffers,
+                         grads_at_embedding=at_embedding,
                          layers_hold_embedding_grad=setup.zero == 1)
     # ZeRO-3 (stage3.py __init__, DeepSpeed 0.19.8): the gradient partitions are one flat buffer allocated at
     # construction (grad_partitions_flat_buffer, zeros, kept for the run), beside the IPG bucket; at the

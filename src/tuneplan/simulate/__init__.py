@@ -51,7 +51,11 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
         if not deepspeed_version():
             return "DeepSpeed ZeRO is simulated with DeepSpeed's own engine, and deepspeed is not installed"
         if setup.offload != "none":
-            return "DeepSpeed ZeRO with CPU offload is not simulated yet (DeepSpeedCPUAdam is a compiled op)"
+            from tuneplan.simulate.zero import cpu_adam_loads
+
+            why = cpu_adam_loads()
+            if why:
+                return f"DeepSpeed ZeRO-Offload steps with DeepSpeed's CPU Adam: {why}"
     if setup.fsdp and setup.fsdp_version == 2 and setup.offload != "none":
         return ("FSDP2 with CPUOffloadPolicy is not simulated yet (the CPU device cannot tell the host shards "
                 "from the device copies)")

@@ -231,6 +231,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
         deepspeed_version,
         label_zero_buffers,
         memory_efficient_linear,
+        offload_on_host,
         run_zero_steps,
         stdout_to_stderr,
         value_checks_answered,
@@ -245,7 +246,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     try:
         with (stdout_to_stderr(), fake, tracker, value_checks_answered(), memory_efficient_linear(setup.zero),
-              cuda_dropout()):
+              cuda_dropout(), offload_on_host(tracker, setup)):
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
             # the Trainer's optimizer (adamw_torch_fused): fp32 states beside DeepSpeed's fp32 master
