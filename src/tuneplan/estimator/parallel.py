@@ -183,6 +183,9 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
             offload_grad_buffer = largest_trainable * compute_bytes
             if setup.zero == 2:
                 g_live = 0
+            # and on the host beside the fp32 master: param_buffer_of_bit16_for_cpu_offload_groups (the 16-bit
+            # partition) and temp_grad_buffer_for_cpu_offload (the largest trainable parameter, 16 bits)
+            host += -(-g16 // n) + offload_grad_buffer
     if setup.offload == "all":
         host += w16
         w16 = 0

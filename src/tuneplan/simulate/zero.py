@@ -181,6 +181,15 @@ def wrap_zero(model: nn.Module, setup: TrainSetup, optimizer: torch.optim.Optimi
     return engine, opt
 
 
+def offload_note(setup: TrainSetup) -> str:
+    """How the run offloads, for the simulation's note ('' without offload)."""
+    if setup.offload == "none":
+        return ""
+    where = "optimizer states and parameter partitions" if setup.offload == "all" else "optimizer states"
+    return (f" with {where} offloaded to CPU memory (DeepSpeed's CPU Adam; its compiled in-place update is "
+            "skipped on fake tensors)")
+
+
 def cpu_adam_loads() -> str:
     """'' when DeepSpeed's CPU Adam op (a C++ extension, built on first use) loads here, else why not."""
     try:
