@@ -221,6 +221,12 @@ ZERO_CASES: list[Case] = [
                                                            ds_reduce_bucket=10_000_000,
                                                            ds_prefetch_bucket=5_000_000), layers=4),
 ]
+# ZeRO-3 at the loss: the prefetcher's run-ahead keeps what the backward uses, up to stage3_max_live_parameters
+ZERO_CASES += [
+    Case("mg zero3 ws8 full l2-7b bf16 gc 8 layers (max live)", L27, dict(method="full", seq=1024, gpus=8, zero=3,
+                                                                         precision="bf16", gradient_checkpointing=True),
+         layers=8),
+]
 # ZeRO-Offload: the optimizer step on the CPU (DeepSpeed's CPU Adam, its compiled kernel's in-place update
 # skipped), and with "all" the ZeRO-3 parameter partitions on the CPU; device memory counts what a GPU holds
 ZERO_CASES += [

@@ -27,6 +27,10 @@ from tuneplan.specs.setup import TrainSetup
 DS_REDUCE_BUCKET = 500_000_000  # elements, DeepSpeed default reduce_bucket_size
 DS_PREFETCH_BUCKET = 50_000_000  # elements, DeepSpeed default stage3_prefetch_bucket_size
 DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # elements, DeepSpeed default stage3_max_live_parameters
+# modules of a decoder layer that hold no parameter but still run ZeRO-3's fetch hook (each one a prefetch
+# opportunity): the layer, its attention, its MLP and the MLP's activation module
+HOOKED_CONTAINERS_PER_LAYER = 4
 NCCL_BYTES = 512 * 1024**2  # NCCL buffers + communicator state per process (order of NCCL_BUFFSIZE=4 MiB
 #                             x channels x peers); outside PyTorch's allocator
 
@@ -209,13 +213,17 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     head = model.lm_head_params or model.embed_params
     kept = zero3_layers_kept(model, head) * model.largest_layer_params * compute_bytes
     head16 = head * compute_bytes
+    at_loss = min(head16 + kept, whole16)
+    if setup.quant_bits is None:
+        ahead16 = zero3_gathered_ahead(model, setup, prefetch_bucket) * compute_bytes
+        at_loss = max(at_loss, min(ahead16, whole16))
     if setup.offload != "none":
         # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
         host += g_live
         g_live = 0
     return ShardPlan(w16, 0, buffers + g_live, st, tmp, min(max(gathered, kept), whole16), host,
                      NCCL_BYTES if n > 1 else 0, tuple(notes),
-                     gathered_outside_layers=min(head16 + kept, whole16))
+                     gathered_outside_layers=at_loss)
 
 
 def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, g16: int,
@@ -362,3 +370,32 @@ def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
     if room <= 0:
         return 0
     return min(model.n_layers, -(-room // (2 * per_layer)))
+
+
+def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
+    """Parameters (elements) ZeRO-3 holds gathered at the loss once its prefetcher has run ahead of the
+    forward into the backward part of the trace (0 when it cannot run ahead).
+
+    ``PartitionedParameterCoordinator._fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every
+    module's fetch, a parameterless one too, prefetches up to ``min(max_live - n_available,
+    prefetch_bucket)`` elements of NOT_AVAILABLE parameters from the trace queue (the last one may overshoot),
+    and pops the AVAILABLE ones it meets without counting them, recording their later use in
+    ``__most_recent_step_id_param_fetched_for``. When the fetches of a layer's modules grant more than the
+    layer holds, the queue runs ahead into the backward part of the trace during the forward; from then on
+    ``__params_to_release`` keeps every parameter whose backward use the prefetcher recorded: at the loss,
+    every parameter with a backward use is gathered, up to ``stage3_max_live_parameters`` plus one
+    parameter's overshoot. Parameters with no backward use are released after their forward: in a LoRA run
+    without checkpointing the frozen embedding and the first layer's frozen projections that read its
+    input (their outputs do not require grad, so no pre-backward hook fetches them again).
+    (simulate: DeepSpeed's engine on a fake process group, Llama-2-7B layers, full + checkpointing and
+    LoRA; the coordinator's state read at the loss.)"""
+    fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER for spec, _ in model.layer_groups)
+    if fetches * prefetch_bucket < model.largest_layer_params or setup.method not in ("full", "lora"):
+        return 0
+    used = model.params_total
+    if setup.method == "lora" and not setup.gradient_checkpointing:
+        first = model.layer_groups[0][0]
+        used -= model.embed_params + sum(m.params for m in first.linears if m.reads == "attn_in")
+    largest = max([model.vocab * model.hidden, model.lm_head_params]
+                  + [m.params for spec, _ in model.layer_groups for m in spec.linears])
+    return min(used, DS_MAX_LIVE_PARAMETERS + largest)
