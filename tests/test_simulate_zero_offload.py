@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO-Offload simulated with DeepSpeed's own engine and its CPU Adam (simulate/zero.py).
 
 Needs ``deepspeed`` with its CPU Adam op buildable (the CI installs the extra): without them the
-simulation tests skip with the reason; the fallback test runs everywhere.
+simulation tests skip with the reason; the fallback test runs everywhere. The CLI's ``--offload all
+--engine simulate --json`` is tested in test_simulate_zero.py.
 Expected bytes by hand from DeepSpeed 0.19's offload layout, for the tiny untied Llama of
 ``sharded_tiny`` (P parameters, N = 2 ranks, bf16; every allocation rounded up to 512 B):
 - ZeRO-2, ``offload_optimizer`` (stage_1_and_2.py ``__init__`` / ``initialize_optimizer_states``): on the
@@ -89,26 +90,3 @@ def test_zero_offload_without_cpu_adam_falls_back_with_the_reason(monkeypatch) -
     rep = simulate_report(spec, build_setup(spec, method="full", seq=64, gpus=2, zero=3, offload="all"))
     assert "CPU Adam" in rep.fallback
     assert rep.breakdown.engine == "analytic"
-
-
-def test_cli_zero3_offload_simulate_json_names_the_engine(tmp_path) -> None:
-    # tuneplan estimate ... --gpus 4 --zero 3 --offload all --engine simulate --json: one JSON object on
-    # stdout, the simulate engine, DeepSpeed's engine named as the wrapper, host memory reported
-    import json
-    import os
-    import subprocess
-    import sys
-
-    _needs_cpu_adam()
-    cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps(TINY))
-    args = ["estimate", str(cfg), "--method", "full", "--seq", "64", "--gpus", "4", "--zero", "3",
-            "--offload", "all", "--engine", "simulate", "--json"]
-    r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", *args], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 0, r.stderr[-2000:]
-    d = json.loads(r.stdout)
-    assert d["engine"] == "simulate"
-    assert "DeepSpeed ZeRO engine" in d["wrapper"]
-    assert any("offloaded to CPU memory" in n for n in d["notes"])
-    assert d["per_gpu"]["host_bytes"] > 0
