@@ -250,6 +250,28 @@ ZERO_CASES: list[Case] = [
                                                            ds_reduce_bucket=10_000_000,
                                                            ds_prefetch_bucket=5_000_000), layers=4),
 ]
+# ZeRO-3 at the loss: the prefetcher's run-ahead keeps what the backward uses, up to stage3_max_live_parameters
+ZERO_CASES += [
+    Case("mg zero3 ws8 full l2-7b bf16 gc 8 layers (max live)", L27, dict(method="full", seq=1024, gpus=8, zero=3,
+                                                                         precision="bf16", gradient_checkpointing=True),
+         layers=8),
+]
+# ZeRO-Offload: the optimizer step on the CPU (DeepSpeed's CPU Adam, its compiled kernel's in-place update
+# skipped), and with "all" the ZeRO-3 parameter partitions on the CPU; device memory counts what a GPU holds
+ZERO_CASES += [
+    Case("mg zero1 ws2 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=2, zero=1, offload="optimizer"),
+         layers=4),
+    Case("mg zero2 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, zero=2, offload="optimizer"),
+         layers=4),
+    Case("mg zero2 ws8 lora q0.5b offload", Q05, dict(method="lora", seq=1024, gpus=8, zero=2, offload="optimizer"),
+         layers=4),
+    Case("mg zero3 ws2 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=2, zero=3, offload="optimizer"),
+         layers=4),
+    Case("mg zero3 ws4 full q0.5b offload all", Q05, dict(method="full", seq=1024, gpus=4, zero=3, offload="all"),
+         layers=4),
+    Case("mg zero3 ws8 lora l1b offload all gc", L1, dict(method="lora", seq=2048, gpus=8, zero=3, offload="all",
+                                                         gradient_checkpointing=True), layers=4),
+]
 MULTI_GPU += ZERO_CASES
 CASES += MULTI_GPU
 

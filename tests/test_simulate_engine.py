@@ -122,8 +122,11 @@ def test_api_engine_simulate_has_the_analytic_keys(tiny) -> None:
     assert set(sim["per_gpu"]["components"]) == set(ana["per_gpu"]["components"])
 
 
-def test_multi_gpu_falls_back_to_analytic_with_a_note(tiny) -> None:
-    # ZeRO with CPU offload is not simulated, with or without deepspeed installed
+def test_multi_gpu_falls_back_to_analytic_with_a_note(tiny, monkeypatch) -> None:
+    # ZeRO runs DeepSpeed's own engine: without deepspeed it is not simulated
+    import tuneplan.simulate.zero as zero
+
+    monkeypatch.setattr(zero, "deepspeed_version", lambda: "")
     rep = simulate_report(tiny, build_setup(tiny, method="full", seq=64, gpus=2, zero=2, offload="optimizer"))
     assert rep.fallback and rep.breakdown.engine == "analytic"
     assert rep.breakdown.notes[0].startswith("simulate: DeepSpeed ZeRO")

@@ -82,19 +82,32 @@ def test_without_deepspeed_zero_falls_back_with_the_reason(monkeypatch) -> None:
     assert rep.breakdown.engine == "analytic"
 
 
-def test_cli_zero_simulate_json_is_one_object_on_stdout(tmp_path) -> None:
-    # DeepSpeed logs and reports its JIT builds on stdout; --json must still print exactly one JSON object
+@pytest.mark.parametrize("flags", [("--gpus", "2", "--zero", "2"),
+                                   ("--gpus", "4", "--zero", "3", "--offload", "all")])
+def test_cli_zero_simulate_json_is_one_object_on_stdout(tmp_path, flags) -> None:
+    # DeepSpeed logs and reports its JIT builds on stdout; --json must still print exactly one JSON object,
+    # the simulate engine with DeepSpeed's engine named as the wrapper (ZeRO-Offload too: what it offloads
+    # is in the notes, and host memory is reported)
     import json
     import os
     import subprocess
     import sys
 
     _needs_deepspeed()
+    offload = "--offload" in flags
+    if offload:
+        from tuneplan.simulate.zero import cpu_adam_loads
+
+        if cpu_adam_loads():
+            pytest.skip(cpu_adam_loads())
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
-    r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "estimate", str(cfg), "--method", "full",
-                        "--seq", "64", "--gpus", "2", "--zero", "2", "--engine", "simulate", "--json"],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    args = ["estimate", str(cfg), "--method", "full", "--seq", "64", *flags, "--engine", "simulate", "--json"]
+    r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", *args], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout)
     assert d["engine"] == "simulate" and "DeepSpeed ZeRO engine" in d["wrapper"]
+    if offload:
+        assert any("offloaded to CPU memory" in n for n in d["notes"])
+        assert d["per_gpu"]["host_bytes"] > 0

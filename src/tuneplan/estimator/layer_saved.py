@@ -162,6 +162,11 @@ class LayerWalk:
                 led.save(f"{mk}.cast_in", c * d_in * tokens_share)
             else:
                 led.save(reads, in_b * d_in * tokens_share)
+        elif setup.zero == 3 and not self.quantized and (self.input_requires_grad or reads != "attn_in"):
+            # ZeRO-3 (a model built under zero.Init): F.linear is DeepSpeed's LinearFunctionForZeroStage3
+            # (runtime/zero/linear.py, setup_context: ctx.save_for_backward(input, weight, bias)), which
+            # keeps a frozen linear's input too whenever the op is recorded (some input requires grad)
+            led.save(reads, in_b * d_in * tokens_share)
         if m_name in targets:
             # PEFT casts the adapter input to the adapter dtype; under autocast lora_A then casts it back
             # to 16 bits: a private copy per targeted module. Without a cast the input itself is shared.

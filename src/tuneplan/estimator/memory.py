@@ -110,7 +110,8 @@ def memory_statics(run: Run) -> MemoryStatics:
                trainable_bytes=pp.trainable_bytes, trainable_weight_params=pp.trainable_weight_params,
                states=opt.states, optimizer_temp=opt.temp, compute_bytes=dt.compute,
                optimizer=run.optimizer,
-               root_embeddings=setup.method in prof.fsdp_root_embeddings)
+               root_embeddings=setup.method in prof.fsdp_root_embeddings,
+               largest_trainable=pp.largest_trainable_tensor)
     # Split the sharded weights back into base weights and adapters for display.
     adapters = min(pp.adapter_bytes, sp.weights) if not (setup.zero == 3 or setup.fsdp) else -(-pp.adapter_bytes // setup.world_size)
     if setup.zero and pp.trainable_bytes > dt.compute:
@@ -139,6 +140,8 @@ def memory_statics(run: Run) -> MemoryStatics:
     embedding = None
     if acts.method == "full" and setup.world_size == 1 and not setup.optimizer_in_backward:
         embedding = setup.keep_grads or setup.grad_accum > 1
+    elif acts.method == "full" and sp.grads_at_embedding >= 0:
+        embedding = False  # ZeRO-1/2: the hooks move each gradient out (estimator/parallel.py)
     out = MemoryStatics(
         opt=opt, sp=sp, fg=fg, common=common, common_total=sum(common.values()),
         grads=grads, grads_prev=grads_prev, grads_step=grads_step, ac=ac, ac_bwd=ac_bwd, head_deq=head_deq,
@@ -299,6 +302,12 @@ def embedding_backward_row(acts: ActivationPlan, st: MemoryStatics) -> tuple[Any
     (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer."""
     if not acts.embedding_grad_bytes:
         return 0, None
+    if st.sp.grads_at_embedding >= 0:
+        # ZeRO-1/2 (parallel.zero12_grads_at_embedding): the bucket and what DeepSpeed holds, plus the new
+        # gradient and its temporaries; ZeRO-1's layer rows already count the embedding's gradient
+        cut = acts.embedding_grad_bytes if st.sp.layers_hold_embedding_grad else 0
+        return cut, (st.sp.grads_at_embedding + acts.embedding_grad_bytes, 0, 0, 0, 0,
+                     acts.embedding_backward_bytes, 0)
     grad = minimum(acts.embedding_grad_bytes, st.grads)
     cut, temp = (0, acts.embedding_backward_bytes + grad) if st.embedding_into_buffer else (grad, acts.embedding_backward_bytes)
     return cut, (st.g1, 0, 0, 0, 0, temp, 0)

@@ -27,6 +27,10 @@ from tuneplan.specs.setup import TrainSetup
 DS_REDUCE_BUCKET = 500_000_000  # elements, DeepSpeed default reduce_bucket_size
 DS_PREFETCH_BUCKET = 50_000_000  # elements, DeepSpeed default stage3_prefetch_bucket_size
 DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # elements, DeepSpeed default stage3_max_live_parameters
+# modules of a decoder layer that hold no parameter but still run ZeRO-3's fetch hook (each one a prefetch
+# opportunity): the layer, its attention, its MLP and the MLP's activation module
+HOOKED_CONTAINERS_PER_LAYER = 4
 NCCL_BYTES = 512 * 1024**2  # NCCL buffers + communicator state per process (order of NCCL_BUFFSIZE=4 MiB
 #                             x channels x peers); outside PyTorch's allocator
 
@@ -58,6 +62,11 @@ class ShardPlan:
     # (those gradients as counted in transient_grad_buffers, the gradient bytes live at its end, unsharded
     # parameters then, whether its last op's scratch is live at its end); None: as the other layers
     top_layer: tuple[int, int, int, bool] | None = None
+    # DeepSpeed ZeRO-1/2 (a full fine-tune): gradient bytes alive while the token embedding is
+    # back-propagated, its own gradient excluded, buffers included (-1: the single-GPU rule or none), and
+    # whether the layers' gradient rows already hold the embedding's gradient (ZeRO-1 keeps all of them)
+    grads_at_embedding: int = -1
+    layers_hold_embedding_grad: bool = False
 
     @property
     def gathered_at_forward_end(self) -> int:
@@ -70,7 +79,8 @@ class ShardPlan:
 
 def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params: int, trainable_bytes: int,
           trainable_weight_params: int, states: int, optimizer_temp: int, compute_bytes: int,
-          optimizer: str = "adamw", layer_stored_bytes: int = 0, root_embeddings: bool = True) -> ShardPlan:
+          optimizer: str = "adamw", layer_stored_bytes: int = 0, root_embeddings: bool = True,
+          largest_trainable: int = 0) -> ShardPlan:
     n = setup.world_size
     grads = trainable_params * trainable_bytes
     if not setup.zero and not setup.fsdp:
@@ -185,6 +195,7 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         # at most the whole 16-bit model gathered: a gathered parameter is whole, beside rank 0's partition
         whole16 = w16
         w16 = shard16
+    offload_grad_buffer = 0
     # fp32 gradient partition the optimizer step reads (a copy only when gradients are 16-bit)
     fp32_grad_step = -(-4 * pt // n) if compute_bytes < 4 else 0
     tmp = fp32_grad_step
@@ -192,6 +203,18 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         host += st + fp32_grad_step
         st, tmp = 0, 0
         notes.append("optimizer states, fp32 master and fp32 gradients offloaded to CPU")
+        if setup.zero in (1, 2):
+            # stage_1_and_2.py (DeepSpeed 0.19.8) with cpu_offload: __init__ keeps
+            # temp_grad_buffer_for_gpu_offload (the largest trainable parameter, 16 bits) on the device for
+            # the run; ZeRO-2's reduced partitions go straight to the host fp32 gradient buffer
+            # (copy_grads_in_partition -> async_inplace_copy_grad_to_fp32_buffer_from_gpu, then
+            # clear_grad_attribute): no device gradient partition
+            offload_grad_buffer = largest_trainable * compute_bytes
+            if setup.zero == 2:
+                g_live = 0
+            # and on the host beside the fp32 master: param_buffer_of_bit16_for_cpu_offload_groups (the 16-bit
+            # partition) and temp_grad_buffer_for_cpu_offload (the largest trainable parameter, 16 bits)
+            host += -(-g16 // n) + offload_grad_buffer
     if setup.offload == "all":
         host += w16
         w16 = 0
@@ -202,21 +225,59 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
         # setup_buckets) and frees it at the end of the backward (independent_gradient_partition_epilogue
         # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
-        return ShardPlan(w16, g_live, 0, st, tmp, gathered, host, NCCL_BYTES if n > 1 else 0, tuple(notes),
-                         transient_grad_buffers=buffers)
+        at_embedding = zero12_grads_at_embedding(model, setup, trainable_params, g16, g_live, buffers,
+                                                 reduce_bucket)
+        at_embedding += offload_grad_buffer if at_embedding >= 0 else 0
+        return ShardPlan(w16, g_live, offload_grad_buffer, st, tmp, gathered, host,
+                         NCCL_BYTES if n > 1 else 0, tuple(notes), transient_grad_buffers=buffers,
+                         grads_at_embedding=at_embedding,
+                         layers_hold_embedding_grad=setup.zero == 1)
     # ZeRO-3 (stage3.py __init__, DeepSpeed 0.19.8): the gradient partitions are one flat buffer allocated at
     # construction (grad_partitions_flat_buffer, zeros, kept for the run), beside the IPG bucket; at the
     # loss the output head's weight is gathered whole (its forward ran last; it is used again in backward)
     head = model.lm_head_params or model.embed_params
     kept = zero3_layers_kept(model, head) * model.largest_layer_params * compute_bytes
     head16 = head * compute_bytes
+    at_loss = min(head16 + kept, whole16)
+    if setup.quant_bits is None:
+        ahead16 = zero3_gathered_ahead(model, setup, prefetch_bucket) * compute_bytes
+        at_loss = max(at_loss, min(ahead16, whole16))
     if setup.offload != "none":
         # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
         host += g_live
         g_live = 0
     return ShardPlan(w16, 0, buffers + g_live, st, tmp, min(max(gathered, kept), whole16), host,
                      NCCL_BYTES if n > 1 else 0, tuple(notes),
-                     gathered_outside_layers=min(head16 + kept, whole16))
+                     gathered_outside_layers=at_loss)
+
+
+def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, g16: int,
+                              g_live: int, bucket_bytes: int, bucket_elements: int) -> int:
+    """Gradient bytes alive under ZeRO-1/2 while the token embedding is back-propagated (a full fine-tune;
+    the embedding is the last parameter whose gradient autograd makes), the embedding's own gradient and
+    the backward kernel's temporaries excluded (memory.embedding_backward_row adds those); -1 when the
+    instant is not modelled (LoRA: a frozen embedding; ZeRO-1 with accumulation).
+
+    DeepSpeed 0.19.8, ``runtime/zero/stage_1_and_2.py``:
+    - ``process_gradients`` runs ``setup_buckets`` on the first ready gradient: the contiguous-gradients
+      bucket is allocated whole and stays until ``_release_ipg_buffers`` at the end of the backward;
+    - ZeRO-1 (``partition_gradients`` False, no ``overlap_comm``): the hook does not call
+      ``reduce_ready_partitions_and_remove_grads``; every 16-bit gradient stays in ``param.grad`` until the
+      epilogue;
+    - ZeRO-2: each gradient is copied into the bucket (``reduce_independent_p_g_buckets_and_remove_grads``);
+      only when the next one would overflow ``reduce_bucket_size`` does ``reduce_ipg_grads`` run, and its
+      ``copy_grads_in_partition`` allocates ``grads_in_partition`` (this rank's 1/N partition, 16 bits).
+      While the embedding's gradient is being made its hook has not fired: the partition exists only if
+      the other trainable parameters overflowed the bucket before."""
+    if setup.method != "full":
+        return -1
+    emb = model.embed_params
+    if setup.zero == 1:
+        if setup.grad_accum > 1:
+            return -1
+        return max(g16 - emb * (g16 // max(trainable_params, 1)), 0) + bucket_bytes
+    partition = g_live if trainable_params - emb > bucket_elements else 0
+    return partition + bucket_bytes
 
 
 # Trainers that wrap each LoRA matrix in an FSDP unit of its own: the HF Trainer (transformers
@@ -349,3 +410,32 @@ def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
     if room <= 0:
         return 0
     return min(model.n_layers, -(-room // (2 * per_layer)))
+
+
+def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
+    """Parameters (elements) ZeRO-3 holds gathered at the loss once its prefetcher has run ahead of the
+    forward into the backward part of the trace (0 when it cannot run ahead).
+
+    ``PartitionedParameterCoordinator._fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every
+    module's fetch, a parameterless one too, prefetches up to ``min(max_live - n_available,
+    prefetch_bucket)`` elements of NOT_AVAILABLE parameters from the trace queue (the last one may overshoot),
+    and pops the AVAILABLE ones it meets without counting them, recording their later use in
+    ``__most_recent_step_id_param_fetched_for``. When the fetches of a layer's modules grant more than the
+    layer holds, the queue runs ahead into the backward part of the trace during the forward; from then on
+    ``__params_to_release`` keeps every parameter whose backward use the prefetcher recorded: at the loss,
+    every parameter with a backward use is gathered, up to ``stage3_max_live_parameters`` plus one
+    parameter's overshoot. Parameters with no backward use are released after their forward: in a LoRA run
+    without checkpointing the frozen embedding and the first layer's frozen projections that read its
+    input (their outputs do not require grad, so no pre-backward hook fetches them again).
+    (simulate: DeepSpeed's engine on a fake process group, Llama-2-7B layers, full + checkpointing and
+    LoRA; the coordinator's state read at the loss.)"""
+    fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER for spec, _ in model.layer_groups)
+    if fetches * prefetch_bucket < model.largest_layer_params or setup.method not in ("full", "lora"):
+        return 0
+    used = model.params_total
+    if setup.method == "lora" and not setup.gradient_checkpointing:
+        first = model.layer_groups[0][0]
+        used -= model.embed_params + sum(m.params for m in first.linears if m.reads == "attn_in")
+    largest = max([model.vocab * model.hidden, model.lm_head_params]
+                  + [m.params for spec, _ in model.layer_groups for m in spec.linears])
+    return min(used, DS_MAX_LIVE_PARAMETERS + largest)

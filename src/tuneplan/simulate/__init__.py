@@ -52,7 +52,11 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
         if not deepspeed_version():
             return "DeepSpeed ZeRO is simulated with DeepSpeed's own engine, and deepspeed is not installed"
         if setup.offload != "none":
-            return "DeepSpeed ZeRO with CPU offload is not simulated yet (DeepSpeedCPUAdam is a compiled op)"
+            from tuneplan.simulate.zero import cpu_adam_loads
+
+            why = cpu_adam_loads()
+            if why:
+                return f"DeepSpeed ZeRO-Offload steps with DeepSpeed's CPU Adam: {why}"
     if setup.framework not in SIMULATED_FRAMEWORKS:
         return f"the {setup.framework} profile runs its own model code / loss kernels, which simulate does not have"
     if setup.quant_bits == 8:

@@ -251,6 +251,8 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
         deepspeed_version,
         label_zero_buffers,
         memory_efficient_linear,
+        offload_note,
+        offload_on_host,
         run_zero_steps,
         stdout_to_stderr,
         value_checks_answered,
@@ -258,14 +260,15 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     )
 
     wrapper = ZERO.format(version=deepspeed_version())
-    notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {wrapper}, ZeRO-{setup.zero} on a fake process "
-                 "group (overflow, gradient-norm and rank-agreement checks answered as a healthy step does)")
+    notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {wrapper}, ZeRO-{setup.zero}{offload_note(setup)} on "
+                 "a fake process group (overflow, gradient-norm and rank-agreement checks answered as a healthy "
+                 "step does)")
     tracker.host_scalars_in_optimizer = False
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     try:
         with (stdout_to_stderr(), fake, tracker, value_checks_answered(), memory_efficient_linear(setup.zero),
-              cuda_dropout()):
+              cuda_dropout(), offload_on_host(tracker, setup)):
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
             # the Trainer's optimizer (adamw_torch_fused): fp32 states beside DeepSpeed's fp32 master
