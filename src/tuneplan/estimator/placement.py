@@ -76,8 +76,7 @@ def layer_bytes(spec: LayerSpec, setup: TrainSetup, dt: Dtypes) -> int:
     for m in spec.linears:
         weights = m.count * m.d_in * m.d_out
         is_linear = m.role not in ("expert", "router") or m.name == "shared_expert_gate"
-        quantized = bits is not None and is_linear
-        total += weights * bits // 8 if quantized else weights * per
+        total += weights * bits // 8 if bits is not None and is_linear else weights * per
         if m.bias:
             total += m.count * m.d_out * per
     return int(total)

@@ -376,7 +376,7 @@ def fsdp2_offload_emulated(tracker: Any) -> Iterator[None]:
     import torch.distributed.fsdp._fully_shard._fsdp_param as fp2
     import torch.distributed.fsdp._fully_shard._fsdp_param_group as fpg
 
-    prop = fp2.FSDPParam.all_gather_inputs
+    prop: Any = fp2.FSDPParam.all_gather_inputs  # a property: its getter is what runs
     orig_reduce, orig_dtensor = fpg.foreach_reduce, fp2.FSDPParam.to_sharded_dtensor
     reducing = [False]
 
