@@ -239,16 +239,31 @@ def shard(model: ModelSpec, setup: TrainSetup, *, weights: int, trainable_params
     kept = zero3_layers_kept(model, head) * model.largest_layer_params * compute_bytes
     head16 = head * compute_bytes
     at_loss = min(head16 + kept, whole16)
+    layer_gathered = min(max(gathered, kept), whole16)
+    # the top layers' backward: what the prefetcher keeps gathered there, and when the IPG bucket is first
+    # reduced in one of them, the copy reduce_scatter_coalesced makes of it (the larger of the two instants)
+    filled = zero3_bucket_flush(model, setup, reduce_bucket)
+    top_gathered = layer_gathered
+    at_flush = layer_gathered
     if setup.quant_bits is None:
-        ahead16 = zero3_gathered_ahead(model, setup, prefetch_bucket) * compute_bytes
-        at_loss = max(at_loss, min(ahead16, whole16))
+        ahead = zero3_gathered_ahead(model, setup, prefetch_bucket)
+        at_loss = max(at_loss, min(ahead * compute_bytes, whole16))
+        if ahead:
+            top16 = zero3_gathered_in_backward(model, setup) * compute_bytes
+            top_gathered = max(top_gathered, min(top16, whole16))
+            # every parameter whose gradient is in the bucket has finished its backward and been released
+            done = max(filled - model.lm_head_params, 0)
+            flush_instant16 = zero3_gathered_in_backward(model, setup, done) * compute_bytes
+            at_flush = max(at_flush, min(flush_instant16, whole16))
+    top_gathered = max(top_gathered, at_flush + filled * compute_bytes if filled else 0)
+    top_layer = (0, 0, top_gathered, True) if top_gathered > layer_gathered else None
     if setup.offload != "none":
         # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
         host += g_live
         g_live = 0
     return ShardPlan(w16, 0, buffers + g_live, st, tmp, min(max(gathered, kept), whole16), host,
                      NCCL_BYTES if n > 1 else 0, tuple(notes),
-                     gathered_outside_layers=at_loss)
+                     gathered_outside_layers=at_loss, top_layer=top_layer)
 
 
 def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, g16: int,
@@ -432,10 +447,63 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER for spec, _ in model.layer_groups)
     if fetches * prefetch_bucket < model.largest_layer_params or setup.method not in ("full", "lora"):
         return 0
+    used = zero3_backward_uses(model, setup)
+    largest = max([model.vocab * model.hidden, model.lm_head_params]
+                  + [m.params for spec, _ in model.layer_groups for m in spec.linears])
+    return min(used, DS_MAX_LIVE_PARAMETERS + largest)
+
+
+def zero3_backward_uses(model: ModelSpec, setup: TrainSetup) -> int:
+    """Parameters (elements) the backward fetches again under ZeRO-3: all of them, less, in a LoRA run without
+    checkpointing, the frozen embedding and the first layer's frozen projections that read its input
+    (zero3_gathered_ahead)."""
     used = model.params_total
     if setup.method == "lora" and not setup.gradient_checkpointing:
         first = model.layer_groups[0][0]
         used -= model.embed_params + sum(m.params for m in first.linears if m.reads == "attn_in")
-    largest = max([model.vocab * model.hidden, model.lm_head_params]
-                  + [m.params for spec, _ in model.layer_groups for m in spec.linears])
-    return min(used, DS_MAX_LIVE_PARAMETERS + largest)
+    return used
+
+
+def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 0) -> int:
+    """Parameters (elements) ZeRO-3 holds gathered while the top decoder layers are back-propagated, once
+    its prefetcher runs ahead (zero3_gathered_ahead > 0).
+
+    ``PartitionedParameterCoordinator`` (DeepSpeed 0.19.8): ``release_sub_module`` frees the untied output
+    head after its backward (it is not used again), and every later module fetch refills from the trace queue:
+    ``_fetch_sub_module_impl`` prefetches while ``numel_prefetching < min(__max_n_available_params -
+    __n_available_params, __prefetch_bucket_sz)``, so ``__n_available_params`` (what ``__all_gather_params_``
+    added and ``__release_param`` took off) climbs back to ``stage3_max_live_parameters`` plus the last
+    parameter popped, which crosses the limit. While the top layers run, the queue holds layer parameters
+    (the token embedding is the trace's last use): the overshoot is at most the largest layer parameter.
+    When the parameters still to be used (less ``done``: those already back-propagated below the head,
+    which ``release_sub_module`` freed after their backward) fit under that, all of them are gathered.
+    (simulate: Llama-2-7B, 8 layers, ZeRO-3 over 8 GPUs, the coordinator's count read at every module
+    fetch and release: 1.00e9 to 1.034e9 elements through the top two layers' backward.)"""
+    after_head = zero3_backward_uses(model, setup) - model.lm_head_params - done
+    largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
+    return min(after_head, DS_MAX_LIVE_PARAMETERS + largest)
+
+
+def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> int:
+    """Gradient elements in the ZeRO-3 IPG bucket when it is first reduced during the backward; 0 when every
+    gradient fits, so that the only reduction is the backward's epilogue, or when the run is not a full
+    fine-tune.
+
+    stage3.py (DeepSpeed 0.19.8) ``reduce_independent_p_g_buckets_and_remove_grads``: when the next gradient
+    would take the bucket past ``reduce_bucket_size``, ``__reduce_and_partition_ipg_grads`` runs first; with
+    ``reduce_scatter`` on (the default) it calls ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``
+    (runtime/comm/coalesced_collectives.py), whose ``torch.cat`` of the interleaved, padded gradient chunks
+    is a new tensor of the bucket's elements in the 16-bit dtype, live beside the bucket while the layer is
+    back-propagated. Gradients arrive in the backward's order: the untied head, the final norm, then each
+    layer from the top, its linears last-to-first (its norms counted after them)."""
+    if setup.method != "full":
+        return 0
+    filled = model.lm_head_params + model.final_norm_params
+    for spec, count in reversed(model.layer_groups):
+        per_layer = [m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)]
+        per_layer.append(spec.norm_params)
+        for numel in per_layer * count:
+            if filled and filled + numel > reduce_bucket:
+                return filled
+            filled += numel
+    return 0
