@@ -28,7 +28,6 @@ from tuneplan.estimator.overhead import (
     CUDA_CONTEXT_BAND,
     cuda_context_bytes,
     reserved_band,
-    reserved_from_allocated,
 )
 from tuneplan.estimator.types import GIB
 
@@ -85,12 +84,12 @@ def device_peak_high(est: Any) -> int:
             + (c.high if c is not None else b.cuda_context_bytes) + b.nccl_bytes)
 
 
-def upper_band(allocated: Any, reserved: Any, device_peak: Any) -> Any:
+def upper_band(allocated: Any, reserved: Any, device_peak: Any, cross_stream: int) -> Any:
     """:func:`device_peak_high` from a grid's arrays (``tuneplan.grid.Grid``), element-wise: the reserved
-    band's high end (``overhead.reserved_band``, as ``estimator/memory.memory_of`` reads it) + the context
-    band's high end + NCCL, which is what the device peak holds above reserved + context."""
+    band's high end (``overhead.reserved_band`` with the run's ``overhead.cross_stream_reserve``, as
+    ``estimator/memory.memory_of`` reads it) + the context band's high end + NCCL, which is what the device
+    peak holds above reserved + context."""
     nccl = device_peak - reserved - cuda_context_bytes()
-    cross_stream = reserved - reserved_from_allocated(allocated)  # overhead.cross_stream_reserve of the run
     return reserved_band(allocated, cross_stream)[1] + CUDA_CONTEXT_BAND[1] + nccl
 
 
