@@ -31,7 +31,7 @@ from tuneplan.compat.rules import (
     torch_install_hint,
     vtuple,
 )
-from tuneplan.estimator.types import Finding
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
