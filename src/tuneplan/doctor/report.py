@@ -16,7 +16,7 @@ from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.compat import Capability, capabilities, check
 from tuneplan.doctor.machine import Device, MachineInfo
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.types import Finding
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import GIB, Accelerator
 from tuneplan.specs.setup import TrainSetup
 

@@ -91,7 +91,7 @@ def trainer_kernels(s: TrainSetup, who: str) -> None:
 
 
 def plain_keys(setup: TrainSetup, fmt: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """``{key: value}`` for the plain keys of ``fmt`` (field table, specs/fields.py): each field's first name
+    """``{key: value}`` for the plain keys of ``fmt`` (field table, specs/fields/): each field's first name
     with the setup's value, for the fields that apply to the setup's method (``names``: only those, in that
     order). A field left unset (None) is left out: the framework's default is the run's."""
     rows = {f.name: f for f in field_table.plain_fields(fmt, setup.method)}

@@ -1,5 +1,5 @@
 """What every reader shares: the result type, a collector that records each value's origin, the plain
-keys of every format (generated from the field table, specs/fields.py), and the translations of
+keys of every format (generated from the field table, specs/fields/), and the translations of
 transformers ``TrainingArguments`` keys (which LLaMA-Factory and TRL configs also carry).
 
 Three kinds of keys: mapped (they set a TrainSetup field, and the source says ``file:line``), ignored
@@ -313,7 +313,7 @@ def map_fsdp(c: Collector, value: Any, key: str) -> None:
 def map_plain(c: Collector, fmt: str, method: str | None = None, *, skip: tuple[Any, ...] = ()) -> set[str]:
     """Every plain key of ``fmt`` in the file -> its field, checked by the field's type; the fields set.
 
-    The keys come from the field table (specs/fields.py). Fields that apply to some methods only (the LoRA
+    The keys come from the field table (specs/fields/). Fields that apply to some methods only (the LoRA
     rank, the 4-bit data type) are read only when ``method`` is one of them (None: not known, so only the
     universal fields). ``skip``: values that leave the field to another file (DeepSpeed's "auto"). Of two
     spellings of one field the first (the current one) wins.
