@@ -50,26 +50,6 @@ class built_on_read:  # noqa: N801 - used as a decorator, like ``property``
         return value
 
 
-@dataclass(frozen=True)
-class Finding:
-    """A compatibility or plausibility finding, with what to do about it."""
-
-    level: str  # "error" | "warning" | "info"
-    code: str
-    message: str
-    fix: str = ""
-    source: str = ""
-    # A known breakage whose library versions were not given: the condition it runs under ("bitsandbytes
-    # >= 0.47.0 or a CUDA 12.6 PyTorch"), which the verdict then states (``Estimate.verdict``).
-    requires: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        d = asdict(self)
-        if not self.requires:
-            del d["requires"]
-        return d
-
-
 @dataclass
 class Band:
     """An uncertainty band around a figure: low and high bytes, with the reason. (Not frozen: two are made per
