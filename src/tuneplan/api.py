@@ -18,9 +18,10 @@ from tuneplan.estimator.memory import memory_of
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.estimator.runtime import run_time_and_cost
 from tuneplan.estimator.throughput import RuntimeOptions
-from tuneplan.estimator.types import Finding, MemoryBreakdown
+from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.estimator.weights import trainable_params
 from tuneplan.specs.dataset import DatasetSpec
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import resolve_setup

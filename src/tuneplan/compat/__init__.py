@@ -1,6 +1,6 @@
 """Compatibility: will this setup run on this accelerator, with these libraries, at all?
 
-``check`` applies every rule (``rules.py``: the data in ``catalog/compat_rules.toml``; ``predicates.py``:
+``check`` applies every rule (``rules.py``: the data in ``catalog/compat_rules.toml``; ``predicates/``:
 one small predicate per rule) to (accelerator, setup, model) and, when ``versions`` is given
 (``tuneplan doctor``), to the installed libraries too. Without versions the version-dependent rules say
 which versions are affected instead. Imports run one way: ``rules`` <- ``predicates`` <- this module.
@@ -31,7 +31,7 @@ from tuneplan.compat.rules import (
     torch_install_hint,
     vtuple,
 )
-from tuneplan.estimator.types import Finding
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup

@@ -1,8 +1,8 @@
 """The rules' data and what predicates share: the rules file, version parsing, the check's Context.
 
 Rules are data (``tuneplan/catalog/compat_rules.toml``: level, message, fix, source, numbers) plus one
-small predicate each (``predicates.py``); ``tuneplan.compat.check`` joins them. Pure: no I/O beyond
-reading the packaged rules file once, no printing.
+small predicate each (``predicates/``, a module per kind of rule); ``tuneplan.compat.check`` joins them.
+Pure: no I/O beyond reading the packaged rules file once, no printing.
 
 The ``versions`` keys a Context reads are listed in ``tuneplan.compat``.
 """

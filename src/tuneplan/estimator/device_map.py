@@ -32,8 +32,9 @@ from tuneplan.estimator.memory import memory_of, memory_statics
 from tuneplan.estimator.overhead import cuda_context_bytes
 from tuneplan.estimator.placement import CPU, balanced_budgets, module_tree, place
 from tuneplan.estimator.run import Run
-from tuneplan.estimator.types import Finding, MemoryBreakdown
+from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.estimator.weights import param_plan
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup

@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tuneplan.compat import check
 from tuneplan.estimator.activations import LayerKinds, layer_kinds
 from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
-from tuneplan.estimator.types import Finding
 from tuneplan.estimator.weights import ParamPlan, param_plan, resolve_targets, trainable_params
 from tuneplan.estimator.wrappers import Wrapper, wrapper_for
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile, get_profile, loss_kind, model_as_built
@@ -54,8 +55,6 @@ class Run:
         size or the sequence length, so a reshaped run shares them."""
         last = self.memo.get("findings")  # (card, findings) of the last card asked about
         if last is None or not (last[0] is acc or last[0] == acc):
-            from tuneplan.compat import check
-
             last = self.memo["findings"] = (acc, check(acc, self.setup, self.model))
         return list(last[1])
 

@@ -1,6 +1,6 @@
 """TrainSetup: how the model is trained. Typed, validated, no formulas.
 
-Field names are those of the field table (specs/fields.py). ``validate`` raises a TuneplanError naming the
+Field names are those of the field table (specs/fields/). ``validate`` raises a TuneplanError naming the
 field and the accepted values for every invalid value or combination; a message that points at another
 field names it as ``{field}`` / ``{field=value}``, which each face words its own way (tuneplan.errors).
 Defaults that depend on the framework profile (optimizer, attention, targets, checkpointing) are left
