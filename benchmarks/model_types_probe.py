@@ -32,6 +32,11 @@ from typing import Any
 TOLERANCE = 0.05  # the brief's bound on a silent parameter-count error
 
 
+def _first_line(exc: Exception, n: int = 110) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0][:n] if text else ''}"
+
+
 class _Timeout(Exception):
     pass
 
@@ -48,16 +53,17 @@ def transformers_count(model_type: str) -> tuple[dict[str, Any] | None, int | No
     try:
         cfg = transformers.CONFIG_MAPPING[model_type]()
     except Exception as exc:  # noqa: BLE001 - any failure is a row of the report
-        return None, None, f"config: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        return None, None, f"config: {_first_line(exc)}"
     written = json.loads(json.dumps(cfg.to_dict(), default=str))
     errors = []
-    for head, auto in (("causal", transformers.AutoModelForCausalLM), ("masked", transformers.AutoModelForMaskedLM),
-                       ("bare", transformers.AutoModel)):
+    heads = (("causal", transformers.AutoModelForCausalLM), ("masked", transformers.AutoModelForMaskedLM),
+             ("bare", transformers.AutoModel))
+    for head, auto in heads:
         try:
             with torch.device("meta"):
                 model = auto.from_config(cfg)
         except Exception as exc:  # noqa: BLE001
-            errors.append(f"{head}: {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}")
+            errors.append(f"{head}: {_first_line(exc)}")
             continue
         return written, sum(p.numel() for p in model.parameters()), head
     return written, None, "; ".join(errors)
@@ -130,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         if r["class"] == "wrong" or (r["class"] == "refused" and r.get("transformers_params")):
             dev = f"{r['deviation']:+.1%}" if "deviation" in r else r.get("refusal", "")[:150]
             print(f"{r['class']:8} {r['model_type']:32} {dev}")
-    print(f"transformers {transformers.__version__}: {len(rows)} model types in {time.perf_counter() - start:.0f} s: "
+    took = time.perf_counter() - start
+    print(f"transformers {transformers.__version__}: {len(rows)} model types in {took:.0f} s: "
           + ", ".join(f"{k} {v}" for k, v in sorted(classes.items())))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -262,6 +262,8 @@ def model_from_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
 # audio or speech encoder, BLIP-2's Q-Former, Idefics2's perceiver resampler, Chameleon's VQ image tokenizer.
 _MODAL_WORDS = ("vision", "visual", "image", "video", "audio", "speech", "qformer", "perceiver", "vq_")
 _MODAL_TOWER_KEYS = ("mm_vision_tower", "vision_tower", "visual", "mm_projector_type")
+# sub-configs a language model's own config carries (not a second stack): quantization and RoPE settings
+_TEXT_SIDE_CONFIGS = frozenset({"quantization_config", "rope_config", "compression_config"})
 
 
 def refuse_other_modalities(cfg: dict[str, Any], name: str) -> None:
@@ -269,17 +271,25 @@ def refuse_other_modalities(cfg: dict[str, Any], name: str) -> None:
 
     The layouts model decoder and encoder language models; a vision tower, projector or audio encoder
     is a stack of its own (BLIP-2's is 90 % of the model, Idefics2's 8.7 %, LLaVA's 2.8 %). A sub-config
-    of another modality (a dict under a key naming it) or a tower key refuses the config, naming the key."""
+    of another modality (a dict under a key naming it), a tower key, or beside a text_config any other
+    sub-config (a speech encoder, a detection backbone, a projector) refuses the config, naming the key."""
     for key, value in cfg.items():
         if not isinstance(key, str) or key == "text_config":
             continue
-        sub = isinstance(value, dict) and any(w in key.lower() for w in _MODAL_WORDS)
-        if sub or (key in _MODAL_TOWER_KEYS and value not in (None, "", False)):
-            raise ConfigError(
-                f"a multimodal model ({cfg.get('model_type') or 'unknown type'}): the vision part not modelled "
-                f"('{key}'); tuneplan counts language models only, and a partial count would understate the "
-                "memory", field=f"{name}.{key}",
-                accepted="a language model's config.json (for the language part alone: its text_config as a file)")
+        modal = (isinstance(value, dict) and any(w in key.lower() for w in _MODAL_WORDS)) \
+            or (key in _MODAL_TOWER_KEYS and value not in (None, "", False))
+        # beside a text_config, any other sub-config is a second stack (a speech encoder, a detection backbone)
+        composite = "text_config" in cfg and isinstance(value, dict) and key.endswith("_config") \
+            and key not in _TEXT_SIDE_CONFIGS
+        if not (modal or composite):
+            continue
+        vision = any(w in key.lower() for w in ("vision", "visual", "image", "video"))
+        part = "the vision part" if vision else f"the {key.removesuffix('_config')} part"
+        raise ConfigError(
+            f"a multimodal model ({cfg.get('model_type') or 'unknown type'}): {part} not modelled "
+            f"('{key}'); tuneplan counts language models only, and a partial count would understate the "
+            "memory", field=f"{name}.{key}",
+            accepted="a language model's config.json (for the language part alone: its text_config as a file)")
 
 
 def check_config_numbers(cfg: dict[str, Any], name: str) -> None:
