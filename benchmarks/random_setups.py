@@ -8,7 +8,8 @@ targets, dropout, batch, sequence length, accumulation, checkpointing, optimizer
 framework profile, classifier head, and the strategy (one GPU, DDP, FSDP1 / FSDP2, ZeRO-1/2/3, each CPU
 offload the strategy has) with a world size of 1 to 8. A draw is kept only when the setup is valid:
 ``build_setup`` accepts it (the validation every face runs) and the compatibility rules raise no error
-for it; the rejected draws are counted by the field the refusal named.
+for it (nor a warning that the estimate does not describe the run: ``NOT_ESTIMATED``); the rejected draws
+are counted by the field the refusal named.
 
 Nothing here knows which setups the simulation can run: setups it cannot run are drawn too, and the
 benchmark reports them as skipped with the simulation's own reason.
@@ -41,6 +42,9 @@ OTHER_FRAMEWORKS = ("unsloth", "torchtune", "litgpt")
 STRATEGIES = ("single", "single", "ddp", "fsdp1", "fsdp1", "fsdp2", "fsdp2", "zero1", "zero2", "zero3",
               "zero3")
 WORLD_SIZES = (2, 2, 4, 4, 8)
+# warnings that say the estimate does not describe what the framework would run: not a setup to compare
+# (fsdp_qlora's train.py wraps and checkpoints only Llama and Mistral decoder layers)
+NOT_ESTIMATED = ("fsdp-qlora-layer-classes",)
 
 
 @dataclass(frozen=True)
@@ -74,19 +78,32 @@ class Rejections:
 
 
 @cache
-def catalog_models() -> tuple[str, ...]:
-    """Every catalog model the estimator reads (decoders and encoders; encoder-decoders are refused)."""
+def catalog_models(max_params: int | None = None) -> tuple[str, ...]:
+    """Every catalog model the estimator reads (decoders and encoders; encoder-decoders are refused), or
+    those of at most ``max_params`` parameters (as transformers counts them)."""
     from tuneplan.catalog.models import catalog_entries, resolve_model
     from tuneplan.errors import TuneplanError
 
     out = []
     for e in catalog_entries():
+        if max_params is not None and (e.params_transformers or e.params_published or 0) > max_params:
+            continue
         try:
             resolve_model(e.hf_id, allow_network=False)
         except TuneplanError:
             continue
         out.append(e.hf_id)
     return tuple(out)
+
+
+FSDP_QLORA_TYPES = ("llama", "mistral")
+
+
+@cache
+def _model_type(model: str) -> str:
+    from tuneplan.catalog.models import resolve_model
+
+    return str(resolve_model(model, allow_network=False).config.get("model_type"))
 
 
 def reduced_model(model: str, layers: int) -> Any:
@@ -104,7 +121,9 @@ def reduced_model(model: str, layers: int) -> Any:
 
 
 def _strategy(rng: random.Random, kw: dict[str, Any]) -> None:
-    strat = rng.choice(STRATEGIES)
+    """One GPU, DDP, FSDP1 / FSDP2 or ZeRO-1/2/3 with an offload each has; only FSDP1 for fsdp_qlora's
+    train.py, which wraps in FullyShardedDataParallel (the other refusals are ``framework_refusal``'s)."""
+    strat = rng.choice(STRATEGIES if kw["framework"] != "fsdp-qlora" else ("single", "fsdp1"))
     if strat == "single":
         return
     kw["gpus"] = rng.choice(WORLD_SIZES)
@@ -149,27 +168,65 @@ def draw_fields(rng: random.Random) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+def strategy_name(kw: dict[str, Any]) -> str:
+    """The planner's name of the draw's strategy (plan/space.py: single, ddp, zero-N, fsdp, ...+offload-X)."""
+    offload = kw.get("offload", "none")
+    base = (f"zero-{kw['zero']}" if kw.get("zero") else "fsdp" if kw.get("fsdp")
+            else "ddp" if kw.get("gpus", 1) > 1 else "single")
+    return base if offload == "none" else f"{base}+offload-{offload}"
+
+
+def framework_refusal(kw: dict[str, Any]) -> str:
+    """What the framework's own script does not run ('' when it runs the draw): its strategies, methods and
+    optimizers as the planner's space lists them (plan/space.py), and FSDP1 only for fsdp_qlora's train.py."""
+    from tuneplan.plan.space import BNB_OPTIMIZERS, FRAMEWORK_METHODS, FRAMEWORK_STRATEGIES, NO_BNB_OPTIMIZERS
+
+    fw = kw.get("framework", "hf")
+    if strategy_name(kw) not in FRAMEWORK_STRATEGIES.get(fw, frozenset({strategy_name(kw)})):
+        return "framework:strategy"
+    method = kw["method"] if kw["method"] != "qlora" else f"qlora-{kw.get('bits', 4)}"
+    if method not in FRAMEWORK_METHODS.get(fw, frozenset({method})):
+        return "framework:method"
+    if fw in NO_BNB_OPTIMIZERS and kw.get("optimizer") in (*BNB_OPTIMIZERS, "paged-adamw"):
+        return "framework:optimizer"
+    if fw == "fsdp-qlora" and kw.get("fsdp_version", 1) != 1:  # train.py wraps in FullyShardedDataParallel
+        return "framework:fsdp_version"
+    return ""
+
+
 def valid(model: Any, kw: dict[str, Any]) -> str:
     """'' when the setup is valid for the model, else the field the refusal named."""
     from tuneplan.api import build_setup
     from tuneplan.compat import check
     from tuneplan.errors import TuneplanError
+    from tuneplan.estimator.run import resolve_run
 
+    why = framework_refusal(kw)
+    if why:
+        return why
+    positions = model.config.get("max_position_embeddings") or model.config.get("n_positions")
+    if positions and kw["seq"] > positions:  # learned position tables end there (BERT 512, GPT-2 1024)
+        return "seq"
     try:
         setup = build_setup(model, **kw)
+        resolve_run(model, setup)  # the targets name linears of this architecture
     except TuneplanError as exc:
         return getattr(exc, "field", None) or "setup"
-    errors = [f for f in check(None, setup, model) if f.level == "error"]
-    return f"compat:{errors[0].code}" if errors else ""
+    refused = [f for f in check(None, setup, model) if f.level == "error" or f.code in NOT_ESTIMATED]
+    return f"compat:{refused[0].code}" if refused else ""
 
 
-def draw(rng: random.Random, index: int, rejections: Rejections | None = None, tries: int = 200) -> Draw:
+def draw(rng: random.Random, index: int, rejections: Rejections | None = None, tries: int = 200,
+         max_params: int | None = None) -> Draw:
     """One valid random setup (redrawn until valid; every refusal counted in ``rejections``)."""
-    models = catalog_models()
+    models = catalog_models(max_params)
     for _ in range(tries):
-        model = rng.choice(models)
-        layers = rng.choice(DEPTHS)
         kw = draw_fields(rng)
+        # fsdp_qlora's train.py wraps and checkpoints Llama and Mistral layers only (NOT_ESTIMATED)
+        fq = kw["framework"] == "fsdp-qlora"
+        pool = [m for m in models if _model_type(m) in FSDP_QLORA_TYPES] if fq else models
+        model = rng.choice(pool or models)
+        layers = rng.choice(DEPTHS)
         why = valid(reduced_model(model, layers), kw)
         if not why:
             return Draw(index, model, layers, kw)
@@ -178,7 +235,9 @@ def draw(rng: random.Random, index: int, rejections: Rejections | None = None, t
     raise RuntimeError(f"no valid setup in {tries} draws")
 
 
-def sample(n: int, seed: int, rejections: Rejections | None = None) -> list[Draw]:
-    """``n`` valid draws from one random generator: the same ``seed`` gives the same list."""
+def sample(n: int, seed: int, rejections: Rejections | None = None,
+           max_params: int | None = None) -> list[Draw]:
+    """``n`` valid draws from one random generator: the same ``seed`` gives the same list (``max_params``:
+    the catalog models of at most that many parameters only)."""
     rng = random.Random(seed)
-    return [draw(rng, i, rejections) for i in range(n)]
+    return [draw(rng, i, rejections, max_params=max_params) for i in range(n)]

@@ -40,7 +40,10 @@ def compute_dtype(setup: TrainSetup) -> torch.dtype:
 
 
 def uses_autocast(setup: TrainSetup, prof: Profile) -> bool:
-    return prof.autocast and setup.precision != "fp32"
+    """Whether the forward runs under autocast: the profile's rule, except under DeepSpeed, where
+    accelerate's Accelerator leaves native_amp off for fp16 and bf16 (DistributedType.DEEPSPEED: the engine
+    runs the 16-bit module itself; accelerate 1.16 accelerator.py) and so never wraps the forward."""
+    return prof.autocast and setup.precision != "fp32" and not setup.zero
 
 
 @contextmanager
