@@ -105,6 +105,13 @@ class SystemDetector:
             m.notes.append("no NVIDIA GPU (NVML / nvidia-smi), Ascend NPU (npu-smi / torch_npu) or ROCm GPU found")
         return m
 
+    def devices(self) -> list[Device]:
+        """The NVIDIA and Ascend devices alone, without the library versions (the planner's host memory)."""
+        m = MachineInfo()
+        self._nvidia(m)
+        self._npu(m)
+        return m.devices
+
     # ---- NVIDIA ------------------------------------------------------------------------------------
     def _nvidia(self, m: MachineInfo) -> None:
         try:
