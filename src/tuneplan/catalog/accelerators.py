@@ -106,23 +106,28 @@ def catalog_accelerators() -> dict[str, Accelerator]:
     return dict(_catalog())
 
 
-def user_hardware_file() -> Path | None:
-    """The user's hardware file from the config directory, if one exists.
+def hardware_file_candidates() -> list[str]:
+    """Where the user's hardware file may be, in the order looked at (:func:`user_hardware_file`).
 
     ``$TUNEPLAN_CONFIG_DIR`` wins when set (and is the only place looked at, so tests and CI can point
     it at an empty directory); otherwise ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan``.
     """
-    env = os.environ.get("TUNEPLAN_CONFIG_DIR")
-    if env:
-        dirs = [Path(env)]
-    else:
-        base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-        dirs = [Path(base) / "tuneplan"]
-    for d in dirs:
-        for n in HARDWARE_FILE_NAMES:
-            p = d / n
-            if p.is_file():
-                return p
+    env = os.environ
+    return list(_candidates(env.get("TUNEPLAN_CONFIG_DIR"), env.get("XDG_CONFIG_HOME"), env.get("HOME")))
+
+
+@lru_cache(maxsize=8)
+def _candidates(config_dir: str | None, xdg: str | None, home: str | None) -> tuple[str, ...]:
+    """:func:`hardware_file_candidates` for these environment values (``~`` is ``$HOME``)."""
+    d = config_dir or os.path.join(xdg or os.path.join(os.path.expanduser("~"), ".config"), "tuneplan")
+    return tuple(os.path.join(d, n) for n in HARDWARE_FILE_NAMES)
+
+
+def user_hardware_file() -> Path | None:
+    """The user's hardware file from the config directory, if one exists (:func:`hardware_file_candidates`)."""
+    for p in hardware_file_candidates():
+        if os.path.isfile(p):
+            return Path(p)
     return None
 
 
