@@ -68,7 +68,7 @@ def test_deploy_tab_shows_the_deploy_plan() -> None:
 
 def test_export_writes_the_exporters_files() -> None:
     exp = pytest.importorskip("tuneplan.export", reason="the recipe export is not in this build")
-    from tuneplan.api import build_setup
+    from tuneplan.api import build_setup, estimate
     from tuneplan.web.form import read_model
 
     values = {**DEFAULTS, "method": "lora", "gpus": 2, "zero": "2", "gpu": "a100-80gb-sxm4"}
@@ -80,7 +80,7 @@ def test_export_writes_the_exporters_files() -> None:
 
     from tuneplan.catalog.accelerators import resolve_accelerator
 
-    bundle = exp.build_export("hf-script", spec, setup, resolve_accelerator("a100-80gb-sxm4"), Path(paths[0]))
+    bundle = exp.build_export("hf-script", estimate(spec, setup, gpu=resolve_accelerator("a100-80gb-sxm4")), Path(paths[0]))
     for (p, text), written in zip(bundle.files, paths, strict=True):
         assert Path(written).name == Path(p).name
         assert Path(written).read_text(encoding="utf-8") == text

@@ -210,7 +210,7 @@ def export_files(values: dict[str, Any], formats: list[str] | tuple[str, ...] | 
 
 
 def _export(build_export: Any, values: dict[str, Any], formats: list[str]) -> tuple[list[str], str]:
-    from tuneplan.api import build_setup
+    from tuneplan.api import build_setup, estimate
     from tuneplan.export import DEFAULT_NAMES
 
     if not formats or not all(isinstance(f, str) for f in formats):
@@ -218,12 +218,12 @@ def _export(build_export: Any, values: dict[str, Any], formats: list[str]) -> tu
     p, why = _ready(values, need_gpu=False)
     if p is None:
         return [], why
-    setup = build_setup(p.model, None, **p.setup_kw)
+    plan = estimate(p.model, build_setup(p.model, None, **p.setup_kw), gpu=p.gpu, timing=False)  # once for all
     out_dir = _fresh_export_dir()
     written: dict[str, None] = {}
     notes: list[str] = []
     for fmt in formats:
-        bundle = build_export(fmt, p.model, setup, p.gpu, out_dir / DEFAULT_NAMES.get(fmt, fmt))
+        bundle = build_export(fmt, plan, out_dir / DEFAULT_NAMES.get(fmt, fmt))
         for path, text in bundle.files:
             Path(path).write_text(text, encoding="utf-8")
             written[str(path)] = None
