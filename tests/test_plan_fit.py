@@ -142,7 +142,7 @@ def test_npu_space_has_no_bitsandbytes_optimizer_and_cuda_space_has_them() -> No
 
 
 def test_explicit_bf16_on_a_v100_cannot_run_and_nothing_is_recommended() -> None:
-    r = fit("Qwen/Qwen2.5-7B", "v100", method="lora", precision="bf16-mixed")
+    r = fit("Qwen/Qwen2.5-7B", "v100-sxm2-32gb", method="lora", precision="bf16-mixed")
     m = r.method("lora")
     assert not m.fits and m.blocked_by and r.recommended is None
     assert violations(r.to_dict()) == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from tuneplan.catalog.accelerators import resolve_accelerator
+from tuneplan.catalog.accelerators import resolve_named
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.cost import Prices
@@ -58,12 +58,19 @@ class Estimate:
         return self.breakdown.device_peak_bytes <= self.gpu.memory_bytes
 
     @property
+    def requires(self) -> list[str]:
+        """What the setup runs only with: known breakages for library versions that were not given."""
+        return [f.requires for f in self.findings if f.requires]
+
+    @property
     def verdict(self) -> str | None:
-        """'fits', 'does_not_fit' (memory) or 'cannot_run' (an error finding, memory aside); None without a GPU."""
+        """'fits'; 'runs_only_with' (fits, but a known breakage hits some library versions and these were
+        not given: ``requires`` says which work); 'does_not_fit' (memory) or 'cannot_run' (an error
+        finding, memory aside); None without a GPU."""
         if self.gpu is None:
             return None
         if self.fits:
-            return "fits"
+            return "runs_only_with" if self.requires else "fits"
         errors = any(f.level == "error" for f in self.findings)
         return "cannot_run" if errors and (self.headroom_bytes or 0) >= 0 else "does_not_fit"
 
@@ -101,8 +108,12 @@ class Estimate:
         if self.gpu is not None:
             d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
                         "memory_source": self.gpu.memory_source}
+            if self.extras.get("gpu_name_choice"):
+                d["gpu"]["name_choice"] = self.extras["gpu_name_choice"]
             d["fits"] = self.fits
             d["verdict"] = self.verdict
+            if self.requires:
+                d["requires"] = self.requires
             d["headroom_bytes"] = self.headroom_bytes
         d.update(self.extras.get("sections", {}))
         return d
@@ -129,25 +140,32 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
              engine: str = "analytic", hardware_file: str | None = None, dataset: DatasetSpec | None = None,
              price: float | None = None, card_price: float | None = None, kwh_price: float | None = None,
              own_years: float | None = None, time_options: RuntimeOptions | None = None,
-             timing: bool = True, **kwargs: Any) -> Estimate:
+             timing: bool = True, versions: dict[str, Any] | None = None, **kwargs: Any) -> Estimate:
     """Per-GPU peak memory (and findings) of fine-tuning ``model`` with ``setup`` on ``gpu``.
 
     With a GPU, the result also carries ``time`` and ``cost`` sections (``estimator/runtime.py``); the
     totals need ``dataset``; ``price`` (USD per GPU-hour), ``card_price``, ``kwh_price`` and ``own_years``
-    override the catalog's prices and the cost model's defaults."""
+    override the catalog's prices and the cost model's defaults. ``versions`` (the keys of
+    ``tuneplan.compat``): the library versions the run will use, so that version-dependent breakages are
+    answered for them instead of stated as a condition."""
     spec = resolve_model(model) if isinstance(model, str) else model
-    acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
+    acc, choice = resolve_named(gpu, extra=hardware_file) if isinstance(gpu, str) else (gpu, None)
     if engine not in ("analytic", "simulate"):
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kwargs))
-    return estimate_run(run, gpu=acc, engine=engine, dataset=dataset, price=price, card_price=card_price,
-                        kwh_price=kwh_price, own_years=own_years, time_options=time_options, timing=timing)
+    est = estimate_run(run, gpu=acc, engine=engine, dataset=dataset, price=price, card_price=card_price,
+                       kwh_price=kwh_price, own_years=own_years, time_options=time_options, timing=timing,
+                       versions=versions)
+    if choice:
+        est.extras["gpu_name_choice"] = choice
+    return est
 
 
 def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "analytic",
                  dataset: DatasetSpec | None = None, price: float | None = None, card_price: float | None = None,
                  kwh_price: float | None = None, own_years: float | None = None,
-                 time_options: RuntimeOptions | None = None, timing: bool = True) -> Estimate:
+                 time_options: RuntimeOptions | None = None, timing: bool = True,
+                 versions: dict[str, Any] | None = None) -> Estimate:
     """``estimate`` on a run already resolved (``estimator.run.resolve_run``; ``run.reshaped(batch=, seq=)``
     for another shape): nothing is looked up or resolved again."""
     spec, s, acc = run.model, run.setup, gpu
@@ -177,7 +195,12 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
                                if v is not None})
         extras["sections"] = run_time_and_cost(run, acc, dataset, prices, time_options,
                                                memory=breakdown if engine == "analytic" else None)
-    findings = run.findings(acc)
+    if versions is None:
+        findings = run.findings(acc)
+    else:
+        from tuneplan.compat import check
+
+        findings = check(acc, s, spec, versions)
     if s.device_map != "none":  # one card too: accelerate may still leave layers on the CPU
         from tuneplan.estimator.device_map import spill_finding
 
