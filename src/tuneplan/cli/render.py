@@ -2,18 +2,50 @@
 
 from __future__ import annotations
 
+import errno
+import re
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tuneplan.cli.json_out import print_json  # noqa: F401  (re-exported: the commands import it from here)
 from tuneplan.estimator.types import COMPONENTS, GIB
 
-console = Console()
-err_console = Console(stderr=True)
+# What a terminal would act on rather than show: ECMA-48 escape sequences (CSI "ESC [ ... final", OSC
+# "ESC ] ... BEL|ST", and two-character "ESC x"), the other C0 controls but tab and newline, DEL, the C1
+# controls, and the Unicode bidirectional overrides and isolates (text that reads in another order).
+_TERMINAL_CONTROLS = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", re.DOTALL)
+
+
+def for_terminal(text: str) -> str:
+    """``text`` without anything a terminal would execute (colours, cursor moves, a new window title, a
+    clear screen): the one sanitiser every line tuneplan prints as text goes through (both consoles
+    below, the Python warnings and the error line)."""
+    return _TERMINAL_CONTROLS.sub("", text)
+
+
+class TerminalConsole(Console):
+    """A rich console whose every string (printed, or a table cell) is cleaned by :func:`for_terminal`
+    before markup is read: a value from a config file can neither move the cursor nor fake a colour;
+    rich's own styling is added after, so it stays."""
+
+    def render_str(self, text: str, **kw: Any) -> Text:
+        return super().render_str(for_terminal(text), **kw)
+
+    def on_broken_pipe(self) -> None:
+        """The reader left (``| head``): to the command line's one handler (rich's own exits 1, the "does
+        not fit" status)."""
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output has gone")
+
+
+console = TerminalConsole()
+err_console = TerminalConsole(stderr=True)
 
 
 def gib(n: float | int | None) -> str:
