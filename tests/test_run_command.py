@@ -76,7 +76,7 @@ FIT_SAMPLE = [
     ("Qwen/Qwen2.5-72B-Instruct", "b200", "cost", {}),
     ("Qwen/Qwen2.5-72B-Instruct", "h100-80gb", "quality", {"gpus": 8}),
     ("Qwen/Qwen2-57B-A14B", "a100-80gb", "speed", {"gpus": 4}),
-    ("01-ai/Yi-1.5-6B", "v100", "quality", {}),
+    ("01-ai/Yi-1.5-6B", "v100-sxm2-32gb", "quality", {}),
     ("Qwen/Qwen2.5-14B", "l4", "cost", {"method": "qlora"}),
     ("Qwen/Qwen2.5-3B", "rtx3090", "speed", {"framework": "llamafactory"}),
     ("EleutherAI/pythia-6.9b", "a10g", "quality", {}),

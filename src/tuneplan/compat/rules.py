@@ -41,6 +41,10 @@ class Rule:
     level_unknown: str | None = None
     message_unknown: str | None = None
     fix_unknown: str | None = None
+    # A breakage known for some library versions: what it runs only with, when the versions are not
+    # given (the estimate's verdict), and the floors an exported recipe pins and checks.
+    requires: str | None = None
+    pin: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,8 @@ def card_run(run: Run, where: Placement, card: int) -> Run:
     pp = param_plan(sub, sub_setup, dt, quant_lm_head=run.profile.quantizes_lm_head)
     kinds = LayerKinds(_kinds_of(run, mine), embedding_dropout=run.layers.embedding_dropout and embed)
     part = Run(model=sub, setup=sub_setup, profile=run.profile, dtypes=dt, targets=run.targets, param_plan=pp,
-               layers=kinds, attn=run.attn, loss=run.loss if head else "upcast", optimizer=run.optimizer)
+               layers=kinds, attn=run.attn, loss=run.loss if head else "upcast", optimizer=run.optimizer,
+               wrapper=run.wrapper)
     st = memory_statics(part)
     full_acts = memory_statics(run).acts
     tail = (NORM_INPUT_BYTES * model.hidden if norm else 0) + (

@@ -90,7 +90,11 @@ def render_hf_script(est: Estimate, *, deepspeed_file: str | None = None, datase
     template = resources.files("tuneplan.export").joinpath("train_script.py").read_text(encoding="utf-8")
     head, rest = template.split(_START, 1)
     _, tail = rest.split(_END, 1)
+    from tuneplan.compat import version_floors
+
     plan = script_plan(model, setup, deepspeed_file)
+    # known breakages on the planned card for some versions: pinned below and checked before training
+    plan["version_floors"] = version_floors(acc, setup, model) if acc is not None else {}
     if setup.device_map != "none":
         from tuneplan.estimator.device_map import assumed_max_memory
 
@@ -105,6 +109,8 @@ def render_hf_script(est: Estimate, *, deepspeed_file: str | None = None, datase
         needs.append("flash-attn")
     if setup.loss == "fused-linear":
         needs.append("liger-kernel")
+    for dist, floor in plan["version_floors"].items():
+        needs = [n for n in needs if n != dist] + [f"'{dist}>={floor}'"]
     doc = [f"Fine-tune {model.name} ({setup.method}) with the transformers Trainer, as planned by tuneplan.", ""]
     doc += header_lines(est)
     doc += ["", f"Run:   {launch_line(setup, 'python train.py' if setup.world_size == 1 else 'train.py')} "

@@ -19,6 +19,12 @@ class Finding:
     message: str
     fix: str = ""
     source: str = ""
+    # A known breakage whose library versions were not given: the condition it runs under ("bitsandbytes
+    # >= 0.47.0 or a CUDA 12.6 PyTorch"), which the verdict then states (``Estimate.verdict``).
+    requires: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.requires:
+            del d["requires"]
+        return d
