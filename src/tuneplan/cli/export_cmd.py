@@ -8,6 +8,7 @@ import typer
 
 from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
+from tuneplan.cli.wording import cli_texts
 from tuneplan.errors import TuneplanError
 
 
@@ -31,6 +32,7 @@ def register(app: typer.Typer) -> None:
         Never overwrites a file or writes through a symbolic link unless --force (which replaces the link
         itself); all files are written or none. Exit status: 0 written, 2 bad input or a file exists.
         """
+        from tuneplan.api import estimate
         from tuneplan.catalog.accelerators import resolve_accelerator
         from tuneplan.catalog.models import resolve_model
         from tuneplan.cli.render import console, err_console, print_json
@@ -44,8 +46,10 @@ def register(app: typer.Typer) -> None:
         # every field given (flag or file) is explicit: profile defaults fill only the rest
         sources = frm.base.sources if frm.base is not None else {k: "flag" for k in frm.setup_kw}
         setup = TrainSetup(sources=dict(sources), **frm.setup_kw)
-        bundle = build_export(fmt, spec, setup, acc, output or DEFAULT_NAMES.get(fmt, "recipe"), dataset=dataset)
+        plan = estimate(spec, setup, gpu=acc, timing=False)  # the recipe quotes its memory and findings
+        bundle = build_export(fmt, plan, output or DEFAULT_NAMES.get(fmt, "recipe"), dataset=dataset)
         warnings = list(frm.resolved.warnings) if frm.resolved else []
+        bundle.notes = cli_texts(bundle.notes)
         if output is None:
             if len(bundle.files) > 1:
                 raise TuneplanError(f"this plan needs {len(bundle.files)} files "
