@@ -73,7 +73,7 @@ class ParamPlan:
     autocast_copy_bytes: int  # 16-bit copies autocast makes of fp32 weights and autograd keeps
     trainable_tensors: int  # number of trainable tensors (allocator rounding of states)
     largest_trainable_tensor: int
-    factored_elems: int  # Adafactor: rows + cols of each trainable 2-D tensor, numel of 1-D ones
+    factored_elems: int  # Adafactor: rows + cols of each trainable 2-D tensor, numel of 1-D ones (flat_views)
     # The copies still alive once the forward's autocast region has ended (backward): all of them, but under
     # gradient checkpointing only those saved outside the checkpointed layers (the lm_head's). Checkpointed
     # layers save nothing in the first forward, and autocast drops its cast cache when the region exits
@@ -186,11 +186,22 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
     copy_backward = head_copy if setup.gradient_checkpointing else autocast_copy
     trainable = adapters + trainable_w
     per_param = dt.adapter if setup.is_lora else dt.trainable
+    if flat_views(setup):
+        factored = trainable  # Adafactor factors only tensors of >= 2 dims (_get_options: len(shape) >= 2)
     return ParamPlan(weight_bytes=weight, quant_meta_bytes=meta, adapter_params=adapters, adapter_bytes=adapter_bytes,
                      trainable_params=trainable, trainable_bytes=per_param, trainable_weight_params=trainable_w,
                      autocast_copy_bytes=autocast_copy, trainable_tensors=tensors, largest_trainable_tensor=largest,
                      factored_elems=factored, autocast_copy_backward_bytes=copy_backward,
                      largest_layer_bytes=largest_layer)
+
+
+def flat_views(setup: TrainSetup) -> bool:
+    """Whether the optimizer sees every trainable parameter as a 1-D view: FSDP1 (FullyShardedDataParallel)
+    keeps each unit's parameters in one flat parameter, and with ``use_orig_params=True`` (as the HF Trainer
+    and accelerate wrap it) the original parameters are 1-D views of the rank's shard
+    (torch/distributed/fsdp/_flat_param.py ``_use_sharded_views``: "the sharded views are 1D"); without it the
+    optimizer steps the flat parameters themselves. FSDP2's DTensor parameters keep their shapes."""
+    return setup.fsdp and setup.fsdp_version == 1
 
 
 def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tuneplan.estimator.optimizer import optimizer_plan
 from tuneplan.estimator.wrappers.base import (
     Buckets,
     EndOfBackward,
@@ -87,17 +88,21 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
     n = setup.world_size
     weights = pp.weight_bytes + pp.adapter_bytes
     grads = pp.trainable_params * pp.trainable_bytes
-    states = optimizer.states
+    states, temp = optimizer.states, optimizer.temp
     layer16 = layer_gathered_bytes(run)
     if setup.precision.endswith("-mixed") and compute == 2 and pp.trainable_bytes == 2:
         weights += pp.trainable_params * 2
         grads *= 2
-        states *= 2
+        # the optimizer steps the fp32 shards: states as the optimizer makes them for fp32 parameters
+        # (AdamW's zeros_like doubles; Adafactor's fp32 and bitsandbytes' uint8 states do not)
+        fp32 = optimizer_plan(run.optimizer, pp.trainable_params, 4, pp.trainable_tensors,
+                              pp.largest_trainable_tensor, pp.factored_elems)
+        states, temp = fp32.states, fp32.temp
     w = ceil_div(weights, n)
     root_unit = setup.method in run.profile.fsdp_root_embeddings
     root16 = model.params_non_block * compute if root_unit else 0
     gathered = fsdp_layers_gathered(setup) * layer16 + root16
-    g, st, tmp = ceil_div(grads, n), ceil_div(states, n), ceil_div(optimizer.temp, n)
+    g, st, tmp = ceil_div(grads, n), ceil_div(states, n), ceil_div(temp, n)
     host = 0
     if setup.offload != "none":
         host += g + st + (w if setup.offload == "all" else 0)
