@@ -1,25 +1,12 @@
-"""The analytic engine against the simulation on a fixed sample of random valid setups (the property of
-``benchmarks/agreement.py --random``): within 3 % of the simulated allocated peak on at least 95 % of the
-setups the simulation runs, and none beyond 10 %.
-
-The sample is drawn by ``benchmarks/random_setups.py`` over the whole setup space (method, strategy and
-world size, offload, framework profile, precision, optimizer, attention, checkpointing, quantization,
-targets, batch x length, accumulation, classifier heads) from the catalog models of at most 2B parameters,
-each at 2-4 layers: a few minutes in one process. Setups the simulation cannot run are skipped by it with
-its reason; the test asserts that enough of the sample was compared for the share to mean something.
-Marked ``slow`` (``-m "not slow"`` leaves it out locally); CI runs it.
+"""The random-setup generator of ``benchmarks/agreement.py --random`` (``benchmarks/random_setups.py``): a
+fixed sample from the catalog models of at most 2B parameters spans the setup space (every method and
+strategy, several world sizes and framework profiles), and the same seed draws the same sample.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-
-import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -29,19 +16,6 @@ import random_setups  # noqa: E402
 SAMPLE = 36
 SAMPLE_SEED = 2025
 MAX_PARAMS = 2_000_000_000
-MIN_COMPARED = 20
-
-
-@pytest.mark.slow
-def test_analytic_agrees_with_the_simulation_on_random_setups() -> None:
-    draws = random_setups.sample(SAMPLE, SAMPLE_SEED, max_params=MAX_PARAMS)
-    records = random_agreement.run(draws, jobs=1)
-    s = random_agreement.summarize(records)
-    report = "\n".join(random_agreement.report_lines(s))
-    assert not s["errors"], report
-    assert s["compared"] >= MIN_COMPARED, report
-    assert s["share_within_3pct"] >= 0.95, report
-    assert s["beyond_10pct"] == 0, report
 
 
 def test_the_sample_spans_the_space() -> None:
@@ -53,3 +27,9 @@ def test_the_sample_spans_the_space() -> None:
     assert len({a["world size"] for a in axes}) >= 3
     assert len({a["framework"] for a in axes}) >= 3
     assert len(draws) == len({d.label for d in draws}) == SAMPLE
+
+
+def test_the_same_seed_draws_the_same_sample() -> None:
+    a = random_setups.sample(8, SAMPLE_SEED, max_params=MAX_PARAMS)
+    b = random_setups.sample(8, SAMPLE_SEED, max_params=MAX_PARAMS)
+    assert a == b and a != random_setups.sample(8, SAMPLE_SEED + 1, max_params=MAX_PARAMS)
