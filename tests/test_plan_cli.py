@@ -23,7 +23,8 @@ def test_fit_json() -> None:
     # whose tokens/s is within 2x of the fastest row that adapts every layer (all but freeze)
     rows = {m["method"]: m["tokens_per_second"] for m in d["methods"] if m["fits"] and not m["tight"]}
     fastest = max(v for k, v in rows.items() if k != "freeze")
-    want = next(k for k in ("full", "lora", "qlora-8", "qlora-4", "freeze") if k in rows and rows[k] * 2 >= fastest)
+    want = next(k for k in ("full", "lora", "qlora-8", "qlora-4", "freeze")
+                if k in rows and rows[k] * 2 >= fastest)
     assert d["prefer"] == "balanced" and d["recommended"]["method"] == want
     assert d["recommended"]["reason"]
 
