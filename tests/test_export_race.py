@@ -42,9 +42,10 @@ def race(tmp_path, n: int, *args: str) -> list[tuple[int, int, bytes, bytes]]:
         barrier = tmp_path / f"barrier{i}"
         barrier.mkdir()
         target = tmp_path / f"race{i}" / "train.py"
-        procs = [subprocess.Popen([sys.executable, str(script), str(barrier), me, other, "export", "qwen2.5-0.5b",
-                                   "-o", str(target), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  env=ENV) for me, other in (("a", "b"), ("b", "a"))]
+        command = ["export", "qwen2.5-0.5b", "-o", str(target), *args]
+        procs = [subprocess.Popen([sys.executable, str(script), str(barrier), me, other, *command],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+                 for me, other in (("a", "b"), ("b", "a"))]
         (oa, ea), (ob, eb) = (p.communicate(timeout=120) for p in procs)
         results.append((procs[0].returncode, procs[1].returncode, ea, eb))
         leftovers = [p.name for p in target.parent.iterdir() if p.name != "train.py"]
@@ -75,6 +76,7 @@ def test_output_ending_in_a_slash_writes_into_that_folder(tmp_path, fmt, name):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [name]
     # an existing folder without the slash: the same
     again = subprocess.run([sys.executable, "-m", "tuneplan", "export", "qwen2.5-0.5b", "-f", fmt, "--force",
-                            "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=120, env=ENV)
+                            "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                           env=ENV)
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [name]
