@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuneplan.cli.json_out import print_json  # noqa: F401  (re-exported: the commands import it from here)
+from tuneplan.cli.wording import flag_words  # noqa: F401  (re-exported, as print_json)
 from tuneplan.estimator.types import COMPONENTS, GIB
 
 # What a terminal would act on rather than show: ECMA-48 escape sequences (CSI "ESC [ ... final", OSC
@@ -280,27 +281,6 @@ def time_breakdown_line(sec: dict[str, Any]) -> str:
             parts.append(f"{label} {v:.3g} s{share}{extra}")
     unverified = "" if sec.get("figures_verified", True) else " [yellow](card figures not verified)[/]"
     return f"step {step:.3g} s = " + " + ".join(parts) + f"; {sec.get('bound') or '?'}-bound{unverified}"
-
-
-
-def flag_words(name: str, value: str | None) -> str | None:
-    """The CLI's wording of a field an error refers to (tuneplan.errors): its flag, with the value.
-
-    A setup field is its flag from the field table (``--method qlora``; a switch is ``--compile`` or
-    ``--no-compile``); a setup field without a flag keeps its name (None); any other name is the flag of
-    the same name (``from`` -> ``--from``, ``avg_tokens`` -> ``--avg-tokens``).
-    """
-    from tuneplan.specs.fields import BY_NAME
-
-    if not name[:1].isalpha():  # already a flag
-        return None
-    row = BY_NAME.get(name)
-    if row is not None and not row.flag:
-        return None
-    on, _, off = (row.flag[0] if row else "--" + name.replace("_", "-")).partition("/")
-    if row is not None and row.is_switch:
-        return off if value is not None and value.lower() in ("false", "off", "no") else on
-    return on if value is None else f"{on} {value}"
 
 
 def error_text(err: Any) -> str:
