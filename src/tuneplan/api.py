@@ -107,7 +107,8 @@ class Estimate:
         }
         if self.gpu is not None:
             d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
-                        "memory_source": self.gpu.memory_source}
+                        "memory_source": self.gpu.memory_source, "platform": self.gpu.platform,
+                        "outside_torch_words": list(self.gpu.outside_torch_words)}
             if self.extras.get("gpu_name_choice"):
                 d["gpu"]["name_choice"] = self.extras["gpu_name_choice"]
             d["fits"] = self.fits
