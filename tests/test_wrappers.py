@@ -64,3 +64,14 @@ def test_no_collectives_on_one_gpu(qwen7b) -> None:
     link = Link("test link", 100.0, "a test")
     c = run.wrapper.collectives(run, grad_bytes=2, gathered_bytes=10**9, link=link)
     assert (c.per_micro_batch, c.per_step, c.serial) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(("bucket", "elements"), [(None, 500_000_000), (100_000_000, 100_000_000)])
+def test_memory_and_time_read_the_same_reduce_bucket(qwen7b, bucket, elements) -> None:
+    # DeepSpeed's reduce_bucket_size (default 5e8 elements, deepspeed/runtime/zero/config.py): ZeRO-2's IPG
+    # bucket in the 16-bit dtype while the layers are back-propagated, and the last reduction the backward
+    # cannot hide
+    setup = build_setup(qwen7b, method="full", precision="bf16", gpus=2, zero=2, ds_reduce_bucket=bucket)
+    run = resolve_run(qwen7b, setup)
+    assert run.wrapper.memory(run, OptimizerPlan(0, 0, 0)).buckets.in_layers == elements * 2
+    assert run.wrapper.last_bucket_bytes(run, run.wrapper.gradient_wire_bytes(run)) == elements * 2

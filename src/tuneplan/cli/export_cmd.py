@@ -8,6 +8,7 @@ import typer
 
 from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
+from tuneplan.cli.wording import cli_texts
 from tuneplan.errors import TuneplanError
 
 
@@ -48,6 +49,7 @@ def register(app: typer.Typer) -> None:
         plan = estimate(spec, setup, gpu=acc, timing=False)  # the recipe quotes its memory and findings
         bundle = build_export(fmt, plan, output or DEFAULT_NAMES.get(fmt, "recipe"), dataset=dataset)
         warnings = list(frm.resolved.warnings) if frm.resolved else []
+        bundle.notes = cli_texts(bundle.notes)
         if output is None:
             if len(bundle.files) > 1:
                 raise TuneplanError(f"this plan needs {len(bundle.files)} files "

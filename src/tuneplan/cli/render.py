@@ -2,18 +2,51 @@
 
 from __future__ import annotations
 
+import errno
+import re
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tuneplan.cli.json_out import print_json  # noqa: F401  (re-exported: the commands import it from here)
+from tuneplan.cli.wording import flag_words  # noqa: F401  (re-exported, as print_json)
 from tuneplan.estimator.types import COMPONENTS, GIB
 
-console = Console()
-err_console = Console(stderr=True)
+# What a terminal would act on rather than show: ECMA-48 escape sequences (CSI "ESC [ ... final", OSC
+# "ESC ] ... BEL|ST", and two-character "ESC x"), the other C0 controls but tab and newline, DEL, the C1
+# controls, and the Unicode bidirectional overrides and isolates (text that reads in another order).
+_TERMINAL_CONTROLS = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", re.DOTALL)
+
+
+def for_terminal(text: str) -> str:
+    """``text`` without anything a terminal would execute (colours, cursor moves, a new window title, a
+    clear screen): the one sanitiser every line tuneplan prints as text goes through (both consoles
+    below, the Python warnings and the error line)."""
+    return _TERMINAL_CONTROLS.sub("", text)
+
+
+class TerminalConsole(Console):
+    """A rich console whose every string (printed, or a table cell) is cleaned by :func:`for_terminal`
+    before markup is read: a value from a config file can neither move the cursor nor fake a colour;
+    rich's own styling is added after, so it stays."""
+
+    def render_str(self, text: str, **kw: Any) -> Text:
+        return super().render_str(for_terminal(text), **kw)
+
+    def on_broken_pipe(self) -> None:
+        """The reader left (``| head``): to the command line's one handler (rich's own exits 1, the "does
+        not fit" status)."""
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output has gone")
+
+
+console = TerminalConsole()
+err_console = TerminalConsole(stderr=True)
 
 
 def gib(n: float | int | None) -> str:
@@ -258,27 +291,6 @@ def time_breakdown_line(sec: dict[str, Any]) -> str:
             parts.append(f"{label} {v:.3g} s{share}{extra}")
     unverified = "" if sec.get("figures_verified", True) else " [yellow](card figures not verified)[/]"
     return f"step {step:.3g} s = " + " + ".join(parts) + f"; {sec.get('bound') or '?'}-bound{unverified}"
-
-
-
-def flag_words(name: str, value: str | None) -> str | None:
-    """The CLI's wording of a field an error refers to (tuneplan.errors): its flag, with the value.
-
-    A setup field is its flag from the field table (``--method qlora``; a switch is ``--compile`` or
-    ``--no-compile``); a setup field without a flag keeps its name (None); any other name is the flag of
-    the same name (``from`` -> ``--from``, ``avg_tokens`` -> ``--avg-tokens``).
-    """
-    from tuneplan.specs.fields import BY_NAME
-
-    if not name[:1].isalpha():  # already a flag
-        return None
-    row = BY_NAME.get(name)
-    if row is not None and not row.flag:
-        return None
-    on, _, off = (row.flag[0] if row else "--" + name.replace("_", "-")).partition("/")
-    if row is not None and row.is_switch:
-        return off if value is not None and value.lower() in ("false", "off", "no") else on
-    return on if value is None else f"{on} {value}"
 
 
 def error_text(err: Any) -> str:

@@ -95,12 +95,12 @@ def cost_rates(acc: Accelerator, prices: Prices | None = None) -> CostRates:
                            + (f", borrowed from the {borrowed} (no reading for this card)" if borrowed else "")
                            + f": {acc.price_basis_and_date or 'catalog'}")
     else:
-        unknown.append(f"no cloud price for {acc.name} in the catalog: pass --price USD_PER_GPU_HOUR")
+        unknown.append(f"no cloud price for {acc.name} in the catalog: pass {{price}} (USD per GPU-hour)")
 
     card = p.card_price_usd if p.card_price_usd is not None else acc.launch_price_usd
     power_hr = acc.tdp_w / 1000.0 * p.kwh_price if acc.tdp_w else None
     if card is None:
-        unknown.append(f"no purchase price for {acc.name} in the catalog: pass --card-price USD")
+        unknown.append(f"no purchase price for {acc.name} in the catalog: pass {{card_price}} (USD)")
     else:
         src = "given" if p.card_price_usd is not None else "catalog launch price"
         assumptions.append(f"card price {card:,.0f} USD ({src}) over {p.own_years:g} years"
@@ -126,7 +126,7 @@ def cost_rates(acc: Accelerator, prices: Prices | None = None) -> CostRates:
 
 
 def cost_section(acc: Accelerator, gpus: int, gpu_hours: float | None, prices: Prices | None = None,
-                 why_no_hours: str = "no dataset size: totals need --samples/--avg-tokens or --dataset-tokens",
+                 why_no_hours: str = "no dataset size: totals need {samples} / {avg_tokens} or {dataset_tokens}",
                  rates: CostRates | None = None) -> dict[str, Any]:
     """The ``cost`` section: cloud vs own for ``gpu_hours`` on ``gpus`` cards of ``acc`` (hours may be None,
     then ``why_no_hours`` says why); ``rates``: ``cost_rates(acc, prices)`` when the caller keeps them."""

@@ -32,16 +32,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.links import ring_factor
 from tuneplan.estimator.wrappers.base import (
     Buckets,
-    Collectives,
     EndOfBackward,
     Gathered,
     NoSyncGradients,
     Resident,
+    ShardingWrapper,
     TopLayer,
-    Wrapper,
     WrapperMemory,
     ceil_div,
     layer_gathered_bytes,
@@ -51,7 +49,6 @@ from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:
-    from tuneplan.estimator.links import Link
     from tuneplan.estimator.optimizer import OptimizerPlan
     from tuneplan.estimator.run import Run
 
@@ -112,13 +109,10 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
     return ShardedTerms(resident, layer16, root_unit, root16, gathered, fsdp_reduce_scatter_input(run), grads)
 
 
-class Fsdp(Wrapper):
+class Fsdp(ShardingWrapper):
     """What FSDP1 and FSDP2 share: the sharding, the collectives, and the frameworks with their own model
     code and loops (LitGPT's no_sync accumulation, torchtune), which are not simulated: their reduce-scatter
     input stays counted at every instant."""
-
-    shards_parameters = True
-    shards_optimizer = True
 
     def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
         terms = sharded_terms(run, optimizer)
@@ -134,27 +128,6 @@ class Fsdp(Wrapper):
 
     def simulated_memory(self, run: Run, terms: ShardedTerms) -> WrapperMemory:
         raise NotImplementedError
-
-    def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
-        return sharded_collectives(run, grad_bytes=grad_bytes, gathered_bytes=gathered_bytes, link=link)
-
-    def gradient_wire_bytes(self, run: Run) -> int:
-        return 2 if run.dtypes.compute == 2 else run.param_plan.trainable_bytes
-
-    def last_bucket_bytes(self, run: Run, grad_bytes: int) -> float:
-        return max(run.model.largest_layer_params * 2, 1)  # one unit = one decoder layer
-
-
-def sharded_collectives(run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
-    """ZeRO-3 and FSDP: parameters gathered for the forward and again for the backward, gradients
-    reduce-scattered, every micro-batch."""
-    n = run.setup.world_size
-    g = run.param_plan.trainable_params * grad_bytes
-    per_micro = (2 * gathered_bytes * ring_factor("all_gather", n) + g * ring_factor("reduce_scatter", n)) / (
-        link.gbs * 1e9)
-    return Collectives(per_micro_batch=per_micro,
-                       notes=("ZeRO-3/FSDP: all-gather parameters in forward and backward, reduce-scatter "
-                              "gradients, every micro-batch; prefetch overlaps them with compute",))
 
 
 class Fsdp1(Fsdp):
