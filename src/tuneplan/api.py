@@ -155,7 +155,7 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
         import warnings
 
         # its cards are only what a GPU name is looked up in: without one (or with an Accelerator) unused
-        warnings.warn("the hardware file is not used: it adds cards that a GPU name (--gpu) can name, and "
+        warnings.warn("the hardware file is not used: it adds cards that a GPU name ({gpu}) can name, and "
                       "no GPU name was given", stacklevel=2)
     if engine not in ("analytic", "simulate"):
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
