@@ -29,7 +29,7 @@ from tuneplan.estimator.compute import (
     flop_plan,
     flops_at,
 )
-from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor
+from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor, stated_link
 from tuneplan.estimator.logits import LITGPT_CHUNK
 from tuneplan.estimator.optimizer import optimizer_plan
 from tuneplan.specs.hardware import Accelerator
@@ -152,6 +152,7 @@ class RuntimeOptions:
     inter_node_gbs: float | None = None  # per-GPU network bandwidth between nodes, GB/s (default: links.py)
     peak_tflops: float | None = None  # override the catalog's dense tensor peak for the matmul dtype
     gemm_efficiency: float | None = None  # override the card-class GEMM efficiency
+    peer_link: str | None = None  # the link between the GPUs of a node as stated (links.stated_link)
 
 
 @dataclass(frozen=True)
@@ -370,7 +371,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
 
     # --- collectives
     links: dict[str, str] = {}
-    link = intra_node_link(acc, setup.gpus)
+    link = stated_link(opt.peer_link, acc, setup.gpus) if opt.peer_link else intra_node_link(acc, setup.gpus)
     links["intra_node"] = f"{link.name}: {link.gbs:g} GB/s per GPU ({link.source})"
     if setup.nodes > 1:
         net = network_link(opt.inter_node_gbs)
