@@ -112,18 +112,21 @@ def user_hardware_file() -> Path | None:
     ``$TUNEPLAN_CONFIG_DIR`` wins when set (and is the only place looked at, so tests and CI can point
     it at an empty directory); otherwise ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan``.
     """
+    d = config_dir()
+    for n in HARDWARE_FILE_NAMES:
+        p = d / n
+        if p.is_file():
+            return p
+    return None
+
+
+def config_dir() -> Path:
+    """The user's tuneplan config directory: ``$TUNEPLAN_CONFIG_DIR`` when set, else
+    ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan`` (it may not exist)."""
     env = os.environ.get("TUNEPLAN_CONFIG_DIR")
     if env:
-        dirs = [Path(env)]
-    else:
-        base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-        dirs = [Path(base) / "tuneplan"]
-    for d in dirs:
-        for n in HARDWARE_FILE_NAMES:
-            p = d / n
-            if p.is_file():
-                return p
-    return None
+        return Path(env)
+    return Path(os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")) / "tuneplan"
 
 
 def accelerators(extra: dict[str, Accelerator] | str | os.PathLike[str] | None = None) -> dict[str, Accelerator]:

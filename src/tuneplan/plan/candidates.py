@@ -33,6 +33,7 @@ class CandidateSet:
     prefer: str
     probe: Prober
     dominated: list[Family] = field(default_factory=list)
+    margin: Margin | None = None  # with safety asked for, hours and cost are the time band's upper end
 
     def of(self, method: str, strategy: str | None = None) -> list[Candidate]:
         return [c for c in self.candidates if c.family.method == method
@@ -45,7 +46,7 @@ class CandidateSet:
         return rule.best(pool, prefer or self.prefer, self.measure)
 
     def measure(self, c: Candidate) -> Candidate:
-        return measure(self.probe, c)
+        return measure(self.probe, c, self.margin)
 
 
 def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
@@ -91,7 +92,7 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
         dominated = [f for f in dominated if f not in pruned]  # counted once: as cannot run
     order = {f: i for i, f in enumerate(fams)}
     cands.sort(key=lambda c: order[c.family])  # the space's order: the rule's last tie-break
-    return CandidateSet(fams, pruned, cands, prefer, probe, dominated)
+    return CandidateSet(fams, pruned, cands, prefer, probe, dominated, margin)
 
 
 def _dead(probe: Prober, fams: list[Family], compatible: Callable[[Family], bool]) -> set[tuple[str, str]]:
