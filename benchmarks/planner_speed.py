@@ -35,7 +35,7 @@ def case(label: str, target_s: float | None):  # noqa: ANN201 - a registering de
 def _fit_one() -> Any:
     from tuneplan.plan import fit
 
-    return fit("Qwen/Qwen2.5-7B", "v100")
+    return fit("Qwen/Qwen2.5-7B", "v100-sxm2-32gb")
 
 
 @case("fit Qwen2.5-7B on 8 x a100-80gb (5 methods x 10 strategies)", 0.2)

@@ -22,12 +22,12 @@ MULTI_NODE = ["meta-llama/Llama-3.1-8B", "--gpu", "a100-80gb", "--method", "full
 RUNS: list[tuple[list[str], set[int]]] = [
     (["estimate", MODEL], {0}),
     (["estimate", MODEL, "--gpu", "rtx4090", "--method", "qlora"], {0}),
-    (["estimate", MODEL, "--gpu", "v100", "--method", "qlora", "--details"], {0}),
+    (["estimate", MODEL, "--gpu", "v100-sxm2-32gb", "--method", "qlora", "--details"], {1}),
     (["estimate", *MULTI_NODE, "--samples", "10000", "--details"], {0}),
     (["estimate", "meta-llama/Llama-2-70b-hf", "--gpu", "rtx4090", "--method", "full"], {1}),
     (["fit", MODEL, "--gpu", "rtx4090"], {0, 1}),
     (["gpus", MODEL, "--method", "qlora"], {0, 1}),
-    (["max-model", "--gpu", "v100", "--method", "lora"], {0, 1}),
+    (["max-model", "--gpu", "v100-sxm2-32gb", "--method", "lora"], {0, 1}),
     (["sweep", MODEL, "--gpu", "rtx4090", "--vary", "seq=512..4096"], {0}),
     (["fit", MODEL, "--gpu", "rtx4090", "--details"], {0, 1}),
     (["fit", *MULTI_NODE, "--details"], {0, 1}),  # the per-strategy table: 10 strategies x 5 methods
@@ -133,13 +133,14 @@ def test_no_deploy_hint_when_the_plan_does_not_fit(narrow: CliRunner) -> None:
 
 
 def test_default_estimate_fits_one_screen(narrow: CliRunner) -> None:
-    r = narrow.invoke(app, ["estimate", MODEL, "--gpu", "v100", "--method", "qlora"])
+    r = narrow.invoke(app, ["estimate", MODEL, "--gpu", "v100-sxm2-32gb", "--method", "qlora"])
     lines = r.output.splitlines()
     assert len(lines) <= 40, len(lines)
-    assert any(line.startswith("FITS") and "GiB headroom" in line for line in lines)
+    assert lines[0].startswith("RUNS ONLY WITH bitsandbytes") and "GiB headroom" in lines[1]
     assert any(line.startswith("Time ") for line in lines)
     # the details are one flag away
-    full = narrow.invoke(app, ["estimate", MODEL, "--gpu", "v100", "--method", "qlora", "--details"]).output
+    full = narrow.invoke(app, ["estimate", MODEL, "--gpu", "v100-sxm2-32gb", "--method", "qlora",
+                               "--details"]).output
     assert len(full.splitlines()) > len(lines) and "allocated by instant" in full
 
 

@@ -40,7 +40,7 @@ def test_num_labels_is_validated_and_not_exported(tmp_path) -> None:
         estimate(llama, num_labels=0, timing=False)
     assert e.value.field == "num_labels"
     with pytest.raises(TuneplanError) as e:
-        build_export("hf-script", llama, TrainSetup(method="lora", num_labels=2), None, tmp_path / "r")
+        build_export("hf-script", estimate(llama, TrainSetup(method="lora", num_labels=2)), tmp_path / "r")
     assert e.value.field == "num_labels"
 
 

@@ -1,4 +1,5 @@
-"""tuneplan.compat imports one way: rules <- predicates <- the package (no module imports one above it)."""
+"""tuneplan.compat imports one way: rules <- predicates (base <- one module per kind of rule) <- the package
+(no module imports one above it)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ def test_rules_import_neither_predicates_nor_the_package() -> None:
     assert not {m for m in _imports("rules.py") if m.startswith("tuneplan.compat")}
 
 
-def test_predicates_import_only_rules() -> None:
-    assert {m for m in _imports("predicates.py") if m.startswith("tuneplan.compat")} == {
-        "tuneplan.compat.rules"
-    }
+def test_predicates_import_only_rules_and_each_other() -> None:
+    modules = sorted((PKG / "predicates").glob("*.py"))
+    assert {m.name for m in modules} == {"__init__.py", "base.py", "bnb.py", "hardware.py", "stacks.py"}
+    for path in modules:
+        above = {m for m in _imports(f"predicates/{path.name}") if m.startswith("tuneplan.compat")}
+        allowed = {"tuneplan.compat.rules", "tuneplan.compat.predicates", "tuneplan.compat.predicates.base"}
+        assert above <= allowed, path
 
 
 def test_every_rule_has_its_predicate() -> None:

@@ -207,14 +207,15 @@ def test_hf_script_loads_with_the_device_map_and_the_assumed_max_memory() -> Non
     acc = resolve_accelerator("rtx4090")
     spec = resolve_model("meta-llama/Llama-3.1-8B")
     plan = TrainSetup(method="qlora", gpus=2, device_map="auto")
-    b = build_export("hf-script", spec, plan, acc, "train.py")
+    b = build_export("hf-script", estimate(spec, plan, gpu=acc), "train.py")
     text = b.files[0][1]
     free = acc.memory_bytes - cuda_context_bytes()
     assert "'device_map': 'auto'," in text and f"'max_memory': {{0: {free}, 1: {free}}}," in text
     assert "Run:   python train.py" in text  # one process: no torchrun
     assert 'kw["device_map"] = plan["device_map"]' in text
     with pytest.raises(TuneplanError) as e:
-        build_export("deepspeed", spec, TrainSetup(method="qlora", gpus=2, device_map="auto"), acc, "ds.json")
+        split = estimate(spec, TrainSetup(method="qlora", gpus=2, device_map="auto"), gpu=acc)
+        build_export("deepspeed", split, "ds.json")
     assert e.value.field == "device_map"
 
 

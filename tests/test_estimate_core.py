@@ -202,15 +202,18 @@ def test_overlap_comm_double_buffers_the_zero12_bucket(qwen7b) -> None:
 def test_deepspeed_bucket_is_allocated_whole_under_lora(qwen7b, zero) -> None:
     """contiguous_gradients allocates the IPG bucket at reduce_bucket_size whatever trains (stage_1_and_2
     setup_buckets, stage3 __init__): a LoRA run's bucket is 5e8 x 2 B, not its adapters' size."""
-    from tuneplan.estimator.parallel import shard
+    from tuneplan.estimator.optimizer import OptimizerPlan
+    from tuneplan.estimator.run import resolve_run
 
     setup = build_setup(qwen7b, method="lora", gpus=2, zero=zero, precision="bf16-mixed")
-    plan = shard(qwen7b, setup, weights=10**9, trainable_params=20_000_000, trainable_bytes=4,
-                 trainable_weight_params=0, states=160_000_000, optimizer_temp=0, compute_bytes=2)
+    run = resolve_run(qwen7b, setup)
+    trainable = run.param_plan.trainable_params
+    assert trainable < 100_000_000  # the adapters only: far fewer than the bucket's 5e8 elements
+    buckets = run.wrapper.memory(run, OptimizerPlan(8 * trainable, 0, 0)).buckets
     if zero == 2:  # made in the backward, released at its end (stage_1_and_2 setup_buckets)
-        assert plan.transient_grad_buffers == 500_000_000 * 2
-    else:  # made at construction, beside the flat gradient partition (stage3 __init__)
-        assert plan.grad_buffers == 500_000_000 * 2 + 20_000_000 * 2 // 2
+        assert buckets.in_layers == 500_000_000 * 2
+    else:  # made at construction, beside the flat 16-bit gradient partition (stage3 __init__)
+        assert buckets.persistent == 500_000_000 * 2 + -(-trainable * 2 // 2)
 
 
 def test_model_dropout_masks_and_layernorm() -> None:

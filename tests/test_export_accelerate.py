@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tuneplan.api import estimate
 from tuneplan.errors import TuneplanError
 from tuneplan.export import build_export
 from tuneplan.specs.setup import TrainSetup
@@ -22,7 +23,7 @@ PLANS = [
 
 
 def write(model, plan: dict, folder: Path) -> tuple[Path, dict, TrainSetup]:
-    b = build_export("accelerate", model, TrainSetup(**plan), None, folder / "acc.yaml")
+    b = build_export("accelerate", estimate(model, TrainSetup(**plan)), folder / "acc.yaml")
     for p, text in b.files:
         p.write_text(text)
     return b.files[0][0], yaml.safe_load(b.files[0][1]), b.setup
@@ -71,5 +72,6 @@ def test_values_are_the_plan(qwen7b, plan, tmp_path: Path) -> None:
 
 def test_fsdp_has_no_optimizer_only_offload(qwen7b) -> None:
     with pytest.raises(TuneplanError) as e:
-        build_export("accelerate", qwen7b, TrainSetup(gpus=2, fsdp=True, offload="optimizer"), None, "a.yaml")
+        build_export("accelerate", estimate(qwen7b, TrainSetup(gpus=2, fsdp=True, offload="optimizer")),
+                     "a.yaml")
     assert e.value.field == "offload"

@@ -79,15 +79,14 @@ def test_bad_format_and_unrunnable_plan_exit_2(tmp_path: Path) -> None:
 
 
 def test_a_plan_that_does_not_fit_is_written_with_a_warning(tmp_path: Path) -> None:
+    from tuneplan.api import estimate
     from tuneplan.catalog.accelerators import resolve_accelerator
     from tuneplan.catalog.models import resolve_model
     from tuneplan.export import build_export
     from tuneplan.specs.setup import TrainSetup
 
     spec = resolve_model("meta-llama/Llama-2-7b-hf")
-    big = build_export("hf-script", spec, TrainSetup(method="full", sources={"method": "flag"}),
-                       resolve_accelerator("rtx4090"), str(tmp_path / "train.py"))
+    big = build_export("hf-script", estimate(spec, TrainSetup(method="full", sources={"method": "flag"}), gpu=resolve_accelerator("rtx4090")), str(tmp_path / "train.py"))
     assert any("does NOT fit" in n for n in big.notes)
-    small = build_export("hf-script", spec, TrainSetup(method="lora", sources={"method": "flag"}),
-                         resolve_accelerator("a100-80gb"), str(tmp_path / "train.py"))
+    small = build_export("hf-script", estimate(spec, TrainSetup(method="lora", sources={"method": "flag"}), gpu=resolve_accelerator("a100-80gb")), str(tmp_path / "train.py"))
     assert not any("does NOT fit" in n for n in small.notes)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tuneplan.api import estimate
 from tuneplan.errors import TuneplanError
 from tuneplan.export import build_export
 from tuneplan.export.deepspeed_json import deepspeed_config
@@ -25,7 +26,7 @@ PLANS = [
 
 
 def render(model, plan: dict) -> dict:
-    b = build_export("deepspeed", model, TrainSetup(**plan), None, "ds.json")
+    b = build_export("deepspeed", estimate(model, TrainSetup(**plan)), "ds.json")
     return json.loads(b.files[0][1])
 
 
@@ -67,7 +68,7 @@ def test_values_are_the_plan(qwen7b, plan) -> None:
 
 
 def test_buckets_come_from_the_estimator() -> None:
-    from tuneplan.estimator.parallel import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+    from tuneplan.estimator.wrappers.zero import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
     from tuneplan.specs.model import model_from_config
 
     from .conftest import TINY_LLAMA
@@ -95,7 +96,7 @@ def test_overlap_comm_is_the_setups() -> None:
 ])
 def test_refusals(qwen7b, plan, field) -> None:
     with pytest.raises(TuneplanError) as e:
-        build_export("deepspeed", qwen7b, TrainSetup(**plan), None, "ds.json")
+        build_export("deepspeed", estimate(qwen7b, TrainSetup(**plan)), "ds.json")
     assert e.value.field == field
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tuneplan.api import estimate
 from tuneplan.errors import TuneplanError
 from tuneplan.export import build_export
 from tuneplan.export.hf_script import script_plan
@@ -40,7 +41,7 @@ def plan_of(text: str) -> dict:
 
 @pytest.mark.parametrize("plan", PLANS)
 def test_script_compiles_and_carries_the_plan(qwen7b, plan, tmp_path: Path) -> None:
-    b = build_export("hf-script", qwen7b, TrainSetup(**plan), None, tmp_path / "train.py")
+    b = build_export("hf-script", estimate(qwen7b, TrainSetup(**plan)), tmp_path / "train.py")
     text = b.files[0][1]
     compile(text, "train.py", "exec")
     p = plan_of(text)
@@ -61,7 +62,7 @@ def test_script_compiles_and_carries_the_plan(qwen7b, plan, tmp_path: Path) -> N
 
 
 def test_qlora_script_quantizes_and_prepares(qwen7b) -> None:
-    text = build_export("hf-script", qwen7b, TrainSetup(method="qlora", rank=16), None, "train.py").files[0][1]
+    text = build_export("hf-script", estimate(qwen7b, TrainSetup(method="qlora", rank=16)), "train.py").files[0][1]
     p = plan_of(text)
     assert (p["bits"], p["quant_type"], p["double_quant"], p["compute_dtype"]) == (4, "nf4", True, "bfloat16")
     assert p["lora"]["targets"] == ["q_proj", "v_proj"]  # PEFT's default for Qwen2, resolved by the hf profile
@@ -81,7 +82,7 @@ def test_targets_are_resolved_names_of_the_architecture(qwen7b) -> None:
 ])
 def test_refusals(qwen7b, plan, field) -> None:
     with pytest.raises(TuneplanError) as e:
-        build_export("hf-script", qwen7b, TrainSetup(**plan), None, "train.py")
+        build_export("hf-script", estimate(qwen7b, TrainSetup(**plan)), "train.py")
     assert e.value.field == field
 
 
@@ -97,7 +98,7 @@ def test_lora_script_trains_one_step_on_cpu(tmp_path: Path) -> None:
     model = model_from_config(TINY_LLAMA, "tiny-llama")
     setup = TrainSetup(method="lora", rank=8, targets="q_proj,v_proj", batch=2, seq=32, grad_accum=2,
                        gradient_checkpointing=True)
-    b = build_export("hf-script", model, setup, None, tmp_path / "train.py")
+    b = build_export("hf-script", estimate(model, setup), tmp_path / "train.py")
     for p, text in b.files:
         p.write_text(text)
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
@@ -117,7 +118,7 @@ def test_lora_script_trains_one_step_on_cpu(tmp_path: Path) -> None:
 def test_qlora_script_stops_clearly_without_a_gpu(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     model = model_from_config(TINY_LLAMA, "tiny-llama")
-    b = build_export("hf-script", model, TrainSetup(method="qlora", seq=32), None, tmp_path / "train.py")
+    b = build_export("hf-script", estimate(model, TrainSetup(method="qlora", seq=32)), tmp_path / "train.py")
     b.files[0][0].write_text(b.files[0][1])
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     r = _run(tmp_path / "train.py", "--model-config", "config.json", "--dataset", "random:4", "--cpu")
@@ -135,7 +136,7 @@ def test_fsdp_plan_reaches_the_trainer_as_estimated(qwen7b, version, offload) ->
     from tuneplan.export import train_script
 
     setup = TrainSetup(method="lora", gpus=2, fsdp=True, fsdp_version=version, offload=offload)
-    p = plan_of(build_export("hf-script", qwen7b, setup, None, Path("train.py")).files[0][1])
+    p = plan_of(build_export("hf-script", estimate(qwen7b, setup), Path("train.py")).files[0][1])
     args = transformers.TrainingArguments(output_dir="out", fsdp=p["fsdp"], use_cpu=True, report_to="none",
                                           fsdp_config=train_script.fsdp_config(p, True))
     got = args.fsdp_plugin_args

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tuneplan.api import estimate
 from tuneplan.errors import TuneplanError
 from tuneplan.export import build_export
 from tuneplan.specs.setup import TrainSetup
@@ -37,7 +38,7 @@ def render(model, plan: dict) -> tuple[dict, str]:
 
 
 def render_with_setup(model, plan: dict) -> tuple[dict, str, TrainSetup]:
-    b = build_export("llamafactory", model, TrainSetup(**plan), None, "train.yaml", dataset="alpaca_en_demo")
+    b = build_export("llamafactory", estimate(model, TrainSetup(**plan)), "train.yaml", dataset="alpaca_en_demo")
     text = b.files[0][1]
     return yaml.safe_load(text), text, b.setup  # b.setup: the plan with the profile's defaults filled
 
@@ -87,9 +88,9 @@ def test_lora_targets_are_module_names_of_the_model(qwen7b) -> None:
 
 
 def test_companions(qwen7b) -> None:
-    b = build_export("llamafactory", qwen7b, TrainSetup(method="lora", gpus=2, zero=2), None, "run/x.yaml")
+    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="lora", gpus=2, zero=2)), "run/x.yaml")
     assert [p.as_posix() for p, _ in b.files] == ["run/x.yaml", "run/ds_z2_config.json"]
-    b = build_export("llamafactory", qwen7b, TrainSetup(method="lora", gpus=2, fsdp=True), None, "run/x.yaml")
+    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="lora", gpus=2, fsdp=True)), "run/x.yaml")
     assert [p.as_posix() for p, _ in b.files] == ["run/x.yaml", "run/x_accelerate.yaml"]
     assert "accelerate launch --config_file x_accelerate.yaml" in b.files[0][1]
 
@@ -113,11 +114,11 @@ def test_refuses_a_plan_the_card_cannot_run(qwen7b) -> None:
     # V100: compute capability 7.0, no bf16 (compat rule); an explicit bf16 is refused, not written
     explicit = TrainSetup(method="qlora", precision="bf16-mixed", sources={"precision": "flag"})
     with pytest.raises(TuneplanError, match="cannot run"):
-        build_export("llamafactory", qwen7b, explicit, _gpu("v100-32gb"), "x.yaml")
+        build_export("llamafactory", estimate(qwen7b, explicit, gpu=_gpu("v100-32gb")), "x.yaml")
 
 
 def test_precision_left_open_follows_the_card(qwen7b) -> None:
-    b = build_export("llamafactory", qwen7b, TrainSetup(method="qlora"), _gpu("v100-32gb"), "x.yaml")
+    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="qlora"), gpu=_gpu("v100-32gb")), "x.yaml")
     cfg = yaml.safe_load(b.files[0][1])
     assert cfg.get("fp16") is True and "bf16" not in cfg  # what the card supports
 
@@ -133,12 +134,12 @@ def _gpu(name: str):
 def test_trainer_recipes_refuse_what_the_trainer_cannot_run(qwen7b, tmp_path: Path, fmt: str, field: str,
                                                             value: object) -> None:
     with pytest.raises(TuneplanError) as e:
-        build_export(fmt, qwen7b, TrainSetup(method="lora", **{field: value}), None, tmp_path / "r")
+        build_export(fmt, estimate(qwen7b, TrainSetup(method="lora", **{field: value})), tmp_path / "r")
     assert e.value.field == field
 
 
 def test_liger_and_compile_are_written(qwen7b, tmp_path: Path) -> None:
-    b = build_export("llamafactory", qwen7b, TrainSetup(method="lora", loss="fused-linear", compile=True), None,
+    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="lora", loss="fused-linear", compile=True)),
                      tmp_path / "r")
     doc = yaml.safe_load(b.files[0][1])
     assert doc["enable_liger_kernel"] is True and doc["torch_compile"] is True

@@ -74,7 +74,7 @@ CASES = [(fmt, plan) for fmt in ("llamafactory", "deepspeed", "accelerate") for 
 
 @pytest.mark.parametrize("fmt,plan", CASES)
 def test_export_then_from_gives_the_same_estimate(qwen7b, fmt: str, plan: dict, tmp_path: Path) -> None:
-    b = build_export(fmt, qwen7b, TrainSetup(**plan), None, tmp_path / "recipe")
+    b = build_export(fmt, estimate(qwen7b, TrainSetup(**plan)), tmp_path / "recipe")
     for p, text in b.files:
         p.write_text(text)
     s = b.setup  # what the files encode (LLaMA-Factory's recipe is estimated with its own profile)

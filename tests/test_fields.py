@@ -1,4 +1,4 @@
-"""The field table (specs/fields.py) covers every TrainSetup field and every key the ingest readers and the
+"""The field table (specs/fields/) covers every TrainSetup field and every key the ingest readers and the
 exporters use today, and the faces generated from it show what it says."""
 
 from __future__ import annotations
@@ -293,18 +293,18 @@ def test_a_row_with_a_widget_gets_one_on_the_page() -> None:
     from tuneplan.web import form
 
     assert {f.name for f in fields.FIELDS if f.widget != "none"} <= set(form.DEFAULTS)  # every one is on it
-    switch = fields._f("x_switch", bool, False, "a switch", label="X", widget="checkbox")
+    switch = fields.row("x_switch", bool, False, "a switch", label="X", widget="checkbox")
     assert form.widget_default(switch) is False
     assert form.widget_value(switch, False) == {} and form.widget_value(switch, True) == {"x_switch": True}
-    count = fields._f("x_count", int, None, "a count", accepted=">= 0", label="N", widget="number")
+    count = fields.row("x_count", int, None, "a count", accepted=">= 0", label="N", widget="number")
     assert form.widget_value(count, "") == {} and form.widget_value(count, 3.0) == {"x_count": 3}
     with pytest.raises(TuneplanError) as e:
         form.widget_value(count, "three")
     assert e.value.field == "x_count"
-    vocab = fields._f("x_kind", str, None, "a kind", accepted=("a", "b"), label="K", widget="dropdown")
+    vocab = fields.row("x_kind", str, None, "a kind", accepted=("a", "b"), label="K", widget="dropdown")
     assert form.widget_default(vocab) == form.AUTO and form.widget_value(vocab, form.AUTO) == {}
     assert form.widget_value(vocab, "b") == {"x_kind": "b"}
-    ranged = fields._f("x_range", int, 4, "a range", accepted="1..8", label="R", widget="dropdown")
+    ranged = fields.row("x_range", int, 4, "a range", accepted="1..8", label="R", widget="dropdown")
     assert form.widget_kind(ranged) == "textbox"  # no vocabulary to drop down
 
 

@@ -1,4 +1,4 @@
-"""FSDP gradients under LitGPT's wrapping (estimator/fsdp_grads.py), derived by hand for Llama 2 7B.
+"""FSDP gradients under LitGPT's wrapping (estimator/wrappers/fsdp.py), derived by hand for Llama 2 7B.
 
 Llama 2 7B block: 4 x 4096^2 (q, k, v, o) + 3 x 4096 x 11008 (gate, up, down) + 2 x 4096 (norms)
 = 202,383,360 params; 32 blocks = 6,476,267,520. LoRA r=8 on q and v: 32 x 2 x 8 x (4096 + 4096)

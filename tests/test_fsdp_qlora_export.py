@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneplan.api import build_setup
+from tuneplan.api import build_setup, estimate
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.export import build_export
@@ -100,7 +100,7 @@ def test_what_train_py_cannot_run_is_refused_naming_the_field(kw: dict, field: s
 
 def test_bundle_is_one_script_estimated_with_the_profile(tmp_path: Path) -> None:
     spec = resolve_model(LLAMA2_7B, allow_network=False)
-    b = build_export("fsdp-qlora", spec, TrainSetup(framework="fsdp-qlora", method="qlora"), None,
+    b = build_export("fsdp-qlora", estimate(spec, TrainSetup(framework="fsdp-qlora", method="qlora")),
                      tmp_path / "run.sh")
     assert [p.name for p, _ in b.files] == ["run.sh"] and b.setup.framework == "fsdp-qlora"
     text = b.files[0][1]

@@ -14,7 +14,7 @@ import pytest
 
 from tuneplan.api import estimate
 from tuneplan.catalog.models import resolve_model
-from tuneplan.estimator.parallel import fsdp_layers_gathered
+from tuneplan.estimator.wrappers.fsdp import fsdp_layers_gathered
 from tuneplan.specs.profiles import get_profile, loss_kind
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -79,8 +79,8 @@ def test_measure_paths_in_the_home_of_a_user_that_does_not_exist(capsys, flag, f
 @pytest.mark.parametrize("flag", ["--card-price", "--kwh-price", "--epochs", "--price", "--own-years"])
 @pytest.mark.parametrize("value", ["inf", "nan"])
 def test_non_finite_prices_and_epochs_are_refused_with_a_json_error(capsys, flag, value):
-    code, out, _ = cli(capsys, "estimate", "qwen2.5-3b", "--gpu", "a100", "--samples", "1000", flag, value,
-                       "--json")
+    code, out, _ = cli(capsys, "estimate", "qwen2.5-3b", "--gpu", "a100-80gb", "--samples", "1000", flag,
+                       value, "--json")
     assert code == 2
     err = strict(out)["error"]
     assert err["kind"] == "bad_input" and err["message"] and err["field"]

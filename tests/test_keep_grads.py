@@ -45,7 +45,8 @@ def test_sharded_setups_refuse_the_switch_and_exports_refuse_it(tmp_path) -> Non
         estimate(spec, method="lora", zero=2, gpus=2, keep_grads=True, timing=False)
     assert e.value.field == "keep_grads"
     with pytest.raises(TuneplanError) as e:
-        build_export("hf-script", spec, TorchEraSetup(method="lora", keep_grads=True), None, tmp_path / "r")
+        build_export("hf-script", estimate(spec, TorchEraSetup(method="lora", keep_grads=True)),
+                     tmp_path / "r")
     assert e.value.field == "keep_grads"
 
 

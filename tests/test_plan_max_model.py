@@ -77,9 +77,9 @@ def test_seed_000_without_and_with_quantization_and_deepspeed() -> None:
 
 
 def test_v100_runs_fp16_unless_bf16_is_asked() -> None:
-    r = max_model("v100", method="lora")
+    r = max_model("v100-sxm2-32gb", method="lora")
     assert r.result.max_params and r.result.requires == []
-    asked = max_model("v100", method="lora", precision="bf16-mixed")
+    asked = max_model("v100-sxm2-32gb", method="lora", precision="bf16-mixed")
     assert asked.result.max_params is None and asked.result.largest_catalog_model is None
     assert asked.result.blocked_by  # says why: no bf16 on compute capability 7.0
 

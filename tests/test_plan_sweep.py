@@ -82,7 +82,7 @@ def test_matplotlib_plot(tmp_path, suffix: str) -> None:
     ("batch=1..12:1", {"gpu": "a100-80gb", "method": "lora", "samples": 10_000}),
     ("rank=8..64:8", {"gpu": "a100-80gb", "method": "lora"}),
     ("gpus=1,2,4", {"gpu": "a100-80gb", "method": "full", "zero": 3, "gpus": 2}),
-    ("grad_accum=1..3:1", {"gpu": "v100", "method": "lora"}),
+    ("grad_accum=1..3:1", {"gpu": "v100-sxm2-32gb", "method": "lora"}),
     ("seq=512..2048", {"method": "lora"}),
 ])
 def test_every_point_of_the_grid_sweep_is_the_scalar_estimate(vary: str, kw: dict) -> None:

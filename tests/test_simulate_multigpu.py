@@ -110,7 +110,7 @@ def test_ddp_buckets_follow_ddp_assignment_rule() -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tuneplan.simulate.distributed import DdpBuckets
+    from tuneplan.simulate.ddp import DdpBuckets
     from tuneplan.simulate.tracker import StorageTracker
 
     tracker = StorageTracker()

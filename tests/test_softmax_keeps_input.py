@@ -51,7 +51,7 @@ def test_torch_before_1_11_means_eager_attention_and_no_export(tmp_path) -> None
             estimate(qwen, method="lora", seq=256, attn=attn, softmax_keeps_input=True, timing=False)
         assert e.value.field == "attn"
     with pytest.raises(TuneplanError) as e:
-        build_export("hf-script", qwen, TorchEraSetup(method="lora", attn="eager", softmax_keeps_input=True), None,
+        build_export("hf-script", estimate(qwen, TorchEraSetup(method="lora", attn="eager", softmax_keeps_input=True)),
                      tmp_path / "r")
     assert e.value.field == "softmax_keeps_input"
 

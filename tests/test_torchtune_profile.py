@@ -118,8 +118,10 @@ def test_compiled_nf4_dequantization_writes_only_the_weight() -> None:
 def test_fsdp_gathers_a_quantized_layer_as_stored() -> None:
     # Llama-2-7B QLoRA (4-bit NF4, double-quantized scalers, bf16 norms) under FSDP on 2 GPUs: the unit
     # gathered for the current layer and the one prefetched are the layer's packed codes plus metadata
-    from tuneplan.estimator.parallel import shard
-    from tuneplan.estimator.weights import param_plan
+    from dataclasses import replace
+
+    from tuneplan.estimator.optimizer import OptimizerPlan
+    from tuneplan.estimator.run import resolve_run
 
     spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
     s = estimate(spec, framework="torchtune", method="qlora", batch=1, seq=256, fsdp=True, gpus=2,
@@ -131,15 +133,16 @@ def test_fsdp_gathers_a_quantized_layer_as_stored() -> None:
         # packed codes, a uint8 absmax per block, an fp32 absmax per 256 blocks, the 256-entry fp32 code
         # table and offset, the 16-entry fp32 NF4 code book
         layer += n // 2 + blocks + 4 * -(-blocks // 256) + 256 * 4 + 4 + 16 * 4
-    dt = resolve_dtypes(s, get_profile("torchtune"))
-    pp = param_plan(spec, s, dt)
-    assert pp.largest_layer_bytes == layer
-    kw = dict(weights=pp.weight_bytes, trainable_params=pp.trainable_params, trainable_bytes=pp.trainable_bytes,
-              trainable_weight_params=0, states=0, optimizer_temp=0, compute_bytes=2, layer_stored_bytes=layer)
-    assert shard(spec, s, root_embeddings=False, **kw).gathered == 2 * layer  # not 2 x 16-bit (2 x 404.8 MB)
+    run = resolve_run(spec, s)
+    assert run.param_plan.largest_layer_bytes == layer
+    no_optimizer = OptimizerPlan(0, 0, 0)
+    # torchtune wraps no root unit (profile.fsdp_root_embeddings empty): the two layers alone
+    gathered = run.wrapper.memory(run, no_optimizer).gathered
+    assert gathered.in_layers == 2 * layer  # not 2 x 16-bit (2 x 404.8 MB)
     # a root unit holding the embeddings, lm_head and final norm stays unsharded (bf16) from the forward on
     root = (2 * 32000 * h + h) * 2
-    assert shard(spec, s, root_embeddings=True, **kw).gathered == 2 * layer + root
+    rooted = replace(run, profile=replace(run.profile, fsdp_root_embeddings=("qlora",)))
+    assert rooted.wrapper.memory(rooted, no_optimizer).gathered.in_layers == 2 * layer + root
 
 
 def test_fused_linear_loss_never_builds_logits() -> None:

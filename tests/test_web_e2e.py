@@ -54,10 +54,17 @@ def page(server):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
         pg.set_default_timeout(TIMEOUT_MS)
+        # the page's Content-Security-Policy (web/http.py) must not block anything the page uses:
+        # Chromium reports each blocked load or inline script on the console
+        pg.on("console", lambda msg: CSP_REPORTS.append(msg.text) if "Content Security Policy" in msg.text
+              else None)
         pg.goto(server)
         pg.wait_for_selector("#tp-verdict-box")
         yield pg
         browser.close()
+
+
+CSP_REPORTS: list[str] = []
 
 
 def verdict(pg) -> str:
@@ -137,3 +144,10 @@ def test_an_uploaded_config_reaches_the_verdict(page) -> None:
     chooser.value.set_files(files=[{"name": "config.json", "mimeType": "application/json", "buffer": cfg}])
     page.wait_for_function("document.querySelector('#tp-verdict-box').innerText.includes('uploaded-tiny-llama')")
     assert page.locator("#tp-model-msg .tp-error").count() == 0
+
+
+def test_the_security_policy_blocks_nothing_the_page_uses(page) -> None:
+    """Last in the file: every step above ran under the policy (``web/http.py``) without one report."""
+    assert page.evaluate("document.querySelectorAll('#tp-chart-svg rect.tp-seg').length") > 3
+    assert CSP_REPORTS == []
+

@@ -7,6 +7,7 @@ without gradio must say how to install it (exit 2). The rest need the ``web`` ex
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -109,7 +110,11 @@ def test_serve_command_serves_the_page_on_loopback(tmp_path) -> None:
         r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "serve", "--port", str(port)],
                            capture_output=True, text=True, timeout=120, env=ENV)
         assert r.returncode == 2 and "cannot listen" in r.stderr and "Traceback" not in r.stderr
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: the server closes, and exits 130 as every command does
+        assert proc.wait(timeout=60) == 130
+        assert "Traceback" not in (tmp_path / "serve.log").read_text()
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
         log.close()

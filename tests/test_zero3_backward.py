@@ -4,7 +4,7 @@ under test."""
 
 from tuneplan.api import build_setup
 from tuneplan.catalog.models import resolve_model
-from tuneplan.estimator.parallel import (
+from tuneplan.estimator.wrappers.zero import (
     DS_MAX_LIVE_PARAMETERS,
     DS_REDUCE_BUCKET,
     zero3_bucket_flush,

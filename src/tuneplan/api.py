@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from tuneplan.catalog.accelerators import resolve_accelerator
+from tuneplan.catalog.accelerators import resolve_named
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.cost import Prices
@@ -18,13 +20,14 @@ from tuneplan.estimator.memory import memory_of
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.estimator.runtime import run_time_and_cost
 from tuneplan.estimator.throughput import RuntimeOptions
-from tuneplan.estimator.types import Finding, MemoryBreakdown
+from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.estimator.weights import trainable_params
 from tuneplan.specs.dataset import DatasetSpec
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import resolve_setup
-from tuneplan.specs.setup import TrainSetup
+from tuneplan.specs.setup import TrainSetup, check_fields
 
 __all__ = ["Estimate", "Run", "SETUP_FIELDS", "build_setup", "estimate", "estimate_run", "resolve_run",
            "trainable_params"]
@@ -57,12 +60,19 @@ class Estimate:
         return self.breakdown.device_peak_bytes <= self.gpu.memory_bytes
 
     @property
+    def requires(self) -> list[str]:
+        """What the setup runs only with: known breakages for library versions that were not given."""
+        return [f.requires for f in self.findings if f.requires]
+
+    @property
     def verdict(self) -> str | None:
-        """'fits', 'does_not_fit' (memory) or 'cannot_run' (an error finding, memory aside); None without a GPU."""
+        """'fits'; 'runs_only_with' (fits, but a known breakage hits some library versions and these were
+        not given: ``requires`` says which work); 'does_not_fit' (memory) or 'cannot_run' (an error
+        finding, memory aside); None without a GPU."""
         if self.gpu is None:
             return None
         if self.fits:
-            return "fits"
+            return "runs_only_with" if self.requires else "fits"
         errors = any(f.level == "error" for f in self.findings)
         return "cannot_run" if errors and (self.headroom_bytes or 0) >= 0 else "does_not_fit"
 
@@ -100,8 +110,12 @@ class Estimate:
         if self.gpu is not None:
             d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
                         "memory_source": self.gpu.memory_source}
+            if self.extras.get("gpu_name_choice"):
+                d["gpu"]["name_choice"] = self.extras["gpu_name_choice"]
             d["fits"] = self.fits
             d["verdict"] = self.verdict
+            if self.requires:
+                d["requires"] = self.requires
             d["headroom_bytes"] = self.headroom_bytes
         d.update(self.extras.get("sections", {}))
         return d
@@ -128,25 +142,130 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
              engine: str = "analytic", hardware_file: str | None = None, dataset: DatasetSpec | None = None,
              price: float | None = None, card_price: float | None = None, kwh_price: float | None = None,
              own_years: float | None = None, time_options: RuntimeOptions | None = None,
-             timing: bool = True, **kwargs: Any) -> Estimate:
+             timing: bool = True, versions: dict[str, Any] | None = None, **kwargs: Any) -> Estimate:
     """Per-GPU peak memory (and findings) of fine-tuning ``model`` with ``setup`` on ``gpu``.
 
     With a GPU, the result also carries ``time`` and ``cost`` sections (``estimator/runtime.py``); the
     totals need ``dataset``; ``price`` (USD per GPU-hour), ``card_price``, ``kwh_price`` and ``own_years``
-    override the catalog's prices and the cost model's defaults."""
-    spec = resolve_model(model) if isinstance(model, str) else model
-    acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
+    override the catalog's prices and the cost model's defaults. ``versions`` (the keys of
+    ``tuneplan.compat``): the library versions the run will use, so that version-dependent breakages are
+    answered for them instead of stated as a condition."""
     if engine not in ("analytic", "simulate"):
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
+    acc, choice, run = resolved(model, setup, gpu, hardware_file, kwargs)
+    est = estimate_run(run, gpu=acc, engine=engine, dataset=dataset, price=price, card_price=card_price,
+                       kwh_price=kwh_price, own_years=own_years, time_options=time_options, timing=timing,
+                       versions=versions)
+    if choice:
+        est.extras["gpu_name_choice"] = choice
+    return est
+
+
+# Resolved runs of recent ``estimate`` calls, so that a loop over sizes resolves once: (key) -> the card,
+# the run as first resolved, and its reshaped runs by (batch, seq, grad_accum). The key holds everything
+# the resolve reads (resolved_key), and keeps the objects whose identity is in the key alive (so no other
+# object takes that identity while it is cached); at most RESOLVED_MAX keys and SHAPES_MAX shapes per key.
+Shapes = dict[tuple[int, int, int], Run]
+_RESOLVED: dict[tuple[Any, ...], tuple[Accelerator | None, Any, Run, Shapes, tuple[Any, ...]]] = {}
+RESOLVED_MAX = 256
+SHAPES_MAX = 256
+SHAPE = ("batch", "seq", "grad_accum")  # what a resolved run is reshaped to (Run.reshaped)
+
+
+def resolved(model: str | ModelSpec, setup: TrainSetup | None, gpu: str | Accelerator | None,
+             hardware_file: str | None, kwargs: dict[str, Any]) -> tuple[Accelerator | None, Any, Run]:
+    """The card, how its name was chosen (``resolve_named``) and the resolved run of an ``estimate``
+    call, from the cache when an earlier call differed only in the values of ``batch`` / ``seq`` /
+    ``grad_accum`` (the run is then reshaped, its shape checked as ``TrainSetup.validate`` checks it)."""
+    key = resolved_key(model, setup, gpu, hardware_file, kwargs)
+    hit = _RESOLVED.get(key) if key is not None else None
+    if hit is not None:
+        acc, choice, run, shapes, _kept = hit
+        given = {k: kwargs[k] for k in SHAPE if k in kwargs}
+        check_fields(given)  # what TrainSetup.validate checks of these fields: each alone, no other reads them
+        at = (given.get("batch", run.setup.batch), given.get("seq", run.setup.seq),
+              given.get("grad_accum", run.setup.grad_accum))
+        got = shapes.get(at)
+        if got is None:
+            shape = {k: v for k, v in given.items() if v != getattr(run.setup, k)}
+            got = run.reshaped(**shape) if shape else run
+            if len(shapes) >= SHAPES_MAX:
+                shapes.clear()
+            shapes[at] = got
+        return acc, choice, got
+    spec = resolve_model(model) if isinstance(model, str) else model
+    acc, choice = resolve_named(gpu, extra=hardware_file) if isinstance(gpu, str) else (gpu, None)
     run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kwargs))
-    return estimate_run(run, gpu=acc, engine=engine, dataset=dataset, price=price, card_price=card_price,
-                        kwh_price=kwh_price, own_years=own_years, time_options=time_options, timing=timing)
+    if key is not None:
+        if len(_RESOLVED) >= RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = (acc, choice, run, {(run.setup.batch, run.setup.seq, run.setup.grad_accum): run},
+                          (model, gpu, setup))
+    return acc, choice, run
+
+
+def resolved_key(model: Any, setup: Any, gpu: Any, hardware_file: Any, kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What the resolve reads, as a key; None when something in it cannot be a key (then no cache).
+
+    - the model: a ModelSpec object (its identity: specs are frozen; the entry keeps the object, so the
+      identity is not reused while it is cached), or the name and, for a path, the config file's
+      modification time and size (for a hub id, the hub settings the fetch reads);
+    - the card: an Accelerator object (its identity, kept the same way), or the name, the hardware files
+      read (``--hardware-file`` and the user's config-dir files) with their modification times;
+    - the base setup object (frozen; its identity, kept), every keyword field's value but the shape's,
+      and which shape fields were given (they are recorded as given in ``setup.sources``)."""
+    try:
+        rest = tuple(sorted((k, v) for k, v in kwargs.items() if k not in SHAPE))
+        hash(rest)
+    except TypeError:
+        return None
+    shape_given = tuple(k for k in SHAPE if k in kwargs)
+    m = ("spec", id(model)) if not isinstance(model, str) else ("name", model, _model_stamp(model))
+    g = (("card", id(gpu)) if not isinstance(gpu, str) else
+         ("name", gpu, _file_stamp(hardware_file), _hardware_stamp()))
+    return (m, g, id(setup), rest, shape_given)
+
+
+def _file_stamp(path: Any) -> tuple[Any, ...] | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError, ValueError):
+        return (str(path), None)
+    return (str(path), st.st_mtime_ns, st.st_size)
+
+
+def _model_stamp(name: str) -> tuple[Any, ...]:
+    """A path's config file (a folder's config.json), or the hub settings a hub id is fetched with."""
+    p = os.path.expanduser(name.strip())
+    try:
+        st = os.stat(p)
+        if stat.S_ISDIR(st.st_mode):
+            p = os.path.join(p, "config.json")
+            st = os.stat(p)
+        return ("file", p, st.st_mtime_ns, st.st_size)
+    except (OSError, ValueError):
+        return ("hub", os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_ENDPOINT"))
+
+
+def _hardware_stamp() -> tuple[Any, ...]:
+    """The user's config-dir hardware files (``catalog.accelerators.hardware_file_candidates``): their
+    folder, and each file's time and size when the folder exists (a file is added, removed or edited)."""
+    from tuneplan.catalog.accelerators import hardware_file_candidates
+
+    files = hardware_file_candidates()
+    folder = _file_stamp(os.path.dirname(files[0]))
+    if folder is None or folder[1] is None:
+        return (folder,)
+    return (folder, *map(_file_stamp, files))
 
 
 def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "analytic",
                  dataset: DatasetSpec | None = None, price: float | None = None, card_price: float | None = None,
                  kwh_price: float | None = None, own_years: float | None = None,
-                 time_options: RuntimeOptions | None = None, timing: bool = True) -> Estimate:
+                 time_options: RuntimeOptions | None = None, timing: bool = True,
+                 versions: dict[str, Any] | None = None) -> Estimate:
     """``estimate`` on a run already resolved (``estimator.run.resolve_run``; ``run.reshaped(batch=, seq=)``
     for another shape): nothing is looked up or resolved again."""
     spec, s, acc = run.model, run.setup, gpu
@@ -176,7 +295,12 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
                                if v is not None})
         extras["sections"] = run_time_and_cost(run, acc, dataset, prices, time_options,
                                                memory=breakdown if engine == "analytic" else None)
-    findings = run.findings(acc)
+    if versions is None:
+        findings = run.findings(acc)
+    else:
+        from tuneplan.compat import check
+
+        findings = check(acc, s, spec, versions)
     if s.device_map != "none":  # one card too: accelerate may still leave layers on the CPU
         from tuneplan.estimator.device_map import spill_finding
 

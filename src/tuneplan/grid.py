@@ -117,7 +117,7 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     allocated = np.take_along_axis(totals, peak[None], 0)[0]
     reserved = reserved_from_allocated(allocated, cross_stream_reserve(run))
     out = {"allocated": allocated, "reserved": reserved,
-           "device_peak": reserved + cuda_context_bytes() + m.statics.sp.nccl,
+           "device_peak": reserved + cuda_context_bytes() + m.statics.wrapped.resident.nccl,
            "peak_phase": np.asarray(names)[peak]}
     for c in PERSISTENT:  # the same at every instant
         out[f"c:{c}"] = np.full(shape, m.statics.common[c], dtype=np.int64)

@@ -2,9 +2,14 @@
 
 ``resolve_accelerator("4090")``, ``"RTX 4090"``, ``"a100-80g"``, ``"a100 80gb sxm"``, ``"910b"``,
 ``"NVIDIA H100 80GB HBM3"`` (what NVML reports) all resolve; a miss raises UnknownNameError with the
-nearest names. A bare model name means the variant in ``ALIASES`` (the SXM/HGX card with the most
-memory where there are several: docs/compatibility.md lists them); a name that still matches several
-cards prefers that default, then the one SXM card among them.
+nearest names.
+
+One rule for a name that could mean several cards of one model (the same card model in other memory
+sizes or boards, e.g. the four V100s): when they differ in memory the name is refused with the variants
+listed (a memory verdict on a guessed size is the costly wrong answer: "FITS" on a 32 GB card the user
+does not have); when they share the memory and differ only in the board (A100 80GB SXM4 / PCIe) the
+name means the SXM/HGX board and :func:`name_choice` says so, for the faces to print beside the card
+(docs/usage.md, "Card names").
 
 Users add or override cards in a TOML/YAML file (``--hardware-file``, or ``hardware.toml|yaml`` in
 ``$TUNEPLAN_CONFIG_DIR``, else ``~/.config/tuneplan/``); see :func:`load_hardware_file`.
@@ -28,7 +33,8 @@ from tuneplan.specs.hardware import Accelerator, parse_cc
 from tuneplan.specs.limits import MAX_HARDWARE_NUMBER, show_value
 
 # Short names people type, and the names nvidia-smi / NVML / npu-smi print -> catalog id.
-# A bare model name maps to the SXM (HGX) variant with the most memory where there are several.
+# A short name that leaves the memory open (v100, a100) is refused by _check_variants, alias or not;
+# one that fixes the memory maps to the SXM (HGX) board.
 ALIASES = {
     "4090": "rtx-4090", "3090": "rtx-3090", "5090": "rtx-5090", "4080": "rtx-4080", "3080": "rtx-3080-10gb",
     "3060": "rtx-3060-12gb", "2080ti": "rtx-2080-ti", "5080": "rtx-5080", "4060": "rtx-4060", "3060ti": "rtx-3060-ti",
@@ -106,27 +112,37 @@ def catalog_accelerators() -> dict[str, Accelerator]:
     return dict(_catalog())
 
 
-def user_hardware_file() -> Path | None:
-    """The user's hardware file from the config directory, if one exists.
+def hardware_file_candidates() -> list[str]:
+    """Where the user's hardware file may be, in the order looked at (:func:`user_hardware_file`).
 
     ``$TUNEPLAN_CONFIG_DIR`` wins when set (and is the only place looked at, so tests and CI can point
     it at an empty directory); otherwise ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan``.
     """
-    d = config_dir()
-    for n in HARDWARE_FILE_NAMES:
-        p = d / n
-        if p.is_file():
-            return p
+    env = os.environ
+    return list(_candidates(env.get("TUNEPLAN_CONFIG_DIR"), env.get("XDG_CONFIG_HOME"), env.get("HOME")))
+
+
+@lru_cache(maxsize=8)
+def _candidates(config_dir: str | None, xdg: str | None, home: str | None) -> tuple[str, ...]:
+    """:func:`hardware_file_candidates` for these environment values (``~`` is ``$HOME``)."""
+    d = config_dir or os.path.join(xdg or os.path.join(os.path.expanduser("~"), ".config"), "tuneplan")
+    return tuple(os.path.join(d, n) for n in HARDWARE_FILE_NAMES)
+
+
+def user_hardware_file() -> Path | None:
+    """The user's hardware file from the config directory, if one exists (:func:`hardware_file_candidates`)."""
+    for p in hardware_file_candidates():
+        if os.path.isfile(p):
+            return Path(p)
     return None
 
 
 def config_dir() -> Path:
     """The user's tuneplan config directory: ``$TUNEPLAN_CONFIG_DIR`` when set, else
     ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan`` (it may not exist)."""
-    env = os.environ.get("TUNEPLAN_CONFIG_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")) / "tuneplan"
+    env = os.environ
+    return Path(env.get("TUNEPLAN_CONFIG_DIR") or os.path.join(
+        env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config"), "tuneplan"))
 
 
 def accelerators(extra: dict[str, Accelerator] | str | os.PathLike[str] | None = None) -> dict[str, Accelerator]:
@@ -163,9 +179,7 @@ def _prefer(name: str, candidates: list[str], cat: dict[str, Accelerator]) -> st
 
 def resolve_accelerator(name: str, extra: dict[str, Accelerator] | str | os.PathLike[str] | None = None) -> Accelerator:
     """A catalog (or user) accelerator from a loose name; ``extra`` adds cards (dict or hardware file)."""
-    if not isinstance(name, str) or not name.strip():
-        raise TuneplanError("empty accelerator name", field="gpu", accepted="a catalog id, e.g. rtx-4090, a100-80gb")
-    return _resolve(name, accelerators(extra))
+    return resolve_named(name, extra)[0]
 
 
 def _same_model(toks: frozenset[str], acc_id: str, cat: dict[str, Accelerator]) -> bool:
@@ -191,6 +205,69 @@ def _one_of(name: str, same: list[str], cat: dict[str, Accelerator]) -> Accelera
 
 
 def _resolve(name: str, cat: dict[str, Accelerator]) -> Accelerator:
+    """The card ``name`` means (:func:`_match`), refused when its variants differ in memory."""
+    acc = _match(name, cat)
+    _check_variants(name, acc, _variants(name, acc, cat))
+    return acc
+
+
+def _family(acc_id: str) -> str:
+    """The card model of a catalog id without memory size and board: 'v100-sxm2-16gb' -> 'v100'."""
+    return _bare_model(acc_id)
+
+
+def _variants(name: str, acc: Accelerator, cat: dict[str, Accelerator]) -> list[Accelerator]:
+    """The other cards of ``acc``'s model that ``name`` does not tell apart from it: same family id, and
+    every word typed is among the words of one of their names (``v100-32gb`` leaves the V100 PCIe 32GB
+    open, ``v100-sxm2-32gb`` does not). Exact ids and a card's full name mean that card only."""
+    if name in cat or name.strip().lower() in (acc.id, acc.name.lower()):
+        return []
+    fam, toks = _family(acc.id), _tokens(name)
+    return [c for i, c in cat.items() if i != acc.id and _family(i) == fam
+            and any(toks <= _tokens(n) for n in (i, c.name, *c.aliases))]
+
+
+def _memory_size(acc: Accelerator) -> float:
+    """The memory size a card is sold by (boards of one size report a few MiB apart: not a variant)."""
+    return acc.memory_gb_marketed or acc.memory_bytes / 1e9
+
+
+def memory_families() -> dict[str, list[str]]:
+    """The card models the shipped catalog sells in several memory sizes (a bare name is refused), with
+    their card ids: ``{"v100": ["v100-pcie-16gb", ...], "a100": [...]}``."""
+    by_family: dict[str, list[Accelerator]] = {}
+    for acc in _catalog().values():
+        by_family.setdefault(_family(acc.id), []).append(acc)
+    return {fam: sorted(a.id for a in cards) for fam, cards in sorted(by_family.items())
+            if len({_memory_size(a) for a in cards}) > 1}
+
+
+def _check_variants(name: str, acc: Accelerator, others: list[Accelerator]) -> None:
+    if any(_memory_size(o) != _memory_size(acc) for o in others):
+        cards = sorted([acc, *others], key=lambda a: (_memory_size(a), a.id))
+        sizes = " or ".join(dict.fromkeys(f"{_memory_size(a):g} GB" for a in cards))
+        raise UnknownNameError(f"{name!r} names {len(cards)} cards with {sizes} of memory, and the verdict "
+                               "depends on which", field="gpu", suggestions=[a.id for a in cards],
+                               accepted="the card's id")
+
+
+def resolve_named(name: str, extra: dict[str, Accelerator] | str | os.PathLike[str] | None = None
+                  ) -> tuple[Accelerator, str | None]:
+    """:func:`resolve_accelerator` and the choice a face prints beside the card when ``name`` also names
+    other boards of the same memory ("a100-80gb read as a100-80gb-sxm4, not a100-80gb-pcie"), else
+    None."""
+    if not isinstance(name, str) or not name.strip():
+        raise TuneplanError("empty accelerator name", field="gpu", accepted="a catalog id, e.g. rtx-4090, a100-80gb")
+    cat = accelerators(extra)
+    acc = _match(name, cat)
+    others = _variants(name, acc, cat)
+    _check_variants(name, acc, others)
+    if not others:
+        return acc, None
+    return acc, f"{name.strip()} read as {acc.id}, not {', '.join(sorted(o.id for o in others))}"
+
+
+def _match(name: str, cat: dict[str, Accelerator]) -> Accelerator:
     """Exact id, name or alias first; then loose matches of the same card model (never a variant: see
     VARIANT_WORDS). Several matches without a documented default are an error listing them."""
     if name in cat:
@@ -362,3 +439,29 @@ def load_hardware_file(path: str | os.PathLike[str]) -> dict[str, Accelerator]:
 
 
 ACCELERATOR_FIELDS = tuple(f.name for f in fields(Accelerator))
+
+
+# Host RAM per node without a figure for the card (no typical cloud instance, not this machine's): twice
+# the node's GPU memory, at least 64 GiB. A desktop board with one consumer card commonly holds 2 x 32 GB;
+# a server node holds more RAM than GPU memory (a DGX A100 node: 640 GB of GPU memory, 2 TB of RAM, NVIDIA
+# DGX A100 user guide). The one sentence every face states:
+HOST_DEFAULT_MIN_GIB = 64
+HOST_DEFAULT_TEXT = f"twice the node's GPU memory, at least {HOST_DEFAULT_MIN_GIB} GiB"
+
+
+@lru_cache(maxsize=1)
+def _cloud_hosts() -> dict[str, dict[str, Any]]:
+    import csv
+    import io
+
+    text = resources.files("tuneplan.catalog").joinpath("cloud_hosts.csv").read_text(encoding="utf-8")
+    return {r["accelerator"]: {"instance": r["instance"], "gpus": int(r["gpus"]),
+                               "host_bytes": int(float(r["host_gib"]) * 2**30), "source": r["source"]}
+            for r in csv.DictReader(io.StringIO(text))}
+
+
+def cloud_host(acc_id: str) -> dict[str, Any] | None:
+    """The typical cloud instance with this card (``catalog/cloud_hosts.csv``: instance, GPUs, host RAM in
+    bytes, source), or None where the catalog names none."""
+    got = _cloud_hosts().get(acc_id)
+    return dict(got) if got is not None else None

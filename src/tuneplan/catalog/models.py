@@ -81,12 +81,23 @@ def suggestions(name: str, n: int = 5) -> list[str]:
     return list(seen)[:n]
 
 
+def hub_offline() -> bool:
+    """Offline mode as huggingface_hub itself reads it (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``
+    1 / on / yes / true, any case; ``constants.HF_HUB_OFFLINE``), so that tuneplan never goes online where
+    the hub client would not, nor the other way round."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - huggingface_hub is a dependency
+        return True
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def _hub_reachable(timeout: float = 2.0) -> bool:
     """Fail fast offline instead of waiting through the hub client's retries."""
     import os
     import socket
 
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+    if hub_offline():
         return False
     host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("//")[-1].split("/")[0]
     try:

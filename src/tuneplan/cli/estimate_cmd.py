@@ -15,7 +15,8 @@ from tuneplan.cli.time_options import TIME_FLAGS, time_kw_from
 
 DOC = """Per-GPU peak memory of a fine-tune, by component, and whether it fits the GPU.
 
-Exit status: 0 fits (or no --gpu), 1 does not fit or cannot run there, 2 bad input."""
+Exit status: 0 fits (or no --gpu), 1 does not fit, cannot run there, or runs there only with library
+versions that --versions did not confirm, 2 bad input."""
 MODEL = ("model", "catalog name, HF id, or path to config.json (optional with --from)")
 OWN_FLAGS = [
     Flag("gpu", str, ("-g", "--gpu"), "accelerator, e.g. rtx4090, a100-80gb"),
@@ -24,6 +25,9 @@ OWN_FLAGS = [
     Flag("details", bool, ("--details",), "everything: component descriptions, memory by instant, "
          "uncertainty, all findings, time and cost tables", default=False),
     Flag("hardware_file", str, ("--hardware-file",), "TOML/YAML file adding or overriding accelerators"),
+    Flag("versions", str, ("--versions",), "the library versions the run will use, e.g. "
+         "bitsandbytes=0.48.1,torch=2.13.0+cu126 (`tuneplan doctor` prints them): known breakages are then "
+         "answered for them", metavar="NAME=VER,..."),
 ]
 
 
@@ -46,19 +50,27 @@ def command() -> Any:
 
 
 def estimate(model: str | None, from_files: tuple[str, ...], gpu: str | None, engine: str, as_json: bool,
-             details: bool, hardware_file: str | None, setup_kw: dict[str, Any],
+             details: bool, hardware_file: str | None, versions: str | None, setup_kw: dict[str, Any],
              time_kw: dict[str, Any]) -> bool | None:
-    """Prints the estimate (one JSON object with ``as_json``); returns whether it fits (None: no GPU)."""
+    """Prints the estimate (one JSON object with ``as_json``); returns whether it fits with nothing left
+    to check (None: no GPU)."""
     from tuneplan.api import estimate
     from tuneplan.cli.json_out import print_json
 
     frm = resolve_from(list(from_files) or None, model, setup_kw)
+    if versions is not None:
+        from tuneplan.compat import parse_versions
+
+        stated: dict[str, Any] | None = parse_versions(versions)
+    else:
+        stated = None
     est = estimate(
         frm.model,
         frm.base,
         gpu=gpu,
         engine=engine,
         hardware_file=hardware_file,
+        versions=stated,
         **frm.time_kw(time_kw),
         **frm.setup_kw,
     )
@@ -70,4 +82,4 @@ def estimate(model: str | None, from_files: tuple[str, ...], gpu: str | None, en
 
         frm.render(d)
         render_estimate(d, details=details)
-    return est.fits
+    return None if est.verdict is None else est.verdict == "fits"

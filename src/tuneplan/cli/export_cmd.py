@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         Never overwrites a file or writes through a symbolic link unless --force (which replaces the link
         itself); all files are written or none. Exit status: 0 written, 2 bad input or a file exists.
         """
+        from tuneplan.api import estimate
         from tuneplan.catalog.accelerators import resolve_accelerator
         from tuneplan.catalog.models import resolve_model
         from tuneplan.cli.render import console, err_console, print_json
@@ -44,7 +45,8 @@ def register(app: typer.Typer) -> None:
         # every field given (flag or file) is explicit: profile defaults fill only the rest
         sources = frm.base.sources if frm.base is not None else {k: "flag" for k in frm.setup_kw}
         setup = TrainSetup(sources=dict(sources), **frm.setup_kw)
-        bundle = build_export(fmt, spec, setup, acc, output or DEFAULT_NAMES.get(fmt, "recipe"), dataset=dataset)
+        plan = estimate(spec, setup, gpu=acc, timing=False)  # the recipe quotes its memory and findings
+        bundle = build_export(fmt, plan, output or DEFAULT_NAMES.get(fmt, "recipe"), dataset=dataset)
         warnings = list(frm.resolved.warnings) if frm.resolved else []
         if output is None:
             if len(bundle.files) > 1:

@@ -30,7 +30,7 @@ def setup_flags() -> list[Flag]:
 
 @functools.cache
 def _setup_options() -> list[tuple[str, Any, Any]]:
-    # Generated from the field table (specs/fields.py): adding a field there adds its flag here.
+    # Generated from the field table (specs/fields/): adding a field there adds its flag here.
     return [(fl.name, fl.annotation(), typer_option(fl)) for fl in setup_flags()]
 
 

@@ -2,18 +2,50 @@
 
 from __future__ import annotations
 
+import errno
+import re
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tuneplan.cli.json_out import print_json  # noqa: F401  (re-exported: the commands import it from here)
 from tuneplan.estimator.types import COMPONENTS, GIB
 
-console = Console()
-err_console = Console(stderr=True)
+# What a terminal would act on rather than show: ECMA-48 escape sequences (CSI "ESC [ ... final", OSC
+# "ESC ] ... BEL|ST", and two-character "ESC x"), the other C0 controls but tab and newline, DEL, the C1
+# controls, and the Unicode bidirectional overrides and isolates (text that reads in another order).
+_TERMINAL_CONTROLS = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", re.DOTALL)
+
+
+def for_terminal(text: str) -> str:
+    """``text`` without anything a terminal would execute (colours, cursor moves, a new window title, a
+    clear screen): the one sanitiser every line tuneplan prints as text goes through (both consoles
+    below, the Python warnings and the error line)."""
+    return _TERMINAL_CONTROLS.sub("", text)
+
+
+class TerminalConsole(Console):
+    """A rich console whose every string (printed, or a table cell) is cleaned by :func:`for_terminal`
+    before markup is read: a value from a config file can neither move the cursor nor fake a colour;
+    rich's own styling is added after, so it stays."""
+
+    def render_str(self, text: str, **kw: Any) -> Text:
+        return super().render_str(for_terminal(text), **kw)
+
+    def on_broken_pipe(self) -> None:
+        """The reader left (``| head``): to the command line's one handler (rich's own exits 1, the "does
+        not fit" status)."""
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output has gone")
+
+
+console = TerminalConsole()
+err_console = TerminalConsole(stderr=True)
 
 
 def gib(n: float | int | None) -> str:
@@ -39,13 +71,14 @@ def print_findings(findings: list[dict[str, str]], limit: int | None = None) -> 
 
 
 def render_estimate(d: dict[str, Any], details: bool = False) -> None:
-    """One screen by default (setup, memory, verdict, time and cost, top findings); ``details``: the rest."""
+    """One screen by default: the verdict and the time first (what a reader acts on), then setup,
+    memory, top findings; ``details``: the rest."""
+    render_verdict(d)
+    render_time_cost_line(d)
     render_setup(d)
     render_memory(d, details)
-    render_verdict(d)
     if details:
         render_memory_details(d)
-    render_time_cost_line(d)
     print_findings(d.get("findings", []), limit=None if details else 3)
     if details:
         render_time_details(d)
@@ -138,21 +171,30 @@ def render_memory_details(d: dict[str, Any]) -> None:
 
 
 def render_verdict(d: dict[str, Any]) -> None:
+    """The first line: the verdict on the card (the card's name choice beside it when the name also
+    names another board); the second: what the verdict turns on when it is not a plain FITS."""
     if "gpu" not in d:
-        console.print("[dim]no --gpu: memory only (add --gpu for the verdict, time and cost)[/]")
+        console.print(f"[bold]{gib(d['per_gpu']['device_peak_bytes'])} GiB[/] device peak per GPU "
+                      "[dim](no --gpu: memory only; add --gpu for the verdict, time and cost)[/]",
+                      highlight=False)
         return
     g = d["gpu"]
+    card = escape(g["name"]) + (f" [dim]({escape(g['name_choice'])})[/]" if g.get("name_choice") else "")
+    usable, headroom = gib(g["memory_bytes"]), gib(abs(d["headroom_bytes"]))
     verdict = d.get("verdict")
     if verdict == "fits":
-        console.print(f"[green bold]FITS[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
-                      f"{gib(d['headroom_bytes'])} GiB headroom", highlight=False)
+        console.print(f"[green bold]FITS[/] on {card} ({usable} GiB usable): {headroom} GiB headroom",
+                      highlight=False)
+    elif verdict == "runs_only_with":
+        console.print(f"[yellow bold]RUNS ONLY WITH[/] {escape('; '.join(d['requires']))}", highlight=False)
+        console.print(f"{card}: memory fits, {headroom} GiB headroom; --versions checks yours",
+                      highlight=False)
     elif verdict == "cannot_run":
         errors = [f for f in d.get("findings", []) if f["level"] == "error"]
-        console.print(f"[red bold]CANNOT RUN[/] on {g['name']}: {escape(errors[0]['code'])} (below)",
-                      highlight=False)
+        console.print(f"[red bold]CANNOT RUN[/] on {card}: {escape(errors[0]['message'])}", highlight=False)
     else:
-        console.print(f"[red bold]DOES NOT FIT[/] on {g['name']} ({gib(g['memory_bytes'])} GiB usable): "
-                      f"short by {gib(-d['headroom_bytes'])} GiB", highlight=False)
+        console.print(f"[red bold]DOES NOT FIT[/] on {card} ({usable} GiB usable): short by {headroom} GiB",
+                      highlight=False)
 
 
 def _num(v: float | None, fmt: str = ",.0f") -> str:
@@ -167,9 +209,6 @@ def render_time_cost_line(d: dict[str, Any]) -> None:
     parts = [f"{_num(t.get('tokens_per_second'))} tokens/s", f"{_num(t.get('step_seconds'), ',.2f')} s/step"]
     if t.get("bound"):
         parts[-1] += f" ({t['bound']}-bound)"
-    comm = (t.get("components_seconds") or {}).get("communication_exposed")
-    if comm:
-        parts.append(f"communication {comm:,.2f} s/step exposed")
     if t.get("total_hours") is not None:
         parts.append(f"{t['total_hours']:,.2f} h")
         if c and c.get("cloud_usd") is not None:
@@ -177,7 +216,7 @@ def render_time_cost_line(d: dict[str, Any]) -> None:
         if c and c.get("own_usd") is not None:
             parts.append(f"{c['own_usd']:,.2f} USD owned")
     else:
-        parts.append("hours and cost: give --samples or --dataset-tokens")
+        parts.append("hours and cost: --samples N")
     band = t.get("band") or {}
     if band:
         span = (f"{band['total_hours_low']:,.2f}-{band['total_hours_high']:,.2f} h"
@@ -188,7 +227,7 @@ def render_time_cost_line(d: dict[str, Any]) -> None:
         parts.append(t["calibration"]["label"])
     elif t.get("card_throughput_known") == "proxy":
         parts.append("card throughput from proxy figures")
-    console.print("[bold]Time[/] " + "  ·  ".join(parts), highlight=False)
+    console.print("[bold]Time[/] " + " · ".join(parts), highlight=False)
 
 
 def render_time_details(d: dict[str, Any]) -> None:
@@ -250,9 +289,7 @@ def time_breakdown_line(sec: dict[str, Any]) -> str:
                 extra = f" (dequantization {deq:.3g} s)"
             parts.append(f"{label} {v:.3g} s{share}{extra}")
     unverified = "" if sec.get("figures_verified", True) else " [yellow](card figures not verified)[/]"
-    limited_by = sec.get("limited_by")
-    limit = BREAKDOWN_LABELS.get(limited_by, "?") if limited_by is not None else "?"
-    return f"step {step:.3g} s = " + " + ".join(parts) + f"; limited by {limit}{unverified}"
+    return f"step {step:.3g} s = " + " + ".join(parts) + f"; {sec.get('bound') or '?'}-bound{unverified}"
 
 
 

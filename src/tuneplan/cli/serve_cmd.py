@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import typer
@@ -30,10 +31,17 @@ def register(app: typer.Typer) -> None:
             typer.echo(exposure_warning(host, port), err=True)
         typer.echo(f"tuneplan web page on http://{host}:{port}/ (Ctrl+C to stop)")
         try:
-            launch(host, port, block=True, quiet=True)
+            demo = launch(host, port, block=False, quiet=True)
         except OSError as exc:  # port taken, address not on this machine
             raise TuneplanError(f"cannot listen on {host}:{port} ({exc})", field="port",
                                 accepted="a free port (--port) on an address of this machine (--host)") from None
+        # Not Gradio's own blocking wait, which takes Ctrl-C as a normal end (exit 0): here it reaches the
+        # command line's handler and exits 130 as in every other command, the server closed first.
+        try:
+            while True:
+                time.sleep(3600)
+        finally:
+            demo.close()
 
 
 def is_loopback(host: str) -> bool:

@@ -1,6 +1,6 @@
 """Compatibility: will this setup run on this accelerator, with these libraries, at all?
 
-``check`` applies every rule (``rules.py``: the data in ``catalog/compat_rules.toml``; ``predicates.py``:
+``check`` applies every rule (``rules.py``: the data in ``catalog/compat_rules.toml``; ``predicates/``:
 one small predicate per rule) to (accelerator, setup, model) and, when ``versions`` is given
 (``tuneplan doctor``), to the installed libraries too. Without versions the version-dependent rules say
 which versions are affected instead. Imports run one way: ``rules`` <- ``predicates`` <- this module.
@@ -31,13 +31,38 @@ from tuneplan.compat.rules import (
     torch_install_hint,
     vtuple,
 )
-from tuneplan.estimator.types import Finding
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
-__all__ = ["BNB_OPTIMIZERS", "LEVELS", "PREDICATES", "Capability", "Context", "Rule", "arch_covered",
-           "capabilities", "check", "rule", "rules", "table_arch_list", "torch_install_hint", "vtuple"]
+__all__ = ["BNB_OPTIMIZERS", "LEVELS", "PREDICATES", "VERSION_KEYS", "Capability", "Context", "Rule",
+           "arch_covered", "capabilities", "check", "parse_versions", "rule", "rules", "table_arch_list",
+           "torch_install_hint", "version_floors", "vtuple"]
+
+# The library versions a user may state (``estimate --versions``): the keys above that are a version.
+VERSION_KEYS = ("torch", "torch_cuda", "torch_hip", "bitsandbytes", "peft", "transformers", "accelerate",
+                "deepspeed", "flash_attn", "flash_attn_3", "torch_npu", "driver", "cuda_driver")
+
+
+def parse_versions(text: str) -> dict[str, Any]:
+    """``"bitsandbytes=0.48.1,torch=2.13.0+cu126"`` -> the ``versions`` dict ``check`` reads. A CUDA
+    build suffix on torch (``+cu126``, PyTorch's local version label) gives ``torch_cuda`` when that is
+    not stated. Libraries not named count as not installed."""
+    from tuneplan.errors import TuneplanError
+
+    accepted = "NAME=VERSION pairs, comma-separated; NAME one of " + ", ".join(VERSION_KEYS)
+    out: dict[str, Any] = {}
+    for item in (p.strip() for p in text.split(",")):
+        name, eq, version = item.partition("=")
+        name = name.strip().lower().replace("-", "_")
+        if not eq or name not in VERSION_KEYS or vtuple(version) is None:
+            raise TuneplanError(f"cannot read {item[:64]!r}", field="versions", accepted=accepted)
+        out[name] = version.strip()
+    cuda = out.get("torch", "").partition("+cu")[2]
+    if cuda.isdigit() and len(cuda) >= 3 and "torch_cuda" not in out:
+        out["torch_cuda"] = f"{cuda[:-1]}.{cuda[-1]}"  # cu126 -> 12.6
+    return out
 
 
 def check(acc: Accelerator | None, setup: TrainSetup, model: ModelSpec | None,
@@ -46,7 +71,8 @@ def check(acc: Accelerator | None, setup: TrainSetup, model: ModelSpec | None,
 
     ``acc`` None: setup-only findings. ``model`` None: rules that need the architecture are skipped.
     ``versions`` None: version-independent rules, and version-dependent ones phrased as "versions X-Y
-    are affected"; a dict (doctor): definite answers for the installed libraries.
+    are affected" (a known breakage also says what it ``requires``); a dict (doctor, ``estimate
+    --versions``): definite answers for the installed libraries.
     """
     ctx = Context(acc, setup, model, versions)
     base = ctx.base_vars()
@@ -60,5 +86,17 @@ def check(acc: Accelerator | None, setup: TrainSetup, model: ModelSpec | None,
         level = (r.level_unknown or r.level) if unknown else r.level
         message = (r.message_unknown or r.message) if unknown else r.message
         fix = (r.fix_unknown or r.fix) if unknown else r.fix
-        out.append(Finding(level, r.code, message.format_map(values), fix.format_map(values), r.source))
+        requires = r.requires.format_map(values) if unknown and r.requires else ""
+        out.append(Finding(level, r.code, message.format_map(values), fix.format_map(values), r.source,
+                           requires))
     return sorted(out, key=lambda f: LEVELS.index(f.level))
+
+
+def version_floors(acc: Accelerator | None, setup: TrainSetup, model: ModelSpec | None) -> dict[str, str]:
+    """The library floors a recipe for this setup pins and checks (``{"bitsandbytes": "0.47.0"}``): those
+    of the known breakages that hit it on ``acc`` for some versions (the rules' ``pin``)."""
+    floors: dict[str, str] = {}
+    for f in check(acc, setup, model):
+        if f.requires:
+            floors.update(rule(f.code).pin)
+    return floors

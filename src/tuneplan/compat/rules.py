@@ -1,8 +1,8 @@
 """The rules' data and what predicates share: the rules file, version parsing, the check's Context.
 
 Rules are data (``tuneplan/catalog/compat_rules.toml``: level, message, fix, source, numbers) plus one
-small predicate each (``predicates.py``); ``tuneplan.compat.check`` joins them. Pure: no I/O beyond
-reading the packaged rules file once, no printing.
+small predicate each (``predicates/``, a module per kind of rule); ``tuneplan.compat.check`` joins them.
+Pure: no I/O beyond reading the packaged rules file once, no printing.
 
 The ``versions`` keys a Context reads are listed in ``tuneplan.compat``.
 """
@@ -41,6 +41,10 @@ class Rule:
     level_unknown: str | None = None
     message_unknown: str | None = None
     fix_unknown: str | None = None
+    # A breakage known for some library versions: what it runs only with, when the versions are not
+    # given (the estimate's verdict), and the floors an exported recipe pins and checks.
+    requires: str | None = None
+    pin: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

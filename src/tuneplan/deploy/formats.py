@@ -85,7 +85,8 @@ DEFAULT_METHOD = {"bf16": "none", "fp16": "none", "int8": "bnb", "int4": "gptq"}
 
 def resolve_format(precision: str, method: str | None) -> ServeFormat:
     if precision not in SERVE_PRECISIONS:
-        raise TuneplanError(f"unknown value {precision!r}", field="serve_precision", accepted=SERVE_PRECISIONS)
+        raise TuneplanError(f"unknown value {precision!r}", field="serve_precision",
+                            accepted=SERVE_PRECISIONS)
     key = method or DEFAULT_METHOD[precision]
     fmt = FORMATS.get((precision, key))
     if fmt is None:

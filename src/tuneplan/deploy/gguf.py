@@ -30,7 +30,8 @@ _ATTN = {"q_proj": "attn_q", "query": "attn_q", "k_proj": "attn_k", "key": "attn
          "c_proj": "attn_output", "qkv_proj": "attn_qkv", "query_key_value": "attn_qkv", "c_attn": "attn_qkv",
          "wqkv": "attn_qkv", "q_a_proj": "attn_q_a", "q_b_proj": "attn_q_b",
          "kv_a_proj_with_mqa": "attn_kv_a_mqa", "kv_b_proj": "attn_kv_b"}
-_FFN = {"gate_proj": "ffn_gate", "w1": "ffn_gate", "up_proj": "ffn_up", "w3": "ffn_up", "gate_up_proj": "ffn_up",
+_FFN = {"gate_proj": "ffn_gate", "w1": "ffn_gate", "up_proj": "ffn_up", "w3": "ffn_up",
+        "gate_up_proj": "ffn_up",
         "c_fc": "ffn_up", "fc1": "ffn_up", "dense_h_to_4h": "ffn_up", "intermediate.dense": "ffn_up",
         "down_proj": "ffn_down", "w2": "ffn_down", "c_proj": "ffn_down", "fc2": "ffn_down",
         "dense_4h_to_h": "ffn_down", "output.dense": "ffn_down"}
@@ -51,7 +52,8 @@ class GgufTensor:
 
 
 def use_more_bits(i_layer: int, n_layers: int) -> bool:
-    """llama.cpp: the first and last eighth of the layers, and every third layer between (integer division)."""
+    """llama.cpp: the first and last eighth of the layers, and every third layer between (integer
+    division)."""
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
 

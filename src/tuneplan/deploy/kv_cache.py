@@ -96,4 +96,5 @@ def kv_dtype_bytes(kv_dtype: str) -> int:
     try:
         return KV_DTYPES[kv_dtype]
     except KeyError:
-        raise TuneplanError(f"unknown value {kv_dtype!r}", field="kv_dtype", accepted=tuple(KV_DTYPES)) from None
+        raise TuneplanError(f"unknown value {kv_dtype!r}", field="kv_dtype",
+                            accepted=tuple(KV_DTYPES)) from None

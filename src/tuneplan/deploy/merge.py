@@ -67,9 +67,11 @@ def merge_plan(model: ModelSpec, setup: TrainSetup, *, qlora_path: str = "dequan
         dt = resolve_dtypes(setup, get_profile(setup.framework))
         trained = trainable_params(model, setup)
         ckpt = trained * dt.trainable + (model.params_total - trained) * dt.frozen_weight
-        return MergePlan(needed=False, path="none (full weights trained)", peak_bytes=0, base_16bit_bytes=base16,
+        return MergePlan(needed=False, path="none (full weights trained)", peak_bytes=0,
+                         base_16bit_bytes=base16,
                          adapter_params=0, adapter_bytes=0, temp_bytes=0, checkpoint_bytes=ckpt,
-                         notes=["no adapter: serve the trained checkpoint (cast it to 16 bits first if it was "
+                         notes=["no adapter: serve the trained checkpoint (cast it to 16 bits first if it "
+                                "was "
                                 "saved in fp32)"])
     dt = resolve_dtypes(setup, get_profile(setup.framework))
     a_params, largest = adapter_params(model, setup)
@@ -79,7 +81,8 @@ def merge_plan(model: ModelSpec, setup: TrainSetup, *, qlora_path: str = "dequan
     quantized_layer = 0
     if setup.method == "qlora" and qlora_path == "dequantize":
         bits = setup.quant_bits or 4
-        quantized_layer = max(sum(m.count * sum(quant_bytes(m.d_in * m.d_out, m.d_out, bits, setup.double_quant))
+        quantized_layer = max(sum(m.count * sum(quant_bytes(m.d_in * m.d_out, m.d_out, bits,
+                                                            setup.double_quant))
                                   for m in spec.linears) for spec, _ in model.layer_groups)
         path = f"dequantize the {bits}-bit base to 16 bits, then merge (keeps the rounding the adapter saw)"
     elif setup.method == "qlora":

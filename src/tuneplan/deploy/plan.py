@@ -70,7 +70,8 @@ def plan_deploy(model: str | ModelSpec, setup: TrainSetup | None = None, *, serv
     if not 0.05 <= float(gpu_util) <= 1.0:
         raise TuneplanError(f"got {gpu_util}", field="gpu_util", accepted="0.05 .. 1.0")
     if qlora_merge not in ("dequantize", "reload"):
-        raise TuneplanError(f"unknown value {qlora_merge!r}", field="qlora_merge", accepted="dequantize, reload")
+        raise TuneplanError(f"unknown value {qlora_merge!r}", field="qlora_merge",
+                            accepted="dequantize, reload")
     fmt = resolve_format(serve_precision, quant_method)
     kvd = kv_dtype or ("bf16" if serve_precision == "bf16" else "fp16")
     kv = kv_layout(spec, dtype_bytes=kv_dtype_bytes(kvd), tp=tp, mla=mla_cache)
@@ -78,7 +79,8 @@ def plan_deploy(model: str | ModelSpec, setup: TrainSetup | None = None, *, serv
     mp = merge_plan(spec, s, qlora_path=qlora_merge)
     unmerged = keep_adapter and s.is_lora
     adapter = -(-mp.adapter_params * ADAPTER_SERVE_BYTES // tp) if unmerged else 0
-    ov = overheads(spec, tp=tp, prefill_tokens=prefill_tokens, concurrency=concurrency, cuda_graphs=cuda_graphs)
+    ov = overheads(spec, tp=tp, prefill_tokens=prefill_tokens, concurrency=concurrency,
+                   cuda_graphs=cuda_graphs)
     weights_gpu = w.per_gpu(tp)
     kv_total = kv.bytes_for(context, concurrency)
     fixed = weights_gpu + adapter + ov.activations + ov.workspace
@@ -96,7 +98,8 @@ def plan_deploy(model: str | ModelSpec, setup: TrainSetup | None = None, *, serv
                     "prefill_tokens": prefill_tokens, "gpu_util": gpu_util, "cuda_graphs": cuda_graphs},
         "per_gpu": {"weights": weights_gpu, "adapter": adapter, "kv_cache": kv_total,
                     "activations": ov.activations, "workspace": ov.workspace, "total": total},
-        "weights": {"total_bytes": w.total, "quantized_bytes": w.quantized, "unquantized_bytes": w.unquantized,
+        "weights": {"total_bytes": w.total, "quantized_bytes": w.quantized,
+                    "unquantized_bytes": w.unquantized,
                     "bits_per_param": 8 * w.total / spec.params_total, "gguf_types": dict(w.gguf_types),
                     "unquantized": _unquantized_text(fmt.family)},
         "kv_cache": {"kind": kv.kind, "bytes_per_token": kv.per_token_at(context),
@@ -105,7 +108,8 @@ def plan_deploy(model: str | ModelSpec, setup: TrainSetup | None = None, *, serv
                      "mla_cache": mla_cache if spec.mla_kv_lora_rank else None},
         "workspace": {"cuda_context": ov.cuda_context, "cublas": ov.cublas, "cuda_graphs": ov.cuda_graphs,
                       "activation_per_token": ov.activation_per_token, "sampler": ov.sampler},
-        "bands": {"activations": [int(ov.activations * ACTIVATION_BAND[0]), int(ov.activations * ACTIVATION_BAND[1])],
+        "bands": {"activations": [int(ov.activations * ACTIVATION_BAND[0]),
+                                  int(ov.activations * ACTIVATION_BAND[1])],
                   "cuda_graphs": list(CUDA_GRAPHS_BAND) if cuda_graphs else [0, 0]},
         "merge": mp.to_dict(),
         "disk": _disk(spec, w.total, mp),
@@ -116,7 +120,8 @@ def plan_deploy(model: str | ModelSpec, setup: TrainSetup | None = None, *, serv
     if acc is not None:
         budget = int(acc.memory_bytes * gpu_util)
         runs, why = runs_on(acc, fmt)
-        out["gpu"] = {"id": acc.id, "name": acc.name, "memory_bytes": acc.memory_bytes, "budget_bytes": budget,
+        out["gpu"] = {"id": acc.id, "name": acc.name, "memory_bytes": acc.memory_bytes,
+                      "budget_bytes": budget,
                       "fits": total <= budget and runs, "memory_fits": total <= budget, "runs": runs,
                       "runs_note": why, "headroom_bytes": budget - total,
                       "max_concurrency_at_context": max_concurrency(budget - fixed, kv, context),
@@ -124,10 +129,13 @@ def plan_deploy(model: str | ModelSpec, setup: TrainSetup | None = None, *, serv
                       "merge_fits": mp.peak_bytes + ov.cuda_context <= acc.memory_bytes}
         d = decode_inputs(spec, s, w, kv, context=context, tp=tp, adapter_bytes=adapter, unmerged=unmerged)
         cross = crossover_batch(d, acc)
-        out["decode"] = {"single": decode_bound(d, acc, 1), "at_concurrency": decode_bound(d, acc, concurrency),
+        out["decode"] = {"single": decode_bound(d, acc, 1),
+                         "at_concurrency": decode_bound(d, acc, concurrency),
                          "compute_bound_from_batch": cross,
-                         "crossover_fits_memory": cross is not None and cross <= out["gpu"]["max_concurrency_at_context"],
-                         "adapter_flops_share": d.adapter_flops / d.flops_per_token if d.flops_per_token else 0.0,
+                         "crossover_fits_memory": cross is not None and cross
+                         <= out["gpu"]["max_concurrency_at_context"],
+                         "adapter_flops_share": d.adapter_flops / d.flops_per_token if d.flops_per_token
+                         else 0.0,
                          "is_bound": True}
     if cards:
         out["cards"] = _cards(accelerators(), fmt, fixed, kv, context, concurrency, gpu_util, tp, limit)
@@ -181,7 +189,8 @@ def _unquantized_text(family: str) -> str:
 
 
 def _assumptions(family: str, spec: ModelSpec, unmerged: bool) -> list[str]:
-    a = ["budget = usable memory x gpu_util (vLLM pre-allocates that share and fills what is left with KV cache)",
+    a = ["budget = usable memory x gpu_util (vLLM pre-allocates that share and fills what is left with KV "
+         "cache)",
          "activations: one prefill step of prefill_tokens tokens, one layer live at a time (a floor)",
          "decode speed is an upper bound from memory bandwidth and dense 16-bit throughput"]
     if spec.mla_kv_lora_rank:
@@ -189,7 +198,8 @@ def _assumptions(family: str, spec: ModelSpec, unmerged: bool) -> list[str]:
     if spec.is_moe:
         a.append("MoE decode reads the experts the batch's tokens visit, routing assumed uniform")
     if unmerged:
-        a.append("unmerged adapter: its matmuls run beside every targeted layer on every token; merging removes "
+        a.append("unmerged adapter: its matmuls run beside every targeted layer on every token; merging "
+                 "removes "
                  "that cost")
     if family == "gguf":
         a.append("GGUF type mix as llama-quantize picks it without an importance matrix")

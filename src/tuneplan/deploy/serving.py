@@ -53,7 +53,8 @@ def activation_per_token(model: ModelSpec, tp: int) -> int:
     attn = 2 * h + (q_out + 2 * kv_out + model.n_heads * model.v_head_dim) / tp
     widest = 0.0
     for spec, _ in model.layer_groups:
-        f = spec.expert_intermediate * spec.top_k + spec.mlp_intermediate if spec.moe else spec.mlp_intermediate
+        f = (spec.expert_intermediate * spec.top_k + spec.mlp_intermediate if spec.moe
+             else spec.mlp_intermediate)
         widest = max(widest, (3 if model.mlp_kind == "swiglu" else 2) * f / tp)
     return int(ACT_BYTES * max(attn, 2 * h + widest))
 

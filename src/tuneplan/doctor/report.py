@@ -16,7 +16,7 @@ from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.compat import Capability, capabilities, check
 from tuneplan.doctor.machine import Device, MachineInfo
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.types import Finding
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import GIB, Accelerator
 from tuneplan.specs.setup import TrainSetup
 
@@ -25,9 +25,11 @@ VENDOR = {"cuda": "NVIDIA", "rocm": "AMD", "npu": "Huawei"}
 # (usable memory is 0.99-0.996 of marketed on the cards observed, specs/hardware.py); otherwise the
 # detected card is a different SKU (e.g. 16 vs 32 GB) and stands on its own.
 MEMORY_MATCH_TOLERANCE = 0.08
-PIP = {"peft": "pip install peft", "transformers": "pip install transformers", "bitsandbytes": "pip install bitsandbytes",
+PIP = {"peft": "pip install peft", "transformers": "pip install transformers",
+       "bitsandbytes": "pip install bitsandbytes",
        "flash_attn": "pip install flash-attn --no-build-isolation (FlashAttention README)"}
-SHOWN_CAPABILITIES = ("tensor_cores", "bf16", "fp8", "flash_attn_2", "flash_attn_3", "bnb_4bit", "bnb_llm_int8")
+SHOWN_CAPABILITIES = ("tensor_cores", "bf16", "fp8", "flash_attn_2", "flash_attn_3", "bnb_4bit",
+                      "bnb_llm_int8")
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class Task:
 
 
 TASKS = (
-    Task("lora", "LoRA (PEFT), 16-bit mixed precision", {"method": "lora"}, ("torch", "transformers", "peft")),
+    Task("lora", "LoRA (PEFT), 16-bit mixed precision", {"method": "lora"},
+         ("torch", "transformers", "peft")),
     Task("full", "full fine-tuning, 16-bit mixed precision", {"method": "full"}, ("torch", "transformers")),
     Task("qlora-4bit", "QLoRA 4-bit (bitsandbytes NF4)", {"method": "qlora", "bits": 4},
          ("torch", "transformers", "peft", "bitsandbytes")),
@@ -62,7 +65,8 @@ class TaskResult:
     fix: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return {"key": self.key, "label": self.label, "status": self.status, "detail": self.detail, "fix": self.fix}
+        return {"key": self.key, "label": self.label, "status": self.status, "detail": self.detail,
+                "fix": self.fix}
 
 
 @dataclass
@@ -83,8 +87,10 @@ class DeviceReport:
         a = self.accelerator
         return {
             "indices": self.indices, "count": len(self.indices), "detected": self.device.to_dict(),
-            "accelerator": {"id": a.id, "name": a.name, "matched": self.matched, "memory_bytes": a.memory_bytes,
-                            "compute_capability": a.cc_str, "platform": a.platform, "arch_target": a.arch_target},
+            "accelerator": {"id": a.id, "name": a.name, "matched": self.matched,
+                            "memory_bytes": a.memory_bytes,
+                            "compute_capability": a.cc_str, "platform": a.platform,
+                            "arch_target": a.arch_target},
             "capabilities": [c.to_dict() for c in self.capabilities],
             "tasks": [t.to_dict() for t in self.tasks],
             "blocking": [f.code for f in self.blocking],
@@ -135,7 +141,8 @@ def match_accelerator(dev: Device) -> tuple[Accelerator, str]:
 
 # Rules about the machine itself (PyTorch build, driver, torch_npu): they break every task alike, so a
 # task row names them instead of repeating them.
-MACHINE_CODES = frozenset({"torch-arch-missing", "torch-no-gpu-build", "torch-npu-mismatch", "driver-too-old"})
+MACHINE_CODES = frozenset({"torch-arch-missing", "torch-no-gpu-build", "torch-npu-mismatch",
+                           "driver-too-old"})
 
 
 def _task_setup(task: Task, caps: dict[str, bool | None]) -> TrainSetup:
@@ -145,17 +152,20 @@ def _task_setup(task: Task, caps: dict[str, bool | None]) -> TrainSetup:
     return TrainSetup(**kw)
 
 
-def run_task(task: Task, acc: Accelerator, versions: dict[str, Any], caps: dict[str, bool | None]) -> tuple[TaskResult, list[Finding]]:
+def run_task(task: Task, acc: Accelerator, versions: dict[str, Any],
+             caps: dict[str, bool | None]) -> tuple[TaskResult, list[Finding]]:
     findings = check(acc, _task_setup(task, caps), None, versions)
     errors = [f for f in findings if f.level == "error"]
     if errors:
         own = [f for f in errors if f.code not in MACHINE_CODES]
         machine = [f.code for f in errors if f.code in MACHINE_CODES]
-        detail = "; ".join([f.message for f in own] + ([f"blocked by {', '.join(machine)} (below)"] if machine else []))
-        return TaskResult(task.key, task.label, "breaks", detail,
-                          " | ".join(dict.fromkeys(f.fix for f in own)) or "fix the blocking findings below"), findings
+        detail = "; ".join([f.message for f in own]
+                           + ([f"blocked by {', '.join(machine)} (below)"] if machine else []))
+        fix = " | ".join(dict.fromkeys(f.fix for f in own)) or "fix the blocking findings below"
+        return TaskResult(task.key, task.label, "breaks", detail, fix), findings
     needs = list(task.needs)
-    if acc.platform == "npu" and "flash_attn" in needs:  # transformers routes FA2 to torch_npu (rule flash-attn-npu)
+    # transformers routes FA2 to torch_npu (rule flash-attn-npu)
+    if acc.platform == "npu" and "flash_attn" in needs:
         needs[needs.index("flash_attn")] = "torch_npu"
     missing = [lib for lib in needs if not versions.get(lib)]
     if missing:
@@ -164,7 +174,8 @@ def run_task(task: Task, acc: Accelerator, versions: dict[str, Any], caps: dict[
                           or "install PyTorch"), findings
     warnings = [f for f in findings if f.level == "warning"]
     if warnings:
-        return TaskResult(task.key, task.label, "works, with warnings", "; ".join(f.message for f in warnings),
+        return TaskResult(task.key, task.label, "works, with warnings",
+                          "; ".join(f.message for f in warnings),
                           " | ".join(dict.fromkeys(f.fix for f in warnings))), findings
     return TaskResult(task.key, task.label, "works"), findings
 
@@ -183,7 +194,8 @@ NO_ACCELERATOR = Finding(
     "no NVIDIA GPU, Ascend NPU or ROCm GPU found on this machine: nothing here can train on an accelerator",
     "plan for another machine with `tuneplan estimate ... --gpu <card>` (see `tuneplan accelerators`), or "
     "diagnose its `tuneplan doctor --json` output here with `tuneplan doctor --machine FILE`",
-    "tuneplan doctor: NVML (nvidia-ml-py), nvidia-smi, npu-smi, torch_npu and torch.version.hip found no device")
+    "tuneplan doctor: NVML (nvidia-ml-py), nvidia-smi, npu-smi, torch_npu and torch.version.hip found no "
+    "device")
 
 
 def diagnose(machine: MachineInfo) -> DoctorReport:
@@ -207,11 +219,13 @@ def diagnose(machine: MachineInfo) -> DoctorReport:
                 seen.setdefault(f.code, f)
         findings = sorted(seen.values(), key=lambda f: ("error", "warning", "info").index(f.level))
         report.devices.append(DeviceReport(indices, dev, acc, matched,
-                                           [c for c in caps if c.name in SHOWN_CAPABILITIES], results, findings))
+                                           [c for c in caps if c.name in SHOWN_CAPABILITIES], results,
+                                           findings))
     broken = [d for d in report.devices if d.tasks[0].status == "breaks"]
     if broken:
         report.exit_code = 1
-        lora = [run_task(TASKS[0], d.accelerator, versions, {c.name: c.ok for c in d.capabilities})[1] for d in broken]
+        lora = [run_task(TASKS[0], d.accelerator, versions, {c.name: c.ok for c in d.capabilities})[1]
+                for d in broken]
         errors = {f.code: f for fs in lora for f in fs if f.level == "error"}
         report.verdict = (f"LoRA cannot run here as installed ({', '.join(errors)}). Fix: "
                           + " | ".join(dict.fromkeys(f.fix for f in errors.values())) + " (exit 1)")

@@ -22,7 +22,8 @@ from tuneplan.doctor.machine import Device, MachineInfo
 MIB = 1024**2
 # distribution names to try per library key (the same project is published under several spellings)
 DISTRIBUTIONS = {
-    "torch": ("torch",), "bitsandbytes": ("bitsandbytes",), "peft": ("peft",), "transformers": ("transformers",),
+    "torch": ("torch",), "bitsandbytes": ("bitsandbytes",), "peft": ("peft",),
+    "transformers": ("transformers",),
     "accelerate": ("accelerate",), "deepspeed": ("deepspeed",), "flash_attn": ("flash-attn", "flash_attn"),
     "flash_attn_3": ("flash_attn_3", "flash-attn-3"), "torch_npu": ("torch-npu", "torch_npu"),
     "triton": ("triton", "pytorch-triton-rocm"), "nvidia-ml-py": ("nvidia-ml-py",),
@@ -36,7 +37,8 @@ def cuda_version_from_int(v: int) -> str:
 
 
 def parse_nvidia_smi_csv(text: str) -> list[Device]:
-    """Rows of `nvidia-smi --query-gpu=index,name,memory.total,memory.free,compute_cap --format=csv,noheader,nounits`."""
+    """Rows of `nvidia-smi --query-gpu=index,name,memory.total,memory.free,compute_cap
+    --format=csv,noheader,nounits`."""
     out = []
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -55,7 +57,8 @@ def _is_num(s: str) -> bool:
 
 
 def parse_npu_smi_info(text: str) -> list[Device]:
-    """`npu-smi info`: a row '| <id> <name> | <health> | ...' then '| <chip> | <bus-id> | ... <used>/ <total> |'.
+    """`npu-smi info`: a row '| <id> <name> | <health> | ...' then
+    '| <chip> | <bus-id> | ... <used>/ <total> |'.
 
     The HBM total (MB) is the last 'used / total' pair on the second row of each NPU.
     """
@@ -73,7 +76,8 @@ def parse_npu_smi_info(text: str) -> list[Device]:
         if pairs:
             used, total = (int(x) * MIB for x in pairs[-1])
         out.append(Device(index=int(head.group(1)), kind="npu", name=head.group(2), memory_total_bytes=total,
-                          memory_free_bytes=(total - used) if total is not None and used is not None else None,
+                          memory_free_bytes=(total - used) if total is not None and used is not None
+                          else None,
                           arch_target=head.group(2)))
     return out
 
@@ -99,11 +103,20 @@ class SystemDetector:
         m.versions = self._versions(m)
         if not m.devices and m.versions.get("torch_hip"):
             self._rocm(m)
-        if m.versions.get("bitsandbytes") and any(d.kind == "cuda" for d in m.devices) and self.check_bnb_import:
+        has_cuda = any(d.kind == "cuda" for d in m.devices)
+        if m.versions.get("bitsandbytes") and has_cuda and self.check_bnb_import:
             m.versions["bitsandbytes_import_error"] = self._bnb_import_error()
         if not m.devices:
-            m.notes.append("no NVIDIA GPU (NVML / nvidia-smi), Ascend NPU (npu-smi / torch_npu) or ROCm GPU found")
+            m.notes.append("no NVIDIA GPU (NVML / nvidia-smi), Ascend NPU (npu-smi / torch_npu) or ROCm GPU "
+                           "found")
         return m
+
+    def devices(self) -> list[Device]:
+        """The NVIDIA and Ascend devices alone, without the library versions (the planner's host memory)."""
+        m = MachineInfo()
+        self._nvidia(m)
+        self._npu(m)
+        return m.devices
 
     # ---- NVIDIA ------------------------------------------------------------------------------------
     def _nvidia(self, m: MachineInfo) -> None:
@@ -185,7 +198,8 @@ class SystemDetector:
                 p = torch.cuda.get_device_properties(i)
                 free, total = torch.cuda.mem_get_info(i)
                 m.devices.append(Device(index=i, kind="rocm", name=p.name, memory_total_bytes=int(total),
-                                        memory_free_bytes=int(free), arch_target=getattr(p, "gcnArchName", None)))
+                                        memory_free_bytes=int(free),
+                                        arch_target=getattr(p, "gcnArchName", None)))
         except Exception as exc:
             m.notes.append(f"ROCm device query failed: {exc}")
 
@@ -200,8 +214,10 @@ class SystemDetector:
                 v["torch_cuda"] = torch.version.cuda
                 v["torch_hip"] = getattr(torch.version, "hip", None)
                 v["torch_arch_list"] = list(torch.cuda.get_arch_list()) if torch.cuda.is_available() else []
-                if any(d.kind == "cuda" for d in m.devices) and not torch.cuda.is_available() and v["torch_cuda"]:
-                    m.notes.append("torch.cuda.is_available() is False although NVML sees GPUs (driver/CUDA mismatch?)")
+                has_cuda = any(d.kind == "cuda" for d in m.devices)
+                if has_cuda and not torch.cuda.is_available() and v["torch_cuda"]:
+                    m.notes.append("torch.cuda.is_available() is False although NVML sees GPUs (driver/CUDA "
+                                   "mismatch?)")
             except Exception as exc:
                 m.notes.append(f"import torch failed: {exc}")
         return v

@@ -32,8 +32,9 @@ from tuneplan.estimator.memory import memory_of, memory_statics
 from tuneplan.estimator.overhead import cuda_context_bytes
 from tuneplan.estimator.placement import CPU, balanced_budgets, module_tree, place
 from tuneplan.estimator.run import Run
-from tuneplan.estimator.types import Finding, MemoryBreakdown
+from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.estimator.weights import param_plan
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -135,7 +136,8 @@ def card_run(run: Run, where: Placement, card: int) -> Run:
     pp = param_plan(sub, sub_setup, dt, quant_lm_head=run.profile.quantizes_lm_head)
     kinds = LayerKinds(_kinds_of(run, mine), embedding_dropout=run.layers.embedding_dropout and embed)
     part = Run(model=sub, setup=sub_setup, profile=run.profile, dtypes=dt, targets=run.targets, param_plan=pp,
-               layers=kinds, attn=run.attn, loss=run.loss if head else "upcast", optimizer=run.optimizer)
+               layers=kinds, attn=run.attn, loss=run.loss if head else "upcast", optimizer=run.optimizer,
+               wrapper=run.wrapper)
     st = memory_statics(part)
     full_acts = memory_statics(run).acts
     tail = (NORM_INPUT_BYTES * model.hidden if norm else 0) + (

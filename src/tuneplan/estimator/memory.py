@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneplan.estimator.activations import ActivationPlan, ActivationTerms, activation_terms, saved_at
-from tuneplan.estimator.fsdp_grads import FsdpGrads, fsdp_gradients
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
 from tuneplan.estimator.overhead import (
@@ -28,10 +27,10 @@ from tuneplan.estimator.overhead import (
     reserved_band,
     reserved_from_allocated,
 )
-from tuneplan.estimator.parallel import ShardPlan, shard
 from tuneplan.estimator.quant_kernels import dequant_transient_bytes
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.estimator.types import Band, MemoryBreakdown, built_on_read
+from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
 from tuneplan.estimator.xp import maximum, minimum
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -52,8 +51,7 @@ class MemoryStatics:
     that choose which instants exist, resolved once per run so that :func:`memory_at` is arithmetic."""
 
     opt: OptimizerPlan
-    sp: ShardPlan
-    fg: FsdpGrads | None
+    wrapped: WrapperMemory  # what the data-parallel wrapper keeps at each instant (run.wrapper.memory)
     common: dict[str, int]  # weights, quant_meta, lora_adapters, optimizer_states, framework
     common_total: int  # sum of ``common``, the persistent part of every instant's total
     grads: int  # gradients once backward has run
@@ -86,7 +84,7 @@ class MemoryStatics:
     gathered_at_loss: int
     gathered: int
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
-    end_of_backward: tuple[int, int] | None
+    end_of_backward: EndOfBackward | None
     next_micro_batch: bool  # the instant after the longest micro-batch (longest first, accumulation)
     next_grads: int  # gradients at that instant, buffers included
     step_grads: int  # gradients at the optimizer step, buffers included
@@ -105,34 +103,21 @@ def memory_statics(run: Run) -> MemoryStatics:
                 if setup.quant_bits is not None and prof.quantizes_lm_head else 0)
     opt = optimizer_plan(run.optimizer, pp.trainable_params, pp.trainable_bytes,
                          pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
-    sp = shard(model, setup, weights=pp.weight_bytes + pp.adapter_bytes, layer_stored_bytes=pp.largest_layer_bytes,
-               trainable_params=pp.trainable_params,
-               trainable_bytes=pp.trainable_bytes, trainable_weight_params=pp.trainable_weight_params,
-               states=opt.states, optimizer_temp=opt.temp, compute_bytes=dt.compute,
-               optimizer=run.optimizer,
-               root_embeddings=setup.method in prof.fsdp_root_embeddings,
-               largest_trainable=pp.largest_trainable_tensor)
-    # Split the sharded weights back into base weights and adapters for display.
-    adapters = min(pp.adapter_bytes, sp.weights) if not (setup.zero == 3 or setup.fsdp) else -(-pp.adapter_bytes // setup.world_size)
-    if setup.zero and pp.trainable_bytes > dt.compute:
-        adapters = pp.adapter_params * dt.compute // (setup.world_size if setup.zero == 3 else 1)
-    weights = max(sp.weights - adapters, 0)
-
-    fg = fsdp_gradients(model, setup, prof, dt, pp.trainable_params, pp.adapter_params)
-    grads, grads_prev, grads_step = gradient_terms(run, sp, fg)
+    wm = run.wrapper.memory(run, opt)
+    resident, buckets, sharded = wm.resident, wm.buckets, run.wrapper.shards_parameters
+    grads, grads_prev, grads_step = gradient_terms(run, wm)
     ac = pp.autocast_copy_bytes
     # From the loss backward on, only the casts autograd saved remain (weights.param_plan: under gradient
     # checkpointing the layers' casts die with autocast's cache at the end of the forward).
     ac_bwd = pp.autocast_copy_backward_bytes
-    if setup.zero == 3 or setup.fsdp:
+    if sharded:
         ac = -(-ac // setup.world_size)
         ac_bwd = -(-ac_bwd // setup.world_size)
     common = {
-        "weights": weights,
-        "quant_meta": -(-pp.quant_meta_bytes // (setup.world_size if (setup.zero == 3 or setup.fsdp)
-                                                 and prof.quant_meta_sharded else 1)),
-        "lora_adapters": adapters,
-        "optimizer_states": sp.states,
+        "weights": resident.weights,
+        "quant_meta": -(-pp.quant_meta_bytes // (setup.world_size if sharded and prof.quant_meta_sharded else 1)),
+        "lora_adapters": resident.adapters,
+        "optimizer_states": resident.states,
         "framework": CUBLAS_WORKSPACE,
     }
     acts = activation_terms(model, setup, dt, run.layers, gc_offload=prof.gc_offload,
@@ -140,38 +125,39 @@ def memory_statics(run: Run) -> MemoryStatics:
     embedding = None
     if acts.method == "full" and setup.world_size == 1 and not setup.optimizer_in_backward:
         embedding = setup.keep_grads or setup.grad_accum > 1
-    elif acts.method == "full" and sp.grads_at_embedding >= 0:
-        embedding = False  # ZeRO-1/2: the hooks move each gradient out (estimator/parallel.py)
+    elif acts.method == "full" and wm.embedding is not None:
+        embedding = False  # ZeRO-1/2: the hooks move each gradient out (estimator/wrappers/zero.py)
     out = MemoryStatics(
-        opt=opt, sp=sp, fg=fg, common=common, common_total=sum(common.values()),
+        opt=opt, wrapped=wm, common=common, common_total=sum(common.values()),
         grads=grads, grads_prev=grads_prev, grads_step=grads_step, ac=ac, ac_bwd=ac_bwd, head_deq=head_deq,
         dequant=dequant_transient_bytes(model, setup, prof), acts=acts, vocab=model.head_width,
         logit_bytes=dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block),
         hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input, holds=prof.loop_holds_outputs,
         first=setup.longest_batch_first, checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),
-        embedding_into_buffer=embedding, g0=grads_prev + sp.grad_buffers, g1=grads + sp.grad_buffers,
-        g0_layer=grads_prev + sp.grad_buffers + sp.transient_grad_buffers,
+        embedding_into_buffer=embedding, g0=grads_prev + buckets.persistent, g1=grads + buckets.persistent,
+        g0_layer=grads_prev + buckets.persistent + buckets.in_layers,
         # near the bottom of the backward some sharded gradients are not made yet (FSDP2)
-        g1_layer=grads + sp.grad_buffers + sp.transient_grad_buffers - sp.grads_pending_bottom,
-        gathered_at_forward_end=sp.gathered_at_forward_end, gathered_at_loss=sp.gathered_at_loss,
-        end_of_backward=sp.end_of_backward,
-        gathered=sp.gathered, next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
-        next_grads=(fg.accumulating if fg is not None else grads) + sp.grad_buffers,
-        step_grads=grads_step + sp.grad_buffers, step_temp=0 if setup.optimizer_in_backward else sp.optimizer_temp,
-        base_notes=tuple(sp.notes) + tuple(opt.notes))
+        g1_layer=grads + buckets.persistent + buckets.in_layers - buckets.missing_at_bottom,
+        gathered_at_forward_end=wm.gathered.at_forward_end, gathered_at_loss=wm.gathered.at_loss,
+        end_of_backward=wm.end_of_backward,
+        gathered=wm.gathered.in_layers, next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
+        next_grads=(wm.no_sync.accumulating if wm.no_sync is not None else grads) + buckets.persistent,
+        step_grads=grads_step + buckets.persistent,
+        step_temp=0 if setup.optimizer_in_backward else resident.optimizer_temp,
+        base_notes=wm.notes + tuple(opt.notes))
     run.memo["memory"] = out
     return out
 
 
-def gradient_terms(run: Run, sp: ShardPlan, fg: FsdpGrads | None) -> tuple[int, int, int]:
+def gradient_terms(run: Run, wm: WrapperMemory) -> tuple[int, int, int]:
     """(gradients once backward has run, those alive through the next forward, those the optimizer step
     sees), per GPU: an optimizer in backward keeps only the largest tensor's gradient; earlier micro-batches'
     gradients (accumulation) or the previous step's zeroed buffers (keep_grads) stay through the forward;
-    under the profile's FSDP wrapping (estimator/fsdp_grads.py) accumulating micro-batches keep unsharded
+    under the profile's FSDP wrapping (wrappers/fsdp.no_sync_gradients) accumulating micro-batches keep unsharded
     gradients of whole units and the step sees the reduce-scattered shard; with the longest micro-batch
     first, the peak batch is the run's first: nothing has accumulated yet."""
     setup, pp = run.setup, run.param_plan
-    grads = sp.grads_live
+    grads, fg = wm.resident.gradients, wm.no_sync
     if setup.optimizer_in_backward:
         grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
     grads_prev = grads if (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward else 0
@@ -259,14 +245,15 @@ def instants(run: Run, batch: Any, seq: Any) -> Instants:
         # first), the held outputs, and the whole head dequantized again for the input gradient
         phases["backward_lm_head"] = (g0, 0, acts_fwd, 0, held + lg.at_forward_end + head_deq, 0, gathered)
     top_g, top_freed, top_scratch, top_gathered = g0_layer, 0, bwd, gathered
-    if st.sp.top_layer is not None:
-        # FSDP (estimator/parallel.ShardPlan.top_layer): the top layer's unsharded gradients are made as its
+    top = st.wrapped.top_layer
+    if top is not None:
+        # FSDP, ZeRO-3 (wrappers/base.TopLayer): the top layer's unsharded gradients are made as its
         # activations are released; the row's total is the larger of its start (all activations and the
         # scratch, none of its gradients) and its end (its gradients, its activations gone)
-        counted, at_end, top_gathered, keeps_scratch = st.sp.top_layer
-        top_g = g0_layer - counted + at_end
+        at_end, top_gathered = top.gradients_at_end, top.gathered
+        top_g = g0_layer - top.counted + at_end
         top_freed = minimum(acts.recompute_bytes if st.checkpointed else acts.top_layer_bytes, at_end)
-        top_scratch = bwd if keeps_scratch else bwd - minimum(bwd, at_end - top_freed)
+        top_scratch = bwd if top.keeps_scratch else bwd - minimum(bwd, at_end - top_freed)
     if st.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
@@ -281,9 +268,9 @@ def instants(run: Run, batch: Any, seq: Any) -> Instants:
         phases["backward_layers_bottom"] = (g1_layer - emb_cut, 0, bottom_acts, 0, held, bwd, gathered)
     if emb_row is not None:
         phases["backward_embedding"] = emb_row
-    if st.end_of_backward is not None:  # FSDP2's embedding backward (estimator/parallel.fully_shard_terms)
-        held_grads, buffers = st.end_of_backward
-        phases["backward_embedding"] = (st.g1 + held_grads, 0, 0, 0, 0, 0, buffers)
+    end = st.end_of_backward
+    if end is not None:  # FSDP2's embedding backward (wrappers/fsdp.fully_shard_terms)
+        phases["backward_embedding"] = (st.g1 + end.gradients, 0, 0, 0, 0, 0, end.gathered)
     if st.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
@@ -302,12 +289,12 @@ def embedding_backward_row(acts: ActivationPlan, st: MemoryStatics) -> tuple[Any
     (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer."""
     if not acts.embedding_grad_bytes:
         return 0, None
-    if st.sp.grads_at_embedding >= 0:
-        # ZeRO-1/2 (parallel.zero12_grads_at_embedding): the bucket and what DeepSpeed holds, plus the new
+    held = st.wrapped.embedding
+    if held is not None:
+        # ZeRO-1/2 (wrappers/zero.zero12_grads_at_embedding): the bucket and what DeepSpeed holds, plus the new
         # gradient and its temporaries; ZeRO-1's layer rows already count the embedding's gradient
-        cut = acts.embedding_grad_bytes if st.sp.layers_hold_embedding_grad else 0
-        return cut, (st.sp.grads_at_embedding + acts.embedding_grad_bytes, 0, 0, 0, 0,
-                     acts.embedding_backward_bytes, 0)
+        cut = acts.embedding_grad_bytes if held.layers_hold_it else 0
+        return cut, (held.gradients + acts.embedding_grad_bytes, 0, 0, 0, 0, acts.embedding_backward_bytes, 0)
     grad = minimum(acts.embedding_grad_bytes, st.grads)
     cut, temp = (0, acts.embedding_backward_bytes + grad) if st.embedding_into_buffer else (grad, acts.embedding_backward_bytes)
     return cut, (st.g1, 0, 0, 0, 0, temp, 0)
@@ -347,7 +334,7 @@ class AnalyticBreakdown(MemoryBreakdown):
         self.peak_phase = peak
         self.reserved_peak_bytes = reserved_from_allocated(allocated, cross_stream_reserve(run))
         self.cuda_context_bytes = cuda_context_bytes()
-        self.nccl_bytes = at[4].sp.nccl
+        self.nccl_bytes = at[4].wrapped.resident.nccl
         self._run, self._at, self._allocated = run, at, allocated
 
     @property
@@ -367,7 +354,7 @@ class AnalyticBreakdown(MemoryBreakdown):
 
     @built_on_read
     def host_bytes(self) -> int:
-        return self._at[4].sp.host + self._at[1].offloaded_bytes
+        return self._at[4].wrapped.resident.host + self._at[1].offloaded_bytes
 
     @built_on_read
     def components(self) -> dict[str, int]:

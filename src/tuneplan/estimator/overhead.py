@@ -57,7 +57,7 @@ def cross_stream_reserve(run: Any) -> int:
 
     With ``u`` one decoder layer unsharded as the wrapper gathers it (16-bit, or packed 4/8-bit codes as
     stored) and ``g`` the unsharded gradient a trainable unit reduce-scatters
-    (``parallel.fsdp_reduce_scatter_input``):
+    (``wrappers.fsdp.fsdp_reduce_scatter_input``):
     - FSDP1: the unshard stream allocates each unit's unsharded flat parameter; ``_free_unsharded_flat_param``
       records it on the compute stream, so a freed unit returns to the unshard stream's pool only once the
       compute stream has passed it, which the CPU learns from the rate limiter's event, ``FSDP1_INFLIGHT``
@@ -78,13 +78,13 @@ def cross_stream_reserve(run: Any) -> int:
     cached = run.memo.get("cross_stream")
     if cached is not None:
         return cached
-    from tuneplan.estimator.parallel import fsdp_reduce_scatter_input
+    from tuneplan.estimator.wrappers.fsdp import fsdp_reduce_scatter_input
 
     model, pp, compute = run.model, run.param_plan, run.dtypes.compute
     u = model.largest_layer_params * compute
     if setup.quant_bits is not None and pp.largest_layer_bytes:
         u = min(u, pp.largest_layer_bytes)
-    g = fsdp_reduce_scatter_input(model, setup, pp.trainable_params, pp.trainable_bytes, compute)
+    g = fsdp_reduce_scatter_input(run)
     out = (FSDP1_INFLIGHT * (u + g) if setup.fsdp_version == 1
            else FSDP2_ALL_GATHER_OUTPUTS * u + g)
     run.memo["cross_stream"] = out

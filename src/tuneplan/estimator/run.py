@@ -1,5 +1,6 @@
 """A run resolved once: the model as the framework builds it, the profile, the dtypes, the parameter plan, the
-LoRA targets and each kind of layer's saved-activation ledger, for one (model, setup).
+LoRA targets, each kind of layer's saved-activation ledger and the data-parallel wrapper, for one (model,
+setup).
 
 Every memory formula reads a ``Run`` instead of re-resolving the profile, the dtypes or the parameter plan
 (which used to happen in each formula, with copies that could drift: the time model's parameter plan is
@@ -14,10 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tuneplan.compat import check
 from tuneplan.estimator.activations import LayerKinds, layer_kinds
 from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
-from tuneplan.estimator.types import Finding
 from tuneplan.estimator.weights import ParamPlan, param_plan, resolve_targets, trainable_params
+from tuneplan.estimator.wrappers import Wrapper, wrapper_for
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile, get_profile, loss_kind, model_as_built
@@ -36,6 +39,7 @@ class Run:
     attn: str
     loss: str  # the loss kernel (specs.profiles.loss_kind)
     optimizer: str
+    wrapper: Wrapper  # the data-parallel wrapper (estimator/wrappers), chosen once from the setup
     # formulas' shape-independent terms, filled on first use (memory.memory_statics)
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -51,8 +55,6 @@ class Run:
         size or the sequence length, so a reshaped run shares them."""
         last = self.memo.get("findings")  # (card, findings) of the last card asked about
         if last is None or not (last[0] is acc or last[0] == acc):
-            from tuneplan.compat import check
-
             last = self.memo["findings"] = (acc, check(acc, self.setup, self.model))
         return list(last[1])
 
@@ -86,4 +88,4 @@ def resolve_run(model: ModelSpec, setup: TrainSetup) -> Run:
                         expand_kv=code == "torchtune", unsloth_code=code == "unsloth")
     return Run(model=model, setup=setup, profile=prof, dtypes=dt, targets=targets, param_plan=pp,
                layers=kinds, attn=attn, loss=loss_kind(setup, prof),
-               optimizer=setup.optimizer or prof.default_optimizer)
+               optimizer=setup.optimizer or prof.default_optimizer, wrapper=wrapper_for(setup))

@@ -32,6 +32,20 @@ def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset
     return run_time_and_cost(resolve_run(model, setup), acc, dataset, prices, options)
 
 
+# The parts of an optimizer step (StepTime.breakdown) and the one word each names the step by.
+STEP_BOUND_WORDS = {"compute": "compute", "memory_bound": "memory", "communication": "communication",
+                    "offload": "offload", "overhead": "overhead"}
+
+
+def step_bound(breakdown: dict[str, float]) -> str | None:
+    """What limits the optimizer step, in one word: its largest part (compute, memory, communication,
+    offload, overhead). The one bound the faces show: the micro-batch's own roofline word
+    (``StepTime.bound``) can say compute while exposed communication takes most of the step."""
+    if not breakdown:
+        return None
+    return STEP_BOUND_WORDS.get(max(breakdown, key=breakdown.__getitem__))
+
+
 def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = None, prices: Prices | None = None,
                       options: RuntimeOptions | None = None, memory: MemoryBreakdown | None = None) -> dict[str, Any]:
     """``time_and_cost`` of a resolved run (``memory``: its analytic breakdown, when the caller has it)."""
@@ -63,7 +77,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         "step_seconds": step_s,
         "micro_batch_seconds": st.micro_batch_seconds,
         "tokens_per_step": st.tokens_per_step,
-        "bound": st.bound,
+        "bound": step_bound(st.breakdown),
         "mfu": st.mfu,
         "flops_per_token": fl.total,
         "flops_per_token_6n": fl.six_n,
@@ -72,7 +86,6 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         "components_seconds": {k: v for k, v in st.components.items() if v},
         "breakdown": breakdown,
         "breakdown_detail": {k: v for k, v in st.breakdown_detail.items() if v},
-        "limited_by": max(st.breakdown, key=st.breakdown.__getitem__) if st.breakdown else None,
         "figures_verified": why is None,
         "card_throughput_known": st.card_known,
         "links": st.links,

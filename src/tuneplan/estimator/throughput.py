@@ -130,10 +130,6 @@ OPTIMIZER_OPS_PER_CHUNK = {"adamw": 9, "adamw-fused": 1, "sgd": 1}
 FOREACH_TENSORS_PER_LAUNCH = 48
 # Per-micro-batch fixed cost outside the layers: data loading to the GPU, loss bookkeeping, logging.
 MICRO_BATCH_FIXED_SECONDS = 2e-3
-# Part of a collective that cannot hide behind compute: the last bucket (PyTorch DDP bucket_cap_mb=25;
-# DeepSpeed reduce_bucket_size 5e8 elements; FSDP one unit = one decoder layer).
-DDP_BUCKET_BYTES = 25 * 1024**2
-DS_BUCKET_ELEMENTS = 500_000_000
 # CPU optimizer step under offload (DeepSpeed CPUAdam, FSDP CPUOffload's torch Adam on the CPU): a
 # streaming update, bound by host memory. Adam over fp32 master weights reads weight, gradient, m and v
 # (16 B) and writes weight, m and v (12 B) plus the 16-bit copy sent back (2 B): 30 B per parameter.
@@ -254,36 +250,6 @@ def matmul_peak_tflops(acc: Accelerator, setup: TrainSetup) -> float | None:
     return per_package / max(1, acc.devices_per_package) if per_package else None
 
 
-def _collectives(model: ModelSpec, setup: TrainSetup, *, trainable: int, grad_bytes: int, gathered_bytes: int,
-                 link: Link) -> tuple[float, float, float, list[str]]:
-    """(seconds per micro-batch overlappable, per step overlappable, per step serial, notes) of the collectives."""
-    n = setup.world_size
-    notes: list[str] = []
-    if n == 1:
-        return 0.0, 0.0, 0.0, notes
-    bw = link.gbs * 1e9
-    g = trainable * grad_bytes
-    rs, ag = ring_factor("reduce_scatter", n), ring_factor("all_gather", n)
-    per_micro = per_step = serial = 0.0
-    if setup.zero == 3 or setup.fsdp:
-        # parameters gathered for forward and again for backward, gradients reduce-scattered, every micro-batch
-        per_micro = (2 * gathered_bytes * ag + g * rs) / bw
-        notes.append("ZeRO-3/FSDP: all-gather parameters in forward and backward, reduce-scatter gradients, "
-                     "every micro-batch; prefetch overlaps them with compute")
-    elif setup.zero == 2:
-        per_micro = g * rs / bw
-        serial = trainable * 2 * ag / bw
-        notes.append("ZeRO-2: reduce-scatter gradients every micro-batch, all-gather updated 16-bit params per step")
-    elif setup.zero == 1:
-        per_step = g * rs / bw
-        serial = trainable * 2 * ag / bw
-        notes.append("ZeRO-1: reduce-scatter gradients once per step, all-gather updated 16-bit params per step")
-    else:
-        per_step = g * ring_factor("all_reduce", n) / bw
-        notes.append("DDP: ring all-reduce of the gradients once per optimizer step (no_sync while accumulating)")
-    return per_micro, per_step, serial, notes
-
-
 def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
               options: RuntimeOptions | None = None) -> StepTime:
     """Seconds per optimizer step of ``setup`` (already resolved) on ``acc``. Raises UnknownThroughput.
@@ -367,7 +333,8 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     compiled = opt.compiled or setup.compile
     fused = compiled or prof.model_code == "unsloth"
     n = setup.world_size
-    sharded = setup.zero == 3 or setup.fsdp
+    wrapper = run.wrapper
+    sharded = wrapper.shards_parameters
     deq = dequant_bytes_per_weight(setup, prof.model_code, compiled)
     dequant_kernels *= kernels_per_dequant(setup, prof.model_code, compiled)
     dequant_s = fp.dequant * deq / dev_bw
@@ -382,11 +349,11 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
                         pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
     states = op.states + op.paged
     upd_bytes = pp.trainable_params * (2 * pp.trainable_bytes + pp.trainable_bytes) + 2 * states + op.temp * 2
-    if setup.zero or setup.fsdp:
+    if wrapper.shards_optimizer:
         upd_bytes /= n
     optimizer_s = 0.0 if setup.offload != "none" else upd_bytes / bw
     optimizer_launch_s = 0.0
-    if setup.offload == "none" and not (setup.zero or setup.fsdp):
+    if setup.offload == "none" and not wrapper.shards_optimizer:
         optimizer_launch_s = max(0.0, optimizer_ops(run.optimizer, pp.trainable_tensors) * OP_DISPATCH_SECONDS
                                  * k_over - optimizer_s)
     host = corrected_link(host_link(acc), kf.get("offload", 1.0))
@@ -401,15 +368,13 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         if net.gbs < link.gbs:
             link = net
     link = corrected_link(link, kf.get("communication", 1.0))
-    comm_bytes = 2 if (setup.zero or setup.fsdp) and dt.compute == 2 else pp.trainable_bytes
+    comm_bytes = wrapper.gradient_wire_bytes(run)
     gathered = pp.weight_bytes + pp.adapter_bytes
-    per_micro, per_step, serial, notes = _collectives(model, setup, trainable=pp.trainable_params,
-                                                      grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
+    coll = wrapper.collectives(run, grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
+    notes = list(coll.notes)
     gather_s = gathered * ring_factor("all_gather", n) / (link.gbs * 1e9) if sharded else 0.0
-    if sharded:
-        bucket = max(model.largest_layer_params * 2, 1)
-    else:
-        bucket = DDP_BUCKET_BYTES if not setup.zero else DS_BUCKET_ELEMENTS * comm_bytes
+    # the part of a collective that cannot hide behind compute: the wrapper's last bucket
+    bucket = wrapper.last_bucket_bytes(run, comm_bytes)
 
     # --- CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload)
     step_bytes = micro_bytes = cpu_optimizer_s = 0.0
@@ -438,7 +403,8 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         dequant_library=dequant_library(setup, prof.model_code), dequant_s_per_elem=deq / dev_bw, launch=launch,
         launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
         optimizer_s=optimizer_s, optimizer_launch_s=optimizer_launch_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
-        per_micro=per_micro, gather_s=gather_s, per_step=per_step, serial=serial, bucket=bucket, offload_step_bytes=step_bytes,
+        per_micro=coll.per_micro_batch, gather_s=gather_s, per_step=coll.per_step, serial=coll.serial,
+        bucket=bucket, offload_step_bytes=step_bytes,
         offload_micro_bytes=micro_bytes, cpu_optimizer_s=cpu_optimizer_s, assumptions_head=tuple(notes),
         assumptions_tail=tuple(tail), fixed_s=MICRO_BATCH_FIXED_SECONDS * k_over, card_known=eff.known, link_name=link.name, link_stated=bool(opt.peer_link))
     run.memo["time"] = (acc, opt, ts)
@@ -508,7 +474,7 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     assumptions.extend(ts.assumptions_head)
     per_micro, per_step, serial = ts.per_micro, ts.per_step, ts.serial
     bwd_share = (fl.backward + fl.recompute) / flops if flops else 0.5
-    window = gpu_s if setup.zero == 3 or setup.fsdp else gpu_s * bwd_share
+    window = gpu_s if run.wrapper.shards_parameters else gpu_s * bwd_share
     bucket = ts.bucket
     comm_total = ga * per_micro + per_step + serial
     exposed = 0.0
@@ -556,7 +522,7 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         # (they come from one card's memory, which sharding relieves).
         one = run_step_time(one_gpu_run(run), acc, opt)
         # (and so is a per-tensor optimizer's launch time: sharded optimizers step flat partitions)
-        one_launch = one.components.get("optimizer_launches", 0.0) if (setup.zero or setup.fsdp) else 0.0
+        one_launch = one.components.get("optimizer_launches", 0.0) if run.wrapper.shards_optimizer else 0.0
         floor = one.step_seconds - one.components.get("paged_optimizer", 0.0) - one_launch
         if floor > step_s:
             assumptions.append("per-GPU time floored at the single-GPU step (no superlinear scaling)")

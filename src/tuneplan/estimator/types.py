@@ -50,20 +50,6 @@ class built_on_read:  # noqa: N801 - used as a decorator, like ``property``
         return value
 
 
-@dataclass(frozen=True)
-class Finding:
-    """A compatibility or plausibility finding, with what to do about it."""
-
-    level: str  # "error" | "warning" | "info"
-    code: str
-    message: str
-    fix: str = ""
-    source: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
 @dataclass
 class Band:
     """An uncertainty band around a figure: low and high bytes, with the reason. (Not frozen: two are made per

@@ -11,7 +11,7 @@ the block class from the model's ``_no_split_modules``), ``use_orig_params`` so 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -20,6 +20,9 @@ from tuneplan.export.common import header_lines, plain_keys
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.api import Estimate
 
 # accelerate mixed_precision per plan precision: pure 16-bit and fp32 runs load the weights in their dtype
 # and need no autocast policy ("no"); '-mixed' ones ask accelerate for autocast / an FSDP MixedPrecision.
@@ -81,10 +84,11 @@ def accelerate_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | No
     return cfg
 
 
-def render_accelerate(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None = None,
-                      deepspeed_file: str = "ds_config.json") -> str:
-    cfg = accelerate_config(model, setup, acc, deepspeed_file)
-    head = [f"# {line}" for line in header_lines(model, setup, acc)]
+def render_accelerate(est: Estimate, deepspeed_file: str = "ds_config.json") -> str:
+    """The accelerate YAML for the plan ``est`` estimated (its model, setup and card)."""
+    setup = est.setup
+    cfg = accelerate_config(est.model, setup, est.gpu, deepspeed_file)
+    head = [f"# {line}" for line in header_lines(est)]
     if setup.fsdp and setup.method == "qlora":  # FSDP flattens the 4-bit storage with the other parameters
         head.append("# QLoRA under FSDP: load with BitsAndBytesConfig(..., bnb_4bit_quant_storage=<compute dtype>)")
     if setup.device_map != "none":  # accelerate's config has no device_map: the script's from_pretrained sets it

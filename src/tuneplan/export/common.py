@@ -1,42 +1,37 @@
-"""What every recipe writer shares: the estimate behind the plan, refusals, and the header lines.
+"""What every recipe writer shares: refusals, the header lines, the plain keys.
 
-A writer never computes a number: the header quotes ``tuneplan.api.estimate`` for the same model,
-setup and GPU. A plan the card cannot run (a compatibility error, e.g. bf16 on a V100) is refused
-with the finding's fix rather than written out.
+A writer never computes a number: the header quotes the ``Estimate`` the face made for the plan (model,
+setup and GPU), which ``build_export`` is given. A plan the card cannot run (a compatibility error, e.g.
+bf16 on a V100) is refused with the finding's fix rather than written out.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneplan import __version__
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
 from tuneplan.specs import fields as field_table
-from tuneplan.specs.hardware import Accelerator
-from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
-
-def estimate_for(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None):  # -> tuneplan.api.Estimate
-    from tuneplan.api import estimate
-
-    return estimate(model, setup, gpu=acc)
+if TYPE_CHECKING:
+    from tuneplan.api import Estimate
 
 
-def refuse_if_cannot_run(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None) -> None:
-    if acc is None:
+def refuse_if_cannot_run(est: Estimate) -> None:
+    """A compatibility error on the plan's card stops the export (the finding's fix is the way out)."""
+    if est.gpu is None:
         return
-    est = estimate_for(model, setup, acc)
     errors = [f for f in est.findings if f.level == "error"]
     if errors:
         f = errors[0]
-        raise TuneplanError(f"this plan cannot run on {acc.name}: {f.message}", field=f.code, accepted=f.fix)
+        raise TuneplanError(f"this plan cannot run on {est.gpu.name}: {f.message}", field=f.code, accepted=f.fix)
 
 
-def header_lines(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None) -> list[str]:
+def header_lines(est: Estimate) -> list[str]:
     """Plain-text lines describing the plan and its estimate (writers add comment markers)."""
-    s = setup
+    model, s, acc = est.model, est.setup, est.gpu
     what = s.method + (f" {s.quant_bits}-bit {s.quant_type}" if s.method == "qlora" else "") + \
         (f" r={s.rank} targets={s.targets}" if s.is_lora else "") + \
         (f" last {s.freeze_trainable_layers} layers" if s.method == "freeze" else "")
@@ -50,7 +45,6 @@ def header_lines(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None) -
         f"{f', loss {s.loss}' if s.loss else ''}{', compiled' if s.compile else ''}; {par}; "
         f"{s.framework} profile.",
     ]
-    est = estimate_for(model, setup, acc)
     b = est.breakdown
     peak = f"Estimated per-GPU peak: {b.device_peak_bytes / GIB:.2f} GiB device ({b.allocated_peak_bytes / GIB:.2f} GiB allocated)"
     if acc is not None:
@@ -91,7 +85,7 @@ def trainer_kernels(s: TrainSetup, who: str) -> None:
 
 
 def plain_keys(setup: TrainSetup, fmt: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """``{key: value}`` for the plain keys of ``fmt`` (field table, specs/fields.py): each field's first name
+    """``{key: value}`` for the plain keys of ``fmt`` (field table, specs/fields/): each field's first name
     with the setup's value, for the fields that apply to the setup's method (``names``: only those, in that
     order). A field left unset (None) is left out: the framework's default is the run's."""
     rows = {f.name: f for f in field_table.plain_fields(fmt, setup.method)}

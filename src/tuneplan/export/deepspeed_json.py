@@ -1,7 +1,7 @@
 """DeepSpeed config JSON with exactly what the estimate assumed.
 
 Stage, offload and bucket sizes are written out rather than left to "auto", so the run cannot drift
-from the plan: the buckets are the DeepSpeed defaults the estimator uses (``estimator/parallel.py``),
+from the plan: the buckets are the DeepSpeed defaults the estimator uses (``estimator/wrappers/zero.py``),
 ``overlap_comm`` is the setup's (off unless it says so; on, ZeRO-1/2 keep a second reduce bucket, which
 the estimate counts), batch and accumulation are the
 plan's, and ``train_batch_size`` = micro-batch x accumulation x GPUs (DeepSpeed asserts that equality,
@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.parallel import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from tuneplan.estimator.wrappers.zero import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
 from tuneplan.export.common import plain_keys
 from tuneplan.ingest.deepspeed import ZERO_DEFAULTS
 from tuneplan.specs.hardware import Accelerator

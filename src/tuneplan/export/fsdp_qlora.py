@@ -23,13 +23,17 @@ Llama and Mistral decoder layers, has one attention path (SDPA), no DeepSpeed, n
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.weights import resolve_targets
 from tuneplan.export.common import header_lines, trainer_kernels
-from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import get_profile, peft_default_targets
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.api import Estimate
 
 REPO = "https://github.com/AnswerDotAI/fsdp_qlora"
 # train.py names LlamaDecoderLayer / MistralDecoderLayer in its auto-wrap policy and checkpointing check_fn
@@ -120,12 +124,12 @@ def train_py_flags(model: ModelSpec, setup: TrainSetup, dataset: str | None = No
     return [(k, _flag(v)) for k, v in flags]
 
 
-def render_fsdp_qlora(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None,
-                      dataset: str | None = None) -> str:
-    """A bash script: the plan as comments, then the train.py command line."""
+def render_fsdp_qlora(est: Estimate, dataset: str | None = None) -> str:
+    """A bash script: the plan ``est`` estimated as comments, then the train.py command line."""
+    model, setup = est.model, est.setup
     flags = train_py_flags(model, setup, dataset)
     lines = ["#!/usr/bin/env bash"]
-    lines += [f"# {line}" for line in header_lines(model, setup, acc)]
+    lines += [f"# {line}" for line in header_lines(est)]
     lines += [f"# Run from a clone of {REPO} (train.py spawns one process per GPU itself).",
               "# train.py pads each batch to its longest sample, cut at --context_length; the estimate",
               "# assumes every sample reaches it (as --dataset dummy does).",

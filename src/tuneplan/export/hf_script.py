@@ -16,14 +16,17 @@ code that runs is code the tests run. Each plan setting maps to what the HF stac
 from __future__ import annotations
 
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.weights import resolve_targets
 from tuneplan.export.common import header_lines, launch_line, plain_keys, trainer_kernels
 from tuneplan.ingest.common import OPTIMIZER_TO_HF
-from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.api import Estimate
 
 HF_ATTN = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
 _START, _END = "# --- PLAN START ---\n", "# --- PLAN END ---\n"
@@ -81,12 +84,17 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
     }
 
 
-def render_hf_script(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None = None, *,
-                     deepspeed_file: str | None = None, dataset: str = "data.jsonl") -> str:
+def render_hf_script(est: Estimate, *, deepspeed_file: str | None = None, dataset: str = "data.jsonl") -> str:
+    """The training script for the plan ``est`` estimated (its model, setup and card)."""
+    model, setup, acc = est.model, est.setup, est.gpu
     template = resources.files("tuneplan.export").joinpath("train_script.py").read_text(encoding="utf-8")
     head, rest = template.split(_START, 1)
     _, tail = rest.split(_END, 1)
+    from tuneplan.compat import version_floors
+
     plan = script_plan(model, setup, deepspeed_file)
+    # known breakages on the planned card for some versions: pinned below and checked before training
+    plan["version_floors"] = version_floors(acc, setup, model) if acc is not None else {}
     if setup.device_map != "none":
         from tuneplan.estimator.device_map import assumed_max_memory
 
@@ -101,8 +109,10 @@ def render_hf_script(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
         needs.append("flash-attn")
     if setup.loss == "fused-linear":
         needs.append("liger-kernel")
+    for dist, floor in plan["version_floors"].items():
+        needs = [n for n in needs if n != dist] + [f"'{dist}>={floor}'"]
     doc = [f"Fine-tune {model.name} ({setup.method}) with the transformers Trainer, as planned by tuneplan.", ""]
-    doc += header_lines(model, setup, acc)
+    doc += header_lines(est)
     doc += ["", f"Run:   {launch_line(setup, 'python train.py' if setup.world_size == 1 else 'train.py')} "
                 f"--dataset {dataset}",
             "Smoke: python train.py --model-config config.json --dataset random:8 --max-steps 1 --cpu"

@@ -11,7 +11,7 @@ checkpointing is on unless ``disable_gradient_checkpointing``).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.weights import resolve_targets
@@ -20,6 +20,9 @@ from tuneplan.ingest.common import OPTIMIZER_TO_HF
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.api import Estimate
 
 LF_ATTN = {"sdpa": "sdpa", "flash": "fa2", "eager": "disabled"}  # LLaMA-Factory AttentionFunction values
 
@@ -128,10 +131,11 @@ def _scalar(v: Any) -> str:
     return s if plain else json.dumps(s)
 
 
-def render_llamafactory(model: ModelSpec, setup: TrainSetup, acc: Accelerator | None = None, *,
-                        deepspeed_file: str | None = None, accelerate_file: str | None = None,
+def render_llamafactory(est: Estimate, *, deepspeed_file: str | None = None, accelerate_file: str | None = None,
                         dataset: str = "alpaca_en_demo") -> str:
-    lines = [f"# {line}" for line in header_lines(model, setup, acc)]
+    """The LLaMA-Factory YAML for the plan ``est`` estimated (its model, setup and card)."""
+    model, setup, acc = est.model, est.setup, est.gpu
+    lines = [f"# {line}" for line in header_lines(est)]
     if setup.fsdp:
         lines.append(f"# Launch: accelerate launch --config_file {accelerate_file or 'accelerate_fsdp.yaml'} "
                      "src/train.py THIS_FILE   (from the LLaMA-Factory folder)")

@@ -42,6 +42,7 @@ PLAN = {
     "world_size": 1,
     "device_map": None,
     "max_memory": None,
+    "version_floors": {},
 }
 # --- PLAN END ---
 
@@ -90,6 +91,32 @@ def refuse_on_cpu(plan: dict) -> None:
         sys.exit("DeepSpeed / FSDP plans need the planned GPUs")
 
 
+def version_tuple(text: str) -> tuple:
+    """'0.47.0' -> (0, 47, 0); a local or pre-release suffix ('2.5.5+cu126', '0.47.0.dev0') is ignored."""
+    parts = []
+    for p in text.split("+")[0].split(".")[:3]:
+        digits = "".join(c for c in p if c.isdigit()) if p[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def check_versions(plan: dict) -> None:
+    """Stop before training when a library the plan pins is missing or older than its floor: a breakage
+    known on the planned card for older versions (the plan's version_floors)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist, floor in (plan.get("version_floors") or {}).items():
+        try:
+            have = version(dist)
+        except PackageNotFoundError:
+            sys.exit(f"this plan needs {dist} >= {floor}: pip install '{dist}>={floor}'")
+        if version_tuple(have) < version_tuple(floor):
+            sys.exit(f"{dist} {have} is installed; on the planned card this plan needs {dist} >= {floor} "
+                     f"(older versions fail there): pip install '{dist}>={floor}'")
+
+
 def runtime_plan(args: argparse.Namespace, torch) -> dict:
     """The plan, adjusted only for a CPU smoke test (which cannot run bitsandbytes or 16-bit autocast)."""
     plan = json.loads(json.dumps(PLAN))
@@ -100,7 +127,9 @@ def runtime_plan(args: argparse.Namespace, torch) -> dict:
         if plan["attn_implementation"] == "flash_attention_2":
             plan["attn_implementation"] = "sdpa"
         args.cpu = True
-    elif plan["bf16"] or plan["load_dtype"] == "bfloat16":
+        return plan
+    check_versions(plan)
+    if plan["bf16"] or plan["load_dtype"] == "bfloat16":
         if not torch.cuda.is_bf16_supported():
             sys.exit("this GPU has no bf16 (compute capability < 8.0): re-plan with --precision fp16-mixed")
     return plan

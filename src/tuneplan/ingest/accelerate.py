@@ -1,4 +1,5 @@
-"""accelerate config YAML (what ``accelerate config`` writes) -> processes, machines, FSDP/DeepSpeed, precision.
+"""accelerate config YAML (what ``accelerate config`` writes) -> processes, machines, FSDP/DeepSpeed,
+precision.
 
 Key meanings from accelerate's ``commands/config/config_args.py`` (ClusterConfig): ``num_processes`` is
 the total over all machines, ``num_machines`` the nodes; ``mixed_precision`` no|fp16|bf16|fp8;
@@ -17,16 +18,19 @@ from tuneplan.ingest.common import Collector, Ingested, map_plain
 from tuneplan.ingest.document import Document
 
 _IGNORED = frozenset({
-    "compute_environment", "debug", "machine_rank", "main_process_ip", "main_process_port", "main_training_function",
+    "compute_environment", "debug", "machine_rank", "main_process_ip", "main_process_port",
+    "main_training_function",
     "rdzv_backend", "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone",
-    "commands", "command_file", "downcast_bf16", "gpu_ids", "enable_cpu_affinity", "ipex_config", "mpirun_config",
+    "commands", "command_file", "downcast_bf16", "gpu_ids", "enable_cpu_affinity", "ipex_config",
+    "mpirun_config",
     "deepspeed_multinode_launcher", "dynamo_config", "parallelism_config",
 })
 _NOT_MODELLED = {
     "megatron_lm_config": "Megatron-LM tensor/pipeline parallelism",
     "fp8_config": "fp8 training",
 }
-_SHARDING = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD", "5": "_HYBRID_SHARD_ZERO2"}
+_SHARDING = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD",
+             "5": "_HYBRID_SHARD_ZERO2"}
 
 
 def _fsdp(c: Collector, cfg: dict[str, Any]) -> None:
@@ -120,7 +124,8 @@ def read_accelerate(doc: Document) -> Ingested:
             raise c.fail("deepspeed_config", f"expected a mapping, got {dc!r}")
         _deepspeed(c, dc)
         c.set("fsdp", False, "distributed_type")
-    elif dist in ("NO", "MULTI_GPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_HPU"):
+    elif dist in ("NO", "MULTI_GPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
+                  "MULTI_HPU"):
         c.set("zero", 0, "distributed_type")
         c.set("fsdp", False, "distributed_type")
         c.set("offload", "none", "distributed_type")

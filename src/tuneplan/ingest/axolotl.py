@@ -24,11 +24,13 @@ from tuneplan.ingest.common import (
 )
 from tuneplan.ingest.document import Document
 
-# axolotl's defaults, by field (utils/schemas: sequence_len 512, micro_batch_size 1, gradient_checkpointing false)
+# axolotl's defaults, by field (utils/schemas: sequence_len 512, micro_batch_size 1, gradient_checkpointing
+# false)
 AXOLOTL_DEFAULTS = {"seq": ("sequence_len", 512), "batch": ("micro_batch_size", 1)}
 
 _IGNORED = HF_IGNORED | frozenset({
-    "base_model", "base_model_config", "model_type", "tokenizer_type", "tokenizer_config", "tokenizer_use_fast",
+    "base_model", "base_model_config", "model_type", "tokenizer_type", "tokenizer_config",
+    "tokenizer_use_fast",
     "tokenizer_legacy", "trust_remote_code", "revision_of_model", "strict", "datasets", "test_datasets",
     "dataset_prepared_path", "val_set_size", "dataset_processes", "shuffle_merged_datasets", "chat_template",
     "chat_template_jinja", "default_system_message", "special_tokens", "tokens", "added_tokens_overrides",
@@ -37,11 +39,13 @@ _IGNORED = HF_IGNORED | frozenset({
     "num_epochs", "max_steps", "evals_per_epoch", "saves_per_epoch", "eval_table_size", "eval_max_new_tokens",
     "early_stopping_patience", "resume_from_checkpoint", "auto_resume_from_checkpoints", "debug", "tf32",
     "sample_packing", "eval_sample_packing", "pad_to_sequence_len", "sample_packing_group_size",
-    "sample_packing_bin_size", "multipack_real_batches", "group_by_length", "gpu_memory_limit", "low_cpu_mem_usage",
+    "sample_packing_bin_size", "multipack_real_batches", "group_by_length", "gpu_memory_limit",
+    "low_cpu_mem_usage",
     "use_tensorboard", "hf_use_auth_token", "is_llama_derived_model", "is_mistral_derived_model",
     "is_qwen_derived_model", "is_falcon_derived_model", "eval_batch_size", "adapter", "load_in_4bit",
     "load_in_8bit", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear",
-    "sequence_len", "micro_batch_size", "gradient_accumulation_steps", "optimizer", "bf16", "fp16", "bfloat16",
+    "sequence_len", "micro_batch_size", "gradient_accumulation_steps", "optimizer", "bf16", "fp16",
+    "bfloat16",
     "float16", "float32", "gradient_checkpointing", "flash_attention", "sdp_attention", "eager_attention",
     "deepspeed", "fsdp", "fsdp_config", "fsdp_version", "fsdp_final_state_dict_type", "bnb_config_kwargs",
     "embedding_lr", "embedding_lr_scale", "lr_groups", "fix_untrained_tokens", "flash_attn_rms_norm",
@@ -49,7 +53,8 @@ _IGNORED = HF_IGNORED | frozenset({
 })
 _NOT_MODELLED = {
     **HF_NOT_MODELLED,
-    "lora_modules_to_save": "fully trainable copies of these modules (e.g. embed_tokens, lm_head) besides the adapters",
+    "lora_modules_to_save": "fully trainable copies of these modules (e.g. embed_tokens, lm_head) besides "
+                            "the adapters",
     "peft_use_dora": "DoRA keeps a magnitude vector and a weight-norm pass per adapted module",
     "xformers_attention": "xformers attention (estimated as the profile's attention)",
     "s2_attention": "shifted sparse attention", "flex_attention": "flex attention",
@@ -105,13 +110,15 @@ def read_axolotl(doc: Document) -> Ingested:
         bnb = d.get("bnb_config_kwargs") or {}
         if isinstance(bnb, dict):
             if bnb.get("bnb_4bit_quant_type"):
-                c.set("quant_type", str(bnb["bnb_4bit_quant_type"]), "bnb_config_kwargs", "bnb_4bit_quant_type")
+                c.set("quant_type", str(bnb["bnb_4bit_quant_type"]), "bnb_config_kwargs",
+                      "bnb_4bit_quant_type")
             if bnb.get("bnb_4bit_use_double_quant") is not None:
                 c.set("double_quant", c.as_bool(bnb["bnb_4bit_use_double_quant"],
                                                 ("bnb_config_kwargs", "bnb_4bit_use_double_quant")),
                       "bnb_config_kwargs", "bnb_4bit_use_double_quant")
     elif adapter:
-        raise c.fail("adapter", f"{adapter!r} is not modelled", accepted="lora, qlora, or none for full fine-tuning")
+        raise c.fail("adapter", f"{adapter!r} is not modelled",
+                     accepted="lora, qlora, or none for full fine-tuning")
     else:
         if four or eight:
             raise c.fail("load_in_4bit" if four else "load_in_8bit",
@@ -155,7 +162,8 @@ def read_axolotl(doc: Document) -> Ingested:
                 c.set("gradient_checkpointing", c.as_bool(fc[k], ("fsdp_config", k)), "fsdp_config", k)
         for k in ("fsdp_reshard_after_forward", "reshard_after_forward"):
             if fc.get(k) is False:
-                c.warn(("fsdp_config", k), "no reshard after forward (SHARD_GRAD_OP): estimated as FULL_SHARD")
+                c.warn(("fsdp_config", k),
+                       "no reshard after forward (SHARD_GRAD_OP): estimated as FULL_SHARD")
     run = c.out.extras.setdefault("run", {})
     for k in ("num_epochs", "max_steps"):
         if d.get(k) is not None:

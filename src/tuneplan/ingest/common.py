@@ -1,5 +1,5 @@
 """What every reader shares: the result type, a collector that records each value's origin, the plain
-keys of every format (generated from the field table, specs/fields.py), and the translations of
+keys of every format (generated from the field table, specs/fields/), and the translations of
 transformers ``TrainingArguments`` keys (which LLaMA-Factory and TRL configs also carry).
 
 Three kinds of keys: mapped (they set a TrainSetup field, and the source says ``file:line``), ignored
@@ -24,7 +24,8 @@ class Ingested:
     """What one config file says about the run."""
 
     path: str
-    kind: str  # llamafactory | axolotl | hf-args | peft | bitsandbytes | deepspeed | accelerate | model-config
+    # llamafactory | axolotl | hf-args | peft | bitsandbytes | deepspeed | accelerate | model-config
+    kind: str
     label: str  # how sources name this file's kind, e.g. "llamafactory yaml"
     fields: dict[str, Any] = field(default_factory=dict)  # TrainSetup fields
     sources: dict[str, str] = field(default_factory=dict)  # field -> "label path:line"
@@ -181,23 +182,27 @@ OPTIMIZER_TO_HF = {
 # Keys with no effect on memory, step time or compatibility (logging, saving, evaluation schedule,
 # learning rate and its schedule, data loading, hub, seeds).
 HF_IGNORED = frozenset({
-    "output_dir", "overwrite_output_dir", "do_train", "do_eval", "do_predict", "learning_rate", "weight_decay",
+    "output_dir", "overwrite_output_dir", "do_train", "do_eval", "do_predict", "learning_rate",
+    "weight_decay",
     "max_grad_norm", "lr_scheduler_type", "lr_scheduler_kwargs", "seed", "data_seed", "run_name", "project",
     "report_to", "disable_tqdm", "remove_unused_columns", "label_names", "resume_from_checkpoint",
     "ignore_data_skip", "full_determinism", "tf32", "local_rank", "ddp_timeout", "ddp_backend",
     "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph",
     "gradient_checkpointing_kwargs", "activation_checkpointing_kwargs", "average_tokens_across_devices",
-    "prediction_loss_only", "include_for_metrics", "include_inputs_for_metrics", "include_num_input_tokens_seen",
+    "prediction_loss_only", "include_for_metrics", "include_inputs_for_metrics",
+    "include_num_input_tokens_seen",
     "include_tokens_per_second", "batch_eval_metrics", "metric_for_best_model", "greater_is_better",
     "load_best_model_at_end", "skip_memory_metrics", "debug", "use_cache", "bf16_full_eval", "fp16_full_eval",
     "fp16_opt_level", "half_precision_backend", "fp16_backend", "past_index", "optim_args",
     "torch_empty_cache_steps", "length_column_name", "group_by_length", "train_sampling_strategy",
     "sortish_sampler", "predict_with_generate", "generation_max_length", "generation_num_beams",
     "generation_config", "per_device_eval_batch_size", "per_gpu_eval_batch_size", "accelerator_config",
-    "restore_callback_states_from_checkpoint", "enable_jit_checkpoint", "mp_parameters", "use_legacy_prediction_loop",
+    "restore_callback_states_from_checkpoint", "enable_jit_checkpoint", "mp_parameters",
+    "use_legacy_prediction_loop",
     "jit_mode_eval", "use_ipex", "dispatch_batches", "split_batches", "torchdynamo", "ray_scope",
     "torch_compile_backend", "torch_compile_mode", "liger_kernel_config", "parallelism_config",
-    "_n_gpu", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "tpu_num_cores", "tpu_metrics_debug",
+    "_n_gpu", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "tpu_num_cores",
+    "tpu_metrics_debug",
     "xpu_backend", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
     "hub_revision", "push_to_hub", "push_to_hub_model_id", "push_to_hub_organization", "push_to_hub_token",
     "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "adam_beta1", "adam_beta2",
@@ -206,11 +211,14 @@ HF_IGNORED = frozenset({
     "dataset_text_field", "dataset_kwargs", "dataset_num_proc", "packing", "padding_free", "eos_token",
     "pad_token", "completion_only_loss", "assistant_only_loss", "chat_template_path", "model_init_kwargs",
     "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "trust_remote_code",
-    "model_revision", "dataset_streaming", "padding_side", "shuffle_dataset", "loss_type", "activation_offloading",
+    "model_revision", "dataset_streaming", "padding_side", "shuffle_dataset", "loss_type",
+    "activation_offloading",
 })
-HF_IGNORED_PREFIXES = ("logging_", "log_", "save_", "warmup_", "dataloader_", "hub_", "eval_", "wandb", "mlflow")
+HF_IGNORED_PREFIXES = ("logging_", "log_", "save_", "warmup_", "dataloader_", "hub_", "eval_", "wandb",
+                       "mlflow")
 HF_NOT_MODELLED = {
-    "neftune_noise_alpha": "NEFTune adds noise to the embedding output; its small extra tensor is not counted",
+    "neftune_noise_alpha": ("NEFTune adds noise to the embedding output; its small extra tensor is not "
+                            "counted"),
     "label_smoothing_factor": "label smoothing runs a second log-softmax over the fp32 logits",
     "optim_target_modules": "GaLore/APOLLO projected optimizer states",
     "auto_find_batch_size": "the batch is found at run time by halving on OOM; estimated at the batch given",
@@ -222,10 +230,12 @@ HF_NOT_MODELLED = {
 # flash-attn's cross-entropy run fused on 16-bit logits ("fused"); axolotl's chunked_cross_entropy chunks
 # the upcast; torch_compile compiles the layers.
 KERNEL_SWITCHES: dict[str, tuple[str, Any, str]] = {
-    "use_liger_kernel": ("loss", "fused-linear", "Liger's fused linear cross-entropy; its other kernels are not "
+    "use_liger_kernel": ("loss", "fused-linear",
+                         "Liger's fused linear cross-entropy; its other kernels are not "
                                                  "modelled"),
     "use_liger": ("loss", "fused-linear", "Liger's fused linear cross-entropy"),
-    "enable_liger_kernel": ("loss", "fused-linear", "Liger's fused linear cross-entropy; its other kernels are "
+    "enable_liger_kernel": ("loss", "fused-linear",
+                            "Liger's fused linear cross-entropy; its other kernels are "
                                                     "not modelled"),
     "liger_fused_linear_cross_entropy": ("loss", "fused-linear", ""),
     "cut_cross_entropy": ("loss", "fused-linear", ""),
@@ -257,7 +267,8 @@ def map_precision(c: Collector, bf16: Any, fp16: Any, key_bf16: str = "bf16", ke
     b = c.as_bool(bf16, key_bf16) if bf16 is not None else False
     f = c.as_bool(fp16, key_fp16) if fp16 is not None else False
     if b and f:
-        raise c.fail(key_fp16, "bf16 and fp16 are both true; the Trainer refuses that", accepted="one of them")
+        raise c.fail(key_fp16, "bf16 and fp16 are both true; the Trainer refuses that",
+                     accepted="one of them")
     if b:
         c.set("precision", "bf16-mixed", key_bf16)
     elif f:
@@ -302,7 +313,7 @@ def map_fsdp(c: Collector, value: Any, key: str) -> None:
 def map_plain(c: Collector, fmt: str, method: str | None = None, *, skip: tuple[Any, ...] = ()) -> set[str]:
     """Every plain key of ``fmt`` in the file -> its field, checked by the field's type; the fields set.
 
-    The keys come from the field table (specs/fields.py). Fields that apply to some methods only (the LoRA
+    The keys come from the field table (specs/fields/). Fields that apply to some methods only (the LoRA
     rank, the 4-bit data type) are read only when ``method`` is one of them (None: not known, so only the
     universal fields). ``skip``: values that leave the field to another file (DeepSpeed's "auto"). Of two
     spellings of one field the first (the current one) wins.

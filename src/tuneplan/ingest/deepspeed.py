@@ -35,15 +35,19 @@ _ALIASES = {  # pydantic field name -> the stage3_ key most configs use
     "max_reuse_distance": "stage3_max_reuse_distance",
 }
 _ZERO_IGNORED = frozenset({
-    "stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
+    "stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param",
+    "cpu_offload_use_pin_memory",
     "overlap_comm", "contiguous_gradients", "allgather_partitions", "reduce_scatter", "round_robin_gradients",
     "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
     "stage3_gather_fp16_weights_on_model_save", "load_from_fp32_weights", "elastic_checkpoint",
     "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear", "use_multi_rank_bucket_allreduce",
-    "enable_sanity_checks", "log_trace_cache_warnings", "pipeline_loading_checkpoint", "override_module_apply",
+    "enable_sanity_checks", "log_trace_cache_warnings", "pipeline_loading_checkpoint",
+    "override_module_apply",
     "compute_grad_norm", "stage3_allgather_sequential", "allgather_sequential", "parameter_alignment",
-    "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params", "save_muon_momentum_buffer_in_memory",
-    "stage3_model_persistence_threshold", "model_persistence_threshold", "stage3_module_granularity_threshold",
+    "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
+    "save_muon_momentum_buffer_in_memory",
+    "stage3_model_persistence_threshold", "model_persistence_threshold",
+    "stage3_module_granularity_threshold",
     "module_granularity_threshold", "leaf_module",
     *ZERO_DEFAULTS, *_ALIASES,
 })
@@ -57,17 +61,24 @@ _ZERO_NOT_MODELLED = {
 }
 _TOP_IGNORED = frozenset({
     "zero_optimization", "bf16", "bfloat16", "fp16", "train_batch_size", "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps", "optimizer", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "scheduler", "comms_config", "comms_logger",
-    "monitor_config", "tensorboard", "wandb", "csv_monitor", "flops_profiler", "checkpoint", "prescale_gradients",
+    "gradient_accumulation_steps", "optimizer", "gradient_clipping", "steps_per_print",
+    "wall_clock_breakdown",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "scheduler", "comms_config",
+    "comms_logger",
+    "monitor_config", "tensorboard", "wandb", "csv_monitor", "flops_profiler", "checkpoint",
+    "prescale_gradients",
     "gradient_predivide_factor", "dump_state", "memory_breakdown", "aio", "autotuning", "elasticity",
-    "dataloader_drop_last", "disable_allgather", "gradient_allreduce_op", "timers", "activation_checkpointing", "use_node_local_storage", "load_universal", "torch_autocast",
+    "dataloader_drop_last", "disable_allgather", "gradient_allreduce_op", "timers",
+    "activation_checkpointing", "use_node_local_storage", "load_universal", "torch_autocast",
 })
 _TOP_NOT_MODELLED = {
     "pipeline": "pipeline parallelism", "tensor_parallel": "tensor parallelism (AutoTP)",
-    "sequence_parallel_size": "sequence parallelism (Ulysses)", "compression_training": "compression training",
-    "sparse_attention": "sparse attention", "communication_data_type": "a different gradient communication dtype",
-    "data_types": "a different gradient accumulation dtype", "fp8": "fp8 training", "hybrid_engine": "hybrid engine",
+    "sequence_parallel_size": "sequence parallelism (Ulysses)",
+    "compression_training": "compression training",
+    "sparse_attention": "sparse attention",
+    "communication_data_type": "a different gradient communication dtype",
+    "data_types": "a different gradient accumulation dtype", "fp8": "fp8 training",
+    "hybrid_engine": "hybrid engine",
 }
 
 
@@ -82,7 +93,8 @@ def _device(c: Collector, section: Any, key: tuple[str, ...]) -> str | None:
     if str(dev).lower() not in ("cpu", "nvme"):
         raise c.fail((*key, "device"), f"unknown device {dev!r}", accepted="none, cpu, nvme")
     if str(dev).lower() == "nvme":
-        c.warn((*key, "device"), "NVMe offload: counted as host memory (the NVMe swap buffers are not modelled)")
+        c.warn((*key, "device"),
+               "NVMe offload: counted as host memory (the NVMe swap buffers are not modelled)")
     return str(dev).lower()
 
 
@@ -101,7 +113,8 @@ def _precision(c: Collector, data: dict[str, Any]) -> None:
         raise c.fail(flags["fp16"][1], "bf16 and fp16 are both enabled", accepted="one of them")
     if on:
         # DeepSpeed keeps 16-bit module weights and an fp32 master copy in its optimizer: the estimator
-        # handles that under --zero whatever '-mixed' says; bf16-mixed is what the HF Trainer's bf16=True sets.
+        # handles that under --zero whatever '-mixed' says; bf16-mixed is what the HF Trainer's bf16=True
+        # sets.
         c.set("precision", f"{on[0]}-mixed", *flags[on[0]][1])
     elif flags:
         name = next(iter(flags))
@@ -121,7 +134,8 @@ def read_deepspeed(doc: Document, label: str = "deepspeed json") -> Ingested:
         c.set("zero", stage, "zero_optimization", "stage")
         if stage == 0:
             c.warn(("zero_optimization", "stage"), "stage 0: DeepSpeed without partitioning is estimated as "
-                                                  "plain data parallelism (its fp32 master copy is not counted)")
+                                                  "plain data parallelism (its fp32 master copy is not "
+                                                  "counted)")
     else:
         c.default("zero", 0, "zero_optimization.stage unset: DeepSpeed uses 0")
 
@@ -184,14 +198,16 @@ def read_deepspeed(doc: Document, label: str = "deepspeed json") -> Ingested:
             c.warn(("optimizer", "type"), f"DeepSpeed optimizer {opt['type']!r} is not modelled")
     ac = data.get("activation_checkpointing")
     if isinstance(ac, dict) and (ac.get("partition_activations") or ac.get("cpu_checkpointing")):
-        c.warn("activation_checkpointing", "DeepSpeed's activation partitioning/CPU checkpointing applies only "
+        c.warn("activation_checkpointing",
+               "DeepSpeed's activation partitioning/CPU checkpointing applies only "
                                            "to models using deepspeed.checkpointing; not modelled")
     c.out.extras["deepspeed"] = ds
     for k, v in zo.items():
         if k in _ZERO_NOT_MODELLED and v not in (None, False, 0, 1, {}):
             c.warn(("zero_optimization", k), f"not modelled: {_ZERO_NOT_MODELLED[k]}")
         elif k not in _ZERO_IGNORED and k not in _ZERO_NOT_MODELLED:
-            c.warn(("zero_optimization", k), "not a DeepSpeed zero_optimization key tuneplan knows; not modelled")
+            c.warn(("zero_optimization", k),
+                   "not a DeepSpeed zero_optimization key tuneplan knows; not modelled")
     c.handled.update(_TOP_IGNORED)
     return c.finish(frozenset(), (), _TOP_NOT_MODELLED,
                     "not a DeepSpeed key tuneplan knows (DeepSpeed ignores unknown top-level keys too)")

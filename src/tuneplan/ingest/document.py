@@ -117,11 +117,13 @@ def load_document(path: str | Path) -> Document:
     if not path_exists(p):
         raise ConfigError(f"no such file: {shown}", field="from", field_is_key=False)
     if p.is_dir():
-        raise ConfigError(f"{shown} is a folder; give the config file inside it", field="from", field_is_key=False)
+        raise ConfigError(f"{shown} is a folder; give the config file inside it", field="from",
+                          field_is_key=False)
     try:
         text = read_text(p, "from", accepted="a YAML or JSON training config")
         if not text.strip():
-            raise ConfigError(f"{shown} is empty", field="from", field_is_key=False, accepted="a YAML or JSON training config")
+            raise ConfigError(f"{shown} is empty", field="from", field_is_key=False,
+                              accepted="a YAML or JSON training config")
         is_json = p.suffix.lower() == ".json" or text.lstrip().startswith("{")
         if is_json:
             data = parse_json(text, "from", shown)
@@ -138,6 +140,7 @@ def load_document(path: str | Path) -> Document:
     except TuneplanError as exc:  # the readers' refusals, as the ConfigError callers expect
         raise ConfigError(exc.message, field=exc.field, accepted=exc.accepted, field_is_key=False) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{shown}: the top level must be a mapping of keys to values, got {type(data).__name__}",
+        raise ConfigError(f"{shown}: the top level must be a mapping of keys to values, got "
+                          f"{type(data).__name__}",
                           field="from", field_is_key=False, accepted="a YAML or JSON training config")
     return Document(path=shown, data=data, fmt=fmt, lines=lines)

@@ -71,7 +71,8 @@ def read_hf_args(doc: Document) -> Ingested:
         _attn(c, d["attn_implementation"], "attn_implementation")
     c.handled.update(_TRL_MODEL_KEYS)
     if "seq" not in c.out.fields:  # said by the merge only if no other file or flag gives it
-        c.out.extras["missing"] = {"seq": f"{doc.path}: no sequence length here (TrainingArguments has none): "
+        c.out.extras["missing"] = {"seq": f"{doc.path}: no sequence length here (TrainingArguments has "
+                                          f"none): "
                                           "give {seq}, or a TRL max_length"}
     return c.finish(HF_IGNORED, HF_IGNORED_PREFIXES, HF_NOT_MODELLED,
                     "not a TrainingArguments field tuneplan knows; not modelled")
@@ -130,7 +131,8 @@ def read_peft(doc: Document) -> Ingested:
     if d.get("base_model_name_or_path"):
         c.set_model(d["base_model_name_or_path"], "base_model_name_or_path")
     c.handled.update({"target_modules", "alpha_pattern"})
-    return c.finish(_PEFT_IGNORED, (), _PEFT_NOT_MODELLED, "not a LoraConfig field tuneplan knows; not modelled")
+    return c.finish(_PEFT_IGNORED, (), _PEFT_NOT_MODELLED,
+                    "not a LoraConfig field tuneplan knows; not modelled")
 
 
 _BNB_IGNORED = frozenset({

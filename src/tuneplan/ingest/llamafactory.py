@@ -28,8 +28,10 @@ HF_DEFAULT_BATCH = 8  # transformers TrainingArguments.per_device_train_batch_si
 _ATTN = {"disabled": "eager", "eager": "eager", "sdpa": "sdpa", "fa2": "flash", "fa3": "flash"}
 
 _IGNORED = HF_IGNORED | frozenset({
-    "template", "dataset", "dataset_dir", "eval_dataset", "media_dir", "max_samples", "preprocessing_num_workers",
-    "preprocessing_batch_size", "overwrite_cache", "val_size", "eval_num_beams", "buffer_size", "mix_strategy",
+    "template", "dataset", "dataset_dir", "eval_dataset", "media_dir", "max_samples",
+    "preprocessing_num_workers",
+    "preprocessing_batch_size", "overwrite_cache", "val_size", "eval_num_beams", "buffer_size",
+    "mix_strategy",
     "interleave_probs", "streaming", "tokenized_path", "plot_loss", "trust_remote_code", "cache_dir",
     "model_revision", "use_fast_tokenizer", "split_special_tokens", "hf_hub_token", "ms_hub_token",
     "om_hub_token", "print_param_status", "low_cpu_mem_usage", "use_reentrant_gc", "adapter_name_or_path",
@@ -39,9 +41,11 @@ _IGNORED = HF_IGNORED | frozenset({
     "train_from_scratch", "quantization_device_map", "infer_backend", "infer_dtype", "offload_folder",
     "use_kv_cache", "export_dir", "export_size", "export_device", "export_quantization_bit",
     "export_quantization_dataset", "export_quantization_nsamples", "export_quantization_maxlen",
-    "export_legacy_format", "export_hub_model_id", "ray_run_name", "ray_storage_path", "ray_storage_filesystem",
+    "export_legacy_format", "export_hub_model_id", "ray_run_name", "ray_storage_path",
+    "ray_storage_filesystem",
     "ray_num_workers", "resources_per_worker", "placement_strategy", "ray_init_kwargs", "master_addr",
-    "master_port", "use_swanlab", "compute_accuracy", "disable_shuffling", "image_max_pixels", "image_min_pixels",
+    "master_port", "use_swanlab", "compute_accuracy", "disable_shuffling", "image_max_pixels",
+    "image_min_pixels",
     "video_max_pixels", "video_min_pixels", "video_fps", "video_maxlen", "audio_sampling_rate",
     "model_name_or_path", "finetuning_type", "stage", "pure_bf16", "deepspeed", "flash_attn",
     "disable_gradient_checkpointing", "quantization_bit", "quantization_method", "quantization_type",
@@ -59,24 +63,28 @@ _NOT_MODELLED = {
     "shift_attn": "shift short attention (S^2-Attn)", "mixture_of_depths": "mixture of depths",
     "upcast_layernorm": "layer norms upcast to fp32", "upcast_lmhead_output": "lm_head output upcast to fp32",
     "use_unsloth_gc": "Unsloth's offloaded gradient checkpointing",
-    "resize_vocab": "embedding resize for new tokens", "new_special_tokens": "embedding resize for new tokens",
+    "resize_vocab": "embedding resize for new tokens",
+    "new_special_tokens": "embedding resize for new tokens",
     "use_kt": "KTransformers CPU/GPU hybrid MoE", "use_mca": "Megatron Core adapter",
     "use_hyper_parallel": "HyperParallel FSDP/TP backend", "fp8": "fp8 training",
-    "use_dft_loss": "DFT loss", "use_asft_loss": "ASFT loss (a reference model)", "use_eaft_loss": "EAFT loss",
+    "use_dft_loss": "DFT loss", "use_asft_loss": "ASFT loss (a reference model)",
+    "use_eaft_loss": "EAFT loss",
 }
 
 
 def read_llamafactory(doc: Document) -> Ingested:
     c = Collector(doc, "llamafactory", "llamafactory yaml")
     d = doc.data
-    c.set("framework", "llamafactory", *(("finetuning_type",) if "finetuning_type" in d else (next(iter(d)),)))
+    c.set("framework", "llamafactory",
+          *(("finetuning_type",) if "finetuning_type" in d else (next(iter(d)),)))
     if d.get("model_name_or_path") is not None:
         c.set_model(c.get("model_name_or_path"), "model_name_or_path")
 
     stage = str(c.get("stage", "sft"))
     if stage in ("rm", "ppo", "dpo", "kto"):
-        c.warn("stage", f"stage {stage}: estimated as one policy model doing SFT-like steps; "
-                        f"{'DPO/KTO also run a frozen reference model' if stage in ('dpo', 'kto') else 'PPO adds value/reward models'} "
+        extra = ("DPO/KTO also run a frozen reference model" if stage in ("dpo", "kto")
+                 else "PPO adds value/reward models")
+        c.warn("stage", f"stage {stage}: estimated as one policy model doing SFT-like steps; {extra} "
                         "(not modelled)")
     ft = str(c.get("finetuning_type", "lora"))
     if ft not in ("lora", "freeze", "full"):
@@ -134,7 +142,8 @@ def read_llamafactory(doc: Document) -> Ingested:
     # LLaMA-Factory enables checkpointing itself (model_utils/checkpointing.py) unless told not to, so the
     # Trainer's own gradient_checkpointing key cannot turn it off.
     if d.get("gradient_checkpointing") is False:
-        c.warn("gradient_checkpointing", "LLaMA-Factory checkpoints anyway; use disable_gradient_checkpointing")
+        c.warn("gradient_checkpointing",
+               "LLaMA-Factory checkpoints anyway; use disable_gradient_checkpointing")
     c.handled.update({"gradient_checkpointing", "activation_checkpointing"})
     if d.get("disable_gradient_checkpointing") is not None:
         off = c.as_bool(c.get("disable_gradient_checkpointing"), "disable_gradient_checkpointing")

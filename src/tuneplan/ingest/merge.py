@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneplan.errors import ConfigError, TuneplanError
-from tuneplan.estimator.parallel import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from tuneplan.estimator.wrappers.zero import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
 from tuneplan.ingest.common import Ingested
 from tuneplan.ingest.deepspeed import resolve_buckets
 from tuneplan.ingest.read import read_config, read_inline_deepspeed
@@ -116,7 +116,8 @@ def _read_all(specs: list[str]) -> list[Ingested]:
                 names = {Path(d.path).resolve() for d in explicit_ds}
                 found = _find_reference(ref, ing.path)
                 if found is None or found.resolve() not in names:
-                    ing.warnings.append(f"{where}: names {ref!r}; using the DeepSpeed file given with {{from}}")
+                    ing.warnings.append(f"{where}: names {ref!r}; using the DeepSpeed file given with "
+                                        f"{{from}}")
                 continue
             found = _find_reference(ref, ing.path)
             out.append(read_config(str(found), kind="deepspeed") if found else _guess_from_name(ref, where))
@@ -180,7 +181,8 @@ def read_configs(files: list[str] | tuple[str, ...], setup_kw: dict[str, Any] | 
         if model is None:
             model_name, model_source = file_models[-1]
         elif file_models[-1][0] != model:
-            warnings.append(f"MODEL argument {model!r} overrides {file_models[-1][1]} ({file_models[-1][0]!r})")
+            warnings.append(f"MODEL argument {model!r} overrides {file_models[-1][1]} "
+                            f"({file_models[-1][0]!r})")
 
     spec = _model_spec(model_name)
     ds = None
@@ -208,7 +210,8 @@ def read_configs(files: list[str] | tuple[str, ...], setup_kw: dict[str, Any] | 
 
 
 def merge_from_files(files: list[str] | tuple[str, ...], setup_kw: dict[str, Any] | None,
-                     model: str | None = None) -> tuple[str | None, dict[str, Any], dict[str, str], list[str]]:
+                     model: str
+                     | None = None) -> tuple[str | None, dict[str, Any], dict[str, str], list[str]]:
     """One-line helper for commands: ``(model_name, setup_kw, sources, warnings)`` from files + flags.
 
     Pass ``setup_kw`` (fields) and ``TrainSetup(sources=sources)`` as the base setup to the API.
@@ -236,7 +239,8 @@ def _check_targets(spec: Any, targets: str, src: str | None) -> None:
         resolve_targets(spec, targets)
     except TuneplanError as exc:
         if src and src != "flag":
-            raise ConfigError(f"{exc.message} (value from {src})", field="targets", accepted=exc.accepted) from None
+            raise ConfigError(f"{exc.message} (value from {src})", field="targets",
+                              accepted=exc.accepted) from None
         raise
 
 
@@ -245,9 +249,11 @@ def _bucket_warnings(ds: dict[str, Any], warnings: list[str], path: str) -> None
     if not ds.get("stage"):
         return
     unresolved = [name for name, value in ds["buckets"].items()
-                  if name in ("reduce_bucket_size", "stage3_prefetch_bucket_size") and not isinstance(value, int)]
+                  if name in ("reduce_bucket_size", "stage3_prefetch_bucket_size")
+                  and not isinstance(value, int)]
     if unresolved:
-        warnings.append(f"{path}: {', '.join(unresolved)} is \"auto\" and the model's hidden size is unknown; "
+        warnings.append(f"{path}: {', '.join(unresolved)} is \"auto\" and the model's hidden size is "
+                        f"unknown; "
                         "the estimate uses DeepSpeed's default buckets for it")
 
 

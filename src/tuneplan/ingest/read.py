@@ -38,23 +38,29 @@ READERS: dict[str, Callable[[Document], Ingested]] = {
 }
 KINDS = tuple(READERS)
 
-_LF_KEYS = {"finetuning_type", "cutoff_len", "lora_target", "quantization_bit", "template", "stage", "pure_bf16",
+_LF_KEYS = {"finetuning_type", "cutoff_len", "lora_target", "quantization_bit", "template", "stage",
+            "pure_bf16",
             "flash_attn", "disable_gradient_checkpointing", "lora_rank"}
-_AXOLOTL_KEYS = {"base_model", "micro_batch_size", "sequence_len", "lora_target_linear", "adapter", "datasets",
+_AXOLOTL_KEYS = {"base_model", "micro_batch_size", "sequence_len", "lora_target_linear", "adapter",
+                 "datasets",
                  "sample_packing", "flash_attention", "num_epochs", "lora_model_dir"}
-_HF_KEYS = {"per_device_train_batch_size", "output_dir", "gradient_accumulation_steps", "use_peft", "max_length",
-            "max_seq_length", "optim", "bf16", "fp16", "gradient_checkpointing", "learning_rate", "dataset_name",
+_HF_KEYS = {"per_device_train_batch_size", "output_dir", "gradient_accumulation_steps", "use_peft",
+            "max_length",
+            "max_seq_length", "optim", "bf16", "fp16", "gradient_checkpointing", "learning_rate",
+            "dataset_name",
             "num_train_epochs"}
 
 
 def detect_kind(doc: Document) -> str:
     keys = set(doc.data)
-    if keys & {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size"} and not keys & _HF_KEYS - {
+    if keys & {"zero_optimization", "train_micro_batch_size_per_gpu",
+               "train_batch_size"} and not keys & _HF_KEYS - {
             "gradient_accumulation_steps", "bf16", "fp16"}:
         return "deepspeed"
     if "distributed_type" in keys or "compute_environment" in keys:
         return "accelerate"
-    if "model_type" in keys and keys & {"hidden_size", "n_embd", "d_model", "num_hidden_layers", "text_config"}:
+    if "model_type" in keys and keys & {"hidden_size", "n_embd", "d_model", "num_hidden_layers",
+                                        "text_config"}:
         return "model-config"
     if "peft_type" in keys or {"r", "target_modules"} <= keys:
         return "peft"
@@ -64,11 +70,13 @@ def detect_kind(doc: Document) -> str:
         return "axolotl"
     if keys & _HF_KEYS:
         return "hf-args"  # TrainingArguments JSON, or a TRL SFTConfig / ModelConfig YAML
-    if doc.data.get("quant_method") == "bitsandbytes" or keys & {"load_in_4bit", "load_in_8bit", "_load_in_4bit"}:
+    if doc.data.get("quant_method") == "bitsandbytes" or keys & {"load_in_4bit", "load_in_8bit",
+                                                                 "_load_in_4bit"}:
         return "bitsandbytes"
     shown = ", ".join(sorted(map(str, keys))[:8]) + (" ..." if len(keys) > 8 else "")
     raise ConfigError(f"{doc.path}: cannot tell what kind of training config this is (keys: {shown})",
-                      field="from", field_is_key=False, accepted="LLaMA-Factory YAML, axolotl YAML, TrainingArguments JSON, "
+                      field="from", field_is_key=False,
+                      accepted="LLaMA-Factory YAML, axolotl YAML, TrainingArguments JSON, "
                       "PEFT adapter_config.json, BitsAndBytesConfig JSON, DeepSpeed JSON, accelerate YAML; "
                       "or force one with KIND:PATH, KIND in " + ", ".join(KINDS))
 

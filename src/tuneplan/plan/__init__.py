@@ -1,7 +1,7 @@
 """Search over estimates: what fits, the recommended setup, the card ranking, the largest model, sweeps.
 
     >>> from tuneplan.plan import fit, rank_gpus, max_model, sweep
-    >>> fit("qwen2.5-7b", "v100").recommended["reason"]
+    >>> fit("qwen2.5-7b", "v100-sxm2-32gb").recommended["reason"]
 
 The functions are bound here eagerly: three of them share their module's name, and a lazy lookup would
 hand back the module once it has been imported.

@@ -27,15 +27,15 @@ from tuneplan.specs.model import ModelSpec
 
 Verdict = Callable[[Estimate | None], bool]
 GIB = 2**30
-# Host memory per node when the user does not say (--host-memory): twice the node's GPU memory, at
-# least 128 GiB. A DGX A100 / H100 node holds 640 GB of GPU memory and 1-2 TB of RAM; a desktop board
-# takes four DIMMs, 4 x 32 GB = 128 GB. CPU offload needs its states to fit there; every answer
-# prints the figure it assumed and what the offloading candidate needs.
-HOST_MIN_BYTES = 128 * GIB
 
 
 def default_host_bytes(gpu: Accelerator, gpus_per_node: int) -> int:
-    return max(HOST_MIN_BYTES, 2 * gpu.memory_bytes * gpus_per_node)
+    """Host memory per node when the user does not say (:func:`tuneplan.plan.host.assumed`: this
+    machine's RAM for its own card, a typical cloud instance's, else the stated default). CPU offload
+    needs its states to fit there; every answer prints the figure it assumed."""
+    from tuneplan.plan.host import assumed
+
+    return assumed(gpu, gpus_per_node).bytes
 
 
 def nominal(est: Estimate | None) -> TypeGuard[Estimate]:

@@ -34,9 +34,9 @@ from tuneplan.compat import check
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.overhead import cross_stream_reserve
 from tuneplan.estimator.run import Run, resolve_run
-from tuneplan.estimator.types import Finding
 from tuneplan.grid import memory_plane
 from tuneplan.plan.margin import Margin, required, upper_band
+from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.limits import SETUP_INT_RANGES
 from tuneplan.specs.model import ModelSpec

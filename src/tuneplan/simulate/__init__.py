@@ -6,7 +6,7 @@ analytic engine (components keyed alike), so the two compare field by field; ``s
 the peak op, the live set by module, the kernel workspaces and the caching-allocator emulation.
 
 Several GPUs: rank 0 of an FSDP job runs the real ``FullyShardedDataParallel`` (FSDP1) or ``fully_shard``
-(FSDP2) on a fake process group (``simulate/distributed.py``), a ZeRO job DeepSpeed's own engine when
+(FSDP2) on a fake process group (``simulate/distributed.py``, ``fsdp1.py``, ``fsdp2.py``, ``ddp.py``), a ZeRO job DeepSpeed's own engine when
 deepspeed is installed (``simulate/zero.py``); DDP runs with its reducer's buckets emulated. What the fake
 process cannot run falls back to the analytic engine with a note: ZeRO without deepspeed, ZeRO with CPU
 offload, frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),

@@ -42,7 +42,7 @@ def simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     with warnings.catch_warnings():
         # transformers 5 / peft deprecation notices (gradient_checkpointing_* renames) are not the user's
         warnings.simplefilter("ignore", FutureWarning)
-        # FSDP's use of data_ptr() on fake storages (answered by distributed.fsdp_storage_hooks)
+        # FSDP's use of data_ptr() on fake storages (answered by fsdp1.fsdp_storage_hooks)
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         warnings.filterwarnings("ignore", message=".*FSDP.*")
         group = fake_process_group(setup.world_size) if (setup.fsdp or setup.zero) else nullcontext()
@@ -81,7 +81,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     wrapper = ""
     fsdp2 = setup.fsdp and setup.fsdp_version == 2
     if fsdp2:
-        from tuneplan.simulate.distributed import FSDP2, device_mesh, wrap_fsdp2
+        from tuneplan.simulate.fsdp2 import FSDP2, device_mesh, wrap_fsdp2
 
         mesh = device_mesh(setup.world_size)
         with fake:
@@ -100,7 +100,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {TRAIN_PY}, FULL_SHARD on a fake process "
                      "group" + (", CPUOffload(offload_params=True)" if setup.offload != "none" else ""))
     elif setup.fsdp:
-        from tuneplan.simulate.distributed import FSDP1, wrap_fsdp1
+        from tuneplan.simulate.fsdp1 import FSDP1, wrap_fsdp1
 
         with fake:
             model = wrap_fsdp1(model, setup, compute_dtype(setup), sharding=fsdp_sharding)
@@ -110,7 +110,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
                      + (", CPUOffload(offload_params=True)" if setup.offload != "none" else ""))
     ddp = None
     if setup.world_size > 1 and not setup.fsdp and not setup.zero:
-        from tuneplan.simulate.distributed import DDP, DdpBuckets
+        from tuneplan.simulate.ddp import DDP, DdpBuckets
 
         ddp = DdpBuckets(list(model.parameters()), tracker)
         wrapper = DDP
@@ -174,7 +174,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         for p in model.parameters():
             tracker.untrack(getattr(p, "_local_tensor", p))  # CPUOffloadPolicy: the sharded parameters
     elif offload:
-        from tuneplan.simulate.distributed import flat_params
+        from tuneplan.simulate.fsdp1 import flat_params
 
         for fp in flat_params(model):
             tracker.untrack(fp)  # CPUOffload(offload_params=True): the sharded flat parameters live on the host
@@ -184,11 +184,11 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     hooks = nullcontext()
     if fsdp2:
-        from tuneplan.simulate.distributed import fsdp2_storage_hooks
+        from tuneplan.simulate.fsdp2 import fsdp2_storage_hooks
 
         hooks = fsdp2_storage_hooks(tracker)
     elif setup.fsdp:
-        from tuneplan.simulate.distributed import fsdp_storage_hooks
+        from tuneplan.simulate.fsdp1 import fsdp_storage_hooks
 
         hooks = fsdp_storage_hooks(tracker)
     try:
@@ -224,8 +224,8 @@ def _file_offloaded_on_host(model: Any, tracker: Any, fsdp2: bool = False) -> No
     host and steps the optimizer there (FSDP docs, ``CPUOffload``: "gradients ... offloaded to CPU ... the
     optimizer step runs on CPU"); FSDP2's ``CPUOffloadPolicy`` likewise ("offloads parameters, gradients, and
     optimizer states to CPU": the sharded parameters and the gradients copied out of the reduce-scatter,
-    ``distributed.fsdp2_offload_emulated``): every block of the optimizer step and zero_grad is host memory."""
-    from tuneplan.simulate.distributed import flat_params
+    ``fsdp2.fsdp2_offload_emulated``): every block of the optimizer step and zero_grad is host memory."""
+    from tuneplan.simulate.fsdp1 import flat_params
 
     for fp in ([] if fsdp2 else flat_params(model)):
         # not ``fp`` itself: a unit left unsharded (the root) points its data at the device buffer

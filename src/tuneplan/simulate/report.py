@@ -8,8 +8,8 @@ from typing import Any
 
 from tuneplan.estimator.memory import CUDA_CONTEXT
 from tuneplan.estimator.overhead import cuda_context_bytes
-from tuneplan.estimator.parallel import NCCL_BYTES
 from tuneplan.estimator.types import COMPONENTS, Band, MemoryBreakdown
+from tuneplan.estimator.wrappers.base import NCCL_BYTES
 
 # The allocator emulation's reserved peak against five published GPU runs came within -4.9% .. +1.4% of
 # max_memory_reserved (simulation-feasibility notes, "Later check against real GPUs").

@@ -74,6 +74,11 @@ def build_layers(cfg: dict[str, Any], *, name: str, family: str, model_type: str
     kv = int(_g(cfg, "num_key_value_heads", "num_kv_heads", "multi_query_group_num", default=n_heads))
     if model_type == "falcon" and not cfg.get("new_decoder_architecture") and cfg.get("multi_query", True):
         kv = 1  # Falcon-7B: multi-query attention (one shared K/V head)
+    if model_type == "gpt_bigcode" and cfg.get("multi_query", True):
+        kv = 1  # GPTBigCodeAttention: kv_heads = 1 if multi_query (GPTBigCodeConfig default True)
+    if model_type in _MHA_ONLY:
+        kv = n_heads  # their attention has no K/V head count: a stray num_key_value_heads is not read
+    check_heads(cfg, name, model_type, family, h, n_heads, kv)
     head_dim = int(_g(cfg, "head_dim", "kv_channels", default=h // n_heads))
     inter = int(_g(cfg, "intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", default=4 * h))
     shape = Shape(cfg, name, model_type, h, n_layers, n_heads, vocab, kv, head_dim, inter, _tied(cfg, model_type),
@@ -90,12 +95,58 @@ def build_layers(cfg: dict[str, Any], *, name: str, family: str, model_type: str
         norm_kind=lay["norm_kind"], layer_groups=tuple(lay["groups"]), embed_params=lay["embed"],
         lm_head_params=lay["lm_head"], final_norm_params=lay["final_norm"], other_params=lay["other"],
         n_experts=lay["n_experts"], top_k=lay["top_k"], mla_kv_lora_rank=lay["kv_lora"],
-        sliding_window=cfg.get("sliding_window") if isinstance(cfg.get("sliding_window"), int) else None,
+        sliding_window=_window(cfg.get("sliding_window")),
         max_position=_g(cfg, "max_position_embeddings", "n_positions", "seq_length"),
         torch_dtype=str(_g(cfg, "torch_dtype", "dtype", default="")) or None,
         architecture="encoder" if family == "bert" else "decoder",
         config=cfg,
     )
+
+
+def _window(value: Any) -> int | None:
+    """A sliding window in tokens; false, null and 0 (Qwen2MoeConfig's "off") are none."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+# model_types whose own code refuses a hidden size that the heads do not divide, whatever head_dim says:
+# the config's validate_architecture (LlamaConfig, Gemma2Config, Gemma3TextConfig, GPTNeoXConfig in
+# transformers 5) or the attention's __init__ (GPT2Attention, GPTBigCodeAttention, GPTJAttention,
+# OPTAttention "embed_dim must be divisible by num_heads", BertSelfAttention / RobertaSelfAttention,
+# StableLmAttention, FalconAttention, BloomAttention "hidden_size must be divisible by num_heads").
+# Mistral, Qwen2/3, Gemma, Phi... take head_dim = hidden // heads (or the config's head_dim) and build.
+HIDDEN_SPLIT_BY_HEADS = frozenset({"llama", "gemma2", "gemma3_text", "gemma3", "gpt_neox", "gpt2", "gpt_bigcode",
+                                   "gptj", "opt", "bert", "roberta", "stablelm", "falcon", "bloom"})
+# model_types whose attention projects K and V to every head (no K/V head key in their configs)
+_MHA_ONLY = frozenset({"gpt2", "gpt_neox", "opt", "bloom", "gptj", "bert", "roberta"})
+# families whose K/V heads are not grouped query heads: DeepSeek's latent attention expands K/V to every
+# head (kv = heads by construction); the BERT layout has no K/V head count.
+_NO_KV_GROUPS = frozenset({"deepseek", "bert"})
+
+
+def check_heads(cfg: dict[str, Any], name: str, model_type: str, family: str, h: int, n_heads: int,
+                kv: int) -> None:
+    """What the architecture's own code requires of the head counts (ConfigError naming the key).
+
+    Grouped-query attention repeats each K/V head ``n_heads // kv`` times (transformers ``repeat_kv``,
+    ``num_key_value_groups``; Falcon's fused view ``heads // kv + 2``): more K/V heads than heads, or a
+    count that does not divide the heads, gives K/V tensors of another head count than the queries and
+    the attention fails. The hidden size must split into whole heads for :data:`HIDDEN_SPLIT_BY_HEADS`."""
+    if family not in _NO_KV_GROUPS and kv != n_heads:
+        if kv < 1 or kv > n_heads or n_heads % kv:
+            divisors = [d for d in range(1, n_heads + 1) if n_heads % d == 0]
+            shown = ", ".join(map(str, divisors[:8])) + (", ..." if len(divisors) > 8 else "")
+            raise ConfigError(f"{kv} key/value heads cannot be shared evenly by {n_heads} attention heads",
+                              field=f"{name}.{_key(cfg, 'num_key_value_heads', 'num_kv_heads', 'multi_query_group_num')}",
+                              accepted=f"a divisor of num_attention_heads ({n_heads}): {shown}")
+    if model_type in HIDDEN_SPLIT_BY_HEADS and h % n_heads:
+        raise ConfigError(f"hidden size {h} does not split into {n_heads} heads ({model_type} requires it)",
+                          field=f"{name}.{_key(cfg, 'num_attention_heads', 'n_head')}",
+                          accepted=f"a divisor of the hidden size {h}")
+
+
+def _key(cfg: dict[str, Any], *keys: str) -> str:
+    """The spelling of a quantity this config uses (the first of ``keys`` when it gives none)."""
+    return next((k for k in keys if cfg.get(k) is not None), keys[0])
 
 
 def _llama_attention(s: Shape) -> tuple[Any, ...]:
@@ -180,7 +231,9 @@ def _moe(s: Shape) -> dict[str, Any]:
     dense_only = set(cfg.get("mlp_only_layers", []) or [])
     n_moe = sum(1 for i in range(s.n_layers) if i not in dense_only and (i + 1) % step == 0)
     dense = out["groups"][0][0]
-    out["groups"] = [(moe_layer, n_moe)] + ([(dense, s.n_layers - n_moe)] if s.n_layers - n_moe else [])
+    out["groups"] = ([(moe_layer, n_moe)] if n_moe else []) + ([(dense, s.n_layers - n_moe)] if s.n_layers - n_moe else [])
+    if not n_moe:  # every layer dense (a step past the layer count, or all in mlp_only_layers): no experts built
+        return out
     return {**out, "n_experts": n_experts, "top_k": top_k}
 
 

@@ -268,6 +268,8 @@ def check_config_numbers(cfg: dict[str, Any], name: str) -> None:
             continue
         if canon in ("sliding_window", "q_lora_rank") and value is False:
             continue  # "no sliding window" / "no q compression" written as false
+        if canon == "sliding_window" and value == 0 and not isinstance(value, bool):
+            continue  # "no sliding window": Qwen2MoeConfig writes 0 when use_sliding_window is off
         low, high, why = MODEL_INT_RANGES[canon]
         try:
             check_int(f"{name}.{key}", value, low, high, why)
@@ -291,6 +293,10 @@ def _check_built(spec: ModelSpec, name: str) -> ModelSpec:
         raise ConfigError(f"gives attention heads of width {spec.head_dim} (hidden {spec.hidden} / "
                           f"{spec.n_heads} heads)", field=f"{name}.num_attention_heads",
                           accepted="at most hidden_size heads, or an explicit head_dim >= 1")
+    if spec.n_experts and spec.top_k > spec.n_experts:  # the family's default top-k included (MixtralConfig: 2)
+        raise ConfigError(f"routes each token to {spec.top_k} experts but has {spec.n_experts} "
+                          "(torch.topk over the router's outputs needs k at most the experts)",
+                          field=f"{name}.num_experts_per_tok", accepted=f"1..{spec.n_experts}")
     if spec.params_total > MAX_MODEL_PARAMS:
         raise ConfigError(f"describes {spec.params_total:.3g} parameters, beyond any model",
                           field=name, accepted=f"at most {MAX_MODEL_PARAMS:.0e} parameters")

@@ -37,16 +37,16 @@ class Profile:
     quant_saves_input: bool = False  # 4-bit matmul keeps its input for backward even with a frozen weight
     model_code: str = "hf"  # whose modeling code runs ("hf", "litgpt", "torchtune", "unsloth")
     # FSDP: one unit per block mixes frozen and trainable params (use_orig_params=True), so the unit's flat
-    # parameter carries gradients for its frozen weights too (estimator/fsdp_grads.py)
+    # parameter carries gradients for its frozen weights too (estimator/wrappers/fsdp.py)
     fsdp_mixed_unit_grads: bool = False
-    # FSDP: accumulating micro-batches run under no_sync and keep unsharded gradients (estimator/fsdp_grads.py)
+    # FSDP: accumulating micro-batches run under no_sync and keep unsharded gradients (estimator/wrappers/fsdp.py)
     fsdp_accumulate_unsharded: bool = False
     # bytes per weight element live while a quantized linear dequantizes (estimator/quant_kernels.py)
     dequant_bytes_per_elem: float = 0.0
     # the framework's model code always builds a separate lm_head, even for checkpoints that tie it
     unties_embeddings: bool = False
     # FSDP: methods whose recipe leaves the embeddings and lm_head in the root unit (block-wise auto-wrap),
-    # which FSDP keeps unsharded from the forward on (estimator/parallel.py)
+    # which FSDP keeps unsharded from the forward on (estimator/wrappers/fsdp.py)
     fsdp_root_embeddings: tuple[str, ...] = ("full", "freeze", "lora", "qlora")
     # the training loop keeps the last micro-batch's outputs and loss (with its graph) until the next one
     loop_holds_outputs: bool = False

@@ -1,6 +1,6 @@
 """TrainSetup: how the model is trained. Typed, validated, no formulas.
 
-Field names are those of the field table (specs/fields.py). ``validate`` raises a TuneplanError naming the
+Field names are those of the field table (specs/fields/). ``validate`` raises a TuneplanError naming the
 field and the accepted values for every invalid value or combination; a message that points at another
 field names it as ``{field}`` / ``{field=value}``, which each face words its own way (tuneplan.errors).
 Defaults that depend on the framework profile (optimizer, attention, targets, checkpointing) are left
@@ -67,12 +67,12 @@ class TrainSetup:
     offload: str = "none"
     framework: str = "hf"
     freeze_trainable_layers: int = 2  # method=freeze: last N layers trainable (LLaMA-Factory default 2)
-    # DeepSpeed buckets in elements; None = DeepSpeed's defaults (estimator/parallel.py). Read from a
+    # DeepSpeed buckets in elements; None = DeepSpeed's defaults (estimator/wrappers/zero.py). Read from a
     # DeepSpeed JSON by --from ("auto" resolved as the HF integration does: hidden^2, 0.9 hidden^2).
     ds_reduce_bucket: int | None = None
     ds_prefetch_bucket: int | None = None
     # DeepSpeed overlap_comm; None = DeepSpeed's default (on for stage 3 only). ZeRO-1/2 with it on keep a
-    # second contiguous-gradients bucket (estimator/parallel.py). Read from a DeepSpeed JSON by --from.
+    # second contiguous-gradients bucket (estimator/wrappers/zero.py). Read from a DeepSpeed JSON by --from.
     ds_overlap_comm: bool | None = None
     loss: str | None = None  # None = the profile's loss kernel (LOSSES)
     # saved activations moved to host memory as they are made, brought back for backward (torchtune

@@ -46,12 +46,14 @@ def launch(host: str = "127.0.0.1", port: int | None = 7860, *, block: bool = Tr
 
     Sized for a small server that strangers may reach (``tuneplan.web.limits``): at most SESSIONS_MAX
     sessions kept in memory (the oldest go first), at most QUEUE_MAX requests waiting, uploads at most
-    PASTE_MAX_BYTES, and Gradio's temporary files in a folder of this process's own.
+    PASTE_MAX_BYTES, request bodies at most ``http.BODY_MAX_BYTES``, security headers on every response
+    (``tuneplan.web.http``), and Gradio's temporary files in a folder of this process's own.
     """
     import shutil
     import tempfile
 
     from tuneplan.web import limits
+    from tuneplan.web.http import middleware
     from tuneplan.web.page import gradio_major, theme
 
     if "GRADIO_TEMP_DIR" not in os.environ:  # not the shared /tmp/gradio another user may have planted
@@ -61,7 +63,7 @@ def launch(host: str = "127.0.0.1", port: int | None = 7860, *, block: bool = Tr
     demo.queue(default_concurrency_limit=limits.WORKERS, max_size=limits.QUEUE_MAX)
     kw: dict[str, Any] = {"server_name": host, "server_port": port, "prevent_thread_lock": not block,
                           "quiet": quiet, "show_error": False, "state_session_capacity": limits.SESSIONS_MAX,
-                          "max_file_size": limits.PASTE_MAX_BYTES}
+                          "max_file_size": limits.PASTE_MAX_BYTES, "app_kwargs": {"middleware": middleware()}}
     if gradio_major() >= 6:
         kw["theme"] = theme()
     demo.launch(**kw)

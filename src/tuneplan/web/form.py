@@ -294,10 +294,16 @@ def _blank(value: Any) -> bool:
 
 
 def read_gpu(name: Any) -> Accelerator | None:
-    from tuneplan.catalog.accelerators import resolve_accelerator
+    return read_gpu_named(name)[0]
+
+
+def read_gpu_named(name: Any) -> tuple[Accelerator | None, str | None]:
+    """The card and, when the typed name also names another board of the same memory, the choice made
+    (``resolve_named``: the CLI's rule; a name that leaves the memory open is refused)."""
+    from tuneplan.catalog.accelerators import resolve_named
 
     name = choice("gpu", name, "")
-    return resolve_accelerator(name) if name else None
+    return resolve_named(name) if name else (None, None)
 
 
 def parse(values: dict[str, Any]) -> Parsed:
@@ -315,7 +321,9 @@ def parse(values: dict[str, Any]) -> Parsed:
     except TuneplanError as exc:
         p.fail(group_of(exc.field), page_error(exc))
     try:
-        p.gpu = read_gpu(v.get("gpu"))
+        p.gpu, gpu_choice = read_gpu_named(v.get("gpu"))
+        if gpu_choice:
+            p.notes.append(f"card: {gpu_choice}")
     except TuneplanError as exc:
         p.fail("hardware", page_error(exc))
     try:

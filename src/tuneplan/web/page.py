@@ -38,11 +38,17 @@ def model_choices() -> list[str]:
 
 
 def gpu_choices() -> list[tuple[str, str]]:
-    from tuneplan.catalog.accelerators import accelerators
+    """The card picker: every card, after one entry per card model sold in several memory sizes, so that
+    typing "v100" and Enter picks the model's name (which the core refuses, listing the sizes, as the CLI
+    does), never the first variant in the list."""
+    from tuneplan.catalog.accelerators import accelerators, memory_families
     from tuneplan.web.views import gib
 
     cards = sorted(accelerators().values(), key=lambda a: (a.memory_bytes, a.name))
-    return [("none: memory only", "")] + [(f"{a.name} ({gib(a.memory_bytes)} GiB)", a.id) for a in cards]
+    families = [(f"{fam.upper()}: {len(ids)} cards, pick one by its memory below", fam)
+                for fam, ids in memory_families().items()]
+    return ([("none: memory only", "")] + families
+            + [(f"{a.name} ({gib(a.memory_bytes)} GiB)", a.id) for a in cards])
 
 
 def build_app() -> Any:

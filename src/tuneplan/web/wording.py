@@ -10,7 +10,7 @@ from __future__ import annotations
 from tuneplan.errors import TuneplanError
 from tuneplan.specs.fields import BY_NAME, web_labels
 
-# The setup fields' labels come from the field table (specs/fields.py); the rest are the page's own.
+# The setup fields' labels come from the field table (specs/fields/); the rest are the page's own.
 LABELS: dict[str, str] = {
     "model": "Model",
     **web_labels(),

@@ -1,0 +1,145 @@
+"""Predicates of the software stack and the job: PyTorch builds, drivers, vendor stacks, several GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuneplan.compat.predicates.base import Hit, predicate, sm_name
+from tuneplan.compat.rules import (
+    Context,
+    arch_covered,
+    table_arch_list,
+    torch_install_hint,
+)
+from tuneplan.specs.hardware import GIB
+
+# ---- PyTorch builds and drivers ---------------------------------------------------------------------
+
+
+@predicate("torch-arch-missing")
+def _torch_arch(ctx: Context, p: dict[str, Any]) -> Hit:
+    if not ctx.known or ctx.platform != "cuda" or ctx.cc is None or not ctx.raw("torch_cuda"):
+        return None
+    archs = list(ctx.raw("torch_arch_list") or []) or table_arch_list(ctx.raw("torch"), ctx.raw("torch_cuda"))
+    if not archs or arch_covered(ctx.cc, archs):
+        return None
+    return {
+        "torch": ctx.raw("torch"),
+        "torch_cuda": ctx.raw("torch_cuda"),
+        "sm": sm_name(ctx.cc),
+        "arch_list": " ".join(archs),
+        "torch_fix": torch_install_hint(ctx.acc, ctx.versions),
+    }
+
+
+@predicate("torch-legacy-wheels")
+def _torch_legacy(ctx: Context, p: dict[str, Any]) -> Hit:
+    if ctx.known or ctx.platform != "cuda" or ctx.cc is None or ctx.cc >= (7, 5):
+        return None
+    note = p["cu128_note"].get(str(ctx.cc[0]), "no cu128 build has it")
+    return {"sm": sm_name(ctx.cc), "cu128_note": note}
+
+
+@predicate("torch-blackwell-wheels")
+def _torch_blackwell(ctx: Context, p: dict[str, Any]) -> Hit:
+    if ctx.known or ctx.platform != "cuda" or ctx.cc is None or ctx.cc < (10, 0):
+        return None
+    return {"sm": sm_name(ctx.cc)}
+
+
+@predicate("torch-no-gpu-build")
+def _torch_cpu(ctx: Context, p: dict[str, Any]) -> Hit:
+    if not ctx.known or ctx.platform not in ("cuda", "rocm", "npu"):
+        return None
+    torch = ctx.raw("torch")
+    if ctx.platform == "npu":
+        what = (
+            None
+            if ctx.raw("torch_npu")
+            else "torch_npu is not installed (PyTorch alone has no Ascend backend)"
+        )
+    elif not torch:
+        what = "PyTorch is not installed"
+    elif ctx.platform == "cuda" and not ctx.raw("torch_cuda"):
+        what = f"PyTorch {torch} is a {'ROCm' if ctx.raw('torch_hip') else 'CPU-only'} build"
+    elif ctx.platform == "rocm" and not ctx.raw("torch_hip"):
+        what = f"PyTorch {torch} is a {'CUDA' if ctx.raw('torch_cuda') else 'CPU-only'} build"
+    else:
+        what = None
+    return {"what": what, "torch_fix": torch_install_hint(ctx.acc, ctx.versions)} if what else None
+
+
+@predicate("torch-npu-mismatch")
+def _torch_npu(ctx: Context, p: dict[str, Any]) -> Hit:
+    npu, torch = ctx.ver("torch_npu"), ctx.ver("torch")
+    if not ctx.known or npu is None or torch is None or npu[0] != 2:  # pip torch_npu mirrors torch 2.x
+        return None
+    if npu[:3] == torch[:3]:
+        return None
+    return {"torch_npu": ctx.raw("torch_npu"), "torch": ctx.raw("torch"), "want": ".".join(map(str, npu[:3]))}
+
+
+@predicate("driver-too-old")
+def _driver(ctx: Context, p: dict[str, Any]) -> Hit:
+    if not ctx.known or ctx.platform != "cuda":
+        return None
+    driver, cuda = ctx.ver("driver"), ctx.ver("torch_cuda")
+    if driver is None or cuda is None:
+        return None
+    need = p["min_driver"].get(str(cuda[0]))
+    if need is None or driver[0] >= int(need):
+        return None
+    return {"torch_cuda": ctx.raw("torch_cuda"), "need": need, "driver": ctx.raw("driver")}
+
+
+# ---- vendor stacks and multi-GPU ----------------------------------------------------------------------
+
+
+@predicate("ascend-stack")
+def _ascend(ctx: Context, p: dict[str, Any]) -> Hit:
+    return {} if ctx.platform == "npu" else None
+
+
+@predicate("rocm-stack")
+def _rocm(ctx: Context, p: dict[str, Any]) -> Hit:
+    return {"target": ctx.card.arch_target or "unknown gfx target"} if ctx.platform == "rocm" else None
+
+
+@predicate("multi-device-package")
+def _package(ctx: Context, p: dict[str, Any]) -> Hit:
+    if ctx.acc is None or ctx.card.devices_per_package <= 1:
+        return None
+    return {"n": ctx.card.devices_per_package, "mem_gib": f"{ctx.card.memory_bytes / GIB:.1f}"}
+
+
+@predicate("multi-gpu-no-fast-link")
+def _no_link(ctx: Context, p: dict[str, Any]) -> Hit:
+    s = ctx.setup
+    if ctx.acc is None or s.gpus < 2 or s.device_map != "none" or ctx.card.has_fast_link is not False:
+        return None
+    traffic = (
+        " and ZeRO-3/FSDP parameter all-gathers"
+        if s.zero == 3 or s.fsdp
+        else " and ZeRO gradient reduce-scatter"
+        if s.zero
+        else ""
+    )
+    return {"interconnect": ctx.card.interconnect, "zero_traffic": traffic, "n": s.gpus}
+
+
+@predicate("qlora-sharded-quant-storage")
+def _quant_storage(ctx: Context, p: dict[str, Any]) -> Hit:
+    s = ctx.setup
+    if s.method != "qlora" or s.quant_bits != 4 or not (s.zero == 3 or s.fsdp):
+        return None
+    if s.framework == "fsdp-qlora":
+        return None  # its train.py builds Linear4bit(quant_storage=torch_dtype) itself
+    return {"sharding": "FSDP" if s.fsdp else "DeepSpeed ZeRO-3"}
+
+
+@predicate("fsdp-qlora-layer-classes")
+def _fsdp_qlora_layers(ctx: Context, p: dict[str, Any]) -> Hit:
+    model = ctx.model
+    if ctx.setup.framework != "fsdp-qlora" or model is None or model.model_type in ("llama", "mistral"):
+        return None
+    return {"model_type": model.model_type}

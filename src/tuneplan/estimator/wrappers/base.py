@@ -1,0 +1,205 @@
+"""The protocol of a data-parallel wrapper: what it holds resident on each GPU, what it gathers, which
+gradient buckets it keeps, and what it communicates, at each instant of a training step.
+
+A wrapper is chosen once, when the run is resolved (``estimator/run.py``, from the table in
+``estimator/wrappers/__init__.py``); the memory model (``estimator/memory.py``) asks it for a
+:class:`WrapperMemory` once per run, and the time model (``estimator/throughput.py``) for its collectives and
+the part of them that cannot hide behind compute. A wrapper holds no state: every answer is read off the
+resolved run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from tuneplan.estimator.links import ring_factor
+from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.links import Link
+    from tuneplan.estimator.optimizer import OptimizerPlan
+    from tuneplan.estimator.run import Run
+
+NCCL_BYTES = 512 * 1024**2  # NCCL buffers + communicator state per process (order of NCCL_BUFFSIZE=4 MiB
+#                             x channels x peers); outside PyTorch's allocator
+
+
+@dataclass(frozen=True)
+class Resident:
+    """Bytes every instant of the step holds on one GPU (and on the host), as the wrapper places them."""
+
+    weights: int  # the base model's parameters on this GPU (a shard when parameters are sharded)
+    adapters: int  # the LoRA adapters on this GPU
+    states: int  # optimizer states (ZeRO: with the fp32 master partition)
+    optimizer_temp: int  # the optimizer step's temporaries
+    gradients: int  # gradients that exist once the backward has run (beside the buckets)
+    host: int  # bytes offloaded to the host (CPU offload)
+    nccl: int  # NCCL buffers and communicator state, outside PyTorch's allocator
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """Gradient buffers beside the gradients themselves."""
+
+    persistent: int = 0  # kept for the run (DDP's buckets, ZeRO-3's flat partition and IPG bucket)
+    in_layers: int = 0  # alive only while a layer is back-propagated (FSDP's reduce-scatter input, ZeRO-1/2's
+    #                     bucket)
+    missing_at_bottom: int = 0  # sharded gradients not made yet near the bottom of the backward (FSDP2)
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """Unsharded parameters in flight (ZeRO-3 / FSDP), by instant."""
+
+    in_layers: int = 0  # while a layer runs (the current and the prefetched units)
+    at_loss: int = 0  # at the loss backward
+    at_forward_end: int = 0  # at the end of the forward, where the loss is computed
+
+
+@dataclass(frozen=True)
+class TopLayer:
+    """The top layer's backward, whose unsharded gradients are made as its activations are released."""
+
+    counted: int  # its unsharded gradients as counted in ``Buckets.in_layers``
+    gradients_at_end: int  # the gradient bytes live at its end
+    gathered: int  # unsharded parameters then
+    keeps_scratch: bool  # whether its last op's scratch is live at its end
+
+
+@dataclass(frozen=True)
+class EndOfBackward:
+    """The token embedding's backward, the last of the step (FSDP2)."""
+
+    gradients: int  # gradient bytes beyond the sharded ones
+    gathered: int  # unsharded parameters
+
+
+@dataclass(frozen=True)
+class EmbeddingGradients:
+    """Gradient bytes alive while the token embedding is back-propagated (DeepSpeed ZeRO-1/2)."""
+
+    gradients: int  # its own gradient excluded, buffers included
+    layers_hold_it: bool  # whether the layers' gradient rows already count the embedding's gradient
+
+
+@dataclass(frozen=True)
+class NoSyncGradients:
+    """Gradient bytes under FSDP's ``no_sync`` accumulation (``fsdp.no_sync_gradients``)."""
+
+    accumulating: int  # live on one GPU during an accumulating micro-batch
+    synced: int  # on one GPU after the reduce-scatter (the optimizer step)
+
+
+@dataclass(frozen=True)
+class WrapperMemory:
+    """What the wrapper keeps on each GPU at each instant of the step; ``None``: the instant follows the
+    single-GPU rule."""
+
+    resident: Resident
+    buckets: Buckets = Buckets()
+    gathered: Gathered = Gathered()
+    top_layer: TopLayer | None = None
+    end_of_backward: EndOfBackward | None = None
+    embedding: EmbeddingGradients | None = None
+    no_sync: NoSyncGradients | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """Seconds of collectives per GPU: those compute can hide, per micro-batch and per step, and the serial
+    ones, with what they are."""
+
+    per_micro_batch: float = 0.0
+    per_step: float = 0.0
+    serial: float = 0.0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A data-parallel wrapper. Subclasses say when they apply (:meth:`applies`), what they keep
+    (:meth:`memory`) and what they communicate (:meth:`ring_collectives`); the flags say which terms of the
+    time model they shard."""
+
+    name: ClassVar[str]
+    shards_parameters: ClassVar[bool] = False  # every parameter 1/N, gathered unit by unit (ZeRO-3, FSDP)
+    shards_optimizer: ClassVar[bool] = False  # the optimizer steps a 1/N partition (ZeRO, FSDP)
+
+    @classmethod
+    def applies(cls, setup: TrainSetup) -> bool:
+        """Whether this wrapper runs ``setup`` (the table's first that applies is chosen)."""
+        raise NotImplementedError
+
+    def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
+        raise NotImplementedError
+
+    def collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
+        """The collectives of one step over ``link``; none on one GPU."""
+        if run.setup.world_size == 1:
+            return Collectives()
+        return self.ring_collectives(run, grad_bytes=grad_bytes, gathered_bytes=gathered_bytes, link=link)
+
+    def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
+        raise NotImplementedError
+
+    def gradient_wire_bytes(self, run: Run) -> int:
+        """Bytes per gradient element on the wire."""
+        return run.param_plan.trainable_bytes
+
+    def last_bucket_bytes(self, run: Run, grad_bytes: int) -> float:
+        """The last bucket of a collective, which cannot hide behind compute."""
+        raise NotImplementedError
+
+
+class ShardingWrapper(Wrapper):
+    """ZeRO-3 and FSDP: every parameter sharded 1/N and gathered unit by unit, the optimizer stepping its
+    partition; 16-bit gradients on the wire when the compute dtype is."""
+
+    shards_parameters = True
+    shards_optimizer = True
+
+    def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
+        """Parameters gathered for the forward and again for the backward, gradients reduce-scattered, every
+        micro-batch."""
+        n = run.setup.world_size
+        g = run.param_plan.trainable_params * grad_bytes
+        wire = 2 * gathered_bytes * ring_factor("all_gather", n) + g * ring_factor("reduce_scatter", n)
+        return Collectives(per_micro_batch=wire / (link.gbs * 1e9),
+                           notes=("ZeRO-3/FSDP: all-gather parameters in forward and backward, "
+                                  "reduce-scatter gradients, every micro-batch; prefetch overlaps them with "
+                                  "compute",))
+
+    def gradient_wire_bytes(self, run: Run) -> int:
+        return sixteen_bit_wire(run)
+
+    def last_bucket_bytes(self, run: Run, grad_bytes: int) -> float:
+        return max(run.model.largest_layer_params * 2, 1)  # one unit = one decoder layer
+
+
+def sixteen_bit_wire(run: Run) -> int:
+    """Bytes per gradient element a sharding optimizer (ZeRO, FSDP) reduces: 2 when the compute dtype is
+    16-bit, else the trainable dtype's."""
+    return 2 if run.dtypes.compute == 2 else run.param_plan.trainable_bytes
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``a / b`` rounded up (integers)."""
+    return -(-a // b)
+
+
+def layer_gathered_bytes(run: Run) -> int:
+    """One decoder layer unsharded as a sharding wrapper gathers it: in 16 bits, or, for a quantized base,
+    as stored (packed 4/8-bit codes and their metadata: bitsandbytes ``bnb_4bit_quant_storage``, torchao NF4
+    shards), which is what is sharded, flattened and gathered."""
+    pp = run.param_plan
+    layer16 = run.model.largest_layer_params * run.dtypes.compute
+    if run.setup.quant_bits is not None and pp.largest_layer_bytes:
+        layer16 = min(layer16, pp.largest_layer_bytes)
+    return layer16
+
+
+def nccl_bytes(setup: TrainSetup) -> int:
+    """NCCL's buffers on each GPU: none on one GPU."""
+    return NCCL_BYTES if setup.world_size > 1 else 0

@@ -1,0 +1,338 @@
+"""FSDP: PyTorch's ``FullyShardedDataParallel`` (FSDP1, flat parameters) and ``fully_shard`` (FSDP2).
+
+FULL_SHARD with a bf16 MixedPrecision policy: sharded parameters in their own dtype, the current and the
+prefetched unit unsharded in 16 bits (one layer when each adapter is its own unit: ``fsdp_layers_gathered``),
+the unsharded gradient of the unit being reduce-scattered (``fsdp_reduce_scatter_input``), sharded fp32
+gradients, sharded optimizer states. With CPU offload (FSDP1 ``CPUOffload``, FSDP2 ``CPUOffloadPolicy``) the
+sharded gradients and optimizer states live on the host, and with ``all`` the parameter shards too.
+
+Two mechanisms read through profile switches (``tuneplan.specs.profiles``), :func:`no_sync_gradients`:
+
+- Mixed frozen / trainable units. With ``use_orig_params=True`` (Lightning Fabric's ``FSDPStrategy`` sets
+  it by default for torch >= 2.0), one FSDP unit may hold frozen and trainable parameters in one
+  ``FlatParameter``; the flat parameter then requires grad and its gradient covers every parameter in it.
+  PyTorch's FSDP docs: mixing them is supported "but we recommend not doing so since then the gradient
+  memory usage will be higher than expected (namely, equivalent to not freezing those parameters)".
+  LitGPT wraps each transformer ``Block`` as a unit (``auto_wrap_policy={Block}``), and its LoRA matrices
+  live inside the block's linears, so a LoRA run carries gradients for every block weight. The root unit
+  (embeddings, lm_head, final norm) holds only frozen parameters in a LoRA run and gets none.
+- ``no_sync``. During gradient accumulation the reduce-scatter is skipped and FSDP accumulates the
+  *unsharded* gradient of every unit (``FullyShardedDataParallel.no_sync`` docstring: gradients are
+  accumulated "in unsharded form", which uses more memory). LitGPT runs every accumulating micro-batch
+  under ``fabric.no_backward_sync(model, enabled=is_accumulating)`` (finetune/lora.py, finetune/full.py),
+  which maps to ``no_sync`` for the FSDP strategy. Only the last micro-batch of a step reduce-scatters.
+
+Together, a LitGPT FSDP LoRA run with gradient accumulation holds, on every GPU, a full-size gradient of
+all block weights next to its weight shard: the per-GPU peak of the litgpt resource tables (e.g. Llama 2
+7B LoRA on 2 GPUs above a single-GPU run) follows from this, with nothing fitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tuneplan.estimator.wrappers.base import (
+    Buckets,
+    EndOfBackward,
+    Gathered,
+    NoSyncGradients,
+    Resident,
+    ShardingWrapper,
+    TopLayer,
+    WrapperMemory,
+    ceil_div,
+    layer_gathered_bytes,
+    nccl_bytes,
+)
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.optimizer import OptimizerPlan
+    from tuneplan.estimator.run import Run
+
+# Trainers that wrap each LoRA matrix in an FSDP unit of its own: the HF Trainer (transformers
+# update_fsdp_plugin_peft sets PEFT's fsdp_auto_wrap_policy: decoder layers, plus every leaf module with a
+# trainable weight), and LLaMA-Factory, which trains through it; Answer.AI's fsdp_qlora train.py
+# (get_wrapping_policy: decoder layers or leaf modules whose weight requires grad).
+PEFT_UNIT_WRAP = ("hf", "llamafactory", "fsdp-qlora")
+# Training loops that run every accumulating micro-batch under ``accelerator.no_sync(model)``: transformers'
+# Trainer (``_inner_training_loop``: no_sync unless ``sync_each_batch``, DeepSpeed, or the step's last
+# micro-batch), and LLaMA-Factory, which trains through it (simulate: FSDP1 on a fake process group).
+HF_TRAINER_LOOPS = ("hf", "llamafactory")
+
+
+@dataclass(frozen=True)
+class ShardedTerms:
+    """What FSDP1 and FSDP2 share: the sharded resident terms and the unsharded sizes they gather."""
+
+    resident: Resident
+    layer16: int  # one decoder layer unsharded (16-bit, or packed 4/8-bit codes as stored)
+    root_unit: bool  # the root unit holds the embeddings, lm_head, final norm (profile.fsdp_root_embeddings)
+    root16: int  # the root unit unsharded, 0 when it holds none
+    gathered: int  # the current and the prefetched layer plus the root
+    layer_grads: int  # the unsharded gradient of the unit being reduce-scattered
+    grads: int  # the unsharded gradient bytes of all trainable parameters (reduce dtype)
+
+
+def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
+    """The sharded parameters, gradients and optimizer states on each GPU (1/N of each), and the units
+    FSDP gathers: the current and the prefetched block unit, unsharded in 16 bits, and the root unit
+    (embeddings, lm_head, final norm: what the block-wise auto-wrap leaves to the root), which FSDP does not
+    reshard after forward (FSDP1 ``_runtime_utils._post_forward_reshard``: ``not state._is_root``; FSDP2
+    only when reshard_after_forward is left to auto, ``_fsdp_state.py``). With MixedPrecision the sharded
+    trainable parameters, their gradients and states are fp32."""
+    model, setup, pp, compute = run.model, run.setup, run.param_plan, run.dtypes.compute
+    n = setup.world_size
+    weights = pp.weight_bytes + pp.adapter_bytes
+    grads = pp.trainable_params * pp.trainable_bytes
+    states = optimizer.states
+    layer16 = layer_gathered_bytes(run)
+    if setup.precision.endswith("-mixed") and compute == 2 and pp.trainable_bytes == 2:
+        weights += pp.trainable_params * 2
+        grads *= 2
+        states *= 2
+    w = ceil_div(weights, n)
+    root_unit = setup.method in run.profile.fsdp_root_embeddings
+    root16 = model.params_non_block * compute if root_unit else 0
+    gathered = fsdp_layers_gathered(setup) * layer16 + root16
+    g, st, tmp = ceil_div(grads, n), ceil_div(states, n), ceil_div(optimizer.temp, n)
+    host = 0
+    if setup.offload != "none":
+        host += g + st + (w if setup.offload == "all" else 0)
+        st, g, tmp = 0, 0, 0
+        if setup.offload == "all":
+            w = 0
+    adapters = ceil_div(pp.adapter_bytes, n)
+    resident = Resident(max(w - adapters, 0), adapters, st, tmp, g, host, nccl_bytes(setup))
+    return ShardedTerms(resident, layer16, root_unit, root16, gathered, fsdp_reduce_scatter_input(run), grads)
+
+
+class Fsdp(ShardingWrapper):
+    """What FSDP1 and FSDP2 share: the sharding, the collectives, and the frameworks with their own model
+    code and loops (LitGPT's no_sync accumulation, torchtune), which are not simulated: their reduce-scatter
+    input stays counted at every instant."""
+
+    def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
+        terms = sharded_terms(run, optimizer)
+        if run.profile.model_code != "hf":
+            gathered = terms.gathered
+            return WrapperMemory(terms.resident, Buckets(persistent=terms.layer_grads),
+                                 Gathered(gathered, gathered, gathered), no_sync=no_sync_gradients(run),
+                                 notes=self.notes(run.setup))
+        return self.simulated_memory(run, terms)
+
+    def notes(self, setup: TrainSetup) -> tuple[str, ...]:
+        return ()
+
+    def simulated_memory(self, run: Run, terms: ShardedTerms) -> WrapperMemory:
+        raise NotImplementedError
+
+
+class Fsdp1(Fsdp):
+    """FSDP1 (``FullyShardedDataParallel``, flat parameters), as the HF Trainer runs it (simulated)."""
+
+    name = "fsdp1"
+
+    @classmethod
+    def applies(cls, setup: TrainSetup) -> bool:
+        return setup.fsdp and setup.fsdp_version == 1
+
+    def notes(self, setup: TrainSetup) -> tuple[str, ...]:
+        return (f"FSDP FULL_SHARD: params, grads and optimizer states sharded over {setup.world_size} GPUs",)
+
+    def simulated_memory(self, run: Run, terms: ShardedTerms) -> WrapperMemory:
+        """The unsharded gradient exists only while its unit is back-propagated and reduce-scattered, not at
+        the loss or in the forward. At the loss: the root (kept unsharded) and the last layer, which the
+        root's pre-backward hook prefetches (BACKWARD_PRE) before any layer's backward; the forward gathers
+        one layer at a time (limit_all_gathers, no forward prefetch)."""
+        model, setup, compute = run.model, run.setup, run.dtypes.compute
+        n = setup.world_size
+        gathered, at_loss = terms.gathered, terms.layer16 + terms.root16
+        if setup.offload != "none" and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)):
+            # a unit whose flat parameter is already in the param dtype (no MixedPrecision, or frozen
+            # 16-bit weights / bf16-stored 4-bit codes: _uses_param_mixed_precision False) has no
+            # low-precision shard: pre_unshard copies its host shard to the device for the all-gather
+            # (FlatParamHandle.flat_param_to) and the original parameters stay views of that copy
+            # (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit beside it (torch
+            # 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a fake process
+            # group). A full fine-tune's fp32 units under MixedPrecision all-gather their bf16 _mp_shard.
+            gathered += ceil_div(gathered, n)
+            at_loss += ceil_div(at_loss, n)
+        # the top layer's end (FSDP1 use_orig_params: each parameter's gradient is a view's gradient; autograd
+        # concatenates them into the flat parameter's unsharded gradient, a cat whose inputs and output are
+        # live together, before _post_backward_hook reduce-scatters it), while the root's head gradient, made
+        # at the loss, waits for the root's post-backward at the very end (simulate: FSDP1, Llama-2-7B)
+        head_wait = 0
+        if setup.method == "full" and terms.root_unit:
+            head_wait = (model.lm_head_params or model.embed_params) * (
+                compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes)
+        buffers = terms.layer_grads
+        return WrapperMemory(terms.resident, Buckets(in_layers=buffers), Gathered(gathered, at_loss, at_loss),
+                             top_layer=TopLayer(buffers, 2 * buffers + head_wait, gathered, False),
+                             no_sync=no_sync_gradients(run), notes=self.notes(setup))
+
+
+class Fsdp2(Fsdp):
+    """FSDP2 (``fully_shard``, as accelerate's ``fsdp2_prepare_model`` applies it): fully_shard_terms."""
+
+    name = "fsdp2"
+
+    @classmethod
+    def applies(cls, setup: TrainSetup) -> bool:
+        return setup.fsdp and setup.fsdp_version == 2
+
+    def simulated_memory(self, run: Run, terms: ShardedTerms) -> WrapperMemory:
+        model, setup = run.model, run.setup
+        layer16, buffers = terms.layer16, terms.layer_grads
+        f2 = fully_shard_terms(model, setup, buffers, run.dtypes.compute, terms.grads,
+                               run.param_plan.trainable_params)
+        forward_end = f2.tail16 + (f2.tail16 if model.lm_head_params else layer16)
+        end = EndOfBackward(*f2.end) if f2.end is not None else None
+        return WrapperMemory(terms.resident,
+                             Buckets(in_layers=f2.transient, missing_at_bottom=f2.pending_bottom),
+                             Gathered(2 * layer16 + f2.held, f2.tail16, forward_end),
+                             top_layer=TopLayer(buffers, buffers, 2 * layer16 + f2.held_top, True),
+                             end_of_backward=end, no_sync=no_sync_gradients(run),
+                             notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
+                                    "GPUs",))
+
+
+def fsdp_layers_gathered(setup: TrainSetup) -> int:
+    """Decoder layers unsharded at once while a layer is back-propagated (FSDP1 BACKWARD_PRE).
+
+    FSDP1 prefetches the handle that follows in reverse forward order (``_runtime_utils._prefetch_handle``,
+    ``_exec_order_utils.get_handle_to_backward_prefetch``): with one unit per layer that is the next layer,
+    so two layers are unsharded. When each adapter is a unit of its own inside the layer (PEFT's wrap), the
+    handle after a layer is its last adapter unit, and the next layer is gathered only when the layer's
+    first adapter (in forward order) starts its backward, after the layer's own matmuls: one layer is
+    unsharded through the heavy part of each layer's backward (simulate: FSDP1 on a fake process group)."""
+    if setup.is_lora and setup.framework in PEFT_UNIT_WRAP:
+        return 1
+    return 2
+
+
+def fsdp1_param_mixed_precision(setup: TrainSetup) -> bool:
+    """Whether FSDP1 runs with a ``MixedPrecision`` param dtype as accelerate sets it for the HF Trainer
+    (``set_mixed_precision`` for the ``-mixed`` precisions; ``update_fsdp_plugin_peft`` for QLoRA's floating
+    ``bnb_4bit_quant_storage``); pure 16-bit and fp32 runs have none."""
+    return setup.precision.endswith("-mixed") or setup.method == "qlora"
+
+
+def fsdp_reduce_scatter_input(run: Run) -> int:
+    """The unsharded gradient of the unit being reduce-scattered (FSDP1 ``_post_backward_hook``: the flat
+    gradient autograd made for the unit, in the reduce dtype, alive until ``reduce_scatter_tensor`` fills the
+    new sharded gradient). A frozen unit makes none: in a LoRA run only the adapters' units do, one
+    layer's adapters at most."""
+    model, setup, pp, compute = run.model, run.setup, run.param_plan, run.dtypes.compute
+    per_layer = ceil_div(pp.trainable_params, max(model.n_layers, 1))
+    grad_bytes = compute if setup.precision.endswith("-mixed") else pp.trainable_bytes
+    if setup.is_lora and run.profile.fsdp_mixed_unit_grads:
+        # one flat parameter per block holding frozen and trainable weights: its gradient covers the
+        # whole block (no_sync_gradients)
+        return model.largest_layer_params * compute
+    if setup.is_lora:
+        return per_layer * grad_bytes
+    return min(model.largest_layer_params, pp.trainable_params) * grad_bytes
+
+
+def no_sync_gradients(run: Run) -> NoSyncGradients | None:
+    """Per-GPU gradient bytes under the profile's FSDP wrapping (mixed frozen / trainable units, ``no_sync``
+    accumulation: the module's docstring); None when the generic sharded model holds."""
+    model, setup, prof, dt, pp = run.model, run.setup, run.profile, run.dtypes, run.param_plan
+    n = setup.world_size
+    hf_loop = setup.framework in HF_TRAINER_LOOPS
+    if n < 2 or (setup.method == "qlora" and not hf_loop) or setup.offload != "none":
+        return None
+    accumulate_unsharded = prof.fsdp_accumulate_unsharded or hf_loop
+    if not (prof.fsdp_mixed_unit_grads or accumulate_unsharded):
+        return None
+    if setup.method == "full":
+        grad_params, grad_bytes = pp.trainable_params, dt.trainable
+    elif setup.is_lora and prof.fsdp_mixed_unit_grads:
+        # every block's flat parameter requires grad: all block weights plus the adapters inside them
+        grad_params, grad_bytes = model.params_layers + pp.adapter_params, dt.frozen_weight
+    else:
+        grad_params, grad_bytes = pp.trainable_params, dt.adapter if setup.is_lora else dt.trainable
+    unsharded_bytes = grad_bytes
+    if setup.fsdp_version == 2 and setup.precision.endswith("-mixed") and setup.method != "qlora":
+        # accelerate's fsdp2_prepare_model upcasts the trainable parameters to fp32 (no Params4bit in the
+        # model): their sharded gradients are fp32; the unsharded ones accumulated under
+        # set_requires_gradient_sync(False) stay in the MixedPrecisionPolicy param dtype
+        grad_bytes, unsharded_bytes = 4, dt.compute
+    full = grad_params * grad_bytes
+    synced = ceil_div(full, n)
+    accumulating = synced
+    if setup.grad_accum > 1 and accumulate_unsharded:
+        accumulating = grad_params * unsharded_bytes
+    return NoSyncGradients(accumulating=accumulating, synced=synced)
+
+
+@dataclass(frozen=True)
+class FullyShardTerms:
+    held: int  # beyond the current and the prefetched layer, unsharded through a layer's backward
+    transient: int  # unsharded gradients made by the layer being back-propagated (and a tied head's)
+    tail16: int  # unsharded at the loss
+    pending_bottom: int  # sharded gradients not made yet at the second layer's backward
+    # the embedding's backward: (unsharded gradients less the shards not made yet, unsharded parameters)
+    end: tuple[int, int] | None
+    held_top: int = 0  # as ``held``, through the top layer's backward
+
+
+def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, compute_bytes: int,
+                      grads: int, trainable_params: int) -> FullyShardTerms:
+    """FSDP2 (``fully_shard``, as accelerate's ``fsdp2_prepare_model`` applies it), torch 2.13 source.
+
+    Groups: each decoder layer; the input embeddings (untied) with ``reshard_after_forward=True``; the
+    tail (final norm and output head, with the embeddings when tied) with ``reshard_after_forward=False``.
+
+    - In the forward, ``wait_for_unshard`` keeps a group's flat all-gather output in
+      ``comm_ctx.all_gather_state`` until the next group's copy-out, and the root's post-forward frees the
+      last one: transformers computes the loss inside the root's forward, so at the loss the last group
+      gathered (the untied tail, or the last layer when the tail gathered first at the tied embeddings)
+      still has its flat buffer next to the unsharded tail.
+    - At the loss backward only the tail is unsharded: the last layer was resharded after its forward, the
+      root's post-forward freed the last all-gather result, and the backward prefetch of the last layer waits
+      for the tail's pre-backward hook, which the logits' gradient fires after the loss backward.
+    - ``_backward_prefetch``: a group's pre-backward all-gathers the group before it in forward order into
+      one flat buffer (a layer in the param dtype), alive until that group's copy-out: two layers unsharded.
+    - ``foreach_reduce`` keeps a group's flat reduce-scatter input (its unsharded gradients in the reduce
+      dtype) in ``comm_ctx.reduce_scatter_state`` until the next reduce-scatter replaces it: a layer's
+      backward holds the previous group's (a layer's gradients, or an untied trainable head's).
+    - A group's post-backward hook is registered on its forward inputs that require grad. The embeddings'
+      input ids do not: an untied embedding group, and a tied tail (which starts its forward at the
+      embeddings), reshard and reduce-scatter only in the root's final callback. A tied tail stays
+      unsharded through the whole backward and its head gradient waits there; at the embedding's backward
+      the head's and the embedding's gradients and their sum are live (three in the param dtype).
+    - The sharded gradient of a group appears after its reduce-scatter: at the second layer's backward
+      (the peak near the bottom: the first one prefetches the smaller embedding group) two layers' shards
+      and the embedding's (the tied tail's) are still missing. With ``CPUOffloadPolicy`` the sharded
+      gradients are copied to the host as they are made (``foreach_reduce``): none is on the device to miss.
+    - The top layer is the first back-propagated: the reduce-scatter input held through it is the tail's
+      (an untied head that trains), or none; a tied tail stays unsharded. Its unsharded gradients grow as
+      its activations are released (``memory_at``'s top-layer row takes the larger of its start and end).
+    """
+    n = setup.world_size
+    tied = not model.lm_head_params
+    tail = (model.lm_head_params or model.embed_params) + model.final_norm_params
+    tail16 = tail * compute_bytes
+    head_trains = setup.method == "full"
+    # sharded gradient bytes per trainable element on the device (none under CPUOffloadPolicy: host)
+    per_elem = 0 if setup.offload != "none" else grads / max(trainable_params, 1)
+    layer_train = layer_grads / max(compute_bytes, 1)
+    emb_grad16 = model.embed_params * compute_bytes if head_trains else 0
+    if tied:
+        held = layer_grads
+        transient = layer_grads + emb_grad16
+        pending = 2 * layer_train + (tail if head_trains else 0)
+        end = (3 * emb_grad16 + layer_grads - -(-int(tail * per_elem) // n), tail16) if head_trains else None
+    else:
+        held = max(layer_grads, tail * compute_bytes if head_trains else 0)
+        transient = layer_grads
+        pending = 2 * layer_train + (model.embed_params if head_trains else 0)
+        end = ((emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // n),
+                model.embed_params * compute_bytes) if head_trains else None)
+    held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
+    return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
+                           pending_bottom=-(-int(pending * per_elem) // n), end=end, held_top=held_top)
