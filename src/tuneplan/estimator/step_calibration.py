@@ -30,7 +30,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from tuneplan.estimator.time_band import PARTS
@@ -42,15 +44,28 @@ FACTOR_RANGE = (0.1, 10.0)  # a correction beyond 10x is a different setup, not 
 LABEL = "calibrated on this machine"
 
 DERIVATIVE_STEP = 1e-3  # in ln k: a 0.1 % change of a rate
+RECHECK_SECONDS = 1.0  # how stale the store read may be when another process changed it (this one: never)
 
 _cache: dict[str, Any] = {}
 _options: dict[Any, Any] = {}
 
 
 def store_path() -> str:
-    from tuneplan.catalog.accelerators import config_dir
+    env = os.environ
+    return _store_path(env.get("TUNEPLAN_CONFIG_DIR"), env.get("XDG_CONFIG_HOME"), env.get("HOME"))
 
-    return str(config_dir() / STORE_NAME)
+
+@lru_cache(maxsize=8)
+def _store_path(config_dir: str | None, xdg: str | None, home: str | None) -> str:
+    """The store's path for these environment values (every estimate asks: kept per environment)."""
+    from tuneplan.catalog.accelerators import config_dir as user_config_dir
+
+    return str(user_config_dir() / STORE_NAME)
+
+
+def forget() -> None:
+    """Read the store again at the next estimate (after this process wrote it)."""
+    _cache.clear()
 
 
 def entry_key(card_id: str, framework: str) -> str:
@@ -61,10 +76,15 @@ def load_store(path: str | None = None) -> dict[str, Any]:
     """The store's content (``{"version": 1, "entries": {key: {"measurements": [...]}}}``), empty when there
     is none or it cannot be read as one (a damaged store never stops an estimate)."""
     p = path or store_path()
+    now = time.monotonic()
+    if _cache.get("path") == p and now - _cache.get("checked", -1e9) < RECHECK_SECONDS:
+        return _cache["store"]  # an estimate grid asks thousands of times a second: one stat per interval
     try:
         st = os.stat(p)
     except OSError:
-        return {"version": STORE_VERSION, "entries": {}}
+        _cache.update(path=p, checked=now, stamp=None, store={"version": STORE_VERSION, "entries": {}})
+        return _cache["store"]
+    _cache.update(path=p, checked=now)
     stamp = (p, st.st_mtime_ns, st.st_size)
     if _cache.get("stamp") == stamp:
         return _cache["store"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.step_calibration import STORE_VERSION, entry_key, load_store, store_path
+from tuneplan.estimator.step_calibration import STORE_VERSION, entry_key, forget, load_store, store_path
 from tuneplan.estimator.time_band import part_sigmas
 from tuneplan.specs.hardware import Accelerator
 
@@ -30,6 +30,7 @@ def _write(store: dict[str, Any], path: str) -> str:
                             field="calibration", accepted="remove the link, or point $TUNEPLAN_CONFIG_DIR "
                             "at another folder")
     write_text(path, json.dumps(store, indent=1, sort_keys=True) + "\n", force=True, field="calibration")
+    forget()
     return path
 
 
