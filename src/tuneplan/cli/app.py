@@ -225,8 +225,9 @@ def _warnings_as_lines() -> Any:
     def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
              line: Any = None) -> None:
         from tuneplan.cli.render import for_terminal
+        from tuneplan.cli.wording import cli_texts
 
-        _say(f"warning: {for_terminal(str(message))}")
+        _say(f"warning: {for_terminal(cli_texts(str(message)))}")  # the core's {field} references as flags
 
     @contextlib.contextmanager
     def scope() -> Any:

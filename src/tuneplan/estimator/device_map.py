@@ -320,7 +320,7 @@ def spill_finding(run: Run, acc: Accelerator | None) -> Finding | None:
     why = ("bitsandbytes refuses a map with modules on the CPU" if run.setup.quant_bits is not None
            else "the offloaded weights would cross the host link at every forward and backward")
     return Finding("error", "device-map-spills-to-cpu", f"{spill_text(where)}; {why}",
-                   fix="more cards (--gpus), larger cards, or a smaller method (--method qlora)",
+                   fix="more cards ({gpus}), larger cards, or a smaller method ({method=qlora})",
                    source="transformers integrations/accelerate.py infer_auto_device_map; "
                           "quantizer_bnb_4bit.py validate_environment")
 

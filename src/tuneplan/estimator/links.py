@@ -172,4 +172,4 @@ def network_link(gbs: float | None = None) -> Link:
     if gbs:
         return Link("network", gbs * NETWORK_EFFICIENCY, f"given {gbs:g} GB/s x {NETWORK_EFFICIENCY:g}")
     return Link("InfiniBand HDR 200 Gb/s", DEFAULT_NETWORK_GBS * NETWORK_EFFICIENCY,
-                f"default: {DEFAULT_NETWORK_GBS:g} GB/s per GPU x {NETWORK_EFFICIENCY:g}; --inter-node-gbs sets yours")
+                f"default: {DEFAULT_NETWORK_GBS:g} GB/s per GPU x {NETWORK_EFFICIENCY:g}; {{inter_node_gbs}} sets yours")

@@ -124,7 +124,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         time["band"] = band_section(step_s, breakdown, sigmas, steps, setup.cards)
     else:
         time["band"] = band_section(step_s, breakdown, sigmas, None, setup.cards)
-        time["unknown"] = ["no dataset size: give --samples (and --avg-tokens) or --dataset-tokens for hours"]
+        time["unknown"] = ["no dataset size: give {samples} (and {avg_tokens}) or {dataset_tokens} for hours"]
         return {"time": time, "cost": hourless_cost(run, acc, prices, rates)}
     return {"time": time, "cost": cost_section(acc, setup.cards, gpu_hours, prices, rates=rates)}
 

@@ -317,10 +317,10 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     peak = opt.peak_tflops or matmul_peak_tflops(acc, setup)
     if not peak:
         raise UnknownThroughput(f"{acc.name}: the catalog has no dense tensor peak for {setup.precision} matmuls "
-                                "(add bf16_tflops_dense / fp32_tflops with --hardware-file)")
+                                "(add bf16_tflops_dense / fp32_tflops with {hardware_file})")
     if not acc.memory_bandwidth_gbs:
         raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
-                                "(add memory_bandwidth_gbs with --hardware-file)")
+                                "(add memory_bandwidth_gbs with {hardware_file})")
     head_chunk = LITGPT_CHUNK if prof.quantizes_lm_head and model.lm_head_params else 0
     fp = flop_plan(model, setup, dt, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk)
     gemm_kernels, other_kernels, dequant_kernels = fp.kernels

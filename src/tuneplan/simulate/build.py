@@ -116,7 +116,7 @@ def hf_config(spec: ModelSpec, attn_impl: str) -> Any:
         raise TuneplanError(
             f"transformers {_tf_version()} has no model class for model_type {model_type!r} ({exc}); "
             "simulate runs transformers' own modeling code", field="model",
-            accepted="a model whose architecture transformers implements (or use --engine analytic)") from None
+            accepted="a model whose architecture transformers implements (or use {engine=analytic})") from None
     config.use_cache = False
     config._attn_implementation = attn_impl
     return config

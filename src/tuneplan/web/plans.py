@@ -12,11 +12,11 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from tuneplan.errors import TuneplanError
+from tuneplan.errors import TuneplanError, word_texts
 from tuneplan.web import views
 from tuneplan.web.callbacks import guarded
 from tuneplan.web.form import Parsed, parse
-from tuneplan.web.wording import page_error
+from tuneplan.web.wording import page_error, page_words
 
 log = logging.getLogger("tuneplan.web")
 
@@ -227,7 +227,7 @@ def _export(build_export: Any, values: dict[str, Any], formats: list[str]) -> tu
         for path, text in bundle.files:
             Path(path).write_text(text, encoding="utf-8")
             written[str(path)] = None
-        notes += bundle.notes
+        notes += word_texts(bundle.notes, page_words)
     msg = "".join(views.note_html(n) for n in dict.fromkeys(notes))
     return list(written), views.note_html(f"{len(written)} file(s): " + ", ".join(Path(f).name for f in written)) + msg
 
