@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuneplan.estimator.xp import maximum
+from tuneplan.estimator.xp import ceil_div, maximum
 
 TORCHTUNE_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 LITGPT_CHUNK = 128  # litgpt finetune/*.py: model(input_ids, lm_head_chunk_size=128)
@@ -74,7 +74,7 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
     # the fp32 cast of the model's c-byte logits (nothing new when they already are fp32)
     cast = 4 * tv if c != 4 else 0
     if loss == "fabric_chunked":
-        n = maximum(1, -(-seq // LITGPT_CHUNK))
+        n = maximum(1, ceil_div(seq, LITGPT_CHUNK))
         return LogitsPlan(at_forward_end=c * tv, forward_peak=8 * tv, backward_peak=8 * tv + 8 * tv // n,
                           held=4 * tv, cast_peak=c * tv + cast)
     if loss == "torchtune_legacy":

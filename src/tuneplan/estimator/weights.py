@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -86,15 +87,15 @@ def quant_bytes(numel: int, d_out: int, bits: int, double_quant: bool) -> tuple[
     """(storage bytes, metadata bytes) of one quantized weight of ``numel`` elements."""
     if bits == 8:
         return numel, d_out * 4
-    blocks = -(-numel // NF4_BLOCK)
+    blocks = ceil_div(numel, NF4_BLOCK)
     if double_quant:
-        meta = blocks + 4 * -(-blocks // DQ_BLOCK) + CODE_TABLE_BYTES + 4
+        meta = blocks + 4 * ceil_div(blocks, DQ_BLOCK) + CODE_TABLE_BYTES + 4
     else:
         meta = 4 * blocks
     # QuantState.code: bitsandbytes keeps the 16-entry fp32 NF4/FP4 code book per weight
     # (functional.get_4bit_type); real Params4bit footprints include it (18944 x 3584: 35,026,180 B).
     meta += NF4_CODE_BYTES
-    return -(-numel // 2), meta
+    return ceil_div(numel, 2), meta
 
 
 def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: bool = False) -> ParamPlan:
