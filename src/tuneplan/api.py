@@ -109,7 +109,8 @@ class Estimate:
         }
         if self.gpu is not None:
             d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
-                        "memory_source": self.gpu.memory_source}
+                        "memory_source": self.gpu.memory_source, "platform": self.gpu.platform,
+                        "outside_torch_words": list(self.gpu.outside_torch_words)}
             if self.extras.get("gpu_name_choice"):
                 d["gpu"]["name_choice"] = self.extras["gpu_name_choice"]
             d["fits"] = self.fits
@@ -154,7 +155,7 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
         import warnings
 
         # its cards are only what a GPU name is looked up in: without one (or with an Accelerator) unused
-        warnings.warn("the hardware file is not used: it adds cards that a GPU name (--gpu) can name, and "
+        warnings.warn("the hardware file is not used: it adds cards that a GPU name ({gpu}) can name, and "
                       "no GPU name was given", stacklevel=2)
     if engine not in ("analytic", "simulate"):
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
