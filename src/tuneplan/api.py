@@ -109,7 +109,8 @@ class Estimate:
         }
         if self.gpu is not None:
             d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
-                        "memory_source": self.gpu.memory_source}
+                        "memory_source": self.gpu.memory_source, "platform": self.gpu.platform,
+                        "outside_torch_words": list(self.gpu.outside_torch_words)}
             if self.extras.get("gpu_name_choice"):
                 d["gpu"]["name_choice"] = self.extras["gpu_name_choice"]
             d["fits"] = self.fits
@@ -150,6 +151,12 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
     override the catalog's prices and the cost model's defaults. ``versions`` (the keys of
     ``tuneplan.compat``): the library versions the run will use, so that version-dependent breakages are
     answered for them instead of stated as a condition."""
+    if hardware_file is not None and not isinstance(gpu, str):
+        import warnings
+
+        # its cards are only what a GPU name is looked up in: without one (or with an Accelerator) unused
+        warnings.warn("the hardware file is not used: it adds cards that a GPU name ({gpu}) can name, and "
+                      "no GPU name was given", stacklevel=2)
     if engine not in ("analytic", "simulate"):
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     acc, choice, run = resolved(model, setup, gpu, hardware_file, kwargs)
@@ -287,6 +294,7 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     extras: dict[str, Any] = {"params_trainable": run.trainable_params}
     if acc is not None and timing:  # searches that only need the memory verdict skip time and cost
+        _check_price_arguments(price=price, card_price=card_price, kwh_price=kwh_price, own_years=own_years)
         if price is None and card_price is None and kwh_price is None and own_years is None:
             prices = DEFAULT_PRICES  # one object: the run's kept cost rates match it by identity
         else:
@@ -306,3 +314,15 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
 
         findings.extend(f for f in (spill_finding(run, acc),) if f is not None)
     return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=findings, extras=extras, run=run)
+
+
+def _check_price_arguments(**values: float | None) -> None:
+    """Each price argument finite and in 0..MAX_PRICE, refused under its own name (``price``, not the
+    ``Prices`` field it fills), before any total is formed: ``price=10**400`` is bad input, not an
+    OverflowError."""
+    from tuneplan.specs.limits import MAX_PRICE, check_number
+
+    for name, value in values.items():
+        if value is not None:
+            check_number(name, value, 0.0, MAX_PRICE)
+

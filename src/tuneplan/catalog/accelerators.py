@@ -137,15 +137,38 @@ def user_hardware_file() -> Path | None:
     return None
 
 
+def config_dir() -> Path:
+    """The user's tuneplan config directory: ``$TUNEPLAN_CONFIG_DIR`` when set, else
+    ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan`` (it may not exist)."""
+    env = os.environ
+    return Path(env.get("TUNEPLAN_CONFIG_DIR") or os.path.join(
+        env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config"), "tuneplan"))
+
+
 def accelerators(extra: dict[str, Accelerator] | str | os.PathLike[str] | None = None) -> dict[str, Accelerator]:
     """Catalog + the user's config-dir hardware file + ``extra`` (a dict, or a hardware file path)."""
     cat = dict(_catalog())
-    user = user_hardware_file()
-    if user is not None:
-        cat.update(load_hardware_file(user))
+    cat.update(_config_folder_cards())
     if extra:
         cat.update(extra if isinstance(extra, dict) else load_hardware_file(extra))
     return cat
+
+
+def _config_folder_cards() -> dict[str, Accelerator]:
+    """The cards of the config folder's hardware file; a file that cannot be used is a warning naming it
+    and its problem, and its cards are left out: a file the user did not name on this command line must
+    not break every command (``--hardware-file`` given explicitly stays an error, exit 2)."""
+    user = user_hardware_file()
+    if user is None:
+        return {}
+    try:
+        return load_hardware_file(user)
+    except TuneplanError as exc:
+        import warnings
+
+        warnings.warn(f"the hardware file of the config folder is ignored: {exc.message}"
+                      + (f" (accepted: {exc.accepted})" if exc.accepted else ""), stacklevel=3)
+        return {}
 
 
 def _index(cat: dict[str, Accelerator]) -> dict[str, str]:
@@ -332,8 +355,9 @@ def _coerce(path: Path, acc_id: str, key: str, value: Any) -> tuple[str, Any]:
             raise TuneplanError(f"{where}: expected true/false, got {value!r}", field="hardware_file")
         return _BOOL_FIELDS[key], "yes" if value else "no"
     if key_out in _NUM_FIELDS:
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or not 0 <= value <= MAX_HARDWARE_NUMBER):
+        # an int compares exactly however large (1e400-style integers); only a float can be inf or NaN
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or (isinstance(value, float) and not math.isfinite(value)) or not 0 <= value <= MAX_HARDWARE_NUMBER):
             raise TuneplanError(f"{where}: expected a non-negative number, got {show_value(value)}",
                                 field="hardware_file", accepted=f"a finite number in 0..{MAX_HARDWARE_NUMBER:g}")
         return key_out, float(value)

@@ -113,6 +113,12 @@ def render_setup(d: dict[str, Any]) -> None:
         console.print(f"[dim]profile defaults used for: {', '.join(sorted(defaults))}[/]")
 
 
+def outside_torch_words(d: dict[str, Any]) -> tuple[str, str]:
+    """The card's names for the memory outside PyTorch (``Accelerator.outside_torch_words``)."""
+    words = (d.get("gpu") or {}).get("outside_torch_words") or ("CUDA context", "NCCL")
+    return words[0], words[1]
+
+
 def render_memory(d: dict[str, Any], details: bool) -> None:
     pg = d["per_gpu"]
     cards = pg.get("per_card", [])
@@ -136,9 +142,10 @@ def render_memory(d: dict[str, Any], details: bool) -> None:
             row(k, v, desc)
     row("allocated peak", pg["allocated_peak_bytes"], "torch.cuda.max_memory_allocated", bold=True)
     row("reserved peak", pg["reserved_peak_bytes"], "torch.cuda.max_memory_reserved (allocator emulation)")
-    row("CUDA context", pg["cuda_context_bytes"], "outside PyTorch (driver, kernels)")
+    runtime, collectives = outside_torch_words(d)
+    row(runtime, pg["cuda_context_bytes"], "outside PyTorch (driver, kernels)")
     if pg.get("nccl_bytes"):
-        row("NCCL", pg["nccl_bytes"], "communicator buffers, outside PyTorch")
+        row(collectives, pg["nccl_bytes"], "communicator buffers, outside PyTorch")
     row("device peak", pg["device_peak_bytes"], "what nvidia-smi shows; OOM is judged here", bold=True)
     if pg.get("paged_bytes"):
         row("paged optimizer", pg["paged_bytes"], "unified memory, pages out instead of OOM")
@@ -213,11 +220,24 @@ def render_time_cost_line(d: dict[str, Any]) -> None:
     if t.get("total_hours") is not None:
         parts.append(f"{t['total_hours']:,.2f} h")
         if c and c.get("cloud_usd") is not None:
-            parts.append(f"{c['cloud_usd']:,.2f} USD rented")
+            parts.append(f"{c['cloud_usd']:,.2f} USD rented"
+                         + (f" (priced as {c['cloud_priced_as']})" if c.get("cloud_priced_as") else ""))
+        elif c:
+            parts.append("rented: no price known (--price)")
         if c and c.get("own_usd") is not None:
             parts.append(f"{c['own_usd']:,.2f} USD owned")
     else:
         parts.append("hours and cost: --samples N")
+    band = t.get("band") or {}
+    if band:
+        span = (f"{band['total_hours_low']:,.2f}-{band['total_hours_high']:,.2f} h"
+                if "total_hours_high" in band
+                else f"{band['step_seconds_low']:,.2f}-{band['step_seconds_high']:,.2f} s/step")
+        parts.append(f"plan for {span}")
+    if t.get("calibration"):
+        parts.append(t["calibration"]["label"])
+    elif t.get("card_throughput_known") == "proxy":
+        parts.append("card throughput from proxy figures")
     console.print("[bold]Time[/] " + " · ".join(parts), highlight=False)
 
 
