@@ -279,16 +279,27 @@ def render_max_model(d: dict[str, Any], details: bool = False) -> None:
     console.print(f"[bold]{d['world_size']} x {g['name']}[/] ({gib(g['memory_bytes'])} GiB usable each)"
                   + ("  ·  the candidate space searched (--auto)" if d["auto"] else "  ·  setup as given"))
     t = compact_table()
-    for c in ("method", "largest catalog model", "size B", "largest\nstandard B", "next\nsize B"):
-        t.add_column(c, justify="right" if c.endswith("B") else "left", no_wrap=c != "largest catalog model")
+    cols = ["method", "largest catalog model", "size B"] + (["hours"] if d["auto"] else []) + [
+        "largest\nstandard B", "next\nsize B"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("method", "largest catalog model") else "right",
+                     no_wrap=c != "largest catalog model")
     for m in d["by_method"]:
         cm = m["largest_catalog_model"]
-        t.add_row(("[bold]" if m["method"] == d["method"] else "") + m["method"],
-                  split_id(cm["model"], 34) if cm else "-",
-                  _num(cm["params"] / 1e9 if cm else None, "{:.2f}"),
-                  _num(m["max_params"] / 1e9 if m["max_params"] else None, "{:.2f}"),
+        cells = [("[bold]" if m["method"] == d["method"] else "") + m["method"],
+                 split_id(cm["model"], 30 if d["auto"] else 34) if cm else "-",
+                 _num(cm["params"] / 1e9 if cm else None, "{:.2f}")]
+        if d["auto"]:
+            cells.append(_hours(cm.get("hours") if cm else None))
+        t.add_row(*cells, _num(m["max_params"] / 1e9 if m["max_params"] else None, "{:.2f}"),
                   _num(m["next_params"] / 1e9 if m["next_params"] else None, "{:.2f}"))
     show(t, "Largest model that fits, per method (B: billions of parameters)")
+    if d["auto"]:
+        u = d.get("usable") or {}
+        console.print(f"[dim]--auto: trains at {u.get('tokens_per_second', 0):,.0f} tokens/s or more (hours: "
+                      f"{u.get('samples', 0):,} samples of {u.get('avg_tokens', 0)} tokens, one epoch, within "
+                      f"{u.get('hours', 0):g} h), within {gib(d.get('host_memory_bytes'))} GiB of host memory "
+                      "per node (--host-memory sets it)[/]")
     for m in d["by_method"]:
         if m["requires"]:
             console.print(f"{m['method']} switches on {', '.join(m['requires'])}")

@@ -50,3 +50,8 @@ def int_for(x: Any) -> Any:
     same result without a Python call around it, on the scalar path), else :func:`to_int`. (Python's
     two-argument ``max`` is slower than :func:`maximum` on numbers: it goes through an iterator.)"""
     return int if x.__class__ in _NUMBERS else to_int
+
+
+def ceil_div(a: Any, b: Any) -> Any:
+    """``a / b`` rounded up, for integers (or integer arrays): ``-(-a // b)``."""
+    return -(-a // b)

@@ -184,11 +184,6 @@ def sixteen_bit_wire(run: Run) -> int:
     return 2 if run.dtypes.compute == 2 else run.param_plan.trainable_bytes
 
 
-def ceil_div(a: int, b: int) -> int:
-    """``a / b`` rounded up (integers)."""
-    return -(-a // b)
-
-
 def layer_gathered_bytes(run: Run) -> int:
     """One decoder layer unsharded as a sharding wrapper gathers it: in 16 bits, or, for a quantized base,
     as stored (packed 4/8-bit codes and their metadata: bitsandbytes ``bnb_4bit_quant_storage``, torchao NF4

@@ -41,10 +41,10 @@ from tuneplan.estimator.wrappers.base import (
     ShardingWrapper,
     TopLayer,
     WrapperMemory,
-    ceil_div,
     layer_gathered_bytes,
     nccl_bytes,
 )
+from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 

@@ -26,11 +26,11 @@ from tuneplan.estimator.wrappers.base import (
     TopLayer,
     Wrapper,
     WrapperMemory,
-    ceil_div,
     layer_gathered_bytes,
     nccl_bytes,
     sixteen_bit_wire,
 )
+from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
