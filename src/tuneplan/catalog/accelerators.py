@@ -137,6 +137,14 @@ def user_hardware_file() -> Path | None:
     return None
 
 
+def config_dir() -> Path:
+    """The user's tuneplan config directory: ``$TUNEPLAN_CONFIG_DIR`` when set, else
+    ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan`` (it may not exist)."""
+    env = os.environ
+    return Path(env.get("TUNEPLAN_CONFIG_DIR") or os.path.join(
+        env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config"), "tuneplan"))
+
+
 def accelerators(extra: dict[str, Accelerator] | str | os.PathLike[str] | None = None) -> dict[str, Accelerator]:
     """Catalog + the user's config-dir hardware file + ``extra`` (a dict, or a hardware file path)."""
     cat = dict(_catalog())

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "sweep": "tuneplan.cli.plan_cmd",
     "compare": "tuneplan.cli.compare_cmd",
     "measure": "tuneplan.cli.measure_cmd",
+    "calibration": "tuneplan.cli.measure_cmd",
     "simulate": "tuneplan.cli.simulate_cmd",
     "deploy": "tuneplan.cli.deploy_cmd",
     "export": "tuneplan.cli.export_cmd",

@@ -237,6 +237,16 @@ def render_time_cost_line(d: dict[str, Any]) -> None:
             parts.append(f"{c['own_usd']:,.2f} USD owned")
     else:
         parts.append("hours and cost: --samples N")
+    band = t.get("band") or {}
+    if band:
+        span = (f"{band['total_hours_low']:,.2f}-{band['total_hours_high']:,.2f} h"
+                if "total_hours_high" in band
+                else f"{band['step_seconds_low']:,.2f}-{band['step_seconds_high']:,.2f} s/step")
+        parts.append(f"plan for {span}")
+    if t.get("calibration"):
+        parts.append(t["calibration"]["label"])
+    elif t.get("card_throughput_known") == "proxy":
+        parts.append("card throughput from proxy figures")
     console.print("[bold]Time[/] " + " · ".join(parts), highlight=False)
 
 

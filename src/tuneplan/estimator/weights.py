@@ -38,7 +38,8 @@ def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
     # names) leave them alone: attention, dense and shared-expert linears are adapted (simulate: Mixtral /
     # Qwen3-MoE all-linear). Qwen2-MoE's shared_expert_gate is a real nn.Linear and stays.
     if t in ("all-linear", "all"):
-        return frozenset(n for n in names if roles[n] != "expert" and not (roles[n] == "router" and n == "gate"))
+        return frozenset(n for n in names
+                         if roles[n] != "expert" and not (roles[n] == "router" and n == "gate"))
     if t == "attn":
         return frozenset(n for n in names if roles[n] == "attn")
     if t == "mlp":
@@ -99,8 +100,8 @@ def quant_bytes(numel: int, d_out: int, bits: int, double_quant: bool) -> tuple[
 
 
 def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: bool = False) -> ParamPlan:
-    """``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning Fabric's
-    BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""
+    """``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning
+    Fabric's BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
     bits = setup.quant_bits
     weight = meta = adapters = 0
@@ -118,7 +119,8 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
         before = weight + meta
         for _ in range(count) if setup.method == "freeze" else [None]:
             reps = 1 if setup.method == "freeze" else count
-            trainable_layer = setup.method == "full" or (setup.method == "freeze" and layer_index >= trainable_layer_from)
+            trainable_layer = setup.method == "full" or (setup.method == "freeze"
+                                                         and layer_index >= trainable_layer_from)
             for m in spec.linears:
                 w_numel = m.count * m.d_in * m.d_out
                 b_numel = m.count * m.d_out if m.bias else 0
@@ -161,7 +163,8 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
         weight += non_block_params * dt.trainable
         trainable_w += non_block_params
         tensors += 3
-        factored += (model.vocab + model.hidden) * (1 if model.tied_embeddings else 2) + model.final_norm_params
+        factored += ((model.vocab + model.hidden) * (1 if model.tied_embeddings else 2)
+                     + model.final_norm_params)
         largest = max(largest, model.vocab * model.hidden)
         if dt.autocast and dt.trainable == 4 and model.lm_head_params:
             autocast_copy += model.lm_head_params * dt.compute
@@ -187,11 +190,11 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
     copy_backward = head_copy if setup.gradient_checkpointing else autocast_copy
     trainable = adapters + trainable_w
     per_param = dt.adapter if setup.is_lora else dt.trainable
-    return ParamPlan(weight_bytes=weight, quant_meta_bytes=meta, adapter_params=adapters, adapter_bytes=adapter_bytes,
-                     trainable_params=trainable, trainable_bytes=per_param, trainable_weight_params=trainable_w,
-                     autocast_copy_bytes=autocast_copy, trainable_tensors=tensors, largest_trainable_tensor=largest,
-                     factored_elems=factored, autocast_copy_backward_bytes=copy_backward,
-                     largest_layer_bytes=largest_layer)
+    return ParamPlan(weight_bytes=weight, quant_meta_bytes=meta, adapter_params=adapters,
+                     adapter_bytes=adapter_bytes, trainable_params=trainable, trainable_bytes=per_param,
+                     trainable_weight_params=trainable_w, autocast_copy_bytes=autocast_copy,
+                     trainable_tensors=tensors, largest_trainable_tensor=largest, factored_elems=factored,
+                     autocast_copy_backward_bytes=copy_backward, largest_layer_bytes=largest_layer)
 
 
 def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:

@@ -34,6 +34,7 @@ class CandidateSet:
     probe: Prober
     dominated: list[Family] = field(default_factory=list)
     limits: rule.Limits = rule.NO_LIMITS
+    margin: Margin | None = None  # with safety asked for, hours and cost are the time band's upper end
 
     def order(self, c: Candidate) -> int:
         """The candidate's place in the space's order: the rule's last tie-break."""
@@ -59,7 +60,7 @@ class CandidateSet:
         return rule.decide(self.candidates, prefer or self.prefer, self.measure, self.limits)
 
     def measure(self, c: Candidate) -> Candidate:
-        return measure(self.probe, c)
+        return measure(self.probe, c, self.margin)
 
 
 def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
@@ -106,7 +107,7 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
         dominated = [f for f in dominated if f not in pruned]  # counted once: as cannot run
     order = {f: i for i, f in enumerate(fams)}
     cands.sort(key=lambda c: order[c.family])  # the space's order: the rule's last tie-break
-    return CandidateSet(fams, pruned, cands, prefer, probe, dominated, limits)
+    return CandidateSet(fams, pruned, cands, prefer, probe, dominated, limits, margin)
 
 
 def _dead(probe: Prober, fams: list[Family], compatible: Callable[[Family], bool]) -> set[tuple[str, str]]:
