@@ -63,7 +63,7 @@ def placement(run: Run, acc: Accelerator | None) -> Placement:
     """accelerate's placement of ``run``'s model on ``run.setup.gpus`` cards of ``acc`` (no card: unbounded
     cards, so only the balancing cap decides). Free memory at load = the card's memory less its CUDA context
     (``get_max_memory`` reads ``torch.cuda.mem_get_info`` after opening one)."""
-    last = run.memo.get("device_map")  # (card, placement) of the last card asked about
+    last: tuple[Any, Placement] | None = run.memo.get("device_map")  # (card, placement) of the last card
     if last is not None and (last[0] is acc or last[0] == acc):
         return last[1]
     model, setup = run.model, run.setup

@@ -94,7 +94,7 @@ class MemoryStatics:
 
 def memory_statics(run: Run) -> MemoryStatics:
     """The shape-independent terms of ``run``, computed once and kept on it."""
-    cached = run.memo.get("memory")
+    cached: MemoryStatics | None = run.memo.get("memory")
     if cached is not None:
         return cached
     model, setup, prof, dt, pp = run.model, run.setup, run.profile, run.dtypes, run.param_plan

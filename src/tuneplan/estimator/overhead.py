@@ -84,7 +84,7 @@ def cross_stream_reserve(run: Any) -> int:
     setup = run.setup
     if not setup.fsdp or setup.world_size < 2:
         return 0
-    cached = run.memo.get("cross_stream")
+    cached: int | None = run.memo.get("cross_stream")
     if cached is not None:
         return cached
     from tuneplan.estimator.wrappers.fsdp import fsdp_reduce_scatter_input
@@ -94,7 +94,7 @@ def cross_stream_reserve(run: Any) -> int:
     if setup.quant_bits is not None and pp.largest_layer_bytes:
         u = min(u, pp.largest_layer_bytes)
     g = fsdp_reduce_scatter_input(run)
-    out = (FSDP1_INFLIGHT * (u + g) if setup.fsdp_version == 1
+    out: int = (FSDP1_INFLIGHT * (u + g) if setup.fsdp_version == 1
            else FSDP2_ALL_GATHER_OUTPUTS * u + g)
     run.memo["cross_stream"] = out
     return out
