@@ -76,6 +76,10 @@ def estimate(model: str | None, from_files: tuple[str, ...], gpu: str | None, en
         **frm.setup_kw,
     )
     d = cli_texts(frm.annotate(est.to_dict()))  # the core's field references as flags
+    if est.verdict == "does_not_fit":  # the planner only for a setup that does not fit: its next step
+        from tuneplan.plan.next_step import next_step
+
+        d["next_step"] = next_step(est)
     if as_json:
         print_json(d)
     else:

@@ -203,6 +203,15 @@ def render_verdict(d: dict[str, Any]) -> None:
     else:
         console.print(f"[red bold]DOES NOT FIT[/] on {card} ({usable} GiB usable): short by {headroom} GiB",
                       highlight=False)
+        step = d.get("next_step") or {}
+        if step.get("largest_component"):
+            ch = step.get("change")
+            flag = f"--{ch['field'].replace('_', '-')} {ch['to']}" if ch else None
+            console.print(f"next step: the largest part is {step['largest_component']} "
+                          f"({step['largest_component_bytes'] / GIB:,.2f} GiB); "
+                          + (f"{flag} fits (device peak {ch['device_peak_bytes'] / GIB:,.2f} GiB)" if ch
+                             else "no single change of framework, sequence or micro-batch fits: more or "
+                                  "larger GPUs (`tuneplan gpus`)"), highlight=False)
 
 
 def _num(v: float | None, fmt: str = ",.0f") -> str:
