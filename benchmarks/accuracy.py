@@ -15,6 +15,16 @@ Scoring rules where the row alone does not say (the calibration data's scoring n
   figures and of the "wrongly called out of memory" count. The test is the floor alone;
 - a row whose metric is not stated is scored against the band [allocated peak, device peak]: error 0
   inside it, else the distance to the nearer end relative to the published value;
+- a row whose stated length is the measured batch's (every sample padded or packed to it, or the longest
+  sample forced into the measured batch: calibration_rows.stated_length) also holds the checkpointed
+  layer inputs of batch x length in its floor: one hidden-state tensor per decoder layer, in the compute
+  dtype, is what the backward needs whatever is recomputed (transformers' / torchtune's / LitGPT's
+  checkpointing keeps each layer's input; none with activation offloading, whose saved tensors sit on the host);
+- a row whose stated length is a truncation limit (dynamic padding, the data's lengths not given) has an
+  unknown length: it is scored against the band from the estimate at a plausible shorter length (the
+  longest sample of its default data where a row states it, else half the bound:
+  calibration_rows.shorter_length) to the estimate at the bound (its stated quantity at both ends; allocated at the shorter length to
+  device at the bound where the metric is not stated either), and the run prints how many rows were;
 - every other row is scored against the quantity it states.
 """
 
@@ -42,11 +52,34 @@ SCORED = ("high", "medium")
 FLOOR_COMPONENTS = ("weights", "quant_meta", "lora_adapters", "optimizer_states")
 
 
+def layer_inputs_bytes(spec: Any, setup: dict[str, Any]) -> int:
+    """The checkpointed layer inputs batch x seq must hold per GPU: one (batch, seq, hidden) tensor per decoder
+    layer in the compute dtype (0 with activation offloading: the saved tensors are on the host)."""
+    from tuneplan.api import build_setup
+    from tuneplan.estimator.run import resolve_run
+
+    if setup.get("activation_offload"):
+        return 0
+    run = resolve_run(spec, build_setup(spec, **setup))
+    return int(spec.n_layers * setup.get("batch", 1) * setup["seq"] * spec.hidden * run.dtypes.compute)
+
+
 def predict(row: MappedRow, engine: str) -> dict[str, Any]:
     spec = resolve_model(row.model, allow_network=False)
     setup = dict(row.setup)
     if isinstance(setup.get("targets"), str) and setup["targets"].startswith("sem:"):
         setup["targets"] = resolve_semantic_targets(spec, setup["targets"])
+    p = _predict_at(row, spec, setup, engine)
+    if row.length_kind == "padded":
+        p["floor_bytes"] += layer_inputs_bytes(spec, setup)
+    if row.length_kind == "bound" and row.shorter_seq:
+        short = _predict_at(row, spec, {**setup, "seq": row.shorter_seq}, engine)
+        p.update(short_predicted_bytes=short["predicted_bytes"], short_allocated_bytes=short["allocated_bytes"])
+    return p
+
+
+def _predict_at(row: MappedRow, spec: Any, setup: dict[str, Any], engine: str) -> dict[str, Any]:
+    """The estimate's quantities for the row's setup (the length as given in ``setup``)."""
     est = estimate(spec, gpu=row.gpu, engine=engine, **setup)
     b = est.breakdown
     device = b.device_peak_bytes
@@ -72,20 +105,32 @@ def below_floor(measured_bytes: int, floor_bytes: int) -> bool:
 
 
 def score(measured_bytes: int, metric: str, predicted_bytes: int, allocated_bytes: int,
-          device_bytes: int) -> tuple[float, str]:
-    """Signed relative error of a measured row and how it was scored ("stated" or "band").
+          device_bytes: int, short: tuple[int, int] | None = None) -> tuple[float, str]:
+    """Signed relative error of a measured row and how it was scored ("stated", "band" or "length band").
 
     A row with no stated metric is scored against [allocated, device]: 0 inside the band, else
     (nearer end - measured) / measured, so an estimate whose device peak is below the published value
-    is negative and one whose allocated peak is above it positive."""
+    is negative and one whose allocated peak is above it positive. ``short`` (a row whose length is a
+    truncation limit: the (stated quantity, allocated) estimated at the shorter length) widens the band
+    down to the shorter length's estimate: [stated quantity at the shorter length, at the bound], or
+    [allocated at the shorter length, device at the bound] with no stated metric."""
+    if short is not None:
+        lo = short[1] if metric == "unknown" else short[0]
+        hi = device_bytes if metric == "unknown" else predicted_bytes
+        return _band_error(measured_bytes, lo, hi), "length band"
     if metric != "unknown":
         return (predicted_bytes - measured_bytes) / measured_bytes, "stated"
-    lo, hi = min(allocated_bytes, device_bytes), max(allocated_bytes, device_bytes)
-    if measured_bytes < lo:
-        return (lo - measured_bytes) / measured_bytes, "band"
-    if measured_bytes > hi:
-        return (hi - measured_bytes) / measured_bytes, "band"
-    return 0.0, "band"
+    return _band_error(measured_bytes, allocated_bytes, device_bytes), "band"
+
+
+def _band_error(measured: int, a: int, b: int) -> float:
+    """0 inside [min(a, b), max(a, b)], else (nearer end - measured) / measured."""
+    lo, hi = min(a, b), max(a, b)
+    if measured < lo:
+        return (lo - measured) / measured
+    if measured > hi:
+        return (hi - measured) / measured
+    return 0.0
 
 
 def run(engine: str = "analytic") -> dict[str, Any]:
@@ -116,8 +161,10 @@ def run(engine: str = "analytic") -> dict[str, Any]:
         elif m.measured_bytes and below_floor(m.measured_bytes, p["floor_bytes"]):
             floor_rows.append({**base, "measured_bytes": m.measured_bytes})
         elif m.measured_bytes:
+            short = ((p["short_predicted_bytes"], p["short_allocated_bytes"]) if "short_predicted_bytes" in p
+                     else None)
             err, how = score(m.measured_bytes, m.metric, p["predicted_bytes"], p["allocated_bytes"],
-                             p["device_bytes"])
+                             p["device_bytes"], short)
             results.append({**base, "measured_bytes": m.measured_bytes, "rel_error": err, "scored_as": how,
                             "false_oom": p["fits"] is False})
         else:
@@ -151,6 +198,7 @@ def summarize(results: list[dict[str, Any]], oom: list[dict[str, Any]],
         "multi_gpu": _stats(multi),
         "scored_stated": sum(1 for r in scored if r.get("scored_as") == "stated"),
         "scored_band": sum(1 for r in scored if r.get("scored_as") == "band"),
+        "scored_length_band": sum(1 for r in scored if r.get("scored_as") == "length band"),
         "below_floor": len(floor_rows or []),
         "all_confidence": _stats(results),
         "by_framework": {k: _stats(v) for k, v in sorted(by_fw.items())},
@@ -183,7 +231,8 @@ def main() -> None:
     print(f"overall            {fmt(s['overall'])}")
     print(f"multi-GPU rows     {fmt(s['multi_gpu'])}")
     print(f"scored rows: {s['scored_stated']} against their stated metric, {s['scored_band']} against the "
-          f"[allocated, device] band (metric not stated); {s['below_floor']} below their physical floor, "
+          f"[allocated, device] band (metric not stated), {s['scored_length_band']} against the band from a "
+          f"plausible shorter length to the stated one (a truncation limit); {s['below_floor']} below their physical floor, "
           "listed apart")
     print(f"all confidences    {fmt(s['all_confidence'])}")
     for k, v in s["by_framework"].items():
@@ -204,7 +253,8 @@ def main() -> None:
                   f"gpu {(r.get('gpu_bytes') or 0) / 2**30:.1f} called={r.get('called_oom', r.get('fits_budget'))}")
     if out["below_floor"]:
         print("rows below their own physical floor (weights + quantization metadata + adapters + optimizer "
-              "states per GPU): not scored")
+              "states per GPU, + the checkpointed layer inputs where every sample has the stated length): "
+              "not scored")
     for r in out["below_floor"]:
         print(f"  {r['row_id']} {r['framework']:9s} {r['method']:5s} {r['model'][:34]:34s} published "
               f"{r['measured_bytes'] / 2**30:7.2f} GiB < floor {r['floor_bytes'] / 2**30:7.2f} GiB")

@@ -5,12 +5,18 @@
     python benchmarks/agreement.py --markdown    # table for the README
     python benchmarks/agreement.py --only 70b    # cases whose label contains "70b"
     python benchmarks/agreement.py --only "mg "  # the multi-GPU cases (rank 0 of an FSDP1 job)
+    python benchmarks/agreement.py --random 300 --seed 1 --jobs 2   # random valid setups (random_setups.py)
 
 Target: analytic within 3% of simulate on every case, 1% median. Component differences are shown in
 percent of the simulated peak (a component's own relative error is meaningless when it is tiny).
 ``layers`` overrides num_hidden_layers where a case only needs the per-layer model (the analytic engine
 and the simulation read the same reduced config, so the comparison stays exact); the timing cases run
 the full depth. Seconds per case are the simulation's own (model build + two steps), not the imports.
+
+``--random N`` draws N valid setups over the whole setup space instead (``random_setups.py``: every catalog
+model at 2-4 layers, every method, strategy, world size 1-8, framework profile, precision, optimizer...)
+and prints the share within 3 %, the worst cases and, per axis, where the disagreement concentrates.
+A setup the simulation cannot run is skipped and counted with the simulation's own reason.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GIB = 1024**3
 
@@ -276,22 +285,22 @@ MULTI_GPU += ZERO_CASES
 CASES += MULTI_GPU
 
 
-def run_case(case: Case) -> dict[str, Any]:
+def run_case(case: Case, skip_unsupported: bool = False) -> dict[str, Any]:
+    """Both engines on one case; ``skip_unsupported``: a setup the simulation cannot run gives a record with
+    ``skipped`` (the simulation's reason) instead of an error."""
+    from random_setups import reduced_model
     from tuneplan.api import build_setup
     from tuneplan.catalog.models import resolve_model
     from tuneplan.estimator.memory import memory_breakdown
     from tuneplan.simulate import simulate_report
-    from tuneplan.specs.model import model_from_config
 
-    spec = resolve_model(case.model)
-    if case.layers:
-        cfg = dict(spec.config)
-        cfg["num_hidden_layers"] = case.layers
-        spec = model_from_config(cfg, name=f"{case.model}[{case.layers}L]")
+    spec = reduced_model(case.model, case.layers) if case.layers else resolve_model(case.model)
     setup = build_setup(spec, **case.setup)
     t0 = time.perf_counter()
     rep = simulate_report(spec, setup)
     wall = time.perf_counter() - t0
+    if rep.fallback and skip_unsupported:
+        return {"label": case.label, "model": spec.name, "setup": case.setup, "skipped": rep.fallback}
     if rep.fallback:
         raise RuntimeError(f"{case.label}: simulate fell back to analytic: {rep.fallback}")
     sim = rep.breakdown
@@ -321,7 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (2 cores: 2)")
     ap.add_argument("--markdown", action="store_true", help="print only the markdown table and summary")
     ap.add_argument("--json", dest="json_out", default="", help="write the results to this file")
+    ap.add_argument("--random", type=int, default=0, metavar="N", help="N random valid setups instead of the cases")
+    ap.add_argument("--seed", type=int, default=1, help="the random generator's seed for --random")
     args = ap.parse_args(argv)
+    if args.random:
+        return main_random(args.random, args.seed, args.jobs, args.json_out)
     cases = [c for c in CASES if (not args.quick or c.quick) and args.only.lower() in c.label.lower()]
     from tuneplan.simulate.zero import deepspeed_version
 
@@ -368,6 +381,34 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
     return 0 if within == len(results) else 1
+
+
+def main_random(n: int, seed: int, jobs: int, json_out: str) -> int:
+    """``--random N``: N valid setups drawn by random_setups.py through both engines (random_agreement.py)."""
+    import random_agreement
+    import random_setups
+
+    rejected = random_setups.Rejections()
+    draws = random_setups.sample(n, seed, rejected)
+    print(f"{n} valid setups drawn (seed {seed}; {rejected.total} invalid draws redrawn: "
+          + ", ".join(f"{k} {v}" for k, v in rejected.by_field.most_common()) + ")", flush=True)
+
+    def line(r: dict[str, Any]) -> None:
+        what = (f"{100 * r['rel']:+7.2f} %" if "rel" in r else
+                "skipped: " + r["skipped"] if "skipped" in r else "failed: " + r["error"])
+        print(f"{r['label']}: {what}", flush=True)
+
+    records = random_agreement.run(draws, jobs, each=line)
+    summary = random_agreement.summarize(records)
+    print()
+    print("\n".join(random_agreement.report_lines(summary)))
+    if json_out:
+        with open(json_out, "w", encoding="utf-8") as f:
+            json.dump({"seed": seed, "records": records, "summary": {k: v for k, v in summary.items()
+                                                                   if k not in ("worst", "error_records")}}, f,
+                      indent=1, default=str)
+    ok = summary["compared"] and summary["share_within_3pct"] >= 0.95 and not summary["beyond_10pct"]
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

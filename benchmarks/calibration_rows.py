@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,12 @@ class MappedRow:
     # reserved memory the source states for an earlier point of the same run (after model init): the
     # caching allocator keeps those segments (no empty_cache), so a later reserved reading is at least that
     reserved_floor_bytes: int | None = None
+    # what the stated sequence length is (``stated_length``): "padded" (every sample padded or packed to it,
+    # or the longest sample forced into the measured batch), "bound" (a truncation limit under dynamic
+    # padding, the data's lengths not given) or "unstated"
+    length_kind: str = "unstated"
+    # for a "bound" row: the plausible shorter length the band starts from (``shorter_length``)
+    shorter_seq: int | None = None
 
 
 @dataclass
@@ -62,6 +69,66 @@ class Unmapped:
     row_id: str
     source_group: str
     reason: str
+
+
+# seq_len_note wordings that state the measured batch's length: padding / packing to the stated length, or
+# the data's longest sample put into the measured batch ("forced into the first iteration", "value = longest")
+PADDED_NOTES = ("packed to", "packing=true", "fixed length", "forced into", "value = longest")
+# wordings of a truncation limit: batches padded to their longest sample, at most the stated length
+BOUND_NOTES = ("truncation", "'seq length' as stated", "max length", "unpacked")
+
+
+def stated_length(note: str) -> str:
+    """What a row's stated sequence length is: "padded", "bound" or "unstated" (the scoring rules).
+
+    Padding or packing to the stated length, or the data's longest sample forced into the measured batch,
+    make the length the measured batch's; a truncation limit with dynamic padding bounds it only. The
+    torchtune README's benchmark table ("'Seq Length' as stated in table") gives recipe settings whose
+    datasets pad each batch to its longest sample (torchtune's padded_collate), so its length is a bound."""
+    t = (note or "").lower()
+    if any(w in t for w in PADDED_NOTES):
+        return "padded"
+    if any(w in t for w in BOUND_NOTES):
+        return "bound"
+    return "unstated"
+
+
+def shorter_length(row: dict[str, str], bound: int) -> int:
+    """The plausible shorter length of a "bound" row (the scoring rules: the framework's own default data, or
+    half the bound where none is known).
+
+    The rows that train on Alpaca (stated in ``task``, or torchtune's recipes, whose configs default to
+    ``torchtune.datasets.alpaca_dataset`` when the table names no dataset) have the length of Alpaca's
+    longest sample under their tokenizer, where a row of the data states it (LitGPT's runs forced that
+    sample into their first iteration: "value = longest Alpaca sample for this tokenizer") and it is
+    shorter than the bound: no batch of that data is longer. Otherwise half the bound."""
+    task = row.get("task", "").lower()
+    alpaca = "alpaca" in task or (row["source_group"] == "torchtune" and "dataset not stated" in task)
+    longest = alpaca_longest().get(_tokenizer(row["model_hf_id"])) if alpaca else None
+    return longest if longest and longest < bound else max(1, bound // 2)
+
+
+def _tokenizer(model_id: str) -> tuple[str, int] | None:
+    """Models that share a tokenizer share (model_type, vocab_size) in the catalog (Llama-2 7B / 13B / 70B)."""
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.errors import TuneplanError
+
+    try:
+        spec = resolve_model(model_id, allow_network=False)
+    except TuneplanError:
+        return None
+    return (str(spec.config.get("model_type")), spec.vocab)
+
+
+@cache
+def alpaca_longest() -> dict[tuple[str, int] | None, int]:
+    """Alpaca's longest sample per tokenizer, as the rows that forced it into their batch state it."""
+    out: dict[tuple[str, int] | None, int] = {}
+    for row in load_rows():
+        n = _int(row["seq_len"])
+        if "value = longest alpaca sample" in row["seq_len_note"].lower() and n:
+            out[_tokenizer(row["model_hf_id"])] = n
+    return out
 
 
 def _int(v: str) -> int | None:
@@ -316,9 +383,6 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
         if setup["framework"] == "torchtune" and "chunked" not in row["other_opts"].lower() \
                 and "@1814feb17" in row["source_ref"]:
             setup["loss"] = "upcast"  # the memory table's rows before "+ Chunked Cross Entropy"
-        if "unpacked" in row["seq_len_note"]:
-            return Unmapped(rid, group, "unpacked batches padded to each batch's longest sample (at most "
-                            f"{s}); the lengths are not given")
     if "cce" in row["other_opts"].lower() or "cut cross" in row["other_opts"].lower():
         approx.append("Apple cut cross-entropy modelled as Unsloth's fused loss")
     if "compile" in row["other_opts"]:
@@ -337,7 +401,8 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
         gpu=_gpu(row["gpu"]), outcome=row["outcome"], metric=_metric(row["peak_mem_metric"]),
         measured_bytes=_bytes(row), budget_bytes=budget, confidence=row["config_confidence"],
         approximations=approx, context_bytes=_stated_context(row["peak_mem_metric"]),
-        reserved_floor_bytes=_reserved_floor(row),
+        reserved_floor_bytes=_reserved_floor(row), length_kind=stated_length(row["seq_len_note"]),
+        shorter_seq=shorter_length(row, s) if stated_length(row["seq_len_note"]) == "bound" else None,
     )
 
 

@@ -4,8 +4,10 @@
 
 The rows (benchmarks/data/fsdp_qlora_runs.csv) are the peak-memory figures of "Benchmarking QLoRA+FSDP"
 (benchmarks_03_2024.md in github.com/AnswerDotAI/fsdp_qlora, commit 05ed9f2, measured February-March
-2024): dual RTX 3090 and dual RTX 4090, Llama-2 7B / 70B, Yi 34B, Mistral 7B v0.2. What each row ran is
-the post's template command with the row's changes:
+2024): dual RTX 3090 and dual RTX 4090, Llama-2 7B / 70B, Yi 34B, Mistral 7B v0.2: the 24 rows of its tables
+(13 on the 3090s, 11 on the 4090s, where the 4090 tables repeat seven of the 3090 figures as published) and
+the two allocated peaks of the note under the LoRA table. What each row ran is the post's template command
+with the row's changes:
 
     python train.py --model_name ... --batch_size B --context_length S --train_type qlora|lora
         --use_gradient_checkpointing True --reentrant_checkpointing True --use_cpu_offload True|False
@@ -103,7 +105,8 @@ def run(engine: str = "analytic", only: tuple[str, ...] = (),
             each(rows[-1])
     fsdp = [r for r in rows if r["sharding"] == "full_shard"]
     return {"engine": engine, "rows": rows,
-            "summary": {"fsdp_reserved": stats([r for r in fsdp if r["metric"] == "reserved"]),
+            "summary": {"table_rows": stats([r for r in rows if r["metric"] == "reserved"]),
+                        "fsdp_reserved": stats([r for r in fsdp if r["metric"] == "reserved"]),
                         "fsdp_allocated": stats([r for r in fsdp if r["metric"] == "allocated"]),
                         "no_shard_as_ddp": stats([r for r in rows if r["sharding"] != "full_shard"])}}
 
@@ -137,6 +140,7 @@ def main() -> None:
     res = run(a.engine, only, each=line)
     s = res["summary"]
     print(f"\nengine {res['engine']} (GiB per GPU)")
+    print(f"every table row (reserved)       {_fmt(s['table_rows'])}")
     print(f"FSDP FULL_SHARD, peak reserved   {_fmt(s['fsdp_reserved'])}")
     print(f"FSDP FULL_SHARD, peak allocated  {_fmt(s['fsdp_allocated'])}")
     print(f"NO_SHARD rows estimated as DDP   {_fmt(s['no_shard_as_ddp'])}  (not scored)")

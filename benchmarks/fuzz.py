@@ -74,6 +74,47 @@ MOE = {"model_type": "deepseek_v3", "hidden_size": 256, "num_hidden_layers": 4, 
        "intermediate_size": 688, "vocab_size": 1000, "n_routed_experts": 8, "num_experts_per_tok": 2,
        "moe_layer_freq": 1, "moe_intermediate_size": 128, "kv_lora_rank": 64, "qk_rope_head_dim": 16,
        "qk_nope_head_dim": 32, "v_head_dim": 32, "first_k_dense_replace": 1}
+# Architectures transformers' own constructors refuse (or cannot build): the fuzz asserts only the contract
+# (exit 0/1/2, no traceback, strict JSON), whatever the estimator decides about each.
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+           "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 1000, "num_local_experts": 8,
+           "num_experts_per_tok": 2}
+QWEN2_MOE = {"model_type": "qwen2_moe", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+             "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 1000, "num_experts": 8,
+             "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
+             "decoder_sparse_step": 1}
+IMPOSSIBLE = {
+    "kv_more_than_heads": {**TINY, "num_key_value_heads": 16},
+    "heads_not_divisible_by_kv": {**TINY, "num_key_value_heads": 3},
+    "hidden_not_divisible_by_heads": {**TINY, "hidden_size": 250},
+    "gpt2_hidden_by_heads": {"model_type": "gpt2", "n_embd": 250, "n_layer": 2, "n_head": 12,
+                             "vocab_size": 1000},
+    "bert_hidden_by_heads": {"model_type": "bert", "hidden_size": 250, "num_hidden_layers": 2,
+                             "num_attention_heads": 12, "intermediate_size": 512, "vocab_size": 1000},
+    "mixtral_one_expert_top2": {**MIXTRAL, "num_local_experts": 1},
+    "mixtral_top_k_past_experts": {**MIXTRAL, "num_experts_per_tok": 9},
+    "qwen2_moe_sparse_step_past_layers": {**QWEN2_MOE, "decoder_sparse_step": 5},
+    "qwen2_moe_sliding_window_0": {**QWEN2_MOE, "sliding_window": 0, "use_sliding_window": False},
+}
+# Multimodal configs: the language model inside, and a vision tower the estimate must count or refuse.
+VISION = {"model_type": "clip_vision_model", "hidden_size": 1024, "num_hidden_layers": 24,
+          "num_attention_heads": 16, "intermediate_size": 4096, "image_size": 336, "patch_size": 14}
+MULTIMODAL = {
+    "llava": {"model_type": "llava", "text_config": {**TINY}, "vision_config": VISION,
+              "projector_hidden_act": "gelu", "image_token_index": 999},
+    "blip2": {"model_type": "blip-2", "num_query_tokens": 32,
+              "text_config": {"model_type": "opt", "hidden_size": 256, "num_hidden_layers": 2,
+                              "num_attention_heads": 8, "ffn_dim": 1024, "vocab_size": 1000},
+              "vision_config": {"hidden_size": 1408, "num_hidden_layers": 39, "num_attention_heads": 16,
+                                "intermediate_size": 6144},
+              "qformer_config": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12}},
+    "idefics2": {"model_type": "idefics2", "text_config": {**TINY, "model_type": "mistral"},
+                 "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27,
+                                   "num_attention_heads": 16, "intermediate_size": 4304},
+                 "perceiver_config": {"resampler_n_latents": 64}},
+    "llava_empty_vision": {"model_type": "llava", "text_config": {**TINY}, "vision_config": {}},
+    "llava_no_text": {"model_type": "llava", "vision_config": VISION},
+}
 JSON_VALUES = ["NaN", "Infinity", "-Infinity", "-1", "0", "1000000000", "1" + "0" * 400, "1e308", "-14336",
                '"str"', "[]", "{}", "null", "true", "1.5", "4096", "2"]
 
@@ -141,6 +182,10 @@ def make_env(root: Path, rng: random.Random) -> Env:
     cfg.append(_write(f / "type.json", json.dumps({**TINY, "model_type": ["llama"]})))
     cfg.append(_write(f / "text.json",
                       json.dumps({"model_type": "gemma3", "text_config": {**TINY, "hidden_size": -1}})))
+    for name, arch in IMPOSSIBLE.items():
+        cfg.append(_write(f / "impossible" / f"{name}.json", json.dumps(arch)))
+    for name, arch in MULTIMODAL.items():
+        cfg.append(_write(f / "multimodal" / f"{name}.json", json.dumps(arch)))
     common: list[str] = []
     common.append(_write(f / "binary.json", bytes(rng.randrange(256) for _ in range(2000))))
     common.append(_write(f / "binary.yaml", b"\xff\xfe\x00\x81" * 100))
@@ -416,8 +461,133 @@ def run_one(args: list[str], env: Env, timeout: float) -> Outcome:
     return Outcome(args, code, seconds, problems, stdout[-2000:], stderr[-2000:], wall)
 
 
+# ---- the environment: config folders and terminal variables a user's machine may have ----------------
+def environment(rng: random.Random, env: Env) -> dict[str, str]:
+    """Variables to set for one in-process invocation: a config folder holding a broken or hostile
+    hardware file (or a file, or nothing, where the folder should be), and terminal settings."""
+    kind = rng.randrange(6)
+    folder = env.root / "config" / str(rng.randrange(10**6))
+    if kind <= 2:  # a config folder whose hardware file is one of the hostile ones
+        folder.mkdir(parents=True)
+        src = Path(rng.choice(env.files["hardware"] + env.files["common"]))
+        name = rng.choice(["hardware.toml", "hardware.yaml", "hardware.yml"])
+        try:
+            data = src.read_bytes() if src.is_file() and src.stat().st_size < 10**6 else b"\xff\x00"
+        except OSError:
+            data = b"\xff\x00"
+        (folder / name).write_bytes(data)
+        return {"TUNEPLAN_CONFIG_DIR": str(folder)}
+    if kind == 3:
+        where = [str(env.root / "nowhere"), env.files["common"][0], "", "~"]
+        return {"TUNEPLAN_CONFIG_DIR": rng.choice(where)}
+    if kind == 4:
+        return {"XDG_CONFIG_HOME": rng.choice([str(env.root / "nowhere"), env.files["common"][0]]),
+                "TUNEPLAN_CONFIG_DIR": ""}
+    return {"COLUMNS": rng.choice(["0", "-5", "abc", "100000", "1"]), "NO_COLOR": "1",
+            "TERM": rng.choice(["dumb", "", "xterm-256color"])}
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Any:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ---- pipes, signals, unwritable and ASCII streams, racing writers: real processes ---------------------
+PROCESS_KINDS = ("closed_pipe", "full_disk", "ascii", "sigint", "race")
+
+
+def _passable(args: list[str]) -> bool:
+    """An argument list a process can be given (no NUL, encodable as the file system encodes)."""
+    try:
+        return all("\x00" not in a and a.encode("utf-8") is not None for a in args)
+    except UnicodeEncodeError:
+        return False
+
+
+def _sane(rng: random.Random, env: Env) -> list[str]:
+    card, model = rng.choice(CARDS), rng.choice(MODELS[:3] + [env.files["config"][-1]])
+    args = rng.choice([["models"], ["accelerators"], ["table"], ["estimate", model, "--gpu", card],
+                       ["fit", "qwen2.5-0.5b", "--gpu", card], ["estimate", model, "--details"], ["--help"]])
+    return args + (["--json"] if rng.random() < 0.4 and args != ["--help"] else [])
+
+
+def process_case(rng: random.Random, env: Env) -> Outcome:
+    """One invocation as a process under a hostile condition, judged by its exit-status class: a closed
+    pipe 0/1/2 quietly, a full disk 0/1/2 and never an internal error, ASCII output decodable as ASCII,
+    Ctrl-C 130 (or the signal itself, before the command started), two racing exports one 0 and one 2."""
+    import subprocess
+
+    kind = rng.choice(PROCESS_KINDS)
+    args = invocation(rng, env) if rng.random() < 0.3 else _sane(rng, env)
+    if not _passable(args):
+        args = _sane(rng, env)
+    cmd = [sys.executable, "-m", "tuneplan", *args]
+    penv = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    problems: list[str] = []
+    start = time.perf_counter()
+    code: int | None = None
+    stdout = stderr = b""
+    try:
+        if kind == "closed_pipe":
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=penv, cwd=env.work)
+            assert p.stdout is not None
+            p.stdout.close()
+            stderr = p.communicate(timeout=120)[1]
+            code = p.returncode
+            if code not in (0, 1, 2) or b"Exception ignored" in stderr:
+                problems.append(f"closed pipe: exit {code}")
+        elif kind == "full_disk":
+            with open("/dev/full", "w") as full:
+                r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, env=penv, cwd=env.work,
+                                   timeout=120)
+            code, stderr = r.returncode, r.stderr
+            if code not in (0, 1, 2) or b"bug in tuneplan" in stderr:
+                problems.append(f"full disk: exit {code}")
+        elif kind == "ascii":
+            r = subprocess.run(cmd, capture_output=True, env={**penv, "PYTHONIOENCODING": "ascii"},
+                               cwd=env.work, timeout=120)
+            code, stdout, stderr = r.returncode, r.stdout, r.stderr
+            if code not in (0, 1, 2) or not (stdout + stderr).isascii():
+                problems.append(f"ascii: exit {code}")
+        elif kind == "sigint":
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=penv, cwd=env.work)
+            time.sleep(rng.uniform(0.5, 2.0))
+            p.send_signal(signal.SIGINT)
+            stdout, stderr = p.communicate(timeout=120)
+            code = p.returncode
+            if code not in (0, 1, 2, 130, -signal.SIGINT):
+                problems.append(f"sigint: exit {code}")
+        else:  # two exports racing for one new path, without --force
+            target = env.out / f"race{rng.randrange(10**9)}" / "train.py"
+            race = [sys.executable, "-m", "tuneplan", "export", "qwen2.5-0.5b", "-o", str(target)]
+            procs = [subprocess.Popen(race, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=penv,
+                                      cwd=env.work) for _ in range(2)]
+            outs = [q.communicate(timeout=120) for q in procs]
+            codes = sorted(q.returncode for q in procs)
+            stderr = b"".join(e for _, e in outs)
+            code = codes[-1]
+            if codes != [0, 2] or sorted(x.name for x in target.parent.iterdir()) != ["train.py"]:
+                problems.append(f"race: exits {codes}")
+    except subprocess.TimeoutExpired:
+        problems.append("hang")
+    if b"Traceback (most recent call last)" in stdout + stderr:
+        problems.append("traceback")
+    wall = time.perf_counter() - start
+    return Outcome([f"[{kind}]", *args], code, 0.0, problems, stdout.decode(errors="replace")[-2000:],
+                   stderr.decode(errors="replace")[-2000:], wall)
+
+
 def fuzz(n: int, seed: int, timeout: float, root: Path | None = None,
-         report_every: int = 0) -> dict[str, Any]:
+         report_every: int = 0, process_every: int = 0) -> dict[str, Any]:
     """Run ``n`` invocations; counts of each problem kind, exit codes, rate, and the first examples."""
     rng = random.Random(seed)
     with contextlib.ExitStack() as stack:
@@ -429,11 +599,20 @@ def fuzz(n: int, seed: int, timeout: float, root: Path | None = None,
         stack.callback(os.chdir, cwd)
         counts: Counter[str] = Counter()
         codes: Counter[str] = Counter()
+        classes: Counter[str] = Counter()  # invocations of the classes beyond the plain in-process one
         examples: dict[str, list[dict[str, Any]]] = {}
         slowest = slowest_wall = 0.0
         start = time.perf_counter()
         for i in range(n):
-            o = run_one(invocation(rng, env), env, timeout)
+            if process_every and i % process_every == process_every - 1:
+                o = process_case(rng, env)  # its wall time is bounded by the subprocess timeout
+                classes[o.args[0]] += 1
+            elif rng.random() < 0.1:
+                with _environ(environment(rng, env)):
+                    o = run_one(invocation(rng, env), env, timeout)
+                classes["environment"] += 1
+            else:
+                o = run_one(invocation(rng, env), env, timeout)
             codes[str(o.code)] += 1
             slowest = max(slowest, o.seconds)
             if o.seconds > timeout:
@@ -455,7 +634,7 @@ def fuzz(n: int, seed: int, timeout: float, root: Path | None = None,
         wall = time.perf_counter() - start
     return {"invocations": n, "seed": seed, "seconds": round(wall, 1), "per_second": round(n / wall, 1),
             "slowest_s": round(slowest, 2), "slowest_wall_s": round(slowest_wall, 2),
-            "exit_codes": dict(codes),
+            "exit_codes": dict(codes), "classes": dict(classes),
             "tracebacks": counts["traceback"] + sum(v for k, v in counts.items() if k.startswith("exit 3")
                                                     or k.startswith("escaped")),
             "hangs": counts["hang"], "invalid_json": counts["invalid json"],
@@ -468,8 +647,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds one invocation may take")
+    ap.add_argument("--process-every", type=int, default=50,
+                    help="every N-th invocation runs as a process under a closed pipe, a full disk, an ASCII "
+                         "stream, Ctrl-C or a racing writer (0: none)")
     a = ap.parse_args()
-    res = fuzz(a.n, a.seed, a.timeout, report_every=1000)
+    res = fuzz(a.n, a.seed, a.timeout, report_every=1000, process_every=a.process_every)
     print(json.dumps(res, indent=2))
     sys.exit(0 if not res["problems"] else 1)
 

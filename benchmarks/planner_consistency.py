@@ -3,7 +3,7 @@
     python benchmarks/planner_consistency.py [--jobs N] [--models N] [--out FILE]
 
 For each (model, card, GPUs) it runs ``fit`` (every method, the whole candidate space, the default
-quality rule, detail off: the rows' limits and the equal-memory ranks are left out, the candidate set,
+balanced rule, detail off: the rows' limits and the equal-memory ranks are left out, the candidate set,
 verdicts and recommendation are the same) and checks:
 - the invariants of :func:`tuneplan.plan.invariants.violations` (a recommendation if and only if a
   row fits; every fitting row is in the candidate set; the recommendation is a row, keeps the margin

@@ -53,6 +53,10 @@ from tuneplan.estimator.runtime import unverified_figures  # noqa: E402
 from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, run_eval_time, run_step_time  # noqa: E402
 
 LOCAL = HERE / "data" / "calibration" / "measured.csv"
+# regimes printed apart, so none hides behind another: tokens per optimizer step per GPU at or below
+# SMALL_STEP_TOKENS (where fixed costs rule), one card or several, CPU offload or not
+SMALL_STEP_TOKENS = 4096
+REGIMES = ("tokens per step", "cards", "offload")
 SHARED = HERE.parent.parent / "shared" / "calibration" / "measured.csv"
 
 ALPACA_MEAN_LLAMA2 = 140.0
@@ -294,7 +298,11 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
         return {"row_id": m.row_id, "inconsistent": True, "floor_s": floor, "measured_s": hi}
     err = band_error(seconds, lo, hi)
     method = m.setup.get("method", "?")
-    return {"row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu, "floor_s": floor,
+    tokens = run.setup.batch * run.setup.seq * run.setup.grad_accum  # the last shape's, per GPU per step
+    regimes = {"tokens per step": "small (<= 4096 per GPU)" if tokens <= SMALL_STEP_TOKENS else "large",
+               "cards": "one card" if run.setup.world_size == 1 else "several cards",
+               "offload": "offload" if run.setup.offload != "none" else "no offload"}
+    return {**regimes, "row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu, "floor_s": floor,
             "framework/method": f"{m.framework}/{method}", "held_out": m.row_id not in USED_FOR_CONSTANTS,
             "model": m.model, "measured_s": hi, "band_s": (lo, hi) if banded else None, "predicted_s": seconds,
             "rel_err": err, "bound": bound,
@@ -335,7 +343,8 @@ def run(a10g_tflops: float) -> dict[str, Any]:
     held_out = [r for r in catalog_only if r["held_out"]]
     return {"csv": str(path), "results": results, "skipped": skipped, "source_inconsistent": inconsistent,
             "banded": sum(1 for r in results if r["band_s"]),
-            "summary": {k: summarize(results, k) for k in ("framework", "method", "framework/method", "gpu", "all")},
+            "summary": {k: summarize(results, k) for k in ("framework", "method", "framework/method", "gpu",
+                                                           *REGIMES, "all")},
             "headline": {"all rows": summarize(results, "all"),
                          "verified card figures (not the A10G's)": summarize(catalog_only, "all"),
                          "verified figures, held out (no constant read off them)": summarize(held_out, "all")}}

@@ -110,6 +110,7 @@ def test_fsdp1_all_gathers_and_reduce_scatters_on_their_own_streams(tiny_fsdp1) 
     assert tiny_fsdp1.breakdown.reserved_peak_bytes == a["reserved_bytes"]
 
 
+@pytest.mark.slow  # runs a simulated training step
 def test_a_single_gpu_run_has_one_stream_and_no_cross_stream_gap() -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("peft")

@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 
 from tuneplan.cli.app import app
 
+pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
+
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 

@@ -195,7 +195,7 @@ def test_bnb_wheel_floor_moves_with_the_version():
 def test_bf16_fix_prices_the_fp16_fallback():
     pure = next(f for f in check(acc("v100-sxm2-32gb"), TrainSetup(precision="bf16"), None) if f.code == "bf16-unsupported")
     mixed = next(f for f in check(acc("v100-sxm2-32gb"), TrainSetup(precision="bf16-mixed"), None) if f.code == "bf16-unsupported")
-    assert "--precision fp16-mixed" in pure.fix and "fp32" in pure.fix
+    assert "{precision=fp16-mixed}" in pure.fix and "fp32" in pure.fix
     assert "no extra memory" in mixed.fix
     assert "fp16-only" in next(f for f in check(ASCEND_910A, TrainSetup(), None) if f.code == "bf16-unsupported").message
 
@@ -294,7 +294,7 @@ def test_done_v100_bf16_qlora():
     codes = _codes(est)
     assert codes["bf16-unsupported"] == "error"
     bf16 = next(f for f in est.findings if f.code == "bf16-unsupported")
-    assert "--precision fp16-mixed" in bf16.fix
+    assert "{precision=fp16-mixed}" in bf16.fix
     assert "bnb-sm70-cu128" in codes  # the applicable bitsandbytes finding
     assert est.headroom_bytes > 0 and est.fits is False  # memory fits, the finding makes it not run
 
@@ -306,7 +306,7 @@ def test_done_t4_flash():
 def test_done_910b_qlora_proposes_lora():
     est = estimate("meta-llama/Llama-2-7b-hf", method="qlora", gpu="910b")
     f = next(f for f in est.findings if f.code == "qlora-unavailable-npu")
-    assert f.level == "error" and "--method lora" in f.fix and est.fits is False
+    assert f.level == "error" and "{method=lora}" in f.fix and est.fits is False
 
 
 def test_done_rtx4090_qlora_is_clean():

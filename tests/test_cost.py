@@ -53,12 +53,12 @@ def test_unknown_prices_are_reported_and_can_be_given() -> None:
     a100 = resolve_accelerator("a100-80gb-sxm4")  # cloud price known, purchase price not in the catalog
     c = cost_section(a100, 8, 10.0)
     assert c["cloud_usd"] == pytest.approx(a100.cloud_usd_per_gpu_hr * 10.0)
-    assert c["own_usd"] is None and any("--card-price" in u for u in c["unknown"])
+    assert c["own_usd"] is None and any("{card_price}" in u for u in c["unknown"])
     c = cost_section(a100, 8, 10.0, Prices(card_price_usd=15000))
     assert c["own_usd"] > 0 and c["break_even_hours"] > 0
     bare = dataclasses.replace(a100, cloud_usd_per_gpu_hr=None)
     c = cost_section(bare, 1, 10.0)
-    assert c["cloud_usd"] is None and any("--price" in u for u in c["unknown"])
+    assert c["cloud_usd"] is None and any("{price}" in u for u in c["unknown"])
 
 
 def test_seed_004_claim_is_checkable() -> None:

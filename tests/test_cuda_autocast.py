@@ -64,6 +64,7 @@ def test_parallel_block_first_layer_keeps_no_mlp() -> None:
     assert seq_later - seq_first == 4 * h + 4  # the first RMSNorm's fp32 copy of its bf16 input, and its rstd
 
 
+@pytest.mark.slow  # runs a simulated training step
 def test_simulate_applies_cuda_fp32_policies() -> None:
     torch = pytest.importorskip("torch")
     from tuneplan.simulate.kernels import cuda_autocast_policies

@@ -147,6 +147,7 @@ def test_4bit_placement_matches_transformers_quantizer(n: int) -> None:
     assert {u: card_of(theirs, u) for u in mine} == mine
 
 
+@pytest.mark.slow  # runs a simulated training step
 def test_simulate_engine_reports_the_check() -> None:
     from tuneplan.api import estimate
 

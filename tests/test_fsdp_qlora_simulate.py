@@ -19,6 +19,8 @@ from tuneplan.specs.model import model_from_config  # noqa: E402
 
 from .sharded_tiny import KV, ROPE, TINY, A, D, F, H, L, V, r512  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
+
 R = 8
 # train.py's "all": k, q, v, up, down, gate (no o_proj); (in, out) of each
 TARGETS = [(H, KV * D), (H, A * D), (H, KV * D), (H, F), (F, H), (H, F)]

@@ -32,3 +32,13 @@ def test_fuzz_batch(seed, tmp_path, monkeypatch):
     assert {"0", "1", "2"} <= set(res["exit_codes"]), res["exit_codes"]
     assert res["problems"] == {}, res["examples"]
     assert res["slowest_s"] < TIME_BOUND_S
+
+
+def test_fuzz_new_classes(tmp_path, monkeypatch):
+    """Every 5th invocation as a process (closed pipe, full disk, ASCII stream, Ctrl-C, racing exports),
+    one in ten in-process ones under a hostile environment; impossible and multimodal configs are in the
+    generator's files."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    res = fuzz.fuzz(100, 21, TIME_BOUND_S, root=tmp_path, process_every=5)
+    assert sum(v for k, v in res["classes"].items() if k.startswith("[")) == 20
+    assert res["problems"] == {}, res["examples"]

@@ -62,7 +62,9 @@ def test_14b_full_on_seven_910b_fits_with_zero3_and_never_takes_a_bitsandbytes_o
     assert full.fits and not full.blocked_by
     zero3 = next(s for s in full.strategies if s["strategy"] == "zero-3")
     assert zero3["fits"]
-    assert d["recommended"]["method"] == "full"
+    # the rule: the most faithful method within 2x of the tokens/s of the fastest plan adapting every layer
+    tps = {m["method"]: m["tokens_per_second"] for m in d["methods"] if m.get("tokens_per_second")}
+    assert d["recommended"]["method"] == ("full" if 2 * tps["full"] >= tps["lora"] else "lora")
     assert not any(c["optimizer"] in BNB_OPTIMIZERS for c in d["candidates"])
     # independent: estimate says ZeRO-3 at micro-batch 1 fits this card
     assert estimate("Qwen/Qwen2.5-14B", gpu="910b", method="full", gpus=7, framework="llamafactory", seq=1024,
@@ -86,7 +88,9 @@ def test_70b_qlora_recommendation_keeps_the_upper_band_inside_the_card() -> None
 
 
 def test_7b_full_on_a_24gb_card_is_offered_with_cpu_offload_and_its_time() -> None:
-    d = fit("meta-llama/Llama-2-7b-hf", "rtx4090", method="full").to_dict()
+    # ZeRO-Offload keeps 7B's fp32 master weights and Adam states on the host: 7e9 x 16 B = 104 GiB, more
+    # than the 64 GiB assumed for a desktop card; with 128 GiB given it runs
+    d = fit("meta-llama/Llama-2-7b-hf", "rtx4090", method="full", host_memory_gib=128).to_dict()
     assert violations(d) == []
     rec = d["recommended"]
     assert rec is not None and rec["setup"]["offload"] != "none"
@@ -103,8 +107,9 @@ def test_prefer_speed_takes_the_most_tokens_per_second() -> None:
     assert violations(d) == []
     rec = d["recommended"]
     pool = [c for c in d["candidates"] if not c["tight"] and not c["relaxed"]]
-    assert rec["tokens_per_second"] == max(c["tokens_per_second"] for c in pool)
-    q = fit("Qwen/Qwen2.5-0.5B", "rtx4090").to_dict()["recommended"]
+    # the fastest plan, or a simpler stack within 10 % of it (rule.NEAR)
+    assert rec["tokens_per_second"] >= 0.9 * max(c["tokens_per_second"] for c in pool)
+    q = fit("Qwen/Qwen2.5-0.5B", "rtx4090", prefer="quality").to_dict()["recommended"]
     assert q["method"] == "full"  # 0.5B full fits a 24 GB card: the quality rule takes it
 
 

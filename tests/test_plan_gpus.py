@@ -28,9 +28,13 @@ def full14b(qwen14b):
 
 
 def some_family_fits(model, gpu, layout: dict) -> bool:
-    """Plain: every family of the space at micro-batch 1, with estimate() directly; host memory by hand
-    (twice the node's GPU memory, at least 128 GiB)."""
-    host = max(128 * GIB, 2 * gpu.memory_bytes * layout["gpus"])
+    """Plain: every family of the space at micro-batch 1, with estimate() directly; host memory by hand:
+    a typical cloud instance's RAM per GPU (AWS p3dn.24xlarge 768 GiB / 8 V100 32GB, p4d.24xlarge and
+    p4de.24xlarge 1,152 GiB / 8 A100, p5e.48xlarge 2,048 GiB / 8 H200), else twice the node's GPU memory,
+    at least 64 GiB."""
+    per_gpu = {"v100-sxm2-32gb": 96, "a100-40gb-sxm4": 144, "a100-80gb-sxm4": 144, "h200-sxm-141gb": 256}
+    host = (per_gpu[gpu.id] * GIB * layout["gpus"] if gpu.id in per_gpu
+            else max(64 * GIB, 2 * gpu.memory_bytes * layout["gpus"]))
     for f in families([("full", {"method": "full"})], layout, layout["gpus"] * layout["nodes"], gpu):
         try:
             e = estimate(model, gpu=gpu, timing=False, **{**f.as_fields, **layout})

@@ -28,9 +28,12 @@ def test_standard_family_grows_in_every_dimension() -> None:
     prev = shape(0)
     for i in range(1, MAX_INDEX + 1, 7):
         cur = shape(i)
-        assert all(cur[k] >= prev[k] for k in cur)
-        assert standard_model(i).params_total > standard_model(i - 1).params_total
+        # the key/value heads are the largest common divisor of the heads and 8: they may fall
+        assert all(cur[k] >= prev[k] for k in cur if k != "kv_heads")
+        assert cur["heads"] % cur["kv_heads"] == 0 and cur["kv_heads"] in (1, 2, 4, 8)
         prev = shape(i)
+    for i in range(1, 600):  # the parameters still grow at every step, across every fall of the KV heads
+        assert standard_model(i).params_total > standard_model(i - 1).params_total
 
 
 def test_standard_family_memory_is_monotone_so_bisection_is_exact() -> None:
@@ -98,3 +101,18 @@ def test_json_shape_and_bad_input() -> None:
     with pytest.raises(TuneplanError) as e:
         max_model("rtx4090", method="full", zero=2)  # ZeRO on one GPU without offload
     assert e.value.field == "zero"
+
+
+def test_auto_answers_only_what_trains_at_a_usable_speed_within_the_host_memory() -> None:
+    """One V100 32GB with QLoRA 4-bit: Qwen3-235B fits on paper with every weight streamed from host
+    memory, at a speed no one trains at (and needs more RAM than a p3dn.24xlarge has per GPU, 96 GiB):
+    the answer is a model that one epoch of 10,000 x 512 tokens trains within a day, hours shown."""
+    from tuneplan.plan.max_model import USABLE_TOKENS_PER_S
+
+    assert USABLE_TOKENS_PER_S == pytest.approx(10_000 * 512 / 86_400)  # 59.3 tokens/s, by hand
+    d = max_model("v100-sxm2-32gb", auto=True, method="qlora", bits=4).to_dict()
+    big = next(r for r in d["catalog"] if r["model"] == "Qwen/Qwen3-235B-A22B")
+    assert not big["fits"]
+    top = d["largest_catalog_model"]
+    assert top is not None and top["params"] < big["params"]
+    assert top["hours"] is not None and top["hours"] <= 24 and top["tokens_per_second"] >= USABLE_TOKENS_PER_S

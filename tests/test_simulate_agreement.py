@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")

@@ -22,6 +22,8 @@ from tuneplan.estimator.types import COMPONENTS  # noqa: E402
 from tuneplan.simulate import SimulateUnavailable, simulate_breakdown, simulate_report  # noqa: E402
 from tuneplan.specs.model import model_from_config  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
+
 H, L, A, KV, F, V = 64, 2, 4, 2, 128, 256
 TINY = dict(model_type="llama", hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
             intermediate_size=F, vocab_size=V, tie_word_embeddings=False)

@@ -26,6 +26,8 @@ from tuneplan.specs.model import model_from_config  # noqa: E402
 
 from .sharded_tiny import KV, ROPE, TINY, A, D, F, H, L, V, r512  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
+
 # (dim 0, the rest) of q k v o gate up down and the two norms
 LAYER = [(A * D, H), (KV * D, H), (KV * D, H), (H, A * D), (F, H), (F, H), (H, F), (H, 1), (H, 1)]
 EMBED, NORM, HEAD = (V, H), (H, 1), (V, H)

@@ -26,6 +26,8 @@ from tuneplan.specs.model import model_from_config  # noqa: E402
 
 from .sharded_tiny import KV, TINY, A, D, F, H, r512  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
+
 V = 8192  # a vocabulary large enough that the loss chain is the peak
 LAYER = [H * A * D, H * KV * D, H * KV * D, A * D * H, H * F, H * F, F * H, H, H]
 ROOT = [V * H, H, V * H]  # embed_tokens, final norm, lm_head (untied)

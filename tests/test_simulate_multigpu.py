@@ -25,6 +25,8 @@ from tuneplan.specs.model import model_from_config  # noqa: E402
 
 from .sharded_tiny import KV, ROPE, TINY, A, D, F, H, L, V, r512  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
+
 # q k v o gate up down 2 norms
 LAYER = [H * A * D, H * KV * D, H * KV * D, A * D * H, H * F, H * F, F * H, H, H]
 # embed_tokens, final norm, lm_head: what the decoder-layer auto-wrap leaves to the root

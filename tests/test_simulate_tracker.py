@@ -11,6 +11,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from tuneplan.simulate.allocator import CachingAllocatorSim  # noqa: E402
 from tuneplan.simulate.tracker import StorageTracker, find_peak  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
+
 MIB = 1 << 20
 
 

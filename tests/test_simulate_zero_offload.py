@@ -30,6 +30,8 @@ from tuneplan.specs.model import model_from_config  # noqa: E402
 
 from .sharded_tiny import KV, ROPE, TINY, A, D, F, H, L, V, r512  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
+
 LAYER = H * A * D + 2 * H * KV * D + A * D * H + 3 * H * F + 2 * H
 TOTAL = L * LAYER + 2 * V * H + H
 N = 2

@@ -107,6 +107,23 @@ def test_bad_value_shows_a_message_and_the_server_keeps_serving(page) -> None:
     assert "r=64" in page.inner_text("#tp-verdict-box")
 
 
+def test_typing_a_bare_card_name_is_refused_as_on_the_cli(page) -> None:
+    """Typing "v100" and Enter in the card picker picks the model's own entry (listed before the cards),
+    which the core refuses listing the four V100s, as `--gpu v100` does; then a card id works again."""
+    box = page.locator("#tp-gpu input")
+    box.click()
+    box.fill("v100")
+    box.press("Enter")
+    page.wait_for_selector("#tp-hardware-msg .tp-error")
+    msg = page.inner_text("#tp-hardware-msg")
+    assert all(card in msg for card in ("v100-sxm2-16gb", "v100-pcie-16gb", "v100-sxm2-32gb", "v100-pcie-32gb"))
+    box.click()
+    box.fill("rtx-4090")
+    box.press("Enter")
+    page.wait_for_function("document.querySelector('#tp-verdict-box').dataset.verdict === 'FITS'")
+    assert page.locator("#tp-hardware-msg .tp-error").count() == 0
+
+
 def test_fit_tab_shows_the_planners_recommendation(page) -> None:
     page.get_by_role("tab", name="Best config").click()
     page.wait_for_selector("#tp-fit #tp-fit-recommended")

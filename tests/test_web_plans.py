@@ -10,10 +10,16 @@ import re
 
 import pytest
 
+from tuneplan.plan.timecost import make_dataset
 from tuneplan.web import callbacks, plans
 from tuneplan.web.form import DEFAULTS, parse, setup_kwargs
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+# What `tuneplan fit MODEL --gpu G --rank 16 --seq 512 --samples 10000` passes for the form's defaults,
+# written out by hand: no strategy, offload or framework pinned (the form's 0 / off / none / hf are the
+# CLI's defaults), the sizes left to the planner.
+CLI_EQUIVALENT = {"rank": DEFAULTS["rank"], "seq": DEFAULTS["seq"], "gpus": 1, "nodes": 1,
+                  "dataset": make_dataset(samples=DEFAULTS["samples"], epochs=DEFAULTS["epochs"])}
 
 
 def test_tabs_wait_for_valid_input() -> None:
@@ -26,14 +32,14 @@ def test_tabs_wait_for_valid_input() -> None:
 def test_fit_tab_shows_the_planners_recommendation() -> None:
     fit_mod = importlib.import_module("tuneplan.plan.fit")  # part of the package: a failed import fails the test
     values = dict(DEFAULTS)
-    kw = {k: v for k, v in setup_kwargs(values).items() if k not in ("method", "bits")}
-    rep = fit_mod.fit(values["model"], values["gpu"], global_batch=16, **kw).to_dict()
+    rep = fit_mod.fit(values["model"], values["gpu"], global_batch=16, **CLI_EQUIVALENT).to_dict()
     html = plans.fit_view(values, 16)
     rec = rep["recommended"]
     assert rec is not None
     assert (f"<b>Recommended{' (tight' if rec['tight'] else ''}" in html
             and f"{rec['method']} ({rec['strategy']}), micro-batch {rec['micro_batch']} " in html)
-    assert html.count("<tr>") == 1 + len(rep["methods"])  # header + one row per method
+    # header + one row per method, then the limits: header + one row per method that fits
+    assert html.count("<tr>") == 2 + len(rep["methods"]) + sum(m["fits"] for m in rep["methods"])
     assert rep["rule"] in html.replace("&#x27;", "'")
     assert "global_batch" in plans.fit_view(values, 0)  # its own field is validated like the others
 
@@ -105,8 +111,7 @@ def test_fit_tab_objective_is_the_clis() -> None:
     rule = importlib.import_module("tuneplan.plan.rule")
     assert plans.PREFERS == rule.PREFERS
     values = dict(DEFAULTS)
-    kw = {k: v for k, v in setup_kwargs(values).items() if k not in ("method", "bits")}
-    rec = fit_mod.fit(values["model"], values["gpu"], global_batch=16, prefer="speed", **kw).recommended
+    rec = fit_mod.fit(values["model"], values["gpu"], global_batch=16, prefer="speed", **CLI_EQUIVALENT).recommended
     html = plans.fit_view(values, 16, "speed")
     assert f"{rec['method']} ({rec['strategy']}), micro-batch {rec['micro_batch']} " in html
     assert "the most tokens/s" in html

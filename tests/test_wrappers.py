@@ -64,3 +64,30 @@ def test_no_collectives_on_one_gpu(qwen7b) -> None:
     link = Link("test link", 100.0, "a test")
     c = run.wrapper.collectives(run, grad_bytes=2, gathered_bytes=10**9, link=link)
     assert (c.per_micro_batch, c.per_step, c.serial) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(("bucket", "elements"), [(None, 500_000_000), (100_000_000, 100_000_000)])
+def test_memory_and_time_read_the_same_reduce_bucket(qwen7b, bucket, elements) -> None:
+    # DeepSpeed's reduce_bucket_size (default 5e8 elements, deepspeed/runtime/zero/config.py): ZeRO-2's IPG
+    # bucket in the 16-bit dtype while the layers are back-propagated, and the last reduction the backward
+    # cannot hide
+    setup = build_setup(qwen7b, method="full", precision="bf16", gpus=2, zero=2, ds_reduce_bucket=bucket)
+    run = resolve_run(qwen7b, setup)
+    assert run.wrapper.memory(run, OptimizerPlan(0, 0, 0)).buckets.in_layers == elements * 2
+    assert run.wrapper.last_bucket_bytes(run, run.wrapper.gradient_wire_bytes(run)) == elements * 2
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(gpus=2, fsdp=True), dict(gpus=4, zero=3)])
+def test_the_breakdowns_upper_band_is_the_grids(qwen7b, fields) -> None:
+    # the upper band read off one breakdown's bands (MemoryBreakdown.device_peak_high_bytes) and the one a
+    # grid computes from its arrays (overhead.device_peak_high) agree, and lie above the central figures
+    from tuneplan.api import estimate_run
+    from tuneplan.estimator.overhead import cross_stream_reserve, device_peak_high
+
+    run = resolve_run(qwen7b, build_setup(qwen7b, method="lora", precision="bf16-mixed", seq=1024, **fields))
+    b = estimate_run(run).breakdown
+    high = device_peak_high(b.allocated_peak_bytes, b.reserved_peak_bytes, b.device_peak_bytes,
+                            cross_stream_reserve(run))
+    assert b.device_peak_high_bytes == high
+    assert b.device_peak_high_bytes > b.device_peak_bytes
+    assert b.reserved_high_bytes > b.reserved_peak_bytes and b.allocated_high_bytes > b.allocated_peak_bytes

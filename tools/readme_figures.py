@@ -1,4 +1,5 @@
-"""Regenerate the README's command outputs from what the code prints, so they never drift.
+"""Regenerate the README's (and the usage and accuracy docs') command outputs from what the code prints,
+so they never drift.
 
 A fenced block that shows one ``$ tuneplan ...`` command (continuation lines ending in ``\\``) followed by
 its output is a *figure*: this script runs the command (``python -m tuneplan``, 110 columns, this checkout's
@@ -25,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The files whose figures are checked: the README and the pages its first screen moved out to.
+FILES = (README, ROOT / "docs" / "usage.md", ROOT / "docs" / "accuracy.md")
 WIDTH = 110  # a README is read in a browser: the wide tables of fit / gpus keep their columns
 FENCE = re.compile(r"^```[a-z]*\n(.*?)^```\n", re.S | re.M)
 HAND_WRITTEN = re.compile(
@@ -77,14 +80,24 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="compare only; exit 1 when a figure is stale")
     ap.add_argument("--list", action="store_true", help="list the figures and the hand-written excerpts")
     args = ap.parse_args()
-    text = README.read_text(encoding="utf-8")
+    total = stale_total = 0
+    for path in FILES:
+        n, stale = one_file(path, check=args.check, listing=args.list)
+        total, stale_total = total + n, stale_total + stale
+    return 1 if args.check and stale_total else 0
+
+
+def one_file(path: Path, check: bool, listing: bool) -> tuple[int, int]:
+    """Check or rewrite one file's figures: (figures, stale ones)."""
+    text = path.read_text(encoding="utf-8")
+    name = path.relative_to(ROOT)
     blocks, skipped = figures(text)
-    if args.list:
+    if listing:
         for b in blocks:
-            print("figure :", b.command[0])
+            print(f"{name} figure :", b.command[0])
         for s in skipped:
-            print("excerpt:", s)
-        return 0
+            print(f"{name} excerpt:", s)
+        return len(blocks), 0
     stale, out = [], text
     for b in reversed(blocks):  # from the end, so earlier offsets stay valid
         printed = run(b.argv)
@@ -92,20 +105,21 @@ def main() -> int:
             stale.append((b, printed))
             body = "\n".join(b.command) + "\n" + printed + "\n"
             out = out[:b.start] + body + out[b.end:]
-    if args.check:
+    if check:
         for b, printed in reversed(stale):
-            diff = difflib.unified_diff(b.output.rstrip().splitlines(), printed.splitlines(), "README.md",
+            diff = difflib.unified_diff(b.output.rstrip().splitlines(), printed.splitlines(), str(name),
                                         "printed", lineterm="", n=1)
-            print(f"stale figure: {b.command[0]}\n" + "\n".join(list(diff)[:30]))
+            print(f"stale figure in {name}: {b.command[0]}\n" + "\n".join(list(diff)[:30]))
         if stale:
-            print("run `python tools/readme_figures.py` to rewrite them", file=sys.stderr)
-        print(f"{len(blocks)} figures checked, {len(stale)} stale; "
+            print(f"run `python tools/readme_figures.py` to rewrite them ({name})", file=sys.stderr)
+        print(f"{name}: {len(blocks)} figures checked, {len(stale)} stale; "
               f"{len(skipped)} hand-written excerpts left alone")
-        return 1 if stale else 0
+        return len(blocks), len(stale)
     if stale:
-        README.write_text(out, encoding="utf-8")
-    print(f"{len(blocks)} figures, {len(stale)} rewritten; {len(skipped)} hand-written excerpts left alone")
-    return 0
+        path.write_text(out, encoding="utf-8")
+    print(f"{name}: {len(blocks)} figures, {len(stale)} rewritten; "
+          f"{len(skipped)} hand-written excerpts left alone")
+    return len(blocks), len(stale)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -25,7 +27,7 @@ from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import resolve_setup
-from tuneplan.specs.setup import TrainSetup
+from tuneplan.specs.setup import TrainSetup, check_fields
 
 __all__ = ["Estimate", "Run", "SETUP_FIELDS", "build_setup", "estimate", "estimate_run", "resolve_run",
            "trainable_params"]
@@ -107,7 +109,8 @@ class Estimate:
         }
         if self.gpu is not None:
             d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
-                        "memory_source": self.gpu.memory_source}
+                        "memory_source": self.gpu.memory_source, "platform": self.gpu.platform,
+                        "outside_torch_words": list(self.gpu.outside_torch_words)}
             if self.extras.get("gpu_name_choice"):
                 d["gpu"]["name_choice"] = self.extras["gpu_name_choice"]
             d["fits"] = self.fits
@@ -148,17 +151,121 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
     override the catalog's prices and the cost model's defaults. ``versions`` (the keys of
     ``tuneplan.compat``): the library versions the run will use, so that version-dependent breakages are
     answered for them instead of stated as a condition."""
-    spec = resolve_model(model) if isinstance(model, str) else model
-    acc, choice = resolve_named(gpu, extra=hardware_file) if isinstance(gpu, str) else (gpu, None)
+    if hardware_file is not None and not isinstance(gpu, str):
+        import warnings
+
+        # its cards are only what a GPU name is looked up in: without one (or with an Accelerator) unused
+        warnings.warn("the hardware file is not used: it adds cards that a GPU name ({gpu}) can name, and "
+                      "no GPU name was given", stacklevel=2)
     if engine not in ("analytic", "simulate"):
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
-    run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kwargs))
+    acc, choice, run = resolved(model, setup, gpu, hardware_file, kwargs)
     est = estimate_run(run, gpu=acc, engine=engine, dataset=dataset, price=price, card_price=card_price,
                        kwh_price=kwh_price, own_years=own_years, time_options=time_options, timing=timing,
                        versions=versions)
     if choice:
         est.extras["gpu_name_choice"] = choice
     return est
+
+
+# Resolved runs of recent ``estimate`` calls, so that a loop over sizes resolves once: (key) -> the card,
+# the run as first resolved, and its reshaped runs by (batch, seq, grad_accum). The key holds everything
+# the resolve reads (resolved_key), and keeps the objects whose identity is in the key alive (so no other
+# object takes that identity while it is cached); at most RESOLVED_MAX keys and SHAPES_MAX shapes per key.
+Shapes = dict[tuple[int, int, int], Run]
+_RESOLVED: dict[tuple[Any, ...], tuple[Accelerator | None, Any, Run, Shapes, tuple[Any, ...]]] = {}
+RESOLVED_MAX = 256
+SHAPES_MAX = 256
+SHAPE = ("batch", "seq", "grad_accum")  # what a resolved run is reshaped to (Run.reshaped)
+
+
+def resolved(model: str | ModelSpec, setup: TrainSetup | None, gpu: str | Accelerator | None,
+             hardware_file: str | None, kwargs: dict[str, Any]) -> tuple[Accelerator | None, Any, Run]:
+    """The card, how its name was chosen (``resolve_named``) and the resolved run of an ``estimate``
+    call, from the cache when an earlier call differed only in the values of ``batch`` / ``seq`` /
+    ``grad_accum`` (the run is then reshaped, its shape checked as ``TrainSetup.validate`` checks it)."""
+    key = resolved_key(model, setup, gpu, hardware_file, kwargs)
+    hit = _RESOLVED.get(key) if key is not None else None
+    if hit is not None:
+        acc, choice, run, shapes, _kept = hit
+        given = {k: kwargs[k] for k in SHAPE if k in kwargs}
+        check_fields(given)  # what TrainSetup.validate checks of these fields: each alone, no other reads them
+        at = (given.get("batch", run.setup.batch), given.get("seq", run.setup.seq),
+              given.get("grad_accum", run.setup.grad_accum))
+        got = shapes.get(at)
+        if got is None:
+            shape = {k: v for k, v in given.items() if v != getattr(run.setup, k)}
+            got = run.reshaped(**shape) if shape else run
+            if len(shapes) >= SHAPES_MAX:
+                shapes.clear()
+            shapes[at] = got
+        return acc, choice, got
+    spec = resolve_model(model) if isinstance(model, str) else model
+    acc, choice = resolve_named(gpu, extra=hardware_file) if isinstance(gpu, str) else (gpu, None)
+    run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kwargs))
+    if key is not None:
+        if len(_RESOLVED) >= RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = (acc, choice, run, {(run.setup.batch, run.setup.seq, run.setup.grad_accum): run},
+                          (model, gpu, setup))
+    return acc, choice, run
+
+
+def resolved_key(model: Any, setup: Any, gpu: Any, hardware_file: Any, kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What the resolve reads, as a key; None when something in it cannot be a key (then no cache).
+
+    - the model: a ModelSpec object (its identity: specs are frozen; the entry keeps the object, so the
+      identity is not reused while it is cached), or the name and, for a path, the config file's
+      modification time and size (for a hub id, the hub settings the fetch reads);
+    - the card: an Accelerator object (its identity, kept the same way), or the name, the hardware files
+      read (``--hardware-file`` and the user's config-dir files) with their modification times;
+    - the base setup object (frozen; its identity, kept), every keyword field's value but the shape's,
+      and which shape fields were given (they are recorded as given in ``setup.sources``)."""
+    try:
+        rest = tuple(sorted((k, v) for k, v in kwargs.items() if k not in SHAPE))
+        hash(rest)
+    except TypeError:
+        return None
+    shape_given = tuple(k for k in SHAPE if k in kwargs)
+    m = ("spec", id(model)) if not isinstance(model, str) else ("name", model, _model_stamp(model))
+    g = (("card", id(gpu)) if not isinstance(gpu, str) else
+         ("name", gpu, _file_stamp(hardware_file), _hardware_stamp()))
+    return (m, g, id(setup), rest, shape_given)
+
+
+def _file_stamp(path: Any) -> tuple[Any, ...] | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError, ValueError):
+        return (str(path), None)
+    return (str(path), st.st_mtime_ns, st.st_size)
+
+
+def _model_stamp(name: str) -> tuple[Any, ...]:
+    """A path's config file (a folder's config.json), or the hub settings a hub id is fetched with."""
+    p = os.path.expanduser(name.strip())
+    try:
+        st = os.stat(p)
+        if stat.S_ISDIR(st.st_mode):
+            p = os.path.join(p, "config.json")
+            st = os.stat(p)
+        return ("file", p, st.st_mtime_ns, st.st_size)
+    except (OSError, ValueError):
+        return ("hub", os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_ENDPOINT"))
+
+
+def _hardware_stamp() -> tuple[Any, ...]:
+    """The user's config-dir hardware files (``catalog.accelerators.hardware_file_candidates``): their
+    folder, and each file's time and size when the folder exists (a file is added, removed or edited)."""
+    from tuneplan.catalog.accelerators import hardware_file_candidates
+
+    files = hardware_file_candidates()
+    folder = _file_stamp(os.path.dirname(files[0]))
+    if folder is None or folder[1] is None:
+        return (folder,)
+    return (folder, *map(_file_stamp, files))
 
 
 def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "analytic",
@@ -187,6 +294,7 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     extras: dict[str, Any] = {"params_trainable": run.trainable_params}
     if acc is not None and timing:  # searches that only need the memory verdict skip time and cost
+        _check_price_arguments(price=price, card_price=card_price, kwh_price=kwh_price, own_years=own_years)
         if price is None and card_price is None and kwh_price is None and own_years is None:
             prices = DEFAULT_PRICES  # one object: the run's kept cost rates match it by identity
         else:
@@ -206,3 +314,15 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
 
         findings.extend(f for f in (spill_finding(run, acc),) if f is not None)
     return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=findings, extras=extras, run=run)
+
+
+def _check_price_arguments(**values: float | None) -> None:
+    """Each price argument finite and in 0..MAX_PRICE, refused under its own name (``price``, not the
+    ``Prices`` field it fills), before any total is formed: ``price=10**400`` is bad input, not an
+    OverflowError."""
+    from tuneplan.specs.limits import MAX_PRICE, check_number
+
+    for name, value in values.items():
+        if value is not None:
+            check_number(name, value, 0.0, MAX_PRICE)
+

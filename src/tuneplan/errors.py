@@ -8,12 +8,17 @@ the reference its own way (:meth:`TuneplanError.worded`): the CLI as a flag (``-
 page as the label of its widget (“Method” set to qlora), ``str(err)`` and the API as the field name
 (``method=qlora``). The ``field`` itself is worded the same way, unless it is a key in a file
 (:class:`ConfigError`: ``zero_optimization.stage``), which is shown as the file spells it.
+
+The core's other texts follow the same rule: a finding's message and fix, a note, an assumption of the
+time or cost model (``"pass {price} (USD per GPU-hour)"``); a face words a whole result with
+:func:`word_texts` before it shows or prints it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 # a reference to a field: {name} or {name=value}; a value never holds braces
 _REF = re.compile(r"\{([a-z][a-z0-9_]*)(?:=([^{}]*))?\}")
@@ -34,6 +39,23 @@ def word(text: str, words: Words) -> str:
         return words(m.group(1), m.group(2)) or plain_words(m.group(1), m.group(2))
 
     return _REF.sub(one, text)
+
+
+# The parts of a result (``to_dict()``) that hold what the user gave: names, paths, setup values. They are
+# shown as given, never read as references.
+GIVEN_KEYS = frozenset({"model", "setup", "setup_sources", "gpu", "from"})
+
+
+def word_texts(value: Any, words: Words, *, given: frozenset[str] = GIVEN_KEYS) -> Any:
+    """A copy of a JSON-like result with every ``{field}`` reference in its texts (findings, notes,
+    assumptions) worded by ``words``; the values under ``given`` keys are kept as they are."""
+    if isinstance(value, str):
+        return word(value, words)
+    if isinstance(value, dict):
+        return {k: v if k in given else word_texts(v, words, given=given) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(word_texts(v, words, given=given) for v in value)
+    return value
 
 
 class TuneplanError(ValueError):

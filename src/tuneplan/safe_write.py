@@ -8,10 +8,16 @@ goes through :func:`write_files`:
    written outside the folder the user named by following a link someone planted;
 2. write each file to a temporary file in its target's folder (``mkstemp``: a new inode, mode 0600 until
    chmod), ``fsync`` it, and set its mode on the temporary file (never on a link's target);
-3. only when every temporary file is complete, ``os.replace`` each onto its target: a rename replaces the
-   directory entry, so a symbolic link at the target is replaced by the file, never followed; then fsync
-   the folder. A full disk or any error in step 2 removes the temporary files and leaves every target as
-   it was: no truncated ``train.py``, no half of a multi-file export.
+3. only when every temporary file is complete, put each at its target: without ``force`` by
+   ``os.link`` (the target is created only if no entry of that name exists, checked and created in one
+   step by the kernel, so of two writers racing for one path exactly one wins and the other is refused,
+   and the targets it had already linked are removed again); with ``force`` by ``os.replace`` (a rename
+   replaces the directory entry, so a symbolic link at the target is replaced by the file, never
+   followed); then fsync the folder. A full disk or any error in step 2 removes the temporary files and
+   leaves every target as it was: no truncated ``train.py``, no half of a multi-file export.
+
+The check in step 1 gives the message a person reads; the exclusive link in step 3 is what holds when
+another process writes the same path in between.
 """
 
 from __future__ import annotations
@@ -85,9 +91,12 @@ def write_files(files: Sequence[OutFile], *, force: bool, field: str) -> list[Pa
                 out.flush()
                 os.fsync(out.fileno())
                 os.fchmod(out.fileno(), (0o777 if f.executable else 0o666) & ~mask)
-        for tmp, target in zip(temps, targets, strict=True):
-            os.replace(tmp, target)
-        temps = []
+        if force:
+            for tmp, target in zip(temps, targets, strict=True):
+                os.replace(tmp, target)
+            temps = []
+        else:  # the temporary names go in ``finally``: the targets are their second links
+            _link_all(temps, targets, field)
         for folder in {t.parent for t in targets}:
             _fsync_dir(folder)
     except OSError as exc:
@@ -95,11 +104,34 @@ def write_files(files: Sequence[OutFile], *, force: bool, field: str) -> list[Pa
                             "nothing written", field=field) from None
     finally:
         for tmp in temps:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _unlink(tmp)
     return targets
+
+
+def _link_all(temps: Sequence[str], targets: Sequence[Path], field: str) -> None:
+    """Each complete temporary file linked at its target, which must not exist (``link(2)`` fails with
+    EEXIST otherwise, atomically); on a refusal the targets linked so far are removed (they are this
+    call's own files) and nothing is left. The temporary names are removed by the caller."""
+    linked: list[Path] = []
+    try:
+        for tmp, target in zip(temps, targets, strict=True):
+            try:
+                os.link(tmp, target, follow_symlinks=False)
+            except FileExistsError:
+                raise TuneplanError(f"{target} was created by another process meanwhile; nothing written",
+                                    field=field, accepted="another path, or {force} to overwrite") from None
+            linked.append(target)
+    except BaseException:
+        for target in linked:
+            _unlink(target)
+        raise
+
+
+def _unlink(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def write_text(path: str | Path, text: str, *, force: bool, field: str, executable: bool = False) -> Path:

@@ -112,35 +112,63 @@ def catalog_accelerators() -> dict[str, Accelerator]:
     return dict(_catalog())
 
 
-def user_hardware_file() -> Path | None:
-    """The user's hardware file from the config directory, if one exists.
+def hardware_file_candidates() -> list[str]:
+    """Where the user's hardware file may be, in the order looked at (:func:`user_hardware_file`).
 
     ``$TUNEPLAN_CONFIG_DIR`` wins when set (and is the only place looked at, so tests and CI can point
     it at an empty directory); otherwise ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan``.
     """
-    env = os.environ.get("TUNEPLAN_CONFIG_DIR")
-    if env:
-        dirs = [Path(env)]
-    else:
-        base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-        dirs = [Path(base) / "tuneplan"]
-    for d in dirs:
-        for n in HARDWARE_FILE_NAMES:
-            p = d / n
-            if p.is_file():
-                return p
+    env = os.environ
+    return list(_candidates(env.get("TUNEPLAN_CONFIG_DIR"), env.get("XDG_CONFIG_HOME"), env.get("HOME")))
+
+
+@lru_cache(maxsize=8)
+def _candidates(config_dir: str | None, xdg: str | None, home: str | None) -> tuple[str, ...]:
+    """:func:`hardware_file_candidates` for these environment values (``~`` is ``$HOME``)."""
+    d = config_dir or os.path.join(xdg or os.path.join(os.path.expanduser("~"), ".config"), "tuneplan")
+    return tuple(os.path.join(d, n) for n in HARDWARE_FILE_NAMES)
+
+
+def user_hardware_file() -> Path | None:
+    """The user's hardware file from the config directory, if one exists (:func:`hardware_file_candidates`)."""
+    for p in hardware_file_candidates():
+        if os.path.isfile(p):
+            return Path(p)
     return None
+
+
+def config_dir() -> Path:
+    """The user's tuneplan config directory: ``$TUNEPLAN_CONFIG_DIR`` when set, else
+    ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan`` (it may not exist)."""
+    env = os.environ
+    return Path(env.get("TUNEPLAN_CONFIG_DIR") or os.path.join(
+        env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config"), "tuneplan"))
 
 
 def accelerators(extra: dict[str, Accelerator] | str | os.PathLike[str] | None = None) -> dict[str, Accelerator]:
     """Catalog + the user's config-dir hardware file + ``extra`` (a dict, or a hardware file path)."""
     cat = dict(_catalog())
-    user = user_hardware_file()
-    if user is not None:
-        cat.update(load_hardware_file(user))
+    cat.update(_config_folder_cards())
     if extra:
         cat.update(extra if isinstance(extra, dict) else load_hardware_file(extra))
     return cat
+
+
+def _config_folder_cards() -> dict[str, Accelerator]:
+    """The cards of the config folder's hardware file; a file that cannot be used is a warning naming it
+    and its problem, and its cards are left out: a file the user did not name on this command line must
+    not break every command (``--hardware-file`` given explicitly stays an error, exit 2)."""
+    user = user_hardware_file()
+    if user is None:
+        return {}
+    try:
+        return load_hardware_file(user)
+    except TuneplanError as exc:
+        import warnings
+
+        warnings.warn(f"the hardware file of the config folder is ignored: {exc.message}"
+                      + (f" (accepted: {exc.accepted})" if exc.accepted else ""), stacklevel=3)
+        return {}
 
 
 def _index(cat: dict[str, Accelerator]) -> dict[str, str]:
@@ -327,8 +355,9 @@ def _coerce(path: Path, acc_id: str, key: str, value: Any) -> tuple[str, Any]:
             raise TuneplanError(f"{where}: expected true/false, got {value!r}", field="hardware_file")
         return _BOOL_FIELDS[key], "yes" if value else "no"
     if key_out in _NUM_FIELDS:
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or not 0 <= value <= MAX_HARDWARE_NUMBER):
+        # an int compares exactly however large (1e400-style integers); only a float can be inf or NaN
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or (isinstance(value, float) and not math.isfinite(value)) or not 0 <= value <= MAX_HARDWARE_NUMBER):
             raise TuneplanError(f"{where}: expected a non-negative number, got {show_value(value)}",
                                 field="hardware_file", accepted=f"a finite number in 0..{MAX_HARDWARE_NUMBER:g}")
         return key_out, float(value)
@@ -426,3 +455,29 @@ def load_hardware_file(path: str | os.PathLike[str]) -> dict[str, Accelerator]:
 
 
 ACCELERATOR_FIELDS = tuple(f.name for f in fields(Accelerator))
+
+
+# Host RAM per node without a figure for the card (no typical cloud instance, not this machine's): twice
+# the node's GPU memory, at least 64 GiB. A desktop board with one consumer card commonly holds 2 x 32 GB;
+# a server node holds more RAM than GPU memory (a DGX A100 node: 640 GB of GPU memory, 2 TB of RAM, NVIDIA
+# DGX A100 user guide). The one sentence every face states:
+HOST_DEFAULT_MIN_GIB = 64
+HOST_DEFAULT_TEXT = f"twice the node's GPU memory, at least {HOST_DEFAULT_MIN_GIB} GiB"
+
+
+@lru_cache(maxsize=1)
+def _cloud_hosts() -> dict[str, dict[str, Any]]:
+    import csv
+    import io
+
+    text = resources.files("tuneplan.catalog").joinpath("cloud_hosts.csv").read_text(encoding="utf-8")
+    return {r["accelerator"]: {"instance": r["instance"], "gpus": int(r["gpus"]),
+                               "host_bytes": int(float(r["host_gib"]) * 2**30), "source": r["source"]}
+            for r in csv.DictReader(io.StringIO(text))}
+
+
+def cloud_host(acc_id: str) -> dict[str, Any] | None:
+    """The typical cloud instance with this card (``catalog/cloud_hosts.csv``: instance, GPUs, host RAM in
+    bytes, source), or None where the catalog names none."""
+    got = _cloud_hosts().get(acc_id)
+    return dict(got) if got is not None else None

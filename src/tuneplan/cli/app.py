@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "sweep": "tuneplan.cli.plan_cmd",
     "compare": "tuneplan.cli.compare_cmd",
     "measure": "tuneplan.cli.measure_cmd",
+    "calibration": "tuneplan.cli.measure_cmd",
     "simulate": "tuneplan.cli.simulate_cmd",
     "deploy": "tuneplan.cli.deploy_cmd",
     "export": "tuneplan.cli.export_cmd",
@@ -224,8 +225,9 @@ def _warnings_as_lines() -> Any:
     def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
              line: Any = None) -> None:
         from tuneplan.cli.render import for_terminal
+        from tuneplan.cli.wording import cli_texts
 
-        _say(f"warning: {for_terminal(str(message))}")
+        _say(f"warning: {for_terminal(cli_texts(str(message)))}")  # the core's {field} references as flags
 
     @contextlib.contextmanager
     def scope() -> Any:

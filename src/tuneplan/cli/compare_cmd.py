@@ -14,6 +14,7 @@ import typer
 from tuneplan.cli.options import with_setup_options
 from tuneplan.cli.plan_layout import compact_table, show
 from tuneplan.cli.render import console, print_json
+from tuneplan.cli.wording import cli_texts
 from tuneplan.errors import TuneplanError
 
 _ACCEPTED = 'setup flags in quotes, e.g. --a "--seq 1024 --grad-accum 1" --b "--seq 2048 --grad-accum 4"'
@@ -119,5 +120,5 @@ def register(app: typer.Typer) -> None:
         shared = dict(setup_kw or {})
         if gpu:
             shared["gpu"] = gpu
-        d = compare(model, shared, parse_flags(a, "a"), parse_flags(b, "b")).to_dict()
+        d = cli_texts(compare(model, shared, parse_flags(a, "a"), parse_flags(b, "b")).to_dict())
         print_json(d) if as_json else render(d)

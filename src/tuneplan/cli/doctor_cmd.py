@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tuneplan.cli.render import console, gib, print_findings, print_json
+from tuneplan.cli.wording import cli_texts
 
 STATUS_STYLE = {
     "works": "green",
@@ -120,7 +121,7 @@ def register(app: typer.Typer) -> None:
             StaticDetector.from_file(machine) if machine else SystemDetector(check_bnb_import=not no_import_check)
         )
         report = diagnose(source.detect())
-        d = report.to_dict()
+        d = cli_texts(report.to_dict())
         if as_json:
             print_json(d)
         else:

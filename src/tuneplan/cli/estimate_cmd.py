@@ -12,6 +12,7 @@ from tuneplan.cli.flags import Flag, click_command
 from tuneplan.cli.from_option import FROM_FLAG, resolve_from
 from tuneplan.cli.options import setup_flags, take_setup
 from tuneplan.cli.time_options import TIME_FLAGS, time_kw_from
+from tuneplan.cli.wording import cli_texts
 
 DOC = """Per-GPU peak memory of a fine-tune, by component, and whether it fits the GPU.
 
@@ -74,7 +75,11 @@ def estimate(model: str | None, from_files: tuple[str, ...], gpu: str | None, en
         **frm.time_kw(time_kw),
         **frm.setup_kw,
     )
-    d = frm.annotate(est.to_dict())
+    d = cli_texts(frm.annotate(est.to_dict()))  # the core's field references as flags
+    if est.verdict == "does_not_fit":  # the planner only for a setup that does not fit: its next step
+        from tuneplan.plan.next_step import next_step
+
+        d["next_step"] = next_step(est)
     if as_json:
         print_json(d)
     else:

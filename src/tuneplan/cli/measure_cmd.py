@@ -15,6 +15,8 @@ GIB = 1024**3
 
 
 def register(app: typer.Typer) -> None:
+    _register_calibration(app)
+
     @app.command("measure")
     @with_setup_options
     def measure_cmd(
@@ -34,6 +36,9 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
         force: Annotated[bool, typer.Option("--force", help="append to --record even when it is a symbolic "
                                             "link (the link is replaced by the file)")] = False,
+        calibrate: Annotated[bool, typer.Option(
+            "--calibrate", help="store the measured step time so that the next estimate, fit and gpus for "
+            "this card use it (`tuneplan calibration list|remove`)")] = False,
         torch_era: Annotated[
             str | None,
             typer.Option("--torch-era", hidden=True,
@@ -56,10 +61,112 @@ def register(app: typer.Typer) -> None:
             check_targets([record], force=False, field="record")  # refuses the link, before the run
         fields: dict[str, Any] = {**(setup_kw or {}), **_torch_era(torch_era)}
         out = measure(model, steps=steps, device=device, weights=weights, record=record, **fields)
+        if calibrate:
+            out["calibration"] = _calibrate(out)
         if as_json:
             print_json(out)
             return
         _render(out)
+
+
+def _calibrate(out: dict[str, Any]) -> dict[str, Any]:
+    """Store the run's median timed step (steps 2..N) for the card it ran on."""
+    import statistics
+
+    from tuneplan.api import estimate
+    from tuneplan.catalog.accelerators import resolve_accelerator
+    from tuneplan.errors import TuneplanError
+    from tuneplan.measure.calibration import record_step
+
+    m = out["measured"]
+    timed = m["step_seconds"][1:] or m["step_seconds"]
+    if m["outcome"] != "measured" or m["memory_kind"] == "host" or not timed:
+        raise TuneplanError("no GPU step was measured, so nothing was calibrated", field="calibrate",
+                            accepted="a run on a CUDA GPU that completes its steps")
+    acc = resolve_accelerator(m["device_name"])
+    est = estimate(out["estimate"]["model"]["name"], gpu=acc, timing=False, **_setup_of(out["estimate"]))
+    return record_step(est.run, acc, statistics.median(timed), "tuneplan measure")
+
+
+def _setup_of(est: dict[str, Any]) -> dict[str, Any]:
+    from tuneplan.specs.setup import TrainSetup
+
+    names = set(TrainSetup.__dataclass_fields__)
+    return {k: v for k, v in est["setup"].items() if k in names}
+
+
+def _register_calibration(app: typer.Typer) -> None:
+    cal = typer.Typer(help="Step times measured on this machine, used by estimate, fit and gpus: list, add, "
+                      "remove.",
+                      no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+    app.add_typer(cal, name="calibration")
+
+    @cal.command("list")
+    def list_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False
+                 ) -> None:
+        """The stored measurements per card and framework, and the correction each mechanism gets."""
+        from tuneplan.estimator.step_calibration import store_path
+        from tuneplan.measure.calibration import list_entries
+
+        rows = list_entries()
+        if as_json:
+            print_json({"store": store_path(), "entries": rows})
+            return
+        if not rows:
+            console.print(f"no calibration stored ({store_path()})", highlight=False)
+            return
+        for r in rows:
+            f = ", ".join(f"{k} x{v:.2f}" for k, v in r["factors"].items())
+            console.print(f"[bold]{r['card']}[/] {r['framework']}: {len(r['measurements'])} measured "
+                          f"step(s); {f}", highlight=False)
+            for m in r["measurements"]:
+                console.print(f"  {m['model']} {m['method']} batch {m['batch']} x seq {m['seq']}, GA "
+                              f"{m['grad_accum']}, {m['gpus']} GPU(s): measured "
+                              f"{m['measured_step_seconds']:.3f} s, predicted "
+                              f"{m['predicted_step_seconds']:.3f} s ({m['source']})", highlight=False)
+        console.print(f"[dim]store: {store_path()}[/]", highlight=False)
+
+    @cal.command("remove")
+    def remove_cmd(
+        gpu: Annotated[str | None, typer.Option("--gpu", help="only this card")] = None,
+        framework: Annotated[str | None, typer.Option("--framework", help="only this framework")] = None,
+        all_: Annotated[bool, typer.Option("--all", help="every card and framework")] = False,
+    ) -> None:
+        """Forget stored measurements: one card (and framework), or --all."""
+        from tuneplan.catalog.accelerators import resolve_accelerator
+        from tuneplan.errors import TuneplanError
+        from tuneplan.measure.calibration import remove_entries
+
+        if not all_ and gpu is None:
+            raise TuneplanError("say what to remove", field="gpu",
+                                accepted="--gpu CARD [--framework F], or --all")
+        card = resolve_accelerator(gpu).id if gpu else None
+        gone = remove_entries(card, framework)
+        console.print(f"removed {len(gone)} entr{'y' if len(gone) == 1 else 'ies'}"
+                      + (f": {', '.join(gone)}" if gone else ""), highlight=False)
+
+    @cal.command("add")
+    @with_setup_options
+    def add_cmd(
+        model: Annotated[str, typer.Argument(help="catalog name, HF id, or path to config.json")],
+        gpu: Annotated[str, typer.Option("--gpu", help="the card the step ran on")],
+        step_seconds: Annotated[float, typer.Option("--step-seconds", help="measured seconds per optimizer "
+                                                    "step (steady state, from your training log)")],
+        as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+        setup_kw: dict[str, Any] | None = None,
+    ) -> None:
+        """Store a step time you measured yourself (the setup flags say what ran)."""
+        from tuneplan.api import estimate
+        from tuneplan.measure.calibration import record_step
+
+        est = estimate(model, gpu=gpu, timing=False, **(setup_kw or {}))
+        assert est.gpu is not None
+        m = record_step(est.run, est.gpu, step_seconds, "given")
+        if as_json:
+            print_json(m)
+            return
+        console.print(f"stored for {est.gpu.id} / {est.setup.framework}: measured {step_seconds:.3f} s per "
+                      f"step, predicted {m['predicted_step_seconds']:.3f} s", highlight=False)
 
 
 def _torch_era(spec: str | None) -> dict[str, bool]:

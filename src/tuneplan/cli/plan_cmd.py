@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tuneplan.catalog.accelerators import HOST_DEFAULT_TEXT as DEFAULT_TEXT
 from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
 from tuneplan.cli.plan_layout import compact_table, short_strategy, show, split_id, strategy_legend
@@ -35,11 +36,19 @@ DatasetTokensOpt = Annotated[int | None, typer.Option("--dataset-tokens", help="
 PackingOpt = Annotated[bool | None, typer.Option("--packing/--no-packing", help="pack samples into full rows",
                                                  rich_help_panel=_D)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
-PreferOpt = Annotated[str, typer.Option("--prefer", help="quality | speed | cost: what the recommendation optimises")]
+PreferOpt = Annotated[str, typer.Option("--prefer", help="balanced (the most faithful method within --max-slowdown "
+                                                         "of the fastest plan) | quality | speed | cost")]
+SlowdownOpt = Annotated[float | None, typer.Option("--max-slowdown", help="how many times slower than the fastest "
+                                                                          "plan balanced accepts [2]")]
+MaxHoursOpt = Annotated[float | None, typer.Option("--max-hours", help="hard limit on the run's hours (needs the "
+                                                                       "data size)", rich_help_panel=_D)]
+BudgetOpt = Annotated[float | None, typer.Option("--budget", help="hard limit on the run's cloud cost in USD (needs "
+                                                                  "the data size)", rich_help_panel=_D)]
 MarginOpt = Annotated[str, typer.Option("--margin", help="safety margin below the usable memory: band (the "
                                                          "estimate's upper band), N GiB, N%, or 0")]
 HostOpt = Annotated[float | None, typer.Option("--host-memory", help="host RAM per node in GiB, for CPU offload "
-                                                                     "[2 x the node's GPU memory, at least 64]")]
+                                                                     f"[this machine's RAM for its own card, else a "
+                                                                     f"typical cloud instance's, else {DEFAULT_TEXT}]")]
 GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", help="target sequences per optimizer step")]
 DetailsOpt = Annotated[bool, typer.Option("--details", help="the rest: limits, costs, switches, the rule")]
 
@@ -71,10 +80,57 @@ def _legend(names: list[str | None]) -> None:
         console.print(f"[dim]{text}[/]")
 
 
+def _host_source(h: dict[str, Any]) -> str:
+    """Where the host memory figure comes from, in words."""
+    src = h.get("source")
+    if src == "given":
+        return "--host-memory"
+    if src == "this machine":
+        return "this machine's RAM"
+    if src == "cloud instance":
+        return f"as a cloud {h['instance']}; --host-memory sets it"
+    return f"assumed: {DEFAULT_TEXT}; --host-memory sets it"
+
+
+def _memory_left(r: dict[str, Any]) -> str | None:
+    """What the memory left buys, worded as the flags that take it."""
+    left = r.get("memory_left") or {}
+    parts = []
+    if "seq" in left:
+        parts.append(f"--seq up to {left['seq']['to']:,}")
+    if "batch" in left:
+        b = left["batch"]
+        parts.append(f"--batch {b['to']} --grad-accum {b['grad_accum_to']} (fewer accumulation steps)")
+    return " or ".join(parts) if parts else None
+
+
+def _fit_frontier(d: dict[str, Any]) -> None:
+    """Per method: quality rank, time (and hours and USD with the data size), peak and its band."""
+    rows = d.get("frontier") or []
+    if not rows:
+        return
+    timed = any(r["total_hours"] is not None for r in rows)
+    t = compact_table()
+    cols = ["method", "quality", "tokens/s", "slower"] + (["hours", "cloud\nUSD"] if timed else []) + [
+        "peak\nGiB", "high\nGiB"]
+    for c in cols:
+        t.add_column(c, justify="left" if c == "method" else "right", no_wrap=True)
+    for r in rows:
+        over = {"max_hours": " [red](over --max-hours)[/]", "budget": " [red](over --budget)[/]"}.get(
+            r["over_limit"] or "", "")
+        cells = [r["method"] + over, f"{r['quality_rank']}", _num(r["tokens_per_second"], "{:,.0f}"),
+                 _num(r["slowdown"], "{:.1f}x")]
+        if timed:
+            cells += [_hours(r["total_hours"]), _num(r["cloud_usd"], "{:,.2f}")]
+        t.add_row(*cells, gib(r["device_peak_bytes"]), gib(r["device_peak_high_bytes"]))
+    show(t, "Trade-off (quality 1 = most faithful; slower: than the fastest plan)")
+
+
 def render_fit(d: dict[str, Any], details: bool = False) -> None:
     g = d["gpu"]
     console.print(f"[bold]{d['model']}[/] on {d['world_size']} x {g['name']} ({gib(g['memory_bytes'])} GiB usable), "
-                  f"target global batch {d['global_batch']}, host memory {gib(d['host_memory_bytes'])} GiB per node")
+                  f"target global batch {d['global_batch']}, host memory {gib(d['host_memory_bytes'])} GiB per node "
+                  f"({_host_source(d['host_memory'])})")
     t = compact_table()
     for c in ("method", "fits", "strategy", "batch\nx accum", "peak\nGiB", "high\nGiB", "tokens/s"):
         t.add_column(c, justify="left" if c in ("method", "fits", "strategy") else "right", no_wrap=True)
@@ -94,6 +150,7 @@ def render_fit(d: dict[str, Any], details: bool = False) -> None:
     for msg in sorted({msg for m in d["methods"] for msg in m["blocked_by"]}):
         console.print(f"[red]cannot run:[/] {msg}")
     if details:
+        _fit_frontier(d)
         _fit_limits(d)
         _fit_strategies(d)
     _fit_recommended(d, details)
@@ -103,8 +160,8 @@ def render_fit(d: dict[str, Any], details: bool = False) -> None:
         if ranks:
             console.print(f"Within the memory LoRA r={eq['lora_rank']} needs here ({gib(eq['budget_bytes'])} GiB): {ranks}")
     if not details:
-        console.print("[dim]--details: the limits (max batch, seq, rank), host memory, "
-                      + ("each strategy, " if d["world_size"] > 1 else "") + "the rule[/]")
+        console.print("[dim]--details: the trade-off per method (time, cost), the limits (max batch, seq, rank), "
+                      "host memory, " + ("each strategy, " if d["world_size"] > 1 else "") + "the rule[/]")
 
 
 def _fit_limits(d: dict[str, Any]) -> None:
@@ -154,9 +211,11 @@ def _fit_recommended(d: dict[str, Any], details: bool) -> None:
                   + f", peak {gib(r['device_peak_bytes'])} GiB (upper band {gib(r['device_peak_high_bytes'])} GiB)")
     tps = r.get("tokens_per_second")
     if tps:
-        console.print(f"  time: {tps:,.0f} tokens/s" + (f", {r['total_hours']:,.2g} h" if r.get("total_hours") else "")
+        console.print(f"  time: {tps:,.0f} tokens/s" + (f", {r['total_hours']:,.3g} h" if r.get("total_hours") else "")
                       + (f", cloud {r['cloud_usd']:,.2f} USD" if r.get("cloud_usd") is not None else ""))
     console.print(f"  why: {r['reason']}")
+    if left := _memory_left(r):
+        console.print(f"  memory left: {left}")
     if details:
         console.print(f"  rule: {d['rule']}")
     console.print(f"  run: [cyan]{r['command']}[/]")
@@ -220,16 +279,27 @@ def render_max_model(d: dict[str, Any], details: bool = False) -> None:
     console.print(f"[bold]{d['world_size']} x {g['name']}[/] ({gib(g['memory_bytes'])} GiB usable each)"
                   + ("  ·  the candidate space searched (--auto)" if d["auto"] else "  ·  setup as given"))
     t = compact_table()
-    for c in ("method", "largest catalog model", "size B", "largest\nstandard B", "next\nsize B"):
-        t.add_column(c, justify="right" if c.endswith("B") else "left", no_wrap=c != "largest catalog model")
+    cols = ["method", "largest catalog model", "size B"] + (["hours"] if d["auto"] else []) + [
+        "largest\nstandard B", "next\nsize B"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("method", "largest catalog model") else "right",
+                     no_wrap=c != "largest catalog model")
     for m in d["by_method"]:
         cm = m["largest_catalog_model"]
-        t.add_row(("[bold]" if m["method"] == d["method"] else "") + m["method"],
-                  split_id(cm["model"], 34) if cm else "-",
-                  _num(cm["params"] / 1e9 if cm else None, "{:.2f}"),
-                  _num(m["max_params"] / 1e9 if m["max_params"] else None, "{:.2f}"),
+        cells = [("[bold]" if m["method"] == d["method"] else "") + m["method"],
+                 split_id(cm["model"], 30 if d["auto"] else 34) if cm else "-",
+                 _num(cm["params"] / 1e9 if cm else None, "{:.2f}")]
+        if d["auto"]:
+            cells.append(_hours(cm.get("hours") if cm else None))
+        t.add_row(*cells, _num(m["max_params"] / 1e9 if m["max_params"] else None, "{:.2f}"),
                   _num(m["next_params"] / 1e9 if m["next_params"] else None, "{:.2f}"))
     show(t, "Largest model that fits, per method (B: billions of parameters)")
+    if d["auto"]:
+        u = d.get("usable") or {}
+        console.print(f"[dim]--auto: trains at {u.get('tokens_per_second', 0):,.0f} tokens/s or more (hours: "
+                      f"{u.get('samples', 0):,} samples of {u.get('avg_tokens', 0)} tokens, one epoch, within "
+                      f"{u.get('hours', 0):g} h), within {gib(d.get('host_memory_bytes'))} GiB of host memory "
+                      "per node (--host-memory sets it)[/]")
     for m in d["by_method"]:
         if m["requires"]:
             console.print(f"{m['method']} switches on {', '.join(m['requires'])}")
@@ -288,11 +358,13 @@ def register(app: typer.Typer) -> None:
         gpu: Annotated[str, typer.Option("--gpu", "-g", help="accelerator, e.g. v100, rtx4090, a100-80gb")],
         model: Annotated[str | None, typer.Argument(help="catalog name, HF id, or path to config.json")] = None,
         global_batch: GlobalBatchOpt = 16,
-        prefer: PreferOpt = "quality",
+        prefer: PreferOpt = "balanced",
+        max_slowdown: SlowdownOpt = None,
         margin: MarginOpt = "band",
         host_memory: HostOpt = None,
         samples: SamplesOpt = None, avg_tokens: AvgTokensOpt = None, epochs: EpochsOpt = None,
         dataset_tokens: DatasetTokensOpt = None, packing: PackingOpt = None,
+        max_hours: MaxHoursOpt = None, budget: BudgetOpt = None,
         from_files: FromFiles = None,
         as_json: JsonOpt = False,
         details: DetailsOpt = False,
@@ -309,7 +381,8 @@ def register(app: typer.Typer) -> None:
         frm = resolve_from(from_files, model, setup_kw)
         ds = _dataset(samples, avg_tokens, epochs, dataset_tokens, packing)
         d = fit(frm.model, gpu, global_batch=global_batch, prefer=prefer, margin=margin, dataset=ds,
-                host_memory_gib=host_memory, **frm.setup_kw).to_dict()
+                host_memory_gib=host_memory, max_slowdown=max_slowdown, max_hours=max_hours, budget=budget,
+                **frm.setup_kw).to_dict()
         print_json(d) if as_json else render_fit(d, details)
         if d["recommended"] is None:
             raise typer.Exit(1)
@@ -320,7 +393,7 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Argument(help="catalog name, HF id, or path to config.json")] = None,
         only: Annotated[str | None, typer.Option("--only", help="comma list of cards, e.g. rtx4090,a100-80gb")] = None,
         max_gpus: Annotated[int, typer.Option("--max-gpus", help="search up to this many cards")] = 64,
-        prefer: PreferOpt = "quality",
+        prefer: PreferOpt = "balanced",
         sort: Annotated[str, typer.Option("--sort", help="prefer (by --prefer) | cards | memory")] = "prefer",
         global_batch: GlobalBatchOpt = 16,
         margin: MarginOpt = "band",

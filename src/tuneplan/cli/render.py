@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuneplan.cli.json_out import print_json  # noqa: F401  (re-exported: the commands import it from here)
+from tuneplan.cli.wording import flag_words  # noqa: F401  (re-exported, as print_json)
 from tuneplan.estimator.types import COMPONENTS, GIB
 
 # What a terminal would act on rather than show: ECMA-48 escape sequences (CSI "ESC [ ... final", OSC
@@ -112,6 +113,12 @@ def render_setup(d: dict[str, Any]) -> None:
         console.print(f"[dim]profile defaults used for: {', '.join(sorted(defaults))}[/]")
 
 
+def outside_torch_words(d: dict[str, Any]) -> tuple[str, str]:
+    """The card's names for the memory outside PyTorch (``Accelerator.outside_torch_words``)."""
+    words = (d.get("gpu") or {}).get("outside_torch_words") or ("CUDA context", "NCCL")
+    return words[0], words[1]
+
+
 def render_memory(d: dict[str, Any], details: bool) -> None:
     pg = d["per_gpu"]
     cards = pg.get("per_card", [])
@@ -135,9 +142,10 @@ def render_memory(d: dict[str, Any], details: bool) -> None:
             row(k, v, desc)
     row("allocated peak", pg["allocated_peak_bytes"], "torch.cuda.max_memory_allocated", bold=True)
     row("reserved peak", pg["reserved_peak_bytes"], "torch.cuda.max_memory_reserved (allocator emulation)")
-    row("CUDA context", pg["cuda_context_bytes"], "outside PyTorch (driver, kernels)")
+    runtime, collectives = outside_torch_words(d)
+    row(runtime, pg["cuda_context_bytes"], "outside PyTorch (driver, kernels)")
     if pg.get("nccl_bytes"):
-        row("NCCL", pg["nccl_bytes"], "communicator buffers, outside PyTorch")
+        row(collectives, pg["nccl_bytes"], "communicator buffers, outside PyTorch")
     row("device peak", pg["device_peak_bytes"], "what nvidia-smi shows; OOM is judged here", bold=True)
     if pg.get("paged_bytes"):
         row("paged optimizer", pg["paged_bytes"], "unified memory, pages out instead of OOM")
@@ -195,6 +203,15 @@ def render_verdict(d: dict[str, Any]) -> None:
     else:
         console.print(f"[red bold]DOES NOT FIT[/] on {card} ({usable} GiB usable): short by {headroom} GiB",
                       highlight=False)
+        step = d.get("next_step") or {}
+        if step.get("largest_component"):
+            ch = step.get("change")
+            flag = f"--{ch['field'].replace('_', '-')} {ch['to']}" if ch else None
+            console.print(f"next step: the largest part is {step['largest_component']} "
+                          f"({step['largest_component_bytes'] / GIB:,.2f} GiB); "
+                          + (f"{flag} fits (device peak {ch['device_peak_bytes'] / GIB:,.2f} GiB)" if ch
+                             else "no single change of framework, sequence or micro-batch fits: more or "
+                                  "larger GPUs (`tuneplan gpus`)"), highlight=False)
 
 
 def _num(v: float | None, fmt: str = ",.0f") -> str:
@@ -212,11 +229,24 @@ def render_time_cost_line(d: dict[str, Any]) -> None:
     if t.get("total_hours") is not None:
         parts.append(f"{t['total_hours']:,.2f} h")
         if c and c.get("cloud_usd") is not None:
-            parts.append(f"{c['cloud_usd']:,.2f} USD rented")
+            parts.append(f"{c['cloud_usd']:,.2f} USD rented"
+                         + (f" (priced as {c['cloud_priced_as']})" if c.get("cloud_priced_as") else ""))
+        elif c:
+            parts.append("rented: no price known (--price)")
         if c and c.get("own_usd") is not None:
             parts.append(f"{c['own_usd']:,.2f} USD owned")
     else:
         parts.append("hours and cost: --samples N")
+    band = t.get("band") or {}
+    if band:
+        span = (f"{band['total_hours_low']:,.2f}-{band['total_hours_high']:,.2f} h"
+                if "total_hours_high" in band
+                else f"{band['step_seconds_low']:,.2f}-{band['step_seconds_high']:,.2f} s/step")
+        parts.append(f"plan for {span}")
+    if t.get("calibration"):
+        parts.append(t["calibration"]["label"])
+    elif t.get("card_throughput_known") == "proxy":
+        parts.append("card throughput from proxy figures")
     console.print("[bold]Time[/] " + " · ".join(parts), highlight=False)
 
 
@@ -280,27 +310,6 @@ def time_breakdown_line(sec: dict[str, Any]) -> str:
             parts.append(f"{label} {v:.3g} s{share}{extra}")
     unverified = "" if sec.get("figures_verified", True) else " [yellow](card figures not verified)[/]"
     return f"step {step:.3g} s = " + " + ".join(parts) + f"; {sec.get('bound') or '?'}-bound{unverified}"
-
-
-
-def flag_words(name: str, value: str | None) -> str | None:
-    """The CLI's wording of a field an error refers to (tuneplan.errors): its flag, with the value.
-
-    A setup field is its flag from the field table (``--method qlora``; a switch is ``--compile`` or
-    ``--no-compile``); a setup field without a flag keeps its name (None); any other name is the flag of
-    the same name (``from`` -> ``--from``, ``avg_tokens`` -> ``--avg-tokens``).
-    """
-    from tuneplan.specs.fields import BY_NAME
-
-    if not name[:1].isalpha():  # already a flag
-        return None
-    row = BY_NAME.get(name)
-    if row is not None and not row.flag:
-        return None
-    on, _, off = (row.flag[0] if row else "--" + name.replace("_", "-")).partition("/")
-    if row is not None and row.is_switch:
-        return off if value is not None and value.lower() in ("false", "off", "no") else on
-    return on if value is None else f"{on} {value}"
 
 
 def error_text(err: Any) -> str:

@@ -10,6 +10,7 @@ import typer
 from tuneplan.cli.from_option import FromFiles, resolve_from
 from tuneplan.cli.options import with_setup_options
 from tuneplan.cli.render import console, err_console, gib, print_json, render_estimate
+from tuneplan.cli.wording import cli_texts
 
 
 def _render_simulation(sim: dict[str, Any]) -> None:
@@ -135,7 +136,7 @@ def register(app: typer.Typer) -> None:
             )
         sections = {**built.extras.get("sections", {}), "simulation": rep.to_dict()}
         est = replace(built, breakdown=rep.breakdown, extras={**built.extras, "sections": sections})
-        d = est.to_dict()
+        d = cli_texts(est.to_dict())
         if as_json:
             print_json(d)
         else:

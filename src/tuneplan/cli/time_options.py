@@ -33,6 +33,8 @@ TIME_OPTIONS: list[tuple[str, Any, Any]] = [
     ("kwh_price", float | None, _opt("--kwh-price", help="electricity USD per kWh (default 0.15)")),
     ("own_years", float | None, _opt("--own-years", help="years an owned card is used (default 3)")),
     ("inter_node_gbs", float | None, _opt("--inter-node-gbs", help="network GB/s per GPU between nodes (default 25, InfiniBand HDR)")),
+    ("link", str | None, _opt("--link", help="link between this machine's GPUs, e.g. pcie3x8, pcie4x16-nop2p, nvlink3 "
+                                             "(default: the card's catalog interconnect)")),
 ]
 # the rows as flags: typer options for ``with_time_options``, click options for the commands built with click
 TIME_FLAGS: list[Flag] = [Flag(name, next(t for t in ann.__args__ if t is not type(None)), names, help, panel=_P)
@@ -46,15 +48,17 @@ def time_kw_from(values: dict[str, Any]) -> dict[str, Any]:
 
     given = {k: v for k, v in values.items() if v is not None}
     kw: dict[str, Any] = {k: given[k] for k in ("price", "card_price", "kwh_price", "own_years") if k in given}
-    if "inter_node_gbs" in given:
-        if given["inter_node_gbs"] <= 0:
-            from tuneplan.errors import TuneplanError
-
-            raise TuneplanError(f"{given['inter_node_gbs']:g} is not a bandwidth", field="inter_node_gbs",
-                                accepted="GB/s per GPU > 0, e.g. 25 (InfiniBand HDR) or 50 (NDR)")
+    if "inter_node_gbs" in given or "link" in given:
+        from tuneplan.errors import TuneplanError
+        from tuneplan.estimator.links import STATED_LINK_FORMS, valid_stated_link
         from tuneplan.estimator.throughput import RuntimeOptions
 
-        kw["time_options"] = RuntimeOptions(inter_node_gbs=given["inter_node_gbs"])
+        if given.get("inter_node_gbs", 1.0) <= 0:
+            raise TuneplanError(f"{given['inter_node_gbs']:g} is not a bandwidth", field="inter_node_gbs",
+                                accepted="GB/s per GPU > 0, e.g. 25 (InfiniBand HDR) or 50 (NDR)")
+        if "link" in given and not valid_stated_link(given["link"]):
+            raise TuneplanError(f"{given['link']!r} is not a link", field="link", accepted=STATED_LINK_FORMS)
+        kw["time_options"] = RuntimeOptions(inter_node_gbs=given.get("inter_node_gbs"), peer_link=given.get("link"))
     ds = {k: given[k] for k in _DATASET if k in given}
     if ds:
         kw["dataset"] = DatasetSpec(**ds).validate()

@@ -51,7 +51,7 @@ TASKS = (
     # the next two on full fine-tuning, so a LoRA-only problem (peft-imports-bnb) is not repeated here
     Task("adamw-8bit", "8-bit AdamW (bitsandbytes)", {"method": "full", "optimizer": "adamw-8bit"},
          ("torch", "bitsandbytes")),
-    Task("flash-attn-2", "FlashAttention-2 (--attn flash)", {"method": "full", "attn": "flash"},
+    Task("flash-attn-2", "FlashAttention-2 ({attn=flash})", {"method": "full", "attn": "flash"},
          ("torch", "transformers", "flash_attn")),
 )
 

@@ -111,6 +111,13 @@ class SystemDetector:
                            "found")
         return m
 
+    def devices(self) -> list[Device]:
+        """The NVIDIA and Ascend devices alone, without the library versions (the planner's host memory)."""
+        m = MachineInfo()
+        self._nvidia(m)
+        self._npu(m)
+        return m.devices
+
     # ---- NVIDIA ------------------------------------------------------------------------------------
     def _nvidia(self, m: MachineInfo) -> None:
         try:

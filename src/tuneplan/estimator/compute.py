@@ -64,6 +64,16 @@ BWD_TRAFFIC_PER_FWD = 2.0
 BWD_KERNELS_PER_FWD = 1.5
 
 
+def _adapter_backward_bytes(d_in: int, d_out: int, dropout: bool, elem: int) -> float:
+    """Bytes one LoRA adapter's backward produces per token, op by op (PEFT ``Linear.forward``:
+    ``result + lora_B(lora_A(dropout(x))) * scaling``): the add passes its gradient through (no kernel); the
+    scaling multiply writes one ``d_out`` gradient; ``lora_A``'s input gradient is a ``d_in`` matmul
+    output; dropout's backward writes one ``d_in`` gradient; autograd adds the adapter's input gradient to
+    the base layer's (``d_in``). The ``2x forward`` rule of the other tensors would count three ``d_out``
+    gradients where autograd writes one."""
+    return (d_out + d_in * (2 + (1 if dropout else 0))) * elem
+
+
 @dataclass(frozen=True)
 class FlopCount:
     """Work of one token of a micro-batch at sequence length ``seq`` (whole model, one replica)."""
@@ -213,6 +223,7 @@ def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozense
         lin = ada = 0.0
         produced = 0.0  # bytes one layer writes per token: linear outputs and element-wise results
         ada_bytes = 0.0
+        ada_bwd_bytes = 0.0
         ops = 0.0  # element-wise and attention kernels of one forward
         gemms = 1.0  # the attention kernel (SDPA/flash) or the two batched matmuls of eager, counted once
         qlin = 0.0
@@ -227,6 +238,7 @@ def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozense
                 # dropout output (if any), lora_A out, then lora_B out, scaling and the add at d_out
                 ada_bytes += ((m.d_in if setup.dropout > 0 else 0) * dt.adapter + r * dt.adapter
                               + 3 * m.d_out * max(dt.adapter, c)) * k
+                ada_bwd_bytes += _adapter_backward_bytes(m.d_in, m.d_out, setup.dropout > 0, max(dt.adapter, c)) * k
                 gemms += 2 * k
                 ops += 2 + (1 if setup.dropout > 0 else 0)
         produced += spec.n_norms * h * (NORM_FP32_TENSORS * 4 + NORM_HALF_TENSORS * dt.norm_out)
@@ -268,7 +280,10 @@ def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozense
                     passes += 1.0
                     kpasses += 1.0
             for key, v in fwd_t.items():
-                traffic[key] += n * passes * v
+                if key == "adapters" and grad_flows:  # its backward is counted op by op, not 2x forward
+                    traffic[key] += n * ((passes - BWD_TRAFFIC_PER_FWD) * v + FWD_TRAFFIC_PER_BYTE * ada_bwd_bytes)
+                else:
+                    traffic[key] += n * passes * v
             scores_n.append(n * passes)
             kernels["gemm"] += n * kpasses * gemms
             kernels["other"] += n * kpasses * ops

@@ -12,6 +12,7 @@ Unknown stays unknown: no price, no number, and the reason says which input is m
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,18 @@ class CostRates:
     unknown: tuple[str, ...]
 
 
+# The catalog writes a borrowed price as "<rate>/hr -- proxy: the <card> price of this catalog (why)"
+# (tools/build_accelerators.py keeps the reference table's wording).
+_PROXY = re.compile(r"\bproxy: the (.+?) price\b")
+
+
+def priced_as(acc: Accelerator) -> str | None:
+    """The card whose price the catalog borrows for ``acc`` ("A100 80GB SXM" for the Ascend 910B), or None
+    when the price is a reading for this card (or there is none)."""
+    m = _PROXY.search(acc.price_basis_and_date or "")
+    return m.group(1) if m and acc.cloud_usd_per_gpu_hr is not None else None
+
+
 def cost_rates(acc: Accelerator, prices: Prices | None = None) -> CostRates:
     """Cloud, own and power prices per GPU-hour of ``acc`` and the break-even hours (see the module doc)."""
     p = (prices or Prices()).validate()
@@ -77,14 +90,17 @@ def cost_rates(acc: Accelerator, prices: Prices | None = None) -> CostRates:
     if p.cloud_usd_per_gpu_hr is not None:
         assumptions.append(f"cloud price {cloud_hr:g} USD per GPU-hour (given)")
     elif cloud_hr is not None:
-        assumptions.append(f"cloud price {cloud_hr:g} USD per GPU-hour: {acc.price_basis_and_date or 'catalog'}")
+        borrowed = priced_as(acc)
+        assumptions.append(f"cloud price {cloud_hr:g} USD per GPU-hour"
+                           + (f", borrowed from the {borrowed} (no reading for this card)" if borrowed else "")
+                           + f": {acc.price_basis_and_date or 'catalog'}")
     else:
-        unknown.append(f"no cloud price for {acc.name} in the catalog: pass --price USD_PER_GPU_HOUR")
+        unknown.append(f"no cloud price for {acc.name} in the catalog: pass {{price}} (USD per GPU-hour)")
 
     card = p.card_price_usd if p.card_price_usd is not None else acc.launch_price_usd
     power_hr = acc.tdp_w / 1000.0 * p.kwh_price if acc.tdp_w else None
     if card is None:
-        unknown.append(f"no purchase price for {acc.name} in the catalog: pass --card-price USD")
+        unknown.append(f"no purchase price for {acc.name} in the catalog: pass {{card_price}} (USD)")
     else:
         src = "given" if p.card_price_usd is not None else "catalog launch price"
         assumptions.append(f"card price {card:,.0f} USD ({src}) over {p.own_years:g} years"
@@ -110,7 +126,7 @@ def cost_rates(acc: Accelerator, prices: Prices | None = None) -> CostRates:
 
 
 def cost_section(acc: Accelerator, gpus: int, gpu_hours: float | None, prices: Prices | None = None,
-                 why_no_hours: str = "no dataset size: totals need --samples/--avg-tokens or --dataset-tokens",
+                 why_no_hours: str = "no dataset size: totals need {samples} / {avg_tokens} or {dataset_tokens}",
                  rates: CostRates | None = None) -> dict[str, Any]:
     """The ``cost`` section: cloud vs own for ``gpu_hours`` on ``gpus`` cards of ``acc`` (hours may be None,
     then ``why_no_hours`` says why); ``rates``: ``cost_rates(acc, prices)`` when the caller keeps them."""
@@ -128,6 +144,8 @@ def cost_section(acc: Accelerator, gpus: int, gpu_hours: float | None, prices: P
         "own_usd": times(own_hr),
         "break_even_hours": r.break_even,
         "cloud_usd_per_gpu_hour": cloud_hr,
+        # the card whose price is borrowed ("priced as"), None for a reading of this card or a given --price
+        "cloud_priced_as": None if (prices and prices.cloud_usd_per_gpu_hr is not None) else priced_as(acc),
         "own_usd_per_gpu_hour": own_hr,
         "power_usd_per_gpu_hour": r.power_hr,
         "card_price_usd": r.card,

@@ -63,7 +63,7 @@ def placement(run: Run, acc: Accelerator | None) -> Placement:
     """accelerate's placement of ``run``'s model on ``run.setup.gpus`` cards of ``acc`` (no card: unbounded
     cards, so only the balancing cap decides). Free memory at load = the card's memory less its CUDA context
     (``get_max_memory`` reads ``torch.cuda.mem_get_info`` after opening one)."""
-    last = run.memo.get("device_map")  # (card, placement) of the last card asked about
+    last: tuple[Any, Placement] | None = run.memo.get("device_map")  # (card, placement) of the last card
     if last is not None and (last[0] is acc or last[0] == acc):
         return last[1]
     model, setup = run.model, run.setup
@@ -320,7 +320,7 @@ def spill_finding(run: Run, acc: Accelerator | None) -> Finding | None:
     why = ("bitsandbytes refuses a map with modules on the CPU" if run.setup.quant_bits is not None
            else "the offloaded weights would cross the host link at every forward and backward")
     return Finding("error", "device-map-spills-to-cpu", f"{spill_text(where)}; {why}",
-                   fix="more cards (--gpus), larger cards, or a smaller method (--method qlora)",
+                   fix="more cards ({gpus}), larger cards, or a smaller method ({method=qlora})",
                    source="transformers integrations/accelerate.py infer_auto_device_map; "
                           "quantizer_bnb_4bit.py validate_environment")
 

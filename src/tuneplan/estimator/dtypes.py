@@ -35,11 +35,14 @@ def resolve_dtypes(setup: TrainSetup, prof: Profile) -> Dtypes:
     prec = setup.precision
     half = 4 if prec == "fp32" else 2
     if half == 2 and (setup.zero or setup.fsdp):
-        # DeepSpeed casts the module to 16 bits (fp32 master lives in its optimizer) and runs without
-        # autocast; FSDP's MixedPrecision policy unshards 16-bit parameters for compute. Either way the
-        # forward sees 16-bit weights: no fp32 residual stream, no autocast weight copies.
-        return Dtypes(compute=2, autocast=False, frozen_weight=2, trainable=2, adapter=2, non_block=2,
-                      residual=2, norm_out=2, linear_out=2, quant_out=2)
+        # DeepSpeed casts the module to 16 bits (fp32 master lives in its optimizer); FSDP's MixedPrecision
+        # policy unshards 16-bit parameters for compute. Either way the forward sees 16-bit weights: no fp32
+        # residual stream, no autocast weight copies. Autocast itself runs under FSDP and not under
+        # DeepSpeed: accelerate's Accelerator sets native_amp for fp16 and bf16 except with
+        # DistributedType.DEEPSPEED, and prepare_model wraps the forward in autocast when native_amp
+        # (accelerate 1.16 accelerator.py), so under FSDP layer_norm, softmax and pow still run in fp32.
+        return Dtypes(compute=2, autocast=bool(setup.fsdp and prof.autocast), frozen_weight=2, trainable=2,
+                      adapter=2, non_block=2, residual=2, norm_out=2, linear_out=2, quant_out=2)
     mixed = prec.endswith("-mixed")
     # '-mixed' always means autocast; HF Trainer also autocasts a 16-bit model when bf16/fp16 is set.
     autocast = mixed or (prof.autocast and prec != "fp32")

@@ -24,7 +24,9 @@ def unsloth_fast_lora_layer(model: ModelSpec, spec: LayerSpec, setup: TrainSetup
     is written into X: one intermediate-wide gradient (DW) is the only new activation-sized buffer."""
     if not setup.is_lora or (setup.dropout or 0) > 0 or model.is_moe:
         return None
-    if model.mlp_kind != "swiglu" or model.norm_kind != "rms" or not all(m.name in targets for m in spec.linears):
+    if model.mlp_kind != "swiglu" or model.norm_kind != "rms":
+        return None
+    if not all(m.name in targets for m in spec.linears):
         return None
     c, h = dt.compute, model.hidden
     a, d, kv = model.n_heads, model.head_dim, model.n_kv_heads * model.head_dim

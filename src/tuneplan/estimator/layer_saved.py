@@ -30,7 +30,7 @@ from tuneplan.estimator.saved_tensors import (
     LayerActs,
     model_dropout,
 )
-from tuneplan.specs.model import LayerSpec, ModelSpec
+from tuneplan.specs.model import LayerSpec, Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 SDPA_GQA_MAX_HEAD_DIM = 256  # transformers use_gqa_in_sdpa: key/value head dim <= 256 and no mask
@@ -373,7 +373,7 @@ def mlp_block(w: LayerWalk) -> None:
         feed_forward(w, mlp, spec.mlp_intermediate or model.intermediate, 1.0, "mlp.", mlp_reads)
 
 
-def feed_forward(w: LayerWalk, mods: list, width: int, share: float, prefix: str, mlp_reads: str) -> None:
+def feed_forward(w: LayerWalk, mods: list[Linear], width: int, share: float, prefix: str, mlp_reads: str) -> None:
     """One feed-forward of ``width`` inner features, run on ``share`` copies of each token: SwiGLU keeps
     gate-out, SiLU-out and up-out (3 x width x output bytes; compiled, SiLU is recomputed); a GELU MLP its
     fc1 output, plus three intermediates of a Python GELU (fp32 under autocast: pow upcasts); the down

@@ -130,8 +130,46 @@ def host_link(acc: Accelerator) -> Link:
     return _pcie_link(acc, "host")
 
 
+STATED_LINK_FORMS = "pcie<gen>x<lanes> (e.g. pcie3x8, pcie4x16), optionally with -nop2p; or nvlink<gen>"
+
+
+def valid_stated_link(text: str) -> bool:
+    """Whether ``text`` is one of ``STATED_LINK_FORMS``."""
+    t = text.strip().lower().replace(" ", "").replace(".0", "")
+    m = re.fullmatch(r"pcie(?:gen)?(\d)x(\d+)(-nop2p)?", t)
+    if m:
+        return int(m.group(1)) in PCIE_X16_GBS and int(m.group(2)) in (1, 2, 4, 8, 16)
+    nv = re.fullmatch(r"nvlink(\d)", t)
+    return nv is not None and int(nv.group(1)) in NVLINK_BIDIR_GBS
+
+
+def stated_link(text: str, acc: Accelerator, gpus: int) -> Link:
+    """The link between the GPUs of one node as the user states it (``--link pcie3x8``): boards that split
+    one x16 slot into x8/x8, older PCIe generations, or a card's peer-to-peer state differ from the
+    catalog's card figures, and the link sets every collective's time. PCIe rates and the peer-to-peer rule
+    are those of ``_pcie_link`` (a GeForce card stays without peer-to-peer); ``-nop2p`` says NCCL stages
+    through host memory on this machine. Raises ValueError on a form outside ``STATED_LINK_FORMS``."""
+    t = text.strip().lower().replace(" ", "").replace(".0", "")
+    m = re.fullmatch(r"nvlink(\d)", t)
+    if m and int(m.group(1)) in NVLINK_BIDIR_GBS:
+        bidir = NVLINK_BIDIR_GBS[int(m.group(1))]
+        return Link(f"NVLink{m.group(1)} (stated)", bidir / 2 * NVLINK_EFFICIENCY,
+                    f"stated {text}: {bidir:g} GB/s per GPU both directions, half per direction x {NVLINK_EFFICIENCY:g}")
+    m = re.fullmatch(r"pcie(?:gen)?(\d)x(\d+)(-nop2p)?", t)
+    if not m or int(m.group(1)) not in PCIE_X16_GBS or int(m.group(2)) not in (1, 2, 4, 8, 16):
+        raise ValueError(text)
+    gen, lanes = int(m.group(1)), int(m.group(2))
+    raw = PCIE_X16_GBS[gen] * lanes / 16
+    no_p2p = bool(m.group(3)) or "consumer" in (acc.form_factor or "").lower() or acc.id in NO_P2P_PLATFORMS
+    eff = PCIE_EFFICIENCY * (GEFORCE_P2P_OFF if no_p2p and gpus > 1 else 1.0)
+    src = f"stated {text}: PCIe {gen}.0 x{lanes} {raw:g} GB/s per direction x {PCIE_EFFICIENCY:g}"
+    if no_p2p:
+        src += f" x {GEFORCE_P2P_OFF:g} (no peer-to-peer: staged through host memory)"
+    return Link(f"PCIe {gen}.0 x{lanes} (stated)", raw * eff, src)
+
+
 def network_link(gbs: float | None = None) -> Link:
     if gbs:
         return Link("network", gbs * NETWORK_EFFICIENCY, f"given {gbs:g} GB/s x {NETWORK_EFFICIENCY:g}")
     return Link("InfiniBand HDR 200 Gb/s", DEFAULT_NETWORK_GBS * NETWORK_EFFICIENCY,
-                f"default: {DEFAULT_NETWORK_GBS:g} GB/s per GPU x {NETWORK_EFFICIENCY:g}; --inter-node-gbs sets yours")
+                f"default: {DEFAULT_NETWORK_GBS:g} GB/s per GPU x {NETWORK_EFFICIENCY:g}; {{inter_node_gbs}} sets yours")

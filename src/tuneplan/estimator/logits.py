@@ -16,9 +16,10 @@ Chunked losses keep less:
   ``BitsandbytesPrecision.convert_output``: fp32), so the loss runs on fp32 chunks. LitGPT's loop keeps
   ``logits`` bound through backward and the optimizer step until the next micro-batch rebinds it:
   at the cast, the previous micro-batch's fp32 logits (4, ``held``), the new 16-bit chunks (2) and their
-  fp32 copies (4) coexist; the loss keeps the fp32 chunks and their log-softmax (4 + 4); the backward of the chunked loss holds the fp32 logits (4), every chunk's fp32
-  gradient (4) and, for the chunk in flight, its nll gradient, log-softmax gradient and saved output
-  (3 x 4 / n chunks); afterwards the fp32 logits stay held (4) until the next forward returns;
+  fp32 copies (4) coexist; the loss keeps the fp32 chunks and their log-softmax (4 + 4); the backward of
+  the chunked loss holds the fp32 logits (4), every chunk's fp32 gradient (4) and, for the chunk in flight,
+  its nll gradient, log-softmax gradient and saved output (3 x 4 / n chunks); afterwards the fp32 logits
+  stay held (4) until the next forward returns;
 - torchtune before its chunked loss (0.1-0.2, "torchtune_legacy"): the model returns
   ``output(h).float()`` (the 16-bit logits, 2, and their fp32 cast, 4, at the cast), the recipe makes a
   contiguous fp32 copy of the shifted logits (4 + 4 while the cast dies) and keeps it bound until the next
@@ -43,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuneplan.estimator.xp import maximum
+from tuneplan.estimator.xp import ceil_div, maximum
 
 TORCHTUNE_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 LITGPT_CHUNK = 128  # litgpt finetune/*.py: model(input_ids, lm_head_chunk_size=128)
@@ -74,7 +75,7 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
     # the fp32 cast of the model's c-byte logits (nothing new when they already are fp32)
     cast = 4 * tv if c != 4 else 0
     if loss == "fabric_chunked":
-        n = maximum(1, -(-seq // LITGPT_CHUNK))
+        n = maximum(1, ceil_div(seq, LITGPT_CHUNK))
         return LogitsPlan(at_forward_end=c * tv, forward_peak=8 * tv, backward_peak=8 * tv + 8 * tv // n,
                           held=4 * tv, cast_peak=c * tv + cast)
     if loss == "torchtune_legacy":
@@ -87,11 +88,13 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
         return LogitsPlan(at_forward_end=2 * tv, forward_peak=4 * tv, backward_peak=4 * tv)
     if loss == "chunked_fp32":
         chunk = 4 * tv // TORCHTUNE_CHUNKS
-        return LogitsPlan(at_forward_end=2 * tv, forward_peak=6 * tv + chunk, backward_peak=4 * tv + 2 * chunk)
+        return LogitsPlan(at_forward_end=2 * tv, forward_peak=6 * tv + chunk,
+                          backward_peak=4 * tv + 2 * chunk)
     if loss == "fused":
         return LogitsPlan(at_forward_end=2 * tv, forward_peak=2 * tv + 4 * tokens, backward_peak=2 * tv)
     upcast = 4 * tv if c != 4 else 0  # .float() is a no-op on fp32 logits
     # torch < 1.11: log_softmax also kept its input, the fp32 logits, until its backward had run
     kept = 4 * tv if softmax_keeps_input else 0
-    # (positional: the default chain is the one nearly every estimate takes; keywords cost a third of a microsecond)
-    return LogitsPlan(c * tv, c * tv + upcast + 4 * tv, 12 * tv + kept)  # at_forward_end, forward_peak, backward_peak
+    # (positional: the default chain is the one nearly every estimate takes; keywords cost a third of a
+    # microsecond): at_forward_end, forward_peak, backward_peak
+    return LogitsPlan(c * tv, c * tv + upcast + 4 * tv, 12 * tv + kept)

@@ -29,9 +29,9 @@ from tuneplan.estimator.overhead import (
 )
 from tuneplan.estimator.quant_kernels import dequant_transient_bytes
 from tuneplan.estimator.run import Run, resolve_run
-from tuneplan.estimator.types import Band, MemoryBreakdown, built_on_read
+from tuneplan.estimator.types import GIB, Band, MemoryBreakdown, built_on_read
 from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
-from tuneplan.estimator.xp import maximum, minimum
+from tuneplan.estimator.xp import ceil_div, maximum, minimum
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -94,7 +94,7 @@ class MemoryStatics:
 
 def memory_statics(run: Run) -> MemoryStatics:
     """The shape-independent terms of ``run``, computed once and kept on it."""
-    cached = run.memo.get("memory")
+    cached: MemoryStatics | None = run.memo.get("memory")
     if cached is not None:
         return cached
     model, setup, prof, dt, pp = run.model, run.setup, run.profile, run.dtypes, run.param_plan
@@ -111,11 +111,12 @@ def memory_statics(run: Run) -> MemoryStatics:
     # checkpointing the layers' casts die with autocast's cache at the end of the forward).
     ac_bwd = pp.autocast_copy_backward_bytes
     if sharded:
-        ac = -(-ac // setup.world_size)
-        ac_bwd = -(-ac_bwd // setup.world_size)
+        ac = ceil_div(ac, setup.world_size)
+        ac_bwd = ceil_div(ac_bwd, setup.world_size)
     common = {
         "weights": resident.weights,
-        "quant_meta": -(-pp.quant_meta_bytes // (setup.world_size if sharded and prof.quant_meta_sharded else 1)),
+        "quant_meta": ceil_div(pp.quant_meta_bytes,
+                               setup.world_size if sharded and prof.quant_meta_sharded else 1),
         "lora_adapters": resident.adapters,
         "optimizer_states": resident.states,
         "framework": CUBLAS_WORKSPACE,
@@ -133,7 +134,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         dequant=dequant_transient_bytes(model, setup, prof), acts=acts, vocab=model.head_width,
         logit_bytes=dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block),
         hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input, holds=prof.loop_holds_outputs,
-        first=setup.longest_batch_first, checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),
+        first=setup.longest_batch_first, checkpointed=bool(setup.gradient_checkpointing),
+        n_layers=max(model.n_layers, 1),
         embedding_into_buffer=embedding, g0=grads_prev + buckets.persistent, g1=grads + buckets.persistent,
         g0_layer=grads_prev + buckets.persistent + buckets.in_layers,
         # near the bottom of the backward some sharded gradients are not made yet (FSDP2)
@@ -153,14 +155,15 @@ def gradient_terms(run: Run, wm: WrapperMemory) -> tuple[int, int, int]:
     """(gradients once backward has run, those alive through the next forward, those the optimizer step
     sees), per GPU: an optimizer in backward keeps only the largest tensor's gradient; earlier micro-batches'
     gradients (accumulation) or the previous step's zeroed buffers (keep_grads) stay through the forward;
-    under the profile's FSDP wrapping (wrappers/fsdp.no_sync_gradients) accumulating micro-batches keep unsharded
-    gradients of whole units and the step sees the reduce-scattered shard; with the longest micro-batch
-    first, the peak batch is the run's first: nothing has accumulated yet."""
+    under the profile's FSDP wrapping (wrappers/fsdp.no_sync_gradients) accumulating micro-batches keep
+    unsharded gradients of whole units and the step sees the reduce-scattered shard; with the longest
+    micro-batch first, the peak batch is the run's first: nothing has accumulated yet."""
     setup, pp = run.setup, run.param_plan
     grads, fg = wm.resident.gradients, wm.no_sync
     if setup.optimizer_in_backward:
         grads = min(grads, pp.largest_trainable_tensor * pp.trainable_bytes)
-    grads_prev = grads if (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward else 0
+    accumulates = (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward
+    grads_prev = grads if accumulates else 0
     grads_step = grads
     if fg is not None:
         grads, grads_step = fg.accumulating, fg.synced
@@ -177,8 +180,8 @@ class MemoryAt:
 
     __slots__ = ("phases", "acts", "logits", "held", "statics")
 
-    def __init__(self, phases: dict[str, tuple[Any, ...]], acts: ActivationPlan, logits: LogitsPlan, held: Any,
-                 statics: MemoryStatics) -> None:
+    def __init__(self, phases: dict[str, tuple[Any, ...]], acts: ActivationPlan, logits: LogitsPlan,
+                 held: Any, statics: MemoryStatics) -> None:
         self.phases, self.acts, self.logits, self.held, self.statics = phases, acts, logits, held, statics
 
     def components(self, phase: str) -> dict[str, Any]:
@@ -226,7 +229,8 @@ def instants(run: Run, batch: Any, seq: Any) -> Instants:
     prev_pinned = pinned if holds and not first else 0
     prev_held = 0 if first else held
     head_deq = st.head_deq
-    fwd_logits = maximum(maximum(lg.forward_peak, prev_held + lg.cast_peak), prev_held + lg.at_forward_end + head_deq)
+    fwd_logits = maximum(maximum(lg.forward_peak, prev_held + lg.cast_peak),
+                         prev_held + lg.at_forward_end + head_deq)
     g0, g0_layer, g1_layer = st.g0, st.g0_layer, st.g1_layer
     acts_fwd, ac, ac_bwd = acts.saved_bytes, st.ac, st.ac_bwd
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
@@ -235,7 +239,7 @@ def instants(run: Run, batch: Any, seq: Any) -> Instants:
     emb_cut, emb_row = embedding_backward_row(acts, st) if st.embedding_into_buffer is not None else (0, None)
     kept = pinned if holds else 0
     # one row per instant, in STEP_COMPONENTS order:
-    #      gradients  optimizer_temp  activations  autocast_copies  logits_loss  backward_temp  parallel_buffers
+    # gradients, optimizer_temp, activations, autocast_copies, logits_loss, backward_temp, parallel_buffers
     phases: dict[str, tuple[Any, ...]] = {
         "forward": (g0, 0, acts_fwd + prev_pinned, ac, fwd_logits, 0, st.gathered_at_forward_end),
         "backward_start": (g0, 0, acts_fwd, ac_bwd, lg.backward_peak, 0, loss_gathered),
@@ -258,8 +262,8 @@ def instants(run: Run, batch: Any, seq: Any) -> Instants:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
         recomputed = acts.recompute_bytes
-        phases["backward_layers_top"] = (top_g, 0, acts_fwd - acts.tail_bytes + recomputed - top_freed, ac_bwd,
-                                         0, top_scratch, top_gathered)
+        top_acts = acts_fwd - acts.tail_bytes + recomputed - top_freed
+        phases["backward_layers_top"] = (top_g, 0, top_acts, ac_bwd, 0, top_scratch, top_gathered)
         phases["backward_layers_bottom"] = (g1_layer - emb_cut, 0, recomputed, 0, 0, bwd, gathered)
     else:
         phases["backward_layers_top"] = (top_g, 0, acts_fwd - top_freed, ac, held, top_scratch, top_gathered)
@@ -291,12 +295,15 @@ def embedding_backward_row(acts: ActivationPlan, st: MemoryStatics) -> tuple[Any
         return 0, None
     held = st.wrapped.embedding
     if held is not None:
-        # ZeRO-1/2 (wrappers/zero.zero12_grads_at_embedding): the bucket and what DeepSpeed holds, plus the new
-        # gradient and its temporaries; ZeRO-1's layer rows already count the embedding's gradient
+        # ZeRO-1/2 (wrappers/zero.zero12_grads_at_embedding): the bucket and what DeepSpeed holds, plus the
+        # new gradient and its temporaries; ZeRO-1's layer rows already count the embedding's gradient
         cut = acts.embedding_grad_bytes if held.layers_hold_it else 0
         return cut, (held.gradients + acts.embedding_grad_bytes, 0, 0, 0, 0, acts.embedding_backward_bytes, 0)
     grad = minimum(acts.embedding_grad_bytes, st.grads)
-    cut, temp = (0, acts.embedding_backward_bytes + grad) if st.embedding_into_buffer else (grad, acts.embedding_backward_bytes)
+    if st.embedding_into_buffer:
+        cut, temp = 0, acts.embedding_backward_bytes + grad
+    else:
+        cut, temp = grad, acts.embedding_backward_bytes
     return cut, (st.g1, 0, 0, 0, 0, temp, 0)
 
 
@@ -394,13 +401,14 @@ def shape_notes(run: Run, st: MemoryStatics, acts: ActivationPlan, held: int) ->
     notes = []
     pinned, head_deq = acts.pinned_bytes, st.head_deq
     if acts.offloaded_bytes:
-        notes.append(f"{acts.offloaded_bytes / 2**30:.2f} GiB of saved activations offloaded to CPU")
+        notes.append(f"{acts.offloaded_bytes / GIB:.2f} GiB of saved activations offloaded to CPU")
     if held:
         notes.append(f"{run.profile.label}: the training loop keeps the last micro-batch's logits "
-                     f"({held / 2**30:.2f} GiB) through backward, the optimizer step and the next forward")
+                     f"({held / GIB:.2f} GiB) through backward, the optimizer step and the next forward")
     if pinned and st.holds:
-        notes.append(f"bitsandbytes <= 0.43 keeps every 4-bit matmul input ({pinned / 2**30:.2f} GiB) for as long "
-                     "as the loss's graph lives (the next micro-batch's forward included)")
+        notes.append(f"bitsandbytes <= 0.43 keeps every 4-bit matmul input ({pinned / GIB:.2f} GiB) for as "
+                     "long as the loss's graph lives (the next micro-batch's forward included)")
     if head_deq:
-        notes.append(f"the 4-bit lm_head dequantizes its whole weight for every chunk ({head_deq / 2**30:.2f} GiB live)")
+        notes.append("the 4-bit lm_head dequantizes its whole weight for every chunk "
+                     f"({head_deq / GIB:.2f} GiB live)")
     return notes

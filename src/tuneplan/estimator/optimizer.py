@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuneplan.estimator.xp import ceil_div
+
 BNB_8BIT_BLOCK = 256
 ALLOC_ROUND = 512  # PyTorch caching allocator rounds every block to 512 bytes (kMinBlockSize)
 
@@ -47,9 +49,10 @@ def optimizer_plan(name: str, trainable_params: int, param_bytes: int, tensors: 
     if name == "adamw-fused":
         return OptimizerPlan(states=2 * p * param_bytes + step_tensors, paged=0, temp=0)
     if name in ("adamw-8bit", "paged-adamw-8bit"):
-        s = 2 * p + 2 * 4 * -(-p // BNB_8BIT_BLOCK)
+        s = 2 * p + 2 * 4 * ceil_div(p, BNB_8BIT_BLOCK)
         if name == "paged-adamw-8bit":
-            return OptimizerPlan(states=0, paged=s, temp=0, notes=("8-bit states are paged (unified memory)",))
+            return OptimizerPlan(states=0, paged=s, temp=0,
+                                 notes=("8-bit states are paged (unified memory)",))
         return OptimizerPlan(states=s, paged=0, temp=0)
     if name == "paged-adamw":
         return OptimizerPlan(states=0, paged=8 * p, temp=0, notes=("fp32 states are paged (unified memory)",))

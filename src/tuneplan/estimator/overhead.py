@@ -42,6 +42,15 @@ def reserved_band(allocated: Any, cross_stream: int = 0) -> tuple[Any, Any]:
             to_int(allocated * (1 + FRAGMENTATION_BAND[1])) + cross_stream)
 
 
+def device_peak_high(allocated: Any, reserved: Any, device_peak: Any, cross_stream: int) -> Any:
+    """The device peak's upper band from a grid's arrays, element-wise (as ``MemoryBreakdown.
+    device_peak_high_bytes`` reads it off one breakdown's bands): the reserved band's high end (with the run's
+    :func:`cross_stream_reserve`), the CUDA context band's high end, and NCCL (no band), which is what the
+    device peak holds above reserved + context."""
+    nccl = device_peak - reserved - cuda_context_bytes()
+    return reserved_band(allocated, cross_stream)[1] + CUDA_CONTEXT_BAND[1] + nccl
+
+
 # FSDP1 ``limit_all_gathers``: ``_FreeEventQueue._max_num_inflight_all_gathers`` (torch/distributed/fsdp/
 # _limiter_utils.py): the CPU runs at most this many freed unsharded units ahead of the compute stream
 FSDP1_INFLIGHT = 2
@@ -75,7 +84,7 @@ def cross_stream_reserve(run: Any) -> int:
     setup = run.setup
     if not setup.fsdp or setup.world_size < 2:
         return 0
-    cached = run.memo.get("cross_stream")
+    cached: int | None = run.memo.get("cross_stream")
     if cached is not None:
         return cached
     from tuneplan.estimator.wrappers.fsdp import fsdp_reduce_scatter_input
@@ -85,7 +94,7 @@ def cross_stream_reserve(run: Any) -> int:
     if setup.quant_bits is not None and pp.largest_layer_bytes:
         u = min(u, pp.largest_layer_bytes)
     g = fsdp_reduce_scatter_input(run)
-    out = (FSDP1_INFLIGHT * (u + g) if setup.fsdp_version == 1
+    out: int = (FSDP1_INFLIGHT * (u + g) if setup.fsdp_version == 1
            else FSDP2_ALL_GATHER_OUTPUTS * u + g)
     run.memo["cross_stream"] = out
     return out

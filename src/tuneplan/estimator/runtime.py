@@ -10,27 +10,18 @@ import math
 from typing import Any
 
 from tuneplan.estimator.cost import CostRates, Prices, cost_rates, cost_section
+from tuneplan.estimator.gemm_efficiency import unverified_figures
 from tuneplan.estimator.run import Run
+from tuneplan.estimator.step_calibration import LABEL, calibration_for, corrected_options, store_path
 from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, run_step_time
+from tuneplan.estimator.time_band import band_section, calibrated_sigmas, part_sigmas
 from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.specs.dataset import DatasetSpec
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
-UNVERIFIED_MARKERS = ("tensor", "bf16", "bandwidth", "throughput", "all numeric", "all throughput")
-LINK_MARKERS = ("nvlink", "if bandwidth", "hccs")
 DEFAULT_OPTIONS = RuntimeOptions()  # one object: the run's kept time terms match it without a new one per call
-
-
-def unverified_figures(acc: Accelerator) -> str | None:
-    """Why the card's tensor peak or bandwidth is not verified (the catalog's own words), or None."""
-    text = (acc.unverified_or_derived_fields or "").strip()
-    if acc.verified == "no":
-        return text or "no source for this card's figures"
-    hits = [p.strip() for p in text.split(";") if any(k in p.lower() for k in UNVERIFIED_MARKERS)
-            and not any(k in p.lower() for k in LINK_MARKERS)]  # link figures do not set the card's speed
-    return "; ".join(hits) or None
 
 
 def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset: DatasetSpec | None = None,
@@ -60,8 +51,12 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
     """``time_and_cost`` of a resolved run (``memory``: its analytic breakdown, when the caller has it)."""
     setup = run.setup
     rates, why = card_terms(run, acc, prices)
+    opts = options or DEFAULT_OPTIONS
+    cal = calibration_for(acc.id, setup.framework)
     try:
-        st = run_step_time(run, acc, options or DEFAULT_OPTIONS, memory)
+        st = st0 = run_step_time(run, acc, opts, memory)
+        if cal:
+            st = run_step_time(run, acc, corrected_options(opts, cal["factors"]), memory)
     except UnknownThroughput as exc:
         reason = f"time cannot be computed: {exc}"
         t: dict[str, Any] = {k: None for k in ("tokens_per_second", "step_seconds", "total_hours", "gpu_hours")}
@@ -72,10 +67,14 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
 
     fl = st.flops
     assert fl is not None
+    step_s, breakdown = st.step_seconds, dict(st.breakdown)
+    sigmas = part_sigmas(st.card_known, st.link_name, st.link_stated)
+    if cal:
+        sigmas = calibrated_sigmas(sigmas, set(cal["factors"]), cal["shapes"])
     time: dict[str, Any] = {
         "tokens_per_second": st.tokens_per_second,
         "tokens_per_second_per_gpu": st.tokens_per_second_per_gpu,
-        "step_seconds": st.step_seconds,
+        "step_seconds": step_s,
         "micro_batch_seconds": st.micro_batch_seconds,
         "tokens_per_step": st.tokens_per_step,
         "bound": step_bound(st.breakdown),
@@ -85,12 +84,20 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         "total_hours": None,
         "gpu_hours": None,
         "components_seconds": {k: v for k, v in st.components.items() if v},
-        "breakdown": dict(st.breakdown),
+        "breakdown": breakdown,
         "breakdown_detail": {k: v for k, v in st.breakdown_detail.items() if v},
         "figures_verified": why is None,
+        "card_throughput_known": st.card_known,
         "links": st.links,
         "assumptions": list(st.assumptions),
     }
+    if cal:
+        time["calibration"] = {"label": LABEL, "factors": dict(cal["factors"]), "measurements": cal["measurements"],
+                               "shapes": cal["shapes"], "store": store_path()}
+        time["uncalibrated_step_seconds"] = st0.step_seconds
+        time["uncalibrated_breakdown"] = dict(st0.breakdown)
+        time["assumptions"].insert(0, f"{LABEL}: the rates of each mechanism corrected from {cal['measurements']} "
+                                   f"measured step(s) ({store_path()}; `tuneplan calibration list|remove`)")
     if why:
         time["assumptions"].insert(0, f"{acc.name}: the card's throughput figures are not verified ({why})")
     deq = st.breakdown_detail.get("dequantization", 0.0)
@@ -99,13 +106,13 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
             f"{setup.quant_bits}-bit weights: {st.dequant_library} rebuilds a 16-bit copy of every quantized weight before "
             "each matmul that uses it (forward, the input-gradient matmul of backward"
             + (", and the recomputation of gradient checkpointing" if setup.gradient_checkpointing else "")
-            + f"): {deq / st.step_seconds:.0%} of the step; this is why it is slower than LoRA on 16-bit weights")
+            + f"): {deq / step_s:.0%} of the step; this is why it is slower than LoRA on 16-bit weights")
     gpu_hours = None
     if dataset is not None:
         plan = dataset.plan(setup.seq)
         rows_per_step = setup.batch * setup.grad_accum * setup.world_size
         steps = math.ceil(plan.rows_per_epoch / rows_per_step) * plan.epochs
-        seconds = steps * st.step_seconds
+        seconds = steps * step_s
         time["optimizer_steps"] = steps
         time["total_hours"] = seconds / 3600.0
         time["gpu_hours"] = time["total_hours"] * setup.cards
@@ -114,8 +121,10 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         time["trained_tokens_per_second"] = plan.real_tokens / seconds if seconds else None
         time["assumptions"].extend(plan.notes)
         gpu_hours = time["gpu_hours"]
+        time["band"] = band_section(step_s, breakdown, sigmas, steps, setup.cards)
     else:
-        time["unknown"] = ["no dataset size: give --samples (and --avg-tokens) or --dataset-tokens for hours"]
+        time["band"] = band_section(step_s, breakdown, sigmas, None, setup.cards)
+        time["unknown"] = ["no dataset size: give {samples} (and {avg_tokens}) or {dataset_tokens} for hours"]
         return {"time": time, "cost": hourless_cost(run, acc, prices, rates)}
     return {"time": time, "cost": cost_section(acc, setup.cards, gpu_hours, prices, rates=rates)}
 

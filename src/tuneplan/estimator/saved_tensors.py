@@ -20,7 +20,7 @@ RSTD_BYTES = 4  # RMSNorm keeps rsqrt(mean(x^2) + eps): one fp32 per token
 DROPOUT_MASK_BYTES = 1  # CUDA fused dropout (native_dropout) keeps a bool mask, one byte per element
 
 
-def model_dropout(cfg: dict) -> tuple[float, float, float]:
+def model_dropout(cfg: dict[str, Any]) -> tuple[float, float, float]:
     """(attention-probs, residual/hidden, embedding) dropout of a config, as transformers applies them in
     training: Llama-style configs ship 0.0; GPT-2 attn_pdrop/resid_pdrop/embd_pdrop 0.1; BERT
     attention_probs_dropout_prob / hidden_dropout_prob 0.1."""

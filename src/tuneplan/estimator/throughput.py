@@ -29,7 +29,8 @@ from tuneplan.estimator.compute import (
     flop_plan,
     flops_at,
 )
-from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor
+from tuneplan.estimator.gemm_efficiency import card_efficiency, unverified_figures
+from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor, stated_link
 from tuneplan.estimator.logits import LITGPT_CHUNK
 from tuneplan.estimator.optimizer import optimizer_plan
 from tuneplan.specs.hardware import Accelerator
@@ -148,6 +149,11 @@ class RuntimeOptions:
     inter_node_gbs: float | None = None  # per-GPU network bandwidth between nodes, GB/s (default: links.py)
     peak_tflops: float | None = None  # override the catalog's dense tensor peak for the matmul dtype
     gemm_efficiency: float | None = None  # override the card-class GEMM efficiency
+    peer_link: str | None = None  # the link between the GPUs of a node as stated (links.stated_link)
+    # time factors per mechanism measured on this machine (estimator/step_calibration.py): compute scales
+    # the GEMM rate, memory_bound the memory bandwidth, communication the GPU link, offload the host link
+    # and the CPU optimizer, overhead the CPU cost per launch / per unit / per micro-batch
+    corrections: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,16 @@ class StepTime:
     breakdown: dict[str, float] = field(default_factory=dict)
     breakdown_detail: dict[str, float] = field(default_factory=dict)  # named parts inside the five
     dequant_library: str = "bitsandbytes"  # what rebuilds the 16-bit weights of a quantized run
+    card_known: str = "spec-derived"  # measured | spec-derived | proxy (estimator/gemm_efficiency.py)
+    link_name: str = ""
+    link_stated: bool = False
+
+
+def corrected_link(link: Link, factor: float) -> Link:
+    """``link`` carrying 1/``factor`` of its bandwidth (a calibrated communication or offload time)."""
+    if factor == 1.0:
+        return link
+    return Link(link.name, link.gbs / factor, f"{link.source}; x {1 / factor:.2f} measured on this machine")
 
 
 def fsdp_unit_ops(setup: TrainSetup) -> int:
@@ -286,6 +302,10 @@ class TimeStatics:
     cpu_optimizer_s: float
     assumptions_head: tuple[str, ...]  # collectives, offload
     assumptions_tail: tuple[str, ...]  # rates, fused kernels, eager attention
+    fixed_s: float = MICRO_BATCH_FIXED_SECONDS  # fixed cost per micro-batch (calibrated: times its factor)
+    card_known: str = "spec-derived"  # how well the card's tensor throughput is known (gemm_efficiency.py)
+    link_name: str = ""  # the link the collectives run on
+    link_stated: bool = False  # given by the user (--link), not read off the catalog
 
 
 def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics:
@@ -297,16 +317,18 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     peak = opt.peak_tflops or matmul_peak_tflops(acc, setup)
     if not peak:
         raise UnknownThroughput(f"{acc.name}: the catalog has no dense tensor peak for {setup.precision} matmuls "
-                                "(add bf16_tflops_dense / fp32_tflops with --hardware-file)")
+                                "(add bf16_tflops_dense / fp32_tflops with {hardware_file})")
     if not acc.memory_bandwidth_gbs:
         raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
-                                "(add memory_bandwidth_gbs with --hardware-file)")
+                                "(add memory_bandwidth_gbs with {hardware_file})")
     head_chunk = LITGPT_CHUNK if prof.quantizes_lm_head and model.lm_head_params else 0
     fp = flop_plan(model, setup, dt, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk)
     gemm_kernels, other_kernels, dequant_kernels = fp.kernels
     cls = card_class(acc)
-    u = opt.gemm_efficiency or GEMM_EFFICIENCY[cls]
-    dev_bw = acc.memory_bandwidth_gbs * 1e9 / max(1, acc.devices_per_package)
+    eff = card_efficiency(acc, GEMM_EFFICIENCY[cls], unverified_figures(acc) is not None)
+    kf = dict(opt.corrections)
+    u = (opt.gemm_efficiency or eff.fraction) / kf.get("compute", 1.0)
+    dev_bw = acc.memory_bandwidth_gbs * 1e9 / max(1, acc.devices_per_package) / kf.get("memory_bound", 1.0)
     bw = dev_bw * BW_EFFICIENCY
     compiled = opt.compiled or setup.compile
     fused = compiled or prof.model_code == "unsloth"
@@ -316,10 +338,11 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     deq = dequant_bytes_per_weight(setup, prof.model_code, compiled)
     dequant_kernels *= kernels_per_dequant(setup, prof.model_code, compiled)
     dequant_s = fp.dequant * deq / dev_bw
-    launch = DISPATCH_SECONDS * (FUSED_OPS if compiled else 1.0)
+    k_over = kf.get("overhead", 1.0)
+    launch = DISPATCH_SECONDS * (FUSED_OPS if compiled else 1.0) * k_over
     other_kernels = other_kernels * (FUSED_OPS if fused else 1.0)
     # per FSDP unit / ZeRO-3 module: gather, hooks and stream syncs in forward and backward
-    unit_s = fsdp_unit_ops(setup) * OP_DISPATCH_SECONDS * model.n_layers if sharded else 0.0
+    unit_s = fsdp_unit_ops(setup) * OP_DISPATCH_SECONDS * model.n_layers * k_over if sharded else 0.0
 
     # --- optimizer update, once per step (sharded optimizers update 1/n of the states)
     op = optimizer_plan(run.optimizer, pp.trainable_params, pp.trainable_bytes,
@@ -332,18 +355,19 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     optimizer_launch_s = 0.0
     if setup.offload == "none" and not wrapper.shards_optimizer:
         optimizer_launch_s = max(0.0, optimizer_ops(run.optimizer, pp.trainable_tensors) * OP_DISPATCH_SECONDS
-                                 - optimizer_s)
-    host = host_link(acc)
+                                 * k_over - optimizer_s)
+    host = corrected_link(host_link(acc), kf.get("offload", 1.0))
 
     # --- collectives
     links: dict[str, str] = {}
-    link = intra_node_link(acc, setup.gpus)
+    link = stated_link(opt.peer_link, acc, setup.gpus) if opt.peer_link else intra_node_link(acc, setup.gpus)
     links["intra_node"] = f"{link.name}: {link.gbs:g} GB/s per GPU ({link.source})"
     if setup.nodes > 1:
         net = network_link(opt.inter_node_gbs)
         links["inter_node"] = f"{net.name}: {net.gbs:g} GB/s per GPU ({net.source})"
         if net.gbs < link.gbs:
             link = net
+    link = corrected_link(link, kf.get("communication", 1.0))
     comm_bytes = wrapper.gradient_wire_bytes(run)
     gathered = pp.weight_bytes + pp.adapter_bytes
     coll = wrapper.collectives(run, grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
@@ -359,12 +383,13 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         step_bytes = shard_t * (4 + dt.compute)  # fp32 gradients down, 16-bit params up
         if setup.offload == "all":
             micro_bytes = 2 * gathered / n  # parameter shards up for forward and backward
-        cpu_optimizer_s = shard_t * HOST_ADAM_BYTES_PER_PARAM / (HOST_MEMORY_GBS_PER_GPU * 1e9)
+        cpu_optimizer_s = (shard_t * HOST_ADAM_BYTES_PER_PARAM / (HOST_MEMORY_GBS_PER_GPU * 1e9)
+                           * kf.get("offload", 1.0))
         notes.append(f"CPU offload: PCIe copies, and the optimizer step on the CPU at "
                      f"{HOST_ADAM_BYTES_PER_PARAM:g} B per parameter of host memory traffic at "
                      f"{HOST_MEMORY_GBS_PER_GPU:g} GB/s per GPU ({cpu_optimizer_s:.2f} s per step)")
-    tail = [f"matmuls at {u:.0%} of the {peak:g} TFLOPS dense peak ({cls} class), element-wise "
-            f"kernels at {BW_EFFICIENCY:.0%} of {dev_bw / 1e9:g} GB/s"]
+    tail = [f"matmuls at {u:.0%} of the {peak:g} TFLOPS dense peak ({cls} class; card throughput {eff.known}: "
+            f"{eff.source}), element-wise kernels at {BW_EFFICIENCY:.0%} of {dev_bw / 1e9:g} GB/s"]
     if fused:
         tail.append("fused kernels (torch.compile / Unsloth): element-wise traffic and launches reduced")
     if setup.attn == "eager":
@@ -381,7 +406,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         per_micro=coll.per_micro_batch, gather_s=gather_s, per_step=coll.per_step, serial=coll.serial,
         bucket=bucket, offload_step_bytes=step_bytes,
         offload_micro_bytes=micro_bytes, cpu_optimizer_s=cpu_optimizer_s, assumptions_head=tuple(notes),
-        assumptions_tail=tuple(tail))
+        assumptions_tail=tuple(tail), fixed_s=MICRO_BATCH_FIXED_SECONDS * k_over, card_known=eff.known, link_name=link.name, link_stated=bool(opt.peer_link))
     run.memo["time"] = (acc, opt, ts)
     return ts
 
@@ -418,7 +443,7 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         head_kernels = 2 * -(-setup.seq // ts.flops.head_chunk)
         dequant_part = max(ts.dequant_part + head_kernels * ts.launch, dequant_s)
     unit_s = ts.unit_s
-    micro_s = gemm_part + other_part + dequant_part + unit_s + MICRO_BATCH_FIXED_SECONDS
+    micro_s = gemm_part + other_part + dequant_part + unit_s + ts.fixed_s
     gpu_s = matmul_s + elem_s + dequant_s
     if ts.launch_s >= gpu_s:
         bound = "overhead"
@@ -490,7 +515,7 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     detail = {"dequantization": ga * dequant_s, "optimizer_update": optimizer_s + paged_s,
               "optimizer_launches": ts.optimizer_launch_s,
               "kernel_launches": ga * max(gemm_part + other_part + dequant_part - gpu_s, 0.0),
-              "sharded_unit_fixed": ga * unit_s, "micro_batch_fixed": ga * MICRO_BATCH_FIXED_SECONDS}
+              "sharded_unit_fixed": ga * unit_s, "micro_batch_fixed": ga * ts.fixed_s}
     if n > 1:
         # Never faster per GPU than the same micro-batches on one GPU: sharding the update saves less than
         # the collectives cost at a fixed per-GPU batch. Paging and offload are left out of the floor
@@ -524,7 +549,8 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
                     tokens_per_second_per_gpu=tps_gpu if setup.device_map == "none" else tps_gpu / setup.cards,
                     mfu=mfu if setup.device_map == "none" else mfu / setup.cards,
                     components=components, flops=fl, links=links, assumptions=assumptions,
-                    breakdown=breakdown, breakdown_detail=detail, dequant_library=ts.dequant_library)
+                    breakdown=breakdown, breakdown_detail=detail, dequant_library=ts.dequant_library,
+                    card_known=ts.card_known, link_name=ts.link_name if n > 1 else "", link_stated=ts.link_stated)
 
 
 def one_gpu_run(run: Run) -> Run:
@@ -581,7 +607,7 @@ def run_eval_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     gpu_s = matmul_s + elem_s + dequant_s
     launch_s = ts.launch_s / kpasses
     forward_s = (max(gpu_s, launch_s) + ts.unit_s / 2 + max(0.0, ts.gather_s - gpu_s)
-                 + MICRO_BATCH_FIXED_SECONDS)
+                 + ts.fixed_s)
     token_launch_s = (ts.gemm_launch + ts.other_launch) / kpasses
     token_s = max(ts.weight_bytes / ts.bw, token_launch_s) + ts.unit_s / 2 + ts.gather_s
     return EvalTime(forward_seconds=forward_s, token_seconds=token_s)

@@ -88,6 +88,26 @@ class MemoryBreakdown:
         """What nvidia-smi shows and what OOM is judged against."""
         return self.reserved_peak_bytes + self.cuda_context_bytes + self.nccl_bytes
 
+    # The upper band: each figure at the high end of its band ("allocated": the activation and loss terms;
+    # "reserved": with fragmentation; "cuda_context": driver and CUDA version); a band that is missing counts
+    # at its central figure, and NCCL has none.
+    @property
+    def allocated_high_bytes(self) -> int:
+        band = self.bands.get("allocated")
+        return band.high if band is not None else self.allocated_peak_bytes
+
+    @property
+    def reserved_high_bytes(self) -> int:
+        band = self.bands.get("reserved")
+        return band.high if band is not None else self.reserved_peak_bytes
+
+    @property
+    def device_peak_high_bytes(self) -> int:
+        """reserved high + CUDA context high + NCCL: the device peak with each term at its high end."""
+        band = self.bands.get("cuda_context")
+        context = band.high if band is not None else self.cuda_context_bytes
+        return self.reserved_high_bytes + context + self.nccl_bytes
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "engine": self.engine,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -37,7 +38,8 @@ def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
     # names) leave them alone: attention, dense and shared-expert linears are adapted (simulate: Mixtral /
     # Qwen3-MoE all-linear). Qwen2-MoE's shared_expert_gate is a real nn.Linear and stays.
     if t in ("all-linear", "all"):
-        return frozenset(n for n in names if roles[n] != "expert" and not (roles[n] == "router" and n == "gate"))
+        return frozenset(n for n in names
+                         if roles[n] != "expert" and not (roles[n] == "router" and n == "gate"))
     if t == "attn":
         return frozenset(n for n in names if roles[n] == "attn")
     if t == "mlp":
@@ -73,7 +75,7 @@ class ParamPlan:
     autocast_copy_bytes: int  # 16-bit copies autocast makes of fp32 weights and autograd keeps
     trainable_tensors: int  # number of trainable tensors (allocator rounding of states)
     largest_trainable_tensor: int
-    factored_elems: int  # Adafactor: rows + cols of each trainable 2-D tensor, numel of 1-D ones
+    factored_elems: int  # Adafactor: rows + cols of each trainable 2-D tensor, numel of 1-D ones (flat_views)
     # The copies still alive once the forward's autocast region has ended (backward): all of them, but under
     # gradient checkpointing only those saved outside the checkpointed layers (the lm_head's). Checkpointed
     # layers save nothing in the first forward, and autocast drops its cast cache when the region exits
@@ -86,20 +88,20 @@ def quant_bytes(numel: int, d_out: int, bits: int, double_quant: bool) -> tuple[
     """(storage bytes, metadata bytes) of one quantized weight of ``numel`` elements."""
     if bits == 8:
         return numel, d_out * 4
-    blocks = -(-numel // NF4_BLOCK)
+    blocks = ceil_div(numel, NF4_BLOCK)
     if double_quant:
-        meta = blocks + 4 * -(-blocks // DQ_BLOCK) + CODE_TABLE_BYTES + 4
+        meta = blocks + 4 * ceil_div(blocks, DQ_BLOCK) + CODE_TABLE_BYTES + 4
     else:
         meta = 4 * blocks
     # QuantState.code: bitsandbytes keeps the 16-entry fp32 NF4/FP4 code book per weight
     # (functional.get_4bit_type); real Params4bit footprints include it (18944 x 3584: 35,026,180 B).
     meta += NF4_CODE_BYTES
-    return -(-numel // 2), meta
+    return ceil_div(numel, 2), meta
 
 
 def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: bool = False) -> ParamPlan:
-    """``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning Fabric's
-    BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""
+    """``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning
+    Fabric's BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
     bits = setup.quant_bits
     weight = meta = adapters = 0
@@ -117,7 +119,8 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
         before = weight + meta
         for _ in range(count) if setup.method == "freeze" else [None]:
             reps = 1 if setup.method == "freeze" else count
-            trainable_layer = setup.method == "full" or (setup.method == "freeze" and layer_index >= trainable_layer_from)
+            trainable_layer = setup.method == "full" or (setup.method == "freeze"
+                                                         and layer_index >= trainable_layer_from)
             for m in spec.linears:
                 w_numel = m.count * m.d_in * m.d_out
                 b_numel = m.count * m.d_out if m.bias else 0
@@ -160,7 +163,8 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
         weight += non_block_params * dt.trainable
         trainable_w += non_block_params
         tensors += 3
-        factored += (model.vocab + model.hidden) * (1 if model.tied_embeddings else 2) + model.final_norm_params
+        factored += ((model.vocab + model.hidden) * (1 if model.tied_embeddings else 2)
+                     + model.final_norm_params)
         largest = max(largest, model.vocab * model.hidden)
         if dt.autocast and dt.trainable == 4 and model.lm_head_params:
             autocast_copy += model.lm_head_params * dt.compute
@@ -186,11 +190,22 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
     copy_backward = head_copy if setup.gradient_checkpointing else autocast_copy
     trainable = adapters + trainable_w
     per_param = dt.adapter if setup.is_lora else dt.trainable
-    return ParamPlan(weight_bytes=weight, quant_meta_bytes=meta, adapter_params=adapters, adapter_bytes=adapter_bytes,
-                     trainable_params=trainable, trainable_bytes=per_param, trainable_weight_params=trainable_w,
-                     autocast_copy_bytes=autocast_copy, trainable_tensors=tensors, largest_trainable_tensor=largest,
-                     factored_elems=factored, autocast_copy_backward_bytes=copy_backward,
-                     largest_layer_bytes=largest_layer)
+    if flat_views(setup):
+        factored = trainable  # Adafactor factors only tensors of >= 2 dims (_get_options: len(shape) >= 2)
+    return ParamPlan(weight_bytes=weight, quant_meta_bytes=meta, adapter_params=adapters,
+                     adapter_bytes=adapter_bytes, trainable_params=trainable, trainable_bytes=per_param,
+                     trainable_weight_params=trainable_w, autocast_copy_bytes=autocast_copy,
+                     trainable_tensors=tensors, largest_trainable_tensor=largest, factored_elems=factored,
+                     autocast_copy_backward_bytes=copy_backward, largest_layer_bytes=largest_layer)
+
+
+def flat_views(setup: TrainSetup) -> bool:
+    """Whether the optimizer sees every trainable parameter as a 1-D view: FSDP1 (FullyShardedDataParallel)
+    keeps each unit's parameters in one flat parameter, and with ``use_orig_params=True`` (as the HF Trainer
+    and accelerate wrap it) the original parameters are 1-D views of the rank's shard
+    (torch/distributed/fsdp/_flat_param.py ``_use_sharded_views``: "the sharded views are 1D"); without it the
+    optimizer steps the flat parameters themselves. FSDP2's DTensor parameters keep their shapes."""
+    return setup.fsdp and setup.fsdp_version == 1
 
 
 def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:

@@ -13,7 +13,7 @@ numpy is imported only when an array is passed: the scalar path and the CLI neve
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 _NUMBERS = (int, float)
 
@@ -50,3 +50,12 @@ def int_for(x: Any) -> Any:
     same result without a Python call around it, on the scalar path), else :func:`to_int`. (Python's
     two-argument ``max`` is slower than :func:`maximum` on numbers: it goes through an iterator.)"""
     return int if x.__class__ in _NUMBERS else to_int
+
+
+@overload
+def ceil_div(a: int, b: int) -> int: ...
+@overload
+def ceil_div(a: Any, b: Any) -> Any: ...
+def ceil_div(a: Any, b: Any) -> Any:
+    """``a / b`` rounded up, for integers (or integer arrays): ``-(-a // b)``."""
+    return -(-a // b)

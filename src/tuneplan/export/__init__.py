@@ -60,7 +60,7 @@ def build_export(fmt: str, est: Estimate, path: str | Path, *, dataset: str | No
     if acc is not None and est.fits is False:
         # Written anyway (the user may mean another card), but never silently.
         notes.append(f"this plan does NOT fit on {acc.name}: estimated {est.breakdown.device_peak_bytes / 2**30:.2f} "
-                     f"GiB per GPU against {acc.memory_bytes / 2**30:.2f} GiB; `tuneplan fit` finds one that does")
+                     f"GiB per GPU against {acc.memory_bytes / 2**30:.2f} GiB; the planner (fit) finds one that does")
     main = Path(path)
     ds_path = main.with_name(f"ds_z{s.zero}_config.json") if s.zero else None
     files: list[tuple[Path, str]] = []

@@ -154,7 +154,7 @@ def read_deepspeed(doc: Document, label: str = "deepspeed json") -> Ingested:
     if par_dev:
         if not opt_dev:
             c.warn(("zero_optimization", "offload_param"),
-                   "parameters offloaded but not the optimizer: estimated as --offload all (both)")
+                   "parameters offloaded but not the optimizer: estimated as {offload=all} (both)")
         c.set("offload", "all", "zero_optimization", "offload_param")
     elif opt_dev:
         c.set("offload", "optimizer", "zero_optimization", "offload_optimizer")

@@ -33,6 +33,12 @@ class CandidateSet:
     prefer: str
     probe: Prober
     dominated: list[Family] = field(default_factory=list)
+    limits: rule.Limits = rule.NO_LIMITS
+    margin: Margin | None = None  # with safety asked for, hours and cost are the time band's upper end
+
+    def order(self, c: Candidate) -> int:
+        """The candidate's place in the space's order: the rule's last tie-break."""
+        return next(i for i, x in enumerate(self.candidates) if x is c)
 
     def of(self, method: str, strategy: str | None = None) -> list[Candidate]:
         return [c for c in self.candidates if c.family.method == method
@@ -40,17 +46,26 @@ class CandidateSet:
 
     def best(self, method: str | None = None, strategy: str | None = None,
              prefer: str | None = None) -> Candidate | None:
-        """The rule's pick among all candidates (or one method's, one strategy's), its finalists timed."""
-        pool = self.candidates if method is None else self.of(method, strategy)
-        return rule.best(pool, prefer or self.prefer, self.measure)
+        """The recommendation (:func:`tuneplan.plan.rule.choose`), or one method's (one strategy's) plan
+        (:func:`tuneplan.plan.rule.pick`); every candidate compared is timed first."""
+        if method is None:
+            return self.decide(prefer).chosen
+        pool = self.of(method, strategy)
+        for c in pool:
+            self.measure(c)
+        return rule.pick(pool, prefer or self.prefer, self.limits, self.order)
+
+    def decide(self, prefer: str | None = None) -> rule.Choice:
+        """The recommendation with what decided it (:class:`tuneplan.plan.rule.Choice`)."""
+        return rule.decide(self.candidates, prefer or self.prefer, self.measure, self.limits)
 
     def measure(self, c: Candidate) -> Candidate:
-        return measure(self.probe, c)
+        return measure(self.probe, c, self.margin)
 
 
 def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], world: int, *, target: int,
                      margin: Margin, prefer: str, gc_first: bool | None = None,
-                     every_reason: bool = True) -> CandidateSet:
+                     every_reason: bool = True, limits: rule.Limits = rule.NO_LIMITS) -> CandidateSet:
     """The candidate set of (model, card, layout): memory, compatibility, then time when compared on it.
 
     A family's compatibility is checked before it can hold a candidate or decide anything about
@@ -69,7 +84,7 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
     cands: list[Candidate] = []
     done: dict[tuple[str, str, str | None, bool | None], Candidate] = {}
     top = max(1, -(-target // world))
-    # methods with a 32-bit-optimizer candidate that keeps the margin and the target
+    # methods with a 32-bit-optimizer candidate without offload that keeps the margin and the target
     exact32: set[str] = set()
     dead = _dead(probe, fams, compatible)
     # 32-bit optimizer families first: under the quality rule they decide whether 8-bit ones can win
@@ -83,7 +98,8 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
         if c is not None and compatible(fam):
             cands.append(c)
             done[(fam.method, fam.strategy, fam.optimizer, fam.gradient_checkpointing)] = c
-            if rule.optimizer_rank(fam.optimizer) == 0 and not c.tight and not c.relaxed:
+            if (rule.optimizer_rank(fam.optimizer) == 0 and not c.tight and not c.relaxed
+                    and fam.offload == "none" and not limits.hard):
                 exact32.add(fam.method)
     if every_reason:
         for f in fams:
@@ -91,7 +107,7 @@ def build_candidates(probe: Prober, variants: list[tuple[str, dict[str, Any]]], 
         dominated = [f for f in dominated if f not in pruned]  # counted once: as cannot run
     order = {f: i for i, f in enumerate(fams)}
     cands.sort(key=lambda c: order[c.family])  # the space's order: the rule's last tie-break
-    return CandidateSet(fams, pruned, cands, prefer, probe, dominated)
+    return CandidateSet(fams, pruned, cands, prefer, probe, dominated, limits, margin)
 
 
 def _dead(probe: Prober, fams: list[Family], compatible: Callable[[Family], bool]) -> set[tuple[str, str]]:
@@ -116,8 +132,9 @@ def _dominated(fam: Family, done: dict[tuple[str, str, str | None, bool | None],
     """A family the rule can never pick over one already evaluated (so it costs no estimate):
     - checkpointing on, when the same family without it already runs micro-batch ``top`` without
       accumulation and with the margin: same sizes, same method and optimizer, one more forward per step;
-    - an 8-bit optimizer under the quality rule, when the method already has a 32-bit candidate that
-      keeps the margin and reaches the target (the rule ranks 32-bit states first)."""
+    - an 8-bit optimizer under the quality rule, when the method already has a 32-bit candidate without
+      CPU offload that keeps the margin and reaches the target, and no hard limit can rule that one
+      out (each method's plan ranks 32-bit states first among those without offload)."""
     if fam.gradient_checkpointing:
         off = done.get((fam.method, fam.strategy, fam.optimizer, False))
         if off is not None and not off.tight and (off.batch, off.grad_accum) == (top, 1):

@@ -27,15 +27,15 @@ from tuneplan.specs.model import ModelSpec
 
 Verdict = Callable[[Estimate | None], bool]
 GIB = 2**30
-# Host memory per node when the user does not say (--host-memory): twice the node's GPU memory, at
-# least 128 GiB. A DGX A100 / H100 node holds 640 GB of GPU memory and 1-2 TB of RAM; a desktop board
-# takes four DIMMs, 4 x 32 GB = 128 GB. CPU offload needs its states to fit there; every answer
-# prints the figure it assumed and what the offloading candidate needs.
-HOST_MIN_BYTES = 128 * GIB
 
 
 def default_host_bytes(gpu: Accelerator, gpus_per_node: int) -> int:
-    return max(HOST_MIN_BYTES, 2 * gpu.memory_bytes * gpus_per_node)
+    """Host memory per node when the user does not say (:func:`tuneplan.plan.host.assumed`: this
+    machine's RAM for its own card, a typical cloud instance's, else the stated default). CPU offload
+    needs its states to fit there; every answer prints the figure it assumed."""
+    from tuneplan.plan.host import assumed
+
+    return assumed(gpu, gpus_per_node).bytes
 
 
 def nominal(est: Estimate | None) -> TypeGuard[Estimate]:
@@ -202,25 +202,36 @@ def plan_family(probe: Prober, fam: Family, *, target: int, world: int, margin: 
     return None
 
 
-def measure(probe: Prober, cand: Candidate) -> Candidate:
+def measure(probe: Prober, cand: Candidate, margin: Margin | None = None) -> Candidate:
     """Time and cost of a candidate from its timed estimate (computed once): tokens/s, hours, USD per
-    million tokens."""
+    million tokens. With a safety ``margin`` (``band``, or a size / share above 0) hours and money are the
+    upper end of the estimate's time band (``time.band``), as memory is judged at its upper band."""
     if cand.metrics:
         return cand
     est = cand.estimate = probe.timed(cand.fields, cand.estimate)
     d = est.extras.get("sections", {})  # the time and cost sections of Estimate.to_dict(), without the rest
     t, c = d.get("time") or {}, d.get("cost") or {}
     tps = t.get("tokens_per_second")
+    band = t.get("band") or {}
+    # the band's upper end over the central step: hours, money and USD per token scale by it
+    safety = margin is not None and (margin.kind == "band" or margin.value > 0)
+    slow = (band["step_seconds_high"] / t["step_seconds"]
+            if safety and band.get("step_seconds_high") and t.get("step_seconds") else 1.0)
     price = c.get("cloud_usd_per_gpu_hour")
     own = c.get("own_usd_per_gpu_hour")
 
     def per_m(usd_per_gpu_hour: float | None) -> float | None:  # USD per million tokens, all GPUs
-        return (usd_per_gpu_hour * cand.world / tps / 3600 * 1e6
+        return (usd_per_gpu_hour * cand.world / tps / 3600 * 1e6 * slow
                 if usd_per_gpu_hour is not None and tps else None)
+
+    def up(v: float | None) -> float | None:
+        return None if v is None else v * slow
 
     cand.metrics = {
         "tokens_per_second": tps, "step_seconds": t.get("step_seconds"), "mfu": t.get("mfu"),
-        "total_hours": t.get("total_hours"), "cloud_usd": c.get("cloud_usd"), "own_usd": c.get("own_usd"),
+        "total_hours": up(t.get("total_hours")), "cloud_usd": up(c.get("cloud_usd")),
+        "own_usd": up(c.get("own_usd")),
+        "hours_basis": "time band upper end" if slow != 1.0 else "central estimate",
         "break_even_hours": c.get("break_even_hours"), "cloud_usd_per_gpu_hour": price,
         "own_usd_per_gpu_hour": own, "cloud_usd_per_million_tokens": per_m(price),
         "own_usd_per_million_tokens": per_m(own),

@@ -26,10 +26,10 @@ from tuneplan.estimator.types import GIB
 from tuneplan.plan import rule
 from tuneplan.plan.candidates import CandidateSet, build_candidates
 from tuneplan.plan.evaluate import Prober, sparing
-from tuneplan.plan.limits import limits_at, rank_cap
+from tuneplan.plan.host import Machine, assumed
+from tuneplan.plan.limits import limits_at
 from tuneplan.plan.margin import Margin, parse_margin
 from tuneplan.plan.recommend import recommendation
-from tuneplan.plan.search import largest_true
 from tuneplan.plan.sizes import Shared
 from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, strategy_name, switches
 from tuneplan.plan.timecost import dataset_kw
@@ -58,6 +58,10 @@ class MethodFit:
     host_bytes: int | None = None  # CPU memory for offloaded states/params
     tokens_per_second: float | None = None
     total_hours: float | None = None
+    cloud_usd: float | None = None
+    quality_rank: int = 0  # 1 = the most faithful method (rule.FAITHFUL)
+    slowdown: float | None = None  # the fastest plan's tokens/s over this one's
+    over_limit: str | None = None  # the hard limit this plan breaks: "max_hours" | "budget"
     limited_by: dict[str, str] = field(default_factory=dict)
     blocked_by: list[str] = field(default_factory=list)
     strategies: list[dict[str, Any]] = field(default_factory=list)
@@ -85,6 +89,17 @@ class FitReport:
     candidates: list[dict[str, Any]] = field(default_factory=list)
     equal_memory: dict[str, Any] | None = None
     evaluations: int = 0
+    host_memory: dict[str, Any] = field(default_factory=dict)  # host.HostMemory: the figure and its source
+    limits: dict[str, Any] = field(default_factory=dict)  # rule.Limits
+    next_step: dict[str, Any] | None = None  # when nothing fits: the one change that makes it fit
+
+    @property
+    def frontier(self) -> list[dict[str, Any]]:
+        """The trade-off per method that fits: quality rank, time, cost, peak and its band."""
+        keys = ("method", "quality_rank", "strategy", "tokens_per_second", "slowdown", "total_hours", "cloud_usd",
+                "device_peak_bytes", "device_peak_high_bytes", "tight", "over_limit")
+        return [{k: getattr(m, k) for k in keys} for m in sorted(self.methods, key=lambda m: m.quality_rank)
+                if m.fits]
 
     def method(self, label: str) -> MethodFit:
         return next(m for m in self.methods if m.method == label)
@@ -93,9 +108,9 @@ class FitReport:
         return {
             "model": self.model, "gpu": self.gpu, "world_size": self.world_size,
             "global_batch": self.global_batch, "prefer": self.prefer, "margin": self.margin, "rule": self.rule,
-            "host_memory_bytes": self.host_memory_bytes,
-            "methods": [m.to_dict() for m in self.methods],
-            "recommended": self.recommended, "candidates": self.candidates,
+            "host_memory_bytes": self.host_memory_bytes, "host_memory": self.host_memory, "limits": self.limits,
+            "methods": [m.to_dict() for m in self.methods], "frontier": self.frontier,
+            "recommended": self.recommended, "next_step": self.next_step, "candidates": self.candidates,
             "equal_memory": self.equal_memory, "evaluations": self.evaluations,
         }
 
@@ -139,7 +154,7 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
     row = MethodFit(method=label, fits=c is not None, max_batch=None, max_seq=None, max_rank=None, requires=[],
                     setup={}, families={"total": len(fams), "cannot_run": sum(f in cs.pruned for f in fams),
                                         "dominated": sum(f.method == label for f in cs.dominated),
-                                        "fit": len(cs.of(label))})
+                                        "fit": len(cs.of(label))}, quality_rank=rule.faithful_rank(label) + 1)
     if c is None:
         if all(f in cs.pruned for f in fams):  # cannot run whatever the space holds: say why
             row.blocked_by = sorted({m for f in fams for m in cs.pruned[f]})
@@ -160,6 +175,7 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
     row.device_peak_bytes, row.device_peak_high_bytes = est.breakdown.device_peak_bytes, c.device_peak_high_bytes
     row.headroom_bytes, row.host_bytes = est.headroom_bytes, est.breakdown.host_bytes
     row.tokens_per_second, row.total_hours = c.metrics.get("tokens_per_second"), c.metrics.get("total_hours")
+    row.cloud_usd, row.over_limit = c.metrics.get("cloud_usd"), cs.limits.over(c)
     if limits:
         view = Prober(probe.model, probe.gpu, probe.base, margin=None if c.tight else margin,
                       host_bytes=probe.host_bytes, shared=probe.shared)
@@ -179,12 +195,19 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
     return row
 
 
+# The LoRA ranks people use: powers of two from 8 to 256 (the LoRA paper's experiments use 1-64; PEFT's
+# default r is 8; QLoRA's paper uses 64); a hint beyond them would name a rank no one trains with.
+COMMON_RANKS = (8, 16, 32, 64, 128, 256)
+
+
 def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any],
                        lora: MethodFit, shared: Shared | None = None) -> dict[str, Any] | None:
-    """The largest QLoRA rank within the memory LoRA uses at its rank (same other fields), a boundary.
+    """The largest common QLoRA rank (:data:`COMMON_RANKS`) within the memory LoRA uses at its rank
+    (same other fields), a boundary.
 
     QLoRA runs at LoRA's row setup with only the base quantized; the budget is LoRA's device peak, the
-    verdict ``Estimate.fits`` on a card of exactly that size.
+    verdict ``Estimate.fits`` on a card of exactly that size; memory grows with the rank, so the ranks
+    are tried from the largest down.
     """
     if not lora.fits or lora.device_peak_bytes is None:
         return None
@@ -196,47 +219,80 @@ def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, An
         fields = {**lora.fields, "method": "qlora", "bits": bits}
         if "optimizer" not in fields:
             fields["optimizer"] = lora.setup["optimizer"]
-        est = probe(fields)
-        if est is None:
+        if probe(fields) is None:
             continue
-        cap = rank_cap(probe, est.setup)
-        out["qlora"][f"qlora-{bits}"] = largest_true(lambda r, f=fields: probe.fits({**f, "rank": r}), 1, cap,
-                                                     start=lora.setup["rank"])
+        ranks = [r for r in COMMON_RANKS if r <= model.hidden]
+        out["qlora"][f"qlora-{bits}"] = next((r for r in reversed(ranks) if probe.fits({**fields, "rank": r})),
+                                             None)
     out["evaluations"] = probe.evaluations
     return out
 
 
-def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 16, prefer: str = "quality",
-        margin: str | Margin | None = None, dataset: Any = None, host_memory_gib: float | None = None,
-        detail: bool = True, **setup: Any) -> FitReport:
+def memory_left(row: MethodFit, target: int, world: int) -> dict[str, Any] | None:
+    """What the memory left under the margin buys at the plan's other settings, from its row's limits:
+    a longer sequence (tokens), a larger micro-batch with fewer accumulation steps (sequences)."""
+    if not row.fits or row.micro_batch is None or row.grad_accum is None:
+        return None
+    out: dict[str, Any] = {}
+    seq = row.setup.get("seq")
+    if row.max_seq is not None and seq is not None and row.max_seq > seq:
+        out["seq"] = {"from": seq, "to": row.max_seq}
+    if row.max_batch is not None and row.grad_accum > 1:
+        per_gpu = -(-target // world)  # sequences per GPU per step
+        for b in range(min(row.max_batch, per_gpu), row.micro_batch, -1):
+            if per_gpu % b == 0:
+                out["batch"] = {"from": row.micro_batch, "to": b, "grad_accum_from": row.grad_accum,
+                                "grad_accum_to": per_gpu // b}
+                break
+    return out or None
+
+
+def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 16,
+        prefer: str = rule.DEFAULT_PREFER, margin: str | Margin | None = None, dataset: Any = None,
+        host_memory_gib: float | None = None, max_slowdown: float | None = None, max_hours: float | None = None,
+        budget: float | None = None, machine: Machine | None = None, detail: bool = True,
+        **setup: Any) -> FitReport:
     """What fits on ``gpu`` (``setup['gpus']`` per node), per method, and the setup the rule picks.
 
-    ``detail=False`` leaves out what only the table shows (each row's limits, the equal-memory ranks);
-    the candidate set, the rows' verdicts and the recommendation are the same."""
+    ``max_slowdown`` bounds ``balanced``; ``max_hours`` and ``budget`` (cloud USD) are hard limits that
+    need ``dataset``. ``machine`` stands for this machine (:class:`tuneplan.plan.host.Machine`; None:
+    detected) when the host memory is not given. ``detail=False`` leaves out what only the table shows
+    (each row's limits, the equal-memory ranks); the candidate set, the rows' verdicts and the
+    recommendation are the same."""
     spec = resolve_model(model) if isinstance(model, str) else model
     acc = resolve_accelerator(gpu) if isinstance(gpu, str) else gpu
     check_positive("global_batch", global_batch, "1, 2, ... (sequences per optimizer step, all GPUs)")
     rule.check_prefer(prefer)
+    lim = rule.make_limits(max_slowdown, max_hours, budget, has_dataset=dataset is not None)
     mg = parse_margin(margin)
     variants, base = split_method(setup)
     base = {k: v for k, v in base.items() if k not in SEARCHED}
-    probe = Prober(spec, acc, base, timing_kw=dataset_kw(dataset), host_bytes=host_bytes(host_memory_gib))
+    host = assumed(acc, int(base.get("gpus", 1)), host_bytes(host_memory_gib), machine)
+    probe = Prober(spec, acc, base, timing_kw=dataset_kw(dataset), host_bytes=host.bytes)
     baseline = probe.check_base(**variants[0][1]).setup  # also: the user's own input is valid
     world = baseline.world_size
-    line = rule.rule_text(prefer, mg.describe())
+    line = rule.rule_text(prefer, mg.describe(), lim)
     cs = build_candidates(probe, variants, world, target=global_batch, margin=mg, prefer=prefer,
-                          gc_first=baseline.gradient_checkpointing)
+                          gc_first=baseline.gradient_checkpointing, limits=lim)
+    choice = cs.decide()
     methods = [method_row(probe, cs, label, baseline, mg, limits=detail) for label, _ in variants]
-    rec = recommendation(probe, cs, baseline, mg, global_batch, world, line)
+    for m in methods:
+        c = cs.best(m.method) if m.fits else None
+        m.slowdown = choice.slowdown(c) if c is not None else None
+    rec = recommendation(probe, cs, baseline, mg, global_batch, world, line, choice)
+    if rec is not None:
+        row = next(m for m in methods if m.method == rec["method"])
+        rec["memory_left"] = memory_left(row, global_batch, world) if detail else None
     lora = next((m for m in methods if m.method == "lora"), None)
     eq = equal_memory_ranks(spec, acc, base, lora, probe.shared) if lora is not None and detail else None
     listed = [{"method": c.family.method, "strategy": c.family.strategy, "optimizer": c.family.optimizer,
                "gradient_checkpointing": c.family.gradient_checkpointing, "micro_batch": c.batch,
                "grad_accum": c.grad_accum, "tight": c.tight, "relaxed": c.relaxed,
                "device_peak_bytes": c.estimate.breakdown.device_peak_bytes,
-               "device_peak_high_bytes": c.device_peak_high_bytes,
+               "device_peak_high_bytes": c.device_peak_high_bytes, "over_limit": lim.over(c),
                "tokens_per_second": c.metrics.get("tokens_per_second")} for c in cs.candidates]
     return FitReport(model=spec.name, gpu=acc.to_dict(), world_size=world, global_batch=global_batch,
-                     prefer=prefer, margin=mg.to_dict(), rule=line, host_memory_bytes=probe.host_bytes, methods=methods, recommended=rec,
-                     candidates=listed, equal_memory=eq,
-                     evaluations=probe.evaluations + (eq or {}).get("evaluations", 0))
+                     prefer=prefer, margin=mg.to_dict(), rule=line, host_memory_bytes=probe.host_bytes,
+                     methods=methods, recommended=rec, candidates=listed, equal_memory=eq,
+                     evaluations=probe.evaluations + (eq or {}).get("evaluations", 0),
+                     host_memory=host.to_dict(), limits=lim.to_dict())

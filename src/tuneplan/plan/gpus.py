@@ -184,14 +184,16 @@ def _sort_key(sort: str, prefer: str):  # noqa: ANN202 - a key function
             return (0, c.min_gpus, c.tight, m, tps, cost, c.gpu)
         if sort == "memory":
             return (0, c.memory_bytes, c.min_gpus, c.gpu)
-        obj = {"quality": (m, tps, cost), "speed": (tps, m, cost), "cost": (cost, tps, m)}[prefer]
+        # balanced: each card's plan is already within the slowdown limit; the most faithful first
+        obj = {"quality": (m, tps, cost), "balanced": (m, tps, cost), "speed": (tps, m, cost),
+               "cost": (cost, tps, m)}[prefer]
         return (0, c.tight, *obj, c.min_gpus, c.gpu)
 
     return key
 
 
 def rank_gpus(model: str | ModelSpec, *, only: Iterable[str] | None = None, max_gpus: int = DEFAULT_MAX_GPUS,
-              sort: str = "prefer", prefer: str = "quality", global_batch: int = 16,
+              sort: str = "prefer", prefer: str = rule.DEFAULT_PREFER, global_batch: int = 16,
               margin: str | Margin | None = None, dataset: Any = None, auto: bool = True,
               host_memory_gib: float | None = None, **setup: Any) -> GpuRanking:
     """Every catalog card (or ``only`` these) for ``model`` at ``setup``, best first.

@@ -8,8 +8,8 @@ device peak is
     device_peak_high = bands["reserved"].high + bands["cuda_context"].high + nccl_bytes
 
 (the same sum as ``MemoryBreakdown.device_peak_bytes`` = reserved + context + NCCL, with each term at
-its high end; NCCL has no band). The estimate does not carry this sum itself, so the planner adds it
-here; a band that is missing counts at its central figure.
+its high end; NCCL has no band): the breakdown carries it (``MemoryBreakdown.device_peak_high_bytes``), and
+a grid's arrays get it from ``estimator.overhead.device_peak_high``.
 
 The margin the user chooses (``--margin``):
 - ``band`` (default): the upper band must fit the usable memory;
@@ -24,11 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.overhead import (
-    CUDA_CONTEXT_BAND,
-    cuda_context_bytes,
-    reserved_band,
-)
+from tuneplan.estimator.overhead import device_peak_high as upper_band
 from tuneplan.estimator.types import GIB
 
 ACCEPTED = ("band (the estimate's upper band, default), a size in GiB such as 2GiB, a percentage such as "
@@ -75,22 +71,13 @@ def parse_margin(text: str | Margin | None) -> Margin:
     return Margin("bytes", v * GIB)
 
 
+__all__ = ["BAND", "Margin", "device_peak_high", "fits_with_margin", "parse_margin", "required",
+           "required_bytes", "upper_band"]
+
+
 def device_peak_high(est: Any) -> int:
-    """Upper band of the device peak (module docstring)."""
-    b = est.breakdown
-    r = b.bands.get("reserved")
-    c = b.bands.get("cuda_context")
-    return ((r.high if r is not None else b.reserved_peak_bytes)
-            + (c.high if c is not None else b.cuda_context_bytes) + b.nccl_bytes)
-
-
-def upper_band(allocated: Any, reserved: Any, device_peak: Any, cross_stream: int) -> Any:
-    """:func:`device_peak_high` from a grid's arrays (``tuneplan.grid.Grid``), element-wise: the reserved
-    band's high end (``overhead.reserved_band`` with the run's ``overhead.cross_stream_reserve``, as
-    ``estimator/memory.memory_of`` reads it) + the context band's high end + NCCL, which is what the device
-    peak holds above reserved + context."""
-    nccl = device_peak - reserved - cuda_context_bytes()
-    return reserved_band(allocated, cross_stream)[1] + CUDA_CONTEXT_BAND[1] + nccl
+    """Upper band of the device peak, as the estimate's breakdown carries it (module docstring)."""
+    return int(est.breakdown.device_peak_high_bytes)
 
 
 def required_bytes(est: Any, margin: Margin) -> int:

@@ -8,24 +8,24 @@ Two answers (the practitioner's question: "how large a model without, and with, 
 By default the setup is taken as given (profile defaults fill the rest): "with ZeRO-3" means the user
 says ``--zero 3`` (a card without bf16 still gets fp16 when the precision is left to the profile:
 ``specs.profiles.resolve_setup`` does that). With ``auto=True`` a model fits when some family of the
-same candidate space as ``fit`` fits it at micro-batch 1 (:func:`tuneplan.plan.evaluate.first_fitting`),
-so ``max-model --auto`` and ``fit`` agree on every model.
+same candidate space as ``fit`` fits it at micro-batch 1 and trains at a usable speed
+(:data:`USABLE_TOKENS_PER_S`, the host memory bounding what is offloaded), with its hours shown.
 ``by_method`` repeats both answers for every method at the same other settings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import catalog_entries, resolve_model
 from tuneplan.errors import TuneplanError
-from tuneplan.plan.evaluate import Prober, first_fitting
+from tuneplan.plan.evaluate import Prober, default_host_bytes, sparing
 from tuneplan.plan.fit import host_bytes, split_method
 from tuneplan.plan.search import largest_true
-from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, families, strategy_name, switches
+from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, Family, families, strategy_name, switches
 from tuneplan.plan.standard_arch import MAX_INDEX, shape, standard_model
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -67,15 +67,27 @@ class Verdict:
     fits: bool
     requires: list[str]
     estimate: Any  # at the family that fits (or the setup as given); None when validation refuses it
+    tokens_per_second: float | None = None  # with --auto: the fastest family at micro-batch 1
+    hours: float | None = None  # ... at the reference data size (REFERENCE_SAMPLES x REFERENCE_TOKENS)
+
+
+# ``--auto`` counts a model only where it trains at a usable speed: a small instruction set, 10,000
+# samples of 512 tokens (5.12 M tokens, the web page's default data size), in one day on these cards:
+# 5.12e6 / 86,400 s = 59 tokens/s. A plan slower than that (a 235B model streamed from host memory
+# through PCIe every step) fits on paper but is not an answer to "what can I train here".
+REFERENCE_SAMPLES, REFERENCE_TOKENS = 10_000, 512
+USABLE_HOURS = 24.0
+USABLE_TOKENS_PER_S = REFERENCE_SAMPLES * REFERENCE_TOKENS / (USABLE_HOURS * 3600)
 
 
 def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed: Mapping[str, Any],
              auto: bool, count: list[int]) -> Verdict:
-    """Does ``model`` fit: as given, or (``auto``) with some family of the candidate space; the host
+    """Does ``model`` fit: as given, or (``auto``) with some family of the candidate space at a usable
+    speed (the fastest family that fits at micro-batch 1 reaches :data:`USABLE_TOKENS_PER_S`); the host
     memory holds what is offloaded (``base['host_memory_bytes']``, the planner's default without it)."""
     host = base.get("host_memory_bytes")
     base = {k: v for k, v in base.items() if k != "host_memory_bytes"}
-    probe = Prober(model, gpu, base, host_bytes=host)
+    probe = Prober(model, gpu, base, host_bytes=host, timing_kw={"dataset": _reference()})
     try:
         if not auto:
             est = probe(dict(fixed))
@@ -83,14 +95,41 @@ def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed:
         world = int(base.get("gpus", 1)) * int(base.get("nodes", 1))
         label = next(lb for lb, f in METHOD_VARIANTS if f == dict(fixed))
         fams = families([(label, dict(fixed))], base, world, gpu)
-        hit = first_fitting(probe, fams, lambda f: not probe.compat_errors(f))
+        hit = fastest_fitting(probe, fams, lambda f: not probe.compat_errors(f))
         if hit is None:
             return Verdict(False, [], probe({**dict(fixed), "batch": 1}))
         baseline = probe({**dict(fixed), "batch": 1})
         names = switches(hit[1].setup, baseline.setup)[0] if baseline is not None else [strategy_name(hit[1].setup)]
-        return Verdict(True, names, hit[1])
+        tps, hours = hit[2]
+        return Verdict(tps >= USABLE_TOKENS_PER_S, names, hit[1], tps, hours)
     finally:
         count[0] += probe.evaluations
+
+
+def _reference() -> Any:
+    from tuneplan.plan.timecost import make_dataset
+
+    return make_dataset(samples=REFERENCE_SAMPLES, avg_tokens=float(REFERENCE_TOKENS))
+
+
+def fastest_fitting(probe: Prober, fams: list[Family],
+                    compatible: Callable[[Family], bool]) -> tuple[Family, Any, tuple[float, float | None]] | None:
+    """Among the most sparing family of each (method, strategy) (:func:`tuneplan.plan.evaluate.sparing`)
+    that fits at micro-batch 1 and can run: the fastest, with its (tokens/s, hours at the reference
+    data size), from the time model."""
+    best: tuple[Family, Any, tuple[float, float | None]] | None = None
+    for f in sparing(fams):
+        at_one = {**f.as_fields, "batch": 1, "grad_accum": 1}
+        if not probe.memory_fits(at_one):
+            continue
+        est = probe(at_one)
+        if not probe.ok(None)(est) or not compatible(f):
+            continue
+        t = (probe.timed(at_one, est).extras.get("sections") or {}).get("time") or {}
+        speed = (float(t.get("tokens_per_second") or 0.0), t.get("total_hours"))
+        if best is None or speed[0] > best[2][0]:
+            best = (f, est, speed)
+    return best
 
 
 def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed: Mapping[str, Any], *,
@@ -102,7 +141,8 @@ def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed:
         est = made.estimate
         row = {"model": m.name, "params": m.params_total, "fits": made.fits,
                "device_peak_bytes": est.breakdown.device_peak_bytes if est is not None else None,
-               "requires": made.requires}
+               "requires": made.requires, "tokens_per_second": made.tokens_per_second, "hours": made.hours,
+               "too_slow": made.tokens_per_second is not None and not made.fits}
         res.catalog.append(row)
         if made.fits and res.largest_catalog_model is None:
             res.largest_catalog_model = row
@@ -127,6 +167,7 @@ class MaxModelReport:
     auto: bool
     result: MaxModel
     by_method: list[MaxModel]
+    host_memory_bytes: int | None = None
 
     @property
     def evaluations(self) -> int:
@@ -134,6 +175,9 @@ class MaxModelReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "world_size": self.world_size, "auto": self.auto,
+                "host_memory_bytes": self.host_memory_bytes,
+                "usable": {"tokens_per_second": USABLE_TOKENS_PER_S, "samples": REFERENCE_SAMPLES,
+                           "avg_tokens": REFERENCE_TOKENS, "hours": USABLE_HOURS},
                 **self.result.to_dict(),
                 "by_method": [m.to_dict(with_catalog=False) for m in self.by_method]}
 
@@ -154,4 +198,6 @@ def max_model(gpu: str | Accelerator, *, auto: bool = False, host_memory_gib: fl
     method = setup.get("method") or "lora"
     label = f"qlora-{setup.get('bits') or 4}" if method == "qlora" else method
     result = next(m for m in by_method if m.method == label)
-    return MaxModelReport(gpu=acc.to_dict(), world_size=world, auto=auto, result=result, by_method=by_method)
+    shown = host if host is not None else default_host_bytes(acc, int(base.get("gpus", 1)))
+    return MaxModelReport(gpu=acc.to_dict(), world_size=world, auto=auto, result=result, by_method=by_method,
+                          host_memory_bytes=shown)

@@ -112,17 +112,44 @@ def on_paper(probe: Prober, c: Candidate, top: int) -> int:
     return max(c.batch, int(fit[-1]) + 1) if fit.size else c.batch
 
 
+def _passed_over(choice: rule.Choice, limits: rule.Limits) -> list[str]:
+    """Why each more faithful method was not taken, in words (its figures are the estimator's)."""
+    out, no_fit = [], []
+    for p in choice.passed_over or []:
+        label, why = LABELS[p["method"]], p["why"]
+        if why == "no_fit":
+            no_fit.append(label)
+        elif why == "max_slowdown" and p["slowdown"]:
+            out.append(f"more faithful {label} runs {p['slowdown']:.1f}x slower than the fastest plan, beyond the "
+                       f"{limits.max_slowdown:g}x slowdown limit")
+        elif why == "max_hours":
+            hours = f" ({p['total_hours']:,.3g} h)" if p["total_hours"] is not None else ""
+            out.append(f"more faithful {label} takes longer{hours} than the {limits.max_hours:g} h limit")
+        elif why == "budget":
+            usd = f" ({p['cloud_usd']:,.2f} USD)" if p["cloud_usd"] is not None else " (no price known)"
+            out.append(f"more faithful {label} costs more{usd} than the {limits.budget_usd:g} USD budget")
+        elif why == "tight":
+            out.append(f"more faithful {label} fits only without the margin")
+        elif why == "relaxed":
+            out.append(f"more faithful {label} reaches only a smaller global batch")
+    if no_fit:
+        out.insert(0, f"more faithful {', '.join(no_fit)} does not fit")
+    return out
+
+
 def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margin, target: int,
-                   world: int, rule_line: str) -> dict[str, Any] | None:
-    c = cs.best()
+                   world: int, rule_line: str, choice: rule.Choice | None = None) -> dict[str, Any] | None:
+    choice = choice if choice is not None else cs.decide()
+    c = choice.chosen
     if c is None:
         return None
     est = c.estimate
-    why = []
-    better = [LABELS[m] for m in rule.FAITHFUL if m in {f.method for f in cs.families}
-              and rule.faithful_rank(m) < rule.faithful_rank(c.family.method) and not cs.of(m)]
-    why.append(f"{LABELS[c.family.method]} ({strategy_name(est.setup)})"
-               + (f"; more faithful {', '.join(better)} does not fit" if better else ""))
+    why = [f"{LABELS[c.family.method]} ({strategy_name(est.setup)})"
+           + ("; " + "; ".join(passed) if (passed := _passed_over(choice, cs.limits)) else "")]
+    slow, fast = choice.slowdown(), choice.fastest
+    if slow is not None and fast is not None and slow > 1 + rule.NEAR:
+        why.append(f"{slow:.1f}x slower than the fastest plan ({LABELS[fast.family.method]}, "
+                   f"{strategy_name(fast.estimate.setup)}, {rule.tps_of(fast):,.0f} tokens/s)")
     names, _ = switches(est.setup, baseline)
     if names:
         why.append("switches " + ", ".join(names))
@@ -136,8 +163,8 @@ def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margi
     if c.tight:
         knob = restore_knob(probe, c, margin)
         why.append("tight: fits on paper but not with the margin ("
-                   + (f"{knob['flag']} restores it" if knob else "no setting on this card restores it: more GPUs "
-                      "or a larger card") + ")")
+                   + (f"a sequence of {knob['to']} restores it" if knob else "no setting on this card restores "
+                      "it: more GPUs or a larger card") + ")")
     else:
         paper = on_paper(probe, c, max(1, -(-target // world)))
         if paper > c.batch:
@@ -146,12 +173,7 @@ def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margi
     m = c.metrics
     tps = m.get("tokens_per_second")
     if c.family.offload != "none" and tps:
-        plain = [x for x in cs.candidates if x.family.offload == "none"]
-        fast = rule.best([x for x in plain if x.family.method == c.family.method] or plain, "speed", cs.measure)
-        ftps = fast.metrics.get("tokens_per_second") if fast else None
-        why.append(f"CPU offload: {tps:,.0f} tokens/s"
-                   + (f" ({ftps / tps:.1f}x slower than {LABELS[fast.family.method]} without offload, "
-                      f"{ftps:,.0f} tokens/s)" if fast is not None and ftps and ftps > tps else ""))
+        why.append(f"CPU offload: {tps:,.0f} tokens/s (no plan of this method runs without it)")
     assert est.gpu is not None  # the prober passes its card to every estimate
     why.append(f"{(est.gpu.memory_bytes - c.device_peak_high_bytes) / GIB:.2f} GiB left at the upper band")
     return {
@@ -162,6 +184,8 @@ def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margi
         "device_peak_bytes": est.breakdown.device_peak_bytes, "device_peak_high_bytes": c.device_peak_high_bytes,
         "headroom_bytes": est.headroom_bytes, "host_bytes": est.breakdown.host_bytes,
         "tight": c.tight, "restore": knob, **m, "rule": rule_line, "reason": "; ".join(why),
+        "decided_by": choice.decided_by, "slowdown": slow, "passed_over": choice.passed_over,
+        "fastest": None if fast is None else {"method": fast.family.method,
+                                              "strategy": strategy_name(fast.estimate.setup),
+                                              "tokens_per_second": rule.tps_of(fast)},
     }
-
-

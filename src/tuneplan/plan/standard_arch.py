@@ -2,7 +2,9 @@
 
 Shape rules (Llama 3 style, checked against the published configs of Llama-3-8B and Llama-3-70B):
 - head_dim 128, hidden = 128 x s (s attention heads); Llama 3 8B: 4096 = 128 x 32, 70B: 8192 = 128 x 64;
-- grouped-query attention with 8 key/value heads (fewer when there are fewer heads), as every Llama 3;
+- grouped-query attention with 8 key/value heads, as every Llama 3, where 8 divides the heads; else the
+  largest common divisor of the heads and 8 (transformers' attention shares each key/value head by an
+  equal number of query heads: ``repeat_kv`` needs a divisor, and the config check refuses others);
 - SwiGLU MLP, intermediate = 3.5 x hidden rounded up to a multiple of 256 (14336 = 3.5 x 4096,
   28672 = 3.5 x 8192);
 - layers = s, i.e. hidden / layers = 128 (Llama 3 8B: 4096 / 32 = 128; Llama 2 13B: 5120 / 40 = 128);
@@ -10,13 +12,17 @@ Shape rules (Llama 3 style, checked against the published configs of Llama-3-8B 
 With s = 32 this is exactly Llama-3-8B (8,030,261,248 parameters).
 
 The family is a staircase indexed by an integer ``i``: ``s = i // 2 + 1`` heads/layers, plus one more
-layer on odd ``i``. Hidden size, layers, KV heads and intermediate size never decrease along it, so
-every memory term (weights, gradients, states, activations, logits) is non-decreasing in ``i`` and
-"fits" is monotone: bisection over ``i`` is exact. Consecutive sizes differ by about 3-6% near 8B.
+layer on odd ``i``. Hidden size, layers and intermediate size never decrease along it; the key/value heads
+may fall from one size to the next (8 at 32 heads, 1 at 33), but what they take away per layer
+(2 x hidden x 7 x 128 projection weights at most) is less than what the next head adds (the MLP's
+3 x 3.5 x 128 x 2 x hidden and the query/output projections' 4 x 128 x hidden), so every memory term
+stays non-decreasing in ``i`` and "fits" is monotone (tests/test_plan_max_model.py checks it over the
+family): bisection over ``i`` is exact. Consecutive sizes differ by about 3-6% near 8B.
 """
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Any
 
@@ -35,7 +41,7 @@ def shape(i: int) -> dict[str, int]:
     s = i // 2 + 1
     hidden = HEAD_DIM * s
     inter = -(-int(FFN_MULT * hidden) // FFN_ROUND) * FFN_ROUND
-    return {"hidden": hidden, "layers": s + (i % 2), "heads": s, "kv_heads": min(KV_HEADS, s),
+    return {"hidden": hidden, "layers": s + (i % 2), "heads": s, "kv_heads": math.gcd(KV_HEADS, s),
             "intermediate": inter, "vocab": VOCAB}
 
 

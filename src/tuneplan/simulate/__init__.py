@@ -41,7 +41,7 @@ def _require_extra() -> None:
             missing.append(mod)
     if missing:
         raise SimulateUnavailable(f"the simulate engine needs {', '.join(missing)}, which is not installed",
-                                  field="engine", accepted=f"--engine analytic, or {EXTRA_HINT}")
+                                  field="engine", accepted=f"{{engine=analytic}}, or {EXTRA_HINT}")
 
 
 def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:

@@ -40,7 +40,10 @@ def compute_dtype(setup: TrainSetup) -> torch.dtype:
 
 
 def uses_autocast(setup: TrainSetup, prof: Profile) -> bool:
-    return prof.autocast and setup.precision != "fp32"
+    """Whether the forward runs under autocast: the profile's rule, except under DeepSpeed, where
+    accelerate's Accelerator leaves native_amp off for fp16 and bf16 (DistributedType.DEEPSPEED: the engine
+    runs the 16-bit module itself; accelerate 1.16 accelerator.py) and so never wraps the forward."""
+    return prof.autocast and setup.precision != "fp32" and not setup.zero
 
 
 @contextmanager
@@ -116,7 +119,7 @@ def hf_config(spec: ModelSpec, attn_impl: str) -> Any:
         raise TuneplanError(
             f"transformers {_tf_version()} has no model class for model_type {model_type!r} ({exc}); "
             "simulate runs transformers' own modeling code", field="model",
-            accepted="a model whose architecture transformers implements (or use --engine analytic)") from None
+            accepted="a model whose architecture transformers implements (or use {engine=analytic})") from None
     config.use_cache = False
     config._attn_implementation = attn_impl
     return config

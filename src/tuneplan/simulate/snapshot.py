@@ -51,4 +51,4 @@ def write_snapshot(path: str | Path, sim: CachingAllocatorSim, blocks: list[Any]
     from tuneplan.safe_write import write_bytes
 
     # atomic; the command refused an existing file or a link before the run unless --force
-    return write_bytes(path, pickle.dumps(snapshot_dict(sim, blocks)), force=True, field="--snapshot")
+    return write_bytes(path, pickle.dumps(snapshot_dict(sim, blocks)), force=True, field="snapshot")

@@ -66,16 +66,16 @@ class DatasetSpec:
             real = (n or 0.0) * per_sample
         notes: list[str] = []
         if self.avg_tokens is None and self.dataset_tokens is None:
-            notes.append(f"no --avg-tokens: every sample assumed to fill --seq ({seq} tokens)")
+            notes.append(f"no {{avg_tokens}}: every sample assumed to fill {{seq}} ({seq} tokens)")
         if self.avg_tokens and self.avg_tokens > seq:
-            notes.append(f"samples average {self.avg_tokens:g} tokens > --seq {seq}: truncated to {seq}")
+            notes.append(f"samples average {self.avg_tokens:g} tokens > {{seq={seq}}}: truncated to {seq}")
         if self.packing:
             rows = math.ceil(real / seq)
             notes.append(f"packing: {real:,.0f} tokens per epoch in rows of {seq}")
         else:
             rows = math.ceil(n or 0)
             if self.avg_tokens and self.avg_tokens < seq:
-                notes.append(f"no packing: each sample padded to --seq {seq}, {self.avg_tokens / seq:.0%} of the "
+                notes.append(f"no packing: each sample padded to {{seq={seq}}}, {self.avg_tokens / seq:.0%} of the "
                              "computed tokens are real (padding to the longest of each batch costs less)")
         return DatasetPlan(rows_per_epoch=rows, real_tokens_per_epoch=real, epochs=float(self.epochs),
                            seq=seq, notes=tuple(notes))

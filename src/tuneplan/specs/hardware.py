@@ -100,6 +100,13 @@ class Accelerator:
         return PLATFORMS.get(self.vendor.strip().lower(), "unknown")
 
     @property
+    def outside_torch_words(self) -> tuple[str, str]:
+        """The names of the memory outside PyTorch on this platform: the device runtime's context and the
+        collectives library's buffers (NCCL on CUDA; RCCL, its ROCm port; HCCL through torch_npu)."""
+        return {"rocm": ("device runtime", "RCCL"), "npu": ("device runtime", "HCCL")}.get(
+            self.platform, ("CUDA context", "NCCL"))
+
+    @property
     def cc_str(self) -> str | None:
         return ".".join(map(str, self.compute_capability)) if self.compute_capability else None
 

@@ -144,7 +144,8 @@ def check_number(field: str, value: Any, low: float, high: float, *, low_open: b
     rng = accepted or (f"a number {'>' if low_open else '>='} {low:g} and <= {high:g}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TuneplanError(f"must be a number, got {show_value(value)}", field=field, accepted=rng)
-    if not math.isfinite(value):
+    # an int is compared as it is (exactly, however large): float(10**400) would raise OverflowError
+    if isinstance(value, float) and not math.isfinite(value):
         raise TuneplanError(f"must be a finite number, got {show_value(value)}", field=field, accepted=rng)
     if value < low or (low_open and value == low) or value > high:
         raise TuneplanError(f"{show_value(value)} is out of range", field=field, accepted=rng)

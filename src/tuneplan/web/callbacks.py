@@ -13,10 +13,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tuneplan.errors import TuneplanError
+from tuneplan.errors import TuneplanError, plain_words, word_texts
 from tuneplan.web import views
 from tuneplan.web.form import GROUPS, Parsed, group_of, parse
-from tuneplan.web.wording import page_error
+from tuneplan.web.wording import page_error, page_words
 
 log = logging.getLogger("tuneplan.web")
 
@@ -95,7 +95,7 @@ def estimate_view(values: dict[str, Any]) -> dict[str, str]:
         out[f"{g}_msg"] = views.message_html(page_error(exc))
         out.update(verdict=views.error_verdict_html([g]), chart="", memory="", findings="", time="")
         return out
-    d = est.to_dict()
+    d = word_texts(est.to_dict(), page_words)  # the core's field references as the page's labels
     out.update(verdict=views.verdict_html(d), chart=views.chart_svg(d), memory=views.memory_html(d, p.notes),
                findings=views.findings_html(d), time=time_html(d))
     return out
@@ -114,7 +114,7 @@ def estimate_dict(values: dict[str, Any]) -> dict[str, Any]:
     blocking = {g: m for g, m in p.errors.items() if g != "dataset"}
     if blocking:
         raise TuneplanError("; ".join(blocking.values()), field=next(iter(blocking)))
-    return _estimate(p, {} if "dataset" in p.errors else dataset_kwargs(p)).to_dict()
+    return word_texts(_estimate(p, {} if "dataset" in p.errors else dataset_kwargs(p)).to_dict(), plain_words)
 
 
 def read_upload(data: bytes | None) -> tuple[str, str]:

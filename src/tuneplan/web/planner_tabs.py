@@ -20,7 +20,7 @@ def build(gr: Any, w: dict[str, Any]) -> dict[str, Any]:
         with gr.Row():
             w["global_batch"] = gr.Number(value=16, label="Target global batch (sequences per optimizer step)",
                                           elem_id="tp-global-batch")
-            w["prefer"] = gr.Dropdown(list(plans.PREFERS), value="quality", label="Objective (also ranks the GPUs tab)",
+            w["prefer"] = gr.Dropdown(list(plans.PREFERS), value="balanced", label="Objective (also ranks the GPUs tab)",
                                       elem_id="tp-prefer")
         w["fit"] = gr.HTML(elem_id="tp-fit")
     with gr.Tab("GPUs", elem_id="tp-tab-gpus") as tabs["gpus"]:

@@ -12,16 +12,16 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from tuneplan.errors import TuneplanError
+from tuneplan.errors import TuneplanError, word_texts
 from tuneplan.web import views
 from tuneplan.web.callbacks import guarded
 from tuneplan.web.form import Parsed, parse
-from tuneplan.web.wording import page_error
+from tuneplan.web.wording import page_error, page_words
 
 log = logging.getLogger("tuneplan.web")
 
 TIGHT = "#9a6700"  # amber border: a recommendation that fits only on paper
-PREFERS = ("quality", "speed", "cost")  # plan.rule.PREFERS (not imported: the planner loads lazily)
+PREFERS = ("balanced", "quality", "speed", "cost")  # plan.rule.PREFERS (not imported: the planner loads lazily)
 
 
 def _ready(values: dict[str, Any], *, need_gpu: bool) -> tuple[Parsed | None, str]:
@@ -54,9 +54,39 @@ def _gib_cells(d: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
     return out
 
 
+# The form's values that mean "not set" for the planner: the CLI passes no such flag, so the planner
+# searches the axis (strategy, offload, framework) instead of pinning it.
+UNSET_FOR_PLANNER = {"zero": 0, "fsdp": False, "offload": "none", "framework": "hf"}
+
+
+def planner_setup(p: Parsed) -> dict[str, Any]:
+    """The setup fields ``fit`` gets from the form, as the CLI's flags would pass them: every method is
+    tried, the planner chooses the sizes, and a strategy field left at the form's default is not pinned."""
+    return {k: v for k, v in p.setup_kw.items()
+            if k not in ("method", "bits", "batch", "grad_accum")
+            and not (k in UNSET_FOR_PLANNER and v == UNSET_FOR_PLANNER[k])}
+
+
+def _dataset(p: Parsed) -> dict[str, Any]:
+    """The form's data size for the planner (time and cost), or nothing when its fields are not valid."""
+    from tuneplan.web.callbacks import dataset_kwargs
+
+    if "dataset" in p.errors:
+        return {}
+    try:
+        return dataset_kwargs(p)
+    except TuneplanError:
+        return {}  # the message is already under the dataset fields
+
+
+def _hours(v: Any) -> str:
+    return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+
+
 @guarded("fit")
-def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None = "quality") -> str:
-    """The best configuration on the chosen card(s), and what each method needs to fit there."""
+def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None = "balanced") -> str:
+    """The best configuration on the chosen card(s): the planner's ``fit`` with the CLI's defaults, its
+    recommendation, and the trade-off per method (quality rank, time, cost, peak and its band)."""
     from tuneplan.plan.fit import fit
 
     p, why = _ready(values, need_gpu=True)
@@ -64,38 +94,58 @@ def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None 
         return why
     from tuneplan.web.form import whole
 
-    setup = {k: v for k, v in p.setup_kw.items() if k not in ("method", "bits")}  # every method is tried
-    d = fit(p.model, p.gpu, global_batch=whole("global_batch", global_batch), prefer=prefer or "quality",
-            **setup).to_dict()
-    out = []
-    rec = d.get("recommended")
-    if rec:
-        tight = " (tight: fits on paper, not with the margin)" if rec.get("tight") else ""
-        tps = rec.get("tokens_per_second")
-        out.append(f'<div id="tp-fit-recommended" style="border:1px solid {TIGHT if rec.get("tight") else views.OK};'
-                   f'border-radius:6px;padding:8px"><b>Recommended{tight}:</b> {escape(str(rec.get("method")))} '
-                   f'({escape(str(rec.get("strategy")))}), micro-batch {rec.get("micro_batch")} '
-                   f'&times; accumulation {rec.get("grad_accum")} &times; {rec.get("world_size")} GPU(s) = '
-                   f'{rec.get("global_batch")} sequences per step; device peak {views.gib(rec.get("device_peak_bytes"))} GiB '
-                   f'(upper band {views.gib(rec.get("device_peak_high_bytes"))} GiB)'
-                   + (f"; {tps:,.0f} tokens/s" if tps else "")
-                   + f'<br><code>{escape(str(rec.get("command", "")))}</code><br><span style="font-size:0.9em">'
-                   f'{escape(str(rec.get("reason", "")))}<br>rule: {escape(str(d.get("rule", "")))}</span></div>')
-    else:
-        out.append(f'<div id="tp-fit-recommended" style="color:{views.BAD}"><b>No method fits</b> on this card '
-                   "with these settings, anywhere in the candidate space.</div>")
-    keys = ("method", "fits", "tight", "strategy", "requires", "micro_batch", "grad_accum", "max_batch", "max_seq",
-            "max_rank", "device_peak_bytes", "device_peak_high_bytes", "tokens_per_second")
-    rows = [_gib_cells(m, keys) + [escape("; ".join(m.get("blocked_by") or []))] for m in d.get("methods", [])]
-    out.append(views.table_html(["method", "fits", "tight", "strategy", "switch on", "micro-batch", "accum",
-                                 "max batch", "max seq", "max rank", "peak GiB", "upper band GiB", "tokens/s",
-                                 "blocked by"], rows, klass="tp-fit"))
+    extra = _dataset(p)
+    d = fit(p.model, p.gpu, global_batch=whole("global_batch", global_batch), prefer=prefer or "balanced",
+            **extra, **planner_setup(p)).to_dict()
+    out = [_recommended_html(d)]
+    keys = ("method", "fits", "strategy", "requires", "micro_batch", "grad_accum", "device_peak_bytes",
+            "device_peak_high_bytes", "tokens_per_second", "total_hours", "cloud_usd")
+    rows = []
+    for m in d.get("methods", []):
+        cells = _gib_cells(m, keys)
+        cells[1] = "tight" if m.get("tight") else cells[1]
+        cells[9] = _hours(m.get("total_hours"))
+        rows.append(cells + [str(m.get("quality_rank", "-"))])
+    out.append(views.table_html(["method", "fits", "strategy", "switch on", "micro-batch", "accum", "peak GiB",
+                                 "upper band GiB", "tokens/s", "hours", "cloud USD", "quality"], rows, klass="tp-fit"))
+    blocked = sorted({msg for m in d.get("methods", []) for msg in m.get("blocked_by") or []})
+    out += [views.note_html(f"cannot run: {escape(msg)}") for msg in blocked]
+    lim = [[escape(m["method"]), *_gib_cells(m, ("max_batch", "max_seq", "max_rank", "host_bytes"))]
+           for m in d.get("methods", []) if m.get("fits")]
+    if lim:
+        out.append(views.table_html(["method", "max batch", "max seq", "max rank", "host GiB"], lim,
+                                    klass="tp-fit-limits"))
     eq = d.get("equal_memory")
     if eq and eq.get("qlora"):
         ranks = ", ".join(f"{escape(k)} up to r={v}" for k, v in eq["qlora"].items() if v)
         out.append(views.note_html(f"In the memory LoRA r={eq.get('lora_rank')} uses, {ranks}" if ranks else ""))
-    out.append(views.note_html(f"{len(d.get('candidates', []))} candidates, {d.get('evaluations', '?')} estimates evaluated"))
+    h = d.get("host_memory") or {}
+    src = {"given": "given", "this machine": "this machine's RAM",
+           "cloud instance": f"as a cloud {h.get('instance')}"}.get(h.get("source", ""), "assumed")
+    out.append(views.note_html(f"host memory {views.gib(d.get('host_memory_bytes'))} GiB per node ({escape(src)}); "
+                               f"{len(d.get('candidates', []))} candidates, {d.get('evaluations', '?')} estimates "
+                               "evaluated"))
     return "".join(out)
+
+
+def _recommended_html(d: dict[str, Any]) -> str:
+    rec = d.get("recommended")
+    if not rec:
+        return (f'<div id="tp-fit-recommended" style="color:{views.BAD}"><b>No method fits</b> on this card '
+                "with these settings, anywhere in the candidate space.</div>")
+    tight = " (tight: fits on paper, not with the margin)" if rec.get("tight") else ""
+    tps = rec.get("tokens_per_second")
+    return (f'<div id="tp-fit-recommended" style="border:1px solid {TIGHT if rec.get("tight") else views.OK};'
+            f'border-radius:6px;padding:8px"><b>Recommended{tight}:</b> {escape(str(rec.get("method")))} '
+            f'({escape(str(rec.get("strategy")))}), micro-batch {rec.get("micro_batch")} '
+            f'&times; accumulation {rec.get("grad_accum")} &times; {rec.get("world_size")} GPU(s) = '
+            f'{rec.get("global_batch")} sequences per step; device peak {views.gib(rec.get("device_peak_bytes"))} GiB '
+            f'(upper band {views.gib(rec.get("device_peak_high_bytes"))} GiB)'
+            + (f"; {tps:,.0f} tokens/s" if tps else "")
+            + (f"; {_hours(rec.get('total_hours'))} h" if rec.get("total_hours") is not None else "")
+            + f'<br><code style="white-space:normal;word-break:break-word">{escape(str(rec.get("command", "")))}'
+            f'</code><br><span style="font-size:0.9em">{escape(str(rec.get("reason", "")))}<br>rule: '
+            f'{escape(str(d.get("rule", "")))}</span></div>')
 
 
 @guarded("gpus")
@@ -106,19 +156,12 @@ def gpus_view(values: dict[str, Any], prefer: str | None = "quality") -> str:
     p, why = _ready(values, need_gpu=False)
     if p is None:
         return why
-    from tuneplan.web.callbacks import dataset_kwargs
-
     setup = dict(p.setup_kw)
     fixed = setup["gpus"] * setup["nodes"] > 1
     if not fixed:  # one GPU on the form: let the planner find the fewest cards of each kind
         setup.pop("gpus")
         setup.pop("nodes")
-    extra: dict[str, Any] = {}
-    if "dataset" not in p.errors:
-        try:
-            extra = dataset_kwargs(p)
-        except TuneplanError:
-            extra = {}  # the message is already under the dataset fields
+    extra = _dataset(p)
     d = rank(p.model, prefer=prefer or "quality", **setup, **extra).to_dict()
     keys = ("name", "fits", "min_gpus", "method", "per_gpu_peak_bytes", "memory_bytes", "strategy", "requires",
             "tokens_per_second", "total_hours", "cloud_usd", "own_usd", "break_even_hours")
@@ -184,7 +227,7 @@ def _export(build_export: Any, values: dict[str, Any], formats: list[str]) -> tu
         for path, text in bundle.files:
             Path(path).write_text(text, encoding="utf-8")
             written[str(path)] = None
-        notes += bundle.notes
+        notes += word_texts(bundle.notes, page_words)
     msg = "".join(views.note_html(n) for n in dict.fromkeys(notes))
     return list(written), views.note_html(f"{len(written)} file(s): " + ", ".join(Path(f).name for f in written)) + msg
 

@@ -16,7 +16,13 @@ from tuneplan.estimator.types import COMPONENTS, GIB
 # Colour per bar segment (Okabe-Ito palette, readable by colour-blind viewers), in COMPONENTS order.
 PALETTE = ("#0072B2", "#56B4E9", "#009E73", "#E69F00", "#D55E00", "#F0E442", "#CC79A7", "#999933",
            "#882255", "#44AA99", "#332288", "#AA4499")
-OVERHEAD_COLOURS = {"allocator cache": "#BBBBBB", "CUDA context": "#777777", "NCCL": "#444444"}
+OVERHEAD_COLOURS = {"allocator cache": "#BBBBBB", "runtime": "#777777", "collectives": "#444444"}
+
+
+def _outside_torch(d: dict[str, Any]) -> tuple[str, str]:
+    """The card's names for the memory outside PyTorch (``Accelerator.outside_torch_words``)."""
+    words = (d.get("gpu") or {}).get("outside_torch_words") or ("CUDA context", "NCCL")
+    return words[0], words[1]
 OK, BAD, INFO = "#1a7f37", "#cf222e", "#57606a"
 
 
@@ -92,10 +98,12 @@ def bar_segments(d: dict[str, Any]) -> list[tuple[str, int, str]]:
     for i, k in enumerate(order):
         if comps.get(k):
             segs.append((k, int(comps[k]), PALETTE[i % len(PALETTE)]))
-    for label, n in (("allocator cache", pg["reserved_peak_bytes"] - pg["allocated_peak_bytes"]),
-                     ("CUDA context", pg["cuda_context_bytes"]), ("NCCL", pg.get("nccl_bytes", 0))):
+    runtime, collectives = _outside_torch(d)
+    for kind, label, n in (("allocator cache", "allocator cache", pg["reserved_peak_bytes"] - pg["allocated_peak_bytes"]),
+                           ("runtime", runtime, pg["cuda_context_bytes"]),
+                           ("collectives", collectives, pg.get("nccl_bytes", 0))):
         if n > 0:
-            segs.append((label, int(n), OVERHEAD_COLOURS[label]))
+            segs.append((label, int(n), OVERHEAD_COLOURS[kind]))
     return segs
 
 
@@ -175,9 +183,9 @@ def memory_html(d: dict[str, Any], notes: list[str] | None = None) -> str:
     rows = [[escape(k), gib(v), escape(COMPONENTS.get(k, ""))] for k, v in pg["components"].items() if v]
     rows += [["<b>allocated peak</b>", f"<b>{gib(pg['allocated_peak_bytes'])}</b>", "torch.cuda.max_memory_allocated"],
              ["reserved peak", gib(pg["reserved_peak_bytes"]), "caching allocator (emulated)"],
-             ["CUDA context", gib(pg["cuda_context_bytes"]), "driver and kernels, outside PyTorch"]]
+             [_outside_torch(d)[0], gib(pg["cuda_context_bytes"]), "driver and kernels, outside PyTorch"]]
     if pg.get("nccl_bytes"):
-        rows.append(["NCCL", gib(pg["nccl_bytes"]), "communicator buffers"])
+        rows.append([_outside_torch(d)[1], gib(pg["nccl_bytes"]), "communicator buffers"])
     rows.append(["<b>device peak</b>", f"<b>{gib(pg['device_peak_bytes'])}</b>", "what nvidia-smi shows; OOM is judged here"])
     if pg.get("paged_bytes"):
         rows.append(["paged optimizer", gib(pg["paged_bytes"]), "unified memory, pages out instead of OOM"])
@@ -252,7 +260,10 @@ def time_headline(d: dict[str, Any]) -> str:
     if t.get("tokens_per_second") is not None:
         parts.append(f"{t['tokens_per_second']:,.0f} tokens/s")
     if c.get("cloud_usd") is not None:
-        parts.append(f"cloud <b>${c['cloud_usd']:,.2f}</b>")
+        parts.append(f"cloud <b>${c['cloud_usd']:,.2f}</b>"
+                     + (f" (priced as {escape(c['cloud_priced_as'])})" if c.get("cloud_priced_as") else ""))
+    elif t.get("total_hours") is not None:
+        parts.append("cloud: no price known for this card")
     if c.get("own_usd") is not None:
         parts.append(f"owned card ${c['own_usd']:,.2f}")
     return (f'<div class="tp-time-headline" style="margin-top:4px">{" &middot; ".join(parts)}</div>'

@@ -18,7 +18,7 @@ def bnb_what(ctx: Context) -> str:
     return (
         f"{ctx.setup.quant_bits}-bit QLoRA"
         if ctx.setup.method == "qlora"
-        else f"--optimizer {ctx.setup.optimizer}"
+        else f"{{optimizer={ctx.setup.optimizer}}}"
     )
 
 

@@ -43,7 +43,7 @@ def _no_tensor_cores(ctx: Context, p: dict[str, Any]) -> Hit:
         "so fp16/bf16 autocast is slower than fp32"
         if slow
         else "",
-        "fp32_hint": "; on this card train in --precision fp32" if slow else "",
+        "fp32_hint": "; on this card train in {precision=fp32}" if slow else "",
     }
 
 

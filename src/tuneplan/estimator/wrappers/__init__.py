@@ -14,6 +14,8 @@ from tuneplan.estimator.wrappers.fsdp import Fsdp1, Fsdp2
 from tuneplan.estimator.wrappers.zero import Zero1, Zero2, Zero3
 from tuneplan.specs.setup import TrainSetup
 
+__all__ = ["WRAPPERS", "Wrapper", "wrapper_for"]
+
 WRAPPERS: tuple[Wrapper, ...] = (
     Fsdp1(),  # torch FullyShardedDataParallel (flat parameters)
     Fsdp2(),  # torch fully_shard

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from tuneplan.estimator.links import ring_factor
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:
@@ -152,9 +153,35 @@ class Wrapper:
         raise NotImplementedError
 
 
-def ceil_div(a: int, b: int) -> int:
-    """``a / b`` rounded up (integers)."""
-    return -(-a // b)
+class ShardingWrapper(Wrapper):
+    """ZeRO-3 and FSDP: every parameter sharded 1/N and gathered unit by unit, the optimizer stepping its
+    partition; 16-bit gradients on the wire when the compute dtype is."""
+
+    shards_parameters = True
+    shards_optimizer = True
+
+    def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
+        """Parameters gathered for the forward and again for the backward, gradients reduce-scattered, every
+        micro-batch."""
+        n = run.setup.world_size
+        g = run.param_plan.trainable_params * grad_bytes
+        wire = 2 * gathered_bytes * ring_factor("all_gather", n) + g * ring_factor("reduce_scatter", n)
+        return Collectives(per_micro_batch=wire / (link.gbs * 1e9),
+                           notes=("ZeRO-3/FSDP: all-gather parameters in forward and backward, "
+                                  "reduce-scatter gradients, every micro-batch; prefetch overlaps them with "
+                                  "compute",))
+
+    def gradient_wire_bytes(self, run: Run) -> int:
+        return sixteen_bit_wire(run)
+
+    def last_bucket_bytes(self, run: Run, grad_bytes: int) -> float:
+        return max(run.model.largest_layer_params * 2, 1)  # one unit = one decoder layer
+
+
+def sixteen_bit_wire(run: Run) -> int:
+    """Bytes per gradient element a sharding optimizer (ZeRO, FSDP) reduces: 2 when the compute dtype is
+    16-bit, else the trainable dtype's."""
+    return 2 if run.dtypes.compute == 2 else run.param_plan.trainable_bytes
 
 
 def layer_gathered_bytes(run: Run) -> int:

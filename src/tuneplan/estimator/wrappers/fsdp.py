@@ -32,26 +32,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.links import ring_factor
+from tuneplan.estimator.optimizer import optimizer_plan
 from tuneplan.estimator.wrappers.base import (
     Buckets,
-    Collectives,
     EndOfBackward,
     Gathered,
     NoSyncGradients,
     Resident,
+    ShardingWrapper,
     TopLayer,
-    Wrapper,
     WrapperMemory,
-    ceil_div,
     layer_gathered_bytes,
     nccl_bytes,
 )
+from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:
-    from tuneplan.estimator.links import Link
     from tuneplan.estimator.optimizer import OptimizerPlan
     from tuneplan.estimator.run import Run
 
@@ -90,17 +88,21 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
     n = setup.world_size
     weights = pp.weight_bytes + pp.adapter_bytes
     grads = pp.trainable_params * pp.trainable_bytes
-    states = optimizer.states
+    states, temp = optimizer.states, optimizer.temp
     layer16 = layer_gathered_bytes(run)
     if setup.precision.endswith("-mixed") and compute == 2 and pp.trainable_bytes == 2:
         weights += pp.trainable_params * 2
         grads *= 2
-        states *= 2
+        # the optimizer steps the fp32 shards: states as the optimizer makes them for fp32 parameters
+        # (AdamW's zeros_like doubles; Adafactor's fp32 and bitsandbytes' uint8 states do not)
+        fp32 = optimizer_plan(run.optimizer, pp.trainable_params, 4, pp.trainable_tensors,
+                              pp.largest_trainable_tensor, pp.factored_elems)
+        states, temp = fp32.states, fp32.temp
     w = ceil_div(weights, n)
     root_unit = setup.method in run.profile.fsdp_root_embeddings
     root16 = model.params_non_block * compute if root_unit else 0
     gathered = fsdp_layers_gathered(setup) * layer16 + root16
-    g, st, tmp = ceil_div(grads, n), ceil_div(states, n), ceil_div(optimizer.temp, n)
+    g, st, tmp = ceil_div(grads, n), ceil_div(states, n), ceil_div(temp, n)
     host = 0
     if setup.offload != "none":
         host += g + st + (w if setup.offload == "all" else 0)
@@ -112,13 +114,10 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
     return ShardedTerms(resident, layer16, root_unit, root16, gathered, fsdp_reduce_scatter_input(run), grads)
 
 
-class Fsdp(Wrapper):
+class Fsdp(ShardingWrapper):
     """What FSDP1 and FSDP2 share: the sharding, the collectives, and the frameworks with their own model
     code and loops (LitGPT's no_sync accumulation, torchtune), which are not simulated: their reduce-scatter
     input stays counted at every instant."""
-
-    shards_parameters = True
-    shards_optimizer = True
 
     def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
         terms = sharded_terms(run, optimizer)
@@ -134,27 +133,6 @@ class Fsdp(Wrapper):
 
     def simulated_memory(self, run: Run, terms: ShardedTerms) -> WrapperMemory:
         raise NotImplementedError
-
-    def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
-        return sharded_collectives(run, grad_bytes=grad_bytes, gathered_bytes=gathered_bytes, link=link)
-
-    def gradient_wire_bytes(self, run: Run) -> int:
-        return 2 if run.dtypes.compute == 2 else run.param_plan.trainable_bytes
-
-    def last_bucket_bytes(self, run: Run, grad_bytes: int) -> float:
-        return max(run.model.largest_layer_params * 2, 1)  # one unit = one decoder layer
-
-
-def sharded_collectives(run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
-    """ZeRO-3 and FSDP: parameters gathered for the forward and again for the backward, gradients
-    reduce-scattered, every micro-batch."""
-    n = run.setup.world_size
-    g = run.param_plan.trainable_params * grad_bytes
-    per_micro = (2 * gathered_bytes * ring_factor("all_gather", n) + g * ring_factor("reduce_scatter", n)) / (
-        link.gbs * 1e9)
-    return Collectives(per_micro_batch=per_micro,
-                       notes=("ZeRO-3/FSDP: all-gather parameters in forward and backward, reduce-scatter "
-                              "gradients, every micro-batch; prefetch overlaps them with compute",))
 
 
 class Fsdp1(Fsdp):

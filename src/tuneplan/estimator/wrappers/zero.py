@@ -22,14 +22,15 @@ from tuneplan.estimator.wrappers.base import (
     EmbeddingGradients,
     Gathered,
     Resident,
+    ShardingWrapper,
     TopLayer,
     Wrapper,
     WrapperMemory,
-    ceil_div,
     layer_gathered_bytes,
     nccl_bytes,
+    sixteen_bit_wire,
 )
-from tuneplan.estimator.wrappers.fsdp import sharded_collectives
+from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -71,7 +72,7 @@ def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
     master = 4 * pt if compute < 4 else 0
     # DeepSpeed's own Adam keeps fp32 states next to the fp32 master; other optimizers keep theirs.
     adam_fp32 = 8 * pt if run.optimizer in ("adamw", "adamw-fused") else optimizer.states
-    reduce_bucket = setup.ds_reduce_bucket or DS_REDUCE_BUCKET
+    reduce_bucket = reduce_bucket_elements(setup)
     # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
     # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
     # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
@@ -82,6 +83,12 @@ def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
                           bucket=reduce_bucket * compute,
                           # a copy only when gradients are 16-bit
                           fp32_grad_step=ceil_div(4 * pt, n) if compute < 4 else 0)
+
+
+def reduce_bucket_elements(setup: TrainSetup) -> int:
+    """DeepSpeed's ``reduce_bucket_size`` as the run sets it (a DeepSpeed JSON read by --from), or its
+    default: the IPG bucket the memory model allocates and the last reduction the time model exposes."""
+    return setup.ds_reduce_bucket or DS_REDUCE_BUCKET
 
 
 def deepspeed_adapters(run: Run, weights: int) -> int:
@@ -105,7 +112,7 @@ class Zero(Wrapper):
         return setup.zero == cls.stage
 
     def gradient_wire_bytes(self, run: Run) -> int:
-        return 2 if run.dtypes.compute == 2 else run.param_plan.trainable_bytes
+        return sixteen_bit_wire(run)
 
     def offloaded(self, run: Run, terms: DeepSpeedTerms) -> tuple[int, int, int, list[str]]:
         """(optimizer states on the GPU, the step's temporaries, bytes on the host, notes) with
@@ -191,28 +198,23 @@ class ZeroOneTwo(Zero):
                                   "params per step",))
 
     def last_bucket_bytes(self, run: Run, grad_bytes: int) -> float:
-        return DS_REDUCE_BUCKET * grad_bytes
+        return reduce_bucket_elements(run.setup) * grad_bytes
 
 
 class Zero1(ZeroOneTwo):
-    name = "zero-1"
-    stage = 1
-    partitions_gradients = False
+    name, stage, partitions_gradients = "zero-1", 1, False
 
 
 class Zero2(ZeroOneTwo):
-    name = "zero-2"
-    stage = 2
-    partitions_gradients = True
+    name, stage, partitions_gradients = "zero-2", 2, True
 
 
-class Zero3(Zero):
+class Zero3(Zero, ShardingWrapper):
     """``DeepSpeedZeroOptimizer_Stage3`` (stage3.py): parameters partitioned too, gathered module by module by
     the ``PartitionedParameterCoordinator``."""
 
     name = "zero-3"
     stage = 3
-    shards_parameters = True
 
     def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
         model, setup, compute = run.model, run.setup, run.dtypes.compute
@@ -267,12 +269,6 @@ class Zero3(Zero):
                 flush_instant16 = zero3_gathered_in_backward(model, setup, done) * compute
                 at_flush = max(at_flush, min(flush_instant16, whole16))
         return at_loss, max(top_gathered, at_flush + filled * compute if filled else 0)
-
-    def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
-        return sharded_collectives(run, grad_bytes=grad_bytes, gathered_bytes=gathered_bytes, link=link)
-
-    def last_bucket_bytes(self, run: Run, grad_bytes: int) -> float:
-        return max(run.model.largest_layer_params * 2, 1)  # one module's parameters at a time
 
 
 def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, g16: int,

@@ -86,7 +86,7 @@ ROWS: tuple[Field, ...] = (
         "device_map",
         str,
         "none",
-        "split the layers over --gpus cards of one process, one card busy at a time (transformers "
+        "split the layers over the GPUs of one process, one card busy at a time (transformers "
         "from_pretrained device_map); none: one data-parallel process per GPU (default: none)",
         accepted=DEVICE_MAPS,
         flag=("--device-map",),
