@@ -46,6 +46,7 @@ RUNS: list[tuple[list[str], set[int]]] = [
     (["accelerators", "a100"], {0}),
     (["deploy", MODEL, "--gpu", "rtx4090"], {0, 1}),
     (["doctor", "--no-import-check"], {0, 1}),
+    (["calibration", "list"], {0}),
     (["--help"], {0}),
 ]
 COMMANDS = [
@@ -64,6 +65,7 @@ COMMANDS = [
     "serve",
     "doctor",
     "accelerators",
+    "calibration",
 ]
 
 
