@@ -362,7 +362,19 @@ def test_serving_beyond_loopback_warns_what_it_exposes(monkeypatch) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert is_loopback("127.1.2.3") and not is_loopback("0.0.0.0") and not is_loopback("example.org")
     launched: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(tuneplan.web, "launch", lambda *a, **k: launched.append(a))
+    closed: list[bool] = []
+
+    class Server:
+        def close(self) -> None:
+            closed.append(True)
+
+    def launch(*a: Any, **k: Any) -> Server:
+        launched.append(a)
+        return Server()
+
+    monkeypatch.setattr(tuneplan.web, "launch", launch)
+    # the command waits for Ctrl-C; here the wait ends at once and the server must still be closed
+    monkeypatch.setattr("tuneplan.cli.serve_cmd.wait_for_interrupt", lambda: None)
     monkeypatch.setattr("tuneplan.cli.serve_cmd._check_free", lambda host, port: None)
     for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
         r = CliRunner().invoke(app, ["serve", "--host", host, "--port", "7861"])
@@ -370,4 +382,4 @@ def test_serving_beyond_loopback_warns_what_it_exposes(monkeypatch) -> None:
         assert ("warning: --host 0.0.0.0 exposes the page" in r.stderr) is warned
         if warned:
             assert "anonymously" in r.stderr and "opens no file a visitor names" in r.stderr
-    assert launched == [("0.0.0.0", 7861), ("127.0.0.1", 7861)]
+    assert launched == [("0.0.0.0", 7861), ("127.0.0.1", 7861)] and closed == [True, True]

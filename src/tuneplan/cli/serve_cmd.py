@@ -38,10 +38,15 @@ def register(app: typer.Typer) -> None:
         # Not Gradio's own blocking wait, which takes Ctrl-C as a normal end (exit 0): here it reaches the
         # command line's handler and exits 130 as in every other command, the server closed first.
         try:
-            while True:
-                time.sleep(3600)
+            wait_for_interrupt()
         finally:
             demo.close()
+
+
+def wait_for_interrupt() -> None:
+    """Sleep until Ctrl-C (KeyboardInterrupt) ends the command."""
+    while True:
+        time.sleep(3600)
 
 
 def is_loopback(host: str) -> bool:
