@@ -101,7 +101,7 @@ def test_checkpointing_never_increases_activations(m, s) -> None:
     off = estimate(MODELS[m], **{**s, "gradient_checkpointing": False}).breakdown
     from tuneplan.estimator.activations import activation_plan  # noqa: F401  (the quantity below)
 
-    assert on.phases["forward"] <= off.phases["forward"]
+    assert on.instants["forward"] <= off.instants["forward"]
 
 
 @SETTINGS
@@ -124,6 +124,6 @@ def test_quantized_weights_order(m, s) -> None:
 @given(model_idx, setups)
 def test_components_sum_and_ordering(m, s) -> None:
     b = estimate(MODELS[m], **s).breakdown
-    assert sum(b.components.values()) == b.allocated_peak_bytes == max(b.phases.values())
+    assert sum(b.components.values()) == b.allocated_peak_bytes == max(b.instants.values())
     assert all(v >= 0 for v in b.components.values())
     assert b.allocated_peak_bytes <= b.reserved_peak_bytes <= b.device_peak_bytes

@@ -3,6 +3,10 @@ setups, written by the code itself, to check that a refactoring changes no figur
 
     python tools/golden_estimates.py write /tmp/golden.json   # before the change
     python tools/golden_estimates.py check /tmp/golden.json   # after: byte-identical JSON or a diff
+    python tools/golden_estimates.py check /tmp/golden.json --rename peak_phase=peak_instant,phases=instants
+
+``--rename old=new,...`` renames those keys of the old file (at any depth) before the comparison, so a
+change that renames keys proves that every value stayed the same.
 
 The setups are drawn by a fixed pseudo-random walk over catalog models x methods x frameworks x batch /
 seq / checkpointing / attention / precision / parallelism, plus the agreement cases' analytic breakdowns
@@ -130,16 +134,35 @@ def collect() -> dict[str, Any]:
     return {"estimates": rows, "agreement_analytic": _agreement_cases()}
 
 
+def renamed(value: Any, names: dict[str, str]) -> Any:
+    """``value`` (parsed JSON) with every dict key found in ``names`` replaced by its new name."""
+    if isinstance(value, dict):
+        return {names.get(k, k): renamed(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [renamed(v, names) for v in value]
+    return value
+
+
+def dumped(data: Any) -> str:
+    return json.dumps(data, indent=1, sort_keys=True, default=str)
+
+
 def main(argv: list[str]) -> int:
     mode, path = argv[1], Path(argv[2])
-    text = json.dumps(collect(), indent=1, sort_keys=True, default=str)
+    names: dict[str, str] = {}
+    if len(argv) > 4 and argv[3] == "--rename":
+        names = dict(pair.split("=", 1) for pair in argv[4].split(","))
+    text = dumped(collect())
     if mode == "write":
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path}")
         return 0
     old = path.read_text(encoding="utf-8")
+    if names:
+        old = dumped(renamed(json.loads(old), names))
     if old == text:
-        print("identical")
+        print("identical" + (f" (keys renamed: {', '.join(f'{k} -> {v}' for k, v in names.items())})"
+                             if names else ""))
         return 0
     import difflib
 

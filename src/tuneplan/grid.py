@@ -10,7 +10,7 @@ arrays are shaped like the product of the sequence-valued axes, in the order the
 
 How it is evaluated: ``batch`` and ``seq`` are vectorized. Every memory term is a closed form in
 t = batch x seq tokens and s = seq (per layer kind, t x per_token + t x s x per_token_per_pos; the logits
-chain, t x vocabulary), so ``memory.memory_at`` evaluates the same formulas the scalar ``tuneplan.estimate``
+chain, t x vocabulary), so ``instants.memory_at`` evaluates the same formulas the scalar ``tuneplan.estimate``
 uses on numpy arrays of every (batch, seq) at once, then picks each cell's peak instant (the first on a tie,
 as the scalar path does) and applies the caching allocator's rounding element-wise. Every other axis (rank,
 grad_accum, gpus, zero, method, precision, ...) changes what is resolved (the parameter plan, the layer
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.memory import STEP_COMPONENTS, memory_at
+from tuneplan.estimator.instants import STEP_COMPONENTS, memory_at
 from tuneplan.estimator.overhead import cross_stream_reserve, cuda_context_bytes, reserved_from_allocated
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.specs.hardware import Accelerator
@@ -54,7 +54,7 @@ class Grid:
     reserved: np.ndarray  # caching-allocator reserved bytes at the peak
     device_peak: np.ndarray  # reserved + CUDA context + NCCL: what nvidia-smi shows, what OOM is judged on
     components: dict[str, np.ndarray]  # allocated bytes of each component at the peak instant
-    peak_phase: np.ndarray  # the instant of the peak (str)
+    peak_instant: np.ndarray  # the instant of the peak (str)
     errors: np.ndarray  # an error finding (cannot run, memory aside), or not a valid setup
     valid: np.ndarray  # the setup is valid (a combination such as ZeRO on one GPU is not: its figures are 0)
     gpu: Accelerator | None = None
@@ -103,27 +103,27 @@ def _shape_axis(name: str, vals: tuple[Any, ...]) -> np.ndarray:
 
 
 def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.ndarray]:
-    """The memory of ``run`` at every (batch, seq) of two broadcastable int64 arrays: ``memory.memory_at`` on
-    arrays, then the scalar path's peak choice (``memory.memory_of``: the first instant with the largest
+    """The memory of ``run`` at every (batch, seq) of two broadcastable int64 arrays: ``instants.memory_at``
+    on arrays, then the scalar path's peak choice (``memory.memory_of``: the first instant with the largest
     total) and the allocator's rounding, element-wise."""
     shape = np.broadcast_shapes(batch.shape, seq.shape)
     m = memory_at(run, batch, seq)
-    names = list(m.phases)
+    names = list(m.rows)
     # the instants' totals (exact int64 sums), and the first largest of each cell, as max() over a dict
     totals = np.empty((len(names),) + shape, dtype=np.int64)
-    for i, p in enumerate(names):
-        totals[i] = m.total(p)
+    for i, instant in enumerate(names):
+        totals[i] = m.total(instant)
     peak = np.argmax(totals, axis=0)
     allocated = np.take_along_axis(totals, peak[None], 0)[0]
     reserved = reserved_from_allocated(allocated, cross_stream_reserve(run))
     out = {"allocated": allocated, "reserved": reserved,
            "device_peak": reserved + cuda_context_bytes() + m.statics.wrapped.resident.nccl,
-           "peak_phase": np.asarray(names)[peak]}
+           "peak_instant": np.asarray(names)[peak]}
     for c in PERSISTENT:  # the same at every instant
         out[f"c:{c}"] = np.full(shape, m.statics.common[c], dtype=np.int64)
-    rows = [m.phases[p] for p in names]
-    for k, c in enumerate(STEP_COMPONENTS):  # a step component's place in a row
-        vals = [row[k] for row in rows]
+    rows = [m.rows[instant] for instant in names]
+    for c in STEP_COMPONENTS:
+        vals = [getattr(row, c) for row in rows]
         if all(type(v) is int for v in vals):
             out[f"c:{c}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
         else:
@@ -207,5 +207,5 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
     return Grid(axes={k: grid_axes[k] for k in want}, allocated=arrange(out["allocated"]),
                 reserved=arrange(out["reserved"]), device_peak=arrange(out["device_peak"]),
                 components={c: arrange(out[f"c:{c}"]) for c in COMPONENT_ORDER},
-                peak_phase=arrange(out["peak_phase"]), errors=per_cell(errors), valid=per_cell(valid),
+                peak_instant=arrange(out["peak_instant"]), errors=per_cell(errors), valid=per_cell(valid),
                 gpu=acc, runs=runs, invalid=invalid)

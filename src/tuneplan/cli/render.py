@@ -125,7 +125,7 @@ def render_memory(d: dict[str, Any], details: bool) -> None:
     fullest = max(cards, key=lambda c: c["device_peak_bytes"])["card"] if cards else None
     title = ("Per-GPU peak memory (GiB)" if fullest is None
              else f"Peak memory of card {fullest}, the fullest (GiB)")
-    console.print(f"[bold]{title}[/], peak at {d['peak_phase']}", highlight=False)
+    console.print(f"[bold]{title}[/], peak at {d['peak_instant']}", highlight=False)
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     t.add_column("component")
     t.add_column("GiB", justify="right")
@@ -159,13 +159,13 @@ def render_cards(cards: list[dict[str, Any]]) -> None:
     """A device_map run: one line per card (the table above is the fullest card's)."""
     for c in cards:
         console.print(f"card {c['card']}: {gib(c['device_peak_bytes'])} GiB device peak "
-                      f"({gib(c['allocated_peak_bytes'])} allocated, at {c['peak_phase']}): "
+                      f"({gib(c['allocated_peak_bytes'])} allocated, at {c['peak_instant']}): "
                       f"{escape(c['modules'])}", highlight=False)
 
 
 def render_memory_details(d: dict[str, Any]) -> None:
     pg = d["per_gpu"]
-    ph = "  ".join(f"{k} {gib(v)}" for k, v in pg["phases"].items())
+    ph = "  ".join(f"{k} {gib(v)}" for k, v in pg["instants"].items())
     console.print(f"[dim]allocated by instant (GiB): {ph}[/]")
     band = pg["bands"].get("allocated")
     if band:

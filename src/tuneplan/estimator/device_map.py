@@ -28,7 +28,8 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.activations import LayerKinds
-from tuneplan.estimator.memory import memory_of, memory_statics
+from tuneplan.estimator.memory import memory_of
+from tuneplan.estimator.memory_statics import memory_statics
 from tuneplan.estimator.overhead import cuda_context_bytes
 from tuneplan.estimator.placement import CPU, balanced_budgets, module_tree, place
 from tuneplan.estimator.run import Run
@@ -246,7 +247,7 @@ class CardMemory:
         return {"card": self.card, "modules": self.modules, "placed_bytes": self.placed_bytes,
                 "max_memory_bytes": None if self.budget_bytes == float("inf") else int(self.budget_bytes),
                 "allocated_peak_bytes": b.allocated_peak_bytes, "reserved_peak_bytes": b.reserved_peak_bytes,
-                "device_peak_bytes": b.device_peak_bytes, "peak_phase": b.peak_phase,
+                "device_peak_bytes": b.device_peak_bytes, "peak_instant": b.peak_instant,
                 "components": dict(b.components)}
 
 

@@ -63,26 +63,26 @@ class DeepSpeedTerms:
 
 def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
     """Trainable parameters live in 16 bits; the fp32 master and fp32 Adam states are partitioned."""
-    setup, pp, compute = run.setup, run.param_plan, run.dtypes.compute
-    n, pt = setup.world_size, pp.trainable_params
-    w16 = pp.weight_bytes + pp.adapter_bytes
-    w16 -= pp.trainable_weight_params * max(pp.trainable_bytes - compute, 0)
-    if pp.trainable_bytes > compute and pt > pp.trainable_weight_params:  # adapters too
-        w16 -= (pt - pp.trainable_weight_params) * (pp.trainable_bytes - compute)
-    master = 4 * pt if compute < 4 else 0
+    setup, params, compute = run.setup, run.param_plan, run.dtypes.compute
+    world_size, trainable_params = setup.world_size, params.trainable_params
+    weights16 = params.weight_bytes + params.adapter_bytes
+    weights16 -= params.trainable_weight_params * max(params.trainable_bytes - compute, 0)
+    if params.trainable_bytes > compute and trainable_params > params.trainable_weight_params:  # adapters too
+        weights16 -= (trainable_params - params.trainable_weight_params) * (params.trainable_bytes - compute)
+    master = 4 * trainable_params if compute < 4 else 0
     # DeepSpeed's own Adam keeps fp32 states next to the fp32 master; other optimizers keep theirs.
-    adam_fp32 = 8 * pt if run.optimizer in ("adamw", "adamw-fused") else optimizer.states
+    adam_fp32 = 8 * trainable_params if run.optimizer in ("adamw", "adamw-fused") else optimizer.states
     reduce_bucket = reduce_bucket_elements(setup)
     # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
     # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
     # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
     # with overlap_comm, off by default below stage 3), stage3.py __init__ once. DeepSpeed 0.19 source.
-    return DeepSpeedTerms(weights16=w16, states=ceil_div(master + adam_fp32, n), grads16=pt * compute,
-                          reduce_bucket=reduce_bucket,
+    return DeepSpeedTerms(weights16=weights16, states=ceil_div(master + adam_fp32, world_size),
+                          grads16=trainable_params * compute, reduce_bucket=reduce_bucket,
                           prefetch_bucket=setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
                           bucket=reduce_bucket * compute,
                           # a copy only when gradients are 16-bit
-                          fp32_grad_step=ceil_div(4 * pt, n) if compute < 4 else 0)
+                          fp32_grad_step=ceil_div(4 * trainable_params, world_size) if compute < 4 else 0)
 
 
 def reduce_bucket_elements(setup: TrainSetup) -> int:
@@ -94,11 +94,11 @@ def reduce_bucket_elements(setup: TrainSetup) -> int:
 def deepspeed_adapters(run: Run, weights: int) -> int:
     """The LoRA adapters among ``weights`` (this GPU's module parameters): in 16 bits when they train in
     fp32 (DeepSpeed keeps the module in the 16-bit dtype), partitioned under ZeRO-3."""
-    setup, pp = run.setup, run.param_plan
-    n = setup.world_size
-    if pp.trainable_bytes > run.dtypes.compute:
-        return pp.adapter_params * run.dtypes.compute // (n if setup.zero == 3 else 1)
-    return ceil_div(pp.adapter_bytes, n) if setup.zero == 3 else min(pp.adapter_bytes, weights)
+    setup, params, world_size = run.setup, run.param_plan, run.setup.world_size
+    if params.trainable_bytes > run.dtypes.compute:
+        return params.adapter_params * run.dtypes.compute // (world_size if setup.zero == 3 else 1)
+    return (ceil_div(params.adapter_bytes, world_size) if setup.zero == 3
+            else min(params.adapter_bytes, weights))
 
 
 class Zero(Wrapper):
@@ -144,12 +144,12 @@ class ZeroOneTwo(Zero):
 
     def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
         setup, compute = run.setup, run.dtypes.compute
-        n = setup.world_size
+        world_size = setup.world_size
         terms = deepspeed_terms(run, optimizer)
-        g16 = terms.grads16
+        grads16 = terms.grads16
         # overlap_comm (off by default below stage 3) double-buffers the bucket: setup_buckets' buf_1
         buffers = terms.bucket * (2 if setup.ds_overlap_comm else 1)
-        g_live = ceil_div(g16, n) if self.partitions_gradients else g16
+        g_live = ceil_div(grads16, world_size) if self.partitions_gradients else grads16
         states, temp, host, notes = self.offloaded(run, terms)
         offload_grad_buffer = 0
         if setup.offload in ("optimizer", "all"):
@@ -163,7 +163,7 @@ class ZeroOneTwo(Zero):
                 g_live = 0
             # and on the host beside the fp32 master: param_buffer_of_bit16_for_cpu_offload_groups (the 16-bit
             # partition) and temp_grad_buffer_for_cpu_offload (the largest trainable parameter, 16 bits)
-            host += ceil_div(g16, n) + offload_grad_buffer
+            host += ceil_div(grads16, world_size) + offload_grad_buffer
         weights = terms.weights16
         if setup.offload == "all":
             host += weights
@@ -172,7 +172,7 @@ class ZeroOneTwo(Zero):
         # setup_buckets) and frees it at the end of the backward (independent_gradient_partition_epilogue
         # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
-        at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, g16,
+        at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, grads16,
                                                  g_live, buffers, terms.reduce_bucket)
         embedding = None
         if at_embedding >= 0:
@@ -185,10 +185,10 @@ class ZeroOneTwo(Zero):
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
         """The gradients reduce-scattered (ZeRO-2: every micro-batch; ZeRO-1: once per step), the updated
         16-bit parameters all-gathered once per step."""
-        n, trainable = run.setup.world_size, run.param_plan.trainable_params
-        bw = link.gbs * 1e9
-        reduce = trainable * grad_bytes * ring_factor("reduce_scatter", n) / bw
-        gather = trainable * 2 * ring_factor("all_gather", n) / bw
+        world_size, trainable = run.setup.world_size, run.param_plan.trainable_params
+        bandwidth = link.gbs * 1e9
+        reduce = trainable * grad_bytes * ring_factor("reduce_scatter", world_size) / bandwidth
+        gather = trainable * 2 * ring_factor("all_gather", world_size) / bandwidth
         if self.partitions_gradients:
             return Collectives(per_micro_batch=reduce, serial=gather,
                                notes=("ZeRO-2: reduce-scatter gradients every micro-batch, all-gather "
@@ -218,14 +218,14 @@ class Zero3(Zero, ShardingWrapper):
 
     def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
         model, setup, compute = run.model, run.setup, run.dtypes.compute
-        n = setup.world_size
+        world_size = setup.world_size
         terms = deepspeed_terms(run, optimizer)
         # at most the whole 16-bit model gathered: a gathered parameter is whole, beside rank 0's partition
         whole16 = terms.weights16
-        shard16 = ceil_div(whole16, n)
+        shard16 = ceil_div(whole16, world_size)
         # the current layer plus the prefetch bucket, never more than the rest of the model
         gathered = min(layer_gathered_bytes(run) + terms.prefetch_bucket * compute, whole16 - shard16)
-        g_live = ceil_div(terms.grads16, n)
+        g_live = ceil_div(terms.grads16, world_size)
         states, temp, host, notes = self.offloaded(run, terms)
         weights = shard16
         if setup.offload == "all":
@@ -271,7 +271,7 @@ class Zero3(Zero, ShardingWrapper):
         return at_loss, max(top_gathered, at_flush + filled * compute if filled else 0)
 
 
-def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, g16: int,
+def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, grads16: int,
                               g_live: int, bucket_bytes: int, bucket_elements: int) -> int:
     """Gradient bytes alive under ZeRO-1/2 while the token embedding is back-propagated (a full fine-tune;
     the embedding is the last parameter whose gradient autograd makes), the embedding's own gradient and
@@ -291,12 +291,12 @@ def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_par
       the other trainable parameters overflowed the bucket before."""
     if setup.method != "full":
         return -1
-    emb = model.embed_params
+    embed_params = model.embed_params
     if setup.zero == 1:
         if setup.grad_accum > 1:
             return -1
-        return max(g16 - emb * (g16 // max(trainable_params, 1)), 0) + bucket_bytes
-    partition = g_live if trainable_params - emb > bucket_elements else 0
+        return max(grads16 - embed_params * (grads16 // max(trainable_params, 1)), 0) + bucket_bytes
+    partition = g_live if trainable_params - embed_params > bucket_elements else 0
     return partition + bucket_bytes
 
 
