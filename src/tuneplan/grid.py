@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.instants import STEP_COMPONENTS, memory_at
+from tuneplan.estimator.instants import STEP_COMPONENTS, memory_at, named
 from tuneplan.estimator.overhead import cross_stream_reserve, cuda_context_bytes, reserved_from_allocated
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.specs.hardware import Accelerator
@@ -121,7 +121,7 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
            "peak_instant": np.asarray(names)[peak]}
     for c in PERSISTENT:  # the same at every instant
         out[f"c:{c}"] = np.full(shape, m.statics.common[c], dtype=np.int64)
-    rows = [m.rows[instant] for instant in names]
+    rows = [named(m.rows[instant]) for instant in names]
     for c in STEP_COMPONENTS:
         vals = [getattr(row, c) for row in rows]
         if all(type(v) is int for v in vals):

@@ -13,9 +13,13 @@ Gradients from earlier micro-batches stay alive through the next forward when gr
 with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
 ``keep_grads``: torch < 2.0's in-place zeroing).
 
-Each instant is one :class:`InstantRow` of step components; the persistent ones (``MemoryStatics.common``)
-are the same at every instant. The formulas run on Python ints (one shape) or numpy arrays broadcast
-together (a grid) alike (``estimator/xp.py``).
+Each instant is one row of step components in :class:`InstantRow`'s field order; the persistent ones
+(``MemoryStatics.common``) are the same at every instant. The formulas run on Python ints (one shape) or
+numpy arrays broadcast together (a grid) alike (``estimator/xp.py``).
+
+The rows are built as plain tuples in that order, and read by name through :func:`named`: building each
+as an ``InstantRow`` costs about as much again as the rest of the memory core (benchmarks/
+estimator_speed.py, measured side by side), and the scalar estimate builds up to nine of them per call.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from tuneplan.estimator.xp import maximum, minimum
 class InstantRow(NamedTuple):
     """The step components live at one instant, in display order after the persistent ones
     (types.COMPONENTS): bytes, as Python ints or int64 arrays of a grid. Its fields are the one definition
-    of that order (``STEP_COMPONENTS``); an instant's step total is ``sum(row)``."""
+    of a row's order (``STEP_COMPONENTS``); an instant's step total is ``sum(row)``."""
 
     gradients: Any
     optimizer_temp: Any
@@ -44,14 +48,21 @@ class InstantRow(NamedTuple):
 
 
 STEP_COMPONENTS: tuple[str, ...] = InstantRow._fields
+# an instant's row as the hot path builds it: a plain tuple in InstantRow's field order
+Row = tuple[Any, ...]
+
+
+def named(row: Row) -> InstantRow:
+    """``row`` read by its components' names."""
+    return InstantRow._make(row)
 
 
 class MemoryAt(NamedTuple):
     """Every instant's components at one shape (ints), or at every shape of a grid (numpy arrays): ``rows``
-    maps each instant to its :class:`InstantRow`; the persistent components (``statics.common``) are the
-    same at every instant: :meth:`components` and :meth:`total` add them."""
+    maps each instant to its row (read by name through :func:`named`); the persistent components
+    (``statics.common``) are the same at every instant: :meth:`components` and :meth:`total` add them."""
 
-    rows: dict[str, InstantRow]
+    rows: dict[str, Row]
     acts: ActivationPlan  # the saved activations
     logits: LogitsPlan  # the logits chain
     held: Any  # what the training loop holds between micro-batches
@@ -66,10 +77,10 @@ class MemoryAt(NamedTuple):
         return self.statics.common_total + sum(self.rows[instant])
 
 
-def components_of(statics: MemoryStatics, row: InstantRow) -> dict[str, Any]:
+def components_of(statics: MemoryStatics, row: Row) -> dict[str, Any]:
     """The persistent components and an instant's ``row`` of step components, by name in display order."""
     components = statics.common.copy()
-    components.update(row._asdict())
+    components.update(named(row)._asdict())
     return components
 
 
@@ -97,28 +108,30 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     forward_logits = maximum(maximum(logits.forward_peak, prev_held + logits.cast_peak),
                              prev_held + logits.at_forward_end + head_dequant)
     earlier_grads, saved = statics.earlier_grads, acts.saved_bytes
+    # one row per instant, in InstantRow's field order: gradients, optimizer_temp, activations,
+    # autocast_copies, logits_loss, backward_temp, parallel_buffers
     rows = {
-        "forward": InstantRow(earlier_grads, 0, saved + prev_pinned, statics.autocast_copies, forward_logits,
-                              0, statics.gathered_at_forward_end),
-        "backward_start": InstantRow(earlier_grads, 0, saved, statics.autocast_copies_backward,
-                                     logits.backward_peak, 0, statics.gathered_at_loss),
+        "forward": (earlier_grads, 0, saved + prev_pinned, statics.autocast_copies, forward_logits, 0,
+                    statics.gathered_at_forward_end),
+        "backward_start": (earlier_grads, 0, saved, statics.autocast_copies_backward, logits.backward_peak, 0,
+                           statics.gathered_at_loss),
     }
     if head_dequant:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
         # first), the held outputs, and the whole head dequantized again for the input gradient
         head_backward = held + logits.at_forward_end + head_dequant
-        rows["backward_lm_head"] = InstantRow(earlier_grads, 0, saved, 0, head_backward, 0, statics.gathered)
+        rows["backward_lm_head"] = (earlier_grads, 0, saved, 0, head_backward, 0, statics.gathered)
     layer_backward_rows(rows, statics, acts, held)
     kept = pinned if holds else 0
     if statics.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
-        rows["next_micro_batch"] = InstantRow(statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
-    rows["optimizer_step"] = InstantRow(statics.step_grads, statics.step_temp, kept, 0, held, 0, 0)
+        rows["next_micro_batch"] = (statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
+    rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, held, 0, 0)
     return MemoryAt(rows, acts, logits, held, statics)
 
 
-def layer_backward_rows(rows: dict[str, InstantRow], statics: MemoryStatics, acts: ActivationPlan,
+def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan,
                         held: Any) -> None:
     """Add the layers' backward to ``rows``: the top layer (G0 + every saved activation but what it frees +
     its scratch; checkpointed: the tail's released, the top layer recomputed), the bottom layer (G1 + the
@@ -147,26 +160,23 @@ def layer_backward_rows(rows: dict[str, InstantRow], statics: MemoryStatics, act
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
         recomputed = acts.recompute_bytes
         top_acts = saved - acts.tail_bytes + recomputed - top_freed
-        rows["backward_layers_top"] = InstantRow(top_grads, 0, top_acts, statics.autocast_copies_backward, 0,
-                                                 top_scratch, top_gathered)
-        rows["backward_layers_bottom"] = InstantRow(bottom_grads, 0, recomputed, 0, 0, backward_temp,
-                                                    gathered)
+        rows["backward_layers_top"] = (top_grads, 0, top_acts, statics.autocast_copies_backward, 0,
+                                       top_scratch, top_gathered)
+        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, 0, 0, backward_temp, gathered)
     else:
-        rows["backward_layers_top"] = InstantRow(top_grads, 0, saved - top_freed, statics.autocast_copies,
-                                                 held, top_scratch, top_gathered)
+        rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
+                                       top_scratch, top_gathered)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
-        rows["backward_layers_bottom"] = InstantRow(bottom_grads, 0, bottom_acts, 0, held, backward_temp,
-                                                    gathered)
+        rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     end = statics.end_of_backward
     if end is not None:  # FSDP2's embedding backward (wrappers/fsdp.fully_shard_terms)
-        rows["backward_embedding"] = InstantRow(statics.all_grads + end.gradients, 0, 0, 0, 0, 0,
-                                                end.gathered)
+        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, 0, end.gathered)
 
 
-def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, InstantRow | None]:
+def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:
     """(what the bottom layer's gradients lack, the embedding backward's row) on a single GPU (checked against
     the simulate engine): the token-embedding gradient is the last one made, so the bottom layer runs without
     it, and the embedding backward adds its scratch (tied weights: the out-of-place sum of the lm_head and
@@ -181,11 +191,10 @@ def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tupl
         # ZeRO-1/2 (wrappers/zero.zero12_grads_at_embedding): the bucket and what DeepSpeed holds, plus the
         # new gradient and its temporaries; ZeRO-1's layer rows already count the embedding's gradient
         cut = acts.embedding_grad_bytes if held.layers_hold_it else 0
-        return cut, InstantRow(held.gradients + acts.embedding_grad_bytes, 0, 0, 0, 0,
-                               acts.embedding_backward_bytes, 0)
+        return cut, (held.gradients + acts.embedding_grad_bytes, 0, 0, 0, 0, acts.embedding_backward_bytes, 0)
     grad = minimum(acts.embedding_grad_bytes, statics.grads)
     if statics.embedding_into_buffer:
         cut, temp = 0, acts.embedding_backward_bytes + grad
     else:
         cut, temp = grad, acts.embedding_backward_bytes
-    return cut, InstantRow(statics.all_grads, 0, 0, 0, 0, temp, 0)
+    return cut, (statics.all_grads, 0, 0, 0, 0, temp, 0)

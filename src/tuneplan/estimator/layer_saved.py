@@ -71,7 +71,8 @@ def mlp_block(walk: LayerWalk) -> None:
     # A parallel block (Phi / GPT-J shared norm, GPT-NeoX use_parallel_residual) feeds its MLP from the layer
     # input, not from the attention: in the first layer LoRA trains, whose input needs no gradient, an MLP
     # without adapters is outside the graph and keeps nothing (simulate: Pythia-6.9B layer 0, -12h per token)
-    parallel = shared_norm or (model.model_type == "gpt_neox" and bool(model.config.get("use_parallel_residual")))
+    parallel = shared_norm or (model.model_type == "gpt_neox"
+                               and bool(model.config.get("use_parallel_residual")))
     if (parallel and not walk.input_requires_grad and not walk.trainable
             and not any(m.name in targets for m in mlp + experts + routers)):
         mlp, experts, routers = [], [], []
@@ -96,7 +97,8 @@ def mlp_block(walk: LayerWalk) -> None:
         feed_forward(walk, mlp, spec.mlp_intermediate or model.intermediate, 1.0, "mlp.", mlp_reads)
 
 
-def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, prefix: str, mlp_reads: str) -> None:
+def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, prefix: str,
+                 mlp_reads: str) -> None:
     """One feed-forward of ``width`` inner features, run on ``share`` copies of each token: SwiGLU keeps
     gate-out, SiLU-out and up-out (3 x width x output bytes; compiled, SiLU is recomputed); a GELU MLP its
     fc1 output, plus three intermediates of a Python GELU (fp32 under autocast: pow upcasts); the down
@@ -145,8 +147,10 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     hidden = model.hidden
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
     backward_temp = walk.output_bytes * 3 * width + dtypes.residual * 2 * hidden
-    backward_temp_per_pos = (8.0 * model.n_heads) if (attn == "eager" or per_pos) else 0.0  # grad of fp32 probs and of the scores
+    # the gradients of the fp32 probabilities and of the scores
+    backward_temp_per_pos = (8.0 * model.n_heads) if (attn == "eager" or per_pos) else 0.0
     return LayerActs(per_token=walk.ledger.total(), per_token_per_pos=per_pos, backward_temp=backward_temp,
                      backward_temp_per_pos=backward_temp_per_pos,
                      pinned=sum(walk.ledger.items[key] for key in walk.pinned_keys),
-                     attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved, input_alias=walk.input_alias)
+                     attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved,
+                     input_alias=walk.input_alias)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuneplan.estimator.activations import ActivationPlan
-from tuneplan.estimator.instants import MemoryAt, components_of, memory_at
+from tuneplan.estimator.instants import MemoryAt, components_of, memory_at, named
 from tuneplan.estimator.memory_statics import MemoryStatics
 from tuneplan.estimator.overhead import (
     CUDA_CONTEXT_BAND,
@@ -92,7 +92,7 @@ class AnalyticBreakdown(MemoryBreakdown):
 
     @built_on_read
     def bands(self) -> dict[str, Band]:
-        allocated, row = self._allocated, self._at.rows[self.peak_instant]
+        allocated, row = self._allocated, named(self._at.rows[self.peak_instant])
         transient = row.activations + row.logits_loss + row.backward_temp
         return {
             "allocated": Band(int(allocated - ACTIVATION_BAND * transient),
