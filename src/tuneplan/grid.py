@@ -147,7 +147,7 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
 
     refuse_in_search(axes.get("device_map", setup.device_map if setup else None))
     spec = resolve_model(model) if isinstance(model, str) else model
-    acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
+    accelerator = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
     grid_axes = {k: vals for k, v in axes.items() if (vals := _values(k, v)) is not None}
     fixed = {k: v for k, v in axes.items() if k not in grid_axes}
     b_default = setup.batch if setup else TrainSetup.batch
@@ -173,21 +173,22 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
     for i, combo in enumerate(itertools.product(*(grid_axes[k] for k in looped))):
         kw = {**fixed, **dict(zip(looped, combo, strict=True)), "batch": int(batches[0]), "seq": int(seqs[0])}
         try:
-            run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kw))
+            run = resolve_run(spec, build_setup(spec, setup, accelerator=accelerator, **kw))
         except TuneplanError as e:  # this combination of the looped axes is not a valid setup
             first_error = first_error or e
             invalid[combo] = str(e)
             continue
         runs[combo] = run
         for k, v in memory_plane(run, batches[:, None], seqs[None, :]).items():
-            arr = out.get(k)
-            if arr is None or (v.dtype.kind == "U" and v.dtype.itemsize > arr.dtype.itemsize):
+            stack = out.get(k)
+            if stack is None or (v.dtype.kind == "U" and v.dtype.itemsize > stack.dtype.itemsize):
                 # the first plane (or a longer instant name): the array, zero-filled, in this plane's dtype
-                arr = np.zeros((len(valid),) + plane, dtype=v.dtype) if arr is None else arr.astype(v.dtype)
-                out[k] = arr
-            arr[i] = v
+                stack = (np.zeros((len(valid),) + plane, dtype=v.dtype) if stack is None
+                         else stack.astype(v.dtype))
+                out[k] = stack
+            stack[i] = v
         valid[i] = True
-        errors[i] = any(f.level == "error" for f in run.findings(acc))
+        errors[i] = any(f.level == "error" for f in run.findings(accelerator))
     if not runs:
         assert first_error is not None
         raise first_error  # no combination is valid: the input itself is wrong
@@ -209,4 +210,4 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
                 reserved=arrange(out["reserved"]), device_peak=arrange(out["device_peak"]),
                 components={component: arrange(out[f"c:{component}"]) for component in COMPONENT_ORDER},
                 peak_instant=arrange(out["peak_instant"]), errors=per_cell(errors), valid=per_cell(valid),
-                gpu=acc, runs=runs, invalid=invalid)
+                gpu=accelerator, runs=runs, invalid=invalid)

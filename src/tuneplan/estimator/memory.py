@@ -35,17 +35,17 @@ def memory_of(run: Run) -> MemoryBreakdown:
     the instant with the largest allocated total (the first one on a tie), the reserved and device figures;
     its components, the other instants' totals, the bands and the notes are built from the same instants
     when first read."""
-    at = memory_at(run, run.setup.batch, run.setup.seq)
+    live = memory_at(run, run.setup.batch, run.setup.seq)
     # Python ints at one shape (activations_at truncates its float sums): the totals are exact in any order,
     # so the persistent part, the same at every instant, is added once after the choice (-1 - base: the
     # totals' floor of -1)
-    base = at.statics.common_total
+    base = live.statics.common_total
     step, peak = -1 - base, ""
-    for instant, row in at.rows.items():
+    for instant, row in live.rows.items():
         total = sum(row)
         if total > step:
             step, peak = total, instant
-    return AnalyticBreakdown(run, at, peak, base + step)
+    return AnalyticBreakdown(run, live, peak, base + step)
 
 
 class AnalyticBreakdown(MemoryBreakdown):
@@ -55,12 +55,12 @@ class AnalyticBreakdown(MemoryBreakdown):
     (types.built_on_read): the values a face reads are the ones an eager breakdown held, and a search that
     only asks whether the setup fits does not build them."""
 
-    def __init__(self, run: Run, at: MemoryAt, peak: str, allocated: int) -> None:
+    def __init__(self, run: Run, live: MemoryAt, peak: str, allocated: int) -> None:
         self.peak_instant = peak
         self.reserved_peak_bytes = reserved_from_allocated(allocated, cross_stream_reserve(run))
         self.cuda_context_bytes = cuda_context_bytes()
-        self.nccl_bytes = at.statics.wrapped.resident.nccl
-        self._run, self._at, self._allocated = run, at, allocated
+        self.nccl_bytes = live.statics.wrapped.resident.nccl
+        self._run, self._live, self._allocated = run, live, allocated
 
     @property
     def allocated_peak_bytes(self) -> int:
@@ -75,24 +75,24 @@ class AnalyticBreakdown(MemoryBreakdown):
 
     @built_on_read
     def paged_bytes(self) -> int:
-        return self._at.statics.optimizer.paged
+        return self._live.statics.optimizer.paged
 
     @built_on_read
     def host_bytes(self) -> int:
-        return self._at.statics.wrapped.resident.host + self._at.acts.offloaded_bytes
+        return self._live.statics.wrapped.resident.host + self._live.acts.offloaded_bytes
 
     @built_on_read
     def components(self) -> dict[str, int]:
-        return components_of(self._at.statics, self._at.rows[self.peak_instant])
+        return components_of(self._live.statics, self._live.rows[self.peak_instant])
 
     @built_on_read
     def instants(self) -> dict[str, int]:
-        base = self._at.statics.common_total
-        return {instant: base + sum(row) for instant, row in self._at.rows.items()}
+        base = self._live.statics.common_total
+        return {instant: base + sum(row) for instant, row in self._live.rows.items()}
 
     @built_on_read
     def bands(self) -> dict[str, Band]:
-        allocated, row = self._allocated, named(self._at.rows[self.peak_instant])
+        allocated, row = self._allocated, named(self._live.rows[self.peak_instant])
         transient = row.activations + row.logits_loss + row.backward_temp
         return {
             "allocated": Band(int(allocated - ACTIVATION_BAND * transient),
@@ -105,7 +105,7 @@ class AnalyticBreakdown(MemoryBreakdown):
 
     @built_on_read
     def notes(self) -> list[str]:
-        acts, held, statics = self._at.acts, self._at.held, self._at.statics
+        acts, held, statics = self._live.acts, self._live.held, self._live.statics
         notes = list(statics.base_notes)
         if acts.offloaded_bytes or held or statics.head_dequant or (acts.pinned_bytes and statics.holds):
             notes.extend(shape_notes(self._run, statics, acts, held))
