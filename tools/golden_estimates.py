@@ -21,10 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MODELS = ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.2-1B", "meta-llama/Llama-2-7b-hf",
-          "google/gemma-2b", "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B", "microsoft/Phi-3-mini-4k-instruct",
-          "meta-llama/Llama-3.1-70B-Instruct", "openai-community/gpt2", "microsoft/phi-2", "EleutherAI/pythia-6.9b",
-          "google-bert/bert-large-uncased", "deepseek-ai/DeepSeek-V2-Lite", "google/gemma-2-9b"]
+MODELS = ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.2-1B",
+          "meta-llama/Llama-2-7b-hf", "google/gemma-2b", "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B",
+          "microsoft/Phi-3-mini-4k-instruct", "meta-llama/Llama-3.1-70B-Instruct", "openai-community/gpt2",
+          "microsoft/phi-2", "EleutherAI/pythia-6.9b", "google-bert/bert-large-uncased",
+          "deepseek-ai/DeepSeek-V2-Lite", "google/gemma-2-9b"]
 GPUS = [None, "rtx4090", "a100-80gb", "h100-80gb", "t4"]
 
 
@@ -34,7 +35,8 @@ def _setups(n: int = 400) -> list[tuple[str, str | None, dict[str, Any]]]:
     for _ in range(n):
         kw: dict[str, Any] = {
             "method": rng.choice(["full", "freeze", "lora", "qlora"]),
-            "framework": rng.choice(["hf", "hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt"]),
+            "framework": rng.choice(["hf", "hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2",
+                                     "litgpt"]),
             "batch": rng.choice([1, 2, 3, 4, 8, 16]),
             "seq": rng.choice([128, 512, 1000, 2048, 4096, 8192]),
         }
@@ -51,8 +53,8 @@ def _setups(n: int = 400) -> list[tuple[str, str | None, dict[str, Any]]]:
         if rng.random() < 0.3:
             kw["grad_accum"] = rng.choice([2, 4])
         if rng.random() < 0.3:
-            kw["optimizer"] = rng.choice(["adamw", "adamw-fused", "adamw-hf", "adamw-8bit", "paged-adamw-8bit",
-                                          "adafactor", "sgd"])
+            kw["optimizer"] = rng.choice(["adamw", "adamw-fused", "adamw-hf", "adamw-8bit",
+                                          "paged-adamw-8bit", "adafactor", "sgd"])
         r = rng.random()
         if r < 0.15:
             kw.update(gpus=rng.choice([2, 4, 8]), zero=rng.choice([1, 2, 3]))
@@ -75,7 +77,8 @@ def _rare_switches(n: int = 250) -> list[tuple[str, str | None, dict[str, Any]]]
     for _ in range(n):
         kw: dict[str, Any] = {
             "method": rng.choice(["full", "freeze", "lora", "qlora"]),
-            "framework": rng.choice(["hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt"]),
+            "framework": rng.choice(["hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2",
+                                     "litgpt"]),
             "batch": rng.choice([1, 2, 4]), "seq": rng.choice([256, 1024, 4096]),
             "gradient_checkpointing": rng.random() < 0.5,
             "precision": rng.choice(["fp32", "fp16-mixed", "bf16-mixed", "bf16"]),
@@ -85,7 +88,8 @@ def _rare_switches(n: int = 250) -> list[tuple[str, str | None, dict[str, Any]]]
             kw["targets"] = rng.choice(["all-linear", "attn", "mlp"])
             kw["dropout"] = rng.choice([0.0, 0.05])
             kw["rank"] = rng.choice([8, 32])
-        for flag in ("compile", "activation_offload", "longest_batch_first", "keep_grads", "softmax_keeps_input",
+        for flag in ("compile", "activation_offload", "longest_batch_first", "keep_grads",
+                     "softmax_keeps_input",
                      "optimizer_in_backward"):
             if rng.random() < 0.2:
                 kw[flag] = True
@@ -166,7 +170,8 @@ def main(argv: list[str]) -> int:
         return 0
     import difflib
 
-    sys.stdout.writelines(list(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after"))[:80])
+    diff = difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after")
+    sys.stdout.writelines(list(diff)[:80])
     return 1
 
 

@@ -98,7 +98,8 @@ class Estimate:
                 "host_bytes": breakdown.host_bytes,
                 "components": dict(breakdown.components),
                 "instants": dict(breakdown.instants),
-                "bands": {k: {"low": v.low, "high": v.high, "why": v.why} for k, v in breakdown.bands.items()},
+                "bands": {k: {"low": v.low, "high": v.high, "why": v.why}
+                          for k, v in breakdown.bands.items()},
                 **({"per_card": list(breakdown.per_card)} if breakdown.per_card else {}),
             },
             "peak_instant": breakdown.peak_instant,
@@ -131,7 +132,8 @@ def build_setup(model: ModelSpec, setup: TrainSetup | None = None, *, accelerato
     base, kwargs = with_switches(setup or TrainSetup(), kwargs)
     unknown = set(kwargs) - {f.name for f in fields(base)} - SETUP_FIELDS
     if unknown:
-        raise TuneplanError(f"unknown setup field(s) {sorted(unknown)}", field="setup", accepted=sorted(SETUP_FIELDS))
+        raise TuneplanError(f"unknown setup field(s) {sorted(unknown)}", field="setup",
+                            accepted=sorted(SETUP_FIELDS))
     explicit = frozenset(kwargs) | frozenset(k for k, v in base.sources.items() if v != "default")
     train_setup = base.replace(**kwargs) if kwargs else base
     train_setup.validate()
@@ -160,8 +162,9 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
     if engine not in ("analytic", "simulate"):
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     accelerator, choice, run = resolved(model, setup, gpu, hardware_file, kwargs)
-    est = estimate_run(run, gpu=accelerator, engine=engine, dataset=dataset, price=price, card_price=card_price,
-                       kwh_price=kwh_price, own_years=own_years, time_options=time_options, timing=timing,
+    est = estimate_run(run, gpu=accelerator, engine=engine, dataset=dataset, price=price,
+                       card_price=card_price, kwh_price=kwh_price, own_years=own_years,
+                       time_options=time_options, timing=timing,
                        versions=versions)
     if choice:
         est.extras["gpu_name_choice"] = choice
@@ -189,7 +192,8 @@ def resolved(model: str | ModelSpec, setup: TrainSetup | None, gpu: str | Accele
     if hit is not None:
         accelerator, choice, run, shapes, _kept = hit
         given = {k: kwargs[k] for k in SHAPE if k in kwargs}
-        check_fields(given)  # what TrainSetup.validate checks of these fields: each alone, no other reads them
+        # what TrainSetup.validate checks of these fields: each alone, no other reads them
+        check_fields(given)
         shape_key = (given.get("batch", run.setup.batch), given.get("seq", run.setup.seq),
               given.get("grad_accum", run.setup.grad_accum))
         got = shapes.get(shape_key)
@@ -206,12 +210,13 @@ def resolved(model: str | ModelSpec, setup: TrainSetup | None, gpu: str | Accele
     if key is not None:
         if len(_RESOLVED) >= RESOLVED_MAX:
             _RESOLVED.clear()
-        _RESOLVED[key] = (accelerator, choice, run, {(run.setup.batch, run.setup.seq, run.setup.grad_accum): run},
-                          (model, gpu, setup))
+        shapes = {(run.setup.batch, run.setup.seq, run.setup.grad_accum): run}
+        _RESOLVED[key] = (accelerator, choice, run, shapes, (model, gpu, setup))
     return accelerator, choice, run
 
 
-def resolved_key(model: Any, setup: Any, gpu: Any, hardware_file: Any, kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+def resolved_key(model: Any, setup: Any, gpu: Any, hardware_file: Any,
+                 kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     """What the resolve reads, as a key; None when something in it cannot be a key (then no cache).
 
     - the model: a ModelSpec object (its identity: specs are frozen; the entry keeps the object, so the
@@ -269,7 +274,8 @@ def _hardware_stamp() -> tuple[Any, ...]:
 
 
 def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "analytic",
-                 dataset: DatasetSpec | None = None, price: float | None = None, card_price: float | None = None,
+                 dataset: DatasetSpec | None = None, price: float | None = None,
+                 card_price: float | None = None,
                  kwh_price: float | None = None, own_years: float | None = None,
                  time_options: RuntimeOptions | None = None, timing: bool = True,
                  versions: dict[str, Any] | None = None) -> Estimate:
@@ -313,7 +319,8 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
         from tuneplan.estimator.device_map import spill_finding
 
         findings.extend(f for f in (spill_finding(run, accelerator),) if f is not None)
-    return Estimate(model=spec, setup=train_setup, breakdown=breakdown, gpu=accelerator, findings=findings, extras=extras, run=run)
+    return Estimate(model=spec, setup=train_setup, breakdown=breakdown, gpu=accelerator, findings=findings,
+                    extras=extras, run=run)
 
 
 def _check_price_arguments(**values: float | None) -> None:
