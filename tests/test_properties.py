@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from tuneplan.api import estimate
 from tuneplan.estimator.overhead import FRAGMENTATION, SEGMENT
-from tuneplan.estimator.wrappers.zero import DS_MAX_LIVE_PARAMETERS, DS_REDUCE_BUCKET
+from tuneplan.estimator.wrappers.zero import DS_REDUCE_BUCKET
+from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_LIVE_PARAMETERS
 from tuneplan.specs.model import model_from_config
 
 from .conftest import QWEN25_7B, TINY_LLAMA

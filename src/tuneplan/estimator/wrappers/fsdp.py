@@ -196,13 +196,12 @@ class Fsdp2(Fsdp):
         fully_sharded = fully_shard_terms(model, setup, buffers, run.dtypes.compute, terms.grads,
                                run.param_plan.trainable_params)
         forward_end = fully_sharded.tail16 + (fully_sharded.tail16 if model.lm_head_params else layer16)
-        end = EndOfBackward(*fully_sharded.end) if fully_sharded.end is not None else None
         return WrapperMemory(terms.resident,
                              Buckets(in_layers=fully_sharded.transient,
                                      missing_at_bottom=fully_sharded.pending_bottom),
                              Gathered(2 * layer16 + fully_sharded.held, fully_sharded.tail16, forward_end),
                              top_layer=TopLayer(buffers, buffers, 2 * layer16 + fully_sharded.held_top, True),
-                             end_of_backward=end, no_sync=no_sync_gradients(run),
+                             end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))
 
@@ -284,8 +283,8 @@ class FullyShardTerms:
     transient: int  # unsharded gradients made by the layer being back-propagated (and a tied head's)
     tail16: int  # unsharded at the loss
     pending_bottom: int  # sharded gradients not made yet at the second layer's backward
-    # the embedding's backward: (unsharded gradients less the shards not made yet, unsharded parameters)
-    end: tuple[int, int] | None
+    # the embedding's backward: unsharded gradients less the shards not made yet, unsharded parameters
+    end: EndOfBackward | None
     held_top: int = 0  # as ``held``, through the top layer's backward
 
 
@@ -335,14 +334,15 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
         held = layer_grads
         transient = layer_grads + emb_grad16
         pending = 2 * layer_train + (tail if head_trains else 0)
-        end = ((3 * emb_grad16 + layer_grads - -(-int(tail * per_elem) // world_size), tail16) if head_trains
-               else None)
+        end = (EndOfBackward(gradients=3 * emb_grad16 + layer_grads - -(-int(tail * per_elem) // world_size),
+                             gathered=tail16) if head_trains else None)
     else:
         held = max(layer_grads, tail * compute_bytes if head_trains else 0)
         transient = layer_grads
         pending = 2 * layer_train + (model.embed_params if head_trains else 0)
-        end = ((emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // world_size),
-                model.embed_params * compute_bytes) if head_trains else None)
+        end = (EndOfBackward(
+            gradients=emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // world_size),
+            gathered=model.embed_params * compute_bytes) if head_trains else None)
     held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
                            pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
