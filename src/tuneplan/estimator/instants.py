@@ -17,9 +17,10 @@ Each instant is one row of step components in :class:`InstantRow`'s field order;
 (``MemoryStatics.common``) are the same at every instant. The formulas run on Python ints (one shape) or
 numpy arrays broadcast together (a grid) alike (``estimator/xp.py``).
 
-The rows are built as plain tuples in that order, and read by name through :func:`named`: building each
-as an ``InstantRow`` costs about as much again as the rest of the memory core (benchmarks/
-estimator_speed.py, measured side by side), and the scalar estimate builds up to nine of them per call.
+The rows are built as plain tuples in that order and read by name through :func:`named`: the scalar
+estimate builds up to eight per call, and building them as ``InstantRow`` measured +1.4 to +2 us on a
+memory core of about 5 us and +4 us on a repeated ``tuneplan.estimate()``, past its 50 us target
+(benchmarks/estimator_speed.py, side by side with plain tuples).
 """
 
 from __future__ import annotations
@@ -87,12 +88,12 @@ def components_of(statics: MemoryStatics, row: Row) -> dict[str, Any]:
 def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     """The components live at each instant of the step at ``batch`` x ``seq``.
 
-    Gradients G0 = earlier micro-batches' + buffers through the forward and the top layer's backward, G1 =
-    all of them + buffers from the bottom layer on; A = saved activations; L = the logits chain (logits.py):
-    forward = G0 + A (+ the previous micro-batch's pinned inputs) + autocast copies + L at the loss;
-    backward_start = G0 + A + L's loss backward; the top and bottom layers' backward
-    (:func:`layer_backward_rows`); optimizer_step = the step's gradients + its temporaries (+ what the loop
-    holds)."""
+    Gradients G0 (``earlier_grads``) = earlier micro-batches' + buffers through the forward and the top
+    layer's backward, G1 (``all_grads``) = all of them + buffers from the bottom layer on; A = saved
+    activations; L = the logits chain (logits.py): forward = G0 + A (+ the previous micro-batch's pinned
+    inputs) + autocast copies + L at the loss; backward_start = G0 + A + L's loss backward; the top and
+    bottom layers' backward (:func:`layer_backward_rows`); optimizer_step = the step's gradients + its
+    temporaries (+ what the loop holds)."""
     statics = run.memo.get("memory") or memory_statics(run)
     acts = saved_at(statics.acts, batch, seq)
     logits = logits_plan(batch * seq, statics.vocab, statics.logit_bytes, run.loss, seq, statics.hidden,
