@@ -43,7 +43,8 @@ def test_hand_count_qwen2_gqa_bias() -> None:
 
 
 def test_every_catalog_entry_matches_transformers() -> None:
-    """params_transformers was recorded by instantiating each config with transformers (tools/build_catalog_check.py)."""
+    """params_transformers was recorded by instantiating each config with transformers
+    (tools/build_catalog_check.py)."""
     entries = [e for e in catalog_entries() if e.params_transformers]
     assert len(entries) >= 40
     checked = 0
