@@ -166,6 +166,18 @@ def test_export_tab_offers_the_recipe_files_for_download(page) -> None:
     assert list(sessions[0].glob("recipe-*/train.py"))
 
 
+def test_every_element_id_is_used_once(page) -> None:
+    """Each tab's output has an id of its own (a second element with one of the form's ids would make
+    `#id` pick either); Gradio's empty ids are not ids."""
+    for tab in ("Best config", "GPUs", "Deploy", "Export"):
+        page.get_by_role("tab", name=tab).click()
+    page.wait_for_selector("#tp-gpus-rank table", state="attached")
+    twice = page.evaluate("""() => { const seen = {};
+        document.querySelectorAll('[id]').forEach(e => { if (e.id) seen[e.id] = (seen[e.id] || 0) + 1; });
+        return Object.keys(seen).filter(k => seen[k] > 1); }""")
+    assert twice == []
+
+
 def test_an_uploaded_config_reaches_the_verdict(page) -> None:
     """The upload arrives as bytes (never a server path) and its model is the one estimated; runs last."""
     import json

@@ -25,7 +25,7 @@ def build(gr: Any, w: dict[str, Any]) -> dict[str, Any]:
                                       label="Objective (also ranks the GPUs tab)", elem_id="tp-prefer")
         w["fit"] = gr.HTML(elem_id="tp-fit")
     with gr.Tab("GPUs", elem_id="tp-tab-gpus") as tabs["gpus"]:
-        w["gpus_rank"] = gr.HTML(elem_id="tp-gpus")
+        w["gpus_rank"] = gr.HTML(elem_id="tp-gpus-rank")
     with gr.Tab("Deploy", elem_id="tp-tab-deploy") as tabs["deploy"]:
         with gr.Row():
             w["serve_precision"] = gr.Dropdown(list(plans.serve_precisions()), value="bf16", label="Serve at",
