@@ -94,7 +94,7 @@ def test_platform_target_link(acc_id, platform, target, link):
 
 def test_json_is_what_the_build_tool_makes_from_the_reference():
     if not REFERENCE_CSV.exists():
-        pytest.skip("../shared/reference/gpus.csv is outside the repository and not on this machine")
+        pytest.skip("the reference GPU table (gpus.csv) is outside the repository and not on this machine")
     spec = importlib.util.spec_from_file_location("build_accelerators", REPO / "tools/build_accelerators.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,6 +1,6 @@
 """Compatibility rules: every rule fires where its source says it must, and stays quiet next door.
 
-Expected levels and thresholds come from ../shared/reference/compat.md (cited per case), not from the
+Expected levels and thresholds come from the compatibility reference notes (cited per case), not from the
 rules file: a wrong threshold in the data makes a case here fail.
 """
 
@@ -209,7 +209,7 @@ def test_version_dependent_rules_say_which_versions_without_versions(code, card,
     assert re.search(r"\d+\.\d+", f.message + f.fix)  # names versions
 
 
-def test_seed_000_v100_messages_name_the_cause_and_the_fix():
+def test_v100_owners_report_messages_name_the_cause_and_the_fix():
     v = {**CU128_28, "bitsandbytes": "0.46.1"}
     f = {x.code: x
          for x in check(acc("v100-sxm2-32gb"), TrainSetup(method="qlora", precision="fp16-mixed"), None, v)}
@@ -326,13 +326,13 @@ def test_wheel_arch_table():
     assert found.get("torch-arch-missing") == "error"
 
 
-# ---- the issue's "done when" -------------------------------------------------------------------------
+# ---- whole estimates: the findings on three cards, and a card with none ------------------------------
 
 def _codes(est) -> dict[str, str]:
     return {f.code: f.level for f in est.findings}
 
 
-def test_done_v100_bf16_qlora():
+def test_estimate_v100_bf16_qlora():
     est = estimate("meta-llama/Llama-2-7b-hf", method="qlora", gpu="v100-32gb", precision="bf16")
     codes = _codes(est)
     assert codes["bf16-unsupported"] == "error"
@@ -342,18 +342,18 @@ def test_done_v100_bf16_qlora():
     assert est.headroom_bytes > 0 and est.fits is False  # memory fits, the finding makes it not run
 
 
-def test_done_t4_flash():
+def test_estimate_t4_flash():
     assert (_codes(estimate("meta-llama/Llama-2-7b-hf", gpu="t4", attn="flash"))["flash-attn-unsupported"]
             == "error")
 
 
-def test_done_910b_qlora_proposes_lora():
+def test_estimate_910b_qlora_proposes_lora():
     est = estimate("meta-llama/Llama-2-7b-hf", method="qlora", gpu="910b")
     f = next(f for f in est.findings if f.code == "qlora-unavailable-npu")
     assert f.level == "error" and "{method=lora}" in f.fix and est.fits is False
 
 
-def test_done_rtx4090_qlora_is_clean():
+def test_estimate_rtx4090_qlora_is_clean():
     est = estimate("meta-llama/Llama-2-7b-hf", method="qlora", gpu="rtx4090")
     assert not [f for f in est.findings if f.level in ("error", "warning")]
     assert not {"bf16-unsupported", "flash-attn-unsupported", "qlora-unavailable-npu"} & set(_codes(est))

@@ -37,13 +37,13 @@ def machine(name, cc, mem_gib, versions, kind="cuda", n=1, driver="580.65.06", c
 
 
 MACHINES = {
-    # the issue's V100: bnb 0.50 + a torch cu128 whose arch list no longer has sm_70 (2.10/2.11 cu128)
+    # a V100 with bnb 0.50 + a torch cu128 whose arch list no longer has sm_70 (2.10/2.11 cu128)
     "v100": machine("Tesla V100-SXM2-32GB", "7.0", 32.0, {
         "torch": "2.10.0+cu128", "torch_cuda": "12.8", "bitsandbytes": "0.50.2",
         "torch_arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]},
         driver="570.124.06", cuda="12.8"),
-    # seed 000's V100: torch 2.8 cu128 still has sm_70, but bitsandbytes 0.46.1's cu128 build does not
-    "v100-seed000": machine("Tesla V100-SXM2-32GB", "7.0", 32.0, {
+    # the V100 owner's report: torch 2.8 cu128 still has sm_70, but bitsandbytes 0.46.1's cu128 build does not
+    "v100-bnb046": machine("Tesla V100-SXM2-32GB", "7.0", 32.0, {
         "torch": "2.8.0+cu128", "torch_cuda": "12.8", "bitsandbytes": "0.46.1",
         "torch_arch_list": ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]},
         driver="570.124.06", cuda="12.8"),
@@ -75,8 +75,8 @@ def test_v100_bnb050_torch_cu128_without_sm70():
     assert r.exit_code == 1
 
 
-def test_v100_seed000_bitsandbytes_breaks_even_plain_lora():
-    r = diagnose(MACHINES["v100-seed000"])
+def test_v100_with_bnb046_bitsandbytes_breaks_even_plain_lora():
+    r = diagnose(MACHINES["v100-bnb046"])
     t = tasks(r)
     assert t["lora"] == "breaks" and t["full"] == "works"
     assert t["qlora-4bit"] == "breaks" and t["adamw-8bit"] == "breaks"
@@ -159,7 +159,7 @@ def test_no_accelerator_exits_0():
 
 
 def test_machine_round_trip_and_cli_machine_file(tmp_path):
-    m = MACHINES["v100-seed000"]
+    m = MACHINES["v100-bnb046"]
     again = MachineInfo.from_dict(json.loads(json.dumps(diagnose(m).to_dict())))  # a whole report works too
     assert again.to_dict() == m.to_dict()
     p = tmp_path / "box.json"

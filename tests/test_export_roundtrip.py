@@ -1,4 +1,4 @@
-"""Round trip: export a plan, read the files back with --from, get the same estimate (issue 11).
+"""Round trip: export a plan, read the files back with --from, get the same estimate.
 
 Only what a format cannot hold is given back as flags: a DeepSpeed JSON says nothing about the model or
 LoRA, an accelerate YAML nothing about the batch; LLaMA-Factory's YAML holds everything but the GPU

@@ -97,8 +97,7 @@ def test_full_offload_example() -> None:
 
 
 def test_yaml_with_deepspeed_json_beside_it_equals_the_same_flags() -> None:
-    """Issue 11's done-when: a LLaMA-Factory YAML + DeepSpeed JSON gives the answer of the equivalent
-    flags."""
+    """A LLaMA-Factory YAML with its DeepSpeed JSON gives the answer of the equivalent flags."""
     r = read_configs([str(EXPLICIT)])
     # DeepSpeed's train_batch_size 32 = micro-batch 2 x accumulation 4 x 4 GPUs
     assert r.setup_kw["gpus"] == 4 and "train_batch_size" in r.sources["gpus"]

@@ -13,7 +13,7 @@ from tuneplan.specs.model import model_from_config
 
 from .conftest import LLAMA2_7B, QWEN25_7B, TINY_LLAMA
 
-# Published totals quoted in issue 2 (model cards / safetensors metadata).
+# Published totals (model cards / safetensors metadata).
 PUBLISHED = {
     "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
     "meta-llama/Llama-2-7b-hf": 6_738_415_616,

@@ -1,4 +1,5 @@
-"""Build src/tuneplan/catalog/accelerators.json from ../shared/reference/gpus.csv.
+"""Build src/tuneplan/catalog/accelerators.json from the reference GPU table, gpus.csv (by default the one
+in the reference folder beside the repository).
 
 Facts are carried over as published; blanks stay null (unknown), `verified`, `source` and
 `unverified_or_derived_fields` travel with every row. Two things are derived here, and each says how:
