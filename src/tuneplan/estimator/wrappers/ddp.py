@@ -42,8 +42,10 @@ class Ddp(Wrapper):
         grads = params.trainable_params * params.trainable_bytes
         states, temp = optimizer.states, optimizer.temp
         if run.setup.world_size == 1:
-            return WrapperMemory(Resident(weights - adapters, adapters, states, temp, grads, host=0, nccl=0))
-        resident = Resident(weights - adapters, adapters, states, temp, grads, host=0, nccl=NCCL_BYTES)
+            return WrapperMemory(Resident(weights=weights - adapters, adapters=adapters, states=states,
+                                          optimizer_temp=temp, gradients=grads, host=0, nccl=0))
+        resident = Resident(weights=weights - adapters, adapters=adapters, states=states, optimizer_temp=temp,
+                            gradients=grads, host=0, nccl=NCCL_BYTES)
         return WrapperMemory(resident,
                              Buckets(persistent=grads),
                              notes=("DDP: full replica per GPU plus gradient buckets the size of the "

@@ -111,9 +111,10 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
         if setup.offload == "all":
             weights_shard = 0
     adapters = ceil_div(params.adapter_bytes, world_size)
-    resident = Resident(max(weights_shard - adapters, 0), adapters, states_shard, temp_shard, grads_shard,
-                        host, nccl_bytes(setup))
-    return ShardedTerms(resident, layer16, root_unit, root16, gathered, fsdp_reduce_scatter_input(run), grads)
+    resident = Resident(weights=max(weights_shard - adapters, 0), adapters=adapters, states=states_shard,
+                        optimizer_temp=temp_shard, gradients=grads_shard, host=host, nccl=nccl_bytes(setup))
+    return ShardedTerms(resident=resident, layer16=layer16, root_unit=root_unit, root16=root16,
+                        gathered=gathered, layer_grads=fsdp_reduce_scatter_input(run), grads=grads)
 
 
 class Fsdp(ShardingWrapper):
@@ -126,7 +127,8 @@ class Fsdp(ShardingWrapper):
         if run.profile.model_code != "hf":
             gathered = terms.gathered
             return WrapperMemory(terms.resident, Buckets(persistent=terms.layer_grads),
-                                 Gathered(gathered, gathered, gathered), no_sync=no_sync_gradients(run),
+                                 Gathered(in_layers=gathered, at_loss=gathered, at_forward_end=gathered),
+                                 no_sync=no_sync_gradients(run),
                                  notes=self.notes(run.setup))
         return self.simulated_memory(run, terms)
 
@@ -176,8 +178,10 @@ class Fsdp1(Fsdp):
             head_wait = (model.lm_head_params or model.embed_params) * (
                 compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes)
         buffers = terms.layer_grads
-        return WrapperMemory(terms.resident, Buckets(in_layers=buffers), Gathered(gathered, at_loss, at_loss),
-                             top_layer=TopLayer(buffers, 2 * buffers + head_wait, gathered, False),
+        return WrapperMemory(terms.resident, Buckets(in_layers=buffers),
+                             Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss),
+                             top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
+                                                gathered=gathered, keeps_scratch=False),
                              no_sync=no_sync_gradients(run), notes=self.notes(setup))
 
 
@@ -194,13 +198,16 @@ class Fsdp2(Fsdp):
         model, setup = run.model, run.setup
         layer16, buffers = terms.layer16, terms.layer_grads
         fully_sharded = fully_shard_terms(model, setup, buffers, run.dtypes.compute, terms.grads,
-                               run.param_plan.trainable_params)
+                                          run.param_plan.trainable_params)
         forward_end = fully_sharded.tail16 + (fully_sharded.tail16 if model.lm_head_params else layer16)
         return WrapperMemory(terms.resident,
                              Buckets(in_layers=fully_sharded.transient,
                                      missing_at_bottom=fully_sharded.pending_bottom),
-                             Gathered(2 * layer16 + fully_sharded.held, fully_sharded.tail16, forward_end),
-                             top_layer=TopLayer(buffers, buffers, 2 * layer16 + fully_sharded.held_top, True),
+                             Gathered(in_layers=2 * layer16 + fully_sharded.held,
+                                      at_loss=fully_sharded.tail16, at_forward_end=forward_end),
+                             top_layer=TopLayer(counted=buffers, gradients_at_end=buffers,
+                                                gathered=2 * layer16 + fully_sharded.held_top,
+                                                keeps_scratch=True),
                              end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))

@@ -126,8 +126,8 @@ class Zero(Wrapper):
     def resident(self, run: Run, weights: int, states: int, temp: int, grads: int, host: int) -> Resident:
         """``weights`` on this GPU split into the base model's and the adapters (deepspeed_adapters)."""
         adapters = deepspeed_adapters(run, weights)
-        return Resident(max(weights - adapters, 0), adapters, states, temp, grads, host,
-                        nccl_bytes(run.setup))
+        return Resident(weights=max(weights - adapters, 0), adapters=adapters, states=states,
+                        optimizer_temp=temp, gradients=grads, host=host, nccl=nccl_bytes(run.setup))
 
     @staticmethod
     def notes(setup: TrainSetup, notes: list[str]) -> tuple[str, ...]:
@@ -240,14 +240,16 @@ class Zero3(Zero, ShardingWrapper):
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
-        top_layer = TopLayer(0, 0, top_gathered, True) if top_gathered > layer_gathered else None
+        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=top_gathered, keeps_scratch=True)
+                     if top_gathered > layer_gathered else None)
         if setup.offload != "none":
             # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
             host += g_live
             g_live = 0
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
-                             Gathered(layer_gathered, at_loss, at_loss), top_layer=top_layer,
+                             Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss),
+                             top_layer=top_layer,
                              notes=self.notes(setup, notes))
 
     @staticmethod
