@@ -12,14 +12,11 @@ from hypothesis import strategies as st
 
 from tuneplan.api import build_setup
 from tuneplan.catalog.accelerators import catalog_accelerators, resolve_accelerator
+from tuneplan.estimator.card_rates import GEMM_EFFICIENCY
 from tuneplan.estimator.links import intra_node_link
 from tuneplan.estimator.runtime import time_and_cost
-from tuneplan.estimator.throughput import (
-    GEMM_EFFICIENCY,
-    HOST_ADAM_BYTES_PER_PARAM,
-    HOST_MEMORY_GBS_PER_GPU,
-    step_time,
-)
+from tuneplan.estimator.throughput import step_time
+from tuneplan.estimator.time_statics import HOST_ADAM_BYTES_PER_PARAM, HOST_MEMORY_GBS_PER_GPU
 from tuneplan.specs.dataset import DatasetSpec
 from tuneplan.specs.model import model_from_config
 
@@ -178,7 +175,7 @@ def test_dispatched_ops_per_counted_kernel() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tuneplan.estimator.compute import flops_per_token
-    from tuneplan.estimator.throughput import OPS_PER_KERNEL
+    from tuneplan.estimator.launch_costs import OPS_PER_KERNEL
 
     cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
            "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 64,
@@ -218,7 +215,7 @@ def test_fsdp_ops_per_unit() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from tuneplan.estimator.throughput import FSDP_UNIT_OPS_FULL
+    from tuneplan.estimator.launch_costs import FSDP_UNIT_OPS_FULL
 
     started = not dist.is_initialized()
     if started:

@@ -72,22 +72,27 @@ def entry_key(card_id: str, framework: str) -> str:
     return f"{card_id}|{framework}"
 
 
+def _kept_store() -> dict[str, Any]:
+    store: dict[str, Any] = _cache["store"]
+    return store
+
+
 def load_store(path: str | None = None) -> dict[str, Any]:
     """The store's content (``{"version": 1, "entries": {key: {"measurements": [...]}}}``), empty when there
     is none or it cannot be read as one (a damaged store never stops an estimate)."""
     p = path or store_path()
     now = time.monotonic()
     if _cache.get("path") == p and now - _cache.get("checked", -1e9) < RECHECK_SECONDS:
-        return _cache["store"]  # an estimate grid asks thousands of times a second: one stat per interval
+        return _kept_store()  # an estimate grid asks thousands of times a second: one stat per interval
     try:
         st = os.stat(p)
     except OSError:
         _cache.update(path=p, checked=now, stamp=None, store={"version": STORE_VERSION, "entries": {}})
-        return _cache["store"]
+        return _kept_store()
     _cache.update(path=p, checked=now)
     stamp = (p, st.st_mtime_ns, st.st_size)
     if _cache.get("stamp") == stamp:
-        return _cache["store"]
+        return _kept_store()
     try:
         with open(p, encoding="utf-8") as f:
             data = json.load(f)
