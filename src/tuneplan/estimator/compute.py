@@ -208,6 +208,8 @@ class LayerWork(NamedTuple):
     ops: float  # element-wise, attention and reshape kernels
     gemms: float  # matmul kernels (the attention kernel counted once)
     qlin: float  # quantized linears (one dequantization each per pass)
+    ada_fwd_reads: float = 0.0  # bytes lora_A's GEMMs read from the layer input no other count has
+    ada_bwd_reads: float = 0.0  # bytes the lora_A weight-gradient GEMMs read (their saved input)
 
 
 def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str],
@@ -224,6 +226,7 @@ def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes,
     produced = 0.0
     ada_bytes = 0.0
     ada_bwd_bytes = 0.0
+    ada_reads = 0.0
     ops = 0.0
     gemms = 1.0  # the attention kernel (SDPA/flash) or the two batched matmuls of eager, counted once
     qlin = 0.0
@@ -239,6 +242,7 @@ def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes,
             ada_bytes += ((m.d_in if dropout else 0) * dt.adapter + setup.rank * dt.adapter
                           + 3 * m.d_out * max(dt.adapter, c)) * k
             ada_bwd_bytes += _adapter_backward_bytes(m.d_in, m.d_out, dropout, max(dt.adapter, c)) * k
+            ada_reads += m.d_in * max(dt.adapter, c) * k
             gemms += 2 * k
             ops += 2 + (1 if dropout else 0)
     produced += spec.n_norms * h * (NORM_FP32_TENSORS * 4 + NORM_HALF_TENSORS * dt.norm_out)
@@ -255,7 +259,12 @@ def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes,
     ops += 2 if gated else 1
     if attn == "eager":
         ops += 3
-    return LayerWork(lin, ada, produced, ada_bytes, ada_bwd_bytes, ops, gemms, qlin)
+    # LoRA's matmuls are memory-bound (``gemm_efficiency``: intensity 2 r / e FLOP per byte): their operand
+    # bytes are their time. The tensors they write are counted above; lora_A's read of its input is not
+    # where no dropout output stands between (that output's read is its write's pair), nor is the read of
+    # its saved input by the weight-gradient matmul ``dW_A = x^T g``.
+    return LayerWork(lin, ada, produced, ada_bytes, ada_bwd_bytes, ops, gemms, qlin,
+                     0.0 if dropout else ada_reads, ada_reads)
 
 
 @dataclass
@@ -300,6 +309,8 @@ def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainS
                                    + FWD_TRAFFIC_PER_BYTE * w.ada_bwd_bytes)
         else:
             t.traffic[key] += n * passes * v
+    fwd_passes = 1.0 + (1.0 if grad_flows and setup.gradient_checkpointing else 0.0)
+    t.traffic["adapters"] += n * (fwd_passes * w.ada_fwd_reads + (w.ada_bwd_reads if grad_flows else 0.0))
     t.scores_n.append(n * passes)
     t.kernels["gemm"] += n * kpasses * w.gemms
     t.kernels["other"] += n * kpasses * w.ops
