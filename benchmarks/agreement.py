@@ -305,14 +305,15 @@ def run_case(case: Case, skip_unsupported: bool = False) -> dict[str, Any]:
         raise RuntimeError(f"{case.label}: simulate fell back to analytic: {rep.fallback}")
     sim = rep.breakdown
     ana = memory_breakdown(spec, setup)
-    sp, ap = sim.allocated_peak_bytes, ana.allocated_peak_bytes
+    sim_peak, ana_peak = sim.allocated_peak_bytes, ana.allocated_peak_bytes
     comps = {k: (sim.components.get(k, 0), ana.components.get(k, 0)) for k in sim.components}
     return {
-        "label": case.label, "model": spec.name, "setup": case.setup, "sim_peak": sp, "ana_peak": ap,
-        "rel": ap / sp - 1, "sim_instant": sim.peak_instant, "ana_instant": ana.peak_instant,
+        "label": case.label, "model": spec.name, "setup": case.setup, "sim_peak": sim_peak, "ana_peak": ana_peak,
+        "rel": ana_peak / sim_peak - 1, "sim_instant": sim.peak_instant, "ana_instant": ana.peak_instant,
         "peak_op": rep.peak_op,
-        "components": {k: {"sim": s, "ana": a, "diff_pct_of_peak": 100 * (a - s) / sp} for k, (s, a) in comps.items()
-                       if s or a},
+        "components": {k: {"sim": simulated, "ana": analytic,
+                           "diff_pct_of_peak": 100 * (analytic - simulated) / sim_peak}
+                       for k, (simulated, analytic) in comps.items() if simulated or analytic},
         "seconds": rep.seconds, "wall": wall, "reserved": sim.reserved_peak_bytes,
     }
 
