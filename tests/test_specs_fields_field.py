@@ -35,7 +35,8 @@ def test_applies_to_follows_methods():
     assert not lora_only.applies_to(None)  # method unknown yet: only the universal fields apply
 
 
-@pytest.mark.parametrize("type_, expected", [(int, "N"), (float, "X"), (str, "OPTIMIZER"), (bool, "OPTIMIZER")])
+@pytest.mark.parametrize("type_, expected",
+                         [(int, "N"), (float, "X"), (str, "OPTIMIZER"), (bool, "OPTIMIZER")])
 def test_metavar_by_type(type_, expected):
     assert row("optimizer", type_, None, "h").metavar == expected
 
