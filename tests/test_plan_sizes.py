@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import TINY_LLAMA
+from tuneplan import resolve_accelerator
 from tuneplan.api import estimate
-from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.plan.margin import Margin
 from tuneplan.plan.sizes import BLOCK, Row, Shared, SizeGrid, choose, grid_width
 from tuneplan.specs.model import model_from_config
