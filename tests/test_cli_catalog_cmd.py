@@ -22,10 +22,11 @@ def test_models_lists_the_whole_catalog(capsys):
 
 
 def test_models_search_matches_ids_and_aliases_case_blind(capsys):
+    assert all(a == a.lower() for e in catalog_entries() for a in e.aliases)  # aliases are stored lowercase
     code, out = json_of(capsys, "models", "QWEN", "--json")
     ids = {m["hf_id"] for m in out["models"]}
     expected = {e.hf_id for e in catalog_entries()
-                if "qwen" in e.hf_id.lower() or any("qwen" in a for a in e.aliases)}
+                if "qwen" in e.hf_id.lower() or any("qwen" in a.lower() for a in e.aliases)}
     assert code == 0 and ids == expected and ids
 
 
@@ -37,7 +38,7 @@ def test_models_search_without_a_match_is_empty(capsys):
 def test_models_text_counts_what_it_lists(capsys):
     assert run(["models", "llama"]) == 0
     n = sum(1 for e in catalog_entries()
-            if "llama" in e.hf_id.lower() or any("llama" in a for a in e.aliases))
+            if "llama" in e.hf_id.lower() or any("llama" in a.lower() for a in e.aliases))
     assert f"({n} models)" in capsys.readouterr().out
 
 
