@@ -50,3 +50,21 @@ def test_activations_grow_with_prefill_and_concurrency(tiny):
     base = overheads(tiny, tp=1, prefill_tokens=512, concurrency=1).activations
     assert overheads(tiny, tp=1, prefill_tokens=1024, concurrency=1).activations > base
     assert overheads(tiny, tp=1, prefill_tokens=512, concurrency=2).activations > base
+
+
+def test_a_gelu_mlp_keeps_two_intermediate_widths():
+    # GPT-2 small: h 768, 12 heads x 64, intermediate 4 h = 3,072. Attention 2 x 768 + (768 + 2 x 768 + 768)
+    # = 4,608; the GELU MLP 2 x 768 + 2 x 3,072 = 7,680 (wider); 2 bytes -> 15,360
+    gpt2 = model_from_config(dict(model_type="gpt2", n_embd=768, n_layer=2, n_head=12, vocab_size=1000,
+                                  n_positions=1024), "gpt2-small")
+    assert activation_per_token(gpt2, 1) == 15_360
+
+
+def test_a_moe_layer_counts_the_routed_experts_widths():
+    # Mixtral-shaped: h 64, 2 of 4 experts of width 128 per token: MLP 2 x 64 + 3 x (2 x 128) = 896,
+    # attention 128 + (64 + 2 x 32 + 64) = 320; 2 bytes -> 1,792
+    cfg = dict(model_type="mixtral", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, intermediate_size=128, num_local_experts=4, num_experts_per_tok=2,
+               vocab_size=100)
+    moe = model_from_config(cfg, "tiny-mixtral")
+    assert activation_per_token(moe, 1) == 1_792
