@@ -81,3 +81,28 @@ def test_a_card_too_small_for_the_cuda_context_has_no_candidate(model):
                                 memory_gib_usable_observed=None)
     cs = candidate_set(model, small)
     assert cs.candidates == [] and cs.best() is None
+
+
+@pytest.mark.parametrize("prefer", ["quality", "speed"])
+@pytest.mark.parametrize("case", ["tiny-2xh100", "qwen7b-rtx4090"])
+def test_dominance_never_changes_the_recommendation(model, prefer, case):
+    # the families the set skips as dominated would never have been chosen: deciding over a candidate for
+    # every compatible family (none skipped) picks the same setup. Tiny: everything fits, 2 GPUs (every
+    # strategy); Qwen2.5-7B on a 24 GB card: memory decides (full fine-tuning does not fit)
+    from tests.conftest import QWEN25_7B
+    from tuneplan.plan import rule
+    from tuneplan.plan.evaluate import measure, plan_family
+
+    spec, gpu, world = ((model, "h100", 2) if case == "tiny-2xh100"
+                        else (model_from_config(QWEN25_7B, "qwen7b"), "rtx4090", 1))
+    probe = Prober(spec, resolve_accelerator(gpu), {"seq": 256, "gpus": world})
+    cs = build_candidates(probe, VARIANTS, world, target=16, margin=BAND, prefer=prefer)
+    every = [c for f in cs.families if f not in cs.pruned
+             if (c := plan_family(probe, f, target=16, world=world, margin=BAND)) is not None]
+    if prefer == "quality":
+        assert len(every) > len(cs.candidates)  # dominance did skip families here
+    reference = rule.decide(every, prefer, lambda c: measure(probe, c, BAND), rule.NO_LIMITS).chosen
+    chosen = cs.decide().chosen
+    assert chosen is not None and reference is not None
+    assert (chosen.family, chosen.batch, chosen.grad_accum) == \
+        (reference.family, reference.batch, reference.grad_accum)
