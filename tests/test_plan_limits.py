@@ -73,3 +73,29 @@ def test_caps():
 def test_a_batch_that_always_fits_reaches_its_cap():
     out = limits_at(RuleProbe(float("inf"), 100), FIELDS, SETUP, which=("batch",))
     assert (out.max_batch, out.limited_by["batch"]) == (BATCH_CAP, "cap")
+
+
+def test_with_the_estimator_the_limits_are_exact_boundaries():
+    # the real probe: Qwen2.5-7B LoRA on a 24 GB card; each limit fits and one more does not fit, the others
+    # fields held where they were (memory never falls as batch, sequence or rank grow)
+    from tests.conftest import QWEN25_7B
+    from tuneplan import estimate, resolve_accelerator
+    from tuneplan.plan.evaluate import Prober
+    from tuneplan.specs.model import model_from_config
+
+    model = model_from_config(QWEN25_7B, "qwen7b")
+    gpu = resolve_accelerator("rtx4090")
+    fields = {"method": "lora", "batch": 1, "seq": 512, "rank": 16}
+    probe = Prober(model, gpu, {})
+    setup = probe.check_base(**fields).setup
+    out = limits_at(probe, fields, setup)
+
+    def fits(**change) -> bool:
+        return estimate(model, gpu=gpu, timing=False, **{**fields, **change}).fits
+
+    for name, value in (("batch", out.max_batch), ("seq", out.max_seq), ("rank", out.max_rank)):
+        assert value is not None and fits(**{name: value}), name
+        if out.limited_by[name] == "memory":
+            assert not fits(**{name: value + 1}), name
+        else:
+            assert value == out.caps[name], name
