@@ -49,8 +49,7 @@ def test_the_inputs_and_tabs_are_on_the_page(demo):
         assert widget in ids, widget
 
 
-@pytest.mark.xfail(strict=True, reason="web/page.py gives the GPU-count input elem_id 'tp-gpus' and "
-                   "web/planner_tabs.py gives the GPUs tab's table the same id: HTML ids must be unique")
 def test_element_ids_are_unique(demo):
+    # an HTML id names one element: the browser tests and the page's CSS select by it
     repeated = [i for i, n in Counter(elem_ids(demo)).items() if n > 1]
     assert repeated == []
