@@ -110,3 +110,13 @@ def test_measure_calibrate_stores_the_stated_link(store, monkeypatch) -> None:
     assert cal["predicted_step_seconds"] == pytest.approx(t)
     stored = json.loads(store.read_text())["entries"]["rtx-3090|fsdp-qlora"]
     assert all(v == pytest.approx(1.0, abs=1e-3) for v in stored["factors"].values())
+
+
+def test_measure_without_calibrate_says_the_link_is_unused(store) -> None:
+    """--steps 0 is refused before any model is built; the warning comes first."""
+    res = subprocess.run([sys.executable, "-m", "tuneplan", "measure", MODEL, "--link", "pcie3x8",
+                          "--steps", "0"], capture_output=True, text=True)
+    said = " ".join(res.stderr.split())  # the console wraps at its width
+    assert res.returncode == 2 and "--steps" in said
+    assert "--link and --inter-node-gbs describe the machine for --calibrate; ignored" in said
+    assert not store.exists()

@@ -63,6 +63,11 @@ def register(app: typer.Typer) -> None:
             from tuneplan.safe_write import check_targets
 
             check_targets([record], force=False, field="record")  # refuses the link, before the run
+        if time_options is not None and not calibrate:
+            from tuneplan.cli.render import err_console
+
+            err_console.print("[yellow]warning:[/] --link and --inter-node-gbs describe the machine for "
+                              "--calibrate; ignored without it", highlight=False)
         fields: dict[str, Any] = {**(setup_kw or {}), **_torch_era(torch_era)}
         out = measure(model, steps=steps, device=device, weights=weights, record=record, **fields)
         if calibrate:
