@@ -59,22 +59,25 @@ def test_zero1_offload_makes_the_trip_once_per_step() -> None:
     assert four - one == pytest.approx(2 * (TRAINABLE / 2) * 2 / host)
 
 
-@pytest.mark.parametrize(("kw", "per_micro", "per_step"), [
+@pytest.mark.parametrize(("kw", "per_micro", "per_step", "per_trip"), [
     # one card, optimizer offloaded: bf16 gradients into the bucket each micro-batch (2 + 2 B), then once
-    # per step the cast to fp32 on the GPU (read 2 B, write 4 B) before they go down
-    (OFFLOAD, 2 * TRAINABLE * 2, TRAINABLE * (2 + 4)),
+    # per step the cast to fp32 on the GPU (read 2 B, write 4 B) before they go down; accumulating, each
+    # micro-batch adds the buffer that came up to the new gradient (read 2 + 2 B, write 2 B)
+    (OFFLOAD, 2 * TRAINABLE * 2, TRAINABLE * (2 + 4), TRAINABLE * 3 * 2),
     # two cards, nothing offloaded: the bucket, then this rank's half into the partition buffer (2 + 2 B)
-    ({"gpus": 2, "zero": 2}, 2 * TRAINABLE * 2 + 2 * TRAINABLE / 2 * 2, 0),
+    ({"gpus": 2, "zero": 2}, 2 * TRAINABLE * 2 + 2 * TRAINABLE / 2 * 2, 0, 0),
     # ZeRO-1 reduces once, at the last micro-batch
-    ({"gpus": 2, "zero": 1}, 0, 2 * TRAINABLE * 2 + 2 * TRAINABLE / 2 * 2),
+    ({"gpus": 2, "zero": 1}, 0, 2 * TRAINABLE * 2 + 2 * TRAINABLE / 2 * 2, 0),
 ])
-def test_zero_gradient_copies_on_the_gpu(kw: dict, per_micro: float, per_step: float) -> None:
+def test_zero_gradient_copies_on_the_gpu(kw: dict, per_micro: float, per_step: float,
+                                         per_trip: float) -> None:
     """stage_1_and_2.py with contiguous gradients (DeepSpeed's default): the copy of every gradient into
     the reduction bucket and of this rank's shard out of it, in bf16 (the engine's cast)."""
     bw = _stream_bps(**kw)
     for ga in (1, 4):
         got = _time(grad_accum=ga, **kw)["components_seconds"]["gradient_copies"]
-        assert got == pytest.approx((ga * per_micro + per_step) / bw)
+        trips = ga if ga > 1 else 0
+        assert got == pytest.approx((ga * per_micro + per_step + trips * per_trip) / bw)
 
 
 @pytest.mark.parametrize("ga", [1, 4])
@@ -88,8 +91,9 @@ def test_offload_never_shortens_a_step_of_the_same_dtypes(ga: int) -> None:
     host = _host_bps("rtx4090")
     trips = ga if ga > 1 else 0
     copies = (TRAINABLE * (4 + 4) + trips * 2 * TRAINABLE * 4) / host + CPU_ADAM_S
-    # every micro-batch's fp32 gradients into the bucket (read + write); no cast to fp32 before they go down
-    copies += ga * 2 * TRAINABLE * 4 / _stream_bps(precision="fp32")
+    # every micro-batch's fp32 gradients into the bucket (read + write), and accumulating the add of the
+    # buffer that came up (read 2, write 1); no cast to fp32 before they go down
+    copies += (ga * 2 * TRAINABLE * 4 + trips * 3 * TRAINABLE * 4) / _stream_bps(precision="fp32")
     gpu_update = plain["components_seconds"]["optimizer"]
     assert off["step_seconds"] == pytest.approx(plain["step_seconds"] - gpu_update + copies)
     assert off["step_seconds"] > plain["step_seconds"]

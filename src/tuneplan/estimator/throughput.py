@@ -158,6 +158,13 @@ def exposed_communication(run: Run, ts: TimeStatics, fl: FlopCount, mb: MicroBat
     return exposed
 
 
+def accumulation_trips(setup: TrainSetup, ts: TimeStatics) -> int:
+    """How often per step ZeRO-1/2's offloaded gradients go up to the GPU and back while they accumulate:
+    every micro-batch under ZeRO-2, once under ZeRO-1, never for a lone micro-batch."""
+    ga = setup.grad_accum
+    return (ga if ts.accum_trip_per_micro else 1) if ga > 1 and ts.accum_trip_bytes else 0
+
+
 def offload_seconds(setup: TrainSetup, ts: TimeStatics, links: dict[str, str]) -> float:
     """CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload): the step's and every
     micro-batch's copies at the host link, the gradients' round trips through the host buffer they
@@ -167,9 +174,8 @@ def offload_seconds(setup: TrainSetup, ts: TimeStatics, links: dict[str, str]) -
     host = ts.host
     links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
     ga = setup.grad_accum
-    trips = (ga if ts.accum_trip_per_micro else 1) if ga > 1 else 0
     offload_s = (ts.offload_step_bytes + ga * ts.offload_micro_bytes
-                 + trips * ts.accum_trip_bytes) / (host.gbs * 1e9)
+                 + accumulation_trips(setup, ts) * ts.accum_trip_bytes) / (host.gbs * 1e9)
     return offload_s + ts.cpu_optimizer_s
 
 
@@ -229,7 +235,8 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         assumptions.append(f"device_map over {setup.gpus} cards: one works at a time, so the step is one "
                            f"card's for the whole model plus {hand_over_s * 1e3:.3g} ms of copies between "
                            "cards per micro-batch (accelerate's per-module hooks not counted)")
-    copies_s = (ga * ts.grad_copy_micro_bytes + ts.grad_copy_step_bytes) / ts.bw  # ZeRO-1/2's buckets
+    copies_s = (ga * ts.grad_copy_micro_bytes + ts.grad_copy_step_bytes  # ZeRO-1/2's buckets
+                + accumulation_trips(setup, ts) * ts.accum_add_bytes) / ts.bw
     step_s = ga * mb.micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s + copies_s
     tensor_s = mb.gemm_s if mb.gemm_s >= mb.weights_s else 0.0  # matmuls held by the tensor cores
     breakdown = {

@@ -122,6 +122,7 @@ class TimeStatics:
     # (``offload_terms``), bytes per trip, and whether it runs every micro-batch (ZeRO-2) or once per step
     accum_trip_bytes: float = 0.0
     accum_trip_per_micro: bool = False
+    accum_add_bytes: float = 0.0  # the GPU's add of the buffer that came up to the new gradient, per trip
     # DeepSpeed ZeRO-1/2's gradient copies on the GPU (``gradient_copy_bytes``), bytes per micro-batch and
     # per step
     grad_copy_micro_bytes: float = 0.0
@@ -272,6 +273,7 @@ class OffloadTerms(NamedTuple):
     note: str | None
     accum_trip_bytes: float = 0.0
     accum_trip_per_micro: bool = False
+    accum_add_bytes: float = 0.0
 
 
 def offload_terms(run: Run, kf: dict[str, float]) -> OffloadTerms:
@@ -294,10 +296,10 @@ def offload_terms(run: Run, kf: dict[str, float]) -> OffloadTerms:
     # DeepSpeed ZeRO-1/2 with the optimizer on the CPU accumulates the gradients of several micro-batches
     # in a host buffer of the 16-bit parameter dtype (stage_1_and_2.py, async_accumulate_grad_in_cpu_via_gpu,
     # while the default grad_accum_dtype is the model's): the buffer comes up, the new gradient is added
-    # on the GPU, the sum goes back down. ZeRO-2 reduces (and so does this) at every micro-batch; ZeRO-1
-    # only at the last, where the trip is made once. A lone micro-batch skips it.
+    # on the GPU (reads both, writes one), the sum goes back down. ZeRO-2 reduces (and so does this) at
+    # every micro-batch; ZeRO-1 only at the last, where the trip is made once. A lone micro-batch skips it.
     trip = 2 * shard_t * pp.trainable_bytes if setup.zero in (1, 2) else 0.0
-    return OffloadTerms(step_bytes, micro_bytes, cpu_optimizer_s, note, trip, setup.zero == 2)
+    return OffloadTerms(step_bytes, micro_bytes, cpu_optimizer_s, note, trip, setup.zero == 2, 1.5 * trip)
 
 
 def gradient_copy_bytes(run: Run) -> tuple[float, float]:
@@ -387,6 +389,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         assumptions_tail=rate_notes(run, rates, fused), fixed_s=MICRO_BATCH_FIXED_SECONDS * k_over,
         card_known=rates.eff.known, link_name=coll.link.name, link_stated=bool(opt.peer_link),
         accum_trip_bytes=off.accum_trip_bytes, accum_trip_per_micro=off.accum_trip_per_micro,
+        accum_add_bytes=off.accum_add_bytes,
         grad_copy_micro_bytes=copies[0], grad_copy_step_bytes=copies[1])
     run.memo["time"] = (acc, opt, ts)
     return ts
