@@ -206,12 +206,19 @@ def render_verdict(d: dict[str, Any]) -> None:
         step = d.get("next_step") or {}
         if step.get("largest_component"):
             ch = step.get("change")
-            flag = f"--{ch['field'].replace('_', '-')} {ch['to']}" if ch else None
+            flag = change_flag(ch) if ch else None
             console.print(f"next step: the largest part is {step['largest_component']} "
                           f"({step['largest_component_bytes'] / GIB:,.2f} GiB); "
                           + (f"{flag} fits (device peak {ch['device_peak_bytes'] / GIB:,.2f} GiB)" if ch
-                             else "no single change of framework, sequence or micro-batch fits: more or "
-                                  "larger GPUs (`tuneplan gpus`)"), highlight=False)
+                             else "no single change of framework, checkpointing, sequence, micro-batch "
+                                  "or CPU offload fits: more or larger GPUs (`tuneplan gpus`)"),
+                          highlight=False)
+
+
+def change_flag(change: dict[str, Any]) -> str:
+    """A planner's setup change as the flag that makes it: a switch turned on is the bare flag."""
+    flag = "--" + change["field"].replace("_", "-")
+    return flag if change["to"] is True else f"{flag} {change['to']}"
 
 
 def _num(v: float | None, fmt: str = ",.0f") -> str:
