@@ -138,9 +138,11 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: b
                         autocast_copy += reps * w_numel * dt.compute
                 else:
                     weight += reps * (w_numel + b_numel) * dt.frozen_weight
-                    if dt.autocast and dt.frozen_weight == 4:
+                    if dt.autocast and dt.frozen_weight == 4 and not setup.gradient_checkpointing:
                         # autocast casts a frozen fp32 weight on every forward; the cast is saved for the
-                        # input-gradient matmul (autocast caches casts only for params requiring grad).
+                        # input-gradient matmul (autocast caches casts only for params requiring grad:
+                        # autocast_mode.cpp cached_cast), so a checkpointed layer's forward, which saves
+                        # nothing, frees each cast after its matmul.
                         autocast_copy += reps * w_numel * dt.compute
                 if m.name in targets:
                     p = lora_params_of(m, setup.rank)
