@@ -313,6 +313,8 @@ def run_case(case: Case, skip_unsupported: bool = False) -> dict[str, Any]:
         "components": {k: {"sim": s, "ana": a, "diff_pct_of_peak": 100 * (a - s) / sp} for k, (s, a) in comps.items()
                        if s or a},
         "seconds": rep.seconds, "wall": wall, "reserved": sim.reserved_peak_bytes,
+        "ana_reserved": ana.reserved_peak_bytes,
+        "rel_reserved": ana.reserved_peak_bytes / sim.reserved_peak_bytes - 1,
     }
 
 
@@ -394,7 +396,7 @@ def main_random(n: int, seed: int, jobs: int, json_out: str) -> int:
           + ", ".join(f"{k} {v}" for k, v in rejected.by_field.most_common()) + ")", flush=True)
 
     def line(r: dict[str, Any]) -> None:
-        what = (f"{100 * r['rel']:+7.2f} %" if "rel" in r else
+        what = (f"{100 * r['rel']:+7.2f} % (reserved {100 * r['rel_reserved']:+.2f} %)" if "rel" in r else
                 "skipped: " + r["skipped"] if "skipped" in r else "failed: " + r["error"])
         print(f"{r['label']}: {what}", flush=True)
 

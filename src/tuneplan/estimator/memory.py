@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneplan.estimator.activations import ActivationPlan, ActivationTerms, activation_terms, saved_at
+from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_peak
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
 from tuneplan.estimator.overhead import (
@@ -25,7 +26,6 @@ from tuneplan.estimator.overhead import (
     cross_stream_reserve,
     cuda_context_bytes,
     reserved_band,
-    reserved_from_allocated,
 )
 from tuneplan.estimator.quant_kernels import dequant_transient_bytes
 from tuneplan.estimator.run import Run, resolve_run
@@ -339,7 +339,9 @@ class AnalyticBreakdown(MemoryBreakdown):
 
     def __init__(self, run: Run, at: Instants, peak: str, allocated: int) -> None:
         self.peak_phase = peak
-        self.reserved_peak_bytes = reserved_from_allocated(allocated, cross_stream_reserve(run))
+        base, rows = at[4].common_total, at[0]
+        loss = {k: base + sum(rows[k]) for k in LOSS_INSTANTS if k in rows}
+        self.reserved_peak_bytes = reserved_peak(run, allocated, loss, run.setup.batch, run.setup.seq)
         self.cuda_context_bytes = cuda_context_bytes()
         self.nccl_bytes = at[4].wrapped.resident.nccl
         self._run, self._at, self._allocated = run, at, allocated
@@ -381,7 +383,8 @@ class AnalyticBreakdown(MemoryBreakdown):
             "allocated": Band(int(allocated - ACTIVATION_BAND * transient),
                               int(allocated + ACTIVATION_BAND * transient),
                               "activation and loss terms +-10% (saved-tensor model)"),
-            "reserved": Band(*reserved_band(allocated, cross_stream_reserve(self._run)),
+            "reserved": Band(*reserved_band(allocated, self.reserved_peak_bytes,
+                                            cross_stream_reserve(self._run)),
                              "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
             "cuda_context": CUDA_CONTEXT,
         }
