@@ -1,4 +1,5 @@
-"""Analytic engine vs the simulate oracle: relative difference of the allocated peak and of each component.
+"""Analytic engine vs the simulate oracle: relative difference of the allocated peak and of each component
+(and, in each record, of the reserved peak: the analytic segment model against the allocator emulation).
 
     python benchmarks/agreement.py               # full sweep (about 40 cases), 2 worker processes
     python benchmarks/agreement.py --quick       # the CI subset (also run by tests/test_simulate_agreement.py)
