@@ -67,6 +67,7 @@ class MemoryStatics:
     logit_bytes: int
     hidden: int
     softmax_keeps_input: bool
+    softcap: bool  # the model caps its logits with tanh (logits.logits_plan)
     holds: bool  # the training loop keeps the last micro-batch's outputs (profile.loop_holds_outputs)
     first: bool  # the longest micro-batch runs first (setup.longest_batch_first)
     checkpointed: bool
@@ -134,6 +135,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         dequant=dequant_transient_bytes(model, setup, prof), acts=acts, vocab=model.head_width,
         logit_bytes=dt.compute if dt.autocast else (dt.trainable if setup.method == "full" else dt.non_block),
         hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input, holds=prof.loop_holds_outputs,
+        softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         first=setup.longest_batch_first, checkpointed=bool(setup.gradient_checkpointing),
         n_layers=max(model.n_layers, 1),
         embedding_into_buffer=embedding, g0=grads_prev + buckets.persistent, g1=grads + buckets.persistent,
@@ -220,7 +222,8 @@ def instants(run: Run, batch: Any, seq: Any) -> Instants:
     = the step's gradients + its temporaries (+ what the loop holds)."""
     st = run.memo.get("memory") or memory_statics(run)
     acts = saved_at(st.acts, batch, seq)
-    lg = logits_plan(batch * seq, st.vocab, st.logit_bytes, run.loss, seq, st.hidden, st.softmax_keeps_input)
+    lg = logits_plan(batch * seq, st.vocab, st.logit_bytes, run.loss, seq, st.hidden, st.softmax_keeps_input,
+                     st.softcap)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     holds, first = st.holds, st.first
