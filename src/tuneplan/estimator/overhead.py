@@ -23,7 +23,9 @@ from tuneplan.estimator.xp import maximum, to_int
 MIB = 1024**2
 CUBLAS_WORKSPACE = 32 * MIB  # 8 x 4 MiB (:4096:8)
 # the tails of split segments at the allocated peak, as a share of it: reserved / allocated - 1 of a step
-# whose peak strands no whole segment (simulate's allocator emulation: Qwen2.5-0.5B full fine-tune 5.8 %)
+# whose peak strands no whole segment (the flat figure this model had before the stranded segments; the
+# allocator emulation replaying simulate's trace gives 5.8 % for Qwen2.5-0.5B at 4 layers, full
+# fine-tune, 2 x 1024 tokens, whose peak strands none)
 FRAGMENTATION = 0.06
 # the reserved band: the low end is what the allocator still needs once a failed cudaMalloc has released
 # every free cached segment (release_cached_blocks); the high end lies this far above allocated x (1 + low)
