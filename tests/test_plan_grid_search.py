@@ -24,18 +24,19 @@ GIB = 2**30
 
 
 def passes(est, margin_text: str, host_limit: int) -> bool:
-    """The planner's verdict, from the estimate's fields: fits, host memory, and the margin."""
+    """The planner's verdict, from the estimate's fields: fits, host memory, and the margin (added to what
+    the card must hold: the device peak less the free segments the allocator releases before it fails)."""
     if est is None or not est.fits or est.breakdown.host_bytes * est.setup.gpus > host_limit:
         return False
     b, mem = est.breakdown, est.gpu.memory_bytes
     if margin_text == "band":
         need = b.bands["reserved"].high + b.bands["cuda_context"].high + b.nccl_bytes
     elif margin_text.endswith("%"):
-        need = b.device_peak_bytes + int(float(margin_text[:-1]) / 100 * mem)
+        need = b.device_needed_bytes + int(float(margin_text[:-1]) / 100 * mem)
     elif margin_text.endswith("GiB"):
-        need = b.device_peak_bytes + int(float(margin_text[:-3]) * GIB)
+        need = b.device_needed_bytes + int(float(margin_text[:-3]) * GIB)
     else:
-        need = b.device_peak_bytes
+        need = b.device_needed_bytes
     return need <= mem
 
 

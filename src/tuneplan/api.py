@@ -57,7 +57,7 @@ class Estimate:
             return None
         if any(f.level == "error" for f in self.findings):
             return False
-        return self.breakdown.device_peak_bytes <= self.gpu.memory_bytes
+        return self.breakdown.device_needed_bytes <= self.gpu.memory_bytes
 
     @property
     def requires(self) -> list[str]:
@@ -80,7 +80,7 @@ class Estimate:
     def headroom_bytes(self) -> int | None:
         if self.gpu is None:
             return None
-        return self.gpu.memory_bytes - self.breakdown.device_peak_bytes
+        return self.gpu.memory_bytes - self.breakdown.device_needed_bytes
 
     def to_dict(self) -> dict[str, Any]:
         breakdown = self.breakdown
@@ -92,6 +92,7 @@ class Estimate:
                 "allocated_peak_bytes": breakdown.allocated_peak_bytes,
                 "reserved_peak_bytes": breakdown.reserved_peak_bytes,
                 "device_peak_bytes": breakdown.device_peak_bytes,
+                "device_needed_bytes": breakdown.device_needed_bytes,
                 "cuda_context_bytes": breakdown.cuda_context_bytes,
                 "nccl_bytes": breakdown.nccl_bytes,
                 "paged_bytes": breakdown.paged_bytes,

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_peak
+from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_needed, reserved_peak
 from tuneplan.estimator.instants import STEP_COMPONENTS, memory_at, named
 from tuneplan.estimator.overhead import cuda_context_bytes
 from tuneplan.estimator.run import Run, resolve_run
@@ -53,7 +53,8 @@ class Grid:
     axes: dict[str, tuple[Any, ...]]
     allocated: np.ndarray  # allocated peak bytes (int64)
     reserved: np.ndarray  # caching-allocator reserved bytes at the peak
-    device_peak: np.ndarray  # reserved + CUDA context + NCCL: what nvidia-smi shows, what OOM is judged on
+    device_peak: np.ndarray  # reserved + CUDA context + NCCL: what nvidia-smi shows
+    device_needed: np.ndarray  # the device peak less the free segments the allocator releases: the verdict's
     components: dict[str, np.ndarray]  # allocated bytes of each component at the peak instant
     peak_instant: np.ndarray  # the instant of the peak (str)
     errors: np.ndarray  # an error finding (cannot run, memory aside), or not a valid setup
@@ -72,11 +73,11 @@ class Grid:
         card; None without a GPU."""
         if self.gpu is None:
             return None
-        return self.valid & ~self.errors & (self.device_peak <= self.gpu.memory_bytes)
+        return self.valid & ~self.errors & (self.device_needed <= self.gpu.memory_bytes)
 
     @property
     def headroom(self) -> np.ndarray | None:
-        return None if self.gpu is None else self.gpu.memory_bytes - self.device_peak
+        return None if self.gpu is None else self.gpu.memory_bytes - self.device_needed
 
     @property
     def size(self) -> int:
@@ -119,8 +120,9 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     allocated = np.take_along_axis(totals, peak[None], 0)[0]
     loss = {k: totals[names.index(k)] for k in LOSS_INSTANTS if k in names}
     reserved = reserved_peak(run, allocated, loss, batch, seq)
-    out = {"allocated": allocated, "reserved": reserved,
-           "device_peak": reserved + cuda_context_bytes() + m.statics.wrapped.resident.nccl,
+    outside = cuda_context_bytes() + m.statics.wrapped.resident.nccl
+    out = {"allocated": allocated, "reserved": reserved, "device_peak": reserved + outside,
+           "device_needed": reserved_needed(run, allocated) + outside,
            "peak_instant": np.asarray(names)[peak]}
     for component in PERSISTENT:  # the same at every instant
         out[f"c:{component}"] = np.full(shape, m.statics.common[component], dtype=np.int64)
@@ -210,6 +212,7 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
 
     return Grid(axes={k: grid_axes[k] for k in want}, allocated=arrange(out["allocated"]),
                 reserved=arrange(out["reserved"]), device_peak=arrange(out["device_peak"]),
+                device_needed=arrange(out["device_needed"]),
                 components={component: arrange(out[f"c:{component}"]) for component in COMPONENT_ORDER},
                 peak_instant=arrange(out["peak_instant"]), errors=per_cell(errors), valid=per_cell(valid),
                 gpu=accelerator, runs=runs, invalid=invalid)

@@ -178,6 +178,15 @@ def render_memory_details(d: dict[str, Any]) -> None:
         console.print(f"[dim]note: {escape(n)}[/]")
 
 
+def render_allocator_retries(d: dict[str, Any]) -> None:
+    """When the device peak is above the card and the verdict fits on what the card must hold: the step
+    runs only as PyTorch's allocator frees cached segments and retries."""
+    pg, memory = d["per_gpu"], d["gpu"]["memory_bytes"]
+    if pg["device_peak_bytes"] > memory >= pg.get("device_needed_bytes", pg["device_peak_bytes"]):
+        console.print(f"[yellow]tight:[/] the device peak ({gib(pg['device_peak_bytes'])} GiB) exceeds the "
+                      "card; the allocator frees cached segments and retries (slower steps)", highlight=False)
+
+
 def render_verdict(d: dict[str, Any]) -> None:
     """The first line: the verdict on the card (the card's name choice beside it when the name also
     names another board); the second: what the verdict turns on when it is not a plain FITS."""
@@ -193,6 +202,7 @@ def render_verdict(d: dict[str, Any]) -> None:
     if verdict == "fits":
         console.print(f"[green bold]FITS[/] on {card} ({usable} GiB usable): {headroom} GiB headroom",
                       highlight=False)
+        render_allocator_retries(d)
     elif verdict == "runs_only_with":
         console.print(f"[yellow bold]RUNS ONLY WITH[/] {escape('; '.join(d['requires']))}", highlight=False)
         console.print(f"{card}: memory fits, {headroom} GiB headroom; --versions checks yours",

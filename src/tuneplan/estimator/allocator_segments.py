@@ -96,3 +96,10 @@ def reserved_peak(run: Any, allocated: Any, loss_totals: dict[str, Any], batch: 
     held = maximum(loss_totals.get(LOSS_INSTANTS[0], 0) + at_forward,
                    loss_totals.get(LOSS_INSTANTS[1], 0) + at_backward)
     return reserved_from_allocated(allocated, cross_stream_reserve(run), held)
+
+
+def reserved_needed(run: Any, allocated: Any) -> Any:
+    """The reserved figure once a failed cudaMalloc has released every free cached segment
+    (``release_cached_blocks``) and retried: the allocated peak with its segment tails and the per-stream
+    bytes, without the segments the loss instants strand (what out of memory is judged on)."""
+    return reserved_from_allocated(allocated, cross_stream_reserve(run))

@@ -78,6 +78,10 @@ class MemoryBreakdown:
     wrapper: str = ""  # the data-parallel wrapper a simulation ran (e.g. FSDP1); "" when none ran
     # device_map runs: every card's figures (estimator/device_map.CardMemory.to_dict); [] otherwise
     per_card: list[dict[str, Any]] = field(default_factory=list)
+    # free cached segments within the reserved peak (allocator_segments.py) that the caching allocator
+    # returns to CUDA when a cudaMalloc fails, before it retries and only then reports out of memory
+    # (CUDACachingAllocator.cpp malloc: release_available_cached_blocks, release_cached_blocks)
+    releasable_bytes: int = 0
 
     @property
     def allocated_peak_bytes(self) -> int:
@@ -85,8 +89,15 @@ class MemoryBreakdown:
 
     @property
     def device_peak_bytes(self) -> int:
-        """What nvidia-smi shows and what OOM is judged against."""
+        """What nvidia-smi shows with memory to spare: reserved + CUDA context + NCCL."""
         return self.reserved_peak_bytes + self.cuda_context_bytes + self.nccl_bytes
+
+    @property
+    def device_needed_bytes(self) -> int:
+        """What the card must hold for the step not to run out of memory, what the verdict is judged on:
+        the device peak less the free cached segments the allocator releases and retries with (on a card
+        between the two the step runs, with cudaMalloc retries that slow it)."""
+        return self.device_peak_bytes - self.releasable_bytes
 
     # The upper band: each figure at the high end of its band ("allocated": the activation and loss terms;
     # "reserved": with fragmentation; "cuda_context": driver and CUDA version); a band that is missing counts
@@ -115,6 +126,7 @@ class MemoryBreakdown:
             "allocated_peak_bytes": self.allocated_peak_bytes,
             "reserved_peak_bytes": self.reserved_peak_bytes,
             "device_peak_bytes": self.device_peak_bytes,
+            "device_needed_bytes": self.device_needed_bytes,
             "cuda_context_bytes": self.cuda_context_bytes,
             "nccl_bytes": self.nccl_bytes,
             "paged_bytes": self.paged_bytes,

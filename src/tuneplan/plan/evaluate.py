@@ -92,7 +92,7 @@ class Prober:
         figures any card of the same bf16 support shares: False rules a setup out before its
         compatibility findings on this card are computed."""
         est = self.shared.memory(self.gpu, {**self.base, **fields}, findings=False)
-        return bool(est is not None and est.breakdown.device_peak_bytes <= self.gpu.memory_bytes
+        return bool(est is not None and est.breakdown.device_needed_bytes <= self.gpu.memory_bytes
                     and est.breakdown.host_bytes * est.setup.gpus <= self.host_bytes)
 
     def ok(self, margin: Margin | None) -> Verdict:

@@ -83,17 +83,18 @@ def device_peak_high(est: Any) -> int:
 def required_bytes(est: Any, margin: Margin) -> int:
     """What must fit under the usable memory for ``est`` to count as fitting with ``margin``."""
     high = device_peak_high(est) if margin.kind == "band" else None
-    return required(margin, est.breakdown.device_peak_bytes, high, est.gpu.memory_bytes)
+    return required(margin, est.breakdown.device_needed_bytes, high, est.gpu.memory_bytes)
 
 
-def required(margin: Margin, device_peak: Any, device_peak_high: Any, memory: int) -> Any:
+def required(margin: Margin, device_needed: Any, device_peak_high: Any, memory: int) -> Any:
     """:func:`required_bytes` from the figures themselves (ints, or a grid's arrays element-wise):
-    the upper band for ``band``, else the central device peak plus the margin's bytes."""
+    the upper band for ``band`` (the stranded segments kept: a safety margin), else what the card must
+    hold (``MemoryBreakdown.device_needed_bytes``) plus the margin's bytes."""
     if margin.kind == "band":
         return device_peak_high
     if margin.kind == "bytes":
-        return device_peak + int(margin.value)
-    return device_peak + int(margin.value * memory)
+        return device_needed + int(margin.value)
+    return device_needed + int(margin.value * memory)
 
 
 def fits_with_margin(est: Any, margin: Margin) -> bool:

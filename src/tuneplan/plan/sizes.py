@@ -55,6 +55,7 @@ class Row:
     """Per-GPU memory of a family at micro-batch 1..width, one accumulation regime (1-D arrays)."""
 
     device_peak: np.ndarray
+    device_needed: np.ndarray  # the verdict's figure (MemoryBreakdown.device_needed_bytes)
     device_peak_high: np.ndarray  # the upper band (margin.upper_band)
     host: np.ndarray  # CPU memory per GPU for offloaded states / activations
 
@@ -84,10 +85,10 @@ class SizeGrid:
         compatibility being checked per family before), the node's host memory holds what all its GPUs
         offload, and with ``margin`` the safety margin (``margin.required``, element-wise)."""
         r = self.row(i)
-        ok = (r.device_peak <= memory) & (r.host * gpus <= host_limit)
+        ok = (r.device_needed <= memory) & (r.host * gpus <= host_limit)
         if margin is None:
             return ok
-        return ok & (required(margin, r.device_peak, r.device_peak_high, memory) <= memory)
+        return ok & (required(margin, r.device_needed, r.device_peak_high, memory) <= memory)
 
 
 def choose(ok: Callable[[int], np.ndarray], target: int, world: int) -> tuple[int, int] | None:
@@ -250,7 +251,7 @@ class Shared:
             p = memory_plane(run if i == 0 else run.reshaped(grad_accum=2), batch, seq)
             allocated, reserved, peak = p["allocated"][0], p["reserved"][0], p["device_peak"][0]
             high = upper_band(allocated, reserved, peak)
-            return Row(device_peak=peak, device_peak_high=high,
+            return Row(device_peak=peak, device_needed=p["device_needed"][0], device_peak_high=high,
                        host=host(1 + i))
 
         return SizeGrid(width, plane)

@@ -134,7 +134,7 @@ def _grid_point(grid: Grid, i: int, value: int, run: Any, acc: Accelerator | Non
     return SweepPoint(value=value, fits=bool(fits[i]) if fits is not None else None, device_peak_bytes=peak,
                       allocated_peak_bytes=allocated, reserved_peak_bytes=reserved, stack=stack,
                       peak_instant=str(grid.peak_instant[i]),
-                      headroom_bytes=acc.memory_bytes - peak if acc is not None else None,
+                      headroom_bytes=acc.memory_bytes - int(grid.device_needed[i]) if acc is not None else None,
                       total_hours=tc["total_hours"], tokens_per_second=tc["tokens_per_second"],
                       cloud_usd=tc["cloud_usd"])
 
