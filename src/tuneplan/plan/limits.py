@@ -47,8 +47,9 @@ class Limits:
 def _limit(probe: Prober, fields: Mapping[str, Any], name: str, start: int, cap: int) -> tuple[int | None, str]:
     if name != "batch" and probe.fits({**fields, name: cap}):  # monotone: the cap fits, so does all below
         return cap, "cap"
-    best = largest_true(lambda x: probe.fits({**fields, name: x}), 1, cap, start=start,
-                        known={start: True, cap: False})
+    # the batch cap is not probed up front (few setups come near it): the search asks it when it gets there
+    known = {start: True} if name == "batch" else {start: True, cap: False}
+    best = largest_true(lambda x: probe.fits({**fields, name: x}), 1, cap, start=start, known=known)
     return best, "cap" if best == cap else "memory"
 
 
