@@ -77,7 +77,7 @@ def memory_statics(run: Run) -> MemoryStatics:
                     if setup.quant_bits is not None and profile.quantizes_lm_head else 0)
     optimizer = optimizer_plan(run.optimizer, params.trainable_params, params.trainable_bytes,
                                params.trainable_tensors, params.largest_trainable_tensor,
-                               params.factored_elems)
+                               params.factored_elems, tensor_sizes=params.trainable_sizes)
     wrapper_memory = run.wrapper.memory(run, optimizer)
     resident, buckets = wrapper_memory.resident, wrapper_memory.buckets
     grads, grads_prev, grads_step = gradient_terms(run, wrapper_memory)

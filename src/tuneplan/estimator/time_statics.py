@@ -171,7 +171,8 @@ def optimizer_terms(run: Run, bw: float, k_over: float) -> OptimizerTerms:
     the step runs on the CPU."""
     setup, pp = run.setup, run.param_plan
     op = optimizer_plan(run.optimizer, pp.trainable_params, pp.trainable_bytes,
-                        pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
+                        pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems,
+                        tensor_sizes=pp.trainable_sizes)
     states = op.states + op.paged
     upd_bytes: float = (pp.trainable_params * (2 * pp.trainable_bytes + pp.trainable_bytes) + 2 * states
                         + op.temp * 2)
