@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import QWEN25_7B, TINY_LLAMA
 from tuneplan import estimate
-from tuneplan.estimator.optimizer import bnb_8bit_state_bytes
+from tuneplan.estimator.optimizer import bnb_8bit_state_bytes, stepped_tensor_sizes
 from tuneplan.specs.model import model_from_config
 
 # Qwen2.5-0.5B's config.json (hidden 896, 14 heads of 64, 2 KV heads: k/v width 128)
@@ -96,3 +96,22 @@ def test_simulation_agrees_on_a_small_8bit_run():
             # the simulation's allocator rounds each state tensor to 512 B; the count does not:
             # 37 tensors at 8-bit (2 states + 2 absmax) and 9 at fp32 (2 states), 12,160 B of rounding
             assert (s, a) == (6_694_912, 6_682_752)
+
+
+def test_what_the_optimizer_steps_under_sharding():
+    from tuneplan.api import build_setup
+
+    model = model_from_config(QWEN25_05B, "Qwen2.5-0.5B (hand config)")
+    lora = dict(method="lora", rank=16, targets="q_proj,v_proj")
+    # per layer: A_q, B_q, A_v of 14,336 elements and B_v of 2,048; 24 layers: 1,081,344 trainable
+    sizes = ((2_048, 24), (14_336, 72))
+    from tuneplan.estimator.run import resolve_run
+
+    assert resolve_run(model, build_setup(model, None, **lora)).param_plan.trainable_sizes == sizes
+    assert stepped_tensor_sizes(build_setup(model, None, **lora), 1_081_344, sizes) == sizes
+    # DeepSpeed ZeRO steps one flat fp32 partition per rank: 540,672 elements on each of 2 ranks (8-bit)
+    zero = build_setup(model, None, gpus=2, zero=2, **lora)
+    assert stepped_tensor_sizes(zero, 1_081_344, sizes) == ((540_672, 2),)
+    # FSDP: each rank holds half of every tensor
+    fsdp = build_setup(model, None, gpus=2, fsdp=True, **lora)
+    assert stepped_tensor_sizes(fsdp, 1_081_344, sizes) == ((1_024, 48), (7_168, 144))

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.setup import TrainSetup
 
 BNB_8BIT_BLOCK = 256  # bitsandbytes Optimizer2State.init_state: blockwise absmax per 256 elements
 BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes Optimizer8bit min_8bit_size default: smaller tensors stay 32-bit
@@ -50,10 +51,26 @@ def bnb_8bit_state_bytes(tensor_sizes: tuple[tuple[int, int], ...]) -> int:
     return total
 
 
+def stepped_tensor_sizes(setup: TrainSetup, trainable_params: int,
+                         sizes: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """(elements, tensors) the optimizer steps, summed over the ranks. DeepSpeed ZeRO hands it one flat fp32
+    partition per rank (zero/stage_1_and_2.py sets each group's params to
+    ``[single_partition_of_fp32_groups[i]]``; stage3.py steps ``fp32_partitioned_groups_flat``, sub-groups of
+    up to 1e9 elements, each far above 4,096); FSDP hands it each
+    parameter's part on the rank, about 1/N of it (FSDP2's DTensor local shard, FSDP1's 1-D view of the flat
+    shard); otherwise it steps the parameters as they are (``sizes``, ``ParamPlan.trainable_sizes``)."""
+    n = setup.world_size
+    if setup.zero >= 1:
+        return ((ceil_div(trainable_params, n), n),)
+    if setup.fsdp and n > 1:
+        return tuple((ceil_div(elements, n), count * n) for elements, count in sizes)
+    return sizes
+
+
 def optimizer_plan(name: str, trainable_params: int, param_bytes: int, tensors: int,
                    largest_tensor: int, factored_elems: int, *,
                    tensor_sizes: tuple[tuple[int, int], ...]) -> OptimizerPlan:
-    """``tensor_sizes``: (elements, tensors) of the trainable tensors, ``ParamPlan.trainable_sizes``."""
+    """``tensor_sizes``: (elements, tensors) the optimizer steps, :func:`stepped_tensor_sizes`."""
     if trainable_params == 0:
         return OptimizerPlan(0, 0, 0)
     step_tensors = tensors * ALLOC_ROUND  # one device 'step' scalar per param (fused/capturable)
