@@ -115,3 +115,12 @@ def test_what_the_optimizer_steps_under_sharding():
     # FSDP: each rank holds half of every tensor
     fsdp = build_setup(model, None, gpus=2, fsdp=True, **lora)
     assert stepped_tensor_sizes(fsdp, 1_081_344, sizes) == ((1_024, 48), (7_168, 144))
+
+
+def test_states_can_fall_as_the_rank_grows():
+    # tiny Llama, q and v: A_q, B_q, A_v are r x 256, B_v 64 x r. Rank 8: 2,048, 2,048, 2,048, 512 elements,
+    # all fp32 (3 x 16,384 + 4,096 B per layer); rank 16: three of 4,096 turn 8-bit (8,192 + 8 x 16 = 8,320 B
+    # each), B_v of 1,024 stays fp32 (8,192 B). Four layers: 212,992 B then 132,608 B
+    r8 = optimizer_states(TINY_LLAMA, method="lora", rank=8, optimizer="adamw-8bit")
+    r16 = optimizer_states(TINY_LLAMA, method="lora", rank=16, optimizer="adamw-8bit")
+    assert (r8, r16) == (4 * (3 * 16_384 + 4_096), 4 * (3 * 8_320 + 8_192)) == (212_992, 132_608)
