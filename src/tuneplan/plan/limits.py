@@ -5,7 +5,8 @@ Each limit moves one field and keeps every other field of the setup; the verdict
 adapter terms are non-decreasing in each), so the boundary is found by :func:`largest_true` exactly:
 the returned value fits and the next one does not, or the search stopped at a cap. One exception:
 bitsandbytes' 8-bit AdamW keeps fp32 states for an adapter under 4,096 elements, so at small ranks a
-larger rank can need a few KiB less per adapter; the rank found there fits, but may not be the largest.
+larger rank can need up to 24 KiB less per adapter matrix; the rank found there fits, but may not be
+the largest.
 
 Caps (a limit that reaches its cap is reported with ``limited_by: "cap"``, not "memory"):
 - micro-batch: 4096 sequences per GPU; beyond that the question is throughput, not memory;
