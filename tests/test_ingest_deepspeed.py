@@ -112,11 +112,27 @@ def test_zero_hpz_partition_size_1_is_off_and_says_nothing():
     assert not any("hierarchical" in w for w in out.warnings)
 
 
-@pytest.mark.xfail(strict=True, reason="ingest/deepspeed.py tests `v not in (None, False, 0, 1, {})`; "
-                   "True == 1 in Python, so a ZeRO++ switch set to true is never warned about")
 def test_zero_plus_plus_switch_on_warns():
+    # True == 1 in Python: the switch must be told apart from an "off" value by its type too
     out = read({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}})
     assert any("ZeRO++ quantized weight" in w for w in out.warnings)
+
+
+@pytest.mark.parametrize("key, value, warns", [
+    ("zero_quantized_gradients", True, True),
+    ("zero_quantized_gradients", "true", True),  # pydantic reads the string as a bool
+    ("zero_quantized_gradients", False, False),  # DeepSpeed's default
+    ("zero_quantized_nontrainable_weights", True, True),
+    ("zero_hpz_partition_size", 2, True),
+    ("zero_hpz_partition_size", 0, False),  # a secondary group only for > 1
+    ("mics_shard_size", -1, False),  # its old default: off
+    ("mics_shard_size", 4, True),
+    ("zenflow", {}, True),  # any mapping turns ZenFlow on; only None leaves it off
+    ("zenflow", None, False),
+])
+def test_not_modelled_zero_keys_warn_only_when_on(key, value, warns):
+    out = read({"zero_optimization": {"stage": 3, key: value}})
+    assert any("not modelled" in w for w in out.warnings) is warns
 
 
 def test_buckets_are_read_with_their_aliases():

@@ -67,12 +67,17 @@ def test_caps():
     assert rank_cap(probe, TrainSetup(rank=4096)) == 4096
 
 
-@pytest.mark.xfail(strict=True, reason="plan/limits._limit passes known={cap: False} for the batch without "
-                   "probing it, so a setup that fits at every micro-batch reports 4095 limited by memory "
-                   "instead of the 4096 cap")
 def test_a_batch_that_always_fits_reaches_its_cap():
     out = limits_at(RuleProbe(float("inf"), 100), FIELDS, SETUP, which=("batch",))
     assert (out.max_batch, out.limited_by["batch"]) == (BATCH_CAP, "cap")
+
+
+@pytest.mark.parametrize("batches, expected", [(4095, (4095, "memory")), (4096, (4096, "cap")),
+                                               (4097, (4096, "cap"))])
+def test_the_batch_boundary_next_to_the_cap(batches, expected):
+    # memory allows exactly `batches` sequences of 512 tokens; the 4,096 cap applies above that
+    out = limits_at(RuleProbe(batches * 512, 100), FIELDS, SETUP, which=("batch",))
+    assert (out.max_batch, out.limited_by["batch"]) == expected
 
 
 def test_with_the_estimator_the_limits_are_exact_boundaries():

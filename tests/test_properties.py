@@ -53,6 +53,9 @@ def test_memory_grows_with_batch_and_seq(m, s) -> None:
 def test_memory_grows_with_rank(m, s) -> None:
     if s["method"] not in ("lora", "qlora"):
         s = {**s, "method": "lora"}
+    # Not with bitsandbytes' 8-bit AdamW on the device: an adapter that grows past min_8bit_size (4,096
+    # elements) drops from fp32 to 8-bit states, so its memory can fall (tests/test_estimator_optimizer.py)
+    assume(s["optimizer"] != "adamw-8bit")
     assert alloc(m, **{**s, "rank": s["rank"] * 2}) >= alloc(m, **s)
 
 

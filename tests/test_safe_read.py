@@ -173,11 +173,33 @@ def test_yaml_deep_nesting_is_refused():
         parse_yaml(nested(MAX_NESTING + 1), "from", "d.yaml")
 
 
-@pytest.mark.xfail(strict=True, reason="safe_read._measure_yaml counts a scalar leaf as a level, "
-                   "check_depth does not: the same 32-deep document passes as JSON and is refused as YAML")
 def test_yaml_and_json_share_one_nesting_limit():
     text = "[" * MAX_NESTING + "1" + "]" * MAX_NESTING  # JSON is YAML: the same document
     assert parse_json(text, "from", "d.json") == parse_yaml(text, "from", "d.yaml")[0]
+
+
+def mappings(n: int) -> str:
+    """n mappings nested, a number at the bottom: {"a": {"a": ... 1}} (flow style, so JSON and YAML)."""
+    return '{"a": ' * n + "1" + "}" * n
+
+
+@pytest.mark.parametrize("text", [mappings(MAX_NESTING + 1),
+                                  "[" * (MAX_NESTING + 1) + "1" + "]" * (MAX_NESTING + 1)])
+def test_one_container_past_the_limit_is_refused_alike(text):
+    # depth counts mappings and lists only; the scalar leaf adds none, in either syntax
+    with pytest.raises(TuneplanError, match="nested deeper"):
+        parse_json(text, "from", "d.json")
+    with pytest.raises(TuneplanError, match="nested deeper"):
+        parse_yaml(text, "from", "d.yaml")
+
+
+def test_block_style_yaml_depth_counts_containers():
+    # 32 block mappings, each key's value the next mapping, a scalar at the bottom: 32 levels
+    block = "".join("  " * i + "a:\n" for i in range(MAX_NESTING - 1)) + "  " * (MAX_NESTING - 1) + "a: 1\n"
+    data, _ = parse_yaml(block, "from", "d.yaml")
+    assert data == parse_json(mappings(MAX_NESTING), "from", "d.json")
+    with pytest.raises(TuneplanError, match="nested deeper"):
+        parse_yaml(f"- {block.replace(chr(10), chr(10) + '  ').rstrip()}\n", "from", "d.yaml")
 
 
 def test_yaml_unhashable_key_is_refused_not_raised():

@@ -88,7 +88,7 @@ def test_make_optimizer_refuses_nothing_to_train_and_unknown_names():
 def estimated_8bit_states(n: int) -> int:
     from tuneplan.estimator.optimizer import optimizer_plan
 
-    return optimizer_plan("adamw-8bit", n, 4, 1, n, n).states
+    return optimizer_plan("adamw-8bit", n, 4, 1, n, n, tensor_sizes=((n, 1),)).states
 
 
 def test_the_estimate_agrees_with_the_stand_in_for_a_large_tensor():
@@ -97,9 +97,15 @@ def test_the_estimate_agrees_with_the_stand_in_for_a_large_tensor():
     assert estimated_8bit_states(65_536) == state_bytes(opt) == 2 * 65_536 + 8 * 256
 
 
-@pytest.mark.xfail(strict=True, reason="estimator/optimizer.py applies 8-bit states to every tensor; its "
-                   "docstring and bitsandbytes (min_8bit_size=4096) keep fp32 states under 4,096 elements")
 def test_the_estimate_agrees_with_the_stand_in_for_a_small_tensor():
     opt = BnbAdamStandIn(params(1_024), bits8=True, paged=False)  # e.g. a LoRA B of 64 x 16
     opt.step()
     assert estimated_8bit_states(1_024) == state_bytes(opt) == 8 * 1_024
+
+
+@pytest.mark.parametrize("n", [4_095, 4_096])
+def test_the_estimate_agrees_with_the_stand_in_at_the_threshold(n):
+    # min_8bit_size = 4096: 4,095 elements keep fp32 states (32,760 B), 4,096 are 8-bit (8,192 + 8 x 16)
+    opt = BnbAdamStandIn(params(n), bits8=True, paged=False)
+    opt.step()
+    assert estimated_8bit_states(n) == state_bytes(opt) == {4_095: 32_760, 4_096: 8_320}[n]

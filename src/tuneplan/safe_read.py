@@ -7,6 +7,9 @@ the file and what is accepted (exit 2), never a traceback, a hang or a memory bl
 - size: at most ``limits.MAX_FILE_BYTES``, checked before reading;
 - text: UTF-8 (a leading BOM is dropped), no NUL bytes;
 - JSON: ``NaN`` / ``Infinity`` are not JSON and are refused; nesting at most ``limits.MAX_NESTING``;
+- nesting depth, the same for JSON, YAML and TOML, counts containers only: a scalar is 0 levels, a
+  mapping or list is one more than its deepest value (``1`` is 0, ``[1]`` and ``[]`` are 1,
+  ``{"a": [1]}`` is 2), so one document is accepted or refused alike whichever syntax spells it;
 - YAML: the node graph is measured before it is constructed: a document whose aliases expand to more
   than ``limits.MAX_YAML_NODES`` nodes ("billion laughs"), a recursive alias, or nesting deeper than
   ``limits.MAX_NESTING`` is refused. PyYAML's composer recurses per level; a RecursionError from a
@@ -115,7 +118,7 @@ def parse_json(text: str, field: str, shown: str) -> Any:
 
 
 def check_depth(data: Any, field: str, shown: str) -> None:
-    """Refuse a parsed structure nested deeper than MAX_NESTING (walked without recursion)."""
+    """Refuse a parsed structure nested deeper than MAX_NESTING containers (walked without recursion)."""
     stack: list[tuple[Any, int]] = [(data, 1)]
     seen: set[int] = set()
     while stack:
@@ -155,8 +158,9 @@ def compose_yaml(text: str, field: str, shown: str) -> Any:
 def _measure_yaml(root: Any, field: str, shown: str) -> None:
     """Expanded node count (every alias counted as the copy it stands for) and depth, without recursion.
 
-    size(node) = 1 + sum(size(child)); depth(node) = 1 + max(depth(child)); both memoised by node, so a
-    bomb of n aliases costs O(n) to measure however large its expansion is.
+    size(node) = 1 + sum(size(child)); depth(node) = 1 + max(depth(child)) for a mapping or sequence and 0
+    for a scalar (containers only, as :func:`check_depth` counts); both memoised by node, so a bomb of n
+    aliases costs O(n) to measure however large its expansion is.
     """
     import yaml
 
@@ -178,7 +182,8 @@ def _measure_yaml(root: Any, field: str, shown: str) -> None:
         if done:
             kids = children(n)
             size[k] = 1 + sum(size[id(c)] for c in kids)
-            depth[k] = 1 + max((depth[id(c)] for c in kids), default=0)
+            is_container = isinstance(n, (yaml.MappingNode, yaml.SequenceNode))
+            depth[k] = 1 + max((depth[id(c)] for c in kids), default=0) if is_container else 0
             on_path.discard(k)
             if size[k] > MAX_YAML_NODES:
                 raise TuneplanError(f"{shown}: its aliases expand to more than {MAX_YAML_NODES:,} values",

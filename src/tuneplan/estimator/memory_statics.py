@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
-from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
+from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import dequant_transient_bytes
 from tuneplan.estimator.run import Run
@@ -75,9 +75,10 @@ def memory_statics(run: Run) -> MemoryStatics:
     # A quantized lm_head dequantizes its whole weight for every chunk of the forward
     head_dequant = (int(profile.dequant_bytes_per_elem * model.head_width * model.hidden)
                     if setup.quant_bits is not None and profile.quantizes_lm_head else 0)
+    stepped = stepped_tensor_sizes(setup, params.trainable_params, params.trainable_sizes)
     optimizer = optimizer_plan(run.optimizer, params.trainable_params, params.trainable_bytes,
                                params.trainable_tensors, params.largest_trainable_tensor,
-                               params.factored_elems)
+                               params.factored_elems, tensor_sizes=stepped)
     wrapper_memory = run.wrapper.memory(run, optimizer)
     resident, buckets = wrapper_memory.resident, wrapper_memory.buckets
     grads, grads_prev, grads_step = gradient_terms(run, wrapper_memory)

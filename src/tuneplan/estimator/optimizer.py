@@ -7,9 +7,11 @@
 - transformers' own AdamW (transformers.optimization.AdamW, the Trainer's ``adamw_hf``, its default until
   huggingface/transformers#25109, 2023-07): a loop over parameters, ``denom = exp_avg_sq.sqrt().add_(eps)``
   one parameter at a time: the largest trainable tensor as the step's temporary.
-- bitsandbytes 8-bit AdamW: two uint8 states with one fp32 absmax per block of 256
-  (bitsandbytes/optim/optimizer.py, blockwise), tensors under 4096 elements keep 32-bit states
-  (``min_8bit_size=4096``). Paged variants allocate the states in CUDA unified memory: outside PyTorch's
+- bitsandbytes 8-bit AdamW: per tensor, two uint8 states with one fp32 absmax per block of 256
+  (bitsandbytes/optim/optimizer.py, ``Optimizer2State.init_state``, blockwise); a tensor under
+  ``min_8bit_size`` = 4096 elements keeps two fp32 states whatever its dtype (the same ``init_state``), so
+  the count is made tensor by tensor over ``ParamPlan.trainable_sizes`` (a LoRA B of 16 x 128 is 8 B per
+  element, not 2). Paged variants allocate the states in CUDA unified memory: outside PyTorch's
   allocator, paged out under pressure instead of failing.
 - bitsandbytes PagedAdamW (32-bit): fp32 states whatever the parameter dtype.
 - Adafactor (transformers.optimization.Adafactor, beta1=None): factored second moment, one fp32 row and
@@ -23,8 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.setup import TrainSetup
 
-BNB_8BIT_BLOCK = 256
+BNB_8BIT_BLOCK = 256  # bitsandbytes Optimizer2State.init_state: blockwise absmax per 256 elements
+BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes Optimizer8bit min_8bit_size default: smaller tensors stay 32-bit
 ALLOC_ROUND = 512  # PyTorch caching allocator rounds every block to 512 bytes (kMinBlockSize)
 
 
@@ -36,8 +40,37 @@ class OptimizerPlan:
     notes: tuple[str, ...] = ()
 
 
+def bnb_8bit_state_bytes(tensor_sizes: tuple[tuple[int, int], ...]) -> int:
+    """Two-state bitsandbytes 8-bit optimizer (AdamW8bit, paged or not) over (elements, tensors) pairs."""
+    total = 0
+    for n, count in tensor_sizes:
+        if n >= BNB_MIN_8BIT_SIZE:
+            total += count * (2 * n + 2 * 4 * ceil_div(n, BNB_8BIT_BLOCK))
+        else:
+            total += count * 2 * 4 * n
+    return total
+
+
+def stepped_tensor_sizes(setup: TrainSetup, trainable_params: int,
+                         sizes: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """(elements, tensors) the optimizer steps, summed over the ranks. DeepSpeed ZeRO hands it one flat fp32
+    partition per rank (zero/stage_1_and_2.py sets each group's params to
+    ``[single_partition_of_fp32_groups[i]]``; stage3.py steps ``fp32_partitioned_groups_flat``, sub-groups of
+    up to 1e9 elements, each far above 4,096); FSDP hands it each
+    parameter's part on the rank, about 1/N of it (FSDP2's DTensor local shard, FSDP1's 1-D view of the flat
+    shard); otherwise it steps the parameters as they are (``sizes``, ``ParamPlan.trainable_sizes``)."""
+    n = setup.world_size
+    if setup.zero >= 1:
+        return ((ceil_div(trainable_params, n), n),)
+    if setup.fsdp and n > 1:
+        return tuple((ceil_div(elements, n), count * n) for elements, count in sizes)
+    return sizes
+
+
 def optimizer_plan(name: str, trainable_params: int, param_bytes: int, tensors: int,
-                   largest_tensor: int, factored_elems: int) -> OptimizerPlan:
+                   largest_tensor: int, factored_elems: int, *,
+                   tensor_sizes: tuple[tuple[int, int], ...]) -> OptimizerPlan:
+    """``tensor_sizes``: (elements, tensors) the optimizer steps, :func:`stepped_tensor_sizes`."""
     if trainable_params == 0:
         return OptimizerPlan(0, 0, 0)
     step_tensors = tensors * ALLOC_ROUND  # one device 'step' scalar per param (fused/capturable)
@@ -49,7 +82,7 @@ def optimizer_plan(name: str, trainable_params: int, param_bytes: int, tensors: 
     if name == "adamw-fused":
         return OptimizerPlan(states=adam_states + step_tensors, paged=0, temp=0)
     if name in ("adamw-8bit", "paged-adamw-8bit"):
-        states_8bit = 2 * trainable_params + 2 * 4 * ceil_div(trainable_params, BNB_8BIT_BLOCK)
+        states_8bit = bnb_8bit_state_bytes(tensor_sizes)
         if name == "paged-adamw-8bit":
             return OptimizerPlan(states=0, paged=states_8bit, temp=0,
                                  notes=("8-bit states are paged (unified memory)",))

@@ -30,7 +30,7 @@ from tuneplan.estimator.launch_costs import (
 from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor, stated_link
 from tuneplan.estimator.logits import LITGPT_CHUNK
 from tuneplan.estimator.nccl import CALLS_PER_SHARDED_UNIT, call_overhead, link_kind
-from tuneplan.estimator.optimizer import optimizer_plan
+from tuneplan.estimator.optimizer import optimizer_plan, stepped_tensor_sizes
 from tuneplan.specs.hardware import Accelerator
 
 if TYPE_CHECKING:
@@ -171,7 +171,8 @@ def optimizer_terms(run: Run, bw: float, k_over: float) -> OptimizerTerms:
     the step runs on the CPU."""
     setup, pp = run.setup, run.param_plan
     op = optimizer_plan(run.optimizer, pp.trainable_params, pp.trainable_bytes,
-                        pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
+                        pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems,
+                        tensor_sizes=stepped_tensor_sizes(setup, pp.trainable_params, pp.trainable_sizes))
     states = op.states + op.paged
     upd_bytes: float = (pp.trainable_params * (2 * pp.trainable_bytes + pp.trainable_bytes) + 2 * states
                         + op.temp * 2)

@@ -12,7 +12,8 @@ keeps lm_head (and tied weights) unquantized, and embeddings / norms are not Lin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.dtypes import Dtypes
@@ -82,6 +83,9 @@ class ParamPlan:
     # (simulate: Qwen2.5-7B full + checkpointing, seq 8192: 1.0 GiB live at the loss backward, not 2.75).
     autocast_copy_backward_bytes: int = 0
     largest_layer_bytes: int = 0  # one decoder layer's weights as stored (quantized: packed codes + metadata)
+    # (elements of one trainable tensor, how many such tensors): what a per-tensor optimizer rule needs
+    # (bitsandbytes keeps 32-bit states for small tensors); the elements add up to trainable_params
+    trainable_sizes: tuple[tuple[int, int], ...] = ()
 
 
 def quant_bytes(numel: int, d_out: int, bits: int, double_quant: bool) -> tuple[int, int]:
@@ -112,6 +116,7 @@ class _Tally:
     tensors: int = 0
     largest_tensor: int = 0
     factored_elems: int = 0
+    sizes: Counter[int] = field(default_factory=Counter)  # trainable tensors: elements -> how many
 
 
 def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_head: bool = False) -> ParamPlan:
@@ -148,7 +153,8 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_hea
                      trainable_weight_params=tally.trainable_weight_params,
                      autocast_copy_bytes=tally.autocast_copy, trainable_tensors=tally.tensors,
                      largest_trainable_tensor=tally.largest_tensor, factored_elems=factored,
-                     autocast_copy_backward_bytes=copy_backward, largest_layer_bytes=largest_layer)
+                     autocast_copy_backward_bytes=copy_backward, largest_layer_bytes=largest_layer,
+                     trainable_sizes=tuple(sorted((n, c) for n, c in tally.sizes.items() if n and c)))
 
 
 def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dtypes,
@@ -174,6 +180,7 @@ def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dty
                 tally.trainable_weight_params += repeats * spec.norm_params
                 tally.tensors += repeats * max(spec.n_norms, 1)
                 tally.factored_elems += repeats * spec.norm_params
+                norm_sizes(tally, model, spec.norm_params, spec.n_norms, repeats)
             layer_index += 1
         per_layer = (tally.weight + tally.meta - before) // (1 if freeze else count)
         largest_layer = max(largest_layer, per_layer)
@@ -195,6 +202,9 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
         tally.weight += repeats * (weight_numel + bias_numel) * dtypes.trainable
         tally.trainable_weight_params += repeats * (weight_numel + bias_numel)
         tally.tensors += repeats * (2 if m.bias else 1)
+        tally.sizes[weight_numel] += repeats
+        if bias_numel:
+            tally.sizes[bias_numel] += repeats
         tally.largest_tensor = max(tally.largest_tensor, m.d_in * m.d_out * m.count)
         tally.factored_elems += repeats * m.count * (m.d_in + m.d_out + (m.d_out if m.bias else 0))
         if dtypes.autocast and dtypes.trainable == 4:
@@ -210,6 +220,8 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
     if m.name in targets:
         tally.adapter_params += repeats * lora_params_of(m, setup.rank)
         tally.tensors += repeats * 2 * m.count
+        tally.sizes[setup.rank * m.d_in] += repeats * m.count  # lora_A
+        tally.sizes[m.d_out * setup.rank] += repeats * m.count  # lora_B
         tally.largest_tensor = max(tally.largest_tensor, setup.rank * max(m.d_in, m.d_out))
         tally.factored_elems += repeats * m.count * (m.d_in + m.d_out + 2 * setup.rank)
 
@@ -225,6 +237,10 @@ def non_block_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes:
         tally.weight += non_block * dtypes.trainable
         tally.trainable_weight_params += non_block
         tally.tensors += 3
+        for numel in (model.embed_params, model.lm_head_params, model.other_params):
+            if numel:
+                tally.sizes[numel] += 1
+        norm_sizes(tally, model, model.final_norm_params, 1, 1)
         tally.factored_elems += ((model.vocab + model.hidden) * (1 if model.tied_embeddings else 2)
                                  + model.final_norm_params)
         tally.largest_tensor = max(tally.largest_tensor, model.vocab * model.hidden)
@@ -243,6 +259,19 @@ def non_block_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes:
         # for the input-gradient matmul (no autocast cache for params that do not require grad).
         if dtypes.autocast and dtypes.non_block == 4:
             tally.autocast_copy += model.head_width * model.hidden * dtypes.compute
+
+
+def norm_sizes(tally: _Tally, model: ModelSpec, params: int, n_norms: int, repeats: int) -> None:
+    """Add the tensors of ``n_norms`` hidden-width norms holding ``params`` parameters to ``tally.sizes``: a
+    weight of ``hidden`` per norm, and a bias of ``hidden`` too for LayerNorm; what is left (Qwen3's q/k
+    norms of head_dim, DeepSeek's latent norms) is counted as one tensor (2 x 128 or 512 + 1,536 elements:
+    on the same side of bitsandbytes' 4,096-element threshold as its parts)."""
+    per_norm = 2 if model.norm_kind == "layer" else 1
+    wide = min(n_norms * per_norm, params // model.hidden) if model.hidden else 0
+    if wide:
+        tally.sizes[model.hidden] += repeats * wide
+    if params - wide * model.hidden:
+        tally.sizes[params - wide * model.hidden] += repeats
 
 
 def flat_views(setup: TrainSetup) -> bool:

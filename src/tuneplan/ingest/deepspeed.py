@@ -59,6 +59,20 @@ _ZERO_NOT_MODELLED = {
     "mics_shard_size": "MiCS sharding within groups",
     "zenflow": "ZenFlow asynchronous offloaded updates",
 }
+# The values that leave each feature above off. Compared by type and value, since True == 1 in Python:
+# the ZeRO++ switches are pydantic bools defaulting to False (deepspeed/runtime/zero/config.py
+# DeepSpeedZeroConfig); the secondary partition group exists only for zero_hpz_partition_size > 1
+# (zero/partition_parameters.py Init); mics_shard_size defaulted to -1 (off) before DeepSpeed removed MiCS;
+# zenflow defaults to None and any mapping, an empty one included, turns ZenFlow on (runtime/zenflow/engine.py
+# configure_zenflow tests only for None).
+_ZERO_OFF: dict[str, tuple[Any, ...]] = {
+    "zero_quantized_weights": (False,),
+    "zero_quantized_gradients": (False,),
+    "zero_quantized_nontrainable_weights": (False,),
+    "zero_hpz_partition_size": (0, 1),
+    "mics_shard_size": (-1, 0),
+    "zenflow": (),
+}
 _TOP_IGNORED = frozenset({
     "zero_optimization", "bf16", "bfloat16", "fp16", "train_batch_size", "train_micro_batch_size_per_gpu",
     "gradient_accumulation_steps", "optimizer", "gradient_clipping", "steps_per_print",
@@ -119,6 +133,13 @@ def _precision(c: Collector, data: dict[str, Any]) -> None:
     elif flags:
         name = next(iter(flags))
         c.set("precision", "fp32", *flags[name][1])
+
+
+def _is_off(key: str, value: Any) -> bool:
+    """Whether a not-modelled zero_optimization key leaves its feature off (None: DeepSpeed's default)."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):  # pydantic reads these as bools
+        value = value.lower() == "true"
+    return value is None or any(type(value) is type(off) and value == off for off in _ZERO_OFF[key])
 
 
 def read_deepspeed(doc: Document, label: str = "deepspeed json") -> Ingested:
@@ -203,7 +224,7 @@ def read_deepspeed(doc: Document, label: str = "deepspeed json") -> Ingested:
                                            "to models using deepspeed.checkpointing; not modelled")
     c.out.extras["deepspeed"] = ds
     for k, v in zo.items():
-        if k in _ZERO_NOT_MODELLED and v not in (None, False, 0, 1, {}):
+        if k in _ZERO_NOT_MODELLED and not _is_off(k, v):
             c.warn(("zero_optimization", k), f"not modelled: {_ZERO_NOT_MODELLED[k]}")
         elif k not in _ZERO_IGNORED and k not in _ZERO_NOT_MODELLED:
             c.warn(("zero_optimization", k),

@@ -3,7 +3,10 @@
 Each limit moves one field and keeps every other field of the setup; the verdict is
 ``Estimate.fits``. Memory never falls when batch, sequence or rank grow (the activation, logit and
 adapter terms are non-decreasing in each), so the boundary is found by :func:`largest_true` exactly:
-the returned value fits and the next one does not, or the search stopped at a cap.
+the returned value fits and the next one does not, or the search stopped at a cap. One exception:
+bitsandbytes' 8-bit AdamW keeps fp32 states for an adapter under 4,096 elements, so at small ranks a
+larger rank can need up to 24 KiB less per adapter matrix; the rank found there fits, but may not be
+the largest.
 
 Caps (a limit that reaches its cap is reported with ``limited_by: "cap"``, not "memory"):
 - micro-batch: 4096 sequences per GPU; beyond that the question is throughput, not memory;
@@ -47,8 +50,9 @@ class Limits:
 def _limit(probe: Prober, fields: Mapping[str, Any], name: str, start: int, cap: int) -> tuple[int | None, str]:
     if name != "batch" and probe.fits({**fields, name: cap}):  # monotone: the cap fits, so does all below
         return cap, "cap"
-    best = largest_true(lambda x: probe.fits({**fields, name: x}), 1, cap, start=start,
-                        known={start: True, cap: False})
+    # the batch cap is not probed up front (few setups come near it): the search asks it when it gets there
+    known = {start: True} if name == "batch" else {start: True, cap: False}
+    best = largest_true(lambda x: probe.fits({**fields, name: x}), 1, cap, start=start, known=known)
     return best, "cap" if best == cap else "memory"
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.optimizer import optimizer_plan
+from tuneplan.estimator.optimizer import optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.wrappers.base import (
     Buckets,
     EndOfBackward,
@@ -96,7 +96,9 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
         # the optimizer steps the fp32 shards: states as the optimizer makes them for fp32 parameters
         # (AdamW's zeros_like doubles; Adafactor's fp32 and bitsandbytes' uint8 states do not)
         fp32 = optimizer_plan(run.optimizer, params.trainable_params, 4, params.trainable_tensors,
-                              params.largest_trainable_tensor, params.factored_elems)
+                              params.largest_trainable_tensor, params.factored_elems,
+                              tensor_sizes=stepped_tensor_sizes(setup, params.trainable_params,
+                                                              params.trainable_sizes))
         states, temp = fp32.states, fp32.temp
     weights_shard = ceil_div(weights, world_size)
     root_unit = setup.method in run.profile.fsdp_root_embeddings
