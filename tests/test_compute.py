@@ -96,7 +96,8 @@ def test_freeze_backpropagates_only_through_the_trained_top(dense) -> None:
 def test_qlora_dequantizes_every_block_weight_per_pass(dense) -> None:
     weights = 2 * (64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128)  # 73,728 block weights
     off = flops_per_token(dense, _setup(dense, method="qlora", precision="bf16-mixed"))
-    on = flops_per_token(dense, _setup(dense, method="qlora", precision="bf16-mixed", gradient_checkpointing=True))
+    on = flops_per_token(dense, _setup(dense, method="qlora", precision="bf16-mixed",
+                                       gradient_checkpointing=True))
     assert off.dequant_elements == 2 * weights  # forward + input-gradient matmul
     assert on.dequant_elements == 3 * weights  # + the recompute
     lora = flops_per_token(dense, _setup(dense, method="lora", precision="bf16-mixed"))

@@ -25,8 +25,8 @@ from tuneplan.specs.model import model_from_config  # noqa: E402
 pytestmark = pytest.mark.slow  # runs a simulated training step (pyproject.toml markers)
 
 H, L, A, KV, F, V = 64, 2, 4, 2, 128, 256
-TINY = dict(model_type="llama", hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
-            intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
+TINY = dict(model_type="llama", hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+            num_key_value_heads=KV, intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
 D = H // A
 
 
@@ -104,7 +104,8 @@ def test_qlora_stand_in_holds_bitsandbytes_storage(tiny) -> None:
     for d_in, d_out in linears():
         n = d_in * d_out
         blocks = -(-n // 64)
-        # NF4 code book (16 fp32), uint8 absmax per block, fp32 absmax per 256 blocks, 256 fp32 code, fp32 offset
+        # NF4 code book (16 fp32), uint8 absmax per block, fp32 absmax per 256 blocks, 256 fp32 code,
+        # fp32 offset
         meta += r512(64) + r512(blocks) + r512(4 * -(-blocks // 256)) + r512(1024) + r512(4)
         packed += r512(n // 2)
     assert c["quant_meta"] == L * meta
@@ -172,7 +173,8 @@ def test_cli_simulate_json_and_snapshot(tmp_path) -> None:
 
 def test_cli_simulate_bad_input_exits_2() -> None:
     r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "simulate", "no-such-model-xyz", "--json"],
-                       capture_output=True, text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+                       capture_output=True, text=True, timeout=120,
+                       env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 

@@ -124,7 +124,8 @@ def test_allocator_releases_cached_segments_at_capacity() -> None:
 def test_live_set_groups_by_decoder_or_encoder_layer() -> None:
     from tuneplan.simulate.report import module_group
 
-    assert module_group("base_model.model.model.layers.3.mlp.up_proj") == "model.layers.3"  # PEFT prefix dropped
+    # PEFT prefix dropped
+    assert module_group("base_model.model.model.layers.3.mlp.up_proj") == "model.layers.3"
     assert module_group("bert.encoder.layer.23.attention.self") == "bert.encoder.layer.23"
     assert module_group("transformer.h.1.mlp.act") == "transformer.h.1"
     assert module_group("model.graph.0.x") == "model.graph.0.x"  # "h.N" only as a whole path component

@@ -62,7 +62,8 @@ def test_more_memory_bandwidth_alone_is_never_slower(kw) -> None:
 def test_more_gpus_never_raise_per_gpu_throughput(kw, gpus, par, card) -> None:
     acc = resolve_accelerator(card)
     one = _step(LLAMA, acc, **kw).tokens_per_second_per_gpu
-    extra = {"ddp": {}, "zero1": {"zero": 1}, "zero2": {"zero": 2}, "zero3": {"zero": 3}, "fsdp": {"fsdp": True}}[par]
+    extra = {"ddp": {}, "zero1": {"zero": 1}, "zero2": {"zero": 2}, "zero3": {"zero": 3},
+             "fsdp": {"fsdp": True}}[par]
     many = _step(LLAMA, acc, gpus=gpus, **extra, **kw)
     assert many.tokens_per_second_per_gpu <= one * (1 + 1e-12)
     assert many.tokens_per_second == pytest.approx(many.tokens_per_second_per_gpu * gpus)
@@ -91,7 +92,8 @@ def test_big_batches_are_compute_bound_tiny_ones_launch_bound() -> None:
 
 
 def test_compute_bound_time_is_flops_over_achievable_peak() -> None:
-    # Llama-2-7B full fine-tune, 8 x 2048 tokens on an A100: FLOPs x tokens / (312e12 x 0.8) is the matmul part
+    # Llama-2-7B full fine-tune, 8 x 2048 tokens on an A100: FLOPs x tokens / (312e12 x 0.8) is the
+    # matmul part
     acc = resolve_accelerator("a100-80gb-sxm4")
     s = build_setup(LLAMA, method="full", batch=8, seq=2048, gradient_checkpointing=False)
     st_ = step_time(LLAMA, s, acc)
@@ -109,7 +111,8 @@ def test_qlora_is_slower_than_lora_by_the_dequantization() -> None:
 
 
 def test_ddp_all_reduce_volume_by_hand() -> None:
-    # LoRA on q,v of Llama-2-7B, r=16: 32 layers x 2 x 16 x (4096 + 4096) = 8,388,608 fp32 adapters (HF profile)
+    # LoRA on q,v of Llama-2-7B, r=16: 32 layers x 2 x 16 x (4096 + 4096) = 8,388,608 fp32
+    # adapters (HF profile)
     acc = resolve_accelerator("a100-80gb-sxm4")
     st_ = _step(LLAMA, acc, method="lora", rank=16, targets="q_proj,v_proj", gpus=4, batch=4, seq=512)
     link = intra_node_link(acc, 4)
@@ -146,8 +149,8 @@ def test_slower_network_between_nodes_is_slower() -> None:
 
 def test_paged_optimizer_spills_over_the_host_link_when_it_does_not_fit() -> None:
     # 7B full fine-tune with 32-bit paged AdamW: 8 B/param of states cannot sit next to the weights on 24 GB
-    small = _step(LLAMA, resolve_accelerator("rtx4090"), method="full", optimizer="paged-adamw", precision="bf16",
-                  batch=1, seq=512, gradient_checkpointing=True)
+    small = _step(LLAMA, resolve_accelerator("rtx4090"), method="full", optimizer="paged-adamw",
+                  precision="bf16", batch=1, seq=512, gradient_checkpointing=True)
     big = _step(LLAMA, resolve_accelerator("h200"), method="full", optimizer="paged-adamw", precision="bf16",
                 batch=1, seq=512, gradient_checkpointing=True)
     assert small.components["paged_optimizer"] > 1.0
@@ -183,8 +186,10 @@ def test_dataset_rows_with_and_without_packing() -> None:
 
 
 @pytest.mark.parametrize("kw, field", [
-    ({"samples": 0}, "samples"), ({"samples": 10, "epochs": 0}, "epochs"), ({"samples": 10, "avg_tokens": -1}, "avg_tokens"),
-    ({"epochs": 2}, "samples"), ({"dataset_tokens": 1000}, "samples"), ({"dataset_tokens": -5, "packing": True}, "dataset_tokens"),
+    ({"samples": 0}, "samples"), ({"samples": 10, "epochs": 0}, "epochs"),
+    ({"samples": 10, "avg_tokens": -1}, "avg_tokens"),
+    ({"epochs": 2}, "samples"), ({"dataset_tokens": 1000}, "samples"),
+    ({"dataset_tokens": -5, "packing": True}, "dataset_tokens"),
 ])
 def test_bad_dataset_names_the_field(kw, field) -> None:
     with pytest.raises(TuneplanError) as e:
@@ -205,7 +210,8 @@ def test_total_hours_are_steps_times_step_time() -> None:
 
 
 def test_estimate_carries_the_contract_keys() -> None:
-    est = estimate(LLAMA, method="qlora", gpu="rtx4090", dataset=DatasetSpec(samples=2000, avg_tokens=256), price=0.5)
+    est = estimate(LLAMA, method="qlora", gpu="rtx4090", dataset=DatasetSpec(samples=2000, avg_tokens=256),
+                   price=0.5)
     d = est.to_dict()
     for k in ("tokens_per_second", "step_seconds", "total_hours", "gpu_hours"):
         assert d["time"][k] > 0
@@ -222,8 +228,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_time_and_cost_flags() -> None:
-    r = _cli("estimate", "meta-llama/Llama-2-7b-hf", "--method", "qlora", "--gpu", "4090", "--samples", "5000",
-             "--avg-tokens", "300", "--epochs", "2", "--price", "0.4", "--kwh-price", "0.3", "--own-years", "2", "--json")
+    r = _cli("estimate", "meta-llama/Llama-2-7b-hf", "--method", "qlora", "--gpu", "4090",
+             "--samples", "5000", "--avg-tokens", "300", "--epochs", "2", "--price", "0.4",
+             "--kwh-price", "0.3", "--own-years", "2", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["time"]["total_hours"] > 0 and d["time"]["optimizer_steps"] == 10_000

@@ -6,11 +6,11 @@ analytic engine (components keyed alike), so the two compare field by field; ``s
 the peak op, the live set by module, the kernel workspaces and the caching-allocator emulation.
 
 Several GPUs: rank 0 of an FSDP job runs the real ``FullyShardedDataParallel`` (FSDP1) or ``fully_shard``
-(FSDP2) on a fake process group (``simulate/distributed.py``, ``fsdp1.py``, ``fsdp2.py``, ``ddp.py``), a ZeRO job DeepSpeed's own engine when
-deepspeed is installed (``simulate/zero.py``); DDP runs with its reducer's buckets emulated. What the fake
-process cannot run falls back to the analytic engine with a note: ZeRO without deepspeed, ZeRO with CPU
-offload, frameworks that bring their own model code or loss kernels (Unsloth, torchtune, LitGPT),
-8-bit bitsandbytes base weights, encoder models.
+(FSDP2) on a fake process group (``simulate/distributed.py``, ``fsdp1.py``, ``fsdp2.py``, ``ddp.py``), a
+ZeRO job DeepSpeed's own engine when deepspeed is installed (``simulate/zero.py``); DDP runs with its
+reducer's buckets emulated. What the fake process cannot run falls back to the analytic engine with a note:
+ZeRO without deepspeed, ZeRO with CPU offload, frameworks that bring their own model code or loss kernels
+(Unsloth, torchtune, LitGPT), 8-bit bitsandbytes base weights, encoder models.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
             if why:
                 return f"DeepSpeed ZeRO-Offload steps with DeepSpeed's CPU Adam: {why}"
     if setup.framework not in SIMULATED_FRAMEWORKS:
-        return f"the {setup.framework} profile runs its own model code / loss kernels, which simulate does not have"
+        return (f"the {setup.framework} profile runs its own model code / loss kernels, "
+                "which simulate does not have")
     if setup.quant_bits == 8:
         return "8-bit (LLM.int8) base weights have no stand-in yet"
     if model.is_moe and setup.method == "qlora":
@@ -69,15 +70,17 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
     return ""
 
 
-def simulate_report(model: ModelSpec, setup: TrainSetup, *, progress: Callable[[float, str], None] | None = None,
+def simulate_report(model: ModelSpec, setup: TrainSetup, *,
+                    progress: Callable[[float, str], None] | None = None,
                     snapshot_path: str | None = None, capacity_bytes: int | None = None) -> Any:
     """Run the simulation (or fall back) and return a ``report.SimulationReport``."""
     from tuneplan.specs.profiles import get_profile, resolve_setup
 
     setup = resolve_setup(setup, model)
     if setup.device_map != "none" and setup.gpus > 1:  # per card, on a card: simulate/device_map.py
-        raise TuneplanError("a device_map run is placed by transformers and estimated per card of a GPU model",
-                            field="device_map", accepted="an estimate with {engine=simulate} and {device_map}")
+        raise TuneplanError(
+            "a device_map run is placed by transformers and estimated per card of a GPU model",
+            field="device_map", accepted="an estimate with {engine=simulate} and {device_map}")
     reason = unsupported_reason(model, setup)
     if reason:
         return _fallback(model, setup, reason)
@@ -104,7 +107,8 @@ def _fallback(model: ModelSpec, setup: TrainSetup, reason: str) -> Any:
     return SimulationReport(breakdown=bd, fallback=reason)
 
 
-def simulate_breakdown(model: ModelSpec, setup: TrainSetup, *, progress: Callable[[float, str], None] | None = None,
+def simulate_breakdown(model: ModelSpec, setup: TrainSetup, *,
+                       progress: Callable[[float, str], None] | None = None,
                        snapshot_path: str | None = None) -> MemoryBreakdown:
     """Per-GPU memory of ``setup`` from the simulated training step (engine ``"simulate"``)."""
     return simulate_report(model, setup, progress=progress, snapshot_path=snapshot_path).breakdown

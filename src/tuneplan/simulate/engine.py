@@ -87,10 +87,11 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         with fake:
             model = wrap_fsdp2(model, setup, compute_dtype(setup), mesh)
         wrapper = FSDP2
-        notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {FSDP2}, reshard_after_forward=True on a fake "
-                     "process group" + (", CPUOffloadPolicy (the host-to-device copy of each shard and the "
-                                        "device-to-host copy of each gradient emulated)"
-                                        if setup.offload != "none" else ""))
+        notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {FSDP2}, reshard_after_forward=True "
+                     "on a fake process group"
+                     + (", CPUOffloadPolicy (the host-to-device copy of each shard and the "
+                        "device-to-host copy of each gradient emulated)"
+                        if setup.offload != "none" else ""))
     elif setup.fsdp and prof.name == "fsdp-qlora":
         from tuneplan.simulate.fsdp_qlora import TRAIN_PY, wrap_train_py
 
@@ -114,9 +115,10 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
 
         ddp = DdpBuckets(list(model.parameters()), tracker)
         wrapper = DDP
-        notes.append(f"simulated rank 0 of {setup.world_size} GPUs: DistributedDataParallel's C++ reducer does "
-                     "not run on fake tensors; its gradient buckets are emulated from its code (25 MiB buckets, "
-                     "first 1 MiB, gradient_as_bucket_view=False, rebuilt after the first iteration)")
+        notes.append(f"simulated rank 0 of {setup.world_size} GPUs: DistributedDataParallel's C++ reducer "
+                     "does not run on fake tensors; its gradient buckets are emulated from its code (25 MiB "
+                     "buckets, first 1 MiB, gradient_as_bucket_view=False, rebuilt after the first "
+                     "iteration)")
     if prof.name == "fsdp-qlora":
         from tuneplan.simulate.fsdp_qlora import legacy_causal_lm_loss
 
@@ -127,14 +129,16 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     if setup.is_lora:
         skipped = lora_targets_skipped(model, targets)
         if skipped:
-            notes.append(f"LoRA targets not wrapped by PEFT (not nn.Linear in transformers): {', '.join(skipped)}")
+            notes.append("LoRA targets not wrapped by PEFT (not nn.Linear in transformers): "
+                         f"{', '.join(skipped)}")
 
     names = _module_names(model)
     # The loss runs in the *ForCausalLM / *ForMaskedLM / *ForSequenceClassification forward itself (under
     # PEFT: base_model.model).
     heads = ("ForMaskedLM", "ForSequenceClassification")
     causal = next((m for m in model.modules() if "lm_head" in dict(m.named_children())
-                   or (type(m).__name__.endswith(heads) and not type(m).__name__.startswith("PeftModel"))), model)
+                   or (type(m).__name__.endswith(heads) and not type(m).__name__.startswith("PeftModel"))),
+                  model)
     tracker.top_module = names.get(id(causal), "")
 
     # Register what exists before the first step: parameters, buffers, quantized storage.
@@ -177,7 +181,8 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         from tuneplan.simulate.fsdp1 import flat_params
 
         for fp in flat_params(model):
-            tracker.untrack(fp)  # CPUOffload(offload_params=True): the sharded flat parameters live on the host
+            # CPUOffload(offload_params=True): the sharded flat parameters live on the host
+            tracker.untrack(fp)
     if setup.zero:
         return _run_zero(model, setup, prof, tracker, fake, notes, progress, t0, build_s, pre, post)
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
@@ -215,8 +220,8 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     n_params = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return SimRun(tracker.result(), time.perf_counter() - t0, build_s, paged_bytes=paged, notes=notes,
-                  n_params=n_params, n_trainable=n_train, kernel_buffers=dict(KERNEL_BUFFERS), wrapper=wrapper,
-                  world_size=setup.world_size)
+                  n_params=n_params, n_trainable=n_train, kernel_buffers=dict(KERNEL_BUFFERS),
+                  wrapper=wrapper, world_size=setup.world_size)
 
 
 def _file_offloaded_on_host(model: Any, tracker: Any, fsdp2: bool = False) -> None:
@@ -260,9 +265,9 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     )
 
     wrapper = ZERO.format(version=deepspeed_version())
-    notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {wrapper}, ZeRO-{setup.zero}{offload_note(setup)} on "
-                 "a fake process group (overflow, gradient-norm and rank-agreement checks answered as a healthy "
-                 "step does)")
+    notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {wrapper}, "
+                 f"ZeRO-{setup.zero}{offload_note(setup)} on a fake process group (overflow, gradient-norm "
+                 "and rank-agreement checks answered as a healthy step does)")
     tracker.host_scalars_in_optimizer = False
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)

@@ -131,7 +131,8 @@ def _weight_dtype(module: Any) -> torch.dtype:
 
 
 def sim_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-             attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, **_: Any) -> tuple[Any, None]:
+             attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
+             **_: Any) -> tuple[Any, None]:
     """transformers ``sdpa`` on a CUDA device, for causal batches without padding (no mask)."""
     q, k, v = (_to_kernel_dtype(t, t.dtype) for t in (query, key, value))
     if q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
@@ -165,7 +166,8 @@ def _sdpa_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int) ->
 
 
 def sim_flash(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, **_: Any) -> tuple[Any, None]:
+              attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
+              **_: Any) -> tuple[Any, None]:
     """transformers ``flash_attention_2``: fp32 inputs cast to the autocast (or weight) dtype, native GQA."""
     target = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else _weight_dtype(module)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
@@ -193,7 +195,8 @@ def cuda_dropout() -> Any:
 
     orig = F.dropout
 
-    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
+                inplace: bool = False) -> torch.Tensor:
         if not training or p == 0.0:
             return input
         return torch.native_dropout(input, p, True)[0]
@@ -208,9 +211,9 @@ def cuda_dropout() -> Any:
 # CUDA autocast's float32 policies (aten/src/ATen/autocast_mode.cpp, the KERNEL_CUDA lists). CPU autocast
 # runs these ops in the 16-bit dtype (its fp32 list is losses, linear algebra and FFTs), so the simulated
 # step would keep half-size tensors where a GPU keeps fp32 ones. ``fp32``: 16-bit floating inputs are cast
-# to fp32 copies and the op runs in fp32 (a LayerNorm saves the fp32 copy of its input). ``fp32_set_opt_dtype``:
-# the op is called with ``dtype=torch.float32`` unless the caller gave one (the kernel upcasts as it reads:
-# no input copy, an fp32 output).
+# to fp32 copies and the op runs in fp32 (a LayerNorm saves the fp32 copy of its input).
+# ``fp32_set_opt_dtype``: the op is called with ``dtype=torch.float32`` unless the caller gave one (the
+# kernel upcasts as it reads: no input copy, an fp32 output).
 CUDA_AUTOCAST_FP32 = frozenset({
     "layer_norm", "group_norm", "pow", "__pow__", "__rpow__", "exp", "expm1", "log", "log10", "log2", "log1p",
     "reciprocal", "rsqrt", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "softplus", "logsumexp",
@@ -218,7 +221,9 @@ CUDA_AUTOCAST_FP32 = frozenset({
     "binary_cross_entropy_with_logits", "cosine_similarity", "cosine_embedding_loss", "hinge_embedding_loss",
     "margin_ranking_loss", "soft_margin_loss", "triplet_margin_loss", "dist", "cdist", "pdist", "renorm",
 })
-CUDA_AUTOCAST_FP32_SET_DTYPE = frozenset({"softmax", "log_softmax", "sum", "cumsum", "cumprod", "prod", "norm"})
+CUDA_AUTOCAST_FP32_SET_DTYPE = frozenset({
+    "softmax", "log_softmax", "sum", "cumsum", "cumprod", "prod", "norm",
+})
 _POLICED = CUDA_AUTOCAST_FP32 | CUDA_AUTOCAST_FP32_SET_DTYPE
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -231,9 +236,11 @@ class _CudaAutocastPolicies(torch.overrides.TorchFunctionMode):
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if first is not None and first.dtype in _HALF:
                 if name in CUDA_AUTOCAST_FP32:
-                    args = tuple(a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype in _HALF else a
+                    args = tuple(a.to(torch.float32)
+                                 if isinstance(a, torch.Tensor) and a.dtype in _HALF else a
                                  for a in args)
-                    kwargs = {k: (v.to(torch.float32) if isinstance(v, torch.Tensor) and v.dtype in _HALF else v)
+                    kwargs = {k: (v.to(torch.float32)
+                                  if isinstance(v, torch.Tensor) and v.dtype in _HALF else v)
                               for k, v in kwargs.items()}
                 elif kwargs.get("dtype") is None and not any(isinstance(a, torch.dtype) for a in args):
                     kwargs = {**kwargs, "dtype": torch.float32}

@@ -5,10 +5,11 @@ CPU-only machine; this module reproduces what matters for memory (bitsandbytes `
 ``Linear4bit``, ``autograd/_functions.py`` ``MatMul4Bit``, ``functional.py`` ``quantize_4bit``,
 ``backends/cuda/ops.py`` ``gemm_4bit``):
 
-- storage: the packed weight, uint8 ``((n + 1) // 2, 1)`` (or the same bytes in ``bnb_4bit_quant_storage``); the 16-entry fp32 NF4 code book; without
-  double quant one fp32 absmax per 64-block; with double quant a uint8 absmax per block, one fp32 absmax
-  per 256 of those, the fp32 256-entry code table and the fp32 offset (one allocation each, per weight;
-  18944 x 3584 comes to 35,026,180 B, or 38,191,168 B without double quant, as real bitsandbytes);
+- storage: the packed weight, uint8 ``((n + 1) // 2, 1)`` (or the same bytes in ``bnb_4bit_quant_storage``);
+  the 16-entry fp32 NF4 code book; without double quant one fp32 absmax per 64-block; with double quant a
+  uint8 absmax per block, one fp32 absmax per 256 of those, the fp32 256-entry code table and the fp32
+  offset (one allocation each, per weight; 18944 x 3584 comes to 35,026,180 B, or 38,191,168 B without
+  double quant, as real bitsandbytes);
 - ``Linear4bit.forward``: casts the input to the compute dtype, the bias too, runs ``MatMul4Bit`` and
   casts the output back to the input dtype (``.to(inp_dtype)``: an fp32 copy when the residual stream
   is fp32 after ``prepare_model_for_kbit_training``);
@@ -44,7 +45,8 @@ class SimLinear4bit(nn.Module):
                  quant_storage: torch.dtype = torch.uint8) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.infeatures, self.outfeatures = in_features, out_features  # how PEFT reads a quantized linear's shape
+        # how PEFT reads a quantized linear's shape
+        self.infeatures, self.outfeatures = in_features, out_features
         self.compute_dtype = compute_dtype
         n = in_features * out_features
         blocks = -(-n // NF4_BLOCK)
@@ -111,7 +113,8 @@ class _MatMul4Bit(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, Any, None]:
         mod = ctx.mod
-        grad_bias = grad.sum(tuple(range(grad.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        grad_bias = (grad.sum(tuple(range(grad.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2]
+                     else None)
         grad_a = None
         if ctx.needs_input_grad[0]:
             wd = mod.dequantize(mod.compute_dtype).to(grad.dtype)
@@ -121,7 +124,8 @@ class _MatMul4Bit(torch.autograd.Function):
 
 
 def replace_linears(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
-                    skip: tuple[str, ...] = ("lm_head",), quant_storage: torch.dtype = torch.uint8) -> list[SimLinear4bit]:
+                    skip: tuple[str, ...] = ("lm_head",),
+                    quant_storage: torch.dtype = torch.uint8) -> list[SimLinear4bit]:
     """Swap every ``nn.Linear`` but the output head (``skip``: lm_head, or a classifier's last module) for
     the stand-in, as transformers' bitsandbytes integration does (``get_keys_to_not_convert``)."""
     made: list[SimLinear4bit] = []
@@ -129,7 +133,8 @@ def replace_linears(model: nn.Module, compute_dtype: torch.dtype, double_quant: 
         for child_name, child in list(mod.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and not any(full.endswith(s) for s in skip):
-                q = SimLinear4bit(child.in_features, child.out_features, child.bias is not None, compute_dtype,
+                q = SimLinear4bit(child.in_features, child.out_features, child.bias is not None,
+                                  compute_dtype,
                                   child.bias.dtype if child.bias is not None else compute_dtype, double_quant,
                                   device=child.weight.device, quant_storage=quant_storage)
                 setattr(mod, child_name, q)

@@ -54,14 +54,16 @@ class SimulationReport:
         }
 
 
-_LAYER = re.compile(r"^((?:.*?\.)?(?:layers|layer|h|blocks)\.\d+)")  # Llama ``layers.N``, BERT ``layer.N``, GPT-2 ``h.N``
+# Llama ``layers.N``, BERT ``layer.N``, GPT-2 ``h.N``
+_LAYER = re.compile(r"^((?:.*?\.)?(?:layers|layer|h|blocks)\.\d+)")
 
 
 def module_group(name: str) -> str:
     """Collapse a module path to its decoder layer (or the top-level module outside the layers)."""
     if not name:
         return "(autograd engine: backward)"
-    if name == "base_model.model" or name.endswith(("ForCausalLM", "ForMaskedLM", "ForSequenceClassification")):
+    if name == "base_model.model" or name.endswith(("ForCausalLM", "ForMaskedLM",
+                                                    "ForSequenceClassification")):
         return "(loss, in the model's head forward)"
     name = name.replace("base_model.model.", "")
     m = _LAYER.match(name)
@@ -149,8 +151,8 @@ def build_report(run: Any, capacity: int | None = None, snapshot_path: str | Non
         "reserved": Band(int(gap["reserved_gpu_keeps_up_bytes"] * (1 + RESERVED_BAND[0])),
                          int(reserved * (1 + RESERVED_BAND[1])),
                          "caching-allocator emulation (checked on 5 published GPU runs: -4.9%..+1.4%)"
-                         + ("; low end: a GPU that keeps up with the CPU (pending cross-stream frees returned at "
-                            "once)" if gap["cross_stream_bytes"] else "")),
+                         + ("; low end: a GPU that keeps up with the CPU (pending cross-stream frees "
+                            "returned at once)" if gap["cross_stream_bytes"] else "")),
         "cuda_context": CUDA_CONTEXT,
     }
     wrapper = getattr(run, "wrapper", "")
@@ -159,13 +161,14 @@ def build_report(run: Any, capacity: int | None = None, snapshot_path: str | Non
     if len(gap["reserved_by_stream_bytes"]) > 1:
         notes.insert(1, f"reserved - allocated: {gap['gap_bytes'] / 2**30:.2f} GiB, of which "
                         f"{gap['cross_stream_bytes'] / 2**30:.2f} GiB is caching per CUDA stream "
-                        f"({len(gap['reserved_by_stream_bytes'])} streams: blocks cached by one stream are not "
-                        "reused by another; record_stream defers a block's reuse)")
+                        f"({len(gap['reserved_by_stream_bytes'])} streams: blocks cached by one stream are "
+                        "not reused by another; record_stream defers a block's reuse)")
     bd = MemoryBreakdown(components=comps, peak_instant=peak_instant, instants=instants,
-                         reserved_peak_bytes=max(reserved, allocated), cuda_context_bytes=cuda_context_bytes(),
+                         reserved_peak_bytes=max(reserved, allocated),
+                         cuda_context_bytes=cuda_context_bytes(),
                          nccl_bytes=NCCL_BYTES if getattr(run, "world_size", 1) > 1 else 0,
-                         paged_bytes=run.paged_bytes, host_bytes=host_peak(res), engine="simulate", bands=bands,
-                         notes=notes, wrapper=wrapper)
+                         paged_bytes=run.paged_bytes, host_bytes=host_peak(res), engine="simulate",
+                         bands=bands, notes=notes, wrapper=wrapper)
     top = sorted(pk.live, key=lambda b: -b.size)[:10]
     return SimulationReport(
         breakdown=bd, peak_op=pk.op.replace("aten.", ""), peak_module=pk.module,
@@ -173,10 +176,12 @@ def build_report(run: Any, capacity: int | None = None, snapshot_path: str | Non
         by_module=sorted(groups.items(), key=lambda kv: -kv[1])[:12],
         top_tensors=[{"category": b.category, "module": b.module.replace("base_model.model.", ""),
                       "op": b.op.replace("aten.", ""),
-                      "shape": list(b.shape), "dtype": b.dtype, "bytes": b.size, "phase": b.phase} for b in top],
+                      "shape": list(b.shape), "dtype": b.dtype, "bytes": b.size, "phase": b.phase}
+                     for b in top],
         workspaces=[{"name": n, "op": o.replace("aten.", ""), "bytes": s} for n, o, s in res.workspaces]
         + [{"name": n, "op": "stand-in kernel", "bytes": s} for n, s in run.kernel_buffers.items()],
-        allocator={"emulated": True, "max_allocated_bytes": st.max_allocated, "max_reserved_bytes": st.max_reserved,
+        allocator={"emulated": True, "max_allocated_bytes": st.max_allocated,
+                   "max_reserved_bytes": st.max_reserved,
                    "max_requested_bytes": st.max_requested, "segments_at_reserved_peak": st.segments_at_peak,
                    "cuda_mallocs": st.cuda_mallocs, "cuda_frees": st.cuda_frees, "capacity_bytes": capacity,
                    "would_oom": st.oom, **gap},

@@ -37,7 +37,8 @@ def snapshot_dict(sim: CachingAllocatorSim, blocks: list[Any]) -> dict[str, Any]
                 allocated += size
                 active += size
                 requested += req
-        segments.append({"device": 0, "address": seg.address, "total_size": seg.size, "allocated_size": allocated,
+        segments.append({"device": 0, "address": seg.address, "total_size": seg.size,
+                         "allocated_size": allocated,
                          "active_size": active, "requested_size": requested, "stream": 0,
                          "segment_type": "small" if seg.small else "large", "segment_pool_id": (0, 0),
                          "is_expandable": False, "frames": [], "blocks": out_blocks})

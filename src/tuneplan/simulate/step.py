@@ -47,7 +47,8 @@ class BnbAdamStandIn(torch.optim.Optimizer):
                 if not st:
                     n = p.numel()
                     if self.paged:
-                        self.paged_bytes += (2 * n + 8 * -(-n // BNB_BLOCK)) if (self.bits8 and n >= BNB_MIN_8BIT) else 8 * n
+                        self.paged_bytes += ((2 * n + 8 * -(-n // BNB_BLOCK))
+                                             if (self.bits8 and n >= BNB_MIN_8BIT) else 8 * n)
                         st["step"] = 0
                         continue
                     if self.bits8 and n >= BNB_MIN_8BIT:
@@ -172,7 +173,8 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
             for p in params:
                 tracker.relabel(p.grad, "gradients")
             if micro < setup.grad_accum - 1:
-                kept.clear()  # an accumulating micro-batch's outputs go at its end, the last one's after the step
+                # an accumulating micro-batch's outputs go at its end, the last one's after the step
+                kept.clear()
             tick(f"step {step} backward {micro + 1}/{setup.grad_accum}")
         tracker.phase = f"step{step}.optimizer"
         torch.nn.utils.clip_grad_norm_(params, 1.0)
