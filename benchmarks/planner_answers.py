@@ -6,7 +6,8 @@
 ``record`` runs each command of :data:`COMMANDS` in this process through the CLI (``--json``) and writes
 its output and exit status; ``compare`` reports every command whose output or status differs (the
 recommendation, every figure and every count of evaluations alike; the count is reported apart, since a
-search that does less work evaluates fewer setups by design).
+search that does less work evaluates fewer setups by design). Keys the second record adds to an object
+are not compared: a new field is not a changed answer.
 """
 
 from __future__ import annotations
@@ -80,10 +81,21 @@ def _without(d: Any, key: str) -> Any:
     return d
 
 
+def _as_in(new: Any, old: Any) -> Any:
+    """``new`` with only the keys ``old`` has (recursively): fields a change added are not a difference."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        return {k: _as_in(v, old[k]) for k, v in new.items() if k in old}
+    if isinstance(new, list) and isinstance(old, list) and len(new) == len(old):
+        return [_as_in(v, o) for v, o in zip(new, old)]
+    return new
+
+
 def compare(a: Path, b: Path) -> int:
+    """Every answer of ``a`` against ``b``'s (the keys ``b`` added to an object are left out)."""
     differ = 0
     for fa in sorted(a.glob("*.json")):
         da, db = json.loads(fa.read_text()), json.loads((b / fa.name).read_text())
+        db = _as_in(db, da)
         if _without(da, "evaluations") != _without(db, "evaluations"):
             differ += 1
             print(f"DIFFERS  {da['command']}")

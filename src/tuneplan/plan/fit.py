@@ -23,9 +23,10 @@ from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
-from tuneplan.plan import rule
+from tuneplan.plan import frameworks, rule
 from tuneplan.plan.candidates import CandidateSet, build_candidates
 from tuneplan.plan.evaluate import Prober, sparing
+from tuneplan.plan.fit_next import fit_next_step
 from tuneplan.plan.host import Machine, assumed
 from tuneplan.plan.limits import limits_at
 from tuneplan.plan.margin import Margin, parse_margin
@@ -35,6 +36,7 @@ from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, strategy_name, switch
 from tuneplan.plan.timecost import dataset_kw
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import FRAMEWORKS
 
 
 @dataclass
@@ -92,6 +94,9 @@ class FitReport:
     host_memory: dict[str, Any] = field(default_factory=dict)  # host.HostMemory: the figure and its source
     limits: dict[str, Any] = field(default_factory=dict)  # rule.Limits
     next_step: dict[str, Any] | None = None  # when nothing fits: the one change that makes it fit
+    # the framework of the answer: the setup's own (``default``), else another whose profile fits
+    # (``plan/frameworks.py``); ``searched``: the frameworks whose candidate space was searched
+    framework: dict[str, Any] = field(default_factory=dict)
 
     @property
     def frontier(self) -> list[dict[str, Any]]:
@@ -111,7 +116,7 @@ class FitReport:
             "host_memory_bytes": self.host_memory_bytes, "host_memory": self.host_memory, "limits": self.limits,
             "methods": [m.to_dict() for m in self.methods], "frontier": self.frontier,
             "recommended": self.recommended, "next_step": self.next_step, "candidates": self.candidates,
-            "equal_memory": self.equal_memory, "evaluations": self.evaluations,
+            "equal_memory": self.equal_memory, "evaluations": self.evaluations, "framework": self.framework,
         }
 
 
@@ -274,7 +279,11 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
     line = rule.rule_text(prefer, mg.describe(), lim)
     cs = build_candidates(probe, variants, world, target=global_batch, margin=mg, prefer=prefer,
                           gc_first=baseline.gradient_checkpointing, limits=lim)
-    choice = cs.decide()
+    first = frameworks.Stack(baseline.framework, probe, baseline, cs, cs.decide())
+    others = frameworks.other_stacks(first, variants, setup, target=global_batch, margin=mg, prefer=prefer,
+                                     limits=lim)
+    stack = frameworks.decide(others, prefer, lim) or first
+    probe, baseline, cs, choice = stack.probe, stack.baseline, stack.cs, stack.choice
     methods = [method_row(probe, cs, label, baseline, mg, limits=detail) for label, _ in variants]
     for m in methods:
         c = cs.best(m.method) if m.fits else None
@@ -284,15 +293,23 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
         row = next(m for m in methods if m.method == rec["method"])
         rec["memory_left"] = memory_left(row, global_batch, world) if detail else None
     lora = next((m for m in methods if m.method == "lora"), None)
-    eq = equal_memory_ranks(spec, acc, base, lora, probe.shared) if lora is not None and detail else None
-    listed = [{"method": c.family.method, "strategy": c.family.strategy, "optimizer": c.family.optimizer,
-               "gradient_checkpointing": c.family.gradient_checkpointing, "micro_batch": c.batch,
-               "grad_accum": c.grad_accum, "tight": c.tight, "relaxed": c.relaxed,
+    eq = equal_memory_ranks(spec, acc, probe.base, lora, probe.shared) if lora is not None and detail else None
+    listed = [{"framework": st.framework, "method": c.family.method, "strategy": c.family.strategy,
+               "optimizer": c.family.optimizer, "gradient_checkpointing": c.family.gradient_checkpointing,
+               "micro_batch": c.batch, "grad_accum": c.grad_accum, "tight": c.tight, "relaxed": c.relaxed,
                "device_peak_bytes": c.estimate.breakdown.device_peak_bytes,
                "device_peak_high_bytes": c.device_peak_high_bytes, "over_limit": lim.over(c),
-               "tokens_per_second": c.metrics.get("tokens_per_second")} for c in cs.candidates]
+               "tokens_per_second": c.metrics.get("tokens_per_second")}
+              for st in (first, *others) for c in st.cs.candidates]
+    step = None if rec is not None else fit_next_step(first.probe, variants, world,
+                                                       pinned_method="method" in setup or "bits" in setup)
+    searched = [first.framework] + ([fw for fw in FRAMEWORKS if fw != first.framework]
+                                    if first.choice.chosen is None and "framework" not in setup else [])
     return FitReport(model=spec.name, gpu=acc.to_dict(), world_size=world, global_batch=global_batch,
                      prefer=prefer, margin=mg.to_dict(), rule=line, host_memory_bytes=probe.host_bytes,
                      methods=methods, recommended=rec, candidates=listed, equal_memory=eq,
-                     evaluations=probe.evaluations + (eq or {}).get("evaluations", 0),
-                     host_memory=host.to_dict(), limits=lim.to_dict())
+                     evaluations=sum(st.probe.evaluations for st in (first, *others))
+                     + (eq or {}).get("evaluations", 0),
+                     host_memory=host.to_dict(), limits=lim.to_dict(), next_step=step,
+                     framework={"chosen": stack.framework, "default": first.framework,
+                                "pinned": "framework" in setup, "searched": searched})
