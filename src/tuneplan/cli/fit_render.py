@@ -169,10 +169,8 @@ def _fit_recommended(d: dict[str, Any], details: bool) -> None:
                   f"{r['grad_accum']} x {r['world_size']} GPU(s) = global batch {r['global_batch']}{target}, "
                   f"peak {gib(r['device_peak_bytes'])} GiB "
                   f"(upper band {gib(r['device_peak_high_bytes'])} GiB)")
-    tps = r.get("tokens_per_second")
-    if tps:
-        console.print(f"  time: {tps:,.0f} tokens/s" + _hours_words(r)
-                      + (f", cloud {r['cloud_usd']:,.2f} USD" if r.get("cloud_usd") is not None else ""))
+    if r.get("tokens_per_second"):
+        console.print(f"  time: {_time_words(r)}")
     console.print(f"  why: {r['reason']}")
     if left := _memory_left(r):
         console.print(f"  memory left: {left}")
@@ -181,16 +179,18 @@ def _fit_recommended(d: dict[str, Any], details: bool) -> None:
     console.print(f"  run: [cyan]{r['command']}[/]")
 
 
-def _hours_words(r: dict[str, Any]) -> str:
-    """The plan's hours, and which figure they are: the time band's upper end (with a safety margin)
-    differs from the central hours the `run:` line's estimate prints."""
-    total = r.get("total_hours")
+def _time_words(r: dict[str, Any]) -> str:
+    """Tokens/s, hours and cloud cost, and which hours they are: with a safety margin the plan's hours
+    and money are the time band's upper end, while the `run:` line's estimate prints the central hours."""
+    out = f"{r['tokens_per_second']:,.0f} tokens/s"
+    total, usd = r.get("total_hours"), r.get("cloud_usd")
+    cost = f", cloud {usd:,.2f} USD" if usd is not None else ""
     if not total:
-        return ""
-    central = r.get("central_hours")
-    if r.get("hours_basis") == "time band upper end" and central:
-        return f", plan for {total:,.3g} h (upper end of the time band; central {central:,.3g} h)"
-    return f", {total:,.3g} h"
+        return out + cost
+    if r.get("hours_basis") == "time band upper end" and r.get("central_hours"):
+        return (f"{out}; plan for {total:,.3g} h{cost} (upper end of the time band; the run: line's "
+                f"estimate prints the central {r['central_hours']:,.3g} h)")
+    return f"{out}, {total:,.3g} h{cost}"
 
 
 # How each change of a next step is written as flags.
