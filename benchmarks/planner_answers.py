@@ -86,7 +86,7 @@ def _as_in(new: Any, old: Any) -> Any:
     if isinstance(new, dict) and isinstance(old, dict):
         return {k: _as_in(v, old[k]) for k, v in new.items() if k in old}
     if isinstance(new, list) and isinstance(old, list) and len(new) == len(old):
-        return [_as_in(v, o) for v, o in zip(new, old)]
+        return [_as_in(v, o) for v, o in zip(new, old, strict=True)]
     return new
 
 

@@ -4,12 +4,13 @@
 
 Each line is the median of ``--repeat`` in-process calls (after one warm-up call that loads the catalogs),
 as wall time and as this process's CPU time (the CPU figure holds on a shared machine, where the wall time
-also counts waiting for a core; the target is checked on it), with the setups the call evaluated (scalar estimates + grid
-configurations) and the target of the line. Targets: ``fit`` on one card 0.1 s, ``fit`` with every
-strategy (8 GPUs) and ``gpus`` over the whole catalog 0.2 s, ``max-model`` 0.2 s; a sweep has none (it
-is one grid call). How the planner spends them: every family's micro-batch x accumulation is read off one
-grid (``plan/sizes.py``), runs and memory figures are shared across the cards of a ``gpus`` ranking, and
-only the finalists of the decision rule get a time estimate.
+also counts waiting for a core; the target is checked on it), with the setups the call evaluated
+(scalar estimates + grid configurations) and the target of the line. Targets: ``fit`` on one card 0.1 s,
+``fit`` with every strategy (8 GPUs) or every framework and ``gpus`` over the whole catalog 0.2 s,
+``max-model`` 0.2 s; a sweep has none (it is one grid call). How the planner spends them: every family's
+micro-batch x accumulation is read off one grid (``plan/sizes.py``), runs and memory figures are shared
+across the cards of a ``gpus`` ranking, only the candidates the decision rule reads get a time estimate,
+and ``max-model`` computes full verdicts only where its answer shows them.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ class Limits:
     caps: dict[str, int] = field(default_factory=dict)
 
 
-def _limit(probe: Prober, fields: Mapping[str, Any], name: str, start: int, cap: int) -> tuple[int | None, str]:
+def _limit(probe: Prober, fields: Mapping[str, Any], name: str, start: int,
+           cap: int) -> tuple[int | None, str]:
     if name != "batch" and probe.fits({**fields, name: cap}):  # monotone: the cap fits, so does all below
         return cap, "cap"
     best = largest_true(lambda x: probe.fits({**fields, name: x}), 1, cap, start=start,

@@ -155,7 +155,9 @@ def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed:
     count = [0]
     for m in models if models is not None else catalog_models():
         shared = Shared(m)
-        if not whole_catalog and not _verdict(m, gpu, base, fixed, auto, count, whole=False, shared=shared).fits:
+        quick = (None if whole_catalog
+                 else _verdict(m, gpu, base, fixed, auto, count, whole=False, shared=shared))
+        if quick is not None and not quick.fits:
             continue
         made = _verdict(m, gpu, base, fixed, auto, count, shared=shared)
         est = made.estimate

@@ -63,7 +63,8 @@ def parse_vary(spec: str) -> tuple[str, list[int]]:
         except ValueError:
             raise TuneplanError(f"cannot read {rng!r}", field="vary", accepted=accepted) from None
         if not values or min(values) < 1:
-            raise TuneplanError(f"values must be positive integers, got {rng!r}", field="vary", accepted=accepted)
+            raise TuneplanError(f"values must be positive integers, got {rng!r}", field="vary",
+                                accepted=accepted)
         values = sorted(set(values))
     if len(values) > MAX_POINTS:
         raise TuneplanError(f"{len(values)} points; at most {MAX_POINTS}", field="vary", accepted=accepted)
@@ -140,7 +141,8 @@ def _grid_point(grid: Grid, i: int, value: int, run: Any, acc: Accelerator | Non
 
 
 def _refused(value: int, why: str) -> SweepPoint:
-    return SweepPoint(value=value, fits=False, device_peak_bytes=0, allocated_peak_bytes=0, reserved_peak_bytes=0,
+    return SweepPoint(value=value, fits=False, device_peak_bytes=0, allocated_peak_bytes=0,
+                      reserved_peak_bytes=0,
                       stack={}, peak_phase="", error=why)
 
 
