@@ -111,3 +111,12 @@ def test_the_fit_face_prints_the_next_step_and_its_json() -> None:
     d = json.loads(j.stdout)
     assert f"next step: --seq {d['next_step']['change']['to']}" in " ".join(r.stdout.split())
     assert d["next_step"]["largest_component"] in r.stdout
+
+
+def test_the_fit_face_names_the_framework_it_took() -> None:
+    env = {**os.environ, "COLUMNS": "200"}
+    args = [sys.executable, "-m", "tuneplan", "fit", LLAMA7B, "--gpu", "rtx-4060", "--method", "qlora",
+            "--seq", "8192", "--offload", "none", "--host-memory", "64"]
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert "framework unsloth: nothing fits with hf" in r.stdout and "--framework unsloth" in r.stdout
