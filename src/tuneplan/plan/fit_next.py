@@ -79,7 +79,7 @@ def _change(probe: Prober, variants: Variants, world: int, pinned_method: bool,
         for label in sorted((lb for lb, _ in METHOD_VARIANTS if lb not in asked), key=rule.faithful_rank):
             other = [v for v in METHOD_VARIANTS if v[0] == label]
             if (got := _fits_with(probe, other, world)) is not None:
-                return _worded("method", variants[0][0], label, got)
+                return _worded("method", "/".join(sorted(asked, key=rule.faithful_rank)), label, got)
     gpus = int(probe.base.get("gpus", 1))
     nodes = int(probe.base.get("nodes", 1))
     for n in (g for g in NODE_GPUS if g > gpus):
