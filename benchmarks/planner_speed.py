@@ -95,6 +95,13 @@ def _max_model_auto() -> Any:
     return max_model("rtx4090", method="lora", auto=True)
 
 
+@case("max-model rtx4090 lora --auto, the table alone (what the text face asks)", 0.2)
+def _max_model_auto_table() -> Any:
+    from tuneplan.plan import max_model
+
+    return max_model("rtx4090", method="lora", auto=True, catalog=False)
+
+
 @case("sweep Qwen2.5-7B qlora seq=512..32768", None)
 def _sweep() -> Any:
     from tuneplan.plan import sweep

@@ -153,7 +153,9 @@ def register(app: typer.Typer) -> None:
         sizes)."""
         from tuneplan.plan import max_model
 
-        d = max_model(gpu, auto=auto, host_memory_gib=host_memory, **(setup_kw or {})).to_dict()
+        # the table shows the answers alone: every catalog model's verdict is computed for --json only
+        d = max_model(gpu, auto=auto, host_memory_gib=host_memory, catalog=as_json,
+                      **(setup_kw or {})).to_dict()
         print_json(d) if as_json else render_max_model(d, details)
         if d["max_params"] is None and d["largest_catalog_model"] is None:
             raise typer.Exit(1)

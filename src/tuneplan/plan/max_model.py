@@ -215,8 +215,12 @@ class MaxModelReport:
 
 
 def max_model(gpu: str | Accelerator, *, auto: bool = False, host_memory_gib: float | None = None,
-              **setup: Any) -> MaxModelReport:
-    """Largest catalog model and largest standard size that fit ``gpu`` x ``setup['gpus']``."""
+              catalog: bool = True, **setup: Any) -> MaxModelReport:
+    """Largest catalog model and largest standard size that fit ``gpu`` x ``setup['gpus']``.
+
+    ``catalog=False`` leaves out every catalog model's verdict for the method asked (the JSON's
+    ``catalog``; the table shows only the answers), so its scan also stops at the first fit: the
+    answers are the same."""
     acc = resolve_accelerator(gpu) if isinstance(gpu, str) else gpu
     variants, base = split_method(setup)
     base = {k: v for k, v in base.items() if k not in SEARCHED} if auto else base
@@ -228,7 +232,8 @@ def max_model(gpu: str | Accelerator, *, auto: bool = False, host_memory_gib: fl
         base = {**base, "host_memory_bytes": host}
     method = setup.get("method") or "lora"
     label = f"qlora-{setup.get('bits') or 4}" if method == "qlora" else method
-    by_method = [max_for_method(acc, base, lb, fixed, auto=auto, models=models, whole_catalog=lb == label)
+    by_method = [max_for_method(acc, base, lb, fixed, auto=auto, models=models,
+                                whole_catalog=catalog and lb == label)
                  for lb, fixed in METHOD_VARIANTS]
     result = next(m for m in by_method if m.method == label)
     shown = host if host is not None else default_host_bytes(acc, int(base.get("gpus", 1)))
