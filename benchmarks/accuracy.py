@@ -2,7 +2,7 @@
 
     python benchmarks/accuracy.py [--engine analytic|simulate] [--json] [--rows]
 
-Reads benchmarks/data/calibration/measured.csv as it is (a verbatim copy of ../shared/calibration/),
+Reads benchmarks/data/calibration/measured.csv as it is (runs others published, copied verbatim),
 maps each row to a setup (benchmarks/calibration_rows.py), predicts the quantity the row measured
 (allocated, reserved or device memory) and prints, per framework, per method and overall: count,
 median and p90 of the absolute relative error, the signed bias (median of signed errors), and how the

@@ -109,7 +109,8 @@ def shorter_length(row: dict[str, str], bound: int) -> int:
 
 
 def _tokenizer(model_id: str) -> tuple[str, int] | None:
-    """Models that share a tokenizer share (model_type, vocab_size) in the catalog (Llama-2 7B / 13B / 70B)."""
+    """Models that share a tokenizer share (model_type, vocab_size) in the catalog (Llama-2 7B / 13B /
+    70B)."""
     from tuneplan.catalog.models import resolve_model
     from tuneplan.errors import TuneplanError
 
@@ -214,7 +215,8 @@ def _optimizer(text: str, setup: dict[str, Any]) -> None:
     elif "fused" in t:
         setup["optimizer"] = "adamw-fused"
     elif "trainer default adamw" in t and "adamw_torch" not in t:
-        # transformers v4.2x docs: the Trainer's default optim was adamw_hf until huggingface/transformers#25109
+        # transformers v4.2x docs: the Trainer's default optim was adamw_hf until
+        # huggingface/transformers#25109
         setup["optimizer"] = "adamw-hf"
     elif "adamw" in t:
         setup["optimizer"] = "adamw"
@@ -244,7 +246,8 @@ def _stated_context(metric: str) -> int | None:
 
 def _reserved_floor(row: dict[str, str]) -> int | None:
     """'peak memory reserved after model init' stated beside a reserved training reading (1e9-byte GB)."""
-    if "reserved after model init" not in row.get("peak_mem_alt_metric", "") or "reserved" not in row["peak_mem_metric"]:
+    if ("reserved after model init" not in row.get("peak_mem_alt_metric", "")
+            or "reserved" not in row["peak_mem_metric"]):
         return None
     try:
         return int(float(row["peak_mem_alt_value"]) * 1e9)
@@ -370,7 +373,8 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
     if "classification" in row.get("task", "").lower():
         setup["num_labels"] = 2  # transformers docs: AutoModelForSequenceClassification on 0/1 labels
     if "forced into" in (row["other_opts"] + row["seq_len_note"]):
-        # lit-gpt 2023 (finetune/*.py get_batch(..., longest_seq_ix if iter_num == 1)): the peak batch is the first
+        # lit-gpt 2023 (finetune/*.py get_batch(..., longest_seq_ix if iter_num == 1)): the peak batch is
+        # the first
         setup["longest_batch_first"] = True
     if "activation offloading" in row["other_opts"]:
         setup["activation_offload"] = True
@@ -388,7 +392,8 @@ def map_row(row: dict[str, str]) -> MappedRow | Unmapped:
     if "compile" in row["other_opts"]:
         setup["compile"] = True
     if _reserved_floor(row):
-        approx.append("the reserved reading is compared with max(estimate, the reservation stated after model init)")
+        approx.append("the reserved reading is compared with max(estimate, the reservation stated after "
+                      "model init)")
     model = row["model_hf_id"]
     budget = None
     if row["mem_budget_gb"]:

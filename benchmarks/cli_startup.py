@@ -28,7 +28,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src"
 ESTIMATE = ["estimate", "Qwen/Qwen2.5-7B-Instruct", "--method", "qlora", "--rank", "16", "--batch", "1",
             "--seq", "512", "--gpu", "rtx4090", "--json"]
-TARGET_S = 0.15  # the target: at most this much above the bare interpreter
+TARGET_S = 0.15  # the start-up budget for `estimate --json`: at most this much above the bare interpreter
 # Imported by `estimate --json` only if something is loaded that it does not print.
 NOT_NEEDED = ("typer", "pydantic", "rich", "numpy", "yaml", "huggingface_hub", "torch", "gradio",
               "transformers", "tuneplan.plan", "tuneplan.web", "tuneplan.simulate", "tuneplan.ingest",

@@ -26,8 +26,8 @@ best of five slices, for tuneplan and the peer alike; the CLI figures are wall t
   estimate_memory``, pure Python arithmetic; canifinetune needs its pydantic model layer and is slower),
   installed with pip into a throwaway virtual environment, timed on the same setups in its own process.
 
-Targets: estimate() on a warm Run <= 50 us, estimate() repeated at other sizes <= 50 us, memory core <= 10 us, grid >= 1,000,000 configurations/s,
-CLI <= 0.15 s above bare Python start-up.
+Targets: estimate() on a warm Run <= 50 us, estimate() repeated at other sizes <= 50 us, memory core
+<= 10 us, grid >= 1,000,000 configurations/s, CLI <= 0.15 s above bare Python start-up.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def peer_seconds(seconds: float) -> float | str:
     """Seconds per fitscout estimate, or why it could not be measured."""
     with tempfile.TemporaryDirectory() as tmp:
         venv = Path(tmp) / "venv"
-        r = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, check=False)
+        r = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True,
+                           check=False)
         py = venv / "bin" / "python"
         if r.returncode:
             return f"venv failed: {r.stderr.strip()[-200:]}"
@@ -98,8 +99,8 @@ def peer_seconds(seconds: float) -> float | str:
                            text=True, check=False, timeout=600)
         if r.returncode:
             return f"pip install {PEER} failed (offline?): {r.stderr.strip()[-200:]}"
-        r = subprocess.run([str(py), "-c", PEER_SCRIPT.format(seconds=seconds)], capture_output=True, text=True,
-                           check=False)
+        r = subprocess.run([str(py), "-c", PEER_SCRIPT.format(seconds=seconds)], capture_output=True,
+                           text=True, check=False)
         if r.returncode:
             return f"{PEER} did not run: {r.stderr.strip()[-200:]}"
         return float(r.stdout.strip())
@@ -108,7 +109,8 @@ def peer_seconds(seconds: float) -> float | str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=2.0, help="timing budget per in-process figure")
-    ap.add_argument("--peers", action="store_true", help="also time the fastest published estimator (pip, venv)")
+    ap.add_argument("--peers", action="store_true",
+                    help="also time the fastest published estimator (pip, venv)")
     a = ap.parse_args()
 
     import tuneplan
@@ -126,7 +128,8 @@ def main() -> None:
     cap = gpu.memory_bytes
 
     def each(fn):
-        """One timed call: ``fn`` on the 8 runs (batch 1..8); per_call's figure divided by 8 is per estimate."""
+        """One timed call: ``fn`` on the 8 runs (batch 1..8); per_call's figure divided by 8 is per
+        estimate."""
         def call():
             for r in runs:
                 fn(r)
@@ -161,7 +164,8 @@ def main() -> None:
     t_repeat = per_call(each_batch(lambda b: estimate(MODEL, gpu="rtx4090", method="lora", rank=16, seq=512,
                                                       batch=b)), a.seconds) / 8
 
-    grid_kw = dict(gpu=gpu, method="lora", batch=range(1, 65), seq=range(64, 64 * 65, 64), rank=[8, 16, 32, 64])
+    grid_kw = dict(gpu=gpu, method="lora", batch=range(1, 65), seq=range(64, 64 * 65, 64),
+                   rank=[8, 16, 32, 64])
     t_grid = per_call(lambda: tuneplan.estimate_grid(spec, **grid_kw), a.seconds)
     n_grid = 64 * 64 * 4
 
@@ -186,8 +190,8 @@ def main() -> None:
     print(f"estimate_grid 64 batches x 64 lengths x 4 ranks: {t_grid * 1e3:.1f} ms, "
           f"{n_grid / t_grid:,.0f} configurations/s   target >= 1,000,000/s (< 20 ms)")
     print(f"python3 -c pass:                               {bare * 1e3:6.0f} ms")
-    print(f"tuneplan estimate ... --json:                  {cli * 1e3:6.0f} ms  (+{(cli - bare) * 1e3:.0f} ms; "
-          "target <= +150 ms)")
+    print(f"tuneplan estimate ... --json:                  {cli * 1e3:6.0f} ms  "
+          f"(+{(cli - bare) * 1e3:.0f} ms; target <= +150 ms)")
     print(f"tuneplan --help:                               {help_t * 1e3:6.0f} ms")
     if a.peers:
         peer = peer_seconds(a.seconds)

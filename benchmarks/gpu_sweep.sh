@@ -2,8 +2,9 @@
 # Measured calibration rows from this machine's GPU: `tuneplan measure` over small and mid models built
 # from their config.json with random weights (no download), across full / LoRA / QLoRA, checkpointing on
 # and off, eager vs SDPA attention, batch and sequence length. Each run is its own process (clean CUDA
-# context and peak counters) and appends one row, in the columns of ../shared/calibration/measured.csv,
-# to benchmarks/data/measured_tuneplan.csv (or $OUT). An OOM is a row too (outcome OOM).
+# context and peak counters) and appends one row, in the columns of
+# benchmarks/data/calibration/measured.csv, to benchmarks/data/measured_tuneplan.csv (or $OUT). An OOM is a
+# row too (outcome OOM).
 #
 #   bash benchmarks/gpu_sweep.sh              # quick: ~20 runs, 0.5B-3B, about 5-8 minutes on an H100/H200
 #   MODE=full bash benchmarks/gpu_sweep.sh    # adds 7-8B models, long sequences, other optimizers/precisions

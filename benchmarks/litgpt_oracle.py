@@ -127,7 +127,8 @@ def oracle(hf_id: str, method: str, targets: str, batch: int, seq: int, rank: in
     F.scaled_dot_product_attention = sdpa
     try:
         with fake, tracker, cuda_dropout():
-            opt = BnbAdamStandIn(params, bits8=False, paged=True) if paged else torch.optim.AdamW(params, foreach=True)
+            opt = (BnbAdamStandIn(params, bits8=False, paged=True) if paged
+                   else torch.optim.AdamW(params, foreach=True))
             ids = torch.zeros((batch, seq), dtype=torch.long)
             logits = loss = None
             for step in (1, 2):
@@ -172,8 +173,9 @@ def main() -> None:
         if isinstance(s.get("targets"), str) and s["targets"].startswith("sem:"):
             s["targets"] = resolve_semantic_targets(spec, s["targets"])
         t0 = time.perf_counter()
-        steady, first = oracle(m.model, s["method"], row["lora_targets"], s["batch"], s["seq"], s.get("rank", 8),
-                               s.get("dropout") or 0.05, s.get("optimizer") == "paged-adamw")
+        steady, first = oracle(m.model, s["method"], row["lora_targets"], s["batch"], s["seq"],
+                               s.get("rank", 8), s.get("dropout") or 0.05,
+                               s.get("optimizer") == "paged-adamw")
         orc = first if s.get("longest_batch_first") else steady
         ana = estimate(spec, **s).breakdown.allocated_peak_bytes
         meas = m.measured_bytes

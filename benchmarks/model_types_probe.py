@@ -29,7 +29,7 @@ import time
 import warnings
 from typing import Any
 
-TOLERANCE = 0.05  # the brief's bound on a silent parameter-count error
+TOLERANCE = 0.05  # the largest parameter-count error accepted before a model type is flagged
 
 
 def _first_line(exc: Exception, n: int = 110) -> str:

@@ -28,7 +28,8 @@ class FlashSDPA(torch.autograd.Function):
         b, s, h, d = q.shape
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         scratch = (torch.empty((b, h, _round(s, 128)), dtype=torch.float32),
-                   torch.empty((b, _round(s, 128), h, _round(d, 32) if d <= 192 else 256), dtype=torch.float32))
+                   torch.empty((b, _round(s, 128), h, _round(d, 32) if d <= 192 else 256),
+                               dtype=torch.float32))
         del scratch
         return dq, dk, dv
 

@@ -79,12 +79,15 @@ LITGPT_EVAL_MAX_ITERS = 100
 LITGPT_EVAL_NEW_TOKENS = 100
 LITGPT_EVAL = {  # config: (eval.interval, val_split_fraction)
     "falcon-7b/lora.yaml": (100, 0.05), "falcon-7b/qlora.yaml": (100, 0.05),
-    "gemma-2b/full.yaml": (25, 0.03847), "gemma-2b/lora.yaml": (25, 0.03847), "gemma-2b/qlora.yaml": (25, 0.03847),
+    "gemma-2b/full.yaml": (25, 0.03847), "gemma-2b/lora.yaml": (25, 0.03847),
+    "gemma-2b/qlora.yaml": (25, 0.03847),
     "gemma-7b/lora.yaml": (25, 0.03847), "gemma-7b/qlora.yaml": (25, 0.03847),
     "gemma2-2b/lora.yaml": (25, 0.03847), "gemma2-2b/qlora.yaml": (25, 0.03847),
     "gemma2-9b/lora.yaml": (25, 0.03847), "gemma2-9b/qlora.yaml": (25, 0.03847),
-    "llama-2-7b/full.yaml": (25, 0.05), "llama-2-7b/lora.yaml": (100, 0.05), "llama-2-7b/qlora.yaml": (100, 0.05),
-    "llama-3-8b/full.yaml": (25, 0.05), "llama-3-8b/lora.yaml": (100, 0.05), "llama-3-8b/qlora.yaml": (100, 0.05),
+    "llama-2-7b/full.yaml": (25, 0.05), "llama-2-7b/lora.yaml": (100, 0.05),
+    "llama-2-7b/qlora.yaml": (100, 0.05),
+    "llama-3-8b/full.yaml": (25, 0.05), "llama-3-8b/lora.yaml": (100, 0.05),
+    "llama-3-8b/qlora.yaml": (100, 0.05),
     "llama-3.1-8b/full.yaml": (25, 0.05), "llama-3.1-8b/lora.yaml": (100, 0.05),
     "llama-3.1-8b/qlora.yaml": (100, 0.05),
     "llama-3.2-1B/full.yaml": (25, 0.05), "llama-3.2-1B/lora.yaml": (100, 0.05),
@@ -174,11 +177,13 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
         longest = int(m.setup["seq"])
         e_max, _ = padded_length(b, fac, longest)
         shapes = [(999, e_max), (1, float(longest))]
-        notes.append(f"Alpaca batches padded to their longest: E = {e_max:.0f} tokens; first micro-batch {longest}")
-        notes.append(f"lit-gpt train(): a sanity validation of {LITGPT_2023_EVAL_ITERS} forward micro-batches and "
-                     f"{LITGPT_2023_NEW_TOKENS} generated tokens")
+        notes.append(f"Alpaca batches padded to their longest: E = {e_max:.0f} tokens; first micro-batch "
+                     f"{longest}")
+        notes.append(f"lit-gpt train(): a sanity validation of {LITGPT_2023_EVAL_ITERS} forward "
+                     f"micro-batches and {LITGPT_2023_NEW_TOKENS} generated tokens")
         return {"shapes": shapes, "measured_s": float(row["time_seconds_derived"]), "notes": notes,
-                "eval": {"forward": LITGPT_2023_EVAL_ITERS, "tokens": LITGPT_2023_NEW_TOKENS, "length": e_max}}
+                "eval": {"forward": LITGPT_2023_EVAL_ITERS, "tokens": LITGPT_2023_NEW_TOKENS,
+                         "length": e_max}}
     if row["time_seconds_derived"] and "alpaca2k" in scope:
         epochs = int(scope.split("for ")[1].split(" epoch")[0])
         cap = int(m.setup["seq"])
@@ -197,14 +202,16 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
         if interval:
             evals = iters // ga // interval
             val_iters = min(math.ceil(math.ceil(n_val / n_gpus) / b), LITGPT_EVAL_MAX_ITERS)
-            out["eval"] = {"forward": LITGPT_SANITY_ITERS + evals * val_iters, "tokens": evals * LITGPT_EVAL_NEW_TOKENS,
-                           "length": e_max}
+            out["eval"] = {"forward": LITGPT_SANITY_ITERS + evals * val_iters,
+                           "tokens": evals * LITGPT_EVAL_NEW_TOKENS, "length": e_max}
             notes.append(f"litgpt fit: {evals} evaluations of {val_iters} forward micro-batches and "
-                         f"{LITGPT_EVAL_NEW_TOKENS} generated tokens, + {LITGPT_SANITY_ITERS} sanity micro-batches")
+                         f"{LITGPT_EVAL_NEW_TOKENS} generated tokens, + {LITGPT_SANITY_ITERS} sanity "
+                         "micro-batches")
         return out
     if row["time_seconds_derived"] and "512 samples" in scope:
         seq = int(m.setup["seq"])
-        return {"shapes": [(512 // b, float(seq))], "measured_s": float(row["time_seconds_derived"]), "notes": notes}
+        return {"shapes": [(512 // b, float(seq))], "measured_s": float(row["time_seconds_derived"]),
+                "notes": notes}
     if row["time_seconds_derived"]:
         return f"time scope not mapped: {row['time_scope']}"
     if not row["throughput_value"]:
@@ -220,16 +227,19 @@ def work(row: dict[str, str], m: MappedRow, vocab: int, model_type: str) -> dict
         unpacked_alpaca = "unpacked" in row["seq_len_note"].lower()
         if unpacked_alpaca:
             e_max, e_one = padded_length(b, fac, seq)
-            notes.append(f"unpacked Alpaca: computed E = {e_max:.0f} padded tokens per sample, {e_one:.0f} real")
+            notes.append(f"unpacked Alpaca: computed E = {e_max:.0f} padded tokens per sample, "
+                         f"{e_one:.0f} real")
             return {"shapes": [(1, e_max)], "measured_s": b * e_one / value, "notes": notes}
         if not packed:
             notes.append(f"sample lengths not published: sequences assumed to fill {seq} tokens")
-        stated = "not stated" not in unit and any(k in unit for k in ("per gpu", "per device", "total", "tgs"))
+        stated = "not stated" not in unit and any(k in unit for k in ("per gpu", "per device", "total",
+                                                                       "tgs"))
         if n_gpus > 1 and not stated:
             # The metric is not stated: scored against the band between its two readings (per GPU: the
             # shorter time; the total of n GPUs: n times it), the calibration data's scoring rule for rows
             # whose metric is not stated. A reading faster than the card's peak is dropped in predict().
-            notes.append(f"tokens/s per GPU or total of {n_gpus} GPUs (not stated): scored against both readings")
+            notes.append(f"tokens/s per GPU or total of {n_gpus} GPUs (not stated): scored against both "
+                         "readings")
             return {"shapes": [(1, float(seq))], "measured_s": n_gpus * b * seq / value,
                     "band_s": (b * seq / value, n_gpus * b * seq / value), "notes": notes}
         if "tgs" not in unit:
@@ -269,7 +279,8 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
     notes = list(gnotes) + list(w["notes"]) + list(m.approximations)
     if acc.id == "a10g" and not acc.bf16_tflops_dense:
         peak = a10g_tflops
-        notes.append(f"A10G tensor peak not in the catalog: {a10g_tflops:g} TFLOPS assumed (third-party tables)")
+        notes.append(f"A10G tensor peak not in the catalog: {a10g_tflops:g} TFLOPS assumed (third-party "
+                     "tables)")
     opts = RuntimeOptions(compiled=compiled, peak_tflops=peak)
     seconds = floor = 0.0
     bound = ""
@@ -283,8 +294,8 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
             bound = bound or st.bound
         if "eval" in w:
             ev = w["eval"]
-            et = run_eval_time(resolve_run(spec, build_setup(spec, **{**fields, "seq": max(1, round(ev["length"]))})),
-                               acc, opts)
+            eval_setup = build_setup(spec, **{**fields, "seq": max(1, round(ev["length"]))})
+            et = run_eval_time(resolve_run(spec, eval_setup), acc, opts)
             seconds += ev["forward"] * et.forward_seconds + ev["tokens"] * et.token_seconds
     except (TuneplanError, UnknownThroughput) as exc:
         return f"cannot predict: {exc}"
@@ -292,8 +303,8 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
     banded = "band_s" in w
     if banded and lo < floor:  # the per-GPU reading is faster than the card can go: only the total remains
         lo, banded = hi, False
-        notes.append(f"the per-GPU reading ({w['band_s'][0]:.2f} s) is below the card's floor ({floor:.2f} s): "
-                     "read as the total")
+        notes.append(f"the per-GPU reading ({w['band_s'][0]:.2f} s) is below the card's floor "
+                     f"({floor:.2f} s): read as the total")
     if hi < floor:
         return {"row_id": m.row_id, "inconsistent": True, "floor_s": floor, "measured_s": hi}
     err = band_error(seconds, lo, hi)
@@ -302,9 +313,10 @@ def predict(row: dict[str, str], m: MappedRow, a10g_tflops: float) -> dict[str, 
     regimes = {"tokens per step": "small (<= 4096 per GPU)" if tokens <= SMALL_STEP_TOKENS else "large",
                "cards": "one card" if run.setup.world_size == 1 else "several cards",
                "offload": "offload" if run.setup.offload != "none" else "no offload"}
-    return {**regimes, "row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu, "floor_s": floor,
-            "framework/method": f"{m.framework}/{method}", "held_out": m.row_id not in USED_FOR_CONSTANTS,
-            "model": m.model, "measured_s": hi, "band_s": (lo, hi) if banded else None, "predicted_s": seconds,
+    return {**regimes, "row_id": m.row_id, "framework": m.framework, "method": method, "gpu": gpu,
+            "floor_s": floor, "framework/method": f"{m.framework}/{method}",
+            "held_out": m.row_id not in USED_FOR_CONSTANTS, "model": m.model, "measured_s": hi,
+            "band_s": (lo, hi) if banded else None, "predicted_s": seconds,
             "rel_err": err, "bound": bound,
             "assumed_peak": peak is not None or unverified_figures(acc) is not None, "compiled": compiled,
             "notes": notes}
@@ -347,7 +359,8 @@ def run(a10g_tflops: float) -> dict[str, Any]:
                                                            *REGIMES, "all")},
             "headline": {"all rows": summarize(results, "all"),
                          "verified card figures (not the A10G's)": summarize(catalog_only, "all"),
-                         "verified figures, held out (no constant read off them)": summarize(held_out, "all")}}
+                         "verified figures, held out (no constant read off them)":
+                             summarize(held_out, "all")}}
 
 
 def main() -> None:
@@ -371,14 +384,15 @@ def main() -> None:
     print("relative error = predicted tokens/s / measured tokens/s - 1 (positive: we predict too fast)")
     if a.rows:
         for r in out["results"]:
-            print(f"  {r['row_id']} {r['framework']:12s} {r['method']:6s} {r['gpu']:16s} {r['model'][:34]:34s} "
-                  f"meas {r['measured_s']:9.1f}s pred {r['predicted_s']:9.1f}s err {r['rel_err']:+6.0%} {r['bound']}"
-                  f"{' (band)' if r['band_s'] else ''}")
+            print(f"  {r['row_id']} {r['framework']:12s} {r['method']:6s} {r['gpu']:16s} "
+                  f"{r['model'][:34]:34s} meas {r['measured_s']:9.1f}s pred {r['predicted_s']:9.1f}s "
+                  f"err {r['rel_err']:+6.0%} {r['bound']}{' (band)' if r['band_s'] else ''}")
     for key, rows in out["summary"].items():
         print(f"\nby {key}:")
         print(f"  {'group':22s} {'n':>4s} {'median|err|':>12s} {'p90|err|':>9s} {'median err':>11s}")
         for s in rows:
-            print(f"  {str(s[key]):22s} {s['n']:4d} {s['median_abs']:12.0%} {s['p90_abs']:9.0%} {s['median_signed']:+11.0%}")
+            print(f"  {str(s[key]):22s} {s['n']:4d} {s['median_abs']:12.0%} {s['p90_abs']:9.0%} "
+                  f"{s['median_signed']:+11.0%}")
     print("\nheadline:")
     for name, rows in out["headline"].items():
         if rows:

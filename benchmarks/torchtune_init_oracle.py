@@ -35,7 +35,8 @@ def to_nf4_traced(w: torch.Tensor) -> torch.Tensor:
     nf4 = torch.tensor(NF4, device=w.device, dtype=torch.bfloat16)
     scalers = NF4Tensor.double_quantize_scalers(w.flatten(), BLOCK, SCALER_BLOCK)
     codes = NF4Tensor.convert_to_norm_float_weight(w, n // BLOCK, BLOCK, nf4)
-    out = torch.empty(n // 4 + n // 128, dtype=torch.bfloat16, device=w.device)  # n/2 B codes + n/64 B scalers
+    # n/2 B codes + n/64 B scalers
+    out = torch.empty(n // 4 + n // 128, dtype=torch.bfloat16, device=w.device)
     del scalers, codes
     return out
 
@@ -71,7 +72,8 @@ def every_layer_build() -> list[torch.Tensor]:
             w = torch.empty(shape, dtype=torch.bfloat16)  # nn.Linear's own bf16 init on the device
             keep.append(to_nf4_traced(w))
             del w
-            keep += [torch.empty(r * shape[1], dtype=torch.bfloat16), torch.empty(r * shape[0], dtype=torch.bfloat16)]
+            keep += [torch.empty(r * shape[1], dtype=torch.bfloat16),
+                     torch.empty(r * shape[0], dtype=torch.bfloat16)]
         keep.append(torch.empty(2 * h, dtype=torch.bfloat16))
     keep.append(torch.empty(vocab * h, dtype=torch.bfloat16))
     return keep

@@ -141,8 +141,8 @@ ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "output_proj": "output_proj
 
 def main() -> None:
     want = set(sys.argv[1:])
-    print(f"{'row':6s} {'model':34s} {'meth':5s} {'metric':9s} {'measured':>9s} {'oracle':>9s} {'analytic':>9s}"
-          "  GiB, allocated (the row's own metric in brackets)")
+    print(f"{'row':6s} {'model':34s} {'meth':5s} {'metric':9s} {'measured':>9s} {'oracle':>9s} "
+          f"{'analytic':>9s}  GiB, allocated (the row's own metric in brackets)")
     for row in load_rows():
         if want and row["row_id"] not in want:
             continue

@@ -8,12 +8,12 @@ Part 1 times the page's callbacks in process (what the server spends per field c
 update (``estimate_view``) over a grid of models, methods, cards and sequence lengths, and the two
 planner tabs, which run only while their tab is open.
 
-Part 2 starts ``tuneplan serve`` on 127.0.0.1 (loopback only; a free port; its own process) and sends ``--requests`` calls of
-the page's own ``estimate`` endpoint (Gradio's HTTP API: POST the form, read the result stream) from
-``--clients`` threads at once, each form different. It counts errors (HTTP status, an ``error``
-event, or an answer without a verdict) and reports latency percentiles and throughput. Bounded:
-each request times out after 30 s and the whole run stops after ``--deadline`` seconds.
-Exit status 1 if any request failed or the deadline passed. Needs the ``web`` extra.
+Part 2 starts ``tuneplan serve`` on 127.0.0.1 (loopback only; a free port; its own process) and sends
+``--requests`` calls of the page's own ``estimate`` endpoint (Gradio's HTTP API: POST the form, read the
+result stream) from ``--clients`` threads at once, each form different. It counts errors (HTTP status, an
+``error`` event, or an answer without a verdict) and reports latency percentiles and throughput. Bounded:
+each request times out after 30 s and the whole run stops after ``--deadline`` seconds. Exit status 1 if
+any request failed or the deadline passed. Needs the ``web`` extra.
 
 ``--new-sessions`` sends every request from a session of its own (a crowd of one-off visitors) and reads
 the server's resident memory (Linux ``/proc``) after a warm-up and at the end: what sessions cost it.
@@ -117,7 +117,8 @@ def rss_mib(pid: int) -> float:
     return kib / 1024
 
 
-def load_test(n_requests: int, n_clients: int, deadline_s: float, *, new_sessions: bool = False) -> dict[str, Any]:
+def load_test(n_requests: int, n_clients: int, deadline_s: float, *,
+              new_sessions: bool = False) -> dict[str, Any]:
     """``new_sessions``: every request opens a session of its own (a crowd of one-off visitors), and the
     server's resident memory is read before and after, to see what each session costs it."""
     import httpx
@@ -132,7 +133,8 @@ def load_test(n_requests: int, n_clients: int, deadline_s: float, *, new_session
         fs = forms()
         with httpx.Client(base_url=base, timeout=30) as c:  # warm up (imports, caches) in one session
             for f in fs[:20]:
-                r = c.post(f"{prefix}/call/estimate", json={"data": [f[k] for k in FIELDS], "session_hash": "warm"})
+                r = c.post(f"{prefix}/call/estimate",
+                           json={"data": [f[k] for k in FIELDS], "session_hash": "warm"})
                 c.get(f"{prefix}/call/estimate/{r.json()['event_id']}")
         rss_before = rss_mib(proc.pid)
         stop_at = time.monotonic() + deadline_s
@@ -175,8 +177,9 @@ def load_test(n_requests: int, n_clients: int, deadline_s: float, *, new_session
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    res: dict[str, Any] = {"requests": n_requests, "clients": n_clients, "ok": len(lat), "errors": len(errors),
-                           "wall_s": round(wall, 2), "throughput_rps": round(len(lat) / wall, 1),
+    res: dict[str, Any] = {"requests": n_requests, "clients": n_clients, "ok": len(lat),
+                           "errors": len(errors), "wall_s": round(wall, 2),
+                           "throughput_rps": round(len(lat) / wall, 1),
                            "new_sessions": new_sessions, "rss_before_mib": round(rss_before, 1),
                            "rss_after_mib": round(rss_after, 1)}
     if lat:
@@ -190,7 +193,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--deadline", type=float, default=120.0, help="stop the load test after this many seconds")
+    ap.add_argument("--deadline", type=float, default=120.0,
+                    help="stop the load test after this many seconds")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--new-sessions", action="store_true",
                     help="a new session per request (memory per session); skips the in-process timings")
@@ -208,14 +212,17 @@ def main() -> int:
     if cb:
         print("server-side time per update (in process, ms):")
     for k, v in cb.items():
-        print(f"  {k:14s} n={v['n']:4d}  p50 {v['p50_ms']:7.2f}  p95 {v['p95_ms']:7.2f}  max {v['max_ms']:7.2f}")
+        print(f"  {k:14s} n={v['n']:4d}  p50 {v['p50_ms']:7.2f}  p95 {v['p95_ms']:7.2f}  "
+              f"max {v['max_ms']:7.2f}")
     lt = load_test(a.requests, a.clients, a.deadline, new_sessions=a.new_sessions)
     each = "a new session each" if a.new_sessions else "one session per client"
     print(f"loopback load test: {lt['requests']} requests ({each}) from {lt['clients']} concurrent clients "
           "to /estimate")
-    print(f"  ok {lt['ok']}  errors {lt['errors']}  wall {lt['wall_s']} s  throughput {lt['throughput_rps']} req/s")
+    print(f"  ok {lt['ok']}  errors {lt['errors']}  wall {lt['wall_s']} s  "
+          f"throughput {lt['throughput_rps']} req/s")
     if lt["ok"]:
-        print(f"  latency (ms): p50 {lt['p50_ms']}  p95 {lt['p95_ms']}  max {lt['max_ms']}  mean {lt['mean_ms']}")
+        print(f"  latency (ms): p50 {lt['p50_ms']}  p95 {lt['p95_ms']}  max {lt['max_ms']}  "
+              f"mean {lt['mean_ms']}")
     print(f"  server resident memory: {lt['rss_before_mib']} MiB before, {lt['rss_after_mib']} MiB after")
     for e in lt.get("first_errors", []):
         print(f"  error: {e}")

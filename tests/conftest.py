@@ -30,13 +30,14 @@ def tiny_llama():
     return model_from_config(TINY_LLAMA, "tiny-llama")
 
 
-BERT_CLASSIFIER_ARGS = ("google-bert/bert-large-uncased", "--method", "full", "--precision", "fp32", "--batch", "4",
-                        "--seq", "512", "--attn", "eager", "--num-labels", "2")
+BERT_CLASSIFIER_ARGS = ("google-bert/bert-large-uncased", "--method", "full", "--precision", "fp32",
+                        "--batch", "4", "--seq", "512", "--attn", "eager", "--num-labels", "2")
 
 
 def cli_allocated_peak(*args: str) -> int:
     """`tuneplan estimate ARGS --json` in a fresh offline process: the allocated peak it reports."""
     out = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "estimate", *args, "--json"],
-                         capture_output=True, text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True, timeout=120,
+                         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert out.returncode in (0, 1), out.stderr  # 1: does not fit the default GPU, still a full report
     return json.loads(out.stdout)["per_gpu"]["allocated_peak_bytes"]

@@ -94,7 +94,7 @@ def test_platform_target_link(acc_id, platform, target, link):
 
 def test_json_is_what_the_build_tool_makes_from_the_reference():
     if not REFERENCE_CSV.exists():
-        pytest.skip("../shared/reference/gpus.csv is outside the repository and not on this machine")
+        pytest.skip("the reference GPU table (gpus.csv) is outside the repository and not on this machine")
     spec = importlib.util.spec_from_file_location("build_accelerators", REPO / "tools/build_accelerators.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -108,15 +108,17 @@ def test_json_is_what_the_build_tool_makes_from_the_reference():
 # ---- names ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,acc_id", [
-    ("4090", "rtx-4090"), ("rtx4090", "rtx-4090"), ("RTX 4090", "rtx-4090"), ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+    ("4090", "rtx-4090"), ("rtx4090", "rtx-4090"), ("RTX 4090", "rtx-4090"),
+    ("NVIDIA GeForce RTX 4090", "rtx-4090"),
     ("a100-80g", "a100-80gb-sxm4"), ("a100 80gb sxm", "a100-80gb-sxm4"),
     ("910b", "ascend-910b"), ("910B3", "ascend-910b"), ("910B2C", "ascend-910b"), ("910b4", "ascend-910b4"),
     # bare names mean the SXM variant (docs/compatibility.md)
     ("H100 80GB", "h100-sxm5-80gb"), ("h100", "h100-sxm5-80gb"), ("a100 40gb", "a100-40gb-sxm4"),
     ("v100 16gb", "v100-sxm2-16gb"), ("h100 pcie", "h100-pcie-80gb"), ("a100 80gb pcie", "a100-80gb-pcie"),
     # what NVML prints
-    ("NVIDIA H100 80GB HBM3", "h100-sxm5-80gb"), ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"), ("Tesla T4", "t4"),
-    ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm4"), ("NVIDIA L40S", "l40s"), ("NVIDIA H100 NVL", "h100-nvl-94gb"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm5-80gb"), ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"),
+    ("Tesla T4", "t4"), ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm4"), ("NVIDIA L40S", "l40s"),
+    ("NVIDIA H100 NVL", "h100-nvl-94gb"),
     ("v100-32gb", "v100-sxm2-32gb"), ("mi300x", "mi300x"),
 ])
 def test_loose_names(name, acc_id):
@@ -181,9 +183,12 @@ def test_yaml_hardware_file_from_config_dir(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("[accelerators.x]\nvendor = \"NVIDIA\"\nmemory_gib = 8\nclock_mhz = 1500\n", "accelerators.x.clock_mhz: unknown field"),
-    ("[accelerators.x]\nvendor = \"NVIDIA\"\nmemory_gib = \"lots\"\n", "accelerators.x.memory_gib: expected a non-negative number"),
-    ("[accelerators.x]\nvendor = \"NVIDIA\"\nmemory_gib = 8\ncompute_capability = \"sm80\"\n", "compute_capability"),
+    ("[accelerators.x]\nvendor = \"NVIDIA\"\nmemory_gib = 8\nclock_mhz = 1500\n",
+     "accelerators.x.clock_mhz: unknown field"),
+    ("[accelerators.x]\nvendor = \"NVIDIA\"\nmemory_gib = \"lots\"\n",
+     "accelerators.x.memory_gib: expected a non-negative number"),
+    ("[accelerators.x]\nvendor = \"NVIDIA\"\nmemory_gib = 8\ncompute_capability = \"sm80\"\n",
+     "compute_capability"),
     ("[accelerators.rtx4090]\ncloud_usd_per_gpu_hr = 0.3\n", "new accelerator needs vendor"),
     ("[gpus.x]\nvendor = \"NVIDIA\"\n", "top-level `accelerators`"),
     ("[accelerators.x\n", "not valid TOML"),
@@ -210,20 +215,22 @@ def test_missing_hardware_file(tmp_path):
 
 
 def test_estimate_uses_the_hardware_file(tmp_path):
-    """A user card with 10.9 GiB and CC 6.1: an explicit bf16 is refused, and the fit is judged on 10.9 GiB."""
+    """A user card with 10.9 GiB and CC 6.1: an explicit bf16 is refused, and the fit is judged on
+    10.9 GiB."""
     p = tmp_path / "hw.toml"
     p.write_text(TOML)
     default = estimate("Qwen/Qwen2.5-0.5B", gpu="gtx-1080ti", hardware_file=str(p), method="lora")
     assert default.setup.precision == "fp16-mixed"  # the profile's bf16 default falls back on this card
     assert "bf16-unsupported" not in {f.code for f in default.findings}
-    est = estimate("Qwen/Qwen2.5-0.5B", gpu="gtx-1080ti", hardware_file=str(p), method="lora", precision="bf16")
+    est = estimate("Qwen/Qwen2.5-0.5B", gpu="gtx-1080ti", hardware_file=str(p), method="lora",
+                   precision="bf16")
     assert est.gpu.memory_bytes == int(10.9 * GIB)
     assert {f.code for f in est.findings} >= {"bf16-unsupported", "no-tensor-cores"}
     assert est.fits is False
     from tuneplan.cli.app import app
 
-    r = CliRunner().invoke(app, ["estimate", "Qwen/Qwen2.5-0.5B", "--gpu", "1080ti", "--hardware-file", str(p),
-                                 "--precision", "fp32", "--json"])
+    r = CliRunner().invoke(app, ["estimate", "Qwen/Qwen2.5-0.5B", "--gpu", "1080ti", "--hardware-file",
+                                 str(p), "--precision", "fp32", "--json"])
     d = json.loads(r.output)
     assert d["gpu"]["id"] == "gtx-1080ti" and "bf16-unsupported" not in {f["code"] for f in d["findings"]}
 

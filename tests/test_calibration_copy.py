@@ -1,4 +1,5 @@
-"""benchmarks/data/calibration is a verbatim copy of ../shared/calibration (where that exists)."""
+"""benchmarks/data/calibration is a verbatim copy of the calibration rows it was taken from, where that
+folder is beside the repository."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def test_copy_exists() -> None:
     assert (COPY / "measured.csv").exists() and (COPY / "README.md").exists()
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="../shared/calibration is not beside this checkout")
+@pytest.mark.skipif(not SHARED.exists(),
+                    reason="the calibration rows the copy was taken from are not beside this checkout")
 def test_copy_equals_shared() -> None:
     for src in SHARED.iterdir():
         if src.is_file():

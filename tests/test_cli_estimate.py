@@ -84,4 +84,5 @@ def test_models_and_table() -> None:
     assert len(cells) == 16
     by = {(c["size"], c["method"]): c["device_peak_bytes"] for c in cells}
     for size in ("7B", "13B", "30B/32B", "70B"):  # computed ordering, not copied numbers
-        assert by[(size, "QLoRA 4-bit")] < by[(size, "QLoRA 8-bit")] < by[(size, "LoRA 16-bit")] < by[(size, "full 16-bit")]
+        assert (by[(size, "QLoRA 4-bit")] < by[(size, "QLoRA 8-bit")] < by[(size, "LoRA 16-bit")]
+                < by[(size, "full 16-bit")])

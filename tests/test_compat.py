@@ -1,6 +1,6 @@
 """Compatibility rules: every rule fires where its source says it must, and stays quiet next door.
 
-Expected levels and thresholds come from ../shared/reference/compat.md (cited per case), not from the
+Expected levels and thresholds come from the compatibility reference notes (cited per case), not from the
 rules file: a wrong threshold in the data makes a case here fail.
 """
 
@@ -29,7 +29,8 @@ from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import model_from_config
 from tuneplan.specs.setup import TrainSetup
 
-GTX980 = Accelerator(id="gtx-980", name="GTX 980", vendor="NVIDIA", memory_gb_marketed=4, compute_capability=(5, 2))
+GTX980 = Accelerator(id="gtx-980", name="GTX 980", vendor="NVIDIA", memory_gb_marketed=4,
+                     compute_capability=(5, 2))
 ASCEND_910A = Accelerator(id="ascend-910a", name="Ascend 910A", vendor="Huawei", memory_gb_marketed=32)
 NO_CC = Accelerator(id="mystery", name="Mystery GPU", vendor="NVIDIA", memory_gb_marketed=24)
 OTHER_VENDOR = Accelerator(id="mlu370", name="MLU370-X8", vendor="Cambricon", memory_gb_marketed=48)
@@ -52,74 +53,107 @@ def model(name: str | None):
     return TOY_HD512 if name == "toy-hd512" else resolve_model(name)
 
 
-# code -> (level expected, triggering case, a near miss). A case: (card or None, setup fields, model, versions).
+# code -> (level expected, triggering case, a near miss). A case: (card or None, setup fields, model,
+# versions).
 CASES: dict[str, tuple[str, tuple, tuple]] = {
     # compat.md 7: no tensor cores below CC 7.0 (P40 is 6.1, V100 7.0)
-    "no-tensor-cores": ("warning", ("p40", {"precision": "fp32"}, None, None), ("v100-sxm2-32gb", {"precision": "fp16-mixed"}, None, None)),
+    "no-tensor-cores": ("warning", ("p40", {"precision": "fp32"}, None, None),
+                        ("v100-sxm2-32gb", {"precision": "fp16-mixed"}, None, None)),
     # 3.1: bf16 needs CC >= 8.0; 910A fp16-only
-    "bf16-unsupported": ("error", ("v100-32gb", {"precision": "bf16"}, None, None), ("a100-80gb-sxm4", {"precision": "bf16"}, None, None)),
+    "bf16-unsupported": ("error", ("v100-32gb", {"precision": "bf16"}, None, None),
+                         ("a100-80gb-sxm4", {"precision": "bf16"}, None, None)),
     "fp16-pure-trainable": ("error", ("a100-80gb-sxm4", {"method": "full", "precision": "fp16"}, None, None),
                             ("a100-80gb-sxm4", {"method": "lora", "precision": "fp16"}, None, None)),
-    "fp16-overflow-risk": ("info", ("a100-80gb-sxm4", {"precision": "fp16-mixed"}, "meta-llama/Llama-3.1-8B", None),
+    "fp16-overflow-risk": ("info",
+                           ("a100-80gb-sxm4", {"precision": "fp16-mixed"}, "meta-llama/Llama-3.1-8B", None),
                            ("a100-80gb-sxm4", {"precision": "fp16-mixed"}, "meta-llama/Llama-2-7b-hf", None)),
     # 2.1: FA2 on Ampere/Ada/Hopper only; T4 not supported
     "flash-attn-unsupported": ("error", ("t4", {"attn": "flash", "precision": "fp16-mixed"}, None, None),
                                ("rtx3090", {"attn": "flash"}, None, None)),
-    "flash-attn-npu": ("info", ("910b", {"attn": "flash"}, None, None), ("910b", {"attn": "sdpa"}, None, None)),
-    "flash-attn-unverified": ("info", ("rtx5090", {"attn": "flash"}, None, None), ("rtx4090", {"attn": "flash"}, None, None)),
+    "flash-attn-npu": ("info", ("910b", {"attn": "flash"}, None, None),
+                       ("910b", {"attn": "sdpa"}, None, None)),
+    "flash-attn-unverified": ("info", ("rtx5090", {"attn": "flash"}, None, None),
+                              ("rtx4090", {"attn": "flash"}, None, None)),
     # FA2 head dim <= 256 (CUDA), ROCm CK backward <= 128
     "flash-attn-head-dim": ("error", ("a100-80gb-sxm4", {"attn": "flash"}, "toy-hd512", None),
                             ("a100-80gb-sxm4", {"attn": "flash"}, "google/gemma-7b", None)),
-    "flash-attn-hdim256-consumer": ("error", ("rtx4090", {"attn": "flash"}, "google/gemma-7b", {**CU130, "flash_attn": "2.5.0"}),
-                                    ("rtx4090", {"attn": "flash"}, "google/gemma-7b", {**CU130, "flash_attn": "2.5.5"})),
-    "flash-attn-3-available": ("info", ("h100", {"attn": "flash"}, None, None), ("a100-80gb-sxm4", {"attn": "flash"}, None, None)),
+    "flash-attn-hdim256-consumer": (
+        "error",
+        ("rtx4090", {"attn": "flash"}, "google/gemma-7b", {**CU130, "flash_attn": "2.5.0"}),
+        ("rtx4090", {"attn": "flash"}, "google/gemma-7b", {**CU130, "flash_attn": "2.5.5"})),
+    "flash-attn-3-available": ("info", ("h100", {"attn": "flash"}, None, None),
+                               ("a100-80gb-sxm4", {"attn": "flash"}, None, None)),
     "flash-attn-3-not-hopper": ("warning", ("rtx4090", {}, None, {**CU130, "flash_attn_3": "3.0.0b1"}),
                                 ("h100", {}, None, {**CU130, "flash_attn_3": "3.0.0b1"})),
     "sdpa-no-flash-backend": ("info", ("t4", {"attn": "sdpa", "precision": "fp16-mixed"}, None, None),
                               ("a100-80gb-sxm4", {"attn": "sdpa"}, None, None)),
     # 1.3 / 5: no bitsandbytes on Ascend
-    "qlora-unavailable-npu": ("error", ("910b", {"method": "qlora"}, None, None), ("910b", {"method": "lora"}, None, None)),
+    "qlora-unavailable-npu": ("error", ("910b", {"method": "qlora"}, None, None),
+                              ("910b", {"method": "lora"}, None, None)),
     "bnb-optimizer-unavailable-npu": ("error", ("910b", {"optimizer": "paged-adamw-8bit"}, None, None),
                                       ("910b", {"optimizer": "adamw"}, None, None)),
     # 1.1: wheels from 0.48 need CC >= 6.0; 0.46-0.47 covered 5.0
     "bnb-arch-too-old": ("error", (GTX980, {"method": "qlora"}, None, None),
                          (GTX980, {"method": "qlora"}, None, {**CU128_28, "bitsandbytes": "0.47.0"})),
     # 1.2: LLM.int8 needs 7.5
-    "bnb-llm-int8-unavailable": ("error", ("v100-sxm2-32gb", {"method": "qlora", "bits": 8, "precision": "fp16-mixed"}, None, None),
-                                 ("t4", {"method": "qlora", "bits": 8, "precision": "fp16-mixed"}, None, None)),
+    "bnb-llm-int8-unavailable": (
+        "error",
+        ("v100-sxm2-32gb", {"method": "qlora", "bits": 8, "precision": "fp16-mixed"}, None, None),
+        ("t4", {"method": "qlora", "bits": 8, "precision": "fp16-mixed"}, None, None)),
     # PR #1715 (2025-07-21), first released in 0.47.0: cu128 builds before it lack sm70
-    "bnb-sm70-cu128": ("error", ("v100-sxm2-32gb", {"method": "qlora", "precision": "fp16-mixed"}, None, {**CU128_28, "bitsandbytes": "0.46.1"}),
-                       ("v100-sxm2-32gb", {"method": "qlora", "precision": "fp16-mixed"}, None, {**CU128_28, "bitsandbytes": "0.47.0"})),
+    "bnb-sm70-cu128": (
+        "error",
+        ("v100-sxm2-32gb", {"method": "qlora", "precision": "fp16-mixed"}, None,
+         {**CU128_28, "bitsandbytes": "0.46.1"}),
+        ("v100-sxm2-32gb", {"method": "qlora", "precision": "fp16-mixed"}, None,
+         {**CU128_28, "bitsandbytes": "0.47.0"})),
     "bnb-no-cuda-build": ("error", ("t4", {"method": "qlora"}, None, {**CU128_28, "bitsandbytes": "0.45.2"}),
                           ("t4", {"method": "qlora"}, None, {**CU128_28, "bitsandbytes": "0.45.3"})),
-    "bnb-torch-floor": ("error", ("a100-80gb-sxm4", {"method": "qlora"}, None, {**CU128_28, "torch": "2.3.1+cu121", "bitsandbytes": "0.50.0"}),
-                        ("a100-80gb-sxm4", {"method": "qlora"}, None, {**CU128_28, "torch": "2.4.0+cu121", "bitsandbytes": "0.50.0"})),
-    "peft-imports-bnb": ("error", ("v100-sxm2-32gb", {"method": "lora", "precision": "fp16-mixed"}, None, {**CU128_28, "bitsandbytes": "0.46.1"}),
-                         ("v100-sxm2-32gb", {"method": "lora", "precision": "fp16-mixed"}, None, {**CU128_28, "bitsandbytes": None})),
-    "bnb-rocm": ("warning", ("mi300x", {"method": "qlora"}, None, {"torch": "2.13.0+rocm7.2", "torch_hip": "7.2", "bitsandbytes": "0.49.2"}),
-                 ("mi300x", {"method": "qlora"}, None, {"torch": "2.13.0+rocm7.2", "torch_hip": "7.2", "bitsandbytes": "0.50.0"})),
+    "bnb-torch-floor": (
+        "error",
+        ("a100-80gb-sxm4", {"method": "qlora"}, None,
+         {**CU128_28, "torch": "2.3.1+cu121", "bitsandbytes": "0.50.0"}),
+        ("a100-80gb-sxm4", {"method": "qlora"}, None,
+         {**CU128_28, "torch": "2.4.0+cu121", "bitsandbytes": "0.50.0"})),
+    "peft-imports-bnb": (
+        "error",
+        ("v100-sxm2-32gb", {"method": "lora", "precision": "fp16-mixed"}, None,
+         {**CU128_28, "bitsandbytes": "0.46.1"}),
+        ("v100-sxm2-32gb", {"method": "lora", "precision": "fp16-mixed"}, None,
+         {**CU128_28, "bitsandbytes": None})),
+    "bnb-rocm": (
+        "warning",
+        ("mi300x", {"method": "qlora"}, None,
+         {"torch": "2.13.0+rocm7.2", "torch_hip": "7.2", "bitsandbytes": "0.49.2"}),
+        ("mi300x", {"method": "qlora"}, None,
+         {"torch": "2.13.0+rocm7.2", "torch_hip": "7.2", "bitsandbytes": "0.50.0"})),
     # 4.2: PyTorch 2.10+ cu128 builds and cu13x have no sm_70
     "torch-arch-missing": ("error", ("v100-sxm2-32gb", {"precision": "fp16-mixed"}, None,
                                      {"torch": "2.10.0+cu128", "torch_cuda": "12.8", "driver": "570.1",
-                                      "torch_arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]}),
+                                      "torch_arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100",
+                                                          "sm_120"]}),
                            ("v100-sxm2-32gb", {"precision": "fp16-mixed"}, None, CU128_28)),
-    "torch-legacy-wheels": ("info", ("v100-sxm2-32gb", {"precision": "fp16-mixed"}, None, None), ("t4", {"precision": "fp16-mixed"}, None, None)),
+    "torch-legacy-wheels": ("info", ("v100-sxm2-32gb", {"precision": "fp16-mixed"}, None, None),
+                            ("t4", {"precision": "fp16-mixed"}, None, None)),
     "torch-blackwell-wheels": ("info", ("rtx5090", {}, None, None), ("h100", {}, None, None)),
     "torch-no-gpu-build": ("error", ("rtx4090", {}, None, {"torch": "2.13.0+cpu", "torch_cuda": None}),
                            ("rtx4090", {}, None, CU130)),
     "torch-npu-mismatch": ("error", ("910b", {}, None, {"torch": "2.6.0+cpu", "torch_npu": "2.7.1"}),
                            ("910b", {}, None, {"torch": "2.7.1+cpu", "torch_npu": "2.7.1.post2"})),
     # 4.1: CUDA 13.x needs driver >= 580
-    "driver-too-old": ("error", ("rtx4090", {}, None, {**CU130, "driver": "570.124.06"}), ("rtx4090", {}, None, CU130)),
+    "driver-too-old": ("error", ("rtx4090", {}, None, {**CU130, "driver": "570.124.06"}),
+                       ("rtx4090", {}, None, CU130)),
     "ascend-stack": ("info", ("910b", {}, None, None), ("a100-80gb-sxm4", {}, None, None)),
     "rocm-stack": ("info", ("mi300x", {}, None, None), ("a100-80gb-sxm4", {}, None, None)),
     "multi-device-package": ("info", ("mi250x", {}, None, None), ("mi300x", {}, None, None)),
-    "multi-gpu-no-fast-link": ("info", ("rtx4090", {"gpus": 2}, None, None), ("a100-80gb-sxm4", {"gpus": 2}, None, None)),
+    "multi-gpu-no-fast-link": ("info", ("rtx4090", {"gpus": 2}, None, None),
+                               ("a100-80gb-sxm4", {"gpus": 2}, None, None)),
     "qlora-sharded-quant-storage": ("warning", (None, {"method": "qlora", "gpus": 2, "zero": 3}, None, None),
                                     (None, {"method": "qlora", "gpus": 2, "zero": 2}, None, None)),
     "hardware-unknown": ("info", (NO_CC, {}, None, None), ("rtx4090", {}, None, None)),
     # fsdp_qlora train.py: LlamaDecoderLayer / MistralDecoderLayer only
-    "fsdp-qlora-layer-classes": ("warning", (None, {"framework": "fsdp-qlora"}, "Qwen/Qwen2.5-7B-Instruct", None),
+    "fsdp-qlora-layer-classes": ("warning",
+                                 (None, {"framework": "fsdp-qlora"}, "Qwen/Qwen2.5-7B-Instruct", None),
                                  (None, {"framework": "fsdp-qlora"}, "meta-llama/Llama-2-7b-hf", None)),
 }
 
@@ -175,12 +209,14 @@ def test_version_dependent_rules_say_which_versions_without_versions(code, card,
     assert re.search(r"\d+\.\d+", f.message + f.fix)  # names versions
 
 
-def test_seed_000_v100_messages_name_the_cause_and_the_fix():
+def test_v100_owners_report_messages_name_the_cause_and_the_fix():
     v = {**CU128_28, "bitsandbytes": "0.46.1"}
-    f = {x.code: x for x in check(acc("v100-sxm2-32gb"), TrainSetup(method="qlora", precision="fp16-mixed"), None, v)}
+    f = {x.code: x
+         for x in check(acc("v100-sxm2-32gb"), TrainSetup(method="qlora", precision="fp16-mixed"), None, v)}
     assert "sm70" in f["bnb-sm70-cu128"].message and "0.46.1" in f["bnb-sm70-cu128"].message
     assert "bitsandbytes>=0.47.0" in f["bnb-sm70-cu128"].fix
-    lora = {x.code: x for x in check(acc("v100-sxm2-32gb"), TrainSetup(method="lora", precision="fp16-mixed"), None, v)}
+    lora = {x.code: x
+            for x in check(acc("v100-sxm2-32gb"), TrainSetup(method="lora", precision="fp16-mixed"), None, v)}
     assert "pip uninstall -y bitsandbytes" in lora["peft-imports-bnb"].fix
 
 
@@ -189,15 +225,19 @@ def test_bnb_wheel_floor_moves_with_the_version():
     setup = TrainSetup(method="qlora", precision="fp16-mixed")
     newest = {x.code: x for x in check(GTX980, setup, None, None)}["bnb-arch-too-old"]
     assert "6.0" in newest.message and "bitsandbytes<0.48.0" in newest.fix
-    assert "bnb-arch-too-old" in run((GTX980, {"method": "qlora"}, None, {**CU128_28, "bitsandbytes": "0.48.0"}))
+    assert "bnb-arch-too-old" in run((GTX980, {"method": "qlora"}, None,
+                                      {**CU128_28, "bitsandbytes": "0.48.0"}))
 
 
 def test_bf16_fix_prices_the_fp16_fallback():
-    pure = next(f for f in check(acc("v100-sxm2-32gb"), TrainSetup(precision="bf16"), None) if f.code == "bf16-unsupported")
-    mixed = next(f for f in check(acc("v100-sxm2-32gb"), TrainSetup(precision="bf16-mixed"), None) if f.code == "bf16-unsupported")
+    pure = next(f for f in check(acc("v100-sxm2-32gb"), TrainSetup(precision="bf16"), None)
+                if f.code == "bf16-unsupported")
+    mixed = next(f for f in check(acc("v100-sxm2-32gb"), TrainSetup(precision="bf16-mixed"), None)
+                 if f.code == "bf16-unsupported")
     assert "{precision=fp16-mixed}" in pure.fix and "fp32" in pure.fix
     assert "no extra memory" in mixed.fix
-    assert "fp16-only" in next(f for f in check(ASCEND_910A, TrainSetup(), None) if f.code == "bf16-unsupported").message
+    assert "fp16-only" in next(f for f in check(ASCEND_910A, TrainSetup(), None)
+                               if f.code == "bf16-unsupported").message
 
 
 def test_rocm_head_dim_limit_is_the_backward_one():
@@ -216,8 +256,8 @@ def test_setup_only_findings_without_a_card():
 
 
 def test_torchtune_profile_fp16_adapters_are_not_master_weights():
-    assert run(("a100-80gb-sxm4", {"method": "lora", "precision": "fp16", "framework": "torchtune"}, None, None)).get(
-        "fp16-pure-trainable") == "error"
+    assert run(("a100-80gb-sxm4", {"method": "lora", "precision": "fp16", "framework": "torchtune"}, None,
+                None)).get("fp16-pure-trainable") == "error"
 
 
 def test_findings_come_errors_first():
@@ -229,16 +269,19 @@ def test_findings_come_errors_first():
 # ---- capabilities (compat.md tables, by hand) -------------------------------------------------------
 
 @pytest.mark.parametrize("card,cap,ok", [
-    ("v100-sxm2-32gb", "bf16", False), ("t4", "bf16", False), ("a100-80gb-sxm4", "bf16", True), ("910b", "bf16", True),
+    ("v100-sxm2-32gb", "bf16", False), ("t4", "bf16", False), ("a100-80gb-sxm4", "bf16", True),
+    ("910b", "bf16", True),
     (ASCEND_910A, "bf16", False), ("mi250x", "bf16", True),
-    ("rtx4090", "fp8", True), ("a100-80gb-sxm4", "fp8", False), ("h100", "fp8", True), ("mi300x", "fp8", True),
+    ("rtx4090", "fp8", True), ("a100-80gb-sxm4", "fp8", False), ("h100", "fp8", True),
+    ("mi300x", "fp8", True),
     ("mi250x", "fp8", False), ("910b", "fp8", False),
     ("rtx3090", "flash_attn_2", True), ("t4", "flash_attn_2", False), ("rtx5090", "flash_attn_2", None),
     ("mi300x", "flash_attn_2", True), ("910b", "flash_attn_2", False),
     ("h100", "flash_attn_3", True), ("h20", "flash_attn_3", True), ("rtx4090", "flash_attn_3", False),
     ("t4", "sdpa_flash", False), ("rtx5090", "sdpa_flash", True), ("p40", "sdpa_mem_efficient", True),
     ("p40", "tensor_cores", False), ("v100-sxm2-32gb", "tensor_cores", True),
-    ("p100", "bnb_4bit", True), (GTX980, "bnb_4bit", False), ("910b", "bnb_4bit", False), ("mi300x", "bnb_4bit", None),
+    ("p100", "bnb_4bit", True), (GTX980, "bnb_4bit", False), ("910b", "bnb_4bit", False),
+    ("mi300x", "bnb_4bit", None),
     ("v100-sxm2-32gb", "bnb_llm_int8", False), ("t4", "bnb_llm_int8", True),
     ("p40", "torch_cu13", False), ("v100-sxm2-32gb", "torch_cu13", False), ("t4", "torch_cu13", True),
     (NO_CC, "bf16", None),
@@ -278,18 +321,18 @@ def test_wheel_arch_table():
     assert "sm_70" in table_arch_list("2.14.0+cu126", "12.6")
     assert table_arch_list("2.10.0+cu128", "12.8") is None  # sources disagree: left unknown
     # no arch list reported (driver mismatch): the table decides
-    found = run(("v100-sxm2-32gb", {"precision": "fp16-mixed"}, None, {"torch": "2.13.0+cu130", "torch_cuda": "13.0",
-                                                            "driver": "580.1", "torch_arch_list": []}))
+    found = run(("v100-sxm2-32gb", {"precision": "fp16-mixed"}, None,
+                 {"torch": "2.13.0+cu130", "torch_cuda": "13.0", "driver": "580.1", "torch_arch_list": []}))
     assert found.get("torch-arch-missing") == "error"
 
 
-# ---- the issue's "done when" -------------------------------------------------------------------------
+# ---- whole estimates: the findings on three cards, and a card with none ------------------------------
 
 def _codes(est) -> dict[str, str]:
     return {f.code: f.level for f in est.findings}
 
 
-def test_done_v100_bf16_qlora():
+def test_estimate_v100_bf16_qlora():
     est = estimate("meta-llama/Llama-2-7b-hf", method="qlora", gpu="v100-32gb", precision="bf16")
     codes = _codes(est)
     assert codes["bf16-unsupported"] == "error"
@@ -299,17 +342,18 @@ def test_done_v100_bf16_qlora():
     assert est.headroom_bytes > 0 and est.fits is False  # memory fits, the finding makes it not run
 
 
-def test_done_t4_flash():
-    assert _codes(estimate("meta-llama/Llama-2-7b-hf", gpu="t4", attn="flash"))["flash-attn-unsupported"] == "error"
+def test_estimate_t4_flash():
+    assert (_codes(estimate("meta-llama/Llama-2-7b-hf", gpu="t4", attn="flash"))["flash-attn-unsupported"]
+            == "error")
 
 
-def test_done_910b_qlora_proposes_lora():
+def test_estimate_910b_qlora_proposes_lora():
     est = estimate("meta-llama/Llama-2-7b-hf", method="qlora", gpu="910b")
     f = next(f for f in est.findings if f.code == "qlora-unavailable-npu")
     assert f.level == "error" and "{method=lora}" in f.fix and est.fits is False
 
 
-def test_done_rtx4090_qlora_is_clean():
+def test_estimate_rtx4090_qlora_is_clean():
     est = estimate("meta-llama/Llama-2-7b-hf", method="qlora", gpu="rtx4090")
     assert not [f for f in est.findings if f.level in ("error", "warning")]
     assert not {"bf16-unsupported", "flash-attn-unsupported", "qlora-unavailable-npu"} & set(_codes(est))
@@ -319,8 +363,8 @@ def test_done_rtx4090_qlora_is_clean():
 def test_cli_estimate_reports_findings_and_exit_1():
     from tuneplan.cli.app import app
 
-    r = CliRunner().invoke(app, ["estimate", "meta-llama/Llama-2-7b-hf", "--method", "qlora", "--gpu", "v100-32gb",
-                                 "--precision", "bf16", "--json"])
+    r = CliRunner().invoke(app, ["estimate", "meta-llama/Llama-2-7b-hf", "--method", "qlora",
+                                 "--gpu", "v100-32gb", "--precision", "bf16", "--json"])
     assert r.exit_code == 1, r.output
     d = json.loads(r.output)
     assert d["fits"] is False

@@ -139,3 +139,27 @@ def test_qwen_7b_is_6n_without_the_embedding_gather(qwen7b) -> None:
     assert fl.total < fl.six_n
     lora = flops_per_token(qwen7b, _setup(qwen7b, method="lora", seq=512))
     assert 0.62 < lora.total / fl.total < 0.72  # ~4N of 6N (the head's input gradient still runs)
+
+
+def test_lora_matmul_reads_by_hand() -> None:
+    """Llama-2 7B, LoRA r=16 on q_proj and v_proj (4096 x 4096), no dropout, fp32 adapters over bf16
+    compute (elements of 4 B), per layer and token:
+
+    - forward tensors the adapters write (write + read, 2x): r x 4 + 3 x 4096 x 4 = 49,216 B per module;
+    - backward, op by op (2x): (4096 + 2 x 4096) x 4 = 49,152 B per module;
+    - the memory-bound matmuls' reads no tensor count has: lora_A reads its input (4096 x 4 B) in forward
+      (no dropout output in between) and the weight gradient reads it again in backward.
+    Without checkpointing: 2 x (2 x 49,216) + 2 x (2 x 49,152) + 2 x (16,384 + 16,384) = 459,008 B a layer;
+    with it the forward runs twice: + 2 x 49,216 x 2 (its tensors) + 2 x 16,384 (its read) = 688,640 B."""
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.compute import flop_plan
+    from tuneplan.estimator.run import resolve_run
+
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    for ckpt, per_layer in ((False, 459_008), (True, 688_640)):
+        setup = build_setup(spec, method="lora", rank=16, targets="q_proj,v_proj", dropout=0.0,
+                            gradient_checkpointing=ckpt, batch=1, seq=512)
+        run = resolve_run(spec, setup)
+        assert (run.dtypes.adapter, run.dtypes.compute) == (4, 2)
+        plan = flop_plan(run.model, run.setup, run.dtypes, run.targets, run.attn, run.loss)
+        assert plan.traffic["adapters"] == pytest.approx(32 * per_layer)

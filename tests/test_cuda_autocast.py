@@ -36,7 +36,8 @@ def test_gpt2_lora_layer_under_fp16_autocast_by_hand() -> None:
     h, inter, a, r = 768, 3072, 12, 16
     la = _layer("openai-community/gpt2", method="lora", seq=512, batch=4, precision="fp16-mixed",
                 targets="all-linear", rank=r)
-    assert la.per_token == 8 * h + 16 + 3 * 2 * h + 3 * 2 * h + 2 * h + 4 * a + 2 * h + 14 * inter + 2 * inter + 8 * r
+    assert la.per_token == (8 * h + 16 + 3 * 2 * h + 3 * 2 * h + 2 * h + 4 * a + 2 * h + 14 * inter
+                            + 2 * inter + 8 * r)
 
 
 def test_python_gelu_goes_fp32_under_autocast() -> None:

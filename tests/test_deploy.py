@@ -20,18 +20,20 @@ LLAMA8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 1433
            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
            "max_position_embeddings": 131072, "tie_word_embeddings": False}
 # DeepSeek-V2-Lite's shape: MLA (kv_lora_rank 512, rope 64, nope 128, v 128), 27 layers, 16 heads.
-DSV2_LITE = {"model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944, "num_hidden_layers": 27,
-             "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 102400, "kv_lora_rank": 512,
-             "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+DSV2_LITE = {"model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
+             "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+             "vocab_size": 102400, "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+             "qk_rope_head_dim": 64, "v_head_dim": 128,
              "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2,
              "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
              "tie_word_embeddings": False}
 # A small MLA + MoE model whose every tensor is summed by hand below.
-MINI_MLA = {"model_type": "deepseek_v2", "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 2,
-            "num_attention_heads": 8, "vocab_size": 1024, "kv_lora_rank": 256, "q_lora_rank": None,
-            "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "moe_intermediate_size": 512,
-            "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
-            "moe_layer_freq": 1, "tie_word_embeddings": False}
+MINI_MLA = {"model_type": "deepseek_v2", "hidden_size": 1024, "intermediate_size": 2048,
+            "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1024, "kv_lora_rank": 256,
+            "q_lora_rank": None, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+            "moe_intermediate_size": 512,
+            "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1, "moe_layer_freq": 1, "tie_word_embeddings": False}
 
 
 # ---- one weight matrix, k_proj of Llama-3.1-8B: d_in 4096, d_out 1024 ------------------------------------
@@ -57,8 +59,8 @@ def test_bnb_layouts_of_one_matrix() -> None:
     # a 256-entry fp32 code table and one fp32 offset per tensor, and the 16-entry fp32 NF4 code book
     # every 4-bit QuantState keeps (bitsandbytes functional.get_4bit_type).
     nf4_code = 16 * 4
-    assert bnb_bytes(4096, 1024, 4, double_quant=True) == (numel // 2 + blocks + 4 * (blocks // 256) + 1024 + 4
-                                                           + nf4_code)
+    assert bnb_bytes(4096, 1024, 4, double_quant=True) == (numel // 2 + blocks + 4 * (blocks // 256)
+                                                           + 1024 + 4 + nf4_code)
     assert bnb_bytes(4096, 1024, 4, double_quant=False) == numel // 2 + 4 * blocks + nf4_code  # ~4.5 bits
     # LLM.int8: int8 weight plus one fp32 scale (SCB) per output row.
     assert bnb_bytes(4096, 1024, 8) == numel + 4 * 1024

@@ -151,7 +151,8 @@ def test_cards_need_the_formats_compute_capability() -> None:
 def test_bad_inputs_name_the_field(llama) -> None:
     for kw, field in (({"context": 0}, "context"), ({"concurrency": -1}, "concurrency"), ({"tp": 0}, "tp"),
                       ({"gpu_util": 1.5}, "gpu_util"), ({"kv_dtype": "int2"}, "kv_dtype"),
-                      ({"qlora_merge": "magic"}, "qlora_merge"), ({"serve_precision": "int3"}, "serve_precision")):
+                      ({"qlora_merge": "magic"}, "qlora_merge"),
+                      ({"serve_precision": "int3"}, "serve_precision")):
         with pytest.raises(TuneplanError) as e:
             plan_deploy(llama, cards=False, **kw)
         assert e.value.field == field
@@ -162,12 +163,14 @@ def test_cli_deploy_json_and_text() -> None:
 
     from tuneplan.cli.app import app
 
-    r = CliRunner().invoke(app, ["deploy", "Qwen/Qwen2.5-0.5B", "--method", "qlora", "--serve-precision", "int4",
-                                 "--quant-method", "gguf-q4_k_m", "--gpu", "rtx4090", "--json"])
+    r = CliRunner().invoke(app, ["deploy", "Qwen/Qwen2.5-0.5B", "--method", "qlora",
+                                 "--serve-precision", "int4", "--quant-method", "gguf-q4_k_m",
+                                 "--gpu", "rtx4090", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["serving"]["format"] == "GGUF Q4_K_M" and d["gpu"]["fits"]
-    r = CliRunner().invoke(app, ["deploy", "Qwen/Qwen2.5-0.5B", "--serve-precision", "int4", "--gpu", "rtx4090"])
+    r = CliRunner().invoke(app, ["deploy", "Qwen/Qwen2.5-0.5B", "--serve-precision", "int4",
+                                 "--gpu", "rtx4090"])
     assert r.exit_code == 0 and "SERVES" in r.output and "decode (upper bound)" in r.output
     r = CliRunner().invoke(app, ["deploy", "meta-llama/Llama-3.1-70B-Instruct", "--serve-precision", "bf16",
                                  "--gpu", "rtx4090", "--cards", "0"])

@@ -29,24 +29,29 @@ CU130 = {"torch": "2.13.0+cu130", "torch_cuda": "13.0",
 
 def machine(name, cc, mem_gib, versions, kind="cuda", n=1, driver="580.65.06", cuda="13.0") -> MachineInfo:
     devs = [{"index": i, "kind": kind, "name": name, "memory_total_bytes": int(mem_gib * GIB),
-             "memory_free_bytes": int(mem_gib * GIB) - 300 * 2**20, "compute_capability": cc} for i in range(n)]
+             "memory_free_bytes": int(mem_gib * GIB) - 300 * 2**20, "compute_capability": cc}
+            for i in range(n)]
     return MachineInfo.from_dict({"devices": devs, "driver_version": driver if kind == "cuda" else None,
                                   "cuda_driver_version": cuda if kind == "cuda" else None,
                                   "versions": {**LIBS, **versions}})
 
 
 MACHINES = {
-    # the issue's V100: bnb 0.50 + a torch cu128 whose arch list no longer has sm_70 (2.10/2.11 cu128)
+    # a V100 with bnb 0.50 + a torch cu128 whose arch list no longer has sm_70 (2.10/2.11 cu128)
     "v100": machine("Tesla V100-SXM2-32GB", "7.0", 32.0, {
         "torch": "2.10.0+cu128", "torch_cuda": "12.8", "bitsandbytes": "0.50.2",
-        "torch_arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]}, driver="570.124.06", cuda="12.8"),
-    # seed 000's V100: torch 2.8 cu128 still has sm_70, but bitsandbytes 0.46.1's cu128 build does not
-    "v100-seed000": machine("Tesla V100-SXM2-32GB", "7.0", 32.0, {
+        "torch_arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]},
+        driver="570.124.06", cuda="12.8"),
+    # the V100 owner's report: torch 2.8 cu128 still has sm_70, but bitsandbytes 0.46.1's cu128 build does not
+    "v100-bnb046": machine("Tesla V100-SXM2-32GB", "7.0", 32.0, {
         "torch": "2.8.0+cu128", "torch_cuda": "12.8", "bitsandbytes": "0.46.1",
-        "torch_arch_list": ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]}, driver="570.124.06", cuda="12.8"),
+        "torch_arch_list": ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]},
+        driver="570.124.06", cuda="12.8"),
     "t4": machine("Tesla T4", "7.5", 15.56, {**CU130, "bitsandbytes": "0.50.2"}),
-    "rtx4090": machine("NVIDIA GeForce RTX 4090", "8.9", 23.99, {**CU130, "bitsandbytes": "0.50.2", "flash_attn": "2.8.3"}),
-    "h100x8": machine("NVIDIA H100 80GB HBM3", "9.0", 79.65, {**CU130, "bitsandbytes": "0.50.2", "flash_attn": "2.8.3"}, n=8),
+    "rtx4090": machine("NVIDIA GeForce RTX 4090", "8.9", 23.99,
+                       {**CU130, "bitsandbytes": "0.50.2", "flash_attn": "2.8.3"}),
+    "h100x8": machine("NVIDIA H100 80GB HBM3", "9.0", 79.65,
+                      {**CU130, "bitsandbytes": "0.50.2", "flash_attn": "2.8.3"}, n=8),
     "910bx8": machine("910B3", None, 64.0, {"torch": "2.7.1+cpu", "torch_npu": "2.7.1"}, kind="npu", n=8),
 }
 
@@ -70,8 +75,8 @@ def test_v100_bnb050_torch_cu128_without_sm70():
     assert r.exit_code == 1
 
 
-def test_v100_seed000_bitsandbytes_breaks_even_plain_lora():
-    r = diagnose(MACHINES["v100-seed000"])
+def test_v100_with_bnb046_bitsandbytes_breaks_even_plain_lora():
+    r = diagnose(MACHINES["v100-bnb046"])
     t = tasks(r)
     assert t["lora"] == "breaks" and t["full"] == "works"
     assert t["qlora-4bit"] == "breaks" and t["adamw-8bit"] == "breaks"
@@ -122,7 +127,8 @@ def test_cpu_torch_on_a_gpu_machine_is_blocking_with_the_wheel_to_install():
     r = diagnose(m)
     assert [f.code for f in r.devices[0].blocking] == ["torch-no-gpu-build"]
     assert "whl/cu130" in r.devices[0].findings[0].fix
-    old = machine("NVIDIA GeForce RTX 4090", "8.9", 23.99, {"torch": "2.13.0+cpu", "torch_cuda": None}, driver="570.1")
+    old = machine("NVIDIA GeForce RTX 4090", "8.9", 23.99, {"torch": "2.13.0+cpu", "torch_cuda": None},
+                  driver="570.1")
     assert "whl/cu126" in diagnose(old).devices[0].findings[0].fix  # cu130 needs driver >= 580
     assert r.exit_code == 1
 
@@ -130,16 +136,19 @@ def test_cpu_torch_on_a_gpu_machine_is_blocking_with_the_wheel_to_install():
 def test_missing_libraries_are_not_installed_not_broken():
     m = machine("NVIDIA GeForce RTX 4090", "8.9", 23.99, {**CU130})
     t = tasks(diagnose(m))
-    assert t["qlora-4bit"] == "not installed" and t["flash-attn-2"] == "not installed" and t["lora"] == "works"
+    assert (t["qlora-4bit"] == "not installed" and t["flash-attn-2"] == "not installed"
+            and t["lora"] == "works")
 
 
 def test_unknown_card_keeps_detected_facts():
     acc, matched = match_accelerator(MachineInfo.from_dict({"devices": [
-        {"name": "NVIDIA GeForce GTX 1080 Ti", "memory_total_bytes": 11 * GIB, "compute_capability": "6.1"}]}).devices[0])
+        {"name": "NVIDIA GeForce GTX 1080 Ti", "memory_total_bytes": 11 * GIB, "compute_capability": "6.1"}
+    ]}).devices[0])
     assert matched == "detected only" and acc.compute_capability == (6, 1) and acc.memory_bytes == 11 * GIB
     # a known name with a different memory size is a different SKU: detected facts, not the catalog's
     acc, matched = match_accelerator(MachineInfo.from_dict({"devices": [
-        {"name": "Tesla V100-SXM2-32GB", "memory_total_bytes": 16 * GIB, "compute_capability": "7.0"}]}).devices[0])
+        {"name": "Tesla V100-SXM2-32GB", "memory_total_bytes": 16 * GIB, "compute_capability": "7.0"}
+    ]}).devices[0])
     assert matched == "detected only" and acc.memory_bytes == 16 * GIB
 
 
@@ -150,7 +159,7 @@ def test_no_accelerator_exits_0():
 
 
 def test_machine_round_trip_and_cli_machine_file(tmp_path):
-    m = MACHINES["v100-seed000"]
+    m = MACHINES["v100-bnb046"]
     again = MachineInfo.from_dict(json.loads(json.dumps(diagnose(m).to_dict())))  # a whole report works too
     assert again.to_dict() == m.to_dict()
     p = tmp_path / "box.json"
@@ -175,7 +184,8 @@ def test_bad_machine_file(tmp_path):
 # ---- the detection layer itself -------------------------------------------------------------------------
 
 def test_parse_nvidia_smi():
-    text = "0, Tesla V100-SXM2-32GB, 32768, 32500, 7.0, 570.124.06\n1, Tesla V100-SXM2-32GB, 32768, 100, 7.0, 570.124.06\n"
+    text = ("0, Tesla V100-SXM2-32GB, 32768, 32500, 7.0, 570.124.06\n"
+            "1, Tesla V100-SXM2-32GB, 32768, 100, 7.0, 570.124.06\n")
     devs = parse_nvidia_smi_csv(text)
     assert [d.index for d in devs] == [0, 1]
     assert devs[0].memory_total_bytes == 32768 * 2**20 and devs[1].memory_free_bytes == 100 * 2**20

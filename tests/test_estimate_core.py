@@ -51,7 +51,8 @@ def test_bitsandbytes_quant_state_is_whole_on_every_rank(qwen7b, shard) -> None:
     """bitsandbytes keeps QuantState on the module, outside the sharded parameter (fix_4bit_weight_quant_
     state_from_module); torchao's NF4 scalers shard with the weight."""
     one = estimate(qwen7b, method="qlora", double_quant=False).breakdown.components["quant_meta"]
-    hf = estimate(qwen7b, method="qlora", double_quant=False, gpus=4, **shard).breakdown.components["quant_meta"]
+    hf = estimate(qwen7b, method="qlora", double_quant=False, gpus=4,
+                  **shard).breakdown.components["quant_meta"]
     assert hf == one == 4 * lin_weights() // 64 + L * 7 * 64
     if shard.get("fsdp"):
         tt = estimate(qwen7b, method="qlora", double_quant=False, gpus=4, framework="torchtune", **shard)
@@ -80,8 +81,8 @@ def test_full_mixed_is_16_bytes_per_param_at_the_step() -> None:
 
 def test_pure_bf16_full_has_no_master() -> None:
     spec = model_from_config(LLAMA2_7B)
-    est = estimate(spec, method="full", precision="bf16", optimizer="adamw-fused", seq=128, framework="torchtune",
-                   gradient_checkpointing=False)
+    est = estimate(spec, method="full", precision="bf16", optimizer="adamw-fused", seq=128,
+                   framework="torchtune", gradient_checkpointing=False)
     p = spec.params_total
     assert est.breakdown.components["weights"] == 2 * p
     assert abs(est.breakdown.components["optimizer_states"] - 4 * p) < 512 * 1000
@@ -194,7 +195,8 @@ def test_overlap_comm_double_buffers_the_zero12_bucket(qwen7b) -> None:
         off = estimate(qwen7b, **base, zero=zero).breakdown.phases["backward_layers_top"]
         on = estimate(qwen7b, **base, zero=zero, ds_overlap_comm=True).breakdown.phases["backward_layers_top"]
         assert on - off == 500_000_000 * 2
-    z3 = [estimate(qwen7b, **base, zero=3, ds_overlap_comm=v).breakdown.device_peak_bytes for v in (False, True)]
+    z3 = [estimate(qwen7b, **base, zero=3, ds_overlap_comm=v).breakdown.device_peak_bytes
+          for v in (False, True)]
     assert z3[0] == z3[1]
 
 

@@ -20,8 +20,8 @@ def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def test_writes_yaml_and_deepspeed_companion(tmp_path: Path) -> None:
     out = tmp_path / "run" / "lora.yaml"
-    r = run("export", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora", "--rank", "32", "--gpus", "4", "--zero", "3",
-            "--format", "llamafactory", "-o", str(out), "--json")
+    r = run("export", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora", "--rank", "32", "--gpus", "4",
+            "--zero", "3", "--format", "llamafactory", "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["files"] == [str(out), str(out.parent / "ds_z3_config.json")]
@@ -73,8 +73,8 @@ def test_export_from_a_config(tmp_path: Path) -> None:
 def test_bad_format_and_unrunnable_plan_exit_2(tmp_path: Path) -> None:
     r = run("export", "qwen2.5-0.5b", "--format", "megatron", "-o", str(tmp_path / "x"))
     assert r.returncode == 2 and "format" in r.stderr
-    r = run("export", "qwen2.5-7b-instruct", "--method", "qlora", "--precision", "bf16-mixed", "--gpu", "v100-32gb",
-            "--format", "hf-script", "-o", str(tmp_path / "t.py"))
+    r = run("export", "qwen2.5-7b-instruct", "--method", "qlora", "--precision", "bf16-mixed",
+            "--gpu", "v100-32gb", "--format", "hf-script", "-o", str(tmp_path / "t.py"))
     assert r.returncode == 2 and "cannot run" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -86,7 +86,10 @@ def test_a_plan_that_does_not_fit_is_written_with_a_warning(tmp_path: Path) -> N
     from tuneplan.specs.setup import TrainSetup
 
     spec = resolve_model("meta-llama/Llama-2-7b-hf")
-    big = build_export("hf-script", estimate(spec, TrainSetup(method="full", sources={"method": "flag"}), gpu=resolve_accelerator("rtx4090")), str(tmp_path / "train.py"))
+    big = build_export("hf-script", estimate(spec, TrainSetup(method="full", sources={"method": "flag"}),
+                                             gpu=resolve_accelerator("rtx4090")), str(tmp_path / "train.py"))
     assert any("does NOT fit" in n for n in big.notes)
-    small = build_export("hf-script", estimate(spec, TrainSetup(method="lora", sources={"method": "flag"}), gpu=resolve_accelerator("a100-80gb")), str(tmp_path / "train.py"))
+    small = build_export("hf-script", estimate(spec, TrainSetup(method="lora", sources={"method": "flag"}),
+                                               gpu=resolve_accelerator("a100-80gb")),
+                         str(tmp_path / "train.py"))
     assert not any("does NOT fit" in n for n in small.notes)

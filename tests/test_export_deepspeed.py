@@ -86,7 +86,8 @@ def test_overlap_comm_is_the_setups() -> None:
     spec = model_from_config(TINY_LLAMA)
     on = deepspeed_config(spec, TrainSetup(zero=2, gpus=2, optimizer="adamw", ds_overlap_comm=True))
     off = deepspeed_config(spec, TrainSetup(zero=2, gpus=2, optimizer="adamw"))
-    assert on["zero_optimization"]["overlap_comm"] is True and off["zero_optimization"]["overlap_comm"] is False
+    assert (on["zero_optimization"]["overlap_comm"] is True
+            and off["zero_optimization"]["overlap_comm"] is False)
 
 
 @pytest.mark.parametrize("plan,field", [

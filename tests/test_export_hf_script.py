@@ -50,7 +50,8 @@ def test_script_compiles_and_carries_the_plan(qwen7b, plan, tmp_path: Path) -> N
     assert p["per_device_train_batch_size"] == s.batch and p["max_length"] == s.seq
     assert p["gradient_accumulation_steps"] == s.grad_accum
     assert p["gradient_checkpointing"] == s.gradient_checkpointing
-    assert p["attn_implementation"] == {"sdpa": "sdpa", "flash": "flash_attention_2", "eager": "eager"}[s.attn]
+    assert p["attn_implementation"] == {"sdpa": "sdpa", "flash": "flash_attention_2",
+                                        "eager": "eager"}[s.attn]
     assert (p["deepspeed"] is not None) == bool(s.zero)
     if s.zero:
         assert [f.name for f, _ in b.files] == ["train.py", f"ds_z{s.zero}_config.json"]
@@ -62,10 +63,12 @@ def test_script_compiles_and_carries_the_plan(qwen7b, plan, tmp_path: Path) -> N
 
 
 def test_qlora_script_quantizes_and_prepares(qwen7b) -> None:
-    text = build_export("hf-script", estimate(qwen7b, TrainSetup(method="qlora", rank=16)), "train.py").files[0][1]
+    text = build_export("hf-script", estimate(qwen7b, TrainSetup(method="qlora", rank=16)),
+                        "train.py").files[0][1]
     p = plan_of(text)
     assert (p["bits"], p["quant_type"], p["double_quant"], p["compute_dtype"]) == (4, "nf4", True, "bfloat16")
-    assert p["lora"]["targets"] == ["q_proj", "v_proj"]  # PEFT's default for Qwen2, resolved by the hf profile
+    # PEFT's default for Qwen2, resolved by the hf profile
+    assert p["lora"]["targets"] == ["q_proj", "v_proj"]
     assert "BitsAndBytesConfig(" in text and "prepare_model_for_kbit_training(" in text
     assert "Needs: pip install" in text and "bitsandbytes" in text
 
@@ -102,8 +105,8 @@ def test_lora_script_trains_one_step_on_cpu(tmp_path: Path) -> None:
     for p, text in b.files:
         p.write_text(text)
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    r = _run(tmp_path / "train.py", "--model-config", "config.json", "--dataset", "random:8", "--max-steps", "1",
-             "--output-dir", "out")
+    r = _run(tmp_path / "train.py", "--model-config", "config.json", "--dataset", "random:8",
+             "--max-steps", "1", "--output-dir", "out")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     summary = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("tuneplan-summary "))
                          .split(" ", 1)[1])

@@ -19,11 +19,13 @@ from tuneplan.export import build_export
 from tuneplan.specs.setup import TrainSetup
 
 REC = json.loads((Path(__file__).parent / "fixtures" / "recorded" / "llamafactory_args.json").read_text())
-LF_KEYS = {k for fields in REC["llamafactory_fields"].values() for k in fields} | set(REC["transformers_training_args"])
+LF_KEYS = ({k for fields in REC["llamafactory_fields"].values() for k in fields}
+           | set(REC["transformers_training_args"]))
 
 PLANS = [
     dict(method="qlora", rank=16, batch=2, seq=1024, grad_accum=8),
-    dict(method="qlora", bits=8, rank=8, targets="attn", batch=1, seq=4096, attn="flash", optimizer="paged-adamw-8bit"),
+    dict(method="qlora", bits=8, rank=8, targets="attn", batch=1, seq=4096, attn="flash",
+         optimizer="paged-adamw-8bit"),
     dict(method="lora", rank=32, targets="q_proj,k_proj,v_proj,o_proj", batch=4, seq=2048, gpus=4, zero=3),
     dict(method="full", batch=1, seq=2048, gpus=8, zero=3, offload="all", optimizer="adamw"),
     dict(method="full", batch=1, seq=512, precision="fp32", optimizer="sgd", gradient_checkpointing=False),
@@ -38,7 +40,8 @@ def render(model, plan: dict) -> tuple[dict, str]:
 
 
 def render_with_setup(model, plan: dict) -> tuple[dict, str, TrainSetup]:
-    b = build_export("llamafactory", estimate(model, TrainSetup(**plan)), "train.yaml", dataset="alpaca_en_demo")
+    b = build_export("llamafactory", estimate(model, TrainSetup(**plan)), "train.yaml",
+                     dataset="alpaca_en_demo")
     text = b.files[0][1]
     return yaml.safe_load(text), text, b.setup  # b.setup: the plan with the profile's defaults filled
 
@@ -88,9 +91,11 @@ def test_lora_targets_are_module_names_of_the_model(qwen7b) -> None:
 
 
 def test_companions(qwen7b) -> None:
-    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="lora", gpus=2, zero=2)), "run/x.yaml")
+    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="lora", gpus=2, zero=2)),
+                     "run/x.yaml")
     assert [p.as_posix() for p, _ in b.files] == ["run/x.yaml", "run/ds_z2_config.json"]
-    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="lora", gpus=2, fsdp=True)), "run/x.yaml")
+    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="lora", gpus=2, fsdp=True)),
+                     "run/x.yaml")
     assert [p.as_posix() for p, _ in b.files] == ["run/x.yaml", "run/x_accelerate.yaml"]
     assert "accelerate launch --config_file x_accelerate.yaml" in b.files[0][1]
 
@@ -118,7 +123,8 @@ def test_refuses_a_plan_the_card_cannot_run(qwen7b) -> None:
 
 
 def test_precision_left_open_follows_the_card(qwen7b) -> None:
-    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="qlora"), gpu=_gpu("v100-32gb")), "x.yaml")
+    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="qlora"), gpu=_gpu("v100-32gb")),
+                     "x.yaml")
     cfg = yaml.safe_load(b.files[0][1])
     assert cfg.get("fp16") is True and "bf16" not in cfg  # what the card supports
 
@@ -130,7 +136,8 @@ def _gpu(name: str):
 
 
 @pytest.mark.parametrize("fmt", ["llamafactory", "hf-script"])
-@pytest.mark.parametrize("field,value", [("activation_offload", True), ("loss", "chunked"), ("loss", "fused")])
+@pytest.mark.parametrize("field,value", [("activation_offload", True), ("loss", "chunked"),
+                                         ("loss", "fused")])
 def test_trainer_recipes_refuse_what_the_trainer_cannot_run(qwen7b, tmp_path: Path, fmt: str, field: str,
                                                             value: object) -> None:
     with pytest.raises(TuneplanError) as e:
@@ -139,7 +146,8 @@ def test_trainer_recipes_refuse_what_the_trainer_cannot_run(qwen7b, tmp_path: Pa
 
 
 def test_liger_and_compile_are_written(qwen7b, tmp_path: Path) -> None:
-    b = build_export("llamafactory", estimate(qwen7b, TrainSetup(method="lora", loss="fused-linear", compile=True)),
+    b = build_export("llamafactory",
+                     estimate(qwen7b, TrainSetup(method="lora", loss="fused-linear", compile=True)),
                      tmp_path / "r")
     doc = yaml.safe_load(b.files[0][1])
     assert doc["enable_liger_kernel"] is True and doc["torch_compile"] is True

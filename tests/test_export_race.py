@@ -2,12 +2,16 @@
 
 The processes are real and race for real; a barrier holds each one after it has checked the target
 (which does not exist yet) and before it puts its file there, so that every pair overlaps at the one
-step where the check and the write could be apart. ``-o out/`` writes into the folder.
+step where the check and the write could be apart. The same race runs with ``os.link`` failing as it does
+on a file system without hard links, where the name is reserved by an exclusive create instead. ``-o out/``
+writes into the folder.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import subprocess
 import sys
 
@@ -17,9 +21,14 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 # Run as a process: every temporary file is made only once both processes have passed their target check
 # (each touches its own mark, then waits for the other's), then the command runs as the console script.
+# A link errno other than 0 makes every os.link fail with it, as on a file system without hard links.
 RACER = """
 import os, sys, tempfile, time
-barrier, me, other = sys.argv[1:4]
+barrier, me, other, link_errno = sys.argv[1:5]
+if int(link_errno):
+    def no_link(src, dst, *a, **k):
+        raise OSError(int(link_errno), os.strerror(int(link_errno)), src, None, dst)
+    os.link = no_link
 real_mkstemp = tempfile.mkstemp
 def mkstemp(*a, **k):
     open(os.path.join(barrier, me), "w").close()
@@ -28,13 +37,13 @@ def mkstemp(*a, **k):
         time.sleep(0.005)
     return real_mkstemp(*a, **k)
 tempfile.mkstemp = mkstemp
-sys.argv = ["tuneplan", *sys.argv[4:]]
+sys.argv = ["tuneplan", *sys.argv[5:]]
 from tuneplan.cli.app import main
 main()
 """
 
 
-def race(tmp_path, n: int, *args: str) -> list[tuple[int, int, bytes, bytes]]:
+def race(tmp_path, n: int, *args: str, link_errno: int = 0) -> list[tuple[int, int, bytes, bytes]]:
     script = tmp_path / "racer.py"
     script.write_text(RACER)
     results = []
@@ -43,7 +52,8 @@ def race(tmp_path, n: int, *args: str) -> list[tuple[int, int, bytes, bytes]]:
         barrier.mkdir()
         target = tmp_path / f"race{i}" / "train.py"
         command = ["export", "qwen2.5-0.5b", "-o", str(target), *args]
-        procs = [subprocess.Popen([sys.executable, str(script), str(barrier), me, other, *command],
+        procs = [subprocess.Popen([sys.executable, str(script), str(barrier), me, other, str(link_errno),
+                                   *command],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
                  for me, other in (("a", "b"), ("b", "a"))]
         (oa, ea), (ob, eb) = (p.communicate(timeout=120) for p in procs)
@@ -59,6 +69,24 @@ def test_racing_exports_to_one_path_exactly_one_wins(tmp_path):
         loser = eb if b == 2 else ea
         assert b"already exist" in loser or b"created by another process" in loser
         assert b"Traceback" not in ea + eb
+
+
+@pytest.mark.parametrize("link_errno", [errno.EPERM, errno.ENOTSUP])
+def test_without_hard_links_racing_exports_still_have_exactly_one_winner(tmp_path, link_errno):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for i, (a, b, ea, eb) in enumerate(race(tmp_path, 4, link_errno=link_errno)):
+        assert sorted((a, b)) == [0, 2], (a, b, ea, eb)
+        loser = eb if b == 2 else ea
+        # both passed their check before either wrote: the loser is refused at the exclusive create
+        assert b"created by another process" in loser, loser
+        assert b"Traceback" not in ea + eb
+        # the winner's whole file, not the empty 0600 reservation: a script, executable as umask allows
+        target = tmp_path / f"race{i}" / "train.py"
+        text = target.read_text()
+        assert "TrainingArguments" in text
+        compile(text, "train.py", "exec")
+        assert stat.S_IMODE(target.stat().st_mode) == 0o777 & ~umask
 
 
 def test_racing_exports_with_force_both_succeed_and_one_file_is_left_whole(tmp_path):

@@ -1,4 +1,4 @@
-"""Round trip: export a plan, read the files back with --from, get the same estimate (issue 11).
+"""Round trip: export a plan, read the files back with --from, get the same estimate.
 
 Only what a format cannot hold is given back as flags: a DeepSpeed JSON says nothing about the model or
 LoRA, an accelerate YAML nothing about the batch; LLaMA-Factory's YAML holds everything but the GPU
@@ -18,8 +18,8 @@ from tuneplan.ingest import read_configs
 from tuneplan.specs.setup import TrainSetup
 
 LORA = {"rank", "targets", "dropout"}
-MODEL_SIDE = {"method", "precision", "optimizer", "batch", "seq", "grad_accum", "gradient_checkpointing", "attn",
-              "framework"}
+MODEL_SIDE = {"method", "precision", "optimizer", "batch", "seq", "grad_accum", "gradient_checkpointing",
+              "attn", "framework"}
 
 
 def carried(fmt: str, s: TrainSetup) -> set[str]:
@@ -55,7 +55,8 @@ def carried(fmt: str, s: TrainSetup) -> set[str]:
 
 PLANS = [
     dict(method="qlora", rank=16, batch=2, seq=1024, grad_accum=8),
-    dict(method="qlora", bits=8, targets="attn", rank=8, seq=2048, attn="flash", optimizer="paged-adamw-8bit"),
+    dict(method="qlora", bits=8, targets="attn", rank=8, seq=2048, attn="flash",
+         optimizer="paged-adamw-8bit"),
     dict(method="lora", rank=32, targets="q_proj,k_proj,v_proj,o_proj", batch=4, seq=2048, gpus=4, zero=3),
     dict(method="full", batch=1, seq=2048, gpus=8, zero=3, offload="all", optimizer="adamw"),
     dict(method="full", batch=2, seq=512, gpus=2, zero=2, offload="optimizer", precision="fp16-mixed",

@@ -14,8 +14,8 @@ from .conftest import LLAMA2_7B
 
 BLOCK_PARAMS = 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096)
 LORA_QV_R8 = 32 * 2 * 8 * (4096 + 4096)
-LITGPT_FSDP = dict(method="lora", rank=8, targets="q_proj,v_proj", precision="bf16", optimizer="adamw", batch=1,
-                   seq=512, gradient_checkpointing=True, fsdp=True, gpus=2)
+LITGPT_FSDP = dict(method="lora", rank=8, targets="q_proj,v_proj", precision="bf16", optimizer="adamw",
+                   batch=1, seq=512, gradient_checkpointing=True, fsdp=True, gpus=2)
 
 
 def test_block_params_hand_count() -> None:

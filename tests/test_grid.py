@@ -24,13 +24,14 @@ from tuneplan.grid import COMPONENT_ORDER, estimate_grid, memory_plane
 
 MODELS = ["Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-1B", "meta-llama/Llama-2-7b-hf", "google/gemma-2b",
           "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B", "microsoft/Phi-3-mini-4k-instruct",
-          "openai-community/gpt2", "microsoft/phi-2", "EleutherAI/pythia-6.9b", "google-bert/bert-large-uncased",
-          "deepseek-ai/DeepSeek-V2-Lite"]
+          "openai-community/gpt2", "microsoft/phi-2", "EleutherAI/pythia-6.9b",
+          "google-bert/bert-large-uncased", "deepseek-ai/DeepSeek-V2-Lite"]
 
 
 def _draw(rng: random.Random) -> dict:
     kw: dict = {"method": rng.choice(["full", "freeze", "lora", "qlora"]),
-                "framework": rng.choice(["hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt"]),
+                "framework": rng.choice(["hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2",
+                                         "litgpt"]),
                 "gradient_checkpointing": rng.random() < 0.5,
                 "precision": rng.choice(["fp32", "fp16-mixed", "bf16-mixed", "fp16", "bf16"]),
                 "grad_accum": rng.choice([1, 1, 2, 8])}
@@ -108,7 +109,8 @@ def test_estimate_grid_shape_follows_the_axes_in_order():
                       batch=[1, 2, 4, 8])
     assert g.shape == (3, 2, 4)
     assert list(g.axes) == ["rank", "seq", "batch"]
-    e = tuneplan.estimate("qwen2.5-0.5b", gpu="rtx4090", method="lora", rank=32, seq=256, batch=8, timing=False)
+    e = tuneplan.estimate("qwen2.5-0.5b", gpu="rtx4090", method="lora", rank=32, seq=256, batch=8,
+                          timing=False)
     assert int(g.device_peak[2, 0, 3]) == e.breakdown.device_peak_bytes
     assert bool(g.fits[2, 0, 3]) == e.fits
     assert int(g.components["activations"][2, 0, 3]) == e.breakdown.components["activations"]

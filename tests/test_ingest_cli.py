@@ -36,19 +36,20 @@ def test_json_carries_the_files_and_origins() -> None:
 
 
 def test_yaml_plus_deepspeed_equals_flags_on_the_cli() -> None:
-    a = run("estimate", "--from", str(CFG / "llamafactory" / "qwen2.5_lora_explicit_ds.yaml"), "--gpu", "a100-80gb",
-            "--json")
-    b = run("estimate", "Qwen/Qwen2.5-7B-Instruct", "--framework", "llamafactory", "--method", "lora", "--rank", "32",
-            "--targets", "q_proj,k_proj,v_proj,o_proj", "--seq", "4096", "--batch", "2", "--grad-accum", "4",
-            "--precision", "bf16-mixed", "--attn", "flash", "--zero", "2", "--gpus", "4", "--gpu", "a100-80gb",
-            "--json")
+    a = run("estimate", "--from", str(CFG / "llamafactory" / "qwen2.5_lora_explicit_ds.yaml"),
+            "--gpu", "a100-80gb", "--json")
+    b = run("estimate", "Qwen/Qwen2.5-7B-Instruct", "--framework", "llamafactory", "--method", "lora",
+            "--rank", "32", "--targets", "q_proj,k_proj,v_proj,o_proj", "--seq", "4096", "--batch", "2",
+            "--grad-accum", "4", "--precision", "bf16-mixed", "--attn", "flash", "--zero", "2", "--gpus", "4",
+            "--gpu", "a100-80gb", "--json")
     assert a.returncode == b.returncode == 0, a.stderr + b.stderr
     da, db = json.loads(a.stdout), json.loads(b.stdout)
     assert da["per_gpu"] == db["per_gpu"] and da["setup"] == db["setup"]
 
 
 def test_no_model_anywhere_is_exit_2() -> None:
-    r = run("estimate", "--from", str(CFG / "llamafactory" / "examples" / "deepspeed" / "ds_z2_offload_config.json"),
+    r = run("estimate", "--from",
+            str(CFG / "llamafactory" / "examples" / "deepspeed" / "ds_z2_offload_config.json"),
             "--gpus", "2")
     assert r.returncode == 2
     assert "model" in r.stderr and "Traceback" not in r.stderr + r.stdout

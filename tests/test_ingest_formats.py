@@ -61,8 +61,9 @@ def test_training_args_with_peft_and_bnb_configs() -> None:
     files = [str(CFG / "hf" / n) for n in ("training_args.json", "adapter_config.json", "bnb_config.json")]
     r = read_configs(files, {"seq": 1024})
     expected = {"framework": "hf", "batch": 4, "grad_accum": 4, "optimizer": "paged-adamw-8bit",
-                "gradient_checkpointing": True, "precision": "bf16-mixed", "rank": 16, "alpha": 32, "dropout": 0.05,
-                "method": "qlora", "bits": 4, "quant_type": "nf4", "double_quant": True, "seq": 1024}
+                "gradient_checkpointing": True, "precision": "bf16-mixed", "rank": 16, "alpha": 32,
+                "dropout": 0.05, "method": "qlora", "bits": 4, "quant_type": "nf4", "double_quant": True,
+                "seq": 1024}
     assert {k: r.setup_kw[k] for k in expected} == expected
     assert set(r.setup_kw["targets"].split(",")) == {"q_proj", "k_proj", "v_proj", "o_proj"}
     assert r.model == "Qwen/Qwen2.5-7B-Instruct"  # from adapter_config.json base_model_name_or_path
@@ -91,7 +92,8 @@ def test_trl_sft_yaml(tmp_path: Path) -> None:
 
 
 def test_deepspeed_json_alone() -> None:
-    r = read_configs([str(CFG / "llamafactory" / "examples" / "deepspeed" / "ds_z2_offload_config.json")], {"gpus": 2})
+    r = read_configs([str(CFG / "llamafactory" / "examples" / "deepspeed" / "ds_z2_offload_config.json")],
+                     {"gpus": 2})
     assert (r.setup_kw["zero"], r.setup_kw["offload"]) == (2, "optimizer")
     assert "batch" not in r.setup_kw and "precision" not in r.setup_kw  # "auto": the Trainer's values decide
     assert r.deepspeed["buckets"]["reduce_bucket_size"] == 500_000_000  # 5e8 in the file
@@ -115,7 +117,8 @@ def test_deepspeed_overlap_comm_reaches_the_setup(tmp_path: Path) -> None:
     assert not [w for w in on.warnings if "overlap_comm" in w]
     assert "ds_overlap_comm" not in read_configs([str(ds(2, False))], {"gpus": 2}).setup_kw
     assert "ds_overlap_comm" not in read_configs([str(ds(2, None))], {"gpus": 2}).setup_kw
-    assert "ds_overlap_comm" not in read_configs([str(ds(3, True))], {"gpus": 2}).setup_kw  # stage 3: one bucket
+    # stage 3: one bucket
+    assert "ds_overlap_comm" not in read_configs([str(ds(3, True))], {"gpus": 2}).setup_kw
 
 
 def test_accelerate_fsdp_example() -> None:
@@ -127,7 +130,8 @@ def test_accelerate_fsdp_example() -> None:
 def test_accelerate_deepspeed_inline() -> None:
     r = read_configs([str(CFG / "accelerate" / "deepspeed_zero3.yaml")])
     # num_processes is the total over machines: 16 processes on 2 machines = 8 GPUs per node
-    expected = {"nodes": 2, "gpus": 8, "zero": 3, "offload": "optimizer", "grad_accum": 4, "precision": "bf16-mixed"}
+    expected = {"nodes": 2, "gpus": 8, "zero": 3, "offload": "optimizer", "grad_accum": 4,
+                "precision": "bf16-mixed"}
     assert {k: r.setup_kw[k] for k in expected} == expected
 
 
@@ -156,7 +160,8 @@ def test_model_config_names_the_model(tmp_path: Path) -> None:
 
 
 def test_json_key_lines_by_path() -> None:
-    text = '{\n  "a": 1,\n  "z": {\n    "stage": 3,\n    "s": "x:y"\n  },\n  "l": [\n    1,\n    {"k": 2}\n  ]\n}\n'
+    text = ('{\n  "a": 1,\n  "z": {\n    "stage": 3,\n    "s": "x:y"\n  },\n'
+            '  "l": [\n    1,\n    {"k": 2}\n  ]\n}\n')
     lines = json_key_lines(text)
     assert lines[("a",)] == 2 and lines[("z", "stage")] == 4 and lines[("z", "s")] == 5
     assert lines[("l", 0)] == 8 and lines[("l", 1, "k")] == 9
@@ -185,9 +190,10 @@ def test_missing_and_binary_files(tmp_path: Path) -> None:
 
 
 def test_detection_of_each_fixture() -> None:
-    kinds = {"axolotl/qlora.yml": "axolotl", "hf/training_args.json": "hf-args", "hf/adapter_config.json": "peft",
-             "hf/bnb_config.json": "bitsandbytes", "accelerate/fsdp_config.yaml": "accelerate",
-             "llamafactory/ds_explicit.json": "deepspeed", "llamafactory/qwen2.5_lora_explicit_ds.yaml": "llamafactory"}
+    kinds = {"axolotl/qlora.yml": "axolotl", "hf/training_args.json": "hf-args",
+             "hf/adapter_config.json": "peft", "hf/bnb_config.json": "bitsandbytes",
+             "accelerate/fsdp_config.yaml": "accelerate", "llamafactory/ds_explicit.json": "deepspeed",
+             "llamafactory/qwen2.5_lora_explicit_ds.yaml": "llamafactory"}
     for rel, kind in kinds.items():
         assert detect_kind(load_document(CFG / rel)) == kind, rel
 

@@ -31,7 +31,8 @@ def test_qlora_example_maps_every_setting_with_its_line() -> None:
     r = read_configs([str(OTFQ)])
     assert r.model == "Qwen/Qwen2.5-7B-Instruct"
     expected = {"framework": "llamafactory", "method": "qlora", "bits": 4, "rank": 16, "targets": "all",
-                "seq": 1024, "batch": 2, "grad_accum": 8, "precision": "bf16-mixed", "gradient_checkpointing": True}
+                "seq": 1024, "batch": 2, "grad_accum": 8, "precision": "bf16-mixed",
+                "gradient_checkpointing": True}
     assert {k: r.setup_kw[k] for k in expected} == expected
     for field, key in (("rank", "lora_rank"), ("seq", "cutoff_len"), ("batch", "per_device_train_batch_size"),
                        ("grad_accum", "gradient_accumulation_steps"), ("bits", "quantization_bit"),
@@ -47,7 +48,8 @@ def test_llamafactory_defaults_fill_what_the_file_leaves_out(tmp_path: Path) -> 
     f = tmp_path / "min.yaml"
     f.write_text("model_name_or_path: Qwen/Qwen2.5-7B\nstage: sft\nfinetuning_type: lora\nbf16: true\n")
     r = read_configs([str(f)])
-    assert (r.setup_kw["rank"], r.setup_kw["targets"], r.setup_kw["seq"], r.setup_kw["batch"]) == (8, "all", 2048, 8)
+    assert ((r.setup_kw["rank"], r.setup_kw["targets"], r.setup_kw["seq"], r.setup_kw["batch"])
+            == (8, "all", 2048, 8))
     assert r.setup_kw["gradient_checkpointing"] is True
     assert "lora_rank unset" in r.sources["rank"] and "cutoff_len unset" in r.sources["seq"]
 
@@ -64,7 +66,8 @@ def test_deepspeed_named_in_the_yaml_is_found_and_auto_buckets_resolved() -> Non
     # The YAML names examples/deepspeed/ds_z3_config.json relative to the LLaMA-Factory root, two folders up.
     r = read_configs([str(DS3)], {"gpus": 4})
     assert (r.setup_kw["zero"], r.setup_kw["offload"], r.setup_kw["gpus"]) == (3, "none", 4)
-    assert r.sources["zero"].startswith("deepspeed json ") and r.sources["zero"].endswith("ds_z3_config.json:19")
+    assert (r.sources["zero"].startswith("deepspeed json ")
+            and r.sources["zero"].endswith("ds_z3_config.json:19"))
     assert r.sources["gpus"] == "flag"
     h = 3584  # Qwen2.5-7B hidden_size; transformers fills "auto" with h*h, 0.9*h*h, 10*h
     b = r.deepspeed["buckets"]
@@ -94,13 +97,13 @@ def test_full_offload_example() -> None:
 
 
 def test_yaml_with_deepspeed_json_beside_it_equals_the_same_flags() -> None:
-    """Issue 11's done-when: a LLaMA-Factory YAML + DeepSpeed JSON gives the answer of the equivalent flags."""
+    """A LLaMA-Factory YAML with its DeepSpeed JSON gives the answer of the equivalent flags."""
     r = read_configs([str(EXPLICIT)])
     # DeepSpeed's train_batch_size 32 = micro-batch 2 x accumulation 4 x 4 GPUs
     assert r.setup_kw["gpus"] == 4 and "train_batch_size" in r.sources["gpus"]
     from_files = estimate(r.model, r.base_setup(), gpu="a100-80gb", **r.setup_kw)
-    by_hand = estimate("Qwen/Qwen2.5-7B-Instruct", gpu="a100-80gb", framework="llamafactory", method="lora", rank=32,
-                       targets="q_proj,k_proj,v_proj,o_proj", seq=4096, batch=2, grad_accum=4,
+    by_hand = estimate("Qwen/Qwen2.5-7B-Instruct", gpu="a100-80gb", framework="llamafactory", method="lora",
+                       rank=32, targets="q_proj,k_proj,v_proj,o_proj", seq=4096, batch=2, grad_accum=4,
                        precision="bf16-mixed", attn="flash", zero=2, gpus=4, gradient_checkpointing=True)
     assert from_files.breakdown == by_hand.breakdown
     assert from_files.setup.to_dict() == by_hand.setup.to_dict()

@@ -101,14 +101,16 @@ def test_litgpt_partial_qkv_lora_keeps_its_update() -> None:
     spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
 
     def saved(targets: str) -> int:
-        s = estimate(spec, framework="litgpt", method="lora", targets=targets, batch=1, seq=256, dropout=0.0).setup
+        s = estimate(spec, framework="litgpt", method="lora", targets=targets, batch=1, seq=256,
+                     dropout=0.0).setup
         dt = resolve_dtypes(s, get_profile("litgpt"))
         return activation_plan(spec, s, dt, resolve_targets(spec, s.targets), "sdpa", False, False,
                                litgpt_code=True).saved_bytes
 
     r = 16  # LoRA rank: lora_A's output (r per adapted projection, bf16) is saved by lora_B's matmul
     partial, full = saved("q_proj,v_proj"), saved("q_proj,k_proj,v_proj")
-    assert full - partial == 256 * 32 * (r * 2) - 256 * 32 * (4096 + 4096) * 2  # + k's lora_A output, - update
+    # + k's lora_A output, - update
+    assert full - partial == 256 * 32 * (r * 2) - 256 * 32 * (4096 + 4096) * 2
 
 
 
@@ -133,7 +135,8 @@ def test_litgpt_model_code_has_no_dropout_layers() -> None:
 
 def test_parallel_block_mlp_reads_the_attention_input() -> None:
     # phi-2 (one shared LayerNorm, attention and MLP in parallel): LitGPT's 4-bit fc reads the very tensor
-    # qkv reads, so the pinned inputs per layer are qkv's (h), proj's reshaped copy (h) and the MLP proj's (I).
+    # qkv reads, so the pinned inputs per layer are qkv's (h), proj's reshaped copy (h) and the MLP proj's
+    # (I).
     # Layer 0 reads the frozen embeddings: its qkv and its whole MLP need no gradient, so no matmul node
     # keeps their inputs; only proj (after the LoRA-adapted attention) pins its input there.
     spec = resolve_model("microsoft/phi-2", allow_network=False)
@@ -176,5 +179,6 @@ def test_the_micro_batch_after_the_longest_carries_its_leftovers() -> None:
     h, inter, tokens = 4096, 11008, 512
     lora_grads = 32 * 2 * 16 * (h + h) * 2  # q and v adapters, bf16
     held = 4 * tokens * 32000
-    pinned = tokens * ((32 * (3 * h + inter) - h) * 2 + 2 * h)  # as in test_bitsandbytes_pinned_inputs_by_hand
+    # as in test_bitsandbytes_pinned_inputs_by_hand
+    pinned = tokens * ((32 * (3 * h + inter) - h) * 2 + 2 * h)
     assert b.phases["next_micro_batch"] - resident == lora_grads + held + pinned

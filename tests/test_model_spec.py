@@ -13,7 +13,7 @@ from tuneplan.specs.model import model_from_config
 
 from .conftest import LLAMA2_7B, QWEN25_7B, TINY_LLAMA
 
-# Published totals quoted in issue 2 (model cards / safetensors metadata).
+# Published totals (model cards / safetensors metadata).
 PUBLISHED = {
     "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
     "meta-llama/Llama-2-7b-hf": 6_738_415_616,
@@ -43,7 +43,8 @@ def test_hand_count_qwen2_gqa_bias() -> None:
 
 
 def test_every_catalog_entry_matches_transformers() -> None:
-    """params_transformers was recorded by instantiating each config with transformers (tools/build_catalog_check.py)."""
+    """params_transformers was recorded by instantiating each config with transformers
+    (tools/build_catalog_check.py)."""
     entries = [e for e in catalog_entries() if e.params_transformers]
     assert len(entries) >= 40
     checked = 0

@@ -70,8 +70,9 @@ def test_largest_catalog_model_matches_a_plain_loop(gpu: str, setup: dict) -> No
     assert r.result.largest_catalog_model["fits"]
 
 
-def test_seed_000_without_and_with_quantization_and_deepspeed() -> None:
-    """Seed 000's questions 2 and 3, as inequalities that hold by construction of the methods."""
+def test_largest_model_without_and_with_quantization_and_deepspeed() -> None:
+    """A practitioner's two questions (how large a model trains without quantization or DeepSpeed, and
+    with them), as inequalities that hold by construction of the methods."""
     plain = max_model("a100-80gb", gpus=8, method="full").to_dict()
     zero3 = max_model("a100-80gb", gpus=8, method="full", zero=3).to_dict()
     assert zero3["max_params"] > 4 * plain["max_params"]  # ZeRO-3 shards 16 B/param over 8 cards

@@ -13,17 +13,19 @@ from tuneplan.specs.model import model_from_config
 from .conftest import QWEN25_7B, TINY_LLAMA
 
 MODELS = [model_from_config(QWEN25_7B, "qwen7b"), model_from_config(TINY_LLAMA, "tiny"),
-          model_from_config(dict(model_type="mixtral", hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
-                                 num_key_value_heads=2, intermediate_size=512, vocab_size=2000,
-                                 num_local_experts=4, num_experts_per_tok=2), "tiny-moe"),
-          model_from_config(dict(model_type="gemma2", hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, head_dim=128, intermediate_size=512, vocab_size=1000),
+          model_from_config(dict(model_type="mixtral", hidden_size=256, num_hidden_layers=2,
+                                 num_attention_heads=8, num_key_value_heads=2, intermediate_size=512,
+                                 vocab_size=2000, num_local_experts=4, num_experts_per_tok=2), "tiny-moe"),
+          model_from_config(dict(model_type="gemma2", hidden_size=256, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                                 intermediate_size=512, vocab_size=1000),
                             "tiny-gemma2")]
 
 setups = st.fixed_dictionaries({
     "method": st.sampled_from(["full", "freeze", "lora", "qlora"]),
     "precision": st.sampled_from(["bf16-mixed", "bf16", "fp16-mixed", "fp32"]),
-    "optimizer": st.sampled_from(["adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "adafactor", "sgd"]),
+    "optimizer": st.sampled_from(["adamw", "adamw-fused", "adamw-8bit", "paged-adamw-8bit", "adafactor",
+                                  "sgd"]),
     "batch": st.integers(1, 8), "seq": st.integers(16, 4096), "grad_accum": st.integers(1, 4),
     "gradient_checkpointing": st.booleans(), "attn": st.sampled_from(["eager", "sdpa", "flash"]),
     "framework": st.sampled_from(["hf", "llamafactory", "unsloth", "torchtune", "litgpt"]),

@@ -2,7 +2,7 @@
 
 The benchmark's quick cases run here on a reduced depth (3 decoder layers: the analytic engine and the
 simulation read the same reduced config, so agreement is still exact per layer, for the logits chain and
-for the persistent terms) to keep CI in seconds per case. Target as in the issue: within 3% each.
+for the persistent terms) to keep CI in seconds per case. Target: within 3% each.
 """
 
 from __future__ import annotations

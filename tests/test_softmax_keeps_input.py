@@ -23,7 +23,8 @@ def test_eager_attention_keeps_the_scores_of_every_layer() -> None:
     # BERT-large in fp32, no checkpointing: each of 24 layers keeps its B x H x S x S fp32 scores once more
     bert = resolve_model("google-bert/bert-large-uncased", allow_network=False)
     off = estimate(bert, precision="fp32", **BERT_KW).breakdown.components["activations"]
-    on = estimate(bert, precision="fp32", softmax_keeps_input=True, **BERT_KW).breakdown.components["activations"]
+    on = estimate(bert, precision="fp32", softmax_keeps_input=True,
+                  **BERT_KW).breakdown.components["activations"]
     assert on - off == 24 * 4 * 16 * 512 * 512 * 4  # 1.5 GiB
     # under autocast an unpadded encoder adds no mask: the fp16 scores (2 B) are what softmax reads
     off16 = estimate(bert, precision="fp16-mixed", **BERT_KW).breakdown.components["activations"]
@@ -51,7 +52,8 @@ def test_torch_before_1_11_means_eager_attention_and_no_export(tmp_path) -> None
             estimate(qwen, method="lora", seq=256, attn=attn, softmax_keeps_input=True, timing=False)
         assert e.value.field == "attn"
     with pytest.raises(TuneplanError) as e:
-        build_export("hf-script", estimate(qwen, TorchEraSetup(method="lora", attn="eager", softmax_keeps_input=True)),
+        build_export("hf-script",
+                     estimate(qwen, TorchEraSetup(method="lora", attn="eager", softmax_keeps_input=True)),
                      tmp_path / "r")
     assert e.value.field == "softmax_keeps_input"
 

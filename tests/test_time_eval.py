@@ -7,8 +7,9 @@ import pytest
 
 from tuneplan.api import build_setup
 from tuneplan.catalog.accelerators import resolve_accelerator
+from tuneplan.estimator.card_rates import BW_EFFICIENCY
 from tuneplan.estimator.run import resolve_run
-from tuneplan.estimator.throughput import BW_EFFICIENCY, run_eval_time, run_step_time
+from tuneplan.estimator.throughput import run_eval_time, run_step_time
 from tuneplan.specs.model import model_from_config
 
 from .conftest import LLAMA2_7B
@@ -55,7 +56,7 @@ def test_dequantization_traffic_follows_the_kernel_that_rebuilds_the_weight() ->
     compiled into one kernel (0.5 + 2, then 2) 4.5 / 0.7; torchao eager, every op of get_original_weight
     traced (shifts, int64 casts, lookups, scaler copies, multiplies, stack: 17 B written, 16 B read, then 2)
     35 / 0.7, in ~15 kernels instead of 1."""
-    from tuneplan.estimator.throughput import dequant_bytes_per_weight, kernels_per_dequant
+    from tuneplan.estimator.dequant_time import dequant_bytes_per_weight, kernels_per_dequant
 
     q = build_setup(LLAMA, method="qlora", batch=1, seq=512)
     assert dequant_bytes_per_weight(q, "hf", False) == pytest.approx(7 / 0.7)
@@ -88,7 +89,7 @@ def test_litgpt_rebuilds_its_quantized_head_for_every_chunk() -> None:
     32,000 x 4,096 head in forward and again for its input gradient. 300 tokens are 3 chunks, 128 are 1:
     the difference is 2 chunks x 2 passes x 131,072,000 elements. transformers leaves the head in 16 bits."""
     from tuneplan.estimator.compute import flops_at
-    from tuneplan.estimator.throughput import RuntimeOptions, time_statics
+    from tuneplan.estimator.time_statics import RuntimeOptions, time_statics
 
     acc = resolve_accelerator("a10g")
     plan = time_statics(_run(method="qlora", batch=1, seq=300), acc, RuntimeOptions()).flops

@@ -12,14 +12,11 @@ from hypothesis import strategies as st
 
 from tuneplan.api import build_setup
 from tuneplan.catalog.accelerators import catalog_accelerators, resolve_accelerator
+from tuneplan.estimator.card_rates import GEMM_EFFICIENCY
 from tuneplan.estimator.links import intra_node_link
 from tuneplan.estimator.runtime import time_and_cost
-from tuneplan.estimator.throughput import (
-    GEMM_EFFICIENCY,
-    HOST_ADAM_BYTES_PER_PARAM,
-    HOST_MEMORY_GBS_PER_GPU,
-    step_time,
-)
+from tuneplan.estimator.throughput import step_time
+from tuneplan.estimator.time_statics import HOST_ADAM_BYTES_PER_PARAM, HOST_MEMORY_GBS_PER_GPU
 from tuneplan.specs.dataset import DatasetSpec
 from tuneplan.specs.model import model_from_config
 
@@ -56,8 +53,8 @@ strategies = st.sampled_from(["none", "ddp", "zero2", "zero3", "fsdp"])
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.sampled_from(["full", "lora", "qlora"]), st.sampled_from([1, 4]), st.sampled_from([1, 2, 4]), strategies,
-       st.sampled_from(["rtx-4090", "a100-80gb-sxm4", "h100-sxm5-80gb"]))
+@given(st.sampled_from(["full", "lora", "qlora"]), st.sampled_from([1, 4]), st.sampled_from([1, 2, 4]),
+       strategies, st.sampled_from(["rtx-4090", "a100-80gb-sxm4", "h100-sxm5-80gb"]))
 def test_the_breakdown_adds_up_to_the_step(method, batch, gpus, strategy, acc_id) -> None:
     kw = {"method": method, "batch": batch, "seq": 512, "gpus": gpus}
     if gpus > 1 and strategy != "none":
@@ -70,8 +67,10 @@ def test_the_breakdown_adds_up_to_the_step(method, batch, gpus, strategy, acc_id
 
 def test_qlora_says_why_it_is_slower_than_lora() -> None:
     acc = resolve_accelerator("a100-80gb-sxm4")
-    q = time_and_cost(LLAMA, build_setup(LLAMA, method="qlora", gradient_checkpointing=True), acc, DATA)["time"]
-    lo = time_and_cost(LLAMA, build_setup(LLAMA, method="lora", gradient_checkpointing=True), acc, DATA)["time"]
+    q = time_and_cost(LLAMA, build_setup(LLAMA, method="qlora", gradient_checkpointing=True), acc,
+                      DATA)["time"]
+    lo = time_and_cost(LLAMA, build_setup(LLAMA, method="lora", gradient_checkpointing=True), acc,
+                       DATA)["time"]
     assert q["step_seconds"] > lo["step_seconds"]
     assert q["breakdown_detail"]["dequantization"] > 0 and "dequantization" not in lo["breakdown_detail"]
     why = [a for a in q["assumptions"] if "16-bit copy" in a]
@@ -85,7 +84,8 @@ def test_a_card_without_tensor_cores_runs_16bit_matmuls_at_its_fp32_rate() -> No
     st_ = step_time(LLAMA, s, p100)
     fl = st_.flops
     # by hand: the matmul FLOPs of the step at 9.3 TFLOPS x the GDDR/HBM NVIDIA efficiency
-    assert st_.components["matmul"] == pytest.approx(fl.total * 8 * 2048 / (9.3e12 * GEMM_EFFICIENCY["nvidia-hbm"]))
+    assert st_.components["matmul"] == pytest.approx(fl.total * 8 * 2048
+                                                     / (9.3e12 * GEMM_EFFICIENCY["nvidia-hbm"]))
 
 
 def test_cpu_offload_counts_the_cpu_optimizer_step() -> None:
@@ -98,10 +98,11 @@ def test_cpu_offload_counts_the_cpu_optimizer_step() -> None:
 
 
 def test_relative_speeds_the_source_documents_state() -> None:
-    """'A100 is about 3 times an RTX 3090 on the same task': reproduced for a 7B LoRA (ratio between the memory-bound
-    ratio 2039/936 = 2.2 and the tensor-peak ratio 312/71 = 4.4; the 35 TFLOPS quoted for the 3090 is its fp32
-    rate, not its 16-bit tensor rate). 'HBM is far faster than GDDR, NVLink far faster than PCIe' for the parts
-    bound by them: the memory-bound seconds scale with 1/bandwidth, an NVLink ring is ~10x a PCIe one."""
+    """'A100 is about 3 times an RTX 3090 on the same task': reproduced for a 7B LoRA (ratio between the
+    memory-bound ratio 2039/936 = 2.2 and the tensor-peak ratio 312/71 = 4.4; the 35 TFLOPS quoted for the
+    3090 is its fp32 rate, not its 16-bit tensor rate). 'HBM is far faster than GDDR, NVLink far faster than
+    PCIe' for the parts bound by them: the memory-bound seconds scale with 1/bandwidth, an NVLink ring is
+    ~10x a PCIe one."""
     s = build_setup(LLAMA, method="lora", batch=4, seq=512)
     a100, r3090 = resolve_accelerator("a100-80gb-sxm4"), resolve_accelerator("rtx-3090")
     ratio = step_time(LLAMA, s, r3090).step_seconds / step_time(LLAMA, s, a100).step_seconds
@@ -123,8 +124,9 @@ def _build_module():
 
 def test_filled_figures_are_named_and_never_replace_a_published_value(tmp_path) -> None:
     mod = _build_module()
-    entries = [{"id": "x", "bf16_tflops_dense": None, "memory_bandwidth_gbs": 100.0, "unverified_or_derived_fields": None,
-                "notes": None, "cloud_usd_per_gpu_hr": None, "price_basis_and_date": None, "cloud_price_date": None}]
+    entries = [{"id": "x", "bf16_tflops_dense": None, "memory_bandwidth_gbs": 100.0,
+                "unverified_or_derived_fields": None, "notes": None, "cloud_usd_per_gpu_hr": None,
+                "price_basis_and_date": None, "cloud_price_date": None}]
     f = tmp_path / "fig.csv"
     with f.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
@@ -148,7 +150,8 @@ def test_the_text_output_prints_the_breakdown_on_one_line() -> None:
     from tuneplan.cli.render import time_breakdown_line
 
     acc = resolve_accelerator("rtx-5880-ada-generation")
-    t = time_and_cost(LLAMA, build_setup(LLAMA, method="qlora", gradient_checkpointing=True), acc, DATA)["time"]
+    t = time_and_cost(LLAMA, build_setup(LLAMA, method="qlora", gradient_checkpointing=True), acc,
+                      DATA)["time"]
     line = time_breakdown_line(t)
     assert line.startswith(f"step {t['step_seconds']:.3g} s = compute ")
     assert "memory-bound" in line and "dequantization" in line
@@ -172,13 +175,14 @@ def _op_counter():
 
 
 def test_dispatched_ops_per_counted_kernel() -> None:
-    """OPS_PER_KERNEL (2.6) is what transformers' own Llama code dispatches per kernel that compute.py counts: run a
-    tiny LlamaForCausalLM forward + backward under a TorchDispatchMode on the CPU and count aten ops per layer."""
+    """OPS_PER_KERNEL (2.6) is what transformers' own Llama code dispatches per kernel that compute.py
+    counts: run a tiny LlamaForCausalLM forward + backward under a TorchDispatchMode on the CPU and count
+    aten ops per layer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tuneplan.estimator.compute import flops_per_token
-    from tuneplan.estimator.throughput import OPS_PER_KERNEL
+    from tuneplan.estimator.launch_costs import OPS_PER_KERNEL
 
     cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
            "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 64,
@@ -196,8 +200,8 @@ def test_dispatched_ops_per_counted_kernel() -> None:
 
     def counted(layers: int) -> float:
         spec = model_from_config({**cfg, "num_hidden_layers": layers}, "tiny")
-        f = flops_per_token(spec, build_setup(spec, method="full", batch=1, seq=32, framework="hf", attn="sdpa",
-                                              gradient_checkpointing=False))
+        f = flops_per_token(spec, build_setup(spec, method="full", batch=1, seq=32, framework="hf",
+                                              attn="sdpa", gradient_checkpointing=False))
         return f.gemm_kernels + f.other_kernels
 
     ratio = (dispatched(4) - dispatched(2)) / (counted(4) - counted(2))  # per decoder layer
@@ -206,8 +210,9 @@ def test_dispatched_ops_per_counted_kernel() -> None:
 
 
 def test_fsdp_ops_per_unit() -> None:
-    """FSDP_UNIT_OPS_*: run transformers' Llama wrapped per decoder layer in FSDP1 (world size 2, fake process
-    group, CPU) and unwrapped; the extra aten ops per layer of one forward + backward are FSDP's per-unit work."""
+    """FSDP_UNIT_OPS_*: run transformers' Llama wrapped per decoder layer in FSDP1 (world size 2, fake
+    process group, CPU) and unwrapped; the extra aten ops per layer of one forward + backward are FSDP's
+    per-unit work."""
     import functools
 
     import torch
@@ -218,7 +223,7 @@ def test_fsdp_ops_per_unit() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    from tuneplan.estimator.throughput import FSDP_UNIT_OPS_FULL
+    from tuneplan.estimator.launch_costs import FSDP_UNIT_OPS_FULL
 
     started = not dist.is_initialized()
     if started:
@@ -230,7 +235,8 @@ def test_fsdp_ops_per_unit() -> None:
                                              num_attention_heads=4, num_key_value_heads=4, vocab_size=256,
                                              max_position_embeddings=64, attn_implementation="sdpa"))
             if fsdp:
-                policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+                policy = functools.partial(transformer_auto_wrap_policy,
+                                           transformer_layer_cls={LlamaDecoderLayer})
                 m = FullyShardedDataParallel(m, device_id=torch.device("cpu"), use_orig_params=True,
                                              auto_wrap_policy=policy)
             m.train()

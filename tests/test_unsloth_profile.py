@@ -14,7 +14,8 @@ LLAMA31_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
 def _layer(targets: str, dropout: float = 0.0) -> float:
     spec = resolve_model(LLAMA31_8B, allow_network=False)
-    s = estimate(spec, framework="unsloth", method="qlora", targets=targets, dropout=dropout, timing=False).setup
+    s = estimate(spec, framework="unsloth", method="qlora", targets=targets, dropout=dropout,
+                 timing=False).setup
     dt = resolve_dtypes(s, get_profile("unsloth"))
     return layer_activations(spec, spec.layer_groups[0][0], s, dt, resolve_targets(spec, s.targets), False,
                              "flash", False, unsloth_code=True).per_token

@@ -40,8 +40,9 @@ def segments(svg: str) -> dict[str, int]:
 
 
 def cli_json(*args: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "estimate", *args, "--json"], capture_output=True,
-                       text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    r = subprocess.run([sys.executable, "-m", "tuneplan.cli.app", "estimate", *args, "--json"],
+                       capture_output=True, text=True, timeout=120,
+                       env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert r.returncode in (0, 1), r.stderr
     return json.loads(r.stdout)
 
@@ -51,8 +52,8 @@ def test_page_shows_the_cli_numbers() -> None:
     values = {**DEFAULTS, "method": "lora", "rank": 32, "seq": 1024, "batch": 2, "gpu": "a100-80gb-sxm4",
               "precision": "bf16-mixed", "gradient_checkpointing": "on"}
     page = callbacks.estimate_dict(values)
-    cli = cli_json(values["model"], "--method", "lora", "--rank", "32", "--seq", "1024", "--batch", "2", "--gpu",
-                   "a100-80gb-sxm4", "--precision", "bf16-mixed", "--gradient-checkpointing")
+    cli = cli_json(values["model"], "--method", "lora", "--rank", "32", "--seq", "1024", "--batch", "2",
+                   "--gpu", "a100-80gb-sxm4", "--precision", "bf16-mixed", "--gradient-checkpointing")
     for key in ("per_gpu", "peak_phase", "gpu", "fits", "headroom_bytes", "findings", "model"):
         assert page[key] == cli[key], key
     assert page["setup"] == cli["setup"]
@@ -111,7 +112,8 @@ def test_cluster_verdict_is_per_gpu() -> None:
     ({"seq": None}, "setup", "Tokens per sample (cutoff_len): is empty"),
     ({"batch": -3}, "setup", "Micro-batch per GPU"),
     ({"gpu": "rtx9999"}, "hardware", "did you mean"),
-    ({"zero": "2"}, "hardware", "DeepSpeed ZeRO stage"),  # ZeRO on one GPU: the core's own rule, routed to the hardware fields
+    # ZeRO on one GPU: the core's own rule, routed to the hardware fields
+    ({"zero": "2"}, "hardware", "DeepSpeed ZeRO stage"),
     ({"offload": "optimizer"}, "hardware", "CPU offload"),
     ({"model": "qwen2.5-7x"}, "model", "did you mean"),
     ({"model": ""}, "model", "choose a model"),
@@ -206,7 +208,8 @@ def test_gib_and_tick_steps() -> None:
     assert views.gib(RTX4090_BYTES) == "23.76"
     assert views.gib(None) == "-"
     # 1-2-5 steps, at most 6 ticks: 26 GiB -> 5 (6 ticks: 0..25), 130 GiB -> 50, 0.5 GiB -> 0.1
-    assert views.tick_step(26) == 5 and views.tick_step(130) == 50 and views.tick_step(0.5) == pytest.approx(0.1)
+    assert views.tick_step(26) == 5 and views.tick_step(130) == 50
+    assert views.tick_step(0.5) == pytest.approx(0.1)
 
 
 def test_kernel_fields_reach_the_estimate() -> None:
@@ -245,8 +248,8 @@ def test_core_messages_name_the_page_fields_not_cli_flags() -> None:
 
 
 def test_classifier_labels_field_reaches_the_core() -> None:
-    # empty: the language-model head; a number: transformers' *ForSequenceClassification head, whose logits are
-    # num_labels wide instead of vocabulary-wide (the same estimate as `tuneplan estimate --num-labels 2`)
+    # empty: the language-model head; a number: transformers' *ForSequenceClassification head, whose logits
+    # are num_labels wide instead of vocabulary-wide (the same estimate as `tuneplan estimate --num-labels 2`)
     from tuneplan.api import estimate
 
     kw = form.setup_kwargs({**DEFAULTS, "method": "lora", "num_labels": "2"})

@@ -12,15 +12,20 @@ chromium``; skipped, saying which, only when one of the three is missing.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("gradio", reason="the web extra is not installed (pip install -e '.[web]')")
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+sync_api = pytest.importorskip("playwright.sync_api",
+                               reason="playwright is not installed (pip install playwright)")
 CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser")) if p), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium (apt-get install chromium)")
 
@@ -48,20 +53,31 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def browser():
     with sync_api.sync_playwright() as p:
         # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start.
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-        pg.set_default_timeout(TIMEOUT_MS)
-        # the page's Content-Security-Policy (web/http.py) must not block anything the page uses:
-        # Chromium reports each blocked load or inline script on the console
-        pg.on("console", lambda msg: CSP_REPORTS.append(msg.text) if "Content Security Policy" in msg.text
-              else None)
-        pg.goto(server)
-        pg.wait_for_selector("#tp-verdict-box")
-        yield pg
-        browser.close()
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield chromium
+        chromium.close()
+
+
+def open_page(browser, server: str, width: int, height: int):
+    pg = browser.new_page(viewport={"width": width, "height": height})
+    pg.set_default_timeout(TIMEOUT_MS)
+    # the page's Content-Security-Policy (web/http.py) must not block anything the page uses:
+    # Chromium reports each blocked load or inline script on the console
+    pg.on("console", lambda msg: CSP_REPORTS.append(msg.text) if "Content Security Policy" in msg.text
+          else None)
+    pg.goto(server)
+    pg.wait_for_selector("#tp-verdict-box")
+    return pg
+
+
+@pytest.fixture(scope="module")
+def page(browser, server):
+    pg = open_page(browser, server, 1400, 1000)
+    yield pg
+    pg.close()
 
 
 CSP_REPORTS: list[str] = []
@@ -91,7 +107,8 @@ def test_changing_a_field_updates_verdict_and_chart(page) -> None:
     page.locator("#tp-method").get_by_text("qlora", exact=True).click()
     page.wait_for_function("document.querySelector('#tp-verdict-box').dataset.verdict === 'FITS'")
     assert peak(page) == before
-    page.wait_for_function("!document.querySelector('#tp-rank input').disabled")  # back with QLoRA (own event)
+    # back with QLoRA (its own event)
+    page.wait_for_function("!document.querySelector('#tp-rank input').disabled")
     page.screenshot(path=str(ARTIFACTS / "web.png"))  # the README's picture (docs/img/web.png is a copy)
     page.screenshot(path=str(ARTIFACTS / "web-full.png"), full_page=True)
 
@@ -116,7 +133,8 @@ def test_typing_a_bare_card_name_is_refused_as_on_the_cli(page) -> None:
     box.press("Enter")
     page.wait_for_selector("#tp-hardware-msg .tp-error")
     msg = page.inner_text("#tp-hardware-msg")
-    assert all(card in msg for card in ("v100-sxm2-16gb", "v100-pcie-16gb", "v100-sxm2-32gb", "v100-pcie-32gb"))
+    assert all(card in msg
+               for card in ("v100-sxm2-16gb", "v100-pcie-16gb", "v100-sxm2-32gb", "v100-pcie-32gb"))
     box.click()
     box.fill("rtx-4090")
     box.press("Enter")
@@ -148,6 +166,18 @@ def test_export_tab_offers_the_recipe_files_for_download(page) -> None:
     assert list(sessions[0].glob("recipe-*/train.py"))
 
 
+def test_every_element_id_is_used_once(page) -> None:
+    """Each tab's output has an id of its own (a second element with one of the form's ids would make
+    `#id` pick either); Gradio's empty ids are not ids."""
+    for tab in ("Best config", "GPUs", "Deploy", "Export"):
+        page.get_by_role("tab", name=tab).click()
+    page.wait_for_selector("#tp-gpus-rank table", state="attached")
+    twice = page.evaluate("""() => { const seen = {};
+        document.querySelectorAll('[id]').forEach(e => { if (e.id) seen[e.id] = (seen[e.id] || 0) + 1; });
+        return Object.keys(seen).filter(k => seen[k] > 1); }""")
+    assert twice == []
+
+
 def test_an_uploaded_config_reaches_the_verdict(page) -> None:
     """The upload arrives as bytes (never a server path) and its model is the one estimated; runs last."""
     import json
@@ -161,6 +191,129 @@ def test_an_uploaded_config_reaches_the_verdict(page) -> None:
     chooser.value.set_files(files=[{"name": "config.json", "mimeType": "application/json", "buffer": cfg}])
     page.wait_for_function("document.querySelector('#tp-verdict-box').innerText.includes('uploaded-tiny-llama')")
     assert page.locator("#tp-model-msg .tp-error").count() == 0
+
+
+# The best-config tab against `tuneplan fit --json` for the same setup. The setups: a 7B on a 16 GB card,
+# where only offloading plans fit; a 7B on a 24 GB card; a 70B across two 80 GB cards; a 405B that fits
+# nowhere in the candidate space of one 24 GB card.
+FIT_SETUPS = [
+    ("Qwen/Qwen2.5-7B-Instruct", "v100-sxm2-16gb", 1),
+    ("meta-llama/Llama-2-7b-hf", "rtx-4090", 1),
+    ("meta-llama/Llama-3.1-70B-Instruct", "a100-80gb-sxm4", 2),
+    ("meta-llama/Llama-3.1-405B-Instruct", "rtx-4090", 1),
+]
+RECOMMENDED = re.compile(
+    r"Recommended(?: \(tight[^)]*\))?: (?P<method>\S+) \((?P<strategy>[^)]+)\), "
+    r"micro-batch (?P<micro_batch>\d+) "
+    r"× accumulation (?P<grad_accum>\d+) × (?P<world_size>\d+) GPU\(s\) = (?P<global_batch>\d+) sequences "
+    r"per step; device peak (?P<peak>[\d,.]+) GiB \(upper band (?P<high>[\d,.]+) GiB\)"
+    r"(?:; (?P<tokens>[\d,]+) tokens/s)?")
+TABLE_CELLS = """sel => Array.from(document.querySelectorAll(sel + ' tr')).slice(1)
+    .map(tr => Array.from(tr.cells).map(td => td.innerText.trim()))"""
+
+
+def in_gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:,.2f}"
+
+
+def cli_fit(model: str, gpu: str, gpus: int, form: dict[str, str]) -> tuple[int, dict]:
+    """`tuneplan fit` in its own process with the flags for what the form shows."""
+    cmd = [sys.executable, "-m", "tuneplan", "fit", model, "--gpu", gpu, "--gpus", str(gpus),
+           "--rank", form["rank"], "--seq", form["seq"], "--samples", form["samples"],
+           "--epochs", form["epochs"], "--global-batch", form["global_batch"], "--prefer", form["prefer"],
+           "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def choose(pg, selector: str, value: str) -> None:
+    box = pg.locator(selector)
+    box.click()
+    box.fill(value)
+    box.press("Enter")
+
+
+def form_values(pg) -> dict[str, str]:
+    """What the form shows for the fields `fit` reads besides model, card and GPUs."""
+    got = {k: pg.input_value(f"#tp-{k} input") for k in ("rank", "seq", "samples", "epochs")}
+    avg_tokens = pg.input_value("#tp-avg_tokens textarea, #tp-avg_tokens input")
+    got["global_batch"] = pg.input_value("#tp-global-batch input")
+    got["prefer"] = pg.input_value("#tp-prefer input")
+    assert avg_tokens == ""  # empty: a sample fills the sequence, as with no --avg-tokens
+    return got
+
+
+def check_recommendation(pg, rc: int, rec: dict | None, gpus: int) -> None:
+    """The recommendation shown is the CLI's: method, strategy, sizes, peak, tokens/s, command."""
+    shown = pg.inner_text("#tp-fit-recommended")
+    if rec is None:
+        assert rc == 1 and "No method fits" in shown
+        return
+    assert rc == 0
+    got = RECOMMENDED.search(shown)
+    assert got is not None, shown
+    assert got.group("method", "strategy") == (rec["method"], rec["strategy"])
+    sizes = ("micro_batch", "grad_accum", "world_size", "global_batch")
+    assert [int(got.group(k)) for k in sizes] == [rec[k] for k in sizes]
+    assert got.group("peak", "high") == (in_gib(rec["device_peak_bytes"]),
+                                         in_gib(rec["device_peak_high_bytes"]))
+    assert got.group("tokens") == f"{rec['tokens_per_second']:,.0f}"
+    # the command to run: model, card, method, batch, seq, accumulation and every switch
+    assert pg.inner_text("#tp-fit-recommended code") == rec["command"]
+    assert f"--seq {rec['setup']['seq']}" in rec["command"] and rec["world_size"] == gpus
+
+
+def check_methods(pg, methods: list[dict]) -> None:
+    """One row per method as the CLI has it, and tokens/s for each method that fits."""
+    rows = pg.evaluate(TABLE_CELLS, "#tp-fit table.tp-fit")
+    assert [r[:8] for r in rows] == [
+        [m["method"], "tight" if m["tight"] else "yes" if m["fits"] else "no", m["strategy"] or "-",
+         ", ".join(m["requires"]) or "-", str(m["micro_batch"] or "-"), str(m["grad_accum"] or "-"),
+         in_gib(m["device_peak_bytes"]), in_gib(m["device_peak_high_bytes"])] for m in methods]
+    shown = pg.inner_text("#tp-fit")
+    for why in {msg for m in methods for msg in m["blocked_by"]}:
+        assert f"cannot run: {why}" in shown  # the planner's words, as the CLI prints them
+    fitting = [[m["method"], f"{m['tokens_per_second']:,.0f}"] for m in methods if m["fits"]]
+    if fitting:
+        assert [r[:2] for r in pg.evaluate(TABLE_CELLS, "#tp-fit table.tp-fit-limits")] == fitting
+
+
+@pytest.mark.parametrize(("model", "gpu", "gpus"), FIT_SETUPS,
+                         ids=[f"{m.split('/')[1]}-{g}x{n}" for m, g, n in FIT_SETUPS])
+def test_best_config_tab_is_the_clis_fit(browser, server, model: str, gpu: str, gpus: int) -> None:
+    pg = open_page(browser, server, 1280, 900)
+    try:
+        choose(pg, "#tp-model input", model)
+        choose(pg, "#tp-gpu input", gpu)
+        if gpus != 1:
+            pg.fill("#tp-gpus input", str(gpus))
+            pg.press("#tp-gpus input", "Enter")
+        pg.wait_for_function("m => document.querySelector('#tp-verdict-box').innerText.includes(m)",
+                             arg=model)
+        pg.get_by_role("tab", name="Best config").click()
+        pg.wait_for_selector("#tp-fit #tp-fit-recommended")
+        rc, want = cli_fit(model, gpu, gpus, form_values(pg))
+        check_recommendation(pg, rc, want["recommended"], gpus)
+        check_methods(pg, want["methods"])
+        assert_tables_fit(pg, "#tp-fit")
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / f"web-fit-{model.split('/')[1]}-{gpu}-x{gpus}.png"
+        pg.locator("#tp-fit").screenshot(path=str(shot))
+    finally:
+        pg.close()
+
+
+def assert_tables_fit(pg, container: str) -> None:
+    """No table under ``container`` reaches past its box or the window: the page does not scroll
+    sideways, and every table is at most as wide as the block that holds it."""
+    sizes = pg.evaluate("""sel => Array.from(document.querySelectorAll(sel + ' table')).map(t => ({
+        table: t.scrollWidth, box: t.parentElement.clientWidth,
+        right: t.getBoundingClientRect().right, window: document.documentElement.clientWidth}))""", container)
+    assert sizes
+    for s in sizes:
+        assert s["table"] <= s["box"] and s["right"] <= s["window"], s
+    assert pg.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
 
 
 def test_the_security_policy_blocks_nothing_the_page_uses(page) -> None:

@@ -21,12 +21,13 @@ ENV = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "GRADIO_ANALYTICS_ENABLED
 
 
 def py(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=ENV)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env=ENV)
 
 
 def test_import_tuneplan_and_the_cli_stay_free_of_gradio() -> None:
-    r = py("import sys, tuneplan, tuneplan.web, tuneplan.web.callbacks, tuneplan.web.plans, tuneplan.cli.app\n"
-           "print('gradio' in sys.modules)")
+    r = py("import sys, tuneplan, tuneplan.web, tuneplan.web.callbacks, tuneplan.web.plans, "
+           "tuneplan.cli.app\nprint('gradio' in sys.modules)")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
 
@@ -47,7 +48,8 @@ def test_serve_rejects_a_bad_port() -> None:
 
 
 def test_serve_help_defaults_to_loopback() -> None:
-    r = py("import sys; sys.argv = ['tuneplan', 'serve', '--help']\nfrom tuneplan.cli.app import main; main()")
+    r = py("import sys; sys.argv = ['tuneplan', 'serve', '--help']\n"
+           "from tuneplan.cli.app import main; main()")
     assert r.returncode == 0
     assert "--host" in r.stdout and "--port" in r.stdout and "127.0.0.1" in r.stdout
 
@@ -59,7 +61,8 @@ def test_app_is_a_lazily_built_blocks_with_named_endpoints() -> None:
     app = web.app
     assert isinstance(app, gr.Blocks)
     assert web.app is app  # built once
-    public = {d["api_name"] for d in app.config["dependencies"] if d.get("api_visibility", "public") == "public"}
+    public = {d["api_name"] for d in app.config["dependencies"]
+              if d.get("api_visibility", "public") == "public"}
     assert {"estimate", "fit", "gpus", "export"} <= public
 
 

@@ -30,7 +30,8 @@ def test_tabs_wait_for_valid_input() -> None:
 
 
 def test_fit_tab_shows_the_planners_recommendation() -> None:
-    fit_mod = importlib.import_module("tuneplan.plan.fit")  # part of the package: a failed import fails the test
+    # part of the package: a failed import fails the test
+    fit_mod = importlib.import_module("tuneplan.plan.fit")
     values = dict(DEFAULTS)
     rep = fit_mod.fit(values["model"], values["gpu"], global_batch=16, **CLI_EQUIVALENT).to_dict()
     html = plans.fit_view(values, 16)
@@ -57,8 +58,10 @@ def test_gpus_tab_lists_the_planners_ranking_in_order() -> None:
 
 def test_deploy_tab_shows_the_deploy_plan() -> None:
     dep = pytest.importorskip("tuneplan.deploy.plan", reason="the deploy plan is not in this build")
-    kw = {k: v for k, v in setup_kwargs(dict(DEFAULTS)).items() if k not in ("gpus", "nodes", "zero", "fsdp", "offload")}
-    d = dep.plan_deploy(DEFAULTS["model"], gpu=DEFAULTS["gpu"], context=4096, concurrency=1, cards=False, **kw)
+    kw = {k: v for k, v in setup_kwargs(dict(DEFAULTS)).items()
+          if k not in ("gpus", "nodes", "zero", "fsdp", "offload")}
+    d = dep.plan_deploy(DEFAULTS["model"], gpu=DEFAULTS["gpu"], context=4096, concurrency=1, cards=False,
+                        **kw)
     html = plans.deploy_view(dict(DEFAULTS), "bf16", 4096, 1)
     verdict = "SERVES" if d["gpu"]["fits"] else "DOES NOT SERVE"
     assert f'data-verdict="{verdict}"' in html
@@ -80,7 +83,8 @@ def test_export_writes_the_exporters_files() -> None:
 
     from tuneplan.catalog.accelerators import resolve_accelerator
 
-    bundle = exp.build_export("hf-script", estimate(spec, setup, gpu=resolve_accelerator("a100-80gb-sxm4")), Path(paths[0]))
+    plan = estimate(spec, setup, gpu=resolve_accelerator("a100-80gb-sxm4"))
+    bundle = exp.build_export("hf-script", plan, Path(paths[0]))
     for (p, text), written in zip(bundle.files, paths, strict=True):
         assert Path(written).name == Path(p).name
         assert Path(written).read_text(encoding="utf-8") == text
@@ -111,7 +115,8 @@ def test_fit_tab_objective_is_the_clis() -> None:
     rule = importlib.import_module("tuneplan.plan.rule")
     assert plans.PREFERS == rule.PREFERS
     values = dict(DEFAULTS)
-    rec = fit_mod.fit(values["model"], values["gpu"], global_batch=16, prefer="speed", **CLI_EQUIVALENT).recommended
+    rec = fit_mod.fit(values["model"], values["gpu"], global_batch=16, prefer="speed",
+                      **CLI_EQUIVALENT).recommended
     html = plans.fit_view(values, 16, "speed")
     assert f"{rec['method']} ({rec['strategy']}), micro-batch {rec['micro_batch']} " in html
     assert "the most tokens/s" in html

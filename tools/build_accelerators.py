@@ -1,4 +1,5 @@
-"""Build src/tuneplan/catalog/accelerators.json from ../shared/reference/gpus.csv.
+"""Build src/tuneplan/catalog/accelerators.json from the reference GPU table, gpus.csv (by default the one
+in the reference folder beside the repository).
 
 Facts are carried over as published; blanks stay null (unknown), `verified`, `source` and
 `unverified_or_derived_fields` travel with every row. Two things are derived here, and each says how:
@@ -15,7 +16,8 @@ import re
 import sys
 from pathlib import Path
 
-SRC = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/reference/gpus.csv"
+SRC = (Path(sys.argv[1]) if len(sys.argv) > 1
+       else Path(__file__).resolve().parents[2] / "shared/reference/gpus.csv")
 OUT = Path(__file__).resolve().parents[1] / "src/tuneplan/catalog/accelerators.json"
 # Cards the reference table lacks, same columns, kept in the repository (each row carries its source).
 ADDED = Path(__file__).resolve().parent / "accelerators_added.csv"
@@ -111,7 +113,8 @@ def row_to_entry(r: dict[str, str]) -> dict[str, object]:
 
 
 def added_rows(path: Path = ADDED) -> list[dict[str, str]]:
-    """Rows of ``accelerators_added.csv``; a name the reference table also has is an error (no silent override)."""
+    """Rows of ``accelerators_added.csv``; a name the reference table also has is an error (no silent
+    override)."""
     if not path.is_file():
         return []
     return list(csv.DictReader(path.open(encoding="utf-8")))
@@ -129,7 +132,8 @@ def build(src: Path) -> list[dict[str, object]]:
 
 FIGURES = Path(__file__).resolve().parent / "accelerator_figures.csv"
 # Fields the time and cost model needs that the reference leaves blank for some cards.
-FIGURE_FIELDS = ("bf16_tflops_dense", "memory_bandwidth_gbs", "tdp_w", "cloud_usd_per_gpu_hr", "launch_price_usd")
+FIGURE_FIELDS = ("bf16_tflops_dense", "memory_bandwidth_gbs", "tdp_w", "cloud_usd_per_gpu_hr",
+                 "launch_price_usd")
 
 
 def fill_time_figures(entries: list[dict[str, object]], path: Path = FIGURES) -> list[dict[str, object]]:
@@ -143,7 +147,8 @@ def fill_time_figures(entries: list[dict[str, object]], path: Path = FIGURES) ->
         if e is None or key not in FIGURE_FIELDS:
             raise SystemExit(f"{path.name}: unknown accelerator id or field: {r['id']} {key}")
         if e[key] is not None:
-            raise SystemExit(f"{path.name}: {r['id']} {key} is published ({e[key]}); remove the filled figure")
+            raise SystemExit(f"{path.name}: {r['id']} {key} is published ({e[key]}); "
+                             "remove the filled figure")
         e[key] = num(r["value"])
         text = f"{key} {r['value']} filled in: {r['source']}"
         slot = "unverified_or_derived_fields" if r["verified"] != "yes" else "notes"

@@ -99,8 +99,10 @@ def _proxy_internlm2(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 PROXIES = {
-    "chatglm": ("AutoModelForCausalLM via GlmForCausalLM proxy (chatglm is remote code)", _proxy_chatglm),
-    "internlm2": ("AutoModelForCausalLM via LlamaForCausalLM proxy (internlm2 is remote code)", _proxy_internlm2),
+    "chatglm": ("AutoModelForCausalLM via GlmForCausalLM proxy (chatglm is remote code)",
+                _proxy_chatglm),
+    "internlm2": ("AutoModelForCausalLM via LlamaForCausalLM proxy (internlm2 is remote code)",
+                  _proxy_internlm2),
 }
 
 
@@ -174,7 +176,8 @@ def count_params(raw_cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def compare(count: int, published: int | None, kind: str | None, unit: int | None) -> tuple[str, float | None]:
+def compare(count: int, published: int | None, kind: str | None, unit: int | None
+            ) -> tuple[str, float | None]:
     """Compare a count with a published figure.
 
     kind: "exact" (safetensors metadata / paper table), "rounded" (e.g. "7.61B":
@@ -197,9 +200,11 @@ def compare(count: int, published: int | None, kind: str | None, unit: int | Non
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", type=Path, default=INDEX_PATH)
-    ap.add_argument("--models-dir", type=Path, default=None, help="directory of the config files (default: the index's directory)")
+    ap.add_argument("--models-dir", type=Path, default=None,
+                    help="directory of the config files (default: the index's directory)")
     ap.add_argument("--only", action="append", default=[], help="hf_id to check (repeatable)")
-    ap.add_argument("--update-index", action="store_true", help="write params_transformers/auto_class into index.json")
+    ap.add_argument("--update-index", action="store_true",
+                    help="write params_transformers/auto_class into index.json")
     ap.add_argument("--json", type=Path, help="write per-model results to this JSON file")
     args = ap.parse_args(argv)
 
@@ -207,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     entries = json.loads(args.index.read_text())
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {len(entries)} catalog entries")
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
+          f"{len(entries)} catalog entries")
     results = []
     failures = 0
     unexplained = 0
@@ -249,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{hf_id:55s} {res['params_transformers']:>20,d} {'-' if pub is None else format(pub, ','):>18s} "
             f"{'' if rel is None else format(rel * 100, '+.3f') + '%':>9s}  {status}"
             + ("  [proxy]" if res["proxy"] else "")
-            + (f"  [lm_head tied by transformers; checkpoint untied: {res['params_checkpoint_untied_head']:,}]"
-               if res["head_tied_despite_config"] else "")
+            + (f"  [lm_head tied by transformers; checkpoint untied: "
+               f"{res['params_checkpoint_untied_head']:,}]" if res["head_tied_despite_config"] else "")
             + f"  ({time.time() - t0:.1f}s)"
         )
         results.append({"hf_id": hf_id, **res, "params_published": pub, "status": status, "rel_diff": rel})

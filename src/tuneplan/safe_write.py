@@ -11,17 +11,36 @@ goes through :func:`write_files`:
 3. only when every temporary file is complete, put each at its target: without ``force`` by
    ``os.link`` (the target is created only if no entry of that name exists, checked and created in one
    step by the kernel, so of two writers racing for one path exactly one wins and the other is refused,
-   and the targets it had already linked are removed again); with ``force`` by ``os.replace`` (a rename
-   replaces the directory entry, so a symbolic link at the target is replaced by the file, never
+   and the targets it had already put in place are removed again); with ``force`` by ``os.replace`` (a
+   rename replaces the directory entry, so a symbolic link at the target is replaced by the file, never
    followed); then fsync the folder. A full disk or any error in step 2 removes the temporary files and
    leaves every target as it was: no truncated ``train.py``, no half of a multi-file export.
 
 The check in step 1 gives the message a person reads; the exclusive link in step 3 is what holds when
 another process writes the same path in between.
+
+A file system without hard links (FAT, exFAT, some FUSE and SMB/CIFS mounts) answers ``link(2)`` with
+EPERM, EMLINK, ENOTSUP/EOPNOTSUPP or ENOSYS. There the name is reserved instead: ``os.open`` with
+``O_CREAT | O_EXCL | O_NOFOLLOW`` creates an empty file of mode 0600 only if no entry of that name exists
+(a symbolic link, dangling or not, counts as an entry and is never followed), again checked and created
+in one kernel step, so of racing writers exactly one gets the name. The complete temporary file is then
+renamed onto the reserved name. Between the two steps (one ``fstat``, one ``lstat`` and one rename) the
+name holds an empty file owned by the writer:
+
+- another writer sees the name taken and is refused, at its check or at its own exclusive create;
+- a reader sees an empty file, never part of one;
+- if the name no longer holds the reservation just before the rename (someone removed it and put their
+  own file or link there), nothing is renamed and the write is refused, leaving their entry alone; the
+  comparison and the rename are two steps, so a swap in the instant between them goes unseen, a gap
+  ``link(2)`` does not have, which is why it is tried first;
+- any error or interrupt removes the reservation (only while it is still the writer's own file); a crash
+  in the window (power cut, ``kill -9``) leaves the empty file, which a later write refuses like any
+  existing file until it is removed or ``force`` is given.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -95,8 +114,8 @@ def write_files(files: Sequence[OutFile], *, force: bool, field: str) -> list[Pa
             for tmp, target in zip(temps, targets, strict=True):
                 os.replace(tmp, target)
             temps = []
-        else:  # the temporary names go in ``finally``: the targets are their second links
-            _link_all(temps, targets, field)
+        else:  # ``temps`` keeps the names still to remove in ``finally``
+            _place_all_new(temps, targets, field)
         for folder in {t.parent for t in targets}:
             _fsync_dir(folder)
     except OSError as exc:
@@ -108,23 +127,90 @@ def write_files(files: Sequence[OutFile], *, force: bool, field: str) -> list[Pa
     return targets
 
 
-def _link_all(temps: Sequence[str], targets: Sequence[Path], field: str) -> None:
-    """Each complete temporary file linked at its target, which must not exist (``link(2)`` fails with
-    EEXIST otherwise, atomically); on a refusal the targets linked so far are removed (they are this
-    call's own files) and nothing is left. The temporary names are removed by the caller."""
-    linked: list[Path] = []
+# link(2)'s answers where a file system makes no hard links: EPERM "The filesystem containing oldpath and
+# newpath does not support the creation of hard links" and EMLINK where a file may have one link only
+# (Linux man-pages, link(2)); ENOSYS from a FUSE file system that does not implement link, ENOTSUP /
+# EOPNOTSUPP from others that refuse it (one number on Linux, two on some other systems).
+_NO_HARD_LINKS = frozenset(getattr(errno, name) for name in ("EPERM", "EMLINK", "ENOTSUP", "EOPNOTSUPP",
+                                                             "ENOSYS") if hasattr(errno, name))
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows, where O_EXCL alone refuses an existing name
+
+
+def _taken(target: Path, field: str) -> TuneplanError:
+    return TuneplanError(f"{target} was created by another process meanwhile; nothing written", field=field,
+                         accepted="another path, or {force} to overwrite")
+
+
+def _place_all_new(temps: list[str], targets: Sequence[Path], field: str) -> None:
+    """Each complete temporary file put at its target, which must not exist (see the module docstring).
+
+    On a refusal or an error the targets placed so far are removed (only while each still holds the file
+    this call put there) and nothing is left. A temporary file renamed into place is dropped from
+    ``temps``, the list of names the caller removes afterwards.
+    """
+    placed: list[tuple[Path, os.stat_result]] = []
     try:
-        for tmp, target in zip(temps, targets, strict=True):
-            try:
-                os.link(tmp, target, follow_symlinks=False)
-            except FileExistsError:
-                raise TuneplanError(f"{target} was created by another process meanwhile; nothing written",
-                                    field=field, accepted="another path, or {force} to overwrite") from None
-            linked.append(target)
+        for tmp, target in zip(list(temps), targets, strict=True):
+            if _link_new(tmp, target, field):
+                temps.remove(tmp)
+            placed.append((target, os.lstat(target)))
     except BaseException:
-        for target in linked:
-            _unlink(target)
+        for target, mine in placed:
+            _unlink_if_same(target, mine)
         raise
+
+
+def _link_new(tmp: str, target: Path, field: str) -> bool:
+    """``tmp`` linked at ``target``, or renamed onto a reservation of that name where the file system has
+    no hard links; True when ``tmp`` was renamed (its own name is gone)."""
+    try:
+        os.link(tmp, target, follow_symlinks=False)
+        return False
+    except FileExistsError:
+        raise _taken(target, field) from None
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+    _rename_onto_reservation(tmp, target, field)
+    return True
+
+
+def _rename_onto_reservation(tmp: str, target: Path, field: str) -> None:
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, 0o600)
+    except OSError as exc:  # EEXIST for any entry; ELOOP where a system reports a link that way
+        if exc.errno in (errno.EEXIST, errno.ELOOP):
+            raise _taken(target, field) from None
+        raise
+    try:
+        mine = os.fstat(fd)  # the descriptor stays open, so the inode number cannot be reused meanwhile
+    except BaseException:
+        os.close(fd)
+        _unlink(target)  # created by the call above and not yet released
+        raise
+    try:
+        if not _holds(target, mine):
+            raise _taken(target, field)
+        os.replace(tmp, target)
+    except BaseException:
+        _unlink_if_same(target, mine)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _holds(path: Path, mine: os.stat_result) -> bool:
+    """Whether ``path`` is, without following a link, the file ``mine`` describes."""
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _unlink_if_same(path: Path, mine: os.stat_result) -> None:
+    if _holds(path, mine):
+        _unlink(path)
 
 
 def _unlink(path: str | Path) -> None:

@@ -155,11 +155,13 @@ def _fetch_hub_config(repo_id: str) -> dict[str, Any]:
 def resolve_model(name: str, *, allow_network: bool = True) -> ModelSpec:
     """A model name, HF id or path -> ModelSpec."""
     if not isinstance(name, str) or not name.strip():
-        raise UnknownNameError("empty model name", field="model", accepted="a catalog name, HF id or config.json path")
+        raise UnknownNameError("empty model name", field="model",
+                               accepted="a catalog name, HF id or config.json path")
     name = name.strip()
     if len(name) > MAX_NAME_CHARS or "\x00" in name:
         raise UnknownNameError(f"a model name of {len(name)} characters names nothing", field="model",
-                               accepted="a catalog name (`tuneplan models`), an HF id, or a path to config.json")
+                               accepted="a catalog name (`tuneplan models`), an HF id, "
+                               "or a path to config.json")
     try:
         p: Path | None = user_path(name, "model")
     except TuneplanError:

@@ -1,4 +1,5 @@
-"""`tuneplan doctor` (this machine: what runs, what breaks, the fix); `tuneplan accelerators` (the catalog)."""
+"""`tuneplan doctor` (this machine: what runs, what breaks, the fix); `tuneplan accelerators` (the
+catalog)."""
 
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ def register(app: typer.Typer) -> None:
         from tuneplan.doctor import StaticDetector, SystemDetector, diagnose
 
         source = (
-            StaticDetector.from_file(machine) if machine else SystemDetector(check_bnb_import=not no_import_check)
+            StaticDetector.from_file(machine) if machine
+            else SystemDetector(check_bnb_import=not no_import_check)
         )
         report = diagnose(source.detect())
         d = cli_texts(report.to_dict())

@@ -1,4 +1,5 @@
-"""`tuneplan export`: write the plan as a runnable recipe (HF script, LLaMA-Factory, DeepSpeed, accelerate)."""
+"""`tuneplan export`: write the plan as a runnable recipe (HF script, LLaMA-Factory, DeepSpeed,
+accelerate)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,24 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     @with_setup_options
     def export_cmd(
-        model: Annotated[str | None, typer.Argument(help="catalog name, HF id, or path to config.json (optional with --from)")] = None,
+        model: Annotated[str | None, typer.Argument(
+            help="catalog name, HF id, or path to config.json (optional with --from)")] = None,
         from_files: FromFiles = None,
-        fmt: Annotated[str, typer.Option("--format", "-f", help="hf-script | llamafactory | deepspeed | accelerate | fsdp-qlora")] = "hf-script",
-        output: Annotated[str | None, typer.Option("--output", "-o", help="file to write (companions go beside it), or a folder (ending in / or existing) to write the format's own file names into; without it the main file is printed")] = None,
-        gpu: Annotated[str | None, typer.Option("--gpu", "-g", help="accelerator the recipe is for (refuses a plan it cannot run)")] = None,
-        dataset: Annotated[str | None, typer.Option("--dataset", help="dataset the recipe trains on (a file, a Hub id, or a LLaMA-Factory dataset name)")] = None,
+        fmt: Annotated[str, typer.Option(
+            "--format", "-f",
+            help="hf-script | llamafactory | deepspeed | accelerate | fsdp-qlora")] = "hf-script",
+        output: Annotated[str | None, typer.Option(
+            "--output", "-o",
+            help="file to write (companions go beside it), or a folder (ending in / or existing) to write "
+                 "the format's own file names into; without it the main file is printed")] = None,
+        gpu: Annotated[str | None, typer.Option(
+            "--gpu", "-g", help="accelerator the recipe is for (refuses a plan it cannot run)")] = None,
+        dataset: Annotated[str | None, typer.Option(
+            "--dataset",
+            help="dataset the recipe trains on (a file, a Hub id, or a LLaMA-Factory dataset name)")] = None,
         force: Annotated[bool, typer.Option("--force", help="overwrite existing files")] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (files written, notes)")] = False,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help="print one JSON object (files written, notes)")] = False,
         setup_kw: dict[str, Any] | None = None,
     ) -> None:
         """Write the planned fine-tune as a recipe: a runnable HF training script, a LLaMA-Factory YAML, a
@@ -49,7 +60,8 @@ def register(app: typer.Typer) -> None:
         sources = frm.base.sources if frm.base is not None else {k: "flag" for k in frm.setup_kw}
         setup = TrainSetup(sources=dict(sources), **frm.setup_kw)
         plan = estimate(spec, setup, gpu=acc, timing=False)  # the recipe quotes its memory and findings
-        bundle = build_export(fmt, plan, _main_file(output, DEFAULT_NAMES.get(fmt, "recipe")), dataset=dataset)
+        bundle = build_export(fmt, plan, _main_file(output, DEFAULT_NAMES.get(fmt, "recipe")),
+                              dataset=dataset)
         warnings = list(frm.resolved.warnings) if frm.resolved else []
         bundle.notes = cli_texts(bundle.notes)
         if output is None:
@@ -58,8 +70,9 @@ def register(app: typer.Typer) -> None:
                                     f"({', '.join(p.name for p, _ in bundle.files)})", field="output",
                                     accepted="-o PATH (companions are written beside it)")
             if as_json:  # one JSON object: the file's text inside it
-                print_json({"format": fmt, "files": [], "name": bundle.files[0][0].name, "text": bundle.files[0][1],
-                            "notes": warnings + bundle.notes, "setup": bundle.setup.to_dict()})
+                print_json({"format": fmt, "files": [], "name": bundle.files[0][0].name,
+                            "text": bundle.files[0][1], "notes": warnings + bundle.notes,
+                            "setup": bundle.setup.to_dict()})
                 return
             print(bundle.files[0][1], end="")
             for n in warnings + bundle.notes:
@@ -67,7 +80,8 @@ def register(app: typer.Typer) -> None:
             return
         # all files or none, each atomically; an existing file or a symbolic link only with --force, and
         # then the link itself is replaced (safe_write)
-        write_files([OutFile(p, text.encode("utf-8"), executable=p.suffix in (".py", ".sh")) for p, text in bundle.files],
+        write_files([OutFile(p, text.encode("utf-8"), executable=p.suffix in (".py", ".sh"))
+                     for p, text in bundle.files],
                     force=force, field="output")
         if as_json:
             print_json({"format": fmt, "files": [str(p) for p, _ in bundle.files],

@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
             demo = launch(host, port, block=False, quiet=True)
         except OSError as exc:  # port taken, address not on this machine
             raise TuneplanError(f"cannot listen on {host}:{port} ({exc})", field="port",
-                                accepted="a free port (--port) on an address of this machine (--host)") from None
+                                accepted="a free port (--port) on an address of this machine (--host)"
+                                ) from None
         # Not Gradio's own blocking wait, which takes Ctrl-C as a normal end (exit 0): here it reaches the
         # command line's handler and exits 130 as in every other command, the server closed first.
         try:
@@ -65,15 +66,14 @@ def exposure_warning(host: str, port: int) -> str:
     """What serving on a non-loopback address exposes, said before the server starts."""
     from tuneplan.web.limits import PASTE_MAX_BYTES, SESSIONS_MAX
 
-    return (f"warning: --host {host} exposes the page to every machine that can reach this one on port {port}, "
-            "with no login. Anyone there can run estimates and planner searches (each request bounded in "
-            "size), make this server fetch public config.json files from the Hugging Face Hub (anonymously: "
-            "your Hugging Face token and cache are not used), upload a config.json (at most "
-            f"{PASTE_MAX_BYTES // 1024} KiB, kept in memory), and download recipe files written to a private "
-            f"temporary folder. The page opens no file a visitor names on this machine; it keeps at most "
-            f"{SESSIONS_MAX} "
-            "sessions. Use --host 127.0.0.1 to keep it on this machine, or put it behind a proxy that "
-            "authenticates.")
+    return (f"warning: --host {host} exposes the page to every machine that can reach this one on port "
+            f"{port}, with no login. Anyone there can run estimates and planner searches (each request "
+            "bounded in size), make this server fetch public config.json files from the Hugging Face Hub "
+            "(anonymously: your Hugging Face token and cache are not used), upload a config.json (at most "
+            f"{PASTE_MAX_BYTES // 1024} KiB, kept in memory), and download recipe files written to a "
+            "private temporary folder. The page opens no file a visitor names on this machine; it keeps at "
+            f"most {SESSIONS_MAX} sessions. Use --host 127.0.0.1 to keep it on this machine, or put it "
+            "behind a proxy that authenticates.")
 
 
 def _check_free(host: str, port: int) -> None:

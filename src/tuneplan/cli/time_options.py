@@ -24,20 +24,28 @@ def _opt(*names: str, help: str) -> tuple[tuple[str, ...], str]:
 # (name, type | None, (flag names, help)): the rows of TIME_FLAGS below
 TIME_OPTIONS: list[tuple[str, Any, Any]] = [
     ("samples", int | None, _opt("--samples", help="training samples in the dataset")),
-    ("avg_tokens", float | None, _opt("--avg-tokens", help="average tokens per sample after the template (default: --seq)")),
+    ("avg_tokens", float | None, _opt("--avg-tokens", help="average tokens per sample after the template "
+                                                           "(default: --seq)")),
     ("epochs", float | None, _opt("--epochs", help="passes over the data, fractions allowed (default 1)")),
-    ("dataset_tokens", int | None, _opt("--dataset-tokens", help="tokens in one epoch (instead of --samples)")),
-    ("packing", bool | None, _opt("--packing/--no-packing", help="pack samples into --seq rows (default: pad each to --seq)")),
-    ("price", float | None, _opt("--price", help="cloud USD per GPU-hour (default: the catalog's dated reading)")),
-    ("card_price", float | None, _opt("--card-price", help="purchase USD per card (default: catalog launch price)")),
+    ("dataset_tokens", int | None, _opt("--dataset-tokens",
+                                        help="tokens in one epoch (instead of --samples)")),
+    ("packing", bool | None, _opt("--packing/--no-packing",
+                                  help="pack samples into --seq rows (default: pad each to --seq)")),
+    ("price", float | None, _opt("--price",
+                                 help="cloud USD per GPU-hour (default: the catalog's dated reading)")),
+    ("card_price", float | None, _opt("--card-price",
+                                      help="purchase USD per card (default: catalog launch price)")),
     ("kwh_price", float | None, _opt("--kwh-price", help="electricity USD per kWh (default 0.15)")),
     ("own_years", float | None, _opt("--own-years", help="years an owned card is used (default 3)")),
-    ("inter_node_gbs", float | None, _opt("--inter-node-gbs", help="network GB/s per GPU between nodes (default 25, InfiniBand HDR)")),
-    ("link", str | None, _opt("--link", help="link between this machine's GPUs, e.g. pcie3x8, pcie4x16-nop2p, nvlink3 "
-                                             "(default: the card's catalog interconnect)")),
+    ("inter_node_gbs", float | None, _opt("--inter-node-gbs", help="network GB/s per GPU between nodes "
+                                                                   "(default 25, InfiniBand HDR)")),
+    ("link", str | None, _opt("--link", help="link between this machine's GPUs, e.g. pcie3x8, "
+                                             "pcie4x16-nop2p, nvlink3 (default: the card's catalog "
+                                             "interconnect)")),
 ]
 # the rows as flags: typer options for ``with_time_options``, click options for the commands built with click
-TIME_FLAGS: list[Flag] = [Flag(name, next(t for t in ann.__args__ if t is not type(None)), names, help, panel=_P)
+TIME_FLAGS: list[Flag] = [Flag(name, next(t for t in ann.__args__ if t is not type(None)), names, help,
+                               panel=_P)
                           for name, ann, (names, help) in TIME_OPTIONS]
 _DATASET = ("samples", "avg_tokens", "epochs", "dataset_tokens", "packing")
 
@@ -47,7 +55,8 @@ def time_kw_from(values: dict[str, Any]) -> dict[str, Any]:
     from tuneplan.specs.dataset import DatasetSpec
 
     given = {k: v for k, v in values.items() if v is not None}
-    kw: dict[str, Any] = {k: given[k] for k in ("price", "card_price", "kwh_price", "own_years") if k in given}
+    kw: dict[str, Any] = {k: given[k] for k in ("price", "card_price", "kwh_price", "own_years")
+                          if k in given}
     if "inter_node_gbs" in given or "link" in given:
         from tuneplan.errors import TuneplanError
         from tuneplan.estimator.links import STATED_LINK_FORMS, valid_stated_link
@@ -58,7 +67,8 @@ def time_kw_from(values: dict[str, Any]) -> dict[str, Any]:
                                 accepted="GB/s per GPU > 0, e.g. 25 (InfiniBand HDR) or 50 (NDR)")
         if "link" in given and not valid_stated_link(given["link"]):
             raise TuneplanError(f"{given['link']!r} is not a link", field="link", accepted=STATED_LINK_FORMS)
-        kw["time_options"] = RuntimeOptions(inter_node_gbs=given.get("inter_node_gbs"), peer_link=given.get("link"))
+        kw["time_options"] = RuntimeOptions(inter_node_gbs=given.get("inter_node_gbs"),
+                                            peer_link=given.get("link"))
     ds = {k: given[k] for k in _DATASET if k in given}
     if ds:
         kw["dataset"] = DatasetSpec(**ds).validate()

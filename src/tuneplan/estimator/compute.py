@@ -30,10 +30,11 @@ tensor a layer produces is written once and read once in forward; backward moves
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
 from tuneplan.estimator.weights import resolve_targets
-from tuneplan.specs.model import Linear, ModelSpec
+from tuneplan.specs.model import LayerSpec, Linear, ModelSpec
 from tuneplan.specs.profiles import get_profile, loss_kind
 from tuneplan.specs.setup import TrainSetup
 
@@ -96,7 +97,8 @@ class FlopCount:
         return self.forward + self.backward + self.recompute
 
     def to_dict(self) -> dict[str, float]:
-        return {"seq": self.seq, "forward": self.forward, "backward": self.backward, "recompute": self.recompute,
+        return {"seq": self.seq, "forward": self.forward, "backward": self.backward,
+                "recompute": self.recompute,
                 "total": self.total, "six_n": self.six_n, **{f"part_{k}": v for k, v in self.parts.items()}}
 
 
@@ -106,7 +108,8 @@ def _active(m: Linear, top_k: int) -> int:
 
 
 def _has_rotary(model: ModelSpec) -> bool:
-    """Rotary position embeddings (Llama-style families, GPT-NeoX, Phi, Falcon); GPT-2/BLOOM/BERT have none."""
+    """Rotary position embeddings (Llama-style families, GPT-NeoX, Phi, Falcon); GPT-2/BLOOM/BERT have
+    none."""
     if model.family in ("llama", "moe", "deepseek", "chatglm"):
         return True
     return model.model_type in ("gpt_neox", "phi", "falcon", "gptj")
@@ -194,118 +197,173 @@ def flops_at(plan: FlopPlan, s: int) -> FlopCount:
     return out
 
 
+class LayerWork(NamedTuple):
+    """One decoder layer of a group, per token, forward: what ``flop_plan`` multiplies by passes."""
+
+    lin: float  # linear FLOPs (the routed experts a token visits)
+    ada: float  # LoRA adapter FLOPs
+    produced: float  # bytes the layer writes: linear outputs and element-wise results
+    ada_bytes: float  # bytes the adapters write in forward
+    ada_bwd_bytes: float  # ... and in backward, op by op
+    ops: float  # element-wise, attention and reshape kernels
+    gemms: float  # matmul kernels (the attention kernel counted once)
+    qlin: float  # quantized linears (one dequantization each per pass)
+    ada_fwd_reads: float = 0.0  # bytes lora_A's GEMMs read from the layer input no other count has
+    ada_bwd_reads: float = 0.0  # bytes the lora_A weight-gradient GEMMs read (their saved input)
+
+
+def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str],
+               attn: str) -> LayerWork:
+    """Per linear: ``2 d_in d_out`` FLOPs and a ``d_out`` output; per targeted linear an adapter of
+    ``2 r (d_in + d_out)`` FLOPs writing its dropout output, ``r`` and three ``d_out`` tensors (lora_B,
+    scaling, add) in two GEMMs and 2-3 element-wise kernels. Then the norms (``NORM_*_TENSORS``), two
+    residual adds, rotary (``ROTARY_TENSORS`` over q and k), the attention output and its contiguous
+    copy, and the activation (and gate product) of the MLP."""
+    c = dt.compute
+    h = model.hidden
+    dropout = (setup.dropout or 0.0) > 0
+    lin = ada = 0.0
+    produced = 0.0
+    ada_bytes = 0.0
+    ada_bwd_bytes = 0.0
+    ada_reads = 0.0
+    ops = 0.0
+    gemms = 1.0  # the attention kernel (SDPA/flash) or the two batched matmuls of eager, counted once
+    qlin = 0.0
+    for m in spec.linears:
+        k = _active(m, spec.top_k)
+        lin += 2.0 * m.d_in * m.d_out * k
+        produced += m.d_out * k * c
+        gemms += k
+        qlin += k
+        if m.name in targets:
+            ada += 2.0 * setup.rank * (m.d_in + m.d_out) * k
+            # dropout output (if any), lora_A out, then lora_B out, scaling and the add at d_out
+            ada_bytes += ((m.d_in if dropout else 0) * dt.adapter + setup.rank * dt.adapter
+                          + 3 * m.d_out * max(dt.adapter, c)) * k
+            ada_bwd_bytes += _adapter_backward_bytes(m.d_in, m.d_out, dropout, max(dt.adapter, c)) * k
+            ada_reads += m.d_in * max(dt.adapter, c) * k
+            gemms += 2 * k
+            ops += 2 + (1 if dropout else 0)
+    produced += spec.n_norms * h * (NORM_FP32_TENSORS * 4 + NORM_HALF_TENSORS * dt.norm_out)
+    produced += 2 * h * dt.residual  # two residual adds
+    ops += spec.n_norms * (NORM_FP32_TENSORS + NORM_HALF_TENSORS) + 2
+    if _has_rotary(model):
+        produced += ROTARY_TENSORS * model.head_dim * (model.n_heads + model.n_kv_heads) * c
+        ops += 2 * ROTARY_TENSORS
+    produced += 2 * model.n_heads * model.v_head_dim * c  # attention output + contiguous copy for o_proj
+    ops += 3  # q/k/v reshapes / transposes
+    f_mlp = (spec.expert_intermediate * spec.top_k if spec.moe else 0) + spec.mlp_intermediate
+    gated = model.mlp_kind == "swiglu"
+    produced += (2 if gated else 1) * f_mlp * c  # activation (and the gate product)
+    ops += 2 if gated else 1
+    if attn == "eager":
+        ops += 3
+    # LoRA's matmuls are memory-bound (``gemm_efficiency``: intensity 2 r / e FLOP per byte): their operand
+    # bytes are their time. The tensors they write are counted above; lora_A's read of its input is not
+    # where no dropout output stands between (that output's read is its write's pair), nor is the read of
+    # its saved input by the weight-gradient matmul ``dW_A = x^T g``.
+    return LayerWork(lin, ada, produced, ada_bytes, ada_bwd_bytes, ops, gemms, qlin,
+                     0.0 if dropout else ada_reads, ada_reads)
+
+
+@dataclass
+class _Tally:
+    """The sums ``flop_plan`` builds over the groups of layers."""
+
+    parts: dict[str, float]
+    traffic: dict[str, float]
+    attn_fwd_n: list[int] = field(default_factory=list)
+    attn_bwd_n: list[int] = field(default_factory=list)
+    recompute: list[tuple[int, float, float]] = field(default_factory=list)
+    scores_n: list[float] = field(default_factory=list)
+    kernels: dict[str, float] = field(default_factory=lambda: {"gemm": 0.0, "other": 0.0, "dequant": 0.0})
+
+
+def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainSetup) -> None:
+    """``n`` layers alike: forward always; when the gradient flows through them, the input-gradient
+    matmuls (``1x`` forward), the weight gradients only when the layer trains, the adapters' ``2x``, and
+    the recompute under checkpointing. Traffic and kernels scale by the passes (``1 + BWD_*_PER_FWD``,
+    ``+1`` recompute); the adapters' backward traffic is counted op by op."""
+    trained_layer = setup.method == "full" or (setup.method == "freeze" and grad_flows)
+    t.parts["linear_fwd"] += n * w.lin
+    t.attn_fwd_n.append(n)
+    t.parts["adapter_fwd"] += n * w.ada
+    passes = kpasses = 1.0
+    if grad_flows:
+        t.parts["linear_bwd_input"] += n * w.lin
+        t.attn_bwd_n.append(n)
+        t.parts["adapter_bwd"] += n * 2 * w.ada
+        if trained_layer:
+            t.parts["linear_bwd_weight"] += n * w.lin
+        passes += BWD_TRAFFIC_PER_FWD
+        kpasses += BWD_KERNELS_PER_FWD
+        if setup.gradient_checkpointing:
+            t.recompute.append((n, w.lin, w.ada))
+            passes += 1.0
+            kpasses += 1.0
+    fwd_t = {"layers": FWD_TRAFFIC_PER_BYTE * w.produced, "adapters": FWD_TRAFFIC_PER_BYTE * w.ada_bytes}
+    for key, v in fwd_t.items():
+        if key == "adapters" and grad_flows:  # its backward is counted op by op, not 2x forward
+            t.traffic[key] += n * ((passes - BWD_TRAFFIC_PER_FWD) * v
+                                   + FWD_TRAFFIC_PER_BYTE * w.ada_bwd_bytes)
+        else:
+            t.traffic[key] += n * passes * v
+    fwd_passes = 1.0 + (1.0 if grad_flows and setup.gradient_checkpointing else 0.0)
+    t.traffic["adapters"] += n * (fwd_passes * w.ada_fwd_reads + (w.ada_bwd_reads if grad_flows else 0.0))
+    t.scores_n.append(n * passes)
+    t.kernels["gemm"] += n * kpasses * w.gemms
+    t.kernels["other"] += n * kpasses * w.ops
+    if setup.quant_bits:
+        deq_passes = 1 + ((2 if setup.gradient_checkpointing else 1) if grad_flows else 0)
+        t.kernels["dequant"] += n * deq_passes * w.qlin
+
+
 def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
               loss: str, quant_head_chunk: int = 0) -> FlopPlan:
     """The shape-independent work of one token (see the module doc); ``flops_at`` adds the attention.
     ``quant_head_chunk``: the framework quantizes the lm_head too and applies it in chunks of that many
     tokens (LitGPT: ``lm_head_chunk_size=128``): each chunk rebuilds the whole head, in forward and again for
-    its input gradient (bitsandbytes ``MatMul4Bit.backward``)."""
-    r = setup.rank
-    attn_bwd = ATTN_BWD_EAGER if attn == "eager" else ATTN_BWD_FLASH
-    c = dt.compute
-    h = model.hidden
+    its input gradient (bitsandbytes ``MatMul4Bit.backward``).
+
+    Layers below the trained top of ``method=freeze`` run forward only. Logits: ``2 h vocab`` forward and
+    the input gradient (plus the weight gradient in a full fine-tune); the loss chain moves
+    ``LOSS_BYTES_PER_LOGIT`` per logit; dequantization rebuilds every linear weight per matmul pass
+    (forward, input gradient, recompute)."""
     n_layers = model.n_layers
     first_trained = n_layers - min(setup.freeze_trainable_layers, n_layers) if setup.method == "freeze" else 0
-
-    parts = {k: 0.0 for k in ("linear_fwd", "attn_fwd", "logits_fwd", "adapter_fwd", "linear_bwd_input",
-                              "linear_bwd_weight", "attn_bwd", "logits_bwd", "adapter_bwd", "recompute")}
-    traffic = {k: 0.0 for k in ("layers", "adapters", "attention_scores", "loss", "embedding")}
-    attn_fwd_n: list[int] = []
-    attn_bwd_n: list[int] = []
-    recompute: list[tuple[int, float, float]] = []
-    scores_n: list[float] = []
-    dequant = 0.0
-    kernels = {"gemm": 0.0, "other": 0.0, "dequant": 0.0}
-    # eager attention: scores (+mask), fp32 softmax, its 16-bit cast, per head per key position
-    scores_bytes = float(c + 4 + c) if attn == "eager" else 0.0
+    t = _Tally(parts={k: 0.0 for k in ("linear_fwd", "attn_fwd", "logits_fwd", "adapter_fwd",
+                                       "linear_bwd_input", "linear_bwd_weight", "attn_bwd", "logits_bwd",
+                                       "adapter_bwd", "recompute")},
+               traffic={k: 0.0 for k in ("layers", "adapters", "attention_scores", "loss", "embedding")})
     layer_no = 0
     for spec, count in model.layer_groups:
-        lin = ada = 0.0
-        produced = 0.0  # bytes one layer writes per token: linear outputs and element-wise results
-        ada_bytes = 0.0
-        ada_bwd_bytes = 0.0
-        ops = 0.0  # element-wise and attention kernels of one forward
-        gemms = 1.0  # the attention kernel (SDPA/flash) or the two batched matmuls of eager, counted once
-        qlin = 0.0
-        for m in spec.linears:
-            k = _active(m, spec.top_k)
-            lin += 2.0 * m.d_in * m.d_out * k
-            produced += m.d_out * k * c
-            gemms += k
-            qlin += k
-            if m.name in targets:
-                ada += 2.0 * r * (m.d_in + m.d_out) * k
-                # dropout output (if any), lora_A out, then lora_B out, scaling and the add at d_out
-                ada_bytes += ((m.d_in if setup.dropout > 0 else 0) * dt.adapter + r * dt.adapter
-                              + 3 * m.d_out * max(dt.adapter, c)) * k
-                ada_bwd_bytes += _adapter_backward_bytes(m.d_in, m.d_out, setup.dropout > 0, max(dt.adapter, c)) * k
-                gemms += 2 * k
-                ops += 2 + (1 if setup.dropout > 0 else 0)
-        produced += spec.n_norms * h * (NORM_FP32_TENSORS * 4 + NORM_HALF_TENSORS * dt.norm_out)
-        produced += 2 * h * dt.residual  # two residual adds
-        ops += spec.n_norms * (NORM_FP32_TENSORS + NORM_HALF_TENSORS) + 2
-        if _has_rotary(model):
-            produced += ROTARY_TENSORS * model.head_dim * (model.n_heads + model.n_kv_heads) * c
-            ops += 2 * ROTARY_TENSORS
-        produced += 2 * model.n_heads * model.v_head_dim * c  # attention output + contiguous copy for o_proj
-        ops += 3  # q/k/v reshapes / transposes
-        f_mlp = (spec.expert_intermediate * spec.top_k if spec.moe else 0) + spec.mlp_intermediate
-        gated = model.mlp_kind == "swiglu"
-        produced += (2 if gated else 1) * f_mlp * c  # activation (and the gate product)
-        ops += 2 if gated else 1
-        if attn == "eager":
-            ops += 3
-        fwd_t = {"layers": FWD_TRAFFIC_PER_BYTE * produced, "adapters": FWD_TRAFFIC_PER_BYTE * ada_bytes}
+        w = layer_work(spec, model, setup, dt, targets, attn)
         # layers of this group below / inside the trained top (method=freeze), else all trained alike
         n_frozen = min(count, max(0, first_trained - layer_no)) if setup.method == "freeze" else 0
         layer_no += count
         for n, grad_flows in ((n_frozen, False), (count - n_frozen, True)):
-            if n == 0:
-                continue
-            trained_layer = setup.method == "full" or (setup.method == "freeze" and grad_flows)
-            parts["linear_fwd"] += n * lin
-            attn_fwd_n.append(n)
-            parts["adapter_fwd"] += n * ada
-            passes = kpasses = 1.0
-            if grad_flows:
-                parts["linear_bwd_input"] += n * lin
-                attn_bwd_n.append(n)
-                parts["adapter_bwd"] += n * 2 * ada
-                if trained_layer:
-                    parts["linear_bwd_weight"] += n * lin
-                passes += BWD_TRAFFIC_PER_FWD
-                kpasses += BWD_KERNELS_PER_FWD
-                if setup.gradient_checkpointing:
-                    recompute.append((n, lin, ada))
-                    passes += 1.0
-                    kpasses += 1.0
-            for key, v in fwd_t.items():
-                if key == "adapters" and grad_flows:  # its backward is counted op by op, not 2x forward
-                    traffic[key] += n * ((passes - BWD_TRAFFIC_PER_FWD) * v + FWD_TRAFFIC_PER_BYTE * ada_bwd_bytes)
-                else:
-                    traffic[key] += n * passes * v
-            scores_n.append(n * passes)
-            kernels["gemm"] += n * kpasses * gemms
-            kernels["other"] += n * kpasses * ops
-            if setup.quant_bits:
-                deq_passes = 1 + ((2 if setup.gradient_checkpointing else 1) if grad_flows else 0)
-                kernels["dequant"] += n * deq_passes * qlin
-    # logits and loss
+            if n:
+                _add_layers(t, n, grad_flows, w, setup)
+    h = model.hidden
     logits = 2.0 * h * model.head_width
-    parts["logits_fwd"] = logits
-    parts["logits_bwd"] = logits * (2 if setup.method == "full" else 1)  # weight grad only when it trains
-    traffic["loss"] = LOSS_BYTES_PER_LOGIT.get(loss, 14.0) * model.head_width * FWD_TRAFFIC_PER_BYTE
-    traffic["embedding"] = FWD_TRAFFIC_PER_BYTE * 2 * h * dt.residual  # gather + final norm input
-    kernels["gemm"] += 2 + (1 if setup.method == "full" else 0)  # lm_head forward, input grad, weight grad
-    kernels["other"] += 2 * (1 + BWD_KERNELS_PER_FWD) + 8  # embedding, final norm, the loss chain (~8 kernels)
-
+    t.parts["logits_fwd"] = logits
+    t.parts["logits_bwd"] = logits * (2 if setup.method == "full" else 1)  # weight grad only when it trains
+    t.traffic["loss"] = LOSS_BYTES_PER_LOGIT.get(loss, 14.0) * model.head_width * FWD_TRAFFIC_PER_BYTE
+    t.traffic["embedding"] = FWD_TRAFFIC_PER_BYTE * 2 * h * dt.residual  # gather + final norm input
+    t.kernels["gemm"] += 2 + (1 if setup.method == "full" else 0)  # lm_head forward, input and weight grads
+    t.kernels["other"] += 2 * (1 + BWD_KERNELS_PER_FWD) + 8  # embedding, final norm, the loss chain (~8)
     bits = setup.quant_bits
+    dequant = 0.0
     if bits:
         passes = 2 + (1 if setup.gradient_checkpointing else 0)  # forward, input-grad matmul, recompute
         dequant = passes * model.params_linear_weights
-    return FlopPlan(model=model, attn=attn, attn_bwd=attn_bwd, parts=parts, traffic=traffic,
-                    attn_fwd_n=tuple(attn_fwd_n), attn_bwd_n=tuple(attn_bwd_n), recompute=tuple(recompute),
-                    scores_n=tuple(scores_n), scores_bytes=scores_bytes, six_n=6.0 * model.params_active,
-                    dequant=dequant, kernels=(kernels["gemm"], kernels["other"], kernels["dequant"]),
+    # eager attention: scores (+mask), fp32 softmax, its 16-bit cast, per head per key position
+    scores_bytes = float(dt.compute + 4 + dt.compute) if attn == "eager" else 0.0
+    return FlopPlan(model=model, attn=attn, attn_bwd=ATTN_BWD_EAGER if attn == "eager" else ATTN_BWD_FLASH,
+                    parts=t.parts, traffic=t.traffic, attn_fwd_n=tuple(t.attn_fwd_n),
+                    attn_bwd_n=tuple(t.attn_bwd_n), recompute=tuple(t.recompute), scores_n=tuple(t.scores_n),
+                    scores_bytes=scores_bytes, six_n=6.0 * model.params_active, dequant=dequant,
+                    kernels=(t.kernels["gemm"], t.kernels["other"], t.kernels["dequant"]),
                     head_dequant=2.0 * model.lm_head_params if bits and quant_head_chunk else 0.0,
                     head_chunk=quant_head_chunk if bits else 0)

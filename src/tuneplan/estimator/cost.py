@@ -43,7 +43,8 @@ class Prices:
         for name in ("cloud_usd_per_gpu_hr", "card_price_usd"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and v >= 0):
-                raise TuneplanError(f"must be a non-negative number, got {v!r}", field=name, accepted="e.g. 1.99")
+                raise TuneplanError(f"must be a non-negative number, got {v!r}", field=name,
+                                    accepted="e.g. 1.99")
         if not (isinstance(self.kwh_price, (int, float)) and self.kwh_price >= 0):
             raise TuneplanError(f"must be a non-negative number, got {self.kwh_price!r}", field="kwh_price",
                                 accepted="USD per kWh, e.g. 0.15")
@@ -92,7 +93,8 @@ def cost_rates(acc: Accelerator, prices: Prices | None = None) -> CostRates:
     elif cloud_hr is not None:
         borrowed = priced_as(acc)
         assumptions.append(f"cloud price {cloud_hr:g} USD per GPU-hour"
-                           + (f", borrowed from the {borrowed} (no reading for this card)" if borrowed else "")
+                           + (f", borrowed from the {borrowed} (no reading for this card)"
+                              if borrowed else "")
                            + f": {acc.price_basis_and_date or 'catalog'}")
     else:
         unknown.append(f"no cloud price for {acc.name} in the catalog: pass {{price}} (USD per GPU-hour)")
@@ -126,7 +128,8 @@ def cost_rates(acc: Accelerator, prices: Prices | None = None) -> CostRates:
 
 
 def cost_section(acc: Accelerator, gpus: int, gpu_hours: float | None, prices: Prices | None = None,
-                 why_no_hours: str = "no dataset size: totals need {samples} / {avg_tokens} or {dataset_tokens}",
+                 why_no_hours: str = ("no dataset size: totals need {samples} / {avg_tokens} or "
+                                      "{dataset_tokens}"),
                  rates: CostRates | None = None) -> dict[str, Any]:
     """The ``cost`` section: cloud vs own for ``gpu_hours`` on ``gpus`` cards of ``acc`` (hours may be None,
     then ``why_no_hours`` says why); ``rates``: ``cost_rates(acc, prices)`` when the caller keeps them."""

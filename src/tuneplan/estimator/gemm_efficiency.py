@@ -1,5 +1,5 @@
 """The card's sustained tensor throughput: a published per-card GEMM fraction where one exists
-(``catalog/card_efficiency.toml``), else the fraction of its class (``throughput.GEMM_EFFICIENCY``), and how
+(``catalog/card_efficiency.toml``), else the fraction of its class (``card_rates.GEMM_EFFICIENCY``), and how
 well that is known: ``measured``, ``spec-derived`` or ``proxy`` (the file's header says what each means)."""
 
 from __future__ import annotations

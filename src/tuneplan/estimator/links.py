@@ -21,8 +21,9 @@ Sources:
     GPUs. Where every GPU hangs off its own CPU root port, as in AWS g5 (aws-ofi-nccl
     topology/g5.48xl-topo.xml: each A10G on its own root port, no switch; g5 comes with 4 or 8 GPUs),
     NCCL goes through host memory (``NO_P2P_PLATFORMS``).
-- Between nodes: InfiniBand HDR 200 Gb/s = 25 GB/s per NIC, one NIC per GPU as in a DGX A100 (practitioners quote
-  IB/RoCE at 25-50 GB/s); ``NETWORK_EFFICIENCY`` 0.9 of line rate for large messages. Override per call.
+- Between nodes: InfiniBand HDR 200 Gb/s = 25 GB/s per NIC, one NIC per GPU as in a DGX A100
+  (practitioners quote IB/RoCE at 25-50 GB/s); ``NETWORK_EFFICIENCY`` 0.9 of line rate for large
+  messages. Override per call.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Link:
 
 
 def ring_factor(kind: str, n: int) -> float:
-    """Bytes each GPU sends per byte of the full tensor in a ring collective (NCCL's bus-bandwidth factors)."""
+    """Bytes each GPU sends per byte of the full tensor in a ring collective (NCCL's bus-bandwidth
+    factors)."""
     if n <= 1:
         return 0.0
     return 2.0 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
@@ -117,7 +119,8 @@ def intra_node_link(acc: Accelerator, gpus: int) -> Link:
         if m:
             bidir = int(m.group(1)) * float(m.group(2))
             return Link("Infinity Fabric", bidir / 2 * NVLINK_EFFICIENCY,
-                        f"catalog: '{p}'; half per direction x {NVLINK_EFFICIENCY:g} (NVLink efficiency assumed)")
+                        f"catalog: '{p}'; half per direction x {NVLINK_EFFICIENCY:g} "
+                        "(NVLink efficiency assumed)")
     return _pcie_link(acc, "peer")
 
 
@@ -154,7 +157,8 @@ def stated_link(text: str, acc: Accelerator, gpus: int) -> Link:
     if m and int(m.group(1)) in NVLINK_BIDIR_GBS:
         bidir = NVLINK_BIDIR_GBS[int(m.group(1))]
         return Link(f"NVLink{m.group(1)} (stated)", bidir / 2 * NVLINK_EFFICIENCY,
-                    f"stated {text}: {bidir:g} GB/s per GPU both directions, half per direction x {NVLINK_EFFICIENCY:g}")
+                    f"stated {text}: {bidir:g} GB/s per GPU both directions, half per direction x "
+                    f"{NVLINK_EFFICIENCY:g}")
     m = re.fullmatch(r"pcie(?:gen)?(\d)x(\d+)(-nop2p)?", t)
     if not m or int(m.group(1)) not in PCIE_X16_GBS or int(m.group(2)) not in (1, 2, 4, 8, 16):
         raise ValueError(text)
@@ -172,4 +176,5 @@ def network_link(gbs: float | None = None) -> Link:
     if gbs:
         return Link("network", gbs * NETWORK_EFFICIENCY, f"given {gbs:g} GB/s x {NETWORK_EFFICIENCY:g}")
     return Link("InfiniBand HDR 200 Gb/s", DEFAULT_NETWORK_GBS * NETWORK_EFFICIENCY,
-                f"default: {DEFAULT_NETWORK_GBS:g} GB/s per GPU x {NETWORK_EFFICIENCY:g}; {{inter_node_gbs}} sets yours")
+                f"default: {DEFAULT_NETWORK_GBS:g} GB/s per GPU x {NETWORK_EFFICIENCY:g}; "
+                "{inter_node_gbs} sets yours")

@@ -13,7 +13,7 @@ from tuneplan.estimator.cost import CostRates, Prices, cost_rates, cost_section
 from tuneplan.estimator.gemm_efficiency import unverified_figures
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.step_calibration import LABEL, calibration_for, corrected_options, store_path
-from tuneplan.estimator.throughput import RuntimeOptions, UnknownThroughput, run_step_time
+from tuneplan.estimator.throughput import RuntimeOptions, StepTime, UnknownThroughput, run_step_time
 from tuneplan.estimator.time_band import band_section, calibrated_sigmas, part_sigmas
 from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.specs.dataset import DatasetSpec
@@ -21,12 +21,14 @@ from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
-DEFAULT_OPTIONS = RuntimeOptions()  # one object: the run's kept time terms match it without a new one per call
+# one object: the run's kept time terms match it without a new one per call
+DEFAULT_OPTIONS = RuntimeOptions()
 
 
 def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset: DatasetSpec | None = None,
                   prices: Prices | None = None, options: RuntimeOptions | None = None) -> dict[str, Any]:
-    """``{"time": {...}, "cost": {...}}`` for ``setup`` (resolved) on ``setup.world_size`` cards of ``acc``."""
+    """``{"time": {...}, "cost": {...}}`` for ``setup`` (resolved) on ``setup.world_size`` cards of
+    ``acc``."""
     from tuneplan.estimator.run import resolve_run
 
     return run_time_and_cost(resolve_run(model, setup), acc, dataset, prices, options)
@@ -46,8 +48,9 @@ def step_bound(breakdown: dict[str, float]) -> str | None:
     return STEP_BOUND_WORDS.get(max(breakdown, key=breakdown.__getitem__))
 
 
-def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = None, prices: Prices | None = None,
-                      options: RuntimeOptions | None = None, memory: MemoryBreakdown | None = None) -> dict[str, Any]:
+def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = None,
+                      prices: Prices | None = None, options: RuntimeOptions | None = None,
+                      memory: MemoryBreakdown | None = None) -> dict[str, Any]:
     """``time_and_cost`` of a resolved run (``memory``: its analytic breakdown, when the caller has it)."""
     setup = run.setup
     rates, why = card_terms(run, acc, prices)
@@ -59,7 +62,8 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
             st = run_step_time(run, acc, corrected_options(opts, cal["factors"]), memory)
     except UnknownThroughput as exc:
         reason = f"time cannot be computed: {exc}"
-        t: dict[str, Any] = {k: None for k in ("tokens_per_second", "step_seconds", "total_hours", "gpu_hours")}
+        t: dict[str, Any] = {k: None for k in ("tokens_per_second", "step_seconds", "total_hours",
+                                               "gpu_hours")}
         t["unknown"] = [reason]
         t["assumptions"] = []
         c = cost_section(acc, setup.cards, None, prices, why_no_hours=reason, rates=rates)
@@ -91,22 +95,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         "links": st.links,
         "assumptions": list(st.assumptions),
     }
-    if cal:
-        time["calibration"] = {"label": LABEL, "factors": dict(cal["factors"]), "measurements": cal["measurements"],
-                               "shapes": cal["shapes"], "store": store_path()}
-        time["uncalibrated_step_seconds"] = st0.step_seconds
-        time["uncalibrated_breakdown"] = dict(st0.breakdown)
-        time["assumptions"].insert(0, f"{LABEL}: the rates of each mechanism corrected from {cal['measurements']} "
-                                   f"measured step(s) ({store_path()}; `tuneplan calibration list|remove`)")
-    if why:
-        time["assumptions"].insert(0, f"{acc.name}: the card's throughput figures are not verified ({why})")
-    deq = st.breakdown_detail.get("dequantization", 0.0)
-    if deq:
-        time["assumptions"].append(
-            f"{setup.quant_bits}-bit weights: {st.dequant_library} rebuilds a 16-bit copy of every quantized weight before "
-            "each matmul that uses it (forward, the input-gradient matmul of backward"
-            + (", and the recomputation of gradient checkpointing" if setup.gradient_checkpointing else "")
-            + f"): {deq / step_s:.0%} of the step; this is why it is slower than LoRA on 16-bit weights")
+    add_time_notes(time, setup, acc, st, st0, cal, why)
     gpu_hours = None
     if dataset is not None:
         plan = dataset.plan(setup.seq)
@@ -127,6 +116,31 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         time["unknown"] = ["no dataset size: give {samples} (and {avg_tokens}) or {dataset_tokens} for hours"]
         return {"time": time, "cost": hourless_cost(run, acc, prices, rates)}
     return {"time": time, "cost": cost_section(acc, setup.cards, gpu_hours, prices, rates=rates)}
+
+
+def add_time_notes(time: dict[str, Any], setup: TrainSetup, acc: Accelerator, st: StepTime, st0: StepTime,
+                   cal: dict[str, Any] | None, why: str | None) -> None:
+    """The calibration the step carries (with the uncalibrated step beside it), and the notes that lead
+    the assumptions: a calibrated machine, unverified card figures, the share of dequantization."""
+    if cal:
+        time["calibration"] = {"label": LABEL, "factors": dict(cal["factors"]),
+                               "measurements": cal["measurements"], "shapes": cal["shapes"],
+                               "store": store_path()}
+        time["uncalibrated_step_seconds"] = st0.step_seconds
+        time["uncalibrated_breakdown"] = dict(st0.breakdown)
+        time["assumptions"].insert(0, f"{LABEL}: the rates of each mechanism corrected from "
+                                   f"{cal['measurements']} measured step(s) ({store_path()}; "
+                                   "`tuneplan calibration list|remove`)")
+    if why:
+        time["assumptions"].insert(0, f"{acc.name}: the card's throughput figures are not verified ({why})")
+    deq = st.breakdown_detail.get("dequantization", 0.0)
+    if deq:
+        time["assumptions"].append(
+            f"{setup.quant_bits}-bit weights: {st.dequant_library} rebuilds a 16-bit copy of every quantized "
+            "weight before each matmul that uses it (forward, the input-gradient matmul of backward"
+            + (", and the recomputation of gradient checkpointing" if setup.gradient_checkpointing else "")
+            + f"): {deq / st.step_seconds:.0%} of the step; this is why it is slower than LoRA on 16-bit "
+            "weights")
 
 
 def hourless_cost(run: Run, acc: Accelerator, prices: Prices | None, rates: CostRates) -> dict[str, Any]:

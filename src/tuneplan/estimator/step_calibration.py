@@ -6,15 +6,19 @@ communication: the GPU link; offload: the host link and the CPU optimizer; overh
 launch, per sharded unit and per micro-batch), applied to the rates inside the time model
 (``RuntimeOptions.corrections``), so the overlap of communication with compute and the launch / work
 rooflines are evaluated again with the corrected rates. The factors are the ones closest to 1, in units
-of each mechanism's width ``sigma_m`` (``time_band.py``: how well it is known), that explain the
-measurements:
+of each mechanism's width (``time_band.py``: how well it is known), that explain the measurements. The
+band holds a part between ``p / (1 + sigma_m)`` and ``p (1 + sigma_m)``, so the width in ``ln k`` is
+``w_m = ln(1 + sigma_m)`` (``log_width``): 1.10 for an unstated PCIe link's 2.0. Taking 2.0 itself would
+let a collective hidden behind compute at the measured shape take a whole difference with a large factor
+and overshoot at a batch where it is not hidden (batch 4 -> batch 1 on a PCIe FSDP run). Each stored step
+is predicted with the time options it was recorded with (a stated link), as the estimates it corrects are:
 
-    minimize  sum_m (ln k_m / sigma_m)^2  +  sum_i ((T_i(k) - T_i) / (eps T_i))^2
+    minimize  sum_m (ln k_m / w_m)^2  +  sum_i ((T_i(k) - T_i) / (eps T_i))^2
 
 (``eps`` = ``MEASURED_STEP_SPREAD``, the spread of a short run's step times), solved by Gauss-Newton on
 ``x = ln k`` with the step time's derivatives taken numerically. Where the step is a sum of parts
-``p_m k_m`` the first step is the closed form ``x_m = sigma_m^2 p_m (T - P) / (sum_j sigma_j^2 p_j^2 +
-(eps T)^2)``: the difference goes to the parts in proportion to ``sigma^2 p``, what is both large and
+``p_m k_m`` the first step is the closed form ``x_m = w_m^2 p_m (T - P) / (sum_j w_j^2 p_j^2 +
+(eps T)^2)``: the difference goes to the parts in proportion to ``w^2 p``, what is both large and
 uncertain at the measured shape. A prediction at another batch then moves by the corrected mechanisms'
 sizes there: a per-token part scales with the tokens, a fixed part (a gather over PCIe, the launches)
 does not. Measurements at two or more shapes tell fixed from per-token parts apart.
@@ -72,22 +76,27 @@ def entry_key(card_id: str, framework: str) -> str:
     return f"{card_id}|{framework}"
 
 
+def _kept_store() -> dict[str, Any]:
+    store: dict[str, Any] = _cache["store"]
+    return store
+
+
 def load_store(path: str | None = None) -> dict[str, Any]:
     """The store's content (``{"version": 1, "entries": {key: {"measurements": [...]}}}``), empty when there
     is none or it cannot be read as one (a damaged store never stops an estimate)."""
     p = path or store_path()
     now = time.monotonic()
     if _cache.get("path") == p and now - _cache.get("checked", -1e9) < RECHECK_SECONDS:
-        return _cache["store"]  # an estimate grid asks thousands of times a second: one stat per interval
+        return _kept_store()  # an estimate grid asks thousands of times a second: one stat per interval
     try:
         st = os.stat(p)
     except OSError:
         _cache.update(path=p, checked=now, stamp=None, store={"version": STORE_VERSION, "entries": {}})
-        return _cache["store"]
+        return _kept_store()
     _cache.update(path=p, checked=now)
     stamp = (p, st.st_mtime_ns, st.st_size)
     if _cache.get("stamp") == stamp:
-        return _cache["store"]
+        return _kept_store()
     try:
         with open(p, encoding="utf-8") as f:
             data = json.load(f)
@@ -97,6 +106,12 @@ def load_store(path: str | None = None) -> dict[str, Any]:
         data = {"version": STORE_VERSION, "entries": {}}
     _cache.update(stamp=stamp, store=data)
     return data
+
+
+def log_width(sigma: float) -> float:
+    """A mechanism's width in ``ln k``: the band puts its part between ``part / (1 + sigma)`` and
+    ``part x (1 + sigma)`` (``time_band``), ``ln(1 + sigma)`` either side in log space."""
+    return math.log1p(sigma)
 
 
 def fit_corrections(cases: list[tuple[Callable[[dict[str, float]], float], float]], widths: dict[str, float],
@@ -114,7 +129,7 @@ def fit_corrections(cases: list[tuple[Callable[[dict[str, float]], float], float
 
     def residuals(xs: list[float]) -> list[float]:
         k = {p: math.exp(v) for p, v in zip(parts, xs, strict=True)}
-        prior = [v / widths[p] for p, v in zip(parts, xs, strict=True)]
+        prior = [v / log_width(widths[p]) for p, v in zip(parts, xs, strict=True)]
         return prior + [(f(k) - t) / (MEASURED_STEP_SPREAD * t) for f, t in cases]
 
     starts = [[0.0] * len(parts)]

@@ -19,20 +19,12 @@ far the whole model is from the published throughput rows of the calibration dat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from tuneplan.estimator.compute import (
-    BWD_KERNELS_PER_FWD,
-    BWD_TRAFFIC_PER_FWD,
-    FlopCount,
-    FlopPlan,
-    flop_plan,
-    flops_at,
-)
-from tuneplan.estimator.gemm_efficiency import card_efficiency, unverified_figures
-from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor, stated_link
-from tuneplan.estimator.logits import LITGPT_CHUNK
-from tuneplan.estimator.optimizer import optimizer_plan
+from tuneplan.estimator.compute import BWD_KERNELS_PER_FWD, BWD_TRAFFIC_PER_FWD, FlopCount, flops_at
+from tuneplan.estimator.time_statics import RuntimeOptions as RuntimeOptions
+from tuneplan.estimator.time_statics import TimeStatics, time_statics
+from tuneplan.estimator.time_statics import UnknownThroughput as UnknownThroughput
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -40,120 +32,6 @@ from tuneplan.specs.setup import TrainSetup
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
     from tuneplan.estimator.types import MemoryBreakdown
-
-# Achievable fraction of the dense tensor peak for the large GEMMs of a training step, by card class.
-# cuBLAS reaches about 80% of the dense bf16/fp16 peak on large square GEMMs on V100/A100/Ada/GA102
-# (NVIDIA "Matrix Multiplication Background" user guide, fig. "performance of GEMMs"; A100 ~250 of 312
-# TFLOPS); Hopper reaches a smaller fraction of its larger peak with cuBLAS (~65-70%: the FP8/BF16 GEMM
-# results in NVIDIA's H100 tuning guide and PyTorch's Hopper GEMM benchmarks); AMD Instinct's hipBLASLt
-# reaches about half of the marketed peak (SemiAnalysis MI300X vs H100 benchmark, Dec 2024).
-# Ada (compute capability 8.9): cuBLAS HGEMM on an L20 (AD102, 119.5 TFLOPS dense fp16 tensor peak) runs
-# 105-115 TFLOPS on large shapes (DefTruth/CUDA-Learn-Notes hgemm README, measured against cuBLAS): ~0.92.
-GEMM_EFFICIENCY = {"nvidia-hbm": 0.80, "nvidia-gddr": 0.80, "nvidia-ada": 0.92, "nvidia-hopper": 0.68,
-                   "amd": 0.50, "other": 0.50}
-# Achievable fraction of peak memory bandwidth for streaming element-wise kernels (STREAM-like copies
-# reach 85-90% on A100/H100 HBM, ~85% on GDDR6X; element-wise PyTorch kernels with broadcasting and
-# reductions are lower): one value for all cards.
-BW_EFFICIENCY = 0.70
-# torch.compile / hand-fused kernels (Unsloth's Triton RMSNorm, RoPE, SwiGLU, fused loss) write fewer
-# intermediates: element-wise traffic and launched kernels scale by these factors (chosen, not measured:
-# fusion removes most intermediate writes of a norm / rotary / gated-activation chain).
-FUSED_TRAFFIC = 0.5
-FUSED_OPS = 0.3
-# bitsandbytes dequantize_4bit reads 0.5 B (+ absmax, ~0.03 B with double quantization) and writes 2 B per
-# weight, then the GEMM reads the 16-bit copy once more (2 B). Until bitsandbytes 0.48 its kernel decoded NF4
-# with branches and ran below bandwidth: the branch-free lookup-table kernel that replaced it (PR #1746,
-# Sept 2025) measured 1.36-2.07x faster on A100 / H100 (PR #1747's benchmarks of the same change), so the
-# kernel of the published runs takes ~2x its traffic time. Per weight per pass, at peak bandwidth:
-# (2.5 x 2 + 2) / BW_EFFICIENCY = 10 B. (Kept for current versions too: a conservative choice.)
-DEQUANT_KERNEL_BYTES = 2.5
-BNB_BRANCHY_KERNEL_SLOWDOWN = 2.0
-DEQUANT_COPY_READ_BYTES = 2.0
-DEQUANT_BYTES_PER_WEIGHT = (DEQUANT_KERNEL_BYTES * BNB_BRANCHY_KERNEL_SLOWDOWN + DEQUANT_COPY_READ_BYTES) / BW_EFFICIENCY
-# torchao NF4Tensor (torchtune's QLoRA, torchao/dtypes/nf4tensor.py) rebuilds the weight with PyTorch ops,
-# ``get_original_weight``; per weight element (n/2 packed bytes hold n codes), eager:
-#   ``>> 4`` and ``& 0b1111`` read 0.5 B and write 0.5 B each; each ``.to(torch.long)`` reads those 0.5 B
-#   and writes 4 B; each table lookup ``nf4[codes]`` reads 4 B, writes 1 B (bf16, half the elements);
-#   ``repeated.flatten()`` copies the expanded scalers twice (1 B written each); each scaling multiply
-#   reads 1 + 1 B, writes 1 B; ``torch.stack`` reads 2 B, writes 2 B:
-#   17 B written + 16 B read = 33 B, in 11 kernels plus the scalers' own dequantization (~4 more).
-# Under torch.compile one fused kernel reads the codes and writes the 16-bit weight (0.5 + 2 B). Either
-# way the GEMM then reads the 16-bit copy (2 B). No branchy bitsandbytes kernel in that path.
-TORCHAO_EAGER_DEQUANT_BYTES = 33.0
-TORCHAO_EAGER_DEQUANT_KERNELS = 15
-TORCHAO_COMPILED_DEQUANT_BYTES = 0.5 + 2.0
-# LLM.int8 (8-bit) matmuls decompose outliers and run int8 GEMMs; much slower than 4-bit dequant in
-# practice (bitsandbytes README: "8-bit ... slower"); modeled as twice the 4-bit pass (assumption).
-INT8_DEQUANT_FACTOR = 2.0
-# CPU time per launched kernel in eager PyTorch (horace.io: the "overhead" regime). A GPU cannot work ahead
-# of the CPU, so each class of kernels takes the longer of its launches and its execution (a per-kernel
-# roofline): small micro-batches are launch-bound. Two factors:
-# - every aten op passes Python, pybind, autograd recording and the dispatcher before any launch: ~5-25 us
-#   of CPU work per op ("From PyTorch op to kernel launch", jiahuanglin.xyz GPU-kernel lessons, layer-by-layer
-#   costs); OP_DISPATCH_SECONDS takes the middle, 15 us;
-# - ops per kernel that compute.py counts: transformers' Llama decoder layer dispatches 219 aten ops in
-#   forward + backward (LoRA q/v: 246; with checkpointing 338 / 373), views and metadata ops included,
-#   against 82.5 / 102.5 / 115.5 / 143.5 kernels counted here: 2.4-2.9, mean 2.6 (counted by running the
-#   model code under a TorchDispatchMode, tests/test_time_model.py::test_dispatched_ops_per_counted_kernel).
-OP_DISPATCH_SECONDS = 15e-6
-OPS_PER_KERNEL = 2.6
-DISPATCH_SECONDS = OPS_PER_KERNEL * OP_DISPATCH_SECONDS
-# FSDP / ZeRO-3 add CPU work per sharded unit (one decoder layer) per micro-batch: unshard / reshard,
-# the views of the original parameters (use_orig_params), gradient padding, pre/post-divide and the copy
-# into the sharded gradient. Counted as aten ops by running transformers' Llama wrapped per decoder layer
-# in FSDP1 (world size 2, a fake process group, CPU) against the same model unwrapped, forward + backward:
-# +93 ops per unit for a full fine-tune, +168 with LoRA q/v (the flat parameter mixes frozen and trained
-# tensors), +204 with LoRA and checkpointing (tests/test_time_model.py::test_fsdp_ops_per_unit), at
-# OP_DISPATCH_SECONDS each. A lower bound: FSDP's own Python between those ops (hooks, handle and stream
-# bookkeeping) is not an aten op; timing the same comparison on a CPU (tiny shapes, so dispatch-bound)
-# put FSDP's whole CPU cost at ~2x the plain layer's, which overshoots the published FSDP rows: the truth
-# lies between. DeepSpeed ZeRO-3 hooks every submodule: the count is a lower bound there too.
-FSDP_UNIT_OPS_FULL = 93
-FSDP_UNIT_OPS_LORA = 168
-FSDP_UNIT_OPS_LORA_CHECKPOINTED = 204
-# The optimizer step launches its own kernels, once per step: a per-parameter loop dispatches a few ops for
-# every trainable tensor, a foreach / fused implementation a few ops per chunk of tensors (PyTorch's
-# multi_tensor_apply packs up to 36-110 tensors in one launch, by operand count; 48 taken). Counted from the
-# implementations' ``step`` (dispatched aten ops, each at OP_DISPATCH_SECONDS):
-# - transformers' AdamW (``adamw_hf``): mul_, add_, mul_, addcmul_, sqrt, add_, addcdiv_ per tensor: 7;
-# - transformers' Adafactor (factored, no first moment): 28 per matrix (2 norms, the row / column means
-#   and their moving averages, the rsqrt approximation, the clip by RMS), ~17 per vector: 22 taken;
-# - bitsandbytes 8-bit / paged optimizers: one update kernel per tensor from a Python loop, with its ctypes
-#   bookkeeping: 2;
-# - torch AdamW foreach (the default on CUDA since 2.0): 9 foreach ops per chunk (step, weight decay, lerp,
-#   mul, addcmul, sqrt, div, add, addcdiv); fused AdamW: 1 per chunk; SGD: 1 per chunk.
-# The step takes the longer of these launches and its memory traffic (the per-kernel roofline). Sharded
-# optimizers (ZeRO: one flat partition per group; FSDP: flat parameters per unit) launch few: left at 0.
-OPTIMIZER_OPS_PER_TENSOR = {"adamw-hf": 7, "adafactor": 22, "adamw-8bit": 2, "paged-adamw-8bit": 2,
-                            "paged-adamw": 2}
-OPTIMIZER_OPS_PER_CHUNK = {"adamw": 9, "adamw-fused": 1, "sgd": 1}
-FOREACH_TENSORS_PER_LAUNCH = 48
-# Per-micro-batch fixed cost outside the layers: data loading to the GPU, loss bookkeeping, logging.
-MICRO_BATCH_FIXED_SECONDS = 2e-3
-# CPU optimizer step under offload (DeepSpeed CPUAdam, FSDP CPUOffload's torch Adam on the CPU): a
-# streaming update, bound by host memory. Adam over fp32 master weights reads weight, gradient, m and v
-# (16 B) and writes weight, m and v (12 B) plus the 16-bit copy sent back (2 B): 30 B per parameter.
-# A two-socket server streams ~200-300 GB/s (STREAM on 8-12 DDR4/DDR5 channels per socket) shared by up
-# to 8 GPUs' ranks and by the PCIe copies themselves: 20 GB/s per GPU is an assumption, stated in the output.
-HOST_ADAM_BYTES_PER_PARAM = 30.0
-HOST_MEMORY_GBS_PER_GPU = 20.0
-
-
-class UnknownThroughput(ValueError):
-    """The card lacks a figure the time model needs (its tensor peak or memory bandwidth)."""
-
-
-@dataclass(frozen=True)
-class RuntimeOptions:
-    compiled: bool = False  # torch.compile / fused kernels (torchtune compile=True, Unsloth)
-    inter_node_gbs: float | None = None  # per-GPU network bandwidth between nodes, GB/s (default: links.py)
-    peak_tflops: float | None = None  # override the catalog's dense tensor peak for the matmul dtype
-    gemm_efficiency: float | None = None  # override the card-class GEMM efficiency
-    peer_link: str | None = None  # the link between the GPUs of a node as stated (links.stated_link)
-    # time factors per mechanism measured on this machine (estimator/step_calibration.py): compute scales
-    # the GEMM rate, memory_bound the memory bandwidth, communication the GPU link, offload the host link
-    # and the CPU optimizer, overhead the CPU cost per launch / per unit / per micro-batch
-    corrections: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -182,74 +60,6 @@ class StepTime:
     link_stated: bool = False
 
 
-def corrected_link(link: Link, factor: float) -> Link:
-    """``link`` carrying 1/``factor`` of its bandwidth (a calibrated communication or offload time)."""
-    if factor == 1.0:
-        return link
-    return Link(link.name, link.gbs / factor, f"{link.source}; x {1 / factor:.2f} measured on this machine")
-
-
-def fsdp_unit_ops(setup: TrainSetup) -> int:
-    """aten ops FSDP adds per sharded unit per micro-batch (forward + backward), see FSDP_UNIT_OPS_*."""
-    if setup.method == "full":
-        return FSDP_UNIT_OPS_FULL
-    return FSDP_UNIT_OPS_LORA_CHECKPOINTED if setup.gradient_checkpointing else FSDP_UNIT_OPS_LORA
-
-
-def dequant_bytes_per_weight(setup: TrainSetup, model_code: str, compiled: bool) -> float:
-    """Bytes per weight element and dequantization pass, at peak bandwidth (the kernel's traffic divided by
-    ``BW_EFFICIENCY``): torchao's NF4 for torchtune's model code, else bitsandbytes (see the constants)."""
-    if model_code == "torchtune" and setup.quant_bits == 4:
-        kernel = TORCHAO_COMPILED_DEQUANT_BYTES if compiled else TORCHAO_EAGER_DEQUANT_BYTES
-        return (kernel + DEQUANT_COPY_READ_BYTES) / BW_EFFICIENCY
-    return DEQUANT_BYTES_PER_WEIGHT * (INT8_DEQUANT_FACTOR if setup.quant_bits == 8 else 1.0)
-
-
-def optimizer_ops(name: str, tensors: int) -> int:
-    """aten ops one optimizer step dispatches over ``tensors`` trainable tensors (see OPTIMIZER_OPS_*)."""
-    if name in OPTIMIZER_OPS_PER_TENSOR:
-        return OPTIMIZER_OPS_PER_TENSOR[name] * tensors
-    return OPTIMIZER_OPS_PER_CHUNK.get(name, 0) * -(-tensors // FOREACH_TENSORS_PER_LAUNCH)
-
-
-def dequant_library(setup: TrainSetup, model_code: str) -> str:
-    """The library whose kernels rebuild a quantized run's 16-bit weights (see ``dequant_bytes_per_weight``)."""
-    return "torchao NF4" if model_code == "torchtune" and setup.quant_bits == 4 else "bitsandbytes"
-
-
-def kernels_per_dequant(setup: TrainSetup, model_code: str, compiled: bool) -> int:
-    """Kernels one dequantization of one weight launches: bitsandbytes' ``dequantize_4bit`` and a compiled
-    torchao kernel 1, eager torchao's ``get_original_weight`` ~15 (``TORCHAO_EAGER_DEQUANT_KERNELS``)."""
-    eager_torchao = model_code == "torchtune" and setup.quant_bits == 4 and not compiled
-    return TORCHAO_EAGER_DEQUANT_KERNELS if eager_torchao else 1
-
-
-def card_class(acc: Accelerator) -> str:
-    if acc.vendor == "AMD":
-        return "amd"
-    if acc.vendor != "NVIDIA":
-        return "other"
-    if acc.compute_capability and acc.compute_capability >= (9, 0) and "HBM" in (acc.memory_type or ""):
-        return "nvidia-hopper"
-    if acc.compute_capability == (8, 9):
-        return "nvidia-ada"
-    return "nvidia-hbm" if "HBM" in (acc.memory_type or "") else "nvidia-gddr"
-
-
-def matmul_peak_tflops(acc: Accelerator, setup: TrainSetup) -> float | None:
-    """Dense tensor peak for the matmul dtype. fp16 GEMMs in PyTorch accumulate in fp32, which runs at the
-    bf16 rate (consumer cards halve fp16-with-fp16-accumulate figures for fp32 accumulation); fp32 runs on
-    CUDA cores (PyTorch's default ``allow_tf32=False`` for matmuls since 1.12)."""
-    per_package = acc.fp32_tflops if setup.precision == "fp32" else (acc.bf16_tflops_dense
-                                                                      or acc.fp16_fp16acc_tflops_dense)
-    if not per_package and (acc.tensor_cores or "").lower().startswith("no"):
-        # No tensor cores (Pascal and older): PyTorch's 16-bit GEMMs ask cuBLAS for fp32 accumulation
-        # (CUBLAS_COMPUTE_32F), which runs on the fp32 units at the fp32 rate.
-        per_package = acc.fp32_tflops
-    # one device of a multi-device package (MI250X: 2 GCDs) gets its share of the package's figure
-    return per_package / max(1, acc.devices_per_package) if per_package else None
-
-
 def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
               options: RuntimeOptions | None = None) -> StepTime:
     """Seconds per optimizer step of ``setup`` (already resolved) on ``acc``. Raises UnknownThroughput.
@@ -259,181 +69,35 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     return run_step_time(resolve_run(model, setup), acc, options)
 
 
-@dataclass(frozen=True)
-class TimeStatics:
-    """The terms of the step time that depend on neither the micro-batch, the sequence length nor the
-    accumulation: rates of the card, FLOP coefficients, launches, the optimizer update, the collectives'
-    volumes and the host-link copies. Computed once per (run, card, options) by :func:`time_statics`."""
+class MicroBatch(NamedTuple):
+    """One micro-batch on one GPU, seconds."""
 
-    peak: float
-    u: float
-    cls: str
-    dev_bw: float
-    bw: float
-    fused: bool
-    flops: FlopPlan
-    passes: int  # weight reads per micro-batch: forward, backward, recompute
-    weight_bytes: int
-    grad_bytes: int  # trainable params x bytes (read and written by the backward)
-    traffic_factor: float
-    gemm_launch: float  # matmul kernels x launch time
-    other_launch: float
-    other_kernels: float
-    dequant_s: float  # the block linears' rebuilds per micro-batch (a chunked quantized head: per shape)
-    dequant_part: float
-    dequant_library: str
-    dequant_s_per_elem: float
-    launch: float  # seconds per counted kernel
-    launch_s: float  # every launch of one micro-batch
-    unit_s: float
-    optimizer_s: float
-    optimizer_launch_s: float  # the optimizer's launches beyond its memory time (per-kernel roofline)
-    paged: int  # paged optimizer state bytes
-    host: Link
-    links: dict[str, str]  # intra_node (and inter_node)
-    link_gbs: float
-    per_micro: float
-    gather_s: float  # one all-gather of every sharded parameter (ZeRO-3/FSDP), seconds; 0 unsharded
-    per_step: float
-    serial: float
-    bucket: float
-    offload_step_bytes: float
-    offload_micro_bytes: float
-    cpu_optimizer_s: float
-    assumptions_head: tuple[str, ...]  # collectives, offload
-    assumptions_tail: tuple[str, ...]  # rates, fused kernels, eager attention
-    fixed_s: float = MICRO_BATCH_FIXED_SECONDS  # fixed cost per micro-batch (calibrated: times its factor)
-    card_known: str = "spec-derived"  # how well the card's tensor throughput is known (gemm_efficiency.py)
-    link_name: str = ""  # the link the collectives run on
-    link_stated: bool = False  # given by the user (--link), not read off the catalog
+    gemm_s: float  # the matmul FLOPs at the tensor rate
+    weights_s: float  # reading every weight per pass (and the gradients) at the streaming bandwidth
+    matmul_s: float
+    elem_s: float
+    dequant_s: float
+    kernels_s: float  # the three kernel classes, each the longer of its launches and its work
+    micro_s: float
+    gpu_s: float
+    bound: str
 
 
-def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics:
-    """The shape-independent terms of ``run`` on ``acc`` (kept on the run for the last card asked about)."""
-    last = run.memo.get("time")
-    if last is not None and (last[0] is acc or last[0] == acc) and last[1] == opt:
-        return last[2]
-    setup, prof, dt, pp, model = run.setup, run.profile, run.dtypes, run.param_plan, run.model
-    peak = opt.peak_tflops or matmul_peak_tflops(acc, setup)
-    if not peak:
-        raise UnknownThroughput(f"{acc.name}: the catalog has no dense tensor peak for {setup.precision} matmuls "
-                                "(add bf16_tflops_dense / fp32_tflops with {hardware_file})")
-    if not acc.memory_bandwidth_gbs:
-        raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
-                                "(add memory_bandwidth_gbs with {hardware_file})")
-    head_chunk = LITGPT_CHUNK if prof.quantizes_lm_head and model.lm_head_params else 0
-    fp = flop_plan(model, setup, dt, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk)
-    gemm_kernels, other_kernels, dequant_kernels = fp.kernels
-    cls = card_class(acc)
-    eff = card_efficiency(acc, GEMM_EFFICIENCY[cls], unverified_figures(acc) is not None)
-    kf = dict(opt.corrections)
-    u = (opt.gemm_efficiency or eff.fraction) / kf.get("compute", 1.0)
-    dev_bw = acc.memory_bandwidth_gbs * 1e9 / max(1, acc.devices_per_package) / kf.get("memory_bound", 1.0)
-    bw = dev_bw * BW_EFFICIENCY
-    compiled = opt.compiled or setup.compile
-    fused = compiled or prof.model_code == "unsloth"
-    n = setup.world_size
-    wrapper = run.wrapper
-    sharded = wrapper.shards_parameters
-    deq = dequant_bytes_per_weight(setup, prof.model_code, compiled)
-    dequant_kernels *= kernels_per_dequant(setup, prof.model_code, compiled)
-    dequant_s = fp.dequant * deq / dev_bw
-    k_over = kf.get("overhead", 1.0)
-    launch = DISPATCH_SECONDS * (FUSED_OPS if compiled else 1.0) * k_over
-    other_kernels = other_kernels * (FUSED_OPS if fused else 1.0)
-    # per FSDP unit / ZeRO-3 module: gather, hooks and stream syncs in forward and backward
-    unit_s = fsdp_unit_ops(setup) * OP_DISPATCH_SECONDS * model.n_layers * k_over if sharded else 0.0
+def micro_batch(ts: TimeStatics, fl: FlopCount, setup: TrainSetup) -> MicroBatch:
+    """Each class of kernels takes the longer of its launches and its work (a per-kernel roofline):
 
-    # --- optimizer update, once per step (sharded optimizers update 1/n of the states)
-    op = optimizer_plan(run.optimizer, pp.trainable_params, pp.trainable_bytes,
-                        pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
-    states = op.states + op.paged
-    upd_bytes = pp.trainable_params * (2 * pp.trainable_bytes + pp.trainable_bytes) + 2 * states + op.temp * 2
-    if wrapper.shards_optimizer:
-        upd_bytes /= n
-    optimizer_s = 0.0 if setup.offload != "none" else upd_bytes / bw
-    optimizer_launch_s = 0.0
-    if setup.offload == "none" and not wrapper.shards_optimizer:
-        optimizer_launch_s = max(0.0, optimizer_ops(run.optimizer, pp.trainable_tensors) * OP_DISPATCH_SECONDS
-                                 * k_over - optimizer_s)
-    host = corrected_link(host_link(acc), kf.get("offload", 1.0))
-
-    # --- collectives
-    links: dict[str, str] = {}
-    link = stated_link(opt.peer_link, acc, setup.gpus) if opt.peer_link else intra_node_link(acc, setup.gpus)
-    links["intra_node"] = f"{link.name}: {link.gbs:g} GB/s per GPU ({link.source})"
-    if setup.nodes > 1:
-        net = network_link(opt.inter_node_gbs)
-        links["inter_node"] = f"{net.name}: {net.gbs:g} GB/s per GPU ({net.source})"
-        if net.gbs < link.gbs:
-            link = net
-    link = corrected_link(link, kf.get("communication", 1.0))
-    comm_bytes = wrapper.gradient_wire_bytes(run)
-    gathered = pp.weight_bytes + pp.adapter_bytes
-    coll = wrapper.collectives(run, grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
-    notes = list(coll.notes)
-    gather_s = gathered * ring_factor("all_gather", n) / (link.gbs * 1e9) if sharded else 0.0
-    # the part of a collective that cannot hide behind compute: the wrapper's last bucket
-    bucket = wrapper.last_bucket_bytes(run, comm_bytes)
-
-    # --- CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload)
-    step_bytes = micro_bytes = cpu_optimizer_s = 0.0
-    if setup.offload != "none":
-        shard_t = pp.trainable_params / n
-        step_bytes = shard_t * (4 + dt.compute)  # fp32 gradients down, 16-bit params up
-        if setup.offload == "all":
-            micro_bytes = 2 * gathered / n  # parameter shards up for forward and backward
-        cpu_optimizer_s = (shard_t * HOST_ADAM_BYTES_PER_PARAM / (HOST_MEMORY_GBS_PER_GPU * 1e9)
-                           * kf.get("offload", 1.0))
-        notes.append(f"CPU offload: PCIe copies, and the optimizer step on the CPU at "
-                     f"{HOST_ADAM_BYTES_PER_PARAM:g} B per parameter of host memory traffic at "
-                     f"{HOST_MEMORY_GBS_PER_GPU:g} GB/s per GPU ({cpu_optimizer_s:.2f} s per step)")
-    tail = [f"matmuls at {u:.0%} of the {peak:g} TFLOPS dense peak ({cls} class; card throughput {eff.known}: "
-            f"{eff.source}), element-wise kernels at {BW_EFFICIENCY:.0%} of {dev_bw / 1e9:g} GB/s"]
-    if fused:
-        tail.append("fused kernels (torch.compile / Unsloth): element-wise traffic and launches reduced")
-    if setup.attn == "eager":
-        tail.append("eager attention computes the full s x s scores (no causal skipping)")
-    ts = TimeStatics(
-        peak=peak, u=u, cls=cls, dev_bw=dev_bw, bw=bw, fused=fused, flops=fp,
-        passes=2 + (1 if setup.gradient_checkpointing else 0), weight_bytes=pp.weight_bytes + pp.adapter_bytes,
-        grad_bytes=pp.trainable_params * pp.trainable_bytes, traffic_factor=FUSED_TRAFFIC if fused else 1.0,
-        gemm_launch=gemm_kernels * launch, other_launch=other_kernels * launch, other_kernels=other_kernels,
-        dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
-        dequant_library=dequant_library(setup, prof.model_code), dequant_s_per_elem=deq / dev_bw, launch=launch,
-        launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
-        optimizer_s=optimizer_s, optimizer_launch_s=optimizer_launch_s, paged=op.paged, host=host, links=links, link_gbs=link.gbs,
-        per_micro=coll.per_micro_batch, gather_s=gather_s, per_step=coll.per_step, serial=coll.serial,
-        bucket=bucket, offload_step_bytes=step_bytes,
-        offload_micro_bytes=micro_bytes, cpu_optimizer_s=cpu_optimizer_s, assumptions_head=tuple(notes),
-        assumptions_tail=tuple(tail), fixed_s=MICRO_BATCH_FIXED_SECONDS * k_over, card_known=eff.known, link_name=link.name, link_stated=bool(opt.peer_link))
-    run.memo["time"] = (acc, opt, ts)
-    return ts
-
-
-def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = None,
-                  memory: MemoryBreakdown | None = None) -> StepTime:
-    """Seconds per optimizer step of ``run`` at its own micro-batch, sequence length and accumulation on
-    ``acc`` (``memory``: the run's breakdown when the caller has it, for a paged optimizer's spill).
-    Raises UnknownThroughput."""
-    opt = options or RuntimeOptions()
-    ts = time_statics(run, acc, opt)
-    setup = run.setup
-    ga = setup.grad_accum
-    n = setup.world_size
+    - matmuls: ``max(FLOPs x tokens / (peak x u), (passes x weight bytes + gradient bytes) / bw)`` (a
+      gradient accumulated over micro-batches is read and written: twice its bytes);
+    - element-wise: ``traffic x tokens x fused factor / bw``;
+    - dequantization: the block linears' rebuilds plus a chunked quantized head's, per chunk;
+    then the sharded units' CPU work and the fixed cost per micro-batch are added."""
     tokens = setup.batch * setup.seq
-    fl = flops_at(ts.flops, setup.seq)
-    flops = fl.total
-    peak, bw = ts.peak, ts.bw
-    assumptions: list[str] = []
-    links: dict[str, str] = {}
-
-    # --- one micro-batch on one GPU: each class of kernels takes the longer of its launches and its work
-    gemm_s = flops * tokens / (peak * 1e12 * ts.u)
-    grad_rw = ts.grad_bytes * (2 if ga > 1 else 1)
-    weights_s = (ts.passes * ts.weight_bytes + grad_rw) / bw  # ZeRO-3/FSDP gather the weights: all are read
+    gemm_s = fl.total * tokens / (ts.peak * 1e12 * ts.u)
+    grad_rw = ts.grad_bytes * (2 if setup.grad_accum > 1 else 1)
+    # ZeRO-3/FSDP gather the weights: all are read
+    weights_s = (ts.passes * ts.weight_bytes + grad_rw) / ts.bw
     matmul_s = max(gemm_s, weights_s)
-    elem_s = fl.traffic_bytes * tokens * ts.traffic_factor / bw
+    elem_s = fl.traffic_bytes * tokens * ts.traffic_factor / ts.bw
     head_elems = fl.dequant_elements - ts.flops.dequant  # a quantized lm_head, rebuilt per chunk
     dequant_s = ts.dequant_s + head_elems * ts.dequant_s_per_elem
     gemm_part = max(ts.gemm_launch, matmul_s)
@@ -442,8 +106,7 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     if head_elems:
         head_kernels = 2 * -(-setup.seq // ts.flops.head_chunk)
         dequant_part = max(ts.dequant_part + head_kernels * ts.launch, dequant_s)
-    unit_s = ts.unit_s
-    micro_s = gemm_part + other_part + dequant_part + unit_s + ts.fixed_s
+    micro_s = gemm_part + other_part + dequant_part + ts.unit_s + ts.fixed_s
     gpu_s = matmul_s + elem_s + dequant_s
     if ts.launch_s >= gpu_s:
         bound = "overhead"
@@ -451,48 +114,106 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         bound = "compute"
     else:
         bound = "memory"
+    return MicroBatch(gemm_s, weights_s, matmul_s, elem_s, dequant_s, gemm_part + other_part + dequant_part,
+                      micro_s, gpu_s, bound)
 
-    optimizer_s = ts.optimizer_s
-    paged_s = 0.0
+
+def paged_seconds(run: Run, acc: Accelerator, ts: TimeStatics, memory: MemoryBreakdown | None,
+                  links: dict[str, str], assumptions: list[str]) -> float:
+    """Paged (unified-memory) optimizer states that do not fit next to the step's peak are paged out to
+    the host and back every update (bitsandbytes paged optimizers: cudaMallocManaged):
+    ``2 x spill / host link``."""
+    if not ts.paged:
+        return 0.0
+    if memory is None:
+        from tuneplan.estimator.memory import memory_of
+
+        memory = memory_of(run)
+    spill = max(0, memory.paged_bytes - max(acc.memory_bytes - memory.device_peak_bytes, 0))
+    if not spill:
+        return 0.0
     host = ts.host
-    if ts.paged:
-        # Paged (unified-memory) states that do not fit next to the step's peak are paged out to the host
-        # and back every update (bitsandbytes paged optimizers: cudaMallocManaged).
-        if memory is None:
-            from tuneplan.estimator.memory import memory_of
+    links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
+    assumptions.append(f"paged optimizer: {spill / 2**30:.1f} GiB of states do not fit on the card and "
+                       "cross the host link twice per step")
+    return 2 * spill / (host.gbs * 1e9)
 
-            memory = memory_of(run)
-        spill = max(0, memory.paged_bytes - max(acc.memory_bytes - memory.device_peak_bytes, 0))
-        if spill:
-            paged_s = 2 * spill / (host.gbs * 1e9)
-            links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
-            assumptions.append(f"paged optimizer: {spill / 2**30:.1f} GiB of states do not fit on the card and "
-                               "cross the host link twice per step")
 
-    # --- collectives: the part compute does not hide (at least the last bucket)
-    links.update(ts.links)
-    assumptions.extend(ts.assumptions_head)
-    per_micro, per_step, serial = ts.per_micro, ts.per_step, ts.serial
+def exposed_communication(run: Run, ts: TimeStatics, fl: FlopCount, mb: MicroBatch) -> float:
+    """The part of the collectives compute does not hide: per micro-batch and per step, ``max(collective
+    - window, last bucket's share)``, where the window is the micro-batch's GPU time under ZeRO-3/FSDP
+    (prefetched gathers overlap forward and backward) and its backward share otherwise (gradient buckets
+    reduce while the backward runs); serial collectives add whole."""
+    flops = fl.total
     bwd_share = (fl.backward + fl.recompute) / flops if flops else 0.5
-    window = gpu_s if run.wrapper.shards_parameters else gpu_s * bwd_share
-    bucket = ts.bucket
-    comm_total = ga * per_micro + per_step + serial
+    window = mb.gpu_s if run.wrapper.shards_parameters else mb.gpu_s * bwd_share
     exposed = 0.0
-    for amount, count in ((per_micro, ga), (per_step, 1)):
+    for amount, count in ((ts.per_micro, run.setup.grad_accum), (ts.per_step, 1)):
         if amount <= 0:
             continue
         total_bytes = amount * ts.link_gbs * 1e9
-        tail = amount * min(1.0, bucket / total_bytes) if total_bytes else 0.0
+        tail = amount * min(1.0, ts.bucket / total_bytes) if total_bytes else 0.0
         exposed += count * max(amount - window, tail)
-    exposed += serial
+    exposed += ts.serial
+    return exposed
 
-    # --- CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload)
-    offload_s = 0.0
-    if setup.offload != "none":
-        links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
-        offload_s = (ts.offload_step_bytes + ga * ts.offload_micro_bytes) / (host.gbs * 1e9)
-        offload_s += ts.cpu_optimizer_s
 
+def offload_seconds(setup: TrainSetup, ts: TimeStatics, links: dict[str, str]) -> float:
+    """CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload): the step's and every
+    micro-batch's copies at the host link, plus the CPU optimizer step."""
+    if setup.offload == "none":
+        return 0.0
+    host = ts.host
+    links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
+    offload_s = (ts.offload_step_bytes + setup.grad_accum * ts.offload_micro_bytes) / (host.gbs * 1e9)
+    return offload_s + ts.cpu_optimizer_s
+
+
+def floor_at_one_gpu(run: Run, acc: Accelerator, opt: RuntimeOptions, step_s: float,
+                     parts: tuple[dict[str, float], dict[str, float]],
+                     assumptions: list[str]) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Never faster per GPU than the same micro-batches on one GPU: sharding the update saves less than
+    the collectives cost at a fixed per-GPU batch. Paging and offload are left out of the floor (they come
+    from one card's memory, which sharding relieves), and so is a per-tensor optimizer's launch time when
+    the optimizer is sharded (sharded optimizers step flat partitions). ``parts``: the breakdown and its
+    detail, replaced by the single GPU's when the floor holds."""
+    one = run_step_time(one_gpu_run(run), acc, opt)
+    one_launch = one.components.get("optimizer_launches", 0.0) if run.wrapper.shards_optimizer else 0.0
+    floor = one.step_seconds - one.components.get("paged_optimizer", 0.0) - one_launch
+    if floor <= step_s:
+        return step_s, parts[0], parts[1]
+    assumptions.append("per-GPU time floored at the single-GPU step (no superlinear scaling)")
+    breakdown = dict(one.breakdown, memory_bound=one.breakdown["memory_bound"]
+                     - one.components.get("paged_optimizer", 0.0),
+                     overhead=one.breakdown["overhead"] - one_launch)
+    detail = dict(one.breakdown_detail, optimizer_launches=one.breakdown_detail["optimizer_launches"]
+                  - one_launch)
+    return floor, breakdown, detail
+
+
+def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = None,
+                  memory: MemoryBreakdown | None = None) -> StepTime:
+    """Seconds per optimizer step of ``run`` at its own micro-batch, sequence length and accumulation on
+    ``acc`` (``memory``: the run's breakdown when the caller has it, for a paged optimizer's spill):
+    ``grad_accum x micro-batch + update + its launches + paging + exposed communication + offload``,
+    floored at one GPU's step for a multi-GPU run. Raises UnknownThroughput."""
+    opt = options or RuntimeOptions()
+    ts = time_statics(run, acc, opt)
+    setup = run.setup
+    ga = setup.grad_accum
+    n = setup.world_size
+    tokens = setup.batch * setup.seq
+    fl = flops_at(ts.flops, setup.seq)
+    assumptions: list[str] = []
+    links: dict[str, str] = {}
+    mb = micro_batch(ts, fl, setup)
+    optimizer_s = ts.optimizer_s
+    paged_s = paged_seconds(run, acc, ts, memory, links, assumptions)
+    links.update(ts.links)
+    assumptions.extend(ts.assumptions_head)
+    comm_total = ga * ts.per_micro + ts.per_step + ts.serial
+    exposed = exposed_communication(run, ts, fl, mb)
+    offload_s = offload_seconds(setup, ts, links)
     if setup.device_map != "none" and setup.gpus > 1:
         # one process over several cards: the hand-overs between them, hidden by nothing (device_map.py)
         from tuneplan.estimator.device_map import copy_seconds
@@ -500,57 +221,43 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         hand_over_s, links["device_map"] = copy_seconds(run, acc)
         exposed += ga * hand_over_s
         comm_total += ga * hand_over_s
-        assumptions.append(f"device_map over {setup.gpus} cards: one works at a time, so the step is one card's "
-                           f"for the whole model plus {hand_over_s * 1e3:.3g} ms of copies between cards per "
-                           "micro-batch (accelerate's per-module hooks not counted)")
-    step_s = ga * micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s
-    tensor_s = gemm_s if gemm_s >= weights_s else 0.0  # matmuls held by the tensor cores, not by reading weights
+        assumptions.append(f"device_map over {setup.gpus} cards: one works at a time, so the step is one "
+                           f"card's for the whole model plus {hand_over_s * 1e3:.3g} ms of copies between "
+                           "cards per micro-batch (accelerate's per-module hooks not counted)")
+    step_s = ga * mb.micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s
+    tensor_s = mb.gemm_s if mb.gemm_s >= mb.weights_s else 0.0  # matmuls held by the tensor cores
     breakdown = {
         "compute": ga * tensor_s,
-        "memory_bound": ga * (matmul_s - tensor_s + elem_s + dequant_s) + optimizer_s + paged_s,
+        "memory_bound": ga * (mb.matmul_s - tensor_s + mb.elem_s + mb.dequant_s) + optimizer_s + paged_s,
         "communication": exposed,
         "offload": offload_s,
-        "overhead": ga * (micro_s - gpu_s) + ts.optimizer_launch_s,
+        "overhead": ga * (mb.micro_s - mb.gpu_s) + ts.optimizer_launch_s,
     }
-    detail = {"dequantization": ga * dequant_s, "optimizer_update": optimizer_s + paged_s,
+    detail = {"dequantization": ga * mb.dequant_s, "optimizer_update": optimizer_s + paged_s,
               "optimizer_launches": ts.optimizer_launch_s,
-              "kernel_launches": ga * max(gemm_part + other_part + dequant_part - gpu_s, 0.0),
-              "sharded_unit_fixed": ga * unit_s, "micro_batch_fixed": ga * ts.fixed_s}
+              "kernel_launches": ga * max(mb.kernels_s - mb.gpu_s, 0.0),
+              "sharded_unit_fixed": ga * ts.unit_s, "micro_batch_fixed": ga * ts.fixed_s}
     if n > 1:
-        # Never faster per GPU than the same micro-batches on one GPU: sharding the update saves less than
-        # the collectives cost at a fixed per-GPU batch. Paging and offload are left out of the floor
-        # (they come from one card's memory, which sharding relieves).
-        one = run_step_time(one_gpu_run(run), acc, opt)
-        # (and so is a per-tensor optimizer's launch time: sharded optimizers step flat partitions)
-        one_launch = one.components.get("optimizer_launches", 0.0) if run.wrapper.shards_optimizer else 0.0
-        floor = one.step_seconds - one.components.get("paged_optimizer", 0.0) - one_launch
-        if floor > step_s:
-            assumptions.append("per-GPU time floored at the single-GPU step (no superlinear scaling)")
-            step_s = floor
-            breakdown = dict(one.breakdown, memory_bound=one.breakdown["memory_bound"]
-                             - one.components.get("paged_optimizer", 0.0),
-                             overhead=one.breakdown["overhead"] - one_launch)
-            detail = dict(one.breakdown_detail, optimizer_launches=one.breakdown_detail["optimizer_launches"]
-                          - one_launch)
-    tok_step = tokens * ga * n
+        step_s, breakdown, detail = floor_at_one_gpu(run, acc, opt, step_s, (breakdown, detail), assumptions)
     tps_gpu = tokens * ga / step_s
-    mfu = (fl.forward + fl.backward) * tokens * ga / (step_s * peak * 1e12)
+    mfu = (fl.forward + fl.backward) * tokens * ga / (step_s * ts.peak * 1e12)
     components = {
-        "matmul": ga * matmul_s, "elementwise": ga * elem_s,
-        "dequant": ga * dequant_s, "launch_and_fixed": ga * max(micro_s - gpu_s, 0.0),
+        "matmul": ga * mb.matmul_s, "elementwise": ga * mb.elem_s,
+        "dequant": ga * mb.dequant_s, "launch_and_fixed": ga * max(mb.micro_s - mb.gpu_s, 0.0),
         "optimizer": optimizer_s, "optimizer_launches": ts.optimizer_launch_s, "paged_optimizer": paged_s,
         "communication_exposed": exposed,
         "communication_total": comm_total, "offload": offload_s,
     }
     assumptions.extend(ts.assumptions_tail)
-    return StepTime(step_seconds=step_s, micro_batch_seconds=micro_s, tokens_per_step=tok_step,
-                    tokens_per_second=tps_gpu * n, bound=bound,
-                    # a device_map run's cards share one process's work: each is busy 1/cards of the step
-                    tokens_per_second_per_gpu=tps_gpu if setup.device_map == "none" else tps_gpu / setup.cards,
-                    mfu=mfu if setup.device_map == "none" else mfu / setup.cards,
+    per_card = setup.device_map == "none"  # a device_map run's cards share one process's work
+    return StepTime(step_seconds=step_s, micro_batch_seconds=mb.micro_s, tokens_per_step=tokens * ga * n,
+                    tokens_per_second=tps_gpu * n, bound=mb.bound,
+                    tokens_per_second_per_gpu=tps_gpu if per_card else tps_gpu / setup.cards,
+                    mfu=mfu if per_card else mfu / setup.cards,
                     components=components, flops=fl, links=links, assumptions=assumptions,
                     breakdown=breakdown, breakdown_detail=detail, dequant_library=ts.dequant_library,
-                    card_known=ts.card_known, link_name=ts.link_name if n > 1 else "", link_stated=ts.link_stated)
+                    card_known=ts.card_known, link_name=ts.link_name if n > 1 else "",
+                    link_stated=ts.link_stated)
 
 
 def one_gpu_run(run: Run) -> Run:
@@ -574,12 +281,14 @@ class EvalTime:
     """Time of the evaluation work some trainers do inside their timed loop (litgpt's ``fit`` validates and
     generates an example every ``eval.interval`` steps)."""
 
-    forward_seconds: float  # one forward-only micro-batch at the run's shape (no_grad: no backward, no recompute)
+    # one forward-only micro-batch at the run's shape (no_grad: no backward, no recompute)
+    forward_seconds: float
     token_seconds: float  # one generated token at batch 1 with a KV cache
 
 
 def run_eval_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = None) -> EvalTime:
-    """Forward-only micro-batch and one decoded token of ``run`` on ``acc``, from the same statics as the step:
+    """Forward-only micro-batch and one decoded token of ``run`` on ``acc``, from the same statics as the
+    step:
 
     - forward: the forward matmul FLOPs at the tensor rate, but never faster than one read of the weights;
       the forward share of the element-wise traffic and of the launches (1 of the 1 + 2 (+1 recompute)

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 FORMATS = ("hf-script", "llamafactory", "deepspeed", "accelerate", "fsdp-qlora")
 DEFAULT_NAMES = {"hf-script": "train.py", "llamafactory": "train_lora.yaml", "deepspeed": "ds_config.json",
                  "accelerate": "accelerate_config.yaml", "fsdp-qlora": "run_fsdp_qlora.sh"}
-FRAMEWORK_OF = {"hf-script": "hf", "llamafactory": "llamafactory", "fsdp-qlora": "fsdp-qlora"}  # whose code runs the recipe
+# whose code runs the recipe
+FRAMEWORK_OF = {"hf-script": "hf", "llamafactory": "llamafactory", "fsdp-qlora": "fsdp-qlora"}
 
 
 @dataclass
@@ -48,19 +49,21 @@ def build_export(fmt: str, est: Estimate, path: str | Path, *, dataset: str | No
     if runner and est.setup.framework != runner:
         from tuneplan.api import estimate
 
-        notes.append(f"the plan used the {est.setup.framework} profile; this recipe runs {runner}'s code, so it "
-                     f"is estimated with the {runner} profile (settings kept)")
+        notes.append(f"the plan used the {est.setup.framework} profile; this recipe runs {runner}'s code, "
+                     f"so it is estimated with the {runner} profile (settings kept)")
         est = estimate(est.model, est.setup.replace(framework=runner), gpu=est.gpu, timing=False)
     model, s, acc = est.model, est.setup, est.gpu
     if s.device_map != "none" and fmt == "deepspeed":
-        raise TuneplanError("DeepSpeed runs one process per card; a device_map plan splits one process's layers "
-                            "over the cards and has no DeepSpeed config", field="device_map",
-                            accepted="the hf-script or accelerate format for {device_map}, or {device_map=none}")
+        raise TuneplanError("DeepSpeed runs one process per card; a device_map plan splits one process's "
+                            "layers over the cards and has no DeepSpeed config", field="device_map",
+                            accepted="the hf-script or accelerate format for {device_map}, "
+                                     "or {device_map=none}")
     refuse_if_cannot_run(est)
     if acc is not None and est.fits is False:
         # Written anyway (the user may mean another card), but never silently.
-        notes.append(f"this plan does NOT fit on {acc.name}: estimated {est.breakdown.device_peak_bytes / 2**30:.2f} "
-                     f"GiB per GPU against {acc.memory_bytes / 2**30:.2f} GiB; the planner (fit) finds one that does")
+        notes.append(f"this plan does NOT fit on {acc.name}: estimated "
+                     f"{est.breakdown.device_peak_bytes / 2**30:.2f} GiB per GPU against "
+                     f"{acc.memory_bytes / 2**30:.2f} GiB; the planner (fit) finds one that does")
     main = Path(path)
     ds_path = main.with_name(f"ds_z{s.zero}_config.json") if s.zero else None
     files: list[tuple[Path, str]] = []

@@ -44,8 +44,8 @@ def accelerate_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | No
             "fp16" if s.precision.startswith("fp16") else "no")
     elif s.fsdp:
         if s.offload == "optimizer":
-            raise TuneplanError("FSDP has no optimizer-only offload (CPUOffload moves parameters and gradients, "
-                                "and the step runs on the CPU)", field="offload",
+            raise TuneplanError("FSDP has no optimizer-only offload (CPUOffload moves parameters and "
+                                "gradients, and the step runs on the CPU)", field="offload",
                                 accepted="{offload=all} with {fsdp}, or {zero=2|3} {offload=optimizer}")
         cfg["distributed_type"] = "FSDP"
         cfg["fsdp_config"] = {
@@ -61,8 +61,10 @@ def accelerate_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | No
             # (True = FULL_SHARD); prefetch, sync_module_states and use_orig_params are gone
             cfg["fsdp_config"]["fsdp_reshard_after_forward"] = True
         else:
-            cfg["fsdp_config"].update({"fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_forward_prefetch": False,
-                                       "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_sync_module_states": True,
+            cfg["fsdp_config"].update({"fsdp_backward_prefetch": "BACKWARD_PRE",
+                                       "fsdp_forward_prefetch": False,
+                                       "fsdp_sharding_strategy": "FULL_SHARD",
+                                       "fsdp_sync_module_states": True,
                                        "fsdp_use_orig_params": True})
         cfg["mixed_precision"] = MIXED_PRECISION[s.precision]
     else:
@@ -90,8 +92,10 @@ def render_accelerate(est: Estimate, deepspeed_file: str = "ds_config.json") -> 
     cfg = accelerate_config(est.model, setup, est.gpu, deepspeed_file)
     head = [f"# {line}" for line in header_lines(est)]
     if setup.fsdp and setup.method == "qlora":  # FSDP flattens the 4-bit storage with the other parameters
-        head.append("# QLoRA under FSDP: load with BitsAndBytesConfig(..., bnb_4bit_quant_storage=<compute dtype>)")
-    if setup.device_map != "none":  # accelerate's config has no device_map: the script's from_pretrained sets it
+        head.append("# QLoRA under FSDP: load with BitsAndBytesConfig(..., "
+                    "bnb_4bit_quant_storage=<compute dtype>)")
+    # accelerate's config has no device_map: the script's from_pretrained sets it
+    if setup.device_map != "none":
         head.append(f"# device_map {setup.device_map}: one process; load the model with "
                     f"from_pretrained(..., device_map=\"{setup.device_map}\") in the training script")
     head.append("# Launch: accelerate launch --config_file THIS_FILE your_training_script.py ..."

@@ -26,7 +26,8 @@ def refuse_if_cannot_run(est: Estimate) -> None:
     errors = [f for f in est.findings if f.level == "error"]
     if errors:
         f = errors[0]
-        raise TuneplanError(f"this plan cannot run on {est.gpu.name}: {f.message}", field=f.code, accepted=f.fix)
+        raise TuneplanError(f"this plan cannot run on {est.gpu.name}: {f.message}", field=f.code,
+                            accepted=f.fix)
 
 
 def header_lines(est: Estimate) -> list[str]:
@@ -46,7 +47,8 @@ def header_lines(est: Estimate) -> list[str]:
         f"{s.framework} profile.",
     ]
     b = est.breakdown
-    peak = f"Estimated per-GPU peak: {b.device_peak_bytes / GIB:.2f} GiB device ({b.allocated_peak_bytes / GIB:.2f} GiB allocated)"
+    peak = (f"Estimated per-GPU peak: {b.device_peak_bytes / GIB:.2f} GiB device "
+            f"({b.allocated_peak_bytes / GIB:.2f} GiB allocated)")
     if acc is not None:
         verdict = "fits" if est.fits else "DOES NOT FIT"
         peak += f" on {acc.name} ({acc.memory_bytes / GIB:.2f} GiB): {verdict}"
@@ -60,7 +62,8 @@ def launch_line(setup: TrainSetup, program: str) -> str:
     """How to start ``program`` on the planned GPUs (torchrun for one node, per-node torchrun otherwise)."""
     if setup.world_size == 1:
         return program
-    nodes = f" --nnodes {setup.nodes} --node_rank $NODE_RANK --master_addr $MASTER_ADDR" if setup.nodes > 1 else ""
+    nodes = (f" --nnodes {setup.nodes} --node_rank $NODE_RANK --master_addr $MASTER_ADDR"
+             if setup.nodes > 1 else "")
     return f"torchrun --nproc_per_node {setup.gpus}{nodes} {program}"
 
 
@@ -71,8 +74,9 @@ def trainer_kernels(s: TrainSetup, who: str) -> None:
                             accepted="{activation_offload=false}, or a torchtune recipe")
     if s.loss in ("chunked", "fused"):
         raise TuneplanError(f"{who} has no switch for a {s.loss} cross-entropy on materialised logits",
-                            field="loss", accepted="{loss=fused-linear} (Liger), {loss=upcast}, or an axolotl / "
-                                                   "torchtune / Unsloth config")
+                            field="loss",
+                            accepted="{loss=fused-linear} (Liger), {loss=upcast}, or an axolotl / "
+                                     "torchtune / Unsloth config")
     if s.keep_grads:
         raise TuneplanError(f"{who} runs on torch >= 2.0, whose zero_grad frees the gradients",
                             field="keep_grads", accepted="{keep_grads=false} to export")

@@ -47,7 +47,8 @@ def deepspeed_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
         cfg["bf16"] = {"enabled": True}
     elif s.precision.startswith("fp16"):
         cfg["fp16"] = {"enabled": True, **FP16_LOSS_SCALING}
-    zo: dict[str, Any] = {"stage": s.zero, "overlap_comm": bool(s.ds_overlap_comm), "contiguous_gradients": True,
+    zo: dict[str, Any] = {"stage": s.zero, "overlap_comm": bool(s.ds_overlap_comm),
+                          "contiguous_gradients": True,
                           "reduce_bucket_size": s.ds_reduce_bucket or DS_REDUCE_BUCKET,
                           "allgather_bucket_size": ZERO_DEFAULTS["allgather_bucket_size"]}
     if s.zero == 3:
@@ -59,7 +60,8 @@ def deepspeed_config(model: ModelSpec, setup: TrainSetup, acc: Accelerator | Non
     if s.offload in ("optimizer", "all"):
         if s.optimizer not in ("adamw", "adamw-fused"):
             raise TuneplanError(f"ZeRO-Offload steps with DeepSpeed's CPU Adam, not {s.optimizer}",
-                                field="optimizer", accepted="adamw or adamw-fused with {offload}, or {offload=none}")
+                                field="optimizer",
+                                accepted="adamw or adamw-fused with {offload}, or {offload=none}")
         zo["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         # ZeRO-Offload runs DeepSpeed's CPU Adam; a client (HF) optimizer is refused unless forced, so
         # name DeepSpeed's AdamW here ("auto" params are filled by the HF integration).

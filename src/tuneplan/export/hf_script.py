@@ -35,13 +35,16 @@ _START, _END = "# --- PLAN START ---\n", "# --- PLAN END ---\n"
 def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None = None) -> dict:
     s = setup
     if s.optimizer_in_backward:
-        raise TuneplanError("the transformers Trainer has no optimizer-in-backward", field="optimizer_in_backward",
+        raise TuneplanError("the transformers Trainer has no optimizer-in-backward",
+                            field="optimizer_in_backward",
                             accepted="{optimizer_in_backward=false}, or a torchtune recipe")
     trainer_kernels(s, "the transformers Trainer")
     if s.precision == "fp16" and s.method in ("full", "freeze"):
-        raise TuneplanError("the Trainer's fp16 loss scaler refuses fp16 gradients (pure fp16 full/freeze tuning)",
+        raise TuneplanError("the Trainer's fp16 loss scaler refuses fp16 gradients "
+                            "(pure fp16 full/freeze tuning)",
                             field="precision", accepted="fp16-mixed, bf16, bf16-mixed, fp32")
-    half = "bfloat16" if s.precision.startswith("bf16") else "float16" if s.precision.startswith("fp16") else "float32"
+    half = ("bfloat16" if s.precision.startswith("bf16")
+            else "float16" if s.precision.startswith("fp16") else "float32")
     mixed = s.precision.endswith("-mixed")
     # full fine-tune under '-mixed': the fp32 master is the model itself (Trainer + autocast)
     load = "float32" if (s.precision == "fp32" or (mixed and s.method == "full")) else half
@@ -101,7 +104,8 @@ def render_hf_script(est: Estimate, *, deepspeed_file: str | None = None, datase
         plan["device_map"] = setup.device_map
         plan["max_memory"] = assumed_max_memory(setup, acc)
     needs = ["torch", "'transformers>=4.56'", "'peft>=0.13'", "accelerate"]  # quoted for the shell
-    if setup.method == "qlora" or plan["optim"] in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"):
+    if (setup.method == "qlora"
+            or plan["optim"] in ("adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit")):
         needs.append("bitsandbytes")
     if setup.zero:
         needs.append("deepspeed")
@@ -111,7 +115,8 @@ def render_hf_script(est: Estimate, *, deepspeed_file: str | None = None, datase
         needs.append("liger-kernel")
     for dist, floor in plan["version_floors"].items():
         needs = [n for n in needs if n != dist] + [f"'{dist}>={floor}'"]
-    doc = [f"Fine-tune {model.name} ({setup.method}) with the transformers Trainer, as planned by tuneplan.", ""]
+    doc = [f"Fine-tune {model.name} ({setup.method}) with the transformers Trainer, "
+           "as planned by tuneplan.", ""]
     doc += header_lines(est)
     doc += ["", f"Run:   {launch_line(setup, 'python train.py' if setup.world_size == 1 else 'train.py')} "
                 f"--dataset {dataset}",

@@ -63,7 +63,8 @@ def _precision_keys(setup: TrainSetup) -> dict[str, Any]:
     if setup.method != "full":
         raise TuneplanError("LLaMA-Factory loads the frozen weights in bf16/fp16 whenever the card has them "
                             "(infer_optim_dtype), so an fp32 adapter or freeze run is not expressible",
-                            field="precision", accepted="bf16-mixed, fp16-mixed, bf16 (or {format=hf-script})")
+                            field="precision",
+                            accepted="bf16-mixed, fp16-mixed, bf16 (or {format=hf-script})")
     return {}  # no flag: full fine-tune in fp32 (trainable parameters are cast to fp32)
 
 
@@ -131,8 +132,8 @@ def _scalar(v: Any) -> str:
     return s if plain else json.dumps(s)
 
 
-def render_llamafactory(est: Estimate, *, deepspeed_file: str | None = None, accelerate_file: str | None = None,
-                        dataset: str = "alpaca_en_demo") -> str:
+def render_llamafactory(est: Estimate, *, deepspeed_file: str | None = None,
+                        accelerate_file: str | None = None, dataset: str = "alpaca_en_demo") -> str:
     """The LLaMA-Factory YAML for the plan ``est`` estimated (its model, setup and card)."""
     model, setup, acc = est.model, est.setup, est.gpu
     lines = [f"# {line}" for line in header_lines(est)]

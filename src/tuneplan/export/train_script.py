@@ -74,10 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-dir", default="output")
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (-1: all epochs)")
-    p.add_argument("--learning-rate", type=float, default=2e-4 if PLAN["method"] in ("lora", "qlora") else 1e-5)
+    p.add_argument("--learning-rate", type=float,
+                   default=2e-4 if PLAN["method"] in ("lora", "qlora") else 1e-5)
     p.add_argument("--logging-steps", type=int, default=10)
-    beside = os.path.join(os.path.dirname(os.path.abspath(__file__)), PLAN["deepspeed"]) if PLAN["deepspeed"] else None
-    p.add_argument("--deepspeed", default=beside, help="DeepSpeed JSON (default: the one written beside this script)")
+    beside = (os.path.join(os.path.dirname(os.path.abspath(__file__)), PLAN["deepspeed"])
+              if PLAN["deepspeed"] else None)
+    p.add_argument("--deepspeed", default=beside,
+                   help="DeepSpeed JSON (default: the one written beside this script)")
     p.add_argument("--cpu", action="store_true", help="smoke test on the CPU (fp32, no quantization)")
     return p.parse_args(argv)
 
@@ -123,7 +126,8 @@ def runtime_plan(args: argparse.Namespace, torch) -> dict:
     if args.cpu or not torch.cuda.is_available():
         refuse_on_cpu(plan)
         print("no CUDA device (or --cpu): smoke run on the CPU in fp32, without mixed precision")
-        plan.update(bf16=False, fp16=False, load_dtype="float32", compute_dtype="float32", trainable_fp32=False)
+        plan.update(bf16=False, fp16=False, load_dtype="float32", compute_dtype="float32",
+                    trainable_fp32=False)
         if plan["attn_implementation"] == "flash_attention_2":
             plan["attn_implementation"] = "sdpa"
         args.cpu = True
@@ -241,7 +245,8 @@ def build_dataset(args: argparse.Namespace, plan: dict, vocab: int, torch) -> Ro
     if args.dataset.startswith("random:"):
         n = int(args.dataset.split(":", 1)[1])
         ids = torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(0))
-        return Rows([{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()} for r in ids])
+        return Rows([{"input_ids": r, "attention_mask": torch.ones_like(r), "labels": r.clone()}
+                     for r in ids])
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer or args.model)

@@ -31,7 +31,8 @@ from tuneplan.specs.setup import TrainSetup
 
 LEARNING_RATE = 1e-5  # any small value: the data are random and only memory and speed are measured
 MEASURABLE_FRAMEWORKS = ("hf", "llamafactory")  # profiles that run transformers' model code + PEFT
-BNB_OPTIMIZERS = {"adamw-8bit": "AdamW8bit", "paged-adamw-8bit": "PagedAdamW8bit", "paged-adamw": "PagedAdamW"}
+BNB_OPTIMIZERS = {"adamw-8bit": "AdamW8bit", "paged-adamw-8bit": "PagedAdamW8bit",
+                  "paged-adamw": "PagedAdamW"}
 ATTN_IMPL = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
 
 
@@ -43,7 +44,8 @@ def require_stack() -> tuple[Any, Any, Any]:
         import transformers
     except ImportError as exc:
         raise TuneplanError(
-            f"measure runs real training steps and needs torch, transformers and peft ({exc.name} is missing)",
+            f"measure runs real training steps and needs torch, transformers and peft "
+            f"({exc.name} is missing)",
             field="measure", accepted="pip install 'tuneplan[simulate]'") from None
     return torch, transformers, peft
 
@@ -68,8 +70,8 @@ def check_measurable(setup: TrainSetup, device: str) -> None:
                             field="gpus" if setup.cards > 1 else ("zero" if setup.zero else "fsdp"),
                             accepted="{gpus=1} {nodes=1}, no {zero} / {fsdp}")
     if setup.framework not in MEASURABLE_FRAMEWORKS:
-        raise TuneplanError(f"measure runs the transformers + PEFT stack; {setup.framework} runs its own model "
-                            "code, measure it with that framework's memory logging", field="framework",
+        raise TuneplanError(f"measure runs the transformers + PEFT stack; {setup.framework} runs its own "
+                            "model code, measure it with that framework's memory logging", field="framework",
                             accepted=MEASURABLE_FRAMEWORKS)
     if setup.optimizer_in_backward:
         raise TuneplanError("optimizer-in-backward is a torchtune recipe feature, not a Trainer one",
@@ -104,7 +106,8 @@ def _hf_config(transformers: Any, model: ModelSpec, num_labels: int | None = Non
     cfg = dict(model.config)
     if num_labels:
         cfg["num_labels"] = num_labels
-        # *ForSequenceClassification on a decoder pools the last non-pad token: it needs a pad id for batch > 1
+        # *ForSequenceClassification on a decoder pools the last non-pad token: it needs a pad id for
+        # batch > 1
         cfg.setdefault("pad_token_id", 0)
         cfg.pop("id2label", None)
         cfg.pop("label2id", None)
@@ -159,8 +162,9 @@ def _build(model: ModelSpec, setup: TrainSetup, device: str, weights: str | None
         net.config.use_cache = False  # training keeps no KV cache (Trainer does the same under checkpointing)
     gc_kwargs = {"use_reentrant": False}
     if setup.method == "qlora" and prof.kbit_upcast_fp32:
-        net = peft.prepare_model_for_kbit_training(net, use_gradient_checkpointing=bool(setup.gradient_checkpointing),
-                                                   gradient_checkpointing_kwargs=gc_kwargs)
+        net = peft.prepare_model_for_kbit_training(
+            net, use_gradient_checkpointing=bool(setup.gradient_checkpointing),
+            gradient_checkpointing_kwargs=gc_kwargs)
         details["kbit_prepare"] = "prepare_model_for_kbit_training (non-quantized params upcast to fp32)"
     elif setup.gradient_checkpointing:
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gc_kwargs)
@@ -176,8 +180,8 @@ def _build(model: ModelSpec, setup: TrainSetup, device: str, weights: str | None
     if autocast_dtype is torch.float16 and device.startswith("cuda"):
         scaler = torch.amp.GradScaler("cuda")  # Trainer uses a grad scaler with fp16 mixed precision
     details["autocast"] = str(autocast_dtype).replace("torch.", "") if autocast_dtype is not None else "off"
-    return BuiltRun(model=net, optimizer=optimizer, device=device, autocast_dtype=autocast_dtype, scaler=scaler,
-                    trainable_params=sum(p.numel() for p in params), details=details)
+    return BuiltRun(model=net, optimizer=optimizer, device=device, autocast_dtype=autocast_dtype,
+                    scaler=scaler, trainable_params=sum(p.numel() for p in params), details=details)
 
 
 def _load_quantized(torch: Any, transformers: Any, model: ModelSpec, setup: TrainSetup, auto: Any,
@@ -185,11 +189,13 @@ def _load_quantized(torch: Any, transformers: Any, model: ModelSpec, setup: Trai
     bits = setup.quant_bits or 4
     if bits == 4:
         qcfg = transformers.BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type=setup.quant_type, bnb_4bit_use_double_quant=setup.double_quant,
+            load_in_4bit=True, bnb_4bit_quant_type=setup.quant_type,
+            bnb_4bit_use_double_quant=setup.double_quant,
             bnb_4bit_compute_dtype=_dtype(torch, 2, setup) if setup.precision != "fp32" else torch.float32)
     else:
         qcfg = transformers.BitsAndBytesConfig(load_in_8bit=True)
-    details["quantization"] = (f"bnb {setup.quant_type} 4-bit" + (" + double quant" if setup.double_quant else "")
+    details["quantization"] = (f"bnb {setup.quant_type} 4-bit"
+                               + (" + double quant" if setup.double_quant else "")
                                if bits == 4 else "bnb LLM.int8 8-bit")
     if weights:
         return auto.from_pretrained(weights, quantization_config=qcfg, device_map={"": device}, **kwargs)
@@ -234,7 +240,8 @@ def _apply_method(torch: Any, peft: Any, net: Any, model: ModelSpec, setup: Trai
         return net
     targets = sorted(resolve_targets(model, setup.targets))
     # SEQ_CLS keeps the classification head trainable (PEFT modules_to_save), as a classifier run does
-    task = "SEQ_CLS" if setup.num_labels else "FEATURE_EXTRACTION" if model.architecture == "encoder" else "CAUSAL_LM"
+    task = ("SEQ_CLS" if setup.num_labels
+            else "FEATURE_EXTRACTION" if model.architecture == "encoder" else "CAUSAL_LM")
     cfg = peft.LoraConfig(r=setup.rank, lora_alpha=setup.alpha or 2 * setup.rank, lora_dropout=setup.dropout,
                           target_modules=targets, task_type=task)
     try:

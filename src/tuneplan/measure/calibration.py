@@ -34,19 +34,26 @@ def _write(store: dict[str, Any], path: str) -> str:
     return path
 
 
+# the time options a measurement's machine was described with (a stated link, the network between nodes,
+# compiled kernels, a given tensor peak or GEMM fraction): the fit predicts each stored step with its own
+TIME_OPTION_FIELDS = ("compiled", "inter_node_gbs", "peak_tflops", "gemm_efficiency", "peer_link")
+
+
 def record_step(run: Any, acc: Accelerator, measured_step_seconds: float, source: str,
-                path: str | None = None) -> dict[str, Any]:
+                path: str | None = None, options: Any = None) -> dict[str, Any]:
     """Store one measured optimizer step of ``run`` on ``acc`` beside its uncalibrated prediction, and fit the
-    card's and framework's factors again over its stored measurements; returns the stored measurement."""
+    card's and framework's factors again over its stored measurements; returns the stored measurement.
+    ``options`` (``RuntimeOptions``): how the machine was described (``--link`` and the like); the
+    prediction the factors correct is the one made with them, as the calibrated estimates will be."""
     import dataclasses
 
-    from tuneplan.estimator.runtime import DEFAULT_OPTIONS
     from tuneplan.estimator.throughput import run_step_time
 
     if not isinstance(measured_step_seconds, (int, float)) or not 0 < measured_step_seconds < 1e7:
         raise TuneplanError(f"{measured_step_seconds!r} is not a step time", field="step_seconds",
                             accepted="seconds per optimizer step > 0, e.g. 1.8")
-    st = run_step_time(run, acc, DEFAULT_OPTIONS)
+    opts = _options_of({f: getattr(options, f) for f in TIME_OPTION_FIELDS} if options is not None else {})
+    st = run_step_time(run, acc, opts)
     s = run.setup
     m = {"model": run.model.name, "method": s.method, "batch": s.batch, "seq": s.seq,
          "grad_accum": s.grad_accum,
@@ -55,7 +62,8 @@ def record_step(run: Any, acc: Accelerator, measured_step_seconds: float, source
                                          if isinstance(v, (str, int, float, bool, type(None), tuple))},
          "measured_step_seconds": float(measured_step_seconds), "predicted_step_seconds": st.step_seconds,
          "predicted": dict(st.breakdown), "widths": part_sigmas(st.card_known, st.link_name, st.link_stated),
-         "source": source,
+         "source": source, "time_options": {f: getattr(opts, f) for f in TIME_OPTION_FIELDS
+                                            if getattr(opts, f) not in (None, False)},
          "recorded_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     p = path or store_path()
     store = load_store(p)
@@ -83,7 +91,7 @@ def fit_entry(measurements: list[dict[str, Any]], acc: Accelerator, runs: dict[i
         if run is None:
             continue
 
-        step = _step_of(run, acc)
+        step = _step_of(run, acc, _options_of(m.get("time_options") or {}))
 
         try:
             step({})
@@ -100,14 +108,22 @@ def fit_entry(measurements: list[dict[str, Any]], acc: Accelerator, runs: dict[i
     return fit_corrections(cases, {k: v for k, v in widths.items() if k in used})
 
 
-def _step_of(run: Any, acc: Accelerator) -> Callable[[dict[str, float]], float]:
-    """The run's step seconds as a function of the per-mechanism factors."""
+def _options_of(given: dict[str, Any]) -> Any:
+    """The ``RuntimeOptions`` of a measurement's stored time options (the shared default when none)."""
     from tuneplan.estimator.runtime import DEFAULT_OPTIONS
+    from tuneplan.estimator.throughput import RuntimeOptions
+
+    kept = {k: v for k, v in given.items() if k in TIME_OPTION_FIELDS}
+    return RuntimeOptions(**kept) if kept else DEFAULT_OPTIONS
+
+
+def _step_of(run: Any, acc: Accelerator, options: Any) -> Callable[[dict[str, float]], float]:
+    """The run's step seconds, with its own time options, as a function of the per-mechanism factors."""
     from tuneplan.estimator.step_calibration import corrected_options
     from tuneplan.estimator.throughput import run_step_time
 
     def step(k: dict[str, float]) -> float:
-        return run_step_time(run, acc, corrected_options(DEFAULT_OPTIONS, k)).step_seconds
+        return run_step_time(run, acc, corrected_options(options, k)).step_seconds
 
     return step
 

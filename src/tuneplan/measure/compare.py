@@ -35,7 +35,8 @@ def compare(result: MeasureResult, breakdown: MemoryBreakdown) -> list[dict[str,
              "the estimate shows gradients only at its peak instant"),
         _row("peak during forward + loss", result.phase_peaks.get("forward"), ph.get("forward")),
         _row("peak during backward", result.phase_peaks.get("backward"), backward),
-        _row("peak during optimizer step", result.phase_peaks.get("optimizer_step"), ph.get("optimizer_step")),
+        _row("peak during optimizer step", result.phase_peaks.get("optimizer_step"),
+             ph.get("optimizer_step")),
         _row("allocated peak", result.peak_bytes, breakdown.allocated_peak_bytes),
     ]
     if result.memory_kind == "cuda":

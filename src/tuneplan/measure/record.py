@@ -79,7 +79,8 @@ def build_record(result: MeasureResult, comparison: list[dict[str, Any]], params
         "params_nominal_b": f"{params_total / 1e9:.3f}",
         "task": "synthetic: random token ids, labels = inputs",
         "method": method,
-        "method_detail": "; ".join(v for k, v in result.details.items() if k in ("lora", "freeze", "quantization"))
+        "method_detail": "; ".join(v for k, v in result.details.items()
+                                   if k in ("lora", "freeze", "quantization"))
                          or ("full fine-tune" if s["method"] == "full" else s["method"]),
         "lora_rank": str(s["rank"]) if s["method"] in ("lora", "qlora") else "",
         "lora_alpha": str(s.get("alpha") or 2 * s["rank"]) if s["method"] in ("lora", "qlora") else "",
@@ -96,7 +97,8 @@ def build_record(result: MeasureResult, comparison: list[dict[str, Any]], params
         "grad_checkpointing": result.details.get("gradient_checkpointing", ""),
         "attention_impl": result.details.get("attn_implementation", ""),
         "other_opts": f"{result.steps} optimizer steps; {result.details.get('weights', '')}; "
-                      f"load dtype {result.details.get('load_dtype', '')}; autocast {result.details.get('autocast', '')}",
+                      f"load dtype {result.details.get('load_dtype', '')}; "
+                      f"autocast {result.details.get('autocast', '')}",
         "parallelism": "single GPU" if on_gpu else "single device (CPU)",
         "n_gpus": "1" if on_gpu else "0",
         "offload": "none",
@@ -133,8 +135,9 @@ def check_record_target(path: str | Path) -> Path:
             header = next(csv.reader(f), [])
         if tuple(header) != MEASURED_COLUMNS:
             raise TuneplanError(
-                f"{p} exists with other columns ({len(header)} columns, first {header[:3]}); refusing to append "
-                "to it", field="record", accepted="a new file, or a file in the format of measured.csv")
+                f"{p} exists with other columns ({len(header)} columns, first {header[:3]}); "
+                "refusing to append to it", field="record",
+                accepted="a new file, or a file in the format of measured.csv")
     return p
 
 

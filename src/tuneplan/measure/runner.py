@@ -79,7 +79,8 @@ def run_measure(model: ModelSpec, setup: TrainSetup, *, steps: int = 3, device: 
                 weights: str | None = None, seed: int = 0) -> MeasureResult:
     """Build ``model`` with ``setup`` (resolved) and run ``steps`` optimizer steps on this machine."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise TuneplanError(f"must be a positive integer, got {steps!r}", field="steps", accepted="1, 2, 3, ...")
+        raise TuneplanError(f"must be a positive integer, got {steps!r}", field="steps",
+                            accepted="1, 2, 3, ...")
     torch, transformers, peft = require_stack()
     dev = pick_device(torch, device)
     torch.manual_seed(seed)
@@ -93,15 +94,18 @@ def run_measure(model: ModelSpec, setup: TrainSetup, *, steps: int = 3, device: 
     else:
         counters = HostCounters()
         name = f"CPU ({platform.processor() or platform.machine()}; no GPU)"
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "peft": peft.__version__}
     if dev.startswith("cuda"):
         versions["cuda"] = str(torch.version.cuda)
         if nvml is not None and nvml.driver:
             versions["driver"] = nvml.driver
     baseline = counters.current() if counters.kind == "host" else 0
-    res = MeasureResult(model=model.name, setup=setup.to_dict(), device="cuda" if dev.startswith("cuda") else "cpu",
-                        device_name=name, memory_kind=counters.kind, memory_metric=counters.label, steps=steps,
-                        versions=versions, tokens_per_step=setup.batch * setup.seq * setup.grad_accum)
+    res = MeasureResult(model=model.name, setup=setup.to_dict(),
+                        device="cuda" if dev.startswith("cuda") else "cpu",
+                        device_name=name, memory_kind=counters.kind, memory_metric=counters.label,
+                        steps=steps, versions=versions,
+                        tokens_per_step=setup.batch * setup.seq * setup.grad_accum)
     if counters.kind == "host":
         res.notes.append("no GPU: this ran on the CPU and every memory figure is the host process's resident "
                          "memory above its pre-load baseline, not GPU memory; the estimate's comparison is "
@@ -131,8 +135,8 @@ def run_measure(model: ModelSpec, setup: TrainSetup, *, steps: int = 3, device: 
     return res
 
 
-def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps: int, counters: MemoryCounters,
-          baseline: int, res: MeasureResult) -> None:
+def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps: int,
+          counters: MemoryCounters, baseline: int, res: MeasureResult) -> None:
     net, opt = run.model, run.optimizer
     vocab = model.vocab
     dev_type = "cuda" if run.device.startswith("cuda") else "cpu"
@@ -183,7 +187,8 @@ def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps:
             res.gradient_bytes = max(before_step - after, 0)
     res.peak_bytes = max(peaks.values())
     timed = res.step_seconds[1:] if steps > 1 else res.step_seconds
-    res.timed_steps = f"steps 2..{steps}" if steps > 1 else "step 1 only (includes warm-up and state creation)"
+    res.timed_steps = (f"steps 2..{steps}" if steps > 1
+                       else "step 1 only (includes warm-up and state creation)")
     total = sum(timed)
     res.tokens_per_s = res.tokens_per_step * len(timed) / total if total > 0 else None
 

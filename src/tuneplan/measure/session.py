@@ -14,8 +14,9 @@ from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 
-def measure(model: str | ModelSpec, setup: TrainSetup | None = None, *, steps: int = 3, device: str = "auto",
-            weights: str | None = None, record: str | Path | None = None, **setup_fields: Any) -> dict[str, Any]:
+def measure(model: str | ModelSpec, setup: TrainSetup | None = None, *, steps: int = 3,
+            device: str = "auto", weights: str | None = None, record: str | Path | None = None,
+            **setup_fields: Any) -> dict[str, Any]:
     """Measure ``steps`` real training steps of ``model`` on this machine; returns a JSON-ready dict.
 
     Keys: ``measured`` (MeasureResult as a dict), ``estimate`` (the analytic estimate's to_dict),
@@ -28,7 +29,8 @@ def measure(model: str | ModelSpec, setup: TrainSetup | None = None, *, steps: i
         check_record_target(record)  # before spending the run
     if weights is not None and not path_exists(user_path(str(weights), "weights")):
         raise TuneplanError(f"no checkpoint at {weights}", field="weights",
-                            accepted="a local folder with config.json and weights, or leave out for random weights")
+                            accepted="a local folder with config.json and weights, "
+                                     "or leave out for random weights")
     est = estimate(model, setup, **setup_fields)
     result = run_measure(est.model, est.setup, steps=steps, device=device, weights=weights)
     b = est.breakdown

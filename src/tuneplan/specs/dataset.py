@@ -39,10 +39,12 @@ class DatasetSpec:
             raise TuneplanError(f"got {self.packing!r}", field="packing", accepted="true, false")
         if self.samples is None and self.dataset_tokens is None:
             raise TuneplanError("say how much data: {samples} (with {avg_tokens}) or {dataset_tokens}",
-                                field="samples", accepted="{samples=N} [{avg_tokens=T}] or {dataset_tokens=N}")
+                                field="samples",
+                                accepted="{samples=N} [{avg_tokens=T}] or {dataset_tokens=N}")
         if not self.packing and self.samples is None and self.avg_tokens is None:
-            raise TuneplanError("without packing every sample is padded to {seq}, so the sample count is needed: "
-                                "give {samples}, or {avg_tokens} to derive it from {dataset_tokens}, or {packing}",
+            raise TuneplanError("without packing every sample is padded to {seq}, so the sample count is "
+                                "needed: give {samples}, or {avg_tokens} to derive it from {dataset_tokens}, "
+                                "or {packing}",
                                 field="samples", accepted="{samples=N}, {avg_tokens=T}, or {packing}")
         return self
 
@@ -75,8 +77,9 @@ class DatasetSpec:
         else:
             rows = math.ceil(n or 0)
             if self.avg_tokens and self.avg_tokens < seq:
-                notes.append(f"no packing: each sample padded to {{seq={seq}}}, {self.avg_tokens / seq:.0%} of the "
-                             "computed tokens are real (padding to the longest of each batch costs less)")
+                notes.append(f"no packing: each sample padded to {{seq={seq}}}, "
+                             f"{self.avg_tokens / seq:.0%} of the computed tokens are real "
+                             "(padding to the longest of each batch costs less)")
         return DatasetPlan(rows_per_epoch=rows, real_tokens_per_epoch=real, epochs=float(self.epochs),
                            seq=seq, notes=tuple(notes))
 

@@ -81,13 +81,14 @@ def build_layers(cfg: dict[str, Any], *, name: str, family: str, model_type: str
     check_heads(cfg, name, model_type, family, h, n_heads, kv)
     head_dim = int(_g(cfg, "head_dim", "kv_channels", default=h // n_heads))
     inter = int(_g(cfg, "intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", default=4 * h))
-    shape = Shape(cfg, name, model_type, h, n_layers, n_heads, vocab, kv, head_dim, inter, _tied(cfg, model_type),
-                  linear_cls, layer_cls)
+    shape = Shape(cfg, name, model_type, h, n_layers, n_heads, vocab, kv, head_dim, inter,
+                  _tied(cfg, model_type), linear_cls, layer_cls)
     builder = _BUILDERS.get(family)
     if builder is None:  # pragma: no cover - family_of only returns the families below
         raise ConfigError(f"no layout for family {family}", field=f"{name}.model_type")
-    lay = {"kv": kv, "head_dim": head_dim, "v_head": head_dim, "inter": inter, "tied": shape.tied, "other": 0,
-           "mlp_kind": "swiglu", "norm_kind": "rms", "n_experts": 0, "top_k": 0, "kv_lora": 0, **builder(shape)}
+    lay = {"kv": kv, "head_dim": head_dim, "v_head": head_dim, "inter": inter, "tied": shape.tied,
+           "other": 0, "mlp_kind": "swiglu", "norm_kind": "rms", "n_experts": 0, "top_k": 0, "kv_lora": 0,
+           **builder(shape)}
     return spec_cls(
         name=name, model_type=model_type, family=family, hidden=h, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=lay["kv"], head_dim=lay["head_dim"], v_head_dim=lay["v_head"], vocab=vocab,
@@ -114,8 +115,9 @@ def _window(value: Any) -> int | None:
 # OPTAttention "embed_dim must be divisible by num_heads", BertSelfAttention / RobertaSelfAttention,
 # StableLmAttention, FalconAttention, BloomAttention "hidden_size must be divisible by num_heads").
 # Mistral, Qwen2/3, Gemma, Phi... take head_dim = hidden // heads (or the config's head_dim) and build.
-HIDDEN_SPLIT_BY_HEADS = frozenset({"llama", "gemma2", "gemma3_text", "gemma3", "gpt_neox", "gpt2", "gpt_bigcode",
-                                   "gptj", "opt", "bert", "roberta", "stablelm", "falcon", "bloom"})
+HIDDEN_SPLIT_BY_HEADS = frozenset({"llama", "gemma2", "gemma3_text", "gemma3", "gpt_neox", "gpt2",
+                                   "gpt_bigcode", "gptj", "opt", "bert", "roberta", "stablelm", "falcon",
+                                   "bloom"})
 # model_types whose attention projects K and V to every head (no K/V head key in their configs)
 _MHA_ONLY = frozenset({"gpt2", "gpt_neox", "opt", "bloom", "gptj", "bert", "roberta"})
 # families whose K/V heads are not grouped query heads: DeepSeek's latent attention expands K/V to every
@@ -135,9 +137,10 @@ def check_heads(cfg: dict[str, Any], name: str, model_type: str, family: str, h:
         if kv < 1 or kv > n_heads or n_heads % kv:
             divisors = [d for d in range(1, n_heads + 1) if n_heads % d == 0]
             shown = ", ".join(map(str, divisors[:8])) + (", ..." if len(divisors) > 8 else "")
-            raise ConfigError(f"{kv} key/value heads cannot be shared evenly by {n_heads} attention heads",
-                              field=f"{name}.{_key(cfg, 'num_key_value_heads', 'num_kv_heads', 'multi_query_group_num')}",
-                              accepted=f"a divisor of num_attention_heads ({n_heads}): {shown}")
+            raise ConfigError(
+                f"{kv} key/value heads cannot be shared evenly by {n_heads} attention heads",
+                field=f"{name}.{_key(cfg, 'num_key_value_heads', 'num_kv_heads', 'multi_query_group_num')}",
+                accepted=f"a divisor of num_attention_heads ({n_heads}): {shown}")
     if model_type in HIDDEN_SPLIT_BY_HEADS and h % n_heads:
         raise ConfigError(f"hidden size {h} does not split into {n_heads} heads ({model_type} requires it)",
                           field=f"{name}.{_key(cfg, 'num_attention_heads', 'n_head')}",
@@ -161,12 +164,15 @@ def _llama_attention(s: Shape) -> tuple[Any, ...]:
     if mt == "internlm2":
         qkv_bias = o_bias = bool(s.cfg.get("bias", False))
     if mt == "phi3":
-        return (L("qkv_proj", h, q_out + 2 * kv_out, reads="attn_in"), L("o_proj", q_out, h, reads="attn_core"))
+        return (L("qkv_proj", h, q_out + 2 * kv_out, reads="attn_in"),
+                L("o_proj", q_out, h, reads="attn_core"))
     if mt == "internlm2":
         return (L("wqkv", h, q_out + 2 * kv_out, qkv_bias, reads="attn_in"),
                 L("wo", q_out, h, o_bias, reads="attn_core"))
-    return (L("q_proj", h, q_out, qkv_bias, reads="attn_in"), L("k_proj", h, kv_out, qkv_bias, reads="attn_in"),
-            L("v_proj", h, kv_out, qkv_bias, reads="attn_in"), L("o_proj", q_out, h, o_bias, reads="attn_core"))
+    return (L("q_proj", h, q_out, qkv_bias, reads="attn_in"),
+            L("k_proj", h, kv_out, qkv_bias, reads="attn_in"),
+            L("v_proj", h, kv_out, qkv_bias, reads="attn_in"),
+            L("o_proj", q_out, h, o_bias, reads="attn_core"))
 
 
 def _gated_mlp(s: Shape, f: int, role: str = "mlp", prefix: str = "") -> tuple[Any, ...]:
@@ -231,8 +237,10 @@ def _moe(s: Shape) -> dict[str, Any]:
     dense_only = set(cfg.get("mlp_only_layers", []) or [])
     n_moe = sum(1 for i in range(s.n_layers) if i not in dense_only and (i + 1) % step == 0)
     dense = out["groups"][0][0]
-    out["groups"] = ([(moe_layer, n_moe)] if n_moe else []) + ([(dense, s.n_layers - n_moe)] if s.n_layers - n_moe else [])
-    if not n_moe:  # every layer dense (a step past the layer count, or all in mlp_only_layers): no experts built
+    out["groups"] = (([(moe_layer, n_moe)] if n_moe else [])
+                     + ([(dense, s.n_layers - n_moe)] if s.n_layers - n_moe else []))
+    # every layer dense (a step past the layer count, or all in mlp_only_layers): no experts built
+    if not n_moe:
         return out
     return {**out, "n_experts": n_experts, "top_k": top_k}
 
@@ -310,7 +318,8 @@ def _gpt(s: Shape) -> dict[str, Any]:
                  L("fc2", inter, h, True, reads="mlp_mid", role="mlp"))
     else:
         qkv_n, o_n, up_n, down_n = names or ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
-        attn = (L(qkv_n, h, q_out + 2 * kv_out, bias, reads="attn_in"), L(o_n, q_out, h, bias, reads="attn_core"))
+        attn = (L(qkv_n, h, q_out + 2 * kv_out, bias, reads="attn_in"),
+                L(o_n, q_out, h, bias, reads="attn_core"))
         mlp_l = (L(up_n, h, inter, bias, reads="mlp_in", role="mlp"),
                  L(down_n, inter, h, bias, reads="mlp_mid", role="mlp"))
     # LayerNorm = weight + bias. Parallel-attention blocks (phi, falcon-7b) have one norm per layer.
@@ -355,7 +364,8 @@ def _bert(s: Shape) -> dict[str, Any]:
             "other": h * h + h + 2 * h + s.vocab, "lm_head": 0, "final_norm": 0, "tied": True}
 
 
-_BUILDERS = {"llama": _llama, "moe": _moe, "deepseek": _deepseek, "gpt": _gpt, "chatglm": _chatglm, "bert": _bert}
+_BUILDERS = {"llama": _llama, "moe": _moe, "deepseek": _deepseek, "gpt": _gpt, "chatglm": _chatglm,
+             "bert": _bert}
 
 
 def _with_count(m: Any, count: int) -> Any:

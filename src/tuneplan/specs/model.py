@@ -194,7 +194,8 @@ def _get(cfg: dict[str, Any], *keys: str, default: Any = None, required: bool = 
             return cfg[k]
     if required:
         raise ConfigError(
-            f"config.json has no '{keys[0]}'" + (f" (also looked for {', '.join(keys[1:])})" if len(keys) > 1 else ""),
+            f"config.json has no '{keys[0]}'"
+            + (f" (also looked for {', '.join(keys[1:])})" if len(keys) > 1 else ""),
             field=f"{name or 'config'}.{keys[0]}",
         )
     return default
@@ -217,7 +218,8 @@ def model_from_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         text.setdefault("model_type", str(cfg.get("model_type", "")) + "_text")
         cfg = text
     if not isinstance(cfg.get("model_type") or "", str) or len(cfg.get("model_type") or "") > 64:
-        raise ConfigError(f"must be a short string such as \"llama\", got {show_value(cfg.get('model_type'))}",
+        raise ConfigError(f"must be a short string such as \"llama\", "
+                          f"got {show_value(cfg.get('model_type'))}",
                           field=f"{name}.model_type", accepted="a transformers model_type, e.g. llama, qwen2")
     model_type = str(cfg.get("model_type") or "")
     if not model_type:
@@ -235,9 +237,12 @@ def model_from_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
             "(gated MLP, RMSNorm, separate q/k/v): check the parameter count",
             stacklevel=2,
         )
-    hidden = _positive_int(cfg, _get(cfg, "hidden_size", "n_embd", "d_model", required=True, name=name), "hidden_size", name)
+    hidden = _positive_int(
+        cfg, _get(cfg, "hidden_size", "n_embd", "d_model", required=True, name=name), "hidden_size", name
+    )
     n_layers = _positive_int(
-        cfg, _get(cfg, "num_hidden_layers", "n_layer", "num_layers", required=True, name=name), "num_hidden_layers", name
+        cfg, _get(cfg, "num_hidden_layers", "n_layer", "num_layers", required=True, name=name),
+        "num_hidden_layers", name
     )
     n_heads = _positive_int(
         cfg, _get(cfg, "num_attention_heads", "n_head", required=True, name=name), "num_attention_heads", name
@@ -278,7 +283,8 @@ def refuse_other_modalities(cfg: dict[str, Any], name: str) -> None:
             continue
         modal = (isinstance(value, dict) and any(w in key.lower() for w in _MODAL_WORDS)) \
             or (key in _MODAL_TOWER_KEYS and value not in (None, "", False))
-        # beside a text_config, any other sub-config is a second stack (a speech encoder, a detection backbone)
+        # beside a text_config, any other sub-config is a second stack (a speech encoder, a detection
+        # backbone)
         composite = "text_config" in cfg and isinstance(value, dict) and key.endswith("_config") \
             and key not in _TEXT_SIDE_CONFIGS
         if not (modal or composite):
@@ -289,7 +295,8 @@ def refuse_other_modalities(cfg: dict[str, Any], name: str) -> None:
             f"a multimodal model ({cfg.get('model_type') or 'unknown type'}): {part} not modelled "
             f"('{key}'); tuneplan counts language models only, and a partial count would understate the "
             "memory", field=f"{name}.{key}",
-            accepted="a language model's config.json (for the language part alone: its text_config as a file)")
+            accepted="a language model's config.json "
+                     "(for the language part alone: its text_config as a file)")
 
 
 def check_config_numbers(cfg: dict[str, Any], name: str) -> None:
@@ -312,11 +319,13 @@ def check_config_numbers(cfg: dict[str, Any], name: str) -> None:
         except TuneplanError as exc:
             raise ConfigError(exc.message, field=exc.field, accepted=exc.accepted) from None
     only = cfg.get("mlp_only_layers")
-    if only is not None and (not isinstance(only, list) or len(only) > MODEL_INT_RANGES["num_hidden_layers"][1]
+    if only is not None and (not isinstance(only, list)
+                             or len(only) > MODEL_INT_RANGES["num_hidden_layers"][1]
                              or not all(isinstance(i, int) and not isinstance(i, bool) for i in only)):
         raise ConfigError("must be a list of layer indices", field=f"{name}.mlp_only_layers",
                           accepted="e.g. [] or [0, 1]")
-    experts = next((cfg[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if cfg.get(k)), 0)
+    experts = next((cfg[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if cfg.get(k)),
+                   0)
     top_k = cfg.get("num_experts_per_tok")
     if experts and isinstance(top_k, int) and top_k > experts:
         raise ConfigError(f"routes each token to {top_k} experts but has {experts}",
@@ -329,7 +338,8 @@ def _check_built(spec: ModelSpec, name: str) -> ModelSpec:
         raise ConfigError(f"gives attention heads of width {spec.head_dim} (hidden {spec.hidden} / "
                           f"{spec.n_heads} heads)", field=f"{name}.num_attention_heads",
                           accepted="at most hidden_size heads, or an explicit head_dim >= 1")
-    if spec.n_experts and spec.top_k > spec.n_experts:  # the family's default top-k included (MixtralConfig: 2)
+    # the family's default top-k included (MixtralConfig: 2)
+    if spec.n_experts and spec.top_k > spec.n_experts:
         raise ConfigError(f"routes each token to {spec.top_k} experts but has {spec.n_experts} "
                           "(torch.topk over the router's outputs needs k at most the experts)",
                           field=f"{name}.num_experts_per_tok", accepted=f"1..{spec.n_experts}")

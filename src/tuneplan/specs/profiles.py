@@ -39,7 +39,8 @@ class Profile:
     # FSDP: one unit per block mixes frozen and trainable params (use_orig_params=True), so the unit's flat
     # parameter carries gradients for its frozen weights too (estimator/wrappers/fsdp.py)
     fsdp_mixed_unit_grads: bool = False
-    # FSDP: accumulating micro-batches run under no_sync and keep unsharded gradients (estimator/wrappers/fsdp.py)
+    # FSDP: accumulating micro-batches run under no_sync and keep unsharded gradients
+    # (estimator/wrappers/fsdp.py)
     fsdp_accumulate_unsharded: bool = False
     # bytes per weight element live while a quantized linear dequantizes (estimator/quant_kernels.py)
     dequant_bytes_per_elem: float = 0.0
@@ -65,7 +66,8 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "hf": Profile(
         name="hf", label="transformers Trainer + PEFT + bitsandbytes",
-        default_precision="bf16-mixed", default_optimizer="adamw-fused", default_optimizer_qlora="adamw-fused",
+        default_precision="bf16-mixed", default_optimizer="adamw-fused",
+        default_optimizer_qlora="adamw-fused",
         default_attn="sdpa", gc_full=False, gc_lora=False, gc_qlora=True, default_targets="peft-default",
         autocast=True, kbit_upcast_fp32=True, adapter_fp32=True, trainable_fp32_in_mixed=True, loss="hf",
         sources=(
@@ -80,7 +82,8 @@ PROFILES: dict[str, Profile] = {
     ),
     "llamafactory": Profile(
         name="llamafactory", label="LLaMA-Factory (HF Trainer based)",
-        default_precision="bf16-mixed", default_optimizer="adamw-fused", default_optimizer_qlora="adamw-fused",
+        default_precision="bf16-mixed", default_optimizer="adamw-fused",
+        default_optimizer_qlora="adamw-fused",
         default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="all",
         autocast=True, kbit_upcast_fp32=False, adapter_fp32=True, trainable_fp32_in_mixed=True, loss="hf",
         sources=(
@@ -94,20 +97,23 @@ PROFILES: dict[str, Profile] = {
         name="unsloth", label="Unsloth (fused loss, offloaded checkpointing, own LoRA kernels)",
         default_precision="bf16-mixed", default_optimizer="adamw-8bit", default_optimizer_qlora="adamw-8bit",
         default_attn="flash", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="all-linear",
-        autocast=True, kbit_upcast_fp32=False, adapter_fp32=True, trainable_fp32_in_mixed=True, loss="fused_linear",
+        autocast=True, kbit_upcast_fp32=False, adapter_fp32=True, trainable_fp32_in_mixed=True,
+        loss="fused_linear",
         gc_offload=True, model_code="unsloth",
         sources=(
             "unsloth README/notebooks: use_gradient_checkpointing='unsloth' (checkpoints offloaded to CPU), "
             "optim='adamw_8bit', target q,k,v,o,gate,up,down",
             "unsloth README (context-length benchmarks): Apple's cut cross-entropy, no logits tensor "
             "(unsloth_zoo fused linear cross-entropy)",
-            "unsloth/kernels/fast_lora.py LoRA_QKV / LoRA_W / LoRA_MLP save only X, e, g (estimator/fused_layers.py)",
+            "unsloth/kernels/fast_lora.py LoRA_QKV / LoRA_W / LoRA_MLP save only X, e, g "
+            "(estimator/fused_layers.py)",
         ),
     ),
     "torchtune": Profile(
         name="torchtune", label="torchtune (pure bf16, chunked cross-entropy)",
         default_precision="bf16", default_optimizer="adamw-fused", default_optimizer_qlora="adamw-fused",
-        default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True, default_targets="q_proj,v_proj,output_proj",
+        default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True,
+        default_targets="q_proj,v_proj,output_proj",
         autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=False,
         loss="chunked_fp32", model_code="torchtune", dequant_bytes_per_elem=14.0,
         fsdp_root_embeddings=(), quant_meta_sharded=True,
@@ -118,8 +124,8 @@ PROFILES: dict[str, Profile] = {
             "torchao NF4Tensor.get_original_weight (used by torchtune linear_nf4 in forward and backward): "
             "int64 unpack of both 4-bit halves + table lookup + scaling + stack = 14 B per weight element",
             "torchtune 0.3 recipes shard with FSDP2 fully_shard(reshard_after_forward=True) (training/"
-            "_distributed.py shard_model); torch's _fsdp_state.py keeps the root unsharded after forward only "
-            "when that is left to auto, so the root (embeddings, output) is resharded like every layer",
+            "_distributed.py shard_model); torch's _fsdp_state.py keeps the root unsharded after forward "
+            "only when that is left to auto, so the root (embeddings, output) is resharded like every layer",
         ),
     ),
     "litgpt": Profile(
@@ -148,16 +154,16 @@ PROFILES: dict[str, Profile] = {
             "litgpt model.py GPT.__init__: lm_head = nn.Linear(n_embd, padded_vocab_size) beside "
             "transformer.wte, never tied; convert_hf_checkpoint copies a tied checkpoint's embedding into "
             "lm_head.weight (Gemma, Llama-3.2 1B/3B)",
-            "lightning.fabric HalfPrecision / BitsandbytesPrecision.convert_output: module outputs cast to the "
-            "default dtype (fp32), so LitGPT's chunked loss runs on fp32 logits (estimator/logits.py)",
+            "lightning.fabric HalfPrecision / BitsandbytesPrecision.convert_output: module outputs cast to "
+            "the default dtype (fp32), so LitGPT's chunked loss runs on fp32 logits (estimator/logits.py)",
             "litgpt finetune/*.py fit(): `logits` and `loss` stay bound across backward and optimizer.step() "
             "until the next micro-batch rebinds them",
             "bitsandbytes <= 0.43 MatMul4Bit.forward: ctx.tensors = (A, B), a Python attribute backward does "
             "not free: the inputs live as long as the loss's graph",
             "lightning.fabric BitsandbytesPrecision: _convert_layers replaces every torch.nn.Linear not in "
-            "ignore_modules (litgpt passes none), the lm_head included; _Linear4bit.quantize casts the weight "
-            "to torch.half first, so dequantize_4bit returns fp16 and .to(bfloat16) copies it: 2 + 2 bytes "
-            "per weight element while a linear runs",
+            "ignore_modules (litgpt passes none), the lm_head included; _Linear4bit.quantize casts the "
+            "weight to torch.half first, so dequantize_4bit returns fp16 and .to(bfloat16) copies it: "
+            "2 + 2 bytes per weight element while a linear runs",
         ),
     ),
 }
@@ -166,11 +172,14 @@ PROFILES: dict[str, Profile] = {
 # torchtune 0.1-0.2 (before pytorch/torchtune#1390, 2024-08-22, which added chunked cross-entropy): the same
 # stack with the older recipe loop and loss
 PROFILES["torchtune-0.2"] = replace(
-    PROFILES["torchtune"], name="torchtune-0.2", label="torchtune 0.1-0.2 (fp32 logits, no chunked cross-entropy)",
-    loss="torchtune_legacy", loop_holds_outputs=True, fsdp_root_embeddings=("full", "freeze", "lora", "qlora"),
+    PROFILES["torchtune"], name="torchtune-0.2",
+    label="torchtune 0.1-0.2 (fp32 logits, no chunked cross-entropy)",
+    loss="torchtune_legacy", loop_holds_outputs=True,
+    fsdp_root_embeddings=("full", "freeze", "lora", "qlora"),
     default_dropout=0.05,
     sources=(
-        "torchtune 0.1.1 / 0.2.1 modules/transformer.py TransformerDecoder.forward: output = self.output(h).float()",
+        "torchtune 0.1.1 / 0.2.1 modules/transformer.py TransformerDecoder.forward: "
+        "output = self.output(h).float()",
         "torchtune 0.1.1 / 0.2.1 recipes/lora_finetune_single_device.py train(): logits = "
         "logits[..., :-1, :].contiguous(); logits = logits.transpose(1, 2); loss = self._loss_fn(logits, "
         "labels); loss.backward(): `logits` stays bound until the next iteration rebinds it",
@@ -181,9 +190,9 @@ PROFILES["torchtune-0.2"] = replace(
 )
 
 
-# Answer.AI's fsdp_qlora train.py (github.com/AnswerDotAI/fsdp_qlora, train.py at 05ed9f2, 2024-06-13): its own
-# loop around FSDP1, transformers' Llama / Mistral code and PEFT (train_type lora / qlora). What it does by
-# default, read from the script (line numbers of that commit):
+# Answer.AI's fsdp_qlora train.py (github.com/AnswerDotAI/fsdp_qlora, train.py at 05ed9f2, 2024-06-13): its
+# own loop around FSDP1, transformers' Llama / Mistral code and PEFT (train_type lora / qlora). What it does
+# by default, read from the script (line numbers of that commit):
 # - precision "bf16": the model is built and loaded in bf16, no autocast, no MixedPrecision policy (540-553,
 #   822-826); the bf16_autocast / fp16_autocast choices load fp32 and autocast (tuneplan's '-mixed');
 # - qlora: every nn.Linear of model.model becomes a bitsandbytes Linear4bit(quant_type="nf4",
@@ -216,11 +225,11 @@ PROFILES["fsdp-qlora"] = Profile(
         "fsdp_qlora train.py get_optimizer: optimizer='adamw' -> torch.optim.AdamW(fused=False)",
         "fsdp_qlora train.py: lora_rank=64, lora_alpha=16, lora_dropout=0.1, lora_target_modules='all' -> "
         "['k_proj','q_proj','v_proj','up_proj','down_proj','gate_proj']",
-        "fsdp_qlora train.py: replace_linear(model.model, Linear4bit, quant_type='nf4', quant_storage=torch_dtype, "
-        "skip_modules=['lm_head']); no prepare_model_for_kbit_training",
+        "fsdp_qlora train.py: replace_linear(model.model, Linear4bit, quant_type='nf4', "
+        "quant_storage=torch_dtype, skip_modules=['lm_head']); no prepare_model_for_kbit_training",
         "fsdp_qlora train.py: attn_impl='sdpa'",
-        "PEFT < 0.11 (the 2024 stack of Answer.AI's measurements) gives adapters the dtype of the base layer's "
-        "weight (bf16, Params4bit in bf16 quant_storage); PEFT >= 0.11 upcasts them to fp32 "
+        "PEFT < 0.11 (the 2024 stack of Answer.AI's measurements) gives adapters the dtype of the base "
+        "layer's weight (bf16, Params4bit in bf16 quant_storage); PEFT >= 0.11 upcasts them to fp32 "
         "(huggingface/peft#1706, autocast_adapter_dtype)",
         "transformers 4.37-4.45 LlamaForCausalLM / MistralForCausalLM.forward: logits = logits.float(); "
         "shift_logits = logits[..., :-1, :].contiguous(): the fp32 logits (kept in the output through "
@@ -237,7 +246,8 @@ def get_profile(name: str) -> Profile:
     try:
         return PROFILES[name]
     except KeyError:
-        raise TuneplanError(f"unknown framework {name!r}", field="framework", accepted=tuple(PROFILES)) from None
+        raise TuneplanError(f"unknown framework {name!r}", field="framework",
+                            accepted=tuple(PROFILES)) from None
 
 
 def classifier_head_params(model: ModelSpec, num_labels: int) -> int:
@@ -310,12 +320,14 @@ def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] 
 
     if setup.method == "qlora" and setup.bits is None:
         default("bits", 4)
-    if prof.default_rank and "rank" not in explicit and "rank" not in sources and setup.rank == TrainSetup.rank:
+    if (prof.default_rank and "rank" not in explicit and "rank" not in sources
+            and setup.rank == TrainSetup.rank):
         default("rank", prof.default_rank)
     if setup.dropout is None:
         default("dropout", prof.default_dropout if setup.is_lora else 0.0)
     if setup.optimizer is None:
-        default("optimizer", prof.default_optimizer_qlora if setup.method == "qlora" else prof.default_optimizer)
+        default("optimizer",
+                prof.default_optimizer_qlora if setup.method == "qlora" else prof.default_optimizer)
     if setup.attn is None and setup.softmax_keeps_input:
         changes["attn"] = "eager"
         sources["attn"] = "eager: torch < 1.11 (softmax_keeps_input) has no SDPA or FlashAttention-2"

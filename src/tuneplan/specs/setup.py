@@ -19,7 +19,8 @@ from tuneplan.specs.limits import MODEL_INT_RANGES, SETUP_INT_RANGES, check_int,
 
 METHODS = ("full", "freeze", "lora", "qlora")
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16", "bf16")
-OPTIMIZERS = ("adamw", "adamw-fused", "adamw-hf", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor", "sgd")
+OPTIMIZERS = ("adamw", "adamw-fused", "adamw-hf", "adamw-8bit", "paged-adamw-8bit", "paged-adamw",
+              "adafactor", "sgd")
 ATTENTIONS = ("eager", "sdpa", "flash")
 OFFLOADS = ("none", "optimizer", "all")
 # Loss kernels: "upcast" = the whole logits tensor upcast to fp32 before cross-entropy (transformers,
@@ -85,7 +86,8 @@ class TrainSetup:
     # models: transformers *ForSequenceClassification); None = causal / masked language modelling
     num_labels: int | None = None
     # naive model parallelism: one process, the layers split over ``gpus`` cards by accelerate's placement
-    # rule (from_pretrained(device_map="auto")), one card busy at a time; "none" = each GPU a data-parallel rank
+    # rule (from_pretrained(device_map="auto")), one card busy at a time; "none" = each GPU a data-parallel
+    # rank
     device_map: str = "none"
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     # Behaviours of older torch stacks that only calibration rows need: not fields of a setup anyone plans
@@ -139,7 +141,8 @@ class TrainSetup:
             _choice("attn", self.attn, ATTENTIONS)
         if self.loss is not None:
             _choice("loss", self.loss, LOSSES)
-        if self.num_labels is not None and (isinstance(self.num_labels, bool) or not isinstance(self.num_labels, int)
+        if self.num_labels is not None and (isinstance(self.num_labels, bool)
+                                            or not isinstance(self.num_labels, int)
                                             or self.num_labels < 1):
             raise TuneplanError(f"got {self.num_labels!r}", field="num_labels", accepted="an integer >= 1")
         for name in ("batch", "seq", "grad_accum", "gpus", "nodes"):
@@ -150,11 +153,13 @@ class TrainSetup:
         if self.bits is not None:
             if self.method != "qlora":
                 why = {"lora": f"LoRA on a {self.bits}-bit base is what QLoRA is",
-                       "freeze": f"frozen layers could be {self.bits}-bit, but the trained ones cannot take gradients",
+                       "freeze": f"frozen layers could be {self.bits}-bit, but the trained ones cannot take "
+                                 "gradients",
                        }.get(self.method, f"full fine-tuning of a {self.bits}-bit model is not possible: "
                                           "its weights cannot take gradients")
                 raise TuneplanError(
-                    f"quantizing the frozen base to {self.bits} bits only applies to {{method=qlora}} ({why})",
+                    f"quantizing the frozen base to {self.bits} bits only applies to {{method=qlora}} "
+                    f"({why})",
                     field="bits", accepted="use {method=qlora}, or leave out {bits}")
             if self.bits not in (4, 8):
                 raise TuneplanError(f"got {self.bits}", field="bits", accepted="4, 8")
@@ -163,7 +168,8 @@ class TrainSetup:
                 raise TuneplanError(f"LoRA rank must be a positive integer, got {self.rank!r}", field="rank",
                                     accepted="1, 2, 4, 8, 16, 32, 64, ...")
             if self.rank > 65536:
-                raise TuneplanError(f"rank {self.rank} is larger than any layer", field="rank", accepted="1..65536")
+                raise TuneplanError(f"rank {self.rank} is larger than any layer", field="rank",
+                                    accepted="1..65536")
         if self.dropout is not None and not 0.0 <= float(self.dropout) < 1.0:
             raise TuneplanError(f"got {self.dropout}", field="dropout", accepted="0 <= dropout < 1")
         if self.zero not in (0, 1, 2, 3):
@@ -191,7 +197,8 @@ class TrainSetup:
         if self.method == "qlora" and self.precision == "fp32":
             pass  # allowed: compute dtype fp32 (slow but valid)
         if self.ds_overlap_comm is not None and not isinstance(self.ds_overlap_comm, bool):
-            raise TuneplanError(f"got {self.ds_overlap_comm!r}", field="ds_overlap_comm", accepted="true, false")
+            raise TuneplanError(f"got {self.ds_overlap_comm!r}", field="ds_overlap_comm",
+                                accepted="true, false")
         for name in ("ds_reduce_bucket", "ds_prefetch_bucket"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
@@ -232,7 +239,8 @@ def check_fields(values: Mapping[str, Any]) -> None:
         elif name in _BOOLS and not isinstance(value, bool):
             raise TuneplanError(f"got {show_value(value)}", field=name, accepted="true, false")
         elif name == "bits" and (isinstance(value, bool) or value not in (4, 8)):
-            raise TuneplanError(f"got {show_value(value)}", field="bits", accepted="4, 8 (bitsandbytes 4-bit or 8-bit)")
+            raise TuneplanError(f"got {show_value(value)}", field="bits",
+                                accepted="4, 8 (bitsandbytes 4-bit or 8-bit)")
         elif name == "rank":
             check_int("rank", value, 1, 65_536, "a LoRA rank above 65536 is wider than any layer")
         elif name == "alpha":
@@ -246,7 +254,8 @@ def check_fields(values: Mapping[str, Any]) -> None:
         elif name == "fsdp_version" and (isinstance(value, bool) or value not in (1, 2)):
             raise TuneplanError(f"got {show_value(value)}", field="fsdp_version", accepted="1, 2")
         elif name == "num_labels":
-            check_int("num_labels", value, 1, MODEL_INT_RANGES["vocab_size"][1], "labels of a classifier head")
+            check_int("num_labels", value, 1, MODEL_INT_RANGES["vocab_size"][1],
+                      "labels of a classifier head")
         elif name in ("ds_reduce_bucket", "ds_prefetch_bucket"):
             check_int(name, value, 1, _MAX_BUCKET, "elements; DeepSpeed's default is 500000000")
         elif name == "targets" and (not isinstance(value, str) or len(value) > 4096):
@@ -277,11 +286,12 @@ def _device_map_combinations(s: TrainSetup) -> None:
         raise TuneplanError(f"{how}; FSDP shards over one process per card: choose one",
                             field="device_map", accepted="{device_map=none} with {fsdp}, or leave out {fsdp}")
     if s.nodes > 1:
-        raise TuneplanError("{device_map} splits the layers over the cards of one machine; several nodes mean "
-                            "data-parallel ranks (DDP)",
+        raise TuneplanError("{device_map} splits the layers over the cards of one machine; several nodes "
+                            "mean data-parallel ranks (DDP)",
                             field="device_map", accepted="{nodes=1} with {device_map}, or {device_map=none}")
     if s.framework not in DEVICE_MAP_FRAMEWORKS:
-        why = ("LLaMA-Factory's training loads the model on each process's own card" if s.framework == "llamafactory"
+        why = ("LLaMA-Factory's training loads the model on each process's own card"
+               if s.framework == "llamafactory"
                else f"the {s.framework} profile builds its model another way")
         raise TuneplanError(f"{how}, as transformers' from_pretrained does; {why}", field="device_map",
                             accepted="{framework=hf}, or {device_map=none}")

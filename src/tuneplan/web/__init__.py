@@ -41,7 +41,8 @@ def build_app() -> Any:
     return build()
 
 
-def launch(host: str = "127.0.0.1", port: int | None = 7860, *, block: bool = True, quiet: bool = False) -> Any:
+def launch(host: str = "127.0.0.1", port: int | None = 7860, *, block: bool = True,
+           quiet: bool = False) -> Any:
     """Serve the page on ``host:port`` (loopback by default). Returns the Blocks once started.
 
     Sized for a small server that strangers may reach (``tuneplan.web.limits``): at most SESSIONS_MAX

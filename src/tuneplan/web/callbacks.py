@@ -29,7 +29,8 @@ def _messages(errors: dict[str, str]) -> dict[str, str]:
     return {f"{g}_msg": views.message_html(errors.get(g)) for g in GROUPS}
 
 
-def guarded(slot: str, outputs: tuple[str, ...] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def guarded(slot: str, outputs: tuple[str, ...] | None = None
+            ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Turn any exception a callback raises into a message in ``slot`` (and log the traceback)."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -41,7 +42,8 @@ def guarded(slot: str, outputs: tuple[str, ...] | None = None) -> Callable[[Call
                 msg = views.message_html(page_error(exc))
             except Exception as exc:  # a bug must not take the page down: log it, say so in one line
                 log.exception("web callback %s failed", fn.__name__)
-                msg = views.message_html(f"internal error ({type(exc).__name__}: {exc}); logged on the server")
+                msg = views.message_html(f"internal error ({type(exc).__name__}: {exc}); "
+                                         "logged on the server")
             if outputs is None:
                 return msg
             return {name: (msg if name == slot else "") for name in outputs}
@@ -128,7 +130,8 @@ def read_upload(data: bytes | None) -> tuple[str, str]:
     if not data:
         return "", ""
     if not isinstance(data, (bytes, bytearray)):
-        return "", views.message_html("config: the upload did not arrive as a file; upload the model's config.json")
+        return "", views.message_html("config: the upload did not arrive as a file; "
+                                      "upload the model's config.json")
     if len(data) > PASTE_MAX_BYTES:
         return "", views.message_html(f"config: the file is {len(data):,} bytes; a config.json is a few KiB "
                                       f"(at most {PASTE_MAX_BYTES // 1024} KiB here)")

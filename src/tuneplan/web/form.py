@@ -328,11 +328,13 @@ def parse(values: dict[str, Any]) -> Parsed:
         p.fail("hardware", page_error(exc))
     try:
         p.samples = whole("samples", v.get("samples"))
-        p.epochs = positive("epochs", v.get("epochs"), maximum=limits.EPOCHS_MAX, accepted="a number > 0 (e.g. 1, 3, 0.5)")
+        p.epochs = positive("epochs", v.get("epochs"), maximum=limits.EPOCHS_MAX,
+                            accepted="a number > 0 (e.g. 1, 3, 0.5)")
         avg = v.get("avg_tokens")
         if not _blank(avg):
             p.avg_tokens = positive("avg_tokens", avg, maximum=limits.AVG_TOKENS_MAX,
-                                    accepted="tokens per sample after the chat template, e.g. 350; empty: fills seq")
+                                    accepted="tokens per sample after the chat template, e.g. 350; "
+                                    "empty: fills seq")
         p.packing = bool(v.get("packing"))
     except TuneplanError as exc:
         p.fail("dataset", page_error(exc))

@@ -63,7 +63,8 @@ def build_app() -> Any:
     w: dict[str, Any] = {}
     with gr.Blocks(**blocks_kw) as demo:
         gr.Markdown(f"## {TITLE}\nPer-GPU peak memory, compatibility, time and cost of an LLM fine-tune, "
-                    "computed by the same core as the `tuneplan` command. Change any field; the answer follows.")
+                    "computed by the same core as the `tuneplan` command. Change any field; the answer "
+                    "follows.")
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=320):
                 w.update(_model_inputs(gr))
@@ -118,7 +119,8 @@ def _method_applies(method: str) -> tuple[Any, Any, Any]:
 
 
 def _dropdown(gr: Any, name: str, label: str, info: str | None = None, **kw: Any) -> Any:
-    return gr.Dropdown(list(CHOICES[name]), value=DEFAULTS[name], label=label, info=info, elem_id=f"tp-{name}", **kw)
+    return gr.Dropdown(list(CHOICES[name]), value=DEFAULTS[name], label=label, info=info,
+                       elem_id=f"tp-{name}", **kw)
 
 
 def _number(gr: Any, name: str, label: str, **kw: Any) -> Any:
@@ -144,13 +146,15 @@ def _model_inputs(gr: Any) -> dict[str, Any]:
     w: dict[str, Any] = {}
     gr.Markdown("#### Model")
     with gr.Group():
-        w["model"] = gr.Dropdown(model_choices(), value=DEFAULTS["model"], label=LABELS["model"], allow_custom_value=True,
-                                 info="type to search the catalog, or enter a Hugging Face id", elem_id="tp-model")
+        w["model"] = gr.Dropdown(model_choices(), value=DEFAULTS["model"], label=LABELS["model"],
+                                 allow_custom_value=True, elem_id="tp-model",
+                                 info="type to search the catalog, or enter a Hugging Face id")
         with gr.Accordion("...or paste / upload a config.json", open=False):
-            w["config_text"] = gr.Code(value="", language="json", label="config.json (overrides the model above)",
+            w["config_text"] = gr.Code(value="", language="json",
+                                       label="config.json (overrides the model above)",
                                        lines=6, interactive=True, elem_id="tp-config")
-            w["upload"] = gr.UploadButton("Upload config.json", file_types=[".json"], type="binary", size="sm",
-                                           elem_id="tp-upload")
+            w["upload"] = gr.UploadButton("Upload config.json", file_types=[".json"], type="binary",
+                                          size="sm", elem_id="tp-upload")
     w["model_msg"] = gr.HTML(elem_id="tp-model-msg")
     return w
 
@@ -162,7 +166,8 @@ def _setup_inputs(gr: Any) -> dict[str, Any]:
         with gr.Row():
             w["method"] = gr.Radio(list(CHOICES["method"]), value=DEFAULTS["method"], label=LABELS["method"],
                                    elem_id="tp-method", scale=3)
-            w["bits"] = gr.Radio(list(CHOICES["bits"]), value=DEFAULTS["bits"], label=LABELS["bits"], elem_id="tp-bits",
+            w["bits"] = gr.Radio(list(CHOICES["bits"]), value=DEFAULTS["bits"], label=LABELS["bits"],
+                                 elem_id="tp-bits",
                                  scale=1, interactive=DEFAULTS["method"] == "qlora")
         with gr.Row():
             w["rank"] = _number(gr, "rank", LABELS["rank"])
@@ -176,15 +181,20 @@ def _setup_inputs(gr: Any) -> dict[str, Any]:
                 w["precision"] = _dropdown(gr, "precision", LABELS["precision"])
                 w["optimizer"] = _dropdown(gr, "optimizer", LABELS["optimizer"])
             with gr.Row():
-                w["gradient_checkpointing"] = _dropdown(gr, "gradient_checkpointing", LABELS["gradient_checkpointing"])
+                w["gradient_checkpointing"] = _dropdown(gr, "gradient_checkpointing",
+                                                        LABELS["gradient_checkpointing"])
                 w["attn"] = _dropdown(gr, "attn", LABELS["attn"])
             with gr.Row():
-                w["loss"] = _dropdown(gr, "loss", LABELS["loss"], info="upcast | chunked | fused | fused-linear (Liger)")
-                w["compile"] = gr.Checkbox(value=DEFAULTS["compile"], label=LABELS["compile"], elem_id="tp-compile")
+                w["loss"] = _dropdown(gr, "loss", LABELS["loss"],
+                                      info="upcast | chunked | fused | fused-linear (Liger)")
+                w["compile"] = gr.Checkbox(value=DEFAULTS["compile"], label=LABELS["compile"],
+                                           elem_id="tp-compile")
                 w["activation_offload"] = gr.Checkbox(value=DEFAULTS["activation_offload"],
-                                                      label=LABELS["activation_offload"], elem_id="tp-act-offload")
+                                                      label=LABELS["activation_offload"],
+                                                      elem_id="tp-act-offload")
             w["num_labels"] = gr.Textbox(value=DEFAULTS["num_labels"], label=LABELS["num_labels"],
-                                         placeholder="empty: language-model head; N: a classifier / reward head",
+                                         placeholder="empty: language-model head; "
+                                         "N: a classifier / reward head",
                                          elem_id="tp-num-labels")
             w["framework"] = _dropdown(gr, "framework", LABELS["framework"],
                                        info=f"'{AUTO}' fields take this framework's defaults")
@@ -199,8 +209,9 @@ def _hardware_inputs(gr: Any) -> dict[str, Any]:
     w: dict[str, Any] = {}
     gr.Markdown("#### Hardware")
     with gr.Group():
-        w["gpu"] = gr.Dropdown(gpu_choices(), value=DEFAULTS["gpu"], label=LABELS["gpu"], allow_custom_value=True,
-                               info="type to search; loose names like 4090 or a100-40g work", elem_id="tp-gpu")
+        w["gpu"] = gr.Dropdown(gpu_choices(), value=DEFAULTS["gpu"], label=LABELS["gpu"],
+                               allow_custom_value=True, elem_id="tp-gpu",
+                               info="type to search; loose names like 4090 or a100-40g work")
         with gr.Row():
             w["gpus"] = _number(gr, "gpus", LABELS["gpus"])
             w["nodes"] = _number(gr, "nodes", LABELS["nodes"])
@@ -218,10 +229,11 @@ def _dataset_inputs(gr: Any) -> dict[str, Any]:
     with gr.Group():
         with gr.Row():
             w["samples"] = _number(gr, "samples", LABELS["samples"])
-            w["avg_tokens"] = gr.Textbox(value="", label=LABELS["avg_tokens"], placeholder="empty: each fills seq",
-                                         elem_id="tp-avg_tokens")
+            w["avg_tokens"] = gr.Textbox(value="", label=LABELS["avg_tokens"],
+                                         placeholder="empty: each fills seq", elem_id="tp-avg_tokens")
         with gr.Row():
             w["epochs"] = _number(gr, "epochs", LABELS["epochs"], step=0.5)
-            w["packing"] = gr.Checkbox(value=DEFAULTS["packing"], label=LABELS["packing"], elem_id="tp-packing")
+            w["packing"] = gr.Checkbox(value=DEFAULTS["packing"], label=LABELS["packing"],
+                                       elem_id="tp-packing")
     w["dataset_msg"] = gr.HTML(elem_id="tp-dataset-msg")
     return w

@@ -18,13 +18,14 @@ def build(gr: Any, w: dict[str, Any]) -> dict[str, Any]:
     tabs = {}
     with gr.Tab("Best config", elem_id="tp-tab-fit") as tabs["fit"]:
         with gr.Row():
-            w["global_batch"] = gr.Number(value=16, label="Target global batch (sequences per optimizer step)",
+            w["global_batch"] = gr.Number(value=16,
+                                          label="Target global batch (sequences per optimizer step)",
                                           elem_id="tp-global-batch")
-            w["prefer"] = gr.Dropdown(list(plans.PREFERS), value="balanced", label="Objective (also ranks the GPUs tab)",
-                                      elem_id="tp-prefer")
+            w["prefer"] = gr.Dropdown(list(plans.PREFERS), value="balanced",
+                                      label="Objective (also ranks the GPUs tab)", elem_id="tp-prefer")
         w["fit"] = gr.HTML(elem_id="tp-fit")
     with gr.Tab("GPUs", elem_id="tp-tab-gpus") as tabs["gpus"]:
-        w["gpus_rank"] = gr.HTML(elem_id="tp-gpus")
+        w["gpus_rank"] = gr.HTML(elem_id="tp-gpus-rank")
     with gr.Tab("Deploy", elem_id="tp-tab-deploy") as tabs["deploy"]:
         with gr.Row():
             w["serve_precision"] = gr.Dropdown(list(plans.serve_precisions()), value="bf16", label="Serve at",

@@ -1,8 +1,9 @@
 """The planner tabs' callbacks (best config, GPU ranking, recipe export), as plain functions.
 
 Each calls the same function as its CLI command (``tuneplan.plan.fit``, ``tuneplan.plan.gpus``,
-``tuneplan.export``, ``tuneplan.deploy.plan``), imported when the tab is first used. Results are rendered from their ``to_dict()``, so the page shows what the planner decided and
-decides nothing itself.
+``tuneplan.export``, ``tuneplan.deploy.plan``), imported when the tab is first used. Results are
+rendered from their ``to_dict()``, so the page shows what the planner decided and decides nothing
+itself.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from tuneplan.web.wording import page_error, page_words
 log = logging.getLogger("tuneplan.web")
 
 TIGHT = "#9a6700"  # amber border: a recommendation that fits only on paper
-PREFERS = ("balanced", "quality", "speed", "cost")  # plan.rule.PREFERS (not imported: the planner loads lazily)
+# plan.rule.PREFERS (not imported: the planner loads lazily)
+PREFERS = ("balanced", "quality", "speed", "cost")
 
 
 def _ready(values: dict[str, Any], *, need_gpu: bool) -> tuple[Parsed | None, str]:
@@ -29,7 +31,8 @@ def _ready(values: dict[str, Any], *, need_gpu: bool) -> tuple[Parsed | None, st
     p = parse(values)
     bad = [g for g in p.errors if g != "dataset"]
     if bad:
-        return None, f'<p class="tp-wait">Fix the input first (see the message under: {escape(", ".join(bad))}).</p>'
+        return None, ('<p class="tp-wait">Fix the input first (see the message under: '
+                      f'{escape(", ".join(bad))}).</p>')
     if need_gpu and p.gpu is None:
         return None, '<p class="tp-wait">Choose a GPU: this tab plans for a card.</p>'
     return p, ""
@@ -39,7 +42,7 @@ def _gib_cells(d: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
     out = []
     for k in keys:
         v = d.get(k)
-        if v is None:
+        if v is None or v == "":  # a method that cannot run has no strategy: "" in the planner's dict
             out.append("-")
         elif isinstance(v, bool):
             out.append("yes" if v else "no")
@@ -83,6 +86,10 @@ def _hours(v: Any) -> str:
     return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
 
 
+def _tokens_per_second(v: Any) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
 @guarded("fit")
 def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None = "balanced") -> str:
     """The best configuration on the chosen card(s): the planner's ``fit`` with the CLI's defaults, its
@@ -98,33 +105,36 @@ def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None 
     d = fit(p.model, p.gpu, global_batch=whole("global_batch", global_batch), prefer=prefer or "balanced",
             **extra, **planner_setup(p)).to_dict()
     out = [_recommended_html(d)]
+    # Two tables, not one of twelve columns: one that wide is cut off on the right of the page's results
+    # column at 1280 px (tests/test_web_e2e.py measures it).
     keys = ("method", "fits", "strategy", "requires", "micro_batch", "grad_accum", "device_peak_bytes",
-            "device_peak_high_bytes", "tokens_per_second", "total_hours", "cloud_usd")
+            "device_peak_high_bytes")
     rows = []
     for m in d.get("methods", []):
         cells = _gib_cells(m, keys)
         cells[1] = "tight" if m.get("tight") else cells[1]
-        cells[9] = _hours(m.get("total_hours"))
         rows.append(cells + [str(m.get("quality_rank", "-"))])
-    out.append(views.table_html(["method", "fits", "strategy", "switch on", "micro-batch", "accum", "peak GiB",
-                                 "upper band GiB", "tokens/s", "hours", "cloud USD", "quality"], rows, klass="tp-fit"))
+    out.append(views.table_html(["method", "fits", "strategy", "switch on", "micro-batch", "accum",
+                                 "peak GiB", "upper band GiB", "quality"], rows, klass="tp-fit"))
     blocked = sorted({msg for m in d.get("methods", []) for msg in m.get("blocked_by") or []})
-    out += [views.note_html(f"cannot run: {escape(msg)}") for msg in blocked]
-    lim = [[escape(m["method"]), *_gib_cells(m, ("max_batch", "max_seq", "max_rank", "host_bytes"))]
+    out += [views.note_html(f"cannot run: {msg}") for msg in blocked]  # note_html escapes
+    lim = [[escape(m["method"]), _tokens_per_second(m.get("tokens_per_second")), _hours(m.get("total_hours")),
+            *_gib_cells(m, ("cloud_usd", "max_batch", "max_seq", "max_rank", "host_bytes"))]
            for m in d.get("methods", []) if m.get("fits")]
     if lim:
-        out.append(views.table_html(["method", "max batch", "max seq", "max rank", "host GiB"], lim,
-                                    klass="tp-fit-limits"))
+        out.append(views.table_html(["method", "tokens/s", "hours", "cloud USD", "max batch", "max seq",
+                                     "max rank", "host GiB"], lim, klass="tp-fit-limits"))
     eq = d.get("equal_memory")
     if eq and eq.get("qlora"):
-        ranks = ", ".join(f"{escape(k)} up to r={v}" for k, v in eq["qlora"].items() if v)
-        out.append(views.note_html(f"In the memory LoRA r={eq.get('lora_rank')} uses, {ranks}" if ranks else ""))
+        ranks = ", ".join(f"{k} up to r={v}" for k, v in eq["qlora"].items() if v)
+        out.append(views.note_html(f"In the memory LoRA r={eq.get('lora_rank')} uses, {ranks}"
+                                   if ranks else ""))
     h = d.get("host_memory") or {}
     src = {"given": "given", "this machine": "this machine's RAM",
            "cloud instance": f"as a cloud {h.get('instance')}"}.get(h.get("source", ""), "assumed")
-    out.append(views.note_html(f"host memory {views.gib(d.get('host_memory_bytes'))} GiB per node ({escape(src)}); "
-                               f"{len(d.get('candidates', []))} candidates, {d.get('evaluations', '?')} estimates "
-                               "evaluated"))
+    out.append(views.note_html(f"host memory {views.gib(d.get('host_memory_bytes'))} GiB per node "
+                               f"({src}); {len(d.get('candidates', []))} candidates, "
+                               f"{d.get('evaluations', '?')} estimates evaluated"))
     return "".join(out)
 
 
@@ -139,13 +149,14 @@ def _recommended_html(d: dict[str, Any]) -> str:
             f'border-radius:6px;padding:8px"><b>Recommended{tight}:</b> {escape(str(rec.get("method")))} '
             f'({escape(str(rec.get("strategy")))}), micro-batch {rec.get("micro_batch")} '
             f'&times; accumulation {rec.get("grad_accum")} &times; {rec.get("world_size")} GPU(s) = '
-            f'{rec.get("global_batch")} sequences per step; device peak {views.gib(rec.get("device_peak_bytes"))} GiB '
+            f'{rec.get("global_batch")} sequences per step; '
+            f'device peak {views.gib(rec.get("device_peak_bytes"))} GiB '
             f'(upper band {views.gib(rec.get("device_peak_high_bytes"))} GiB)'
-            + (f"; {tps:,.0f} tokens/s" if tps else "")
+            + (f"; {_tokens_per_second(tps)} tokens/s" if tps else "")
             + (f"; {_hours(rec.get('total_hours'))} h" if rec.get("total_hours") is not None else "")
-            + f'<br><code style="white-space:normal;word-break:break-word">{escape(str(rec.get("command", "")))}'
-            f'</code><br><span style="font-size:0.9em">{escape(str(rec.get("reason", "")))}<br>rule: '
-            f'{escape(str(d.get("rule", "")))}</span></div>')
+            + '<br><code style="white-space:normal;word-break:break-word">'
+            f'{escape(str(rec.get("command", "")))}</code><br><span style="font-size:0.9em">'
+            f'{escape(str(rec.get("reason", "")))}<br>rule: {escape(str(d.get("rule", "")))}</span></div>')
 
 
 @guarded("gpus")
@@ -163,16 +174,18 @@ def gpus_view(values: dict[str, Any], prefer: str | None = "quality") -> str:
         setup.pop("nodes")
     extra = _dataset(p)
     d = rank(p.model, prefer=prefer or "quality", **setup, **extra).to_dict()
-    keys = ("name", "fits", "min_gpus", "method", "per_gpu_peak_bytes", "memory_bytes", "strategy", "requires",
-            "tokens_per_second", "total_hours", "cloud_usd", "own_usd", "break_even_hours")
+    keys = ("name", "fits", "min_gpus", "method", "per_gpu_peak_bytes", "memory_bytes", "strategy",
+            "requires", "tokens_per_second", "total_hours", "cloud_usd", "own_usd", "break_even_hours")
     rows = [_gib_cells(r, keys) for r in d.get("ranking", [])]
     head = (f"{setup['gpus'] * setup['nodes']} GPUs per setup, as on the form" if fixed
-            else "fewest cards of each kind that run this setup (up to " + escape(str(d.get("max_gpus"))) + ")")
+            else "fewest cards of each kind that run this setup (up to "
+            + escape(str(d.get("max_gpus"))) + ")")
     out = [f'<p style="font-size:0.9em">{head}; sorted by {escape(str(d.get("sort")))}'
            + ("" if d.get("time_model") else "; time and cost need the time/cost layer") + "</p>",
-           views.table_html(["card", "fits", "cards", "method", "peak GiB", "card GiB", "strategy", "switch on",
-                             "tokens/s", "hours", "cloud USD", "own USD", "break-even h"], rows, klass="tp-gpus"),
-           views.note_html(f"rule: {escape(str(d.get('rule', '')))}"),
+           views.table_html(["card", "fits", "cards", "method", "peak GiB", "card GiB", "strategy",
+                             "switch on", "tokens/s", "hours", "cloud USD", "own USD", "break-even h"], rows,
+                            klass="tp-gpus"),
+           views.note_html(f"rule: {d.get('rule', '')}"),
            views.note_html(f"{d.get('evaluations', '?')} estimates evaluated")]
     return "".join(out)
 
@@ -196,7 +209,8 @@ def _fresh_export_dir() -> Path:
     return fresh_folder()
 
 
-def export_files(values: dict[str, Any], formats: list[str] | tuple[str, ...] | None = None) -> tuple[list[str], str]:
+def export_files(values: dict[str, Any], formats: list[str] | tuple[str, ...] | None = None
+                 ) -> tuple[list[str], str]:
     """Recipe files for the form's setup (``tuneplan.export.build_export``): (paths, message)."""
     from tuneplan.export import build_export
 
@@ -218,7 +232,8 @@ def _export(build_export: Any, values: dict[str, Any], formats: list[str]) -> tu
     p, why = _ready(values, need_gpu=False)
     if p is None:
         return [], why
-    plan = estimate(p.model, build_setup(p.model, None, **p.setup_kw), gpu=p.gpu, timing=False)  # once for all
+    # estimated once for all the formats
+    plan = estimate(p.model, build_setup(p.model, None, **p.setup_kw), gpu=p.gpu, timing=False)
     out_dir = _fresh_export_dir()
     written: dict[str, None] = {}
     notes: list[str] = []
@@ -229,7 +244,8 @@ def _export(build_export: Any, values: dict[str, Any], formats: list[str]) -> tu
             written[str(path)] = None
         notes += word_texts(bundle.notes, page_words)
     msg = "".join(views.note_html(n) for n in dict.fromkeys(notes))
-    return list(written), views.note_html(f"{len(written)} file(s): " + ", ".join(Path(f).name for f in written)) + msg
+    names = ", ".join(Path(f).name for f in written)
+    return list(written), views.note_html(f"{len(written)} file(s): {names}") + msg
 
 
 @guarded("deploy")

@@ -57,7 +57,8 @@ def verdict_html(d: dict[str, Any]) -> str:
     world = s["gpus"] * s["nodes"]
     where = f" per GPU, {world} GPUs" if world > 1 else ""
     if label == "MEMORY ONLY":
-        colour, detail = INFO, f"device peak {gib(pg['device_peak_bytes'])} GiB{where}; choose a GPU for a verdict"
+        colour = INFO
+        detail = f"device peak {gib(pg['device_peak_bytes'])} GiB{where}; choose a GPU for a verdict"
     else:
         g = d["gpu"]
         colour = OK if label == "FITS" else BAD
@@ -75,8 +76,8 @@ def verdict_html(d: dict[str, Any]) -> str:
             + (f" {s['bits']}-bit" if s["method"] == "qlora" else "")
             + (f" r={s['rank']}" if s["method"] in ("lora", "qlora") else "")
             + f" &middot; batch {s['batch']} &times; seq {s['seq']}")
-    return (f'<div id="tp-verdict-box" data-verdict="{label}" style="border:2px solid {colour};border-radius:8px;'
-            f'padding:10px 14px">'
+    return (f'<div id="tp-verdict-box" data-verdict="{label}" style="border:2px solid {colour};'
+            'border-radius:8px;padding:10px 14px">'
             f'<div style="font-size:1.6em;font-weight:700;color:{colour}" class="tp-verdict">{label}</div>'
             f'<div style="margin-top:2px">{detail}</div>'
             f'<div style="color:{INFO};font-size:0.85em;margin-top:4px">{what}</div>{time_headline(d)}</div>')
@@ -84,8 +85,9 @@ def verdict_html(d: dict[str, Any]) -> str:
 
 def error_verdict_html(groups: list[str]) -> str:
     where = ", ".join(groups)
-    return (f'<div id="tp-verdict-box" data-verdict="INPUT ERROR" style="border:2px solid {BAD};border-radius:8px;'
-            f'padding:10px 14px"><div style="font-size:1.6em;font-weight:700;color:{BAD}" class="tp-verdict">'
+    return (f'<div id="tp-verdict-box" data-verdict="INPUT ERROR" style="border:2px solid {BAD};'
+            'border-radius:8px;padding:10px 14px">'
+            f'<div style="font-size:1.6em;font-weight:700;color:{BAD}" class="tp-verdict">'
             f'CHECK THE INPUT</div><div>see the message under: {escape(where)}</div></div>')
 
 
@@ -99,7 +101,8 @@ def bar_segments(d: dict[str, Any]) -> list[tuple[str, int, str]]:
         if comps.get(k):
             segs.append((k, int(comps[k]), PALETTE[i % len(PALETTE)]))
     runtime, collectives = _outside_torch(d)
-    for kind, label, n in (("allocator cache", "allocator cache", pg["reserved_peak_bytes"] - pg["allocated_peak_bytes"]),
+    cache = pg["reserved_peak_bytes"] - pg["allocated_peak_bytes"]
+    for kind, label, n in (("allocator cache", "allocator cache", cache),
                            ("runtime", runtime, pg["cuda_context_bytes"]),
                            ("collectives", collectives, pg.get("nccl_bytes", 0))):
         if n > 0:
@@ -133,30 +136,36 @@ def chart_svg(d: dict[str, Any], width: int = 640) -> str:
         return left + bar_w * n / scale_max
 
     parts = [f'<svg id="tp-chart-svg" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-             f'width="100%" role="img" data-device-peak-bytes="{total}" data-capacity-bytes="{capacity or ""}" '
+             f'width="100%" role="img" data-device-peak-bytes="{total}" '
+             f'data-capacity-bytes="{capacity or ""}" '
              f'style="font-family:sans-serif;font-size:12px;max-width:{width}px">',
              f"<title>Per-GPU device peak {gib(total)} GiB"
              + (f" against {gib(capacity)} GiB" if capacity else "") + "</title>",
-             f'<text x="{left}" y="14" font-weight="600">Per-GPU memory at the peak ({escape(d["peak_phase"])}): '
-             f"{gib(total)} GiB</text>"]
+             f'<text x="{left}" y="14" font-weight="600">Per-GPU memory at the peak '
+             f'({escape(d["peak_phase"])}): {gib(total)} GiB</text>']
     step = tick_step(scale_max / GIB)
     t = 0.0
     while t * GIB <= scale_max:
         tx = x(t * GIB)
-        parts.append(f'<line x1="{tx:.2f}" x2="{tx:.2f}" y1="{bar_y + bar_h}" y2="{bar_y + bar_h + 4}" stroke="#888"/>'
-                     f'<text x="{tx:.2f}" y="{bar_y + bar_h + 16}" text-anchor="middle" fill="#666">{t:g}</text>')
+        parts.append(f'<line x1="{tx:.2f}" x2="{tx:.2f}" y1="{bar_y + bar_h}" y2="{bar_y + bar_h + 4}" '
+                     'stroke="#888"/>'
+                     f'<text x="{tx:.2f}" y="{bar_y + bar_h + 16}" text-anchor="middle" fill="#666">{t:g}'
+                     '</text>')
         t += step
-    parts.append(f'<text x="{left + bar_w}" y="{bar_y + bar_h + 30}" text-anchor="end" fill="#666">GiB</text>')
+    parts.append(f'<text x="{left + bar_w}" y="{bar_y + bar_h + 30}" text-anchor="end" fill="#666">GiB'
+                 '</text>')
     pos = 0
     for label, n, colour in segs:
-        parts.append(f'<rect class="tp-seg" data-component="{escape(label)}" data-bytes="{n}" x="{x(pos):.2f}" '
+        parts.append(f'<rect class="tp-seg" data-component="{escape(label)}" data-bytes="{n}" '
+                     f'x="{x(pos):.2f}" '
                      f'y="{bar_y}" width="{x(pos + n) - x(pos):.2f}" height="{bar_h}" fill="{colour}">'
                      f"<title>{escape(label)}: {gib(n)} GiB</title></rect>")
         pos += n
     if capacity:
         cx = x(capacity)
         colour = OK if total <= capacity else BAD
-        parts.append(f'<line id="tp-capacity" x1="{cx:.2f}" x2="{cx:.2f}" y1="{bar_y - 6}" y2="{bar_y + bar_h + 6}" '
+        parts.append(f'<line id="tp-capacity" x1="{cx:.2f}" x2="{cx:.2f}" y1="{bar_y - 6}" '
+                     f'y2="{bar_y + bar_h + 6}" '
                      f'stroke="{colour}" stroke-width="2.5" stroke-dasharray="5,3"/>')
         anchor = "end" if cx > width * 0.6 else "start"
         parts.append(f'<text x="{cx + (-4 if anchor == "end" else 4):.2f}" y="{bar_y - 8}" '
@@ -172,8 +181,8 @@ def chart_svg(d: dict[str, Any], width: int = 640) -> str:
 
 def table_html(headers: list[str], rows: list[list[Any]], *, klass: str = "tp-table") -> str:
     th = "".join(f'<th style="text-align:left;padding:3px 8px">{escape(str(h))}</th>' for h in headers)
-    body = "".join("<tr>" + "".join(f'<td style="padding:3px 8px;vertical-align:top">{c}</td>' for c in r) + "</tr>"
-                   for r in rows)
+    td = '<td style="padding:3px 8px;vertical-align:top">'
+    body = "".join("<tr>" + "".join(f"{td}{c}</td>" for c in r) + "</tr>" for r in rows)
     return (f'<div style="overflow-x:auto"><table class="{klass}" style="border-collapse:collapse;width:100%;'
             f'font-size:0.9em"><tr>{th}</tr>{body}</table></div>')
 
@@ -181,12 +190,14 @@ def table_html(headers: list[str], rows: list[list[Any]], *, klass: str = "tp-ta
 def memory_html(d: dict[str, Any], notes: list[str] | None = None) -> str:
     pg = d["per_gpu"]
     rows = [[escape(k), gib(v), escape(COMPONENTS.get(k, ""))] for k, v in pg["components"].items() if v]
-    rows += [["<b>allocated peak</b>", f"<b>{gib(pg['allocated_peak_bytes'])}</b>", "torch.cuda.max_memory_allocated"],
+    rows += [["<b>allocated peak</b>", f"<b>{gib(pg['allocated_peak_bytes'])}</b>",
+              "torch.cuda.max_memory_allocated"],
              ["reserved peak", gib(pg["reserved_peak_bytes"]), "caching allocator (emulated)"],
              [_outside_torch(d)[0], gib(pg["cuda_context_bytes"]), "driver and kernels, outside PyTorch"]]
     if pg.get("nccl_bytes"):
         rows.append([_outside_torch(d)[1], gib(pg["nccl_bytes"]), "communicator buffers"])
-    rows.append(["<b>device peak</b>", f"<b>{gib(pg['device_peak_bytes'])}</b>", "what nvidia-smi shows; OOM is judged here"])
+    rows.append(["<b>device peak</b>", f"<b>{gib(pg['device_peak_bytes'])}</b>",
+                 "what nvidia-smi shows; OOM is judged here"])
     if pg.get("paged_bytes"):
         rows.append(["paged optimizer", gib(pg["paged_bytes"]), "unified memory, pages out instead of OOM"])
     if pg.get("host_bytes"):
@@ -197,15 +208,15 @@ def memory_html(d: dict[str, Any], notes: list[str] | None = None) -> str:
         out.append(f'<p style="font-size:0.9em">allocated by instant (GiB): {phases}</p>')
     band = pg.get("bands", {}).get("allocated")
     if band:
-        out.append(f'<p style="font-size:0.9em">uncertainty: allocated {gib(band["low"])}&ndash;{gib(band["high"])} GiB '
-                   f'({escape(band["why"])})</p>')
+        out.append(f'<p style="font-size:0.9em">uncertainty: allocated {gib(band["low"])}&ndash;'
+                   f'{gib(band["high"])} GiB ({escape(band["why"])})</p>')
     s, src = d["setup"], d.get("setup_sources", {})
     defaults = sorted(k for k, v in src.items() if "default" in v)
     settings = ", ".join(f"{escape(k)}={escape(str(s[k]))}" for k in
                          ("precision", "optimizer", "attn", "gradient_checkpointing", "targets", "framework")
                          if k in s and s[k] is not None)
-    out.append(f'<p style="font-size:0.9em">settings: {settings}'
-               + (f"<br>profile defaults used for: {escape(', '.join(defaults))}" if defaults else "") + "</p>")
+    used = f"<br>profile defaults used for: {escape(', '.join(defaults))}" if defaults else ""
+    out.append(f'<p style="font-size:0.9em">settings: {settings}{used}</p>')
     m = d["model"]
     out.append(f'<p style="font-size:0.9em">{escape(m["name"])}: {m["params_total"] / 1e9:.2f}B parameters, '
                f'{m["params_trainable"] / 1e6:,.1f}M trainable</p>')
@@ -279,13 +290,14 @@ def deploy_html(d: dict[str, Any]) -> str:
         colour = OK if ok else BAD
         out.append(f'<div id="tp-deploy-verdict" data-verdict="{"SERVES" if ok else "DOES NOT SERVE"}" '
                    f'style="border:1px solid {colour};border-radius:6px;padding:8px">'
-                   f'<b style="color:{colour}">{"SERVES" if ok else "DOES NOT SERVE"}</b> on {escape(g["name"])}: '
+                   f'<b style="color:{colour}">{"SERVES" if ok else "DOES NOT SERVE"}</b> '
+                   f'on {escape(g["name"])}: '
                    f'{gib(d["per_gpu"]["total"])} of {gib(g["budget_bytes"])} GiB budget per GPU '
                    f'({escape(str(sv.get("format", "")))}, context {sv.get("context")}, '
                    f'{sv.get("concurrency")} sequence(s))'
                    + (f"<br>{escape(g['runs_note'])}" if g.get("runs_note") else "")
-                   + f'<br>up to {g.get("max_concurrency_at_context")} sequences at this context; one sequence up '
-                     f'to {g.get("max_context_one_sequence")} tokens</div>')
+                   + f'<br>up to {g.get("max_concurrency_at_context")} sequences at this context; '
+                     f'one sequence up to {g.get("max_context_one_sequence")} tokens</div>')
     out.append(section_html("Memory per GPU", d.get("per_gpu", {}), in_bytes=True))
     dec = d.get("decode", {}).get("at_concurrency")
     if dec:

@@ -1,0 +1,348 @@
+"""The terms of the step time that depend on neither the micro-batch, the sequence length nor the
+accumulation, computed once per (run, card, options): the card's rates, the FLOP plan, launches, the
+optimizer update, the collectives' volumes and links, and the host-link copies (``throughput.py`` turns
+them into seconds per step for a shape)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from tuneplan.estimator.card_rates import (
+    BW_EFFICIENCY,
+    FUSED_OPS,
+    FUSED_TRAFFIC,
+    GEMM_EFFICIENCY,
+    card_class,
+    matmul_peak_tflops,
+)
+from tuneplan.estimator.compute import FlopPlan, flop_plan
+from tuneplan.estimator.dequant_time import dequant_bytes_per_weight, dequant_library, kernels_per_dequant
+from tuneplan.estimator.gemm_efficiency import CardEfficiency, card_efficiency, unverified_figures
+from tuneplan.estimator.launch_costs import (
+    DISPATCH_SECONDS,
+    MICRO_BATCH_FIXED_SECONDS,
+    OP_DISPATCH_SECONDS,
+    fsdp_unit_ops,
+    optimizer_ops,
+)
+from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor, stated_link
+from tuneplan.estimator.logits import LITGPT_CHUNK
+from tuneplan.estimator.nccl import CALLS_PER_SHARDED_UNIT, call_overhead, link_kind
+from tuneplan.estimator.optimizer import optimizer_plan
+from tuneplan.specs.hardware import Accelerator
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
+    from tuneplan.estimator.wrappers.base import Collectives
+
+# CPU optimizer step under offload (DeepSpeed CPUAdam, FSDP CPUOffload's torch Adam on the CPU): a
+# streaming update, bound by host memory. Adam over fp32 master weights reads weight, gradient, m and v
+# (16 B) and writes weight, m and v (12 B) plus the 16-bit copy sent back (2 B): 30 B per parameter.
+# A two-socket server streams ~200-300 GB/s (STREAM on 8-12 DDR4/DDR5 channels per socket) shared by up
+# to 8 GPUs' ranks and by the PCIe copies themselves: 20 GB/s per GPU is an assumption, stated in the output.
+HOST_ADAM_BYTES_PER_PARAM = 30.0
+HOST_MEMORY_GBS_PER_GPU = 20.0
+
+
+class UnknownThroughput(ValueError):
+    """The card lacks a figure the time model needs (its tensor peak or memory bandwidth)."""
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    compiled: bool = False  # torch.compile / fused kernels (torchtune compile=True, Unsloth)
+    inter_node_gbs: float | None = None  # per-GPU network bandwidth between nodes, GB/s (default: links.py)
+    peak_tflops: float | None = None  # override the catalog's dense tensor peak for the matmul dtype
+    gemm_efficiency: float | None = None  # override the card-class GEMM efficiency
+    peer_link: str | None = None  # the link between the GPUs of a node as stated (links.stated_link)
+    # time factors per mechanism measured on this machine (estimator/step_calibration.py): compute scales
+    # the GEMM rate, memory_bound the memory bandwidth, communication the GPU link, offload the host link
+    # and the CPU optimizer, overhead the CPU cost per launch / per unit / per micro-batch
+    corrections: tuple[tuple[str, float], ...] = ()
+
+
+def corrected_link(link: Link, factor: float) -> Link:
+    """``link`` carrying 1/``factor`` of its bandwidth (a calibrated communication or offload time)."""
+    if factor == 1.0:
+        return link
+    return Link(link.name, link.gbs / factor, f"{link.source}; x {1 / factor:.2f} measured on this machine")
+
+
+@dataclass(frozen=True)
+class TimeStatics:
+    """The terms of the step time that depend on neither the micro-batch, the sequence length nor the
+    accumulation: rates of the card, FLOP coefficients, launches, the optimizer update, the collectives'
+    volumes and the host-link copies. Computed once per (run, card, options) by :func:`time_statics`."""
+
+    peak: float
+    u: float
+    cls: str
+    dev_bw: float
+    bw: float
+    fused: bool
+    flops: FlopPlan
+    passes: int  # weight reads per micro-batch: forward, backward, recompute
+    weight_bytes: int
+    grad_bytes: int  # trainable params x bytes (read and written by the backward)
+    traffic_factor: float
+    gemm_launch: float  # matmul kernels x launch time
+    other_launch: float
+    other_kernels: float
+    dequant_s: float  # the block linears' rebuilds per micro-batch (a chunked quantized head: per shape)
+    dequant_part: float
+    dequant_library: str
+    dequant_s_per_elem: float
+    launch: float  # seconds per counted kernel
+    launch_s: float  # every launch of one micro-batch
+    unit_s: float
+    optimizer_s: float
+    optimizer_launch_s: float  # the optimizer's launches beyond its memory time (per-kernel
+    # roofline)
+    paged: int  # paged optimizer state bytes
+    host: Link
+    links: dict[str, str]  # intra_node (and inter_node)
+    link_gbs: float
+    per_micro: float
+    gather_s: float  # one all-gather of every sharded parameter (ZeRO-3/FSDP), seconds; 0 unsharded
+    per_step: float
+    serial: float
+    bucket: float
+    offload_step_bytes: float
+    offload_micro_bytes: float
+    cpu_optimizer_s: float
+    assumptions_head: tuple[str, ...]  # collectives, offload
+    assumptions_tail: tuple[str, ...]  # rates, fused kernels, eager attention
+    fixed_s: float = MICRO_BATCH_FIXED_SECONDS  # fixed cost per micro-batch (calibrated: times its factor)
+    card_known: str = "spec-derived"  # how well the card's tensor throughput is known (gemm_efficiency.py)
+    link_name: str = ""  # the link the collectives run on
+    link_stated: bool = False  # given by the user (--link), not read off the catalog
+
+
+class CardRates(NamedTuple):
+    peak: float  # dense tensor TFLOPS of the matmul dtype
+    u: float  # fraction of ``peak`` the GEMMs reach (a calibrated compute factor divides it)
+    cls: str
+    eff: CardEfficiency
+    dev_bw: float  # bytes/s of one device (a calibrated memory factor divides it)
+    bw: float  # ``dev_bw`` x ``BW_EFFICIENCY``: what streaming element-wise kernels reach
+
+
+def card_rates(run: Run, acc: Accelerator, opt: RuntimeOptions, kf: dict[str, float]) -> CardRates:
+    """The card's tensor and memory rates for ``run``: ``u = gemm_fraction / k_compute``,
+    ``dev_bw = bandwidth / devices_per_package / k_memory``, ``bw = dev_bw x BW_EFFICIENCY``.
+    Raises UnknownThroughput when the catalog lacks the peak or the bandwidth."""
+    setup = run.setup
+    peak = opt.peak_tflops or matmul_peak_tflops(acc, setup)
+    if not peak:
+        raise UnknownThroughput(f"{acc.name}: the catalog has no dense tensor peak for {setup.precision} "
+                                "matmuls (add bf16_tflops_dense / fp32_tflops with {hardware_file})")
+    if not acc.memory_bandwidth_gbs:
+        raise UnknownThroughput(f"{acc.name}: the catalog has no memory bandwidth "
+                                "(add memory_bandwidth_gbs with {hardware_file})")
+    cls = card_class(acc)
+    eff = card_efficiency(acc, GEMM_EFFICIENCY[cls], unverified_figures(acc) is not None)
+    u = (opt.gemm_efficiency or eff.fraction) / kf.get("compute", 1.0)
+    dev_bw = acc.memory_bandwidth_gbs * 1e9 / max(1, acc.devices_per_package) / kf.get("memory_bound", 1.0)
+    return CardRates(peak, u, cls, eff, dev_bw, dev_bw * BW_EFFICIENCY)
+
+
+class OptimizerTerms(NamedTuple):
+    optimizer_s: float
+    optimizer_launch_s: float
+    paged: int
+
+
+def optimizer_terms(run: Run, bw: float, k_over: float) -> OptimizerTerms:
+    """The update, once per step: it reads the weights and gradients and writes the weights
+    (``3 x trainable bytes`` per parameter) and reads and writes every state (``2 x states``), at ``bw``;
+    a sharded optimizer updates ``1/n`` of it. Its launches (``optimizer_ops`` x ``OP_DISPATCH_SECONDS``
+    x ``k_overhead``) count only beyond that memory time, and not at all when the states are sharded or
+    the step runs on the CPU."""
+    setup, pp = run.setup, run.param_plan
+    op = optimizer_plan(run.optimizer, pp.trainable_params, pp.trainable_bytes,
+                        pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems)
+    states = op.states + op.paged
+    upd_bytes: float = (pp.trainable_params * (2 * pp.trainable_bytes + pp.trainable_bytes) + 2 * states
+                        + op.temp * 2)
+    if run.wrapper.shards_optimizer:
+        upd_bytes /= setup.world_size
+    optimizer_s = 0.0 if setup.offload != "none" else upd_bytes / bw
+    optimizer_launch_s = 0.0
+    if setup.offload == "none" and not run.wrapper.shards_optimizer:
+        optimizer_launch_s = max(0.0, optimizer_ops(run.optimizer, pp.trainable_tensors) * OP_DISPATCH_SECONDS
+                                 * k_over - optimizer_s)
+    return OptimizerTerms(optimizer_s, optimizer_launch_s, op.paged)
+
+
+class CollectiveTerms(NamedTuple):
+    links: dict[str, str]
+    link: Link  # the slowest link a collective crosses, calibrated
+    per_micro: float
+    per_step: float
+    serial: float
+    gather_s: float
+    bucket: float
+    notes: list[str]
+
+
+def collective_terms(run: Run, acc: Accelerator, opt: RuntimeOptions,
+                     kf: dict[str, float]) -> CollectiveTerms:
+    """The collectives' seconds per micro-batch, per step and serial on the slowest link a ring crosses
+    (the stated or catalog link of a node, the network between nodes): the wrapper's volumes at the bus
+    bandwidth, plus each NCCL call's latency (``call_latencies``); ``gather_s``: one all-gather of every
+    sharded weight, ``bytes x (n-1)/n / link`` plus one call per unit; ``bucket``: the wrapper's last
+    bucket, the part of a collective no compute can hide."""
+    setup, pp, wrapper = run.setup, run.param_plan, run.wrapper
+    links: dict[str, str] = {}
+    intra = stated_link(opt.peer_link, acc, setup.gpus) if opt.peer_link else intra_node_link(acc, setup.gpus)
+    link = intra
+    links["intra_node"] = f"{link.name}: {link.gbs:g} GB/s per GPU ({link.source})"
+    if setup.nodes > 1:
+        net = network_link(opt.inter_node_gbs)
+        links["inter_node"] = f"{net.name}: {net.gbs:g} GB/s per GPU ({net.source})"
+        if net.gbs < link.gbs:
+            link = net
+    link = corrected_link(link, kf.get("communication", 1.0))
+    comm_bytes = wrapper.gradient_wire_bytes(run)
+    gathered = pp.weight_bytes + pp.adapter_bytes
+    coll = wrapper.collectives(run, grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
+    n = setup.world_size
+    bucket = wrapper.last_bucket_bytes(run, comm_bytes)
+    lat = call_latencies(run, intra.name, link.gbs, pp.trainable_params * comm_bytes, bucket, coll)
+    gather_s = (gathered * ring_factor("all_gather", n) / (link.gbs * 1e9) + lat.gather
+                if wrapper.shards_parameters else 0.0)
+    notes = list(coll.notes) + ([lat.note] if lat.note else [])
+    return CollectiveTerms(links, link, coll.per_micro_batch + lat.per_micro, coll.per_step + lat.per_step,
+                           coll.serial + lat.serial, gather_s, bucket, notes)
+
+
+class CallLatencies(NamedTuple):
+    per_micro: float
+    per_step: float
+    serial: float
+    gather: float  # one all-gather call per sharded unit (the evaluation's forward)
+    note: str | None
+
+
+def call_latencies(run: Run, intra_name: str, bus_gbs: float, grad_bytes: float, bucket: float,
+                   coll: Collectives) -> CallLatencies:
+    """NCCL's per-call cost beyond the bytes (``nccl.call_overhead``), by how often each call runs:
+
+    - FSDP / ZeRO-3: ``CALLS_PER_SHARDED_UNIT`` ring calls per unit per micro-batch, units = layers + 1
+      (the root unit: embeddings, final norm, head); the evaluation's forward gathers each unit once;
+    - DDP: one all-reduce per gradient bucket per step, ring or tree as NCCL's model picks;
+    - ZeRO-1/2: one reduce-scatter per bucket (per micro-batch under ZeRO-2, where the wrapper reduces per
+      micro-batch) and one all-gather of the updated weights per step."""
+    setup = run.setup
+    n, nodes = setup.world_size, setup.nodes
+    if n <= 1:
+        return CallLatencies(0.0, 0.0, 0.0, 0.0, None)
+    if run.wrapper.shards_parameters:
+        units = run.model.n_layers + 1
+        one = call_overhead("all_gather", 0.0, n, nodes, intra_name, bus_gbs)
+        per_micro = units * CALLS_PER_SHARDED_UNIT * one
+        note = (f"NCCL: {units * CALLS_PER_SHARDED_UNIT} calls per micro-batch (gather twice, reduce-scatter "
+                f"once per unit) at {one * 1e6:.0f} us each (NCCL's latency model, {link_kind(intra_name)})")
+        return CallLatencies(per_micro, 0.0, 0.0, units * one, note)
+    buckets = max(1, math.ceil(grad_bytes / bucket)) if bucket > 0 else 1
+    kind = "reduce_scatter" if run.wrapper.shards_optimizer else "all_reduce"
+    one = call_overhead(kind, grad_bytes / buckets, n, nodes, intra_name, bus_gbs)
+    serial = call_overhead("all_gather", 0.0, n, nodes, intra_name, bus_gbs) if coll.serial > 0 else 0.0
+    per_micro = buckets * one if coll.per_micro_batch > 0 else 0.0
+    per_step = buckets * one if coll.per_step > 0 and not per_micro else 0.0
+    note = (f"NCCL: {buckets} {kind.replace('_', '-')} call(s) of {grad_bytes / buckets / 1e9:.3g} GB at "
+            f"{one * 1e6:.0f} us each beyond the bytes (NCCL's latency model, {link_kind(intra_name)})")
+    return CallLatencies(per_micro, per_step, serial, 0.0, note)
+
+
+class OffloadTerms(NamedTuple):
+    step_bytes: float
+    micro_bytes: float
+    cpu_optimizer_s: float
+    note: str | None
+
+
+def offload_terms(run: Run, kf: dict[str, float]) -> OffloadTerms:
+    """CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload): per step the shard's
+    fp32 gradients down and 16-bit parameters up (``trainable / n x (4 + compute bytes)``); with the
+    parameters offloaded too, their shard up for forward and backward per micro-batch (``2 x weights /
+    n``); the CPU update at ``HOST_ADAM_BYTES_PER_PARAM / HOST_MEMORY_GBS_PER_GPU`` per parameter."""
+    setup, pp = run.setup, run.param_plan
+    if setup.offload == "none":
+        return OffloadTerms(0.0, 0.0, 0.0, None)
+    n = setup.world_size
+    shard_t = pp.trainable_params / n
+    step_bytes = shard_t * (4 + run.dtypes.compute)
+    micro_bytes = 2 * (pp.weight_bytes + pp.adapter_bytes) / n if setup.offload == "all" else 0.0
+    cpu_optimizer_s = (shard_t * HOST_ADAM_BYTES_PER_PARAM / (HOST_MEMORY_GBS_PER_GPU * 1e9)
+                       * kf.get("offload", 1.0))
+    note = (f"CPU offload: PCIe copies, and the optimizer step on the CPU at "
+            f"{HOST_ADAM_BYTES_PER_PARAM:g} B per parameter of host memory traffic at "
+            f"{HOST_MEMORY_GBS_PER_GPU:g} GB/s per GPU ({cpu_optimizer_s:.2f} s per step)")
+    return OffloadTerms(step_bytes, micro_bytes, cpu_optimizer_s, note)
+
+
+def rate_notes(run: Run, rates: CardRates, fused: bool) -> tuple[str, ...]:
+    """The assumptions about rates the output states after the collectives'."""
+    tail = [f"matmuls at {rates.u:.0%} of the {rates.peak:g} TFLOPS dense peak ({rates.cls} class; card "
+            f"throughput {rates.eff.known}: {rates.eff.source}), element-wise kernels at {BW_EFFICIENCY:.0%} "
+            f"of {rates.dev_bw / 1e9:g} GB/s"]
+    if fused:
+        tail.append("fused kernels (torch.compile / Unsloth): element-wise traffic and launches reduced")
+    if run.setup.attn == "eager":
+        tail.append("eager attention computes the full s x s scores (no causal skipping)")
+    return tuple(tail)
+
+
+def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics:
+    """The shape-independent terms of ``run`` on ``acc`` (kept on the run for the last card asked about).
+
+    Launches: every counted kernel costs ``DISPATCH_SECONDS x k_overhead`` of CPU time (x ``FUSED_OPS``
+    compiled); fused kernels also cut the element-wise kernels and traffic. A sharded unit (FSDP unit /
+    ZeRO-3 module, one per decoder layer) adds ``fsdp_unit_ops x OP_DISPATCH_SECONDS`` per micro-batch.
+    Dequantization: ``elements x bytes per weight / dev_bw`` per micro-batch."""
+    last = run.memo.get("time")
+    if last is not None and (last[0] is acc or last[0] == acc) and last[1] == opt:
+        ts: TimeStatics = last[2]
+        return ts
+    setup, prof, model = run.setup, run.profile, run.model
+    kf = dict(opt.corrections)
+    rates = card_rates(run, acc, opt, kf)
+    head_chunk = LITGPT_CHUNK if prof.quantizes_lm_head and model.lm_head_params else 0
+    fp = flop_plan(model, setup, run.dtypes, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk)
+    gemm_kernels, other_kernels, dequant_kernels = fp.kernels
+    compiled = opt.compiled or setup.compile
+    fused = compiled or prof.model_code == "unsloth"
+    deq = dequant_bytes_per_weight(setup, prof.model_code, compiled)
+    dequant_kernels *= kernels_per_dequant(setup, prof.model_code, compiled)
+    dequant_s = fp.dequant * deq / rates.dev_bw
+    k_over = kf.get("overhead", 1.0)
+    launch = DISPATCH_SECONDS * (FUSED_OPS if compiled else 1.0) * k_over
+    other_kernels = other_kernels * (FUSED_OPS if fused else 1.0)
+    unit_s = (fsdp_unit_ops(setup) * OP_DISPATCH_SECONDS * model.n_layers * k_over
+              if run.wrapper.shards_parameters else 0.0)
+    upd = optimizer_terms(run, rates.bw, k_over)
+    coll = collective_terms(run, acc, opt, kf)
+    off = offload_terms(run, kf)
+    pp = run.param_plan
+    ts = TimeStatics(
+        peak=rates.peak, u=rates.u, cls=rates.cls, dev_bw=rates.dev_bw, bw=rates.bw, fused=fused, flops=fp,
+        passes=2 + (1 if setup.gradient_checkpointing else 0),
+        weight_bytes=pp.weight_bytes + pp.adapter_bytes,
+        grad_bytes=pp.trainable_params * pp.trainable_bytes, traffic_factor=FUSED_TRAFFIC if fused else 1.0,
+        gemm_launch=gemm_kernels * launch, other_launch=other_kernels * launch, other_kernels=other_kernels,
+        dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
+        dequant_library=dequant_library(setup, prof.model_code), dequant_s_per_elem=deq / rates.dev_bw,
+        launch=launch, launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
+        optimizer_s=upd.optimizer_s, optimizer_launch_s=upd.optimizer_launch_s, paged=upd.paged,
+        host=corrected_link(host_link(acc), kf.get("offload", 1.0)), links=coll.links,
+        link_gbs=coll.link.gbs, per_micro=coll.per_micro, gather_s=coll.gather_s, per_step=coll.per_step,
+        serial=coll.serial, bucket=coll.bucket, offload_step_bytes=off.step_bytes,
+        offload_micro_bytes=off.micro_bytes, cpu_optimizer_s=off.cpu_optimizer_s,
+        assumptions_head=tuple(coll.notes + ([off.note] if off.note else [])),
+        assumptions_tail=rate_notes(run, rates, fused), fixed_s=MICRO_BATCH_FIXED_SECONDS * k_over,
+        card_known=rates.eff.known, link_name=coll.link.name, link_stated=bool(opt.peer_link))
+    run.memo["time"] = (acc, opt, ts)
+    return ts
