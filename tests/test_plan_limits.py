@@ -67,9 +67,6 @@ def test_caps():
     assert rank_cap(probe, TrainSetup(rank=4096)) == 4096
 
 
-@pytest.mark.xfail(strict=True, reason="plan/limits._limit passes known={cap: False} for the batch without "
-                   "probing it, so a setup that fits at every micro-batch reports 4095 limited by memory "
-                   "instead of the 4096 cap")
 def test_a_batch_that_always_fits_reaches_its_cap():
     out = limits_at(RuleProbe(float("inf"), 100), FIELDS, SETUP, which=("batch",))
     assert (out.max_batch, out.limited_by["batch"]) == (BATCH_CAP, "cap")

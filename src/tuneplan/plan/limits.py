@@ -46,7 +46,7 @@ class Limits:
 
 def _limit(probe: Prober, fields: Mapping[str, Any], name: str, start: int,
            cap: int) -> tuple[int | None, str]:
-    if name != "batch" and probe.fits({**fields, name: cap}):  # monotone: the cap fits, so does all below
+    if probe.fits({**fields, name: cap}):  # monotone: the cap fits, so does everything below it
         return cap, "cap"
     best = largest_true(lambda x: probe.fits({**fields, name: x}), 1, cap, start=start,
                         known={start: True, cap: False})
