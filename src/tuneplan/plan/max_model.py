@@ -24,7 +24,7 @@ from tuneplan.catalog.models import catalog_entries, resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.plan.evaluate import Prober, default_host_bytes, sparing
 from tuneplan.plan.fit import host_bytes, split_method
-from tuneplan.plan.search import largest_true
+from tuneplan.plan.search import largest_true, largest_true_near
 from tuneplan.plan.sizes import Shared
 from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, Family, families, strategy_name, switches
 from tuneplan.plan.standard_arch import MAX_INDEX, shape, standard_model
@@ -150,7 +150,8 @@ def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed:
     """Both answers for one method. ``whole_catalog=False`` keeps only the answer: the catalog scan
     stops at the first model that fits (largest first), and ``catalog`` holds its row alone (every
     model's row is shown only for the method asked for, :func:`max_model`). The bisection's probes
-    need only ``fits``; the answer's full verdict is computed once."""
+    need only ``fits`` and start from the size of the largest catalog model that fits; the answer's
+    full verdict is computed once."""
     res = MaxModel(method=label, largest_catalog_model=None, max_params=None)
     count = [0]
     for m in models if models is not None else catalog_models():
@@ -178,7 +179,9 @@ def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed:
     def fits_at(i: int) -> bool:
         return _verdict(at(i).model, gpu, base, fixed, auto, count, whole=False, shared=at(i)).fits
 
-    best = largest_true(fits_at, 0, MAX_INDEX)
+    near = res.largest_catalog_model
+    best = (largest_true(fits_at, 0, MAX_INDEX) if near is None
+            else largest_true_near(fits_at, 0, MAX_INDEX, _size_index(near["params"])))
     answer = at(best if best is not None else 0)
     made = _verdict(answer.model, gpu, base, fixed, auto, count, shared=answer)
     if best is not None:
@@ -190,6 +193,13 @@ def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed:
         res.blocked_by = [f.message for f in made.estimate.findings if f.level == "error"]
     res.evaluations = count[0]
     return res
+
+
+def _size_index(params: int) -> int:
+    """The largest standard size with at most ``params`` parameters (0 below the smallest): where the
+    bisection starts, since the largest catalog model that fits is usually near the standard answer
+    (parameter counts never fall along the family: ``standard_arch``)."""
+    return largest_true(lambda i: standard_model(i).params_total <= params, 0, MAX_INDEX) or 0
 
 
 @dataclass
