@@ -120,3 +120,19 @@ def test_the_fit_face_names_the_framework_it_took() -> None:
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr
     assert "framework unsloth: nothing fits with hf" in r.stdout and "--framework unsloth" in r.stdout
+
+
+def test_a_hard_limit_that_rules_out_every_plan_is_not_called_nothing_fits() -> None:
+    from tuneplan.plan.timecost import make_dataset
+
+    ds = make_dataset(samples=10_000, avg_tokens=512)
+    r = fit("Qwen/Qwen2.5-0.5B", "rtx4090", dataset=ds, max_hours=0.001, host_memory_gib=64)
+    assert r.recommended is None and any(m.fits for m in r.methods)
+    assert r.next_step is None  # memory is not what is short
+    assert r.framework["default_decided_by"] == "max_hours"
+    env = {**os.environ, "COLUMNS": "200"}
+    args = [sys.executable, "-m", "tuneplan", "fit", "Qwen/Qwen2.5-0.5B", "--gpu", "rtx4090", "--samples",
+            "10000", "--avg-tokens", "512", "--max-hours", "0.001", "--host-memory", "64"]
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 1 and "No plan within the limits" in out.stdout
+    assert "Nothing fits" not in out.stdout

@@ -114,7 +114,9 @@ def render_fit(d: dict[str, Any], details: bool = False) -> None:
 def _framework_line(fw: dict[str, Any]) -> None:
     """Which framework the answer is for, when it is not the setup's own."""
     if fw.get("chosen") and fw["chosen"] != fw.get("default"):
-        console.print(f"[bold]framework {fw['chosen']}[/]: nothing fits with {fw['default']}, the setup's "
+        why = {"max_hours": "every plan breaks --max-hours", "budget": "every plan breaks --budget"}.get(
+            fw.get("default_decided_by") or "", "nothing fits")
+        console.print(f"[bold]framework {fw['chosen']}[/]: {why} with {fw['default']}, the setup's "
                       f"own (searched: {', '.join(fw['searched'])}); --framework pins one")
 
 
@@ -155,8 +157,13 @@ def _fit_strategies(d: dict[str, Any]) -> None:
 
 def _fit_recommended(d: dict[str, Any], details: bool) -> None:
     r = d["recommended"]
+    searched = (d.get("framework") or {}).get("searched") or []
+    frameworks = f" (frameworks {', '.join(searched)})" if len(searched) > 1 else ""
+    if not r and any(m["fits"] for m in d["methods"]):  # plans fit, a hard limit rules each out
+        console.print(f"[red bold]No plan within the limits[/]{frameworks}: every setup that fits breaks "
+                      "--max-hours or --budget (--details: each method's hours and cloud USD)")
+        return
     if not r:
-        searched = (d.get("framework") or {}).get("searched") or []
         console.print("[red bold]Nothing fits[/] in the whole candidate space (every method asked, strategy, "
                       "offload, optimizer, checkpointing, micro-batch 1"
                       + (f"; frameworks {', '.join(searched)}" if len(searched) > 1 else "") + ").")

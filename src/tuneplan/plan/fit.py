@@ -95,7 +95,8 @@ class FitReport:
     limits: dict[str, Any] = field(default_factory=dict)  # rule.Limits
     next_step: dict[str, Any] | None = None  # when nothing fits: the one change that makes it fit
     # the framework of the answer: the setup's own (``default``), else another whose profile fits
-    # (``plan/frameworks.py``); ``searched``: the frameworks whose candidate space was searched
+    # (``plan/frameworks.py``); ``searched``: the frameworks whose candidate space was searched;
+    # ``default_decided_by``: why the default one has no plan when it has none (rule.Choice.decided_by)
     framework: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -309,8 +310,9 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
                "device_peak_high_bytes": c.device_peak_high_bytes, "over_limit": lim.over(c),
                "tokens_per_second": c.metrics.get("tokens_per_second")}
               for st in (first, *others) for c in st.cs.candidates]
-    step = None if rec is not None else fit_next_step(first.probe, variants, world,
-                                                       pinned_method="method" in setup or "bits" in setup)
+    # the next step is about memory: none when a candidate exists and only a hard limit rules it out
+    step = None if rec is not None or first.cs.candidates else fit_next_step(
+        first.probe, variants, world, pinned_method="method" in setup or "bits" in setup)
     searched = [first.framework] + ([fw for fw in FRAMEWORKS if fw != first.framework]
                                     if first.choice.chosen is None and "framework" not in setup else [])
     return FitReport(model=spec.name, gpu=acc.to_dict(), world_size=world, global_batch=global_batch,
@@ -320,4 +322,5 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
                      + (eq or {}).get("evaluations", 0),
                      host_memory=host.to_dict(), limits=lim.to_dict(), next_step=step,
                      framework={"chosen": stack.framework, "default": first.framework,
-                                "pinned": "framework" in setup, "searched": searched})
+                                "pinned": "framework" in setup, "searched": searched,
+                                "default_decided_by": first.choice.decided_by})
