@@ -305,13 +305,15 @@ def run_case(case: Case, skip_unsupported: bool = False) -> dict[str, Any]:
         raise RuntimeError(f"{case.label}: simulate fell back to analytic: {rep.fallback}")
     sim = rep.breakdown
     ana = memory_breakdown(spec, setup)
-    sp, ap = sim.allocated_peak_bytes, ana.allocated_peak_bytes
+    sim_peak, ana_peak = sim.allocated_peak_bytes, ana.allocated_peak_bytes
     comps = {k: (sim.components.get(k, 0), ana.components.get(k, 0)) for k in sim.components}
     return {
-        "label": case.label, "model": spec.name, "setup": case.setup, "sim_peak": sp, "ana_peak": ap,
-        "rel": ap / sp - 1, "sim_phase": sim.peak_phase, "ana_phase": ana.peak_phase, "peak_op": rep.peak_op,
-        "components": {k: {"sim": s, "ana": a, "diff_pct_of_peak": 100 * (a - s) / sp} for k, (s, a) in comps.items()
-                       if s or a},
+        "label": case.label, "model": spec.name, "setup": case.setup, "sim_peak": sim_peak, "ana_peak": ana_peak,
+        "rel": ana_peak / sim_peak - 1, "sim_instant": sim.peak_instant, "ana_instant": ana.peak_instant,
+        "peak_op": rep.peak_op,
+        "components": {k: {"sim": simulated, "ana": analytic,
+                           "diff_pct_of_peak": 100 * (analytic - simulated) / sim_peak}
+                       for k, (simulated, analytic) in comps.items() if simulated or analytic},
         "seconds": rep.seconds, "wall": wall, "reserved": sim.reserved_peak_bytes,
     }
 
@@ -319,7 +321,7 @@ def run_case(case: Case, skip_unsupported: bool = False) -> dict[str, Any]:
 def _fmt_row(r: dict[str, Any]) -> str:
     worst = max(r["components"].items(), key=lambda kv: abs(kv[1]["diff_pct_of_peak"]))
     return (f"| {r['label']} | {r['sim_peak'] / GIB:.3f} | {r['ana_peak'] / GIB:.3f} | {100 * r['rel']:+.2f}% | "
-            f"{worst[0]} {worst[1]['diff_pct_of_peak']:+.1f}% | {r['sim_phase']} / {r['ana_phase']} | "
+            f"{worst[0]} {worst[1]['diff_pct_of_peak']:+.1f}% | {r['sim_instant']} / {r['ana_instant']} | "
             f"{r['peak_op']} | {r['seconds']:.1f} |")
 
 
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c not in ZERO_CASES]
         print(f"deepspeed is not installed: the {len(ZERO_CASES)} ZeRO cases are left out", file=sys.stderr)
     header = ("| case | simulate GiB | analytic GiB | peak diff | largest component diff (% of peak) | "
-              "peak phase sim / analytic | simulated peak op | sim s |\n|---|---:|---:|---:|---|---|---|---:|")
+              "peak instant sim / analytic | simulated peak op | sim s |\n|---|---:|---:|---:|---|---|---|---:|")
     stream = not args.markdown  # --markdown: one table in case order at the end
     if stream:
         print(header, flush=True)

@@ -117,7 +117,8 @@ def main() -> None:
     from tuneplan.api import build_setup, estimate, estimate_run, resolve_run
     from tuneplan.catalog.accelerators import resolve_accelerator
     from tuneplan.catalog.models import resolve_model
-    from tuneplan.estimator.memory import memory_at, memory_of
+    from tuneplan.estimator.instants import memory_at
+    from tuneplan.estimator.memory import memory_of
 
     spec = resolve_model(MODEL)
     gpu = resolve_accelerator("rtx4090")
@@ -147,7 +148,7 @@ def main() -> None:
 
     def breakdown(r):  # ... and every part of the breakdown built, as a face that shows it reads it
         b = memory_of(r)
-        return b.device_peak_bytes <= cap, b.components, b.phases, b.bands, b.notes
+        return b.device_peak_bytes <= cap, b.components, b.instants, b.bands, b.notes
 
     t_at = per_call(each(lambda r: memory_at(r, r.setup.batch, r.setup.seq)), a.seconds) / 8
     t_core = per_call(each(core), a.seconds) / 8

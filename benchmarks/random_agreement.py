@@ -132,7 +132,7 @@ def report_lines(s: dict[str, Any]) -> list[str]:
         comp = max(r["components"].items(), key=lambda kv: abs(kv[1]["diff_pct_of_peak"]))
         diff = comp[1]["diff_pct_of_peak"]
         lines.append(f"  {100 * r['rel']:+6.2f} %  {r['label']}  {comp[0]} {diff:+.1f} %  "
-                     f"peak {r['sim_phase']} / {r['ana_phase']}")
+                     f"peak {r['sim_instant']} / {r['ana_instant']}")
     lines.append("per axis, the values with a case beyond 3 % (n, share within 3 %, largest |diff|):")
     for axis, values in s["per_axis"].items():
         off = [f"{v} n={x['n']} {100 * x['within']:.0f}% max {100 * x['max']:.1f}%" for v, x in values.items()

@@ -16,8 +16,8 @@ from tuneplan.api import build_setup, estimate
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.device_map import card_memories, card_run, placement
+from tuneplan.estimator.instants import memory_at
 from tuneplan.estimator.links import intra_node_link
-from tuneplan.estimator.memory import memory_at
 from tuneplan.estimator.run import resolve_run
 from tuneplan.specs.setup import TrainSetup
 

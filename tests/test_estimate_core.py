@@ -74,7 +74,7 @@ def test_full_mixed_is_16_bytes_per_param_at_the_step() -> None:
     p = spec.params_total
     c = est.breakdown.components
     # backward_embedding: every gradient exists and the embedding backward adds its small scratch
-    assert est.breakdown.peak_phase in ("optimizer_step", "backward_layers_bottom", "backward_embedding")
+    assert est.breakdown.peak_instant in ("optimizer_step", "backward_layers_bottom", "backward_embedding")
     assert c["weights"] == 4 * p and c["gradients"] == 4 * p
     assert 8 * p <= c["optimizer_states"] <= 8 * p + 512 * 1000  # + one 'step' scalar per tensor
 
@@ -91,14 +91,14 @@ def test_pure_bf16_full_has_no_master() -> None:
 def test_hf_logits_chain_at_backward_start(qwen7b) -> None:
     tokens = 2 * 2048
     est = estimate(qwen7b, method="qlora", batch=2, seq=2048)
-    phases = est.breakdown.phases
-    assert est.breakdown.peak_phase == "backward_start"
+    instants = est.breakdown.instants
+    assert est.breakdown.peak_instant == "backward_start"
     # fp32 log-softmax output + dense fp32 nll grad + fp32 log_softmax grad = 12 B/token/vocab
     assert est.breakdown.components["logits_loss"] == 12 * tokens * V
     # QLoRA checkpoints by default: the fp32 adapters' 16-bit autocast casts (2 B per LoRA param, q/v r16)
     # live in the forward only, dropped with autocast's cache when the checkpointed forward ends
     adapter_casts = 2 * L * 16 * ((H + H) + (H + KV))
-    assert phases["backward_start"] - phases["forward"] == (12 - 10) * tokens * V - adapter_casts
+    assert instants["backward_start"] - instants["forward"] == (12 - 10) * tokens * V - adapter_casts
 
 
 def test_llama_layer_activations_match_prior_art_formula() -> None:
@@ -156,7 +156,7 @@ def test_fits_verdict_and_headroom(qwen7b) -> None:
 
 def test_json_shape(qwen7b) -> None:
     d = estimate(qwen7b, method="qlora", gpu="rtx4090").to_dict()
-    for key in ("model", "per_gpu", "peak_phase", "findings", "gpu", "fits", "headroom_bytes"):
+    for key in ("model", "per_gpu", "peak_instant", "findings", "gpu", "fits", "headroom_bytes"):
         assert key in d
     assert d["model"]["params_total"] == 7_615_616_512
     pg = d["per_gpu"]
@@ -182,8 +182,8 @@ def test_deepspeed_buckets_move_the_estimate(qwen7b) -> None:
     base = dict(method="full", gpus=4, zero=2, precision="bf16-mixed")
     # the bucket lives from the first gradient to the end of the backward (setup_buckets ..
     # _release_ipg_buffers): it moves the layers' backward, not the loss or the step
-    default = estimate(qwen7b, **base).breakdown.phases
-    auto = estimate(qwen7b, **base, ds_reduce_bucket=3584 * 3584).breakdown.phases
+    default = estimate(qwen7b, **base).breakdown.instants
+    auto = estimate(qwen7b, **base, ds_reduce_bucket=3584 * 3584).breakdown.instants
     assert default["backward_layers_top"] - auto["backward_layers_top"] == 2 * (500_000_000 - 3584 * 3584)
     assert default["optimizer_step"] == auto["optimizer_step"]
 
@@ -192,8 +192,9 @@ def test_overlap_comm_double_buffers_the_zero12_bucket(qwen7b) -> None:
     """stage_1_and_2 setup_buckets allocates buf_1 beside buf_0 with overlap_comm: 2 x 5e8 x 2 B."""
     base = dict(method="full", gpus=4, precision="bf16-mixed")
     for zero in (1, 2):
-        off = estimate(qwen7b, **base, zero=zero).breakdown.phases["backward_layers_top"]
-        on = estimate(qwen7b, **base, zero=zero, ds_overlap_comm=True).breakdown.phases["backward_layers_top"]
+        off = estimate(qwen7b, **base, zero=zero).breakdown.instants["backward_layers_top"]
+        on = estimate(qwen7b, **base, zero=zero,
+                      ds_overlap_comm=True).breakdown.instants["backward_layers_top"]
         assert on - off == 500_000_000 * 2
     z3 = [estimate(qwen7b, **base, zero=3, ds_overlap_comm=v).breakdown.device_peak_bytes
           for v in (False, True)]

@@ -88,7 +88,7 @@ def test_grid_agrees_with_the_scalar_estimate_on_10000_setups():
                 assert _close(one.allocated_peak_bytes, int(plane["allocated"][i, j])), (name, kw, b, s)
                 assert _close(one.reserved_peak_bytes, int(plane["reserved"][i, j])), (name, kw, b, s)
                 assert _close(one.device_peak_bytes, int(plane["device_peak"][i, j])), (name, kw, b, s)
-                assert one.peak_phase == plane["peak_phase"][i, j], (name, kw, b, s)
+                assert one.peak_instant == plane["peak_instant"][i, j], (name, kw, b, s)
                 for c in COMPONENT_ORDER:
                     assert _close(one.components[c], int(plane[f"c:{c}"][i, j])), (name, kw, b, s, c)
                 if acc is not None:

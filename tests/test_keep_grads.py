@@ -21,11 +21,11 @@ def test_kept_gradients_join_the_forward_peak() -> None:
     kw = dict(method="full", precision="fp32", batch=1, seq=256, timing=False)
     freed = estimate(spec, **kw).breakdown
     kept = estimate(spec, keep_grads=True, **kw).breakdown
-    assert freed.components["gradients"] == 0 or freed.peak_phase != "forward"
-    assert kept.phases["forward"] - freed.phases["forward"] == 4 * spec.params_total
+    assert freed.components["gradients"] == 0 or freed.peak_instant != "forward"
+    assert kept.instants["forward"] - freed.instants["forward"] == 4 * spec.params_total
     # gradient accumulation already keeps them: the switch changes nothing there
     ga = dict(kw, grad_accum=2)
-    assert estimate(spec, keep_grads=True, **ga).breakdown.phases == estimate(spec, **ga).breakdown.phases
+    assert estimate(spec, keep_grads=True, **ga).breakdown.instants == estimate(spec, **ga).breakdown.instants
 
 
 def test_the_embedding_gradient_is_added_into_its_kept_buffer() -> None:
@@ -34,8 +34,8 @@ def test_the_embedding_gradient_is_added_into_its_kept_buffer() -> None:
     # .grad (one more embedding-sized fp32 tensor at that instant, simulate-checked).
     spec = resolve_model("Qwen/Qwen2.5-0.5B", allow_network=False)
     kw = dict(method="full", precision="fp32", batch=1, seq=128, gradient_checkpointing=True, timing=False)
-    freed = estimate(spec, **kw).breakdown.phases["backward_embedding"]
-    kept = estimate(spec, keep_grads=True, **kw).breakdown.phases["backward_embedding"]
+    freed = estimate(spec, **kw).breakdown.instants["backward_embedding"]
+    kept = estimate(spec, keep_grads=True, **kw).breakdown.instants["backward_embedding"]
     assert kept - freed == 4 * spec.vocab * spec.hidden
 
 

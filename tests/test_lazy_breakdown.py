@@ -30,8 +30,8 @@ def test_read_parts_follow_the_definitions(model, kw):
     assert b.reserved_peak_bytes == reserved
     assert b.device_peak_bytes == reserved + b.cuda_context_bytes + b.nccl_bytes
     assert sum(b.components.values()) == allocated == b.allocated_peak_bytes
-    assert b.phases[b.peak_phase] == allocated == max(b.phases.values())
-    assert next(k for k, v in b.phases.items() if v == allocated) == b.peak_phase  # the first on a tie
+    assert b.instants[b.peak_instant] == allocated == max(b.instants.values())
+    assert next(k for k, v in b.instants.items() if v == allocated) == b.peak_instant  # the first on a tie
     band = b.bands["reserved"]
     assert (band.low, band.high) == (int(allocated * 1.02), int(allocated * 1.2))
     transient = b.components["activations"] + b.components["logits_loss"] + b.components["backward_temp"]
@@ -53,4 +53,4 @@ def test_a_verdict_builds_nothing_else():
     spec = resolve_model("meta-llama/Llama-2-7b-hf")
     b = memory_of(resolve_run(spec, build_setup(spec, method="lora")))
     assert b.device_peak_bytes > b.allocated_peak_bytes > 0
-    assert not {"components", "phases", "bands", "notes", "paged_bytes", "host_bytes"} & set(vars(b))
+    assert not {"components", "instants", "bands", "notes", "paged_bytes", "host_bytes"} & set(vars(b))

@@ -68,12 +68,12 @@ def test_bitsandbytes_pinned_inputs_by_hand() -> None:
     tokens, h, inter = 512, 4096, 11008
     assert acts.pinned_bytes == tokens * ((32 * (3 * h + inter) - h) * 2 + 2 * h)
     # they are still there at the optimizer step, beside the fp32 logits the loop holds
-    ph = est.breakdown.phases
+    ph = est.breakdown.instants
     c = est.breakdown.components
     resident = sum(c[k] for k in ("weights", "quant_meta", "lora_adapters", "optimizer_states", "framework"))
     assert ph["optimizer_step"] - resident >= acts.pinned_bytes + 4 * tokens * 32000
     first = estimate(spec, framework="litgpt", method="qlora", targets="q_proj,v_proj", batch=2, seq=256,
-                     longest_batch_first=True).breakdown.phases
+                     longest_batch_first=True).breakdown.instants
     # the first batch has no predecessor: its forward loses the previous graph's pinned inputs
     drop = ph["forward"] - first["forward"]
     assert acts.pinned_bytes <= drop <= acts.pinned_bytes + 4 * tokens * 32000
@@ -181,4 +181,4 @@ def test_the_micro_batch_after_the_longest_carries_its_leftovers() -> None:
     held = 4 * tokens * 32000
     # as in test_bitsandbytes_pinned_inputs_by_hand
     pinned = tokens * ((32 * (3 * h + inter) - h) * 2 + 2 * h)
-    assert b.phases["next_micro_batch"] - resident == lora_grads + held + pinned
+    assert b.instants["next_micro_batch"] - resident == lora_grads + held + pinned

@@ -108,7 +108,7 @@ def test_comparison_pairs_measured_with_the_estimate_of_the_same_setup(tiny_path
     est = out["estimate"]["per_gpu"]
     rows = {r["quantity"]: r for r in out["comparison"]}
     assert rows["allocated peak"]["estimated_bytes"] == est["allocated_peak_bytes"]
-    assert rows["peak during forward + loss"]["estimated_bytes"] == est["phases"]["forward"]
+    assert rows["peak during forward + loss"]["estimated_bytes"] == est["instants"]["forward"]
     c = est["components"]
     assert rows["weights + quantized storage + adapters (before step 1)"]["estimated_bytes"] == (
         c["weights"] + c["quant_meta"] + c["lora_adapters"])

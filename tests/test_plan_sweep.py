@@ -103,8 +103,8 @@ def test_every_point_of_the_grid_sweep_is_the_scalar_estimate(vary: str, kw: dic
             continue
         b, d = est.breakdown, est.to_dict()
         assert p.error is None
-        assert (p.device_peak_bytes, p.allocated_peak_bytes, p.reserved_peak_bytes, p.peak_phase) == (
-            b.device_peak_bytes, b.allocated_peak_bytes, b.reserved_peak_bytes, b.peak_phase)
+        assert (p.device_peak_bytes, p.allocated_peak_bytes, p.reserved_peak_bytes, p.peak_instant) == (
+            b.device_peak_bytes, b.allocated_peak_bytes, b.reserved_peak_bytes, b.peak_instant)
         assert p.stack == {**b.components, "allocator_reserve": b.reserved_peak_bytes - b.allocated_peak_bytes,
                            "cuda_context": b.cuda_context_bytes, "nccl": b.nccl_bytes}
         assert (p.fits, p.headroom_bytes) == (est.fits, est.headroom_bytes)

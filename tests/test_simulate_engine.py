@@ -70,8 +70,8 @@ def test_breakdown_is_consistent(full_fp32) -> None:
     bd = full_fp32.breakdown
     assert bd.engine == "simulate"
     assert set(bd.components) == set(COMPONENTS)
-    assert bd.allocated_peak_bytes == sum(bd.components.values()) == max(bd.phases.values())
-    assert bd.peak_phase in bd.phases
+    assert bd.allocated_peak_bytes == sum(bd.components.values()) == max(bd.instants.values())
+    assert bd.peak_instant in bd.instants
     assert bd.reserved_peak_bytes >= bd.allocated_peak_bytes
     assert full_fp32.allocator["max_allocated_bytes"] >= bd.allocated_peak_bytes
     assert full_fp32.peak_op
@@ -81,7 +81,7 @@ def test_gradient_checkpointing_keeps_less(tiny) -> None:
     kw = dict(method="lora", seq=256, attn="sdpa", batch=2)
     off = simulate_breakdown(tiny, build_setup(tiny, gradient_checkpointing=False, **kw))
     on = simulate_breakdown(tiny, build_setup(tiny, gradient_checkpointing=True, **kw))
-    assert on.phases["forward"] < off.phases["forward"]
+    assert on.instants["forward"] < off.instants["forward"]
 
 
 def test_lora_adapters_in_fp32_on_a_bf16_base(tiny) -> None:

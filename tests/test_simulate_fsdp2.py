@@ -82,7 +82,7 @@ def test_fully_shard_backward_holds_a_layer_its_prefetch_and_the_last_reduce_sca
     # unsharded gradients, kept in reduce_scatter_state until the next reduce-scatter); fp32 throughout
     n = 2
     b = _full_fp32(tiny, n).breakdown
-    assert b.peak_phase == "backward"
+    assert b.peak_instant == "backward"
     unsharded = sum(r512(4 * n * shard_rows(d0, n) * rest) for d0, rest in LAYER)
     prefetched = r512(4 * n * sum(shard_rows(d0, n) * rest for d0, rest in LAYER))
     tail_rs_input = r512(4 * n * sum(shard_rows(d0, n) * rest for d0, rest in (NORM, HEAD)))

@@ -72,7 +72,7 @@ def test_fsdp_backward_holds_two_unsharded_layers_and_the_root(tiny) -> None:
     # at the peak (backward of the last layer): that layer unsharded, the next one prefetched
     # (BackwardPrefetch.BACKWARD_PRE), and the root unit, which FSDP1 does not reshard after forward
     b = _full_fp32(tiny, 2).breakdown
-    assert b.peak_phase == "backward"
+    assert b.peak_instant == "backward"
     assert b.components["parallel_buffers"] == 2 * r512(4 * sum(LAYER)) + r512(4 * sum(ROOT))
 
 

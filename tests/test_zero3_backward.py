@@ -4,9 +4,9 @@ under test."""
 
 from tuneplan.api import build_setup
 from tuneplan.catalog.models import resolve_model
-from tuneplan.estimator.wrappers.zero import (
+from tuneplan.estimator.wrappers.zero import DS_REDUCE_BUCKET
+from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
-    DS_REDUCE_BUCKET,
     zero3_bucket_flush,
     zero3_gathered_in_backward,
 )

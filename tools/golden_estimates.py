@@ -3,6 +3,10 @@ setups, written by the code itself, to check that a refactoring changes no figur
 
     python tools/golden_estimates.py write /tmp/golden.json   # before the change
     python tools/golden_estimates.py check /tmp/golden.json   # after: byte-identical JSON or a diff
+    python tools/golden_estimates.py check /tmp/golden.json --rename peak_phase=peak_instant,phases=instants
+
+``--rename old=new,...`` renames those keys of the old file (at any depth) before the comparison, so a
+change that renames keys proves that every value stayed the same.
 
 The setups are drawn by a fixed pseudo-random walk over catalog models x methods x frameworks x batch /
 seq / checkpointing / attention / precision / parallelism, plus the agreement cases' analytic breakdowns
@@ -17,10 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MODELS = ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.2-1B", "meta-llama/Llama-2-7b-hf",
-          "google/gemma-2b", "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B", "microsoft/Phi-3-mini-4k-instruct",
-          "meta-llama/Llama-3.1-70B-Instruct", "openai-community/gpt2", "microsoft/phi-2", "EleutherAI/pythia-6.9b",
-          "google-bert/bert-large-uncased", "deepseek-ai/DeepSeek-V2-Lite", "google/gemma-2-9b"]
+MODELS = ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.2-1B",
+          "meta-llama/Llama-2-7b-hf", "google/gemma-2b", "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B",
+          "microsoft/Phi-3-mini-4k-instruct", "meta-llama/Llama-3.1-70B-Instruct", "openai-community/gpt2",
+          "microsoft/phi-2", "EleutherAI/pythia-6.9b", "google-bert/bert-large-uncased",
+          "deepseek-ai/DeepSeek-V2-Lite", "google/gemma-2-9b"]
 GPUS = [None, "rtx4090", "a100-80gb", "h100-80gb", "t4"]
 
 
@@ -30,7 +35,8 @@ def _setups(n: int = 400) -> list[tuple[str, str | None, dict[str, Any]]]:
     for _ in range(n):
         kw: dict[str, Any] = {
             "method": rng.choice(["full", "freeze", "lora", "qlora"]),
-            "framework": rng.choice(["hf", "hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt"]),
+            "framework": rng.choice(["hf", "hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2",
+                                     "litgpt"]),
             "batch": rng.choice([1, 2, 3, 4, 8, 16]),
             "seq": rng.choice([128, 512, 1000, 2048, 4096, 8192]),
         }
@@ -47,8 +53,8 @@ def _setups(n: int = 400) -> list[tuple[str, str | None, dict[str, Any]]]:
         if rng.random() < 0.3:
             kw["grad_accum"] = rng.choice([2, 4])
         if rng.random() < 0.3:
-            kw["optimizer"] = rng.choice(["adamw", "adamw-fused", "adamw-hf", "adamw-8bit", "paged-adamw-8bit",
-                                          "adafactor", "sgd"])
+            kw["optimizer"] = rng.choice(["adamw", "adamw-fused", "adamw-hf", "adamw-8bit",
+                                          "paged-adamw-8bit", "adafactor", "sgd"])
         r = rng.random()
         if r < 0.15:
             kw.update(gpus=rng.choice([2, 4, 8]), zero=rng.choice([1, 2, 3]))
@@ -71,7 +77,8 @@ def _rare_switches(n: int = 250) -> list[tuple[str, str | None, dict[str, Any]]]
     for _ in range(n):
         kw: dict[str, Any] = {
             "method": rng.choice(["full", "freeze", "lora", "qlora"]),
-            "framework": rng.choice(["hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2", "litgpt"]),
+            "framework": rng.choice(["hf", "llamafactory", "unsloth", "torchtune", "torchtune-0.2",
+                                     "litgpt"]),
             "batch": rng.choice([1, 2, 4]), "seq": rng.choice([256, 1024, 4096]),
             "gradient_checkpointing": rng.random() < 0.5,
             "precision": rng.choice(["fp32", "fp16-mixed", "bf16-mixed", "bf16"]),
@@ -81,7 +88,8 @@ def _rare_switches(n: int = 250) -> list[tuple[str, str | None, dict[str, Any]]]
             kw["targets"] = rng.choice(["all-linear", "attn", "mlp"])
             kw["dropout"] = rng.choice([0.0, 0.05])
             kw["rank"] = rng.choice([8, 32])
-        for flag in ("compile", "activation_offload", "longest_batch_first", "keep_grads", "softmax_keeps_input",
+        for flag in ("compile", "activation_offload", "longest_batch_first", "keep_grads",
+                     "softmax_keeps_input",
                      "optimizer_in_backward"):
             if rng.random() < 0.2:
                 kw[flag] = True
@@ -130,20 +138,40 @@ def collect() -> dict[str, Any]:
     return {"estimates": rows, "agreement_analytic": _agreement_cases()}
 
 
+def renamed(value: Any, names: dict[str, str]) -> Any:
+    """``value`` (parsed JSON) with every dict key found in ``names`` replaced by its new name."""
+    if isinstance(value, dict):
+        return {names.get(k, k): renamed(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [renamed(v, names) for v in value]
+    return value
+
+
+def dumped(data: Any) -> str:
+    return json.dumps(data, indent=1, sort_keys=True, default=str)
+
+
 def main(argv: list[str]) -> int:
     mode, path = argv[1], Path(argv[2])
-    text = json.dumps(collect(), indent=1, sort_keys=True, default=str)
+    names: dict[str, str] = {}
+    if len(argv) > 4 and argv[3] == "--rename":
+        names = dict(pair.split("=", 1) for pair in argv[4].split(","))
+    text = dumped(collect())
     if mode == "write":
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path}")
         return 0
     old = path.read_text(encoding="utf-8")
+    if names:
+        old = dumped(renamed(json.loads(old), names))
     if old == text:
-        print("identical")
+        print("identical" + (f" (keys renamed: {', '.join(f'{k} -> {v}' for k, v in names.items())})"
+                             if names else ""))
         return 0
     import difflib
 
-    sys.stdout.writelines(list(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after"))[:80])
+    diff = difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after")
+    sys.stdout.writelines(list(diff)[:80])
     return 1
 
 

@@ -83,43 +83,44 @@ class Estimate:
         return self.gpu.memory_bytes - self.breakdown.device_peak_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        b = self.breakdown
-        d: dict[str, Any] = {
+        breakdown = self.breakdown
+        result: dict[str, Any] = {
             "model": {**self.model.summary(), "params_trainable": self.trainable_params},
             "setup": self.setup.to_dict(),
             "setup_sources": dict(self.setup.sources),
             "per_gpu": {
-                "allocated_peak_bytes": b.allocated_peak_bytes,
-                "reserved_peak_bytes": b.reserved_peak_bytes,
-                "device_peak_bytes": b.device_peak_bytes,
-                "cuda_context_bytes": b.cuda_context_bytes,
-                "nccl_bytes": b.nccl_bytes,
-                "paged_bytes": b.paged_bytes,
-                "host_bytes": b.host_bytes,
-                "components": dict(b.components),
-                "phases": dict(b.phases),
-                "bands": {k: {"low": v.low, "high": v.high, "why": v.why} for k, v in b.bands.items()},
-                **({"per_card": list(b.per_card)} if b.per_card else {}),
+                "allocated_peak_bytes": breakdown.allocated_peak_bytes,
+                "reserved_peak_bytes": breakdown.reserved_peak_bytes,
+                "device_peak_bytes": breakdown.device_peak_bytes,
+                "cuda_context_bytes": breakdown.cuda_context_bytes,
+                "nccl_bytes": breakdown.nccl_bytes,
+                "paged_bytes": breakdown.paged_bytes,
+                "host_bytes": breakdown.host_bytes,
+                "components": dict(breakdown.components),
+                "instants": dict(breakdown.instants),
+                "bands": {k: {"low": v.low, "high": v.high, "why": v.why}
+                          for k, v in breakdown.bands.items()},
+                **({"per_card": list(breakdown.per_card)} if breakdown.per_card else {}),
             },
-            "peak_phase": b.peak_phase,
-            "engine": b.engine,
-            "wrapper": b.wrapper,
-            "notes": list(b.notes),
+            "peak_instant": breakdown.peak_instant,
+            "engine": breakdown.engine,
+            "wrapper": breakdown.wrapper,
+            "notes": list(breakdown.notes),
             "findings": [f.to_dict() for f in self.findings],
         }
         if self.gpu is not None:
-            d["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
+            result["gpu"] = {"name": self.gpu.name, "id": self.gpu.id, "memory_bytes": self.gpu.memory_bytes,
                         "memory_source": self.gpu.memory_source, "platform": self.gpu.platform,
                         "outside_torch_words": list(self.gpu.outside_torch_words)}
             if self.extras.get("gpu_name_choice"):
-                d["gpu"]["name_choice"] = self.extras["gpu_name_choice"]
-            d["fits"] = self.fits
-            d["verdict"] = self.verdict
+                result["gpu"]["name_choice"] = self.extras["gpu_name_choice"]
+            result["fits"] = self.fits
+            result["verdict"] = self.verdict
             if self.requires:
-                d["requires"] = self.requires
-            d["headroom_bytes"] = self.headroom_bytes
-        d.update(self.extras.get("sections", {}))
-        return d
+                result["requires"] = self.requires
+            result["headroom_bytes"] = self.headroom_bytes
+        result.update(self.extras.get("sections", {}))
+        return result
 
 
 def build_setup(model: ModelSpec, setup: TrainSetup | None = None, *, accelerator: Accelerator | None = None,
@@ -131,12 +132,13 @@ def build_setup(model: ModelSpec, setup: TrainSetup | None = None, *, accelerato
     base, kwargs = with_switches(setup or TrainSetup(), kwargs)
     unknown = set(kwargs) - {f.name for f in fields(base)} - SETUP_FIELDS
     if unknown:
-        raise TuneplanError(f"unknown setup field(s) {sorted(unknown)}", field="setup", accepted=sorted(SETUP_FIELDS))
+        raise TuneplanError(f"unknown setup field(s) {sorted(unknown)}", field="setup",
+                            accepted=sorted(SETUP_FIELDS))
     explicit = frozenset(kwargs) | frozenset(k for k, v in base.sources.items() if v != "default")
-    s = base.replace(**kwargs) if kwargs else base
-    s.validate()
+    train_setup = base.replace(**kwargs) if kwargs else base
+    train_setup.validate()
     bf16 = accelerator.supports_bf16 if accelerator is not None else None
-    return resolve_setup(s, model, explicit=explicit, supports_bf16=bf16)
+    return resolve_setup(train_setup, model, explicit=explicit, supports_bf16=bf16)
 
 
 def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: str | Accelerator | None = None,
@@ -159,9 +161,10 @@ def estimate(model: str | ModelSpec, setup: TrainSetup | None = None, *, gpu: st
                       "no GPU name was given", stacklevel=2)
     if engine not in ("analytic", "simulate"):
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
-    acc, choice, run = resolved(model, setup, gpu, hardware_file, kwargs)
-    est = estimate_run(run, gpu=acc, engine=engine, dataset=dataset, price=price, card_price=card_price,
-                       kwh_price=kwh_price, own_years=own_years, time_options=time_options, timing=timing,
+    accelerator, choice, run = resolved(model, setup, gpu, hardware_file, kwargs)
+    est = estimate_run(run, gpu=accelerator, engine=engine, dataset=dataset, price=price,
+                       card_price=card_price, kwh_price=kwh_price, own_years=own_years,
+                       time_options=time_options, timing=timing,
                        versions=versions)
     if choice:
         est.extras["gpu_name_choice"] = choice
@@ -187,31 +190,33 @@ def resolved(model: str | ModelSpec, setup: TrainSetup | None, gpu: str | Accele
     key = resolved_key(model, setup, gpu, hardware_file, kwargs)
     hit = _RESOLVED.get(key) if key is not None else None
     if hit is not None:
-        acc, choice, run, shapes, _kept = hit
+        accelerator, choice, run, shapes, _kept = hit
         given = {k: kwargs[k] for k in SHAPE if k in kwargs}
-        check_fields(given)  # what TrainSetup.validate checks of these fields: each alone, no other reads them
-        at = (given.get("batch", run.setup.batch), given.get("seq", run.setup.seq),
+        # what TrainSetup.validate checks of these fields: each alone, no other reads them
+        check_fields(given)
+        shape_key = (given.get("batch", run.setup.batch), given.get("seq", run.setup.seq),
               given.get("grad_accum", run.setup.grad_accum))
-        got = shapes.get(at)
+        got = shapes.get(shape_key)
         if got is None:
             shape = {k: v for k, v in given.items() if v != getattr(run.setup, k)}
             got = run.reshaped(**shape) if shape else run
             if len(shapes) >= SHAPES_MAX:
                 shapes.clear()
-            shapes[at] = got
-        return acc, choice, got
+            shapes[shape_key] = got
+        return accelerator, choice, got
     spec = resolve_model(model) if isinstance(model, str) else model
-    acc, choice = resolve_named(gpu, extra=hardware_file) if isinstance(gpu, str) else (gpu, None)
-    run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kwargs))
+    accelerator, choice = resolve_named(gpu, extra=hardware_file) if isinstance(gpu, str) else (gpu, None)
+    run = resolve_run(spec, build_setup(spec, setup, accelerator=accelerator, **kwargs))
     if key is not None:
         if len(_RESOLVED) >= RESOLVED_MAX:
             _RESOLVED.clear()
-        _RESOLVED[key] = (acc, choice, run, {(run.setup.batch, run.setup.seq, run.setup.grad_accum): run},
-                          (model, gpu, setup))
-    return acc, choice, run
+        shapes = {(run.setup.batch, run.setup.seq, run.setup.grad_accum): run}
+        _RESOLVED[key] = (accelerator, choice, run, shapes, (model, gpu, setup))
+    return accelerator, choice, run
 
 
-def resolved_key(model: Any, setup: Any, gpu: Any, hardware_file: Any, kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+def resolved_key(model: Any, setup: Any, gpu: Any, hardware_file: Any,
+                 kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
     """What the resolve reads, as a key; None when something in it cannot be a key (then no cache).
 
     - the model: a ModelSpec object (its identity: specs are frozen; the entry keeps the object, so the
@@ -228,30 +233,30 @@ def resolved_key(model: Any, setup: Any, gpu: Any, hardware_file: Any, kwargs: d
         return None
     shape_given = tuple(k for k in SHAPE if k in kwargs)
     m = ("spec", id(model)) if not isinstance(model, str) else ("name", model, _model_stamp(model))
-    g = (("card", id(gpu)) if not isinstance(gpu, str) else
+    card_key = (("card", id(gpu)) if not isinstance(gpu, str) else
          ("name", gpu, _file_stamp(hardware_file), _hardware_stamp()))
-    return (m, g, id(setup), rest, shape_given)
+    return (m, card_key, id(setup), rest, shape_given)
 
 
 def _file_stamp(path: Any) -> tuple[Any, ...] | None:
     if path is None:
         return None
     try:
-        st = os.stat(path)
+        file_stat = os.stat(path)
     except (OSError, TypeError, ValueError):
         return (str(path), None)
-    return (str(path), st.st_mtime_ns, st.st_size)
+    return (str(path), file_stat.st_mtime_ns, file_stat.st_size)
 
 
 def _model_stamp(name: str) -> tuple[Any, ...]:
     """A path's config file (a folder's config.json), or the hub settings a hub id is fetched with."""
-    p = os.path.expanduser(name.strip())
+    config_path = os.path.expanduser(name.strip())
     try:
-        st = os.stat(p)
-        if stat.S_ISDIR(st.st_mode):
-            p = os.path.join(p, "config.json")
-            st = os.stat(p)
-        return ("file", p, st.st_mtime_ns, st.st_size)
+        file_stat = os.stat(config_path)
+        if stat.S_ISDIR(file_stat.st_mode):
+            config_path = os.path.join(config_path, "config.json")
+            file_stat = os.stat(config_path)
+        return ("file", config_path, file_stat.st_mtime_ns, file_stat.st_size)
     except (OSError, ValueError):
         return ("hub", os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_ENDPOINT"))
 
@@ -269,31 +274,32 @@ def _hardware_stamp() -> tuple[Any, ...]:
 
 
 def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "analytic",
-                 dataset: DatasetSpec | None = None, price: float | None = None, card_price: float | None = None,
+                 dataset: DatasetSpec | None = None, price: float | None = None,
+                 card_price: float | None = None,
                  kwh_price: float | None = None, own_years: float | None = None,
                  time_options: RuntimeOptions | None = None, timing: bool = True,
                  versions: dict[str, Any] | None = None) -> Estimate:
     """``estimate`` on a run already resolved (``estimator.run.resolve_run``; ``run.reshaped(batch=, seq=)``
     for another shape): nothing is looked up or resolved again."""
-    spec, s, acc = run.model, run.setup, gpu
-    if engine == "analytic" and s.device_map != "none" and s.gpus > 1:
+    spec, train_setup, accelerator = run.model, run.setup, gpu
+    if engine == "analytic" and train_setup.device_map != "none" and train_setup.gpus > 1:
         from tuneplan.estimator.device_map import device_map_breakdown
 
-        breakdown = device_map_breakdown(run, acc)
+        breakdown = device_map_breakdown(run, accelerator)
     elif engine == "analytic":
         breakdown = memory_of(run)
-    elif engine == "simulate" and s.device_map != "none" and s.gpus > 1:
+    elif engine == "simulate" and train_setup.device_map != "none" and train_setup.gpus > 1:
         from tuneplan.simulate.device_map import simulate_device_map
 
-        breakdown = simulate_device_map(run, acc)
+        breakdown = simulate_device_map(run, accelerator)
     elif engine == "simulate":
         from tuneplan.simulate import simulate_breakdown  # optional extra, imported lazily
 
-        breakdown = simulate_breakdown(spec, s)
+        breakdown = simulate_breakdown(spec, train_setup)
     else:
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     extras: dict[str, Any] = {"params_trainable": run.trainable_params}
-    if acc is not None and timing:  # searches that only need the memory verdict skip time and cost
+    if accelerator is not None and timing:  # searches that only need the memory verdict skip time and cost
         _check_price_arguments(price=price, card_price=card_price, kwh_price=kwh_price, own_years=own_years)
         if price is None and card_price is None and kwh_price is None and own_years is None:
             prices = DEFAULT_PRICES  # one object: the run's kept cost rates match it by identity
@@ -301,19 +307,20 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
             prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
                             **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years))
                                if v is not None})
-        extras["sections"] = run_time_and_cost(run, acc, dataset, prices, time_options,
+        extras["sections"] = run_time_and_cost(run, accelerator, dataset, prices, time_options,
                                                memory=breakdown if engine == "analytic" else None)
     if versions is None:
-        findings = run.findings(acc)
+        findings = run.findings(accelerator)
     else:
         from tuneplan.compat import check
 
-        findings = check(acc, s, spec, versions)
-    if s.device_map != "none":  # one card too: accelerate may still leave layers on the CPU
+        findings = check(accelerator, train_setup, spec, versions)
+    if train_setup.device_map != "none":  # one card too: accelerate may still leave layers on the CPU
         from tuneplan.estimator.device_map import spill_finding
 
-        findings.extend(f for f in (spill_finding(run, acc),) if f is not None)
-    return Estimate(model=spec, setup=s, breakdown=breakdown, gpu=acc, findings=findings, extras=extras, run=run)
+        findings.extend(f for f in (spill_finding(run, accelerator),) if f is not None)
+    return Estimate(model=spec, setup=train_setup, breakdown=breakdown, gpu=accelerator, findings=findings,
+                    extras=extras, run=run)
 
 
 def _check_price_arguments(**values: float | None) -> None:

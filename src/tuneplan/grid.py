@@ -10,7 +10,7 @@ arrays are shaped like the product of the sequence-valued axes, in the order the
 
 How it is evaluated: ``batch`` and ``seq`` are vectorized. Every memory term is a closed form in
 t = batch x seq tokens and s = seq (per layer kind, t x per_token + t x s x per_token_per_pos; the logits
-chain, t x vocabulary), so ``memory.memory_at`` evaluates the same formulas the scalar ``tuneplan.estimate``
+chain, t x vocabulary), so ``instants.memory_at`` evaluates the same formulas the scalar ``tuneplan.estimate``
 uses on numpy arrays of every (batch, seq) at once, then picks each cell's peak instant (the first on a tie,
 as the scalar path does) and applies the caching allocator's rounding element-wise. Every other axis (rank,
 grad_accum, gpus, zero, method, precision, ...) changes what is resolved (the parameter plan, the layer
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.memory import STEP_COMPONENTS, memory_at
+from tuneplan.estimator.instants import STEP_COMPONENTS, memory_at, named
 from tuneplan.estimator.overhead import cross_stream_reserve, cuda_context_bytes, reserved_from_allocated
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.specs.hardware import Accelerator
@@ -54,7 +54,7 @@ class Grid:
     reserved: np.ndarray  # caching-allocator reserved bytes at the peak
     device_peak: np.ndarray  # reserved + CUDA context + NCCL: what nvidia-smi shows, what OOM is judged on
     components: dict[str, np.ndarray]  # allocated bytes of each component at the peak instant
-    peak_phase: np.ndarray  # the instant of the peak (str)
+    peak_instant: np.ndarray  # the instant of the peak (str)
     errors: np.ndarray  # an error finding (cannot run, memory aside), or not a valid setup
     valid: np.ndarray  # the setup is valid (a combination such as ZeRO on one GPU is not: its figures are 0)
     gpu: Accelerator | None = None
@@ -86,51 +86,52 @@ def _values(name: str, v: Any) -> tuple[Any, ...] | None:
     """The axis values of a sequence-valued field, or None for a single value."""
     if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
         return None
-    vals = tuple(x.item() if isinstance(x, np.generic) else x for x in v)
+    vals = tuple(value.item() if isinstance(value, np.generic) else value for value in v)
     if not vals:
         raise TuneplanError("an axis needs at least one value", field=name, accepted="a non-empty sequence")
     return vals
 
 
 def _shape_axis(name: str, vals: tuple[Any, ...]) -> np.ndarray:
-    for x in vals:
-        if isinstance(x, bool) or not isinstance(x, Integral) or int(x) <= 0:
-            raise TuneplanError(f"must be a positive integer, got {x!r}", field=name, accepted="1, 2, 3, ...")
-        if name == "seq" and int(x) > MAX_SEQ:
-            raise TuneplanError(f"{x} tokens is beyond any model's context", field="seq",
+    for value in vals:
+        if isinstance(value, bool) or not isinstance(value, Integral) or int(value) <= 0:
+            raise TuneplanError(f"must be a positive integer, got {value!r}", field=name,
+                                accepted="1, 2, 3, ...")
+        if name == "seq" and int(value) > MAX_SEQ:
+            raise TuneplanError(f"{value} tokens is beyond any model's context", field="seq",
                                 accepted=f"1..{MAX_SEQ}")
     return np.asarray(vals, dtype=np.int64)
 
 
 def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.ndarray]:
-    """The memory of ``run`` at every (batch, seq) of two broadcastable int64 arrays: ``memory.memory_at`` on
-    arrays, then the scalar path's peak choice (``memory.memory_of``: the first instant with the largest
+    """The memory of ``run`` at every (batch, seq) of two broadcastable int64 arrays: ``instants.memory_at``
+    on arrays, then the scalar path's peak choice (``memory.memory_of``: the first instant with the largest
     total) and the allocator's rounding, element-wise."""
     shape = np.broadcast_shapes(batch.shape, seq.shape)
     m = memory_at(run, batch, seq)
-    names = list(m.phases)
+    names = list(m.rows)
     # the instants' totals (exact int64 sums), and the first largest of each cell, as max() over a dict
     totals = np.empty((len(names),) + shape, dtype=np.int64)
-    for i, p in enumerate(names):
-        totals[i] = m.total(p)
+    for i, instant in enumerate(names):
+        totals[i] = m.total(instant)
     peak = np.argmax(totals, axis=0)
     allocated = np.take_along_axis(totals, peak[None], 0)[0]
     reserved = reserved_from_allocated(allocated, cross_stream_reserve(run))
     out = {"allocated": allocated, "reserved": reserved,
            "device_peak": reserved + cuda_context_bytes() + m.statics.wrapped.resident.nccl,
-           "peak_phase": np.asarray(names)[peak]}
-    for c in PERSISTENT:  # the same at every instant
-        out[f"c:{c}"] = np.full(shape, m.statics.common[c], dtype=np.int64)
-    rows = [m.phases[p] for p in names]
-    for k, c in enumerate(STEP_COMPONENTS):  # a step component's place in a row
-        vals = [row[k] for row in rows]
+           "peak_instant": np.asarray(names)[peak]}
+    for component in PERSISTENT:  # the same at every instant
+        out[f"c:{component}"] = np.full(shape, m.statics.common[component], dtype=np.int64)
+    rows = [named(m.rows[instant]) for instant in names]
+    for component in STEP_COMPONENTS:
+        vals = [getattr(row, component) for row in rows]
         if all(type(v) is int for v in vals):
-            out[f"c:{c}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
+            out[f"c:{component}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
         else:
             # the totals' array is free again: each instant's value in it, then the peak's value picked
             for i, v in enumerate(vals):
                 totals[i] = v
-            out[f"c:{c}"] = np.take_along_axis(totals, peak[None], 0)[0]
+            out[f"c:{component}"] = np.take_along_axis(totals, peak[None], 0)[0]
     return out
 
 
@@ -146,22 +147,22 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
 
     refuse_in_search(axes.get("device_map", setup.device_map if setup else None))
     spec = resolve_model(model) if isinstance(model, str) else model
-    acc = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
+    accelerator = resolve_accelerator(gpu, extra=hardware_file) if isinstance(gpu, str) else gpu
     grid_axes = {k: vals for k, v in axes.items() if (vals := _values(k, v)) is not None}
     fixed = {k: v for k, v in axes.items() if k not in grid_axes}
     b_default = setup.batch if setup else TrainSetup.batch
     s_default = setup.seq if setup else TrainSetup.seq
     b_vals = grid_axes.get("batch", (fixed.pop("batch", None) or b_default,))
     s_vals = grid_axes.get("seq", (fixed.pop("seq", None) or s_default,))
-    b = _shape_axis("batch", b_vals)
-    s = _shape_axis("seq", s_vals)
+    batches = _shape_axis("batch", b_vals)
+    seqs = _shape_axis("seq", s_vals)
     # t x s x bytes per position stays exact
-    if int(b.max()) * int(s.max()) ** 2 * 1024 >= EXACT_LIMIT * 1024:
+    if int(batches.max()) * int(seqs.max()) ** 2 * 1024 >= EXACT_LIMIT * 1024:
         raise TuneplanError("batch x seq x seq is too large to evaluate exactly", field="seq",
                             accepted=f"batch x seq^2 below {EXACT_LIMIT}")
     looped = [k for k in grid_axes if k not in VECTOR_AXES]
     lead = tuple(len(grid_axes[k]) for k in looped)
-    plane = (len(b), len(s))
+    plane = (len(batches), len(seqs))
     # one array per figure, [combination of the looped axes, batch, seq]; an invalid combination stays 0
     out: dict[str, np.ndarray] = {}
     valid = np.zeros(math.prod(lead), dtype=bool)
@@ -170,23 +171,24 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
     invalid: dict[tuple[Any, ...], str] = {}
     first_error: TuneplanError | None = None
     for i, combo in enumerate(itertools.product(*(grid_axes[k] for k in looped))):
-        kw = {**fixed, **dict(zip(looped, combo, strict=True)), "batch": int(b[0]), "seq": int(s[0])}
+        kw = {**fixed, **dict(zip(looped, combo, strict=True)), "batch": int(batches[0]), "seq": int(seqs[0])}
         try:
-            run = resolve_run(spec, build_setup(spec, setup, accelerator=acc, **kw))
+            run = resolve_run(spec, build_setup(spec, setup, accelerator=accelerator, **kw))
         except TuneplanError as e:  # this combination of the looped axes is not a valid setup
             first_error = first_error or e
             invalid[combo] = str(e)
             continue
         runs[combo] = run
-        for k, v in memory_plane(run, b[:, None], s[None, :]).items():
-            arr = out.get(k)
-            if arr is None or (v.dtype.kind == "U" and v.dtype.itemsize > arr.dtype.itemsize):
+        for k, v in memory_plane(run, batches[:, None], seqs[None, :]).items():
+            stack = out.get(k)
+            if stack is None or (v.dtype.kind == "U" and v.dtype.itemsize > stack.dtype.itemsize):
                 # the first plane (or a longer instant name): the array, zero-filled, in this plane's dtype
-                arr = np.zeros((len(valid),) + plane, dtype=v.dtype) if arr is None else arr.astype(v.dtype)
-                out[k] = arr
-            arr[i] = v
+                stack = (np.zeros((len(valid),) + plane, dtype=v.dtype) if stack is None
+                         else stack.astype(v.dtype))
+                out[k] = stack
+            stack[i] = v
         valid[i] = True
-        errors[i] = any(f.level == "error" for f in run.findings(acc))
+        errors[i] = any(f.level == "error" for f in run.findings(accelerator))
     if not runs:
         assert first_error is not None
         raise first_error  # no combination is valid: the input itself is wrong
@@ -196,16 +198,16 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
     kept = [k for k in order if k in grid_axes]
     squeeze = tuple(i for i, k in enumerate(order) if k in VECTOR_AXES and k not in grid_axes)
 
-    def arrange(a: np.ndarray) -> np.ndarray:
-        a = a.reshape(lead + plane)
-        a = np.squeeze(a, axis=squeeze) if squeeze else a
-        return np.transpose(a, [kept.index(k) for k in want]) if kept != want else a
+    def arrange(values: np.ndarray) -> np.ndarray:
+        values = values.reshape(lead + plane)
+        values = np.squeeze(values, axis=squeeze) if squeeze else values
+        return np.transpose(values, [kept.index(k) for k in want]) if kept != want else values
 
     def per_cell(flags: np.ndarray) -> np.ndarray:
         return arrange(np.repeat(flags, plane[0] * plane[1]).reshape((len(flags),) + plane))
 
     return Grid(axes={k: grid_axes[k] for k in want}, allocated=arrange(out["allocated"]),
                 reserved=arrange(out["reserved"]), device_peak=arrange(out["device_peak"]),
-                components={c: arrange(out[f"c:{c}"]) for c in COMPONENT_ORDER},
-                peak_phase=arrange(out["peak_phase"]), errors=per_cell(errors), valid=per_cell(valid),
-                gpu=acc, runs=runs, invalid=invalid)
+                components={component: arrange(out[f"c:{component}"]) for component in COMPONENT_ORDER},
+                peak_instant=arrange(out["peak_instant"]), errors=per_cell(errors), valid=per_cell(valid),
+                gpu=accelerator, runs=runs, invalid=invalid)

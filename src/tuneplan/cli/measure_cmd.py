@@ -9,6 +9,7 @@ import typer
 
 from tuneplan.cli.options import with_setup_options
 from tuneplan.cli.render import console, print_json
+from tuneplan.cli.time_options import with_machine_options
 
 MIB = 1024**2
 GIB = 1024**3
@@ -19,6 +20,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("measure")
     @with_setup_options
+    @with_machine_options
     def measure_cmd(
         model: Annotated[str, typer.Argument(help="catalog name, HF id, or path to config.json")],
         steps: Annotated[
@@ -46,12 +48,14 @@ def register(app: typer.Typer) -> None:
                               "softmax_keeps_input, longest_batch_first"),
         ] = None,
         setup_kw: dict[str, Any] | None = None,
+        time_options: Any = None,
     ) -> None:
         """Run real training steps on this machine (GPU, or CPU with host memory figures) and compare.
 
         Builds the model from its config.json with random weights (no download), applies the setup as
         transformers + PEFT do, runs --steps optimizer steps on random tokens, reads the allocator's and
-        NVML's peaks per phase and tokens/s, and sets them next to the analytic estimate.
+        NVML's peaks per phase and tokens/s, and sets them next to the analytic estimate. With --calibrate,
+        --link and --inter-node-gbs say how this machine's cards are connected; the step is stored with them.
         """
         from tuneplan.measure import measure
 
@@ -59,18 +63,24 @@ def register(app: typer.Typer) -> None:
             from tuneplan.safe_write import check_targets
 
             check_targets([record], force=False, field="record")  # refuses the link, before the run
+        if time_options is not None and not calibrate:
+            from tuneplan.cli.render import err_console
+
+            err_console.print("[yellow]warning:[/] --link and --inter-node-gbs describe the machine for "
+                              "--calibrate; ignored without it", highlight=False)
         fields: dict[str, Any] = {**(setup_kw or {}), **_torch_era(torch_era)}
         out = measure(model, steps=steps, device=device, weights=weights, record=record, **fields)
         if calibrate:
-            out["calibration"] = _calibrate(out)
+            out["calibration"] = _calibrate(out, time_options)
         if as_json:
             print_json(out)
             return
         _render(out)
 
 
-def _calibrate(out: dict[str, Any]) -> dict[str, Any]:
-    """Store the run's median timed step (steps 2..N) for the card it ran on."""
+def _calibrate(out: dict[str, Any], time_options: Any = None) -> dict[str, Any]:
+    """Store the run's median timed step (steps 2..N) for the card it ran on, predicted on the machine as
+    described (``time_options``: the stated link, the network between nodes)."""
     import statistics
 
     from tuneplan.api import estimate
@@ -85,7 +95,7 @@ def _calibrate(out: dict[str, Any]) -> dict[str, Any]:
                             accepted="a run on a CUDA GPU that completes its steps")
     acc = resolve_accelerator(m["device_name"])
     est = estimate(out["estimate"]["model"]["name"], gpu=acc, timing=False, **_setup_of(out["estimate"]))
-    return record_step(est.run, acc, statistics.median(timed), "tuneplan measure")
+    return record_step(est.run, acc, statistics.median(timed), "tuneplan measure", options=time_options)
 
 
 def _setup_of(est: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +133,8 @@ def _register_calibration(app: typer.Typer) -> None:
                 console.print(f"  {m['model']} {m['method']} batch {m['batch']} x seq {m['seq']}, GA "
                               f"{m['grad_accum']}, {m['gpus']} GPU(s): measured "
                               f"{m['measured_step_seconds']:.3f} s, predicted "
-                              f"{m['predicted_step_seconds']:.3f} s ({m['source']})", highlight=False)
+                              f"{m['predicted_step_seconds']:.3f} s ({m['source']}"
+                              f"{_machine_words(m.get('time_options') or {})})", highlight=False)
         console.print(f"[dim]store: {store_path()}[/]", highlight=False)
 
     @cal.command("remove")
@@ -147,6 +158,7 @@ def _register_calibration(app: typer.Typer) -> None:
 
     @cal.command("add")
     @with_setup_options
+    @with_machine_options
     def add_cmd(
         model: Annotated[str, typer.Argument(help="catalog name, HF id, or path to config.json")],
         gpu: Annotated[str, typer.Option("--gpu", help="the card the step ran on")],
@@ -154,19 +166,33 @@ def _register_calibration(app: typer.Typer) -> None:
                                                     "step (steady state, from your training log)")],
         as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
         setup_kw: dict[str, Any] | None = None,
+        time_options: Any = None,
     ) -> None:
-        """Store a step time you measured yourself (the setup flags say what ran)."""
+        """Store a step time you measured yourself (the setup flags say what ran; --link and
+        --inter-node-gbs how the machine's cards are connected, when not as the catalog says)."""
         from tuneplan.api import estimate
         from tuneplan.measure.calibration import record_step
 
         est = estimate(model, gpu=gpu, timing=False, **(setup_kw or {}))
         assert est.gpu is not None
-        m = record_step(est.run, est.gpu, step_seconds, "given")
+        m = record_step(est.run, est.gpu, step_seconds, "given", options=time_options)
         if as_json:
             print_json(m)
             return
         console.print(f"stored for {est.gpu.id} / {est.setup.framework}: measured {step_seconds:.3f} s per "
                       f"step, predicted {m['predicted_step_seconds']:.3f} s", highlight=False)
+
+
+# how ``calibration list`` names each stored time option (measure/calibration.TIME_OPTION_FIELDS)
+_OPTION_WORDS = {"peer_link": "link {}", "inter_node_gbs": "{:g} GB/s per GPU between nodes",
+                 "compiled": "compiled", "peak_tflops": "{:g} TFLOPS peak", "gemm_efficiency": "GEMM at {:g}"}
+
+
+def _machine_words(options: dict[str, Any]) -> str:
+    """``; link pcie3x8`` for a measurement stored with a stated link, empty for one on the catalog's."""
+    words = [_OPTION_WORDS.get(k, k + " {}").format(v) if v is not True else _OPTION_WORDS.get(k, k)
+             for k, v in options.items()]
+    return "".join("; " + w for w in words)
 
 
 def _torch_era(spec: str | None) -> dict[str, bool]:

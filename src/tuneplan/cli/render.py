@@ -125,7 +125,7 @@ def render_memory(d: dict[str, Any], details: bool) -> None:
     fullest = max(cards, key=lambda c: c["device_peak_bytes"])["card"] if cards else None
     title = ("Per-GPU peak memory (GiB)" if fullest is None
              else f"Peak memory of card {fullest}, the fullest (GiB)")
-    console.print(f"[bold]{title}[/], peak at {d['peak_phase']}", highlight=False)
+    console.print(f"[bold]{title}[/], peak at {d['peak_instant']}", highlight=False)
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     t.add_column("component")
     t.add_column("GiB", justify="right")
@@ -159,13 +159,13 @@ def render_cards(cards: list[dict[str, Any]]) -> None:
     """A device_map run: one line per card (the table above is the fullest card's)."""
     for c in cards:
         console.print(f"card {c['card']}: {gib(c['device_peak_bytes'])} GiB device peak "
-                      f"({gib(c['allocated_peak_bytes'])} allocated, at {c['peak_phase']}): "
+                      f"({gib(c['allocated_peak_bytes'])} allocated, at {c['peak_instant']}): "
                       f"{escape(c['modules'])}", highlight=False)
 
 
 def render_memory_details(d: dict[str, Any]) -> None:
     pg = d["per_gpu"]
-    ph = "  ".join(f"{k} {gib(v)}" for k, v in pg["phases"].items())
+    ph = "  ".join(f"{k} {gib(v)}" for k, v in pg["instants"].items())
     console.print(f"[dim]allocated by instant (GiB): {ph}[/]")
     band = pg["bands"].get("allocated")
     if band:
@@ -206,12 +206,19 @@ def render_verdict(d: dict[str, Any]) -> None:
         step = d.get("next_step") or {}
         if step.get("largest_component"):
             ch = step.get("change")
-            flag = f"--{ch['field'].replace('_', '-')} {ch['to']}" if ch else None
+            flag = change_flag(ch) if ch else None
             console.print(f"next step: the largest part is {step['largest_component']} "
                           f"({step['largest_component_bytes'] / GIB:,.2f} GiB); "
                           + (f"{flag} fits (device peak {ch['device_peak_bytes'] / GIB:,.2f} GiB)" if ch
-                             else "no single change of framework, sequence or micro-batch fits: more or "
-                                  "larger GPUs (`tuneplan gpus`)"), highlight=False)
+                             else "no single change of framework, checkpointing, sequence, micro-batch "
+                                  "or CPU offload fits: more or larger GPUs (`tuneplan gpus`)"),
+                          highlight=False)
+
+
+def change_flag(change: dict[str, Any]) -> str:
+    """A planner's setup change as the flag that makes it: a switch turned on is the bare flag."""
+    flag = "--" + change["field"].replace("_", "-")
+    return flag if change["to"] is True else f"{flag} {change['to']}"
 
 
 def _num(v: float | None, fmt: str = ",.0f") -> str:

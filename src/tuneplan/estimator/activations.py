@@ -19,8 +19,8 @@ from tuneplan.estimator.xp import int_for, maximum
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
-__all__ = ["ActivationPlan", "ActivationTerms", "LayerActs", "LayerKinds", "activation_plan", "activation_terms",
-           "activations_at", "layer_activations", "layer_kinds", "saved_at"]
+__all__ = ["ActivationPlan", "ActivationTerms", "LayerActs", "LayerKinds", "activation_plan",
+           "activation_terms", "activations_at", "layer_activations", "layer_kinds", "saved_at"]
 
 
 @dataclass
@@ -50,10 +50,11 @@ class LayerKinds:
     walk per kind of layer gives (``layer_saved.layer_activations``), independent of batch and seq."""
 
     kinds: tuple[tuple[LayerActs, int], ...]
-    embedding_dropout: bool = False  # the model config's embedding dropout applies (a mask per token x hidden)
+    # the model config's embedding dropout applies (a mask per token x hidden)
+    embedding_dropout: bool = False
 
 
-def layer_kinds(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
+def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: frozenset[str], attn: str,
                 python_model_code: bool, quant_saves_input: bool = False, litgpt_code: bool = False,
                 expand_kv: bool = False, unsloth_code: bool = False) -> LayerKinds:
     """Each group of identical layers counted once (the planner calls this for 100+-layer models); a
@@ -67,33 +68,34 @@ def layer_kinds(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozen
         start, end = layer_no, layer_no + count
         layer_no = end
         if setup.method == "freeze":
-            lo = max(start, first_trainable)
-            if lo >= end:
+            trainable_start = max(start, first_trainable)
+            if trainable_start >= end:
                 continue  # nothing upstream needs a gradient: autograd records nothing in these layers
-            start = lo
+            start = trainable_start
         if setup.method != "full" and start <= first_active < end:
             # embeddings frozen: the first layer that trains reads an input without gradient
-            out.append((layer_activations(model, spec, setup, dt, targets, setup.method == "freeze", attn,
+            out.append((layer_activations(model, spec, setup, dtypes, targets, setup.method == "freeze", attn,
                                           python_model_code, quant_saves_input, input_requires_grad=False,
                                           litgpt_code=litgpt_code, expand_kv=expand_kv,
                                           unsloth_code=unsloth_code), 1))
             start += 1
         if end > start:
             trainable = setup.method in ("full", "freeze")
-            out.append((layer_activations(model, spec, setup, dt, targets, trainable, attn, python_model_code,
-                                          quant_saves_input, litgpt_code=litgpt_code, expand_kv=expand_kv,
+            out.append((layer_activations(model, spec, setup, dtypes, targets, trainable, attn,
+                                          python_model_code, quant_saves_input, litgpt_code=litgpt_code,
+                                          expand_kv=expand_kv,
                                           unsloth_code=unsloth_code), end - start))
     emb_dropout = model_dropout(model.config)[2] > 0 and not (litgpt_code or expand_kv)
     return LayerKinds(tuple(out), embedding_dropout=emb_dropout)
 
 
-def activation_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
+def activation_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: frozenset[str], attn: str,
                     gc_offload: bool, python_model_code: bool, quant_saves_input: bool = False,
                     litgpt_code: bool = False, quant_lm_head: bool = False,
                     expand_kv: bool = False, unsloth_code: bool = False) -> ActivationPlan:
-    kinds = layer_kinds(model, setup, dt, targets, attn, python_model_code, quant_saves_input, litgpt_code,
-                        expand_kv, unsloth_code)
-    return activations_at(model, setup, dt, kinds, setup.batch, setup.seq, gc_offload=gc_offload,
+    kinds = layer_kinds(model, setup, dtypes, targets, attn, python_model_code, quant_saves_input,
+                        litgpt_code, expand_kv, unsloth_code)
+    return activations_at(model, setup, dtypes, kinds, setup.batch, setup.seq, gc_offload=gc_offload,
                           quant_saves_input=quant_saves_input, litgpt_code=litgpt_code,
                           quant_lm_head=quant_lm_head, expand_kv=expand_kv)
 
@@ -115,47 +117,52 @@ class ActivationTerms:
     offload: bool  # checkpoints (or, without checkpointing, every saved tensor) go to host memory
     model: ModelSpec  # for the embedding backward (a full fine-tune only)
     method: str
-    dt: Dtypes
+    dtypes: Dtypes
 
 
-def activation_terms(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: LayerKinds, *, gc_offload: bool,
-                     quant_saves_input: bool = False, quant_lm_head: bool = False) -> ActivationTerms:
+def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, *,
+                     gc_offload: bool, quant_saves_input: bool = False,
+                     quant_lm_head: bool = False) -> ActivationTerms:
     """The shape-independent terms of :func:`activations_at`: the tail outside the layers (the final norm
     keeps its fp32 input, 4 h per token; lm_head keeps its input when it trains: a classification head
     always trains, PEFT puts it in modules_to_save; BERT has no final norm, its MLM head's transform keeps
     about as much, and its classifier reads the first token only, through the pooler), the embedding
     dropout mask (1 h per token) and a 4-bit lm_head's input (c h per token, kept and pinned)."""
-    h = model.hidden
+    hidden = model.hidden
     head = 4
     per_token = DROPOUT_MASK_BYTES if kinds.embedding_dropout else 0
     pinned = 0
     if setup.method == "full" or model.head_out:
-        head += dt.compute if dt.autocast else dt.norm_out
+        head += dtypes.compute if dtypes.autocast else dtypes.norm_out
     elif quant_lm_head and quant_saves_input and setup.quant_bits is not None:
-        per_token += dt.compute
-        pinned = dt.compute * h
-    n_active = model.n_layers if setup.method != "freeze" else min(setup.freeze_trainable_layers, model.n_layers)
-    flat = tuple((la.per_token, la.per_token_per_pos, la.pinned, la.input_alias, la.backward_temp,
-                  la.backward_temp_per_pos, la.attn_backward_offset, n) for la, n in kinds.kinds)
+        per_token += dtypes.compute
+        pinned = dtypes.compute * hidden
+    n_active = (model.n_layers if setup.method != "freeze"
+                else min(setup.freeze_trainable_layers, model.n_layers))
+    flat = tuple((layer.per_token, layer.per_token_per_pos, layer.pinned, layer.input_alias,
+                  layer.backward_temp, layer.backward_temp_per_pos, layer.attn_backward_offset, count)
+                 for layer, count in kinds.kinds)
+    offload = ((gc_offload or setup.activation_offload) if setup.gradient_checkpointing
+               else setup.activation_offload)
     return ActivationTerms(
         kinds=flat, head_per_example=model.architecture == "encoder" and bool(model.head_out),
-        tail_per_head_token=head * h, tail_per_token=per_token * h, pinned_per_token=pinned,
-        checkpointed=bool(setup.gradient_checkpointing), checkpoint_per_token=dt.residual * h * n_active,
-        offload=(gc_offload or setup.activation_offload) if setup.gradient_checkpointing else setup.activation_offload,
-        model=model, method=setup.method, dt=dt)
+        tail_per_head_token=head * hidden, tail_per_token=per_token * hidden, pinned_per_token=pinned,
+        checkpointed=bool(setup.gradient_checkpointing),
+        checkpoint_per_token=dtypes.residual * hidden * n_active, offload=offload,
+        model=model, method=setup.method, dtypes=dtypes)
 
 
-def activations_at(model: ModelSpec, setup: TrainSetup, dt: Dtypes, kinds: LayerKinds, batch: Any, seq: Any, *,
-                   gc_offload: bool, quant_saves_input: bool = False, litgpt_code: bool = False,
+def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, batch: Any,
+                   seq: Any, *, gc_offload: bool, quant_saves_input: bool = False, litgpt_code: bool = False,
                    quant_lm_head: bool = False, expand_kv: bool = False) -> ActivationPlan:
     """:func:`saved_at` with the terms resolved from the arguments (``litgpt_code`` and ``expand_kv`` are
     already in ``kinds``)."""
-    terms = activation_terms(model, setup, dt, kinds, gc_offload=gc_offload, quant_saves_input=quant_saves_input,
-                             quant_lm_head=quant_lm_head)
+    terms = activation_terms(model, setup, dtypes, kinds, gc_offload=gc_offload,
+                             quant_saves_input=quant_saves_input, quant_lm_head=quant_lm_head)
     return saved_at(terms, batch, seq)
 
 
-def saved_at(a: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
+def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     """The saved activations at ``batch`` x ``seq`` (Python ints, or numpy arrays of a grid: see ``xp``).
 
     A layer kind keeps ``t * per_token + t * s * per_token_per_pos`` bytes (t = batch * seq tokens, s key
@@ -170,40 +177,45 @@ def saved_at(a: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     total = 0.0
     biggest = 0.0
     biggest_recompute = 0.0  # a recomputed layer without what aliases its checkpointed input
-    biggest_bwd = 0.0
+    biggest_backward_temp = 0.0
     pinned = 0.0
     # (terms that are zero for a kind, and the recomputed layer without checkpointing, are skipped: the scalar
     # estimate is a few microseconds, and each product costs a tenth of one)
-    checkpointed = a.checkpointed
-    for per_token, per_pos, kept, alias, bwd, bwd_per_pos, attn_off, n in a.kinds:
+    checkpointed = terms.checkpointed
+    for (per_token, per_pos, kept, alias, backward_temp, backward_temp_per_pos, attn_backward_offset,
+         count) in terms.kinds:
         per_layer = tokens * per_token + pairs * per_pos if per_pos else tokens * per_token
-        total = total + per_layer * n
+        total = total + per_layer * count
         if kept:
-            pinned = pinned + tokens * kept * n
+            pinned = pinned + tokens * kept * count
         biggest = maximum(biggest, per_layer)
         if checkpointed:
             biggest_recompute = maximum(biggest_recompute, per_layer - tokens * alias)
-        biggest_bwd = maximum(biggest_bwd, tokens * bwd)
-        if bwd_per_pos:  # eager attention's backward: the scores' gradients, from the attention block on
-            biggest_bwd = maximum(biggest_bwd, pairs * bwd_per_pos + tokens * attn_off)
-    tail = (batch if a.head_per_example else tokens) * a.tail_per_head_token + tokens * a.tail_per_token
-    if a.pinned_per_token:
-        pinned = pinned + tokens * a.pinned_per_token
-    emb_grad, emb_extra = embedding_backward_at(a.model, a.method, a.dt, tokens) if a.method == "full" else (0, 0)
+        biggest_backward_temp = maximum(biggest_backward_temp, tokens * backward_temp)
+        if backward_temp_per_pos:  # eager attention's backward: the scores' gradients, from its block on
+            biggest_backward_temp = maximum(biggest_backward_temp,
+                                            pairs * backward_temp_per_pos + tokens * attn_backward_offset)
+    tail = ((batch if terms.head_per_example else tokens) * terms.tail_per_head_token
+            + tokens * terms.tail_per_token)
+    if terms.pinned_per_token:
+        pinned = pinned + tokens * terms.pinned_per_token
+    emb_grad, emb_extra = (embedding_backward_at(terms.model, terms.method, terms.dtypes, tokens)
+                           if terms.method == "full" else (0, 0))
     if checkpointed:
-        ckpt = tokens * a.checkpoint_per_token
-        offloaded = ckpt if a.offload else 0
+        checkpoints = tokens * terms.checkpoint_per_token
+        offloaded = checkpoints if terms.offload else 0
         # the recomputed layer's first norm keeps the checkpoint itself when nothing casts it (simulate:
         # Llama-3.2-1B QLoRA, fp32 residual); an offloaded checkpoint comes back as a new GPU copy;
         # recomputed layers' graphs die with each layer's backward: nothing stays pinned
-        recompute = biggest if a.offload else biggest_recompute
-        return ActivationPlan(to_int(ckpt - offloaded + tail), to_int(biggest), to_int(ckpt - offloaded),
-                              to_int(recompute), to_int(biggest_bwd), to_int(offloaded), emb_grad, emb_extra, 0,
+        recompute = biggest if terms.offload else biggest_recompute
+        return ActivationPlan(to_int(checkpoints - offloaded + tail), to_int(biggest),
+                              to_int(checkpoints - offloaded), to_int(recompute),
+                              to_int(biggest_backward_temp), to_int(offloaded), emb_grad, emb_extra, 0,
                               to_int(tail))
-    if a.offload:
+    if terms.offload:
         # torchtune OffloadActivations: each saved tensor goes to host memory as it is made and comes back
         # for its layer's backward; the output projection and the loss run outside it (NoOpManager)
-        return ActivationPlan(to_int(tail + biggest), to_int(biggest), 0, 0, to_int(biggest_bwd),
+        return ActivationPlan(to_int(tail + biggest), to_int(biggest), 0, 0, to_int(biggest_backward_temp),
                               to_int(total - biggest), emb_grad, emb_extra)
-    return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_bwd), 0, emb_grad, emb_extra,
-                          to_int(pinned))
+    return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_backward_temp), 0,
+                          emb_grad, emb_extra, to_int(pinned))

@@ -28,7 +28,8 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.activations import LayerKinds
-from tuneplan.estimator.memory import memory_of, memory_statics
+from tuneplan.estimator.memory import memory_of
+from tuneplan.estimator.memory_statics import memory_statics
 from tuneplan.estimator.overhead import cuda_context_bytes
 from tuneplan.estimator.placement import CPU, balanced_budgets, module_tree, place
 from tuneplan.estimator.run import Run
@@ -59,22 +60,22 @@ class Placement:
         return self.card_of[kind]
 
 
-def placement(run: Run, acc: Accelerator | None) -> Placement:
+def placement(run: Run, accelerator: Accelerator | None) -> Placement:
     """accelerate's placement of ``run``'s model on ``run.setup.gpus`` cards of ``acc`` (no card: unbounded
     cards, so only the balancing cap decides). Free memory at load = the card's memory less its CUDA context
     (``get_max_memory`` reads ``torch.cuda.mem_get_info`` after opening one)."""
     last: tuple[Any, Placement] | None = run.memo.get("device_map")  # (card, placement) of the last card
-    if last is not None and (last[0] is acc or last[0] == acc):
+    if last is not None and (last[0] is accelerator or last[0] == accelerator):
         return last[1]
     model, setup = run.model, run.setup
     if model.architecture != "decoder" or model.head_out:
         raise TuneplanError("the device_map estimate covers causal language models", field="device_map",
                             accepted="a decoder model without {num_labels}, or {device_map=none}")
     tree = module_tree(model, setup, run.dtypes)
-    free = free_bytes(acc)
+    free = free_bytes(accelerator)
     budgets = balanced_budgets(tree, [free] * setup.gpus, setup.device_map, setup.quant_bits is not None)
     out = settle(run, place(tree, budgets), tuple(budgets), free)
-    run.memo["device_map"] = (acc, out)
+    run.memo["device_map"] = (accelerator, out)
     return out
 
 
@@ -96,18 +97,18 @@ def settle(run: Run, found: dict[str, int], budgets: tuple[float, ...], free: fl
     return Placement(where, budgets, free, layers, per_card, cpu)
 
 
-def free_bytes(acc: Accelerator | None) -> float:
+def free_bytes(accelerator: Accelerator | None) -> float:
     """A card's free memory when the model loads: its memory less the CUDA context accelerate opens first."""
-    return float("inf") if acc is None else float(acc.memory_bytes - cuda_context_bytes())
+    return float("inf") if accelerator is None else float(accelerator.memory_bytes - cuda_context_bytes())
 
 
-def assumed_max_memory(setup: TrainSetup, acc: Accelerator | None) -> dict[int, int] | None:
+def assumed_max_memory(setup: TrainSetup, accelerator: Accelerator | None) -> dict[int, int] | None:
     """The ``max_memory`` the estimate assumes ({card: free bytes}, what accelerate's default reads), for a
     recipe to pass explicitly; None without a card (accelerate then reads the cards it runs on) or on one
     card, where a given max_memory would turn off the 90 % rule the estimate assumes."""
-    if acc is None or setup.gpus == 1:
+    if accelerator is None or setup.gpus == 1:
         return None
-    return {k: int(free_bytes(acc)) for k in range(setup.gpus)}
+    return {k: int(free_bytes(accelerator)) for k in range(setup.gpus)}
 
 
 def _walk(root: Any) -> list[Any]:
@@ -122,7 +123,7 @@ def _walk(root: Any) -> list[Any]:
 def card_run(run: Run, where: Placement, card: int) -> Run:
     """``run`` restricted to the modules on ``card``: its layers, and the embedding, final norm and head where
     they landed; the transfer copies of the module doc in ``parallel_buffers`` at the end of the forward."""
-    model, setup, dt = run.model, run.setup, run.dtypes
+    model, setup, dtypes = run.model, run.setup, run.dtypes
     mine = where.layers[card]
     embed, norm, head = (where.card(k) == card for k in ("model.embed_tokens", "model.norm", "lm_head"))
     head = head and (model.lm_head_params > 0 or model.tied_embeddings)
@@ -133,19 +134,19 @@ def card_run(run: Run, where: Placement, card: int) -> Run:
         sub_setup = setup.replace(freeze_trainable_layers=sum(1 for i in mine if i >= first))
     if not mine and setup.is_lora:  # no layer here, so no LoRA target either
         sub_setup = sub_setup.replace(targets=None)
-    pp = param_plan(sub, sub_setup, dt, quant_lm_head=run.profile.quantizes_lm_head)
+    params = param_plan(sub, sub_setup, dtypes, quant_lm_head=run.profile.quantizes_lm_head)
     kinds = LayerKinds(_kinds_of(run, mine), embedding_dropout=run.layers.embedding_dropout and embed)
-    part = Run(model=sub, setup=sub_setup, profile=run.profile, dtypes=dt, targets=run.targets, param_plan=pp,
-               layers=kinds, attn=run.attn, loss=run.loss if head else "upcast", optimizer=run.optimizer,
-               wrapper=run.wrapper)
-    st = memory_statics(part)
+    part = Run(model=sub, setup=sub_setup, profile=run.profile, dtypes=dtypes, targets=run.targets,
+               param_plan=params, layers=kinds, attn=run.attn, loss=run.loss if head else "upcast",
+               optimizer=run.optimizer, wrapper=run.wrapper)
+    statics = memory_statics(part)
     full_acts = memory_statics(run).acts
     tail = (NORM_INPUT_BYTES * model.hidden if norm else 0) + (
         full_acts.tail_per_head_token - NORM_INPUT_BYTES * model.hidden if head else 0)
-    acts = replace(st.acts, tail_per_head_token=tail, model=model if embed else st.acts.model,
-                   method=st.acts.method if embed else "lora")
-    embedding = st.embedding_into_buffer if embed else None
-    part.memo["memory"] = replace(st, acts=acts, embedding_into_buffer=embedding,
+    acts = replace(statics.acts, tail_per_head_token=tail, model=model if embed else statics.acts.model,
+                   method=statics.acts.method if embed else "lora")
+    embedding = statics.embedding_into_buffer if embed else None
+    part.memo["memory"] = replace(statics, acts=acts, embedding_into_buffer=embedding,
                                   gathered_at_forward_end=_copies(run, where, card))
     return part
 
@@ -171,18 +172,18 @@ def _sub_model(model: ModelSpec, layers: tuple[int, ...], embed: bool, norm: boo
 def _kinds_of(run: Run, layers: tuple[int, ...]) -> tuple[Any, ...]:
     """The saved-activation ledgers of ``layers``: ``run.layers`` lists the active layers' kinds in order
     from the first layer that records anything (a freeze run's first trainable one)."""
-    setup, n = run.setup, run.model.n_layers
-    first = n - setup.freeze_trainable_layers if setup.method == "freeze" else 0
-    per_layer = [la for la, count in run.layers.kinds for _ in range(count)]
+    setup, n_layers = run.setup, run.model.n_layers
+    first = n_layers - setup.freeze_trainable_layers if setup.method == "freeze" else 0
+    per_layer = [layer_acts for layer_acts, count in run.layers.kinds for _ in range(count)]
     out: list[tuple[Any, int]] = []
     for i in layers:
         if i < max(first, 0):
             continue
-        la = per_layer[i - max(first, 0)]
-        if out and out[-1][0] is la:
-            out[-1] = (la, out[-1][1] + 1)
+        layer_acts = per_layer[i - max(first, 0)]
+        if out and out[-1][0] is layer_acts:
+            out[-1] = (layer_acts, out[-1][1] + 1)
         else:
-            out.append((la, 1))
+            out.append((layer_acts, 1))
     return tuple(out)
 
 
@@ -209,12 +210,12 @@ def _copies(run: Run, where: Placement, card: int) -> int:
     """Bytes live at the end of the forward on ``card`` beyond its own step: the hidden states it has sent
     on (once per hand-over to another card), and on card 0 the logits copied back."""
     path = _path(run, where)
-    sends = sum(1 for a, b in zip(path, path[1:], strict=False) if a == card and b != card)
+    sends = sum(1 for here, there in zip(path, path[1:], strict=False) if here == card and there != card)
     hidden, logits = hand_over_bytes(run, where)
     return sends * hidden + (logits if card == 0 else 0)
 
 
-def copy_seconds(run: Run, acc: Accelerator) -> tuple[float, str]:
+def copy_seconds(run: Run, accelerator: Accelerator) -> tuple[float, str]:
     """Seconds per micro-batch of the copies between cards, and the link they cross: each hand-over's hidden
     states forward and their gradient backward, the logits to card 0 once. Nothing hides them: one card
     works at a time and the next waits for its input (``Tensor.to`` on the default stream). The link is the
@@ -222,11 +223,11 @@ def copy_seconds(run: Run, acc: Accelerator) -> tuple[float, str]:
     through host memory where the card has no peer-to-peer)."""
     from tuneplan.estimator.links import intra_node_link
 
-    where = placement(run, acc)
+    where = placement(run, accelerator)
     path = _path(run, where)
-    hand_overs = sum(1 for a, b in zip(path, path[1:], strict=False) if a != b)
+    hand_overs = sum(1 for here, there in zip(path, path[1:], strict=False) if here != there)
     hidden, logits = hand_over_bytes(run, where)
-    link = intra_node_link(acc, run.setup.gpus)
+    link = intra_node_link(accelerator, run.setup.gpus)
     seconds = (2 * hand_overs * hidden + logits) / (link.gbs * 1e9)
     return seconds, f"{link.name}: {link.gbs:g} GB/s ({link.source})"
 
@@ -242,12 +243,13 @@ class CardMemory:
     breakdown: MemoryBreakdown
 
     def to_dict(self) -> dict[str, Any]:
-        b = self.breakdown
+        breakdown = self.breakdown
         return {"card": self.card, "modules": self.modules, "placed_bytes": self.placed_bytes,
                 "max_memory_bytes": None if self.budget_bytes == float("inf") else int(self.budget_bytes),
-                "allocated_peak_bytes": b.allocated_peak_bytes, "reserved_peak_bytes": b.reserved_peak_bytes,
-                "device_peak_bytes": b.device_peak_bytes, "peak_phase": b.peak_phase,
-                "components": dict(b.components)}
+                "allocated_peak_bytes": breakdown.allocated_peak_bytes,
+                "reserved_peak_bytes": breakdown.reserved_peak_bytes,
+                "device_peak_bytes": breakdown.device_peak_bytes, "peak_instant": breakdown.peak_instant,
+                "components": dict(breakdown.components)}
 
 
 def describe(run: Run, where: Placement, card: int) -> str:
@@ -263,45 +265,47 @@ def describe(run: Run, where: Placement, card: int) -> str:
     return ", ".join(parts) or "nothing"
 
 
-def card_memories(run: Run, acc: Accelerator | None,
+def card_memories(run: Run, accelerator: Accelerator | None,
                   where: Placement | None = None) -> tuple[Placement, list[CardMemory]]:
     """Every card's memory under accelerate's placement (or ``where``)."""
-    where = where or placement(run, acc)
+    where = where or placement(run, accelerator)
     cards = []
     for k in range(run.setup.gpus):
         if where.sizes[k] == 0 and not where.layers[k]:
             # nothing placed: only the context accelerate opened on it
-            b = MemoryBreakdown({}, "none", {}, 0, cuda_context_bytes())
+            breakdown = MemoryBreakdown({}, "none", {}, 0, cuda_context_bytes())
         else:
-            b = memory_of(card_run(run, where, k))
-        cards.append(CardMemory(k, describe(run, where, k), where.sizes[k], where.budgets[k], b))
+            breakdown = memory_of(card_run(run, where, k))
+        cards.append(CardMemory(k, describe(run, where, k), where.sizes[k], where.budgets[k], breakdown))
     return where, cards
 
 
-def device_map_breakdown(run: Run, acc: Accelerator | None,
+def device_map_breakdown(run: Run, accelerator: Accelerator | None,
                          where: Placement | None = None) -> MemoryBreakdown:
     """The fullest card's breakdown, with every card's figures (``per_card``) and the placement in the notes
     (``where``: a placement from elsewhere, e.g. transformers' own, instead of the formula's)."""
-    where, cards = card_memories(run, acc, where)
-    fullest = max(cards, key=lambda c: c.breakdown.device_peak_bytes)
-    b = fullest.breakdown
-    s = run.setup
-    budget = ", ".join("unbounded" if x == float("inf") else f"{x / 2**30:.2f}" for x in where.budgets)
-    free = "; free memory = the card's less its CUDA context" if acc is not None else \
+    where, cards = card_memories(run, accelerator, where)
+    fullest = max(cards, key=lambda card: card.breakdown.device_peak_bytes)
+    breakdown = fullest.breakdown
+    setup = run.setup
+    budget = ", ".join("unbounded" if card_budget == float("inf") else f"{card_budget / 2**30:.2f}"
+                       for card_budget in where.budgets)
+    free = "; free memory = the card's less its CUDA context" if accelerator is not None else \
         "; no card given, so only the balancing cap splits the layers"
-    notes = [f"device_map={s.device_map}: one process, the layers split over {s.gpus} cards, one busy at a "
-             f"time; figures are card {fullest.card}'s, the fullest",
+    notes = [f"device_map={setup.device_map}: one process, the layers split over {setup.gpus} cards, one "
+             f"busy at a time; figures are card {fullest.card}'s, the fullest",
              f"placement as accelerate computes it (max_memory per card: {budget} GiB{free})"]
-    notes += [f"card {c.card}: {c.modules}; {c.breakdown.device_peak_bytes / 2**30:.2f} GiB device peak"
-              for c in cards]
+    notes += [f"card {card.card}: {card.modules}; "
+              f"{card.breakdown.device_peak_bytes / 2**30:.2f} GiB device peak"
+              for card in cards]
     if where.cpu_bytes:
         notes.append(spill_text(where))
     notes.append("parallel_buffers: the hidden states a card sends to the next, and on card 0 the logits "
                  "copied back to the input's card, at the end of the forward")
     # a shallow copy, not dataclasses.replace: memory_of's breakdown builds its parts on read
-    out = copy.copy(b)
-    out.notes = notes + list(b.notes)
-    out.per_card = [c.to_dict() for c in cards]
+    out = copy.copy(breakdown)
+    out.notes = notes + list(breakdown.notes)
+    out.per_card = [card.to_dict() for card in cards]
     return out
 
 
@@ -310,11 +314,11 @@ def spill_text(where: Placement) -> str:
             "accelerate leaves it on the CPU")
 
 
-def spill_finding(run: Run, acc: Accelerator | None) -> Finding | None:
+def spill_finding(run: Run, accelerator: Accelerator | None) -> Finding | None:
     """An error when the placement reaches the CPU: bitsandbytes refuses such a map (``validate_environment``:
     "Some modules are dispatched on the CPU or the disk"); a 16-bit model would copy those weights over the
     host link at every use, which is not a plan."""
-    where = placement(run, acc)
+    where = placement(run, accelerator)
     if not where.cpu_bytes:
         return None
     why = ("bitsandbytes refuses a map with modules on the CPU" if run.setup.quant_bits is not None

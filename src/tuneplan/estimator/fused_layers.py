@@ -12,7 +12,7 @@ from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 
-def unsloth_fast_lora_layer(model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dt: Dtypes,
+def unsloth_fast_lora_layer(model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dtypes: Dtypes,
                             targets: frozenset[str]) -> LayerActs | None:
     """A Llama-style layer under Unsloth's fused LoRA kernels (unsloth/kernels/fast_lora.py), or None where
     Unsloth falls back to PEFT (adapters on only some projections, LoRA dropout, other architectures).
@@ -28,10 +28,12 @@ def unsloth_fast_lora_layer(model: ModelSpec, spec: LayerSpec, setup: TrainSetup
         return None
     if not all(m.name in targets for m in spec.linears):
         return None
-    c, h = dt.compute, model.hidden
-    a, d, kv = model.n_heads, model.head_dim, model.n_kv_heads * model.head_dim
+    compute_bytes, hidden = dtypes.compute, model.hidden
+    heads, head_dim, kv_width = model.n_heads, model.head_dim, model.n_kv_heads * model.head_dim
     inter = spec.mlp_intermediate or model.intermediate
-    saved = c * (h + h) + c * (2 * a * d + 2 * kv) + c * (h + h) + c * 2 * inter
-    saved += LSE_BYTES * a + 2 * RSTD_BYTES
-    return LayerActs(per_token=saved, per_token_per_pos=0.0, backward_temp=c * inter + dt.residual * 2 * h,
+    saved = (compute_bytes * (hidden + hidden) + compute_bytes * (2 * heads * head_dim + 2 * kv_width)
+             + compute_bytes * (hidden + hidden) + compute_bytes * 2 * inter)
+    saved += LSE_BYTES * heads + 2 * RSTD_BYTES
+    return LayerActs(per_token=saved, per_token_per_pos=0.0,
+                     backward_temp=compute_bytes * inter + dtypes.residual * 2 * hidden,
                      backward_temp_per_pos=0.0)

@@ -65,36 +65,40 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
                 hidden: int = 0, softmax_keeps_input: bool = False) -> LogitsPlan:
     """The chain's live bytes, linear in ``tokens`` x vocabulary (``tokens`` and ``seq`` may be numpy arrays
     of a grid: see ``estimator/xp.py``)."""
-    c = compute_bytes
-    tv = tokens * vocab
+    logit_elems = tokens * vocab
+    logits = compute_bytes * logit_elems  # the model's logits, in its compute dtype
     if loss == "fused_linear":
-        th = tokens * min(hidden or vocab, vocab)
+        head_input_elems = tokens * min(hidden or vocab, vocab)
         # the chunk is rounded up to a power of two tokens: up to twice the hidden-sized target
-        return LogitsPlan(at_forward_end=0, forward_peak=c * th + 2 * c * th + 4 * tokens,
-                          backward_peak=c * th)
+        head_input = compute_bytes * head_input_elems
+        return LogitsPlan(at_forward_end=0, forward_peak=head_input + 2 * head_input + 4 * tokens,
+                          backward_peak=head_input)
     # the fp32 cast of the model's c-byte logits (nothing new when they already are fp32)
-    cast = 4 * tv if c != 4 else 0
+    cast = 4 * logit_elems if compute_bytes != 4 else 0
     if loss == "fabric_chunked":
-        n = maximum(1, ceil_div(seq, LITGPT_CHUNK))
-        return LogitsPlan(at_forward_end=c * tv, forward_peak=8 * tv, backward_peak=8 * tv + 8 * tv // n,
-                          held=4 * tv, cast_peak=c * tv + cast)
+        chunks = maximum(1, ceil_div(seq, LITGPT_CHUNK))
+        return LogitsPlan(at_forward_end=logits, forward_peak=8 * logit_elems,
+                          backward_peak=8 * logit_elems + 8 * logit_elems // chunks, held=4 * logit_elems,
+                          cast_peak=logits + cast)
     if loss == "torchtune_legacy":
-        return LogitsPlan(at_forward_end=c * tv, forward_peak=8 * tv, backward_peak=16 * tv, held=4 * tv,
-                          cast_peak=c * tv + cast)
+        return LogitsPlan(at_forward_end=logits, forward_peak=8 * logit_elems, backward_peak=16 * logit_elems,
+                          held=4 * logit_elems, cast_peak=logits + cast)
     if loss == "chunked_compiled":
-        chunk = 4 * tv // TORCHTUNE_CHUNKS
-        return LogitsPlan(at_forward_end=c * tv, forward_peak=c * tv + chunk, backward_peak=c * tv + chunk)
+        chunk = 4 * logit_elems // TORCHTUNE_CHUNKS
+        return LogitsPlan(at_forward_end=logits, forward_peak=logits + chunk, backward_peak=logits + chunk)
     if loss == "chunked_bf16":
-        return LogitsPlan(at_forward_end=2 * tv, forward_peak=4 * tv, backward_peak=4 * tv)
+        return LogitsPlan(at_forward_end=2 * logit_elems, forward_peak=4 * logit_elems,
+                          backward_peak=4 * logit_elems)
     if loss == "chunked_fp32":
-        chunk = 4 * tv // TORCHTUNE_CHUNKS
-        return LogitsPlan(at_forward_end=2 * tv, forward_peak=6 * tv + chunk,
-                          backward_peak=4 * tv + 2 * chunk)
+        chunk = 4 * logit_elems // TORCHTUNE_CHUNKS
+        return LogitsPlan(at_forward_end=2 * logit_elems, forward_peak=6 * logit_elems + chunk,
+                          backward_peak=4 * logit_elems + 2 * chunk)
     if loss == "fused":
-        return LogitsPlan(at_forward_end=2 * tv, forward_peak=2 * tv + 4 * tokens, backward_peak=2 * tv)
-    upcast = 4 * tv if c != 4 else 0  # .float() is a no-op on fp32 logits
+        return LogitsPlan(at_forward_end=2 * logit_elems, forward_peak=2 * logit_elems + 4 * tokens,
+                          backward_peak=2 * logit_elems)
+    upcast = 4 * logit_elems if compute_bytes != 4 else 0  # .float() is a no-op on fp32 logits
     # torch < 1.11: log_softmax also kept its input, the fp32 logits, until its backward had run
-    kept = 4 * tv if softmax_keeps_input else 0
+    kept = 4 * logit_elems if softmax_keeps_input else 0
     # (positional: the default chain is the one nearly every estimate takes; keywords cost a third of a
     # microsecond): at_forward_end, forward_peak, backward_peak
-    return LogitsPlan(c * tv, c * tv + upcast + 4 * tv, 12 * tv + kept)
+    return LogitsPlan(logits, logits + upcast + 4 * logit_elems, 12 * logit_elems + kept)

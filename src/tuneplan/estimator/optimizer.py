@@ -38,24 +38,25 @@ class OptimizerPlan:
 
 def optimizer_plan(name: str, trainable_params: int, param_bytes: int, tensors: int,
                    largest_tensor: int, factored_elems: int) -> OptimizerPlan:
-    p = trainable_params
-    if p == 0:
+    if trainable_params == 0:
         return OptimizerPlan(0, 0, 0)
     step_tensors = tensors * ALLOC_ROUND  # one device 'step' scalar per param (fused/capturable)
+    adam_states = 2 * trainable_params * param_bytes  # exp_avg and exp_avg_sq
     if name == "adamw":
-        return OptimizerPlan(states=2 * p * param_bytes, paged=0, temp=p * param_bytes)
+        return OptimizerPlan(states=adam_states, paged=0, temp=trainable_params * param_bytes)
     if name == "adamw-hf":
-        return OptimizerPlan(states=2 * p * param_bytes, paged=0, temp=largest_tensor * param_bytes)
+        return OptimizerPlan(states=adam_states, paged=0, temp=largest_tensor * param_bytes)
     if name == "adamw-fused":
-        return OptimizerPlan(states=2 * p * param_bytes + step_tensors, paged=0, temp=0)
+        return OptimizerPlan(states=adam_states + step_tensors, paged=0, temp=0)
     if name in ("adamw-8bit", "paged-adamw-8bit"):
-        s = 2 * p + 2 * 4 * ceil_div(p, BNB_8BIT_BLOCK)
+        states_8bit = 2 * trainable_params + 2 * 4 * ceil_div(trainable_params, BNB_8BIT_BLOCK)
         if name == "paged-adamw-8bit":
-            return OptimizerPlan(states=0, paged=s, temp=0,
+            return OptimizerPlan(states=0, paged=states_8bit, temp=0,
                                  notes=("8-bit states are paged (unified memory)",))
-        return OptimizerPlan(states=s, paged=0, temp=0)
+        return OptimizerPlan(states=states_8bit, paged=0, temp=0)
     if name == "paged-adamw":
-        return OptimizerPlan(states=0, paged=8 * p, temp=0, notes=("fp32 states are paged (unified memory)",))
+        return OptimizerPlan(states=0, paged=8 * trainable_params, temp=0,
+                             notes=("fp32 states are paged (unified memory)",))
     if name == "adafactor":
         return OptimizerPlan(states=4 * factored_elems, paged=0, temp=3 * 4 * largest_tensor)
     if name == "sgd":

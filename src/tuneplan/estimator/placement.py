@@ -60,46 +60,46 @@ class Module:
         return not self.children or self.no_split
 
 
-def load_bytes(setup: TrainSetup, dt: Dtypes) -> int:
+def load_bytes(setup: TrainSetup, dtypes: Dtypes) -> int:
     """Bytes per element a parameter is loaded in (the model's dtype at ``from_pretrained``): the trainable
     dtype for a full fine-tune, the frozen weight dtype otherwise (PEFT's later fp32 upcasts come after)."""
-    return dt.trainable if setup.method == "full" else dt.frozen_weight
+    return dtypes.trainable if setup.method == "full" else dtypes.frozen_weight
 
 
-def layer_bytes(spec: LayerSpec, setup: TrainSetup, dt: Dtypes) -> int:
+def layer_bytes(spec: LayerSpec, setup: TrainSetup, dtypes: Dtypes) -> int:
     """One decoder layer's size as transformers computes it. bitsandbytes quantizes the ``nn.Linear``
     weights only: transformers 5 keeps routed experts as fused 3-D parameters and routers as their own
     modules, so neither is quantized (``param_needs_quantization``: an ``nn.Linear4bit`` and not a bias)."""
-    per = load_bytes(setup, dt)
+    element_bytes = load_bytes(setup, dtypes)
     bits = setup.quant_bits
-    total = spec.norm_params * per
+    total = spec.norm_params * element_bytes
     for m in spec.linears:
         weights = m.count * m.d_in * m.d_out
         is_linear = m.role not in ("expert", "router") or m.name == "shared_expert_gate"
-        total += weights * bits // 8 if bits is not None and is_linear else weights * per
+        total += weights * bits // 8 if bits is not None and is_linear else weights * element_bytes
         if m.bias:
-            total += m.count * m.d_out * per
+            total += m.count * m.d_out * element_bytes
     return int(total)
 
 
-def module_tree(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> Module:
+def module_tree(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes) -> Module:
     """The causal LM as transformers registers it: ``model`` (embed_tokens, layers, norm, rotary_emb), then
     ``lm_head`` (0 bytes when tied: its weight is the embedding's)."""
-    per = load_bytes(setup, dt)
+    element_bytes = load_bytes(setup, dtypes)
     layers: list[Module] = []
     for spec, count in model.layer_groups:
-        size = layer_bytes(spec, setup, dt)
+        size = layer_bytes(spec, setup, dtypes)
         for _ in range(count):
             i = len(layers)
             layers.append(Module(f"model.layers.{i}", size, no_split=True, kind="layer", index=i))
-    embed = Module("model.embed_tokens", (model.embed_params + model.other_params) * per,
+    embed = Module("model.embed_tokens", (model.embed_params + model.other_params) * element_bytes,
                    tied=model.tied_embeddings, kind="embed")
-    norm = Module("model.norm", model.final_norm_params * per, kind="norm")
+    norm = Module("model.norm", model.final_norm_params * element_bytes, kind="norm")
     rotary = Module("model.rotary_emb", ROPE_BUFFERS * (model.head_dim // 2) * 4, kind="rotary")
     stack = Module("model.layers", sum(m.size for m in layers), tuple(layers))
     body_parts = (embed, stack, norm, rotary)
     body = Module("model", sum(m.size for m in body_parts), body_parts, tied=model.tied_embeddings)
-    head = Module("lm_head", model.lm_head_params * per, kind="head")
+    head = Module("lm_head", model.lm_head_params * element_bytes, kind="head")
     return Module("", body.size + head.size, (body, head))
 
 
@@ -120,20 +120,20 @@ def balanced_budgets(root: Module, free: list[float], rule: str, quantized: bool
     """Each card's ``max_memory`` under ``rule`` (auto | balanced | balanced_low_0 | sequential) from the
     free bytes of each card (``float('inf')``: not bounded)."""
     budgets = list(free)
-    n = len(budgets)
-    if rule != "sequential" and n == 1:
+    n_cards = len(budgets)
+    if rule != "sequential" and n_cards == 1:
         budgets[0] *= SINGLE_CARD_SHARE
-    if rule != "sequential" and n > 1:
+    if rule != "sequential" and n_cards > 1:
         low_zero = rule == "balanced_low_0"
-        per_card = root.size // (n - 1 if low_zero else n)
+        per_card = root.size // (n_cards - 1 if low_zero else n_cards)
         biggest = max((m.size for m in leaves(root)), default=0)
         per_card += int(BALANCE_MARGIN * biggest)
-        for i in range(n - 1):
+        for i in range(n_cards - 1):
             budgets[i] = min(budgets[0] if low_zero and i == 0 else per_card, budgets[i])
         if low_zero:
             budgets[0] = min(max(0, root.size - sum(budgets[1:])), budgets[0])
     if quantized:
-        budgets = [b * QUANT_BUDGET for b in budgets]
+        budgets = [budget * QUANT_BUDGET for budget in budgets]
     return budgets
 
 
@@ -169,7 +169,7 @@ def place(root: Module, budgets: list[float]) -> dict[str, int]:
             used[card] += m.size
             where[m.name] = card
             if m.tied:  # the head shares the embedding's weight: it goes where the embedding goes
-                head = next((x for x in todo if x.kind == "head"), None)
+                head = next((module for module in todo if module.kind == "head"), None)
                 if head is not None:
                     todo.remove(head)
                     where[head.name] = card

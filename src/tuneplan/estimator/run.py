@@ -50,12 +50,12 @@ class Run:
             n = self.memo["trainable"] = trainable_params(self.model, self.setup)
         return n
 
-    def findings(self, acc: Accelerator | None) -> list[Finding]:
+    def findings(self, accelerator: Accelerator | None) -> list[Finding]:
         """Compatibility findings on ``acc`` (tuneplan.compat), kept per card: no rule reads the batch
         size or the sequence length, so a reshaped run shares them."""
         last = self.memo.get("findings")  # (card, findings) of the last card asked about
-        if last is None or not (last[0] is acc or last[0] == acc):
-            last = self.memo["findings"] = (acc, check(acc, self.setup, self.model))
+        if last is None or not (last[0] is accelerator or last[0] == accelerator):
+            last = self.memo["findings"] = (accelerator, check(accelerator, self.setup, self.model))
         return list(last[1])
 
     def reshaped(self, **shape: int) -> Run:
@@ -76,16 +76,16 @@ class Run:
 
 def resolve_run(model: ModelSpec, setup: TrainSetup) -> Run:
     """Resolve ``setup`` (already validated and profile-resolved, see ``api.build_setup``) on ``model``."""
-    prof = get_profile(setup.framework)
+    profile = get_profile(setup.framework)
     model = model_as_built(model, setup.framework, setup.num_labels)
-    dt = resolve_dtypes(setup, prof)
+    dtypes = resolve_dtypes(setup, profile)
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
-    pp = param_plan(model, setup, dt, quant_lm_head=prof.quantizes_lm_head)
-    attn = setup.attn or prof.default_attn
-    code = prof.model_code
-    kinds = layer_kinds(model, setup, dt, targets, attn, python_model_code=code == "hf",
-                        quant_saves_input=prof.quant_saves_input, litgpt_code=code == "litgpt",
+    params = param_plan(model, setup, dtypes, quant_lm_head=profile.quantizes_lm_head)
+    attn = setup.attn or profile.default_attn
+    code = profile.model_code
+    kinds = layer_kinds(model, setup, dtypes, targets, attn, python_model_code=code == "hf",
+                        quant_saves_input=profile.quant_saves_input, litgpt_code=code == "litgpt",
                         expand_kv=code == "torchtune", unsloth_code=code == "unsloth")
-    return Run(model=model, setup=setup, profile=prof, dtypes=dt, targets=targets, param_plan=pp,
-               layers=kinds, attn=attn, loss=loss_kind(setup, prof),
-               optimizer=setup.optimizer or prof.default_optimizer, wrapper=wrapper_for(setup))
+    return Run(model=model, setup=setup, profile=profile, dtypes=dtypes, targets=targets, param_plan=params,
+               layers=kinds, attn=attn, loss=loss_kind(setup, profile),
+               optimizer=setup.optimizer or profile.default_optimizer, wrapper=wrapper_for(setup))

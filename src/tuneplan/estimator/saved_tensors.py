@@ -61,12 +61,12 @@ def embedding_backward_scratch(tokens: int, hidden: int) -> int:
     return 3 * 8 * tokens + 4 * tokens * hidden
 
 
-def embedding_backward(model: ModelSpec, setup: TrainSetup, dt: Dtypes) -> tuple[int, int]:
+def embedding_backward(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes) -> tuple[int, int]:
     """``embedding_backward_at`` for the setup's own batch x seq tokens."""
-    return embedding_backward_at(model, setup.method, dt, setup.batch * setup.seq)
+    return embedding_backward_at(model, setup.method, dtypes, setup.batch * setup.seq)
 
 
-def embedding_backward_at(model: ModelSpec, method: str, dt: Dtypes, tokens: Any) -> tuple[Any, Any]:
+def embedding_backward_at(model: ModelSpec, method: str, dtypes: Dtypes, tokens: Any) -> tuple[Any, Any]:
     """(embedding gradient bytes, transient bytes beyond all gradients at the embedding backward).
 
     Tied embeddings: autograd's InputBuffer holds the lm_head's contribution to the shared weight until
@@ -77,9 +77,9 @@ def embedding_backward_at(model: ModelSpec, method: str, dt: Dtypes, tokens: Any
     ``tokens`` may be a numpy array (a grid): see ``estimator/xp.py``."""
     if method != "full":
         return 0, 0
-    grad = model.vocab * model.hidden * dt.trainable
+    grad = model.vocab * model.hidden * dtypes.trainable
     # the kernel's scratch, plus the incoming gradient of the embedding output (param dtype)
-    during = embedding_backward_scratch(tokens, model.hidden) + tokens * model.hidden * dt.trainable
+    during = embedding_backward_scratch(tokens, model.hidden) + tokens * model.hidden * dtypes.trainable
     if model.tied_embeddings:
         return grad, maximum(2 * grad, grad + during)
     return grad, during

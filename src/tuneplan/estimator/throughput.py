@@ -158,14 +158,24 @@ def exposed_communication(run: Run, ts: TimeStatics, fl: FlopCount, mb: MicroBat
     return exposed
 
 
+def accumulation_trips(setup: TrainSetup, ts: TimeStatics) -> int:
+    """How often per step ZeRO-1/2's offloaded gradients go up to the GPU and back while they accumulate:
+    every micro-batch under ZeRO-2, once under ZeRO-1, never for a lone micro-batch."""
+    ga = setup.grad_accum
+    return (ga if ts.accum_trip_per_micro else 1) if ga > 1 and ts.accum_trip_bytes else 0
+
+
 def offload_seconds(setup: TrainSetup, ts: TimeStatics, links: dict[str, str]) -> float:
     """CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload): the step's and every
-    micro-batch's copies at the host link, plus the CPU optimizer step."""
+    micro-batch's copies at the host link, the gradients' round trips through the host buffer they
+    accumulate in (ZeRO-1/2 over several micro-batches), plus the CPU optimizer step."""
     if setup.offload == "none":
         return 0.0
     host = ts.host
     links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
-    offload_s = (ts.offload_step_bytes + setup.grad_accum * ts.offload_micro_bytes) / (host.gbs * 1e9)
+    ga = setup.grad_accum
+    offload_s = (ts.offload_step_bytes + ga * ts.offload_micro_bytes
+                 + accumulation_trips(setup, ts) * ts.accum_trip_bytes) / (host.gbs * 1e9)
     return offload_s + ts.cpu_optimizer_s
 
 
@@ -195,7 +205,8 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
                   memory: MemoryBreakdown | None = None) -> StepTime:
     """Seconds per optimizer step of ``run`` at its own micro-batch, sequence length and accumulation on
     ``acc`` (``memory``: the run's breakdown when the caller has it, for a paged optimizer's spill):
-    ``grad_accum x micro-batch + update + its launches + paging + exposed communication + offload``,
+    ``grad_accum x micro-batch + update + its launches + paging + exposed communication + offload +
+    ZeRO-1/2's gradient copies``,
     floored at one GPU's step for a multi-GPU run. Raises UnknownThroughput."""
     opt = options or RuntimeOptions()
     ts = time_statics(run, acc, opt)
@@ -224,11 +235,14 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         assumptions.append(f"device_map over {setup.gpus} cards: one works at a time, so the step is one "
                            f"card's for the whole model plus {hand_over_s * 1e3:.3g} ms of copies between "
                            "cards per micro-batch (accelerate's per-module hooks not counted)")
-    step_s = ga * mb.micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s
+    copies_s = (ga * ts.grad_copy_micro_bytes + ts.grad_copy_step_bytes  # ZeRO-1/2's buckets
+                + accumulation_trips(setup, ts) * ts.accum_add_bytes) / ts.bw
+    step_s = ga * mb.micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s + copies_s
     tensor_s = mb.gemm_s if mb.gemm_s >= mb.weights_s else 0.0  # matmuls held by the tensor cores
     breakdown = {
         "compute": ga * tensor_s,
-        "memory_bound": ga * (mb.matmul_s - tensor_s + mb.elem_s + mb.dequant_s) + optimizer_s + paged_s,
+        "memory_bound": (ga * (mb.matmul_s - tensor_s + mb.elem_s + mb.dequant_s) + optimizer_s + paged_s
+                         + copies_s),
         "communication": exposed,
         "offload": offload_s,
         "overhead": ga * (mb.micro_s - mb.gpu_s) + ts.optimizer_launch_s,
@@ -236,7 +250,8 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     detail = {"dequantization": ga * mb.dequant_s, "optimizer_update": optimizer_s + paged_s,
               "optimizer_launches": ts.optimizer_launch_s,
               "kernel_launches": ga * max(mb.kernels_s - mb.gpu_s, 0.0),
-              "sharded_unit_fixed": ga * ts.unit_s, "micro_batch_fixed": ga * ts.fixed_s}
+              "sharded_unit_fixed": ga * ts.unit_s, "micro_batch_fixed": ga * ts.fixed_s,
+              "gradient_copies": copies_s}
     if n > 1:
         step_s, breakdown, detail = floor_at_one_gpu(run, acc, opt, step_s, (breakdown, detail), assumptions)
     tps_gpu = tokens * ga / step_s
@@ -246,7 +261,7 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         "dequant": ga * mb.dequant_s, "launch_and_fixed": ga * max(mb.micro_s - mb.gpu_s, 0.0),
         "optimizer": optimizer_s, "optimizer_launches": ts.optimizer_launch_s, "paged_optimizer": paged_s,
         "communication_exposed": exposed,
-        "communication_total": comm_total, "offload": offload_s,
+        "communication_total": comm_total, "offload": offload_s, "gradient_copies": copies_s,
     }
     assumptions.extend(ts.assumptions_tail)
     per_card = setup.device_map == "none"  # a device_map run's cards share one process's work

@@ -118,6 +118,15 @@ class TimeStatics:
     card_known: str = "spec-derived"  # how well the card's tensor throughput is known (gemm_efficiency.py)
     link_name: str = ""  # the link the collectives run on
     link_stated: bool = False  # given by the user (--link), not read off the catalog
+    # DeepSpeed ZeRO-1/2 offload accumulating over micro-batches: the gradient's round trip through the host
+    # (``offload_terms``), bytes per trip, and whether it runs every micro-batch (ZeRO-2) or once per step
+    accum_trip_bytes: float = 0.0
+    accum_trip_per_micro: bool = False
+    accum_add_bytes: float = 0.0  # the GPU's add of the buffer that came up to the new gradient, per trip
+    # DeepSpeed ZeRO-1/2's gradient copies on the GPU (``gradient_copy_bytes``), bytes per micro-batch and
+    # per step
+    grad_copy_micro_bytes: float = 0.0
+    grad_copy_step_bytes: float = 0.0
 
 
 class CardRates(NamedTuple):
@@ -262,6 +271,9 @@ class OffloadTerms(NamedTuple):
     micro_bytes: float
     cpu_optimizer_s: float
     note: str | None
+    accum_trip_bytes: float = 0.0
+    accum_trip_per_micro: bool = False
+    accum_add_bytes: float = 0.0
 
 
 def offload_terms(run: Run, kf: dict[str, float]) -> OffloadTerms:
@@ -281,7 +293,38 @@ def offload_terms(run: Run, kf: dict[str, float]) -> OffloadTerms:
     note = (f"CPU offload: PCIe copies, and the optimizer step on the CPU at "
             f"{HOST_ADAM_BYTES_PER_PARAM:g} B per parameter of host memory traffic at "
             f"{HOST_MEMORY_GBS_PER_GPU:g} GB/s per GPU ({cpu_optimizer_s:.2f} s per step)")
-    return OffloadTerms(step_bytes, micro_bytes, cpu_optimizer_s, note)
+    # DeepSpeed ZeRO-1/2 with the optimizer on the CPU accumulates the gradients of several micro-batches
+    # in a host buffer of the 16-bit parameter dtype (stage_1_and_2.py, async_accumulate_grad_in_cpu_via_gpu,
+    # while the default grad_accum_dtype is the model's): the buffer comes up, the new gradient is added
+    # on the GPU (reads both, writes one), the sum goes back down. ZeRO-2 reduces (and so does this) at
+    # every micro-batch; ZeRO-1 only at the last, where the trip is made once. A lone micro-batch skips it.
+    trip = 2 * shard_t * pp.trainable_bytes if setup.zero in (1, 2) else 0.0
+    return OffloadTerms(step_bytes, micro_bytes, cpu_optimizer_s, note, trip, setup.zero == 2, 1.5 * trip)
+
+
+def gradient_copy_bytes(run: Run) -> tuple[float, float]:
+    """GPU bytes DeepSpeed ZeRO-1/2 moves to hand the gradients to its optimizer, per micro-batch and per
+    step (stage_1_and_2.py with ``contiguous_gradients``, its default): every gradient is copied into the
+    reduction bucket (``reduce_independent_p_g_buckets_and_remove_grads``: read + write, ``2 x g``), then
+    this rank's shard into the partition's gradient buffer (``copy_grads_in_partition``: ``2 x g / n``);
+    with the optimizer on the CPU the shard is instead cast to fp32 on the GPU before it goes down
+    (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``: read 16-bit, write 4 B; nothing in fp32), once
+    per step. ZeRO-2 reduces at every micro-batch; ZeRO-1 only at the last. The gradient norm (a read)
+    is left out here as the plain loop's clipping is."""
+    setup, pp = run.setup, run.param_plan
+    if setup.zero not in (1, 2):
+        return 0.0, 0.0
+    n = setup.world_size
+    g = pp.trainable_params * pp.trainable_bytes
+    bucket = 2.0 * g
+    if setup.offload == "none":
+        partition, at_step = 2.0 * g / n, 0.0
+    else:
+        cast = pp.trainable_bytes + 4 if pp.trainable_bytes != 4 else 0
+        partition, at_step = 0.0, pp.trainable_params / n * cast
+    if setup.zero == 2:
+        return bucket + partition, at_step
+    return 0.0, bucket + partition + at_step
 
 
 def rate_notes(run: Run, rates: CardRates, fused: bool) -> tuple[str, ...]:
@@ -326,6 +369,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     upd = optimizer_terms(run, rates.bw, k_over)
     coll = collective_terms(run, acc, opt, kf)
     off = offload_terms(run, kf)
+    copies = gradient_copy_bytes(run)
     pp = run.param_plan
     ts = TimeStatics(
         peak=rates.peak, u=rates.u, cls=rates.cls, dev_bw=rates.dev_bw, bw=rates.bw, fused=fused, flops=fp,
@@ -343,6 +387,9 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         offload_micro_bytes=off.micro_bytes, cpu_optimizer_s=off.cpu_optimizer_s,
         assumptions_head=tuple(coll.notes + ([off.note] if off.note else [])),
         assumptions_tail=rate_notes(run, rates, fused), fixed_s=MICRO_BATCH_FIXED_SECONDS * k_over,
-        card_known=rates.eff.known, link_name=coll.link.name, link_stated=bool(opt.peer_link))
+        card_known=rates.eff.known, link_name=coll.link.name, link_stated=bool(opt.peer_link),
+        accum_trip_bytes=off.accum_trip_bytes, accum_trip_per_micro=off.accum_trip_per_micro,
+        accum_add_bytes=off.accum_add_bytes,
+        grad_copy_micro_bytes=copies[0], grad_copy_step_bytes=copies[1])
     run.memo["time"] = (acc, opt, ts)
     return ts

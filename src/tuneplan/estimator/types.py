@@ -1,11 +1,11 @@
 """Result types shared by the three engines (analytic, simulate, measure) and every face.
 
 ``MemoryBreakdown`` is per GPU. ``components`` are the allocated bytes live at the peak instant and
-sum exactly to ``allocated_peak_bytes``; ``phases`` gives the allocated total at every instant of the
+sum exactly to ``allocated_peak_bytes``; ``instants`` gives the allocated total at every instant of the
 step that was evaluated, so a face can show where the peak falls and by how much the others trail.
 
 The analytic engine returns a subclass (``estimator.memory.AnalyticBreakdown``) that fixes the peak figures
-at once and builds ``components``, ``phases``, ``bands`` and ``notes`` from the instants on first read
+at once and builds ``components``, ``instants``, ``bands`` and ``notes`` from the instants on first read
 (:class:`built_on_read`): the same values, paid for only by the faces that show them.
 """
 
@@ -65,8 +65,8 @@ class MemoryBreakdown:
     """Per-GPU peak memory of one training step, by component and by instant."""
 
     components: dict[str, int]
-    peak_phase: str
-    phases: dict[str, int]
+    peak_instant: str
+    instants: dict[str, int]
     reserved_peak_bytes: int
     cuda_context_bytes: int
     nccl_bytes: int = 0
@@ -120,8 +120,8 @@ class MemoryBreakdown:
             "paged_bytes": self.paged_bytes,
             "host_bytes": self.host_bytes,
             "components": dict(self.components),
-            "phases": dict(self.phases),
-            "peak_phase": self.peak_phase,
+            "instants": dict(self.instants),
+            "peak_instant": self.peak_instant,
             "bands": {k: asdict(v) for k, v in self.bands.items()},
             "notes": list(self.notes),
             **({"per_card": list(self.per_card)} if self.per_card else {}),

@@ -31,29 +31,29 @@ def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
     names = model.linear_names()
     if not targets:
         return frozenset()
-    t = targets.strip()
+    wanted_text = targets.strip()
     roles = {m.name: m.role for spec, _ in model.layer_groups for m in spec.linears}
     # transformers 5 stores routed experts as fused 3-D parameters and the routers as TopK-router modules,
     # neither an nn.Linear, so PEFT's "all-linear" (and LLaMA-Factory's "all", which lists nn.Linear
     # names) leave them alone: attention, dense and shared-expert linears are adapted (simulate: Mixtral /
     # Qwen3-MoE all-linear). Qwen2-MoE's shared_expert_gate is a real nn.Linear and stays.
-    if t in ("all-linear", "all"):
+    if wanted_text in ("all-linear", "all"):
         return frozenset(n for n in names
                          if roles[n] != "expert" and not (roles[n] == "router" and n == "gate"))
-    if t == "attn":
+    if wanted_text == "attn":
         return frozenset(n for n in names if roles[n] == "attn")
-    if t == "mlp":
+    if wanted_text == "mlp":
         return frozenset(n for n in names if roles[n] in ("mlp", "shared_expert"))
-    wanted = [x.strip() for x in t.split(",") if x.strip()]
+    wanted = [x.strip() for x in wanted_text.split(",") if x.strip()]
     aliases = {"output_proj": "o_proj", "query": "query", "value": "value"}
     chosen: set[str] = set()
-    for w in wanted:
-        w2 = aliases.get(w, w) if w not in names else w
-        hits = [n for n in names if n == w2 or n.endswith("." + w2)]
-        if not hits and w == "output_proj":
+    for name in wanted:
+        module = aliases.get(name, name) if name not in names else name
+        hits = [n for n in names if n == module or n.endswith("." + module)]
+        if not hits and name == "output_proj":
             hits = [n for n in names if roles[n] == "attn" and n in ("dense", "wo", "c_proj")]
         if not hits:
-            raise TuneplanError(f"module {w!r} is not a linear layer of {model.name}", field="targets",
+            raise TuneplanError(f"module {name!r} is not a linear layer of {model.name}", field="targets",
                                 accepted=", ".join(names) + ", or all-linear / attn / mlp")
         chosen.update(hits)
     return frozenset(chosen)
@@ -99,104 +99,148 @@ def quant_bytes(numel: int, d_out: int, bits: int, double_quant: bool) -> tuple[
     return ceil_div(numel, 2), meta
 
 
-def param_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, quant_lm_head: bool = False) -> ParamPlan:
-    """``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning
+@dataclass
+class _Tally:
+    """The sums :func:`param_plan` builds, layer by layer then over the modules outside the layers (bytes
+    unless named params / elems / tensors)."""
+
+    weight: int = 0
+    meta: int = 0
+    adapter_params: int = 0
+    trainable_weight_params: int = 0
+    autocast_copy: int = 0
+    tensors: int = 0
+    largest_tensor: int = 0
+    factored_elems: int = 0
+
+
+def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_head: bool = False) -> ParamPlan:
+    """Parameters by role and dtype: the decoder layers (:func:`layer_params`), then the embeddings, lm_head
+    and final norm (:func:`non_block_params`), then the adapters' autocast casts.
+
+    weights = sum over linears of (quantized storage | numel x the trained or frozen dtype) + norms +
+    non-block params x their dtype; trainable = adapter params (r x (d_in + d_out) per targeted linear) +
+    trainable base params; autocast copies = 16-bit casts of fp32 weights autograd keeps (all of them in the
+    forward; under gradient checkpointing only the head's from the loss backward on).
+
+    ``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning
     Fabric's BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""
     targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
-    bits = setup.quant_bits
-    weight = meta = adapters = 0
-    trainable_w = 0
-    autocast_copy = 0
-    tensors = 0
-    largest = 0
-    factored = 0
-    non_block_params = model.params_non_block
-    n_layers = model.n_layers
-    trainable_layer_from = n_layers - setup.freeze_trainable_layers if setup.method == "freeze" else 0
-    layer_index = 0
-    largest_layer = 0
-    for spec, count in model.layer_groups:
-        before = weight + meta
-        for _ in range(count) if setup.method == "freeze" else [None]:
-            reps = 1 if setup.method == "freeze" else count
-            trainable_layer = setup.method == "full" or (setup.method == "freeze"
-                                                         and layer_index >= trainable_layer_from)
-            for m in spec.linears:
-                w_numel = m.count * m.d_in * m.d_out
-                b_numel = m.count * m.d_out if m.bias else 0
-                if bits:
-                    s, q = quant_bytes(m.d_in * m.d_out, m.d_out, bits, setup.double_quant)
-                    weight += reps * (m.count * s + b_numel * dt.non_block)
-                    meta += reps * m.count * q
-                elif trainable_layer:
-                    weight += reps * (w_numel + b_numel) * dt.trainable
-                    trainable_w += reps * (w_numel + b_numel)
-                    tensors += reps * (2 if m.bias else 1) * (1 if m.count == 1 else 1)
-                    largest = max(largest, m.d_in * m.d_out * m.count)
-                    factored += reps * m.count * (m.d_in + m.d_out + (m.d_out if m.bias else 0))
-                    if dt.autocast and dt.trainable == 4:
-                        autocast_copy += reps * w_numel * dt.compute
-                else:
-                    weight += reps * (w_numel + b_numel) * dt.frozen_weight
-                    if dt.autocast and dt.frozen_weight == 4:
-                        # autocast casts a frozen fp32 weight on every forward; the cast is saved for the
-                        # input-gradient matmul (autocast caches casts only for params requiring grad).
-                        autocast_copy += reps * w_numel * dt.compute
-                if m.name in targets:
-                    p = lora_params_of(m, setup.rank)
-                    adapters += reps * p
-                    tensors += reps * 2 * m.count
-                    largest = max(largest, setup.rank * max(m.d_in, m.d_out))
-                    factored += reps * m.count * (m.d_in + m.d_out + 2 * setup.rank)
-            norm_bytes = dt.trainable if trainable_layer else (dt.non_block if bits else dt.frozen_weight)
-            weight += reps * spec.norm_params * norm_bytes
-            if trainable_layer:
-                trainable_w += reps * spec.norm_params
-                tensors += reps * max(spec.n_norms, 1)
-                factored += reps * spec.norm_params
-            layer_index += 1
-        per_layer = (weight + meta - before) // (1 if setup.method == "freeze" else count)
-        largest_layer = max(largest_layer, per_layer)
-    # Embeddings, lm_head, final norm: trainable in a full fine-tune, frozen otherwise.
-    layer_copy_mark = autocast_copy  # copies of the decoder layers' weights (checkpointed under GC)
-    if setup.method == "full":
-        weight += non_block_params * dt.trainable
-        trainable_w += non_block_params
-        tensors += 3
-        factored += ((model.vocab + model.hidden) * (1 if model.tied_embeddings else 2)
-                     + model.final_norm_params)
-        largest = max(largest, model.vocab * model.hidden)
-        if dt.autocast and dt.trainable == 4 and model.lm_head_params:
-            autocast_copy += model.lm_head_params * dt.compute
-        elif dt.autocast and dt.trainable == 4 and model.tied_embeddings:
-            autocast_copy += model.vocab * model.hidden * dt.compute
-    elif bits and quant_lm_head and model.lm_head_params:
-        s, q = quant_bytes(model.head_width * model.hidden, model.head_width, bits, setup.double_quant)
-        weight += (non_block_params - model.lm_head_params) * dt.non_block + s
-        meta += q
-    else:
-        weight += non_block_params * dt.non_block
-        # A frozen fp32 lm_head under autocast is cast to 16-bit on every forward and the cast is saved
-        # for the input-gradient matmul (no autocast cache for params that do not require grad).
-        if dt.autocast and dt.non_block == 4:
-            autocast_copy += model.head_width * model.hidden * dt.compute
-    head_copy = autocast_copy - layer_copy_mark
-    adapter_bytes = adapters * dt.adapter
+    tally = _Tally()
+    largest_layer = layer_params(tally, model, setup, dtypes, targets)
+    layer_copy_mark = tally.autocast_copy  # copies of the decoder layers' weights (checkpointed under GC)
+    non_block_params(tally, model, setup, dtypes, quant_lm_head)
+    head_copy = tally.autocast_copy - layer_copy_mark
+    adapters = tally.adapter_params
     # fp32 adapters under autocast: lora_A / lora_B weights are cast to 16 bits, cached for the forward
     # (leaf tensors that require grad) and saved for the input-gradient matmuls (simulate: 2 B per adapter
     # parameter live at the loss, e.g. 2 MiB on Qwen2.5-0.5B r16 q,v).
-    if dt.autocast and dt.adapter > dt.compute:
-        autocast_copy += adapters * dt.compute
-    copy_backward = head_copy if setup.gradient_checkpointing else autocast_copy
-    trainable = adapters + trainable_w
-    per_param = dt.adapter if setup.is_lora else dt.trainable
+    if dtypes.autocast and dtypes.adapter > dtypes.compute:
+        tally.autocast_copy += adapters * dtypes.compute
+    copy_backward = head_copy if setup.gradient_checkpointing else tally.autocast_copy
+    trainable = adapters + tally.trainable_weight_params
+    factored = tally.factored_elems
     if flat_views(setup):
         factored = trainable  # Adafactor factors only tensors of >= 2 dims (_get_options: len(shape) >= 2)
-    return ParamPlan(weight_bytes=weight, quant_meta_bytes=meta, adapter_params=adapters,
-                     adapter_bytes=adapter_bytes, trainable_params=trainable, trainable_bytes=per_param,
-                     trainable_weight_params=trainable_w, autocast_copy_bytes=autocast_copy,
-                     trainable_tensors=tensors, largest_trainable_tensor=largest, factored_elems=factored,
+    return ParamPlan(weight_bytes=tally.weight, quant_meta_bytes=tally.meta, adapter_params=adapters,
+                     adapter_bytes=adapters * dtypes.adapter, trainable_params=trainable,
+                     trainable_bytes=dtypes.adapter if setup.is_lora else dtypes.trainable,
+                     trainable_weight_params=tally.trainable_weight_params,
+                     autocast_copy_bytes=tally.autocast_copy, trainable_tensors=tally.tensors,
+                     largest_trainable_tensor=tally.largest_tensor, factored_elems=factored,
                      autocast_copy_backward_bytes=copy_backward, largest_layer_bytes=largest_layer)
+
+
+def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dtypes,
+                 targets: frozenset[str]) -> int:
+    """Add the decoder layers to ``tally``: each group's layers once x its count (freeze: one by one, as only
+    the last ``freeze_trainable_layers`` train), their linears (:func:`linear_params`) and norms (trained:
+    the trainable dtype; frozen: the non-block dtype under quantization, else the frozen weights').
+    Returns the largest layer's weights as stored (quantized: packed codes + metadata)."""
+    freeze = setup.method == "freeze"
+    trainable_layer_from = model.n_layers - setup.freeze_trainable_layers if freeze else 0
+    layer_index = largest_layer = 0
+    for spec, count in model.layer_groups:
+        before = tally.weight + tally.meta
+        repeats = 1 if freeze else count
+        for _ in range(count) if freeze else [None]:
+            trainable_layer = setup.method == "full" or (freeze and layer_index >= trainable_layer_from)
+            for m in spec.linears:
+                linear_params(tally, m, repeats, trainable_layer, setup, dtypes, targets)
+            norm_bytes = (dtypes.trainable if trainable_layer
+                          else (dtypes.non_block if setup.quant_bits else dtypes.frozen_weight))
+            tally.weight += repeats * spec.norm_params * norm_bytes
+            if trainable_layer:
+                tally.trainable_weight_params += repeats * spec.norm_params
+                tally.tensors += repeats * max(spec.n_norms, 1)
+                tally.factored_elems += repeats * spec.norm_params
+            layer_index += 1
+        per_layer = (tally.weight + tally.meta - before) // (1 if freeze else count)
+        largest_layer = max(largest_layer, per_layer)
+    return largest_layer
+
+
+def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool, setup: TrainSetup,
+                  dtypes: Dtypes, targets: frozenset[str]) -> None:
+    """Add ``repeats`` copies of one linear to ``tally``: quantized storage and metadata, or its weight and
+    bias in the trained or frozen dtype (with the 16-bit cast autocast keeps of an fp32 weight), and its
+    LoRA adapter when it is a target."""
+    weight_numel = m.count * m.d_in * m.d_out
+    bias_numel = m.count * m.d_out if m.bias else 0
+    if setup.quant_bits:
+        storage, metadata = quant_bytes(m.d_in * m.d_out, m.d_out, setup.quant_bits, setup.double_quant)
+        tally.weight += repeats * (m.count * storage + bias_numel * dtypes.non_block)
+        tally.meta += repeats * m.count * metadata
+    elif trainable_layer:
+        tally.weight += repeats * (weight_numel + bias_numel) * dtypes.trainable
+        tally.trainable_weight_params += repeats * (weight_numel + bias_numel)
+        tally.tensors += repeats * (2 if m.bias else 1)
+        tally.largest_tensor = max(tally.largest_tensor, m.d_in * m.d_out * m.count)
+        tally.factored_elems += repeats * m.count * (m.d_in + m.d_out + (m.d_out if m.bias else 0))
+        if dtypes.autocast and dtypes.trainable == 4:
+            tally.autocast_copy += repeats * weight_numel * dtypes.compute
+    else:
+        tally.weight += repeats * (weight_numel + bias_numel) * dtypes.frozen_weight
+        if dtypes.autocast and dtypes.frozen_weight == 4:
+            # autocast casts a frozen fp32 weight on every forward; the cast is saved for the
+            # input-gradient matmul (autocast caches casts only for params requiring grad).
+            tally.autocast_copy += repeats * weight_numel * dtypes.compute
+    if m.name in targets:
+        tally.adapter_params += repeats * lora_params_of(m, setup.rank)
+        tally.tensors += repeats * 2 * m.count
+        tally.largest_tensor = max(tally.largest_tensor, setup.rank * max(m.d_in, m.d_out))
+        tally.factored_elems += repeats * m.count * (m.d_in + m.d_out + 2 * setup.rank)
+
+
+def non_block_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dtypes,
+                     quant_lm_head: bool) -> None:
+    """Add the embeddings, lm_head and final norm to ``tally``: trainable in a full fine-tune (with the
+    head's 16-bit autocast cast of fp32 weights), a quantized head when the framework quantizes it, frozen
+    otherwise (a frozen fp32 head's cast is saved for the input-gradient matmul)."""
+    non_block = model.params_non_block
+    bits = setup.quant_bits
+    if setup.method == "full":
+        tally.weight += non_block * dtypes.trainable
+        tally.trainable_weight_params += non_block
+        tally.tensors += 3
+        tally.factored_elems += ((model.vocab + model.hidden) * (1 if model.tied_embeddings else 2)
+                                 + model.final_norm_params)
+        tally.largest_tensor = max(tally.largest_tensor, model.vocab * model.hidden)
+        if dtypes.autocast and dtypes.trainable == 4 and model.lm_head_params:
+            tally.autocast_copy += model.lm_head_params * dtypes.compute
+        elif dtypes.autocast and dtypes.trainable == 4 and model.tied_embeddings:
+            tally.autocast_copy += model.vocab * model.hidden * dtypes.compute
+    elif bits and quant_lm_head and model.lm_head_params:
+        storage, metadata = quant_bytes(model.head_width * model.hidden, model.head_width, bits,
+                                        setup.double_quant)
+        tally.weight += (non_block - model.lm_head_params) * dtypes.non_block + storage
+        tally.meta += metadata
+    else:
+        tally.weight += non_block * dtypes.non_block
+        # A frozen fp32 lm_head under autocast is cast to 16-bit on every forward and the cast is saved
+        # for the input-gradient matmul (no autocast cache for params that do not require grad).
+        if dtypes.autocast and dtypes.non_block == 4:
+            tally.autocast_copy += model.head_width * model.hidden * dtypes.compute
 
 
 def flat_views(setup: TrainSetup) -> bool:

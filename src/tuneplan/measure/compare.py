@@ -1,7 +1,7 @@
 """Measured figures next to the analytic estimate of the same run, quantity by quantity.
 
 Only quantities both sides define are paired (the estimate's components and its per-instant totals,
-``MemoryBreakdown.phases``); the measured phase "backward" is compared with the largest of the estimate's
+``MemoryBreakdown.instants``); the measured phase "backward" is compared with the largest of the estimate's
 backward instants. On a CPU run the measured side is host RSS and the pairing is labelled indicative.
 """
 
@@ -24,7 +24,7 @@ def _row(quantity: str, measured: int | None, estimated: int | None, note: str =
 
 def compare(result: MeasureResult, breakdown: MemoryBreakdown) -> list[dict[str, Any]]:
     c = breakdown.components
-    ph = breakdown.phases
+    ph = breakdown.instants
     persistent = c.get("weights", 0) + c.get("quant_meta", 0) + c.get("lora_adapters", 0)
     after_step = persistent + c.get("optimizer_states", 0) + c.get("framework", 0)
     backward = max((ph[k] for k in BACKWARD_INSTANTS if k in ph), default=None)

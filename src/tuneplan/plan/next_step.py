@@ -3,12 +3,17 @@
 Computed from estimates, never guessed. For an estimate that does not fit its card (memory, not a
 compatibility error):
 1. the largest memory component of its device peak (what the user would have to shrink);
-2. the first change, in this order, whose own estimate fits (``Estimate.fits``), all else as given:
+2. the first change, in this order, whose own estimate fits (``Estimate.fits``), all else as given;
+   the order puts first what keeps the data and the speed, last what costs the most time:
    - another framework, when the user did not set one (``setup.sources``): the frameworks whose
      estimate fits, the one with the lowest device peak;
+   - gradient checkpointing, when it is off: the same data at about a third more compute (the forward
+     runs again in backward);
    - a shorter sequence: the longest that fits (memory never falls as the sequence grows, so the
      boundary is found by bisection);
-   - a smaller micro-batch: the largest that fits.
+   - a smaller micro-batch: the largest that fits;
+   - CPU offload under DeepSpeed ZeRO or FSDP: the optimizer states first, then the parameters too
+     (``OFFLOAD_STEPS``); the step then waits on the host (often several times slower).
 The change is data (``{"field", "from", "to", "device_peak_bytes"}``); each face words it (the CLI as a
 flag, the web page as its field label).
 """
@@ -19,7 +24,11 @@ from typing import Any
 
 from tuneplan.plan.search import largest_true
 
-SEARCH_ORDER = ("framework", "seq", "batch")
+SEARCH_ORDER = ("framework", "gradient_checkpointing", "seq", "batch", "offload")
+# Offload settings tried in order, each only where the setup's validation accepts it (ZeRO-2/3 or FSDP for
+# the optimizer, ZeRO-3 or FSDP for everything): DeepSpeed's offload_optimizer then offload_param, FSDP's
+# CPUOffload (which moves parameters and gradients with the optimizer step).
+OFFLOAD_STEPS = ("optimizer", "all")
 
 
 def given_fields(est: Any) -> dict[str, Any]:
@@ -55,6 +64,8 @@ def next_step(est: Any) -> dict[str, Any] | None:
         if fits:
             peak, fw, _ = min(fits, key=lambda t: (t[0], t[1]))
             change = {"field": "framework", "from": est.setup.framework, "to": fw, "device_peak_bytes": peak}
+    if change is None and est.setup.gradient_checkpointing is False:
+        change = _switch(at, "gradient_checkpointing", False, True)
     for name in ("seq", "batch"):
         cur = fields[name]
         if change is not None or cur <= 1:
@@ -66,5 +77,18 @@ def next_step(est: Any) -> dict[str, Any] | None:
         if best:
             peak = at(**{name: best}).breakdown.device_peak_bytes
             change = {"field": name, "from": cur, "to": best, "device_peak_bytes": peak}
+    rank = OFFLOAD_STEPS.index(est.setup.offload) if est.setup.offload in OFFLOAD_STEPS else -1
+    for offload in OFFLOAD_STEPS[rank + 1:]:
+        if change is None:
+            change = _switch(at, "offload", est.setup.offload, offload)
     return {"largest_component": largest, "largest_component_bytes": comps.get(largest) if largest else None,
             "short_by_bytes": -(est.headroom_bytes or 0), "change": change}
+
+
+def _switch(at: Any, field: str, current: Any, to: Any) -> dict[str, Any] | None:
+    """The change ``field``: ``current`` -> ``to`` when its estimate (``at``) fits, else None."""
+    fitted = at(**{field: to})
+    if fitted is None:
+        return None
+    peak = fitted.breakdown.device_peak_bytes
+    return {"field": field, "from": current, "to": to, "device_peak_bytes": peak}

@@ -79,7 +79,7 @@ class SweepPoint:
     allocated_peak_bytes: int
     reserved_peak_bytes: int
     stack: dict[str, int]  # components + allocator_reserve + cuda_context + nccl = device peak
-    peak_phase: str
+    peak_instant: str
     headroom_bytes: int | None = None
     total_hours: float | None = None
     tokens_per_second: float | None = None
@@ -116,7 +116,7 @@ def _point(value: int, est: Any) -> SweepPoint:
     tc = time_cost(est.to_dict())
     return SweepPoint(value=value, fits=est.fits, device_peak_bytes=b.device_peak_bytes,
                       allocated_peak_bytes=b.allocated_peak_bytes, reserved_peak_bytes=b.reserved_peak_bytes,
-                      stack=stack, peak_phase=b.peak_phase, headroom_bytes=est.headroom_bytes,
+                      stack=stack, peak_instant=b.peak_instant, headroom_bytes=est.headroom_bytes,
                       total_hours=tc["total_hours"], tokens_per_second=tc["tokens_per_second"],
                       cloud_usd=tc["cloud_usd"])
 
@@ -134,7 +134,7 @@ def _grid_point(grid: Grid, i: int, value: int, run: Any, acc: Accelerator | Non
     tc = time_cost(sections)
     return SweepPoint(value=value, fits=bool(fits[i]) if fits is not None else None, device_peak_bytes=peak,
                       allocated_peak_bytes=allocated, reserved_peak_bytes=reserved, stack=stack,
-                      peak_phase=str(grid.peak_phase[i]),
+                      peak_instant=str(grid.peak_instant[i]),
                       headroom_bytes=acc.memory_bytes - peak if acc is not None else None,
                       total_hours=tc["total_hours"], tokens_per_second=tc["tokens_per_second"],
                       cloud_usd=tc["cloud_usd"])
@@ -142,8 +142,7 @@ def _grid_point(grid: Grid, i: int, value: int, run: Any, acc: Accelerator | Non
 
 def _refused(value: int, why: str) -> SweepPoint:
     return SweepPoint(value=value, fits=False, device_peak_bytes=0, allocated_peak_bytes=0,
-                      reserved_peak_bytes=0,
-                      stack={}, peak_phase="", error=why)
+                      reserved_peak_bytes=0, stack={}, peak_instant="", error=why)
 
 
 def sweep(model: str | ModelSpec, vary: str, *, gpu: str | Accelerator | None = None, dataset: Any = None,

@@ -117,15 +117,15 @@ def build_report(run: Any, capacity: int | None = None, snapshot_path: str | Non
         groups[g] = groups.get(g, 0) + b.size
     step = pk.phase.split(".")[0] if "." in pk.phase else "step2"
     last = max((int(p[4:].split(".")[0]) for p in pk.phase_peaks if p.startswith("step")), default=2)
-    phases: dict[str, int] = {}
+    instants: dict[str, int] = {}
     for name, v in pk.phase_peaks.items():
         if not name.startswith(f"step{last}."):
             continue
         key = PHASE_NAMES.get(name.split(".")[1], name)
-        phases[key] = max(phases.get(key, 0), v)
-    peak_phase = PHASE_NAMES.get(pk.phase.split(".")[-1], pk.phase)
+        instants[key] = max(instants.get(key, 0), v)
+    peak_instant = PHASE_NAMES.get(pk.phase.split(".")[-1], pk.phase)
     if step != f"step{last}":
-        peak_phase = f"{step}.{peak_phase}"
+        peak_instant = f"{step}.{peak_instant}"
     step_peaks = {}
     for name, v in pk.phase_peaks.items():
         s = name.split(".")[0]
@@ -140,7 +140,7 @@ def build_report(run: Any, capacity: int | None = None, snapshot_path: str | Non
     gap = stream_gap(res, alloc, capacity)
     reserved = st.max_reserved
     allocated = sum(comps.values())
-    notes = [f"peak op: {pk.op.replace('aten.', '')} in {pk.module or '(autograd)'} ({peak_phase})",
+    notes = [f"peak op: {pk.op.replace('aten.', '')} in {pk.module or '(autograd)'} ({peak_instant})",
              "reserved is an emulation of the CUDA caching allocator, not yet confirmed by GPU measurements",
              *run.notes, *LIMITS]
     bands = {
@@ -161,7 +161,7 @@ def build_report(run: Any, capacity: int | None = None, snapshot_path: str | Non
                         f"{gap['cross_stream_bytes'] / 2**30:.2f} GiB is caching per CUDA stream "
                         f"({len(gap['reserved_by_stream_bytes'])} streams: blocks cached by one stream are not "
                         "reused by another; record_stream defers a block's reuse)")
-    bd = MemoryBreakdown(components=comps, peak_phase=peak_phase, phases=phases,
+    bd = MemoryBreakdown(components=comps, peak_instant=peak_instant, instants=instants,
                          reserved_peak_bytes=max(reserved, allocated), cuda_context_bytes=cuda_context_bytes(),
                          nccl_bytes=NCCL_BYTES if getattr(run, "world_size", 1) > 1 else 0,
                          paged_bytes=run.paged_bytes, host_bytes=host_peak(res), engine="simulate", bands=bands,

@@ -142,7 +142,7 @@ def chart_svg(d: dict[str, Any], width: int = 640) -> str:
              f"<title>Per-GPU device peak {gib(total)} GiB"
              + (f" against {gib(capacity)} GiB" if capacity else "") + "</title>",
              f'<text x="{left}" y="14" font-weight="600">Per-GPU memory at the peak '
-             f'({escape(d["peak_phase"])}): {gib(total)} GiB</text>']
+             f'({escape(d["peak_instant"])}): {gib(total)} GiB</text>']
     step = tick_step(scale_max / GIB)
     t = 0.0
     while t * GIB <= scale_max:
@@ -203,9 +203,9 @@ def memory_html(d: dict[str, Any], notes: list[str] | None = None) -> str:
     if pg.get("host_bytes"):
         rows.append(["host (CPU) memory", gib(pg["host_bytes"]), "offloaded states / params"])
     out = [table_html(["component", "GiB", "what it is"], rows)]
-    phases = " &middot; ".join(f"{escape(k)} {gib(v)}" for k, v in pg["phases"].items())
-    if phases:
-        out.append(f'<p style="font-size:0.9em">allocated by instant (GiB): {phases}</p>')
+    instants = " &middot; ".join(f"{escape(k)} {gib(v)}" for k, v in pg["instants"].items())
+    if instants:
+        out.append(f'<p style="font-size:0.9em">allocated by instant (GiB): {instants}</p>')
     band = pg.get("bands", {}).get("allocated")
     if band:
         out.append(f'<p style="font-size:0.9em">uncertainty: allocated {gib(band["low"])}&ndash;'

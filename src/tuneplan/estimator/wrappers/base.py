@@ -163,9 +163,10 @@ class ShardingWrapper(Wrapper):
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
         """Parameters gathered for the forward and again for the backward, gradients reduce-scattered, every
         micro-batch."""
-        n = run.setup.world_size
-        g = run.param_plan.trainable_params * grad_bytes
-        wire = 2 * gathered_bytes * ring_factor("all_gather", n) + g * ring_factor("reduce_scatter", n)
+        world_size = run.setup.world_size
+        grads = run.param_plan.trainable_params * grad_bytes
+        wire = (2 * gathered_bytes * ring_factor("all_gather", world_size)
+                + grads * ring_factor("reduce_scatter", world_size))
         return Collectives(per_micro_batch=wire / (link.gbs * 1e9),
                            notes=("ZeRO-3/FSDP: all-gather parameters in forward and backward, "
                                   "reduce-scatter gradients, every micro-batch; prefetch overlaps them with "
@@ -188,10 +189,10 @@ def layer_gathered_bytes(run: Run) -> int:
     """One decoder layer unsharded as a sharding wrapper gathers it: in 16 bits, or, for a quantized base,
     as stored (packed 4/8-bit codes and their metadata: bitsandbytes ``bnb_4bit_quant_storage``, torchao NF4
     shards), which is what is sharded, flattened and gathered."""
-    pp = run.param_plan
+    params = run.param_plan
     layer16 = run.model.largest_layer_params * run.dtypes.compute
-    if run.setup.quant_bits is not None and pp.largest_layer_bytes:
-        layer16 = min(layer16, pp.largest_layer_bytes)
+    if run.setup.quant_bits is not None and params.largest_layer_bytes:
+        layer16 = min(layer16, params.largest_layer_bytes)
     return layer16
 
 

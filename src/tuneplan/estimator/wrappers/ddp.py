@@ -36,22 +36,25 @@ class Ddp(Wrapper):
         return not setup.zero and not setup.fsdp
 
     def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
-        pp = run.param_plan
-        weights = pp.weight_bytes + pp.adapter_bytes
-        adapters = min(pp.adapter_bytes, weights)
-        grads = pp.trainable_params * pp.trainable_bytes
+        params = run.param_plan
+        weights = params.weight_bytes + params.adapter_bytes
+        adapters = min(params.adapter_bytes, weights)
+        grads = params.trainable_params * params.trainable_bytes
         states, temp = optimizer.states, optimizer.temp
         if run.setup.world_size == 1:
-            return WrapperMemory(Resident(weights - adapters, adapters, states, temp, grads, host=0, nccl=0))
-        resident = Resident(weights - adapters, adapters, states, temp, grads, host=0, nccl=NCCL_BYTES)
+            return WrapperMemory(Resident(weights=weights - adapters, adapters=adapters, states=states,
+                                          optimizer_temp=temp, gradients=grads, host=0, nccl=0))
+        resident = Resident(weights=weights - adapters, adapters=adapters, states=states, optimizer_temp=temp,
+                            gradients=grads, host=0, nccl=NCCL_BYTES)
         return WrapperMemory(resident,
                              Buckets(persistent=grads),
                              notes=("DDP: full replica per GPU plus gradient buckets the size of the "
                                     "gradients",))
 
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
-        g = run.param_plan.trainable_params * grad_bytes
-        return Collectives(per_step=g * ring_factor("all_reduce", run.setup.world_size) / (link.gbs * 1e9),
+        grads = run.param_plan.trainable_params * grad_bytes
+        per_step = grads * ring_factor("all_reduce", run.setup.world_size) / (link.gbs * 1e9)
+        return Collectives(per_step=per_step,
                            notes=("DDP: ring all-reduce of the gradients once per optimizer step "
                                   "(no_sync while accumulating)",))
 

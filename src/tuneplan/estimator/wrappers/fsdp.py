@@ -84,34 +84,37 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
     reshard after forward (FSDP1 ``_runtime_utils._post_forward_reshard``: ``not state._is_root``; FSDP2
     only when reshard_after_forward is left to auto, ``_fsdp_state.py``). With MixedPrecision the sharded
     trainable parameters, their gradients and states are fp32."""
-    model, setup, pp, compute = run.model, run.setup, run.param_plan, run.dtypes.compute
-    n = setup.world_size
-    weights = pp.weight_bytes + pp.adapter_bytes
-    grads = pp.trainable_params * pp.trainable_bytes
+    model, setup, params, compute = run.model, run.setup, run.param_plan, run.dtypes.compute
+    world_size = setup.world_size
+    weights = params.weight_bytes + params.adapter_bytes
+    grads = params.trainable_params * params.trainable_bytes
     states, temp = optimizer.states, optimizer.temp
     layer16 = layer_gathered_bytes(run)
-    if setup.precision.endswith("-mixed") and compute == 2 and pp.trainable_bytes == 2:
-        weights += pp.trainable_params * 2
+    if setup.precision.endswith("-mixed") and compute == 2 and params.trainable_bytes == 2:
+        weights += params.trainable_params * 2
         grads *= 2
         # the optimizer steps the fp32 shards: states as the optimizer makes them for fp32 parameters
         # (AdamW's zeros_like doubles; Adafactor's fp32 and bitsandbytes' uint8 states do not)
-        fp32 = optimizer_plan(run.optimizer, pp.trainable_params, 4, pp.trainable_tensors,
-                              pp.largest_trainable_tensor, pp.factored_elems)
+        fp32 = optimizer_plan(run.optimizer, params.trainable_params, 4, params.trainable_tensors,
+                              params.largest_trainable_tensor, params.factored_elems)
         states, temp = fp32.states, fp32.temp
-    w = ceil_div(weights, n)
+    weights_shard = ceil_div(weights, world_size)
     root_unit = setup.method in run.profile.fsdp_root_embeddings
     root16 = model.params_non_block * compute if root_unit else 0
     gathered = fsdp_layers_gathered(setup) * layer16 + root16
-    g, st, tmp = ceil_div(grads, n), ceil_div(states, n), ceil_div(temp, n)
+    grads_shard, states_shard = ceil_div(grads, world_size), ceil_div(states, world_size)
+    temp_shard = ceil_div(temp, world_size)
     host = 0
     if setup.offload != "none":
-        host += g + st + (w if setup.offload == "all" else 0)
-        st, g, tmp = 0, 0, 0
+        host += grads_shard + states_shard + (weights_shard if setup.offload == "all" else 0)
+        states_shard, grads_shard, temp_shard = 0, 0, 0
         if setup.offload == "all":
-            w = 0
-    adapters = ceil_div(pp.adapter_bytes, n)
-    resident = Resident(max(w - adapters, 0), adapters, st, tmp, g, host, nccl_bytes(setup))
-    return ShardedTerms(resident, layer16, root_unit, root16, gathered, fsdp_reduce_scatter_input(run), grads)
+            weights_shard = 0
+    adapters = ceil_div(params.adapter_bytes, world_size)
+    resident = Resident(weights=max(weights_shard - adapters, 0), adapters=adapters, states=states_shard,
+                        optimizer_temp=temp_shard, gradients=grads_shard, host=host, nccl=nccl_bytes(setup))
+    return ShardedTerms(resident=resident, layer16=layer16, root_unit=root_unit, root16=root16,
+                        gathered=gathered, layer_grads=fsdp_reduce_scatter_input(run), grads=grads)
 
 
 class Fsdp(ShardingWrapper):
@@ -124,7 +127,8 @@ class Fsdp(ShardingWrapper):
         if run.profile.model_code != "hf":
             gathered = terms.gathered
             return WrapperMemory(terms.resident, Buckets(persistent=terms.layer_grads),
-                                 Gathered(gathered, gathered, gathered), no_sync=no_sync_gradients(run),
+                                 Gathered(in_layers=gathered, at_loss=gathered, at_forward_end=gathered),
+                                 no_sync=no_sync_gradients(run),
                                  notes=self.notes(run.setup))
         return self.simulated_memory(run, terms)
 
@@ -153,7 +157,7 @@ class Fsdp1(Fsdp):
         root's pre-backward hook prefetches (BACKWARD_PRE) before any layer's backward; the forward gathers
         one layer at a time (limit_all_gathers, no forward prefetch)."""
         model, setup, compute = run.model, run.setup, run.dtypes.compute
-        n = setup.world_size
+        world_size = setup.world_size
         gathered, at_loss = terms.gathered, terms.layer16 + terms.root16
         if setup.offload != "none" and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)):
             # a unit whose flat parameter is already in the param dtype (no MixedPrecision, or frozen
@@ -163,8 +167,8 @@ class Fsdp1(Fsdp):
             # (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit beside it (torch
             # 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a fake process
             # group). A full fine-tune's fp32 units under MixedPrecision all-gather their bf16 _mp_shard.
-            gathered += ceil_div(gathered, n)
-            at_loss += ceil_div(at_loss, n)
+            gathered += ceil_div(gathered, world_size)
+            at_loss += ceil_div(at_loss, world_size)
         # the top layer's end (FSDP1 use_orig_params: each parameter's gradient is a view's gradient; autograd
         # concatenates them into the flat parameter's unsharded gradient, a cat whose inputs and output are
         # live together, before _post_backward_hook reduce-scatters it), while the root's head gradient, made
@@ -174,8 +178,10 @@ class Fsdp1(Fsdp):
             head_wait = (model.lm_head_params or model.embed_params) * (
                 compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes)
         buffers = terms.layer_grads
-        return WrapperMemory(terms.resident, Buckets(in_layers=buffers), Gathered(gathered, at_loss, at_loss),
-                             top_layer=TopLayer(buffers, 2 * buffers + head_wait, gathered, False),
+        return WrapperMemory(terms.resident, Buckets(in_layers=buffers),
+                             Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss),
+                             top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
+                                                gathered=gathered, keeps_scratch=False),
                              no_sync=no_sync_gradients(run), notes=self.notes(setup))
 
 
@@ -191,15 +197,18 @@ class Fsdp2(Fsdp):
     def simulated_memory(self, run: Run, terms: ShardedTerms) -> WrapperMemory:
         model, setup = run.model, run.setup
         layer16, buffers = terms.layer16, terms.layer_grads
-        f2 = fully_shard_terms(model, setup, buffers, run.dtypes.compute, terms.grads,
-                               run.param_plan.trainable_params)
-        forward_end = f2.tail16 + (f2.tail16 if model.lm_head_params else layer16)
-        end = EndOfBackward(*f2.end) if f2.end is not None else None
+        fully_sharded = fully_shard_terms(model, setup, buffers, run.dtypes.compute, terms.grads,
+                                          run.param_plan.trainable_params)
+        forward_end = fully_sharded.tail16 + (fully_sharded.tail16 if model.lm_head_params else layer16)
         return WrapperMemory(terms.resident,
-                             Buckets(in_layers=f2.transient, missing_at_bottom=f2.pending_bottom),
-                             Gathered(2 * layer16 + f2.held, f2.tail16, forward_end),
-                             top_layer=TopLayer(buffers, buffers, 2 * layer16 + f2.held_top, True),
-                             end_of_backward=end, no_sync=no_sync_gradients(run),
+                             Buckets(in_layers=fully_sharded.transient,
+                                     missing_at_bottom=fully_sharded.pending_bottom),
+                             Gathered(in_layers=2 * layer16 + fully_sharded.held,
+                                      at_loss=fully_sharded.tail16, at_forward_end=forward_end),
+                             top_layer=TopLayer(counted=buffers, gradients_at_end=buffers,
+                                                gathered=2 * layer16 + fully_sharded.held_top,
+                                                keeps_scratch=True),
+                             end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))
 
@@ -230,44 +239,45 @@ def fsdp_reduce_scatter_input(run: Run) -> int:
     gradient autograd made for the unit, in the reduce dtype, alive until ``reduce_scatter_tensor`` fills the
     new sharded gradient). A frozen unit makes none: in a LoRA run only the adapters' units do, one
     layer's adapters at most."""
-    model, setup, pp, compute = run.model, run.setup, run.param_plan, run.dtypes.compute
-    per_layer = ceil_div(pp.trainable_params, max(model.n_layers, 1))
-    grad_bytes = compute if setup.precision.endswith("-mixed") else pp.trainable_bytes
+    model, setup, params, compute = run.model, run.setup, run.param_plan, run.dtypes.compute
+    per_layer = ceil_div(params.trainable_params, max(model.n_layers, 1))
+    grad_bytes = compute if setup.precision.endswith("-mixed") else params.trainable_bytes
     if setup.is_lora and run.profile.fsdp_mixed_unit_grads:
         # one flat parameter per block holding frozen and trainable weights: its gradient covers the
         # whole block (no_sync_gradients)
         return model.largest_layer_params * compute
     if setup.is_lora:
         return per_layer * grad_bytes
-    return min(model.largest_layer_params, pp.trainable_params) * grad_bytes
+    return min(model.largest_layer_params, params.trainable_params) * grad_bytes
 
 
 def no_sync_gradients(run: Run) -> NoSyncGradients | None:
     """Per-GPU gradient bytes under the profile's FSDP wrapping (mixed frozen / trainable units, ``no_sync``
     accumulation: the module's docstring); None when the generic sharded model holds."""
-    model, setup, prof, dt, pp = run.model, run.setup, run.profile, run.dtypes, run.param_plan
-    n = setup.world_size
+    model, setup, profile, dtypes, params = run.model, run.setup, run.profile, run.dtypes, run.param_plan
+    world_size = setup.world_size
     hf_loop = setup.framework in HF_TRAINER_LOOPS
-    if n < 2 or (setup.method == "qlora" and not hf_loop) or setup.offload != "none":
+    if world_size < 2 or (setup.method == "qlora" and not hf_loop) or setup.offload != "none":
         return None
-    accumulate_unsharded = prof.fsdp_accumulate_unsharded or hf_loop
-    if not (prof.fsdp_mixed_unit_grads or accumulate_unsharded):
+    accumulate_unsharded = profile.fsdp_accumulate_unsharded or hf_loop
+    if not (profile.fsdp_mixed_unit_grads or accumulate_unsharded):
         return None
     if setup.method == "full":
-        grad_params, grad_bytes = pp.trainable_params, dt.trainable
-    elif setup.is_lora and prof.fsdp_mixed_unit_grads:
+        grad_params, grad_bytes = params.trainable_params, dtypes.trainable
+    elif setup.is_lora and profile.fsdp_mixed_unit_grads:
         # every block's flat parameter requires grad: all block weights plus the adapters inside them
-        grad_params, grad_bytes = model.params_layers + pp.adapter_params, dt.frozen_weight
+        grad_params, grad_bytes = model.params_layers + params.adapter_params, dtypes.frozen_weight
     else:
-        grad_params, grad_bytes = pp.trainable_params, dt.adapter if setup.is_lora else dt.trainable
+        grad_params = params.trainable_params
+        grad_bytes = dtypes.adapter if setup.is_lora else dtypes.trainable
     unsharded_bytes = grad_bytes
     if setup.fsdp_version == 2 and setup.precision.endswith("-mixed") and setup.method != "qlora":
         # accelerate's fsdp2_prepare_model upcasts the trainable parameters to fp32 (no Params4bit in the
         # model): their sharded gradients are fp32; the unsharded ones accumulated under
         # set_requires_gradient_sync(False) stay in the MixedPrecisionPolicy param dtype
-        grad_bytes, unsharded_bytes = 4, dt.compute
+        grad_bytes, unsharded_bytes = 4, dtypes.compute
     full = grad_params * grad_bytes
-    synced = ceil_div(full, n)
+    synced = ceil_div(full, world_size)
     accumulating = synced
     if setup.grad_accum > 1 and accumulate_unsharded:
         accumulating = grad_params * unsharded_bytes
@@ -280,8 +290,8 @@ class FullyShardTerms:
     transient: int  # unsharded gradients made by the layer being back-propagated (and a tied head's)
     tail16: int  # unsharded at the loss
     pending_bottom: int  # sharded gradients not made yet at the second layer's backward
-    # the embedding's backward: (unsharded gradients less the shards not made yet, unsharded parameters)
-    end: tuple[int, int] | None
+    # the embedding's backward: unsharded gradients less the shards not made yet, unsharded parameters
+    end: EndOfBackward | None
     held_top: int = 0  # as ``held``, through the top layer's backward
 
 
@@ -318,7 +328,7 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
       (an untied head that trains), or none; a tied tail stays unsharded. Its unsharded gradients grow as
       its activations are released (``memory_at``'s top-layer row takes the larger of its start and end).
     """
-    n = setup.world_size
+    world_size = setup.world_size
     tied = not model.lm_head_params
     tail = (model.lm_head_params or model.embed_params) + model.final_norm_params
     tail16 = tail * compute_bytes
@@ -331,13 +341,16 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
         held = layer_grads
         transient = layer_grads + emb_grad16
         pending = 2 * layer_train + (tail if head_trains else 0)
-        end = (3 * emb_grad16 + layer_grads - -(-int(tail * per_elem) // n), tail16) if head_trains else None
+        end = (EndOfBackward(gradients=3 * emb_grad16 + layer_grads - -(-int(tail * per_elem) // world_size),
+                             gathered=tail16) if head_trains else None)
     else:
         held = max(layer_grads, tail * compute_bytes if head_trains else 0)
         transient = layer_grads
         pending = 2 * layer_train + (model.embed_params if head_trains else 0)
-        end = ((emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // n),
-                model.embed_params * compute_bytes) if head_trains else None)
+        end = (EndOfBackward(
+            gradients=emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // world_size),
+            gathered=model.embed_params * compute_bytes) if head_trains else None)
     held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
-                           pending_bottom=-(-int(pending * per_elem) // n), end=end, held_top=held_top)
+                           pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
+                           held_top=held_top)

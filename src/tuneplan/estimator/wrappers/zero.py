@@ -30,6 +30,12 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
     sixteen_bit_wire,
 )
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    zero3_bucket_flush,
+    zero3_gathered_ahead,
+    zero3_gathered_in_backward,
+    zero3_layers_kept,
+)
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -41,11 +47,6 @@ if TYPE_CHECKING:
 
 DS_REDUCE_BUCKET = 500_000_000  # elements, DeepSpeed default reduce_bucket_size
 DS_PREFETCH_BUCKET = 50_000_000  # elements, DeepSpeed default stage3_prefetch_bucket_size
-DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
-DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # elements, DeepSpeed default stage3_max_live_parameters
-# modules of a decoder layer that hold no parameter but still run ZeRO-3's fetch hook (each one a prefetch
-# opportunity): the layer, its attention, its MLP and the MLP's activation module
-HOOKED_CONTAINERS_PER_LAYER = 4
 
 
 @dataclass(frozen=True)
@@ -63,26 +64,26 @@ class DeepSpeedTerms:
 
 def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
     """Trainable parameters live in 16 bits; the fp32 master and fp32 Adam states are partitioned."""
-    setup, pp, compute = run.setup, run.param_plan, run.dtypes.compute
-    n, pt = setup.world_size, pp.trainable_params
-    w16 = pp.weight_bytes + pp.adapter_bytes
-    w16 -= pp.trainable_weight_params * max(pp.trainable_bytes - compute, 0)
-    if pp.trainable_bytes > compute and pt > pp.trainable_weight_params:  # adapters too
-        w16 -= (pt - pp.trainable_weight_params) * (pp.trainable_bytes - compute)
-    master = 4 * pt if compute < 4 else 0
+    setup, params, compute = run.setup, run.param_plan, run.dtypes.compute
+    world_size, trainable_params = setup.world_size, params.trainable_params
+    weights16 = params.weight_bytes + params.adapter_bytes
+    weights16 -= params.trainable_weight_params * max(params.trainable_bytes - compute, 0)
+    if params.trainable_bytes > compute and trainable_params > params.trainable_weight_params:  # adapters too
+        weights16 -= (trainable_params - params.trainable_weight_params) * (params.trainable_bytes - compute)
+    master = 4 * trainable_params if compute < 4 else 0
     # DeepSpeed's own Adam keeps fp32 states next to the fp32 master; other optimizers keep theirs.
-    adam_fp32 = 8 * pt if run.optimizer in ("adamw", "adamw-fused") else optimizer.states
+    adam_fp32 = 8 * trainable_params if run.optimizer in ("adamw", "adamw-fused") else optimizer.states
     reduce_bucket = reduce_bucket_elements(setup)
     # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
     # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
     # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
     # with overlap_comm, off by default below stage 3), stage3.py __init__ once. DeepSpeed 0.19 source.
-    return DeepSpeedTerms(weights16=w16, states=ceil_div(master + adam_fp32, n), grads16=pt * compute,
-                          reduce_bucket=reduce_bucket,
+    return DeepSpeedTerms(weights16=weights16, states=ceil_div(master + adam_fp32, world_size),
+                          grads16=trainable_params * compute, reduce_bucket=reduce_bucket,
                           prefetch_bucket=setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
                           bucket=reduce_bucket * compute,
                           # a copy only when gradients are 16-bit
-                          fp32_grad_step=ceil_div(4 * pt, n) if compute < 4 else 0)
+                          fp32_grad_step=ceil_div(4 * trainable_params, world_size) if compute < 4 else 0)
 
 
 def reduce_bucket_elements(setup: TrainSetup) -> int:
@@ -94,11 +95,11 @@ def reduce_bucket_elements(setup: TrainSetup) -> int:
 def deepspeed_adapters(run: Run, weights: int) -> int:
     """The LoRA adapters among ``weights`` (this GPU's module parameters): in 16 bits when they train in
     fp32 (DeepSpeed keeps the module in the 16-bit dtype), partitioned under ZeRO-3."""
-    setup, pp = run.setup, run.param_plan
-    n = setup.world_size
-    if pp.trainable_bytes > run.dtypes.compute:
-        return pp.adapter_params * run.dtypes.compute // (n if setup.zero == 3 else 1)
-    return ceil_div(pp.adapter_bytes, n) if setup.zero == 3 else min(pp.adapter_bytes, weights)
+    setup, params, world_size = run.setup, run.param_plan, run.setup.world_size
+    if params.trainable_bytes > run.dtypes.compute:
+        return params.adapter_params * run.dtypes.compute // (world_size if setup.zero == 3 else 1)
+    return (ceil_div(params.adapter_bytes, world_size) if setup.zero == 3
+            else min(params.adapter_bytes, weights))
 
 
 class Zero(Wrapper):
@@ -125,8 +126,8 @@ class Zero(Wrapper):
     def resident(self, run: Run, weights: int, states: int, temp: int, grads: int, host: int) -> Resident:
         """``weights`` on this GPU split into the base model's and the adapters (deepspeed_adapters)."""
         adapters = deepspeed_adapters(run, weights)
-        return Resident(max(weights - adapters, 0), adapters, states, temp, grads, host,
-                        nccl_bytes(run.setup))
+        return Resident(weights=max(weights - adapters, 0), adapters=adapters, states=states,
+                        optimizer_temp=temp, gradients=grads, host=host, nccl=nccl_bytes(run.setup))
 
     @staticmethod
     def notes(setup: TrainSetup, notes: list[str]) -> tuple[str, ...]:
@@ -144,12 +145,12 @@ class ZeroOneTwo(Zero):
 
     def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
         setup, compute = run.setup, run.dtypes.compute
-        n = setup.world_size
+        world_size = setup.world_size
         terms = deepspeed_terms(run, optimizer)
-        g16 = terms.grads16
+        grads16 = terms.grads16
         # overlap_comm (off by default below stage 3) double-buffers the bucket: setup_buckets' buf_1
         buffers = terms.bucket * (2 if setup.ds_overlap_comm else 1)
-        g_live = ceil_div(g16, n) if self.partitions_gradients else g16
+        g_live = ceil_div(grads16, world_size) if self.partitions_gradients else grads16
         states, temp, host, notes = self.offloaded(run, terms)
         offload_grad_buffer = 0
         if setup.offload in ("optimizer", "all"):
@@ -163,7 +164,7 @@ class ZeroOneTwo(Zero):
                 g_live = 0
             # and on the host beside the fp32 master: param_buffer_of_bit16_for_cpu_offload_groups (the 16-bit
             # partition) and temp_grad_buffer_for_cpu_offload (the largest trainable parameter, 16 bits)
-            host += ceil_div(g16, n) + offload_grad_buffer
+            host += ceil_div(grads16, world_size) + offload_grad_buffer
         weights = terms.weights16
         if setup.offload == "all":
             host += weights
@@ -172,7 +173,7 @@ class ZeroOneTwo(Zero):
         # setup_buckets) and frees it at the end of the backward (independent_gradient_partition_epilogue
         # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
-        at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, g16,
+        at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, grads16,
                                                  g_live, buffers, terms.reduce_bucket)
         embedding = None
         if at_embedding >= 0:
@@ -185,10 +186,10 @@ class ZeroOneTwo(Zero):
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
         """The gradients reduce-scattered (ZeRO-2: every micro-batch; ZeRO-1: once per step), the updated
         16-bit parameters all-gathered once per step."""
-        n, trainable = run.setup.world_size, run.param_plan.trainable_params
-        bw = link.gbs * 1e9
-        reduce = trainable * grad_bytes * ring_factor("reduce_scatter", n) / bw
-        gather = trainable * 2 * ring_factor("all_gather", n) / bw
+        world_size, trainable = run.setup.world_size, run.param_plan.trainable_params
+        bandwidth = link.gbs * 1e9
+        reduce = trainable * grad_bytes * ring_factor("reduce_scatter", world_size) / bandwidth
+        gather = trainable * 2 * ring_factor("all_gather", world_size) / bandwidth
         if self.partitions_gradients:
             return Collectives(per_micro_batch=reduce, serial=gather,
                                notes=("ZeRO-2: reduce-scatter gradients every micro-batch, all-gather "
@@ -218,14 +219,14 @@ class Zero3(Zero, ShardingWrapper):
 
     def memory(self, run: Run, optimizer: OptimizerPlan) -> WrapperMemory:
         model, setup, compute = run.model, run.setup, run.dtypes.compute
-        n = setup.world_size
+        world_size = setup.world_size
         terms = deepspeed_terms(run, optimizer)
         # at most the whole 16-bit model gathered: a gathered parameter is whole, beside rank 0's partition
         whole16 = terms.weights16
-        shard16 = ceil_div(whole16, n)
+        shard16 = ceil_div(whole16, world_size)
         # the current layer plus the prefetch bucket, never more than the rest of the model
         gathered = min(layer_gathered_bytes(run) + terms.prefetch_bucket * compute, whole16 - shard16)
-        g_live = ceil_div(terms.grads16, n)
+        g_live = ceil_div(terms.grads16, world_size)
         states, temp, host, notes = self.offloaded(run, terms)
         weights = shard16
         if setup.offload == "all":
@@ -239,14 +240,16 @@ class Zero3(Zero, ShardingWrapper):
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
-        top_layer = TopLayer(0, 0, top_gathered, True) if top_gathered > layer_gathered else None
+        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=top_gathered, keeps_scratch=True)
+                     if top_gathered > layer_gathered else None)
         if setup.offload != "none":
             # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
             host += g_live
             g_live = 0
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
-                             Gathered(layer_gathered, at_loss, at_loss), top_layer=top_layer,
+                             Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss),
+                             top_layer=top_layer,
                              notes=self.notes(setup, notes))
 
     @staticmethod
@@ -271,7 +274,7 @@ class Zero3(Zero, ShardingWrapper):
         return at_loss, max(top_gathered, at_flush + filled * compute if filled else 0)
 
 
-def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, g16: int,
+def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, grads16: int,
                               g_live: int, bucket_bytes: int, bucket_elements: int) -> int:
     """Gradient bytes alive under ZeRO-1/2 while the token embedding is back-propagated (a full fine-tune;
     the embedding is the last parameter whose gradient autograd makes), the embedding's own gradient and
@@ -291,108 +294,10 @@ def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_par
       the other trainable parameters overflowed the bucket before."""
     if setup.method != "full":
         return -1
-    emb = model.embed_params
+    embed_params = model.embed_params
     if setup.zero == 1:
         if setup.grad_accum > 1:
             return -1
-        return max(g16 - emb * (g16 // max(trainable_params, 1)), 0) + bucket_bytes
-    partition = g_live if trainable_params - emb > bucket_elements else 0
+        return max(grads16 - embed_params * (grads16 // max(trainable_params, 1)), 0) + bucket_bytes
+    partition = g_live if trainable_params - embed_params > bucket_elements else 0
     return partition + bucket_bytes
-
-
-def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
-    """Decoder layers whose gathered parameters ZeRO-3 keeps from their forward to their backward.
-
-    ``PartitionedParameterCoordinator.__params_to_release`` (DeepSpeed 0.19.8), once the module trace is
-    complete (from the second step): a module's parameters are not released if they are used again
-    within ``stage3_max_reuse_distance`` elements of parameters in the traced order. After layer ``L-1-k``'s
-    forward come the ``k`` layers above it, the output head, and the backward of those ``k`` layers before
-    its own: ``2 k P_layer + P_head`` elements. Layers with that under the distance stay gathered through
-    the turn from forward to backward."""
-    per_layer = max(model.largest_layer_params, 1)
-    room = DS_MAX_REUSE_DISTANCE - head_params
-    if room <= 0:
-        return 0
-    return min(model.n_layers, -(-room // (2 * per_layer)))
-
-
-def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
-    """Parameters (elements) ZeRO-3 holds gathered at the loss once its prefetcher has run ahead of the
-    forward into the backward part of the trace (0 when it cannot run ahead).
-
-    ``PartitionedParameterCoordinator._fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every
-    module's fetch, a parameterless one too, prefetches up to ``min(max_live - n_available,
-    prefetch_bucket)`` elements of NOT_AVAILABLE parameters from the trace queue (the last one may overshoot),
-    and pops the AVAILABLE ones it meets without counting them, recording their later use in
-    ``__most_recent_step_id_param_fetched_for``. When the fetches of a layer's modules grant more than the
-    layer holds, the queue runs ahead into the backward part of the trace during the forward; from then on
-    ``__params_to_release`` keeps every parameter whose backward use the prefetcher recorded: at the loss,
-    every parameter with a backward use is gathered, up to ``stage3_max_live_parameters`` plus one
-    parameter's overshoot. Parameters with no backward use are released after their forward: in a LoRA run
-    without checkpointing the frozen embedding and the first layer's frozen projections that read its
-    input (their outputs do not require grad, so no pre-backward hook fetches them again).
-    (simulate: DeepSpeed's engine on a fake process group, Llama-2-7B layers, full + checkpointing and
-    LoRA; the coordinator's state read at the loss.)"""
-    fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER for spec, _ in model.layer_groups)
-    if fetches * prefetch_bucket < model.largest_layer_params or setup.method not in ("full", "lora"):
-        return 0
-    used = zero3_backward_uses(model, setup)
-    largest = max([model.vocab * model.hidden, model.lm_head_params]
-                  + [m.params for spec, _ in model.layer_groups for m in spec.linears])
-    return min(used, DS_MAX_LIVE_PARAMETERS + largest)
-
-
-def zero3_backward_uses(model: ModelSpec, setup: TrainSetup) -> int:
-    """Parameters (elements) the backward fetches again under ZeRO-3: all of them, less, in a LoRA run without
-    checkpointing, the frozen embedding and the first layer's frozen projections that read its input
-    (zero3_gathered_ahead)."""
-    used = model.params_total
-    if setup.method == "lora" and not setup.gradient_checkpointing:
-        first = model.layer_groups[0][0]
-        used -= model.embed_params + sum(m.params for m in first.linears if m.reads == "attn_in")
-    return used
-
-
-def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 0) -> int:
-    """Parameters (elements) ZeRO-3 holds gathered while the top decoder layers are back-propagated, once
-    its prefetcher runs ahead (zero3_gathered_ahead > 0).
-
-    ``PartitionedParameterCoordinator`` (DeepSpeed 0.19.8): ``release_sub_module`` frees the untied output
-    head after its backward (it is not used again), and every later module fetch refills from the trace queue:
-    ``_fetch_sub_module_impl`` prefetches while ``numel_prefetching < min(__max_n_available_params -
-    __n_available_params, __prefetch_bucket_sz)``, so ``__n_available_params`` (what ``__all_gather_params_``
-    added and ``__release_param`` took off) climbs back to ``stage3_max_live_parameters`` plus the last
-    parameter popped, which crosses the limit. While the top layers run, the queue holds layer parameters
-    (the token embedding is the trace's last use): the overshoot is at most the largest layer parameter.
-    When the parameters still to be used (less ``done``: those already back-propagated below the head,
-    which ``release_sub_module`` freed after their backward) fit under that, all of them are gathered.
-    (simulate: Llama-2-7B, 8 layers, ZeRO-3 over 8 GPUs, the coordinator's count read at every module
-    fetch and release: 1.00e9 to 1.034e9 elements through the top two layers' backward.)"""
-    after_head = zero3_backward_uses(model, setup) - model.lm_head_params - done
-    largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
-    return min(after_head, DS_MAX_LIVE_PARAMETERS + largest)
-
-
-def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> int:
-    """Gradient elements in the ZeRO-3 IPG bucket when it is first reduced during the backward; 0 when every
-    gradient fits, so that the only reduction is the backward's epilogue, or when the run is not a full
-    fine-tune.
-
-    stage3.py (DeepSpeed 0.19.8) ``reduce_independent_p_g_buckets_and_remove_grads``: when the next gradient
-    would take the bucket past ``reduce_bucket_size``, ``__reduce_and_partition_ipg_grads`` runs first; with
-    ``reduce_scatter`` on (the default) it calls ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``
-    (runtime/comm/coalesced_collectives.py), whose ``torch.cat`` of the interleaved, padded gradient chunks
-    is a new tensor of the bucket's elements in the 16-bit dtype, live beside the bucket while the layer is
-    back-propagated. Gradients arrive in the backward's order: the untied head, the final norm, then each
-    layer from the top, its linears last-to-first (its norms counted after them)."""
-    if setup.method != "full":
-        return 0
-    filled = model.lm_head_params + model.final_norm_params
-    for spec, count in reversed(model.layer_groups):
-        per_layer = [m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)]
-        per_layer.append(spec.norm_params)
-        for numel in per_layer * count:
-            if filled and filled + numel > reduce_bucket:
-                return filled
-            filled += numel
-    return 0

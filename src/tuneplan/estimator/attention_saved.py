@@ -1,0 +1,141 @@
+"""What one layer's attention block saves for backward, per token and per token per key position.
+
+- SDPA / flash keep q, k, v, the output and the fp32 log-sum-exp; eager keeps the fp32 softmax output
+  and its 16-bit cast (6 bytes per score) instead of O(s) state; transformers' SDPA path repeats
+  grouped K/V heads before the kernel (``repeat_kv``) while flash-attention reads them grouped.
+"""
+
+from __future__ import annotations
+
+from tuneplan.estimator.layer_walk import LayerWalk
+from tuneplan.estimator.saved_tensors import DROPOUT_MASK_BYTES, LSE_BYTES
+
+SDPA_GQA_MAX_HEAD_DIM = 256  # transformers use_gqa_in_sdpa: key/value head dim <= 256 and no mask
+EAGER_SCORE_BYTES = 6  # eager keeps softmax output in fp32 (4) and its 16-bit cast for matmul (2)
+# Families whose eager attention computes the softmax in the compute dtype (no fp32 upcast):
+# transformers' GPT-2 (`nn.functional.softmax(attn_weights, dim=-1)`) and BERT self-attention.
+COMPUTE_DTYPE_SOFTMAX = ("gpt2", "bert", "roberta")
+
+
+def attention_block(walk: LayerWalk, attn: str) -> tuple[float, str]:
+    """The attention block: its norm, the q/k/v projections (and an MLA latent), the kernel's saved tensors
+    (``attention_kernel``), the output projection. Returns the bytes per token per key position (eager
+    scores) and the attention implementation that actually runs."""
+    model, spec, ledger, targets = walk.model, walk.spec, walk.ledger, walk.targets
+    hidden = model.hidden
+    walk.norm("attn_norm", hidden, walk.input_requires_grad)
+    for m in spec.linears:
+        if m.role == "attn" and m.reads != "attn_core":
+            walk.linear(m.name, m.reads, m.d_in)
+    if walk.litgpt_code:
+        qkv = [m for m in spec.linears if m.role == "attn" and m.reads == "attn_in"]
+        adapted = [m for m in qkv if m.name in targets]
+        if adapted and len(adapted) < len(qkv):
+            # LoRAQKVLinear.zero_pad scatters the adapted parts' update into a zero qkv-wide tensor with
+            # index_copy, whose backward formula (expand_as(source)) keeps the source: the update itself
+            ledger.save("qkv_lora_update", walk.compute_bytes * sum(m.d_out * m.count for m in adapted))
+    kv_heads = model.n_kv_heads
+    if model.mla_kv_lora_rank:
+        ledger.save("kv_latent_norm", 4 * model.mla_kv_lora_rank)
+        kv_heads = model.n_heads  # kv_b_proj expands the latent to every head
+    if walk.hidden_dropout > 0:
+        # residual dropout after the attention output and after the MLP (GPT-2 resid_pdrop, BERT
+        # hidden_dropout_prob): each keeps its one-byte mask; its output only feeds the residual add.
+        ledger.save("attn_out_dropout_mask", DROPOUT_MASK_BYTES * hidden)
+        ledger.save("mlp_out_dropout_mask", DROPOUT_MASK_BYTES * hidden)
+    if walk.litgpt_code and model.config.get("attn_logit_softcapping"):
+        attn = "eager"  # litgpt model.py: "with softcapping we cannot use SDPA"
+    per_pos = attention_kernel(walk, attn, kv_heads)
+    for m in spec.linears:
+        if m.reads == "attn_core":
+            walk.linear(m.name, "attn_core", m.d_in)
+    return per_pos, attn
+
+
+def attention_kernel(walk: LayerWalk, attn: str, kv_heads: int) -> float:
+    """What the attention kernel keeps, a heads x head_dim: SDPA / flash keep q, k, v (compute-dtype bytes
+    each, K/V grouped when the kernel reads them grouped), the output and an fp32 log-sum-exp per head; eager
+    keeps q, the repeated k and v, and per key position the softmax output (fp32 or the compute dtype)
+    plus its 16-bit cast (or a dropout mask and output). Returns the bytes per token per key position."""
+    model, ledger, compute_bytes = walk.model, walk.ledger, walk.compute_bytes
+    heads, head_dim, v_head_dim = model.n_heads, model.head_dim, model.v_head_dim
+    grouped_fits = max(head_dim, v_head_dim) <= SDPA_GQA_MAX_HEAD_DIM
+    if attn == "sdpa" and compute_bytes == 4 and kv_heads < heads and grouped_fits:
+        # fp32 + GQA: transformers passes enable_gqa=True, flash needs 16 bits and the memory-efficient
+        # backend has no GQA (sdp_utils.cpp), so SDPA runs its math path: q scaled, K scaled and V
+        # repeat_interleave-d, and the fp32 softmax of the B x H x S x S scores saved (simulate).
+        ledger.save("q_attn", compute_bytes * heads * head_dim)
+        ledger.save("k_attn", compute_bytes * heads * head_dim)
+        ledger.save("v_attn", compute_bytes * heads * v_head_dim)
+        return 4.0 * heads
+    if attn == "eager":
+        return eager_attention(walk)
+    # fused q/k/v projections whose RoPE replaces q and k but leaves v a view of the fused output: Phi-3's
+    # qkv_proj, GPT-NeoX's query_key_value (GPT-2 / BLOOM keep all three as views: the buffer, once)
+    fused_qkv = next((m.d_out for m in walk.spec.linears if m.name == "qkv_proj"
+                      or (m.name == "query_key_value" and model.model_type == "gpt_neox")), 0)
+    # transformers sdpa_attention_forward calls repeat_kv only when use_gqa_in_sdpa() is false (a mask
+    # is passed, i.e. padded batches, or head_dim > 256); for unpadded causal batches it passes
+    # enable_gqa=True and the flash kernel keeps K/V grouped, as flash_attention_2 does (simulate:
+    # Qwen2.5-0.5B saved k/v of 256 B/token/layer, not 1792).
+    kv_saved = kv_heads if (attn == "flash" or grouped_fits) else heads
+    if walk.litgpt_code:
+        # LitGPT repeats grouped K/V heads (repeat_interleave) before SDPA, and its q, k, v come out of
+        # one fused qkv Linear: with no repeat (MHA) v stays a view of that whole output (litgpt model.py)
+        kv_saved = heads
+        fused_qkv = (heads * head_dim + 2 * kv_heads * head_dim) if kv_heads == heads else 0
+    elif walk.expand_kv:
+        # torchtune MultiHeadAttention: "View + expand + reshape bring num_kv_heads to num_heads for k
+        # and v" before SDPA (torchtune/modules/attention.py): the kernel saves head-expanded copies
+        kv_saved = heads
+    ledger.save("q_attn", compute_bytes * heads * head_dim)
+    ledger.save("k_attn", compute_bytes * kv_saved * head_dim)
+    ledger.save("v_attn", compute_bytes * kv_saved * v_head_dim)
+    if fused_qkv and kv_saved == kv_heads:
+        # the fused output is sliced into q, k, v views; RoPE replaces q and k, but the kernel saves v,
+        # a view that keeps the whole fused buffer alive (simulate: Phi-3-mini +2h, Pythia +4h per token)
+        ledger.save("v_attn", walk.output_bytes * fused_qkv)
+    # The kernel writes its output [B, S, H, D]; the module's transpose(1, 2).contiguous() and reshape
+    # are views, so the saved output *is* o_proj's input: one storage, keyed like o_proj's read.
+    ledger.save("attn_core", compute_bytes * heads * v_head_dim)
+    ledger.save("lse", LSE_BYTES * heads)
+    return 0.0
+
+
+def eager_attention(walk: LayerWalk) -> float:
+    """transformers' eager_attention_forward: repeat_kv, q @ k^T, softmax, (dropout), probs @ v. Per token
+    it keeps q (for k's gradient), k and v repeated to every head; per token and key position, per head,
+    the softmax output and its 16-bit cast (with dropout: the mask and the dropped-out probabilities)."""
+    model, dtypes, ledger, setup = walk.model, walk.dtypes, walk.ledger, walk.setup
+    compute_bytes = walk.compute_bytes
+    heads, head_dim, v_head_dim = model.n_heads, model.head_dim, model.v_head_dim
+    kv_saved = heads  # repeat_kv before the matmuls
+    # q @ k^T keeps q only for k's gradient: in the first LoRA layer k needs none unless its
+    # projection trains (eager_attention_forward; simulate: Llama-2-7B layer 0 keeps no q).
+    k_grad = walk.input_requires_grad or walk.trainable or any(
+        m.name in walk.targets and m.name not in ("q_proj", "v_proj", "query", "value")
+        for m in walk.spec.linears if m.reads == "attn_in")
+    if k_grad:
+        ledger.save("q_attn", compute_bytes * heads * head_dim)
+    ledger.save("k_attn", compute_bytes * kv_saved * head_dim)
+    ledger.save("v_attn", compute_bytes * kv_saved * v_head_dim)
+    # Softmax keeps its output (fp32 in eager_attention_forward, the compute dtype in GPT-2/BERT); the
+    # probs @ V matmul keeps its 16-bit cast when the dtypes differ. With attention dropout, dropout
+    # keeps its mask and the matmul keeps the dropout output instead of the cast.
+    # (autocast runs softmax in fp32 whatever the model code asks: it is on autocast's fp32 list)
+    softmax_bytes = 4 if (dtypes.autocast or model.model_type not in COMPUTE_DTYPE_SOFTMAX) else compute_bytes
+    if walk.attention_dropout > 0:
+        per_pos = (softmax_bytes + DROPOUT_MASK_BYTES + compute_bytes) * heads
+    else:
+        per_pos = (softmax_bytes + (compute_bytes if softmax_bytes != compute_bytes else 0)) * heads
+    if model.config.get("attn_logit_softcapping"):
+        # tanh(scores / cap) keeps its output for backward (Gemma 2 soft-capping)
+        per_pos += compute_bytes * heads
+    if setup.softmax_keeps_input:
+        # torch < 1.11 softmax also kept its input, the masked scores: a decoder's scores are promoted by
+        # the causal mask, built in the embeddings' dtype; an encoder's unpadded batch adds no mask
+        # (transformers 5 BERT, simulate; 2022's BertModel always added an all-ones mask in the
+        # parameters' dtype). CUDA's half-to-float softmax reads 16-bit scores as they are.
+        encoder = model.architecture == "encoder"
+        per_pos += (dtypes.linear_out if encoder else max(dtypes.linear_out, dtypes.non_block)) * heads
+    return per_pos

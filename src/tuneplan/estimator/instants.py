@@ -1,0 +1,201 @@
+"""The instants of a training step and what is live at each, at ``batch`` x ``seq``.
+
+Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
+- ``forward``: end of forward, inside the loss: saved activations + the loss-forward chain;
+- ``backward_start``: the loss backward (dense fp32 logit gradients) with all activations still saved;
+- ``backward_layers_top`` / ``backward_layers_bottom``: back-propagating the top layer (checkpointing: its
+  recomputed activations) with every other saved activation still alive, and the bottom layer with almost
+  all gradients allocated;
+- ``optimizer_step``: all gradients, states and the step's temporaries;
+- where they exist: ``backward_lm_head`` (a 4-bit lm_head), ``backward_embedding`` (the token embedding's
+  gradient), ``next_micro_batch`` (after the longest micro-batch, run first).
+Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
+with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
+``keep_grads``: torch < 2.0's in-place zeroing).
+
+Each instant is one row of step components in :class:`InstantRow`'s field order; the persistent ones
+(``MemoryStatics.common``) are the same at every instant. The formulas run on Python ints (one shape) or
+numpy arrays broadcast together (a grid) alike (``estimator/xp.py``).
+
+The rows are built as plain tuples in that order and read by name through :func:`named`: the scalar
+estimate builds up to eight per call, and building them as ``InstantRow`` measured +1.4 to +2 us on a
+memory core of about 5 us and +4 us on a repeated ``tuneplan.estimate()``, past its 50 us target
+(benchmarks/estimator_speed.py, side by side with plain tuples).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from tuneplan.estimator.activations import ActivationPlan, saved_at
+from tuneplan.estimator.logits import LogitsPlan, logits_plan
+from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
+from tuneplan.estimator.run import Run
+from tuneplan.estimator.xp import maximum, minimum
+
+
+class InstantRow(NamedTuple):
+    """The step components live at one instant, in display order after the persistent ones
+    (types.COMPONENTS): bytes, as Python ints or int64 arrays of a grid. Its fields are the one definition
+    of a row's order (``STEP_COMPONENTS``); an instant's step total is ``sum(row)``."""
+
+    gradients: Any
+    optimizer_temp: Any
+    activations: Any
+    autocast_copies: Any
+    logits_loss: Any
+    backward_temp: Any
+    parallel_buffers: Any
+
+
+STEP_COMPONENTS: tuple[str, ...] = InstantRow._fields
+# an instant's row as the hot path builds it: a plain tuple in InstantRow's field order
+Row = tuple[Any, ...]
+
+
+def named(row: Row) -> InstantRow:
+    """``row`` read by its components' names."""
+    return InstantRow._make(row)
+
+
+class MemoryAt(NamedTuple):
+    """Every instant's components at one shape (ints), or at every shape of a grid (numpy arrays): ``rows``
+    maps each instant to its row (read by name through :func:`named`); the persistent components
+    (``statics.common``) are the same at every instant: :meth:`components` and :meth:`total` add them."""
+
+    rows: dict[str, Row]
+    acts: ActivationPlan  # the saved activations
+    logits: LogitsPlan  # the logits chain
+    held: Any  # what the training loop holds between micro-batches
+    statics: MemoryStatics
+
+    def components(self, instant: str) -> dict[str, Any]:
+        """Every component of ``instant``, in display order."""
+        return components_of(self.statics, self.rows[instant])
+
+    def total(self, instant: str) -> Any:
+        """Bytes allocated at ``instant`` (exact: the components are ints, or int64 arrays)."""
+        return self.statics.common_total + sum(self.rows[instant])
+
+
+def components_of(statics: MemoryStatics, row: Row) -> dict[str, Any]:
+    """The persistent components and an instant's ``row`` of step components, by name in display order."""
+    components = statics.common.copy()
+    components.update(named(row)._asdict())
+    return components
+
+
+def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
+    """The components live at each instant of the step at ``batch`` x ``seq``.
+
+    Gradients G0 (``earlier_grads``) = earlier micro-batches' + buffers through the forward and the top
+    layer's backward, G1 (``all_grads``) = all of them + buffers from the bottom layer on; A = saved
+    activations; L = the logits chain (logits.py): forward = G0 + A (+ the previous micro-batch's pinned
+    inputs) + autocast copies + L at the loss; backward_start = G0 + A + L's loss backward; the top and
+    bottom layers' backward (:func:`layer_backward_rows`); optimizer_step = the step's gradients + its
+    temporaries (+ what the loop holds)."""
+    statics = run.memo.get("memory") or memory_statics(run)
+    acts = saved_at(statics.acts, batch, seq)
+    logits = logits_plan(batch * seq, statics.vocab, statics.logit_bytes, run.loss, seq, statics.hidden,
+                         statics.softmax_keeps_input)
+    # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
+    # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
+    holds, first = statics.holds, statics.first
+    held = logits.held if holds else 0
+    pinned = acts.pinned_bytes
+    prev_pinned = pinned if holds and not first else 0
+    prev_held = 0 if first else held
+    head_dequant = statics.head_dequant
+    forward_logits = maximum(maximum(logits.forward_peak, prev_held + logits.cast_peak),
+                             prev_held + logits.at_forward_end + head_dequant)
+    earlier_grads, saved = statics.earlier_grads, acts.saved_bytes
+    # one row per instant, in InstantRow's field order: gradients, optimizer_temp, activations,
+    # autocast_copies, logits_loss, backward_temp, parallel_buffers
+    rows = {
+        "forward": (earlier_grads, 0, saved + prev_pinned, statics.autocast_copies, forward_logits, 0,
+                    statics.gathered_at_forward_end),
+        "backward_start": (earlier_grads, 0, saved, statics.autocast_copies_backward, logits.backward_peak, 0,
+                           statics.gathered_at_loss),
+    }
+    if head_dequant:
+        # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
+        # first), the held outputs, and the whole head dequantized again for the input gradient
+        head_backward = held + logits.at_forward_end + head_dequant
+        rows["backward_lm_head"] = (earlier_grads, 0, saved, 0, head_backward, 0, statics.gathered)
+    layer_backward_rows(rows, statics, acts, held)
+    kept = pinned if holds else 0
+    if statics.next_micro_batch:
+        # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
+        # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
+        rows["next_micro_batch"] = (statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
+    rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, held, 0, 0)
+    return MemoryAt(rows, acts, logits, held, statics)
+
+
+def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan,
+                        held: Any) -> None:
+    """Add the layers' backward to ``rows``: the top layer (G0 + every saved activation but what it frees +
+    its scratch; checkpointed: the tail's released, the top layer recomputed), the bottom layer (G1 + the
+    bottom layer's activations or recomputation + its scratch) and the embedding's backward where it has
+    an instant of its own."""
+    # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
+    backward_temp = acts.backward_temp_bytes + statics.dequant
+    saved, gathered = acts.saved_bytes, statics.gathered
+    embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
+                                    if statics.embedding_into_buffer is not None else (0, None))
+    top_grads, top_freed = statics.earlier_grads_in_layer, 0
+    top_scratch, top_gathered = backward_temp, gathered
+    top = statics.wrapped.top_layer
+    if top is not None:
+        # FSDP, ZeRO-3 (wrappers/base.TopLayer): the top layer's unsharded gradients are made as its
+        # activations are released; the row's total is the larger of its start (all activations and the
+        # scratch, none of its gradients) and its end (its gradients, its activations gone)
+        at_end, top_gathered = top.gradients_at_end, top.gathered
+        top_grads = statics.earlier_grads_in_layer - top.counted + at_end
+        top_freed = minimum(acts.recompute_bytes if statics.checkpointed else acts.top_layer_bytes, at_end)
+        top_scratch = (backward_temp if top.keeps_scratch
+                       else backward_temp - minimum(backward_temp, at_end - top_freed))
+    bottom_grads = statics.all_grads_in_layer - embedding_cut
+    if statics.checkpointed:
+        # the head and the final norm have been back-propagated (their saved tensors released) by the time
+        # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
+        recomputed = acts.recompute_bytes
+        top_acts = saved - acts.tail_bytes + recomputed - top_freed
+        rows["backward_layers_top"] = (top_grads, 0, top_acts, statics.autocast_copies_backward, 0,
+                                       top_scratch, top_gathered)
+        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, 0, 0, backward_temp, gathered)
+    else:
+        rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
+                                       top_scratch, top_gathered)
+        # bitsandbytes' pinned inputs are not released as the layers are back-propagated
+        bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
+        rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
+    if embedding_row is not None:
+        rows["backward_embedding"] = embedding_row
+    end = statics.end_of_backward
+    if end is not None:  # FSDP2's embedding backward (wrappers/fsdp.fully_shard_terms)
+        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, 0, end.gathered)
+
+
+def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:
+    """(what the bottom layer's gradients lack, the embedding backward's row) on a single GPU (checked against
+    the simulate engine): the token-embedding gradient is the last one made, so the bottom layer runs without
+    it, and the embedding backward adds its scratch (tied weights: the out-of-place sum of the lm_head and
+    embedding contributions) on top of every gradient, with no activation left (activations.
+    embedding_backward). When a buffer is already there (a later micro-batch of an accumulation, or
+    keep_grads' zeroed buffer) the new gradient is a temporary that AccumulateGrad adds into it in place
+    (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer."""
+    if not acts.embedding_grad_bytes:
+        return 0, None
+    held = statics.wrapped.embedding
+    if held is not None:
+        # ZeRO-1/2 (wrappers/zero.zero12_grads_at_embedding): the bucket and what DeepSpeed holds, plus the
+        # new gradient and its temporaries; ZeRO-1's layer rows already count the embedding's gradient
+        cut = acts.embedding_grad_bytes if held.layers_hold_it else 0
+        return cut, (held.gradients + acts.embedding_grad_bytes, 0, 0, 0, 0, acts.embedding_backward_bytes, 0)
+    grad = minimum(acts.embedding_grad_bytes, statics.grads)
+    if statics.embedding_into_buffer:
+        cut, temp = 0, acts.embedding_backward_bytes + grad
+    else:
+        cut, temp = grad, acts.embedding_backward_bytes
+    return cut, (statics.all_grads, 0, 0, 0, 0, temp, 0)

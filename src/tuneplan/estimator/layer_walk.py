@@ -1,0 +1,171 @@
+"""One layer walked the way autograd sees it: a ledger of the tensors each op saves for backward, and the
+two primitives every block is made of, a norm and a linear (with its LoRA adapter).
+
+``torch.autograd`` saves an operand only when the other operand needs a gradient:
+- a Linear keeps its input when its weight trains (full / freeze) or a LoRA adapter reads it; modules
+  reading the same tensor share one saved copy, unless a dtype cast per module makes a copy each (autocast
+  casting an fp32 input, PEFT casting to the fp32 adapter dtype);
+- RMSNorm as transformers writes it (``hidden.to(float32)``, ``pow``, ``rsqrt``, ``weight * x``) keeps
+  the fp32 input (4h) and, when its weight trains, the normalized output; LayerNorm keeps its input.
+"""
+
+from __future__ import annotations
+
+from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.saved_tensors import RSTD_BYTES, model_dropout
+from tuneplan.specs.model import LayerSpec, ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+
+class _Ledger:
+    """Saved tensors keyed by storage: the same key counts once."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, float] = {}
+
+    def save(self, key: str, nbytes: float) -> None:
+        self.items[key] = max(self.items.get(key, 0.0), nbytes)
+
+    def total(self) -> float:
+        return sum(self.items.values())
+
+
+class LayerWalk:
+    """One layer walked the way autograd sees it: the ledger, the dtypes of the tensors modules read, and
+    the two primitives every block is made of, a norm and a linear (with its LoRA adapter).
+
+    The switches are the profile's (``litgpt_code``, ``expand_kv``, ``python_model_code``,
+    ``quant_saves_input``) and the layer's place in the model: ``trainable`` (its weights train: full /
+    freeze) and ``input_requires_grad`` (false for the first layer LoRA / freeze trains, whose input comes
+    from frozen embeddings)."""
+
+    def __init__(self, model: ModelSpec, spec: LayerSpec, setup: TrainSetup, dtypes: Dtypes,
+                 targets: frozenset[str],
+                 trainable: bool, python_model_code: bool, quant_saves_input: bool, input_requires_grad: bool,
+                 litgpt_code: bool, expand_kv: bool) -> None:
+        self.model, self.spec, self.setup, self.dtypes, self.targets = model, spec, setup, dtypes, targets
+        self.trainable, self.input_requires_grad = trainable, input_requires_grad
+        self.python_model_code, self.quant_saves_input = python_model_code, quant_saves_input
+        self.litgpt_code, self.expand_kv = litgpt_code, expand_kv
+        self.ledger = _Ledger()
+        self.pinned_keys: set[str] = set()
+        self.quantized = setup.quant_bits is not None
+        self.output_bytes = dtypes.quant_out if self.quantized else dtypes.linear_out
+        self.compute_bytes = dtypes.compute
+        # CUDA autocast runs layer_norm in fp32 (autocast_mode.cpp fp32 list): a 16-bit input is cast to an
+        # fp32 copy, which native_layer_norm saves, and the output is fp32 (RMSNorm code upcasts by hand)
+        self.ln_fp32 = dtypes.autocast and model.norm_kind != "rms"
+        # bytes per token the first norm keeps that *are* the layer's input (no cast in between): under
+        # gradient checkpointing that storage is the checkpoint itself, already counted once
+        self.input_alias = 0.0
+        # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
+        # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
+        # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).
+        norm_output_bytes = dtypes.trainable if (trainable and setup.method == "freeze") else dtypes.norm_out
+        if self.ln_fp32:
+            norm_output_bytes = 4
+        self.inputs_dtype = {"attn_in": norm_output_bytes, "mlp_in": norm_output_bytes,
+                             "attn_core": self.compute_bytes, "mlp_mid": self.output_bytes,
+                             "q_latent": self.output_bytes, "kv_latent": self.output_bytes}
+        self.attn_inputs = {m.name for m in spec.linears if m.role == "attn" and m.reads == "attn_in"}
+        # transformers' modeling code applies the config's dropouts; LitGPT's and torchtune's model code has
+        # no residual / attention dropout layers (litgpt model.py; torchtune attn_dropout defaults to 0.0)
+        self.attention_dropout, self.hidden_dropout, _ = (
+            model_dropout(model.config) if not (litgpt_code or expand_kv) else (0.0, 0.0, 0.0))
+
+    def norm(self, key: str, width: int, grad_in: bool = True) -> None:
+        """RMSNorm as transformers writes it keeps its fp32 input (4 x width) and rstd, and its output when
+        its weight trains; compiled, the 16-bit input instead of the fp32 upcast; LayerNorm
+        (``native_layer_norm``) keeps its input, mean and rstd, never its output."""
+        ledger, dtypes, model = self.ledger, self.dtypes, self.model
+        norm_trains = self.trainable
+        if not grad_in:
+            # The first layer LoRA / freeze trains reads an input that needs no gradient (frozen
+            # embeddings below it): autograd keeps nothing for the norm's input path, only what the
+            # norm weight's own gradient needs (simulate: layer 0 of a LoRA model saves 16 KiB/token less).
+            if norm_trains:
+                ledger.save(key + ".out", dtypes.norm_out * width)
+            return
+        if model.norm_kind == "rms" and self.setup.compile:
+            # inductor fuses the norm: its 16-bit input and rstd are kept, the fp32 upcast is recomputed
+            ledger.save(key + ".in", dtypes.residual * width)
+            if key == "attn_norm":
+                self.input_alias = dtypes.residual * width
+            ledger.save(key + ".rstd", RSTD_BYTES)
+            if norm_trains:
+                ledger.save(key + ".out", dtypes.norm_out * width)
+        elif model.norm_kind == "rms":
+            ledger.save(key + ".fp32_in", 4 * width)
+            if key == "attn_norm" and dtypes.residual == 4:  # ``hidden.to(float32)`` returns the input itself
+                self.input_alias = 4 * width
+            ledger.save(key + ".rstd", RSTD_BYTES)
+            if norm_trains:
+                ledger.save(key + ".out", dtypes.norm_out * width)
+        else:
+            # nn.LayerNorm runs aten.native_layer_norm, whose backward computes the weight and bias
+            # gradients from the saved input, mean and rstd: the normalized output is not kept, trained
+            # weight or not (simulate: GPT-2 full fine-tune, 2 x 4h per token per layer less).
+            ledger.save(key + ".in", (4 if self.ln_fp32 else dtypes.residual) * width)
+            ledger.save(key + ".stats", 2 * RSTD_BYTES)
+            if key == "attn_norm" and (4 if self.ln_fp32 else dtypes.residual) == dtypes.residual:
+                self.input_alias = dtypes.residual * width
+
+    def linear(self, m_name: str, reads: str, d_in: int, tokens_share: float = 1.0) -> None:
+        """A Linear keeps its input when its weight trains, or when a LoRA adapter reads it (x d_in bytes of
+        the input's dtype, once per storage); its adapter keeps the r-wide middle (lora_A's output) and,
+        with dropout, a mask and its own dropped-out input."""
+        ledger, dtypes, compute_bytes = self.ledger, self.dtypes, self.compute_bytes
+        targets, trainable = self.targets, self.trainable
+        setup, litgpt_code = self.setup, self.litgpt_code
+        input_bytes = self.inputs_dtype.get(reads, compute_bytes)
+        if litgpt_code and reads == "attn_core" and (trainable or m_name in targets or
+                                                       (self.quantized and self.quant_saves_input)):
+            # LitGPT: SDPA's output is [B, H, S, D]-contiguous; ``y.transpose(1, 2).reshape(B, T, C)`` copies
+            # it, and the projection saves that copy beside the kernel's saved output (litgpt model.py)
+            reads = "attn_core_copy"
+            self.inputs_dtype[reads] = compute_bytes
+        if (self.quantized and self.quant_saves_input and not trainable
+                and (self.input_requires_grad or reads != "attn_in")):
+            # Linear4bit casts the input to the compute dtype first: the same storage when it already is.
+            # A matmul none of whose inputs needs a gradient (the first LoRA layer's frozen input) records
+            # no graph node, so nothing keeps its ctx.tensors
+            key = reads if input_bytes == compute_bytes else reads + ".q_in"
+            ledger.save(key, compute_bytes * d_in * tokens_share)
+            self.pinned_keys.add(key)
+        # one key per module instance: GPT-2 names both its attention and its MLP output projection c_proj
+        module_key = f"{m_name}@{reads}"
+        if trainable:
+            if dtypes.autocast and input_bytes != compute_bytes:
+                ledger.save(f"{module_key}.cast_in", compute_bytes * d_in * tokens_share)
+            else:
+                ledger.save(reads, input_bytes * d_in * tokens_share)
+        elif setup.zero == 3 and not self.quantized and (self.input_requires_grad or reads != "attn_in"):
+            # ZeRO-3 (a model built under zero.Init): F.linear is DeepSpeed's LinearFunctionForZeroStage3
+            # (runtime/zero/linear.py, setup_context: ctx.save_for_backward(input, weight, bias)), which
+            # keeps a frozen linear's input too whenever the op is recorded (some input requires grad)
+            ledger.save(reads, input_bytes * d_in * tokens_share)
+        if m_name in targets:
+            # PEFT casts the adapter input to the adapter dtype; under autocast lora_A then casts it back
+            # to 16 bits: a private copy per targeted module. Without a cast the input itself is shared.
+            if dtypes.autocast and (dtypes.adapter != input_bytes or input_bytes != compute_bytes):
+                ledger.save(f"{module_key}.lora_in", compute_bytes * d_in * tokens_share)
+            elif dtypes.adapter != input_bytes:
+                ledger.save(f"{module_key}.lora_in", dtypes.adapter * d_in * tokens_share)
+            elif (setup.dropout or 0) > 0:
+                # lora_A reads dropout(x), a new tensor: a private copy (LitGPT's fused qkv LoRA runs one
+                # dropout for q, k and v together: litgpt lora.py LoRAQKVLinear; a checkpoint's fused
+                # gate_up_proj is two LoRALinear modules in LitGPT's LLaMAMLP, fc_1 and fc_2, two dropouts)
+                copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
+                ledger.save(f"{self._lora_key(m_name, reads)}.lora_in",
+                            copies * input_bytes * d_in * tokens_share)
+            else:
+                ledger.save(reads, input_bytes * d_in * tokens_share)
+            lora_mid_bytes = compute_bytes if dtypes.autocast else dtypes.adapter
+            ledger.save(f"{module_key}.lora_mid", lora_mid_bytes * setup.rank * tokens_share)
+            if (setup.dropout or 0) > 0:
+                copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
+                ledger.save(f"{self._lora_key(m_name, reads)}.dropout_mask", copies * d_in * tokens_share)
+
+    def _lora_key(self, m_name: str, reads: str) -> str:
+        return "qkv_fused" if self.litgpt_code and m_name in self.attn_inputs else f"{m_name}@{reads}"
+

@@ -1,0 +1,168 @@
+"""What a step's memory does not owe to the micro-batch size or the sequence length, resolved once per run:
+the persistent terms (weights, quantization metadata, adapters, optimizer states, workspaces), the
+gradients at each instant, what the data-parallel wrapper keeps, and the switches that choose which
+instants exist (``instants.instants`` reads them as arithmetic)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.estimator.activations import ActivationTerms, activation_terms
+from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
+from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
+from tuneplan.estimator.quant_kernels import dequant_transient_bytes
+from tuneplan.estimator.run import Run
+from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
+from tuneplan.estimator.xp import ceil_div
+
+
+@dataclass(frozen=True)
+class MemoryStatics:
+    """What does not depend on batch x seq: persistent terms, gradients, optimizer, sharding, and the switches
+    that choose which instants exist, resolved once per run so that ``instants.instants`` is arithmetic."""
+
+    optimizer: OptimizerPlan
+    wrapped: WrapperMemory  # what the data-parallel wrapper keeps at each instant (run.wrapper.memory)
+    common: dict[str, int]  # weights, quant_meta, lora_adapters, optimizer_states, framework
+    common_total: int  # sum of ``common``, the persistent part of every instant's total
+    grads: int  # gradients once backward has run
+    grads_prev: int  # gradients alive through the next forward (accumulation / keep_grads)
+    grads_step: int  # gradients the optimizer step sees
+    autocast_copies: int  # autocast weight copies through the forward
+    autocast_copies_backward: int  # ... and from the loss backward on
+    head_dequant: int  # a quantized lm_head's dequantized weight, live per chunk
+    dequant: int  # the largest quantized linear's dequantization scratch
+    acts: ActivationTerms  # the saved-activation terms (activations.saved_at)
+    # the logits chain's arguments (logits.logits_plan)
+    vocab: int
+    logit_bytes: int
+    hidden: int
+    softmax_keeps_input: bool
+    holds: bool  # the training loop keeps the last micro-batch's outputs (profile.loop_holds_outputs)
+    first: bool  # the longest micro-batch runs first (setup.longest_batch_first)
+    checkpointed: bool
+    n_layers: int
+    # the token-embedding gradient's instant (single GPU, no optimizer in backward): None when it has none;
+    # True when a buffer is already there (accumulation / keep_grads), so the new gradient is a temporary
+    embedding_into_buffer: bool | None
+    # gradients with their buffers: earlier micro-batches' (through the forward and the top layer's backward)
+    # and all of them (from the bottom layer on), + FSDP's reduce-scatter input while a layer is
+    # back-propagated
+    earlier_grads: int
+    all_grads: int
+    earlier_grads_in_layer: int
+    all_grads_in_layer: int
+    # ZeRO-3 / FSDP parameters gathered at the end of the forward, at the loss and in the layers
+    gathered_at_forward_end: int  # FSDP2: the tail group (norm + head) unsharded at the loss
+    gathered_at_loss: int
+    gathered: int
+    # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
+    end_of_backward: EndOfBackward | None
+    next_micro_batch: bool  # the instant after the longest micro-batch (longest first, accumulation)
+    next_grads: int  # gradients at that instant, buffers included
+    step_grads: int  # gradients at the optimizer step, buffers included
+    step_temp: int  # the optimizer step's temporaries (0 when it runs in backward)
+    base_notes: tuple[str, ...]  # sharding and optimizer notes
+
+
+def memory_statics(run: Run) -> MemoryStatics:
+    """The shape-independent terms of ``run``, computed once and kept on it (``run.memo["memory"]``)."""
+    cached: MemoryStatics | None = run.memo.get("memory")
+    if cached is not None:
+        return cached
+    model, setup, profile, dtypes, params = run.model, run.setup, run.profile, run.dtypes, run.param_plan
+    # A quantized lm_head dequantizes its whole weight for every chunk of the forward
+    head_dequant = (int(profile.dequant_bytes_per_elem * model.head_width * model.hidden)
+                    if setup.quant_bits is not None and profile.quantizes_lm_head else 0)
+    optimizer = optimizer_plan(run.optimizer, params.trainable_params, params.trainable_bytes,
+                               params.trainable_tensors, params.largest_trainable_tensor,
+                               params.factored_elems)
+    wrapper_memory = run.wrapper.memory(run, optimizer)
+    resident, buckets = wrapper_memory.resident, wrapper_memory.buckets
+    grads, grads_prev, grads_step = gradient_terms(run, wrapper_memory)
+    autocast_copies, autocast_copies_backward = autocast_copy_terms(run)
+    common = persistent_terms(run, wrapper_memory)
+    acts = activation_terms(model, setup, dtypes, run.layers, gc_offload=profile.gc_offload,
+                            quant_saves_input=profile.quant_saves_input,
+                            quant_lm_head=profile.quantizes_lm_head)
+    embedding = None
+    if acts.method == "full" and setup.world_size == 1 and not setup.optimizer_in_backward:
+        embedding = setup.keep_grads or setup.grad_accum > 1
+    elif acts.method == "full" and wrapper_memory.embedding is not None:
+        embedding = False  # ZeRO-1/2: the hooks move each gradient out (estimator/wrappers/zero.py)
+    logit_bytes = (dtypes.compute if dtypes.autocast
+                   else (dtypes.trainable if setup.method == "full" else dtypes.non_block))
+    out = MemoryStatics(
+        optimizer=optimizer, wrapped=wrapper_memory, common=common, common_total=sum(common.values()),
+        grads=grads, grads_prev=grads_prev, grads_step=grads_step, autocast_copies=autocast_copies,
+        autocast_copies_backward=autocast_copies_backward, head_dequant=head_dequant,
+        dequant=dequant_transient_bytes(model, setup, profile), acts=acts, vocab=model.head_width,
+        logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
+        holds=profile.loop_holds_outputs, first=setup.longest_batch_first,
+        checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),
+        embedding_into_buffer=embedding, earlier_grads=grads_prev + buckets.persistent,
+        all_grads=grads + buckets.persistent,
+        earlier_grads_in_layer=grads_prev + buckets.persistent + buckets.in_layers,
+        # near the bottom of the backward some sharded gradients are not made yet (FSDP2)
+        all_grads_in_layer=grads + buckets.persistent + buckets.in_layers - buckets.missing_at_bottom,
+        gathered_at_forward_end=wrapper_memory.gathered.at_forward_end,
+        gathered_at_loss=wrapper_memory.gathered.at_loss, end_of_backward=wrapper_memory.end_of_backward,
+        gathered=wrapper_memory.gathered.in_layers,
+        next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
+        next_grads=(wrapper_memory.no_sync.accumulating if wrapper_memory.no_sync is not None else grads)
+        + buckets.persistent,
+        step_grads=grads_step + buckets.persistent,
+        step_temp=0 if setup.optimizer_in_backward else resident.optimizer_temp,
+        base_notes=wrapper_memory.notes + tuple(optimizer.notes))
+    run.memo["memory"] = out
+    return out
+
+
+def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:
+    """The components alive at every instant, by name: the weights, adapters and optimizer states the
+    wrapper keeps on this GPU, the quantization metadata (sharded with the parameters where the profile's
+    wrapper shards it) and cuBLAS's workspace."""
+    setup, resident = run.setup, wrapper_memory.resident
+    meta_shards = setup.world_size if run.wrapper.shards_parameters and run.profile.quant_meta_sharded else 1
+    return {
+        "weights": resident.weights,
+        "quant_meta": ceil_div(run.param_plan.quant_meta_bytes, meta_shards),
+        "lora_adapters": resident.adapters,
+        "optimizer_states": resident.states,
+        "framework": CUBLAS_WORKSPACE,
+    }
+
+
+def autocast_copy_terms(run: Run) -> tuple[int, int]:
+    """(autocast's 16-bit weight copies through the forward, those left from the loss backward on), per GPU:
+    from the loss backward on only the casts autograd saved remain (weights.param_plan: under gradient
+    checkpointing the layers' casts die with autocast's cache at the end of the forward); a wrapper that
+    shards the parameters casts only its shard."""
+    params = run.param_plan
+    forward, backward = params.autocast_copy_bytes, params.autocast_copy_backward_bytes
+    if run.wrapper.shards_parameters:
+        forward = ceil_div(forward, run.setup.world_size)
+        backward = ceil_div(backward, run.setup.world_size)
+    return forward, backward
+
+
+def gradient_terms(run: Run, wrapper_memory: WrapperMemory) -> tuple[int, int, int]:
+    """(gradients once backward has run, those alive through the next forward, those the optimizer step
+    sees), per GPU: an optimizer in backward keeps only the largest tensor's gradient; earlier micro-batches'
+    gradients (accumulation) or the previous step's zeroed buffers (keep_grads) stay through the forward;
+    under the profile's FSDP wrapping (wrappers/fsdp.no_sync_gradients) accumulating micro-batches keep
+    unsharded gradients of whole units and the step sees the reduce-scattered shard; with the longest
+    micro-batch first, the peak batch is the run's first: nothing has accumulated yet."""
+    setup, params = run.setup, run.param_plan
+    grads, no_sync = wrapper_memory.resident.gradients, wrapper_memory.no_sync
+    if setup.optimizer_in_backward:
+        grads = min(grads, params.largest_trainable_tensor * params.trainable_bytes)
+    accumulates = (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward
+    grads_prev = grads if accumulates else 0
+    grads_step = grads
+    if no_sync is not None:
+        grads, grads_step = no_sync.accumulating, no_sync.synced
+        grads_prev = no_sync.accumulating if setup.grad_accum > 1 else 0
+    if setup.longest_batch_first:
+        grads_prev = 0
+    return grads, grads_prev, grads_step

@@ -1,0 +1,113 @@
+"""What ZeRO-3's parameter coordinator keeps gathered, and when its gradient bucket is first reduced, read
+from DeepSpeed 0.19.8's stage-3 code (``PartitionedParameterCoordinator``, stage3.py) once the module trace
+is complete (from the second step): the layers kept from forward to backward, the prefetcher running ahead
+at the loss and through the top layers' backward, and the IPG bucket's first flush."""
+
+from __future__ import annotations
+
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # elements, DeepSpeed default stage3_max_live_parameters
+# modules of a decoder layer that hold no parameter but still run ZeRO-3's fetch hook (each one a prefetch
+# opportunity): the layer, its attention, its MLP and the MLP's activation module
+HOOKED_CONTAINERS_PER_LAYER = 4
+
+
+def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
+    """Decoder layers whose gathered parameters ZeRO-3 keeps from their forward to their backward.
+
+    ``PartitionedParameterCoordinator.__params_to_release`` (DeepSpeed 0.19.8), once the module trace is
+    complete (from the second step): a module's parameters are not released if they are used again
+    within ``stage3_max_reuse_distance`` elements of parameters in the traced order. After layer ``L-1-k``'s
+    forward come the ``k`` layers above it, the output head, and the backward of those ``k`` layers before
+    its own: ``2 k P_layer + P_head`` elements. Layers with that under the distance stay gathered through
+    the turn from forward to backward."""
+    per_layer = max(model.largest_layer_params, 1)
+    room = DS_MAX_REUSE_DISTANCE - head_params
+    if room <= 0:
+        return 0
+    return min(model.n_layers, -(-room // (2 * per_layer)))
+
+
+def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
+    """Parameters (elements) ZeRO-3 holds gathered at the loss once its prefetcher has run ahead of the
+    forward into the backward part of the trace (0 when it cannot run ahead).
+
+    ``PartitionedParameterCoordinator._fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every
+    module's fetch, a parameterless one too, prefetches up to ``min(max_live - n_available,
+    prefetch_bucket)`` elements of NOT_AVAILABLE parameters from the trace queue (the last one may overshoot),
+    and pops the AVAILABLE ones it meets without counting them, recording their later use in
+    ``__most_recent_step_id_param_fetched_for``. When the fetches of a layer's modules grant more than the
+    layer holds, the queue runs ahead into the backward part of the trace during the forward; from then on
+    ``__params_to_release`` keeps every parameter whose backward use the prefetcher recorded: at the loss,
+    every parameter with a backward use is gathered, up to ``stage3_max_live_parameters`` plus one
+    parameter's overshoot. Parameters with no backward use are released after their forward: in a LoRA run
+    without checkpointing the frozen embedding and the first layer's frozen projections that read its
+    input (their outputs do not require grad, so no pre-backward hook fetches them again).
+    (simulate: DeepSpeed's engine on a fake process group, Llama-2-7B layers, full + checkpointing and
+    LoRA; the coordinator's state read at the loss.)"""
+    fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER for spec, _ in model.layer_groups)
+    if fetches * prefetch_bucket < model.largest_layer_params or setup.method not in ("full", "lora"):
+        return 0
+    used = zero3_backward_uses(model, setup)
+    largest = max([model.vocab * model.hidden, model.lm_head_params]
+                  + [m.params for spec, _ in model.layer_groups for m in spec.linears])
+    return min(used, DS_MAX_LIVE_PARAMETERS + largest)
+
+
+def zero3_backward_uses(model: ModelSpec, setup: TrainSetup) -> int:
+    """Parameters (elements) the backward fetches again under ZeRO-3: all of them, less, in a LoRA run without
+    checkpointing, the frozen embedding and the first layer's frozen projections that read its input
+    (zero3_gathered_ahead)."""
+    used = model.params_total
+    if setup.method == "lora" and not setup.gradient_checkpointing:
+        first = model.layer_groups[0][0]
+        used -= model.embed_params + sum(m.params for m in first.linears if m.reads == "attn_in")
+    return used
+
+
+def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 0) -> int:
+    """Parameters (elements) ZeRO-3 holds gathered while the top decoder layers are back-propagated, once
+    its prefetcher runs ahead (zero3_gathered_ahead > 0).
+
+    ``PartitionedParameterCoordinator`` (DeepSpeed 0.19.8): ``release_sub_module`` frees the untied output
+    head after its backward (it is not used again), and every later module fetch refills from the trace queue:
+    ``_fetch_sub_module_impl`` prefetches while ``numel_prefetching < min(__max_n_available_params -
+    __n_available_params, __prefetch_bucket_sz)``, so ``__n_available_params`` (what ``__all_gather_params_``
+    added and ``__release_param`` took off) climbs back to ``stage3_max_live_parameters`` plus the last
+    parameter popped, which crosses the limit. While the top layers run, the queue holds layer parameters
+    (the token embedding is the trace's last use): the overshoot is at most the largest layer parameter.
+    When the parameters still to be used (less ``done``: those already back-propagated below the head,
+    which ``release_sub_module`` freed after their backward) fit under that, all of them are gathered.
+    (simulate: Llama-2-7B, 8 layers, ZeRO-3 over 8 GPUs, the coordinator's count read at every module
+    fetch and release: 1.00e9 to 1.034e9 elements through the top two layers' backward.)"""
+    after_head = zero3_backward_uses(model, setup) - model.lm_head_params - done
+    largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
+    return min(after_head, DS_MAX_LIVE_PARAMETERS + largest)
+
+
+def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> int:
+    """Gradient elements in the ZeRO-3 IPG bucket when it is first reduced during the backward; 0 when every
+    gradient fits, so that the only reduction is the backward's epilogue, or when the run is not a full
+    fine-tune.
+
+    stage3.py (DeepSpeed 0.19.8) ``reduce_independent_p_g_buckets_and_remove_grads``: when the next gradient
+    would take the bucket past ``reduce_bucket_size``, ``__reduce_and_partition_ipg_grads`` runs first; with
+    ``reduce_scatter`` on (the default) it calls ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``
+    (runtime/comm/coalesced_collectives.py), whose ``torch.cat`` of the interleaved, padded gradient chunks
+    is a new tensor of the bucket's elements in the 16-bit dtype, live beside the bucket while the layer is
+    back-propagated. Gradients arrive in the backward's order: the untied head, the final norm, then each
+    layer from the top, its linears last-to-first (its norms counted after them)."""
+    if setup.method != "full":
+        return 0
+    filled = model.lm_head_params + model.final_norm_params
+    for spec, count in reversed(model.layer_groups):
+        per_layer = [m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)]
+        per_layer.append(spec.norm_params)
+        for numel in per_layer * count:
+            if filled and filled + numel > reduce_bucket:
+                return filled
+            filled += numel
+    return 0
