@@ -1,4 +1,5 @@
-"""Analytic engine vs the simulate oracle: relative difference of the allocated peak and of each component.
+"""Analytic engine vs the simulate oracle: relative difference of the allocated peak and of each component
+(and, in each record, of the reserved peak: the analytic segment model against the allocator emulation).
 
     python benchmarks/agreement.py               # full sweep (about 40 cases), 2 worker processes
     python benchmarks/agreement.py --quick       # the CI subset (also run by tests/test_simulate_agreement.py)
@@ -315,6 +316,8 @@ def run_case(case: Case, skip_unsupported: bool = False) -> dict[str, Any]:
                            "diff_pct_of_peak": 100 * (analytic - simulated) / sim_peak}
                        for k, (simulated, analytic) in comps.items() if simulated or analytic},
         "seconds": rep.seconds, "wall": wall, "reserved": sim.reserved_peak_bytes,
+        "ana_reserved": ana.reserved_peak_bytes,
+        "rel_reserved": ana.reserved_peak_bytes / sim.reserved_peak_bytes - 1,
     }
 
 
@@ -396,7 +399,7 @@ def main_random(n: int, seed: int, jobs: int, json_out: str) -> int:
           + ", ".join(f"{k} {v}" for k, v in rejected.by_field.most_common()) + ")", flush=True)
 
     def line(r: dict[str, Any]) -> None:
-        what = (f"{100 * r['rel']:+7.2f} %" if "rel" in r else
+        what = (f"{100 * r['rel']:+7.2f} % (reserved {100 * r['rel_reserved']:+.2f} %)" if "rel" in r else
                 "skipped: " + r["skipped"] if "skipped" in r else "failed: " + r["error"])
         print(f"{r['label']}: {what}", flush=True)
 

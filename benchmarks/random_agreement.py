@@ -23,6 +23,8 @@ from random_setups import Draw  # noqa: E402
 
 WITHIN = 0.03
 FAR = 0.10
+# the reserved peaks are compared too (the analytic segment model against simulate's allocator emulation)
+RESERVED_WITHIN = 0.05
 # draws per worker process before it is replaced: amortizes the imports, bounds what a long-lived
 # fake-tensor process accumulates
 DRAWS_PER_WORKER = 25
@@ -100,7 +102,13 @@ def summarize(records: list[dict[str, Any]], worst: int = 10) -> dict[str, Any]:
     for axis, values in groups.items():
         per_axis[axis] = {v: {"n": len(xs), "within": sum(x <= WITHIN for x in xs) / len(xs), "max": max(xs)}
                           for v, xs in sorted(values.items())}
+    res = [abs(r["rel_reserved"]) for r in compared if "rel_reserved" in r]
+    reserved = {"n": len(res), "within_5pct": sum(x <= RESERVED_WITHIN for x in res),
+                "median_abs": statistics.median(res) if res else None, "max_abs": max(res) if res else None,
+                "bias": statistics.median(r["rel_reserved"] for r in compared if "rel_reserved" in r) if res
+                else None}
     return {"drawn": len(records), "compared": len(compared), "skipped": sum(skipped.values()),
+            "reserved": reserved,
             "skipped_by_reason": dict(skipped.most_common()), "errors": len(errors),
             "within_3pct": sum(x <= WITHIN for x in rels), "beyond_10pct": sum(x > FAR for x in rels),
             "share_within_3pct": sum(x <= WITHIN for x in rels) / len(rels) if rels else None,
@@ -123,6 +131,11 @@ def report_lines(s: dict[str, Any]) -> list[str]:
         lines.append(f"within 3 %: {s['within_3pct']}/{s['compared']} ({share:.1f} %); "
                      f"beyond 10 %: {s['beyond_10pct']}; |peak diff| median {100 * s['median_abs']:.2f} %, "
                      f"max {100 * s['max_abs']:.2f} %")
+    rv = s.get("reserved") or {}
+    if rv.get("n"):
+        lines.append(f"reserved peak (segment model vs allocator emulation): within 5 %: "
+                     f"{rv['within_5pct']}/{rv['n']}; |diff| median {100 * rv['median_abs']:.2f} %, "
+                     f"max {100 * rv['max_abs']:.2f} %, signed median {100 * rv['bias']:+.2f} %")
     for why, n in s["skipped_by_reason"].items():
         lines.append(f"  skipped {n:3d}: {why}")
     for r in s["error_records"]:

@@ -241,3 +241,32 @@ def sample(n: int, seed: int, rejections: Rejections | None = None,
     the catalog models of at most that many parameters only)."""
     rng = random.Random(seed)
     return [draw(rng, i, rejections, max_params=max_params) for i in range(n)]
+
+
+# a cheap sample for CI: the tiny catalog models, and none of what makes one simulation slow or impossible
+# (the frameworks the simulation has no model code for, 8-bit bases, MoE QLoRA, DeepSpeed's CPU Adam, which
+# compiles its C++ extension on first use)
+CHEAP_MAX_PARAMS = 1_500_000_000
+CHEAP_MAX_TOKENS = 2048
+
+
+def cheap(d: Draw) -> bool:
+    """Whether a draw is cheap to simulate (``CHEAP_MAX_TOKENS`` per micro-batch, no ZeRO-Offload) and is
+    of a profile and a quantization the simulation runs."""
+    s = d.setup
+    return (s.get("framework", "hf") in ("hf", "llamafactory", "fsdp-qlora") and s.get("bits", 4) == 4
+            and s["batch"] * s["seq"] <= CHEAP_MAX_TOKENS and not (s.get("zero") and s.get("offload", "none")
+                                                                    != "none"))
+
+
+def cheap_sample(n: int, seed: int) -> list[Draw]:
+    """The first ``n`` cheap draws (:func:`cheap`) of one random generator over the tiny catalog models."""
+    rng = random.Random(seed)
+    out: list[Draw] = []
+    i = 0
+    while len(out) < n:
+        d = draw(rng, i, max_params=CHEAP_MAX_PARAMS)
+        i += 1
+        if cheap(d):
+            out.append(d)
+    return out

@@ -133,11 +133,19 @@ LLAMA2_7B_LAYER = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
 
 
 def _cross_stream(**kw):
-    from tuneplan.api import estimate
+    from tuneplan.api import build_setup, estimate_run
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.allocator_segments import stranded_bytes
     from tuneplan.estimator.overhead import reserved_from_allocated
+    from tuneplan.estimator.run import resolve_run
 
-    b = estimate("meta-llama/Llama-2-7b-hf", **kw).breakdown
-    return b.reserved_peak_bytes - reserved_from_allocated(b.allocated_peak_bytes)
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    run = resolve_run(spec, build_setup(spec, **kw))
+    b = estimate_run(run).breakdown
+    # the same reserved figure without the per-stream part: what the loss instants strand, no stream
+    at_forward, at_backward = stranded_bytes(run, run.setup.batch, run.setup.seq)
+    held = max(b.instants["forward"] + at_forward, b.instants["backward_start"] + at_backward)
+    return b.reserved_peak_bytes - reserved_from_allocated(b.allocated_peak_bytes, 0, held)
 
 
 def test_fsdp1_holds_the_rate_limiters_freed_units_and_gradients() -> None:
@@ -202,3 +210,27 @@ def test_the_trackers_stream_hooks_are_undone_on_exit_even_when_re_entered() -> 
             assert t.stream_name() == "side stream 1"
         assert t.stream_name() == "default"
     assert torch.cpu.Event.record is record and hasattr(torch.cpu.Stream, "synchronize") == had_sync
+
+
+# ---- the free segments a loss instant strands (estimator/allocator_segments.py) --------------------------
+def test_a_checkpointed_llama_lora_step_strands_its_mlp_blocks_norm_and_16_bit_logits() -> None:
+    # Llama-2-7B, LoRA on q_proj / v_proj (PEFT's default), checkpointing, bf16-mixed, 4 x 2048 tokens:
+    # - the MLP under a checkpointed forward: the SiLU output, up_proj's output and their product are live
+    #   together and none is saved: 3 blocks of 8192 x 11008 x 2 B = 172 MiB (a whole number of 2 MiB);
+    # - RMSNorm's fp32 block: 8192 x 4096 x 4 B = 128 MiB;
+    # - the 16-bit logits, freed by the fp32 cast before the loss backward: 8192 x 32000 x 2 B = 500 MiB
+    from tuneplan.api import build_setup
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.allocator_segments import stranded_bytes
+    from tuneplan.estimator.run import resolve_run
+
+    mib = 2**20
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    run = resolve_run(spec, build_setup(spec, method="lora", batch=4, seq=2048, gradient_checkpointing=True,
+                                        precision="bf16-mixed"))
+    assert stranded_bytes(run, 4, 2048) == ((3 * 172 + 128) * mib, (3 * 172 + 128 + 500) * mib)
+    # without checkpointing autograd saves the SiLU input and both operands of the product; the product,
+    # which frozen down_proj does not keep, is the one MLP block left free
+    run = resolve_run(spec, build_setup(spec, method="lora", batch=4, seq=2048, gradient_checkpointing=False,
+                                        precision="bf16-mixed"))
+    assert stranded_bytes(run, 4, 2048) == ((172 + 128) * mib, (172 + 128 + 500) * mib)

@@ -25,15 +25,18 @@ SETUPS = [
 def test_read_parts_follow_the_definitions(model, kw):
     b = tuneplan.estimate(model, gpu="a100-80gb", **kw).breakdown
     allocated = b.allocated_peak_bytes  # read before the components exist
-    # overhead.py: allocated x 1.06, truncated, rounded up to 2 MiB segments; the band x 1.02 .. x 1.20
-    reserved = -(-int(allocated * 1.06) // (2 * MIB)) * (2 * MIB)
-    assert b.reserved_peak_bytes == reserved
+    # overhead.py: at least allocated x 1.06, truncated, rounded up to 2 MiB segments (more where a loss
+    # instant strands free segments: allocator_segments.py); the band: allocated x 1.02 .. reserved +
+    # allocated x 0.14
+    flat = -(-int(allocated * 1.06) // (2 * MIB)) * (2 * MIB)
+    reserved = b.reserved_peak_bytes
+    assert reserved >= flat and reserved % (2 * MIB) == 0
     assert b.device_peak_bytes == reserved + b.cuda_context_bytes + b.nccl_bytes
     assert sum(b.components.values()) == allocated == b.allocated_peak_bytes
     assert b.instants[b.peak_instant] == allocated == max(b.instants.values())
     assert next(k for k, v in b.instants.items() if v == allocated) == b.peak_instant  # the first on a tie
     band = b.bands["reserved"]
-    assert (band.low, band.high) == (int(allocated * 1.02), int(allocated * 1.2))
+    assert (band.low, band.high) == (int(allocated * 1.02), reserved + int(allocated * (0.2 - 0.06)))
     transient = b.components["activations"] + b.components["logits_loss"] + b.components["backward_temp"]
     assert b.bands["allocated"].high == int(allocated + 0.1 * transient)
     d = b.to_dict()

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from tuneplan.errors import TuneplanError
+from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_peak
 from tuneplan.estimator.instants import STEP_COMPONENTS, memory_at, named
-from tuneplan.estimator.overhead import cross_stream_reserve, cuda_context_bytes, reserved_from_allocated
+from tuneplan.estimator.overhead import cuda_context_bytes
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
@@ -116,7 +117,8 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
         totals[i] = m.total(instant)
     peak = np.argmax(totals, axis=0)
     allocated = np.take_along_axis(totals, peak[None], 0)[0]
-    reserved = reserved_from_allocated(allocated, cross_stream_reserve(run))
+    loss = {k: totals[names.index(k)] for k in LOSS_INSTANTS if k in names}
+    reserved = reserved_peak(run, allocated, loss, batch, seq)
     out = {"allocated": allocated, "reserved": reserved,
            "device_peak": reserved + cuda_context_bytes() + m.statics.wrapped.resident.nccl,
            "peak_instant": np.asarray(names)[peak]}

@@ -97,7 +97,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     statics = run.memo.get("memory") or memory_statics(run)
     acts = saved_at(statics.acts, batch, seq)
     logits = logits_plan(batch * seq, statics.vocab, statics.logit_bytes, run.loss, seq, statics.hidden,
-                         statics.softmax_keeps_input)
+                         statics.softmax_keeps_input, statics.softcap)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     holds, first = statics.holds, statics.first

@@ -62,9 +62,12 @@ class LogitsPlan:
 
 
 def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any = 0,
-                hidden: int = 0, softmax_keeps_input: bool = False) -> LogitsPlan:
+                hidden: int = 0, softmax_keeps_input: bool = False, softcap: bool = False) -> LogitsPlan:
     """The chain's live bytes, linear in ``tokens`` x vocabulary (``tokens`` and ``seq`` may be numpy arrays
-    of a grid: see ``estimator/xp.py``)."""
+    of a grid: see ``estimator/xp.py``). ``softcap``: the model caps its logits (Gemma-2's
+    ``final_logit_softcapping``: ``logits / cap``, ``tanh``, ``* cap`` in transformers'
+    Gemma2ForCausalLM.forward); ``tanh`` saves its output for backward, one more c-byte tokens x vocabulary
+    tensor from the forward's end until the loss backward has run (the default chain only)."""
     logit_elems = tokens * vocab
     logits = compute_bytes * logit_elems  # the model's logits, in its compute dtype
     if loss == "fused_linear":
@@ -101,4 +104,6 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
     kept = 4 * logit_elems if softmax_keeps_input else 0
     # (positional: the default chain is the one nearly every estimate takes; keywords cost a third of a
     # microsecond): at_forward_end, forward_peak, backward_peak
-    return LogitsPlan(logits, logits + upcast + 4 * logit_elems, 12 * logit_elems + kept)
+    capped = compute_bytes * logit_elems if softcap else 0
+    return LogitsPlan(logits + capped, logits + upcast + 4 * logit_elems + capped,
+                      12 * logit_elems + kept + capped)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuneplan.estimator.activations import ActivationPlan
+from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_peak
 from tuneplan.estimator.instants import MemoryAt, components_of, memory_at, named
 from tuneplan.estimator.memory_statics import MemoryStatics
 from tuneplan.estimator.overhead import (
@@ -14,7 +15,6 @@ from tuneplan.estimator.overhead import (
     cross_stream_reserve,
     cuda_context_bytes,
     reserved_band,
-    reserved_from_allocated,
 )
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.estimator.types import GIB, Band, MemoryBreakdown, built_on_read
@@ -57,7 +57,9 @@ class AnalyticBreakdown(MemoryBreakdown):
 
     def __init__(self, run: Run, live: MemoryAt, peak: str, allocated: int) -> None:
         self.peak_instant = peak
-        self.reserved_peak_bytes = reserved_from_allocated(allocated, cross_stream_reserve(run))
+        base, rows = live.statics.common_total, live.rows
+        loss = {k: base + sum(rows[k]) for k in LOSS_INSTANTS if k in rows}
+        self.reserved_peak_bytes = reserved_peak(run, allocated, loss, run.setup.batch, run.setup.seq)
         self.cuda_context_bytes = cuda_context_bytes()
         self.nccl_bytes = live.statics.wrapped.resident.nccl
         self._run, self._live, self._allocated = run, live, allocated
@@ -98,7 +100,8 @@ class AnalyticBreakdown(MemoryBreakdown):
             "allocated": Band(int(allocated - ACTIVATION_BAND * transient),
                               int(allocated + ACTIVATION_BAND * transient),
                               "activation and loss terms +-10% (saved-tensor model)"),
-            "reserved": Band(*reserved_band(allocated, cross_stream_reserve(self._run)),
+            "reserved": Band(*reserved_band(allocated, self.reserved_peak_bytes,
+                                            cross_stream_reserve(self._run)),
                              "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
             "cuda_context": CUDA_CONTEXT,
         }

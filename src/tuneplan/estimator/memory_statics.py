@@ -38,6 +38,7 @@ class MemoryStatics:
     logit_bytes: int
     hidden: int
     softmax_keeps_input: bool
+    softcap: bool  # the model caps its logits with tanh (logits.logits_plan)
     holds: bool  # the training loop keeps the last micro-batch's outputs (profile.loop_holds_outputs)
     first: bool  # the longest micro-batch runs first (setup.longest_batch_first)
     checkpointed: bool
@@ -98,6 +99,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         autocast_copies_backward=autocast_copies_backward, head_dequant=head_dequant,
         dequant=dequant_transient_bytes(model, setup, profile), acts=acts, vocab=model.head_width,
         logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
+        softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         holds=profile.loop_holds_outputs, first=setup.longest_batch_first,
         checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),
         embedding_into_buffer=embedding, earlier_grads=grads_prev + buckets.persistent,

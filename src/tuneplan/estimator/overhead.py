@@ -4,9 +4,11 @@
   ``CUBLAS_WORKSPACE_CONFIG`` is ``:4096:8`` (8 x 4 MiB) on pre-Hopper cards and ``:4096:2:16:8`` on
   Hopper (PyTorch docs, "Reproducibility" / cuBLAS workspaces).
 - reserved vs allocated: the caching allocator rounds blocks to 512 B and carves them from 2 MiB
-  (small) or 20 MiB / exact (large) segments; fragmentation leaves freed blocks that cannot be reused.
-  Modelled as a fraction of the allocated peak (an emulation, to be confirmed by measured runs), with a
-  band, plus what sharded runs cache per CUDA stream (:func:`cross_stream_reserve`).
+  (small) or 20 MiB / exact (large) segments. The free segments a step strands at the loss (the layers'
+  forward blocks, the 16-bit logits, which the loss chain's larger fp32 blocks cannot reuse) come from
+  ``allocator_segments.py``; the tails of split segments are a fraction of the allocated peak
+  (``FRAGMENTATION``, not modelled block by block); plus what sharded runs cache per CUDA stream
+  (:func:`cross_stream_reserve`). An emulation of the allocator's rules, to be confirmed by measured runs.
 - CUDA context: driver, kernels and the CUDA runtime outside PyTorch: 300 MiB to 2 GiB depending on
   GPU, driver and lazy loading (prior-art e.6); the calibration rows read through NVML on a V100 give
   ~1343 MB with an older stack. Modern PyTorch (CUDA >= 11.7 lazy module loading) is ~0.5 GiB.
@@ -16,39 +18,48 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneplan.estimator.xp import to_int
+from tuneplan.estimator.xp import maximum, to_int
 
 MIB = 1024**2
 CUBLAS_WORKSPACE = 32 * MIB  # 8 x 4 MiB (:4096:8)
-FRAGMENTATION = 0.06  # reserved / allocated - 1 at the peak of a steady training step (central value)
+# the tails of split segments at the allocated peak, as a share of it: reserved / allocated - 1 of a step
+# whose peak strands no whole segment (the flat figure this model had before the stranded segments; the
+# allocator emulation replaying simulate's trace gives 5.8 % for Qwen2.5-0.5B at 4 layers, full
+# fine-tune, 2 x 1024 tokens, whose peak strands none)
+FRAGMENTATION = 0.06
+# the reserved band: the low end is what the allocator still needs once a failed cudaMalloc has released
+# every free cached segment (release_cached_blocks); the high end lies this far above allocated x (1 + low)
 FRAGMENTATION_BAND = (0.02, 0.20)
 CUDA_CONTEXT = 512 * MIB
 CUDA_CONTEXT_BAND = (300 * MIB, 1400 * MIB)
 SEGMENT = 2 * MIB
 
 
-def reserved_from_allocated(allocated: Any, cross_stream: int = 0) -> Any:
-    """allocated x (1 + FRAGMENTATION), truncated to bytes, rounded up to whole 2 MiB segments, plus the bytes
-    cached per CUDA stream (``cross_stream``: :func:`cross_stream_reserve`; an int, or an array of a grid:
-    ``estimator/xp.py``)."""
-    r = to_int(allocated * (1 + FRAGMENTATION))
+def reserved_from_allocated(allocated: Any, cross_stream: int = 0, held: Any = 0) -> Any:
+    """The larger of allocated x (1 + FRAGMENTATION), truncated to bytes, and ``held`` (a loss instant's total
+    with the free segments it strands: ``allocator_segments.reserved_peak``), rounded up to whole 2 MiB
+    segments, plus the bytes cached per CUDA stream (``cross_stream``: :func:`cross_stream_reserve`; ints, or
+    arrays of a grid: ``estimator/xp.py``)."""
+    r = maximum(to_int(allocated * (1 + FRAGMENTATION)), held)
     return -(-r // SEGMENT) * SEGMENT + cross_stream
 
 
-def reserved_band(allocated: Any, cross_stream: int = 0) -> tuple[Any, Any]:
-    """The reserved figure's band: allocated x (1 + FRAGMENTATION_BAND), each end truncated to bytes, plus the
-    bytes cached per CUDA stream (ints, or arrays of a grid: the planner reads the high end off each cell)."""
+def reserved_band(allocated: Any, reserved: Any, cross_stream: int = 0) -> tuple[Any, Any]:
+    """The reserved figure's band around ``reserved`` (:func:`reserved_from_allocated`, ``cross_stream``
+    included): allocated x (1 + FRAGMENTATION_BAND[0]) up to ``reserved`` + allocated x (FRAGMENTATION_BAND[1]
+    - FRAGMENTATION), each truncated to bytes, plus the bytes cached per CUDA stream at the low end (ints, or
+    arrays of a grid: the planner reads the high end off each cell)."""
     return (to_int(allocated * (1 + FRAGMENTATION_BAND[0])) + cross_stream,
-            to_int(allocated * (1 + FRAGMENTATION_BAND[1])) + cross_stream)
+            reserved + to_int(allocated * (FRAGMENTATION_BAND[1] - FRAGMENTATION)))
 
 
-def device_peak_high(allocated: Any, reserved: Any, device_peak: Any, cross_stream: int) -> Any:
+def device_peak_high(allocated: Any, reserved: Any, device_peak: Any) -> Any:
     """The device peak's upper band from a grid's arrays, element-wise (as ``MemoryBreakdown.
-    device_peak_high_bytes`` reads it off one breakdown's bands): the reserved band's high end (with the run's
-    :func:`cross_stream_reserve`), the CUDA context band's high end, and NCCL (no band), which is what the
-    device peak holds above reserved + context."""
+    device_peak_high_bytes`` reads it off one breakdown's bands): the reserved band's high end, the CUDA
+    context band's high end, and NCCL (no band), which is what the device peak holds above reserved +
+    context."""
     nccl = device_peak - reserved - cuda_context_bytes()
-    return reserved_band(allocated, cross_stream)[1] + CUDA_CONTEXT_BAND[1] + nccl
+    return reserved_band(allocated, reserved)[1] + CUDA_CONTEXT_BAND[1] + nccl
 
 
 # FSDP1 ``limit_all_gathers``: ``_FreeEventQueue._max_num_inflight_all_gathers`` (torch/distributed/fsdp/

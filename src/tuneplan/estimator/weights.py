@@ -201,9 +201,11 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
             tally.autocast_copy += repeats * weight_numel * dtypes.compute
     else:
         tally.weight += repeats * (weight_numel + bias_numel) * dtypes.frozen_weight
-        if dtypes.autocast and dtypes.frozen_weight == 4:
+        if dtypes.autocast and dtypes.frozen_weight == 4 and not setup.gradient_checkpointing:
             # autocast casts a frozen fp32 weight on every forward; the cast is saved for the
-            # input-gradient matmul (autocast caches casts only for params requiring grad).
+            # input-gradient matmul (autocast caches casts only for params requiring grad:
+            # autocast_mode.cpp cached_cast), so a checkpointed layer's forward, which saves
+            # nothing, frees each cast after its matmul.
             tally.autocast_copy += repeats * weight_numel * dtypes.compute
     if m.name in targets:
         tally.adapter_params += repeats * lora_params_of(m, setup.rank)

@@ -32,7 +32,6 @@ import numpy as np
 from tuneplan.api import Estimate, build_setup, estimate_run
 from tuneplan.compat import check
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.overhead import cross_stream_reserve
 from tuneplan.estimator.run import Run, resolve_run
 from tuneplan.grid import memory_plane
 from tuneplan.plan.margin import Margin, required, upper_band
@@ -253,7 +252,7 @@ class Shared:
         def plane(i: int) -> Row:
             p = memory_plane(run if i == 0 else run.reshaped(grad_accum=2), batch, seq)
             allocated, reserved, peak = p["allocated"][0], p["reserved"][0], p["device_peak"][0]
-            high = upper_band(allocated, reserved, peak, cross_stream_reserve(run))
+            high = upper_band(allocated, reserved, peak)
             return Row(device_peak=peak, device_peak_high=high,
                        host=host(1 + i))
 

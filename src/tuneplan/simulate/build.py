@@ -6,7 +6,8 @@ The model comes from the same config.json dict as the ModelSpec (``ModelSpec.con
 aborts the process once autograd touches it on a CPU-only build; ``meta`` cannot run fused AdamW).
 What each framework profile switch does to the real objects:
 - weights load in the precision's 16-bit dtype; a full fine-tune under a ``-mixed`` precision keeps fp32
-  master weights (``trainable_fp32_in_mixed``: the Trainer loads the model in fp32 and autocasts);
+  master weights (``trainable_fp32_in_mixed``: the Trainer loads the model in fp32 and autocasts), and
+  ``mixed_base_fp32`` keeps a frozen unquantized base in fp32 too;
 - QLoRA: every ``nn.Linear`` of the decoder becomes the bitsandbytes stand-in; then PEFT's
   ``prepare_model_for_kbit_training`` (profile ``kbit_upcast_fp32``) casts every other 16-bit parameter
   to fp32 and freezes the model;
@@ -42,8 +43,11 @@ def compute_dtype(setup: TrainSetup) -> torch.dtype:
 def uses_autocast(setup: TrainSetup, prof: Profile) -> bool:
     """Whether the forward runs under autocast: the profile's rule, except under DeepSpeed, where
     accelerate's Accelerator leaves native_amp off for fp16 and bf16 (DistributedType.DEEPSPEED: the engine
-    runs the 16-bit module itself; accelerate 1.16 accelerator.py) and so never wraps the forward."""
-    return prof.autocast and setup.precision != "fp32" and not setup.zero
+    runs the 16-bit module itself; accelerate 1.16 accelerator.py) and so never wraps the forward.
+    A '-mixed' precision autocasts whatever the profile's default (fsdp_qlora train.py wraps the forward in
+    ``torch.cuda.amp.autocast`` for fp16_autocast / bf16_autocast), as ``estimator.dtypes`` reads it."""
+    mixed = setup.precision.endswith("-mixed")
+    return (prof.autocast or mixed) and setup.precision != "fp32" and not setup.zero
 
 
 @contextmanager
@@ -136,6 +140,10 @@ def _load_dtype(setup: TrainSetup, prof: Profile) -> torch.dtype:
     if setup.precision == "fp32":
         return torch.float32
     if setup.method == "full" and setup.precision.endswith("-mixed") and prof.trainable_fp32_in_mixed:
+        return torch.float32
+    # fsdp_qlora train.py's bf16_autocast / fp16_autocast load the model with torch_dtype=float32 and
+    # model.to(float32) for every unquantized train_type (LoRA too: a frozen fp32 base under autocast)
+    if setup.method != "qlora" and setup.precision.endswith("-mixed") and prof.mixed_base_fp32:
         return torch.float32
     return half
 

@@ -1,0 +1,98 @@
+"""What the CUDA caching allocator keeps reserved at the loss beyond the allocated blocks: free segments the
+loss chain's larger blocks cannot reuse.
+
+The rules, from c10/cuda/CUDACachingAllocator.cpp in its default configuration (``simulate/allocator.py``
+replays the same rules over a traced step):
+- a request over 1 MiB (``kSmallSize``) is served from the large pool; from 10 MiB (``kMinLargeAlloc``) a
+  new segment is the request rounded up to 2 MiB (``kRoundLarge``);
+- ``get_free_block`` hands out the smallest cached free block of the pool that is at least the request
+  (splitting it when more than 1 MiB remains); a free block is never merged across segments;
+- segments are returned to CUDA only when a ``cudaMalloc`` fails (``release_cached_blocks``, then retry):
+  with memory to spare, reserved never goes down during a step.
+
+So the blocks each decoder layer's forward frees stay cached in segments of their own size, and the loss
+chain, whose fp32 blocks are ``tokens x vocabulary x 4`` bytes (larger than any layer tensor), gets new
+segments beside them: at the loss the reserved figure is the allocated total plus those free segments.
+From the first layer's backward on they are reused by the same layer tensors (recomputed or not), so the
+reserved peak is the larger of the allocated peak (with the tails of split segments:
+``overhead.FRAGMENTATION``) and the loss instants' totals plus the free segments (:func:`reserved_peak`).
+
+The free segments modelled (``tokens`` = micro-batch x sequence on one GPU, ``c`` the compute dtype's bytes):
+- a gated MLP, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` in transformers: the activation output, the
+  up projection and their product are live together (3 blocks of tokens x intermediate x c); PEFT's
+  ``LoraLayer.forward`` on up_proj (``result = result + lora_B(lora_A(dropout(x))) * scaling``) keeps the
+  base output and the scaled adapter output beside them (4). A checkpointed layer saves none of them
+  (each is a free segment at the loss); without checkpointing autograd saves the SiLU input and both
+  operands of the product, and frees the product itself unless down_proj reads it for a gradient, and the
+  base output of a LoRA-wrapped projection;
+- the MLP's blocks are in the dtype its projections return (16 bits under autocast; bitsandbytes' Linear4bit
+  casts its 16-bit matmul output back to the input's dtype: the 16-bit output is one more free block);
+- RMSNorm in transformers (``hidden_states.to(torch.float32)``, ``* torch.rsqrt(variance + eps)``): an fp32
+  tokens x hidden block freed once the normalized value is cast back to the input dtype;
+- the loss chain's own 16-bit logits (``logits.py``'s ``hf`` and ``torchtune_legacy`` chains): freed by
+  the fp32 cast before the loss backward makes its fp32 gradients, which cannot reuse the segment.
+Not modelled: MoE expert blocks, eager attention's score blocks (larger than the loss chain's blocks when
+the sequence is long: those the chain can reuse), the smaller tokens x hidden blocks of the attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuneplan.estimator.overhead import cross_stream_reserve, reserved_from_allocated
+from tuneplan.estimator.xp import ceil_div, maximum
+
+MIB = 1024**2
+ROUND_LARGE = 2 * MIB  # kRoundLarge: a large segment is the request rounded up to 2 MiB
+# the instants at which the loss chain is live and every layer's forward has run (memory.instants)
+LOSS_INSTANTS = ("forward", "backward_start")
+# logits.py chains whose 16-bit logits die before the fp32 loss-backward blocks are made
+UPCASTING_CHAINS = ("hf", "torchtune_legacy")
+
+
+def _segment(nbytes: Any) -> Any:
+    return ceil_div(nbytes, ROUND_LARGE) * ROUND_LARGE
+
+
+def _mlp_free_blocks(run: Any) -> int:
+    """tokens x intermediate blocks one dense gated MLP's forward leaves free (module docstring)."""
+    model, setup, targets = run.model, run.setup, run.targets
+    if model.is_moe or model.mlp_kind != "swiglu" or not model.intermediate:
+        return 0
+    lora_up = "up_proj" in targets
+    if setup.gradient_checkpointing:
+        return 4 if lora_up else 3
+    down_reads = setup.method in ("full", "freeze") or "down_proj" in targets
+    return (0 if down_reads else 1) + (2 if lora_up else 0)
+
+
+def stranded_bytes(run: Any, batch: Any, seq: Any) -> tuple[Any, Any]:
+    """Bytes of free segments at the ``forward`` and ``backward_start`` instants that the loss chain cannot
+    reuse (ints, or arrays of a grid)."""
+    model, dt = run.model, run.dtypes
+    tokens = batch * seq
+    c = dt.compute
+    quantized = run.setup.quant_bits is not None
+    n_mlp = _mlp_free_blocks(run)
+    # the MLP's tensors are its projections' outputs: bitsandbytes' Linear4bit casts its 16-bit matmul output
+    # back to the input's dtype (quant_out), which leaves that 16-bit output free as well
+    width = dt.quant_out if quantized else dt.linear_out
+    layers = n_mlp * _segment(tokens * model.intermediate * width)
+    if n_mlp and quantized and dt.quant_out != c:
+        layers = layers + _segment(tokens * model.intermediate * c)
+    if model.norm_kind == "rms":
+        layers = layers + _segment(tokens * model.hidden * 4)
+    logits = 0
+    if run.loss in UPCASTING_CHAINS and c < 4 and not run.setup.num_labels:
+        logits = _segment(tokens * model.head_width * c)
+    return layers, layers + logits
+
+
+def reserved_peak(run: Any, allocated: Any, loss_totals: dict[str, Any], batch: Any, seq: Any) -> Any:
+    """The reserved peak: the allocated peak with its segment tails, or a loss instant's total plus the free
+    segments it strands, whichever is larger, plus what the run caches per CUDA stream
+    (``overhead.cross_stream_reserve``). ``loss_totals``: the allocated total of each of ``LOSS_INSTANTS``."""
+    at_forward, at_backward = stranded_bytes(run, batch, seq)
+    held = maximum(loss_totals.get(LOSS_INSTANTS[0], 0) + at_forward,
+                   loss_totals.get(LOSS_INSTANTS[1], 0) + at_backward)
+    return reserved_from_allocated(allocated, cross_stream_reserve(run), held)
