@@ -10,7 +10,9 @@ verdicts and recommendation are the same) and checks:
   and reaches the global batch whenever some candidate does);
 - ``gpus`` and ``fit`` agree: some family fits at micro-batch 1 by the fewest-cards search
   (:func:`tuneplan.plan.evaluate.first_fitting`, which relies on checkpointing and lighter optimizers
-  never adding memory) exactly when ``fit`` has a row that fits.
+  never adding memory) exactly when ``fit`` has a row that fits; where ``fit`` answered with another
+  framework (nothing fits with the default one), that search finds nothing with the default framework
+  and something with the one ``fit`` took.
 It prints one line per model and a summary that the README quotes.
 """
 
@@ -53,12 +55,21 @@ def check_model(name: str) -> dict[str, Any]:
                 out["recommended"] += 1
                 out["tight"] += rec["tight"]
                 out["relaxed"] += rec["relaxed"]
-            probe = Prober(model, acc, {"gpus": n})
-            fams = families(list(METHOD_VARIANTS), probe.base, n, acc)
-            hit = first_fitting(probe, fams, lambda f, p=probe, a=acc: not compat_errors(model, a, p.base, f))
-            if (hit is not None) != any(m["fits"] for m in d["methods"]):
-                out["violations"].append(f"{where}: fewest-cards search says {hit is not None}, "
-                                         "fit says otherwise")
+            fw = d["framework"]
+
+            def hit(framework: str | None, n: int = n, acc: Any = acc) -> bool:
+                base = {"gpus": n, **({"framework": framework} if framework else {})}
+                probe = Prober(model, acc, base)
+                fams = families(list(METHOD_VARIANTS), probe.base, n, acc)
+                got = first_fitting(probe, fams, lambda f: not compat_errors(model, acc, probe.base, f))
+                return got is not None
+
+            fits = any(m["fits"] for m in d["methods"])
+            if fw["chosen"] == fw["default"] and hit(None) != fits:
+                out["violations"].append(f"{where}: fewest-cards search says {not fits}, fit says otherwise")
+            if fw["chosen"] != fw["default"] and (hit(None) or not hit(fw["chosen"]) or not fits):
+                out["violations"].append(f"{where}: fit took {fw['chosen']}, but the fewest-cards search "
+                                         "disagrees on it or on the setup's own framework")
     out["seconds"] = time.perf_counter() - t0
     return out
 

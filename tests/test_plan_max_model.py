@@ -117,3 +117,19 @@ def test_auto_answers_only_what_trains_at_a_usable_speed_within_the_host_memory(
     top = d["largest_catalog_model"]
     assert top is not None and top["params"] < big["params"]
     assert top["hours"] is not None and top["hours"] <= 24 and top["tokens_per_second"] >= USABLE_TOKENS_PER_S
+
+
+def _without_work(d: dict) -> dict:
+    """A report's answers: without the count of setups evaluated (less work is the point)."""
+    out = {k: v for k, v in d.items() if k not in ("evaluations", "catalog", "by_method")}
+    out["by_method"] = [{k: v for k, v in m.items() if k != "evaluations"} for m in d["by_method"]]
+    return out
+
+
+@pytest.mark.parametrize("gpu,setup", [("t4", {"method": "lora"}),
+                                       ("rtx4090", {"method": "qlora", "auto": True})])
+def test_the_table_alone_has_the_same_answers_as_the_whole_catalog(gpu: str, setup: dict) -> None:
+    whole = max_model(gpu, **setup).to_dict()
+    table = max_model(gpu, catalog=False, **setup).to_dict()
+    assert len(whole["catalog"]) == len(catalog_models()) and len(table["catalog"]) <= 1
+    assert _without_work(table) == _without_work(whole)

@@ -134,14 +134,20 @@ def test_host_memory_from_this_machine_a_cloud_instance_or_the_default() -> None
 
 def test_host_memory_of_this_machine_decides_whether_offload_runs() -> None:
     # 7B full with ZeRO-Offload keeps fp32 weights and Adam states on the host: 16 B x 6.74e9 = 100 GiB.
-    # On a machine with 256 GiB it runs; on a desktop whose 4090 has 64 GiB beside it, it does not
+    # On a machine with 256 GiB it runs; on a desktop whose 4090 has 64 GiB beside it, it does not with
+    # HF's mixed precision; torchtune's pure bf16 keeps 8 B x 6.74e9 = 50 GiB there, so an unpinned fit
+    # answers with it
     big = fit("meta-llama/Llama-2-7b-hf", "rtx4090", method="full", detail=False,
               machine=Machine(("rtx-4090",), 256 * GIB)).to_dict()
-    small = fit("meta-llama/Llama-2-7b-hf", "rtx4090", method="full", detail=False,
+    small = fit("meta-llama/Llama-2-7b-hf", "rtx4090", method="full", detail=False, framework="hf",
                 machine=Machine(("rtx-4090",), 64 * GIB)).to_dict()
     assert big["host_memory"]["source"] == "this machine" and big["recommended"] is not None
-    assert big["recommended"]["setup"]["offload"] != "none"
+    assert big["recommended"]["setup"]["offload"] != "none" and big["framework"]["chosen"] == "hf"
     assert small["recommended"] is None
+    other = fit("meta-llama/Llama-2-7b-hf", "rtx4090", method="full", detail=False,
+                machine=Machine(("rtx-4090",), 64 * GIB)).to_dict()
+    assert other["framework"]["chosen"].startswith("torchtune") and other["recommended"] is not None
+    assert other["recommended"]["host_bytes"] <= 64 * GIB < 16 * 6.74e9
 
 
 @pytest.fixture(scope="module")

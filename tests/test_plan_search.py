@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuneplan.plan.search import first_true_in, largest_true, last_true_in, smallest_true
+from tuneplan.plan.search import first_true_in, largest_true, largest_true_near, last_true_in, smallest_true
 
 
 @settings(max_examples=300, deadline=None)
@@ -29,6 +29,31 @@ def test_largest_true_matches_a_plain_loop(lo: int, span: int, cut: int, start: 
     assert got == want
     # exact, and logarithmic: gallop + bisection, each about log2(span) steps, plus the ends
     assert len(set(calls)) <= 2 * math.log2(span + 2) + 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(lo=st.integers(1, 50), span=st.integers(0, 5000), cut=st.integers(-10, 6000), guess=st.integers(-10, 6000))
+def test_largest_true_near_matches_a_plain_loop_and_costs_the_distance(lo: int, span: int, cut: int,
+                                                                      guess: int) -> None:
+    hi = lo + span
+    calls: list[int] = []
+
+    def pred(x: int) -> bool:
+        assert lo <= x <= hi
+        calls.append(x)
+        return x <= cut
+
+    got = largest_true_near(pred, lo, hi, guess)
+    want = None
+    for x in range(lo, hi + 1):  # the plain loop: last x before the first failure
+        if not x <= cut:
+            break
+        want = x
+    assert got == want
+    # gallop away from the (clamped) guess, then bisect the last step: about 2 log2 of the distance
+    g = min(max(guess, lo), hi)
+    distance = abs((want if want is not None else lo) - g)
+    assert len(set(calls)) <= 2 * math.log2(distance + 2) + 4
 
 
 @settings(max_examples=300, deadline=None)

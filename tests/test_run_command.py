@@ -70,6 +70,25 @@ def test_command_carries_the_dataset_for_the_same_totals() -> None:
     assert got["time"]["tokens_per_second"] == pytest.approx(rec["tokens_per_second"], rel=1e-12)
 
 
+def test_fit_labels_its_hours_as_the_band_upper_end_and_the_run_line_is_central() -> None:
+    """With the default safety margin fit plans on the time band's upper end; the `run:` line's
+    estimate prints the central hours. The text names both, so they are not read as a contradiction."""
+    from typer.testing import CliRunner
+
+    from tuneplan.cli.root import app
+
+    args = ["fit", "Qwen/Qwen2.5-0.5B", "--gpu", "rtx4090", "--samples", "20000", "--avg-tokens", "300"]
+    rec = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)["recommended"]
+    got = rerun(rec["command"])
+    central, band = got["time"]["total_hours"], got["time"]["band"]
+    assert rec["hours_basis"] == "time band upper end"
+    assert rec["central_hours"] == pytest.approx(central, rel=1e-12)
+    assert rec["total_hours"] == pytest.approx(band["total_hours_high"], rel=1e-9)
+    text = " ".join(CliRunner().invoke(app, args, env={"COLUMNS": "200"}).stdout.split())
+    assert (f"plan for {rec['total_hours']:,.3g} h" in text and "upper end of the time band" in text
+            and f"central {central:,.3g} h" in text)
+
+
 # A sample of plans: sizes from 0.5 B to 72 B, dense and MoE, one to many cards, each objective, a pinned
 # method, another framework profile.
 FIT_SAMPLE = [

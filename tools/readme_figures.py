@@ -6,7 +6,9 @@ its output is a *figure*: this script runs the command (``python -m tuneplan``, 
 ``src`` first on the path) and writes the output under it. Blocks that show several commands, a
 condensed or ``--json`` excerpt, ``...``, a comment, or a command that writes files or depends on this
 machine (``doctor``, ``measure``, ``serve``, ``-o``, ``--plot``) are excerpts written by hand and are
-left alone; ``--list`` says which is which.
+left alone; ``--list`` says which is which. A command that ends in ``# part: TITLE`` is a figure of one
+section of its output: the printed lines from the one that starts with TITLE up to the next line that is
+not part of a table (table lines carry runs of two spaces between columns, or the header's rule).
 
     python tools/readme_figures.py           # rewrite README.md's figures
     python tools/readme_figures.py --check   # exit 1 and show the first difference when one is stale
@@ -34,6 +36,9 @@ HAND_WRITTEN = re.compile(
     r"--json|\.\.\.|#|(^| )-o |--plot|--record|--snapshot|tuneplan (doctor|measure|serve)")
 
 
+PART = re.compile(r"\s+# part: (.+)$")
+
+
 @dataclass
 class Block:
     start: int  # offset of the block's body in the README
@@ -42,9 +47,28 @@ class Block:
     output: str
 
     @property
+    def part(self) -> str | None:
+        """The title of the section this figure shows, or None for the whole output."""
+        m = PART.search(self.command[-1])
+        return m.group(1).strip() if m else None
+
+    @property
     def argv(self) -> list[str]:
         joined = " ".join(line.rstrip("\\").strip() for line in self.command)
+        joined = PART.sub("", joined)
         return shlex.split(joined.removeprefix("$ tuneplan"))  # quoted arguments: --a '--seq 512'
+
+
+def section(printed: str, title: str) -> str:
+    """The lines of ``printed`` from the one starting with ``title`` to the end of its table."""
+    lines = printed.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(title)), None)
+    if start is None:
+        raise SystemExit(f"no section {title!r} in the output")
+    end = start + 1
+    while end < len(lines) and ("  " in lines[end].strip() or lines[end].startswith("─")):
+        end += 1
+    return "\n".join(lines[start:end])
 
 
 def figures(text: str) -> tuple[list[Block], list[str]]:
@@ -58,7 +82,8 @@ def figures(text: str) -> tuple[list[Block], list[str]]:
         while lines[n - 1].endswith("\\") and n < len(lines):
             n += 1
         command, rest = lines[:n], lines[n:]
-        if any(line.startswith("$ ") for line in rest) or any(HAND_WRITTEN.search(c) for c in command):
+        shown = [PART.sub("", c) for c in command]
+        if any(line.startswith("$ ") for line in rest) or any(HAND_WRITTEN.search(c) for c in shown):
             skipped.append(lines[0])
             continue
         found.append(Block(m.start(1), m.end(1), command, "\n".join(rest)))
@@ -100,7 +125,7 @@ def one_file(path: Path, check: bool, listing: bool) -> tuple[int, int]:
         return len(blocks), 0
     stale, out = [], text
     for b in reversed(blocks):  # from the end, so earlier offsets stay valid
-        printed = run(b.argv)
+        printed = run(b.argv) if b.part is None else section(run(b.argv), b.part)
         if printed != b.output.rstrip():
             stale.append((b, printed))
             body = "\n".join(b.command) + "\n" + printed + "\n"

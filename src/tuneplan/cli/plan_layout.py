@@ -5,6 +5,8 @@ Formatting only: short labels, compact tables, identifiers split at their hyphen
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich import box
 from rich.table import Table
 
@@ -59,3 +61,26 @@ def split_id(text: str, width: int = 16) -> str:
         else:
             cur += piece
     return "\n".join([*lines, cur])
+
+
+def num(v: Any, fmt: str = "{:,.3g}") -> str:
+    """A figure in ``fmt``; ``-`` for none."""
+    return "-" if v is None else fmt.format(v)
+
+
+def hours(v: float | None) -> str:
+    """Hours: whole from 100 up, two decimals below; ``-`` for none."""
+    return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+
+
+def extras(requires: list[str]) -> list[str]:
+    """The switches of a setup besides its strategy (checkpointing, optimizer): the strategy has its
+    own column."""
+    return [r for r in requires if not r.startswith(("zero-", "fsdp", "no-fsdp", "offload-"))]
+
+
+def legend(names: list[str | None]) -> None:
+    """The legend of the short strategy labels shown, as a dim line; nothing when none is short."""
+    text = strategy_legend(names)
+    if text:
+        console.print(f"[dim]{text}[/]")

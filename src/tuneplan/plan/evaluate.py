@@ -232,6 +232,7 @@ def measure(probe: Prober, cand: Candidate, margin: Margin | None = None) -> Can
         "total_hours": up(t.get("total_hours")), "cloud_usd": up(c.get("cloud_usd")),
         "own_usd": up(c.get("own_usd")),
         "hours_basis": "time band upper end" if slow != 1.0 else "central estimate",
+        "central_hours": t.get("total_hours"),  # what `estimate` prints for the same setup
         "break_even_hours": c.get("break_even_hours"), "cloud_usd_per_gpu_hour": price,
         "own_usd_per_gpu_hour": own, "cloud_usd_per_million_tokens": per_m(price),
         "own_usd_per_million_tokens": per_m(own),

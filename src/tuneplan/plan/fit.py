@@ -23,9 +23,10 @@ from tuneplan.catalog.accelerators import resolve_accelerator
 from tuneplan.catalog.models import resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.types import GIB
-from tuneplan.plan import rule
+from tuneplan.plan import frameworks, rule
 from tuneplan.plan.candidates import CandidateSet, build_candidates
 from tuneplan.plan.evaluate import Prober, sparing
+from tuneplan.plan.fit_next import fit_next_step
 from tuneplan.plan.host import Machine, assumed
 from tuneplan.plan.limits import limits_at
 from tuneplan.plan.margin import Margin, parse_margin
@@ -35,6 +36,7 @@ from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, strategy_name, switch
 from tuneplan.plan.timecost import dataset_kw
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import FRAMEWORKS
 
 
 @dataclass
@@ -92,12 +94,16 @@ class FitReport:
     host_memory: dict[str, Any] = field(default_factory=dict)  # host.HostMemory: the figure and its source
     limits: dict[str, Any] = field(default_factory=dict)  # rule.Limits
     next_step: dict[str, Any] | None = None  # when nothing fits: the one change that makes it fit
+    # the framework of the answer: the setup's own (``default``), else another whose profile fits
+    # (``plan/frameworks.py``); ``searched``: the frameworks whose candidate space was searched;
+    # ``default_decided_by``: why the default one has no plan when it has none (rule.Choice.decided_by)
+    framework: dict[str, Any] = field(default_factory=dict)
 
     @property
     def frontier(self) -> list[dict[str, Any]]:
         """The trade-off per method that fits: quality rank, time, cost, peak and its band."""
-        keys = ("method", "quality_rank", "strategy", "tokens_per_second", "slowdown", "total_hours", "cloud_usd",
-                "device_peak_bytes", "device_peak_high_bytes", "tight", "over_limit")
+        keys = ("method", "quality_rank", "strategy", "tokens_per_second", "slowdown", "total_hours",
+                "cloud_usd", "device_peak_bytes", "device_peak_high_bytes", "tight", "over_limit")
         return [{k: getattr(m, k) for k in keys} for m in sorted(self.methods, key=lambda m: m.quality_rank)
                 if m.fits]
 
@@ -107,11 +113,12 @@ class FitReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "gpu": self.gpu, "world_size": self.world_size,
-            "global_batch": self.global_batch, "prefer": self.prefer, "margin": self.margin, "rule": self.rule,
-            "host_memory_bytes": self.host_memory_bytes, "host_memory": self.host_memory, "limits": self.limits,
+            "global_batch": self.global_batch, "prefer": self.prefer, "margin": self.margin,
+            "rule": self.rule, "host_memory_bytes": self.host_memory_bytes, "host_memory": self.host_memory,
+            "limits": self.limits,
             "methods": [m.to_dict() for m in self.methods], "frontier": self.frontier,
             "recommended": self.recommended, "next_step": self.next_step, "candidates": self.candidates,
-            "equal_memory": self.equal_memory, "evaluations": self.evaluations,
+            "equal_memory": self.equal_memory, "evaluations": self.evaluations, "framework": self.framework,
         }
 
 
@@ -123,7 +130,8 @@ def split_method(setup: Mapping[str, Any]) -> tuple[list[tuple[str, dict[str, An
         if bits is not None:
             return [v for v in METHOD_VARIANTS if v[1].get("bits") == bits], base
         return list(METHOD_VARIANTS), base
-    chosen = [v for v in METHOD_VARIANTS if v[1]["method"] == method and (bits is None or v[1].get("bits") == bits)]
+    chosen = [v for v in METHOD_VARIANTS
+              if v[1]["method"] == method and (bits is None or v[1].get("bits") == bits)]
     if not chosen:
         raise TuneplanError(f"no method {method!r} with bits {bits!r}", field="method",
                             accepted="full, freeze, lora, qlora ({bits=4|8})")
@@ -131,7 +139,8 @@ def split_method(setup: Mapping[str, Any]) -> tuple[list[tuple[str, dict[str, An
 
 
 def host_bytes(gib: float | None) -> int | None:
-    """--host-memory (GiB per node) in bytes; None leaves the planner's default (evaluate.default_host_bytes)."""
+    """--host-memory (GiB per node) in bytes; None leaves the planner's default
+    (evaluate.default_host_bytes)."""
     if gib is None:
         return None
     if isinstance(gib, bool) or not isinstance(gib, (int, float)) or gib <= 0:
@@ -151,10 +160,10 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
     """A method's row: its best candidate by the rule (or why it cannot run), with its limits."""
     fams = [f for f in cs.families if f.method == label]
     c = cs.best(label)
-    row = MethodFit(method=label, fits=c is not None, max_batch=None, max_seq=None, max_rank=None, requires=[],
-                    setup={}, families={"total": len(fams), "cannot_run": sum(f in cs.pruned for f in fams),
-                                        "dominated": sum(f.method == label for f in cs.dominated),
-                                        "fit": len(cs.of(label))}, quality_rank=rule.faithful_rank(label) + 1)
+    counts = {"total": len(fams), "cannot_run": sum(f in cs.pruned for f in fams),
+              "dominated": sum(f.method == label for f in cs.dominated), "fit": len(cs.of(label))}
+    row = MethodFit(method=label, fits=c is not None, max_batch=None, max_seq=None, max_rank=None,
+                    requires=[], setup={}, families=counts, quality_rank=rule.faithful_rank(label) + 1)
     if c is None:
         if all(f in cs.pruned for f in fams):  # cannot run whatever the space holds: say why
             row.blocked_by = sorted({m for f in fams for m in cs.pruned[f]})
@@ -172,7 +181,8 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
     row.strategy = strategy_name(est.setup)
     row.requires, row.requires_flags = switches(est.setup, baseline)
     row.micro_batch, row.grad_accum, row.global_batch = c.batch, c.grad_accum, c.global_batch
-    row.device_peak_bytes, row.device_peak_high_bytes = est.breakdown.device_peak_bytes, c.device_peak_high_bytes
+    row.device_peak_bytes = est.breakdown.device_peak_bytes
+    row.device_peak_high_bytes = c.device_peak_high_bytes
     row.headroom_bytes, row.host_bytes = est.headroom_bytes, est.breakdown.host_bytes
     row.tokens_per_second, row.total_hours = c.metrics.get("tokens_per_second"), c.metrics.get("total_hours")
     row.cloud_usd, row.over_limit = c.metrics.get("cloud_usd"), cs.limits.over(c)
@@ -181,13 +191,15 @@ def method_row(probe: Prober, cs: CandidateSet, label: str, baseline: Any, margi
                       host_bytes=probe.host_bytes, shared=probe.shared)
         view._memo = probe._memo  # same estimates, the row's own verdict
         lim = limits_at(view, c.fields, est.setup)
-        row.max_batch, row.max_seq, row.max_rank, row.limited_by = lim.max_batch, lim.max_seq, lim.max_rank, lim.limited_by
+        row.max_batch, row.max_seq, row.max_rank = lim.max_batch, lim.max_seq, lim.max_rank
+        row.limited_by = lim.limited_by
         probe.calls += view.evaluations
     names = list(dict.fromkeys(f.strategy for f in fams))
     for sname in names:
         sc = cs.best(label, sname)
         row.strategies.append({"strategy": sname, "fits": sc is not None, "tight": bool(sc and sc.tight),
-                               "micro_batch": sc.batch if sc else None, "grad_accum": sc.grad_accum if sc else None,
+                               "micro_batch": sc.batch if sc else None,
+                               "grad_accum": sc.grad_accum if sc else None,
                                "requires": switches(sc.estimate.setup, baseline)[0] if sc else [],
                                "tokens_per_second": sc.metrics.get("tokens_per_second") if sc else None,
                                "device_peak_bytes": sc.estimate.breakdown.device_peak_bytes if sc else None,
@@ -222,8 +234,8 @@ def equal_memory_ranks(model: ModelSpec, gpu: Accelerator, base: Mapping[str, An
         if probe(fields) is None:
             continue
         ranks = [r for r in COMMON_RANKS if r <= model.hidden]
-        out["qlora"][f"qlora-{bits}"] = next((r for r in reversed(ranks) if probe.fits({**fields, "rank": r})),
-                                             None)
+        out["qlora"][f"qlora-{bits}"] = next(
+            (r for r in reversed(ranks) if probe.fits({**fields, "rank": r})), None)
     out["evaluations"] = probe.evaluations
     return out
 
@@ -249,8 +261,9 @@ def memory_left(row: MethodFit, target: int, world: int) -> dict[str, Any] | Non
 
 def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 16,
         prefer: str = rule.DEFAULT_PREFER, margin: str | Margin | None = None, dataset: Any = None,
-        host_memory_gib: float | None = None, max_slowdown: float | None = None, max_hours: float | None = None,
-        budget: float | None = None, machine: Machine | None = None, detail: bool = True,
+        host_memory_gib: float | None = None, max_slowdown: float | None = None,
+        max_hours: float | None = None, budget: float | None = None, machine: Machine | None = None,
+        detail: bool = True,
         **setup: Any) -> FitReport:
     """What fits on ``gpu`` (``setup['gpus']`` per node), per method, and the setup the rule picks.
 
@@ -274,7 +287,11 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
     line = rule.rule_text(prefer, mg.describe(), lim)
     cs = build_candidates(probe, variants, world, target=global_batch, margin=mg, prefer=prefer,
                           gc_first=baseline.gradient_checkpointing, limits=lim)
-    choice = cs.decide()
+    first = frameworks.Stack(baseline.framework, probe, baseline, cs, cs.decide())
+    others = frameworks.other_stacks(first, variants, setup, target=global_batch, margin=mg, prefer=prefer,
+                                     limits=lim)
+    stack = frameworks.decide(others, prefer, lim) or first
+    probe, baseline, cs, choice = stack.probe, stack.baseline, stack.cs, stack.choice
     methods = [method_row(probe, cs, label, baseline, mg, limits=detail) for label, _ in variants]
     for m in methods:
         c = cs.best(m.method) if m.fits else None
@@ -284,15 +301,26 @@ def fit(model: str | ModelSpec, gpu: str | Accelerator, *, global_batch: int = 1
         row = next(m for m in methods if m.method == rec["method"])
         rec["memory_left"] = memory_left(row, global_batch, world) if detail else None
     lora = next((m for m in methods if m.method == "lora"), None)
-    eq = equal_memory_ranks(spec, acc, base, lora, probe.shared) if lora is not None and detail else None
-    listed = [{"method": c.family.method, "strategy": c.family.strategy, "optimizer": c.family.optimizer,
-               "gradient_checkpointing": c.family.gradient_checkpointing, "micro_batch": c.batch,
-               "grad_accum": c.grad_accum, "tight": c.tight, "relaxed": c.relaxed,
+    eq = (equal_memory_ranks(spec, acc, probe.base, lora, probe.shared) if lora is not None and detail
+          else None)
+    listed = [{"framework": st.framework, "method": c.family.method, "strategy": c.family.strategy,
+               "optimizer": c.family.optimizer, "gradient_checkpointing": c.family.gradient_checkpointing,
+               "micro_batch": c.batch, "grad_accum": c.grad_accum, "tight": c.tight, "relaxed": c.relaxed,
                "device_peak_bytes": c.estimate.breakdown.device_peak_bytes,
                "device_peak_high_bytes": c.device_peak_high_bytes, "over_limit": lim.over(c),
-               "tokens_per_second": c.metrics.get("tokens_per_second")} for c in cs.candidates]
+               "tokens_per_second": c.metrics.get("tokens_per_second")}
+              for st in (first, *others) for c in st.cs.candidates]
+    # the next step is about memory: none when a candidate exists and only a hard limit rules it out
+    step = None if rec is not None or first.cs.candidates else fit_next_step(
+        first.probe, variants, world, pinned_method="method" in setup or "bits" in setup)
+    searched = [first.framework] + ([fw for fw in FRAMEWORKS if fw != first.framework]
+                                    if first.choice.chosen is None and "framework" not in setup else [])
     return FitReport(model=spec.name, gpu=acc.to_dict(), world_size=world, global_batch=global_batch,
                      prefer=prefer, margin=mg.to_dict(), rule=line, host_memory_bytes=probe.host_bytes,
                      methods=methods, recommended=rec, candidates=listed, equal_memory=eq,
-                     evaluations=probe.evaluations + (eq or {}).get("evaluations", 0),
-                     host_memory=host.to_dict(), limits=lim.to_dict())
+                     evaluations=sum(st.probe.evaluations for st in (first, *others))
+                     + (eq or {}).get("evaluations", 0),
+                     host_memory=host.to_dict(), limits=lim.to_dict(), next_step=step,
+                     framework={"chosen": stack.framework, "default": first.framework,
+                                "pinned": "framework" in setup, "searched": searched,
+                                "default_decided_by": first.choice.decided_by})

@@ -6,8 +6,10 @@ Per card:
    the card count (DDP keeps a replica, ZeRO/FSDP shard by the world size), so the count is found by
    bisection over 2..8 (one node), then whole 8-GPU nodes; one card is checked on its own (two add
    NCCL buffers and gradient buckets);
-2. at that count the same candidate set and rule as ``fit --gpus N`` (:func:`tuneplan.plan.fit.build_candidates`),
-   so ``gpus`` and ``fit`` give the same answer for the card;
+2. at that count the same candidate set and rule as ``fit --gpus N``
+   (:func:`tuneplan.plan.candidates.build_candidates`), so ``gpus`` and ``fit`` give the same answer for
+   the card with the setup's own framework (where that one fits nothing, ``fit`` tries the others:
+   :mod:`tuneplan.plan.frameworks`);
 3. the chosen candidate's time and cost: cloud USD and owned-card USD for the run (the data size),
    per million tokens, and ``break_even_hours``: the hours of use after which buying the cards costs
    less than renting them (the estimate's cost section: card price / (cloud price - power) per GPU-hour).
@@ -99,10 +101,12 @@ class GpuRanking:
                 "ranking": [c.to_dict() for c in self.ranking], "evaluations": self.evaluations}
 
 
-def min_cards(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants: list[tuple[str, dict[str, Any]]],
-              counts: list[tuple[int, dict[str, int]]], calls: list[int], host: int | None = None,
+def min_cards(model: ModelSpec, acc: Accelerator, base: dict[str, Any],
+              variants: list[tuple[str, dict[str, Any]]], counts: list[tuple[int, dict[str, int]]],
+              calls: list[int], host: int | None = None,
               shared: Shared | None = None) -> int | None:
-    """Index in ``counts`` of the fewest cards on which some family fits; exact under the monotonicity above."""
+    """Index in ``counts`` of the fewest cards on which some family fits; exact under the monotonicity
+    above."""
     def ok(k: int) -> bool:
         layout = counts[k][1]
         probe = Prober(model, acc, {**base, **layout}, host_bytes=host, shared=shared)
@@ -134,8 +138,9 @@ def least_peak(probe: Prober, fams: list[Family]) -> tuple[int | None, list[str]
     return None, sorted(errs) if not any(not probe.compat_errors(f) for f in fams) else []
 
 
-def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants: list[tuple[str, dict[str, Any]]],
-              counts: list[tuple[int, dict[str, int]]], *, target: int, margin: Margin, prefer: str,
+def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any],
+              variants: list[tuple[str, dict[str, Any]]], counts: list[tuple[int, dict[str, int]]], *,
+              target: int, margin: Margin, prefer: str,
               dataset: Any = None, host: int | None = None, baseline: Any = None,
               shared: Shared | None = None) -> tuple[CardResult, int]:
     """One card: fewest cards, then the rule's candidate there, with its time and cost. ``shared`` keeps
@@ -145,7 +150,8 @@ def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants
     calls = [0]
     i = min_cards(model, acc, base, variants, counts, calls, host, shared)
     n, layout = counts[i if i is not None else -1]
-    probe = Prober(model, acc, {**base, **layout}, timing_kw=dataset_kw(dataset), host_bytes=host, shared=shared)
+    probe = Prober(model, acc, {**base, **layout}, timing_kw=dataset_kw(dataset), host_bytes=host,
+                   shared=shared)
     if i is None:  # why not: the least memory a compatible family needs at the most cards, or compatibility
         res.per_gpu_peak_bytes, res.blocked_by = least_peak(probe, families(variants, probe.base, n, acc))
         return res, calls[0] + probe.evaluations
@@ -157,7 +163,8 @@ def rate_card(model: ModelSpec, acc: Accelerator, base: dict[str, Any], variants
         raise AssertionError(f"{acc.id}: fits at micro-batch 1 on {n} cards but no candidate")
     est = c.estimate
     res.fits, res.min_gpus, res.method, res.tight = True, n, c.family.method, c.tight
-    res.per_gpu_peak_bytes, res.device_peak_high_bytes = est.breakdown.device_peak_bytes, c.device_peak_high_bytes
+    res.per_gpu_peak_bytes = est.breakdown.device_peak_bytes
+    res.device_peak_high_bytes = c.device_peak_high_bytes
     res.host_bytes = est.breakdown.host_bytes
     res.micro_batch, res.grad_accum, res.global_batch = c.batch, c.grad_accum, c.global_batch
     res.setup, res.strategy = est.setup.to_dict(), strategy_name(est.setup)
@@ -213,7 +220,8 @@ def rank_gpus(model: str | ModelSpec, *, only: Iterable[str] | None = None, max_
     mg = parse_margin(margin)
     host = host_bytes(host_memory_gib)
     spec = resolve_model(model) if isinstance(model, str) else model
-    # a card named twice is searched once (``--only`` is user input: a list of thousands is one search per card)
+    # a card named twice is searched once (``--only`` is user input: a list of thousands is one search per
+    # card)
     named = {a.id: a for a in (resolve_accelerator(n) for n in dict.fromkeys(only))} if only else None
     cards = list(named.values()) if named is not None else list(accelerators().values())
     if "method" not in setup and "bits" not in setup:

@@ -47,8 +47,9 @@ class Limits:
     caps: dict[str, int] = field(default_factory=dict)
 
 
-def _limit(probe: Prober, fields: Mapping[str, Any], name: str, start: int, cap: int) -> tuple[int | None, str]:
-    if name != "batch" and probe.fits({**fields, name: cap}):  # monotone: the cap fits, so does all below
+def _limit(probe: Prober, fields: Mapping[str, Any], name: str, start: int,
+           cap: int) -> tuple[int | None, str]:
+    if probe.fits({**fields, name: cap}):  # monotone: the cap fits, so does everything below it
         return cap, "cap"
     # the batch cap is not probed up front (few setups come near it): the search asks it when it gets there
     known = {start: True} if name == "batch" else {start: True, cap: False}

@@ -24,7 +24,8 @@ from tuneplan.catalog.models import catalog_entries, resolve_model
 from tuneplan.errors import TuneplanError
 from tuneplan.plan.evaluate import Prober, default_host_bytes, sparing
 from tuneplan.plan.fit import host_bytes, split_method
-from tuneplan.plan.search import largest_true
+from tuneplan.plan.search import largest_true, largest_true_near
+from tuneplan.plan.sizes import Shared
 from tuneplan.plan.space import METHOD_VARIANTS, SEARCHED, Family, families, strategy_name, switches
 from tuneplan.plan.standard_arch import MAX_INDEX, shape, standard_model
 from tuneplan.specs.hardware import Accelerator
@@ -81,13 +82,16 @@ USABLE_TOKENS_PER_S = REFERENCE_SAMPLES * REFERENCE_TOKENS / (USABLE_HOURS * 360
 
 
 def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed: Mapping[str, Any],
-             auto: bool, count: list[int]) -> Verdict:
+             auto: bool, count: list[int], *, whole: bool = True, shared: Shared | None = None) -> Verdict:
     """Does ``model`` fit: as given, or (``auto``) with some family of the candidate space at a usable
     speed (the fastest family that fits at micro-batch 1 reaches :data:`USABLE_TOKENS_PER_S`); the host
-    memory holds what is offloaded (``base['host_memory_bytes']``, the planner's default without it)."""
+    memory holds what is offloaded (``base['host_memory_bytes']``, the planner's default without it).
+    ``whole=False`` answers ``fits`` alone: the search stops at the first family fast enough (the
+    fastest reaches the speed exactly when some family does), and the rest of the verdict is left out.
+    ``shared``: what an earlier verdict on the same model object resolved (``sizes.Shared``)."""
     host = base.get("host_memory_bytes")
     base = {k: v for k, v in base.items() if k != "host_memory_bytes"}
-    probe = Prober(model, gpu, base, host_bytes=host, timing_kw={"dataset": _reference()})
+    probe = Prober(model, gpu, base, host_bytes=host, timing_kw={"dataset": _reference()}, shared=shared)
     try:
         if not auto:
             est = probe(dict(fixed))
@@ -95,12 +99,17 @@ def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed:
         world = int(base.get("gpus", 1)) * int(base.get("nodes", 1))
         label = next(lb for lb, f in METHOD_VARIANTS if f == dict(fixed))
         fams = families([(label, dict(fixed))], base, world, gpu)
-        hit = fastest_fitting(probe, fams, lambda f: not probe.compat_errors(f))
+        hit = fastest_fitting(probe, fams, lambda f: not probe.compat_errors(f),
+                              enough=None if whole else USABLE_TOKENS_PER_S)
         if hit is None:
-            return Verdict(False, [], probe({**dict(fixed), "batch": 1}))
-        baseline = probe({**dict(fixed), "batch": 1})
-        names = switches(hit[1].setup, baseline.setup)[0] if baseline is not None else [strategy_name(hit[1].setup)]
+            return Verdict(False, [], probe({**dict(fixed), "batch": 1}) if whole else None)
         tps, hours = hit[2]
+        if not whole:
+            return Verdict(tps >= USABLE_TOKENS_PER_S, [], None)
+        try:  # the setup as given, resolved (its memory is not needed: only what the family switches)
+            names = switches(hit[1].setup, probe.shared.setup(gpu, {**base, **dict(fixed)}))[0]
+        except TuneplanError:
+            names = [strategy_name(hit[1].setup)]
         return Verdict(tps >= USABLE_TOKENS_PER_S, names, hit[1], tps, hours)
     finally:
         count[0] += probe.evaluations
@@ -112,11 +121,12 @@ def _reference() -> Any:
     return make_dataset(samples=REFERENCE_SAMPLES, avg_tokens=float(REFERENCE_TOKENS))
 
 
-def fastest_fitting(probe: Prober, fams: list[Family],
-                    compatible: Callable[[Family], bool]) -> tuple[Family, Any, tuple[float, float | None]] | None:
+def fastest_fitting(probe: Prober, fams: list[Family], compatible: Callable[[Family], bool], *,
+                    enough: float | None = None) -> tuple[Family, Any, tuple[float, float | None]] | None:
     """Among the most sparing family of each (method, strategy) (:func:`tuneplan.plan.evaluate.sparing`)
     that fits at micro-batch 1 and can run: the fastest, with its (tokens/s, hours at the reference
-    data size), from the time model."""
+    data size), from the time model; with ``enough`` tokens/s, the first family that reaches it when
+    one does."""
     best: tuple[Family, Any, tuple[float, float | None]] | None = None
     for f in sparing(fams):
         at_one = {**f.as_fields, "batch": 1, "grad_accum": 1}
@@ -129,15 +139,28 @@ def fastest_fitting(probe: Prober, fams: list[Family],
         speed = (float(t.get("tokens_per_second") or 0.0), t.get("total_hours"))
         if best is None or speed[0] > best[2][0]:
             best = (f, est, speed)
+        if enough is not None and speed[0] >= enough:
+            break
     return best
 
 
 def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed: Mapping[str, Any], *,
-                   auto: bool = False, models: list[ModelSpec] | None = None) -> MaxModel:
+                   auto: bool = False, models: list[ModelSpec] | None = None,
+                   whole_catalog: bool = True) -> MaxModel:
+    """Both answers for one method. ``whole_catalog=False`` keeps only the answer: the catalog scan
+    stops at the first model that fits (largest first), and ``catalog`` holds its row alone (every
+    model's row is shown only for the method asked for, :func:`max_model`). The bisection's probes
+    need only ``fits`` and start from the size of the largest catalog model that fits; the answer's
+    full verdict is computed once."""
     res = MaxModel(method=label, largest_catalog_model=None, max_params=None)
     count = [0]
     for m in models if models is not None else catalog_models():
-        made = _verdict(m, gpu, base, fixed, auto, count)
+        shared = Shared(m)
+        quick = (None if whole_catalog
+                 else _verdict(m, gpu, base, fixed, auto, count, whole=False, shared=shared))
+        if quick is not None and not quick.fits:
+            continue
+        made = _verdict(m, gpu, base, fixed, auto, count, shared=shared)
         est = made.estimate
         row = {"model": m.name, "params": m.params_total, "fits": made.fits,
                "device_peak_bytes": est.breakdown.device_peak_bytes if est is not None else None,
@@ -146,18 +169,37 @@ def max_for_method(gpu: Accelerator, base: Mapping[str, Any], label: str, fixed:
         res.catalog.append(row)
         if made.fits and res.largest_catalog_model is None:
             res.largest_catalog_model = row
-    best = largest_true(lambda i: _verdict(standard_model(i), gpu, base, fixed, auto, count).fits, 0, MAX_INDEX)
+            if not whole_catalog:
+                break
+    sizes: dict[int, Shared] = {}  # per size index probed: its model and what its verdicts resolved
+
+    def at(i: int) -> Shared:
+        return sizes.setdefault(i, Shared(standard_model(i)))
+
+    def fits_at(i: int) -> bool:
+        return _verdict(at(i).model, gpu, base, fixed, auto, count, whole=False, shared=at(i)).fits
+
+    near = res.largest_catalog_model
+    best = (largest_true(fits_at, 0, MAX_INDEX) if near is None
+            else largest_true_near(fits_at, 0, MAX_INDEX, _size_index(near["params"])))
+    answer = at(best if best is not None else 0)
+    made = _verdict(answer.model, gpu, base, fixed, auto, count, shared=answer)
     if best is not None:
         res.max_params = standard_model(best).params_total
         res.max_shape = shape(best)
         res.next_params = standard_model(best + 1).params_total if best < MAX_INDEX else None
-        res.requires = _verdict(standard_model(best), gpu, base, fixed, auto, count).requires
-    else:  # not even the smallest size: say why when it is not memory
-        made = _verdict(standard_model(0), gpu, base, fixed, auto, count)
-        if made.estimate is not None:
-            res.blocked_by = [f.message for f in made.estimate.findings if f.level == "error"]
+        res.requires = made.requires
+    elif made.estimate is not None:  # not even the smallest size: say why when it is not memory
+        res.blocked_by = [f.message for f in made.estimate.findings if f.level == "error"]
     res.evaluations = count[0]
     return res
+
+
+def _size_index(params: int) -> int:
+    """The largest standard size with at most ``params`` parameters (0 below the smallest): where the
+    bisection starts, since the largest catalog model that fits is usually near the standard answer
+    (parameter counts never fall along the family: ``standard_arch``)."""
+    return largest_true(lambda i: standard_model(i).params_total <= params, 0, MAX_INDEX) or 0
 
 
 @dataclass
@@ -183,8 +225,12 @@ class MaxModelReport:
 
 
 def max_model(gpu: str | Accelerator, *, auto: bool = False, host_memory_gib: float | None = None,
-              **setup: Any) -> MaxModelReport:
-    """Largest catalog model and largest standard size that fit ``gpu`` x ``setup['gpus']``."""
+              catalog: bool = True, **setup: Any) -> MaxModelReport:
+    """Largest catalog model and largest standard size that fit ``gpu`` x ``setup['gpus']``.
+
+    ``catalog=False`` leaves out every catalog model's verdict for the method asked (the JSON's
+    ``catalog``; the table shows only the answers), so its scan also stops at the first fit: the
+    answers are the same."""
     acc = resolve_accelerator(gpu) if isinstance(gpu, str) else gpu
     variants, base = split_method(setup)
     base = {k: v for k, v in base.items() if k not in SEARCHED} if auto else base
@@ -194,9 +240,11 @@ def max_model(gpu: str | Accelerator, *, auto: bool = False, host_memory_gib: fl
     host = host_bytes(host_memory_gib)
     if host is not None:
         base = {**base, "host_memory_bytes": host}
-    by_method = [max_for_method(acc, base, label, fixed, auto=auto, models=models) for label, fixed in METHOD_VARIANTS]
     method = setup.get("method") or "lora"
     label = f"qlora-{setup.get('bits') or 4}" if method == "qlora" else method
+    by_method = [max_for_method(acc, base, lb, fixed, auto=auto, models=models,
+                                whole_catalog=catalog and lb == label)
+                 for lb, fixed in METHOD_VARIANTS]
     result = next(m for m in by_method if m.method == label)
     shown = host if host is not None else default_host_bytes(acc, int(base.get("gpus", 1)))
     return MaxModelReport(gpu=acc.to_dict(), world_size=world, auto=auto, result=result, by_method=by_method,

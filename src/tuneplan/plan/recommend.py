@@ -27,7 +27,8 @@ def command(probe: Prober, c: Candidate) -> str:
     return setup_command(probe.model, probe.gpu, c.estimate.setup, probe.timing_kw.get("dataset"))
 
 
-def setup_command(model: ModelSpec, gpu: Accelerator, s: TrainSetup, dataset: DatasetSpec | None = None) -> str:
+def setup_command(model: ModelSpec, gpu: Accelerator, s: TrainSetup,
+                  dataset: DatasetSpec | None = None) -> str:
     """The `tuneplan estimate` line of a setup on a card: the setup's own fields, not a difference.
 
     The method, its sizes and the card count are always written (they are what a reader looks for);
@@ -120,8 +121,8 @@ def _passed_over(choice: rule.Choice, limits: rule.Limits) -> list[str]:
         if why == "no_fit":
             no_fit.append(label)
         elif why == "max_slowdown" and p["slowdown"]:
-            out.append(f"more faithful {label} runs {p['slowdown']:.1f}x slower than the fastest plan, beyond the "
-                       f"{limits.max_slowdown:g}x slowdown limit")
+            out.append(f"more faithful {label} runs {p['slowdown']:.1f}x slower than the fastest plan, "
+                       f"beyond the {limits.max_slowdown:g}x slowdown limit")
         elif why == "max_hours":
             hours = f" ({p['total_hours']:,.3g} h)" if p["total_hours"] is not None else ""
             out.append(f"more faithful {label} takes longer{hours} than the {limits.max_hours:g} h limit")
@@ -154,8 +155,8 @@ def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margi
     if names:
         why.append("switches " + ", ".join(names))
     if c.relaxed:
-        why.append(f"no candidate reaches the global batch {target}: relaxed to {c.global_batch}, the largest "
-                   "that fits (accumulation itself does not fit)")
+        why.append(f"no candidate reaches the global batch {target}: relaxed to {c.global_batch}, the "
+                   "largest that fits (accumulation itself does not fit)")
     elif c.global_batch != target:
         why.append(f"{world} GPU(s) cannot split {target} evenly: global batch {c.global_batch}")
     why.append(f"micro-batch {c.batch} x accumulation {c.grad_accum} x {world} GPU(s) = {c.global_batch}")
@@ -163,8 +164,8 @@ def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margi
     if c.tight:
         knob = restore_knob(probe, c, margin)
         why.append("tight: fits on paper but not with the margin ("
-                   + (f"a sequence of {knob['to']} restores it" if knob else "no setting on this card restores "
-                      "it: more GPUs or a larger card") + ")")
+                   + (f"a sequence of {knob['to']} restores it" if knob
+                      else "no setting on this card restores it: more GPUs or a larger card") + ")")
     else:
         paper = on_paper(probe, c, max(1, -(-target // world)))
         if paper > c.batch:
@@ -181,7 +182,8 @@ def recommendation(probe: Prober, cs: CandidateSet, baseline: Any, margin: Margi
         "command": command(probe, c), "setup": est.setup.to_dict(), "requires": names,
         "micro_batch": c.batch, "grad_accum": c.grad_accum, "world_size": world,
         "global_batch": c.global_batch, "target_global_batch": target, "relaxed": c.relaxed,
-        "device_peak_bytes": est.breakdown.device_peak_bytes, "device_peak_high_bytes": c.device_peak_high_bytes,
+        "device_peak_bytes": est.breakdown.device_peak_bytes,
+        "device_peak_high_bytes": c.device_peak_high_bytes,
         "headroom_bytes": est.headroom_bytes, "host_bytes": est.breakdown.host_bytes,
         "tight": c.tight, "restore": knob, **m, "rule": rule_line, "reason": "; ".join(why),
         "decided_by": choice.decided_by, "slowdown": slow, "passed_over": choice.passed_over,

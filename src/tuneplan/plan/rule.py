@@ -188,8 +188,7 @@ def pick(cands: Sequence[Candidate], prefer: str, limits: Limits = NO_LIMITS,
         pos = {id(c): i for i, c in enumerate(cands)}
         order = lambda c: pos[id(c)]  # noqa: E731 - the space's order: the last tie-break
     idx = order
-    pool = _head([c for c in cands if limits.within(c)] or list(cands))
-    pool = [c for c in pool if c.family.offload == "none"] or pool
+    pool = _untimed_pool(cands, limits)
     if prefer == "quality":
         o = min(optimizer_rank(c.family.optimizer) for c in pool)
         pool = [c for c in pool if optimizer_rank(c.family.optimizer) == o]
@@ -201,6 +200,14 @@ def pick(cands: Sequence[Candidate], prefer: str, limits: Limits = NO_LIMITS,
         pool = [c for c in pool if (tps_of(c) or 0.0) >= top * (1 - NEAR)]
     return min(pool, key=lambda c: (complexity(c.family.strategy), optimizer_rank(c.family.optimizer),
                                     _speed(c), _cost(c), idx(c)))
+
+
+def _untimed_pool(cands: Sequence[Candidate], limits: Limits) -> list[Candidate]:
+    """:func:`pick`'s first filters: within the hard limits, the best margin / global batch standing,
+    then no CPU offload where a candidate runs without. Without a hard limit they read no time: only
+    the candidates left can decide the plan, so only those need one (:func:`decide`)."""
+    pool = _head([c for c in cands if limits.within(c)] or list(cands))
+    return [c for c in pool if c.family.offload == "none"] or pool
 
 
 @dataclass
@@ -284,9 +291,14 @@ def best(cands: list[Candidate], prefer: str, measure: Callable[[Candidate], Any
 
 def decide(cands: list[Candidate], prefer: str, measure: Callable[[Candidate], Any] | None = None,
            limits: Limits = NO_LIMITS) -> Choice:
+    """:func:`best` with what decided it. ``measure`` times the candidates the rule reads: every one
+    under a hard limit (it reads their hours and cost), else those :func:`_untimed_pool` leaves of each
+    method (the others cannot be its plan, so no figure of theirs enters the choice)."""
     if measure is not None:
-        for c in cands:
-            measure(c)
+        for m in dict.fromkeys(c.family.method for c in cands):
+            group = [c for c in cands if c.family.method == m]
+            for c in group if limits.hard else _untimed_pool(group, limits):
+                measure(c)
     pos = {id(c): i for i, c in enumerate(cands)}
 
     def idx(c: Candidate) -> int:

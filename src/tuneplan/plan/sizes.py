@@ -175,15 +175,18 @@ class Shared:
         """The compatibility findings of ``fields`` on ``acc`` (``Run.findings``: the rules read the method,
         precision, optimizer, attention and strategy, never the sizes, catalog/compat_rules.toml), once
         per card and family (raises the setup's TuneplanError)."""
-        key = (acc, self._key(acc, fields)[1])  # the card itself: a copy with other memory is another card
+        run_key = self._key(acc, fields)
+        key = (acc, run_key[1])  # the card itself: a copy with other memory is another card
         got = self._findings.get(key)
         if got is None:
+            run = self._runs.get(run_key)
             try:
                 s = self.setup(acc, fields)
             except TuneplanError as e:
                 got = e
-            else:
-                got = check(acc, s, model_as_built(self.model, s.framework, s.num_labels))
+            else:  # a resolved run already holds them: the same check on the same model as built
+                got = (run.findings(acc) if run is not None
+                       else check(acc, s, model_as_built(self.model, s.framework, s.num_labels)))
             self._findings[key] = got
         if isinstance(got, TuneplanError):
             raise got

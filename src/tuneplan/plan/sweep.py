@@ -63,7 +63,8 @@ def parse_vary(spec: str) -> tuple[str, list[int]]:
         except ValueError:
             raise TuneplanError(f"cannot read {rng!r}", field="vary", accepted=accepted) from None
         if not values or min(values) < 1:
-            raise TuneplanError(f"values must be positive integers, got {rng!r}", field="vary", accepted=accepted)
+            raise TuneplanError(f"values must be positive integers, got {rng!r}", field="vary",
+                                accepted=accepted)
         values = sorted(set(values))
     if len(values) > MAX_POINTS:
         raise TuneplanError(f"{len(values)} points; at most {MAX_POINTS}", field="vary", accepted=accepted)
@@ -134,14 +135,15 @@ def _grid_point(grid: Grid, i: int, value: int, run: Any, acc: Accelerator | Non
     return SweepPoint(value=value, fits=bool(fits[i]) if fits is not None else None, device_peak_bytes=peak,
                       allocated_peak_bytes=allocated, reserved_peak_bytes=reserved, stack=stack,
                       peak_instant=str(grid.peak_instant[i]),
-                      headroom_bytes=acc.memory_bytes - int(grid.device_needed[i]) if acc is not None else None,
+                      headroom_bytes=(acc.memory_bytes - int(grid.device_needed[i])
+                                      if acc is not None else None),
                       total_hours=tc["total_hours"], tokens_per_second=tc["tokens_per_second"],
                       cloud_usd=tc["cloud_usd"])
 
 
 def _refused(value: int, why: str) -> SweepPoint:
-    return SweepPoint(value=value, fits=False, device_peak_bytes=0, allocated_peak_bytes=0, reserved_peak_bytes=0,
-                      stack={}, peak_instant="", error=why)
+    return SweepPoint(value=value, fits=False, device_peak_bytes=0, allocated_peak_bytes=0,
+                      reserved_peak_bytes=0, stack={}, peak_instant="", error=why)
 
 
 def sweep(model: str | ModelSpec, vary: str, *, gpu: str | Accelerator | None = None, dataset: Any = None,

@@ -52,7 +52,8 @@ def write_plot(res: SweepResult, path: str | Path, *, force: bool = False) -> Pa
         import matplotlib.pyplot as plt
     except ImportError:
         raise TuneplanError("PNG/SVG plots need matplotlib", field="plot",
-                            accepted="pip install 'tuneplan[plot]', or write a .html plot (no extra needed)") from None
+                            accepted="pip install 'tuneplan[plot]', or write a .html plot (no extra "
+                                     "needed)") from None
     series = _series(res)
     x = list(range(len(res.points)))
     labels = [str(pt.value) for pt in res.points]
@@ -98,8 +99,8 @@ def to_html(res: SweepResult) -> str:
     def y(v: float) -> float:
         return top + (h - top - bottom_m) * (1 - v / ymax)
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + 180}" height="{h}" font-family="sans-serif" '
-             f'font-size="11">']
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + 180}" height="{h}" '
+             f'font-family="sans-serif" font-size="11">']
     for i, pt in enumerate(res.points):
         acc = 0.0
         x0 = left + i * bw + bw * 0.1
@@ -111,7 +112,8 @@ def to_html(res: SweepResult) -> str:
                          f'height="{y(acc) - y(acc + v):.1f}" fill="{PALETTE[j % len(PALETTE)]}">'
                          f'<title>{html.escape(k)}: {v:.2f} GiB</title></rect>')
             acc += v
-        parts.append(f'<text x="{x0 + bw * 0.4:.1f}" y="{h - bottom_m + 15}" text-anchor="middle">{pt.value}</text>')
+        parts.append(f'<text x="{x0 + bw * 0.4:.1f}" y="{h - bottom_m + 15}" text-anchor="middle">'
+                     f'{pt.value}</text>')
     for t in range(6):
         v = ymax * t / 5
         parts.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0f}</text>')
@@ -124,13 +126,17 @@ def to_html(res: SweepResult) -> str:
     parts.append(f'<text x="14" y="{top + (h - top) / 2}" transform="rotate(-90 14 {top + (h - top) / 2})" '
                  f'text-anchor="middle">GiB per GPU</text>')
     for j, k in enumerate(series):
-        parts.append(f'<rect x="{w}" y="{top + j * 16}" width="10" height="10" fill="{PALETTE[j % len(PALETTE)]}"/>'
+        parts.append(f'<rect x="{w}" y="{top + j * 16}" width="10" height="10" '
+                     f'fill="{PALETTE[j % len(PALETTE)]}"/>'
                      f'<text x="{w + 14}" y="{top + j * 16 + 9}">{html.escape(k)}</text>')
     parts.append("</svg>")
     rows = "".join(
-        f"<tr><td>{pt.value}</td><td>{pt.device_peak_bytes / GIB:.2f}</td><td>{'yes' if pt.fits else 'no'}</td>"
+        f"<tr><td>{pt.value}</td><td>{pt.device_peak_bytes / GIB:.2f}</td>"
+        f"<td>{'yes' if pt.fits else 'no'}</td>"
         f"<td>{'-' if pt.total_hours is None else f'{pt.total_hours:.3g}'}</td></tr>" for pt in res.points)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(_title(res))}</title></head>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(_title(res))}</title>"
+            "</head>"
             f"<body><h3>{html.escape(_title(res))}</h3>{''.join(parts)}"
-            f"<table border='1' cellpadding='3'><tr><th>{res.variable}</th><th>device peak GiB</th><th>fits</th>"
+            f"<table border='1' cellpadding='3'><tr><th>{res.variable}</th><th>device peak GiB</th>"
+            "<th>fits</th>"
             f"<th>hours</th></tr>{rows}</table></body></html>")

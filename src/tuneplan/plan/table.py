@@ -1,7 +1,7 @@
 """The size x method table (7B-70B x full, LoRA, QLoRA-8, QLoRA-4), computed by the estimator.
 
-The rule-of-thumb ranges that hardware guides print are kept beside each figure as a labelled reference, so a reader can see where the
-folk numbers and the computed ones part ways.
+The rule-of-thumb ranges that hardware guides print are kept beside each figure as a labelled reference,
+so a reader can see where the folk numbers and the computed ones part ways.
 """
 
 from __future__ import annotations
