@@ -75,8 +75,11 @@ def test_grid_width(top, limit, width):
 
 
 def test_size_grid_passes_reads_memory_host_and_margin():
-    row = Row(device_peak=np.array([1, 2, 3, 4]) * GIB, device_peak_high=np.array([2, 3, 4, 5]) * GIB,
-              host=np.array([0, 5, 0, 0]) * GIB)
+    # the verdict reads what the card must hold (the device peak less the segments the allocator frees
+    # before it fails: 0.25 GiB at the last cell); the peak itself is only what nvidia-smi would show
+    row = Row(device_peak=np.array([1, 2, 3, 4]) * GIB,
+              device_needed=np.array([1, 2, 3, 3.75]) * GIB,
+              device_peak_high=np.array([2, 3, 4, 5]) * GIB, host=np.array([0, 5, 0, 0]) * GIB)
     planes: list[int] = []
 
     def plane(i: int) -> Row:
@@ -86,6 +89,8 @@ def test_size_grid_passes_reads_memory_host_and_margin():
     assert grid.cells == 0
     # 3.5 GiB card: peaks 1, 2, 3 pass; the node's 2 GPUs offload 2 x 5 GiB at micro-batch 2 > 8 GiB host
     assert list(grid.passes(0, int(3.5 * GIB), 8 * GIB, 2, None)) == [True, False, True, False]
+    # a 3.8 GiB card holds the last cell's needed 3.75 GiB though its device peak is 4 GiB
+    assert list(grid.passes(0, int(3.8 * GIB), 8 * GIB, 2, None)) == [True, False, True, True]
     # the band margin needs the upper band to fit: 2, 3 GiB pass; 4 does not
     assert list(grid.passes(0, int(3.5 * GIB), 100 * GIB, 1, Margin("band"))) == [True, True, False, False]
     # a 1 GiB margin: central peak + 1 GiB <= 3.5 GiB

@@ -113,3 +113,24 @@ def test_cli_zero_simulate_json_is_one_object_on_stdout(tmp_path, flags) -> None
     if offload:
         assert any("offloaded to CPU memory" in n for n in d["notes"])
         assert d["per_gpu"]["host_bytes"] > 0
+
+
+def test_a_zero_simulation_leaves_the_process_environment_as_it_was(monkeypatch) -> None:
+    """DeepSpeed reads LOCAL_RANK while the simulated step runs; afterwards the caller's environment is as
+    it was: a LOCAL_RANK left behind makes a later TrainingArguments in the same process (the exported
+    script's checks, a notebook) try to start torch.distributed."""
+    import os
+
+    from tuneplan.simulate.zero import local_rank_env
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with local_rank_env():
+        assert os.environ["LOCAL_RANK"] == "0"
+    assert "LOCAL_RANK" not in os.environ
+    monkeypatch.setenv("LOCAL_RANK", "3")  # a launcher's own value is kept, inside and after
+    with local_rank_env():
+        assert os.environ["LOCAL_RANK"] == "3"
+    assert os.environ["LOCAL_RANK"] == "3"
+    monkeypatch.delenv("LOCAL_RANK")
+    test_zero2_partitions_master_and_moments_and_buckets_the_backward_only()
+    assert "LOCAL_RANK" not in os.environ

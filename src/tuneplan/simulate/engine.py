@@ -255,6 +255,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
         ZERO,
         deepspeed_version,
         label_zero_buffers,
+        local_rank_env,
         memory_efficient_linear,
         offload_note,
         offload_on_host,
@@ -272,8 +273,8 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     try:
-        with (stdout_to_stderr(), fake, tracker, value_checks_answered(), memory_efficient_linear(setup.zero),
-              cuda_dropout(), offload_on_host(tracker, setup)):
+        with (stdout_to_stderr(), local_rank_env(), fake, tracker, value_checks_answered(),
+              memory_efficient_linear(setup.zero), cuda_dropout(), offload_on_host(tracker, setup)):
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
             # the Trainer's optimizer (adamw_torch_fused): fp32 states beside DeepSpeed's fp32 master

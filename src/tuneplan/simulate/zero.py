@@ -26,6 +26,7 @@ and ``overlap_comm`` when set (DeepSpeed's defaults otherwise), ``gradient_clipp
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stdout
@@ -160,15 +161,30 @@ def forget_process_groups() -> None:
             setattr(comm, name, None)
 
 
-def wrap_zero(model: nn.Module, setup: TrainSetup, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-    """``deepspeed.initialize`` on the fake process group (call inside FakeTensorMode, the tracker on)."""
-    import os
+@contextmanager
+def local_rank_env() -> Iterator[None]:
+    """``LOCAL_RANK`` = 0 while the simulated ZeRO step runs, as DeepSpeed's launcher would set it (the
+    engine and zero/utils.py read ``os.environ["LOCAL_RANK"]`` for the device index), then the caller's
+    environment as it was: left set, it makes a later ``TrainingArguments`` in the same process start
+    torch.distributed."""
+    before = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = before if before is not None else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = before
 
+
+def wrap_zero(model: nn.Module, setup: TrainSetup, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    """``deepspeed.initialize`` on the fake process group (call inside FakeTensorMode, the tracker on, and
+    inside :func:`local_rank_env`)."""
     import deepspeed
 
     from tuneplan.simulate.build import data_assignment_apply
 
-    os.environ.setdefault("LOCAL_RANK", "0")  # read by DeepSpeed's accelerator for the device index
     forget_process_groups()
     cfg = ds_config(setup)
     # a config that names the optimizer (offload: DeepSpeed's CPU Adam) takes no client optimizer
