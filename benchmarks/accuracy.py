@@ -19,12 +19,14 @@ Scoring rules where the row alone does not say (the calibration data's scoring n
   sample forced into the measured batch: calibration_rows.stated_length) also holds the checkpointed
   layer inputs of batch x length in its floor: one hidden-state tensor per decoder layer, in the compute
   dtype, is what the backward needs whatever is recomputed (transformers' / torchtune's / LitGPT's
-  checkpointing keeps each layer's input; none with activation offloading, whose saved tensors sit on the host);
+  checkpointing keeps each layer's input; none with activation offloading, whose saved tensors sit on the
+  host);
 - a row whose stated length is a truncation limit (dynamic padding, the data's lengths not given) has an
   unknown length: it is scored against the band from the estimate at a plausible shorter length (the
   longest sample of its default data where a row states it, else half the bound:
-  calibration_rows.shorter_length) to the estimate at the bound (its stated quantity at both ends; allocated at the shorter length to
-  device at the bound where the metric is not stated either), and the run prints how many rows were;
+  calibration_rows.shorter_length) to the estimate at the bound (its stated quantity at both ends; allocated
+  at the shorter length to device at the bound where the metric is not stated either), and the run prints
+  how many rows were;
 - every other row is scored against the quantity it states.
 """
 
@@ -53,8 +55,8 @@ FLOOR_COMPONENTS = ("weights", "quant_meta", "lora_adapters", "optimizer_states"
 
 
 def layer_inputs_bytes(spec: Any, setup: dict[str, Any]) -> int:
-    """The checkpointed layer inputs batch x seq must hold per GPU: one (batch, seq, hidden) tensor per decoder
-    layer in the compute dtype (0 with activation offloading: the saved tensors are on the host)."""
+    """The checkpointed layer inputs batch x seq must hold per GPU: one (batch, seq, hidden) tensor per
+    decoder layer in the compute dtype (0 with activation offloading: the saved tensors are on the host)."""
     from tuneplan.api import build_setup
     from tuneplan.estimator.run import resolve_run
 
@@ -74,7 +76,8 @@ def predict(row: MappedRow, engine: str) -> dict[str, Any]:
         p["floor_bytes"] += layer_inputs_bytes(spec, setup)
     if row.length_kind == "bound" and row.shorter_seq:
         short = _predict_at(row, spec, {**setup, "seq": row.shorter_seq}, engine)
-        p.update(short_predicted_bytes=short["predicted_bytes"], short_allocated_bytes=short["allocated_bytes"])
+        p.update(short_predicted_bytes=short["predicted_bytes"],
+                 short_allocated_bytes=short["allocated_bytes"])
     return p
 
 
@@ -169,15 +172,16 @@ def run(engine: str = "analytic") -> dict[str, Any]:
                             "false_oom": p["fits"] is False})
         else:
             unmapped.append({"row_id": m.row_id, "source": m.source_group, "reason": "no memory value"})
-    return {"engine": engine, "rows": results, "oom_rows": oom, "below_floor": floor_rows, "unmapped": unmapped,
-            "summary": summarize(results, oom, floor_rows)}
+    return {"engine": engine, "rows": results, "oom_rows": oom, "below_floor": floor_rows,
+            "unmapped": unmapped, "summary": summarize(results, oom, floor_rows)}
 
 
 def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     errs = [abs(r["rel_error"]) for r in rows]
     signed = [r["rel_error"] for r in rows]
     return {"count": len(rows), "median_abs": statistics.median(errs) if errs else None,
-            "p90_abs": pct(errs, 0.9) if errs else None, "bias": statistics.median(signed) if signed else None}
+            "p90_abs": pct(errs, 0.9) if errs else None,
+            "bias": statistics.median(signed) if signed else None}
 
 
 def summarize(results: list[dict[str, Any]], oom: list[dict[str, Any]],
@@ -232,8 +236,8 @@ def main() -> None:
     print(f"multi-GPU rows     {fmt(s['multi_gpu'])}")
     print(f"scored rows: {s['scored_stated']} against their stated metric, {s['scored_band']} against the "
           f"[allocated, device] band (metric not stated), {s['scored_length_band']} against the band from a "
-          f"plausible shorter length to the stated one (a truncation limit); {s['below_floor']} below their physical floor, "
-          "listed apart")
+          f"plausible shorter length to the stated one (a truncation limit); {s['below_floor']} below their "
+          "physical floor, listed apart")
     print(f"all confidences    {fmt(s['all_confidence'])}")
     for k, v in s["by_framework"].items():
         print(f"framework {k:9s} {fmt(v)}")
@@ -245,12 +249,13 @@ def main() -> None:
     print(f"max-seq rows whose seq fits the stated budget: {s['max_seq_consistent']}/{s['max_seq_rows']}")
     if a.rows:
         for r in sorted(out["rows"], key=lambda r: -abs(r["rel_error"])):
-            print(f"  {r['row_id']} {r['framework']:9s} {r['method']:5s} {r['metric']:9s} {r['confidence']:6s} "
-                  f"{r['model'][:34]:34s} meas {r['measured_bytes'] / 2**30:7.2f} pred "
+            print(f"  {r['row_id']} {r['framework']:9s} {r['method']:5s} {r['metric']:9s} "
+                  f"{r['confidence']:6s} {r['model'][:34]:34s} meas {r['measured_bytes'] / 2**30:7.2f} pred "
                   f"{r['predicted_bytes'] / 2**30:7.2f} GiB  {100 * r['rel_error']:+6.1f}%")
         for r in out["oom_rows"]:
-            print(f"  OOM {r['row_id']} {r['framework']} {r['model'][:30]} device {r['device_bytes'] / 2**30:.1f} GiB "
-                  f"gpu {(r.get('gpu_bytes') or 0) / 2**30:.1f} called={r.get('called_oom', r.get('fits_budget'))}")
+            print(f"  OOM {r['row_id']} {r['framework']} {r['model'][:30]} "
+                  f"device {r['device_bytes'] / 2**30:.1f} GiB gpu {(r.get('gpu_bytes') or 0) / 2**30:.1f} "
+                  f"called={r.get('called_oom', r.get('fits_budget'))}")
     if out["below_floor"]:
         print("rows below their own physical floor (weights + quantization metadata + adapters + optimizer "
               "states per GPU, + the checkpointed layer inputs where every sample has the stated length): "

@@ -2,7 +2,8 @@
 (and, in each record, of the reserved peak: the analytic segment model against the allocator emulation).
 
     python benchmarks/agreement.py               # full sweep (about 40 cases), 2 worker processes
-    python benchmarks/agreement.py --quick       # the CI subset (also run by tests/test_simulate_agreement.py)
+    python benchmarks/agreement.py --quick       # the CI subset (also run by
+                                                   tests/test_simulate_agreement.py)
     python benchmarks/agreement.py --markdown    # table for the README
     python benchmarks/agreement.py --only 70b    # cases whose label contains "70b"
     python benchmarks/agreement.py --only "mg "  # the multi-GPU cases (rank 0 of an FSDP1 job)
@@ -74,15 +75,17 @@ CASES: list[Case] = [
     Case("q0.5b lora fp32 (sdpa math path)", Q05, dict(method="lora", seq=1024, precision="fp32"), layers=8),
     Case("q0.5b lora sdpa", Q05, dict(method="lora", seq=1024), quick=True),
     Case("q0.5b lora eager", Q05, dict(method="lora", seq=512, attn="eager"), quick=True),
-    Case("q0.5b lora flash gc", Q05, dict(method="lora", seq=2048, attn="flash", gradient_checkpointing=True)),
+    Case("q0.5b lora flash gc", Q05, dict(method="lora", seq=2048, attn="flash",
+                                          gradient_checkpointing=True)),
     Case("q0.5b lora all-linear gc", Q05, dict(method="lora", seq=1024, targets="all-linear",
                                                gradient_checkpointing=True)),
     Case("q0.5b lora bf16 dropout", Q05, dict(method="lora", seq=1024, precision="bf16", dropout=0.05)),
     Case("q0.5b lora fp16-mixed", Q05, dict(method="lora", seq=1024, precision="fp16-mixed")),
-    Case("q0.5b lora b4 s8192 (logits)", Q05, dict(method="lora", batch=4, seq=8192, gradient_checkpointing=True),
-         layers=6),
+    Case("q0.5b lora b4 s8192 (logits)", Q05, dict(method="lora", batch=4, seq=8192,
+                                                   gradient_checkpointing=True), layers=6),
     Case("q0.5b qlora gc", Q05, dict(method="qlora", seq=1024), quick=True),
-    Case("q0.5b qlora eager nogc", Q05, dict(method="qlora", seq=512, attn="eager", gradient_checkpointing=False)),
+    Case("q0.5b qlora eager nogc", Q05, dict(method="qlora", seq=512, attn="eager",
+                                             gradient_checkpointing=False)),
     Case("q0.5b freeze", Q05, dict(method="freeze", seq=1024)),
     # dense, untied, GQA, biases
     Case("q7b full sdpa", Q7, dict(method="full", seq=2048), layers=4),
@@ -90,13 +93,15 @@ CASES: list[Case] = [
     Case("q7b full gc s8192 (autocast cache)", Q7, dict(method="full", seq=8192, gradient_checkpointing=True),
          layers=4),
     Case("q7b lora sdpa", Q7, dict(method="lora", seq=2048), layers=6),
-    Case("q7b lora eager gc", Q7, dict(method="lora", seq=1024, attn="eager", gradient_checkpointing=True), layers=6),
+    Case("q7b lora eager gc", Q7, dict(method="lora", seq=1024, attn="eager",
+                                       gradient_checkpointing=True), layers=6),
     Case("q7b lora b4 s512", Q7, dict(method="lora", batch=4, seq=512), layers=6),
     Case("q7b qlora gc s2048 (issue)", Q7, dict(method="qlora", seq=2048, gradient_checkpointing=True),
          tags=("timing",)),
-    Case("q7b qlora nogc flash", Q7, dict(method="qlora", seq=2048, attn="flash", gradient_checkpointing=False),
-         layers=6),
-    Case("q7b qlora gc s8192 (logits)", Q7, dict(method="qlora", seq=8192, gradient_checkpointing=True), layers=4),
+    Case("q7b qlora nogc flash", Q7, dict(method="qlora", seq=2048, attn="flash",
+                                          gradient_checkpointing=False), layers=6),
+    Case("q7b qlora gc s8192 (logits)", Q7, dict(method="qlora", seq=8192,
+                                                 gradient_checkpointing=True), layers=4),
     Case("q7b qlora no-dq", Q7, dict(method="qlora", seq=1024, double_quant=False), layers=4),
     # tied, GQA 32/8, other vocab
     Case("l1b full sdpa", L1, dict(method="full", seq=2048), layers=6),
@@ -118,20 +123,25 @@ CASES: list[Case] = [
     # full depth, timing
     Case("l70b qlora gc s2048 (timing)", L70, dict(method="qlora", seq=2048), tags=("timing",)),
     # classic GPT blocks: LayerNorm (native kernel keeps no output), model-config dropout masks
-    Case("gpt2 full eager fp32 (dropout 0.1)", GPT2, dict(method="full", seq=512, batch=4, attn="eager", precision="fp32")),
+    Case("gpt2 full eager fp32 (dropout 0.1)", GPT2, dict(method="full", seq=512, batch=4, attn="eager",
+                                                          precision="fp32")),
     Case("gpt2 full sdpa", GPT2, dict(method="full", seq=512, batch=4)),
     Case("phi-2 full sdpa", PHI2, dict(method="full", seq=512, batch=4), layers=4),
     Case("pythia-6.9b lora sdpa", NEOX, dict(method="lora", seq=512, batch=4), layers=4),
     # CUDA autocast's fp32 policies (layer_norm, pow, softmax) on a 16-bit residual stream / a python GELU
     Case("gpt2 lora fp16-mixed (autocast LayerNorm)", GPT2, dict(method="lora", seq=512, batch=4,
-                                                                  precision="fp16-mixed", targets="all-linear")),
+                                                                 precision="fp16-mixed",
+                                                                 targets="all-linear")),
     Case("phi-2 lora sdpa (parallel block)", PHI2, dict(method="lora", seq=512, batch=4), layers=4),
     # encoders and sequence-classification heads (num_labels), torch < 2.0's kept gradients
     Case("bert-large classifier fp16-mixed eager", BERT, dict(method="full", seq=512, batch=4, attn="eager",
-                                                              precision="fp16-mixed", num_labels=2), quick=True),
+                                                              precision="fp16-mixed",
+                                                              num_labels=2), quick=True),
     Case("bert-large classifier fp32 keep-grads", BERT, dict(method="full", seq=512, batch=4, attn="eager",
-                                                             precision="fp32", num_labels=2, keep_grads=True)),
-    Case("bert-large mlm lora", BERT, dict(method="lora", seq=512, batch=2, attn="eager", targets="all-linear")),
+                                                             precision="fp32", num_labels=2,
+                                                             keep_grads=True)),
+    Case("bert-large mlm lora", BERT, dict(method="lora", seq=512, batch=2, attn="eager",
+                                           targets="all-linear")),
     Case("l1b reward qlora gc (num_labels 1)", L1, dict(method="qlora", seq=1024, batch=2, num_labels=1,
                                                         gradient_checkpointing=True), layers=4),
     Case("q0.5b full fp32 gc keep-grads", Q05, dict(method="full", seq=512, precision="fp32",
@@ -145,8 +155,10 @@ CASES: list[Case] = [
     Case("gpt2 full fp16-mixed eager softmax-keeps-input", GPT2, dict(
         method="full", seq=512, batch=4, attn="eager", precision="fp16-mixed", softmax_keeps_input=True)),
     # MoE "all-linear": transformers 5 fused experts and TopK routers are not nn.Linear, PEFT skips them
-    Case("mixtral lora all-linear gc", MIX, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),
-    Case("qwen3-moe lora all-linear gc", Q3MOE, dict(method="lora", seq=512, targets="all-linear", gradient_checkpointing=True), layers=2),
+    Case("mixtral lora all-linear gc", MIX, dict(method="lora", seq=512, targets="all-linear",
+                                                 gradient_checkpointing=True), layers=2),
+    Case("qwen3-moe lora all-linear gc", Q3MOE, dict(method="lora", seq=512, targets="all-linear",
+                                                     gradient_checkpointing=True), layers=2),
 ]
 
 # Several GPUs: rank 0 of an FSDP1 job (the real FullyShardedDataParallel on a fake process group, configured
@@ -155,90 +167,112 @@ CASES: list[Case] = [
 FSDP = dict(fsdp=True)
 MULTI_GPU: list[Case] = [
     Case("mg fsdp1 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, **FSDP), layers=4),
-    Case("mg fsdp1 ws4 full q0.5b gc", Q05, dict(method="full", seq=1024, gpus=4, gradient_checkpointing=True, **FSDP),
-         layers=4),
-    Case("mg fsdp1 ws8 full q0.5b ga2", Q05, dict(method="full", seq=1024, gpus=8, grad_accum=2, **FSDP), layers=4),
-    Case("mg fsdp1 ws2 full q0.5b bf16", Q05, dict(method="full", seq=1024, gpus=2, precision="bf16", **FSDP), layers=4),
-    Case("mg fsdp1 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, offload="all", **FSDP), layers=4),
-    Case("mg fsdp1 ws2 lora q0.5b", Q05, dict(method="lora", seq=1024, gpus=2, **FSDP), layers=4),
-    Case("mg fsdp1 ws4 lora q0.5b gc", Q05, dict(method="lora", seq=1024, gpus=4, gradient_checkpointing=True, **FSDP),
-         layers=4),
-    Case("mg fsdp1 ws8 lora q0.5b all-linear", Q05, dict(method="lora", seq=1024, gpus=8, targets="all-linear", **FSDP),
-         layers=4),
-    Case("mg fsdp1 ws2 lora q0.5b offload", Q05, dict(method="lora", seq=1024, gpus=2, offload="all", **FSDP), layers=4),
-    Case("mg fsdp1 ws2 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=2, **FSDP), layers=4, tags=("ci",)),
-    Case("mg fsdp1 ws4 qlora q0.5b nogc", Q05, dict(method="qlora", seq=1024, gpus=4, gradient_checkpointing=False,
+    Case("mg fsdp1 ws4 full q0.5b gc", Q05, dict(method="full", seq=1024, gpus=4, gradient_checkpointing=True,
+                                                 **FSDP), layers=4),
+    Case("mg fsdp1 ws8 full q0.5b ga2", Q05, dict(method="full", seq=1024, gpus=8, grad_accum=2,
+                                                  **FSDP), layers=4),
+    Case("mg fsdp1 ws2 full q0.5b bf16", Q05, dict(method="full", seq=1024, gpus=2, precision="bf16",
                                                    **FSDP), layers=4),
+    Case("mg fsdp1 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, offload="all",
+                                                      **FSDP), layers=4),
+    Case("mg fsdp1 ws2 lora q0.5b", Q05, dict(method="lora", seq=1024, gpus=2, **FSDP), layers=4),
+    Case("mg fsdp1 ws4 lora q0.5b gc", Q05, dict(method="lora", seq=1024, gpus=4, gradient_checkpointing=True,
+                                                 **FSDP), layers=4),
+    Case("mg fsdp1 ws8 lora q0.5b all-linear", Q05, dict(method="lora", seq=1024, gpus=8,
+                                                         targets="all-linear", **FSDP), layers=4),
+    Case("mg fsdp1 ws2 lora q0.5b offload", Q05, dict(method="lora", seq=1024, gpus=2, offload="all",
+                                                      **FSDP), layers=4),
+    Case("mg fsdp1 ws2 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=2,
+                                               **FSDP), layers=4, tags=("ci",)),
+    Case("mg fsdp1 ws4 qlora q0.5b nogc", Q05, dict(method="qlora", seq=1024, gpus=4,
+                                                    gradient_checkpointing=False, **FSDP), layers=4),
     Case("mg fsdp1 ws8 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=8, **FSDP), layers=4),
-    Case("mg fsdp1 ws2 qlora q0.5b offload", Q05, dict(method="qlora", seq=1024, gpus=2, offload="all", **FSDP),
-         layers=4),
+    Case("mg fsdp1 ws2 qlora q0.5b offload", Q05, dict(method="qlora", seq=1024, gpus=2, offload="all",
+                                                       **FSDP), layers=4),
     Case("mg fsdp1 ws2 full l1b", L1, dict(method="full", seq=1024, gpus=2, **FSDP), layers=4),
-    Case("mg fsdp1 ws4 lora l1b gc", L1, dict(method="lora", seq=2048, gpus=4, gradient_checkpointing=True, **FSDP),
-         layers=4),
+    Case("mg fsdp1 ws4 lora l1b gc", L1, dict(method="lora", seq=2048, gpus=4, gradient_checkpointing=True,
+                                              **FSDP), layers=4),
     Case("mg fsdp1 ws8 qlora l1b", L1, dict(method="qlora", seq=2048, gpus=8, **FSDP), layers=4),
     Case("mg fsdp1 ws2 lora l2-7b bf16 gc", L27, dict(method="lora", seq=2048, gpus=2, precision="bf16",
                                                      gradient_checkpointing=True, **FSDP), layers=3),
-    Case("mg fsdp1 ws2 qlora l2-7b bf16 ga2 flash", L27, dict(method="qlora", seq=2048, batch=2, gpus=2, precision="bf16",
-                                                             grad_accum=2, attn="flash", targets="all-linear",
-                                                             **FSDP), layers=3),
-    Case("mg fsdp1 ws2 qlora l2-7b offload", L27, dict(method="qlora", seq=2048, gpus=2, offload="all", **FSDP),
-         layers=3),
-    Case("mg fsdp1 ws8 full l2-7b gc", L27, dict(method="full", seq=2048, gpus=8, gradient_checkpointing=True, **FSDP),
-         layers=3),
-    Case("mg fsdp1 ws4 qlora l70b all-linear", L70, dict(method="qlora", seq=2048, batch=2, gpus=4, precision="bf16",
-                                                        targets="all-linear", attn="flash", **FSDP), layers=2),
-    Case("mg fsdp1 ws2 qlora l70b offload", L70, dict(method="qlora", seq=2048, batch=2, gpus=2, precision="bf16",
-                                                     targets="all-linear", offload="all", **FSDP), layers=2),
-    Case("mg fsdp1 ws8 lora l70b", L70, dict(method="lora", seq=2048, gpus=8, gradient_checkpointing=True, **FSDP),
-         layers=2),
+    Case("mg fsdp1 ws2 qlora l2-7b bf16 ga2 flash", L27, dict(method="qlora", seq=2048, batch=2, gpus=2,
+                                                              precision="bf16", grad_accum=2, attn="flash",
+                                                              targets="all-linear", **FSDP), layers=3),
+    Case("mg fsdp1 ws2 qlora l2-7b offload", L27, dict(method="qlora", seq=2048, gpus=2, offload="all",
+                                                       **FSDP), layers=3),
+    Case("mg fsdp1 ws8 full l2-7b gc", L27, dict(method="full", seq=2048, gpus=8, gradient_checkpointing=True,
+                                                 **FSDP), layers=3),
+    Case("mg fsdp1 ws4 qlora l70b all-linear", L70, dict(method="qlora", seq=2048, batch=2, gpus=4,
+                                                         precision="bf16", targets="all-linear", attn="flash",
+                                                         **FSDP), layers=2),
+    Case("mg fsdp1 ws2 qlora l70b offload", L70, dict(method="qlora", seq=2048, batch=2, gpus=2,
+                                                      precision="bf16", targets="all-linear", offload="all",
+                                                      **FSDP), layers=2),
+    Case("mg fsdp1 ws8 lora l70b", L70, dict(method="lora", seq=2048, gpus=8, gradient_checkpointing=True,
+                                             **FSDP), layers=2),
 ]
 # FSDP2: the real fully_shard on a fake process group, grouped as accelerate's fsdp2_prepare_model does
 F2 = dict(fsdp=True, fsdp_version=2)
 MULTI_GPU += [
     Case("mg fsdp2 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, **F2), layers=4),
-    Case("mg fsdp2 ws4 full q0.5b gc", Q05, dict(method="full", seq=1024, gpus=4, gradient_checkpointing=True, **F2),
-         layers=4),
-    Case("mg fsdp2 ws8 full q0.5b s256 (tied head grads)", Q05, dict(method="full", seq=256, gpus=8, **F2), layers=6),
-    Case("mg fsdp2 ws2 full q0.5b ga2", Q05, dict(method="full", seq=512, gpus=2, grad_accum=2, **F2), layers=4),
-    Case("mg fsdp2 ws4 full l1b bf16 s512", L1, dict(method="full", seq=512, gpus=4, precision="bf16", **F2), layers=6),
-    Case("mg fsdp2 ws2 full l2-7b bf16", L27, dict(method="full", seq=1024, gpus=2, precision="bf16", **F2), layers=6),
+    Case("mg fsdp2 ws4 full q0.5b gc", Q05, dict(method="full", seq=1024, gpus=4, gradient_checkpointing=True,
+                                                 **F2), layers=4),
+    Case("mg fsdp2 ws8 full q0.5b s256 (tied head grads)", Q05, dict(method="full", seq=256, gpus=8,
+                                                                     **F2), layers=6),
+    Case("mg fsdp2 ws2 full q0.5b ga2", Q05, dict(method="full", seq=512, gpus=2, grad_accum=2,
+                                                  **F2), layers=4),
+    Case("mg fsdp2 ws4 full l1b bf16 s512", L1, dict(method="full", seq=512, gpus=4, precision="bf16",
+                                                     **F2), layers=6),
+    Case("mg fsdp2 ws2 full l2-7b bf16", L27, dict(method="full", seq=1024, gpus=2, precision="bf16",
+                                                   **F2), layers=6),
     Case("mg fsdp2 ws2 lora q0.5b", Q05, dict(method="lora", seq=1024, gpus=2, **F2), layers=4),
-    Case("mg fsdp2 ws4 lora q0.5b all-linear gc", Q05, dict(method="lora", seq=1024, gpus=4, targets="all-linear",
-                                                            gradient_checkpointing=True, **F2), layers=4),
-    Case("mg fsdp2 ws2 lora l2-7b gc", L27, dict(method="lora", seq=2048, gpus=2, gradient_checkpointing=True, **F2),
-         layers=3),
-    Case("mg fsdp2 ws2 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=2, **F2), layers=4, tags=("ci",)),
+    Case("mg fsdp2 ws4 lora q0.5b all-linear gc", Q05, dict(method="lora", seq=1024, gpus=4,
+                                                            targets="all-linear", gradient_checkpointing=True,
+                                                            **F2), layers=4),
+    Case("mg fsdp2 ws2 lora l2-7b gc", L27, dict(method="lora", seq=2048, gpus=2, gradient_checkpointing=True,
+                                                 **F2), layers=3),
+    Case("mg fsdp2 ws2 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=2,
+                                               **F2), layers=4, tags=("ci",)),
     Case("mg fsdp2 ws8 qlora l1b", L1, dict(method="qlora", seq=2048, gpus=8, **F2), layers=4),
-    Case("mg fsdp2 ws4 qlora l70b all-linear", L70, dict(method="qlora", seq=2048, batch=2, gpus=4, precision="bf16",
-                                                        targets="all-linear", attn="flash", **F2), layers=2),
+    Case("mg fsdp2 ws4 qlora l70b all-linear", L70, dict(method="qlora", seq=2048, batch=2, gpus=4,
+                                                         precision="bf16", targets="all-linear", attn="flash",
+                                                         **F2), layers=2),
 ]
 # FSDP coverage: world sizes 2, 4 and 8 for FSDP1 and FSDP2, with and without CPU offload (FSDP1
 # CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy), full, LoRA and QLoRA; loss-dominated (Qwen2.5's
 # 152k vocabulary) and layer-dominated (Llama-2-7B's wide layers) peaks
 OFF = dict(offload="all")
 MULTI_GPU += [
-    Case("mg fsdp1 ws2 full q0.5b bf16 offload (no MixedPrecision)", Q05, dict(method="full", seq=1024, gpus=2,
-                                                                       precision="bf16", **OFF, **FSDP), layers=4),
-    Case("mg fsdp1 ws8 full l2-7b bf16 offload", L27, dict(method="full", seq=1024, gpus=8, precision="bf16", **OFF,
-                                                          **FSDP), layers=4),
-    Case("mg fsdp1 ws4 lora l2-7b offload", L27, dict(method="lora", seq=2048, gpus=4, **OFF, **FSDP), layers=3),
-    Case("mg fsdp1 ws8 lora q0.5b gc offload", Q05, dict(method="lora", seq=1024, gpus=8, gradient_checkpointing=True,
-                                                        **OFF, **FSDP), layers=4),
-    Case("mg fsdp1 ws4 qlora l1b offload", L1, dict(method="qlora", seq=2048, gpus=4, **OFF, **FSDP), layers=4),
-    Case("mg fsdp1 ws8 qlora l2-7b offload", L27, dict(method="qlora", seq=2048, gpus=8, **OFF, **FSDP), layers=3),
+    Case("mg fsdp1 ws2 full q0.5b bf16 offload (no MixedPrecision)", Q05, dict(method="full", seq=1024,
+                                                                               gpus=2, precision="bf16",
+                                                                               **OFF, **FSDP), layers=4),
+    Case("mg fsdp1 ws8 full l2-7b bf16 offload", L27, dict(method="full", seq=1024, gpus=8, precision="bf16",
+                                                           **OFF, **FSDP), layers=4),
+    Case("mg fsdp1 ws4 lora l2-7b offload", L27, dict(method="lora", seq=2048, gpus=4, **OFF,
+                                                      **FSDP), layers=3),
+    Case("mg fsdp1 ws8 lora q0.5b gc offload", Q05, dict(method="lora", seq=1024, gpus=8,
+                                                         gradient_checkpointing=True, **OFF,
+                                                         **FSDP), layers=4),
+    Case("mg fsdp1 ws4 qlora l1b offload", L1, dict(method="qlora", seq=2048, gpus=4, **OFF,
+                                                    **FSDP), layers=4),
+    Case("mg fsdp1 ws8 qlora l2-7b offload", L27, dict(method="qlora", seq=2048, gpus=8, **OFF,
+                                                       **FSDP), layers=3),
     Case("mg fsdp2 ws8 lora l1b", L1, dict(method="lora", seq=2048, gpus=8, **F2), layers=4),
-    Case("mg fsdp2 ws2 full l2-7b bf16 offload", L27, dict(method="full", seq=1024, gpus=2, precision="bf16", **OFF,
-                                                          **F2), layers=6),
-    Case("mg fsdp2 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, **OFF, **F2), layers=4),
-    Case("mg fsdp2 ws8 full q0.5b s256 offload (tied head grads)", Q05, dict(method="full", seq=256, gpus=8, **OFF,
-                                                                             **F2), layers=6),
-    Case("mg fsdp2 ws2 lora q0.5b offload", Q05, dict(method="lora", seq=1024, gpus=2, **OFF, **F2), layers=4),
-    Case("mg fsdp2 ws4 lora l2-7b gc offload", L27, dict(method="lora", seq=2048, gpus=4, gradient_checkpointing=True,
-                                                        **OFF, **F2), layers=3),
+    Case("mg fsdp2 ws2 full l2-7b bf16 offload", L27, dict(method="full", seq=1024, gpus=2, precision="bf16",
+                                                           **OFF, **F2), layers=6),
+    Case("mg fsdp2 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, **OFF,
+                                                      **F2), layers=4),
+    Case("mg fsdp2 ws8 full q0.5b s256 offload (tied head grads)", Q05, dict(method="full", seq=256, gpus=8,
+                                                                             **OFF, **F2), layers=6),
+    Case("mg fsdp2 ws2 lora q0.5b offload", Q05, dict(method="lora", seq=1024, gpus=2, **OFF,
+                                                      **F2), layers=4),
+    Case("mg fsdp2 ws4 lora l2-7b gc offload", L27, dict(method="lora", seq=2048, gpus=4,
+                                                         gradient_checkpointing=True, **OFF, **F2), layers=3),
     Case("mg fsdp2 ws8 lora l1b offload", L1, dict(method="lora", seq=2048, gpus=8, **OFF, **F2), layers=4),
-    Case("mg fsdp2 ws2 qlora q0.5b offload", Q05, dict(method="qlora", seq=1024, gpus=2, **OFF, **F2), layers=4,
-         tags=("ci",)),
-    Case("mg fsdp2 ws4 qlora l2-7b offload", L27, dict(method="qlora", seq=2048, gpus=4, **OFF, **F2), layers=3),
+    Case("mg fsdp2 ws2 qlora q0.5b offload", Q05, dict(method="qlora", seq=1024, gpus=2, **OFF,
+                                                       **F2), layers=4, tags=("ci",)),
+    Case("mg fsdp2 ws4 qlora l2-7b offload", L27, dict(method="qlora", seq=2048, gpus=4, **OFF,
+                                                       **F2), layers=3),
     Case("mg fsdp2 ws8 qlora l1b offload", L1, dict(method="qlora", seq=2048, gpus=8, **OFF, **F2), layers=4),
 ]
 # DeepSpeed ZeRO: DeepSpeed's own engine on a fake process group (needs deepspeed installed; without it these
@@ -250,8 +284,9 @@ ZERO_CASES: list[Case] = [
                                                   gradient_checkpointing=True), layers=4),
     Case("mg zero2 ws2 lora q0.5b", Q05, dict(method="lora", seq=1024, gpus=2, zero=2), layers=4),
     Case("mg zero3 ws2 full q0.5b", Q05, dict(method="full", seq=1024, gpus=2, zero=3), layers=4),
-    Case("mg zero3 ws4 full l2-7b bf16 gc", L27, dict(method="full", seq=2048, gpus=4, zero=3, precision="bf16",
-                                                     gradient_checkpointing=True), layers=4),
+    Case("mg zero3 ws4 full l2-7b bf16 gc", L27, dict(method="full", seq=2048, gpus=4, zero=3,
+                                                      precision="bf16",
+                                                      gradient_checkpointing=True), layers=4),
     Case("mg zero3 ws8 lora l2-7b", L27, dict(method="lora", seq=2048, gpus=8, zero=3), layers=4),
     Case("mg zero3 ws4 qlora q0.5b", Q05, dict(method="qlora", seq=1024, gpus=4, zero=3), layers=4),
     Case("mg zero2 ws2 full q0.5b small buckets", Q05, dict(method="full", seq=1024, gpus=2, zero=2,
@@ -260,27 +295,30 @@ ZERO_CASES: list[Case] = [
                                                            ds_reduce_bucket=10_000_000,
                                                            ds_prefetch_bucket=5_000_000), layers=4),
 ]
-# ZeRO-3 at the loss: the prefetcher's run-ahead keeps what the backward uses, up to stage3_max_live_parameters
+# ZeRO-3 at the loss: the prefetcher's run-ahead keeps what the backward uses, up to
+# stage3_max_live_parameters
 ZERO_CASES += [
-    Case("mg zero3 ws8 full l2-7b bf16 gc 8 layers (max live)", L27, dict(method="full", seq=1024, gpus=8, zero=3,
-                                                                         precision="bf16", gradient_checkpointing=True),
+    Case("mg zero3 ws8 full l2-7b bf16 gc 8 layers (max live)", L27, dict(method="full", seq=1024, gpus=8,
+                                                                          zero=3, precision="bf16",
+                                                                          gradient_checkpointing=True),
          layers=8),
 ]
 # ZeRO-Offload: the optimizer step on the CPU (DeepSpeed's CPU Adam, its compiled kernel's in-place update
 # skipped), and with "all" the ZeRO-3 parameter partitions on the CPU; device memory counts what a GPU holds
 ZERO_CASES += [
-    Case("mg zero1 ws2 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=2, zero=1, offload="optimizer"),
-         layers=4),
-    Case("mg zero2 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, zero=2, offload="optimizer"),
-         layers=4),
-    Case("mg zero2 ws8 lora q0.5b offload", Q05, dict(method="lora", seq=1024, gpus=8, zero=2, offload="optimizer"),
-         layers=4),
-    Case("mg zero3 ws2 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=2, zero=3, offload="optimizer"),
-         layers=4),
-    Case("mg zero3 ws4 full q0.5b offload all", Q05, dict(method="full", seq=1024, gpus=4, zero=3, offload="all"),
-         layers=4),
-    Case("mg zero3 ws8 lora l1b offload all gc", L1, dict(method="lora", seq=2048, gpus=8, zero=3, offload="all",
-                                                         gradient_checkpointing=True), layers=4),
+    Case("mg zero1 ws2 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=2, zero=1,
+                                                      offload="optimizer"), layers=4),
+    Case("mg zero2 ws4 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=4, zero=2,
+                                                      offload="optimizer"), layers=4),
+    Case("mg zero2 ws8 lora q0.5b offload", Q05, dict(method="lora", seq=1024, gpus=8, zero=2,
+                                                      offload="optimizer"), layers=4),
+    Case("mg zero3 ws2 full q0.5b offload", Q05, dict(method="full", seq=1024, gpus=2, zero=3,
+                                                      offload="optimizer"), layers=4),
+    Case("mg zero3 ws4 full q0.5b offload all", Q05, dict(method="full", seq=1024, gpus=4, zero=3,
+                                                          offload="all"), layers=4),
+    Case("mg zero3 ws8 lora l1b offload all gc", L1, dict(method="lora", seq=2048, gpus=8, zero=3,
+                                                          offload="all",
+                                                          gradient_checkpointing=True), layers=4),
 ]
 MULTI_GPU += ZERO_CASES
 CASES += MULTI_GPU
@@ -309,7 +347,8 @@ def run_case(case: Case, skip_unsupported: bool = False) -> dict[str, Any]:
     sim_peak, ana_peak = sim.allocated_peak_bytes, ana.allocated_peak_bytes
     comps = {k: (sim.components.get(k, 0), ana.components.get(k, 0)) for k in sim.components}
     return {
-        "label": case.label, "model": spec.name, "setup": case.setup, "sim_peak": sim_peak, "ana_peak": ana_peak,
+        "label": case.label, "model": spec.name, "setup": case.setup, "sim_peak": sim_peak,
+        "ana_peak": ana_peak,
         "rel": ana_peak / sim_peak - 1, "sim_instant": sim.peak_instant, "ana_instant": ana.peak_instant,
         "peak_op": rep.peak_op,
         "components": {k: {"sim": simulated, "ana": analytic,
@@ -323,7 +362,8 @@ def run_case(case: Case, skip_unsupported: bool = False) -> dict[str, Any]:
 
 def _fmt_row(r: dict[str, Any]) -> str:
     worst = max(r["components"].items(), key=lambda kv: abs(kv[1]["diff_pct_of_peak"]))
-    return (f"| {r['label']} | {r['sim_peak'] / GIB:.3f} | {r['ana_peak'] / GIB:.3f} | {100 * r['rel']:+.2f}% | "
+    return (f"| {r['label']} | {r['sim_peak'] / GIB:.3f} | {r['ana_peak'] / GIB:.3f} | "
+            f"{100 * r['rel']:+.2f}% | "
             f"{worst[0]} {worst[1]['diff_pct_of_peak']:+.1f}% | {r['sim_instant']} / {r['ana_instant']} | "
             f"{r['peak_op']} | {r['seconds']:.1f} |")
 
@@ -335,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (2 cores: 2)")
     ap.add_argument("--markdown", action="store_true", help="print only the markdown table and summary")
     ap.add_argument("--json", dest="json_out", default="", help="write the results to this file")
-    ap.add_argument("--random", type=int, default=0, metavar="N", help="N random valid setups instead of the cases")
+    ap.add_argument("--random", type=int, default=0, metavar="N",
+                    help="N random valid setups instead of the cases")
     ap.add_argument("--seed", type=int, default=1, help="the random generator's seed for --random")
     args = ap.parse_args(argv)
     if args.random:
@@ -347,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c not in ZERO_CASES]
         print(f"deepspeed is not installed: the {len(ZERO_CASES)} ZeRO cases are left out", file=sys.stderr)
     header = ("| case | simulate GiB | analytic GiB | peak diff | largest component diff (% of peak) | "
-              "peak instant sim / analytic | simulated peak op | sim s |\n|---|---:|---:|---:|---|---|---|---:|")
+              "peak instant sim / analytic | simulated peak op | sim s |\n"
+              "|---|---:|---:|---:|---|---|---|---:|")
     stream = not args.markdown  # --markdown: one table in case order at the end
     if stream:
         print(header, flush=True)
@@ -409,9 +451,9 @@ def main_random(n: int, seed: int, jobs: int, json_out: str) -> int:
     print("\n".join(random_agreement.report_lines(summary)))
     if json_out:
         with open(json_out, "w", encoding="utf-8") as f:
-            json.dump({"seed": seed, "records": records, "summary": {k: v for k, v in summary.items()
-                                                                   if k not in ("worst", "error_records")}}, f,
-                      indent=1, default=str)
+            json.dump({"seed": seed, "records": records,
+                       "summary": {k: v for k, v in summary.items() if k not in ("worst", "error_records")}},
+                      f, indent=1, default=str)
     ok = summary["compared"] and summary["share_within_3pct"] >= 0.95 and not summary["beyond_10pct"]
     return 0 if ok else 1
 

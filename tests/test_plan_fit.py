@@ -114,7 +114,8 @@ def test_prefer_speed_takes_the_most_tokens_per_second() -> None:
 
 
 def test_relaxed_global_batch_is_said_not_refused() -> None:
-    # 7B full on one A100 80GB at seq 4096: accumulation or a batch of 64 cannot fit; a smaller global batch can
+    # 7B full on one A100 80GB at seq 4096: accumulation or a batch of 64 cannot fit; a smaller global
+    # batch can
     d = fit("meta-llama/Llama-2-7b-hf", "a100-80gb", method="full", global_batch=64, seq=4096,
             zero=0, offload="none").to_dict()
     assert violations(d) == []
@@ -133,7 +134,8 @@ def test_margin_flag_parses_and_a_zero_margin_allows_more() -> None:
     zero = fit("meta-llama/Llama-2-7b-hf", "rtx4090", method="lora", margin="0").to_dict()["recommended"]
     assert zero["device_peak_bytes"] <= resolve_accelerator("rtx4090").memory_bytes
     big = fit("meta-llama/Llama-2-7b-hf", "rtx4090", method="lora", margin="6GiB").to_dict()["recommended"]
-    assert big is None or big["tight"] or big["device_peak_bytes"] + 6 * GIB <= resolve_accelerator("rtx4090").memory_bytes
+    assert (big is None or big["tight"]
+            or big["device_peak_bytes"] + 6 * GIB <= resolve_accelerator("rtx4090").memory_bytes)
     assert band is not None
 
 

@@ -38,7 +38,8 @@ def test_standard_family_grows_in_every_dimension() -> None:
 
 def test_standard_family_memory_is_monotone_so_bisection_is_exact() -> None:
     for method in ("full", "lora", "qlora"):
-        peaks = [estimate(standard_model(i), method=method).breakdown.device_peak_bytes for i in range(0, 400, 3)]
+        peaks = [estimate(standard_model(i), method=method).breakdown.device_peak_bytes
+                 for i in range(0, 400, 3)]
         assert peaks == sorted(peaks), method
 
 
@@ -60,7 +61,8 @@ def test_max_params_matches_a_plain_loop_and_is_a_boundary(gpu: str, setup: dict
     assert not estimate(standard_model(best + 1), gpu=acc, **setup).fits
 
 
-@pytest.mark.parametrize("gpu,setup", [("rtx4090", {"method": "lora"}), ("a100-80gb", {"method": "qlora", "bits": 8})])
+@pytest.mark.parametrize("gpu,setup", [("rtx4090", {"method": "lora"}),
+                                       ("a100-80gb", {"method": "qlora", "bits": 8})])
 def test_largest_catalog_model_matches_a_plain_loop(gpu: str, setup: dict) -> None:
     acc = resolve_accelerator(gpu)
     r = max_model(gpu, **setup)

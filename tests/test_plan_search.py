@@ -11,7 +11,8 @@ from tuneplan.plan.search import first_true_in, largest_true, largest_true_near,
 
 
 @settings(max_examples=300, deadline=None)
-@given(lo=st.integers(1, 50), span=st.integers(0, 5000), cut=st.integers(-10, 6000), start=st.none() | st.integers(0, 6000))
+@given(lo=st.integers(1, 50), span=st.integers(0, 5000), cut=st.integers(-10, 6000),
+       start=st.none() | st.integers(0, 6000))
 def test_largest_true_matches_a_plain_loop(lo: int, span: int, cut: int, start: int | None) -> None:
     hi = lo + span
     calls: list[int] = []
@@ -32,7 +33,8 @@ def test_largest_true_matches_a_plain_loop(lo: int, span: int, cut: int, start: 
 
 
 @settings(max_examples=300, deadline=None)
-@given(lo=st.integers(1, 50), span=st.integers(0, 5000), cut=st.integers(-10, 6000), guess=st.integers(-10, 6000))
+@given(lo=st.integers(1, 50), span=st.integers(0, 5000), cut=st.integers(-10, 6000),
+       guess=st.integers(-10, 6000))
 def test_largest_true_near_matches_a_plain_loop_and_costs_the_distance(lo: int, span: int, cut: int,
                                                                       guess: int) -> None:
     hi = lo + span

@@ -22,7 +22,8 @@ def test_parse_vary() -> None:
     assert parse_vary("grad-accum=1..4:1") == ("grad_accum", [1, 2, 3, 4])
 
 
-@pytest.mark.parametrize("bad", ["seq", "lr=1..2", "seq=0..8", "seq=9..3", "seq=a,b", "rank=1..10000:1", "seq=1..8:0"])
+@pytest.mark.parametrize("bad", ["seq", "lr=1..2", "seq=0..8", "seq=9..3", "seq=a,b", "rank=1..10000:1",
+                                 "seq=1..8:0"])
 def test_parse_vary_rejects_with_the_field(bad: str) -> None:
     with pytest.raises(TuneplanError) as e:
         parse_vary(bad)
@@ -40,7 +41,8 @@ def test_points_are_estimates_and_the_stack_adds_up() -> None:
         assert p.fits == (p.device_peak_bytes <= r.capacity_bytes)
     peaks = [p.device_peak_bytes for p in r.points]
     assert peaks == sorted(peaks)  # longer sequences never need less
-    assert r.points[0].fits and not r.points[-1].fits  # 8192 tokens of fp32 logits (152k vocab) do not fit 24 GB
+    # 8192 tokens of fp32 logits (152k vocab) do not fit 24 GB
+    assert r.points[0].fits and not r.points[-1].fits
 
 
 def test_a_value_the_setup_refuses_is_reported_not_raised() -> None:
@@ -57,9 +59,11 @@ def test_a_value_the_setup_refuses_is_reported_not_raised() -> None:
 def test_html_plot_without_matplotlib(tmp_path) -> None:
     r = sweep("Qwen/Qwen2.5-7B", "batch=1..8", gpu="rtx4090", method="lora")
     page = to_html(r)
-    assert page.startswith("<!doctype html>") and "<svg" in page and "stroke-dasharray" in page  # capacity line
+    # stroke-dasharray: the capacity line
+    assert page.startswith("<!doctype html>") and "<svg" in page and "stroke-dasharray" in page
     svg = ElementTree.fromstring(page[page.index("<svg"): page.index("</svg>") + 6])  # well-formed
-    bars = [e for e in svg.iter("{http://www.w3.org/2000/svg}rect") if e.find("{http://www.w3.org/2000/svg}title") is not None]
+    bars = [e for e in svg.iter("{http://www.w3.org/2000/svg}rect")
+            if e.find("{http://www.w3.org/2000/svg}title") is not None]
     assert len(bars) >= len(r.points)  # at least one stacked segment per point
     out = write_plot(r, tmp_path / "sweep.html")
     assert out.read_text(encoding="utf-8") == page
@@ -97,7 +101,8 @@ def test_every_point_of_the_grid_sweep_is_the_scalar_estimate(vary: str, kw: dic
     assert [p.value for p in r.points] == values
     for p in r.points:
         try:
-            est = estimate("Qwen/Qwen2.5-7B", gpu=gpu, **({"dataset": ds} if ds else {}), **{**kw, name: p.value})
+            est = estimate("Qwen/Qwen2.5-7B", gpu=gpu, **({"dataset": ds} if ds else {}),
+                           **{**kw, name: p.value})
         except TuneplanError as exc:
             assert p.error == str(exc) and p.fits is False
             continue
@@ -105,7 +110,8 @@ def test_every_point_of_the_grid_sweep_is_the_scalar_estimate(vary: str, kw: dic
         assert p.error is None
         assert (p.device_peak_bytes, p.allocated_peak_bytes, p.reserved_peak_bytes, p.peak_instant) == (
             b.device_peak_bytes, b.allocated_peak_bytes, b.reserved_peak_bytes, b.peak_instant)
-        assert p.stack == {**b.components, "allocator_reserve": b.reserved_peak_bytes - b.allocated_peak_bytes,
+        assert p.stack == {**b.components,
+                           "allocator_reserve": b.reserved_peak_bytes - b.allocated_peak_bytes,
                            "cuda_context": b.cuda_context_bytes, "nccl": b.nccl_bytes}
         assert (p.fits, p.headroom_bytes) == (est.fits, est.headroom_bytes)
         t, c = d.get("time") or {}, d.get("cost") or {}

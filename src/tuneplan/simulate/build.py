@@ -114,8 +114,8 @@ def hf_config(spec: ModelSpec, attn_impl: str) -> Any:
         cfg["hidden_act"] = "gelu_pytorch_tanh"
     # cache_implementation is a generation setting (Gemma 3's config carries it): transformers only warns
     # that it is not a valid flag when it builds the generation config, and training never reads it
-    for k in ("architectures", "auto_map", "transformers_version", "quantization_config", "torch_dtype", "dtype",
-              "cache_implementation"):
+    for k in ("architectures", "auto_map", "transformers_version", "quantization_config", "torch_dtype",
+              "dtype", "cache_implementation"):
         cfg.pop(k, None)
     try:
         config = AutoConfig.for_model(model_type, **cfg)
@@ -123,7 +123,8 @@ def hf_config(spec: ModelSpec, attn_impl: str) -> Any:
         raise TuneplanError(
             f"transformers {_tf_version()} has no model class for model_type {model_type!r} ({exc}); "
             "simulate runs transformers' own modeling code", field="model",
-            accepted="a model whose architecture transformers implements (or use {engine=analytic})") from None
+            accepted="a model whose architecture transformers implements (or use {engine=analytic})",
+        ) from None
     config.use_cache = False
     config._attn_implementation = attn_impl
     return config
@@ -205,7 +206,8 @@ def build(spec: ModelSpec, setup: TrainSetup, prof: Profile, targets: frozenset[
                 model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if setup.gradient_checkpointing:
         # transformers 5 renamed gradient_checkpointing_enable (same code path: non-reentrant checkpoint)
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable = (getattr(model, "activation_checkpointing_enable", None)
+                  or model.gradient_checkpointing_enable)
         enable()
     for p in model.parameters():
         p.requires_grad_(setup.method == "full")
@@ -260,7 +262,8 @@ def _apply_lora(model: nn.Module, setup: TrainSetup, prof: Profile, targets: fro
             "(transformers 5 fuses MoE experts into 3-D parameters)", field="targets",
             accepted=", ".join(sorted(present)))
     # GPT-2's Conv1D stores its weight transposed: PEFT needs fan_in_fan_out (it sets it itself, warning)
-    conv1d = any(type(m).__name__ == "Conv1D" and n.split(".")[-1] in usable for n, m in model.named_modules())
+    conv1d = any(type(m).__name__ == "Conv1D" and n.split(".")[-1] in usable
+                 for n, m in model.named_modules())
     cfg = LoraConfig(r=setup.rank, lora_alpha=setup.alpha or 2 * setup.rank, lora_dropout=setup.dropout,
                      target_modules=usable, task_type=_peft_task(model, setup), fan_in_fan_out=conv1d)
     if setup.method == "qlora":
