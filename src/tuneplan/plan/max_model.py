@@ -93,6 +93,9 @@ def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed:
     base = {k: v for k, v in base.items() if k != "host_memory_bytes"}
     probe = Prober(model, gpu, base, host_bytes=host, timing_kw={"dataset": _reference()}, shared=shared)
     try:
+        if beyond_memory(model, fixed, gpu, base, probe.host_bytes) and (auto or not whole):
+            # no setup holds its weights: the verdict a search where no family fits gives, unprobed
+            return Verdict(False, [], probe({**dict(fixed), "batch": 1}) if whole else None)
         if not auto:
             est = probe(dict(fixed))
             return Verdict(probe.ok(None)(est), [], est)
@@ -113,6 +116,26 @@ def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed:
         return Verdict(tps >= USABLE_TOKENS_PER_S, names, hit[1], tps, hours)
     finally:
         count[0] += probe.evaluations
+
+
+def weights_floor(model: ModelSpec, fixed: Mapping[str, Any]) -> float:
+    """Bytes the model's weights take at the least, whatever the strategy: every parameter but the
+    lm_head (a classification model replaces it, ``specs.profiles.model_as_built``) stored in 16 bits, or
+    under QLoRA in ``bits`` (bitsandbytes packs two 4-bit codes per byte in ``Params4bit``, one 8-bit code
+    per byte in ``Int8Params``; the layers it leaves alone stay 16-bit, so this is below the storage)."""
+    per_param = int(fixed.get("bits") or 4) / 8 if fixed.get("method") == "qlora" else 2.0
+    return (model.params_total - model.lm_head_params) * per_param
+
+
+def beyond_memory(model: ModelSpec, fixed: Mapping[str, Any], gpu: Accelerator, base: Mapping[str, Any],
+                  host_limit: int) -> bool:
+    """True when the weights cannot be held by all the cards and their nodes' host memory together: a
+    setup fits only with every GPU's device figure within the card and its host share within the
+    node's host memory over its GPUs, and the weights live on a GPU or on the host (sharded or not),
+    so ``weights_floor`` <= GPUs x card memory + nodes x host memory for anything that fits. Cheaper
+    than resolving a run: the catalog's largest models are ruled out without one."""
+    gpus, nodes = int(base.get("gpus", 1)), int(base.get("nodes", 1))
+    return weights_floor(model, fixed) > gpus * nodes * gpu.memory_bytes + nodes * host_limit
 
 
 def _reference() -> Any:
