@@ -159,29 +159,39 @@ def test_weights_floor_is_below_what_every_family_keeps_on_the_cards_and_the_hos
                     continue
                 b = est.breakdown
                 assert weights_floor(m, fixed) <= gpus * (b.device_needed_bytes + b.host_bytes), (m.name, fam)
+                if fam.as_fields.get("offload") in ("none", "optimizer"):  # every weight on the cards
+                    assert weights_floor(m, fixed) <= gpus * b.device_needed_bytes, (m.name, fam)
                 checked += 1
     assert checked > 20
 
 
 def test_the_weights_bound_leaves_every_answer_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ruling out the models whose weights exceed the cards and the host memory changes no answer and
-    no catalog row: the same report with the bound switched off, less the count of setups evaluated."""
+    """Ruling out the models whose weights exceed the cards and the host memory, and the families that
+    keep them on cards too small for them, changes no answer and no catalog row: the same report with
+    both bounds switched off, less the count of setups evaluated."""
     import importlib
 
     mm = importlib.import_module("tuneplan.plan.max_model")
     cases = [("rtx4090", {"method": "lora", "auto": True}), ("t4", {"method": "qlora"}),
              ("a100-80gb", {"method": "full", "gpus": 2, "zero": 3, "offload": "all", "auto": True})]
-    bound, ruled_out = mm.beyond_memory, []
+    ruled_out: dict[str, list[bool]] = {"beyond_memory": [], "on_cards_beyond_memory": []}
 
-    def counted(*a: object) -> bool:
-        out = bound(*a)
-        ruled_out.append(out)
-        return out
+    def counted(name: str):  # noqa: ANN202 - a wrapper of either bound
+        bound = getattr(mm, name)
 
-    monkeypatch.setattr(mm, "beyond_memory", counted)
+        def wrapped(*a: object) -> bool:
+            ruled_out[name].append(bound(*a))
+            return ruled_out[name][-1]
+
+        return wrapped
+
+    for name in ruled_out:
+        monkeypatch.setattr(mm, name, counted(name))
     fast = [max_model(g, **s).to_dict() for g, s in cases]
-    assert sum(ruled_out) >= 10  # the bound is not idle in these cases (405B, 235B, ... on one card)
-    monkeypatch.setattr(mm, "beyond_memory", lambda *a: False)
+    # neither bound is idle in these cases (405B, 235B, ... on one card; 70B without offload on 2 cards)
+    assert all(sum(v) >= 10 for v in ruled_out.values()), {k: sum(v) for k, v in ruled_out.items()}
+    for name in ruled_out:
+        monkeypatch.setattr(mm, name, lambda *a: False)
     slow = [max_model(g, **s).to_dict() for g, s in cases]
     for f, s in zip(fast, slow, strict=True):
         assert f.pop("catalog") == s.pop("catalog")

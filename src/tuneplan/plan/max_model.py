@@ -10,13 +10,16 @@ says ``--zero 3`` (a card without bf16 still gets fp16 when the precision is lef
 ``specs.profiles.resolve_setup`` does that). With ``auto=True`` a model fits when some family of the
 same candidate space as ``fit`` fits it at micro-batch 1 and trains at a usable speed
 (:data:`USABLE_TOKENS_PER_S`, the host memory bounding what is offloaded), with its hours shown.
-``by_method`` repeats both answers for every method at the same other settings.
+``by_method`` repeats both answers for every method at the same other settings. A model whose weights
+cannot be held by the cards and the host memory together (:func:`beyond_memory`), or a family that keeps
+them on the cards when they exceed those (:func:`on_cards_beyond_memory`), is ruled out unprobed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from tuneplan.catalog.accelerators import resolve_accelerator
@@ -53,6 +56,12 @@ class MaxModel:
 
 def catalog_models() -> list[ModelSpec]:
     """Every catalog model the estimator can read (encoder-decoders are refused), largest first."""
+    return list(_catalog_models())
+
+
+@lru_cache(maxsize=1)
+def _catalog_models() -> tuple[ModelSpec, ...]:
+    """Read once, as ``catalog_entries`` reads the catalog's index once: the package's own files."""
     out: dict[str, ModelSpec] = {}
     for e in catalog_entries():
         try:
@@ -60,7 +69,7 @@ def catalog_models() -> list[ModelSpec]:
         except TuneplanError:
             continue
         out.setdefault(m.name, m)
-    return sorted(out.values(), key=lambda m: (-m.params_total, m.name))
+    return tuple(sorted(out.values(), key=lambda m: (-m.params_total, m.name)))
 
 
 @dataclass
@@ -138,6 +147,17 @@ def beyond_memory(model: ModelSpec, fixed: Mapping[str, Any], gpu: Accelerator, 
     return weights_floor(model, fixed) > gpus * nodes * gpu.memory_bytes + nodes * host_limit
 
 
+def on_cards_beyond_memory(probe: Prober, fields: Mapping[str, Any]) -> bool:
+    """True when ``fields`` keep the weights on the GPUs (``offload`` said outright: none, or the optimizer
+    states alone, DeepSpeed's ``offload_optimizer``) and the weights exceed the
+    cards' memory: every weight then lives on a GPU, sharded at most over all of them, so a fitting setup
+    has ``weights_floor`` <= GPUs x card memory. Rules a family out before its run is resolved."""
+    if fields.get("offload") not in ("none", "optimizer"):
+        return False
+    gpus, nodes = int(probe.base.get("gpus", 1)), int(probe.base.get("nodes", 1))
+    return weights_floor(probe.model, fields) > gpus * nodes * probe.gpu.memory_bytes
+
+
 def _reference() -> Any:
     from tuneplan.plan.timecost import make_dataset
 
@@ -153,7 +173,7 @@ def fastest_fitting(probe: Prober, fams: list[Family], compatible: Callable[[Fam
     best: tuple[Family, Any, tuple[float, float | None]] | None = None
     for f in sparing(fams):
         at_one = {**f.as_fields, "batch": 1, "grad_accum": 1}
-        if not probe.memory_fits(at_one):
+        if on_cards_beyond_memory(probe, at_one) or not probe.memory_fits(at_one):
             continue
         est = probe(at_one)
         if not probe.ok(None)(est) or not compatible(f):
