@@ -149,9 +149,9 @@ def beyond_memory(model: ModelSpec, fixed: Mapping[str, Any], gpu: Accelerator, 
 
 def on_cards_beyond_memory(probe: Prober, fields: Mapping[str, Any]) -> bool:
     """True when ``fields`` keep the weights on the GPUs (``offload`` said outright: none, or the optimizer
-    states alone, DeepSpeed's ``offload_optimizer``) and the weights exceed the
-    cards' memory: every weight then lives on a GPU, sharded at most over all of them, so a fitting setup
-    has ``weights_floor`` <= GPUs x card memory. Rules a family out before its run is resolved."""
+    states alone, DeepSpeed's ``offload_optimizer``) and the weights exceed the cards' memory: every weight
+    then lives on a GPU, sharded at most over all of them, so a fitting setup has ``weights_floor`` <=
+    GPUs x card memory. Rules a family out before its run is resolved."""
     if fields.get("offload") not in ("none", "optimizer"):
         return False
     gpus, nodes = int(probe.base.get("gpus", 1)), int(probe.base.get("nodes", 1))
