@@ -10,7 +10,8 @@ also counts waiting for a core; the target is checked on it), with the setups th
 ``max-model`` 0.2 s; a sweep has none (it is one grid call). How the planner spends them: every family's
 micro-batch x accumulation is read off one grid (``plan/sizes.py``), runs and memory figures are shared
 across the cards of a ``gpus`` ranking, only the candidates the decision rule reads get a time estimate,
-and ``max-model`` computes full verdicts only where its answer shows them.
+and ``max-model`` computes full verdicts only where its answer shows them and rules out, before
+resolving a run, the models and families whose weights exceed the memory that would hold them.
 """
 
 from __future__ import annotations

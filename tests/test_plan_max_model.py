@@ -135,3 +135,66 @@ def test_the_table_alone_has_the_same_answers_as_the_whole_catalog(gpu: str, set
     table = max_model(gpu, catalog=False, **setup).to_dict()
     assert len(whole["catalog"]) == len(catalog_models()) and len(table["catalog"]) <= 1
     assert _without_work(table) == _without_work(whole)
+
+
+@pytest.mark.parametrize("gpu,gpus,method", [("rtx4090", 1, "lora"), ("t4", 1, "full"),
+                                             ("rtx-4060", 1, "qlora"), ("a100-80gb", 4, "full")])
+def test_weights_floor_is_below_what_every_family_keeps_on_the_cards_and_the_host(
+        gpu: str, gpus: int, method: str) -> None:
+    """The bound that rules a model out unprobed: the weights (parameters but the lm_head at 2 bytes,
+    or at bits / 8 under QLoRA) are at most what the estimator puts on all GPUs plus their host share,
+    in every family the search tries, for every catalog model."""
+    from tuneplan.plan.evaluate import Prober, sparing
+    from tuneplan.plan.max_model import weights_floor
+    from tuneplan.plan.space import METHOD_VARIANTS, families
+
+    acc = resolve_accelerator(gpu)
+    base = {"gpus": gpus}
+    variants = [(lb, f) for lb, f in METHOD_VARIANTS if f["method"] == method]
+    checked = 0
+    for m in catalog_models()[::3]:
+        probe = Prober(m, acc, base)
+        for lb, fixed in variants:
+            for fam in sparing(families([(lb, dict(fixed))], base, gpus, acc)):
+                est = probe({**fam.as_fields, "batch": 1})
+                if est is None:
+                    continue
+                b = est.breakdown
+                assert weights_floor(m, fixed) <= gpus * (b.device_needed_bytes + b.host_bytes), (m.name, fam)
+                if fam.as_fields.get("offload") in ("none", "optimizer"):  # every weight on the cards
+                    assert weights_floor(m, fixed) <= gpus * b.device_needed_bytes, (m.name, fam)
+                checked += 1
+    assert checked > 20
+
+
+def test_the_weights_bound_leaves_every_answer_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ruling out the models whose weights exceed the cards and the host memory, and the families that
+    keep them on cards too small for them, changes no answer and no catalog row: the same report with
+    both bounds switched off, less the count of setups evaluated."""
+    import importlib
+
+    mm = importlib.import_module("tuneplan.plan.max_model")
+    cases = [("rtx4090", {"method": "lora", "auto": True}), ("t4", {"method": "qlora"}),
+             ("a100-80gb", {"method": "full", "gpus": 2, "zero": 3, "offload": "all", "auto": True})]
+    ruled_out: dict[str, list[bool]] = {"beyond_memory": [], "on_cards_beyond_memory": []}
+
+    def counted(name: str):  # noqa: ANN202 - a wrapper of either bound
+        bound = getattr(mm, name)
+
+        def wrapped(*a: object) -> bool:
+            ruled_out[name].append(bound(*a))
+            return ruled_out[name][-1]
+
+        return wrapped
+
+    for name in ruled_out:
+        monkeypatch.setattr(mm, name, counted(name))
+    fast = [max_model(g, **s).to_dict() for g, s in cases]
+    # neither bound is idle in these cases (405B, 235B, ... on one card; 70B without offload on 2 cards)
+    assert all(sum(v) >= 10 for v in ruled_out.values()), {k: sum(v) for k, v in ruled_out.items()}
+    for name in ruled_out:
+        monkeypatch.setattr(mm, name, lambda *a: False)
+    slow = [max_model(g, **s).to_dict() for g, s in cases]
+    for f, s in zip(fast, slow, strict=True):
+        assert f.pop("catalog") == s.pop("catalog")
+        assert _without_work(f) == _without_work(s)

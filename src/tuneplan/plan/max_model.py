@@ -10,13 +10,16 @@ says ``--zero 3`` (a card without bf16 still gets fp16 when the precision is lef
 ``specs.profiles.resolve_setup`` does that). With ``auto=True`` a model fits when some family of the
 same candidate space as ``fit`` fits it at micro-batch 1 and trains at a usable speed
 (:data:`USABLE_TOKENS_PER_S`, the host memory bounding what is offloaded), with its hours shown.
-``by_method`` repeats both answers for every method at the same other settings.
+``by_method`` repeats both answers for every method at the same other settings. A model whose weights
+cannot be held by the cards and the host memory together (:func:`beyond_memory`), or a family that keeps
+them on the cards when they exceed those (:func:`on_cards_beyond_memory`), is ruled out unprobed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from tuneplan.catalog.accelerators import resolve_accelerator
@@ -53,6 +56,12 @@ class MaxModel:
 
 def catalog_models() -> list[ModelSpec]:
     """Every catalog model the estimator can read (encoder-decoders are refused), largest first."""
+    return list(_catalog_models())
+
+
+@lru_cache(maxsize=1)
+def _catalog_models() -> tuple[ModelSpec, ...]:
+    """Read once, as ``catalog_entries`` reads the catalog's index once: the package's own files."""
     out: dict[str, ModelSpec] = {}
     for e in catalog_entries():
         try:
@@ -60,7 +69,7 @@ def catalog_models() -> list[ModelSpec]:
         except TuneplanError:
             continue
         out.setdefault(m.name, m)
-    return sorted(out.values(), key=lambda m: (-m.params_total, m.name))
+    return tuple(sorted(out.values(), key=lambda m: (-m.params_total, m.name)))
 
 
 @dataclass
@@ -93,6 +102,9 @@ def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed:
     base = {k: v for k, v in base.items() if k != "host_memory_bytes"}
     probe = Prober(model, gpu, base, host_bytes=host, timing_kw={"dataset": _reference()}, shared=shared)
     try:
+        if beyond_memory(model, fixed, gpu, base, probe.host_bytes) and (auto or not whole):
+            # no setup holds its weights: the verdict a search where no family fits gives, unprobed
+            return Verdict(False, [], probe({**dict(fixed), "batch": 1}) if whole else None)
         if not auto:
             est = probe(dict(fixed))
             return Verdict(probe.ok(None)(est), [], est)
@@ -115,6 +127,37 @@ def _verdict(model: ModelSpec, gpu: Accelerator, base: Mapping[str, Any], fixed:
         count[0] += probe.evaluations
 
 
+def weights_floor(model: ModelSpec, fixed: Mapping[str, Any]) -> float:
+    """Bytes the model's weights take at the least, whatever the strategy: every parameter but the
+    lm_head (a classification model replaces it, ``specs.profiles.model_as_built``) stored in 16 bits, or
+    under QLoRA in ``bits`` (bitsandbytes packs two 4-bit codes per byte in ``Params4bit``, one 8-bit code
+    per byte in ``Int8Params``; the layers it leaves alone stay 16-bit, so this is below the storage)."""
+    per_param = int(fixed.get("bits") or 4) / 8 if fixed.get("method") == "qlora" else 2.0
+    return (model.params_total - model.lm_head_params) * per_param
+
+
+def beyond_memory(model: ModelSpec, fixed: Mapping[str, Any], gpu: Accelerator, base: Mapping[str, Any],
+                  host_limit: int) -> bool:
+    """True when the weights cannot be held by all the cards and their nodes' host memory together: a
+    setup fits only with every GPU's device figure within the card and its host share within the
+    node's host memory over its GPUs, and the weights live on a GPU or on the host (sharded or not),
+    so ``weights_floor`` <= GPUs x card memory + nodes x host memory for anything that fits. Cheaper
+    than resolving a run: the catalog's largest models are ruled out without one."""
+    gpus, nodes = int(base.get("gpus", 1)), int(base.get("nodes", 1))
+    return weights_floor(model, fixed) > gpus * nodes * gpu.memory_bytes + nodes * host_limit
+
+
+def on_cards_beyond_memory(probe: Prober, fields: Mapping[str, Any]) -> bool:
+    """True when ``fields`` keep the weights on the GPUs (``offload`` said outright: none, or the optimizer
+    states alone, DeepSpeed's ``offload_optimizer``) and the weights exceed the cards' memory: every weight
+    then lives on a GPU, sharded at most over all of them, so a fitting setup has ``weights_floor`` <=
+    GPUs x card memory. Rules a family out before its run is resolved."""
+    if fields.get("offload") not in ("none", "optimizer"):
+        return False
+    gpus, nodes = int(probe.base.get("gpus", 1)), int(probe.base.get("nodes", 1))
+    return weights_floor(probe.model, fields) > gpus * nodes * probe.gpu.memory_bytes
+
+
 def _reference() -> Any:
     from tuneplan.plan.timecost import make_dataset
 
@@ -130,7 +173,7 @@ def fastest_fitting(probe: Prober, fams: list[Family], compatible: Callable[[Fam
     best: tuple[Family, Any, tuple[float, float | None]] | None = None
     for f in sparing(fams):
         at_one = {**f.as_fields, "batch": 1, "grad_accum": 1}
-        if not probe.memory_fits(at_one):
+        if on_cards_beyond_memory(probe, at_one) or not probe.memory_fits(at_one):
             continue
         est = probe(at_one)
         if not probe.ok(None)(est) or not compatible(f):
