@@ -58,8 +58,6 @@ def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dty
     fixed, per_token = 0, 0
     for spec, _ in model.layer_groups:
         for m in spec.linears:
-            if m.role == "router":
-                continue  # transformers' get_keys_to_not_convert leaves the gates alone
             weight = dtypes.compute * m.d_in * m.d_out
             # routed experts see top_k of their count's share of the tokens
             share = spec.top_k / max(m.count, 1) if m.role == "expert" else 1.0
