@@ -48,11 +48,11 @@ def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dty
     has already made the adapter's input gradient (tokens x d_in) when the base's backward runs. Live
     besides: the layer's incoming residual gradient (tokens x hidden) and, where ``Linear4bit.forward``
     casts its output back to a wider input dtype, that gradient cast to the compute dtype (tokens x d_out,
-    the backward of ``out.to(inp_dtype)``). Not live: the gated product's
-    gradients (the output projection is back-propagated before the product, and the up / gate projections
-    after it, when the product's input gradient is gone), so this point stands apart from the layer's
-    other backward temporaries (``layer_saved._with_backward``) rather than adding to them.
-    Transformers' model code only (the simulate engine replays this backward: simulate/qlora.py)."""
+    the backward of ``out.to(inp_dtype)``). Not live: the gated product's gradients, which the MLP's output
+    projection (back-propagated first) has not made yet; at the up / gate projections two of them are, but
+    the product's and the output projection's saved tensors are released by then. So this point stands
+    apart from the layer's other backward temporaries (``layer_saved._with_backward``) rather than adding
+    to them. Transformers' model code only (the simulate engine replays this backward: simulate/qlora.py)."""
     if setup.quant_bits != 4 or prof.dequant_bytes_per_elem or prof.model_code != "hf":
         return 0, 0
     fixed, per_token = 0, 0
