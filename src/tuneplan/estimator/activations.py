@@ -218,4 +218,4 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
         return ActivationPlan(to_int(tail + biggest), to_int(biggest), 0, 0, to_int(biggest_backward_temp),
                               to_int(total - biggest), emb_grad, emb_extra)
     return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_backward_temp), 0,
-                          emb_grad, emb_extra, to_int(pinned))
+                          emb_grad, emb_extra, to_int(pinned), to_int(tail))

@@ -1,6 +1,9 @@
 """The instants of a training step and what is live at each, at ``batch`` x ``seq``.
 
 Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
+- ``forward_layers_bottom`` / ``forward_layers_top`` / ``forward_head`` (FSDP2): the bottom layer's, the
+  top layer's and an untied head's parameters unsharded in the forward, beside the previous group's
+  all-gather output;
 - ``forward``: end of forward, inside the loss: saved activations + the loss-forward chain;
 - ``backward_start``: the loss backward (dense fp32 logit gradients) with all activations still saved;
 - ``backward_layers_top`` / ``backward_layers_bottom``: back-propagating the top layer (checkpointing: its
@@ -117,12 +120,24 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         "backward_start": (earlier_grads, 0, saved, statics.autocast_copies_backward, logits.backward_peak, 0,
                            statics.gathered_at_loss),
     }
+    if statics.gathered_bottom_forward:
+        # FSDP2: a layer's copy-out in the forward (wrappers/fsdp.fully_shard_terms); at the bottom layer
+        # nothing is saved yet, at the top every layer below it has saved its activations
+        rows["forward_layers_bottom"] = (earlier_grads, 0, prev_pinned, 0, prev_held, 0,
+                                         statics.gathered_bottom_forward)
+    if statics.gathered_top_forward:
+        below_top = saved - acts.tail_bytes - (0 if statics.checkpointed else acts.top_layer_bytes)
+        rows["forward_layers_top"] = (earlier_grads, 0, below_top + prev_pinned, statics.autocast_copies,
+                                      prev_held, 0, statics.gathered_top_forward)
+    if statics.gathered_head_forward:
+        rows["forward_head"] = (earlier_grads, 0, saved - acts.tail_bytes + prev_pinned,
+                                statics.autocast_copies, prev_held, 0, statics.gathered_head_forward)
     if head_dequant:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
         # first), the held outputs, and the whole head dequantized again for the input gradient
         head_backward = held + logits.at_forward_end + head_dequant
         rows["backward_lm_head"] = (earlier_grads, 0, saved, 0, head_backward, 0, statics.gathered)
-    layer_backward_rows(rows, statics, acts, held)
+    layer_backward_rows(rows, statics, acts, held, batch * seq)
     kept = pinned if holds else 0
     if statics.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
@@ -133,13 +148,18 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
 
 
 def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan,
-                        held: Any) -> None:
+                        held: Any, tokens: Any) -> None:
     """Add the layers' backward to ``rows``: the top layer (G0 + every saved activation but what it frees +
     its scratch; checkpointed: the tail's released, the top layer recomputed), the bottom layer (G1 + the
-    bottom layer's activations or recomputation + its scratch) and the embedding's backward where it has
-    an instant of its own."""
+    bottom layer's activations or recomputation + its scratch: the larger of the layer's backward
+    temporaries and bitsandbytes' dequantized weight with what is live beside it) and the embedding's
+    backward where it has an instant of its own."""
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
     backward_temp = acts.backward_temp_bytes + statics.dequant
+    if statics.backward_dequant:
+        # bitsandbytes' dequantized weight, at its own point of the layer's backward (quant_kernels)
+        backward_temp = maximum(backward_temp,
+                                statics.backward_dequant + tokens * statics.backward_dequant_per_token)
     saved, gathered = acts.saved_bytes, statics.gathered
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))

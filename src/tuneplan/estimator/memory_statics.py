@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
-from tuneplan.estimator.quant_kernels import dequant_transient_bytes
+from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
 from tuneplan.estimator.xp import ceil_div
@@ -32,6 +32,9 @@ class MemoryStatics:
     autocast_copies_backward: int  # ... and from the loss backward on
     head_dequant: int  # a quantized lm_head's dequantized weight, live per chunk
     dequant: int  # the largest quantized linear's dequantization scratch
+    # bitsandbytes' dequantized weight in a layer's backward, and what is live with it per token
+    backward_dequant: int
+    backward_dequant_per_token: int
     acts: ActivationTerms  # the saved-activation terms (activations.saved_at)
     # the logits chain's arguments (logits.logits_plan)
     vocab: int
@@ -55,6 +58,11 @@ class MemoryStatics:
     all_grads_in_layer: int
     # ZeRO-3 / FSDP parameters gathered at the end of the forward, at the loss and in the layers
     gathered_at_forward_end: int  # FSDP2: the tail group (norm + head) unsharded at the loss
+    # FSDP2: unsharded at the bottom layer's, the top layer's and an untied head's copy-out in the forward
+    # (0: no instant there)
+    gathered_bottom_forward: int
+    gathered_top_forward: int
+    gathered_head_forward: int
     gathered_at_loss: int
     gathered: int
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
@@ -87,6 +95,8 @@ def memory_statics(run: Run) -> MemoryStatics:
     acts = activation_terms(model, setup, dtypes, run.layers, gc_offload=profile.gc_offload,
                             quant_saves_input=profile.quant_saves_input,
                             quant_lm_head=profile.quantizes_lm_head)
+    backward_dequant, backward_dequant_per_token = bnb_backward_dequant(model, setup, profile, dtypes,
+                                                                        run.targets)
     embedding = None
     if acts.method == "full" and setup.world_size == 1 and not setup.optimizer_in_backward:
         embedding = setup.keep_grads or setup.grad_accum > 1
@@ -98,7 +108,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         optimizer=optimizer, wrapped=wrapper_memory, common=common, common_total=sum(common.values()),
         grads=grads, grads_prev=grads_prev, grads_step=grads_step, autocast_copies=autocast_copies,
         autocast_copies_backward=autocast_copies_backward, head_dequant=head_dequant,
-        dequant=dequant_transient_bytes(model, setup, profile), acts=acts, vocab=model.head_width,
+        dequant=dequant_transient_bytes(model, setup, profile), backward_dequant=backward_dequant,
+        backward_dequant_per_token=backward_dequant_per_token, acts=acts, vocab=model.head_width,
         logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
         softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         holds=profile.loop_holds_outputs, first=setup.longest_batch_first,
@@ -109,6 +120,9 @@ def memory_statics(run: Run) -> MemoryStatics:
         # near the bottom of the backward some sharded gradients are not made yet (FSDP2)
         all_grads_in_layer=grads + buckets.persistent + buckets.in_layers - buckets.missing_at_bottom,
         gathered_at_forward_end=wrapper_memory.gathered.at_forward_end,
+        gathered_bottom_forward=wrapper_memory.gathered.bottom_layer_forward,
+        gathered_top_forward=wrapper_memory.gathered.top_layer_forward,
+        gathered_head_forward=wrapper_memory.gathered.head_forward,
         gathered_at_loss=wrapper_memory.gathered.at_loss, end_of_backward=wrapper_memory.end_of_backward,
         gathered=wrapper_memory.gathered.in_layers,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,

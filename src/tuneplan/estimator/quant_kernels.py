@@ -7,12 +7,14 @@ the two 4-bit codes of every byte with ``.to(torch.long)`` (int64: 4 bytes per w
 the two halves), looks both up in the NF4 table (1 + 1 bytes per element in 16 bits), scales each half
 (1 + 1) and stacks the halves into the 16-bit weight (2): 14 bytes per element of the weight live at the
 stack, per linear, while that linear runs. The largest quantized linear sets the peak.
-bitsandbytes' ``MatMul4Bit`` dequantizes into a 16-bit weight only (``dequantize_4bit``), which the HF
-path already checks against the simulate engine; its profiles leave this at 0.
+bitsandbytes' ``MatMul4Bit`` dequantizes into the compute dtype only (``dequantize_4bit``): no scratch
+beyond the weight, so its profiles leave ``dequant_bytes_per_elem`` at 0; where that weight is live in the
+backward is :func:`bnb_backward_dequant`.
 """
 
 from __future__ import annotations
 
+from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup
@@ -32,3 +34,37 @@ def dequant_transient_bytes(model: ModelSpec, setup: TrainSetup, prof: Profile) 
         # writes the 16-bit weight: its intermediates are never materialised
         per_elem = min(per_elem, COMPILED_DEQUANT_BYTES)
     return int(per_elem * largest)
+
+
+def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dtypes: Dtypes,
+                         targets: frozenset[str]) -> tuple[int, int]:
+    """(bytes, bytes per token) live while bitsandbytes back-propagates a layer's largest 4-bit linear (on a
+    tie, the one with the widest input) to its input; (0, 0) where no such point exists.
+
+    ``MatMul4Bit.backward`` (bitsandbytes autograd/_functions.py) computes the input gradient as
+    ``grad_output @ dequantize_4bit(W).t()``: the whole weight in the compute dtype is live with the
+    gradient it makes (tokens x d_in), and freed when the matmul returns. PEFT's ``lora.bnb.Linear4bit``
+    adds the adapter's output after the base matmul, so autograd (which runs the node recorded last first)
+    has already made the adapter's input gradient (tokens x d_in) when the base's backward runs. Live
+    besides: the layer's incoming residual gradient (tokens x hidden) and, where ``Linear4bit.forward``
+    casts its output back to a wider input dtype, that gradient cast to the compute dtype (tokens x d_out,
+    the backward of ``out.to(inp_dtype)``). Not live: the gated product's gradients, which the MLP's output
+    projection (back-propagated first) has not made yet; at the up / gate projections two of them are, but
+    the product's and the output projection's saved tensors are released by then. So this point stands
+    apart from the layer's other backward temporaries (``layer_saved._with_backward``) rather than adding
+    to them. Transformers' model code only (the simulate engine replays this backward: simulate/qlora.py)."""
+    if setup.quant_bits != 4 or prof.dequant_bytes_per_elem or prof.model_code != "hf":
+        return 0, 0
+    fixed, per_token = 0, 0
+    for spec, _ in model.layer_groups:
+        for m in spec.linears:
+            weight = dtypes.compute * m.d_in * m.d_out
+            # routed experts see top_k of their count's share of the tokens
+            share = spec.top_k / max(m.count, 1) if m.role == "expert" else 1.0
+            grads = (2 if m.name in targets else 1) * dtypes.compute * m.d_in * share
+            if dtypes.quant_out != dtypes.compute:
+                grads += dtypes.compute * m.d_out * share
+            tokens_part = int(dtypes.residual * model.hidden + grads)
+            if (weight, tokens_part) > (fixed, per_token):
+                fixed, per_token = weight, tokens_part
+    return fixed, per_token

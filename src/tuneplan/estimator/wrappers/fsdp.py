@@ -202,11 +202,21 @@ class Fsdp2(Fsdp):
         fully_sharded = fully_shard_terms(model, setup, buffers, run.dtypes.compute, terms.grads,
                                           run.param_plan.trainable_params)
         forward_end = fully_sharded.tail16 + (fully_sharded.tail16 if model.lm_head_params else layer16)
+        # a layer's copy-out in the forward (fully_shard_terms): the group before it still has its flat
+        # all-gather output; a tied tail is unsharded from the embeddings on
+        tied_tail = 0 if model.lm_head_params else fully_sharded.tail16
+        first_group = tied_tail or model.embed_params * run.dtypes.compute
+        bottom_forward = first_group + 2 * layer16 + tied_tail
+        top_forward = 3 * layer16 + tied_tail if model.n_layers > 1 else 0
+        # an untied tail's own copy-out, after the top layer's forward
+        head_forward = 0 if tied_tail else layer16 + 2 * fully_sharded.tail16
         return WrapperMemory(terms.resident,
                              Buckets(in_layers=fully_sharded.transient,
                                      missing_at_bottom=fully_sharded.pending_bottom),
                              Gathered(in_layers=2 * layer16 + fully_sharded.held,
-                                      at_loss=fully_sharded.tail16, at_forward_end=forward_end),
+                                      at_loss=fully_sharded.tail16, at_forward_end=forward_end,
+                                      bottom_layer_forward=bottom_forward, top_layer_forward=top_forward,
+                                      head_forward=head_forward),
                              top_layer=TopLayer(counted=buffers, gradients_at_end=buffers,
                                                 gathered=2 * layer16 + fully_sharded.held_top,
                                                 keeps_scratch=True),
@@ -309,6 +319,15 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
       last one: transformers computes the loss inside the root's forward, so at the loss the last group
       gathered (the untied tail, or the last layer when the tail gathered first at the tied embeddings)
       still has its flat buffer next to the unsharded tail.
+    - A group's copy-out in the forward (``FSDPParamGroup.wait_for_unshard``, from its ``pre_forward``):
+      the previous group's ``all_gather_state`` is dropped from ``comm_ctx`` but stays bound to the local
+      ``prev_all_gather_state`` until the function returns, so the previous group's flat all-gather output,
+      the group's own and its unsharded parameters are live together. At the bottom layer the previous
+      group is the first one, the untied embeddings (resharded after their forward) or the tied tail (whose
+      unsharded parameters stay too); at the top layer it is the layer below, beside every lower layer's
+      saved activations (simulate: falcon-7b fp32 LoRA, the 1.1 GiB embedding's flat output beside the
+      first layer's two copies); an untied tail's copy-out has the top layer's flat output beside it and
+      every layer's activations (simulate: Llama-2-7B QLoRA, b1 x 64 tokens).
     - At the loss backward only the tail is unsharded: the last layer was resharded after its forward, the
       root's post-forward freed the last all-gather result, and the backward prefetch of the last layer waits
       for the tail's pre-backward hook, which the logits' gradient fires after the loss backward.
