@@ -16,6 +16,30 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def _memoized(pred: Callable[[int], bool], known: dict[int, bool] | None = None) -> Callable[[int], bool]:
+    """``pred`` evaluated once per argument (``known``: verdicts the caller already has)."""
+    memo: dict[int, bool] = dict(known or {})
+
+    def p(x: int) -> bool:
+        if x not in memo:
+            memo[x] = bool(pred(x))
+        return memo[x]
+
+    return p
+
+
+def _boundary(p: Callable[[int], bool], good: int, bad: int) -> int:
+    """Bisection between ``good`` (``p`` true) and ``bad`` (``p`` false, or one past the range), on either
+    side of it: the last true value next to the first false one, returned as the true one."""
+    while abs(bad - good) > 1:
+        mid = (good + bad) // 2
+        if p(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
 def largest_true(pred: Callable[[int], bool], lo: int, hi: int, *, start: int | None = None,
                  known: dict[int, bool] | None = None) -> int | None:
     """The largest ``x`` in ``[lo, hi]`` with ``pred(x)``, for ``pred`` true up to a point, false after.
@@ -26,12 +50,7 @@ def largest_true(pred: Callable[[int], bool], lo: int, hi: int, *, start: int | 
     """
     if lo > hi:
         return None
-    memo: dict[int, bool] = dict(known or {})
-
-    def p(x: int) -> bool:
-        if x not in memo:
-            memo[x] = bool(pred(x))
-        return memo[x]
+    p = _memoized(pred, known)
 
     s = lo if start is None else min(max(start, lo), hi)
     if p(s):
@@ -51,13 +70,7 @@ def largest_true(pred: Callable[[int], bool], lo: int, hi: int, *, start: int | 
         if not p(lo):
             return None
         good, bad = lo, s
-    while bad - good > 1:  # invariant: p(good) true, p(bad) false (or bad = hi + 1)
-        mid = (good + bad) // 2
-        if p(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+    return _boundary(p, good, bad)
 
 
 def largest_true_near(pred: Callable[[int], bool], lo: int, hi: int, guess: int) -> int | None:
@@ -66,12 +79,7 @@ def largest_true_near(pred: Callable[[int], bool], lo: int, hi: int, guess: int)
     ``O(log |answer - guess|)`` evaluations instead of ``O(log (hi - lo))``; the answer is the same."""
     if lo > hi:
         return None
-    memo: dict[int, bool] = {}
-
-    def p(x: int) -> bool:
-        if x not in memo:
-            memo[x] = bool(pred(x))
-        return memo[x]
+    p = _memoized(pred)
 
     g = min(max(guess, lo), hi)
     step = 1
@@ -94,13 +102,7 @@ def largest_true_near(pred: Callable[[int], bool], lo: int, hi: int, guess: int)
                 good = bad - step
                 break
             bad, step = bad - step, step * 2
-    while bad - good > 1:  # invariant: p(good) true, p(bad) false (or bad = hi + 1)
-        mid = (good + bad) // 2
-        if p(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+    return _boundary(p, good, bad)
 
 
 def smallest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int | None:
@@ -110,12 +112,7 @@ def smallest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int | None:
     """
     if lo > hi:
         return None
-    memo: dict[int, bool] = {}
-
-    def p(x: int) -> bool:
-        if x not in memo:
-            memo[x] = bool(pred(x))
-        return memo[x]
+    p = _memoized(pred)
 
     if p(lo):
         return lo
@@ -131,13 +128,7 @@ def smallest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int | None:
             good = probe
             break
         bad, step = probe, step * 2
-    while good - bad > 1:  # invariant: p(bad) false, p(good) true
-        mid = (good + bad) // 2
-        if p(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+    return _boundary(p, good, bad)
 
 
 def first_true_in(pred: Callable[[T], bool], ordered: Sequence[T]) -> T | None:
