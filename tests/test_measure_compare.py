@@ -60,3 +60,19 @@ def test_a_cpu_run_is_labelled_indicative(breakdown):
     rows = compare(result("host", peak_bytes=GIB), breakdown)
     assert len(rows) == len(compare(result("cuda"), breakdown)) - 2  # no reserved or device rows
     assert all(r["note"].endswith("host RSS, indicative only") for r in rows)
+
+
+def test_a_phase_is_compared_with_its_largest_instant():
+    """FSDP2's forward has instants beside "forward" (the copy-outs of forward_layers_bottom / _top /
+    _head): the measured forward peak is set beside the largest of them, as the backward one is beside the
+    largest backward row."""
+    est = estimate("meta-llama/Llama-2-7b-hf", gpu="h100", method="lora", gpus=2, fsdp=True, fsdp_version=2,
+                   batch=1, seq=64, timing=False)
+    inst = est.breakdown.instants
+    forward = [v for k, v in inst.items() if k.startswith("forward")]
+    backward = [v for k, v in inst.items() if k.startswith("backward")]
+    assert len(forward) > 1 and len(backward) > 1
+    rows = {r["quantity"]: r for r in compare(result("cuda", phase_peaks={"forward": GIB, "backward": GIB}),
+                                             est.breakdown)}
+    assert rows["peak during forward + loss"]["estimated_bytes"] == max(forward)
+    assert rows["peak during backward"]["estimated_bytes"] == max(backward)

@@ -1,8 +1,10 @@
 """Measured figures next to the analytic estimate of the same run, quantity by quantity.
 
 Only quantities both sides define are paired (the estimate's components and its per-instant totals,
-``MemoryBreakdown.instants``); the measured phase "backward" is compared with the largest of the estimate's
-backward instants. On a CPU run the measured side is host RSS and the pairing is labelled indicative.
+``MemoryBreakdown.instants``); a measured phase ("forward", "backward") is compared with the largest of the
+estimate's instants in that phase (named ``forward...`` / ``backward...``: FSDP2's forward copy-outs and
+the layers' backward rows included). On a CPU run the measured side is host RSS and the pairing is
+labelled indicative.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from typing import Any
 from tuneplan.estimator.types import MemoryBreakdown
 from tuneplan.measure.runner import MeasureResult
 
-BACKWARD_INSTANTS = ("backward_start", "backward_lm_head", "backward_layers_top", "backward_layers_bottom",
-                     "backward_embedding")
+
+def phase_peak(instants: dict[str, int], phase: str) -> int | None:
+    """The largest allocated total among the estimate's instants of a measured phase (by name prefix)."""
+    return max((v for k, v in instants.items() if k.startswith(phase)), default=None)
 
 
 def _row(quantity: str, measured: int | None, estimated: int | None, note: str = "") -> dict[str, Any]:
@@ -27,14 +31,13 @@ def compare(result: MeasureResult, breakdown: MemoryBreakdown) -> list[dict[str,
     ph = breakdown.instants
     persistent = c.get("weights", 0) + c.get("quant_meta", 0) + c.get("lora_adapters", 0)
     after_step = persistent + c.get("optimizer_states", 0) + c.get("framework", 0)
-    backward = max((ph[k] for k in BACKWARD_INSTANTS if k in ph), default=None)
     rows = [
         _row("weights + quantized storage + adapters (before step 1)", result.persistent_bytes, persistent),
         _row("+ optimizer states + cuBLAS workspace (after a step)", result.after_step_bytes, after_step),
         _row("gradients (before optimizer.step)", result.gradient_bytes, None,
              "the estimate shows gradients only at its peak instant"),
-        _row("peak during forward + loss", result.phase_peaks.get("forward"), ph.get("forward")),
-        _row("peak during backward", result.phase_peaks.get("backward"), backward),
+        _row("peak during forward + loss", result.phase_peaks.get("forward"), phase_peak(ph, "forward")),
+        _row("peak during backward", result.phase_peaks.get("backward"), phase_peak(ph, "backward")),
         _row("peak during optimizer step", result.phase_peaks.get("optimizer_step"),
              ph.get("optimizer_step")),
         _row("allocated peak", result.peak_bytes, breakdown.allocated_peak_bytes),
