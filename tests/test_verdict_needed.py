@@ -44,6 +44,8 @@ def test_a_card_between_the_needed_figure_and_the_device_peak_fits() -> None:
     between = with_memory((needed + b.device_peak_bytes) // 2)
     tight = estimate("meta-llama/Llama-2-7b-hf", gpu=between, **KW)
     assert tight.fits and tight.headroom_bytes == between.memory_bytes - needed
+    assert tight.allocator_retries and tight.to_dict()["allocator_retries"] is True
+    assert big.allocator_retries is False
     assert not estimate("meta-llama/Llama-2-7b-hf", gpu=with_memory(needed - 4 * MIB), **KW).fits
 
 

@@ -77,6 +77,15 @@ class Estimate:
         return "cannot_run" if errors and (self.headroom_bytes or 0) >= 0 else "does_not_fit"
 
     @property
+    def allocator_retries(self) -> bool | None:
+        """The verdict fits on what the card must hold while the device peak is above the card: the step
+        runs only as the caching allocator frees cached segments and retries (slower); None without a
+        GPU."""
+        if self.gpu is None:
+            return None
+        return bool(self.fits) and self.breakdown.device_peak_bytes > self.gpu.memory_bytes
+
+    @property
     def headroom_bytes(self) -> int | None:
         if self.gpu is None:
             return None
@@ -120,6 +129,7 @@ class Estimate:
             if self.requires:
                 result["requires"] = self.requires
             result["headroom_bytes"] = self.headroom_bytes
+            result["allocator_retries"] = self.allocator_retries
         result.update(self.extras.get("sections", {}))
         return result
 

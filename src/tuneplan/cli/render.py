@@ -179,12 +179,12 @@ def render_memory_details(d: dict[str, Any]) -> None:
 
 
 def render_allocator_retries(d: dict[str, Any]) -> None:
-    """When the device peak is above the card and the verdict fits on what the card must hold: the step
-    runs only as PyTorch's allocator frees cached segments and retries."""
-    pg, memory = d["per_gpu"], d["gpu"]["memory_bytes"]
-    if pg["device_peak_bytes"] > memory >= pg.get("device_needed_bytes", pg["device_peak_bytes"]):
-        console.print(f"[yellow]tight:[/] the device peak ({gib(pg['device_peak_bytes'])} GiB) exceeds the "
-                      "card; the allocator frees cached segments and retries (slower steps)", highlight=False)
+    """The estimate's ``allocator_retries``: the step runs only as PyTorch's allocator frees cached
+    segments and retries."""
+    if d.get("allocator_retries"):
+        peak = gib(d["per_gpu"]["device_peak_bytes"])
+        console.print(f"[yellow]allocator retries:[/] the device peak ({peak} GiB) exceeds the card; the "
+                      "allocator frees cached segments and retries (slower steps)", highlight=False)
 
 
 def render_verdict(d: dict[str, Any]) -> None:

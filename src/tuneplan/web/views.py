@@ -64,6 +64,8 @@ def verdict_html(d: dict[str, Any]) -> str:
         colour = OK if label == "FITS" else BAD
         if label == "FITS":
             detail = f"{gib(d['headroom_bytes'])} GiB headroom on {escape(g['name'])}"
+            if d.get("allocator_retries"):
+                detail += " (the allocator frees cached segments and retries: slower steps)"
         elif label == "CANNOT RUN":
             err = next(f for f in d["findings"] if f["level"] == "error")
             detail = f"on {escape(g['name'])}: {escape(err['message'])}"
