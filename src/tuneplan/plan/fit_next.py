@@ -54,7 +54,7 @@ def _reference(probe: Prober, variants: Variants, world: int) -> tuple[Family, A
     if on_card:
         f, e = min(on_card, key=lambda fe: fe[1].breakdown.host_bytes)
         return f, e, "host"
-    f, e = min(ests, key=lambda fe: fe[1].breakdown.device_peak_bytes)
+    f, e = min(ests, key=lambda fe: fe[1].breakdown.device_needed_bytes)
     return f, e, "device"
 
 
@@ -107,7 +107,7 @@ def fit_next_step(probe: Prober, variants: Variants, world: int, *,
     comps = dict(ref.breakdown.components) if what == "device" else {}
     largest = max(comps, key=lambda k: comps[k]) if comps else None
     short_by = (ref.breakdown.host_bytes * ref.setup.gpus - probe.host_bytes if what == "host"
-                else ref.breakdown.device_peak_bytes - probe.gpu.memory_bytes)
+                else -ref.headroom_bytes)
     return {"largest_component": largest, "largest_component_bytes": comps.get(largest) if largest else None,
             "short_of": what, "short_by_bytes": short_by, "method": fam.method,
             "strategy": strategy_name(ref.setup),
