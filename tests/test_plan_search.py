@@ -10,6 +10,16 @@ from hypothesis import strategies as st
 from tuneplan.plan.search import first_true_in, largest_true, largest_true_near, last_true_in, smallest_true
 
 
+def plain_largest(lo: int, hi: int, cut: int) -> int | None:
+    """The plain loop the searches must agree with: the last x in [lo, hi] before the first x > cut."""
+    want = None
+    for x in range(lo, hi + 1):
+        if not x <= cut:
+            break
+        want = x
+    return want
+
+
 @settings(max_examples=300, deadline=None)
 @given(lo=st.integers(1, 50), span=st.integers(0, 5000), cut=st.integers(-10, 6000),
        start=st.none() | st.integers(0, 6000))
@@ -22,11 +32,7 @@ def test_largest_true_matches_a_plain_loop(lo: int, span: int, cut: int, start: 
         return x <= cut
 
     got = largest_true(pred, lo, hi, start=start)
-    want = None
-    for x in range(lo, hi + 1):  # the plain loop: last x before the first failure
-        if not x <= cut:
-            break
-        want = x
+    want = plain_largest(lo, hi, cut)
     assert got == want
     # exact, and logarithmic: gallop + bisection, each about log2(span) steps, plus the ends
     assert len(set(calls)) <= 2 * math.log2(span + 2) + 4
@@ -46,11 +52,7 @@ def test_largest_true_near_matches_a_plain_loop_and_costs_the_distance(lo: int, 
         return x <= cut
 
     got = largest_true_near(pred, lo, hi, guess)
-    want = None
-    for x in range(lo, hi + 1):  # the plain loop: last x before the first failure
-        if not x <= cut:
-            break
-        want = x
+    want = plain_largest(lo, hi, cut)
     assert got == want
     # gallop away from the (clamped) guess, then bisect the last step: about 2 log2 of the distance
     g = min(max(guess, lo), hi)
