@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_needed, reserved_peak
+from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_figures
 from tuneplan.estimator.instants import STEP_COMPONENTS, memory_at, named
 from tuneplan.estimator.overhead import cuda_context_bytes
 from tuneplan.estimator.run import Run, resolve_run
@@ -119,10 +119,10 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     peak = np.argmax(totals, axis=0)
     allocated = np.take_along_axis(totals, peak[None], 0)[0]
     loss = {k: totals[names.index(k)] for k in LOSS_INSTANTS if k in names}
-    reserved = reserved_peak(run, allocated, loss, batch, seq)
+    reserved, needed = reserved_figures(run, allocated, loss, batch, seq)
     outside = cuda_context_bytes() + m.statics.wrapped.resident.nccl
     out = {"allocated": allocated, "reserved": reserved, "device_peak": reserved + outside,
-           "device_needed": reserved_needed(run, allocated) + outside,
+           "device_needed": needed + outside,
            "peak_instant": np.asarray(names)[peak]}
     for component in PERSISTENT:  # the same at every instant
         out[f"c:{component}"] = np.full(shape, m.statics.common[component], dtype=np.int64)

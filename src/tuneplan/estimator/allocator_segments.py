@@ -15,7 +15,7 @@ chain, whose fp32 blocks are ``tokens x vocabulary x 4`` bytes (larger than any 
 segments beside them: at the loss the reserved figure is the allocated total plus those free segments.
 From the first layer's backward on they are reused by the same layer tensors (recomputed or not), so the
 reserved peak is the larger of the allocated peak (with the tails of split segments:
-``overhead.FRAGMENTATION``) and the loss instants' totals plus the free segments (:func:`reserved_peak`).
+``overhead.FRAGMENTATION``) and the loss instants' totals plus the free segments (:func:`reserved_figures`).
 
 The free segments modelled (``tokens`` = micro-batch x sequence on one GPU, ``c`` the compute dtype's bytes):
 - a gated MLP, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` in transformers: the activation output, the
@@ -88,18 +88,18 @@ def stranded_bytes(run: Any, batch: Any, seq: Any) -> tuple[Any, Any]:
     return layers, layers + logits
 
 
-def reserved_peak(run: Any, allocated: Any, loss_totals: dict[str, Any], batch: Any, seq: Any) -> Any:
-    """The reserved peak: the allocated peak with its segment tails, or a loss instant's total plus the free
-    segments it strands, whichever is larger, plus what the run caches per CUDA stream
-    (``overhead.cross_stream_reserve``). ``loss_totals``: the allocated total of each of ``LOSS_INSTANTS``."""
+def reserved_figures(run: Any, allocated: Any, loss_totals: dict[str, Any], batch: Any,
+                     seq: Any) -> tuple[Any, Any]:
+    """(reserved peak, reserved needed), each plus what the run caches per CUDA stream
+    (``overhead.cross_stream_reserve``; ints, or arrays of a grid):
+    - the peak: the allocated peak with its segment tails, or a loss instant's total plus the free segments
+      it strands, whichever is larger (``loss_totals``: the allocated total of each of ``LOSS_INSTANTS``);
+    - needed: the same once a failed cudaMalloc has released every free cached segment
+      (``release_cached_blocks``) and retried, without the stranded segments: what out of memory is judged
+      on."""
     at_forward, at_backward = stranded_bytes(run, batch, seq)
     held = maximum(loss_totals.get(LOSS_INSTANTS[0], 0) + at_forward,
                    loss_totals.get(LOSS_INSTANTS[1], 0) + at_backward)
-    return reserved_from_allocated(allocated, cross_stream_reserve(run), held)
-
-
-def reserved_needed(run: Any, allocated: Any) -> Any:
-    """The reserved figure once a failed cudaMalloc has released every free cached segment
-    (``release_cached_blocks``) and retried: the allocated peak with its segment tails and the per-stream
-    bytes, without the segments the loss instants strand (what out of memory is judged on)."""
-    return reserved_from_allocated(allocated, cross_stream_reserve(run))
+    cross_stream = cross_stream_reserve(run)
+    return (reserved_from_allocated(allocated, cross_stream, held),
+            reserved_from_allocated(allocated, cross_stream))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuneplan.estimator.activations import ActivationPlan
-from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_needed, reserved_peak
+from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_figures
 from tuneplan.estimator.instants import MemoryAt, components_of, memory_at, named
 from tuneplan.estimator.memory_statics import MemoryStatics
 from tuneplan.estimator.overhead import (
@@ -59,8 +59,8 @@ class AnalyticBreakdown(MemoryBreakdown):
         self.peak_instant = peak
         base, rows = live.statics.common_total, live.rows
         loss = {k: base + sum(rows[k]) for k in LOSS_INSTANTS if k in rows}
-        self.reserved_peak_bytes = reserved_peak(run, allocated, loss, run.setup.batch, run.setup.seq)
-        self.releasable_bytes = self.reserved_peak_bytes - reserved_needed(run, allocated)
+        reserved, needed = reserved_figures(run, allocated, loss, run.setup.batch, run.setup.seq)
+        self.reserved_peak_bytes, self.releasable_bytes = reserved, reserved - needed
         self.cuda_context_bytes = cuda_context_bytes()
         self.nccl_bytes = live.statics.wrapped.resident.nccl
         self._run, self._live, self._allocated = run, live, allocated

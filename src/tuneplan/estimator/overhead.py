@@ -37,7 +37,7 @@ SEGMENT = 2 * MIB
 
 def reserved_from_allocated(allocated: Any, cross_stream: int = 0, held: Any = 0) -> Any:
     """The larger of allocated x (1 + FRAGMENTATION), truncated to bytes, and ``held`` (a loss instant's total
-    with the free segments it strands: ``allocator_segments.reserved_peak``), rounded up to whole 2 MiB
+    with the free segments it strands: ``allocator_segments.reserved_figures``), rounded up to whole 2 MiB
     segments, plus the bytes cached per CUDA stream (``cross_stream``: :func:`cross_stream_reserve`; ints, or
     arrays of a grid: ``estimator/xp.py``)."""
     r = maximum(to_int(allocated * (1 + FRAGMENTATION)), held)
