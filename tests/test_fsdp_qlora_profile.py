@@ -118,3 +118,26 @@ def test_planner_space_holds_only_what_train_py_runs() -> None:
     assert {f.optimizer for f in fams} == {None}
     hf = families(list(METHOD_VARIANTS), {"framework": "hf"}, 2, resolve_accelerator("rtx3090"))
     assert {"qlora-8", "freeze"} <= {f.method for f in hf} and "adamw-8bit" in {f.optimizer for f in hf}
+
+
+def test_offloaded_units_keep_no_device_copy_of_their_shard() -> None:
+    # train.py wraps with use_orig_params=False: pre_unshard's device copy of a host shard is referenced only
+    # by flat_param, which unshard points at the all-gather output, so nothing is left beside the unsharded
+    # units at the loss. The HF Trainer (use_orig_params=True) keeps its parameters as views of that copy
+    # until the unit reshards: 1/2 of the unsharded root and layer more on each of 2 GPUs.
+    kept = _sharded(offload="none", batch=1, seq=512).breakdown.components["parallel_buffers"]
+    assert _sharded(offload="all", batch=1, seq=512).breakdown.components["parallel_buffers"] == kept
+    hf = {off: _sharded(framework="hf", offload=off, batch=1, seq=512).breakdown for off in ("none", "all")}
+    gathered = hf["none"].components["parallel_buffers"]
+    assert hf["all"].components["parallel_buffers"] == gathered + -(-gathered // 2)
+
+
+def test_offloaded_adapters_are_on_the_host() -> None:
+    # CPUOffload(offload_params=True) offloads every flat parameter, the LoRA units' too: r=64 adapters of
+    # Llama-2-7B (143,130,624 parameters, test_trainable_params_by_hand) in bf16, halved over 2 GPUs
+    adapter_shard = 143_130_624 * 2 // 2
+    on = _sharded(offload="none").breakdown
+    off = _sharded(offload="all").breakdown
+    assert on.components["lora_adapters"] == adapter_shard
+    assert off.components["lora_adapters"] == 0
+    assert off.host_bytes >= adapter_shard

@@ -62,6 +62,10 @@ PEFT_UNIT_WRAP = ("hf", "llamafactory", "fsdp-qlora")
 # Trainer (``_inner_training_loop``: no_sync unless ``sync_each_batch``, DeepSpeed, or the step's last
 # micro-batch), and LLaMA-Factory, which trains through it (simulate: FSDP1 on a fake process group).
 HF_TRAINER_LOOPS = ("hf", "llamafactory")
+# Trainers that build FullyShardedDataParallel with ``use_orig_params=False``: Answer.AI's fsdp_qlora train.py
+# (``FSDP(model, ..., use_orig_params=False, ...)`` in fsdp_main). The HF Trainer (accelerate's
+# FullyShardedDataParallelPlugin) and LLaMA-Factory through it pass True.
+FLAT_PARAMS_ONLY = ("fsdp-qlora",)
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,9 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
         states_shard, grads_shard, temp_shard = 0, 0, 0
         if setup.offload == "all":
             weights_shard = 0
-    adapters = ceil_div(params.adapter_bytes, world_size)
+    # the adapters' shards are flat parameters like the rest: on the host with the parameters offloaded
+    # (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy), counted there in weights_shard
+    adapters = 0 if setup.offload == "all" else ceil_div(params.adapter_bytes, world_size)
     resident = Resident(weights=max(weights_shard - adapters, 0), adapters=adapters, states=states_shard,
                         optimizer_temp=temp_shard, gradients=grads_shard, host=host, nccl=nccl_bytes(setup))
     return ShardedTerms(resident=resident, layer16=layer16, root_unit=root_unit, root16=root16,
@@ -161,14 +167,18 @@ class Fsdp1(Fsdp):
         model, setup, compute = run.model, run.setup, run.dtypes.compute
         world_size = setup.world_size
         gathered, at_loss = terms.gathered, terms.layer16 + terms.root16
-        if setup.offload != "none" and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)):
+        if (setup.offload != "none" and setup.framework not in FLAT_PARAMS_ONLY
+                and (setup.method != "full" or not fsdp1_param_mixed_precision(setup))):
             # a unit whose flat parameter is already in the param dtype (no MixedPrecision, or frozen
             # 16-bit weights / bf16-stored 4-bit codes: _uses_param_mixed_precision False) has no
             # low-precision shard: pre_unshard copies its host shard to the device for the all-gather
-            # (FlatParamHandle.flat_param_to) and the original parameters stay views of that copy
-            # (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit beside it (torch
-            # 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a fake process
-            # group). A full fine-tune's fp32 units under MixedPrecision all-gather their bf16 _mp_shard.
+            # (FlatParamHandle.flat_param_to) and, with use_orig_params=True, the original parameters stay
+            # views of that copy (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit
+            # beside it (torch 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a
+            # fake process group). With use_orig_params=False (FLAT_PARAMS_ONLY) nothing but flat_param
+            # refers to the copy, and unshard's _use_unsharded_flat_param points flat_param.data at the
+            # all-gather output: the copy is freed once gathered. A full fine-tune's fp32 units under
+            # MixedPrecision all-gather their bf16 _mp_shard.
             gathered += ceil_div(gathered, world_size)
             at_loss += ceil_div(at_loss, world_size)
         # the top layer's end (FSDP1 use_orig_params: each parameter's gradient is a view's gradient; autograd
