@@ -66,6 +66,7 @@ HF_TRAINER_LOOPS = ("hf", "llamafactory")
 # (``FSDP(model, ..., use_orig_params=False, ...)`` in fsdp_main). The HF Trainer (accelerate's
 # FullyShardedDataParallelPlugin) and LLaMA-Factory through it pass True.
 FLAT_PARAMS_ONLY = ("fsdp-qlora",)
+ROUND_LARGE = 2 * 1024**2  # CUDACachingAllocator kRoundLarge: a segment for a block from 10 MiB on
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,24 @@ class Fsdp2(Fsdp):
                              end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))
+
+
+def freed_shard_copies(run: Run) -> int:
+    """Bytes the pre-unshard stream keeps cached for the device copies of host shards that a
+    ``use_orig_params=False`` run frees once gathered (``Fsdp1.simulated_memory``): ``_unshard`` runs
+    ``pre_unshard`` on its own ``pre_unshard_stream`` (torch/distributed/fsdp/_runtime_utils.py), so each copy
+    is a block of that stream's pool, which no other stream reuses (CUDACachingAllocator.cpp: a free block
+    serves only its own stream). The copies of one size reuse one segment: the root's shard and a layer's
+    (an adapter unit's shard is a small-pool block); 0 for every other run."""
+    setup = run.setup
+    if (setup.offload == "none" or setup.framework not in FLAT_PARAMS_ONLY or setup.fsdp_version != 1
+            or (setup.method == "full" and fsdp1_param_mixed_precision(setup))):
+        return 0
+    world_size, segment = setup.world_size, ROUND_LARGE
+    rooted = setup.method in run.profile.fsdp_root_embeddings
+    root = run.model.params_non_block * run.dtypes.compute if rooted else 0
+    return sum(ceil_div(ceil_div(unit, world_size), segment) * segment
+               for unit in (root, layer_gathered_bytes(run)))
 
 
 def fsdp_layers_gathered(setup: TrainSetup) -> int:
