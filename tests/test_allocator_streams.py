@@ -233,6 +233,10 @@ def test_a_checkpointed_llama_lora_step_strands_its_mlp_blocks_norm_and_16_bit_l
     packing = (16 * 172 - 32 * 64) * mib
     assert stranded_bytes(run, 4, 2048) == ((3 * 172 + 128) * mib + packing,
                                             (3 * 172 + 128 + 500) * mib + packing)
+    # checkpoints in host memory pack into nothing on the device
+    off = resolve_run(spec, build_setup(spec, method="lora", batch=4, seq=2048, gradient_checkpointing=True,
+                                        precision="bf16-mixed", activation_offload=True))
+    assert stranded_bytes(off, 4, 2048) == ((3 * 172 + 128) * mib, (3 * 172 + 128 + 500) * mib)
     # without checkpointing autograd saves the SiLU input and both operands of the product; the product,
     # which frozen down_proj does not keep, is the one MLP block left free
     run = resolve_run(spec, build_setup(spec, method="lora", batch=4, seq=2048, gradient_checkpointing=False,

@@ -141,3 +141,23 @@ def test_offloaded_adapters_are_on_the_host() -> None:
     assert on.components["lora_adapters"] == adapter_shard
     assert off.components["lora_adapters"] == 0
     assert off.host_bytes >= adapter_shard
+
+
+def test_the_pre_unshard_streams_shard_copies_by_hand() -> None:
+    # Llama-2-7B LoRA, CPU offload, 2 GPUs, bf16. The root unit: embed_tokens and lm_head (32000 x 4096) and
+    # the final norm (4096) = 262,148,096 parameters, 524,296,192 B, a 262,148,096 B shard: 4 KiB over
+    # 250 MiB, a 252 MiB segment. A decoder layer: q, k, v, o 4096 x 4096, gate, up, down 11008 x 4096 and
+    # two norms of 4096 = 202,383,360 parameters, a 202,383,360 B shard: a 194 MiB segment
+    from tuneplan.api import build_setup
+    from tuneplan.estimator.run import resolve_run
+    from tuneplan.estimator.wrappers.fsdp import freed_shard_copies
+
+    spec = resolve_model(LLAMA2_7B, allow_network=False)
+
+    def copies(**kw: object) -> int:
+        base = dict(framework="fsdp-qlora", method="lora", gpus=2, fsdp=True, offload="all")
+        return freed_shard_copies(resolve_run(spec, build_setup(spec, **{**base, **kw})))
+
+    assert copies() == (252 + 194) * 2**20
+    assert copies(offload="none") == 0
+    assert copies(framework="hf") == 0  # use_orig_params=True: the copies are held, counted as allocated

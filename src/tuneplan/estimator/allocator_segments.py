@@ -80,10 +80,15 @@ def _mlp_free_blocks(run: Any) -> int:
 def checkpoint_packing_bytes(run: Any, tokens: Any, intermediate_segment: Any) -> Any:
     """Reserved beyond the checkpoints' own bytes once every layer has kept its input: ``ceil(L / k)``
     tokens x intermediate segments hold the ``L`` checkpoints, ``k`` to a segment (module docstring; ints,
-    or arrays of a grid). 0 without checkpointing, or with blocks under ``MIN_LARGE_ALLOC``."""
+    or arrays of a grid). 0 without checkpointing, with the checkpoints in host memory, or with blocks under
+    ``MIN_LARGE_ALLOC``."""
     model, setup = run.model, run.setup
+    # the layers whose inputs are checkpointed (activations.activation_terms: a freeze run's trainable ones)
     layers = model.n_layers
-    if not setup.gradient_checkpointing or layers < 2:
+    if setup.method == "freeze":
+        layers = min(setup.freeze_trainable_layers, layers)
+    offloaded = run.profile.gc_offload or setup.activation_offload  # the checkpoints go to host memory
+    if not setup.gradient_checkpointing or offloaded or layers < 2:
         return 0
     checkpoint = ceil_div(tokens * model.hidden * run.dtypes.residual, MIN_BLOCK) * MIN_BLOCK
     per_segment = maximum(intermediate_segment // checkpoint, 1)
