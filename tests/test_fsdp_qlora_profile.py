@@ -161,3 +161,14 @@ def test_the_pre_unshard_streams_shard_copies_by_hand() -> None:
     assert copies() == (252 + 194) * 2**20
     assert copies(offload="none") == 0
     assert copies(framework="hf") == 0  # use_orig_params=True: the copies are held, counted as allocated
+
+
+def test_two_layers_unsharded_at_a_layers_backward_end() -> None:
+    # each adapter its own unit: a layer's first adapter (in forward order) starts its backward after the
+    # layer's matmuls and prefetches the next layer (BACKWARD_PRE), so the layer's end has two layers
+    # unsharded beside the root. Llama-2-7B LoRA in bf16 at 1 x 512 tokens, where little else is live:
+    # the root (embed_tokens, lm_head 32000 x 4096, final norm 4096) = 524,296,192 B and two layers of
+    # 202,383,360 parameters (test_the_pre_unshard_streams_shard_copies_by_hand) = 404,766,720 B each
+    b = _sharded(method="lora", batch=1, seq=512).breakdown
+    assert b.peak_instant == "backward_layer_end"
+    assert b.components["parallel_buffers"] == 524_296_192 + 2 * 404_766_720

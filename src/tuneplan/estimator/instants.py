@@ -184,12 +184,19 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_layers_top"] = (top_grads, 0, top_acts, statics.autocast_copies_backward, 0,
                                        top_scratch, top_gathered)
         rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, 0, 0, backward_temp, gathered)
+        bottom_acts, bottom_held = recomputed, 0
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
                                        top_scratch, top_gathered)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
+        bottom_held = held
+    if statics.gathered_layer_end:
+        # a lower layer's end: its scratch freed, the next layer prefetched beside it (wrappers.base.Gathered
+        # layer_end), its activations counted as at the bottom row (an upper bound: they are being freed)
+        rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, 0,
+                                      statics.gathered_layer_end)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     end = statics.end_of_backward

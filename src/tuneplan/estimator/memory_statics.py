@@ -65,6 +65,7 @@ class MemoryStatics:
     gathered_head_forward: int
     gathered_at_loss: int
     gathered: int
+    gathered_layer_end: int  # at a layer's backward end, beside the prefetched next layer (0: no instant)
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
     end_of_backward: EndOfBackward | None
     next_micro_batch: bool  # the instant after the longest micro-batch (longest first, accumulation)
@@ -124,7 +125,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_top_forward=wrapper_memory.gathered.top_layer_forward,
         gathered_head_forward=wrapper_memory.gathered.head_forward,
         gathered_at_loss=wrapper_memory.gathered.at_loss, end_of_backward=wrapper_memory.end_of_backward,
-        gathered=wrapper_memory.gathered.in_layers,
+        gathered=wrapper_memory.gathered.in_layers, gathered_layer_end=wrapper_memory.gathered.layer_end,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(wrapper_memory.no_sync.accumulating if wrapper_memory.no_sync is not None else grads)
         + buckets.persistent,

@@ -168,8 +168,9 @@ class Fsdp1(Fsdp):
         model, setup, compute = run.model, run.setup, run.dtypes.compute
         world_size = setup.world_size
         gathered, at_loss = terms.gathered, terms.layer16 + terms.root16
-        if (setup.offload != "none" and setup.framework not in FLAT_PARAMS_ONLY
-                and (setup.method != "full" or not fsdp1_param_mixed_precision(setup))):
+        held_copy = (setup.offload != "none" and setup.framework not in FLAT_PARAMS_ONLY
+                     and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)))
+        if held_copy:
             # a unit whose flat parameter is already in the param dtype (no MixedPrecision, or frozen
             # 16-bit weights / bf16-stored 4-bit codes: _uses_param_mixed_precision False) has no
             # low-precision shard: pre_unshard copies its host shard to the device for the all-gather
@@ -191,8 +192,15 @@ class Fsdp1(Fsdp):
             head_wait = (model.lm_head_params or model.embed_params) * (
                 compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes)
         buffers = terms.layer_grads
-        return WrapperMemory(terms.resident, Buckets(in_layers=buffers),
-                             Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss),
+        # PEFT's per-adapter units: the next layer is gathered once the layer's first adapter starts its
+        # backward, after the layer's own matmuls (fsdp_layers_gathered), so two layers are unsharded at
+        # its end, beside no scratch
+        layer_end = 0
+        if fsdp_layers_gathered(setup) == 1 and model.n_layers > 1:
+            layer_end = gathered + terms.layer16 + (ceil_div(terms.layer16, world_size) if held_copy else 0)
+        buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
+                                    layer_end=layer_end)
+        return WrapperMemory(terms.resident, Buckets(in_layers=buffers), buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
                                                 gathered=gathered, keeps_scratch=False),
                              no_sync=no_sync_gradients(run), notes=self.notes(setup))
