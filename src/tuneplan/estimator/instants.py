@@ -181,8 +181,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
         recomputed = acts.recompute_bytes
         top_acts = saved - acts.tail_bytes + recomputed - top_freed
-        rows["backward_layers_top"] = (top_grads, 0, top_acts, statics.autocast_copies_backward, 0,
-                                       top_scratch, top_gathered)
+        # the head's 16-bit cast, saved for its input gradient, is released by the head's backward, which
+        # runs before the top layer's (simulate: Llama-3.1-405B QLoRA at 4 layers, 1 x 256 tokens)
+        rows["backward_layers_top"] = (top_grads, 0, top_acts, 0, 0, top_scratch, top_gathered)
         rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, 0, 0, backward_temp, gathered)
         bottom_acts, bottom_held = recomputed, 0
     else:

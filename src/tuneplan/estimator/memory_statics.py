@@ -29,7 +29,7 @@ class MemoryStatics:
     grads_prev: int  # gradients alive through the next forward (accumulation / keep_grads)
     grads_step: int  # gradients the optimizer step sees
     autocast_copies: int  # autocast weight copies through the forward
-    autocast_copies_backward: int  # ... and from the loss backward on
+    autocast_copies_backward: int  # ... and at the loss backward
     head_dequant: int  # a quantized lm_head's dequantized weight, live per chunk
     dequant: int  # the largest quantized linear's dequantization scratch
     # bitsandbytes' dequantized weight in a layer's backward, and what is live with it per token
@@ -152,8 +152,8 @@ def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:
 
 
 def autocast_copy_terms(run: Run) -> tuple[int, int]:
-    """(autocast's 16-bit weight copies through the forward, those left from the loss backward on), per GPU:
-    from the loss backward on only the casts autograd saved remain (weights.param_plan: under gradient
+    """(autocast's 16-bit weight copies through the forward, those left at the loss backward), per GPU:
+    at the loss backward only the casts autograd saved remain (weights.param_plan: under gradient
     checkpointing the layers' casts die with autocast's cache at the end of the forward); a wrapper that
     shards the parameters casts only its shard."""
     params = run.param_plan
