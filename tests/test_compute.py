@@ -164,3 +164,66 @@ def test_lora_matmul_reads_by_hand() -> None:
         assert (run.dtypes.adapter, run.dtypes.compute) == (4, 2)
         plan = flop_plan(run.model, run.setup, run.dtypes, run.targets, run.attn, run.loss)
         assert plan.traffic["adapters"] == pytest.approx(32 * per_layer)
+
+
+# Element-wise bytes per token of one Llama-2 7B decoder layer (h 4096, f 11008, 32 heads of 128, MHA),
+# LoRA on k, q, v, gate, up, down with dropout, everything bf16 (2 B; fp32 4 B), SDPA: an op-by-op count
+# from the code the fsdp_qlora runs execute (transformers LlamaDecoderLayer / LlamaRMSNorm /
+# apply_rotary_pos_emb / LlamaMLP, PEFT lora.Linear.forward ``result + lora_B(lora_A(dropout(x))) *
+# scaling``, autograd's backward formulas), as (read + write) bytes per element of the tensor named. The
+# GEMMs' own operand reads and output writes are theirs (compute-bound), the r-wide adapter tensors left out.
+H, F = 4096, 11008
+FORWARD_OPS = {
+    # RMSNorm: to(fp32) 2+4, pow(2) 4+4, mean 4, x * rsqrt 4+4, to(bf16) 4+2, weight * 2+2; two per layer
+    "norms": 2 * 36 * H,
+    # per adapter: dropout reads x, writes x and its bool mask (2+2+1 per d_in); lora_A reads the dropout
+    # output (2 per d_in); lora_B writes d_out (2), * scaling 2+2, result + 2+2+2: 7 d_in + 12 d_out
+    "adapters qkv": 3 * (7 * H + 12 * H),
+    "adapters gate up": 2 * (7 * H + 12 * F),
+    "adapter down": 7 * F + 12 * H,
+    # q * cos 2+2, -x2 on half 1+1, cat 2+2, rotate * sin 2+2, add 2+2+2 = 20 per element, q and k
+    "rotary": 2 * 20 * H,
+    "attention output contiguous": 4 * H,
+    "residual adds": 2 * 6 * H,
+    "silu, gate * up": 4 * F + 6 * F,
+}
+BACKWARD_OPS = {
+    # the two branches' gradients summed into the residual stream, one add per block
+    "residual sums": 2 * 6 * H,
+    # per adapter: scaling 2+2 per d_out, lora_B's two matmuls read the gradient (2+2 per d_out), lora_A's
+    # input gradient written (2 per d_in) and its saved input read by the weight gradient (2), dropout
+    # backward 2+1+2, the sum with the base layer's input gradient 2+2+2: 8 d_out + 15 d_in
+    "adapter down": 8 * H + 15 * F,
+    "silu, gate * up": 2 * 6 * F + 6 * F,  # mul backward twice (2+2+2), silu_backward (2+2+2)
+    "adapters gate up": 2 * (8 * F + 15 * H) + 6 * H,  # + the sum of the two input gradients
+    # RMSNorm: weight * (g*w 2+2, g*n 2+2+2, sum over tokens 2), to(bf16) backward 2+4, x * rsqrt (g*r 4+4,
+    # g*x 4+4+4, row sum 4), mean backward 4, pow backward (x.pow(1) 4+4, * 2 4+4, * g 4+4+4), the two
+    # gradients summed 4+4+4, to(fp32) backward 4+2 = 92 per element; two per layer
+    "norms": 2 * 92 * H,
+    "flash backward's dO . O": 4 * H,
+    # per element of q and k: * cos 2+2, * sin 2+2, neg 1+1, two slice backwards (zeros 2, copy 1+1), three
+    # gradients summed (two adds of 2+2+2) = 30
+    "rotary": 2 * 30 * H,
+    "q, k, v gradients made contiguous for the view": 3 * 4 * H,
+    "adapters qkv": 3 * (8 * H + 15 * H) + 2 * 6 * H,  # + the sum of the three input gradients
+}
+
+
+def test_layer_traffic_against_an_op_by_op_count() -> None:
+    """The per-token element-wise traffic of a decoder layer (``layers`` + ``adapters``) within 10 % of
+    the op-by-op count above: without checkpointing forward + backward, with it one forward more."""
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.compute import flop_plan
+    from tuneplan.estimator.run import resolve_run
+
+    fwd, bwd = sum(FORWARD_OPS.values()), sum(BACKWARD_OPS.values())
+    assert (fwd, bwd) == (211 * H + 41 * F, 397 * H + 49 * F)
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    for ckpt, counted in ((False, fwd + bwd), (True, 2 * fwd + bwd)):
+        setup = build_setup(spec, framework="fsdp-qlora", method="lora", gradient_checkpointing=ckpt,
+                            batch=1, seq=2048)
+        run = resolve_run(spec, setup)
+        assert (run.dtypes.compute, run.dtypes.adapter, setup.rank, setup.dropout) == (2, 2, 64, 0.1)
+        plan = flop_plan(run.model, run.setup, run.dtypes, run.targets, run.attn, run.loss)
+        per_layer = (plan.traffic["layers"] + plan.traffic["adapters"]) / spec.n_layers
+        assert per_layer / counted == pytest.approx(1.0, abs=0.10)

@@ -154,6 +154,20 @@ def test_estimate_prints_the_band(store) -> None:
 
 def test_catalog_cards_say_how_well_their_time_is_known() -> None:
     for gpu, known in (("910b", "proxy"), ("rtx5880", "proxy"), ("a100-80gb-sxm4", "measured"),
-                       ("rtx-4090", "spec-derived")):
+                       ("rtx-4090", "measured"), ("rtx-3090", "spec-derived")):
         t = estimate("Qwen/Qwen2.5-0.5B", gpu=gpu).extras["sections"]["time"]
         assert t["card_throughput_known"] == known and t["step_seconds"] > 0
+
+
+def test_the_4090_gemm_fraction_is_the_published_measurement() -> None:
+    # xytpai/PeakGemm README: a bf16 WMMA GEMM (fp32 accumulators), m = n = k = 8192, 163.5 TFLOPS on an
+    # RTX 4090 whose dense bf16 peak (fp32 accumulate, Ada whitepaper) is 165.2 TFLOPS
+    from tuneplan.catalog.accelerators import resolve_accelerator
+    from tuneplan.estimator.card_rates import GEMM_EFFICIENCY
+    from tuneplan.estimator.gemm_efficiency import card_efficiency
+
+    eff = card_efficiency(resolve_accelerator("rtx4090"), GEMM_EFFICIENCY["nvidia-ada"], False)
+    assert eff.known == "measured" and "PeakGemm" in eff.source
+    assert eff.fraction == pytest.approx(163.5 / 165.2, abs=0.005)
+    t = estimate("meta-llama/Llama-2-7b-hf", method="lora", gpu="rtx4090").extras["sections"]["time"]
+    assert f"{eff.fraction:.0%} of the 165.2 TFLOPS" in " ".join(t["assumptions"])

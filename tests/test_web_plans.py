@@ -120,3 +120,48 @@ def test_fit_tab_objective_is_the_clis() -> None:
     html = plans.fit_view(values, 16, "speed")
     assert f"{rec['method']} ({rec['strategy']}), micro-batch {rec['micro_batch']} " in html
     assert "the most tokens/s" in html
+
+
+def test_the_page_never_takes_the_servers_machine_for_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server with the asked card and 3 TiB of RAM: `fit` on that server counts its RAM ("this
+    machine"), the page does not (the user's machine is elsewhere): it states the default, max(64 GiB,
+    2 x the card's memory), as for any machine without the card."""
+    host = importlib.import_module("tuneplan.plan.host")
+    fit_mod = importlib.import_module("tuneplan.plan.fit")
+    values = {**DEFAULTS, "gpu": "GeForce RTX 3060 12 GB"}
+    card = importlib.import_module("tuneplan.catalog.accelerators").resolve_accelerator(values["gpu"])
+    assert host.cloud_host(card.id) is None  # no cloud instance row: the default applies
+    monkeypatch.setattr(host, "this_machine", lambda: host.Machine((card.id,), 3 * 2**40))
+    here = fit_mod.fit(values["model"], values["gpu"], global_batch=16, **CLI_EQUIVALENT).to_dict()
+    assert here["host_memory"]["source"] == "this machine" and here["host_memory_bytes"] == 3 * 2**40
+    html = plans.fit_view(values, 16)
+    assert "host memory 64.00 GiB per node (assumed)" in html  # 2 x 12 GiB < 64 GiB
+    assert "this machine" not in html
+
+
+def test_fit_tab_names_another_framework_when_the_forms_has_no_plan() -> None:
+    """As `fit`: when nothing fits with the form's framework profile, the answer says whose it is."""
+    fit_mod = importlib.import_module("tuneplan.plan.fit")
+    values = {**DEFAULTS, "model": "Qwen/Qwen2.5-7B", "gpu": "GeForce RTX 4060", "seq": 4096}
+    rep = fit_mod.fit(values["model"], values["gpu"], global_batch=16,
+                      **{**CLI_EQUIVALENT, "seq": 4096}).to_dict()
+    fw = rep["framework"]
+    assert fw["default"] == "hf" and fw["chosen"] not in (None, "hf") and rep["recommended"] is not None
+    html = plans.fit_view(values, 16)
+    assert f"<b>Framework profile {fw['chosen']}</b>: nothing fits with hf, the form's" in html
+
+
+def test_fit_tab_shows_the_next_step_when_nothing_fits() -> None:
+    """As `fit`: nothing fits, so the page names the closest setup, what it is short of, and the change
+    that makes it fit (here host memory, which the page has no field for: it says the CLI's flag)."""
+    fit_mod = importlib.import_module("tuneplan.plan.fit")
+    values = {**DEFAULTS, "model": "meta-llama/Llama-3.1-405B-Instruct", "gpu": "GeForce RTX 4090"}
+    rep = fit_mod.fit(values["model"], values["gpu"], global_batch=16, **CLI_EQUIVALENT).to_dict()
+    step = rep["next_step"]
+    assert rep["recommended"] is None and step["short_of"] == "host" and step["change"]["field"] == "host_memory"
+    html = plans.fit_view(values, 16)
+    short = step["short_by_bytes"] / 2**30
+    assert (f"closest: host memory short by {short:.2f} GiB for {step['method']} ({step['strategy']})"
+            in html)
+    assert (f"next step: {step['change']['to']} GiB of host memory per node (the page assumes "
+            f"{rep['host_memory_bytes'] / 2**30:.2f} GiB; the CLI's --host-memory sets it)") in html

@@ -3,7 +3,8 @@
 In order:
 1. ``given``: the user's own figure (``host_memory_gib``);
 2. ``this machine``: the card asked about is one of this machine's (the devices ``tuneplan doctor``
-   detects): its RAM (``os.sysconf``: physical pages x page size);
+   detects): its RAM (``os.sysconf``: physical pages x page size). Inside :func:`elsewhere` (the web
+   page, which answers for a remote user) no machine is detected and this step never applies;
 3. ``cloud instance``: the typical cloud instance with that card (``catalog/cloud_hosts.csv``, each row
    with its source): the instance's RAM per GPU x the GPUs per node;
 4. ``default``: :data:`DEFAULT_TEXT`, the one default every face states.
@@ -12,6 +13,9 @@ In order:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
@@ -53,7 +57,7 @@ def assumed(gpu: Accelerator, gpus_per_node: int, given: int | None = None,
     this machine, detected once per process."""
     if given is not None:
         return HostMemory(given, "given")
-    here = machine if machine is not None else this_machine()
+    here = machine if machine is not None else _ASKED_FROM.get() or this_machine()
     if gpu.id in here.cards and here.ram_bytes:
         return HostMemory(here.ram_bytes, "this machine")
     inst = cloud_host(gpu.id)
@@ -63,6 +67,22 @@ def assumed(gpu: Accelerator, gpus_per_node: int, given: int | None = None,
                           f"{inst['instance']} ({inst['gpus']} GPUs, {inst['host_bytes'] // GIB:,} GiB)",
                           inst["source"])
     return HostMemory(default_bytes(gpu, gpus_per_node), "default")
+
+
+# The machine the question comes from, when it is not this process's (None: detect this one).
+_ASKED_FROM: ContextVar[Machine | None] = ContextVar("tuneplan_asked_from", default=None)
+
+
+@contextmanager
+def elsewhere() -> Iterator[None]:
+    """Answer as for a machine with no catalog card and unknown RAM while the block runs: a server's own
+    cards and RAM say nothing about the user asking (the web page wraps every request in this), and
+    detecting them would run ``nvidia-smi`` on the server."""
+    token = _ASKED_FROM.set(Machine())
+    try:
+        yield
+    finally:
+        _ASKED_FROM.reset(token)
 
 
 def ram_bytes() -> int | None:

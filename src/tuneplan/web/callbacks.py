@@ -31,13 +31,17 @@ def _messages(errors: dict[str, str]) -> dict[str, str]:
 
 def guarded(slot: str, outputs: tuple[str, ...] | None = None
             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Turn any exception a callback raises into a message in ``slot`` (and log the traceback)."""
+    """Turn any exception a callback raises into a message in ``slot`` (and log the traceback); the
+    callback runs as for a machine elsewhere (``plan.host.elsewhere``)."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from tuneplan.plan.host import elsewhere
+
             try:
-                return fn(*args, **kwargs)
+                with elsewhere():  # the host memory is the user's, never this server's
+                    return fn(*args, **kwargs)
             except TuneplanError as exc:
                 msg = views.message_html(page_error(exc))
             except Exception as exc:  # a bug must not take the page down: log it, say so in one line

@@ -17,7 +17,7 @@ from tuneplan.errors import TuneplanError, word_texts
 from tuneplan.web import views
 from tuneplan.web.callbacks import guarded
 from tuneplan.web.form import Parsed, parse
-from tuneplan.web.wording import page_error, page_words
+from tuneplan.web.wording import LABELS, page_error, page_words
 
 log = logging.getLogger("tuneplan.web")
 
@@ -138,11 +138,53 @@ def fit_view(values: dict[str, Any], global_batch: Any = 16, prefer: str | None 
     return "".join(out)
 
 
+def _framework_html(fw: dict[str, Any]) -> str:
+    """The framework profile of the answer, when the planner took another than the form's (as `fit`)."""
+    if not fw.get("chosen") or fw["chosen"] == fw.get("default"):
+        return ""
+    why = {"max_hours": "every plan breaks the hours limit", "budget": "every plan breaks the budget"}.get(
+        fw.get("default_decided_by") or "", "nothing fits")
+    searched = escape(", ".join(fw.get("searched", [])))
+    return (f"<br><b>{escape(LABELS['framework'])} {escape(str(fw['chosen']))}</b>: {why} with "
+            f"{escape(str(fw.get('default')))}, the form's (searched: {searched})")
+
+
+def _next_step_html(step: dict[str, Any] | None, host_bytes: Any) -> str:
+    """What is closest to fitting, and the one change that makes something fit (`fit`'s next step), with
+    the change named by the page's label (the page has no host-memory field: the CLI's flag sets it)."""
+    if not step:
+        return ""
+    how = f"{escape(str(step['method']))} ({escape(str(step['strategy']))})"
+    short = (f"host memory short by {views.gib(step['short_by_bytes'])} GiB for {how}"
+             if step["short_of"] == "host"
+             else f"{views.gib(step['short_by_bytes'])} GiB over the card with {how}, micro-batch 1")
+    if step.get("largest_component") and step["short_of"] == "device":
+        short += (f"; largest component {escape(str(step['largest_component']))} "
+                  f"{views.gib(step['largest_component_bytes'])} GiB")
+    ch = step.get("change")
+    if ch is None:
+        change = ("no single change of sequence length, host memory, method or GPUs per node makes it fit: "
+                  "the GPUs tab searches more cards")
+    else:
+        to = ch["to"]
+        if ch["field"] == "host_memory":
+            what = (f"{escape(str(to))} GiB of host memory per node (the page assumes "
+                    f"{views.gib(host_bytes)} GiB; the CLI's --host-memory sets it)")
+        elif ch["field"] == "method" and str(to).startswith("qlora-"):
+            what = escape(f"{page_words('method', 'qlora')} with {page_words('bits', str(to).split('-')[1])}")
+        else:
+            what = escape(page_words(ch["field"], str(to)) or f"{ch['field']} {to}")
+        change = (f"next step: {what} fits ({escape(str(ch['method']))}, {escape(str(ch['strategy']))}, "
+                  f"peak {views.gib(ch['device_peak_bytes'])} GiB)")
+    return f"<br>closest: {short}<br>{change}"
+
+
 def _recommended_html(d: dict[str, Any]) -> str:
     rec = d.get("recommended")
     if not rec:
         return (f'<div id="tp-fit-recommended" style="color:{views.BAD}"><b>No method fits</b> on this card '
-                "with these settings, anywhere in the candidate space.</div>")
+                "with these settings, anywhere in the candidate space."
+                + _next_step_html(d.get("next_step"), d.get("host_memory_bytes")) + "</div>")
     tight = " (tight: fits on paper, not with the margin)" if rec.get("tight") else ""
     tps = rec.get("tokens_per_second")
     return (f'<div id="tp-fit-recommended" style="border:1px solid {TIGHT if rec.get("tight") else views.OK};'
@@ -156,7 +198,8 @@ def _recommended_html(d: dict[str, Any]) -> str:
             + (f"; {_hours(rec.get('total_hours'))} h" if rec.get("total_hours") is not None else "")
             + '<br><code style="white-space:normal;word-break:break-word">'
             f'{escape(str(rec.get("command", "")))}</code><br><span style="font-size:0.9em">'
-            f'{escape(str(rec.get("reason", "")))}<br>rule: {escape(str(d.get("rule", "")))}</span></div>')
+            f'{escape(str(rec.get("reason", "")))}<br>rule: {escape(str(d.get("rule", "")))}'
+            + _framework_html(d.get("framework") or {}) + "</span></div>")
 
 
 @guarded("gpus")
