@@ -218,7 +218,9 @@ def test_a_checkpointed_llama_lora_step_strands_its_mlp_blocks_norm_and_16_bit_l
     # - the MLP under a checkpointed forward: the SiLU output, up_proj's output and their product are live
     #   together and none is saved: 3 blocks of 8192 x 11008 x 2 B = 172 MiB (a whole number of 2 MiB);
     # - RMSNorm's fp32 block: 8192 x 4096 x 4 B = 128 MiB;
-    # - the 16-bit logits, freed by the fp32 cast before the loss backward: 8192 x 32000 x 2 B = 500 MiB
+    # - the 16-bit logits, freed by the fp32 cast before the loss backward: 8192 x 32000 x 2 B = 500 MiB;
+    # - the checkpoints' packing: 32 layer inputs of 8192 x 4096 x 2 B = 64 MiB, two to each 172 MiB
+    #   segment (172 // 64), hold 16 x 172 = 2752 MiB for 2048 MiB of their own: 704 MiB more
     from tuneplan.api import build_setup
     from tuneplan.catalog.models import resolve_model
     from tuneplan.estimator.allocator_segments import stranded_bytes
@@ -228,7 +230,13 @@ def test_a_checkpointed_llama_lora_step_strands_its_mlp_blocks_norm_and_16_bit_l
     spec = resolve_model("meta-llama/Llama-2-7b-hf")
     run = resolve_run(spec, build_setup(spec, method="lora", batch=4, seq=2048, gradient_checkpointing=True,
                                         precision="bf16-mixed"))
-    assert stranded_bytes(run, 4, 2048) == ((3 * 172 + 128) * mib, (3 * 172 + 128 + 500) * mib)
+    packing = (16 * 172 - 32 * 64) * mib
+    assert stranded_bytes(run, 4, 2048) == ((3 * 172 + 128) * mib + packing,
+                                            (3 * 172 + 128 + 500) * mib + packing)
+    # checkpoints in host memory pack into nothing on the device
+    off = resolve_run(spec, build_setup(spec, method="lora", batch=4, seq=2048, gradient_checkpointing=True,
+                                        precision="bf16-mixed", activation_offload=True))
+    assert stranded_bytes(off, 4, 2048) == ((3 * 172 + 128) * mib, (3 * 172 + 128 + 500) * mib)
     # without checkpointing autograd saves the SiLU input and both operands of the product; the product,
     # which frozen down_proj does not keep, is the one MLP block left free
     run = resolve_run(spec, build_setup(spec, method="lora", batch=4, seq=2048, gradient_checkpointing=False,

@@ -118,3 +118,57 @@ def test_planner_space_holds_only_what_train_py_runs() -> None:
     assert {f.optimizer for f in fams} == {None}
     hf = families(list(METHOD_VARIANTS), {"framework": "hf"}, 2, resolve_accelerator("rtx3090"))
     assert {"qlora-8", "freeze"} <= {f.method for f in hf} and "adamw-8bit" in {f.optimizer for f in hf}
+
+
+def test_offloaded_units_keep_no_device_copy_of_their_shard() -> None:
+    # train.py wraps with use_orig_params=False: pre_unshard's device copy of a host shard is referenced only
+    # by flat_param, which unshard points at the all-gather output, so nothing is left beside the unsharded
+    # units at the loss. The HF Trainer (use_orig_params=True) keeps its parameters as views of that copy
+    # until the unit reshards: 1/2 of the unsharded root and layer more on each of 2 GPUs.
+    kept = _sharded(offload="none", batch=1, seq=512).breakdown.components["parallel_buffers"]
+    assert _sharded(offload="all", batch=1, seq=512).breakdown.components["parallel_buffers"] == kept
+    hf = {off: _sharded(framework="hf", offload=off, batch=1, seq=512).breakdown for off in ("none", "all")}
+    gathered = hf["none"].components["parallel_buffers"]
+    assert hf["all"].components["parallel_buffers"] == gathered + -(-gathered // 2)
+
+
+def test_offloaded_adapters_are_on_the_host() -> None:
+    # CPUOffload(offload_params=True) offloads every flat parameter, the LoRA units' too: r=64 adapters of
+    # Llama-2-7B (143,130,624 parameters, test_trainable_params_by_hand) in bf16, halved over 2 GPUs
+    adapter_shard = 143_130_624 * 2 // 2
+    on = _sharded(offload="none").breakdown
+    off = _sharded(offload="all").breakdown
+    assert on.components["lora_adapters"] == adapter_shard
+    assert off.components["lora_adapters"] == 0
+    assert off.host_bytes >= adapter_shard
+
+
+def test_the_pre_unshard_streams_shard_copies_by_hand() -> None:
+    # Llama-2-7B LoRA, CPU offload, 2 GPUs, bf16. The root unit: embed_tokens and lm_head (32000 x 4096) and
+    # the final norm (4096) = 262,148,096 parameters, 524,296,192 B, a 262,148,096 B shard: 4 KiB over
+    # 250 MiB, a 252 MiB segment. A decoder layer: q, k, v, o 4096 x 4096, gate, up, down 11008 x 4096 and
+    # two norms of 4096 = 202,383,360 parameters, a 202,383,360 B shard: a 194 MiB segment
+    from tuneplan.api import build_setup
+    from tuneplan.estimator.run import resolve_run
+    from tuneplan.estimator.wrappers.fsdp import freed_shard_copies
+
+    spec = resolve_model(LLAMA2_7B, allow_network=False)
+
+    def copies(**kw: object) -> int:
+        base = dict(framework="fsdp-qlora", method="lora", gpus=2, fsdp=True, offload="all")
+        return freed_shard_copies(resolve_run(spec, build_setup(spec, **{**base, **kw})))
+
+    assert copies() == (252 + 194) * 2**20
+    assert copies(offload="none") == 0
+    assert copies(framework="hf") == 0  # use_orig_params=True: the copies are held, counted as allocated
+
+
+def test_two_layers_unsharded_at_a_layers_backward_end() -> None:
+    # each adapter its own unit: a layer's first adapter (in forward order) starts its backward after the
+    # layer's matmuls and prefetches the next layer (BACKWARD_PRE), so the layer's end has two layers
+    # unsharded beside the root. Llama-2-7B LoRA in bf16 at 1 x 512 tokens, where little else is live:
+    # the root (embed_tokens, lm_head 32000 x 4096, final norm 4096) = 524,296,192 B and two layers of
+    # 202,383,360 parameters (test_the_pre_unshard_streams_shard_copies_by_hand) = 404,766,720 B each
+    b = _sharded(method="lora", batch=1, seq=512).breakdown
+    assert b.peak_instant == "backward_layer_end"
+    assert b.components["parallel_buffers"] == 524_296_192 + 2 * 404_766_720

@@ -181,15 +181,23 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
         recomputed = acts.recompute_bytes
         top_acts = saved - acts.tail_bytes + recomputed - top_freed
-        rows["backward_layers_top"] = (top_grads, 0, top_acts, statics.autocast_copies_backward, 0,
-                                       top_scratch, top_gathered)
+        # the head's 16-bit cast, saved for its input gradient, is released by the head's backward, which
+        # runs before the top layer's (simulate: Llama-3.1-405B QLoRA at 4 layers, 1 x 256 tokens)
+        rows["backward_layers_top"] = (top_grads, 0, top_acts, 0, 0, top_scratch, top_gathered)
         rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, 0, 0, backward_temp, gathered)
+        bottom_acts, bottom_held = recomputed, 0
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
                                        top_scratch, top_gathered)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
+        bottom_held = held
+    if statics.gathered_layer_end:
+        # a lower layer's end: its scratch freed, the next layer prefetched beside it (wrappers.base.Gathered
+        # layer_end), its activations counted as at the bottom row (an upper bound: they are being freed)
+        rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, 0,
+                                      statics.gathered_layer_end)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     end = statics.end_of_backward

@@ -29,7 +29,7 @@ class MemoryStatics:
     grads_prev: int  # gradients alive through the next forward (accumulation / keep_grads)
     grads_step: int  # gradients the optimizer step sees
     autocast_copies: int  # autocast weight copies through the forward
-    autocast_copies_backward: int  # ... and from the loss backward on
+    autocast_copies_backward: int  # ... and at the loss backward
     head_dequant: int  # a quantized lm_head's dequantized weight, live per chunk
     dequant: int  # the largest quantized linear's dequantization scratch
     # bitsandbytes' dequantized weight in a layer's backward, and what is live with it per token
@@ -65,6 +65,7 @@ class MemoryStatics:
     gathered_head_forward: int
     gathered_at_loss: int
     gathered: int
+    gathered_layer_end: int  # at a layer's backward end, beside the prefetched next layer (0: no instant)
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
     end_of_backward: EndOfBackward | None
     next_micro_batch: bool  # the instant after the longest micro-batch (longest first, accumulation)
@@ -124,7 +125,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_top_forward=wrapper_memory.gathered.top_layer_forward,
         gathered_head_forward=wrapper_memory.gathered.head_forward,
         gathered_at_loss=wrapper_memory.gathered.at_loss, end_of_backward=wrapper_memory.end_of_backward,
-        gathered=wrapper_memory.gathered.in_layers,
+        gathered=wrapper_memory.gathered.in_layers, gathered_layer_end=wrapper_memory.gathered.layer_end,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(wrapper_memory.no_sync.accumulating if wrapper_memory.no_sync is not None else grads)
         + buckets.persistent,
@@ -151,8 +152,8 @@ def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:
 
 
 def autocast_copy_terms(run: Run) -> tuple[int, int]:
-    """(autocast's 16-bit weight copies through the forward, those left from the loss backward on), per GPU:
-    from the loss backward on only the casts autograd saved remain (weights.param_plan: under gradient
+    """(autocast's 16-bit weight copies through the forward, those left at the loss backward), per GPU:
+    at the loss backward only the casts autograd saved remain (weights.param_plan: under gradient
     checkpointing the layers' casts die with autocast's cache at the end of the forward); a wrapper that
     shards the parameters casts only its shard."""
     params = run.param_plan

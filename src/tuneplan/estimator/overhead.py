@@ -83,7 +83,9 @@ def cross_stream_reserve(run: Any) -> int:
       compute stream has passed it, which the CPU learns from the rate limiter's event, ``FSDP1_INFLIGHT``
       units later: ``FSDP1_INFLIGHT x u`` freed but held. The post-backward hook records the autograd
       gradient on the post-backward stream before freeing it (``_runtime_utils._post_backward_hook``):
-      ``FSDP1_INFLIGHT x g`` held in the compute stream's pool through the backward;
+      ``FSDP1_INFLIGHT x g`` held in the compute stream's pool through the backward; with CPU offload and
+      ``use_orig_params=False``, the pre-unshard stream's copies of host shards
+      (``wrappers.fsdp.freed_shard_copies``);
     - FSDP2 (no ``record_stream``): the copy-in stream caches ``FSDP2_ALL_GATHER_OUTPUTS`` flat all-gather
       outputs the compute stream cannot reuse, and the reduce-scatter stream the reduce-scatter input it
       keeps until the next group's (``reduce_scatter_state``): ``2 x u + g``;
@@ -98,14 +100,14 @@ def cross_stream_reserve(run: Any) -> int:
     cached: int | None = run.memo.get("cross_stream")
     if cached is not None:
         return cached
-    from tuneplan.estimator.wrappers.fsdp import fsdp_reduce_scatter_input
+    from tuneplan.estimator.wrappers.fsdp import freed_shard_copies, fsdp_reduce_scatter_input
 
     model, pp, compute = run.model, run.param_plan, run.dtypes.compute
     u = model.largest_layer_params * compute
     if setup.quant_bits is not None and pp.largest_layer_bytes:
         u = min(u, pp.largest_layer_bytes)
     g = fsdp_reduce_scatter_input(run)
-    out: int = (FSDP1_INFLIGHT * (u + g) if setup.fsdp_version == 1
+    out: int = (FSDP1_INFLIGHT * (u + g) + freed_shard_copies(run) if setup.fsdp_version == 1
            else FSDP2_ALL_GATHER_OUTPUTS * u + g)
     run.memo["cross_stream"] = out
     return out

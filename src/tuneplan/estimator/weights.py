@@ -126,7 +126,7 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_hea
     weights = sum over linears of (quantized storage | numel x the trained or frozen dtype) + norms +
     non-block params x their dtype; trainable = adapter params (r x (d_in + d_out) per targeted linear) +
     trainable base params; autocast copies = 16-bit casts of fp32 weights autograd keeps (all of them in the
-    forward; under gradient checkpointing only the head's from the loss backward on).
+    forward; under gradient checkpointing only the head's at the loss backward, until the head's backward).
 
     ``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning
     Fabric's BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""

@@ -60,6 +60,9 @@ class Gathered:
     bottom_layer_forward: int = 0
     top_layer_forward: int = 0
     head_forward: int = 0
+    # at the end of a layer's backward, its scratch freed, beside the next layer it prefetched when that is
+    # later than the layer's heavy part (0: no instant there; wrappers/fsdp.fsdp_layers_gathered)
+    layer_end: int = 0
 
 
 @dataclass(frozen=True)

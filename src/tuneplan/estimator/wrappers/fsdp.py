@@ -62,6 +62,11 @@ PEFT_UNIT_WRAP = ("hf", "llamafactory", "fsdp-qlora")
 # Trainer (``_inner_training_loop``: no_sync unless ``sync_each_batch``, DeepSpeed, or the step's last
 # micro-batch), and LLaMA-Factory, which trains through it (simulate: FSDP1 on a fake process group).
 HF_TRAINER_LOOPS = ("hf", "llamafactory")
+# Trainers that build FullyShardedDataParallel with ``use_orig_params=False``: Answer.AI's fsdp_qlora train.py
+# (``FSDP(model, ..., use_orig_params=False, ...)`` in fsdp_main). The HF Trainer (accelerate's
+# FullyShardedDataParallelPlugin) and LLaMA-Factory through it pass True.
+FLAT_PARAMS_ONLY = ("fsdp-qlora",)
+ROUND_LARGE = 2 * 1024**2  # CUDACachingAllocator kRoundLarge: a segment for a block from 10 MiB on
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,9 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
         states_shard, grads_shard, temp_shard = 0, 0, 0
         if setup.offload == "all":
             weights_shard = 0
-    adapters = ceil_div(params.adapter_bytes, world_size)
+    # the adapters' shards are flat parameters like the rest: on the host with the parameters offloaded
+    # (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy), counted there in weights_shard
+    adapters = 0 if setup.offload == "all" else ceil_div(params.adapter_bytes, world_size)
     resident = Resident(weights=max(weights_shard - adapters, 0), adapters=adapters, states=states_shard,
                         optimizer_temp=temp_shard, gradients=grads_shard, host=host, nccl=nccl_bytes(setup))
     return ShardedTerms(resident=resident, layer16=layer16, root_unit=root_unit, root16=root16,
@@ -161,14 +168,19 @@ class Fsdp1(Fsdp):
         model, setup, compute = run.model, run.setup, run.dtypes.compute
         world_size = setup.world_size
         gathered, at_loss = terms.gathered, terms.layer16 + terms.root16
-        if setup.offload != "none" and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)):
+        held_copy = (setup.offload != "none" and setup.framework not in FLAT_PARAMS_ONLY
+                     and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)))
+        if held_copy:
             # a unit whose flat parameter is already in the param dtype (no MixedPrecision, or frozen
             # 16-bit weights / bf16-stored 4-bit codes: _uses_param_mixed_precision False) has no
             # low-precision shard: pre_unshard copies its host shard to the device for the all-gather
-            # (FlatParamHandle.flat_param_to) and the original parameters stay views of that copy
-            # (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit beside it (torch
-            # 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a fake process
-            # group). A full fine-tune's fp32 units under MixedPrecision all-gather their bf16 _mp_shard.
+            # (FlatParamHandle.flat_param_to) and, with use_orig_params=True, the original parameters stay
+            # views of that copy (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit
+            # beside it (torch 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a
+            # fake process group). With use_orig_params=False (FLAT_PARAMS_ONLY) nothing but flat_param
+            # refers to the copy, and unshard's _use_unsharded_flat_param points flat_param.data at the
+            # all-gather output: the copy is freed once gathered. A full fine-tune's fp32 units under
+            # MixedPrecision all-gather their bf16 _mp_shard.
             gathered += ceil_div(gathered, world_size)
             at_loss += ceil_div(at_loss, world_size)
         # the top layer's end (FSDP1 use_orig_params: each parameter's gradient is a view's gradient; autograd
@@ -180,8 +192,15 @@ class Fsdp1(Fsdp):
             head_wait = (model.lm_head_params or model.embed_params) * (
                 compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes)
         buffers = terms.layer_grads
-        return WrapperMemory(terms.resident, Buckets(in_layers=buffers),
-                             Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss),
+        # PEFT's per-adapter units: the next layer is gathered once the layer's first adapter starts its
+        # backward, after the layer's own matmuls (fsdp_layers_gathered), so two layers are unsharded at
+        # its end, beside no scratch
+        layer_end = 0
+        if fsdp_layers_gathered(setup) == 1 and model.n_layers > 1:
+            layer_end = gathered + terms.layer16 + (ceil_div(terms.layer16, world_size) if held_copy else 0)
+        buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
+                                    layer_end=layer_end)
+        return WrapperMemory(terms.resident, Buckets(in_layers=buffers), buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
                                                 gathered=gathered, keeps_scratch=False),
                              no_sync=no_sync_gradients(run), notes=self.notes(setup))
@@ -223,6 +242,24 @@ class Fsdp2(Fsdp):
                              end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))
+
+
+def freed_shard_copies(run: Run) -> int:
+    """Bytes the pre-unshard stream keeps cached for the device copies of host shards that a
+    ``use_orig_params=False`` run frees once gathered (``Fsdp1.simulated_memory``): ``_unshard`` runs
+    ``pre_unshard`` on its own ``pre_unshard_stream`` (torch/distributed/fsdp/_runtime_utils.py), so each copy
+    is a block of that stream's pool, which no other stream reuses (CUDACachingAllocator.cpp: a free block
+    serves only its own stream). The copies of one size reuse one segment: the root's shard and a layer's
+    (an adapter unit's shard is a small-pool block); 0 for every other run."""
+    setup = run.setup
+    if (setup.offload == "none" or setup.framework not in FLAT_PARAMS_ONLY or setup.fsdp_version != 1
+            or (setup.method == "full" and fsdp1_param_mixed_precision(setup))):
+        return 0
+    world_size, segment = setup.world_size, ROUND_LARGE
+    rooted = setup.method in run.profile.fsdp_root_embeddings
+    root = run.model.params_non_block * run.dtypes.compute if rooted else 0
+    return sum(ceil_div(ceil_div(unit, world_size), segment) * segment
+               for unit in (root, layer_gathered_bytes(run)))
 
 
 def fsdp_layers_gathered(setup: TrainSetup) -> int:
