@@ -280,12 +280,15 @@ class _Tally:
     kernels: dict[str, float] = field(default_factory=lambda: {"gemm": 0.0, "other": 0.0, "dequant": 0.0})
 
 
-def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainSetup) -> None:
+def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainSetup,
+                frozen_weight_grads: bool = False) -> None:
     """``n`` layers alike: forward always; when the gradient flows through them, the input-gradient
-    matmuls (``1x`` forward), the weight gradients only when the layer trains, the adapters' ``2x``, and
-    the recompute under checkpointing. Traffic and kernels scale by the passes (``1 + BWD_*_PER_FWD``,
-    ``+1`` recompute); the adapters' backward traffic is counted op by op."""
-    trained_layer = setup.method == "full" or (setup.method == "freeze" and grad_flows)
+    matmuls (``1x`` forward), the weight gradients when the layer trains or its frozen weights get
+    gradients anyway (``frozen_weight_grads``), the adapters' ``2x``, and the recompute under checkpointing.
+    Traffic and kernels scale by the passes (``1 + BWD_*_PER_FWD``, ``+1`` recompute); the adapters'
+    backward traffic is counted op by op."""
+    trained_layer = (setup.method == "full" or (setup.method == "freeze" and grad_flows)
+                     or frozen_weight_grads)
     t.parts["linear_fwd"] += n * w.lin
     t.attn_fwd_n.append(n)
     t.parts["adapter_fwd"] += n * w.ada
@@ -320,11 +323,13 @@ def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainS
 
 
 def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
-              loss: str, quant_head_chunk: int = 0) -> FlopPlan:
+              loss: str, quant_head_chunk: int = 0, frozen_weight_grads: bool = False) -> FlopPlan:
     """The shape-independent work of one token (see the module doc); ``flops_at`` adds the attention.
     ``quant_head_chunk``: the framework quantizes the lm_head too and applies it in chunks of that many
     tokens (LitGPT: ``lm_head_chunk_size=128``): each chunk rebuilds the whole head, in forward and again for
-    its input gradient (bitsandbytes ``MatMul4Bit.backward``).
+    its input gradient (bitsandbytes ``MatMul4Bit.backward``). ``frozen_weight_grads``: the backward also
+    makes the weight gradient of every frozen block linear (``wrappers.fsdp.frozen_weights_get_gradients``:
+    an FSDP unit whose flat parameter mixes frozen and trainable weights requires grad as a whole).
 
     Layers below the trained top of ``method=freeze`` run forward only. Logits: ``2 h vocab`` forward and
     the input gradient (plus the weight gradient in a full fine-tune); the loss chain moves
@@ -344,7 +349,7 @@ def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozense
         layer_no += count
         for n, grad_flows in ((n_frozen, False), (count - n_frozen, True)):
             if n:
-                _add_layers(t, n, grad_flows, w, setup)
+                _add_layers(t, n, grad_flows, w, setup, frozen_weight_grads)
     h = model.hidden
     logits = 2.0 * h * model.head_width
     t.parts["logits_fwd"] = logits

@@ -30,6 +30,7 @@ from tuneplan.estimator.launch_costs import (
 from tuneplan.estimator.links import Link, host_link
 from tuneplan.estimator.logits import LITGPT_CHUNK
 from tuneplan.estimator.optimizer import optimizer_plan, stepped_tensor_sizes
+from tuneplan.estimator.wrappers.fsdp import frozen_weights_get_gradients
 from tuneplan.specs.hardware import Accelerator
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ class TimeStatics:
     flops: FlopPlan
     passes: int  # weight reads per micro-batch: forward, backward, recompute
     weight_bytes: int
-    grad_bytes: int  # trainable params x bytes (read and written by the backward)
+    grad_bytes: int  # bytes of the gradients the backward makes (read and written): trainable params, and
+    #                  the frozen block weights where they get gradients (frozen_weights_get_gradients)
     traffic_factor: float
     gemm_launch: float  # matmul kernels x launch time
     other_launch: float
@@ -265,7 +267,9 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     kf = dict(opt.corrections)
     rates = card_rates(run, acc, opt, kf)
     head_chunk = LITGPT_CHUNK if prof.quantizes_lm_head and model.lm_head_params else 0
-    fp = flop_plan(model, setup, run.dtypes, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk)
+    frozen_grads = frozen_weights_get_gradients(run)
+    fp = flop_plan(model, setup, run.dtypes, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk,
+                   frozen_weight_grads=frozen_grads)
     gemm_kernels, other_kernels, dequant_kernels = fp.kernels
     compiled = opt.compiled or setup.compile
     fused = compiled or prof.model_code == "unsloth"
@@ -286,7 +290,9 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         peak=rates.peak, u=rates.u, cls=rates.cls, dev_bw=rates.dev_bw, bw=rates.bw, fused=fused, flops=fp,
         passes=2 + (1 if setup.gradient_checkpointing else 0),
         weight_bytes=pp.weight_bytes + pp.adapter_bytes,
-        grad_bytes=pp.trainable_params * pp.trainable_bytes, traffic_factor=FUSED_TRAFFIC if fused else 1.0,
+        grad_bytes=(pp.trainable_params * pp.trainable_bytes
+                    + (model.params_layers * run.dtypes.frozen_weight if frozen_grads else 0)),
+        traffic_factor=FUSED_TRAFFIC if fused else 1.0,
         gemm_launch=gemm_kernels * launch, other_launch=other_kernels * launch, other_kernels=other_kernels,
         dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
         dequant_library=dequant_library(setup, prof.model_code), dequant_s_per_elem=deq / rates.dev_bw,

@@ -1,0 +1,58 @@
+"""A LoRA run whose FSDP units mix frozen and trainable weights (LitGPT's Block units under
+``use_orig_params=True``): the unit's flat parameter requires grad, so the backward makes a weight gradient
+for every block weight, frozen ones included. Counted here on the dense config of tests/test_compute.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tuneplan.api import build_setup
+from tuneplan.catalog.accelerators import resolve_accelerator
+from tuneplan.estimator.compute import flops_at
+from tuneplan.estimator.run import resolve_run
+from tuneplan.estimator.time_statics import RuntimeOptions, time_statics
+from tuneplan.estimator.wrappers.fsdp import frozen_weights_get_gradients
+from tuneplan.specs.model import model_from_config
+
+# h 64, 2 layers, 4 heads of 16, 2 KV heads, SwiGLU 128, vocab 100, untied (tests/test_compute.py DENSE).
+DENSE = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=128, vocab_size=100, tie_word_embeddings=False)
+# per token per layer, forward, 2 * d_in * d_out: q 8192, k 4096, v 4096, o 8192, gate/up/down 3 x 16384
+DENSE_LINEAR_LAYER = 8192 + 4096 + 4096 + 8192 + 3 * 16384
+# the block weights, by hand: 4 attention projections (64x64, 64x32, 64x32, 64x64), 3 MLP (64x128), 2 norms
+BLOCK_PARAMS = 2 * (4096 + 2048 + 2048 + 4096 + 3 * 8192 + 2 * 64)
+
+
+def _run(framework: str, gpus: int, method: str = "lora"):
+    model = model_from_config(DENSE, "dense-hand")
+    kw = dict(rank=4, targets="q_proj,v_proj") if method != "full" else {}
+    setup = build_setup(model, method=method, framework=framework, gpus=gpus, fsdp=gpus > 1, seq=8,
+                        batch=1, attn="sdpa", precision="bf16", gradient_checkpointing=False, **kw)
+    return resolve_run(model, setup)
+
+
+def test_litgpt_fsdp_lora_backward_makes_every_block_weight_gradient() -> None:
+    run = _run("litgpt", 2)
+    assert frozen_weights_get_gradients(run)
+    acc = resolve_accelerator("a100-80gb-sxm4")
+    ts = time_statics(run, acc, RuntimeOptions())
+    fl = flops_at(ts.flops, 8)
+    # 2 layers x the forward linear FLOPs: the weight-gradient matmul of each linear costs its forward
+    assert fl.parts["linear_bwd_weight"] == pytest.approx(2 * DENSE_LINEAR_LAYER)
+    assert fl.parts["linear_bwd_input"] == pytest.approx(2 * DENSE_LINEAR_LAYER)
+    # the gradients read and written by the backward: the block weights in bf16 beside the adapters
+    pp = run.param_plan
+    assert ts.grad_bytes == pp.trainable_params * pp.trainable_bytes + BLOCK_PARAMS * 2
+
+
+@pytest.mark.parametrize(("framework", "gpus", "method"), [
+    ("litgpt", 1, "lora"),  # one GPU: no FSDP units, frozen weights stay without gradients
+    ("hf", 2, "lora"),  # PEFT's wrap: each adapter a unit of its own, no unit mixes frozen and trained
+    ("litgpt", 2, "qlora"),  # 4-bit codes are not part of a gradient-carrying flat parameter
+])
+def test_no_frozen_weight_gradients_elsewhere(framework: str, gpus: int, method: str) -> None:
+    run = _run(framework, gpus, method)
+    assert not frozen_weights_get_gradients(run)
+    ts = time_statics(run, resolve_accelerator("a100-80gb-sxm4"), RuntimeOptions())
+    assert flops_at(ts.flops, 8).parts["linear_bwd_weight"] == 0
