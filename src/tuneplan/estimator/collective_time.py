@@ -33,6 +33,33 @@ class CollectiveTerms(NamedTuple):
     gather_s: float
     bucket: float
     notes: list[str]
+    gathers_wait: float = 0.0  # seconds of ``per_micro`` that compute cannot hide (gathers_wait_for_compute)
+
+
+# Trainers whose FSDP1 all-gathers wait for the compute before them: Answer.AI's fsdp_qlora train.py, which
+# wraps with ``limit_all_gathers=True`` and each LoRA matrix as a unit of its own (lambda_auto_wrap_policy on
+# every leaf whose weight requires grad, beside the decoder layers). The HF Trainer wraps the same way but
+# takes limit_all_gathers from accelerate, whose default has changed between releases: not asserted there.
+GATHERS_WAIT_FRAMEWORKS = ("fsdp-qlora",)
+
+
+def gathers_wait_for_compute(run: Run) -> bool:
+    """Whether a decoder layer's all-gathers run after the compute before them, not beside it.
+
+    FSDP1's rate limiter (``limit_all_gathers=True``; torch/distributed/fsdp/_limiter_utils.py
+    ``_FreeEventQueue``, at most 2 in flight): every unit's reshard records a free event, and every unit's
+    unshard first takes the oldest event once two are queued and waits for it on the CPU
+    (``_runtime_utils._unshard``: ``event.synchronize()``) before it issues its all-gather. With each LoRA
+    matrix a unit of its own, ~12 tiny units reshard inside every layer: when the next layer's unshard
+    runs, the oldest queued event is the layer's second-last adapter (``lora_A`` of its last target), so
+    the next layer's all-gather is issued only once the layer's compute has all but ended, and the next
+    layer's compute waits for it: the gather and the compute take turns. In the backward the prefetch
+    (BACKWARD_PRE) after a layer is its last adapter unit, and the next layer is gathered only when the
+    layer's first adapter starts its backward, at the layer's end (``fsdp_layers_gathered``). So both
+    gathers of every layer add whole; the adapters' reduce-scatters still hide behind the backward."""
+    setup = run.setup
+    return (setup.fsdp and setup.fsdp_version == 1 and setup.world_size > 1 and setup.is_lora
+            and setup.framework in GATHERS_WAIT_FRAMEWORKS)
 
 
 def collective_terms(run: Run, acc: Accelerator, opt: RuntimeOptions,
@@ -62,8 +89,13 @@ def collective_terms(run: Run, acc: Accelerator, opt: RuntimeOptions,
     gather_s = (gathered * ring_factor("all_gather", n) / (link.gbs * 1e9) + lat.gather
                 if wrapper.shards_parameters else 0.0)
     notes = list(coll.notes) + ([lat.note] if lat.note else [])
+    gathers_wait = 0.0
+    if gathers_wait_for_compute(run):
+        gathers_wait = 2 * gather_s  # the forward's and the backward's gather of every unit
+        notes.append("FSDP limit_all_gathers with a unit per LoRA matrix: each layer's all-gathers wait for "
+                     "the compute before them (forward and backward), not hidden")
     return CollectiveTerms(links, link, coll.per_micro_batch + lat.per_micro, coll.per_step + lat.per_step,
-                           coll.serial + lat.serial, gather_s, bucket, notes)
+                           coll.serial + lat.serial, gather_s, bucket, notes, gathers_wait)
 
 
 class CallLatencies(NamedTuple):

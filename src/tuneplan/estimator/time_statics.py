@@ -99,6 +99,7 @@ class TimeStatics:
     link_gbs: float
     per_micro: float
     gather_s: float  # one all-gather of every sharded parameter (ZeRO-3/FSDP), seconds; 0 unsharded
+    gathers_wait: float  # seconds of per_micro no compute hides (collective_time.gathers_wait_for_compute)
     per_step: float
     serial: float
     bucket: float
@@ -299,7 +300,8 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         launch=launch, launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
         optimizer_s=upd.optimizer_s, optimizer_launch_s=upd.optimizer_launch_s, paged=upd.paged,
         host=corrected_link(host_link(acc), kf.get("offload", 1.0)), links=coll.links,
-        link_gbs=coll.link.gbs, per_micro=coll.per_micro, gather_s=coll.gather_s, per_step=coll.per_step,
+        link_gbs=coll.link.gbs, per_micro=coll.per_micro, gather_s=coll.gather_s,
+        gathers_wait=coll.gathers_wait, per_step=coll.per_step,
         serial=coll.serial, bucket=coll.bucket, offload_step_bytes=off.step_bytes,
         offload_micro_bytes=off.micro_bytes, cpu_optimizer_s=off.cpu_optimizer_s,
         assumptions_head=tuple(coll.notes + ([off.note] if off.note else [])),
