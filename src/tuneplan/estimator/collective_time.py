@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from tuneplan.estimator.links import Link, intra_node_link, network_link, ring_factor, stated_link
 from tuneplan.estimator.nccl import CALLS_PER_SHARDED_UNIT, call_overhead, link_kind
+from tuneplan.estimator.wrappers.fsdp import HF_TRAINER_LOOPS, frozen_weights_get_gradients
 from tuneplan.specs.hardware import Accelerator
 
 if TYPE_CHECKING:
@@ -94,8 +95,37 @@ def collective_terms(run: Run, acc: Accelerator, opt: RuntimeOptions,
         gathers_wait = 2 * gather_s  # the forward's and the backward's gather of every unit
         notes.append("FSDP limit_all_gathers with a unit per LoRA matrix: each layer's all-gathers wait for "
                      "the compute before them (forward and backward), not hidden")
-    return CollectiveTerms(links, link, coll.per_micro_batch + lat.per_micro, coll.per_step + lat.per_step,
-                           coll.serial + lat.serial, gather_s, bucket, notes, gathers_wait)
+    per_micro, per_step = coll.per_micro_batch + lat.per_micro, coll.per_step + lat.per_step
+    if setup.fsdp and n > 1:
+        per_micro, per_step = fsdp_reduce_scatter(run, comm_bytes, link, per_micro, per_step, notes)
+    return CollectiveTerms(links, link, per_micro, per_step, coll.serial + lat.serial, gather_s, bucket,
+                           notes, gathers_wait)
+
+
+def reduces_once_per_step(run: Run) -> bool:
+    """Whether the loop runs every accumulating micro-batch under FSDP's ``no_sync``, so that only the step's
+    last micro-batch reduce-scatters (LitGPT: ``fabric.no_backward_sync``; the HF Trainer and LLaMA-Factory:
+    ``accelerator.no_sync``; ``wrappers.fsdp`` names both)."""
+    return run.profile.fsdp_accumulate_unsharded or run.setup.framework in HF_TRAINER_LOOPS
+
+
+def fsdp_reduce_scatter(run: Run, comm_bytes: int, link: Link, per_micro: float, per_step: float,
+                        notes: list[str]) -> tuple[float, float]:
+    """``(per_micro, per_step)`` with FSDP's reduce-scatter as the frameworks run it. The wrapper counts the
+    trainable parameters' gradients every micro-batch; a unit whose flat parameter mixes frozen and
+    trainable weights reduce-scatters the gradient of all of them (``frozen_weights_get_gradients``), and
+    under ``no_sync`` (``reduces_once_per_step``) the reduce-scatter runs once per step, not per
+    micro-batch."""
+    pp = run.param_plan
+    per_byte = ring_factor("reduce_scatter", run.setup.world_size) / (link.gbs * 1e9)
+    counted = pp.trainable_params * comm_bytes * per_byte
+    reduced = counted
+    if frozen_weights_get_gradients(run):
+        reduced += run.model.params_layers * comm_bytes * per_byte
+    if reduces_once_per_step(run):
+        notes.append("FSDP no_sync while accumulating: gradients reduce-scattered once per step")
+        return per_micro - counted, per_step + reduced
+    return per_micro - counted + reduced, per_step
 
 
 class CallLatencies(NamedTuple):

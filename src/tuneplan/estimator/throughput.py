@@ -143,7 +143,8 @@ def exposed_communication(run: Run, ts: TimeStatics, fl: FlopCount, mb: MicroBat
     """The part of the collectives compute does not hide: per micro-batch and per step, ``max(collective
     - window, last bucket's share)``, where the window is the micro-batch's GPU time under ZeRO-3/FSDP
     (prefetched gathers overlap forward and backward) and its backward share otherwise (gradient buckets
-    reduce while the backward runs); serial collectives, and gathers that wait for the compute before them
+    reduce while the backward runs); the per-step collectives hide in what the last micro-batch's own
+    leave of it. Serial collectives, and gathers that wait for the compute before them
     (``gathers_wait``), add whole."""
     flops = fl.total
     bwd_share = (fl.backward + fl.recompute) / flops if flops else 0.5
@@ -155,6 +156,7 @@ def exposed_communication(run: Run, ts: TimeStatics, fl: FlopCount, mb: MicroBat
         total_bytes = amount * ts.link_gbs * 1e9
         tail = amount * min(1.0, ts.bucket / total_bytes) if total_bytes else 0.0
         exposed += count * max(amount - window, tail)
+        window = max(window - amount, 0.0)  # the step's collectives hide in what the last one leaves
     exposed += ts.serial
     return exposed
 
