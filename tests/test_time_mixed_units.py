@@ -70,3 +70,25 @@ def test_litgpt_fsdp_reduce_scatters_every_block_weight_once_per_step() -> None:
     # root), a 2-rank NVLink ring: 8.4 us base + 1 hop x 3.4 us (nccl.py, NCCL's tuning.cc)
     gathered = (pp.weight_bytes + pp.adapter_bytes) * 0.5
     assert ts.per_micro == pytest.approx(2 * gathered / (ts.link_gbs * 1e9) + 9 * 11.8e-6)
+
+
+def test_flat_gradient_cat_and_accumulation_traffic() -> None:
+    # use_orig_params: the block's weights are views split off the flat parameter, so the backward's cat
+    # reads every view's gradient and writes the flat one (2x its bytes); AccumulateGrad then adds each
+    # micro-batch's into the kept unsharded gradient (3x) on all but the step's first micro-batch
+    from tuneplan.estimator.throughput import micro_batch
+
+    acc = resolve_accelerator("a100-80gb-sxm4")
+    run = _run("litgpt", 2)
+    pp = run.param_plan
+    flat = BLOCK_PARAMS * 2 + pp.trainable_params * pp.trainable_bytes
+    ts = time_statics(run, acc, RuntimeOptions())
+    assert ts.flat_grad_bytes == flat
+    fl = flops_at(ts.flops, 8)
+    plain = fl.traffic_bytes * 8 * ts.traffic_factor / ts.bw
+    one = micro_batch(ts, fl, run.setup)
+    four = run.reshaped(grad_accum=4)
+    assert one.elem_s == pytest.approx(plain + 2 * flat / ts.bw)
+    assert micro_batch(ts, fl, four.setup).elem_s == pytest.approx(plain + (2 + 3 * 3 / 4) * flat / ts.bw)
+    assert time_statics(_run("litgpt", 1), acc, RuntimeOptions()).flat_grad_bytes == 0
+    assert time_statics(_run("hf", 2), acc, RuntimeOptions()).flat_grad_bytes == 0

@@ -88,7 +88,8 @@ def micro_batch(ts: TimeStatics, fl: FlopCount, setup: TrainSetup) -> MicroBatch
 
     - matmuls: ``max(FLOPs x tokens / (peak x u), (passes x weight bytes + gradient bytes) / bw)`` (a
       gradient accumulated over micro-batches is read and written: twice its bytes);
-    - element-wise: ``traffic x tokens x fused factor / bw``;
+    - element-wise: ``traffic x tokens x fused factor / bw``, plus FSDP1's flat-gradient cat and
+      accumulation (``flat_grad_bytes``);
     - dequantization: the block linears' rebuilds plus a chunked quantized head's, per chunk;
     then the sharded units' CPU work and the fixed cost per micro-batch are added."""
     tokens = setup.batch * setup.seq
@@ -98,6 +99,12 @@ def micro_batch(ts: TimeStatics, fl: FlopCount, setup: TrainSetup) -> MicroBatch
     weights_s = (ts.passes * ts.weight_bytes + grad_rw) / ts.bw
     matmul_s = max(gemm_s, weights_s)
     elem_s = fl.traffic_bytes * tokens * ts.traffic_factor / ts.bw
+    if ts.flat_grad_bytes:
+        # the cat of the views' gradients (read them, write the flat gradient), then AccumulateGrad's
+        # in-place add on every micro-batch but a step's first (read both, write one; the first takes the
+        # new gradient as it is): (ga - 1) / ga of them on average
+        ga = setup.grad_accum
+        elem_s = elem_s + (2.0 + 3.0 * (ga - 1) / ga) * ts.flat_grad_bytes / ts.bw
     head_elems = fl.dequant_elements - ts.flops.dequant  # a quantized lm_head, rebuilt per chunk
     dequant_s = ts.dequant_s + head_elems * ts.dequant_s_per_elem
     gemm_part = max(ts.gemm_launch, matmul_s)

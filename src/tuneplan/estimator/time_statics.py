@@ -121,6 +121,9 @@ class TimeStatics:
     # per step
     grad_copy_micro_bytes: float = 0.0
     grad_copy_step_bytes: float = 0.0
+    # FSDP1 with use_orig_params: the units' gradients autograd concatenates into flat gradients, bytes per
+    # micro-batch (flat_gradient_bytes)
+    flat_grad_bytes: float = 0.0
 
 
 class CardRates(NamedTuple):
@@ -241,6 +244,23 @@ def gradient_copy_bytes(run: Run) -> tuple[float, float]:
     return 0.0, bucket + partition + at_step
 
 
+def flat_gradient_bytes(run: Run) -> float:
+    """Bytes of the units' gradients FSDP1 with ``use_orig_params=True`` concatenates into each unit's flat
+    gradient per micro-batch. The original parameters are views of the flat parameter
+    (``FlatParamHandle._get_unflat_views``: ``torch.split`` then ``view``), and split's backward is a
+    ``cat`` of the views' gradients: it reads them and writes the flat gradient. LitGPT's Fabric
+    ``FSDPStrategy`` sets ``use_orig_params=True``; the gradients are the trained weights', or with mixed
+    frozen / trainable units the whole blocks' (``frozen_weights_get_gradients``). 0 where not known."""
+    setup, pp = run.setup, run.param_plan
+    if not (setup.fsdp and setup.fsdp_version == 1 and setup.world_size > 1
+            and run.profile.fsdp_mixed_unit_grads):
+        return 0.0
+    trained = pp.trainable_params * pp.trainable_bytes
+    if frozen_weights_get_gradients(run):
+        return run.model.params_layers * run.dtypes.frozen_weight + trained
+    return trained if setup.method == "full" else 0.0
+
+
 def rate_notes(run: Run, rates: CardRates, fused: bool) -> tuple[str, ...]:
     """The assumptions about rates the output states after the collectives'."""
     tail = [f"matmuls at {rates.u:.0%} of the {rates.peak:g} TFLOPS dense peak ({rates.cls} class; card "
@@ -309,6 +329,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         card_known=rates.eff.known, link_name=coll.link.name, link_stated=bool(opt.peer_link),
         accum_trip_bytes=off.accum_trip_bytes, accum_trip_per_micro=off.accum_trip_per_micro,
         accum_add_bytes=off.accum_add_bytes,
-        grad_copy_micro_bytes=copies[0], grad_copy_step_bytes=copies[1])
+        grad_copy_micro_bytes=copies[0], grad_copy_step_bytes=copies[1],
+        flat_grad_bytes=flat_gradient_bytes(run))
     run.memo["time"] = (acc, opt, ts)
     return ts
