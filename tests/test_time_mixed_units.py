@@ -44,6 +44,9 @@ def test_litgpt_fsdp_lora_backward_makes_every_block_weight_gradient() -> None:
     # the gradients read and written by the backward: the block weights in bf16 beside the adapters
     pp = run.param_plan
     assert ts.grad_bytes == pp.trainable_params * pp.trainable_bytes + BLOCK_PARAMS * 2
+    # one more matmul launched per block linear (7 a layer, 2 layers) than on one GPU, where they stay frozen
+    one = time_statics(_run("litgpt", 1), acc, RuntimeOptions())
+    assert ts.flops.kernels[0] - one.flops.kernels[0] == 2 * 7
 
 
 @pytest.mark.parametrize(("framework", "gpus", "method"), [

@@ -207,7 +207,7 @@ class LayerWork(NamedTuple):
     ada_bwd_bytes: float  # ... and in backward, op by op
     ops: float  # element-wise, attention and reshape kernels
     gemms: float  # matmul kernels (the attention kernel counted once)
-    qlin: float  # quantized linears (one dequantization each per pass)
+    qlin: float  # linears, each a copy a token visits (quantized: one dequantization each per pass)
     ada_fwd_reads: float = 0.0  # bytes lora_A's GEMMs read from the layer input no other count has
     ada_bwd_reads: float = 0.0  # bytes the lora_A weight-gradient GEMMs read (their saved input)
 
@@ -299,6 +299,10 @@ def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainS
         t.parts["adapter_bwd"] += n * 2 * w.ada
         if trained_layer:
             t.parts["linear_bwd_weight"] += n * w.lin
+        if frozen_weight_grads:
+            # the weight-gradient matmul autograd adds for every frozen linear, beyond the LoRA backward
+            # that BWD_KERNELS_PER_FWD counts (one matmul per frozen linear)
+            t.kernels["gemm"] += n * w.qlin
         passes += BWD_TRAFFIC_PER_FWD
         kpasses += BWD_KERNELS_PER_FWD
         if setup.gradient_checkpointing:
