@@ -47,7 +47,9 @@ def test_every_listed_card_is_one_of_the_known_kinds():
 
     for card_id, row in _table().items():
         assert row["known"] in KNOWN, card_id
-        assert 0 < float(row.get("gemm_efficiency", 0.5)) <= 1, card_id
+        # above 1 only where boards run above the reference boost clock the spec peak is quoted at (the
+        # RTX 3090's measured 76.5 of 71 TFLOPS); past 1.1 it would be a typo, not a clock
+        assert 0 < float(row.get("gemm_efficiency", 0.5)) <= 1.1, card_id
 
 
 def test_unverified_figures_reads_only_speed_figures():

@@ -61,40 +61,40 @@ def test_fit_is_stationary_where_derived() -> None:
 
 def test_one_batch_moves_the_prediction_at_another(store) -> None:
     """Recorded at batch 4 on the post's board (``--link pcie3x8``), the prediction at batch 1 moves toward
-    the step recorded there and does not pass it.
+    the step recorded there.
 
-    By hand: the batch-4 step ran slower than predicted, so every fitted factor is >= 1 and, the step time
-    growing with every factor, the other predictions can only rise; both were below their recordings. At
-    batch 4 the collectives hide behind compute, so the difference goes to the mechanisms that show there
-    (compute, memory); at batch 1 those are a small part of the step, which the collectives rule, so it
-    rises by little: it cannot pass the recording. The calibrated batch-4 step reproduces the recording
-    (within the spread the fit allows for a measured step)."""
+    By hand: the batch-4 step ran faster than predicted, so every fitted factor is <= 1 and, the step time
+    growing with every factor, the other predictions can only fall; both were above their recordings. The
+    calibrated batch-4 step reproduces the recording (within the spread the fit allows for a measured
+    step)."""
     from tuneplan.measure.calibration import record_step
 
     before = {b: _step(b, BOARD) for b in (1, 4)}
-    assert before[1]["step_seconds"] < RECORDED_B1 and before[4]["step_seconds"] < RECORDED_B4
+    assert before[1]["step_seconds"] > RECORDED_B1 and before[4]["step_seconds"] > RECORDED_B4
     est = estimate("meta-llama/Llama-2-7b-hf", gpu="rtx-3090", batch=4, timing=False, **SETUP)
     record_step(est.run, est.gpu, RECORDED_B4, "test", options=BOARD)
     after = {b: _step(b, BOARD) for b in (1, 4)}
     assert after[4]["calibration"]["label"] == "calibrated on this machine"
-    assert all(v >= 1.0 for v in after[4]["calibration"]["factors"].values())
+    assert all(v <= 1.0 for v in after[4]["calibration"]["factors"].values())
     assert after[4]["step_seconds"] == pytest.approx(RECORDED_B4, rel=MEASURED_STEP_SPREAD)
     assert after[1]["uncalibrated_step_seconds"] == pytest.approx(before[1]["step_seconds"])
-    assert before[1]["step_seconds"] < after[1]["step_seconds"] <= RECORDED_B1
+    assert after[1]["step_seconds"] < before[1]["step_seconds"]
+    assert abs(after[1]["step_seconds"] - RECORDED_B1) < abs(before[1]["step_seconds"] - RECORDED_B1)
 
 
-@pytest.mark.xfail(strict=True, reason="the model hides this board's collectives behind compute at batch 4 "
-                   "and 6; the recordings say they are not hidden (the fixed part of the step)")
-def test_batch_6_from_batch_4_stays_below_its_recording(store) -> None:
-    """Known miss: from batch 4 the difference goes to compute and memory, which grow 1.5x to batch 6,
-    while the recordings grow 1.31x (a fixed part, the collectives, the model overlaps): the batch-6
-    prediction rises from 12.3 s past the recorded 13.9 s."""
+def test_batch_6_from_batch_4_lands_on_its_recording(store) -> None:
+    """The recordings grow 1.31x from batch 4 to 6 (13.9 / 10.7 s), less than the 1.5x of the work: part of
+    the step does not grow with the batch. Under fsdp_qlora's rate limiter that part is the gathers that
+    wait for the compute (both all-gathers of every unit, per micro-batch, whatever its size), so the
+    factors fitted at batch 4 carry to batch 6: its prediction falls onto its recording."""
     from tuneplan.measure.calibration import record_step
 
     before = _step(6, BOARD)["step_seconds"]
     est = estimate("meta-llama/Llama-2-7b-hf", gpu="rtx-3090", batch=4, timing=False, **SETUP)
     record_step(est.run, est.gpu, RECORDED_B4, "test", options=BOARD)
-    assert before < _step(6, BOARD)["step_seconds"] <= RECORDED_B6
+    after = _step(6, BOARD)["step_seconds"]
+    assert after < before
+    assert after == pytest.approx(RECORDED_B6, rel=MEASURED_STEP_SPREAD)
 
 
 def test_the_fit_predicts_a_step_as_its_machine_was_described(store) -> None:
@@ -154,7 +154,7 @@ def test_estimate_prints_the_band(store) -> None:
 
 def test_catalog_cards_say_how_well_their_time_is_known() -> None:
     for gpu, known in (("910b", "proxy"), ("rtx5880", "proxy"), ("a100-80gb-sxm4", "measured"),
-                       ("rtx-4090", "measured"), ("rtx-3090", "spec-derived")):
+                       ("rtx-4090", "measured"), ("rtx-3090", "measured"), ("rtx-a6000", "spec-derived")):
         t = estimate("Qwen/Qwen2.5-0.5B", gpu=gpu).extras["sections"]["time"]
         assert t["card_throughput_known"] == known and t["step_seconds"] > 0
 
@@ -171,3 +171,18 @@ def test_the_4090_gemm_fraction_is_the_published_measurement() -> None:
     assert eff.fraction == pytest.approx(163.5 / 165.2, abs=0.005)
     t = estimate("meta-llama/Llama-2-7b-hf", method="lora", gpu="rtx4090").extras["sections"]["time"]
     assert f"{eff.fraction:.0%} of the 165.2 TFLOPS" in " ".join(t["assumptions"])
+
+
+def test_the_3090_gemm_fraction_is_the_published_measurement() -> None:
+    # zzc0721/torch-performance-test-data database.md: torch.matmul in bf16 on three RTX 3090 boards, 76.34,
+    # 76.58 and 76.68 TFLOPS (mean 76.53), against the 71 TFLOPS dense bf16 peak (fp32 accumulate) of the
+    # GA102 whitepaper, quoted at the reference boost clock that the boards run above
+    from tuneplan.catalog.accelerators import resolve_accelerator
+    from tuneplan.estimator.card_rates import GEMM_EFFICIENCY
+    from tuneplan.estimator.gemm_efficiency import card_efficiency
+
+    acc = resolve_accelerator("rtx3090")
+    eff = card_efficiency(acc, GEMM_EFFICIENCY["nvidia-gddr"], False)
+    assert acc.bf16_tflops_dense == 71.0
+    assert eff.known == "measured" and "torch-performance-test-data" in eff.source
+    assert eff.fraction == pytest.approx(76.53 / 71.0, abs=0.001)

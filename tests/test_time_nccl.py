@@ -43,13 +43,20 @@ def test_tree_wins_small_buffers_across_nodes_ring_wins_large_ones() -> None:
 
 def test_fsdp_step_pays_three_calls_per_unit() -> None:
     """Llama-2 7B (32 layers) LoRA under FSDP on 2 RTX 4090 (PCIe): 33 units x 3 calls x (8.4 + 5.7) us
-    per micro-batch on top of the wrapper's volumes."""
+    per micro-batch on top of the wrapper's volumes. The HF Trainer accumulates under ``no_sync``, so the
+    gradients' reduce-scatter is the step's, the two gathers the micro-batch's; fsdp_qlora's loop has no
+    ``no_sync`` and reduce-scatters every micro-batch."""
     spec = resolve_model("meta-llama/Llama-2-7b-hf")
     acc = resolve_accelerator("rtx4090")
-    run = resolve_run(spec, build_setup(spec, method="lora", gpus=2, fsdp=True, batch=1, seq=512))
-    ts = time_statics(run, acc, RuntimeOptions())
-    pp = run.param_plan
-    gathered = pp.weight_bytes + pp.adapter_bytes
-    wire = run.wrapper.gradient_wire_bytes(run) * pp.trainable_params
-    volumes = (2 * gathered * 0.5 + wire * 0.5) / (ts.link_gbs * 1e9)  # ring factors (n-1)/n = 1/2
-    assert ts.per_micro - volumes == pytest.approx(33 * 3 * 14.1e-6, rel=1e-6)
+    for framework, reduce_per_micro in (("hf", False), ("fsdp-qlora", True)):
+        run = resolve_run(spec, build_setup(spec, framework=framework, method="lora", gpus=2, fsdp=True,
+                                            batch=1, seq=512))
+        ts = time_statics(run, acc, RuntimeOptions())
+        pp = run.param_plan
+        gathered = pp.weight_bytes + pp.adapter_bytes
+        wire = run.wrapper.gradient_wire_bytes(run) * pp.trainable_params
+        rate = ts.link_gbs * 1e9
+        gathers, reduce = 2 * gathered * 0.5 / rate, wire * 0.5 / rate  # ring factors (n-1)/n = 1/2
+        volumes = gathers + (reduce if reduce_per_micro else 0.0)
+        assert ts.per_micro - volumes == pytest.approx(33 * 3 * 14.1e-6, rel=1e-6)
+        assert ts.per_step == pytest.approx(0.0 if reduce_per_micro else reduce, rel=1e-9, abs=1e-15)

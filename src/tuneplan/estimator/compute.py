@@ -207,7 +207,7 @@ class LayerWork(NamedTuple):
     ada_bwd_bytes: float  # ... and in backward, op by op
     ops: float  # element-wise, attention and reshape kernels
     gemms: float  # matmul kernels (the attention kernel counted once)
-    qlin: float  # quantized linears (one dequantization each per pass)
+    qlin: float  # linears, each a copy a token visits (quantized: one dequantization each per pass)
     ada_fwd_reads: float = 0.0  # bytes lora_A's GEMMs read from the layer input no other count has
     ada_bwd_reads: float = 0.0  # bytes the lora_A weight-gradient GEMMs read (their saved input)
 
@@ -280,12 +280,15 @@ class _Tally:
     kernels: dict[str, float] = field(default_factory=lambda: {"gemm": 0.0, "other": 0.0, "dequant": 0.0})
 
 
-def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainSetup) -> None:
+def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainSetup,
+                frozen_weight_grads: bool = False) -> None:
     """``n`` layers alike: forward always; when the gradient flows through them, the input-gradient
-    matmuls (``1x`` forward), the weight gradients only when the layer trains, the adapters' ``2x``, and
-    the recompute under checkpointing. Traffic and kernels scale by the passes (``1 + BWD_*_PER_FWD``,
-    ``+1`` recompute); the adapters' backward traffic is counted op by op."""
-    trained_layer = setup.method == "full" or (setup.method == "freeze" and grad_flows)
+    matmuls (``1x`` forward), the weight gradients when the layer trains or its frozen weights get
+    gradients anyway (``frozen_weight_grads``), the adapters' ``2x``, and the recompute under checkpointing.
+    Traffic and kernels scale by the passes (``1 + BWD_*_PER_FWD``, ``+1`` recompute); the adapters'
+    backward traffic is counted op by op."""
+    trained_layer = (setup.method == "full" or (setup.method == "freeze" and grad_flows)
+                     or frozen_weight_grads)
     t.parts["linear_fwd"] += n * w.lin
     t.attn_fwd_n.append(n)
     t.parts["adapter_fwd"] += n * w.ada
@@ -296,6 +299,10 @@ def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainS
         t.parts["adapter_bwd"] += n * 2 * w.ada
         if trained_layer:
             t.parts["linear_bwd_weight"] += n * w.lin
+        if frozen_weight_grads:
+            # the weight-gradient matmul autograd adds for every frozen linear, beyond the LoRA backward
+            # that BWD_KERNELS_PER_FWD counts (one matmul per frozen linear)
+            t.kernels["gemm"] += n * w.qlin
         passes += BWD_TRAFFIC_PER_FWD
         kpasses += BWD_KERNELS_PER_FWD
         if setup.gradient_checkpointing:
@@ -320,11 +327,13 @@ def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainS
 
 
 def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str], attn: str,
-              loss: str, quant_head_chunk: int = 0) -> FlopPlan:
+              loss: str, quant_head_chunk: int = 0, frozen_weight_grads: bool = False) -> FlopPlan:
     """The shape-independent work of one token (see the module doc); ``flops_at`` adds the attention.
     ``quant_head_chunk``: the framework quantizes the lm_head too and applies it in chunks of that many
     tokens (LitGPT: ``lm_head_chunk_size=128``): each chunk rebuilds the whole head, in forward and again for
-    its input gradient (bitsandbytes ``MatMul4Bit.backward``).
+    its input gradient (bitsandbytes ``MatMul4Bit.backward``). ``frozen_weight_grads``: the backward also
+    makes the weight gradient of every frozen block linear (``wrappers.fsdp.frozen_weights_get_gradients``:
+    an FSDP unit whose flat parameter mixes frozen and trainable weights requires grad as a whole).
 
     Layers below the trained top of ``method=freeze`` run forward only. Logits: ``2 h vocab`` forward and
     the input gradient (plus the weight gradient in a full fine-tune); the loss chain moves
@@ -344,7 +353,7 @@ def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozense
         layer_no += count
         for n, grad_flows in ((n_frozen, False), (count - n_frozen, True)):
             if n:
-                _add_layers(t, n, grad_flows, w, setup)
+                _add_layers(t, n, grad_flows, w, setup, frozen_weight_grads)
     h = model.hidden
     logits = 2.0 * h * model.head_width
     t.parts["logits_fwd"] = logits

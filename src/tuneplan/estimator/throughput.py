@@ -88,7 +88,8 @@ def micro_batch(ts: TimeStatics, fl: FlopCount, setup: TrainSetup) -> MicroBatch
 
     - matmuls: ``max(FLOPs x tokens / (peak x u), (passes x weight bytes + gradient bytes) / bw)`` (a
       gradient accumulated over micro-batches is read and written: twice its bytes);
-    - element-wise: ``traffic x tokens x fused factor / bw``;
+    - element-wise: ``traffic x tokens x fused factor / bw``, plus FSDP1's flat-gradient cat and
+      accumulation (``flat_grad_bytes``);
     - dequantization: the block linears' rebuilds plus a chunked quantized head's, per chunk;
     then the sharded units' CPU work and the fixed cost per micro-batch are added."""
     tokens = setup.batch * setup.seq
@@ -98,6 +99,12 @@ def micro_batch(ts: TimeStatics, fl: FlopCount, setup: TrainSetup) -> MicroBatch
     weights_s = (ts.passes * ts.weight_bytes + grad_rw) / ts.bw
     matmul_s = max(gemm_s, weights_s)
     elem_s = fl.traffic_bytes * tokens * ts.traffic_factor / ts.bw
+    if ts.flat_grad_bytes:
+        # the cat of the views' gradients (read them, write the flat gradient), then AccumulateGrad's
+        # in-place add on every micro-batch but a step's first (read both, write one; the first takes the
+        # new gradient as it is): (ga - 1) / ga of them on average
+        ga = setup.grad_accum
+        elem_s = elem_s + (2.0 + 3.0 * (ga - 1) / ga) * ts.flat_grad_bytes / ts.bw
     head_elems = fl.dequant_elements - ts.flops.dequant  # a quantized lm_head, rebuilt per chunk
     dequant_s = ts.dequant_s + head_elems * ts.dequant_s_per_elem
     gemm_part = max(ts.gemm_launch, matmul_s)
@@ -143,17 +150,20 @@ def exposed_communication(run: Run, ts: TimeStatics, fl: FlopCount, mb: MicroBat
     """The part of the collectives compute does not hide: per micro-batch and per step, ``max(collective
     - window, last bucket's share)``, where the window is the micro-batch's GPU time under ZeRO-3/FSDP
     (prefetched gathers overlap forward and backward) and its backward share otherwise (gradient buckets
-    reduce while the backward runs); serial collectives add whole."""
+    reduce while the backward runs); the per-step collectives hide in what the last micro-batch's own
+    leave of it. Serial collectives, and gathers that wait for the compute before them
+    (``gathers_wait``), add whole."""
     flops = fl.total
     bwd_share = (fl.backward + fl.recompute) / flops if flops else 0.5
     window = mb.gpu_s if run.wrapper.shards_parameters else mb.gpu_s * bwd_share
-    exposed = 0.0
-    for amount, count in ((ts.per_micro, run.setup.grad_accum), (ts.per_step, 1)):
+    exposed = run.setup.grad_accum * ts.gathers_wait
+    for amount, count in ((ts.per_micro - ts.gathers_wait, run.setup.grad_accum), (ts.per_step, 1)):
         if amount <= 0:
             continue
         total_bytes = amount * ts.link_gbs * 1e9
         tail = amount * min(1.0, ts.bucket / total_bytes) if total_bytes else 0.0
         exposed += count * max(amount - window, tail)
+        window = max(window - amount, 0.0)  # the step's collectives hide in what the last one leaves
     exposed += ts.serial
     return exposed
 
@@ -165,17 +175,20 @@ def accumulation_trips(setup: TrainSetup, ts: TimeStatics) -> int:
     return (ga if ts.accum_trip_per_micro else 1) if ga > 1 and ts.accum_trip_bytes else 0
 
 
-def offload_seconds(setup: TrainSetup, ts: TimeStatics, links: dict[str, str]) -> float:
+def offload_seconds(setup: TrainSetup, ts: TimeStatics, links: dict[str, str], window: float = 0.0) -> float:
     """CPU offload over the host link (DeepSpeed ZeRO-Offload / FSDP CPUOffload): the step's and every
-    micro-batch's copies at the host link, the gradients' round trips through the host buffer they
-    accumulate in (ZeRO-1/2 over several micro-batches), plus the CPU optimizer step."""
+    micro-batch's copies at the host link (the latter less ``window``, the compute they run beside), the
+    gradients' round trips through the host buffer they accumulate in (ZeRO-1/2 over several
+    micro-batches), plus the CPU optimizer step."""
     if setup.offload == "none":
         return 0.0
     host = ts.host
     links["host"] = f"{host.name}: {host.gbs:g} GB/s per GPU ({host.source})"
     ga = setup.grad_accum
-    offload_s = (ts.offload_step_bytes + ga * ts.offload_micro_bytes
-                 + accumulation_trips(setup, ts) * ts.accum_trip_bytes) / (host.gbs * 1e9)
+    rate = host.gbs * 1e9
+    micro_s = ts.offload_micro_bytes / rate
+    offload_s = ((ts.offload_step_bytes + accumulation_trips(setup, ts) * ts.accum_trip_bytes) / rate
+                 + ga * max(micro_s - window, 0.0))
     return offload_s + ts.cpu_optimizer_s
 
 
@@ -224,7 +237,10 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     assumptions.extend(ts.assumptions_head)
     comm_total = ga * ts.per_micro + ts.per_step + ts.serial
     exposed = exposed_communication(run, ts, fl, mb)
-    offload_s = offload_seconds(setup, ts, links)
+    # gathers that wait for the compute leave the links idle while a layer computes: FSDP1's pre_unshard
+    # copies the next unit's host shard to the device on its own stream before the rate limiter's wait
+    # (torch/distributed/fsdp/_runtime_utils.py _unshard), so those copies run beside the compute
+    offload_s = offload_seconds(setup, ts, links, mb.gpu_s if ts.gathers_wait else 0.0)
     if setup.device_map != "none" and setup.gpus > 1:
         # one process over several cards: the hand-overs between them, hidden by nothing (device_map.py)
         from tuneplan.estimator.device_map import copy_seconds

@@ -1,11 +1,10 @@
 """The terms of the step time that depend on neither the micro-batch, the sequence length nor the
 accumulation, computed once per (run, card, options): the card's rates, the FLOP plan, launches, the
-optimizer update, the collectives' volumes and links, and the host-link copies (``throughput.py`` turns
+optimizer update, the collectives (``collective_time.py``) and the host-link copies (``throughput.py`` turns
 them into seconds per step for a shape)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -17,6 +16,7 @@ from tuneplan.estimator.card_rates import (
     card_class,
     matmul_peak_tflops,
 )
+from tuneplan.estimator.collective_time import collective_terms, corrected_link
 from tuneplan.estimator.compute import FlopPlan, flop_plan
 from tuneplan.estimator.dequant_time import dequant_bytes_per_weight, dequant_library, kernels_per_dequant
 from tuneplan.estimator.gemm_efficiency import CardEfficiency, card_efficiency, unverified_figures
@@ -27,15 +27,14 @@ from tuneplan.estimator.launch_costs import (
     fsdp_unit_ops,
     optimizer_ops,
 )
-from tuneplan.estimator.links import Link, host_link, intra_node_link, network_link, ring_factor, stated_link
+from tuneplan.estimator.links import Link, host_link
 from tuneplan.estimator.logits import LITGPT_CHUNK
-from tuneplan.estimator.nccl import CALLS_PER_SHARDED_UNIT, call_overhead, link_kind
 from tuneplan.estimator.optimizer import optimizer_plan, stepped_tensor_sizes
+from tuneplan.estimator.wrappers.fsdp import frozen_weights_get_gradients
 from tuneplan.specs.hardware import Accelerator
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
-    from tuneplan.estimator.wrappers.base import Collectives
 
 # CPU optimizer step under offload (DeepSpeed CPUAdam, FSDP CPUOffload's torch Adam on the CPU): a
 # streaming update, bound by host memory. Adam over fp32 master weights reads weight, gradient, m and v
@@ -63,13 +62,6 @@ class RuntimeOptions:
     corrections: tuple[tuple[str, float], ...] = ()
 
 
-def corrected_link(link: Link, factor: float) -> Link:
-    """``link`` carrying 1/``factor`` of its bandwidth (a calibrated communication or offload time)."""
-    if factor == 1.0:
-        return link
-    return Link(link.name, link.gbs / factor, f"{link.source}; x {1 / factor:.2f} measured on this machine")
-
-
 @dataclass(frozen=True)
 class TimeStatics:
     """The terms of the step time that depend on neither the micro-batch, the sequence length nor the
@@ -85,7 +77,8 @@ class TimeStatics:
     flops: FlopPlan
     passes: int  # weight reads per micro-batch: forward, backward, recompute
     weight_bytes: int
-    grad_bytes: int  # trainable params x bytes (read and written by the backward)
+    grad_bytes: int  # bytes of the gradients the backward makes (read and written): trainable params, and
+    #                  the frozen block weights where they get gradients (frozen_weights_get_gradients)
     traffic_factor: float
     gemm_launch: float  # matmul kernels x launch time
     other_launch: float
@@ -106,6 +99,7 @@ class TimeStatics:
     link_gbs: float
     per_micro: float
     gather_s: float  # one all-gather of every sharded parameter (ZeRO-3/FSDP), seconds; 0 unsharded
+    gathers_wait: float  # seconds of per_micro no compute hides (collective_time.gathers_wait_for_compute)
     per_step: float
     serial: float
     bucket: float
@@ -127,6 +121,9 @@ class TimeStatics:
     # per step
     grad_copy_micro_bytes: float = 0.0
     grad_copy_step_bytes: float = 0.0
+    # FSDP1 with use_orig_params: the units' gradients autograd concatenates into flat gradients, bytes per
+    # micro-batch (flat_gradient_bytes)
+    flat_grad_bytes: float = 0.0
 
 
 class CardRates(NamedTuple):
@@ -184,87 +181,6 @@ def optimizer_terms(run: Run, bw: float, k_over: float) -> OptimizerTerms:
         optimizer_launch_s = max(0.0, optimizer_ops(run.optimizer, pp.trainable_tensors) * OP_DISPATCH_SECONDS
                                  * k_over - optimizer_s)
     return OptimizerTerms(optimizer_s, optimizer_launch_s, op.paged)
-
-
-class CollectiveTerms(NamedTuple):
-    links: dict[str, str]
-    link: Link  # the slowest link a collective crosses, calibrated
-    per_micro: float
-    per_step: float
-    serial: float
-    gather_s: float
-    bucket: float
-    notes: list[str]
-
-
-def collective_terms(run: Run, acc: Accelerator, opt: RuntimeOptions,
-                     kf: dict[str, float]) -> CollectiveTerms:
-    """The collectives' seconds per micro-batch, per step and serial on the slowest link a ring crosses
-    (the stated or catalog link of a node, the network between nodes): the wrapper's volumes at the bus
-    bandwidth, plus each NCCL call's latency (``call_latencies``); ``gather_s``: one all-gather of every
-    sharded weight, ``bytes x (n-1)/n / link`` plus one call per unit; ``bucket``: the wrapper's last
-    bucket, the part of a collective no compute can hide."""
-    setup, pp, wrapper = run.setup, run.param_plan, run.wrapper
-    links: dict[str, str] = {}
-    intra = stated_link(opt.peer_link, acc, setup.gpus) if opt.peer_link else intra_node_link(acc, setup.gpus)
-    link = intra
-    links["intra_node"] = f"{link.name}: {link.gbs:g} GB/s per GPU ({link.source})"
-    if setup.nodes > 1:
-        net = network_link(opt.inter_node_gbs)
-        links["inter_node"] = f"{net.name}: {net.gbs:g} GB/s per GPU ({net.source})"
-        if net.gbs < link.gbs:
-            link = net
-    link = corrected_link(link, kf.get("communication", 1.0))
-    comm_bytes = wrapper.gradient_wire_bytes(run)
-    gathered = pp.weight_bytes + pp.adapter_bytes
-    coll = wrapper.collectives(run, grad_bytes=comm_bytes, gathered_bytes=gathered, link=link)
-    n = setup.world_size
-    bucket = wrapper.last_bucket_bytes(run, comm_bytes)
-    lat = call_latencies(run, intra.name, link.gbs, pp.trainable_params * comm_bytes, bucket, coll)
-    gather_s = (gathered * ring_factor("all_gather", n) / (link.gbs * 1e9) + lat.gather
-                if wrapper.shards_parameters else 0.0)
-    notes = list(coll.notes) + ([lat.note] if lat.note else [])
-    return CollectiveTerms(links, link, coll.per_micro_batch + lat.per_micro, coll.per_step + lat.per_step,
-                           coll.serial + lat.serial, gather_s, bucket, notes)
-
-
-class CallLatencies(NamedTuple):
-    per_micro: float
-    per_step: float
-    serial: float
-    gather: float  # one all-gather call per sharded unit (the evaluation's forward)
-    note: str | None
-
-
-def call_latencies(run: Run, intra_name: str, bus_gbs: float, grad_bytes: float, bucket: float,
-                   coll: Collectives) -> CallLatencies:
-    """NCCL's per-call cost beyond the bytes (``nccl.call_overhead``), by how often each call runs:
-
-    - FSDP / ZeRO-3: ``CALLS_PER_SHARDED_UNIT`` ring calls per unit per micro-batch, units = layers + 1
-      (the root unit: embeddings, final norm, head); the evaluation's forward gathers each unit once;
-    - DDP: one all-reduce per gradient bucket per step, ring or tree as NCCL's model picks;
-    - ZeRO-1/2: one reduce-scatter per bucket (per micro-batch under ZeRO-2, where the wrapper reduces per
-      micro-batch) and one all-gather of the updated weights per step."""
-    setup = run.setup
-    n, nodes = setup.world_size, setup.nodes
-    if n <= 1:
-        return CallLatencies(0.0, 0.0, 0.0, 0.0, None)
-    if run.wrapper.shards_parameters:
-        units = run.model.n_layers + 1
-        one = call_overhead("all_gather", 0.0, n, nodes, intra_name, bus_gbs)
-        per_micro = units * CALLS_PER_SHARDED_UNIT * one
-        note = (f"NCCL: {units * CALLS_PER_SHARDED_UNIT} calls per micro-batch (gather twice, reduce-scatter "
-                f"once per unit) at {one * 1e6:.0f} us each (NCCL's latency model, {link_kind(intra_name)})")
-        return CallLatencies(per_micro, 0.0, 0.0, units * one, note)
-    buckets = max(1, math.ceil(grad_bytes / bucket)) if bucket > 0 else 1
-    kind = "reduce_scatter" if run.wrapper.shards_optimizer else "all_reduce"
-    one = call_overhead(kind, grad_bytes / buckets, n, nodes, intra_name, bus_gbs)
-    serial = call_overhead("all_gather", 0.0, n, nodes, intra_name, bus_gbs) if coll.serial > 0 else 0.0
-    per_micro = buckets * one if coll.per_micro_batch > 0 else 0.0
-    per_step = buckets * one if coll.per_step > 0 and not per_micro else 0.0
-    note = (f"NCCL: {buckets} {kind.replace('_', '-')} call(s) of {grad_bytes / buckets / 1e9:.3g} GB at "
-            f"{one * 1e6:.0f} us each beyond the bytes (NCCL's latency model, {link_kind(intra_name)})")
-    return CallLatencies(per_micro, per_step, serial, 0.0, note)
 
 
 class OffloadTerms(NamedTuple):
@@ -328,6 +244,23 @@ def gradient_copy_bytes(run: Run) -> tuple[float, float]:
     return 0.0, bucket + partition + at_step
 
 
+def flat_gradient_bytes(run: Run) -> float:
+    """Bytes of the units' gradients FSDP1 with ``use_orig_params=True`` concatenates into each unit's flat
+    gradient per micro-batch. The original parameters are views of the flat parameter
+    (``FlatParamHandle._get_unflat_views``: ``torch.split`` then ``view``), and split's backward is a
+    ``cat`` of the views' gradients: it reads them and writes the flat gradient. LitGPT's Fabric
+    ``FSDPStrategy`` sets ``use_orig_params=True``; the gradients are the trained weights', or with mixed
+    frozen / trainable units the whole blocks' (``frozen_weights_get_gradients``). 0 where not known."""
+    setup, pp = run.setup, run.param_plan
+    if not (setup.fsdp and setup.fsdp_version == 1 and setup.world_size > 1
+            and run.profile.fsdp_mixed_unit_grads):
+        return 0.0
+    trained = pp.trainable_params * pp.trainable_bytes
+    if frozen_weights_get_gradients(run):
+        return run.model.params_layers * run.dtypes.frozen_weight + trained
+    return trained if setup.method == "full" else 0.0
+
+
 def rate_notes(run: Run, rates: CardRates, fused: bool) -> tuple[str, ...]:
     """The assumptions about rates the output states after the collectives'."""
     tail = [f"matmuls at {rates.u:.0%} of the {rates.peak:g} TFLOPS dense peak ({rates.cls} class; card "
@@ -355,7 +288,9 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     kf = dict(opt.corrections)
     rates = card_rates(run, acc, opt, kf)
     head_chunk = LITGPT_CHUNK if prof.quantizes_lm_head and model.lm_head_params else 0
-    fp = flop_plan(model, setup, run.dtypes, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk)
+    frozen_grads = frozen_weights_get_gradients(run)
+    fp = flop_plan(model, setup, run.dtypes, run.targets, run.attn, run.loss, quant_head_chunk=head_chunk,
+                   frozen_weight_grads=frozen_grads)
     gemm_kernels, other_kernels, dequant_kernels = fp.kernels
     compiled = opt.compiled or setup.compile
     fused = compiled or prof.model_code == "unsloth"
@@ -376,14 +311,17 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         peak=rates.peak, u=rates.u, cls=rates.cls, dev_bw=rates.dev_bw, bw=rates.bw, fused=fused, flops=fp,
         passes=2 + (1 if setup.gradient_checkpointing else 0),
         weight_bytes=pp.weight_bytes + pp.adapter_bytes,
-        grad_bytes=pp.trainable_params * pp.trainable_bytes, traffic_factor=FUSED_TRAFFIC if fused else 1.0,
+        grad_bytes=(pp.trainable_params * pp.trainable_bytes
+                    + (model.params_layers * run.dtypes.frozen_weight if frozen_grads else 0)),
+        traffic_factor=FUSED_TRAFFIC if fused else 1.0,
         gemm_launch=gemm_kernels * launch, other_launch=other_kernels * launch, other_kernels=other_kernels,
         dequant_s=dequant_s, dequant_part=max(dequant_kernels * launch, dequant_s),
         dequant_library=dequant_library(setup, prof.model_code), dequant_s_per_elem=deq / rates.dev_bw,
         launch=launch, launch_s=(gemm_kernels + other_kernels + dequant_kernels) * launch, unit_s=unit_s,
         optimizer_s=upd.optimizer_s, optimizer_launch_s=upd.optimizer_launch_s, paged=upd.paged,
         host=corrected_link(host_link(acc), kf.get("offload", 1.0)), links=coll.links,
-        link_gbs=coll.link.gbs, per_micro=coll.per_micro, gather_s=coll.gather_s, per_step=coll.per_step,
+        link_gbs=coll.link.gbs, per_micro=coll.per_micro, gather_s=coll.gather_s,
+        gathers_wait=coll.gathers_wait, per_step=coll.per_step,
         serial=coll.serial, bucket=coll.bucket, offload_step_bytes=off.step_bytes,
         offload_micro_bytes=off.micro_bytes, cpu_optimizer_s=off.cpu_optimizer_s,
         assumptions_head=tuple(coll.notes + ([off.note] if off.note else [])),
@@ -391,6 +329,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
         card_known=rates.eff.known, link_name=coll.link.name, link_stated=bool(opt.peer_link),
         accum_trip_bytes=off.accum_trip_bytes, accum_trip_per_micro=off.accum_trip_per_micro,
         accum_add_bytes=off.accum_add_bytes,
-        grad_copy_micro_bytes=copies[0], grad_copy_step_bytes=copies[1])
+        grad_copy_micro_bytes=copies[0], grad_copy_step_bytes=copies[1],
+        flat_grad_bytes=flat_gradient_bytes(run))
     run.memo["time"] = (acc, opt, ts)
     return ts

@@ -283,6 +283,16 @@ def fsdp1_param_mixed_precision(setup: TrainSetup) -> bool:
     return setup.precision.endswith("-mixed") or setup.method == "qlora"
 
 
+def frozen_weights_get_gradients(run: Run) -> bool:
+    """Whether the backward makes a weight gradient for every frozen block weight of a LoRA run: a unit's
+    flat parameter that mixes frozen and trainable weights requires grad (the module doc), so the views
+    FSDP hands the block's linears require grad too and autograd computes each one's weight gradient
+    (the gradient :func:`no_sync_gradients` holds). Not for 4-bit weights, as there."""
+    setup = run.setup
+    return (setup.fsdp and setup.world_size > 1 and setup.is_lora and setup.method != "qlora"
+            and run.profile.fsdp_mixed_unit_grads)
+
+
 def fsdp_reduce_scatter_input(run: Run) -> int:
     """The unsharded gradient of the unit being reduce-scattered (FSDP1 ``_post_backward_hook``: the flat
     gradient autograd made for the unit, in the reduce dtype, alive until ``reduce_scatter_tensor`` fills the
