@@ -1,6 +1,6 @@
 """tuneplan's step time against Answer.AI's published, timed fsdp_qlora runs (a held-out set).
 
-    python benchmarks/fsdp_qlora_time.py [--rows] [--json]
+    python benchmarks/fsdp_qlora_time.py [--rows] [--json] [--calibrated]
 
 The rows (benchmarks/data/fsdp_qlora_timed_runs.csv) are the 33 "Time (s)" figures of "Benchmarking
 QLoRA+FSDP" (benchmarks_03_2024.md in github.com/AnswerDotAI/fsdp_qlora, measured February-March 2024):
@@ -27,6 +27,10 @@ PCIe v4 x16 lanes": its rows state the link a user of that board would give, ``-
 
 These rows are never used to set a constant: they are the check of the time model on runs it was not
 built on. Error = predicted seconds / published seconds - 1 (negative: predicted too fast).
+
+``--calibrated`` checks the per-machine calibration (``tuneplan calibration add``) the way a user meets
+it: each run in turn is recorded as the card's only measured step (in a throwaway store, never the
+user's), then every other run of the same card and model is predicted, with and without that record.
 """
 
 from __future__ import annotations
@@ -35,8 +39,12 @@ import argparse
 import csv
 import json
 import math
+import os
 import statistics
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +132,60 @@ def run(only: tuple[str, ...] = (), catalog_link: bool = False) -> dict[str, Any
     return {"rows": rows, "summary": {"all": stats(rows), **{g: stats(v) for g, v in sorted(groups.items())}}}
 
 
+@contextmanager
+def store_in(folder: str) -> Iterator[None]:
+    """The calibration store of the estimates in the block lives in ``folder`` (not the user's)."""
+    from tuneplan.estimator.step_calibration import forget
+
+    old = os.environ.get("TUNEPLAN_CONFIG_DIR")
+    os.environ["TUNEPLAN_CONFIG_DIR"] = folder
+    forget()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TUNEPLAN_CONFIG_DIR", None)
+        else:
+            os.environ["TUNEPLAN_CONFIG_DIR"] = old
+        forget()
+
+
+def record(row: dict[str, str], catalog_link: bool) -> None:
+    """``row``'s measured step (published seconds / optimizer steps) into the current store, with the
+    link the row states, as ``tuneplan calibration add --link`` would record it."""
+    from tuneplan.measure.calibration import record_step
+
+    kw = setup_of(row)
+    link = None if catalog_link else row["stated_link"] or None
+    est = estimate(resolve_model(row["model_id"], allow_network=False), gpu=row["gpu"], timing=False, **kw)
+    steps = micro_batches(kw["batch"], kw["grad_accum"], kw["gpus"]) / kw["grad_accum"]
+    record_step(est.run, est.gpu, float(row["time_s"]) / steps, "held-out run",
+                options=RuntimeOptions(peer_link=link))
+
+
+def calibrated_pairs(catalog_link: bool = False) -> dict[str, Any]:
+    """Each run recorded alone, every other run of the same card and model predicted: per ordered pair
+    the error before (an empty store) and after the record."""
+    rows = load()
+    pairs = []
+    with tempfile.TemporaryDirectory() as empty, store_in(empty):
+        before = {r["row_id"]: predict(r, catalog_link)["rel_error"] for r in rows}
+    for a in rows:
+        others = [b for b in rows if b is not a and (b["gpu"], b["model_id"]) == (a["gpu"], a["model_id"])]
+        if not others:
+            continue
+        with tempfile.TemporaryDirectory() as folder, store_in(folder):
+            record(a, catalog_link)
+            pairs += [{"recorded": a["row_id"], "predicted": b["row_id"], "before": before[b["row_id"]],
+                       "after": predict(b, catalog_link)["rel_error"]} for b in others]
+    summary = {}
+    for key in ("before", "after"):
+        errs = [abs(p[key]) for p in pairs]
+        summary[key] = {"count": len(errs), "median_abs": statistics.median(errs), "p90_abs": pct(errs, 0.9),
+                        "max_abs": max(errs)}
+    return {"pairs": pairs, "summary": summary}
+
+
 def _fmt(name: str, s: dict[str, Any]) -> str:
     if not s["count"]:
         return f"{name:24} n=0"
@@ -137,7 +199,21 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--catalog-link", action="store_true", help="ignore the links the rows state")
+    ap.add_argument("--calibrated", action="store_true",
+                    help="each run recorded as the card's calibration, the others of its card and model "
+                    "predicted")
     a = ap.parse_args()
+    if a.calibrated:
+        cal = calibrated_pairs(a.catalog_link)
+        if a.json:
+            print(json.dumps(cal, indent=1))
+            return
+        print("held-out, calibrated on one other run of the same card and model (ordered pairs); "
+              "error = predicted / published - 1")
+        for key, s in cal["summary"].items():
+            print(f"{key + ' the record':18} n={s['count']:3d}  median |err| {100 * s['median_abs']:5.1f}%  "
+                  f"p90 {100 * s['p90_abs']:5.1f}%  max {100 * s['max_abs']:5.1f}%")
+        return
     res = run(catalog_link=a.catalog_link)
     if a.json:
         print(json.dumps(res, indent=1))
