@@ -134,3 +134,25 @@ def test_a_zero_simulation_leaves_the_process_environment_as_it_was(monkeypatch)
     monkeypatch.delenv("LOCAL_RANK")
     test_zero2_partitions_master_and_moments_and_buckets_the_backward_only()
     assert "LOCAL_RANK" not in os.environ
+
+
+def test_the_trainers_own_optimizer_steps_the_master_partition() -> None:
+    """The HF Trainer hands DeepSpeed its own optimizer (``optim``); DeepSpeed gives it the fp32 master
+    partition: Adafactor keeps one full fp32 second moment of that 1-D tensor beside the master, no first
+    moment (beta1 None), and its step makes ``grad**2`` and ``+ eps`` of the partition's size."""
+    _needs_deepspeed()
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    n = 2
+    spec = model_from_config(TINY, "tiny-llama-zero")
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+                                      gradient_checkpointing=False, gpus=n, zero=2, optimizer="adafactor",
+                                      ds_reduce_bucket=BUCKET), spec)
+    from tuneplan.simulate.tracker import find_peak
+
+    run = simulate_run(spec, setup, get_profile("hf"))
+    states = [b for b in find_peak(run.result).live if b.category == "optimizer_states"]
+    assert sorted(b.size for b in states if b.size >= 4 * TOTAL // n) == [r512(4 * TOTAL // n)] * 2
+    temps = [b for b in run.result.blocks if b.phase == "step2.optimizer" and b.size == r512(4 * TOTAL // n)]
+    assert {b.op for b in temps} >= {"aten.pow.Tensor_Scalar", "aten.add.Tensor"}

@@ -277,16 +277,19 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
               memory_efficient_linear(setup.zero), cuda_dropout(), offload_on_host(tracker, setup)):
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
-            # the Trainer's optimizer (adamw_torch_fused): fp32 states beside DeepSpeed's fp32 master
-            engine, opt = wrap_zero(model, setup, make_optimizer("adamw-fused", params))
+            # the Trainer's own optimizer (its ``optim``), which DeepSpeed steps on the fp32 master partition
+            engine, opt = wrap_zero(model, setup, make_optimizer(setup.optimizer or prof.default_optimizer,
+                                                                 params))
             label_zero_buffers(tracker, engine, opt)
             run_zero_steps(engine, setup, tracker, progress)
-            relabel_states(tracker, getattr(opt, "optimizer", opt), True)
+            inner = getattr(opt, "optimizer", opt)
+            relabel_states(tracker, inner, setup.optimizer == "adamw-fused")
     finally:
         h1.remove()
         h2.remove()
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     n_train = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
-    return SimRun(tracker.result(), time.perf_counter() - t0, build_s, notes=notes, n_params=n_params,
+    return SimRun(tracker.result(), time.perf_counter() - t0, build_s,
+                  paged_bytes=getattr(inner, "paged_bytes", 0), notes=notes, n_params=n_params,
                   n_trainable=n_train, kernel_buffers=dict(KERNEL_BUFFERS), wrapper=wrapper,
                   world_size=setup.world_size)

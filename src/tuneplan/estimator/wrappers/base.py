@@ -108,6 +108,7 @@ class WrapperMemory:
     end_of_backward: EndOfBackward | None = None
     embedding: EmbeddingGradients | None = None
     no_sync: NoSyncGradients | None = None
+    step_gradients: int | None = None  # gradient bytes at the optimizer step; None: ``resident.gradients``
     notes: tuple[str, ...] = ()
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from tuneplan.estimator.links import ring_factor
+from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
 from tuneplan.estimator.wrappers.base import (
     Buckets,
     Collectives,
@@ -42,7 +43,6 @@ from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:
     from tuneplan.estimator.links import Link
-    from tuneplan.estimator.optimizer import OptimizerPlan
     from tuneplan.estimator.run import Run
 
 DS_REDUCE_BUCKET = 500_000_000  # elements, DeepSpeed default reduce_bucket_size
@@ -60,10 +60,11 @@ class DeepSpeedTerms:
     prefetch_bucket: int  # elements (setup.ds_prefetch_bucket or DeepSpeed's default)
     bucket: int  # the contiguous-gradients IPG bucket, bytes
     fp32_grad_step: int  # the fp32 gradient partition the optimizer step reads
+    step_temp: int  # the optimizer step's temporaries: that partition and the optimizer's own
 
 
 def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
-    """Trainable parameters live in 16 bits; the fp32 master and fp32 Adam states are partitioned."""
+    """Trainable parameters live in 16 bits; the fp32 master and the optimizer's states are partitioned."""
     setup, params, compute = run.setup, run.param_plan, run.dtypes.compute
     world_size, trainable_params = setup.world_size, params.trainable_params
     weights16 = params.weight_bytes + params.adapter_bytes
@@ -71,19 +72,38 @@ def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
     if params.trainable_bytes > compute and trainable_params > params.trainable_weight_params:  # adapters too
         weights16 -= (trainable_params - params.trainable_weight_params) * (params.trainable_bytes - compute)
     master = 4 * trainable_params if compute < 4 else 0
-    # DeepSpeed's own Adam keeps fp32 states next to the fp32 master; other optimizers keep theirs.
-    adam_fp32 = 8 * trainable_params if run.optimizer in ("adamw", "adamw-fused") else optimizer.states
+    partition = ceil_div(trainable_params, world_size)
+    client = partition_optimizer_plan(run, partition)
     reduce_bucket = reduce_bucket_elements(setup)
+    # a copy only when gradients are 16-bit
+    fp32_grad_step = 4 * partition if compute < 4 else 0
     # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
     # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
     # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
     # with overlap_comm, off by default below stage 3), stage3.py __init__ once. DeepSpeed 0.19 source.
-    return DeepSpeedTerms(weights16=weights16, states=ceil_div(master + adam_fp32, world_size),
+    return DeepSpeedTerms(weights16=weights16, states=ceil_div(master, world_size) + client.states,
                           grads16=trainable_params * compute, reduce_bucket=reduce_bucket,
                           prefetch_bucket=setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
-                          bucket=reduce_bucket * compute,
-                          # a copy only when gradients are 16-bit
-                          fp32_grad_step=ceil_div(4 * trainable_params, world_size) if compute < 4 else 0)
+                          bucket=reduce_bucket * compute, fp32_grad_step=fp32_grad_step,
+                          step_temp=fp32_grad_step + client.temp)
+
+
+def partition_optimizer_plan(run: Run, partition: int) -> OptimizerPlan:
+    """The optimizer as DeepSpeed hands it this rank's fp32 master partition: one flat fp32 tensor of
+    ``partition`` elements with an fp32 gradient (stage_1_and_2.py sets each group's params to
+    ``[single_partition_of_fp32_groups[i]]`` and its ``.grad`` to the fp32 ``single_grad_partition``;
+    stage3.py steps ``fp32_partitioned_groups_flat``). Under the HF Trainer it is the Trainer's own optimizer
+    (its ``optim``; transformers ``deepspeed_optim_sched`` with a config that names none); with
+    ``offload_optimizer`` the config names AdamW and DeepSpeed steps its CPU Adam (fp32 states).
+
+    Adafactor on an fp32 parameter and gradient makes no fp32 working copy of either (transformers
+    ``Adafactor.step`` converts only 16-bit ones); ``update = (grad**2) + eps`` holds two partition-sized
+    fp32 temporaries at once, the largest of its step."""
+    name = "adamw-fused" if run.setup.offload in ("optimizer", "all") else run.optimizer
+    plan = optimizer_plan(name, partition, 4, 1, partition, partition, tensor_sizes=((partition, 1),))
+    if name == "adafactor":
+        return OptimizerPlan(states=plan.states, paged=plan.paged, temp=2 * 4 * partition, notes=plan.notes)
+    return plan
 
 
 def reduce_bucket_elements(setup: TrainSetup) -> int:
@@ -121,7 +141,7 @@ class Zero(Wrapper):
         if run.setup.offload in ("optimizer", "all"):
             return 0, 0, terms.states + terms.fp32_grad_step, [
                 "optimizer states, fp32 master and fp32 gradients offloaded to CPU"]
-        return terms.states, terms.fp32_grad_step, 0, []
+        return terms.states, terms.step_temp, 0, []
 
     def resident(self, run: Run, weights: int, states: int, temp: int, grads: int, host: int) -> Resident:
         """``weights`` on this GPU split into the base model's and the adapters (deepspeed_adapters)."""
@@ -179,9 +199,12 @@ class ZeroOneTwo(Zero):
         if at_embedding >= 0:
             embedding = EmbeddingGradients(at_embedding + offload_grad_buffer,
                                            layers_hold_it=not self.partitions_gradients)
+        # step() copies this rank's 16-bit gradient partition into the fp32 gradient of the master partition
+        # and frees the 16-bit gradients (free_grad_in_param_list, averaged_gradients = None) before the
+        # optimizer steps (stage_1_and_2.py step, DeepSpeed 0.19.8): none is left at its instant
         return WrapperMemory(self.resident(run, weights, states, temp, g_live, host),
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers),
-                             embedding=embedding, notes=self.notes(setup, notes))
+                             embedding=embedding, step_gradients=0, notes=self.notes(setup, notes))
 
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
         """The gradients reduce-scattered (ZeRO-2: every micro-batch; ZeRO-1: once per step), the updated
