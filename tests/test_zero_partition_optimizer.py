@@ -42,19 +42,35 @@ def test_paged_states_leave_only_the_master_on_the_device(qwen7b) -> None:
 
 
 def test_adamw_foreach_adds_its_sqrt_temporary_on_the_partition(qwen7b) -> None:
-    run, t = _zero(qwen7b, 1, "adamw")
+    setup = build_setup(qwen7b, method="lora", precision="bf16-mixed", gpus=4, zero=1, optimizer="adamw")
+    run = resolve_run(qwen7b, setup)
+    t = run.param_plan.trainable_params
     part = ceil_div(t, 4)
     wm = memory_statics(run).wrapped
     assert wm.resident.states == ceil_div(4 * t, 4) + 2 * 4 * part
-    assert wm.resident.optimizer_temp == 4 * part + 4 * part  # fp32 gradient partition, _foreach_sqrt
+    # the step's two instants are equal here: the slice's 16-bit gradients, their flattened copy and the
+    # fp32 gradient partition (2 + 2 + 4 B), or that partition and _foreach_sqrt's temporary (4 + 4 B)
+    assert wm.step_gradients is not None
+    assert wm.step_gradients + wm.resident.optimizer_temp == 8 * part
 
 
-def test_optimizer_step_instant_holds_no_16bit_gradient(qwen7b) -> None:
-    run, t = _zero(qwen7b, 2, "adamw-fused")
-    b = memory_breakdown(qwen7b, run.setup)
+def test_sgd_step_peaks_as_the_gradients_are_flattened(qwen7b) -> None:
+    # SGD without momentum has no temporary: the larger instant is before it, the slice's 16-bit gradients
+    # (LoRA: its first adapters are small, the slice itself), their flattened copy and the fp32 partition
+    setup = build_setup(qwen7b, method="lora", precision="bf16-mixed", gpus=4, zero=2, optimizer="sgd")
+    run = resolve_run(qwen7b, setup)
+    part = ceil_div(run.param_plan.trainable_params, 4)
+    wm = memory_statics(run).wrapped
+    assert (wm.step_gradients, wm.resident.optimizer_temp) == (2 * part, 2 * part + 4 * part)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_fp32_zero12_still_clones_the_master(qwen7b, stage) -> None:
+    # stage_1_and_2.py: the fp32 master is ``partition.detach().clone().to(fp32)``, a copy in fp32 runs too
+    setup = build_setup(qwen7b, method="full", precision="fp32", gpus=4, zero=stage, optimizer="adamw-fused")
+    run = resolve_run(qwen7b, setup)
+    t = run.param_plan.trainable_params
     part = ceil_div(t, 4)
-    step = b.instants["optimizer_step"]
-    # weights, master + moments + the fused step counter, the fp32 gradient partition, cuBLAS workspace
-    resident = sum(v for k, v in b.components.items() if k in ("weights", "lora_adapters", "quant_meta",
-                                                                "framework"))
-    assert step == resident + ceil_div(4 * t, 4) + 8 * part + 512 + 4 * part
+    wm = memory_statics(run).wrapped
+    assert wm.resident.states == ceil_div(4 * t, 4) + 8 * part + 512
+    assert wm.resident.optimizer_temp == 4 * part  # flatten(averaged_gradients): a new fp32 partition

@@ -192,6 +192,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
+    epilogue = statics.wrapped.epilogue
+    if epilogue is not None:  # ZeRO-1/2's last reduction (wrappers/zero.zero12_epilogue)
+        rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy, 0)
     end = statics.end_of_backward
     if end is not None:  # FSDP2's embedding backward (wrappers/fsdp.fully_shard_terms)
         rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, 0, end.gathered)

@@ -21,6 +21,7 @@ from tuneplan.estimator.wrappers.base import (
     Buckets,
     Collectives,
     EmbeddingGradients,
+    Epilogue,
     Gathered,
     Resident,
     ShardingWrapper,
@@ -32,6 +33,8 @@ from tuneplan.estimator.wrappers.base import (
     sixteen_bit_wire,
 )
 from tuneplan.estimator.wrappers.zero3_coordinator import (
+    bucket_fills,
+    full_backward_gradients,
     zero3_bucket_flush,
     zero3_gathered_ahead,
     zero3_gathered_in_backward,
@@ -71,12 +74,16 @@ def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
     weights16 -= params.trainable_weight_params * max(params.trainable_bytes - compute, 0)
     if params.trainable_bytes > compute and trainable_params > params.trainable_weight_params:  # adapters too
         weights16 -= (trainable_params - params.trainable_weight_params) * (params.trainable_bytes - compute)
-    master = 4 * trainable_params if compute < 4 else 0
+    # ZeRO-1/2 clone this rank's partition into the fp32 master whatever the dtype (stage_1_and_2.py
+    # ``.detach().clone().to(...)``); ZeRO-3 steps an fp32 partition in place when it is one already
+    # (stage3.py ``_create_fp32_partitions``), DeepSpeed 0.19.8
+    master = 4 * trainable_params if compute < 4 or setup.zero < 3 else 0
     partition = ceil_div(trainable_params, world_size)
     client = partition_optimizer_plan(run, partition)
     reduce_bucket = reduce_bucket_elements(setup)
-    # a copy only when gradients are 16-bit
-    fp32_grad_step = 4 * partition if compute < 4 else 0
+    # ZeRO-1/2 step(): ``flatten(averaged_gradients)`` then ``.to(fp32)``, a new fp32 partition in any dtype;
+    # ZeRO-3: a copy only when gradients are 16-bit
+    fp32_grad_step = 4 * partition if compute < 4 or setup.zero < 3 else 0
     # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
     # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
     # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
@@ -170,7 +177,8 @@ class ZeroOneTwo(Zero):
         grads16 = terms.grads16
         # overlap_comm (off by default below stage 3) double-buffers the bucket: setup_buckets' buf_1
         buffers = terms.bucket * (2 if setup.ds_overlap_comm else 1)
-        g_live = ceil_div(grads16, world_size) if self.partitions_gradients else grads16
+        g_live = (zero12_rank0_params(run, ceil_div(run.param_plan.trainable_params, world_size)) * compute
+                  if self.partitions_gradients else grads16)
         states, temp, host, notes = self.offloaded(run, terms)
         offload_grad_buffer = 0
         if setup.offload in ("optimizer", "all"):
@@ -199,12 +207,13 @@ class ZeroOneTwo(Zero):
         if at_embedding >= 0:
             embedding = EmbeddingGradients(at_embedding + offload_grad_buffer,
                                            layers_hold_it=not self.partitions_gradients)
-        # step() copies this rank's 16-bit gradient partition into the fp32 gradient of the master partition
-        # and frees the 16-bit gradients (free_grad_in_param_list, averaged_gradients = None) before the
-        # optimizer steps (stage_1_and_2.py step, DeepSpeed 0.19.8): none is left at its instant
+        epilogue = (zero2_epilogue(run, terms.reduce_bucket, offload_grad_buffer + buffers, g_live)
+                    if self.partitions_gradients else None)
+        step_gradients, temp = (zero12_step(run, terms) if setup.offload == "none" else (0, temp))
         return WrapperMemory(self.resident(run, weights, states, temp, g_live, host),
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers),
-                             embedding=embedding, step_gradients=0, notes=self.notes(setup, notes))
+                             embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
+                             notes=self.notes(setup, notes))
 
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
         """The gradients reduce-scattered (ZeRO-2: every micro-batch; ZeRO-1: once per step), the updated
@@ -295,6 +304,78 @@ class Zero3(Zero, ShardingWrapper):
                 flush_instant16 = zero3_gathered_in_backward(model, setup, done) * compute
                 at_flush = max(at_flush, min(flush_instant16, whole16))
         return at_loss, max(top_gathered, at_flush + filled * compute if filled else 0)
+
+
+def zero12_step(run: Run, terms: DeepSpeedTerms) -> tuple[int, int]:
+    """(16-bit gradient bytes, temporaries) at the larger instant of ZeRO-1/2's step without offload.
+
+    stage_1_and_2.py ``step`` (DeepSpeed 0.19.8): after freeing the gradients of the parameters outside
+    this rank's slice, ``flatten(averaged_gradients)`` copies the slice's gradients into one 16-bit tensor
+    and ``.to(fp32)`` makes the fp32 gradient partition (in fp32 the copy is that partition), the gradients
+    of the parameters overlapping the slice still held (``zero12_rank0_params``); they and the 16-bit copy
+    are freed (``free_grad_in_param_list``, ``averaged_gradients = None``) before the optimizer steps, which
+    sees the fp32 gradient partition and its own temporaries."""
+    compute = run.dtypes.compute
+    partition = ceil_div(run.param_plan.trainable_params, run.setup.world_size)
+    held = zero12_rank0_params(run, partition) * compute
+    flat = partition * compute if compute < 4 else 0
+    if held + flat + terms.fp32_grad_step > terms.step_temp:
+        return held, flat + terms.fp32_grad_step
+    return 0, terms.step_temp
+
+
+def zero12_rank0_params(run: Run, partition: int) -> int:
+    """Elements of the parameters overlapping rank 0's 1/N slice of the flat group (the rank simulated and
+    estimated), each counted whole: ZeRO-2's ``grads_in_partition`` (stage_1_and_2.py
+    ``copy_grads_in_partition`` sums ``numel()`` over ``params_in_partition``, DeepSpeed 0.19.8) and the
+    gradients both stages hold into the step. In a full fine-tune the flat group
+    follows the module order, the token embedding first, so one large embedding can hold more than the
+    slice; other runs: the slice (their first trainable tensors are small)."""
+    if run.setup.method != "full":
+        return partition
+    model, covered = run.model, 0
+    order = [model.embed_params]
+    for spec, count in model.layer_groups:
+        layer = [m.params // m.count for m in spec.linears for _ in range(m.count)]
+        order += [*layer, spec.norm_params] * count
+    for numel in order:
+        if covered >= partition:
+            break
+        covered += numel
+    return max(covered, partition)
+
+
+def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -> Epilogue | None:
+    """ZeRO-2's last gradient reductions, with every activation released (None where the order in which the
+    trainable gradients reach the bucket is not known: a partial fine-tune wider than the bucket): the larger
+    of the epilogue's and of the one the last gradient (the token embedding's) sets off on arriving.
+
+    DeepSpeed 0.19.8, stage_1_and_2.py: a reduction (``reduce_ipg_grads`` -> ``average_tensor`` ->
+    ``allreduce_and_scatter`` -> ``allreduce_bucket``) copies every gradient slice it reduces into a new
+    16-bit tensor (``self.flatten(bucket)``, use_multi_rank_bucket_allreduce, the default) while the bucket
+    is still held. A gradient that would take the bucket past ``reduce_bucket_size`` first reduces what the
+    bucket holds, its own gradient live beside it; one larger than the bucket stays in its own tensor
+    (``extra_large_param_to_reduce``) until the next reduction, the epilogue's
+    (``independent_gradient_partition_epilogue``). ``grads_in_partition`` (``copy_grads_in_partition``)
+    exists at a reduction only if an earlier one of this backward made it: an accumulating micro-batch's
+    partition is released as its gradients move into the bucket."""
+    compute = run.dtypes.compute
+    gradients = (full_backward_gradients(run.model) if run.setup.method == "full"
+                 else [run.param_plan.trainable_params] if run.param_plan.trainable_params <= reduce_bucket
+                 else [])
+    fills = bucket_fills(gradients, reduce_bucket)
+    if not fills:
+        return None
+    last = fills[-1]
+    outside = last if last > reduce_bucket else 0
+    end = Epilogue(gradients=buffers + (partition if len(fills) > 1 else 0) + outside * compute,
+                   reduction_copy=last * compute)
+    if len(fills) > 1 and last == gradients[-1]:  # the last gradient set off the reduction before it
+        on_arrival = Epilogue(gradients=buffers + (partition if len(fills) > 2 else 0) + last * compute,
+                              reduction_copy=fills[-2] * compute)
+        if on_arrival.gradients + on_arrival.reduction_copy > end.gradients + end.reduction_copy:
+            return on_arrival
+    return end
 
 
 def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, grads16: int,

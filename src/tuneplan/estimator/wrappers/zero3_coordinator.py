@@ -98,16 +98,34 @@ def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) 
     ``reduce_scatter`` on (the default) it calls ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``
     (runtime/comm/coalesced_collectives.py), whose ``torch.cat`` of the interleaved, padded gradient chunks
     is a new tensor of the bucket's elements in the 16-bit dtype, live beside the bucket while the layer is
-    back-propagated. Gradients arrive in the backward's order: the untied head, the final norm, then each
-    layer from the top, its linears last-to-first (its norms counted after them)."""
+    back-propagated (the order: :func:`full_backward_gradients`)."""
     if setup.method != "full":
         return 0
-    filled = model.lm_head_params + model.final_norm_params
+    fills = bucket_fills(full_backward_gradients(model, embedding=False), reduce_bucket)
+    return fills[0] if len(fills) > 1 else 0
+
+
+def full_backward_gradients(model: ModelSpec, embedding: bool = True) -> list[int]:
+    """A full fine-tune's gradients (elements) in the order their hooks fire: the untied head, the final
+    norm, then each layer from the top, its linears last-to-first (its norms counted after them), and the
+    token embedding last (tied to the head, its gradient is complete only after the embedding's backward);
+    without ``embedding``, up to the bottom layer."""
+    order = [model.lm_head_params, model.final_norm_params]
     for spec, count in reversed(model.layer_groups):
         per_layer = [m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)]
         per_layer.append(spec.norm_params)
-        for numel in per_layer * count:
-            if filled and filled + numel > reduce_bucket:
-                return filled
-            filled += numel
-    return 0
+        order += per_layer * count
+    return [n for n in [*order, model.embed_params if embedding else 0] if n]
+
+
+def bucket_fills(gradients: list[int], reduce_bucket: int) -> list[int]:
+    """Elements in the IPG bucket at each reduction of one backward, the epilogue's last: a gradient that
+    would take the bucket past ``reduce_bucket_size`` reduces what it holds first (DeepSpeed 0.19.8
+    ``reduce_independent_p_g_buckets_and_remove_grads``, stage_1_and_2.py and stage3.py alike)."""
+    fills, filled = [], 0
+    for numel in gradients:
+        if filled and filled + numel > reduce_bucket:
+            fills.append(filled)
+            filled = 0
+        filled += numel
+    return [*fills, filled] if filled else fills
