@@ -49,7 +49,7 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     (simulate: DeepSpeed's engine on a fake process group, Llama-2-7B layers, full + checkpointing and
     LoRA; the coordinator's state read at the loss.)"""
     fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER for spec, _ in model.layer_groups)
-    if fetches * prefetch_bucket < model.largest_layer_params or setup.method not in ("full", "lora"):
+    if fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora":
         return 0
     used = zero3_backward_uses(model, setup)
     largest = max([model.vocab * model.hidden, model.lm_head_params]
@@ -60,12 +60,30 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
 def zero3_backward_uses(model: ModelSpec, setup: TrainSetup) -> int:
     """Parameters (elements) the backward fetches again under ZeRO-3: all of them, less, in a LoRA run without
     checkpointing, the frozen embedding and the first layer's frozen projections that read its input
-    (zero3_gathered_ahead)."""
+    (zero3_gathered_ahead); under ``freeze``, those above the lowest trained layer, where the backward
+    stops (simulate: gemma-3-12b, Phi-3-mini freeze runs over 4 and 8 GPUs)."""
+    if setup.method == "freeze":
+        # the backward stops at the lowest trained layer: the head (tied: the embedding's weight), the final
+        # norm and the trained layers are used again, nothing below them
+        return (model.lm_head_params or model.embed_params) + model.final_norm_params + top_layers_params(
+            model, min(setup.freeze_trainable_layers, model.n_layers))
     used = model.params_total
     if setup.method == "lora" and not setup.gradient_checkpointing:
         first = model.layer_groups[0][0]
         used -= model.embed_params + sum(m.params for m in first.linears if m.reads == "attn_in")
     return used
+
+
+def top_layers_params(model: ModelSpec, k: int) -> int:
+    """Parameters (elements) of the top ``k`` decoder layers."""
+    total = 0
+    for spec, count in reversed(model.layer_groups):
+        take = min(count, k)
+        total += take * (spec.linear_params + spec.norm_params)
+        k -= take
+        if k <= 0:
+            break
+    return total
 
 
 def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 0) -> int:
@@ -83,7 +101,8 @@ def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 
     which ``release_sub_module`` freed after their backward) fit under that, all of them are gathered.
     (simulate: Llama-2-7B, 8 layers, ZeRO-3 over 8 GPUs, the coordinator's count read at every module
     fetch and release: 1.00e9 to 1.034e9 elements through the top two layers' backward.)"""
-    after_head = zero3_backward_uses(model, setup) - model.lm_head_params - done
+    head = (model.lm_head_params or model.embed_params) if setup.method == "freeze" else model.lm_head_params
+    after_head = zero3_backward_uses(model, setup) - head - done
     largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
     return min(after_head, DS_MAX_LIVE_PARAMETERS + largest)
 
