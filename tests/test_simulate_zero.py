@@ -203,3 +203,24 @@ def test_zero2_rank0_partition_holds_every_parameter_it_overlaps() -> None:
             and b.op == "aten.empty.memory_format" and b.shape == (V * H,)]
     assert made, "no grads_in_partition of the embedding's size"
     assert memory_statics(resolve_run(spec, setup)).wrapped.resident.gradients == 2 * V * H
+
+
+def test_zero3_whole_parameters_never_reach_the_device() -> None:
+    """Under the HF Trainer ZeRO-3 builds the model inside ``deepspeed.zero.Init``: every parameter above
+    ``stage3_param_persistence_threshold`` (1e5 elements) is partitioned as it is made, never whole on the
+    GPU. The simulation builds it whole and lets ``deepspeed.initialize`` partition it: the whole embedding
+    and head (V' x H = 262,144 elements each) leave no block, their 1/2 partitions do."""
+    _needs_deepspeed()
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    vocab = 4096
+    assert vocab * H > 100_000
+    spec = model_from_config(dict(TINY, vocab_size=vocab), "tiny-llama-zero3-init")
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+                                      gradient_checkpointing=False, gpus=2, zero=3), spec)
+    run = simulate_run(spec, setup, get_profile("hf"))
+    whole = [b for b in run.result.blocks if b.shape == (vocab, H) and b.category == "weights"]
+    assert not whole
+    parts = [b for b in run.result.blocks if b.phase == "setup.zero" and b.shape == (vocab * H // 2,)]
+    assert len(parts) >= 2

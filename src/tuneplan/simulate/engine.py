@@ -253,6 +253,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     from tuneplan.simulate.step import make_optimizer, relabel_states
     from tuneplan.simulate.zero import (
         ZERO,
+        built_under_zero_init,
         deepspeed_version,
         label_zero_buffers,
         local_rank_env,
@@ -278,12 +279,16 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
             # the Trainer's own optimizer (its ``optim``), which DeepSpeed steps on the fp32 master partition
+            start = len(tracker.events)
             engine, opt = wrap_zero(model, setup, make_optimizer(setup.optimizer or prof.default_optimizer,
                                                                  params))
+            initialized = len(tracker.events)
             label_zero_buffers(tracker, engine, opt)
             run_zero_steps(engine, setup, tracker, progress)
             inner = getattr(opt, "optimizer", opt)
             relabel_states(tracker, inner, setup.optimizer == "adamw-fused")
+        if setup.zero == 3:
+            built_under_zero_init(tracker, start, initialized)
     finally:
         h1.remove()
         h2.remove()
