@@ -38,6 +38,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero12_reductions import (
+    zero1_offload_epilogue,
     zero2_epilogue,
     zero12_grads_at_embedding,
     zero12_rank0_params,
@@ -209,8 +210,10 @@ class ZeroOneTwo(Zero):
         if at_embedding >= 0:
             embedding = EmbeddingGradients(at_embedding + offload_grad_buffer,
                                            layers_hold_it=not self.partitions_gradients)
-        epilogue = (zero2_epilogue(run, terms.reduce_bucket, offload_grad_buffer + buffers, g_live)
-                    if self.partitions_gradients else None)
+        held = offload_grad_buffer + buffers
+        epilogue = (zero2_epilogue(run, terms.reduce_bucket, held, g_live) if self.partitions_gradients
+                    else zero1_offload_epilogue(run, terms.reduce_bucket, held, g_live)
+                    if setup.offload != "none" else None)
         step_gradients, temp = (zero12_step(run, terms) if setup.offload == "none" else (0, temp))
         return WrapperMemory(self.resident(run, weights, states, temp, g_live, host),
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers),

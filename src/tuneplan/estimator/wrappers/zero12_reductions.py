@@ -7,10 +7,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.wrappers.base import Epilogue
-from tuneplan.estimator.wrappers.zero3_coordinator import bucket_fills, full_backward_gradients
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    bucket_fills,
+    bucket_members,
+    full_backward_gradients,
+)
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
+
+NORM_BYTES = 8  # fp64, DeepSpeed's get_norm_dtype() on CUDA (runtime/zero/utils.py)
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
@@ -44,16 +50,52 @@ def zero12_rank0_params(run: Run, partition: int) -> int:
     slice; other runs: the slice (their first trainable tensors are small)."""
     if run.setup.method != "full":
         return partition
-    model, covered = run.model, 0
-    order = [model.embed_params]
-    for spec, count in model.layer_groups:
-        layer = [m.params // m.count for m in spec.linears for _ in range(m.count)]
-        order += [*layer, spec.norm_params] * count
-    for numel in order:
+    covered = 0
+    for numel in full_module_order(run.model):
         if covered >= partition:
             break
         covered += numel
     return max(covered, partition)
+
+
+def full_module_order(model: ModelSpec) -> list[int]:
+    """A full fine-tune's parameters (elements) in module order, the order of the flat 16-bit group: the
+    token embedding, each layer's linears and norms, the final norm, the untied head."""
+    order = [model.embed_params]
+    for spec, count in model.layer_groups:
+        layer = [m.params // m.count for m in spec.linears for _ in range(m.count)]
+        order += [*layer, spec.norm_params] * count
+    return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
+
+
+def offload_norm_copy(run: Run, largest: int) -> int:
+    """ZeRO-Offload's temporary as a reduced gradient leaves for the host: ``copy_grads_in_partition`` ->
+    ``set_norm_for_param_grad_in_gpu`` takes the norm of the gradient's slice in this rank's partition in
+    ``get_norm_dtype()`` (runtime/zero/utils.py: fp64 where the device has it), a copy freed before
+    ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` makes its fp32 one (DeepSpeed 0.19.8): 8 bytes per
+    element of the largest slice, ``largest`` elements at most; 0 without offload."""
+    if run.setup.offload == "none":
+        return 0
+    return NORM_BYTES * min(largest, ceil_div(run.param_plan.trainable_params, run.setup.world_size))
+
+
+def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> Epilogue | None:
+    """ZeRO-1 with ``offload_optimizer``: its reductions run at the end of the backward
+    (``reduce_gradients`` walks the flat group's parameters in module order, each gradient moved into the
+    bucket, DeepSpeed 0.19.8); at the first, every other 16-bit gradient is still held beside the bucket,
+    its flattened copy (``allreduce_bucket``) and then the norm's copy of each slice (offload_norm_copy),
+    the token embedding's first. None where the order is not known (a partial fine-tune wider than the
+    bucket)."""
+    params = run.param_plan
+    order = (full_module_order(run.model) if run.setup.method == "full"
+             else [params.trainable_params] if params.trainable_params <= reduce_bucket else [])
+    members = bucket_members(order, reduce_bucket)
+    if not members:
+        return None
+    first, compute = members[0], run.dtypes.compute
+    largest = max(first) if run.setup.method == "full" else params.largest_trainable_tensor
+    return Epilogue(gradients=max(grads16 - sum(first) * compute, 0) + buffers,
+                    reduction_copy=max(sum(first) * compute, offload_norm_copy(run, largest)))
 
 
 def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -> Epilogue | None:
@@ -79,8 +121,11 @@ def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -
         return None
     last = fills[-1]
     outside = last if last > reduce_bucket else 0
+    # the last reduction holds the token embedding's gradient, first in the flat group: in rank 0's slice
+    params = run.param_plan
+    largest = run.model.embed_params if run.setup.method == "full" else params.largest_trainable_tensor
     end = Epilogue(gradients=buffers + (partition if len(fills) > 1 else 0) + outside * compute,
-                   reduction_copy=last * compute)
+                   reduction_copy=max(last * compute, offload_norm_copy(run, largest)))
     if len(fills) > 1 and last == gradients[-1]:  # the last gradient set off the reduction before it
         on_arrival = Epilogue(gradients=buffers + (partition if len(fills) > 2 else 0) + last * compute,
                               reduction_copy=fills[-2] * compute)

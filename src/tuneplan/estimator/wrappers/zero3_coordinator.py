@@ -141,10 +141,16 @@ def bucket_fills(gradients: list[int], reduce_bucket: int) -> list[int]:
     """Elements in the IPG bucket at each reduction of one backward, the epilogue's last: a gradient that
     would take the bucket past ``reduce_bucket_size`` reduces what it holds first (DeepSpeed 0.19.8
     ``reduce_independent_p_g_buckets_and_remove_grads``, stage_1_and_2.py and stage3.py alike)."""
-    fills, filled = [], 0
+    return [sum(fill) for fill in bucket_members(gradients, reduce_bucket)]
+
+
+def bucket_members(gradients: list[int], reduce_bucket: int) -> list[list[int]]:
+    """The gradients (elements) of each reduction of :func:`bucket_fills`."""
+    fills: list[list[int]] = []
+    filled: list[int] = []
     for numel in gradients:
-        if filled and filled + numel > reduce_bucket:
+        if filled and sum(filled) + numel > reduce_bucket:
             fills.append(filled)
-            filled = 0
-        filled += numel
+            filled = []
+        filled.append(numel)
     return [*fills, filled] if filled else fills
