@@ -299,7 +299,7 @@ class Zero3(Zero, ShardingWrapper):
         filled = zero3_bucket_flush(model, setup, terms.reduce_bucket)
         top_gathered = at_flush = layer_gathered
         if setup.quant_bits is None:
-            ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket)
+            ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
             at_loss = max(at_loss, min(ahead * compute, whole16))
             if ahead:
                 top16 = zero3_gathered_in_backward(model, setup) * compute

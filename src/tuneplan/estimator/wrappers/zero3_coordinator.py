@@ -13,6 +13,9 @@ DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # elements, DeepSpeed default stage3_max
 # modules of a decoder layer that hold no parameter but still run ZeRO-3's fetch hook (each one a prefetch
 # opportunity): the layer, its attention, its MLP and the MLP's activation module
 HOOKED_CONTAINERS_PER_LAYER = 4
+# a LoRA-wrapped linear runs its base layer, dropout, lora_A and lora_B as modules of their own, each with
+# the fetch hook (peft/tuners/lora/layer.py ``Linear.forward``): four fetches beyond the linear's own
+PEFT_MODULES_PER_TARGET = 4
 
 
 def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
@@ -31,7 +34,8 @@ def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
     return min(model.n_layers, -(-room // (2 * per_layer)))
 
 
-def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
+def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                         targets: frozenset[str] = frozenset()) -> int:
     """Parameters (elements) ZeRO-3 holds gathered at the loss once its prefetcher has run ahead of the
     forward into the backward part of the trace (0 when it cannot run ahead).
 
@@ -48,7 +52,9 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     input (their outputs do not require grad, so no pre-backward hook fetches them again).
     (simulate: DeepSpeed's engine on a fake process group, Llama-2-7B layers, full + checkpointing and
     LoRA; the coordinator's state read at the loss.)"""
-    fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER for spec, _ in model.layer_groups)
+    fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER
+                  + PEFT_MODULES_PER_TARGET * sum(m.name in targets for m in spec.linears)
+                  for spec, _ in model.layer_groups)
     if fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora":
         return 0
     used = zero3_backward_uses(model, setup)
