@@ -193,7 +193,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     epilogue = statics.wrapped.epilogue
-    if epilogue is not None:  # ZeRO-1/2's last reduction (wrappers/zero.zero12_epilogue)
+    if epilogue is not None:  # ZeRO-1/2's last reductions (wrappers/zero12_reductions.py)
         rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy, 0)
     end = statics.end_of_backward
     if end is not None:  # FSDP2's embedding backward (wrappers/fsdp.fully_shard_terms)

@@ -1,7 +1,8 @@
 """What ZeRO-3's parameter coordinator keeps gathered, and when its gradient bucket is first reduced, read
 from DeepSpeed 0.19.8's stage-3 code (``PartitionedParameterCoordinator``, stage3.py) once the module trace
 is complete (from the second step): the layers kept from forward to backward, the prefetcher running ahead
-at the loss and through the top layers' backward, and the IPG bucket's first flush."""
+at the loss and through the top layers' backward, and the IPG bucket's first flush; with the order in which a
+full fine-tune's gradients reach the bucket and its fills, which ZeRO-1/2 share (zero12_reductions.py)."""
 
 from __future__ import annotations
 
