@@ -32,3 +32,18 @@ def test_peft_modules_are_fetch_points_of_the_prefetcher() -> None:
     assert zero3_gathered_ahead(spec, setup, 2_000) == 0
     used = 2 * LAYER + 2 * V * H + H - V * H - (H * A * D + 2 * H * KV * D)
     assert zero3_gathered_ahead(spec, setup, 2_000, frozenset({"q_proj", "v_proj"})) == used
+
+
+def test_zero3_embedding_backward_gathers_the_embedding(qwen7b) -> None:
+    # the token embedding's pre-backward hook fetches its weight whole, beside the 5e8-element IPG bucket
+    # and the flat 16-bit gradient partition (1/N of the trainable parameters, bf16)
+    from tuneplan.estimator.memory_statics import memory_statics
+    from tuneplan.estimator.run import resolve_run
+    from tuneplan.estimator.xp import ceil_div
+
+    setup = build_setup(qwen7b, method="full", precision="bf16-mixed", gpus=4, zero=3)
+    run = resolve_run(qwen7b, setup)
+    held = memory_statics(run).wrapped.embedding
+    assert held is not None and not held.layers_hold_it
+    flat = ceil_div(2 * run.param_plan.trainable_params, 4)
+    assert held.gradients == 2 * 500_000_000 + flat + 2 * 152_064 * 3_584

@@ -283,10 +283,18 @@ class Zero3(Zero, ShardingWrapper):
             # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
             host += g_live
             g_live = 0
+        embedding = None
+        if setup.method == "full" and model.embed_params:
+            # the token embedding's backward, the last of the step: its module's pre-backward hook gathers
+            # its weight whole (PartitionedParameterCoordinator.fetch_sub_module fetches every parameter of
+            # the module, DeepSpeed 0.19.8) beside the IPG bucket and the flat gradient partition; the
+            # gradient and its scratch (a tied head's sum) are the row's own
+            embedding = EmbeddingGradients(terms.bucket + g_live + model.embed_params * compute,
+                                           layers_hold_it=False)
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss),
-                             top_layer=top_layer,
+                             top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
 
     @staticmethod
