@@ -134,3 +134,93 @@ def test_a_zero_simulation_leaves_the_process_environment_as_it_was(monkeypatch)
     monkeypatch.delenv("LOCAL_RANK")
     test_zero2_partitions_master_and_moments_and_buckets_the_backward_only()
     assert "LOCAL_RANK" not in os.environ
+
+
+def test_the_trainers_own_optimizer_steps_the_master_partition() -> None:
+    """The HF Trainer hands DeepSpeed its own optimizer (``optim``); DeepSpeed gives it the fp32 master
+    partition: Adafactor keeps one full fp32 second moment of that 1-D tensor beside the master, no first
+    moment (beta1 None), and its step makes ``grad**2`` and ``+ eps`` of the partition's size."""
+    _needs_deepspeed()
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    n = 2
+    spec = model_from_config(TINY, "tiny-llama-zero")
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+                                      gradient_checkpointing=False, gpus=n, zero=2, optimizer="adafactor",
+                                      ds_reduce_bucket=BUCKET), spec)
+    from tuneplan.simulate.tracker import find_peak
+
+    run = simulate_run(spec, setup, get_profile("hf"))
+    states = [b for b in find_peak(run.result).live if b.category == "optimizer_states"]
+    assert sorted(b.size for b in states if b.size >= 4 * TOTAL // n) == [r512(4 * TOTAL // n)] * 2
+    temps = [b for b in run.result.blocks if b.phase == "step2.optimizer" and b.size == r512(4 * TOTAL // n)]
+    assert {b.op for b in temps} >= {"aten.pow.Tensor_Scalar", "aten.add.Tensor"}
+
+
+def test_zero2_reduction_copies_the_bucket_it_reduces() -> None:
+    """stage_1_and_2.py ``allreduce_bucket``: ``self.flatten(bucket)`` makes a new 16-bit tensor of every
+    gradient the reduction takes: with a bucket the whole model fits in, one reduction at the epilogue,
+    of all TOTAL gradients; the analytic epilogue row holds the bucket and that copy."""
+    _needs_deepspeed()
+    from tuneplan.estimator.memory_statics import memory_statics
+    from tuneplan.estimator.run import resolve_run
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    bucket = 4 * TOTAL
+    spec = model_from_config(TINY, "tiny-llama-zero")
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+                                      gradient_checkpointing=False, gpus=2, zero=2,
+                                      ds_reduce_bucket=bucket), spec)
+    run = simulate_run(spec, setup, get_profile("hf"))
+    copies = [b for b in run.result.blocks if b.phase == "step2.backward" and b.op == "aten.cat.default"
+              and b.size == r512(2 * TOTAL)]
+    assert len(copies) == 1
+    epilogue = memory_statics(resolve_run(spec, setup)).wrapped.epilogue
+    assert epilogue is not None
+    assert (epilogue.gradients, epilogue.reduction_copy) == (2 * bucket, 2 * TOTAL)
+
+
+def test_zero2_rank0_partition_holds_every_parameter_it_overlaps() -> None:
+    """stage_1_and_2.py ``copy_grads_in_partition`` sizes ``grads_in_partition`` as the sum of ``numel()``
+    over the parameters overlapping the rank's slice: over 8 GPUs rank 0's slice, TOTAL / 8 = 13,352
+    elements, lies inside the token embedding (V x H = 16,384, first in the flat group), counted whole."""
+    _needs_deepspeed()
+    from tuneplan.estimator.memory_statics import memory_statics
+    from tuneplan.estimator.run import resolve_run
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    n = 8
+    assert TOTAL // n < V * H
+    spec = model_from_config(TINY, "tiny-llama-zero")
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+                                      gradient_checkpointing=False, gpus=n, zero=2,
+                                      ds_reduce_bucket=BUCKET), spec)
+    run = simulate_run(spec, setup, get_profile("hf"))
+    made = [b for b in run.result.blocks if b.phase.endswith("backward")
+            and b.op == "aten.empty.memory_format" and b.shape == (V * H,)]
+    assert made, "no grads_in_partition of the embedding's size"
+    assert memory_statics(resolve_run(spec, setup)).wrapped.resident.gradients == 2 * V * H
+
+
+def test_zero3_whole_parameters_never_reach_the_device() -> None:
+    """Under the HF Trainer ZeRO-3 builds the model inside ``deepspeed.zero.Init``: every parameter above
+    ``stage3_param_persistence_threshold`` (1e5 elements) is partitioned as it is made, never whole on the
+    GPU. The simulation builds it whole and lets ``deepspeed.initialize`` partition it: the whole embedding
+    and head (V' x H = 262,144 elements each) leave no block, their 1/2 partitions do."""
+    _needs_deepspeed()
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    vocab = 4096
+    assert vocab * H > 100_000
+    spec = model_from_config(dict(TINY, vocab_size=vocab), "tiny-llama-zero3-init")
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+                                      gradient_checkpointing=False, gpus=2, zero=3), spec)
+    run = simulate_run(spec, setup, get_profile("hf"))
+    whole = [b for b in run.result.blocks if b.shape == (vocab, H) and b.category == "weights"]
+    assert not whole
+    parts = [b for b in run.result.blocks if b.phase == "setup.zero" and b.shape == (vocab * H // 2,)]
+    assert len(parts) >= 2

@@ -200,6 +200,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
                                       statics.gathered_layer_end)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
+    epilogue = statics.wrapped.epilogue
+    if epilogue is not None:  # ZeRO-1/2's last reductions (wrappers/zero12_reductions.py)
+        rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy, 0)
     end = statics.end_of_backward
     if end is not None:  # FSDP2's embedding backward (wrappers/fsdp.fully_shard_terms)
         rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, 0, end.gathered)

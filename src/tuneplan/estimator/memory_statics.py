@@ -177,7 +177,7 @@ def gradient_terms(run: Run, wrapper_memory: WrapperMemory) -> tuple[int, int, i
         grads = min(grads, params.largest_trainable_tensor * params.trainable_bytes)
     accumulates = (setup.grad_accum > 1 or setup.keep_grads) and not setup.optimizer_in_backward
     grads_prev = grads if accumulates else 0
-    grads_step = grads
+    grads_step = grads if wrapper_memory.step_gradients is None else wrapper_memory.step_gradients
     if no_sync is not None:
         grads, grads_step = no_sync.accumulating, no_sync.synced
         grads_prev = no_sync.accumulating if setup.grad_accum > 1 else 0

@@ -253,6 +253,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     from tuneplan.simulate.step import make_optimizer, relabel_states
     from tuneplan.simulate.zero import (
         ZERO,
+        built_under_zero_init,
         deepspeed_version,
         label_zero_buffers,
         local_rank_env,
@@ -277,16 +278,23 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
               memory_efficient_linear(setup.zero), cuda_dropout(), offload_on_host(tracker, setup)):
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
-            # the Trainer's optimizer (adamw_torch_fused): fp32 states beside DeepSpeed's fp32 master
-            engine, opt = wrap_zero(model, setup, make_optimizer("adamw-fused", params))
+            # the Trainer's own optimizer (its ``optim``), which DeepSpeed steps on the fp32 master partition
+            start = len(tracker.events)
+            engine, opt = wrap_zero(model, setup, make_optimizer(setup.optimizer or prof.default_optimizer,
+                                                                 params))
+            initialized = len(tracker.events)
             label_zero_buffers(tracker, engine, opt)
             run_zero_steps(engine, setup, tracker, progress)
-            relabel_states(tracker, getattr(opt, "optimizer", opt), True)
+            inner = getattr(opt, "optimizer", opt)
+            relabel_states(tracker, inner, setup.optimizer == "adamw-fused")
+        if setup.zero == 3:
+            built_under_zero_init(tracker, start, initialized)
     finally:
         h1.remove()
         h2.remove()
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     n_train = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
-    return SimRun(tracker.result(), time.perf_counter() - t0, build_s, notes=notes, n_params=n_params,
+    return SimRun(tracker.result(), time.perf_counter() - t0, build_s,
+                  paged_bytes=getattr(inner, "paged_bytes", 0), notes=notes, n_params=n_params,
                   n_trainable=n_train, kernel_buffers=dict(KERNEL_BUFFERS), wrapper=wrapper,
                   world_size=setup.world_size)

@@ -197,6 +197,38 @@ def wrap_zero(model: nn.Module, setup: TrainSetup, optimizer: torch.optim.Optimi
     return engine, opt
 
 
+def built_under_zero_init(tracker: Any, start: int, end: int) -> None:
+    """ZeRO-3 as the HF Trainer runs it: ``TrainingArguments(deepspeed=...)`` comes before
+    ``from_pretrained``, which then builds the model inside ``deepspeed.zero.Init`` (transformers
+    ``is_deepspeed_zero3_enabled``): partition_parameters.py partitions every parameter as its module is
+    made, and the checkpoint is copied into the partitions a few tensors at a time on the host; a whole
+    parameter never exists on the GPU. Here the model is built whole on fake tensors and
+    ``deepspeed.initialize`` partitions it (events ``start`` to ``end``) into the same partitions: the whole
+    parameters it frees there are taken out of the record (their events dropped, the later indices
+    renumbered, the stream log with them); what it keeps whole (``stage3_param_persistence_threshold``) stays,
+    as zero.Init keeps it. What this leaves unchecked: the instants of loading the checkpoint (one module
+    gathered at a time) and the order of those allocations, before the first step."""
+    drop = {b.bid for b in tracker.blocks
+            if b.phase == "setup" and b.category in ("weights", "quant_meta") and start <= b.freed_at < end}
+    if not drop:
+        return
+    kept = [e for e in tracker.events if e.block.bid not in drop]
+    before = [0] * (len(tracker.events) + 1)  # old event index -> kept events before it
+    n = 0
+    for i, e in enumerate(tracker.events):
+        before[i] = n
+        n += e.block.bid not in drop
+    before[len(tracker.events)] = n
+    for i, e in enumerate(kept):
+        e.index = i
+        if not e.alloc:
+            e.block.freed_at = i
+    tracker.events[:] = kept
+    tracker.blocks[:] = [b for b in tracker.blocks if b.bid not in drop]
+    tracker.stream_ops[:] = [(before[min(op[0], len(before) - 1)], op[1], op[2],
+                              before[min(op[3], len(before) - 1)]) for op in tracker.stream_ops]
+
+
 def offload_note(setup: TrainSetup) -> str:
     """How the run offloads, for the simulation's note ('' without offload)."""
     if setup.offload == "none":

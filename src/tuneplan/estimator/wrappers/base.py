@@ -84,6 +84,14 @@ class EndOfBackward:
 
 
 @dataclass(frozen=True)
+class Epilogue:
+    """The backward's epilogue, every activation released: its last gradient reduction (ZeRO-1/2)."""
+
+    gradients: int  # gradient bytes and their buffers
+    reduction_copy: int  # the reduction's temporary copy of what it reduces
+
+
+@dataclass(frozen=True)
 class EmbeddingGradients:
     """Gradient bytes alive while the token embedding is back-propagated (DeepSpeed ZeRO-1/2)."""
 
@@ -111,6 +119,8 @@ class WrapperMemory:
     end_of_backward: EndOfBackward | None = None
     embedding: EmbeddingGradients | None = None
     no_sync: NoSyncGradients | None = None
+    step_gradients: int | None = None  # gradient bytes at the optimizer step; None: ``resident.gradients``
+    epilogue: Epilogue | None = None
     notes: tuple[str, ...] = ()
 
 

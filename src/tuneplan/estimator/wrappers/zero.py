@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from tuneplan.estimator.links import ring_factor
+from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
 from tuneplan.estimator.wrappers.base import (
     Buckets,
     Collectives,
@@ -36,13 +37,18 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_in_backward,
     zero3_layers_kept,
 )
+from tuneplan.estimator.wrappers.zero12_reductions import (
+    zero1_offload_epilogue,
+    zero2_epilogue,
+    zero12_grads_at_embedding,
+    zero12_rank0_params,
+    zero12_step,
+)
 from tuneplan.estimator.xp import ceil_div
-from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:
     from tuneplan.estimator.links import Link
-    from tuneplan.estimator.optimizer import OptimizerPlan
     from tuneplan.estimator.run import Run
 
 DS_REDUCE_BUCKET = 500_000_000  # elements, DeepSpeed default reduce_bucket_size
@@ -60,30 +66,54 @@ class DeepSpeedTerms:
     prefetch_bucket: int  # elements (setup.ds_prefetch_bucket or DeepSpeed's default)
     bucket: int  # the contiguous-gradients IPG bucket, bytes
     fp32_grad_step: int  # the fp32 gradient partition the optimizer step reads
+    step_temp: int  # the optimizer step's temporaries: that partition and the optimizer's own
 
 
 def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
-    """Trainable parameters live in 16 bits; the fp32 master and fp32 Adam states are partitioned."""
+    """Trainable parameters live in 16 bits; the fp32 master and the optimizer's states are partitioned."""
     setup, params, compute = run.setup, run.param_plan, run.dtypes.compute
     world_size, trainable_params = setup.world_size, params.trainable_params
     weights16 = params.weight_bytes + params.adapter_bytes
     weights16 -= params.trainable_weight_params * max(params.trainable_bytes - compute, 0)
     if params.trainable_bytes > compute and trainable_params > params.trainable_weight_params:  # adapters too
         weights16 -= (trainable_params - params.trainable_weight_params) * (params.trainable_bytes - compute)
-    master = 4 * trainable_params if compute < 4 else 0
-    # DeepSpeed's own Adam keeps fp32 states next to the fp32 master; other optimizers keep theirs.
-    adam_fp32 = 8 * trainable_params if run.optimizer in ("adamw", "adamw-fused") else optimizer.states
+    # ZeRO-1/2 clone this rank's partition into the fp32 master whatever the dtype (stage_1_and_2.py
+    # ``.detach().clone().to(...)``); ZeRO-3 steps an fp32 partition in place when it is one already
+    # (stage3.py ``_create_fp32_partitions``), DeepSpeed 0.19.8
+    master = 4 * trainable_params if compute < 4 or setup.zero < 3 else 0
+    partition = ceil_div(trainable_params, world_size)
+    client = partition_optimizer_plan(run, partition)
     reduce_bucket = reduce_bucket_elements(setup)
+    # ZeRO-1/2 step(): ``flatten(averaged_gradients)`` then ``.to(fp32)``, a new fp32 partition in any dtype;
+    # ZeRO-3: a copy only when gradients are 16-bit
+    fp32_grad_step = 4 * partition if compute < 4 or setup.zero < 3 else 0
     # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
     # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
     # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
     # with overlap_comm, off by default below stage 3), stage3.py __init__ once. DeepSpeed 0.19 source.
-    return DeepSpeedTerms(weights16=weights16, states=ceil_div(master + adam_fp32, world_size),
+    return DeepSpeedTerms(weights16=weights16, states=ceil_div(master, world_size) + client.states,
                           grads16=trainable_params * compute, reduce_bucket=reduce_bucket,
                           prefetch_bucket=setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
-                          bucket=reduce_bucket * compute,
-                          # a copy only when gradients are 16-bit
-                          fp32_grad_step=ceil_div(4 * trainable_params, world_size) if compute < 4 else 0)
+                          bucket=reduce_bucket * compute, fp32_grad_step=fp32_grad_step,
+                          step_temp=fp32_grad_step + client.temp)
+
+
+def partition_optimizer_plan(run: Run, partition: int) -> OptimizerPlan:
+    """The optimizer as DeepSpeed hands it this rank's fp32 master partition: one flat fp32 tensor of
+    ``partition`` elements with an fp32 gradient (stage_1_and_2.py sets each group's params to
+    ``[single_partition_of_fp32_groups[i]]`` and its ``.grad`` to the fp32 ``single_grad_partition``;
+    stage3.py steps ``fp32_partitioned_groups_flat``). Under the HF Trainer it is the Trainer's own optimizer
+    (its ``optim``; transformers ``deepspeed_optim_sched`` with a config that names none); with
+    ``offload_optimizer`` the config names AdamW and DeepSpeed steps its CPU Adam (fp32 states).
+
+    Adafactor on an fp32 parameter and gradient makes no fp32 working copy of either (transformers
+    ``Adafactor.step`` converts only 16-bit ones); ``update = (grad**2) + eps`` holds two partition-sized
+    fp32 temporaries at once, the largest of its step."""
+    name = "adamw-fused" if run.setup.offload in ("optimizer", "all") else run.optimizer
+    plan = optimizer_plan(name, partition, 4, 1, partition, partition, tensor_sizes=((partition, 1),))
+    if name == "adafactor":
+        return OptimizerPlan(states=plan.states, paged=plan.paged, temp=2 * 4 * partition, notes=plan.notes)
+    return plan
 
 
 def reduce_bucket_elements(setup: TrainSetup) -> int:
@@ -121,7 +151,7 @@ class Zero(Wrapper):
         if run.setup.offload in ("optimizer", "all"):
             return 0, 0, terms.states + terms.fp32_grad_step, [
                 "optimizer states, fp32 master and fp32 gradients offloaded to CPU"]
-        return terms.states, terms.fp32_grad_step, 0, []
+        return terms.states, terms.step_temp, 0, []
 
     def resident(self, run: Run, weights: int, states: int, temp: int, grads: int, host: int) -> Resident:
         """``weights`` on this GPU split into the base model's and the adapters (deepspeed_adapters)."""
@@ -150,7 +180,8 @@ class ZeroOneTwo(Zero):
         grads16 = terms.grads16
         # overlap_comm (off by default below stage 3) double-buffers the bucket: setup_buckets' buf_1
         buffers = terms.bucket * (2 if setup.ds_overlap_comm else 1)
-        g_live = ceil_div(grads16, world_size) if self.partitions_gradients else grads16
+        g_live = (zero12_rank0_params(run, ceil_div(run.param_plan.trainable_params, world_size)) * compute
+                  if self.partitions_gradients else grads16)
         states, temp, host, notes = self.offloaded(run, terms)
         offload_grad_buffer = 0
         if setup.offload in ("optimizer", "all"):
@@ -179,9 +210,15 @@ class ZeroOneTwo(Zero):
         if at_embedding >= 0:
             embedding = EmbeddingGradients(at_embedding + offload_grad_buffer,
                                            layers_hold_it=not self.partitions_gradients)
+        held = offload_grad_buffer + buffers
+        epilogue = (zero2_epilogue(run, terms.reduce_bucket, held, g_live) if self.partitions_gradients
+                    else zero1_offload_epilogue(run, terms.reduce_bucket, held, g_live)
+                    if setup.offload != "none" else None)
+        step_gradients, temp = (zero12_step(run, terms) if setup.offload == "none" else (0, temp))
         return WrapperMemory(self.resident(run, weights, states, temp, g_live, host),
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers),
-                             embedding=embedding, notes=self.notes(setup, notes))
+                             embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
+                             notes=self.notes(setup, notes))
 
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
         """The gradients reduce-scattered (ZeRO-2: every micro-batch; ZeRO-1: once per step), the updated
@@ -246,10 +283,18 @@ class Zero3(Zero, ShardingWrapper):
             # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
             host += g_live
             g_live = 0
+        embedding = None
+        if setup.method == "full" and model.embed_params:
+            # the token embedding's backward, the last of the step: its module's pre-backward hook gathers
+            # its weight whole (PartitionedParameterCoordinator.fetch_sub_module fetches every parameter of
+            # the module, DeepSpeed 0.19.8) beside the IPG bucket and the flat gradient partition; the
+            # gradient and its scratch (a tied head's sum) are the row's own
+            embedding = EmbeddingGradients(terms.bucket + g_live + model.embed_params * compute,
+                                           layers_hold_it=False)
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss),
-                             top_layer=top_layer,
+                             top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
 
     @staticmethod
@@ -262,7 +307,7 @@ class Zero3(Zero, ShardingWrapper):
         filled = zero3_bucket_flush(model, setup, terms.reduce_bucket)
         top_gathered = at_flush = layer_gathered
         if setup.quant_bits is None:
-            ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket)
+            ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
             at_loss = max(at_loss, min(ahead * compute, whole16))
             if ahead:
                 top16 = zero3_gathered_in_backward(model, setup) * compute
@@ -272,32 +317,3 @@ class Zero3(Zero, ShardingWrapper):
                 flush_instant16 = zero3_gathered_in_backward(model, setup, done) * compute
                 at_flush = max(at_flush, min(flush_instant16, whole16))
         return at_loss, max(top_gathered, at_flush + filled * compute if filled else 0)
-
-
-def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, grads16: int,
-                              g_live: int, bucket_bytes: int, bucket_elements: int) -> int:
-    """Gradient bytes alive under ZeRO-1/2 while the token embedding is back-propagated (a full fine-tune;
-    the embedding is the last parameter whose gradient autograd makes), the embedding's own gradient and
-    the backward kernel's temporaries excluded (memory.embedding_backward_row adds those); -1 when the
-    instant is not modelled (LoRA: a frozen embedding; ZeRO-1 with accumulation).
-
-    DeepSpeed 0.19.8, ``runtime/zero/stage_1_and_2.py``:
-    - ``process_gradients`` runs ``setup_buckets`` on the first ready gradient: the contiguous-gradients
-      bucket is allocated whole and stays until ``_release_ipg_buffers`` at the end of the backward;
-    - ZeRO-1 (``partition_gradients`` False, no ``overlap_comm``): the hook does not call
-      ``reduce_ready_partitions_and_remove_grads``; every 16-bit gradient stays in ``param.grad`` until the
-      epilogue;
-    - ZeRO-2: each gradient is copied into the bucket (``reduce_independent_p_g_buckets_and_remove_grads``);
-      only when the next one would overflow ``reduce_bucket_size`` does ``reduce_ipg_grads`` run, and its
-      ``copy_grads_in_partition`` allocates ``grads_in_partition`` (this rank's 1/N partition, 16 bits).
-      While the embedding's gradient is being made its hook has not fired: the partition exists only if
-      the other trainable parameters overflowed the bucket before."""
-    if setup.method != "full":
-        return -1
-    embed_params = model.embed_params
-    if setup.zero == 1:
-        if setup.grad_accum > 1:
-            return -1
-        return max(grads16 - embed_params * (grads16 // max(trainable_params, 1)), 0) + bucket_bytes
-    partition = g_live if trainable_params - embed_params > bucket_elements else 0
-    return partition + bucket_bytes

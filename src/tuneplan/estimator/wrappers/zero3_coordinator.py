@@ -1,7 +1,8 @@
 """What ZeRO-3's parameter coordinator keeps gathered, and when its gradient bucket is first reduced, read
 from DeepSpeed 0.19.8's stage-3 code (``PartitionedParameterCoordinator``, stage3.py) once the module trace
 is complete (from the second step): the layers kept from forward to backward, the prefetcher running ahead
-at the loss and through the top layers' backward, and the IPG bucket's first flush."""
+at the loss and through the top layers' backward, and the IPG bucket's first flush; with the order in which a
+full fine-tune's gradients reach the bucket and its fills, which ZeRO-1/2 share (zero12_reductions.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # elements, DeepSpeed default stage3_max
 # modules of a decoder layer that hold no parameter but still run ZeRO-3's fetch hook (each one a prefetch
 # opportunity): the layer, its attention, its MLP and the MLP's activation module
 HOOKED_CONTAINERS_PER_LAYER = 4
+# a LoRA-wrapped linear runs its base layer, dropout, lora_A and lora_B as modules of their own, each with
+# the fetch hook (peft/tuners/lora/layer.py ``Linear.forward``): four fetches beyond the linear's own
+PEFT_MODULES_PER_TARGET = 4
 
 
 def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
@@ -31,7 +35,8 @@ def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
     return min(model.n_layers, -(-room // (2 * per_layer)))
 
 
-def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
+def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                         targets: frozenset[str] = frozenset()) -> int:
     """Parameters (elements) ZeRO-3 holds gathered at the loss once its prefetcher has run ahead of the
     forward into the backward part of the trace (0 when it cannot run ahead).
 
@@ -48,8 +53,10 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     input (their outputs do not require grad, so no pre-backward hook fetches them again).
     (simulate: DeepSpeed's engine on a fake process group, Llama-2-7B layers, full + checkpointing and
     LoRA; the coordinator's state read at the loss.)"""
-    fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER for spec, _ in model.layer_groups)
-    if fetches * prefetch_bucket < model.largest_layer_params or setup.method not in ("full", "lora"):
+    fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER
+                  + PEFT_MODULES_PER_TARGET * sum(m.name in targets for m in spec.linears)
+                  for spec, _ in model.layer_groups)
+    if fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora":
         return 0
     used = zero3_backward_uses(model, setup)
     largest = max([model.vocab * model.hidden, model.lm_head_params]
@@ -60,12 +67,30 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
 def zero3_backward_uses(model: ModelSpec, setup: TrainSetup) -> int:
     """Parameters (elements) the backward fetches again under ZeRO-3: all of them, less, in a LoRA run without
     checkpointing, the frozen embedding and the first layer's frozen projections that read its input
-    (zero3_gathered_ahead)."""
+    (zero3_gathered_ahead); under ``freeze``, those above the lowest trained layer, where the backward
+    stops (simulate: gemma-3-12b, Phi-3-mini freeze runs over 4 and 8 GPUs)."""
+    if setup.method == "freeze":
+        # the backward stops at the lowest trained layer: the head (tied: the embedding's weight), the final
+        # norm and the trained layers are used again, nothing below them
+        return (model.lm_head_params or model.embed_params) + model.final_norm_params + top_layers_params(
+            model, min(setup.freeze_trainable_layers, model.n_layers))
     used = model.params_total
     if setup.method == "lora" and not setup.gradient_checkpointing:
         first = model.layer_groups[0][0]
         used -= model.embed_params + sum(m.params for m in first.linears if m.reads == "attn_in")
     return used
+
+
+def top_layers_params(model: ModelSpec, k: int) -> int:
+    """Parameters (elements) of the top ``k`` decoder layers."""
+    total = 0
+    for spec, count in reversed(model.layer_groups):
+        take = min(count, k)
+        total += take * (spec.linear_params + spec.norm_params)
+        k -= take
+        if k <= 0:
+            break
+    return total
 
 
 def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 0) -> int:
@@ -83,7 +108,8 @@ def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 
     which ``release_sub_module`` freed after their backward) fit under that, all of them are gathered.
     (simulate: Llama-2-7B, 8 layers, ZeRO-3 over 8 GPUs, the coordinator's count read at every module
     fetch and release: 1.00e9 to 1.034e9 elements through the top two layers' backward.)"""
-    after_head = zero3_backward_uses(model, setup) - model.lm_head_params - done
+    head = (model.lm_head_params or model.embed_params) if setup.method == "freeze" else model.lm_head_params
+    after_head = zero3_backward_uses(model, setup) - head - done
     largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
     return min(after_head, DS_MAX_LIVE_PARAMETERS + largest)
 
@@ -98,16 +124,40 @@ def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) 
     ``reduce_scatter`` on (the default) it calls ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``
     (runtime/comm/coalesced_collectives.py), whose ``torch.cat`` of the interleaved, padded gradient chunks
     is a new tensor of the bucket's elements in the 16-bit dtype, live beside the bucket while the layer is
-    back-propagated. Gradients arrive in the backward's order: the untied head, the final norm, then each
-    layer from the top, its linears last-to-first (its norms counted after them)."""
+    back-propagated (the order: :func:`full_backward_gradients`)."""
     if setup.method != "full":
         return 0
-    filled = model.lm_head_params + model.final_norm_params
+    fills = bucket_fills(full_backward_gradients(model, embedding=False), reduce_bucket)
+    return fills[0] if len(fills) > 1 else 0
+
+
+def full_backward_gradients(model: ModelSpec, embedding: bool = True) -> list[int]:
+    """A full fine-tune's gradients (elements) in the order their hooks fire: the untied head, the final
+    norm, then each layer from the top, its linears last-to-first (its norms counted after them), and the
+    token embedding last (tied to the head, its gradient is complete only after the embedding's backward);
+    without ``embedding``, up to the bottom layer."""
+    order = [model.lm_head_params, model.final_norm_params]
     for spec, count in reversed(model.layer_groups):
         per_layer = [m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)]
         per_layer.append(spec.norm_params)
-        for numel in per_layer * count:
-            if filled and filled + numel > reduce_bucket:
-                return filled
-            filled += numel
-    return 0
+        order += per_layer * count
+    return [n for n in [*order, model.embed_params if embedding else 0] if n]
+
+
+def bucket_fills(gradients: list[int], reduce_bucket: int) -> list[int]:
+    """Elements in the IPG bucket at each reduction of one backward, the epilogue's last: a gradient that
+    would take the bucket past ``reduce_bucket_size`` reduces what it holds first (DeepSpeed 0.19.8
+    ``reduce_independent_p_g_buckets_and_remove_grads``, stage_1_and_2.py and stage3.py alike)."""
+    return [sum(fill) for fill in bucket_members(gradients, reduce_bucket)]
+
+
+def bucket_members(gradients: list[int], reduce_bucket: int) -> list[list[int]]:
+    """The gradients (elements) of each reduction of :func:`bucket_fills`."""
+    fills: list[list[int]] = []
+    filled: list[int] = []
+    for numel in gradients:
+        if filled and sum(filled) + numel > reduce_bucket:
+            fills.append(filled)
+            filled = []
+        filled.append(numel)
+    return [*fills, filled] if filled else fills

@@ -1,0 +1,163 @@
+"""DeepSpeed ZeRO-1/2's gradient reductions and step, read from ``DeepSpeedZeroOptimizer``
+(runtime/zero/stage_1_and_2.py, DeepSpeed 0.19.8): what rank 0's gradient partition holds, the reductions'
+copies at the end of the backward, the larger instant of the step, the token embedding's backward."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuneplan.estimator.wrappers.base import Epilogue
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    bucket_fills,
+    bucket_members,
+    full_backward_gradients,
+)
+from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+NORM_BYTES = 8  # fp64, DeepSpeed's get_norm_dtype() on CUDA (runtime/zero/utils.py)
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
+    from tuneplan.estimator.wrappers.zero import DeepSpeedTerms
+
+
+def zero12_step(run: Run, terms: DeepSpeedTerms) -> tuple[int, int]:
+    """(16-bit gradient bytes, temporaries) at the larger instant of ZeRO-1/2's step without offload.
+
+    stage_1_and_2.py ``step`` (DeepSpeed 0.19.8): after freeing the gradients of the parameters outside
+    this rank's slice, ``flatten(averaged_gradients)`` copies the slice's gradients into one 16-bit tensor
+    and ``.to(fp32)`` makes the fp32 gradient partition (in fp32 the copy is that partition), the gradients
+    of the parameters overlapping the slice still held (``zero12_rank0_params``); they and the 16-bit copy
+    are freed (``free_grad_in_param_list``, ``averaged_gradients = None``) before the optimizer steps, which
+    sees the fp32 gradient partition and its own temporaries."""
+    compute = run.dtypes.compute
+    partition = ceil_div(run.param_plan.trainable_params, run.setup.world_size)
+    held = zero12_rank0_params(run, partition) * compute
+    flat = partition * compute if compute < 4 else 0
+    if held + flat + terms.fp32_grad_step > terms.step_temp:
+        return held, flat + terms.fp32_grad_step
+    return 0, terms.step_temp
+
+
+def zero12_rank0_params(run: Run, partition: int) -> int:
+    """Elements of the parameters overlapping rank 0's 1/N slice of the flat group (the rank simulated and
+    estimated), each counted whole: ZeRO-2's ``grads_in_partition`` (stage_1_and_2.py
+    ``copy_grads_in_partition`` sums ``numel()`` over ``params_in_partition``, DeepSpeed 0.19.8) and the
+    gradients both stages hold into the step. In a full fine-tune the flat group
+    follows the module order, the token embedding first, so one large embedding can hold more than the
+    slice; other runs: the slice (their first trainable tensors are small)."""
+    if run.setup.method != "full":
+        return partition
+    covered = 0
+    for numel in full_module_order(run.model):
+        if covered >= partition:
+            break
+        covered += numel
+    return max(covered, partition)
+
+
+def full_module_order(model: ModelSpec) -> list[int]:
+    """A full fine-tune's parameters (elements) in module order, the order of the flat 16-bit group: the
+    token embedding, each layer's linears and norms, the final norm, the untied head."""
+    order = [model.embed_params]
+    for spec, count in model.layer_groups:
+        layer = [m.params // m.count for m in spec.linears for _ in range(m.count)]
+        order += [*layer, spec.norm_params] * count
+    return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
+
+
+def offload_norm_copy(run: Run, largest: int) -> int:
+    """ZeRO-Offload's temporary as a reduced gradient leaves for the host: ``copy_grads_in_partition`` ->
+    ``set_norm_for_param_grad_in_gpu`` takes the norm of the gradient's slice in this rank's partition in
+    ``get_norm_dtype()`` (runtime/zero/utils.py: fp64 where the device has it), a copy freed before
+    ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` makes its fp32 one (DeepSpeed 0.19.8): 8 bytes per
+    element of the largest slice, ``largest`` elements at most; 0 without offload."""
+    if run.setup.offload == "none":
+        return 0
+    return NORM_BYTES * min(largest, ceil_div(run.param_plan.trainable_params, run.setup.world_size))
+
+
+def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> Epilogue | None:
+    """ZeRO-1 with ``offload_optimizer``: its reductions run at the end of the backward
+    (``reduce_gradients`` walks the flat group's parameters in module order, each gradient moved into the
+    bucket, DeepSpeed 0.19.8); at the first, every other 16-bit gradient is still held beside the bucket,
+    its flattened copy (``allreduce_bucket``) and then the norm's copy of each slice (offload_norm_copy),
+    the token embedding's first. None where the order is not known (a partial fine-tune wider than the
+    bucket)."""
+    params = run.param_plan
+    order = (full_module_order(run.model) if run.setup.method == "full"
+             else [params.trainable_params] if params.trainable_params <= reduce_bucket else [])
+    members = bucket_members(order, reduce_bucket)
+    if not members:
+        return None
+    first, compute = members[0], run.dtypes.compute
+    largest = max(first) if run.setup.method == "full" else params.largest_trainable_tensor
+    return Epilogue(gradients=max(grads16 - sum(first) * compute, 0) + buffers,
+                    reduction_copy=max(sum(first) * compute, offload_norm_copy(run, largest)))
+
+
+def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -> Epilogue | None:
+    """ZeRO-2's last gradient reductions, with every activation released (None where the order in which the
+    trainable gradients reach the bucket is not known: a partial fine-tune wider than the bucket): the larger
+    of the epilogue's and of the one the last gradient (the token embedding's) sets off on arriving.
+
+    DeepSpeed 0.19.8, stage_1_and_2.py: a reduction (``reduce_ipg_grads`` -> ``average_tensor`` ->
+    ``allreduce_and_scatter`` -> ``allreduce_bucket``) copies every gradient slice it reduces into a new
+    16-bit tensor (``self.flatten(bucket)``, use_multi_rank_bucket_allreduce, the default) while the bucket
+    is still held. A gradient that would take the bucket past ``reduce_bucket_size`` first reduces what the
+    bucket holds, its own gradient live beside it; one larger than the bucket stays in its own tensor
+    (``extra_large_param_to_reduce``) until the next reduction, the epilogue's
+    (``independent_gradient_partition_epilogue``). ``grads_in_partition`` (``copy_grads_in_partition``)
+    exists at a reduction only if an earlier one of this backward made it: an accumulating micro-batch's
+    partition is released as its gradients move into the bucket."""
+    compute = run.dtypes.compute
+    gradients = (full_backward_gradients(run.model) if run.setup.method == "full"
+                 else [run.param_plan.trainable_params] if run.param_plan.trainable_params <= reduce_bucket
+                 else [])
+    fills = bucket_fills(gradients, reduce_bucket)
+    if not fills:
+        return None
+    last = fills[-1]
+    outside = last if last > reduce_bucket else 0
+    # the last reduction holds the token embedding's gradient, first in the flat group: in rank 0's slice
+    params = run.param_plan
+    largest = run.model.embed_params if run.setup.method == "full" else params.largest_trainable_tensor
+    end = Epilogue(gradients=buffers + (partition if len(fills) > 1 else 0) + outside * compute,
+                   reduction_copy=max(last * compute, offload_norm_copy(run, largest)))
+    if len(fills) > 1 and last == gradients[-1]:  # the last gradient set off the reduction before it
+        on_arrival = Epilogue(gradients=buffers + (partition if len(fills) > 2 else 0) + last * compute,
+                              reduction_copy=fills[-2] * compute)
+        if on_arrival.gradients + on_arrival.reduction_copy > end.gradients + end.reduction_copy:
+            return on_arrival
+    return end
+
+
+def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, grads16: int,
+                              g_live: int, bucket_bytes: int, bucket_elements: int) -> int:
+    """Gradient bytes alive under ZeRO-1/2 while the token embedding is back-propagated (a full fine-tune;
+    the embedding is the last parameter whose gradient autograd makes), the embedding's own gradient and
+    the backward kernel's temporaries excluded (memory.embedding_backward_row adds those); -1 when the
+    instant is not modelled (LoRA: a frozen embedding; ZeRO-1 with accumulation).
+
+    DeepSpeed 0.19.8, ``runtime/zero/stage_1_and_2.py``:
+    - ``process_gradients`` runs ``setup_buckets`` on the first ready gradient: the contiguous-gradients
+      bucket is allocated whole and stays until ``_release_ipg_buffers`` at the end of the backward;
+    - ZeRO-1 (``partition_gradients`` False, no ``overlap_comm``): the hook does not call
+      ``reduce_ready_partitions_and_remove_grads``; every 16-bit gradient stays in ``param.grad`` until the
+      epilogue;
+    - ZeRO-2: each gradient is copied into the bucket (``reduce_independent_p_g_buckets_and_remove_grads``);
+      only when the next one would overflow ``reduce_bucket_size`` does ``reduce_ipg_grads`` run, and its
+      ``copy_grads_in_partition`` allocates ``grads_in_partition`` (this rank's 1/N partition, 16 bits).
+      While the embedding's gradient is being made its hook has not fired: the partition exists only if
+      the other trainable parameters overflowed the bucket before."""
+    if setup.method != "full":
+        return -1
+    embed_params = model.embed_params
+    if setup.zero == 1:
+        if setup.grad_accum > 1:
+            return -1
+        return max(grads16 - embed_params * (grads16 // max(trainable_params, 1)), 0) + bucket_bytes
+    partition = g_live if trainable_params - embed_params > bucket_elements else 0
+    return partition + bucket_bytes

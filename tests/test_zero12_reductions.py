@@ -1,0 +1,36 @@
+"""ZeRO-1/2's reductions at the end of the backward (estimator/wrappers/zero12_reductions.py), by hand from
+DeepSpeed 0.19.8's stage_1_and_2.py on Qwen2.5-7B (embedding and head 152,064 x 3,584 = 544,997,376
+elements each, above the default 5e8-element bucket)."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.memory_statics import memory_statics
+from tuneplan.estimator.run import resolve_run
+
+EMBED = 152_064 * 3_584
+BUCKET = 500_000_000
+
+
+def test_zero1_offload_reduces_the_embedding_first_and_copies_it_in_fp64(qwen7b) -> None:
+    # reduce_gradients walks the flat group in module order: the embedding alone fills the first reduction
+    # (the next weight would overflow the bucket); copy_grads_in_partition then takes its norm in fp64
+    setup = build_setup(qwen7b, method="full", precision="bf16-mixed", gpus=4, zero=1, offload="optimizer")
+    run = resolve_run(qwen7b, setup)
+    assert qwen7b.embed_params == EMBED
+    grads16 = 2 * run.param_plan.trainable_params
+    held = 2 * BUCKET + 2 * run.param_plan.largest_trainable_tensor  # the bucket, the offload device buffer
+    epilogue = memory_statics(run).wrapped.epilogue
+    assert epilogue is not None
+    assert (epilogue.gradients, epilogue.reduction_copy) == (grads16 - 2 * EMBED + held, 8 * EMBED)
+
+
+def test_zero2_without_offload_reduces_the_last_gradient_alone(qwen7b) -> None:
+    # backward order ends with the embedding, larger than the bucket: it is reduced on its own at the
+    # epilogue from its own tensor, copied once (flatten) in 16 bits
+    setup = build_setup(qwen7b, method="full", precision="bf16-mixed", gpus=4, zero=2)
+    run = resolve_run(qwen7b, setup)
+    wm = memory_statics(run).wrapped
+    assert wm.epilogue is not None
+    assert wm.epilogue.reduction_copy == 2 * EMBED
+    assert wm.epilogue.gradients == 2 * BUCKET + wm.resident.gradients + 2 * EMBED
