@@ -75,6 +75,8 @@ CASES: dict[str, tuple[str, tuple, tuple]] = {
     "flash-attn-unverified": ("info", ("rtx5090", {"attn": "flash"}, None, None),
                               ("rtx4090", {"attn": "flash"}, None, None)),
     # FA2 head dim <= 256 (CUDA), ROCm CK backward <= 128
+    "attn-kernel-missing": ("error", ("a100-80gb-sxm4", {"attn": "sdpa"}, "google/gemma-2-2b", None),
+                            ("a100-80gb-sxm4", {"attn": "flash"}, "google/gemma-2-2b", None)),
     "flash-attn-head-dim": ("error", ("a100-80gb-sxm4", {"attn": "flash"}, "toy-hd512", None),
                             ("a100-80gb-sxm4", {"attn": "flash"}, "google/gemma-7b", None)),
     "flash-attn-hdim256-consumer": (

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tuneplan.errors import TuneplanError
+from tuneplan.specs.attention_kernels import missing_kernel
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -331,6 +332,11 @@ def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] 
     if setup.attn is None and setup.softmax_keeps_input:
         changes["attn"] = "eager"
         sources["attn"] = "eager: torch < 1.11 (softmax_keeps_input) has no SDPA or FlashAttention-2"
+    elif setup.attn is None and prof.model_code == "hf" and prof.default_attn == "sdpa" and (
+            why := missing_kernel(model.model_type, "sdpa")):
+        changes["attn"] = "eager"
+        sources["attn"] = (f"eager: transformers' default for {model.model_type}, which has no SDPA path "
+                           f"({why})")
     elif setup.attn is None:
         default("attn", prof.default_attn)
     if setup.gradient_checkpointing is None:

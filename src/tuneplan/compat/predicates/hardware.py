@@ -9,6 +9,7 @@ from tuneplan.compat.rules import (
     Context,
     rule_version,
 )
+from tuneplan.specs.attention_kernels import missing_kernel
 from tuneplan.specs.profiles import get_profile
 
 # ---- hardware -------------------------------------------------------------------------------------
@@ -97,6 +98,20 @@ def _fa2(ctx: Context, p: dict[str, Any]) -> Hit:
     if ctx.setup.attn != "flash" or ctx.platform == "npu" or ctx.cap("flash_attn_2") is not False:
         return None
     return {}
+
+
+@predicate("attn-kernel-missing")
+def _attn_kernel_missing(ctx: Context, p: dict[str, Any]) -> Hit:
+    """An attention kernel transformers' class for the model does not have (specs/attention_kernels.py),
+    where the framework runs transformers' model code."""
+    m, attn = ctx.model, ctx.setup.attn
+    if m is None or attn not in p["kernel_names"] or get_profile(ctx.setup.framework).model_code != "hf":
+        return None
+    why = missing_kernel(m.model_type, attn)
+    if why is None:
+        return None
+    return {"kernel": p["kernel_names"][attn], "model_type": m.model_type, "why": why, "attn": attn,
+            "alternative": p.get(f"{m.model_type}_alternative", "")}
 
 
 @predicate("flash-attn-npu")
