@@ -64,6 +64,37 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     return min(used, DS_MAX_LIVE_PARAMETERS + largest)
 
 
+def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
+    """Parameters (elements) ZeRO-3 holds gathered at the token embedding's forward, the first module with
+    parameters, once its prefetcher runs ahead (zero3_gathered_ahead > 0).
+
+    ``PartitionedParameterCoordinator._fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every
+    module's fetch, the parameterless wrappers above the embedding too (``DeepSpeedZeRoOffload`` hooks the
+    root and every submodule), prefetches from the trace queue until it has taken at least ``min(max_live -
+    n_available, prefetch_bucket)`` elements (the last parameter overshoots). The first fetch takes the
+    embedding (the trace's first parameter); each later one, the embedding's own included, the layers'
+    parameters in forward order. Nothing is released before the embedding's forward ends, so all of it is
+    gathered at once; a parameter the queue meets again (its backward use) is already available and is
+    popped without counting, so the whole model bounds it."""
+    # the causal-LM or classification model and its base model above the embedding, and PEFT's
+    # PeftModel and LoraModel above those (peft/peft_model.py, peft/tuners/lora/model.py)
+    wrappers = 2 + (2 if setup.method in ("lora", "qlora") else 0)
+    trace = [model.embed_params]
+    for spec, count in model.layer_groups:
+        for _ in range(count):
+            trace += [m.params // m.count for m in spec.linears for _ in range(m.count)]
+    trace.append(model.lm_head_params)
+    queue = [n for n in trace if n]
+    available = 0
+    for _ in range(wrappers + 1):
+        limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
+        taken = 0
+        while queue and taken < limit:
+            taken += queue.pop(0)
+        available += taken
+    return available
+
+
 def zero3_backward_uses(model: ModelSpec, setup: TrainSetup) -> int:
     """Parameters (elements) the backward fetches again under ZeRO-3: all of them, less, in a LoRA run without
     checkpointing, the frozen embedding and the first layer's frozen projections that read its input
