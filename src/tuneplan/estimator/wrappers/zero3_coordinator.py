@@ -79,6 +79,8 @@ def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bu
     # the causal-LM or classification model and its base model above the embedding, and PEFT's
     # PeftModel and LoraModel above those (peft/peft_model.py, peft/tuners/lora/model.py)
     wrappers = 2 + (2 if setup.method in ("lora", "qlora") else 0)
+    # the linears' weights in forward order; norms, biases and LoRA's matrices are left out, thousands of
+    # elements against rounds of millions: each moves where a round stops by less than itself
     trace = [model.embed_params]
     for spec, count in model.layer_groups:
         for _ in range(count):
