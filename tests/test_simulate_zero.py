@@ -224,3 +224,22 @@ def test_zero3_whole_parameters_never_reach_the_device() -> None:
     assert not whole
     parts = [b for b in run.result.blocks if b.phase == "setup.zero" and b.shape == (vocab * H // 2,)]
     assert len(parts) >= 2
+
+
+def test_a_sequence_classifier_trains_on_one_label_per_sample() -> None:
+    """A classification head (``num_labels``) trains on one class index per sample under ZeRO as on one
+    GPU (simulate/step.py ``training_labels``): batch 2 runs both steps, and no (batch, seq, vocab) logits
+    are ever made."""
+    _needs_deepspeed()
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    spec = model_from_config(TINY, "tiny-llama-zero")
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, batch=2,
+                                      attn="eager", gradient_checkpointing=False, gpus=2, zero=2,
+                                      num_labels=3, ds_reduce_bucket=BUCKET), spec)
+    run = simulate_run(spec, setup, get_profile("hf"))
+    phases = {b.phase for b in run.result.blocks}
+    assert {"step2.forward", "step2.backward", "step2.optimizer"} <= phases
+    assert not [b for b in run.result.blocks if tuple(b.shape) == (2, 64, V)]
+    assert [b for b in run.result.blocks if tuple(b.shape) == (2, 3)]

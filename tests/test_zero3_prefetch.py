@@ -6,7 +6,12 @@ points of their own."""
 from __future__ import annotations
 
 from tuneplan.api import build_setup
-from tuneplan.estimator.wrappers.zero3_coordinator import zero3_backward_uses, zero3_gathered_ahead
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    zero3_backward_uses,
+    zero3_gathered_ahead,
+    zero3_gathered_at_embedding,
+    zero3_head_round,
+)
 from tuneplan.specs.model import model_from_config
 
 from .sharded_tiny import KV, TINY, A, D, F, H, V
@@ -47,3 +52,29 @@ def test_zero3_embedding_backward_gathers_the_embedding(qwen7b) -> None:
     assert held is not None and not held.layers_hold_it
     flat = ceil_div(2 * run.param_plan.trainable_params, 4)
     assert held.gradients == 2 * 500_000_000 + flat + 2 * 152_064 * 3_584
+
+
+def test_the_embedding_forward_holds_what_each_wrapper_fetch_prefetched() -> None:
+    # a bucket of 5,000 elements: the first fetch takes the embedding (16,384), each later one pops until it
+    # has 5,000 or more: q+k (6,144), v+o (6,144), gate (8,192), up (8,192). A LoRA model has four
+    # parameterless wrappers above the embedding (PeftModel, LoraModel, LlamaForCausalLM, LlamaModel) and
+    # the embedding's own fetch: five prefetches; a full fine-tune two wrappers, three prefetches
+    spec = model_from_config(TINY, "tiny-llama-embedding")
+    lora = build_setup(spec, method="lora", gpus=4, zero=3)
+    assert zero3_gathered_at_embedding(spec, lora, 5_000) == V * H + 6_144 + 6_144 + 8_192 + 8_192
+    full = build_setup(spec, method="full", gpus=4, zero=3)
+    assert zero3_gathered_at_embedding(spec, full, 5_000) == V * H + 6_144 + 6_144
+    # a bucket past the model's size: the whole model, each parameter once
+    assert zero3_gathered_at_embedding(spec, full, 10**7) == 2 * V * H + 2 * (LAYER - 2 * H)
+
+
+def test_the_head_round_is_held_twice_until_the_head_is_fetched() -> None:
+    # the forward trace: embedding 16,384; per layer q 4,096, k 2,048, v 2,048, o 4,096, gate/up/down 8,192;
+    # head 16,384. Rounds of at least 30,000: embedding..gate0 (36,864), up0..gate1 (36,864), then up1,
+    # down1 and the head (32,768): the round the head shares with the top layer's last two linears
+    spec = model_from_config(TINY, "tiny-llama-head")
+    assert zero3_head_round(spec, 30_000) == 8_192 + 8_192 + V * H
+    # rounds of at least 20,000 end right before the head: a round of its own, gathered without a copy
+    assert zero3_head_round(spec, 20_000) == 0
+    tied = model_from_config({**TINY, "tie_word_embeddings": True}, "tiny-llama-tied")
+    assert zero3_head_round(tied, 30_000) == 0

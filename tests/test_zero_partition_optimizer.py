@@ -39,6 +39,15 @@ def test_paged_states_leave_only_the_master_on_the_device(qwen7b) -> None:
     run, t = _zero(qwen7b, 2, "paged-adamw")
     b = memory_breakdown(qwen7b, run.setup)
     assert b.components["optimizer_states"] == ceil_div(4 * t, 4)
+    # PagedAdamW's two fp32 states of the flat partition this rank steps, in unified memory
+    assert b.paged_bytes == 2 * 4 * ceil_div(t, 4)
+
+
+def test_offload_steps_cpu_adam_with_nothing_paged(qwen7b) -> None:
+    # with offload_optimizer DeepSpeed steps its CPU Adam, whatever the Trainer's ``optim``
+    setup = build_setup(qwen7b, method="full", precision="bf16-mixed", gpus=4, zero=2,
+                        optimizer="paged-adamw", offload="optimizer")
+    assert memory_breakdown(qwen7b, setup).paged_bytes == 0
 
 
 def test_adamw_foreach_adds_its_sqrt_temporary_on_the_partition(qwen7b) -> None:

@@ -13,6 +13,7 @@ from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
+from tuneplan.estimator.wrappers.zero import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
 
 
@@ -89,6 +90,10 @@ def memory_statics(run: Run) -> MemoryStatics:
                                params.trainable_tensors, params.largest_trainable_tensor,
                                params.factored_elems, tensor_sizes=stepped)
     wrapper_memory = run.wrapper.memory(run, optimizer)
+    if setup.zero:
+        # DeepSpeed steps the run's optimizer on this rank's flat fp32 partition (wrappers/zero.py): its paged
+        # states and notes are the partition's (none with offload: DeepSpeed's CPU Adam)
+        optimizer = partition_optimizer_plan(run, ceil_div(params.trainable_params, setup.world_size))
     resident, buckets = wrapper_memory.resident, wrapper_memory.buckets
     grads, grads_prev, grads_step = gradient_terms(run, wrapper_memory)
     autocast_copies, autocast_copies_backward = autocast_copy_terms(run)

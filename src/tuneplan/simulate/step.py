@@ -120,6 +120,16 @@ def relabel_states(tracker: StorageTracker, opt: torch.optim.Optimizer, fused: b
                 tracker.relabel(v, "optimizer_states")
 
 
+
+def training_labels(setup: TrainSetup, ids: torch.Tensor) -> torch.Tensor:
+    """The labels a step trains on: the input ids for a language-model head; for transformers' sequence
+    classifiers one class index per sample, or one float target for a single-label regression head (reward
+    models), which it trains with MSELoss."""
+    if not setup.num_labels:
+        return ids
+    return (torch.zeros((setup.batch,), dtype=torch.long) if setup.num_labels > 1
+            else torch.zeros((setup.batch,), dtype=torch.float32))
+
 def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: StorageTracker, half: torch.dtype,
               autocast: bool, progress: Callable[[float, str], None] | None = None, steps: int = 2,
               no_sync: Callable[[], Any] | None = None, on_step: Callable[[int], None] | None = None,
@@ -134,12 +144,7 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
     fused = optimizer == "adamw-fused"
     tracker.host_scalars_in_optimizer = not fused
     ids = torch.zeros((setup.batch, setup.seq), dtype=torch.long)
-    labels = ids
-    if setup.num_labels:
-        # transformers' sequence classifiers: one class index per sample, or one float target for a
-        # single-label regression head (reward models), which it trains with MSELoss
-        labels = (torch.zeros((setup.batch,), dtype=torch.long) if setup.num_labels > 1
-                  else torch.zeros((setup.batch,), dtype=torch.float32))
+    labels = training_labels(setup, ids)
     total = steps * (setup.grad_accum * 2 + 1)
     done = 0
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tuneplan.simulate.step import training_labels
 from tuneplan.specs.setup import TrainSetup
 
 ZERO = "DeepSpeed ZeRO engine (deepspeed {version})"
@@ -280,11 +281,12 @@ def run_zero_steps(engine: Any, setup: TrainSetup, tracker: Any,
                    progress: Callable[[float, str], None] | None, steps: int = 2) -> None:
     """The HF Trainer's loop under DeepSpeed: ``engine.backward(loss)``, ``engine.step()`` per micro-batch."""
     ids = torch.zeros((setup.batch, setup.seq), dtype=torch.long)
+    labels = training_labels(setup, ids)
     total, done = steps * setup.grad_accum, 0
     for step in range(1, steps + 1):
         for _ in range(setup.grad_accum):
             tracker.phase = f"step{step}.forward"
-            outputs = engine(input_ids=ids, labels=ids)
+            outputs = engine(input_ids=ids, labels=labels)
             loss = outputs.loss
             del outputs
             tracker.phase = f"step{step}.backward"

@@ -34,7 +34,9 @@ from tuneplan.estimator.wrappers.base import (
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_bucket_flush,
     zero3_gathered_ahead,
+    zero3_gathered_at_embedding,
     zero3_gathered_in_backward,
+    zero3_head_round,
     zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero12_reductions import (
@@ -291,9 +293,20 @@ class Zero3(Zero, ShardingWrapper):
             # gradient and its scratch (a tied head's sum) are the row's own
             embedding = EmbeddingGradients(terms.bucket + g_live + model.embed_params * compute,
                                            layers_hold_it=False)
+        at_embedding = at_head = 0
+        runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
+        if setup.quant_bits is None and runs_ahead:
+            # the first forward instant (the FSDP2 bottom layer's row): the embedding and what the prefetcher
+            # ran ahead to while the wrappers above it were fetched, no activation saved yet
+            at_embedding = min(zero3_gathered_at_embedding(model, setup, terms.prefetch_bucket) * compute,
+                               whole16)
+            # the untied head's forward: what is held at the loss, and the flat buffer of the head's round
+            head_round = zero3_head_round(model, terms.prefetch_bucket)
+            at_head = at_loss + head_round * compute if head_round else 0
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
-                             Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss),
+                             Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
+                                      bottom_layer_forward=at_embedding, head_forward=at_head),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
 

@@ -64,6 +64,73 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     return min(used, DS_MAX_LIVE_PARAMETERS + largest)
 
 
+def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
+    """Parameters (elements) ZeRO-3 holds gathered at the token embedding's forward, the first module with
+    parameters, once its prefetcher runs ahead (zero3_gathered_ahead > 0).
+
+    ``PartitionedParameterCoordinator._fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every
+    module's fetch, the parameterless wrappers above the embedding too (``DeepSpeedZeRoOffload`` hooks the
+    root and every submodule), prefetches one round from the trace queue (:func:`prefetch_rounds`). The
+    first fetch takes the embedding (the trace's first parameter); each later one, the embedding's own
+    included, the layers' parameters in forward order. Nothing is released before the embedding's forward
+    ends, so all of it is gathered at once; a parameter the queue meets again (its backward use) is already
+    available and is popped without counting, so the whole model bounds it."""
+    # the causal-LM or classification model and its base model above the embedding, and PEFT's
+    # PeftModel and LoraModel above those (peft/peft_model.py, peft/tuners/lora/model.py)
+    wrappers = 2 + (2 if setup.method in ("lora", "qlora") else 0)
+    return sum(sum(r) for r in prefetch_rounds(forward_trace(model), prefetch_bucket)[:wrappers + 1])
+
+
+def zero3_head_round(model: ModelSpec, prefetch_bucket: int) -> int:
+    """Elements of the all-gather buffer ZeRO-3 still holds beside the gathered parameters when the untied
+    output head runs its forward (0 when the head is tied, or the forward's parameters exceed
+    ``stage3_max_live_parameters``, where the rounds are cut shorter than the bucket).
+
+    ``PartitionedParameterCoordinator.__all_gather_params_`` (DeepSpeed 0.19.8) files one coalesced handle
+    under every parameter of a round (``__inflight_param_registry[param] = handle``); a fetch pops only its
+    own parameters' entries, and ``AllGatherCoalescedHandle.wait`` gives each parameter a copy of its slices
+    (``torch.cat(partitions)``) while the handle keeps the flat buffer they were gathered into
+    (``self.partitions``). The flat buffer is freed when the last parameter of the round is fetched: the
+    head's round began in the top layer, whose parameters were fetched and copied, so until the head's own
+    fetch that round is held twice."""
+    trace = forward_trace(model)
+    if not model.lm_head_params or sum(trace) > DS_MAX_LIVE_PARAMETERS:
+        return 0
+    rounds = prefetch_rounds(trace, prefetch_bucket)
+    last = rounds[-1]
+    return sum(last) if len(last) > 1 else 0
+
+
+def forward_trace(model: ModelSpec) -> list[int]:
+    """The weights (elements) in the order the forward fetches them: the token embedding, each layer's
+    linears, the untied head. Norms, biases and LoRA's matrices are left out, thousands of elements against
+    rounds of millions: each moves where a round stops by less than itself."""
+    trace = [model.embed_params]
+    for spec, count in model.layer_groups:
+        for _ in range(count):
+            trace += [m.params // m.count for m in spec.linears for _ in range(m.count)]
+    trace.append(model.lm_head_params)
+    return [n for n in trace if n]
+
+
+def prefetch_rounds(trace: list[int], prefetch_bucket: int) -> list[list[int]]:
+    """The trace cut into the prefetcher's rounds: each fetch pops parameters until it has taken at least
+    ``min(stage3_max_live_parameters - n_available, prefetch_bucket)`` elements, the last one overshooting
+    (``_fetch_sub_module_impl``, DeepSpeed 0.19.8)."""
+    rounds: list[list[int]] = []
+    queue, available = list(trace), 0
+    while queue:
+        limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
+        if limit <= 0:
+            break
+        taken: list[int] = []
+        while queue and sum(taken) < limit:
+            taken.append(queue.pop(0))
+        rounds.append(taken)
+        available += sum(taken)
+    return rounds
+
+
 def zero3_backward_uses(model: ModelSpec, setup: TrainSetup) -> int:
     """Parameters (elements) the backward fetches again under ZeRO-3: all of them, less, in a LoRA run without
     checkpointing, the frozen embedding and the first layer's frozen projections that read its input
