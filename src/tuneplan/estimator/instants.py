@@ -201,8 +201,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     end = statics.end_of_backward
-    if end is not None:  # FSDP2's embedding backward (wrappers/fsdp.fully_shard_terms)
-        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, 0, end.gathered)
+    if end is not None:  # FSDP's last unit (wrappers/fsdp: Fsdp1.simulated_memory, fully_shard_terms)
+        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, end.scratch,
+                                      end.gathered)
 
 
 def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:

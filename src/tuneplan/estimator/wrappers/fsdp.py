@@ -187,10 +187,12 @@ class Fsdp1(Fsdp):
         # concatenates them into the flat parameter's unsharded gradient, a cat whose inputs and output are
         # live together, before _post_backward_hook reduce-scatters it), while the root's head gradient, made
         # at the loss, waits for the root's post-backward at the very end (simulate: FSDP1, Llama-2-7B)
-        head_wait = 0
+        head_wait, end = 0, None
         if setup.method == "full" and terms.root_unit:
-            head_wait = (model.lm_head_params or model.embed_params) * (
-                compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes)
+            grad_bytes = compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes
+            head_wait = (model.lm_head_params or model.embed_params) * grad_bytes
+            root_copy = ceil_div(terms.root16, world_size) if held_copy else 0
+            end = root_unit_end(run, terms, grad_bytes, terms.root16 + root_copy)
         buffers = terms.layer_grads
         # PEFT's per-adapter units: the next layer is gathered once the layer's first adapter starts its
         # backward, after the layer's own matmuls (fsdp_layers_gathered), so two layers are unsharded at
@@ -203,7 +205,22 @@ class Fsdp1(Fsdp):
         return WrapperMemory(terms.resident, Buckets(in_layers=buffers), buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
                                                 gathered=gathered, keeps_scratch=False),
-                             no_sync=no_sync_gradients(run), notes=self.notes(setup))
+                             end_of_backward=end, no_sync=no_sync_gradients(run), notes=self.notes(setup))
+
+
+def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int) -> EndOfBackward:
+    """FSDP1's root unit (embeddings, lm_head, final norm) at the end of a full fine-tune's backward: its
+    pre-backward runs first and its post-backward last, so once the token embedding's gradient is made the
+    gradient of every original parameter of the root (the lm_head's, made at the loss, waiting) is live,
+    and autograd concatenates them into the flat parameter's unsharded gradient (the views' backward: a
+    cat whose inputs and output are live together) before ``_post_backward_hook`` reduce-scatters it,
+    beside the root's unsharded parameters (torch 2.13 torch/distributed/fsdp/_runtime_utils.py
+    _post_backward_hook; simulate: FSDP1, Meta-Llama-3-8B). The root's sharded gradient is not made yet."""
+    setup, params = run.setup, run.param_plan
+    root_params = run.model.params_non_block
+    per_elem = 0 if setup.offload != "none" else terms.grads / max(params.trainable_params, 1)
+    pending = -(-int(root_params * per_elem) // setup.world_size)
+    return EndOfBackward(gradients=-pending, gathered=gathered, scratch=2 * root_params * grad_bytes)
 
 
 class Fsdp2(Fsdp):
@@ -330,10 +347,13 @@ def no_sync_gradients(run: Run) -> NoSyncGradients | None:
         grad_params = params.trainable_params
         grad_bytes = dtypes.adapter if setup.is_lora else dtypes.trainable
     unsharded_bytes = grad_bytes
-    if setup.fsdp_version == 2 and setup.precision.endswith("-mixed") and setup.method != "qlora":
+    upcast = setup.precision.endswith("-mixed") and setup.method != "qlora"
+    if upcast and (setup.fsdp_version == 2 or hf_loop):
         # accelerate's fsdp2_prepare_model upcasts the trainable parameters to fp32 (no Params4bit in the
         # model): their sharded gradients are fp32; the unsharded ones accumulated under
-        # set_requires_gradient_sync(False) stay in the MixedPrecisionPolicy param dtype
+        # set_requires_gradient_sync(False) stay in the MixedPrecisionPolicy param dtype; under FSDP1 the
+        # Trainer's accelerate upcasts them alike, and _post_backward_hook casts each reduce-scattered shard
+        # to the fp32 flat parameter's dtype (_cast_grad_to_param_dtype; simulate: FSDP1, Meta-Llama-3-8B)
         grad_bytes, unsharded_bytes = 4, dtypes.compute
     full = grad_params * grad_bytes
     synced = ceil_div(full, world_size)
@@ -418,7 +438,35 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
         end = (EndOfBackward(
             gradients=emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // world_size),
             gathered=model.embed_params * compute_bytes) if head_trains else None)
+    if end is not None:
+        end = max(end, final_reduce_scatter(model, setup, compute_bytes, per_elem), key=_total)
     held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
                            pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
                            held_top=held_top)
+
+
+def final_reduce_scatter(model: ModelSpec, setup: TrainSetup, compute_bytes: int,
+                         per_elem: float) -> EndOfBackward:
+    """The embedding group's (a tied tail's) reduce-scatter in the root's final callback (the group's
+    inputs do not require grad: ``fully_shard_terms``), torch 2.13 ``foreach_reduce``
+    (_fully_shard/_fsdp_collectives.py): after the group reshards (its unsharded parameters freed), the
+    flat reduce-scatter input and output in the reduce dtype, and, when the sharded parameters are fp32
+    (accelerate's upcast under the ``-mixed`` precisions) the output cast to fp32 before it becomes the
+    sharded gradient (copied to the host under ``CPUOffloadPolicy``). The unsharded gradient that autograd
+    made in the final backward node stays live through that call (simulate: Qwen2.5-14B full, the group's
+    bf16 gradient freed only when ``foreach_reduce`` returns), unlike a layer's, freed after its copy-in."""
+    tied = not model.lm_head_params
+    numel = ((model.lm_head_params or model.embed_params) + model.final_norm_params if tied
+             else model.embed_params)
+    world_size = setup.world_size
+    unsharded = numel * compute_bytes
+    shard = ceil_div(unsharded, world_size)
+    upcast = setup.precision.endswith("-mixed") and compute_bytes == 2 and setup.method != "qlora"
+    cast = ceil_div(numel * 4, world_size) if upcast else 0
+    pending = -(-int(numel * per_elem) // world_size)
+    return EndOfBackward(gradients=-pending, gathered=unsharded + shard, scratch=unsharded + cast)
+
+
+def _total(end: EndOfBackward) -> int:
+    return end.gradients + end.gathered + end.scratch
