@@ -94,7 +94,7 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
     weights = params.weight_bytes + params.adapter_bytes
     grads = params.trainable_params * params.trainable_bytes
     states, temp = optimizer.states, optimizer.temp
-    layer16 = layer_gathered_bytes(run)
+    layer16 = layer_gathered_bytes(run) * gather_upcast(run)
     if setup.precision.endswith("-mixed") and compute == 2 and params.trainable_bytes == 2:
         weights += params.trainable_params * 2
         grads *= 2
@@ -107,7 +107,7 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
         states, temp = fp32.states, fp32.temp
     weights_shard = ceil_div(weights, world_size)
     root_unit = setup.method in run.profile.fsdp_root_embeddings
-    root16 = model.params_non_block * compute if root_unit else 0
+    root16 = model.params_non_block * compute * gather_upcast(run) if root_unit else 0
     gathered = fsdp_layers_gathered(setup) * layer16 + root16
     grads_shard, states_shard = ceil_div(grads, world_size), ceil_div(states, world_size)
     temp_shard = ceil_div(temp, world_size)
@@ -277,6 +277,17 @@ def freed_shard_copies(run: Run) -> int:
     root = run.model.params_non_block * run.dtypes.compute if rooted else 0
     return sum(ceil_div(ceil_div(unit, world_size), segment) * segment
                for unit in (root, layer_gathered_bytes(run)))
+
+
+def gather_upcast(run: Run) -> int:
+    """How many times its 16-bit storage a unit's all-gather output is: Answer.AI's fsdp_qlora train.py
+    builds FSDP with ``MixedPrecision(param_dtype=torch.float32, ...)`` for its autocast precisions, so
+    FSDP1 casts each flat parameter (16-bit weights, 4-bit codes stored in ``bnb_4bit_quant_storage``) to
+    fp32 before it all-gathers it (simulate: fsdp_qlora, Mistral-Nemo QLoRA); 1 for every other run."""
+    if (run.setup.framework in FLAT_PARAMS_ONLY and run.setup.precision.endswith("-mixed")
+            and run.dtypes.compute == 2):
+        return 2
+    return 1
 
 
 def fsdp_layers_gathered(setup: TrainSetup) -> int:
