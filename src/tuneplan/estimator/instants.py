@@ -194,9 +194,14 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
     if statics.gathered_layer_end:
-        # a lower layer's end: its scratch freed, the next layer prefetched beside it (wrappers.base.Gathered
-        # layer_end), its activations counted as at the bottom row (an upper bound: they are being freed)
-        rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, 0,
+        # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
+        # activations counted as at the bottom row (an upper bound: they are being freed), its scratch freed;
+        # or, later, the base linears back-propagated after the prefetch, the layer's activations released
+        # by then: bitsandbytes' dequantized weight with the gradients it makes (quant_kernels), the row
+        # holding the larger of the two moments
+        fixed, per_token = statics.layer_end_dequant
+        end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
+        rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, end_scratch,
                                       statics.gathered_layer_end)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row

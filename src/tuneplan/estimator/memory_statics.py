@@ -36,6 +36,9 @@ class MemoryStatics:
     # bitsandbytes' dequantized weight in a layer's backward, and what is live with it per token
     backward_dequant: int
     backward_dequant_per_token: int
+    # the dequantized weights back-propagated after the next layer's prefetch (wrappers.base.Gathered
+    # layer_end): bytes, bytes per token
+    layer_end_dequant: tuple[int, int]
     acts: ActivationTerms  # the saved-activation terms (activations.saved_at)
     # the logits chain's arguments (logits.logits_plan)
     vocab: int
@@ -112,6 +115,9 @@ def memory_statics(run: Run) -> MemoryStatics:
         autocast_copies_backward=autocast_copies_backward, head_dequant=head_dequant,
         dequant=dequant_transient_bytes(model, setup, profile), backward_dequant=backward_dequant,
         backward_dequant_per_token=backward_dequant_per_token, acts=acts, vocab=model.head_width,
+        layer_end_dequant=(bnb_backward_dequant(model, setup, profile, dtypes, run.targets,
+                                                to_first_target=True)
+                           if wrapper_memory.gathered.layer_end else (0, 0)),
         logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
         softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         holds=profile.loop_holds_outputs, first=setup.longest_batch_first,

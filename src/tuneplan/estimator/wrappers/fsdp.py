@@ -202,10 +202,24 @@ class Fsdp1(Fsdp):
             layer_end = gathered + terms.layer16 + (ceil_div(terms.layer16, world_size) if held_copy else 0)
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
                                     layer_end=layer_end)
-        return WrapperMemory(terms.resident, Buckets(in_layers=buffers), buffers_gathered,
+        buckets = Buckets(in_layers=buffers, missing_at_bottom=pending_shards(run, terms))
+        return WrapperMemory(terms.resident, buckets, buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
                                                 gathered=gathered, keeps_scratch=False),
                              end_of_backward=end, no_sync=no_sync_gradients(run), notes=self.notes(setup))
+
+
+def pending_shards(run: Run, terms: ShardedTerms) -> int:
+    """A full fine-tune's sharded gradients FSDP1 has not made yet at the bottom layer's backward: the
+    bottom layer's and the root unit's, whose post-backward runs last (``root_unit_end``); each shard is
+    made by its unit's ``_post_backward_hook``, and the optimizer's ``zero_grad`` set the previous step's to
+    None (simulate: FSDP1, Llama-2-7B). Accumulating micro-batches are left as they are counted."""
+    setup = run.setup
+    if setup.method != "full" or setup.offload != "none" or setup.grad_accum > 1:
+        return 0
+    per_elem = terms.grads / max(run.param_plan.trainable_params, 1)
+    units = run.model.largest_layer_params + (run.model.params_non_block if terms.root_unit else 0)
+    return -(-int(units * per_elem) // setup.world_size)
 
 
 def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int) -> EndOfBackward:
