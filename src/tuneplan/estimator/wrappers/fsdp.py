@@ -95,6 +95,12 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
     grads = params.trainable_params * params.trainable_bytes
     states, temp = optimizer.states, optimizer.temp
     layer16 = layer_gathered_bytes(run) * gather_upcast(run)
+    if setup.fsdp_version == 2 and setup.is_lora:
+        # accelerate's fsdp2_prepare_model shards the adapters inside their layer's group (wrap_fsdp2 in
+        # simulate/fsdp2.py): a layer's all-gather carries them, in the MixedPrecisionPolicy param dtype or
+        # their own (simulate: Mistral-7B fp32 LoRA r128 all-linear, 10.5M adapter elements per layer)
+        adapter_bytes = compute if setup.precision.endswith("-mixed") else run.dtypes.adapter
+        layer16 += ceil_div(params.adapter_params, max(model.n_layers, 1)) * adapter_bytes
     if setup.precision.endswith("-mixed") and compute == 2 and params.trainable_bytes == 2:
         weights += params.trainable_params * 2
         grads *= 2
