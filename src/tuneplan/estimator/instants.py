@@ -121,7 +121,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
                            statics.gathered_at_loss),
     }
     if statics.gathered_bottom_forward:
-        # FSDP2: a layer's copy-out in the forward (wrappers/fsdp.fully_shard_terms); at the bottom layer
+        # FSDP2: a layer's copy-out in the forward (wrappers/fully_shard.py); at the bottom layer
         # nothing is saved yet, at the top every layer below it has saved its activations
         rows["forward_layers_bottom"] = (earlier_grads, 0, prev_pinned, 0, prev_held, 0,
                                          statics.gathered_bottom_forward)
@@ -206,7 +206,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     end = statics.end_of_backward
-    if end is not None:  # FSDP's last unit (wrappers/fsdp: Fsdp1.simulated_memory, fully_shard_terms)
+    if end is not None:  # FSDP's last unit (wrappers/fsdp.root_unit_end, wrappers/fully_shard)
         rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, end.scratch,
                                       end.gathered)
 

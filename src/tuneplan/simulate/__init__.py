@@ -32,6 +32,11 @@ class SimulateUnavailable(TuneplanError):
     """The optional extra is missing."""
 
 
+class RealStackRefuses(Exception):
+    """The frameworks' own code refuses the setup where the simulation runs it: a real run fails the same way
+    (the message says where and why)."""
+
+
 def _require_extra() -> None:
     missing = []
     for mod in ("torch", "transformers", "peft"):
@@ -92,6 +97,8 @@ def simulate_report(model: ModelSpec, setup: TrainSetup, *,
         run = simulate_run(model, setup, get_profile(setup.framework), progress)
     except TuneplanError:
         raise
+    except RealStackRefuses as exc:
+        return _fallback(model, setup, f"the real stack cannot run this setup: {exc}")
     except Exception as exc:  # the real model code refused the setup (a path with no fake kernel...)
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         return _fallback(model, setup, f"the simulated step failed ({type(exc).__name__}: {first})")
