@@ -134,12 +134,7 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
     fused = optimizer == "adamw-fused"
     tracker.host_scalars_in_optimizer = not fused
     ids = torch.zeros((setup.batch, setup.seq), dtype=torch.long)
-    labels = ids
-    if setup.num_labels:
-        # transformers' sequence classifiers: one class index per sample, or one float target for a
-        # single-label regression head (reward models), which it trains with MSELoss
-        labels = (torch.zeros((setup.batch,), dtype=torch.long) if setup.num_labels > 1
-                  else torch.zeros((setup.batch,), dtype=torch.float32))
+    labels = batch_labels(setup, ids)
     total = steps * (setup.grad_accum * 2 + 1)
     done = 0
 
@@ -185,3 +180,14 @@ def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: Stor
         kept.clear()
         tick(f"step {step} optimizer")
     return opt
+
+
+def batch_labels(setup: TrainSetup, ids: torch.Tensor) -> torch.Tensor:
+    """The labels a training loop passes with ``ids``: the token ids for a causal LM; for transformers'
+    sequence classifiers one class index per sample, or one float target for a single-label regression
+    head (reward models), which it trains with MSELoss (``ForSequenceClassification.forward``)."""
+    if not setup.num_labels:
+        return ids
+    if setup.num_labels > 1:
+        return torch.zeros((setup.batch,), dtype=torch.long)
+    return torch.zeros((setup.batch,), dtype=torch.float32)
