@@ -46,3 +46,19 @@ def test_batch_labels_follow_the_head() -> None:
     assert batch_labels(classes, ids).shape == (3,) and batch_labels(classes, ids).dtype == torch.long
     reward = build_setup(reduced_model("Qwen/Qwen2.5-0.5B", 2), method="lora", batch=3, seq=16, num_labels=1)
     assert batch_labels(reward, ids).shape == (3,) and batch_labels(reward, ids).dtype == torch.float32
+
+
+def test_gpt2_conv1d_projections_are_quantized_like_transformers_does() -> None:
+    # transformers' replace_with_bnb_linear quantizes a Conv1D as a Linear4bit of its weight's (in, out)
+    # shape: GPT-2's c_attn (64 -> 3 x 64), attn c_proj, c_fc (64 -> 4 x 64) and mlp c_proj; lm_head is kept
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.pytorch_utils import Conv1D
+
+    from tuneplan.simulate.qlora import replace_linears
+
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=100))
+    made = replace_linears(model, torch.bfloat16, False)
+    assert not any(isinstance(m, Conv1D) for m in model.modules())
+    shapes = sorted((q.in_features, q.out_features) for q in made)
+    assert shapes == [(64, 64), (64, 192), (64, 256), (256, 64)]
