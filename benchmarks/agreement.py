@@ -378,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random", type=int, default=0, metavar="N",
                     help="N random valid setups instead of the cases")
     ap.add_argument("--seed", type=int, default=1, help="the random generator's seed for --random")
+    ap.add_argument("--draw", default="", metavar="rN[,rM...]",
+                    help="with --random: run only these draws of the seed's sample (r41,r54)")
     args = ap.parse_args(argv)
     if args.random:
-        return main_random(args.random, args.seed, args.jobs, args.json_out)
+        return main_random(args.random, args.seed, args.jobs, args.json_out, args.draw)
     cases = [c for c in CASES if (not args.quick or c.quick) and args.only.lower() in c.label.lower()]
     from tuneplan.simulate.zero import deepspeed_version
 
@@ -430,13 +432,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if within == len(results) else 1
 
 
-def main_random(n: int, seed: int, jobs: int, json_out: str) -> int:
-    """``--random N``: N valid setups drawn by random_setups.py through both engines (random_agreement.py)."""
+def main_random(n: int, seed: int, jobs: int, json_out: str, only: str = "") -> int:
+    """``--random N``: N valid setups drawn by random_setups.py through both engines (random_agreement.py);
+    ``only`` (``r41,r54``) keeps those draws of the same sample, which is drawn in full to reproduce them."""
     import random_agreement
     import random_setups
 
     rejected = random_setups.Rejections()
     draws = random_setups.sample(n, seed, rejected)
+    if only:
+        wanted = {int(w.strip().lstrip("r")) for w in only.split(",") if w.strip()}
+        draws = [d for d in draws if d.index in wanted]
     print(f"{n} valid setups drawn (seed {seed}; {rejected.total} invalid draws redrawn: "
           + ", ".join(f"{k} {v}" for k, v in rejected.by_field.most_common()) + ")", flush=True)
 

@@ -1,4 +1,4 @@
-"""FSDP2's forward copy-outs (wrappers/fsdp.fully_shard_terms): ``FSDPParamGroup.wait_for_unshard`` keeps
+"""FSDP2's forward copy-outs (wrappers/fully_shard.py): ``FSDPParamGroup.wait_for_unshard`` keeps
 the previous group's flat all-gather output (bound to ``prev_all_gather_state``) while it copies a layer's
 own out, so a layer's forward starts with three copies: the previous group's flat output, its own and its
 unsharded parameters. Sizes by hand, full fine-tune in pure bf16 (2 B per parameter)."""

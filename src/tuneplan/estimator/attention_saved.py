@@ -134,9 +134,14 @@ def eager_attention(walk: LayerWalk) -> float:
     # (autocast runs softmax in fp32 whatever the model code asks: it is on autocast's fp32 list)
     softmax_bytes = 4 if (dtypes.autocast or model.model_type not in COMPUTE_DTYPE_SOFTMAX) else compute_bytes
     if walk.attention_dropout > 0:
-        per_pos = (softmax_bytes + DROPOUT_MASK_BYTES + compute_bytes) * heads
+        released = (DROPOUT_MASK_BYTES + compute_bytes) * heads
     else:
-        per_pos = (softmax_bytes + (compute_bytes if softmax_bytes != compute_bytes else 0)) * heads
+        released = (compute_bytes if softmax_bytes != compute_bytes else 0) * heads
+    per_pos = softmax_bytes * heads + released
+    # the probs @ V matmul's backward releases the tensor it saved (the cast, or dropout's output) and
+    # dropout's backward its mask before softmax's backward runs (simulate: Llama-2-70B bf16 eager LoRA, the
+    # bf16 probabilities freed before _softmax_backward_data)
+    walk.scores_released = released
     if model.config.get("attn_logit_softcapping"):
         # tanh(scores / cap) keeps its output for backward (Gemma 2 soft-capping)
         per_pos += compute_bytes * heads

@@ -124,7 +124,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
                            statics.gathered_at_loss),
     }
     if statics.gathered_bottom_forward:
-        # FSDP2: a layer's copy-out in the forward (wrappers/fsdp.fully_shard_terms); at the bottom layer
+        # FSDP2: a layer's copy-out in the forward (wrappers/fully_shard.py); at the bottom layer
         # nothing is saved yet, at the top every layer below it has saved its activations
         rows["forward_layers_bottom"] = (earlier_grads, 0, prev_pinned, 0, prev_held, 0,
                                          statics.gathered_bottom_forward)
@@ -197,9 +197,14 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
     if statics.gathered_layer_end:
-        # a lower layer's end: its scratch freed, the next layer prefetched beside it (wrappers.base.Gathered
-        # layer_end), its activations counted as at the bottom row (an upper bound: they are being freed)
-        rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, 0,
+        # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
+        # activations counted as at the bottom row (an upper bound: they are being freed), its scratch freed;
+        # or, later, the base linears back-propagated after the prefetch, the layer's activations released
+        # by then: bitsandbytes' dequantized weight with the gradients it makes (quant_kernels), the row
+        # holding the larger of the two moments
+        fixed, per_token = statics.layer_end_dequant
+        end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
+        rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, end_scratch,
                                       statics.gathered_layer_end)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
@@ -207,8 +212,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     if epilogue is not None:  # ZeRO-1/2's last reductions (wrappers/zero12_reductions.py)
         rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy, 0)
     end = statics.end_of_backward
-    if end is not None:  # FSDP2's embedding backward (wrappers/fsdp.fully_shard_terms)
-        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, 0, end.gathered)
+    if end is not None:  # FSDP's last unit (wrappers/fsdp.root_unit_end, wrappers/fully_shard)
+        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, end.scratch,
+                                      end.gathered)
 
 
 def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:

@@ -147,9 +147,11 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     hidden = model.hidden
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
     backward_temp = walk.output_bytes * 3 * width + dtypes.residual * 2 * hidden
-    # the gradients of the fp32 probabilities and of the scores (none where autograd recorded no attention)
-    recorded = "attn_core" not in walk.gradient_free
-    backward_temp_per_pos = (8.0 * model.n_heads) if recorded and (attn == "eager" or per_pos) else 0.0
+    # the gradients of the fp32 probabilities and of the scores, beside the probabilities softmax saved: the
+    # rest of the saved scores is released by then (walk.scores_released); none where autograd recorded no
+    # attention
+    eager_scores = (attn == "eager" or per_pos) and "attn_core" not in walk.gradient_free
+    backward_temp_per_pos = (8.0 * model.n_heads - walk.scores_released) if eager_scores else 0.0
     return LayerActs(per_token=walk.ledger.total(), per_token_per_pos=per_pos, backward_temp=backward_temp,
                      backward_temp_per_pos=backward_temp_per_pos,
                      pinned=sum(walk.ledger.items[key] for key in walk.pinned_keys),

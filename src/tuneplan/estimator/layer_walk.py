@@ -62,6 +62,9 @@ class LayerWalk:
         # bytes per token the first norm keeps that *are* the layer's input (no cast in between): under
         # gradient checkpointing that storage is the checkpoint itself, already counted once
         self.input_alias = 0.0
+        # bytes per head and key position of eager attention's saved tensors that its backward releases
+        # before softmax's backward (attention_saved.eager_attention)
+        self.scores_released = 0.0
         # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
         # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
         # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).

@@ -13,6 +13,7 @@ from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
+from tuneplan.estimator.wrappers.fsdp import gather_upcast
 from tuneplan.estimator.wrappers.zero import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
 
@@ -36,6 +37,9 @@ class MemoryStatics:
     # bitsandbytes' dequantized weight in a layer's backward, and what is live with it per token
     backward_dequant: int
     backward_dequant_per_token: int
+    # the dequantized weights back-propagated after the next layer's prefetch (wrappers.base.Gathered
+    # layer_end): bytes, bytes per token
+    layer_end_dequant: tuple[int, int]
     acts: ActivationTerms  # the saved-activation terms (activations.saved_at)
     # the logits chain's arguments (logits.logits_plan)
     vocab: int
@@ -116,6 +120,9 @@ def memory_statics(run: Run) -> MemoryStatics:
         autocast_copies_backward=autocast_copies_backward, head_dequant=head_dequant,
         dequant=dequant_transient_bytes(model, setup, profile), backward_dequant=backward_dequant,
         backward_dequant_per_token=backward_dequant_per_token, acts=acts, vocab=model.head_width,
+        layer_end_dequant=(bnb_backward_dequant(model, setup, profile, dtypes, run.targets,
+                                                to_first_target=True)
+                           if wrapper_memory.gathered.layer_end else (0, 0)),
         logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
         softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         holds=profile.loop_holds_outputs, first=setup.longest_batch_first,
@@ -167,6 +174,13 @@ def autocast_copy_terms(run: Run) -> tuple[int, int]:
     if run.wrapper.shards_parameters:
         forward = ceil_div(forward, run.setup.world_size)
         backward = ceil_div(backward, run.setup.world_size)
+    if run.setup.fsdp and gather_upcast(run) > 1:
+        # the output head gathered in fp32 (wrappers/fsdp.gather_upcast) under fsdp_qlora's autocast
+        # precisions: autocast casts the whole unsharded weight to 16 bits for the logits' matmul, which
+        # saves the cast for the input gradient until the head's backward (autocast_mode.cpp cached_cast;
+        # simulate: fsdp_qlora, Mistral-Nemo QLoRA)
+        head = (run.model.lm_head_params or run.model.embed_params) * run.dtypes.compute
+        forward, backward = forward + head, backward + head
     return forward, backward
 
 

@@ -37,7 +37,7 @@ def dequant_transient_bytes(model: ModelSpec, setup: TrainSetup, prof: Profile) 
 
 
 def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dtypes: Dtypes,
-                         targets: frozenset[str]) -> tuple[int, int]:
+                         targets: frozenset[str], to_first_target: bool = False) -> tuple[int, int]:
     """(bytes, bytes per token) live while bitsandbytes back-propagates a layer's largest 4-bit linear (on a
     tie, the one with the widest input) to its input; (0, 0) where no such point exists.
 
@@ -52,7 +52,12 @@ def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dty
     projection (back-propagated first) has not made yet; at the up / gate projections two of them are, but
     the product's and the output projection's saved tensors are released by then. So this point stands
     apart from the layer's other backward temporaries (``layer_saved._with_backward``) rather than adding
-    to them. Transformers' model code only (the simulate engine replays this backward: simulate/qlora.py)."""
+    to them. Transformers' model code only (the simulate engine replays this backward: simulate/qlora.py).
+
+    ``to_first_target``: only the linears a layer runs up to its first adapted one (forward order), whose
+    base backward autograd runs after that adapter's (the node recorded last runs first): where each adapter
+    is an FSDP unit of its own (wrappers/fsdp.fsdp_layers_gathered) they are back-propagated once the first
+    adapter's pre-backward hook has prefetched the next layer."""
     if setup.quant_bits != 4 or prof.dequant_bytes_per_elem or prof.model_code != "hf":
         return 0, 0
     fixed, per_token = 0, 0
@@ -67,4 +72,6 @@ def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dty
             tokens_part = int(dtypes.residual * model.hidden + grads)
             if (weight, tokens_part) > (fixed, per_token):
                 fixed, per_token = weight, tokens_part
+            if to_first_target and m.name in targets:
+                break
     return fixed, per_token

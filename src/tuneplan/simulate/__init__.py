@@ -32,6 +32,11 @@ class SimulateUnavailable(TuneplanError):
     """The optional extra is missing."""
 
 
+class RealStackRefuses(Exception):
+    """The frameworks' own code refuses the setup where the simulation runs it: a real run fails the same way
+    (the message says where and why)."""
+
+
 def _require_extra() -> None:
     missing = []
     for mod in ("torch", "transformers", "peft"):
@@ -92,10 +97,32 @@ def simulate_report(model: ModelSpec, setup: TrainSetup, *,
         run = simulate_run(model, setup, get_profile(setup.framework), progress)
     except TuneplanError:
         raise
+    except RealStackRefuses as exc:
+        return _fallback(model, setup, f"the real stack cannot run this setup: {exc}")
     except Exception as exc:  # the real model code refused the setup (a path with no fake kernel...)
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        return _fallback(model, setup, f"the simulated step failed ({type(exc).__name__}: {first})")
+        return _fallback(model, setup, failure_reason(exc))
     return build_report(run, capacity=capacity_bytes, snapshot_path=snapshot_path)
+
+
+# failures whose cause is known, in plain words: (text the exception carries, what it means)
+KNOWN_FAILURES = (
+    ("Expected inputs of BF16 type",
+     "the simulation has no fp32 stand-in for torch's grouped matmul (transformers' fused MoE experts): the "
+     "fake kernel accepts bf16 inputs only"),
+    ("Recomputed values for the following tensors have different metadata",
+     "gradient checkpointing recomputed a layer in another dtype than its forward ran in (the cause in "
+     "the simulated stack is not found yet)"),
+)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why the simulated step failed: the known causes in plain words, else the exception's first line."""
+    text = str(exc)
+    first = (text.strip().splitlines() or [""])[0][:300]
+    for needle, meaning in KNOWN_FAILURES:
+        if needle in text:
+            return f"the simulated step failed: {meaning}"
+    return f"the simulated step failed ({type(exc).__name__}: {first})"
 
 
 def _fallback(model: ModelSpec, setup: TrainSetup, reason: str) -> Any:

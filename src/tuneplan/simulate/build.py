@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from tuneplan.errors import TuneplanError
-from tuneplan.simulate.kernels import ATTN_IMPL, register_attention
+from tuneplan.simulate.kernels import ATTN_IMPL, modes_follow_recompute, register_attention
 from tuneplan.simulate.qlora import SimLinear4bit, lora_class, replace_linears
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile
@@ -208,7 +208,8 @@ def build(spec: ModelSpec, setup: TrainSetup, prof: Profile, targets: frozenset[
         # transformers 5 renamed gradient_checkpointing_enable (same code path: non-reentrant checkpoint)
         enable = (getattr(model, "activation_checkpointing_enable", None)
                   or model.gradient_checkpointing_enable)
-        enable()
+        # transformers' default kwargs (use_reentrant=False) and the simulation's modes in the recomputation
+        enable({"use_reentrant": False, "context_fn": modes_follow_recompute})
     for p in model.parameters():
         p.requires_grad_(setup.method == "full")
     if setup.method == "freeze":

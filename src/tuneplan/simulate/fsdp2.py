@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tuneplan.simulate import RealStackRefuses
 from tuneplan.simulate.distributed import host_pinning_skipped, layer_classes
 from tuneplan.specs.setup import TrainSetup
 
@@ -180,6 +181,16 @@ def wrap_fsdp2(model: nn.Module, setup: TrainSetup, half: torch.dtype, mesh: Any
         emb_in, emb_out = model.get_input_embeddings(), model.get_output_embeddings()
         tied = emb_out is not None and emb_in.weight is emb_out.weight
         if not tied:
+            if any(is_dtensor(p) for p in emb_in.parameters()):
+                # a no-split module holding the input embeddings (BERT's BertEmbeddings) is already a group:
+                # accelerate 1.16 fsdp2_prepare_model shards the embeddings again, and fully_shard takes a
+                # parameter that is already a DTensor for a tensor-parallel one, whose mesh it cannot join
+                # (_fsdp_param._init_sharding_spec_tp); its tied output head is left to a second group
+                raise RealStackRefuses(
+                    "accelerate's FSDP2 wrapping shards the input embeddings twice: the model's "
+                    "_no_split_modules name a module that holds them, which becomes a group, then "
+                    "accelerate makes them a group of their own and torch's fully_shard fails on the "
+                    "already sharded weight")
             fully_shard(emb_in, reshard_after_forward=True, **kw)
         norm = _final_norm(model)
         tail = [m for m in ((norm, emb_in, emb_out) if tied else (norm, emb_out)) if m is not None]
@@ -187,6 +198,13 @@ def wrap_fsdp2(model: nn.Module, setup: TrainSetup, half: torch.dtype, mesh: Any
             fully_shard(tail, reshard_after_forward=False, **kw)
         fully_shard(model, **kw)
     return model
+
+
+def is_dtensor(t: torch.Tensor) -> bool:
+    """Whether ``fully_shard`` already made this parameter a DTensor (its module is in a group)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def _final_norm(model: nn.Module) -> nn.Module | None:

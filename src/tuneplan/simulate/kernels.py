@@ -22,7 +22,7 @@ lower-precision op: fp32 q/k/v are cast to the autocast dtype first (the casts a
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -245,6 +245,30 @@ class _CudaAutocastPolicies(torch.overrides.TorchFunctionMode):
                 elif kwargs.get("dtype") is None and not any(isinstance(a, torch.dtype) for a in args):
                     kwargs = {**kwargs, "dtype": torch.float32}
         return func(*args, **kwargs)
+
+
+def modes_follow_recompute() -> tuple[Any, Any]:
+    """``torch.utils.checkpoint``'s ``context_fn``: the recomputation of a checkpointed layer runs under the
+    simulation's torch-function modes active at its forward (CUDA autocast's fp32 policies above, the
+    softmax that keeps its input), which the backward does not see otherwise. On a GPU the recomputation
+    re-enters autocast (``_checkpoint_without_reentrant_generator`` restores the device autocast state), so
+    CUDA's fp32 list applies to it as to the forward; without this the recomputed layer_norm and softmax of
+    GPT-2 / BERT-style layers ran in 16 bits and checkpoint refused the mismatch."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return nullcontext(), _reentered(list(_get_current_function_mode_stack()))
+
+
+@contextmanager
+def _reentered(modes: list[Any]) -> Any:
+    from torch.overrides import _get_current_function_mode_stack
+
+    active = _get_current_function_mode_stack()
+    with ExitStack() as stack:
+        for mode in modes:
+            if not any(m is mode for m in active):
+                stack.enter_context(mode)
+        yield
 
 
 @contextmanager

@@ -126,19 +126,29 @@ class _MatMul4Bit(torch.autograd.Function):
 def replace_linears(model: nn.Module, compute_dtype: torch.dtype, double_quant: bool,
                     skip: tuple[str, ...] = ("lm_head",),
                     quant_storage: torch.dtype = torch.uint8) -> list[SimLinear4bit]:
-    """Swap every ``nn.Linear`` but the output head (``skip``: lm_head, or a classifier's last module) for
-    the stand-in, as transformers' bitsandbytes integration does (``get_keys_to_not_convert``)."""
+    """Swap every ``nn.Linear`` and GPT-2-style ``Conv1D`` but the output head (``skip``: lm_head, or a
+    classifier's last module) for the stand-in, as transformers' bitsandbytes integration does
+    (``get_keys_to_not_convert``; ``replace_with_bnb_linear`` quantizes a Conv1D as a Linear4bit of its
+    weight's (in, out) shape)."""
+    from transformers.pytorch_utils import Conv1D
+
     made: list[SimLinear4bit] = []
     for name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if isinstance(child, nn.Linear) and not any(full.endswith(s) for s in skip):
-                q = SimLinear4bit(child.in_features, child.out_features, child.bias is not None,
-                                  compute_dtype,
-                                  child.bias.dtype if child.bias is not None else compute_dtype, double_quant,
-                                  device=child.weight.device, quant_storage=quant_storage)
-                setattr(mod, child_name, q)
-                made.append(q)
+            if any(full.endswith(s) for s in skip):
+                continue
+            if isinstance(child, Conv1D):
+                d_in, d_out = child.weight.shape
+            elif isinstance(child, nn.Linear):
+                d_in, d_out = child.in_features, child.out_features
+            else:
+                continue
+            q = SimLinear4bit(d_in, d_out, child.bias is not None, compute_dtype,
+                              child.bias.dtype if child.bias is not None else compute_dtype, double_quant,
+                              device=child.weight.device, quant_storage=quant_storage)
+            setattr(mod, child_name, q)
+            made.append(q)
     return made
 
 

@@ -130,6 +130,7 @@ def training_labels(setup: TrainSetup, ids: torch.Tensor) -> torch.Tensor:
     return (torch.zeros((setup.batch,), dtype=torch.long) if setup.num_labels > 1
             else torch.zeros((setup.batch,), dtype=torch.float32))
 
+
 def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: StorageTracker, half: torch.dtype,
               autocast: bool, progress: Callable[[float, str], None] | None = None, steps: int = 2,
               no_sync: Callable[[], Any] | None = None, on_step: Callable[[int], None] | None = None,

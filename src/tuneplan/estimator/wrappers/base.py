@@ -79,10 +79,12 @@ class TopLayer:
 
 @dataclass(frozen=True)
 class EndOfBackward:
-    """The token embedding's backward, the last of the step (FSDP2)."""
+    """The end of the backward, the unit holding the token embedding back-propagated and reduce-scattered
+    (FSDP1's root unit, FSDP2's embedding or tied tail group)."""
 
     gradients: int  # gradient bytes beyond the sharded ones
     gathered: int  # unsharded parameters
+    scratch: int = 0  # the unit's unsharded gradients and their copies in the reduce-scatter
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,8 @@ from tuneplan.estimator.wrappers.base import (
     layer_gathered_bytes,
     nccl_bytes,
 )
+from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
-from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:
@@ -94,7 +94,13 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
     weights = params.weight_bytes + params.adapter_bytes
     grads = params.trainable_params * params.trainable_bytes
     states, temp = optimizer.states, optimizer.temp
-    layer16 = layer_gathered_bytes(run)
+    layer16 = layer_gathered_bytes(run) * gather_upcast(run)
+    if setup.fsdp_version == 2 and setup.is_lora:
+        # accelerate's fsdp2_prepare_model shards the adapters inside their layer's group (wrap_fsdp2 in
+        # simulate/fsdp2.py): a layer's all-gather carries them, in the MixedPrecisionPolicy param dtype or
+        # their own (simulate: Mistral-7B fp32 LoRA r128 all-linear, 10.5M adapter elements per layer)
+        adapter_bytes = compute if setup.precision.endswith("-mixed") else run.dtypes.adapter
+        layer16 += ceil_div(params.adapter_params, max(model.n_layers, 1)) * adapter_bytes
     if setup.precision.endswith("-mixed") and compute == 2 and params.trainable_bytes == 2:
         weights += params.trainable_params * 2
         grads *= 2
@@ -107,7 +113,7 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
         states, temp = fp32.states, fp32.temp
     weights_shard = ceil_div(weights, world_size)
     root_unit = setup.method in run.profile.fsdp_root_embeddings
-    root16 = model.params_non_block * compute if root_unit else 0
+    root16 = model.params_non_block * compute * gather_upcast(run) if root_unit else 0
     gathered = fsdp_layers_gathered(setup) * layer16 + root16
     grads_shard, states_shard = ceil_div(grads, world_size), ceil_div(states, world_size)
     temp_shard = ceil_div(temp, world_size)
@@ -187,10 +193,12 @@ class Fsdp1(Fsdp):
         # concatenates them into the flat parameter's unsharded gradient, a cat whose inputs and output are
         # live together, before _post_backward_hook reduce-scatters it), while the root's head gradient, made
         # at the loss, waits for the root's post-backward at the very end (simulate: FSDP1, Llama-2-7B)
-        head_wait = 0
+        head_wait, end = 0, None
         if setup.method == "full" and terms.root_unit:
-            head_wait = (model.lm_head_params or model.embed_params) * (
-                compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes)
+            grad_bytes = compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes
+            head_wait = (model.lm_head_params or model.embed_params) * grad_bytes
+            root_copy = ceil_div(terms.root16, world_size) if held_copy else 0
+            end = root_unit_end(run, terms, grad_bytes, terms.root16 + root_copy)
         buffers = terms.layer_grads
         # PEFT's per-adapter units: the next layer is gathered once the layer's first adapter starts its
         # backward, after the layer's own matmuls (fsdp_layers_gathered), so two layers are unsharded at
@@ -200,14 +208,44 @@ class Fsdp1(Fsdp):
             layer_end = gathered + terms.layer16 + (ceil_div(terms.layer16, world_size) if held_copy else 0)
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
                                     layer_end=layer_end)
-        return WrapperMemory(terms.resident, Buckets(in_layers=buffers), buffers_gathered,
+        buckets = Buckets(in_layers=buffers, missing_at_bottom=pending_shards(run, terms))
+        return WrapperMemory(terms.resident, buckets, buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
                                                 gathered=gathered, keeps_scratch=False),
-                             no_sync=no_sync_gradients(run), notes=self.notes(setup))
+                             end_of_backward=end, no_sync=no_sync_gradients(run), notes=self.notes(setup))
+
+
+def pending_shards(run: Run, terms: ShardedTerms) -> int:
+    """A full fine-tune's sharded gradients FSDP1 has not made yet at the bottom layer's backward: the
+    bottom layer's and the root unit's, whose post-backward runs last (``root_unit_end``); each shard is
+    made by its unit's ``_post_backward_hook``, and the optimizer's ``zero_grad`` set the previous step's to
+    None (simulate: FSDP1, Llama-2-7B). Accumulating micro-batches are left as they are counted."""
+    setup = run.setup
+    if setup.method != "full" or setup.offload != "none" or setup.grad_accum > 1:
+        return 0
+    per_elem = terms.grads / max(run.param_plan.trainable_params, 1)
+    units = run.model.largest_layer_params + (run.model.params_non_block if terms.root_unit else 0)
+    return -(-int(units * per_elem) // setup.world_size)
+
+
+def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int) -> EndOfBackward:
+    """FSDP1's root unit (embeddings, lm_head, final norm) at the end of a full fine-tune's backward: its
+    pre-backward runs first and its post-backward last, so once the token embedding's gradient is made the
+    gradient of every original parameter of the root (the lm_head's, made at the loss, waiting) is live,
+    and autograd concatenates them into the flat parameter's unsharded gradient (the views' backward: a
+    cat whose inputs and output are live together) before ``_post_backward_hook`` reduce-scatters it,
+    beside the root's unsharded parameters (torch 2.13 torch/distributed/fsdp/_runtime_utils.py
+    _post_backward_hook; simulate: FSDP1, Meta-Llama-3-8B). The root's sharded gradient is not made yet."""
+    setup, params = run.setup, run.param_plan
+    root_params = run.model.params_non_block
+    per_elem = 0 if setup.offload != "none" else terms.grads / max(params.trainable_params, 1)
+    pending = -(-int(root_params * per_elem) // setup.world_size)
+    return EndOfBackward(gradients=-pending, gathered=gathered, scratch=2 * root_params * grad_bytes)
 
 
 class Fsdp2(Fsdp):
-    """FSDP2 (``fully_shard``, as accelerate's ``fsdp2_prepare_model`` applies it): fully_shard_terms."""
+    """FSDP2 (``fully_shard``, as accelerate's ``fsdp2_prepare_model`` applies it): its groups' terms are
+    ``wrappers/fully_shard.fully_shard_terms``."""
 
     name = "fsdp2"
 
@@ -260,6 +298,17 @@ def freed_shard_copies(run: Run) -> int:
     root = run.model.params_non_block * run.dtypes.compute if rooted else 0
     return sum(ceil_div(ceil_div(unit, world_size), segment) * segment
                for unit in (root, layer_gathered_bytes(run)))
+
+
+def gather_upcast(run: Run) -> int:
+    """How many times its 16-bit storage a unit's all-gather output is: Answer.AI's fsdp_qlora train.py
+    builds FSDP with ``MixedPrecision(param_dtype=torch.float32, ...)`` for its autocast precisions, so
+    FSDP1 casts each flat parameter (16-bit weights, 4-bit codes stored in ``bnb_4bit_quant_storage``) to
+    fp32 before it all-gathers it (simulate: fsdp_qlora, Mistral-Nemo QLoRA); 1 for every other run."""
+    if (run.setup.framework in FLAT_PARAMS_ONLY and run.setup.precision.endswith("-mixed")
+            and run.dtypes.compute == 2):
+        return 2
+    return 1
 
 
 def fsdp_layers_gathered(setup: TrainSetup) -> int:
@@ -330,10 +379,13 @@ def no_sync_gradients(run: Run) -> NoSyncGradients | None:
         grad_params = params.trainable_params
         grad_bytes = dtypes.adapter if setup.is_lora else dtypes.trainable
     unsharded_bytes = grad_bytes
-    if setup.fsdp_version == 2 and setup.precision.endswith("-mixed") and setup.method != "qlora":
+    upcast = setup.precision.endswith("-mixed") and setup.method != "qlora"
+    if upcast and (setup.fsdp_version == 2 or hf_loop):
         # accelerate's fsdp2_prepare_model upcasts the trainable parameters to fp32 (no Params4bit in the
         # model): their sharded gradients are fp32; the unsharded ones accumulated under
-        # set_requires_gradient_sync(False) stay in the MixedPrecisionPolicy param dtype
+        # set_requires_gradient_sync(False) stay in the MixedPrecisionPolicy param dtype; under FSDP1 the
+        # Trainer's accelerate upcasts them alike, and _post_backward_hook casts each reduce-scattered shard
+        # to the fp32 flat parameter's dtype (_cast_grad_to_param_dtype; simulate: FSDP1, Meta-Llama-3-8B)
         grad_bytes, unsharded_bytes = 4, dtypes.compute
     full = grad_params * grad_bytes
     synced = ceil_div(full, world_size)
@@ -341,84 +393,3 @@ def no_sync_gradients(run: Run) -> NoSyncGradients | None:
     if setup.grad_accum > 1 and accumulate_unsharded:
         accumulating = grad_params * unsharded_bytes
     return NoSyncGradients(accumulating=accumulating, synced=synced)
-
-
-@dataclass(frozen=True)
-class FullyShardTerms:
-    held: int  # beyond the current and the prefetched layer, unsharded through a layer's backward
-    transient: int  # unsharded gradients made by the layer being back-propagated (and a tied head's)
-    tail16: int  # unsharded at the loss
-    pending_bottom: int  # sharded gradients not made yet at the second layer's backward
-    # the embedding's backward: unsharded gradients less the shards not made yet, unsharded parameters
-    end: EndOfBackward | None
-    held_top: int = 0  # as ``held``, through the top layer's backward
-
-
-def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, compute_bytes: int,
-                      grads: int, trainable_params: int) -> FullyShardTerms:
-    """FSDP2 (``fully_shard``, as accelerate's ``fsdp2_prepare_model`` applies it), torch 2.13 source.
-
-    Groups: each decoder layer; the input embeddings (untied) with ``reshard_after_forward=True``; the
-    tail (final norm and output head, with the embeddings when tied) with ``reshard_after_forward=False``.
-
-    - In the forward, ``wait_for_unshard`` keeps a group's flat all-gather output in
-      ``comm_ctx.all_gather_state`` until the next group's copy-out, and the root's post-forward frees the
-      last one: transformers computes the loss inside the root's forward, so at the loss the last group
-      gathered (the untied tail, or the last layer when the tail gathered first at the tied embeddings)
-      still has its flat buffer next to the unsharded tail.
-    - A group's copy-out in the forward (``FSDPParamGroup.wait_for_unshard``, from its ``pre_forward``):
-      the previous group's ``all_gather_state`` is dropped from ``comm_ctx`` but stays bound to the local
-      ``prev_all_gather_state`` until the function returns, so the previous group's flat all-gather output,
-      the group's own and its unsharded parameters are live together. At the bottom layer the previous
-      group is the first one, the untied embeddings (resharded after their forward) or the tied tail (whose
-      unsharded parameters stay too); at the top layer it is the layer below, beside every lower layer's
-      saved activations (simulate: falcon-7b fp32 LoRA, the 1.1 GiB embedding's flat output beside the
-      first layer's two copies); an untied tail's copy-out has the top layer's flat output beside it and
-      every layer's activations (simulate: Llama-2-7B QLoRA, b1 x 64 tokens).
-    - At the loss backward only the tail is unsharded: the last layer was resharded after its forward, the
-      root's post-forward freed the last all-gather result, and the backward prefetch of the last layer waits
-      for the tail's pre-backward hook, which the logits' gradient fires after the loss backward.
-    - ``_backward_prefetch``: a group's pre-backward all-gathers the group before it in forward order into
-      one flat buffer (a layer in the param dtype), alive until that group's copy-out: two layers unsharded.
-    - ``foreach_reduce`` keeps a group's flat reduce-scatter input (its unsharded gradients in the reduce
-      dtype) in ``comm_ctx.reduce_scatter_state`` until the next reduce-scatter replaces it: a layer's
-      backward holds the previous group's (a layer's gradients, or an untied trainable head's).
-    - A group's post-backward hook is registered on its forward inputs that require grad. The embeddings'
-      input ids do not: an untied embedding group, and a tied tail (which starts its forward at the
-      embeddings), reshard and reduce-scatter only in the root's final callback. A tied tail stays
-      unsharded through the whole backward and its head gradient waits there; at the embedding's backward
-      the head's and the embedding's gradients and their sum are live (three in the param dtype).
-    - The sharded gradient of a group appears after its reduce-scatter: at the second layer's backward
-      (the peak near the bottom: the first one prefetches the smaller embedding group) two layers' shards
-      and the embedding's (the tied tail's) are still missing. With ``CPUOffloadPolicy`` the sharded
-      gradients are copied to the host as they are made (``foreach_reduce``): none is on the device to miss.
-    - The top layer is the first back-propagated: the reduce-scatter input held through it is the tail's
-      (an untied head that trains), or none; a tied tail stays unsharded. Its unsharded gradients grow as
-      its activations are released (``memory_at``'s top-layer row takes the larger of its start and end).
-    """
-    world_size = setup.world_size
-    tied = not model.lm_head_params
-    tail = (model.lm_head_params or model.embed_params) + model.final_norm_params
-    tail16 = tail * compute_bytes
-    head_trains = setup.method == "full"
-    # sharded gradient bytes per trainable element on the device (none under CPUOffloadPolicy: host)
-    per_elem = 0 if setup.offload != "none" else grads / max(trainable_params, 1)
-    layer_train = layer_grads / max(compute_bytes, 1)
-    emb_grad16 = model.embed_params * compute_bytes if head_trains else 0
-    if tied:
-        held = layer_grads
-        transient = layer_grads + emb_grad16
-        pending = 2 * layer_train + (tail if head_trains else 0)
-        end = (EndOfBackward(gradients=3 * emb_grad16 + layer_grads - -(-int(tail * per_elem) // world_size),
-                             gathered=tail16) if head_trains else None)
-    else:
-        held = max(layer_grads, tail * compute_bytes if head_trains else 0)
-        transient = layer_grads
-        pending = 2 * layer_train + (model.embed_params if head_trains else 0)
-        end = (EndOfBackward(
-            gradients=emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // world_size),
-            gathered=model.embed_params * compute_bytes) if head_trains else None)
-    held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
-    return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
-                           pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
-                           held_top=held_top)

@@ -1,0 +1,120 @@
+"""FSDP2's groups at each instant of the step (``fully_shard`` as accelerate's ``fsdp2_prepare_model``
+applies it, torch 2.13 source): what ``wrappers/fsdp.Fsdp2`` reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.estimator.wrappers.base import EndOfBackward
+from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+
+@dataclass(frozen=True)
+class FullyShardTerms:
+    held: int  # beyond the current and the prefetched layer, unsharded through a layer's backward
+    transient: int  # unsharded gradients made by the layer being back-propagated (and a tied head's)
+    tail16: int  # unsharded at the loss
+    pending_bottom: int  # sharded gradients not made yet at the second layer's backward
+    # the embedding's backward: unsharded gradients less the shards not made yet, unsharded parameters
+    end: EndOfBackward | None
+    held_top: int = 0  # as ``held``, through the top layer's backward
+
+
+def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, compute_bytes: int,
+                      grads: int, trainable_params: int) -> FullyShardTerms:
+    """FSDP2 (``fully_shard``, as accelerate's ``fsdp2_prepare_model`` applies it), torch 2.13 source.
+
+    Groups: each decoder layer; the input embeddings (untied) with ``reshard_after_forward=True``; the
+    tail (final norm and output head, with the embeddings when tied) with ``reshard_after_forward=False``.
+
+    - In the forward, ``wait_for_unshard`` keeps a group's flat all-gather output in
+      ``comm_ctx.all_gather_state`` until the next group's copy-out, and the root's post-forward frees the
+      last one: transformers computes the loss inside the root's forward, so at the loss the last group
+      gathered (the untied tail, or the last layer when the tail gathered first at the tied embeddings)
+      still has its flat buffer next to the unsharded tail.
+    - A group's copy-out in the forward (``FSDPParamGroup.wait_for_unshard``, from its ``pre_forward``):
+      the previous group's ``all_gather_state`` is dropped from ``comm_ctx`` but stays bound to the local
+      ``prev_all_gather_state`` until the function returns, so the previous group's flat all-gather output,
+      the group's own and its unsharded parameters are live together. At the bottom layer the previous
+      group is the first one, the untied embeddings (resharded after their forward) or the tied tail (whose
+      unsharded parameters stay too); at the top layer it is the layer below, beside every lower layer's
+      saved activations (simulate: falcon-7b fp32 LoRA, the 1.1 GiB embedding's flat output beside the
+      first layer's two copies); an untied tail's copy-out has the top layer's flat output beside it and
+      every layer's activations (simulate: Llama-2-7B QLoRA, b1 x 64 tokens).
+    - At the loss backward only the tail is unsharded: the last layer was resharded after its forward, the
+      root's post-forward freed the last all-gather result, and the backward prefetch of the last layer waits
+      for the tail's pre-backward hook, which the logits' gradient fires after the loss backward.
+    - ``_backward_prefetch``: a group's pre-backward all-gathers the group before it in forward order into
+      one flat buffer (a layer in the param dtype), alive until that group's copy-out: two layers unsharded.
+    - ``foreach_reduce`` keeps a group's flat reduce-scatter input (its unsharded gradients in the reduce
+      dtype) in ``comm_ctx.reduce_scatter_state`` until the next reduce-scatter replaces it: a layer's
+      backward holds the previous group's (a layer's gradients, or an untied trainable head's).
+    - A group's post-backward hook is registered on its forward inputs that require grad. The embeddings'
+      input ids do not: an untied embedding group, and a tied tail (which starts its forward at the
+      embeddings), reshard and reduce-scatter only in the root's final callback. A tied tail stays
+      unsharded through the whole backward and its head gradient waits there; at the embedding's backward
+      the head's and the embedding's gradients and their sum are live (three in the param dtype).
+    - The sharded gradient of a group appears after its reduce-scatter: at the second layer's backward
+      (the peak near the bottom: the first one prefetches the smaller embedding group) two layers' shards
+      and the embedding's (the tied tail's) are still missing. With ``CPUOffloadPolicy`` the sharded
+      gradients are copied to the host as they are made (``foreach_reduce``): none is on the device to miss.
+    - The top layer is the first back-propagated: the reduce-scatter input held through it is the tail's
+      (an untied head that trains), or none; a tied tail stays unsharded. Its unsharded gradients grow as
+      its activations are released (``memory_at``'s top-layer row takes the larger of its start and end).
+    """
+    world_size = setup.world_size
+    tied = not model.lm_head_params
+    tail = (model.lm_head_params or model.embed_params) + model.final_norm_params
+    tail16 = tail * compute_bytes
+    head_trains = setup.method == "full"
+    # sharded gradient bytes per trainable element on the device (none under CPUOffloadPolicy: host)
+    per_elem = 0 if setup.offload != "none" else grads / max(trainable_params, 1)
+    layer_train = layer_grads / max(compute_bytes, 1)
+    emb_grad16 = model.embed_params * compute_bytes if head_trains else 0
+    if tied:
+        held = layer_grads
+        transient = layer_grads + emb_grad16
+        pending = 2 * layer_train + (tail if head_trains else 0)
+        end = (EndOfBackward(gradients=3 * emb_grad16 + layer_grads - -(-int(tail * per_elem) // world_size),
+                             gathered=tail16) if head_trains else None)
+    else:
+        held = max(layer_grads, tail * compute_bytes if head_trains else 0)
+        transient = layer_grads
+        pending = 2 * layer_train + (model.embed_params if head_trains else 0)
+        end = (EndOfBackward(
+            gradients=emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // world_size),
+            gathered=model.embed_params * compute_bytes) if head_trains else None)
+    if end is not None:
+        end = max(end, final_reduce_scatter(model, setup, compute_bytes, per_elem), key=_total)
+    held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
+    return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
+                           pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
+                           held_top=held_top)
+
+
+def final_reduce_scatter(model: ModelSpec, setup: TrainSetup, compute_bytes: int,
+                         per_elem: float) -> EndOfBackward:
+    """The embedding group's (a tied tail's) reduce-scatter in the root's final callback (the group's
+    inputs do not require grad: ``fully_shard_terms``), torch 2.13 ``foreach_reduce``
+    (_fully_shard/_fsdp_collectives.py): after the group reshards (its unsharded parameters freed), the
+    flat reduce-scatter input and output in the reduce dtype, and, when the sharded parameters are fp32
+    (accelerate's upcast under the ``-mixed`` precisions) the output cast to fp32 before it becomes the
+    sharded gradient (copied to the host under ``CPUOffloadPolicy``). The unsharded gradient that autograd
+    made in the final backward node stays live through that call (simulate: Qwen2.5-14B full, the group's
+    bf16 gradient freed only when ``foreach_reduce`` returns), unlike a layer's, freed after its copy-in."""
+    tied = not model.lm_head_params
+    numel = ((model.lm_head_params or model.embed_params) + model.final_norm_params if tied
+             else model.embed_params)
+    world_size = setup.world_size
+    unsharded = numel * compute_bytes
+    shard = ceil_div(unsharded, world_size)
+    upcast = setup.precision.endswith("-mixed") and compute_bytes == 2 and setup.method != "qlora"
+    cast = ceil_div(numel * 4, world_size) if upcast else 0
+    pending = -(-int(numel * per_elem) // world_size)
+    return EndOfBackward(gradients=-pending, gathered=unsharded + shard, scratch=unsharded + cast)
+
+
+def _total(end: EndOfBackward) -> int:
+    return end.gradients + end.gathered + end.scratch
