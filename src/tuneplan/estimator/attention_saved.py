@@ -38,14 +38,23 @@ def attention_block(walk: LayerWalk, attn: str) -> tuple[float, str]:
     if model.mla_kv_lora_rank:
         ledger.save("kv_latent_norm", 4 * model.mla_kv_lora_rank)
         kv_heads = model.n_heads  # kv_b_proj expands the latent to every head
+    # In the first layer LoRA trains (its input needs no gradient) with no adapter on the attention, no input
+    # of the attention's ops requires grad: autograd records neither the kernel nor the output projection nor
+    # the residual add, and the MLP's norm reads a stream without gradient (simulate: TinyLlama QLoRA on the
+    # MLP, eager, layer 0 keeps no softmax)
+    outside = (not walk.input_requires_grad and not walk.trainable
+               and not any(m.name in targets for m in spec.linears if m.role == "attn"))
+    if outside:
+        walk.gradient_free |= {"attn_core", "mlp_in"}
     if walk.hidden_dropout > 0:
         # residual dropout after the attention output and after the MLP (GPT-2 resid_pdrop, BERT
         # hidden_dropout_prob): each keeps its one-byte mask; its output only feeds the residual add.
-        ledger.save("attn_out_dropout_mask", DROPOUT_MASK_BYTES * hidden)
+        if not outside:
+            ledger.save("attn_out_dropout_mask", DROPOUT_MASK_BYTES * hidden)
         ledger.save("mlp_out_dropout_mask", DROPOUT_MASK_BYTES * hidden)
     if walk.litgpt_code and model.config.get("attn_logit_softcapping"):
         attn = "eager"  # litgpt model.py: "with softcapping we cannot use SDPA"
-    per_pos = attention_kernel(walk, attn, kv_heads)
+    per_pos = 0.0 if outside else attention_kernel(walk, attn, kv_heads)
     for m in spec.linears:
         if m.reads == "attn_core":
             walk.linear(m.name, "attn_core", m.d_in)

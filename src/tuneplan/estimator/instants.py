@@ -99,8 +99,11 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     temporaries (+ what the loop holds)."""
     statics = run.memo.get("memory") or memory_statics(run)
     acts = saved_at(statics.acts, batch, seq)
+    # an encoder's masked-LM head hands its scores to CrossEntropyLoss without .float() (transformers
+    # BertForMaskedLM.forward): the loss is fp32 only under autocast (DeepSpeed runs without it)
+    upcast = run.dtypes.autocast or run.model.architecture != "encoder"
     logits = logits_plan(batch * seq, statics.vocab, statics.logit_bytes, run.loss, seq, statics.hidden,
-                         statics.softmax_keeps_input, statics.softcap)
+                         statics.softmax_keeps_input, statics.softcap, upcast)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     holds, first = statics.holds, statics.first

@@ -77,7 +77,7 @@ def mlp_block(walk: LayerWalk) -> None:
             and not any(m.name in targets for m in mlp + experts + routers)):
         mlp, experts, routers = [], [], []
     elif spec.n_norms >= 1 and not shared_norm:
-        walk.norm("mlp_norm", hidden)
+        walk.norm("mlp_norm", hidden, "mlp_in" not in walk.gradient_free)
     # parallel attention + MLP under one norm (Phi, GPT-J, Falcon-7B): the MLP reads the attention's
     # normalized input, the same tensor, so what both save is one storage
     mlp_reads = "attn_in" if shared_norm else "mlp_in"
@@ -148,8 +148,9 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
     backward_temp = walk.output_bytes * 3 * width + dtypes.residual * 2 * hidden
     # the gradients of the fp32 probabilities and of the scores, beside the probabilities softmax saved: the
-    # rest of the saved scores is released by then (walk.scores_released)
-    eager_scores = attn == "eager" or per_pos
+    # rest of the saved scores is released by then (walk.scores_released); none where autograd recorded no
+    # attention
+    eager_scores = (attn == "eager" or per_pos) and "attn_core" not in walk.gradient_free
     backward_temp_per_pos = (8.0 * model.n_heads - walk.scores_released) if eager_scores else 0.0
     return LayerActs(per_token=walk.ledger.total(), per_token_per_pos=per_pos, backward_temp=backward_temp,
                      backward_temp_per_pos=backward_temp_per_pos,

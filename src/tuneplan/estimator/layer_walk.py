@@ -45,6 +45,10 @@ class LayerWalk:
                  litgpt_code: bool, expand_kv: bool) -> None:
         self.model, self.spec, self.setup, self.dtypes, self.targets = model, spec, setup, dtypes, targets
         self.trainable, self.input_requires_grad = trainable, input_requires_grad
+        # the tensors of this layer that need no gradient (an op reading only these and frozen weights is not
+        # recorded): the normalized input of the first layer LoRA / freeze trains; the attention block adds
+        # its output and the MLP's input when no adapter sits on the attention (attention_saved.py)
+        self.gradient_free: set[str] = set() if input_requires_grad else {"attn_in"}
         self.python_model_code, self.quant_saves_input = python_model_code, quant_saves_input
         self.litgpt_code, self.expand_kv = litgpt_code, expand_kv
         self.ledger = _Ledger()
@@ -128,7 +132,7 @@ class LayerWalk:
             reads = "attn_core_copy"
             self.inputs_dtype[reads] = compute_bytes
         if (self.quantized and self.quant_saves_input and not trainable
-                and (self.input_requires_grad or reads != "attn_in")):
+                and reads not in self.gradient_free):
             # Linear4bit casts the input to the compute dtype first: the same storage when it already is.
             # A matmul none of whose inputs needs a gradient (the first LoRA layer's frozen input) records
             # no graph node, so nothing keeps its ctx.tensors
@@ -142,7 +146,7 @@ class LayerWalk:
                 ledger.save(f"{module_key}.cast_in", compute_bytes * d_in * tokens_share)
             else:
                 ledger.save(reads, input_bytes * d_in * tokens_share)
-        elif setup.zero == 3 and not self.quantized and (self.input_requires_grad or reads != "attn_in"):
+        elif setup.zero == 3 and not self.quantized and reads not in self.gradient_free:
             # ZeRO-3 (a model built under zero.Init): F.linear is DeepSpeed's LinearFunctionForZeroStage3
             # (runtime/zero/linear.py, setup_context: ctx.save_for_backward(input, weight, bias)), which
             # keeps a frozen linear's input too whenever the op is recorded (some input requires grad)

@@ -62,12 +62,16 @@ class LogitsPlan:
 
 
 def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any = 0,
-                hidden: int = 0, softmax_keeps_input: bool = False, softcap: bool = False) -> LogitsPlan:
+                hidden: int = 0, softmax_keeps_input: bool = False, softcap: bool = False,
+                upcast: bool = True) -> LogitsPlan:
     """The chain's live bytes, linear in ``tokens`` x vocabulary (``tokens`` and ``seq`` may be numpy arrays
     of a grid: see ``estimator/xp.py``). ``softcap``: the model caps its logits (Gemma-2's
     ``final_logit_softcapping``: ``logits / cap``, ``tanh``, ``* cap`` in transformers'
     Gemma2ForCausalLM.forward); ``tanh`` saves its output for backward, one more c-byte tokens x vocabulary
-    tensor from the forward's end until the loss backward has run (the default chain only)."""
+    tensor from the forward's end until the loss backward has run (the default chain only). ``upcast``
+    False: the loss runs in the compute dtype (a model that hands its scores to ``CrossEntropyLoss``
+    without ``.float()``, such as transformers' BertForMaskedLM, outside autocast, whose fp32 list holds
+    ``log_softmax``): the log-softmax output and both gradients are c-byte tensors."""
     logit_elems = tokens * vocab
     logits = compute_bytes * logit_elems  # the model's logits, in its compute dtype
     if loss == "fused_linear":
@@ -99,11 +103,13 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
     if loss == "fused":
         return LogitsPlan(at_forward_end=2 * logit_elems, forward_peak=2 * logit_elems + 4 * tokens,
                           backward_peak=2 * logit_elems)
-    upcast = 4 * logit_elems if compute_bytes != 4 else 0  # .float() is a no-op on fp32 logits
-    # torch < 1.11: log_softmax also kept its input, the fp32 logits, until its backward had run
-    kept = 4 * logit_elems if softmax_keeps_input else 0
+    # the loss's dtype: fp32, or the logits' own when nothing upcasts them
+    loss_bytes = 4 if upcast else compute_bytes
+    upcast_copy = loss_bytes * logit_elems if compute_bytes != loss_bytes else 0  # .float() of the logits
+    # torch < 1.11: log_softmax also kept its input, the upcast logits, until its backward had run
+    kept = loss_bytes * logit_elems if softmax_keeps_input else 0
     # (positional: the default chain is the one nearly every estimate takes; keywords cost a third of a
     # microsecond): at_forward_end, forward_peak, backward_peak
     capped = compute_bytes * logit_elems if softcap else 0
-    return LogitsPlan(logits + capped, logits + upcast + 4 * logit_elems + capped,
-                      12 * logit_elems + kept + capped)
+    return LogitsPlan(logits + capped, logits + upcast_copy + loss_bytes * logit_elems + capped,
+                      3 * loss_bytes * logit_elems + kept + capped)

@@ -127,7 +127,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         holds=profile.loop_holds_outputs, first=setup.longest_batch_first,
         checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),
-        embedding_into_buffer=embedding, earlier_grads=grads_prev + buckets.persistent,
+        embedding_into_buffer=embedding,
+        earlier_grads=grads_prev + buckets.persistent + buckets.through_forward,
         all_grads=grads + buckets.persistent,
         earlier_grads_in_layer=grads_prev + buckets.persistent + buckets.in_layers,
         # near the bottom of the backward some sharded gradients are not made yet (FSDP2)
@@ -140,7 +141,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered=wrapper_memory.gathered.in_layers, gathered_layer_end=wrapper_memory.gathered.layer_end,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(wrapper_memory.no_sync.accumulating if wrapper_memory.no_sync is not None else grads)
-        + buckets.persistent,
+        + buckets.persistent + buckets.through_forward,
         step_grads=grads_step + buckets.persistent,
         step_temp=0 if setup.optimizer_in_backward else resident.optimizer_temp,
         base_notes=wrapper_memory.notes + tuple(optimizer.notes))

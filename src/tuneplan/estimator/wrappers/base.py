@@ -45,6 +45,8 @@ class Buckets:
     persistent: int = 0  # kept for the run (DDP's buckets, ZeRO-3's flat partition and IPG bucket)
     in_layers: int = 0  # alive only while a layer is back-propagated (FSDP's reduce-scatter input, ZeRO-1/2's
     #                     bucket)
+    # also through the forward and the loss of a micro-batch that follows an accumulating one (ZeRO-1)
+    through_forward: int = 0
     missing_at_bottom: int = 0  # sharded gradients not made yet near the bottom of the backward (FSDP2)
 
 

@@ -217,8 +217,15 @@ class ZeroOneTwo(Zero):
                     else zero1_offload_epilogue(run, terms.reduce_bucket, held, g_live)
                     if setup.offload != "none" else None)
         step_gradients, temp = (zero12_step(run, terms) if setup.offload == "none" else (0, temp))
+        # ZeRO-1 reduces only at the accumulation boundary (DeepSpeed 0.19.8: engine.allreduce_gradients
+        # calls reduce_gradients, whose epilogue frees the bucket in _release_ipg_buffers, only there;
+        # reduce_ready_partitions_and_remove_grads skips stage 1 before it): the bucket setup_buckets
+        # allocated in an accumulating micro-batch's backward stays (ready_for_gradients is still set)
+        # through the next micro-batch's forward and loss, and is reused by its backward
+        through = buffers if not self.partitions_gradients and setup.grad_accum > 1 else 0
         return WrapperMemory(self.resident(run, weights, states, temp, g_live, host),
-                             Buckets(persistent=offload_grad_buffer, in_layers=buffers),
+                             Buckets(persistent=offload_grad_buffer, in_layers=buffers,
+                                     through_forward=through),
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
                              notes=self.notes(setup, notes))
 

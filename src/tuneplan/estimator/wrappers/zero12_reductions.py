@@ -11,6 +11,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     bucket_fills,
     bucket_members,
     full_backward_gradients,
+    layer_gradients_from_top,
 )
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
@@ -112,13 +113,23 @@ def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -
     (``independent_gradient_partition_epilogue``). ``grads_in_partition`` (``copy_grads_in_partition``)
     exists at a reduction only if an earlier one of this backward made it: an accumulating micro-batch's
     partition is released as its gradients move into the bucket."""
-    compute = run.dtypes.compute
-    gradients = (full_backward_gradients(run.model) if run.setup.method == "full"
+    compute, setup = run.dtypes.compute, run.setup
+    gradients = (full_backward_gradients(run.model) if setup.method == "full"
+                 else layer_gradients_from_top(run.model, setup.freeze_trainable_layers)
+                 if setup.method == "freeze"
                  else [run.param_plan.trainable_params] if run.param_plan.trainable_params <= reduce_bucket
                  else [])
     fills = bucket_fills(gradients, reduce_bucket)
     if not fills:
         return None
+    on_flush = None
+    if setup.method == "freeze" and len(fills) > 1:
+        # a freeze run's first reduction, in its trained layers' backward: set off by the gradient that would
+        # overflow the bucket, live beside it and the reduction's flat copy; no partition exists yet. Below
+        # the lowest trained layer nothing was saved, and that layer's own activations are small beside the
+        # bucket (simulate: Phi-3-medium freeze over 4 GPUs peaks at this copy, ``cat``)
+        arriving = bucket_members(gradients, reduce_bucket)[1][0]
+        on_flush = Epilogue(gradients=buffers + arriving * compute, reduction_copy=fills[0] * compute)
     last = fills[-1]
     outside = last if last > reduce_bucket else 0
     # the last reduction holds the token embedding's gradient, first in the flat group: in rank 0's slice
@@ -129,9 +140,8 @@ def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -
     if len(fills) > 1 and last == gradients[-1]:  # the last gradient set off the reduction before it
         on_arrival = Epilogue(gradients=buffers + (partition if len(fills) > 2 else 0) + last * compute,
                               reduction_copy=fills[-2] * compute)
-        if on_arrival.gradients + on_arrival.reduction_copy > end.gradients + end.reduction_copy:
-            return on_arrival
-    return end
+        end = max(end, on_arrival, key=lambda e: e.gradients + e.reduction_copy)
+    return end if on_flush is None else max(end, on_flush, key=lambda e: e.gradients + e.reduction_copy)
 
 
 def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, grads16: int,

@@ -203,12 +203,23 @@ def full_backward_gradients(model: ModelSpec, embedding: bool = True) -> list[in
     norm, then each layer from the top, its linears last-to-first (its norms counted after them), and the
     token embedding last (tied to the head, its gradient is complete only after the embedding's backward);
     without ``embedding``, up to the bottom layer."""
-    order = [model.lm_head_params, model.final_norm_params]
+    order = [model.lm_head_params, model.final_norm_params, *layer_gradients_from_top(model, model.n_layers)]
+    return [n for n in [*order, model.embed_params if embedding else 0] if n]
+
+
+def layer_gradients_from_top(model: ModelSpec, k: int) -> list[int]:
+    """The gradients (elements) of the top ``k`` decoder layers in the order their hooks fire: each layer
+    from the top, its linears last-to-first, its norms counted after them."""
+    order: list[int] = []
     for spec, count in reversed(model.layer_groups):
+        take = min(count, k)
         per_layer = [m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)]
         per_layer.append(spec.norm_params)
-        order += per_layer * count
-    return [n for n in [*order, model.embed_params if embedding else 0] if n]
+        order += per_layer * take
+        k -= take
+        if k <= 0:
+            break
+    return [n for n in order if n]
 
 
 def bucket_fills(gradients: list[int], reduce_bucket: int) -> list[int]:
