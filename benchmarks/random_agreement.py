@@ -79,11 +79,16 @@ def run(draws: list[Draw], jobs: int = 2, each: Any = None) -> list[dict[str, An
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=DRAWS_PER_WORKER) as ex:
-        for fut in as_completed([ex.submit(run_draw, d) for d in draws]):
-            out.append(fut.result())
-            if each:
-                each(out[-1])
+    # A fresh pool per chunk keeps each worker's memory bounded; ProcessPoolExecutor's own
+    # max_tasks_per_child hung here once the workers were replaced (CPython 3.11: the executor waits on
+    # futures of a worker that exited), after exactly jobs x DRAWS_PER_WORKER draws.
+    chunk = jobs * DRAWS_PER_WORKER
+    for start in range(0, len(draws), chunk):
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+            for fut in as_completed([ex.submit(run_draw, d) for d in draws[start:start + chunk]]):
+                out.append(fut.result())
+                if each:
+                    each(out[-1])
     order = {d.label: i for i, d in enumerate(draws)}
     return sorted(out, key=lambda r: order[r["label"]])
 
