@@ -37,15 +37,15 @@ def test_the_same_seed_draws_the_same_sample() -> None:
     assert a == b and a != random_setups.sample(8, SAMPLE_SEED + 1, max_params=MAX_PARAMS)
 
 
-# ---- the two engines on a cheap random sample (slow: simulated training steps, about 40 s on 2 cores) -----
-CHEAP = 10
+# ---- the two engines on a cheap random sample (slow: simulated training steps, about 50 s of CPU) ---------
+CHEAP = 40
 CHEAP_SEED = 7
 # the sample's allowed disagreement, stated from where the engines stand (benchmarks/agreement.py --random
-# gives the full picture): at least three in four compared setups within 3 % of the simulated allocated
-# peak, and none beyond 35 % (the furthest, -31 %, is an FSDP2 CPU-offload LoRA run of 128 tokens, whose
-# parallel buffers the analytic engine does not size yet)
-CHEAP_WITHIN_SHARE = 0.75
-CHEAP_BOUND = 0.35
+# gives the full picture): at least 85 % of the compared setups within 3 % of the simulated allocated peak
+# (32 of 37 when last run; the goal is 95 %), and none beyond 10 % (the furthest, -9.2 %, a full fine-tune
+# of the fsdp-qlora profile over 4 GPUs, and -8.7 %, an FSDP2 freeze run of 192 tokens)
+CHEAP_WITHIN_SHARE = 0.85
+CHEAP_BOUND = 0.10
 
 
 @pytest.mark.slow
@@ -58,7 +58,7 @@ def test_the_engines_agree_on_a_cheap_random_sample() -> None:
     s = random_agreement.summarize(records)
     assert not s["errors"], s["error_records"]
     # a draw the simulation cannot run is skipped with its reason; most of the sample must be compared
-    assert s["compared"] >= CHEAP - 3, s["skipped_by_reason"]
+    assert s["compared"] >= CHEAP - 5, s["skipped_by_reason"]
     worst = [(r["label"], round(100 * r["rel"], 2)) for r in s["worst"]]
     assert s["share_within_3pct"] >= CHEAP_WITHIN_SHARE, worst
     assert s["max_abs"] <= CHEAP_BOUND, worst
