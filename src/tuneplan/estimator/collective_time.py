@@ -37,11 +37,10 @@ class CollectiveTerms(NamedTuple):
     gathers_wait: float = 0.0  # seconds of ``per_micro`` that compute cannot hide (gathers_wait_for_compute)
 
 
-# Trainers whose FSDP1 all-gathers wait for the compute before them: Answer.AI's fsdp_qlora train.py, which
-# wraps with ``limit_all_gathers=True`` and each LoRA matrix as a unit of its own (lambda_auto_wrap_policy on
-# every leaf whose weight requires grad, beside the decoder layers). The HF Trainer wraps the same way but
-# takes limit_all_gathers from accelerate, whose default has changed between releases: not asserted there.
-GATHERS_WAIT_FRAMEWORKS = ("fsdp-qlora",)
+# ``Profile.fsdp_gathers_wait``: Answer.AI's fsdp_qlora train.py wraps with ``limit_all_gathers=True`` and
+# each LoRA matrix as a unit of its own (lambda_auto_wrap_policy on every leaf whose weight requires grad,
+# beside the decoder layers). The HF Trainer wraps the same way but takes limit_all_gathers from accelerate,
+# whose default has changed between releases: not asserted there.
 
 
 def gathers_wait_for_compute(run: Run) -> bool:
@@ -60,7 +59,7 @@ def gathers_wait_for_compute(run: Run) -> bool:
     gathers of every layer add whole; the adapters' reduce-scatters still hide behind the backward."""
     setup = run.setup
     return (setup.fsdp and setup.fsdp_version == 1 and setup.world_size > 1 and setup.is_lora
-            and setup.framework in GATHERS_WAIT_FRAMEWORKS)
+            and run.profile.fsdp_gathers_wait)
 
 
 def collective_terms(run: Run, acc: Accelerator, opt: RuntimeOptions,

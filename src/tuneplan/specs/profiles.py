@@ -43,6 +43,14 @@ class Profile:
     # FSDP: accumulating micro-batches run under no_sync and keep unsharded gradients
     # (estimator/wrappers/fsdp.py)
     fsdp_accumulate_unsharded: bool = False
+    # FSDP1 built with use_orig_params=False (flat parameters only; estimator/wrappers/fsdp.py)
+    fsdp_flat_params_only: bool = False
+    # FSDP1 with limit_all_gathers=True and one unit per LoRA matrix: a layer's all-gathers wait for the
+    # compute before them (estimator/collective_time.py gathers_wait_for_compute)
+    fsdp_gathers_wait: bool = False
+    # FSDP1 MixedPrecision(param_dtype=torch.float32) under the '-mixed' precisions: every unit gathered in
+    # fp32 (estimator/wrappers/fsdp.py)
+    fsdp_mixed_gathers_fp32: bool = False
     # bytes per weight element live while a quantized linear dequantizes (estimator/quant_kernels.py)
     dequant_bytes_per_elem: float = 0.0
     # the framework's model code always builds a separate lm_head, even for checkpoints that tie it
@@ -218,6 +226,7 @@ PROFILES["fsdp-qlora"] = Profile(
     default_targets="k_proj,q_proj,v_proj,up_proj,down_proj,gate_proj",
     autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=True,
     mixed_base_fp32=True, loss="torchtune_legacy", default_dropout=0.1, default_rank=64,
+    fsdp_flat_params_only=True, fsdp_gathers_wait=True, fsdp_mixed_gathers_fp32=True,
     sources=(
         "fsdp_qlora train.py fsdp_qlora(): precision='bf16' (torch_dtype bf16, no autocast, mp_policy None); "
         "bf16_autocast / fp16_autocast load fp32 and run under torch.cuda.amp.autocast",

@@ -62,10 +62,9 @@ PEFT_UNIT_WRAP = ("hf", "llamafactory", "fsdp-qlora")
 # Trainer (``_inner_training_loop``: no_sync unless ``sync_each_batch``, DeepSpeed, or the step's last
 # micro-batch), and LLaMA-Factory, which trains through it (simulate: FSDP1 on a fake process group).
 HF_TRAINER_LOOPS = ("hf", "llamafactory")
-# Trainers that build FullyShardedDataParallel with ``use_orig_params=False``: Answer.AI's fsdp_qlora train.py
-# (``FSDP(model, ..., use_orig_params=False, ...)`` in fsdp_main). The HF Trainer (accelerate's
-# FullyShardedDataParallelPlugin) and LLaMA-Factory through it pass True.
-FLAT_PARAMS_ONLY = ("fsdp-qlora",)
+# ``Profile.fsdp_flat_params_only``: Answer.AI's fsdp_qlora train.py builds FullyShardedDataParallel with
+# ``use_orig_params=False`` (``FSDP(model, ..., use_orig_params=False, ...)`` in fsdp_main). The HF Trainer
+# (accelerate's FullyShardedDataParallelPlugin) and LLaMA-Factory through it pass True.
 ROUND_LARGE = 2 * 1024**2  # CUDACachingAllocator kRoundLarge: a segment for a block from 10 MiB on
 
 
@@ -174,7 +173,7 @@ class Fsdp1(Fsdp):
         model, setup, compute = run.model, run.setup, run.dtypes.compute
         world_size = setup.world_size
         gathered, at_loss = terms.gathered, terms.layer16 + terms.root16
-        held_copy = (setup.offload != "none" and setup.framework not in FLAT_PARAMS_ONLY
+        held_copy = (setup.offload != "none" and not run.profile.fsdp_flat_params_only
                      and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)))
         if held_copy:
             # a unit whose flat parameter is already in the param dtype (no MixedPrecision, or frozen
@@ -183,7 +182,7 @@ class Fsdp1(Fsdp):
             # (FlatParamHandle.flat_param_to) and, with use_orig_params=True, the original parameters stay
             # views of that copy (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit
             # beside it (torch 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a
-            # fake process group). With use_orig_params=False (FLAT_PARAMS_ONLY) nothing but flat_param
+            # fake process group). With use_orig_params=False (fsdp_flat_params_only) nothing but flat_param
             # refers to the copy, and unshard's _use_unsharded_flat_param points flat_param.data at the
             # all-gather output: the copy is freed once gathered. A full fine-tune's fp32 units under
             # MixedPrecision all-gather their bf16 _mp_shard.
@@ -290,7 +289,7 @@ def freed_shard_copies(run: Run) -> int:
     serves only its own stream). The copies of one size reuse one segment: the root's shard and a layer's
     (an adapter unit's shard is a small-pool block); 0 for every other run."""
     setup = run.setup
-    if (setup.offload == "none" or setup.framework not in FLAT_PARAMS_ONLY or setup.fsdp_version != 1
+    if (setup.offload == "none" or not run.profile.fsdp_flat_params_only or setup.fsdp_version != 1
             or (setup.method == "full" and fsdp1_param_mixed_precision(setup))):
         return 0
     world_size, segment = setup.world_size, ROUND_LARGE
@@ -305,7 +304,7 @@ def gather_upcast(run: Run) -> int:
     builds FSDP with ``MixedPrecision(param_dtype=torch.float32, ...)`` for its autocast precisions, so
     FSDP1 casts each flat parameter (16-bit weights, 4-bit codes stored in ``bnb_4bit_quant_storage``) to
     fp32 before it all-gathers it (simulate: fsdp_qlora, Mistral-Nemo QLoRA); 1 for every other run."""
-    if (run.setup.framework in FLAT_PARAMS_ONLY and run.setup.precision.endswith("-mixed")
+    if (run.profile.fsdp_mixed_gathers_fp32 and run.setup.precision.endswith("-mixed")
             and run.dtypes.compute == 2):
         return 2
     return 1
