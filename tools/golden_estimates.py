@@ -152,6 +152,10 @@ def dumped(data: Any) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] not in ("write", "check"):
+        print(__doc__)
+        print("usage: python tools/golden_estimates.py {write,check} PATH [--rename old=new,...]")
+        return 0 if any(a in ("-h", "--help") for a in argv[1:]) else 2
     mode, path = argv[1], Path(argv[2])
     names: dict[str, str] = {}
     if len(argv) > 4 and argv[3] == "--rename":
