@@ -48,6 +48,9 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
       saved activations (simulate: falcon-7b fp32 LoRA, the 1.1 GiB embedding's flat output beside the
       first layer's two copies); an untied tail's copy-out has the top layer's flat output beside it and
       every layer's activations (simulate: Llama-2-7B QLoRA, b1 x 64 tokens).
+    - The first group's own copy-out (``first_copy_out``): its flat output beside its unsharded parameters,
+      2 x embed_params x compute_bytes for untied embeddings, larger than the bottom layer's three copies
+      when the embeddings outweigh two layers (QLoRA's 4-bit layers; simulate: Qwen3-4B QLoRA classifier).
     - At the loss backward only the tail is unsharded: the last layer was resharded after its forward, the
       root's post-forward freed the last all-gather result, and the backward prefetch of the last layer waits
       for the tail's pre-backward hook, which the logits' gradient fires after the loss backward.
