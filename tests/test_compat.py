@@ -153,6 +153,11 @@ CASES: dict[str, tuple[str, tuple, tuple]] = {
     "qlora-sharded-quant-storage": ("warning", (None, {"method": "qlora", "gpus": 2, "zero": 3}, None, None),
                                     (None, {"method": "qlora", "gpus": 2, "zero": 2}, None, None)),
     "hardware-unknown": ("info", (NO_CC, {}, None, None), ("rtx4090", {}, None, None)),
+    # transformers' Adafactor: factored states as plain tensors beside FSDP2's DTensor parameters
+    "adafactor-fsdp2": ("warning",
+                        (None, {"optimizer": "adafactor", "gpus": 2, "fsdp": True, "fsdp_version": 2}, None,
+                         None),
+                        (None, {"optimizer": "adafactor", "gpus": 2, "fsdp": True}, None, None)),
     # fsdp_qlora train.py: LlamaDecoderLayer / MistralDecoderLayer only
     "fsdp-qlora-layer-classes": ("warning",
                                  (None, {"framework": "fsdp-qlora"}, "Qwen/Qwen2.5-7B-Instruct", None),

@@ -108,7 +108,11 @@ def memory_statics(run: Run) -> MemoryStatics:
     backward_dequant, backward_dequant_per_token = bnb_backward_dequant(model, setup, profile, dtypes,
                                                                         run.targets)
     embedding = None
-    if acts.method == "full" and setup.world_size == 1 and not setup.optimizer_in_backward:
+    # DDP (gradient_as_bucket_view=False) backs the gradients up in its own buckets: autograd makes the
+    # embedding's gradient as on one GPU, and the Reducer's autograd hook (torch/csrc/distributed/c10d/
+    # reducer.cpp mark_variable_ready_dense) copies ``.grad`` into its bucket view in place
+    ddp = setup.world_size > 1 and not (setup.zero or setup.fsdp)
+    if acts.method == "full" and (setup.world_size == 1 or ddp) and not setup.optimizer_in_backward:
         embedding = setup.keep_grads or setup.grad_accum > 1
     elif acts.method == "full" and wrapper_memory.embedding is not None:
         embedding = False  # ZeRO-1/2: the hooks move each gradient out (estimator/wrappers/zero.py)

@@ -69,9 +69,36 @@ def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dty
             grads = (2 if m.name in targets else 1) * dtypes.compute * m.d_in * share
             if dtypes.quant_out != dtypes.compute:
                 grads += dtypes.compute * m.d_out * share
+            if m.name in targets and not to_first_target:
+                # the adapter's backward ran first: its private saved tensors are released (counted in the
+                # layer's activations, which the row adds)
+                grads -= adapter_private_bytes(setup, dtypes, m.d_in) * share
             tokens_part = int(dtypes.residual * model.hidden + grads)
             if (weight, tokens_part) > (fixed, per_token):
                 fixed, per_token = weight, tokens_part
             if to_first_target and m.name in targets:
                 break
     return fixed, per_token
+
+
+def adapter_private_bytes(setup: TrainSetup, dtypes: Dtypes, d_in: int) -> int:
+    """Bytes per token a PEFT LoRA adapter saves for itself on a 4-bit linear of input width ``d_in``
+    (``layer_walk.LayerWalk``'s ledger keys ``lora_in``, ``lora_mid``, ``dropout_mask``), all released by
+    the adapter's backward: ``lora.bnb.Linear4bit.forward`` casts the input to the adapter dtype
+    (``_cast_input_dtype``; under autocast lora_A casts it back to 16 bits) and runs ``lora_dropout`` (a
+    new tensor and a one-byte mask when p > 0), lora_A saves what it reads, lora_B its rank-wide input:
+
+        private = d_in x (copy bytes + mask bytes) + rank x mid bytes
+
+    with copy bytes the 16-bit cast under autocast, the adapter dtype when it differs from the input's,
+    the input's dtype behind a dropout, 0 when lora_A reads the input itself (shared, not released). The
+    input is in the compute dtype, as the 4-bit linears of transformers' decoder layers read it."""
+    dropout = (setup.dropout or 0) > 0
+    if dtypes.autocast and dtypes.adapter != dtypes.compute:
+        copy = dtypes.compute
+    elif dtypes.adapter != dtypes.compute:
+        copy = dtypes.adapter
+    else:
+        copy = dtypes.compute if dropout else 0
+    mid = dtypes.compute if dtypes.autocast else dtypes.adapter
+    return d_in * (copy + (1 if dropout else 0)) + setup.rank * mid

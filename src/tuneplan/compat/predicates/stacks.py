@@ -143,3 +143,13 @@ def _fsdp_qlora_layers(ctx: Context, p: dict[str, Any]) -> Hit:
     if ctx.setup.framework != "fsdp-qlora" or model is None or model.model_type in ("llama", "mistral"):
         return None
     return {"model_type": model.model_type}
+
+
+@predicate("adafactor-fsdp2")
+def _adafactor_fsdp2(ctx: Context, p: dict[str, Any]) -> Hit:
+    """Adafactor (transformers' class under every profile that offers it) over FSDP2's DTensor parameters
+    (``fully_shard`` makes them DTensors on one GPU too)."""
+    s = ctx.setup
+    if s.optimizer != "adafactor" or not s.fsdp or s.fsdp_version != 2:
+        return None
+    return {}

@@ -262,7 +262,8 @@ class Fsdp2(Fsdp):
         # all-gather output; a tied tail is unsharded from the embeddings on
         tied_tail = 0 if model.lm_head_params else fully_sharded.tail16
         first_group = tied_tail or model.embed_params * run.dtypes.compute
-        bottom_forward = first_group + 2 * layer16 + tied_tail
+        # or, untied, the embeddings' own copy-out: their flat output beside their unsharded parameters
+        bottom_forward = max(first_group + 2 * layer16 + tied_tail, fully_sharded.first_copy_out)
         top_forward = 3 * layer16 + tied_tail if model.n_layers > 1 else 0
         # an untied tail's own copy-out, after the top layer's forward
         head_forward = 0 if tied_tail else layer16 + 2 * fully_sharded.tail16
@@ -364,7 +365,11 @@ def no_sync_gradients(run: Run) -> NoSyncGradients | None:
     model, setup, profile, dtypes, params = run.model, run.setup, run.profile, run.dtypes, run.param_plan
     world_size = setup.world_size
     hf_loop = setup.framework in HF_TRAINER_LOOPS
-    if world_size < 2 or (setup.method == "qlora" and not hf_loop) or setup.offload != "none":
+    # FSDP2's set_requires_gradient_sync(False) keeps the unsharded gradients on the device under
+    # CPUOffloadPolicy too (FSDPParamGroup.post_backward: to_accumulated_grad_if_needed, no reduce-scatter,
+    # so nothing is copied to the host); the synced shards go to the host (foreach_reduce)
+    offloaded = setup.offload != "none"
+    if world_size < 2 or (setup.method == "qlora" and not hf_loop) or (offloaded and setup.fsdp_version == 1):
         return None
     accumulate_unsharded = profile.fsdp_accumulate_unsharded or hf_loop
     if not (profile.fsdp_mixed_unit_grads or accumulate_unsharded):
@@ -387,7 +392,7 @@ def no_sync_gradients(run: Run) -> NoSyncGradients | None:
         # to the fp32 flat parameter's dtype (_cast_grad_to_param_dtype; simulate: FSDP1, Meta-Llama-3-8B)
         grad_bytes, unsharded_bytes = 4, dtypes.compute
     full = grad_params * grad_bytes
-    synced = ceil_div(full, world_size)
+    synced = 0 if offloaded else ceil_div(full, world_size)
     accumulating = synced
     if setup.grad_accum > 1 and accumulate_unsharded:
         accumulating = grad_params * unsharded_bytes

@@ -10,6 +10,10 @@ from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
+# frameworks that checkpoint through transformers' ``gradient_checkpointing_enable``
+# (embedding_output_requires_grad)
+TRANSFORMERS_CHECKPOINTING = ("hf", "llamafactory")
+
 
 @dataclass(frozen=True)
 class FullyShardTerms:
@@ -20,6 +24,7 @@ class FullyShardTerms:
     # the embedding's backward: unsharded gradients less the shards not made yet, unsharded parameters
     end: EndOfBackward | None
     held_top: int = 0  # as ``held``, through the top layer's backward
+    first_copy_out: int = 0  # the first group's own copy-out in the forward: its flat output and its params
 
 
 def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, compute_bytes: int,
@@ -43,6 +48,9 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
       saved activations (simulate: falcon-7b fp32 LoRA, the 1.1 GiB embedding's flat output beside the
       first layer's two copies); an untied tail's copy-out has the top layer's flat output beside it and
       every layer's activations (simulate: Llama-2-7B QLoRA, b1 x 64 tokens).
+    - The first group's own copy-out (``first_copy_out``): its flat output beside its unsharded parameters,
+      2 x embed_params x compute_bytes for untied embeddings, larger than the bottom layer's three copies
+      when the embeddings outweigh two layers (QLoRA's 4-bit layers; simulate: Qwen3-4B QLoRA classifier).
     - At the loss backward only the tail is unsharded: the last layer was resharded after its forward, the
       root's post-forward freed the last all-gather result, and the backward prefetch of the last layer waits
       for the tail's pre-backward hook, which the logits' gradient fires after the loss backward.
@@ -88,10 +96,39 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
             gathered=model.embed_params * compute_bytes) if head_trains else None)
     if end is not None:
         end = max(end, final_reduce_scatter(model, setup, compute_bytes, per_elem), key=_total)
+    elif not tied and embedding_output_requires_grad(setup):
+        end = frozen_embedding_copy_out(model, compute_bytes, layer_grads)
     held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
                            pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
-                           held_top=held_top)
+                           held_top=held_top,
+                           first_copy_out=0 if tied else 2 * model.embed_params * compute_bytes)
+
+
+def embedding_output_requires_grad(setup: TrainSetup) -> bool:
+    """Whether a frozen token embedding's output requires grad: transformers'
+    ``gradient_checkpointing_enable`` (modeling_utils.py) calls ``enable_input_require_grads`` for every
+    model whose ``main_input_name`` is ``input_ids``, a forward hook that sets ``requires_grad`` on the
+    embedding's output; the HF Trainer and LLaMA-Factory enable checkpointing through it."""
+    return (bool(setup.gradient_checkpointing) and setup.method != "full"
+            and setup.framework in TRANSFORMERS_CHECKPOINTING)
+
+
+def frozen_embedding_copy_out(model: ModelSpec, compute_bytes: int, layer_grads: int) -> EndOfBackward:
+    """A frozen, untied embedding group's copy-out in the backward (torch 2.13 ``_fully_shard``).
+
+    ``FSDPState._register_pre_backward_hook`` hooks the group's outputs that require grad: with
+    ``embedding_output_requires_grad`` the embedding's output does, so its ``pre_backward`` runs after the
+    bottom layer's backward. The bottom layer's ``_backward_prefetch`` all-gathered the group (resharded
+    after its forward) into one flat buffer; ``wait_for_unshard`` copies it out into the unsharded
+    parameters and frees the flat output only when the copy-out returns (``_all_gather_result = None``):
+
+        gathered = 2 x embed_params x compute_bytes
+
+    beside every sharded gradient and the bottom layer's reduce-scatter input, which
+    ``comm_ctx.reduce_scatter_state`` holds until the root's final callback (no later group reduces):
+    ``gradients = layer_grads``. The embedding output's gradient (tokens x hidden) is not counted."""
+    return EndOfBackward(gradients=layer_grads, gathered=2 * model.embed_params * compute_bytes)
 
 
 def final_reduce_scatter(model: ModelSpec, setup: TrainSetup, compute_bytes: int,
