@@ -58,10 +58,7 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
                   for spec, _ in model.layer_groups)
     if fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora":
         return 0
-    used = zero3_backward_uses(model, setup)
-    largest = max([model.vocab * model.hidden, model.lm_head_params]
-                  + [m.params for spec, _ in model.layer_groups for m in spec.linears])
-    return min(used, DS_MAX_LIVE_PARAMETERS + largest)
+    return prefetch_reach(model, setup, zero3_backward_uses(model, setup))
 
 
 def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
@@ -176,9 +173,36 @@ def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 
     (simulate: Llama-2-7B, 8 layers, ZeRO-3 over 8 GPUs, the coordinator's count read at every module
     fetch and release: 1.00e9 to 1.034e9 elements through the top two layers' backward.)"""
     head = (model.lm_head_params or model.embed_params) if setup.method == "freeze" else model.lm_head_params
-    after_head = zero3_backward_uses(model, setup) - head - done
+    return prefetch_reach(model, setup, zero3_backward_uses(model, setup) - head - done)
+
+
+def prefetch_reach(model: ModelSpec, setup: TrainSetup, queued: int) -> int:
+    """Parameters (elements) gathered once the prefetcher has popped what it may of ``queued`` elements of
+    parameters still to be used, in trace order.
+
+    ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8) pops while ``numel_prefetching < min(max_live -
+    n_available, prefetch_bucket)``: ``n_available`` climbs to ``stage3_max_live_parameters`` ``M`` plus the
+    parameter that crosses it. The token embedding is the trace's last use when the backward reaches it
+    (a full fine-tune; LoRA with checkpointing, whose ``enable_input_require_grads`` makes the embedding's
+    output require grad): when everything before it fits under ``M`` (``queued - E < M``), the round that
+    crosses pops the embedding too and all of ``queued`` is gathered. Otherwise a layer's parameter crosses
+    (the queue holds layer parameters there), and ``M`` plus the largest of them bounds what is gathered.
+    An untied head popped in the forward is not what is left at the loss: the layers' releases after it
+    bring ``n_available`` under ``M`` and the prefetcher refills from layer parameters.
+    (simulate: Qwen2.5-7B, DeepSeek-R1-Distill-Llama-8B and Mistral-Nemo LoRA layers, the coordinator's
+    count at the loss 1.002e9 to 1.070e9 elements, the untied head 5.45e8 popped in the bottom layer.)"""
+    tail = model.embed_params if embedding_used_last(model, setup) else 0
+    if queued - tail < DS_MAX_LIVE_PARAMETERS:
+        return max(queued, 0)
     largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
-    return min(after_head, DS_MAX_LIVE_PARAMETERS + largest)
+    return min(queued, DS_MAX_LIVE_PARAMETERS + largest)
+
+
+def embedding_used_last(model: ModelSpec, setup: TrainSetup) -> bool:
+    """Whether the token embedding's backward fetch is the last parameter use of the step: a full
+    fine-tune, or LoRA with gradient checkpointing (zero3_backward_uses keeps the embedding there)."""
+    return bool(model.embed_params) and (setup.method == "full" or (
+        setup.method == "lora" and bool(setup.gradient_checkpointing)))
 
 
 def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> int:
