@@ -11,6 +11,7 @@ from tuneplan.specs.setup import TrainSetup
 
 DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # elements, DeepSpeed default stage3_max_live_parameters
+DS_NORM_CHUNK = 250_000_000  # elements, stage3.py ``_constant_buffered_norm2`` buffer_size
 # modules of a decoder layer that hold no parameter but still run ZeRO-3's fetch hook (each one a prefetch
 # opportunity): the layer, its attention, its MLP and the MLP's activation module
 HOOKED_CONTAINERS_PER_LAYER = 4
@@ -220,6 +221,58 @@ def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) 
         return 0
     fills = bucket_fills(full_backward_gradients(model, embedding=False), reduce_bucket)
     return fills[0] if len(fills) > 1 else 0
+
+
+def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                                 reduce_bucket: int) -> int:
+    """Parameters (elements) gathered when the IPG bucket is first reduced holding the untied output head's
+    gradient alone (the head fills the bucket: the final norm's gradient, the next, triggers the reduction
+    right after the head's backward); -1 when the first reduction is not that one.
+
+    ``PartitionedParameterCoordinator`` (DeepSpeed 0.19.8): ``release_sub_module`` frees the head after its
+    backward, and before the final norm's gradient is ready only the final norm's own fetch has run: one
+    prefetch round of ``_fetch_sub_module_impl``, which pops until it has taken ``prefetch_bucket``
+    elements (the last parameter overshooting), or, when what is left before the embedding is less, the
+    rest of the queue, embedding included (:func:`prefetch_reach`). What is gathered is what the loss held
+    (:func:`zero3_gathered_ahead`) less the head, plus that round."""
+    head = model.lm_head_params
+    fill = bucket_members(full_backward_gradients(model, embedding=False), reduce_bucket)
+    if not head or setup.method != "full" or not fill or fill[0] != [head]:
+        return -1
+    queued = zero3_backward_uses(model, setup) - head
+    held = max(prefetch_reach(model, setup, queued + head) - head, 0)
+    rest = queued - held
+    tail = model.embed_params if embedding_used_last(model, setup) else 0
+    if rest - tail < prefetch_bucket:
+        return queued
+    largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
+    return held + prefetch_bucket + largest
+
+
+def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, compute: int) -> int:
+    """Bytes beside the bucket while its first reduction in the backward runs (zero3_bucket_flush; 0 when
+    there is none): the reduce-scatter's interleaved copy, and with ``offload_optimizer`` the fp64 chunk of
+    a gradient partition's norm.
+
+    DeepSpeed 0.19.8: ``__reduce_and_partition_ipg_grads`` -> ``__avg_scatter_grads`` ->
+    ``reduce_scatter_coalesced`` (runtime/comm/coalesced_collectives.py) ``torch.cat``-s the padded chunks
+    of the fill's ``n`` gradients into a new flat tensor of ``sum ceil(P_i / N) N`` elements, except for
+    one gradient divisible by ``N``, which it reduces in place (``tensors[0].view(-1)``); the partitions it
+    returns are views of that tensor, live through ``partition_grads``. There, with ``offload_optimizer``,
+    at the accumulation boundary, ``_offload_grad_partition_at_boundary`` -> ``_constant_buffered_norm2``
+    takes each partition's norm chunk by chunk of ``buffer_size`` = 2.5e8 elements converted to fp64
+    (zero/utils.py ``get_norm_dtype``): ``8 min(ceil(P_max / N), 2.5e8)`` bytes at once."""
+    if not zero3_bucket_flush(model, setup, reduce_bucket):
+        return 0
+    fill = bucket_members(full_backward_gradients(model, embedding=False), reduce_bucket)[0]
+    ws = setup.world_size
+    single = len(fill) == 1 and fill[0] % ws == 0
+    copy = 0 if single else sum(-(-n // ws) * ws for n in fill) * compute
+    # a gradient larger than the bucket is not copied into it (``__add_grad_to_ipg_bucket`` copies only
+    # what fits): its own tensor lives until ``partition_grads`` drops ``param.grad``
+    own = fill[0] * compute if fill[0] > reduce_bucket else 0
+    norm = 8 * min(-(-max(fill) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
+    return own + copy + norm
 
 
 def full_backward_gradients(model: ModelSpec, embedding: bool = True) -> list[int]:
