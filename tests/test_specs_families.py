@@ -107,3 +107,8 @@ def test_deepseek_dense_layers_come_first_in_layer_order() -> None:
     moe = attn + 64 * 8 + 8 * 3 * 64 * 32 + 3 * 64 * 32
     norms = 2 * 64 + 16
     assert top_layers_params(spec, 2) == 2 * (moe + norms)
+    # the dense layer's gate_proj / up_proj / down_proj are nn.Linear modules PEFT's "all-linear" adapts;
+    # the experts' of the same names are fused 3-D parameters it leaves alone
+    from tuneplan.estimator.weights import resolve_targets
+
+    assert {"gate_proj", "up_proj", "down_proj"} <= resolve_targets(spec, "all-linear")

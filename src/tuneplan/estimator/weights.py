@@ -38,7 +38,7 @@ def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
     roles: dict[str, str] = {}
     for spec, _ in model.layer_groups:
         for m in spec.linears:
-            if roles.get(m.name, "expert") == "expert":
+            if m.role != "expert" or roles.get(m.name, "expert") == "expert":
                 roles[m.name] = m.role
     # transformers 5 stores routed experts as fused 3-D parameters and the routers as TopK-router modules,
     # neither an nn.Linear, so PEFT's "all-linear" (and LLaMA-Factory's "all", which lists nn.Linear
