@@ -53,3 +53,17 @@ def test_at_the_heads_reduction_one_prefetch_round_follows_the_heads_release() -
     assert zero3_gathered_at_head_flush(spec2, setup2, PREFETCH, BUCKET) == H + 2 * LAYER + HEAD
     # a head under the bucket shares its fill with the next gradients: not this reduction
     assert zero3_gathered_at_head_flush(spec2, setup2, PREFETCH, 2 * HEAD) == -1
+
+
+def test_a_head_over_the_reuse_distance_is_gathered_beside_the_top_layer_in_its_forward() -> None:
+    # vocab 262144 x 4096 = 1,073,741,824 >= stage3_max_reuse_distance (1e9): no layer is kept from its
+    # forward to its backward, and the head is popped at the top layer's first fetch, beside that layer
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_gathered_at_top_forward
+
+    cfg = dict(model_type="llama", hidden_size=H, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=F, vocab_size=262144, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama-big-head")
+    setup = build_setup(spec, method="lora", gpus=8, zero=3)
+    assert zero3_gathered_at_top_forward(spec, setup) == LAYER + 262144 * H
+    # a head under the distance (V H = 536,870,912): the layers above it are kept, no such instant
+    assert zero3_gathered_at_top_forward(llama(2), build_setup(llama(2), method="lora", gpus=8, zero=3)) == 0

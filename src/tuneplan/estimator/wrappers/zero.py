@@ -37,6 +37,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
     zero3_gathered_at_head_flush,
+    zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
     zero3_layers_kept,
@@ -315,7 +316,9 @@ class Zero3(Zero, ShardingWrapper):
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
-                                      bottom_layer_forward=at_embedding, head_forward=at_head),
+                                      bottom_layer_forward=at_embedding, head_forward=at_head,
+                                      top_layer_forward=min(zero3_gathered_at_top_forward(model, setup)
+                                                            * compute, whole16)),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
 
