@@ -87,3 +87,28 @@ def test_hidden_must_split_into_heads_where_the_code_requires_it():
         check_heads({"num_attention_heads": 3}, "m", "llama", "llama", 4000, 3, 3)
     assert err.value.field == "m.num_attention_heads"
     check_heads({"num_attention_heads": 3}, "m", "mistral", "llama", 4000, 3, 3)  # Mistral builds it
+
+
+def test_deepseek_dense_layers_come_first_in_layer_order() -> None:
+    # transformers DeepseekV2DecoderLayer: the dense MLP for layer_idx < first_k_dense_replace, the MoE
+    # after it; freeze trains the top layers, both MoE here: 2 x (attention + router + 8 experts x 3 x
+    # 64 x 32 + shared 3 x 64 x 32 + norms)
+    from tuneplan.estimator.wrappers.zero3_coordinator import top_layers_params
+    from tuneplan.specs.model import model_from_config
+
+    cfg = dict(model_type="deepseek_v2", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=4, intermediate_size=256, moe_intermediate_size=32, n_routed_experts=8,
+               n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=16,
+               q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, vocab_size=128)
+    spec = model_from_config(cfg, "tiny-deepseek")
+    (first, n_first), (second, n_second) = spec.layer_groups
+    assert (n_first, n_second) == (1, 2) and not first.moe and second.moe
+    attn = 64 * 4 * 24 + 64 * (16 + 8) + 16 * 4 * (16 + 16) + 4 * 16 * 64
+    moe = attn + 64 * 8 + 8 * 3 * 64 * 32 + 3 * 64 * 32
+    norms = 2 * 64 + 16
+    assert top_layers_params(spec, 2) == 2 * (moe + norms)
+    # the dense layer's gate_proj / up_proj / down_proj are nn.Linear modules PEFT's "all-linear" adapts;
+    # the experts' of the same names are fused 3-D parameters it leaves alone
+    from tuneplan.estimator.weights import resolve_targets
+
+    assert {"gate_proj", "up_proj", "down_proj"} <= resolve_targets(spec, "all-linear")

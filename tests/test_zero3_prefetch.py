@@ -78,3 +78,36 @@ def test_the_head_round_is_held_twice_until_the_head_is_fetched() -> None:
     assert zero3_head_round(spec, 20_000) == 0
     tied = model_from_config({**TINY, "tie_word_embeddings": True}, "tiny-llama-tied")
     assert zero3_head_round(tied, 30_000) == 0
+
+
+def test_the_loss_holds_max_live_plus_a_layer_parameter_not_the_head() -> None:
+    # a 4-layer untied Llama of hidden 4096, intermediate 16384 and vocab 131072 (no GQA), LoRA with
+    # checkpointing: the backward uses the head (V H = 536,870,912), the final norm (H), 4 layers of
+    # 4 H^2 + 3 H F + 2 H = 268,443,648 each and, last, the embedding (V H): 2,684,383,232 in all.
+    # Before the embedding 2,147,512,320 >= stage3_max_live_parameters (1e9): a layer parameter crosses
+    # the limit, at most the largest one (H F = 67,108,864), not the head: 1,067,108,864 at the loss.
+    from tuneplan.specs.model import model_from_config
+
+    h, f, v = 4096, 16384, 131072
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=4, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama-4L")
+    setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_backward_uses(spec, setup) == 2 * v * h + h + 4 * (4 * h * h + 3 * h * f + 2 * h)
+    assert zero3_gathered_ahead(spec, setup, 50_000_000, frozenset({"q_proj", "v_proj"})) == (
+        1_000_000_000 + h * f)
+
+
+def test_everything_is_gathered_when_all_but_the_embedding_fits_under_max_live() -> None:
+    # the same model with 2 layers: after the head, 2 layers (536,887,296) and the final norm come before
+    # the embedding, under 1e9: the round that crosses the limit pops the embedding too, so the whole
+    # backward use after the head is gathered through the top layers' backward
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_gathered_in_backward
+    from tuneplan.specs.model import model_from_config
+
+    h, f, v = 4096, 16384, 131072
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama-2L")
+    setup = build_setup(spec, method="full", gpus=2, zero=3)
+    assert zero3_gathered_in_backward(spec, setup) == h + 2 * (4 * h * h + 3 * h * f + 2 * h) + v * h

@@ -33,7 +33,13 @@ def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
     if not targets:
         return frozenset()
     wanted_text = targets.strip()
-    roles = {m.name: m.role for spec, _ in model.layer_groups for m in spec.linears}
+    # a name both a dense layer's nn.Linear and a MoE layer's expert (DeepSeek's first_k_dense_replace
+    # layers: gate_proj, up_proj, down_proj) keeps the dense role: the nn.Linear PEFT matches by name
+    roles: dict[str, str] = {}
+    for spec, _ in model.layer_groups:
+        for m in spec.linears:
+            if m.role != "expert" or roles.get(m.name, "expert") == "expert":
+                roles[m.name] = m.role
     # transformers 5 stores routed experts as fused 3-D parameters and the routers as TopK-router modules,
     # neither an nn.Linear, so PEFT's "all-linear" (and LLaMA-Factory's "all", which lists nn.Linear
     # names) leave them alone: attention, dense and shared-expert linears are adapted (simulate: Mixtral /

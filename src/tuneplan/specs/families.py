@@ -291,7 +291,11 @@ def _deepseek(s: Shape) -> dict[str, Any]:
     n_moe = sum(1 for i in range(s.n_layers) if n_experts and i >= first_dense and i % freq == 0)
     groups = [(moe_layer, n_moe)] if n_moe else []
     if s.n_layers - n_moe:
-        groups.append((dense, s.n_layers - n_moe))
+        # the groups in layer order where it is one (every layer a MoE from first_k_dense_replace on:
+        # transformers DeepseekV2DecoderLayer / DeepseekV3DecoderLayer take the dense MLP for
+        # ``layer_idx < first_k_dense_replace``): what counts layers from the top (freeze) reads it
+        dense_first = freq == 1 and first_dense > 0
+        groups.insert(0 if dense_first else len(groups), (dense, s.n_layers - n_moe))
     return {"groups": groups, "kv": n_heads, "head_dim": head_dim, "v_head": v_head, "kv_lora": kv_lora,
             "n_experts": n_experts, "top_k": top_k,
             "embed": s.vocab * h, "lm_head": 0 if s.tied else s.vocab * h, "final_norm": h}

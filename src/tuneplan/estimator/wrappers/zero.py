@@ -33,8 +33,11 @@ from tuneplan.estimator.wrappers.base import (
 )
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_bucket_flush,
+    zero3_flush_scratch,
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
+    zero3_gathered_at_head_flush,
+    zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
     zero3_layers_kept,
@@ -313,7 +316,9 @@ class Zero3(Zero, ShardingWrapper):
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
-                                      bottom_layer_forward=at_embedding, head_forward=at_head),
+                                      bottom_layer_forward=at_embedding, head_forward=at_head,
+                                      top_layer_forward=min(zero3_gathered_at_top_forward(model, setup)
+                                                            * compute, whole16)),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
 
@@ -334,6 +339,10 @@ class Zero3(Zero, ShardingWrapper):
                 top_gathered = max(top_gathered, min(top16, whole16))
                 # every parameter whose gradient is in the bucket has finished its backward and been released
                 done = max(filled - model.lm_head_params, 0)
-                flush_instant16 = zero3_gathered_in_backward(model, setup, done) * compute
+                head_flush = zero3_gathered_at_head_flush(model, setup, terms.prefetch_bucket,
+                                                          terms.reduce_bucket)
+                flush_instant16 = (head_flush if head_flush >= 0
+                                   else zero3_gathered_in_backward(model, setup, done)) * compute
                 at_flush = max(at_flush, min(flush_instant16, whole16))
-        return at_loss, max(top_gathered, at_flush + filled * compute if filled else 0)
+        scratch = zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
+        return at_loss, max(top_gathered, at_flush + scratch if filled else 0)

@@ -11,6 +11,7 @@ from tuneplan.specs.setup import TrainSetup
 
 DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # elements, DeepSpeed default stage3_max_live_parameters
+DS_NORM_CHUNK = 250_000_000  # elements, stage3.py ``_constant_buffered_norm2`` buffer_size
 # modules of a decoder layer that hold no parameter but still run ZeRO-3's fetch hook (each one a prefetch
 # opportunity): the layer, its attention, its MLP and the MLP's activation module
 HOOKED_CONTAINERS_PER_LAYER = 4
@@ -58,10 +59,25 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
                   for spec, _ in model.layer_groups)
     if fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora":
         return 0
-    used = zero3_backward_uses(model, setup)
-    largest = max([model.vocab * model.hidden, model.lm_head_params]
-                  + [m.params for spec, _ in model.layer_groups for m in spec.linears])
-    return min(used, DS_MAX_LIVE_PARAMETERS + largest)
+    return prefetch_reach(model, setup, zero3_backward_uses(model, setup))
+
+
+def zero3_gathered_at_top_forward(model: ModelSpec, setup: TrainSetup) -> int:
+    """Parameters (elements) ZeRO-3 holds gathered during the top decoder layer's forward when the untied
+    output head alone reaches ``stage3_max_reuse_distance`` (0 otherwise, or with quantized weights).
+
+    ``PartitionedParameterCoordinator`` (DeepSpeed 0.19.8), complete trace: with ``P_head >= D`` no layer
+    is kept from its forward to its backward (:func:`zero3_layers_kept`: the head lies between them), so
+    each layer is released after its forward; the prefetcher, held at ``stage3_max_live_parameters`` by the
+    layer below, pops the top layer's parameters there and, once that layer is released, the head at the
+    top layer's first fetch (the next parameter of the trace: norms are persistent). The top layer and the
+    head are then gathered together, ``P_layer + P_head``, more than at the loss, where the top layer has
+    been released. (simulate: Qwen2.5-72B, 4 layers, LoRA over 8 GPUs: the coordinator's count 2.125e9
+    elements through the top layer's forward, 1.2457e9 at the loss.)"""
+    head = model.lm_head_params
+    if not head or head < DS_MAX_REUSE_DISTANCE or setup.quant_bits is not None:
+        return 0
+    return model.largest_layer_params + head
 
 
 def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
@@ -176,9 +192,36 @@ def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 
     (simulate: Llama-2-7B, 8 layers, ZeRO-3 over 8 GPUs, the coordinator's count read at every module
     fetch and release: 1.00e9 to 1.034e9 elements through the top two layers' backward.)"""
     head = (model.lm_head_params or model.embed_params) if setup.method == "freeze" else model.lm_head_params
-    after_head = zero3_backward_uses(model, setup) - head - done
+    return prefetch_reach(model, setup, zero3_backward_uses(model, setup) - head - done)
+
+
+def prefetch_reach(model: ModelSpec, setup: TrainSetup, queued: int) -> int:
+    """Parameters (elements) gathered once the prefetcher has popped what it may of ``queued`` elements of
+    parameters still to be used, in trace order.
+
+    ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8) pops while ``numel_prefetching < min(max_live -
+    n_available, prefetch_bucket)``: ``n_available`` climbs to ``stage3_max_live_parameters`` ``M`` plus the
+    parameter that crosses it. The token embedding is the trace's last use when the backward reaches it
+    (a full fine-tune; LoRA with checkpointing, whose ``enable_input_require_grads`` makes the embedding's
+    output require grad): when everything before it fits under ``M`` (``queued - E < M``), the round that
+    crosses pops the embedding too and all of ``queued`` is gathered. Otherwise a layer's parameter crosses
+    (the queue holds layer parameters there), and ``M`` plus the largest of them bounds what is gathered.
+    An untied head popped in the forward is not what is left at the loss: the layers' releases after it
+    bring ``n_available`` under ``M`` and the prefetcher refills from layer parameters.
+    (simulate: Qwen2.5-7B, DeepSeek-R1-Distill-Llama-8B and Mistral-Nemo LoRA layers, the coordinator's
+    count at the loss 1.002e9 to 1.070e9 elements, the untied head 5.45e8 popped in the bottom layer.)"""
+    tail = model.embed_params if embedding_used_last(model, setup) else 0
+    if queued - tail < DS_MAX_LIVE_PARAMETERS:
+        return max(queued, 0)
     largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
-    return min(after_head, DS_MAX_LIVE_PARAMETERS + largest)
+    return min(queued, DS_MAX_LIVE_PARAMETERS + largest)
+
+
+def embedding_used_last(model: ModelSpec, setup: TrainSetup) -> bool:
+    """Whether the token embedding's backward fetch is the last parameter use of the step: a full
+    fine-tune, or LoRA with gradient checkpointing (zero3_backward_uses keeps the embedding there)."""
+    return bool(model.embed_params) and (setup.method == "full" or (
+        setup.method == "lora" and bool(setup.gradient_checkpointing)))
 
 
 def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> int:
@@ -196,6 +239,58 @@ def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) 
         return 0
     fills = bucket_fills(full_backward_gradients(model, embedding=False), reduce_bucket)
     return fills[0] if len(fills) > 1 else 0
+
+
+def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                                 reduce_bucket: int) -> int:
+    """Parameters (elements) gathered when the IPG bucket is first reduced holding the untied output head's
+    gradient alone (the head fills the bucket: the final norm's gradient, the next, triggers the reduction
+    right after the head's backward); -1 when the first reduction is not that one.
+
+    ``PartitionedParameterCoordinator`` (DeepSpeed 0.19.8): ``release_sub_module`` frees the head after its
+    backward, and before the final norm's gradient is ready only the final norm's own fetch has run: one
+    prefetch round of ``_fetch_sub_module_impl``, which pops until it has taken ``prefetch_bucket``
+    elements (the last parameter overshooting), or, when what is left before the embedding is less, the
+    rest of the queue, embedding included (:func:`prefetch_reach`). What is gathered is what the loss held
+    (:func:`zero3_gathered_ahead`) less the head, plus that round."""
+    head = model.lm_head_params
+    fill = bucket_members(full_backward_gradients(model, embedding=False), reduce_bucket)
+    if not head or setup.method != "full" or not fill or fill[0] != [head]:
+        return -1
+    queued = zero3_backward_uses(model, setup) - head
+    held = max(prefetch_reach(model, setup, queued + head) - head, 0)
+    rest = queued - held
+    tail = model.embed_params if embedding_used_last(model, setup) else 0
+    if rest - tail < prefetch_bucket:
+        return queued
+    largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
+    return held + prefetch_bucket + largest
+
+
+def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, compute: int) -> int:
+    """Bytes beside the bucket while its first reduction in the backward runs (zero3_bucket_flush; 0 when
+    there is none): the reduce-scatter's interleaved copy, and with ``offload_optimizer`` the fp64 chunk of
+    a gradient partition's norm.
+
+    DeepSpeed 0.19.8: ``__reduce_and_partition_ipg_grads`` -> ``__avg_scatter_grads`` ->
+    ``reduce_scatter_coalesced`` (runtime/comm/coalesced_collectives.py) ``torch.cat``-s the padded chunks
+    of the fill's ``n`` gradients into a new flat tensor of ``sum ceil(P_i / N) N`` elements, except for
+    one gradient divisible by ``N``, which it reduces in place (``tensors[0].view(-1)``); the partitions it
+    returns are views of that tensor, live through ``partition_grads``. There, with ``offload_optimizer``,
+    at the accumulation boundary, ``_offload_grad_partition_at_boundary`` -> ``_constant_buffered_norm2``
+    takes each partition's norm chunk by chunk of ``buffer_size`` = 2.5e8 elements converted to fp64
+    (zero/utils.py ``get_norm_dtype``): ``8 min(ceil(P_max / N), 2.5e8)`` bytes at once."""
+    if not zero3_bucket_flush(model, setup, reduce_bucket):
+        return 0
+    fill = bucket_members(full_backward_gradients(model, embedding=False), reduce_bucket)[0]
+    ws = setup.world_size
+    single = len(fill) == 1 and fill[0] % ws == 0
+    copy = 0 if single else sum(-(-n // ws) * ws for n in fill) * compute
+    # a gradient larger than the bucket is not copied into it (``__add_grad_to_ipg_bucket`` copies only
+    # what fits): its own tensor lives until ``partition_grads`` drops ``param.grad``
+    own = fill[0] * compute if fill[0] > reduce_bucket else 0
+    norm = 8 * min(-(-max(fill) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
+    return own + copy + norm
 
 
 def full_backward_gradients(model: ModelSpec, embedding: bool = True) -> list[int]:

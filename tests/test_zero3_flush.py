@@ -1,0 +1,69 @@
+"""ZeRO-3's first gradient reduction when the untied output head fills the IPG bucket alone
+(estimator/wrappers/zero3_coordinator.py), counted by hand from DeepSpeed 0.19.8's stage3.py and
+coalesced_collectives.py on an untied Llama of hidden 4096, intermediate 16384 and vocab 131072 (no GQA):
+the head holds V H = 536,870,912 elements, over the 5e8-element default bucket."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    zero3_flush_scratch,
+    zero3_gathered_at_head_flush,
+)
+from tuneplan.specs.model import ModelSpec, model_from_config
+
+H, F, V = 4096, 16384, 131072
+HEAD = V * H  # 536,870,912
+LAYER = 4 * H * H + 3 * H * F + 2 * H  # 268,443,648
+BUCKET, PREFETCH = 500_000_000, 50_000_000
+
+
+def llama(layers: int) -> ModelSpec:
+    cfg = dict(model_type="llama", hidden_size=H, num_hidden_layers=layers, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
+    return model_from_config(cfg, f"llama-{layers}L")
+
+
+def test_a_head_over_the_bucket_is_reduced_in_place_beside_its_own_gradient_and_the_fp64_norm_chunk() -> None:
+    spec = llama(2)
+    # ws 2: one gradient divisible by 2, reduce_scatter_coalesced reduces it in place (no copy); it was not
+    # copied into the bucket (over 5e8), so its own 16-bit tensor is live: 2 V H bytes; with
+    # offload_optimizer the norm takes ceil(V H / 2) = 268,435,456 > 2.5e8 elements in fp64 chunks of 2.5e8
+    off = build_setup(spec, method="full", gpus=2, zero=3, offload="optimizer")
+    assert zero3_flush_scratch(spec, off, BUCKET, 2) == 2 * HEAD + 8 * 250_000_000
+    plain = build_setup(spec, method="full", gpus=2, zero=3)
+    assert zero3_flush_scratch(spec, plain, BUCKET, 2) == 2 * HEAD
+    # ws 3: V H = 3 x 178,956,970 + 2 is padded to 3 x 178,956,971 in the interleaved copy
+    three = build_setup(spec, method="full", gpus=3, zero=3, offload="optimizer")
+    assert zero3_flush_scratch(spec, three, BUCKET, 2) == 2 * HEAD + 2 * 3 * 178_956_971 + 8 * 178_956_971
+
+
+def test_at_the_heads_reduction_one_prefetch_round_follows_the_heads_release() -> None:
+    # 4 layers: at the loss the coordinator holds 1e9 + H F (a layer parameter crosses), the head among
+    # them; freed after its backward, HEAD less; the final norm's fetch pops one round: 5e7 elements, the
+    # last parameter (at most H F) overshooting
+    spec = llama(4)
+    setup = build_setup(spec, method="full", gpus=2, zero=3)
+    held = 1_000_000_000 + H * F - HEAD
+    assert zero3_gathered_at_head_flush(spec, setup, PREFETCH, BUCKET) == held + PREFETCH + H * F
+    # 2 layers: what is left before the embedding (2 LAYER + H - held = 6,653,440) is under one round, so
+    # the round pops the embedding too: every parameter after the head is gathered
+    spec2 = llama(2)
+    setup2 = build_setup(spec2, method="full", gpus=2, zero=3)
+    assert zero3_gathered_at_head_flush(spec2, setup2, PREFETCH, BUCKET) == H + 2 * LAYER + HEAD
+    # a head under the bucket shares its fill with the next gradients: not this reduction
+    assert zero3_gathered_at_head_flush(spec2, setup2, PREFETCH, 2 * HEAD) == -1
+
+
+def test_a_head_over_the_reuse_distance_is_gathered_beside_the_top_layer_in_its_forward() -> None:
+    # vocab 262144 x 4096 = 1,073,741,824 >= stage3_max_reuse_distance (1e9): no layer is kept from its
+    # forward to its backward, and the head is popped at the top layer's first fetch, beside that layer
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_gathered_at_top_forward
+
+    cfg = dict(model_type="llama", hidden_size=H, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=F, vocab_size=262144, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama-big-head")
+    setup = build_setup(spec, method="lora", gpus=8, zero=3)
+    assert zero3_gathered_at_top_forward(spec, setup) == LAYER + 262144 * H
+    # a head under the distance (V H = 536,870,912): the layers above it are kept, no such instant
+    assert zero3_gathered_at_top_forward(llama(2), build_setup(llama(2), method="lora", gpus=8, zero=3)) == 0
