@@ -166,6 +166,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     backward where it has an instant of its own."""
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
     backward_temp = acts.backward_temp_bytes + statics.dequant
+    if statics.expert_grad_temp:
+        # a fused expert stack's new weight gradient beside its accumulated buffer (memory_statics)
+        backward_temp = maximum(backward_temp, statics.expert_grad_temp)
     if statics.backward_dequant:
         # bitsandbytes' dequantized weight, at its own point of the layer's backward (quant_kernels)
         backward_temp = maximum(backward_temp,

@@ -52,20 +52,27 @@ def zero12_rank0_params(run: Run, partition: int) -> int:
     if run.setup.method != "full":
         return partition
     covered = 0
-    for numel in full_module_order(run.model):
+    for numel in full_module_order(run.model, transformers_code=run.profile.model_code == "hf"):
         if covered >= partition:
             break
         covered += numel
     return max(covered, partition)
 
 
-def full_module_order(model: ModelSpec) -> list[int]:
+def full_module_order(model: ModelSpec, transformers_code: bool = True) -> list[int]:
     """A full fine-tune's parameters (elements) in module order, the order of the flat 16-bit group: the
-    token embedding, each layer's linears and norms in the order the layers are built
-    (:func:`layers_in_module_order`), the final norm, the untied head. A MoE layer's routed experts are two
-    tensors, not one per expert: transformers 5 builds them as fused 3-D parameters (``*Experts``:
-    ``gate_up_proj`` of E x 2f x h and ``down_proj`` of E x h x f, e.g. modeling_deepseek_v3.py), so a
-    slice boundary inside them holds the whole stack."""
+    token embedding, each layer's linears and norms, the final norm, the untied head. Under transformers'
+    model code (``transformers_code``) the layers come in the order they are built
+    (:func:`layers_in_module_order`) and a MoE layer's routed experts are two tensors, not one per expert:
+    transformers 5 builds them as fused 3-D parameters (``*Experts``: ``gate_up_proj`` of E x 2f x h and
+    ``down_proj`` of E x h x f, e.g. modeling_deepseek_v3.py), so a slice boundary inside them holds the
+    whole stack; other model code: the spec's layer groups, one tensor per expert projection."""
+    if not transformers_code:
+        order = [model.embed_params]
+        for spec, count in model.layer_groups:
+            layer = [m.params // m.count for m in spec.linears for _ in range(m.count)]
+            order += [*layer, spec.norm_params] * count
+        return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
     order = [model.embed_params]
     for spec in layers_in_module_order(model):
         linears = [m.params for m in spec.linears if m.role != "expert"]
@@ -122,7 +129,8 @@ def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: 
     the token embedding's first. None where the order is not known (a partial fine-tune wider than the
     bucket)."""
     params = run.param_plan
-    order = (full_module_order(run.model) if run.setup.method == "full"
+    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
+             if run.setup.method == "full"
              else [params.trainable_params] if params.trainable_params <= reduce_bucket else [])
     members = bucket_members(order, reduce_bucket)
     if not members:
