@@ -243,3 +243,21 @@ def test_a_sequence_classifier_trains_on_one_label_per_sample() -> None:
     assert {"step2.forward", "step2.backward", "step2.optimizer"} <= phases
     assert not [b for b in run.result.blocks if tuple(b.shape) == (2, 64, V)]
     assert [b for b in run.result.blocks if tuple(b.shape) == (2, 3)]
+
+
+def test_zero1_casts_a_full_fp32_model_on_the_host_before_moving_it() -> None:
+    # the HF Trainer hands DeepSpeed a model still on the host (place_model_on_device = False); the
+    # engine casts each fp32 parameter to bf16 there (_cast_module_mixed_precision) and then moves the
+    # module: the fp32 parameters (4 B each) are host memory, their bf16 casts (2 B each) device memory;
+    # every tensor rounded to 512 B
+    _needs_deepspeed()
+    run = _run(2, 1)
+    layer = [H * A * D, H * KV * D, H * KV * D, A * D * H, H * F, H * F, F * H, H, H]
+    numels = L * layer + [V * H, H, V * H]
+    fp32 = [b for b in run.result.blocks if b.op == "parameter" and b.dtype.endswith("float32")]
+    assert sum(b.size for b in fp32) == sum(r512(4 * n) for n in numels)
+    assert all(b.category == "host" for b in fp32)
+    casts = [b for b in run.result.blocks if b.phase == "setup.zero" and b.op == "aten._to_copy.default"
+             and b.dtype.endswith("bfloat16")]
+    assert sum(b.size for b in casts) == sum(r512(2 * n) for n in numels)
+    assert not any(b.category == "host" for b in casts)

@@ -66,3 +66,27 @@ def test_zero2_freeze_wider_than_the_bucket_reduces_its_first_fill_in_the_layers
     epilogue = memory_statics(resolve_run(qwen7b, setup)).wrapped.epilogue
     assert epilogue is not None
     assert (epilogue.gradients, epilogue.reduction_copy) == (2 * BUCKET + 2 * down, 2 * 2 * layer)
+
+
+# a small DeepSeek-V3 (hand config): one dense layer first, then MoE layers of 4 routed experts of width 16
+# and one shared expert; no q_lora_rank (q_proj), kv_lora_rank 32, 2 heads of nope 16 + rope 8, v_head 16
+MINI_DSV3 = {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+             "num_attention_heads": 2, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+             "moe_intermediate_size": 16, "first_k_dense_replace": 1, "moe_layer_freq": 1, "kv_lora_rank": 32,
+             "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+             "vocab_size": 100, "tie_word_embeddings": False}
+
+
+def test_full_module_order_builds_layers_in_order_with_fused_experts() -> None:
+    # transformers 5 (modeling_deepseek_v3.py): layer 0 dense (layer_idx < first_k_dense_replace), layers
+    # 1-2 MoE; DeepseekV3Experts holds gate_up_proj (E, 2f, h) and down_proj (E, h, f) as two parameters
+    from tuneplan.estimator.wrappers.zero12_reductions import full_module_order
+    from tuneplan.specs.model import model_from_config
+
+    model = model_from_config(MINI_DSV3, "mini DeepSeek-V3 (hand config)")
+    h, heads = 64, 2
+    attn = [h * heads * 24, h * (32 + 8), 32 * heads * (16 + 16), heads * 16 * h]  # q, kv_a, kv_b, o
+    norms = 2 * h + 32  # input / post-attention RMSNorms, kv_a_layernorm
+    dense = [*attn, h * 128, h * 128, 128 * h, norms]
+    moe = [*attn, h * 4, 4 * 2 * 16 * h, 4 * h * 16, h * 16, h * 16, 16 * h, norms]  # router, experts, shared
+    assert full_module_order(model) == [100 * h, *dense, *moe, *moe, h, 100 * h]

@@ -11,7 +11,8 @@ Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
   all gradients allocated;
 - ``optimizer_step``: all gradients, states and the step's temporaries;
 - where they exist: ``backward_lm_head`` (a 4-bit lm_head), ``backward_embedding`` (the token embedding's
-  gradient), ``next_micro_batch`` (after the longest micro-batch, run first).
+  gradient), ``next_micro_batch`` (after the longest micro-batch, run first), ``initialize`` (before the
+  first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU, wrappers/zero12_initialize).
 Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
 with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
 ``keep_grads``: torch < 2.0's in-place zeroing).
@@ -147,6 +148,12 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
         rows["next_micro_batch"] = (statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
     rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, held, 0, 0)
+    initialize = statics.wrapped.initialize
+    if initialize:
+        # DeepSpeed's initialize, before the first step (wrappers/zero12_initialize.py): nothing of the step
+        # is live and the persistent terms are not yet the step's; the row carries its total's difference
+        # from them as DeepSpeed's own allocation (the 16-bit copies of the module's cast)
+        rows["initialize"] = (0, 0, 0, 0, 0, 0, initialize - statics.common_total)
     return MemoryAt(rows, acts, logits, held, statics)
 
 
@@ -159,6 +166,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     backward where it has an instant of its own."""
     # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
     backward_temp = acts.backward_temp_bytes + statics.dequant
+    if statics.expert_grad_temp:
+        # a fused expert stack's new weight gradient beside its accumulated buffer (memory_statics)
+        backward_temp = maximum(backward_temp, statics.expert_grad_temp)
     if statics.backward_dequant:
         # bitsandbytes' dequantized weight, at its own point of the layer's backward (quant_kernels)
         backward_temp = maximum(backward_temp,

@@ -78,6 +78,9 @@ class MemoryStatics:
     step_grads: int  # gradients at the optimizer step, buffers included
     step_temp: int  # the optimizer step's temporaries (0 when it runs in backward)
     base_notes: tuple[str, ...]  # sharding and optimizer notes
+    # a fused routed-expert stack's new weight gradient beside its accumulated buffer, while a MoE layer is
+    # back-propagated (expert_stack_gradient_temp)
+    expert_grad_temp: int = 0
 
 
 def memory_statics(run: Run) -> MemoryStatics:
@@ -148,7 +151,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         + buckets.persistent + buckets.through_forward,
         step_grads=grads_step + buckets.persistent,
         step_temp=0 if setup.optimizer_in_backward else resident.optimizer_temp,
-        base_notes=wrapper_memory.notes + tuple(optimizer.notes))
+        base_notes=wrapper_memory.notes + tuple(optimizer.notes),
+        expert_grad_temp=expert_stack_gradient_temp(run, grads_prev))
     run.memo["memory"] = out
     return out
 
@@ -208,3 +212,27 @@ def gradient_terms(run: Run, wrapper_memory: WrapperMemory) -> tuple[int, int, i
     if setup.longest_batch_first:
         grads_prev = 0
     return grads, grads_prev, grads_step
+
+
+def expert_stack_gradient_temp(run: Run, grads_prev: int) -> int:
+    """Bytes of the largest fused routed-expert stack's new weight gradient, live beside the gradient buffer
+    it is added into (0 where no buffer is there or no expert trains).
+
+    transformers 5 keeps a MoE layer's routed experts as two 3-D parameters (``*Experts``: ``gate_up_proj``
+    E x 2f x h, ``down_proj`` E x h x f) that ``torch._grouped_mm`` multiplies; its backward returns the
+    whole stack's weight gradient as one new tensor. Into a ``.grad`` that already exists (a later
+    micro-batch of an accumulation, keep_grads' zeroed buffer; DDP and ZeRO-1 keep ``param.grad``, ZeRO-2/3
+    and FSDP move it out at each hook) AccumulateGrad adds it in place, the new gradient live until then:
+    :math:`\\max(2 E f h, E f h)` elements in the gradient dtype (simulate: Qwen3-235B-A22B freeze, 128 x 3072
+    x 4096 bf16 = 3 GiB). A dense layer's largest weight gradient is a few percent of that. Other model code
+    (LitGPT, torchtune, Unsloth's patches) is not read here: 0."""
+    setup, model = run.setup, run.model
+    if (not grads_prev or not model.is_moe or setup.method not in ("full", "freeze") or setup.fsdp
+            or setup.zero >= 2 or run.profile.model_code != "hf"):
+        return 0
+    stacks = [0]
+    for spec, _ in model.layer_groups:
+        experts = [m.count * m.d_in * m.d_out for m in spec.linears if m.role == "expert"]
+        if experts:  # gate and up fused, down on its own
+            stacks += [sum(experts[:-1]), experts[-1]]
+    return max(stacks) * run.param_plan.trainable_bytes

@@ -242,6 +242,25 @@ def _file_offloaded_on_host(model: Any, tracker: Any, fsdp2: bool = False) -> No
             b.category = "host"
 
 
+def _on_host_until_initialized(model: Any, setup: TrainSetup, tracker: Any) -> None:
+    """ZeRO-1/2 under the HF Trainer: a model that bitsandbytes did not place on the GPU at its load (every
+    one but QLoRA's: transformers ``Bnb4BitHfQuantizer.update_device_map``) is still on the host when
+    ``deepspeed.initialize`` runs (``Trainer.__init__``: ``place_model_on_device = False`` with DeepSpeed).
+    ``DeepSpeedEngine._configure_distributed_model`` casts it there to the 16-bit dtype
+    (``_cast_module_mixed_precision``: ``p.data = p.data.to(param_dtype)`` for each fp32 parameter) and only
+    then ``module.to(device)``: the fp32 parameters it casts (a ``-mixed`` full fine-tune's fp32 model,
+    fp32 adapters or upcast trained layers) never reach the GPU. On the fake device ``.to`` moves nothing,
+    so those fp32 storages are filed as host memory; their 16-bit casts are the module's weights."""
+    import torch
+
+    if setup.zero == 3 or setup.quant_bits or setup.precision == "fp32":
+        return
+    half = torch.float16 if setup.precision.startswith("fp16") else torch.bfloat16
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != half:
+            tracker.untrack(p)
+
+
 def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: Any, notes: list[str],
               progress: Callable[[float, str], None] | None, t0: float, build_s: float, pre: Any,
               post: Any) -> SimRun:
@@ -280,6 +299,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
             params = [p for p in model.parameters() if p.requires_grad]
             # the Trainer's own optimizer (its ``optim``), which DeepSpeed steps on the fp32 master partition
             start = len(tracker.events)
+            _on_host_until_initialized(model, setup, tracker)
             engine, opt = wrap_zero(model, setup, make_optimizer(setup.optimizer or prof.default_optimizer,
                                                                  params))
             initialized = len(tracker.events)

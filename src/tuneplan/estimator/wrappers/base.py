@@ -125,6 +125,9 @@ class WrapperMemory:
     no_sync: NoSyncGradients | None = None
     step_gradients: int | None = None  # gradient bytes at the optimizer step; None: ``resident.gradients``
     epilogue: Epilogue | None = None
+    # bytes on this GPU at the peak of DeepSpeed's initialize, before the first step (ZeRO-1/2's 16-bit cast
+    # of the module: wrappers/zero12_initialize.py); 0: no instant there
+    initialize: int = 0
     notes: tuple[str, ...] = ()
 
 

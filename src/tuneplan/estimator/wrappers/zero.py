@@ -42,6 +42,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_head_round,
     zero3_layers_kept,
 )
+from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
     zero1_offload_epilogue,
     zero2_epilogue,
@@ -230,7 +231,7 @@ class ZeroOneTwo(Zero):
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers,
                                      through_forward=through),
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
-                             notes=self.notes(setup, notes))
+                             initialize=zero12_initialize_bytes(run), notes=self.notes(setup, notes))
 
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
         """The gradients reduce-scattered (ZeRO-2: every micro-batch; ZeRO-1: once per step), the updated

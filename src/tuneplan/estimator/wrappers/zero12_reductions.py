@@ -14,7 +14,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     layer_gradients_from_top,
 )
 from tuneplan.estimator.xp import ceil_div
-from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 NORM_BYTES = 8  # fp64, DeepSpeed's get_norm_dtype() on CUDA (runtime/zero/utils.py)
@@ -52,21 +52,62 @@ def zero12_rank0_params(run: Run, partition: int) -> int:
     if run.setup.method != "full":
         return partition
     covered = 0
-    for numel in full_module_order(run.model):
+    for numel in full_module_order(run.model, transformers_code=run.profile.model_code == "hf"):
         if covered >= partition:
             break
         covered += numel
     return max(covered, partition)
 
 
-def full_module_order(model: ModelSpec) -> list[int]:
+def full_module_order(model: ModelSpec, transformers_code: bool = True) -> list[int]:
     """A full fine-tune's parameters (elements) in module order, the order of the flat 16-bit group: the
-    token embedding, each layer's linears and norms, the final norm, the untied head."""
+    token embedding, each layer's linears and norms, the final norm, the untied head. Under transformers'
+    model code (``transformers_code``) the layers come in the order they are built
+    (:func:`layers_in_module_order`) and a MoE layer's routed experts are two tensors, not one per expert:
+    transformers 5 builds them as fused 3-D parameters (``*Experts``: ``gate_up_proj`` of E x 2f x h and
+    ``down_proj`` of E x h x f, e.g. modeling_deepseek_v3.py), so a slice boundary inside them holds the
+    whole stack; other model code: the spec's layer groups, one tensor per expert projection."""
+    if not transformers_code:
+        order = [model.embed_params]
+        for spec, count in model.layer_groups:
+            layer = [m.params // m.count for m in spec.linears for _ in range(m.count)]
+            order += [*layer, spec.norm_params] * count
+        return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
     order = [model.embed_params]
-    for spec, count in model.layer_groups:
-        layer = [m.params // m.count for m in spec.linears for _ in range(m.count)]
-        order += [*layer, spec.norm_params] * count
+    for spec in layers_in_module_order(model):
+        linears = [m.params for m in spec.linears if m.role != "expert"]
+        experts = [m.params for m in spec.linears if m.role == "expert"]
+        if experts:
+            # where the first expert projection is listed: gate and up fused, then down; after the router
+            # (Mixtral, Qwen2-MoE build it first; DeepSeek and Qwen3-MoE after the experts: h x E elements)
+            at = next(i for i, m in enumerate(spec.linears) if m.role == "expert")
+            linears[at:at] = [sum(experts[:-1]), experts[-1]] if len(experts) > 1 else experts
+        order += [*linears, spec.norm_params]
     return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
+
+
+def layers_in_module_order(model: ModelSpec) -> list[LayerSpec]:
+    """The decoder layers in the order transformers builds them, where a model mixes dense and MoE layers
+    (its ModelSpec groups them by kind): DeepSeek-V2/V3 from the config's ``first_k_dense_replace`` and
+    ``moe_layer_freq`` (``DeepseekV2DecoderLayer``: a MoE block where ``layer_idx >=
+    first_k_dense_replace``), Qwen-MoE from ``mlp_only_layers`` and ``decoder_sparse_step``
+    (``Qwen3MoeDecoderLayer``); the groups' order where the counts do not match."""
+    groups = model.layer_groups
+    flat = [spec for spec, count in groups for _ in range(count)]
+    kinds = {spec.moe: spec for spec, _ in groups}
+    if len(groups) != 2 or len(kinds) != 2:
+        return flat
+    cfg, n = model.config, len(flat)
+    if "first_k_dense_replace" in cfg:
+        first, freq = int(cfg.get("first_k_dense_replace") or 0), int(cfg.get("moe_layer_freq") or 1)
+        moe = [i >= first and i % freq == 0 for i in range(n)]
+    else:
+        dense_only = set(cfg.get("mlp_only_layers") or [])
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        moe = [i not in dense_only and (i + 1) % step == 0 for i in range(n)]
+    if sum(moe) != sum(count for spec, count in groups if spec.moe):
+        return flat
+    return [kinds[m] for m in moe]
 
 
 def offload_norm_copy(run: Run, largest: int) -> int:
@@ -88,7 +129,8 @@ def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: 
     the token embedding's first. None where the order is not known (a partial fine-tune wider than the
     bucket)."""
     params = run.param_plan
-    order = (full_module_order(run.model) if run.setup.method == "full"
+    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
+             if run.setup.method == "full"
              else [params.trainable_params] if params.trainable_params <= reduce_bucket else [])
     members = bucket_members(order, reduce_bucket)
     if not members:

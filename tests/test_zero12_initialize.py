@@ -1,0 +1,53 @@
+"""DeepSpeed ZeRO-1/2's cast of the module inside ``deepspeed.initialize`` (estimator/wrappers/
+zero12_initialize.py), by hand on Qwen2.5-7B QLoRA: PEFT's ``prepare_model_for_kbit_training`` leaves every
+non-quantized parameter in fp32 on the GPU and ``get_peft_model`` makes fp32 adapters; DeepSpeed 0.19's
+``_cast_module_mixed_precision`` casts them one by one to bf16, the token embedding first."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.memory import memory_breakdown
+from tuneplan.estimator.memory_statics import memory_statics
+from tuneplan.estimator.run import resolve_run
+
+EMBED = 152_064 * 3_584  # the token embedding, and the untied lm_head alike
+HIDDEN, KV = 3_584, 512  # Qwen2.5-7B: 28 layers, 4 KV heads of 128
+# outside the 4-bit linears: embedding + lm_head + final norm, and per layer two RMSNorms and the q/k/v
+# biases (Linear4bit's bias is a plain Parameter, cast to fp32 like the norms)
+NOT_QUANTIZED = 2 * EMBED + HIDDEN + 28 * (2 * HIDDEN + HIDDEN + 2 * KV)
+# LoRA r=16 on q, k, v, o: r x (d_in + d_out) each
+ADAPTERS = 28 * 16 * ((HIDDEN + HIDDEN) + 2 * (HIDDEN + KV) + (HIDDEN + HIDDEN))
+
+
+def test_qlora_cast_holds_the_fp32_parameters_and_the_embedding_bf16_copy(qwen7b) -> None:
+    # after the cast the module holds the same parameters in bf16 (the step's persistent weights and
+    # adapters); at the peak of the cast every castable parameter is still fp32 (2 B more each) and the
+    # embedding's bf16 copy is being made beside its fp32 source
+    setup = build_setup(qwen7b, method="qlora", precision="bf16", gpus=4, zero=2, rank=16, targets="attn")
+    run = resolve_run(qwen7b, setup)
+    statics = memory_statics(run)
+    common = statics.common
+    assert run.param_plan.adapter_params == ADAPTERS
+    after_cast = common["weights"] + common["lora_adapters"] + common["quant_meta"]
+    assert statics.wrapped.initialize - after_cast == 2 * NOT_QUANTIZED + 2 * ADAPTERS + 2 * EMBED
+
+
+def test_cast_is_the_peak_of_a_short_qlora_step(qwen7b) -> None:
+    # one short sequence: the step holds far less than the fp32 embedding and head at the cast
+    setup = build_setup(qwen7b, method="qlora", precision="bf16", gpus=4, zero=1, rank=16, targets="attn",
+                        batch=1, seq=64)
+    bd = memory_breakdown(qwen7b, setup)
+    assert bd.peak_instant == "initialize"
+    assert bd.allocated_peak_bytes == memory_statics(resolve_run(qwen7b, setup)).wrapped.initialize
+
+
+def test_no_cast_on_the_gpu_without_a_bitsandbytes_model(qwen7b) -> None:
+    # a LoRA or full model is on the host at initialize (Trainer: place_model_on_device = False with
+    # DeepSpeed) and is cast there; ZeRO-3 builds under zero.Init; an fp32 run is not cast
+    for kw in ({"method": "lora", "precision": "bf16-mixed", "zero": 2},
+               {"method": "full", "precision": "bf16-mixed", "zero": 1},
+               {"method": "qlora", "precision": "bf16", "zero": 3},
+               {"method": "qlora", "precision": "fp32", "zero": 2}):
+        run = resolve_run(qwen7b, build_setup(qwen7b, gpus=4, **kw))
+        assert memory_statics(run).wrapped.initialize == 0, kw
+        assert "initialize" not in memory_breakdown(qwen7b, run.setup).instants, kw
