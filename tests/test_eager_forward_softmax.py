@@ -74,3 +74,22 @@ def test_no_instant_without_checkpointing_or_eager() -> None:
     assert "forward_attention" not in rows("tiiuae/falcon-7b", gradient_checkpointing=False).rows
     assert "forward_attention" not in rows("tiiuae/falcon-7b", attn="sdpa").rows
 
+
+def test_simulate_softmax_of_fp16_runs_half_to_float() -> None:
+    """The simulation's CPU fake tensors follow CUDA's ATen ``softmax``: an fp16 input asked in fp32 runs
+    ``_softmax(x, dim, half_to_float=True)`` (no fp32 copy of the input: the output's backward leads to
+    the fp16 leaf directly), a bf16 one is converted first (a ToCopy node in between)."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tuneplan.simulate.kernels import cuda_autocast_policies
+
+    with FakeTensorMode(), cuda_autocast_policies():
+        for dtype, copies in ((torch.float16, False), (torch.bfloat16, True)):
+            x = torch.randn(2, 4, 8, 8, dtype=dtype, requires_grad=True)
+            y = torch.nn.functional.softmax(x, dim=-1, dtype=torch.float32)
+            assert y.dtype == torch.float32
+            parent = y.grad_fn.next_functions[0][0]
+            assert (type(parent).__name__ == "ToCopyBackward0") is copies
