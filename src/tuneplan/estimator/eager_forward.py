@@ -60,8 +60,9 @@ class EagerForward(NamedTuple):
 def eager_forward_terms(run: Run) -> EagerForward | None:
     """The instant's terms (module docstring), or None when it does not apply."""
     model, setup, dtypes = run.model, run.setup, run.dtypes
+    # (a device_map card may hold no layer)
     if (run.attn != "eager" or not setup.gradient_checkpointing or run.profile.model_code != "hf"
-            or model.architecture != "decoder"):
+            or model.architecture != "decoder" or not model.layer_groups):
         return None
     # the attention norm's output (layer_walk.LayerWalk: autocast runs LayerNorm in fp32; a trained layer
     # of a freeze fine-tune has fp32 norm weights)
