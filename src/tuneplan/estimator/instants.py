@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan, saved_at
+from tuneplan.estimator.eager_forward import forward_attention_row
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
@@ -136,6 +137,9 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     if statics.gathered_head_forward:
         rows["forward_head"] = (earlier_grads, 0, saved - acts.tail_bytes + prev_pinned,
                                 statics.autocast_copies, prev_held, 0, statics.gathered_head_forward)
+    attention = forward_attention_row(run, statics, acts, batch, seq, prev_pinned, prev_held)
+    if attention is not None:  # eager attention's softmax in a checkpointed forward (eager_forward.py)
+        rows["forward_attention"] = attention
     if head_dequant:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
         # first), the held outputs, and the whole head dequantized again for the input gradient

@@ -212,8 +212,8 @@ def cuda_dropout() -> Any:
 # runs these ops in the 16-bit dtype (its fp32 list is losses, linear algebra and FFTs), so the simulated
 # step would keep half-size tensors where a GPU keeps fp32 ones. ``fp32``: 16-bit floating inputs are cast
 # to fp32 copies and the op runs in fp32 (a LayerNorm saves the fp32 copy of its input).
-# ``fp32_set_opt_dtype``: the op is called with ``dtype=torch.float32`` unless the caller gave one (the
-# kernel upcasts as it reads: no input copy, an fp32 output).
+# ``fp32_set_opt_dtype``: the op is called with ``dtype=torch.float32`` unless the caller gave one (an fp32
+# output; softmax reads an fp16 input as it is, a bf16 one through an fp32 copy: ``_HALF_TO_FLOAT`` below).
 CUDA_AUTOCAST_FP32 = frozenset({
     "layer_norm", "group_norm", "pow", "__pow__", "__rpow__", "exp", "expm1", "log", "log10", "log2", "log1p",
     "reciprocal", "rsqrt", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "softplus", "logsumexp",
@@ -244,7 +244,32 @@ class _CudaAutocastPolicies(torch.overrides.TorchFunctionMode):
                               for k, v in kwargs.items()}
                 elif kwargs.get("dtype") is None and not any(isinstance(a, torch.dtype) for a in args):
                     kwargs = {**kwargs, "dtype": torch.float32}
+        if name in _HALF_TO_FLOAT:
+            fused = _half_to_float(name, args, kwargs)
+            if fused is not None:
+                return fused
         return func(*args, **kwargs)
+
+
+# ATen's softmax / log_softmax with dtype=float32 (aten/src/ATen/native/SoftMax.cpp ``softmax``): on CUDA an
+# fp16 input runs the half-to-float kernel (``_softmax(input, dim, true)``: one fp32 output, no copy); any
+# other input is first converted (``input_.toType(dtype)``). The simulation's fake tensors are CPU tensors,
+# for which ATen always converts: an fp16 step would hold an fp32 copy of the scores a GPU never makes.
+_HALF_TO_FLOAT = {"softmax": torch._softmax, "log_softmax": torch._log_softmax}
+
+
+def _half_to_float(name: str, args: Any, kwargs: dict[str, Any]) -> Any:
+    """The fused half-to-float call for an fp16 fake input asked in fp32, as on CUDA; None otherwise."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    x = args[0] if args else kwargs.get("input")
+    dim = args[1] if len(args) > 1 and isinstance(args[1], int) else kwargs.get("dim")
+    dtype = kwargs.get("dtype", next((a for a in args if isinstance(a, torch.dtype)), None))
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float16 or dtype != torch.float32 or dim is None:
+        return None
+    if not is_fake(x):  # a real CPU tensor: ATen's CPU kernel has no half-to-float path
+        return None
+    return _HALF_TO_FLOAT[name](x, dim, True)
 
 
 def modes_follow_recompute() -> tuple[Any, Any]:
