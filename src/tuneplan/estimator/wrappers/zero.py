@@ -32,6 +32,7 @@ from tuneplan.estimator.wrappers.base import (
     sixteen_bit_wire,
 )
 from tuneplan.estimator.wrappers.zero3_coordinator import (
+    zero3_backward_uses,
     zero3_bucket_flush,
     zero3_flush_scratch,
     zero3_gathered_ahead,
@@ -42,6 +43,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_head_round,
     zero3_layers_kept,
 )
+from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
 from tuneplan.estimator.wrappers.zero12_reductions import (
     zero1_offload_epilogue,
     zero2_epilogue,
@@ -289,6 +291,9 @@ class Zero3(Zero, ShardingWrapper):
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
+        # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
+        views = self.views_kept(run, head) * compute
+        layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=top_gathered, keeps_scratch=True)
                      if top_gathered > layer_gathered else None)
         if setup.offload != "none":
@@ -321,6 +326,16 @@ class Zero3(Zero, ShardingWrapper):
                                                             * compute, whole16)),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
+
+    @staticmethod
+    def views_kept(run: Run, head: int) -> int:
+        """Elements of released gathered weights kept by saved views (:func:`zero3_view_kept`): none when
+        the prefetcher holds every parameter with a backward use from the forward on."""
+        model, setup = run.model, run.setup
+        ahead = zero3_gathered_ahead(model, setup, run.setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
+                                     run.targets)
+        holds_all = bool(ahead) and ahead >= zero3_backward_uses(model, setup)
+        return zero3_view_kept(model, setup, run.targets, zero3_layers_kept(model, head), holds_all)
 
     @staticmethod
     def prefetched(run: Run, terms: DeepSpeedTerms, at_loss: int, layer_gathered: int,
