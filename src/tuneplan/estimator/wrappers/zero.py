@@ -34,6 +34,7 @@ from tuneplan.estimator.wrappers.base import (
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_backward_uses,
     zero3_bucket_flush,
+    zero3_first_pass_embedding_round,
     zero3_flush_scratch,
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
@@ -291,8 +292,10 @@ class Zero3(Zero, ShardingWrapper):
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
-        # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
-        views = self.views_kept(run, head) * compute
+        # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py), and the
+        # flat buffer of the first complete pass's embedding round
+        views = (self.views_kept(run, head) + zero3_first_pass_embedding_round(
+            model, setup, terms.prefetch_bucket, run.targets)) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=top_gathered, keeps_scratch=True)
                      if top_gathered > layer_gathered else None)

@@ -1,0 +1,81 @@
+"""ZeRO-3 memory a later pass does not show, counted by hand from DeepSpeed 0.19.8 and transformers 5.25:
+Falcon's ``input @ self.weight.T`` saves a view that keeps a released gathered weight
+(estimator/wrappers/zero3_saved_views.py), and the first pass with a complete trace gathers the embedding in
+one coalesced round with the persistent parameters the record pass released
+(zero3_coordinator.zero3_first_pass_embedding_round)."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    zero3_first_pass_embedding_round,
+    zero3_layers_kept,
+)
+from tuneplan.estimator.wrappers.zero3_saved_views import layer_viewed_weights, zero3_view_kept
+from tuneplan.specs.model import model_from_config
+from tuneplan.specs.profiles import model_as_built
+
+H, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 128, 8, 64, 65024
+FALCON = dict(model_type="falcon", hidden_size=H, num_hidden_layers=3, num_attention_heads=HEADS,
+              num_kv_heads=KV_HEADS, new_decoder_architecture=True, parallel_attn=True, bias=False,
+              multi_query=True, alibi=False, vocab_size=VOCAB)
+QKV = H * (H + 2 * KV_HEADS * HEAD_DIM)  # 75,497,472
+DENSE = H * H
+UP = DOWN = 4 * H * H
+
+
+def test_falcon_lora_keeps_the_released_layers_viewed_weights() -> None:
+    # LoRA on query_key_value, no checkpointing: in the bottom layer only the attention's dense reads a
+    # tensor that requires grad (qkv's LoRA output); the MLP reads ln_mlp(input), nothing upstream of it
+    # trains. The tied head (V H = 532,676,608) leaves 467,323,392 of stage3_max_reuse_distance: one
+    # layer (2 x 679,510,016 each) is kept from forward to backward, the two below are released.
+    spec = model_from_config(FALCON, "falcon-3L")
+    setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    targets = frozenset({"query_key_value"})
+    assert layer_viewed_weights(spec, setup, targets, bottom=True) == DENSE
+    assert layer_viewed_weights(spec, setup, targets, bottom=False) == QKV + DENSE + UP + DOWN
+    assert zero3_layers_kept(spec, VOCAB * H) == 1
+    assert zero3_view_kept(spec, setup, targets, 1, holds_all=False) == DENSE + QKV + DENSE + UP + DOWN
+    # the recompute's parameters are not released before the layer's backward: the views share them
+    ckpt = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_view_kept(spec, ckpt, targets, 1, holds_all=False) == 0
+    assert zero3_view_kept(spec, setup, targets, 1, holds_all=True) == 0
+
+
+def test_a_full_fine_tune_saves_every_view_and_nn_linear_models_none() -> None:
+    spec = model_from_config(FALCON, "falcon-3L")
+    full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
+    assert layer_viewed_weights(spec, full, frozenset(), bottom=True) == QKV + DENSE + UP + DOWN
+    llama = model_from_config(dict(model_type="llama", hidden_size=4096, num_hidden_layers=3,
+                                   num_attention_heads=32, num_key_value_heads=32, intermediate_size=16384,
+                                   vocab_size=32000), "llama-3L")
+    lora = build_setup(llama, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_view_kept(llama, lora, frozenset({"q_proj"}), 0, holds_all=False) == 0
+
+
+def test_the_first_complete_pass_gathers_the_embedding_with_the_persistent_parameters() -> None:
+    # a 2-layer Llama (4 H^2 + 3 H F = 268,435,456 per layer) with a 2-label head (2 H = 8,192, under
+    # stage3_param_persistence_threshold 1e5), LoRA with checkpointing: between the embedding's forward and
+    # its backward the trace holds the layers three times (forward, recompute, backward), 1.61e9 >= 1e9,
+    # so the embedding is released after its forward; everything but the embedding (5.4e8) fits under
+    # stage3_max_live_parameters, so the prefetcher reaches its backward use in the forward, in one round
+    # with the final norm and the head: the flat buffer of V H elements is held beside the copy.
+    h, f, v = 4096, 16384, 50688
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
+    spec = model_as_built(model_from_config(cfg, "llama-2L"), "hf", 2)
+    assert spec.lm_head_params == 2 * h
+    ckpt = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2)
+    targets = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+    assert zero3_first_pass_embedding_round(spec, ckpt, 50_000_000, targets) == v * h
+    # without checkpointing the frozen embedding has no backward use
+    plain = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=False, num_labels=2)
+    assert zero3_first_pass_embedding_round(spec, plain, 50_000_000, targets) == 0
+    # one layer: 3 x 268,443,648 < 1e9, the embedding stays gathered from its forward to its backward
+    one = model_as_built(model_from_config({**cfg, "num_hidden_layers": 1}, "llama-1L"), "hf", 2)
+    one_setup = build_setup(one, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2)
+    assert zero3_first_pass_embedding_round(one, one_setup, 50_000_000, targets) == 0
+    # an LM head (V H, far over the persistence threshold) ends its own round before the embedding's
+    lm = model_from_config(cfg, "llama-2L-lm")
+    lm_setup = build_setup(lm, method="lora", gpus=4, zero=3, gradient_checkpointing=True)
+    assert zero3_first_pass_embedding_round(lm, lm_setup, 50_000_000, targets) == 0
