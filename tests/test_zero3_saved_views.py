@@ -79,3 +79,33 @@ def test_the_first_complete_pass_gathers_the_embedding_with_the_persistent_param
     lm = model_from_config(cfg, "llama-2L-lm")
     lm_setup = build_setup(lm, method="lora", gpus=4, zero=3, gradient_checkpointing=True)
     assert zero3_first_pass_embedding_round(lm, lm_setup, 50_000_000, targets) == 0
+
+
+def test_the_bottom_layer_outside_the_graph_is_not_fetched_again_nor_kept() -> None:
+    # Llama 2 layers (h 5120, f 13824, vocab 32000, untied), LoRA on the MLP without checkpointing: in layer
+    # 0 q/k/v read the normed input and o_proj the attention of frozen projections, gate/up the residual
+    # after it, none requiring grad; down_proj reads act(gate) * up, whose LoRA outputs do. The backward
+    # uses the head, the final norm, the whole top layer and layer 0's down_proj (plus its norms).
+    from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_backward_uses, zero3_kept_params
+
+    h, f, v = 5120, 13824, 32000
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=40,
+               num_key_value_heads=40, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama-13b-2L")
+    setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    mlp = frozenset({"gate_proj", "up_proj", "down_proj"})
+    assert bottom_gradient_free(spec, mlp) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"}
+    layer = 4 * h * h + 3 * h * f + 2 * h
+    assert zero3_backward_uses(spec, setup, mlp) == v * h + h + layer + (f * h + 2 * h)
+    # both layers within stage3_max_reuse_distance of their backward (1e9 - V H >= 2 x layer): kept, less
+    # layer 0's six projections, released after their forward
+    assert zero3_kept_params(spec, setup, v * h, mlp) == 2 * layer - (4 * h * h + 2 * h * f)
+    # LoRA on q/v: o_proj reads the attention (q and v train), the MLP the residual after it
+    assert bottom_gradient_free(spec, frozenset({"q_proj", "v_proj"})) == {"q_proj", "k_proj", "v_proj"}
+    # a parallel block (GPT-NeoX use_parallel_residual) feeds its MLP from the layer input
+    neox = model_from_config(dict(model_type="gpt_neox", hidden_size=1024, num_hidden_layers=2,
+                                  num_attention_heads=8, intermediate_size=4096, vocab_size=50432,
+                                  use_parallel_residual=True), "neox-2L")
+    qkv_only = frozenset({"query_key_value"})
+    assert bottom_gradient_free(neox, qkv_only) == {"query_key_value", "dense_h_to_4h", "dense_4h_to_h"}

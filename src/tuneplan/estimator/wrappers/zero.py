@@ -42,6 +42,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
+    zero3_kept_params,
     zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
@@ -288,7 +289,7 @@ class Zero3(Zero, ShardingWrapper):
         # zeros, kept for the run), beside the IPG bucket; at the loss the output head's weight is gathered
         # whole (its forward ran last; it is used again in backward)
         head = model.lm_head_params or model.embed_params
-        kept = zero3_layers_kept(model, head) * model.largest_layer_params * compute
+        kept = zero3_kept_params(model, setup, head, run.targets) * compute
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
@@ -337,7 +338,7 @@ class Zero3(Zero, ShardingWrapper):
         model, setup = run.model, run.setup
         ahead = zero3_gathered_ahead(model, setup, run.setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
                                      run.targets)
-        holds_all = bool(ahead) and ahead >= zero3_backward_uses(model, setup)
+        holds_all = bool(ahead) and ahead >= zero3_backward_uses(model, setup, run.targets)
         return zero3_view_kept(model, setup, run.targets, zero3_layers_kept(model, head), holds_all)
 
     @staticmethod
@@ -353,14 +354,14 @@ class Zero3(Zero, ShardingWrapper):
             ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
             at_loss = max(at_loss, min(ahead * compute, whole16))
             if ahead:
-                top16 = zero3_gathered_in_backward(model, setup) * compute
+                top16 = zero3_gathered_in_backward(model, setup, targets=run.targets) * compute
                 top_gathered = max(top_gathered, min(top16, whole16))
                 # every parameter whose gradient is in the bucket has finished its backward and been released
                 done = max(filled - model.lm_head_params, 0)
                 head_flush = zero3_gathered_at_head_flush(model, setup, terms.prefetch_bucket,
                                                           terms.reduce_bucket)
                 flush_instant16 = (head_flush if head_flush >= 0
-                                   else zero3_gathered_in_backward(model, setup, done)) * compute
+                                   else zero3_gathered_in_backward(model, setup, done, run.targets)) * compute
                 at_flush = max(at_flush, min(flush_instant16, whole16))
         scratch = zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
         return at_loss, max(top_gathered, at_flush + scratch if filled else 0)
