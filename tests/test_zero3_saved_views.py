@@ -2,15 +2,13 @@
 Falcon's ``input @ self.weight.T`` saves a view that keeps a released gathered weight
 (estimator/wrappers/zero3_saved_views.py), and the first pass with a complete trace gathers the embedding in
 one coalesced round with the persistent parameters the record pass released
-(zero3_coordinator.zero3_first_pass_embedding_round)."""
+(zero3_first_pass.py)."""
 
 from __future__ import annotations
 
 from tuneplan.api import build_setup
-from tuneplan.estimator.wrappers.zero3_coordinator import (
-    zero3_first_pass_embedding_round,
-    zero3_layers_kept,
-)
+from tuneplan.estimator.wrappers.zero3_coordinator import zero3_layers_kept
+from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
 from tuneplan.estimator.wrappers.zero3_saved_views import layer_viewed_weights, zero3_view_kept
 from tuneplan.specs.model import model_from_config
 from tuneplan.specs.profiles import model_as_built

@@ -34,7 +34,6 @@ from tuneplan.estimator.wrappers.base import (
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_backward_uses,
     zero3_bucket_flush,
-    zero3_first_pass_embedding_round,
     zero3_flush_scratch,
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
@@ -45,6 +44,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_kept_params,
     zero3_layers_kept,
 )
+from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
 from tuneplan.estimator.wrappers.zero12_reductions import (
     zero1_offload_epilogue,
