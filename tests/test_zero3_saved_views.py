@@ -107,3 +107,24 @@ def test_the_bottom_layer_outside_the_graph_is_not_fetched_again_nor_kept() -> N
                                   use_parallel_residual=True), "neox-2L")
     qkv_only = frozenset({"query_key_value"})
     assert bottom_gradient_free(neox, qkv_only) == {"query_key_value", "dense_h_to_4h", "dense_4h_to_h"}
+
+
+def test_the_bottom_layers_first_linear_holds_every_round_popped_and_its_round_twice() -> None:
+    # Mistral-like, 2 layers (h 4096, 8 KV heads of 128, f 14336, vocab 32000, untied), LoRA on the MLP
+    # without checkpointing, rounds of at least 5e7: [E], [q k v o gate] (100,663,296), [up], [down], the
+    # same for layer 1, [head]: 8 rounds; PEFT's four wrappers, the embedding, the layer, its norm, its
+    # attention and q_proj make 9 fetches, so all of them are popped. The embedding (no backward use) is
+    # released after its forward; the q..gate round was waited for: its flat buffer beside the copies.
+    from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
+
+    h, kv, f, v = 4096, 1024, 14336, 32000
+    cfg = dict(model_type="mistral", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=f, vocab_size=v,
+               tie_word_embeddings=False)
+    spec = model_from_config(cfg, "mistral-2L")
+    setup = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=False)
+    layer = 2 * h * h + 2 * h * kv + 3 * h * f
+    first_round = 2 * h * h + 2 * h * kv + h * f
+    mlp = frozenset({"gate_proj", "up_proj", "down_proj"})
+    assert zero3_gathered_at_first_linear(spec, setup, 50_000_000, mlp) == (
+        2 * v * h + 2 * layer - v * h + first_round)

@@ -31,6 +31,7 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
     sixteen_bit_wire,
 )
+from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_backward_uses,
     zero3_bucket_flush,
@@ -317,8 +318,10 @@ class Zero3(Zero, ShardingWrapper):
         if setup.quant_bits is None and runs_ahead:
             # the first forward instant (the FSDP2 bottom layer's row): the embedding and what the prefetcher
             # ran ahead to while the wrappers above it were fetched, no activation saved yet
-            at_embedding = min(zero3_gathered_at_embedding(model, setup, terms.prefetch_bucket) * compute,
-                               whole16)
+            # or at the bottom layer's first linear, a coalesced round held twice (zero3_bottom_forward.py)
+            at_embedding = min(max(zero3_gathered_at_embedding(model, setup, terms.prefetch_bucket),
+                                   zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
+                                                                  run.targets)) * compute, 2 * whole16)
             # the untied head's forward: what is held at the loss, and the flat buffer of the head's round
             head_round = zero3_head_round(model, terms.prefetch_bucket)
             at_head = at_loss + head_round * compute if head_round else 0
