@@ -31,7 +31,9 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
     sixteen_bit_wire,
 )
+from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 from tuneplan.estimator.wrappers.zero3_coordinator import (
+    zero3_backward_uses,
     zero3_bucket_flush,
     zero3_flush_scratch,
     zero3_gathered_ahead,
@@ -40,8 +42,11 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
+    zero3_kept_params,
     zero3_layers_kept,
 )
+from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
+from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
     zero1_offload_epilogue,
@@ -286,10 +291,15 @@ class Zero3(Zero, ShardingWrapper):
         # zeros, kept for the run), beside the IPG bucket; at the loss the output head's weight is gathered
         # whole (its forward ran last; it is used again in backward)
         head = model.lm_head_params or model.embed_params
-        kept = zero3_layers_kept(model, head) * model.largest_layer_params * compute
+        kept = zero3_kept_params(model, setup, head, run.targets) * compute
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
+        # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py), and the
+        # flat buffer of the first complete pass's embedding round
+        views = (self.views_kept(run, head) + zero3_first_pass_embedding_round(
+            model, setup, terms.prefetch_bucket, run.targets)) * compute
+        layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=top_gathered, keeps_scratch=True)
                      if top_gathered > layer_gathered else None)
         if setup.offload != "none":
@@ -309,8 +319,10 @@ class Zero3(Zero, ShardingWrapper):
         if setup.quant_bits is None and runs_ahead:
             # the first forward instant (the FSDP2 bottom layer's row): the embedding and what the prefetcher
             # ran ahead to while the wrappers above it were fetched, no activation saved yet
-            at_embedding = min(zero3_gathered_at_embedding(model, setup, terms.prefetch_bucket) * compute,
-                               whole16)
+            # or at the bottom layer's first linear, a coalesced round held twice (zero3_bottom_forward.py)
+            at_embedding = min(max(zero3_gathered_at_embedding(model, setup, terms.prefetch_bucket),
+                                   zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
+                                                                  run.targets)) * compute, 2 * whole16)
             # the untied head's forward: what is held at the loss, and the flat buffer of the head's round
             head_round = zero3_head_round(model, terms.prefetch_bucket)
             at_head = at_loss + head_round * compute if head_round else 0
@@ -322,6 +334,16 @@ class Zero3(Zero, ShardingWrapper):
                                                             * compute, whole16)),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
+
+    @staticmethod
+    def views_kept(run: Run, head: int) -> int:
+        """Elements of released gathered weights kept by saved views (:func:`zero3_view_kept`): none when
+        the prefetcher holds every parameter with a backward use from the forward on."""
+        model, setup = run.model, run.setup
+        ahead = zero3_gathered_ahead(model, setup, run.setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
+                                     run.targets)
+        holds_all = bool(ahead) and ahead >= zero3_backward_uses(model, setup, run.targets)
+        return zero3_view_kept(model, setup, run.targets, zero3_layers_kept(model, head), holds_all)
 
     @staticmethod
     def prefetched(run: Run, terms: DeepSpeedTerms, at_loss: int, layer_gathered: int,
@@ -336,14 +358,14 @@ class Zero3(Zero, ShardingWrapper):
             ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
             at_loss = max(at_loss, min(ahead * compute, whole16))
             if ahead:
-                top16 = zero3_gathered_in_backward(model, setup) * compute
+                top16 = zero3_gathered_in_backward(model, setup, targets=run.targets) * compute
                 top_gathered = max(top_gathered, min(top16, whole16))
                 # every parameter whose gradient is in the bucket has finished its backward and been released
                 done = max(filled - model.lm_head_params, 0)
                 head_flush = zero3_gathered_at_head_flush(model, setup, terms.prefetch_bucket,
                                                           terms.reduce_bucket)
                 flush_instant16 = (head_flush if head_flush >= 0
-                                   else zero3_gathered_in_backward(model, setup, done)) * compute
+                                   else zero3_gathered_in_backward(model, setup, done, run.targets)) * compute
                 at_flush = max(at_flush, min(flush_instant16, whole16))
         scratch = zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
         return at_loss, max(top_gathered, at_flush + scratch if filled else 0)

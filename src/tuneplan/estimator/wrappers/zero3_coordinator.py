@@ -6,11 +6,13 @@ full fine-tune's gradients reach the bucket and its fills, which ZeRO-1/2 share 
 
 from __future__ import annotations
 
+from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # elements, DeepSpeed default stage3_max_live_parameters
+DS_PARAM_PERSISTENCE_THRESHOLD = 100_000  # elements, DeepSpeed default stage3_param_persistence_threshold
 DS_NORM_CHUNK = 250_000_000  # elements, stage3.py ``_constant_buffered_norm2`` buffer_size
 # modules of a decoder layer that hold no parameter but still run ZeRO-3's fetch hook (each one a prefetch
 # opportunity): the layer, its attention, its MLP and the MLP's activation module
@@ -36,6 +38,18 @@ def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
     return min(model.n_layers, -(-room // (2 * per_layer)))
 
 
+def zero3_kept_params(model: ModelSpec, setup: TrainSetup, head_params: int, targets: frozenset[str]) -> int:
+    """Elements of the decoder layers ZeRO-3 keeps gathered from their forward to their backward
+    (:func:`zero3_layers_kept` layers of the largest size), less, when the bottom layer is among them in a
+    LoRA run without checkpointing, its linears with no backward use (zero3_backward_uses): the reuse
+    window of ``__params_to_release`` never meets them again, so they are released after their forward."""
+    k = zero3_layers_kept(model, head_params)
+    kept = k * model.largest_layer_params
+    if k >= model.n_layers and setup.method == "lora" and not setup.gradient_checkpointing:
+        kept -= bottom_gradient_free_params(model, targets)
+    return kept
+
+
 def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
                          targets: frozenset[str] = frozenset()) -> int:
     """Parameters (elements) ZeRO-3 holds gathered at the loss once its prefetcher has run ahead of the
@@ -59,7 +73,7 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
                   for spec, _ in model.layer_groups)
     if fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora":
         return 0
-    return prefetch_reach(model, setup, zero3_backward_uses(model, setup))
+    return prefetch_reach(model, setup, zero3_backward_uses(model, setup, targets))
 
 
 def zero3_gathered_at_top_forward(model: ModelSpec, setup: TrainSetup) -> int:
@@ -108,13 +122,21 @@ def zero3_head_round(model: ModelSpec, prefetch_bucket: int) -> int:
     (``torch.cat(partitions)``) while the handle keeps the flat buffer they were gathered into
     (``self.partitions``). The flat buffer is freed when the last parameter of the round is fetched: the
     head's round began in the top layer, whose parameters were fetched and copied, so until the head's own
-    fetch that round is held twice."""
+    fetch that round is held twice. A head alone in its round is gathered without a copy, except in the
+    first pass with a complete trace, which every run makes (the record pass before it released the
+    persistent parameters too, zero3_first_pass.py): the final norm, NOT_AVAILABLE,
+    starts the head's round, which is coalesced. (simulate: Llama-2-13b and Mistral-7B, 2 layers, LoRA on
+    the MLP: the head's 163.93e6-element flat buffer beside its copy at the final norm's forward of the
+    second micro-batch, the head gathered alone in the later ones.)"""
     trace = forward_trace(model)
     if not model.lm_head_params or sum(trace) > DS_MAX_LIVE_PARAMETERS:
         return 0
     rounds = prefetch_rounds(trace, prefetch_bucket)
     last = rounds[-1]
-    return sum(last) if len(last) > 1 else 0
+    if len(last) > 1:
+        return sum(last)
+    norm = model.final_norm_params
+    return last[0] + norm if 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD else 0
 
 
 def forward_trace(model: ModelSpec) -> list[int]:
@@ -147,11 +169,14 @@ def prefetch_rounds(trace: list[int], prefetch_bucket: int) -> list[list[int]]:
     return rounds
 
 
-def zero3_backward_uses(model: ModelSpec, setup: TrainSetup) -> int:
+def zero3_backward_uses(model: ModelSpec, setup: TrainSetup, targets: frozenset[str] = frozenset()) -> int:
     """Parameters (elements) the backward fetches again under ZeRO-3: all of them, less, in a LoRA run without
-    checkpointing, the frozen embedding and the first layer's frozen projections that read its input
-    (zero3_gathered_ahead); under ``freeze``, those above the lowest trained layer, where the backward
-    stops (simulate: gemma-3-12b, Phi-3-mini freeze runs over 4 and 8 GPUs)."""
+    checkpointing, the frozen embedding and the first layer's frozen projections whose input does not
+    require grad (lora_bottom_layer.bottom_gradient_free: no LoRA target upstream of them in the layer;
+    simulate: Llama-2-13b, 2 layers, LoRA on the MLP: the attention, gate and up projections of layer 0
+    are released after the forward and not fetched again); under ``freeze``, those above the lowest
+    trained layer, where the backward stops (simulate: gemma-3-12b, Phi-3-mini freeze runs over 4 and 8
+    GPUs)."""
     if setup.method == "freeze":
         # the backward stops at the lowest trained layer: the head (tied: the embedding's weight), the final
         # norm and the trained layers are used again, nothing below them
@@ -159,8 +184,7 @@ def zero3_backward_uses(model: ModelSpec, setup: TrainSetup) -> int:
             model, min(setup.freeze_trainable_layers, model.n_layers))
     used = model.params_total
     if setup.method == "lora" and not setup.gradient_checkpointing:
-        first = model.layer_groups[0][0]
-        used -= model.embed_params + sum(m.params for m in first.linears if m.reads == "attn_in")
+        used -= model.embed_params + bottom_gradient_free_params(model, targets)
     return used
 
 
@@ -176,7 +200,8 @@ def top_layers_params(model: ModelSpec, k: int) -> int:
     return total
 
 
-def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 0) -> int:
+def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 0,
+                               targets: frozenset[str] = frozenset()) -> int:
     """Parameters (elements) ZeRO-3 holds gathered while the top decoder layers are back-propagated, once
     its prefetcher runs ahead (zero3_gathered_ahead > 0).
 
@@ -192,7 +217,7 @@ def zero3_gathered_in_backward(model: ModelSpec, setup: TrainSetup, done: int = 
     (simulate: Llama-2-7B, 8 layers, ZeRO-3 over 8 GPUs, the coordinator's count read at every module
     fetch and release: 1.00e9 to 1.034e9 elements through the top two layers' backward.)"""
     head = (model.lm_head_params or model.embed_params) if setup.method == "freeze" else model.lm_head_params
-    return prefetch_reach(model, setup, zero3_backward_uses(model, setup) - head - done)
+    return prefetch_reach(model, setup, zero3_backward_uses(model, setup, targets) - head - done)
 
 
 def prefetch_reach(model: ModelSpec, setup: TrainSetup, queued: int) -> int:
@@ -334,3 +359,5 @@ def bucket_members(gradients: list[int], reduce_bucket: int) -> list[list[int]]:
             filled = []
         filled.append(numel)
     return [*fills, filled] if filled else fills
+
+

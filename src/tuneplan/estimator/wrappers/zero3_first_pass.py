@@ -1,0 +1,55 @@
+"""What ZeRO-3 holds in the first pass with a complete module trace, which every run makes (the second
+micro-batch) and which max_memory_allocated keeps: DeepSpeed 0.19.8's record pass before it releases the
+persistent parameters too, so they join the prefetcher's rounds of large parameters in that pass."""
+
+from __future__ import annotations
+
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    DS_MAX_LIVE_PARAMETERS,
+    DS_MAX_REUSE_DISTANCE,
+    DS_PARAM_PERSISTENCE_THRESHOLD,
+    embedding_used_last,
+    zero3_backward_uses,
+    zero3_gathered_ahead,
+)
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+
+def zero3_first_pass_embedding_round(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                                     targets: frozenset[str] = frozenset()) -> int:
+    """Elements of the all-gather buffer held beside the token embedding from the forward to its backward in
+    the first pass with a complete trace (0 when it is not), which every run makes (the second
+    micro-batch; max_memory_allocated keeps it).
+
+    DeepSpeed 0.19.8: the first pass records the trace, and in record mode ``release_sub_module`` releases
+    every parameter of a module, persistent ones too (the ``ds_persist`` filter is in
+    ``__params_to_release``, complete trace only). In the next pass the persistent parameters (at most
+    ``stage3_param_persistence_threshold`` elements: norms, biases, a classifier head) are NOT_AVAILABLE
+    when the prefetcher meets them, so they join the rounds of the large parameters. When the head is small
+    (a classifier) and the prefetcher runs ahead to the embedding's backward use during the forward
+    (:func:`prefetch_reach` pops the embedding: everything before it fits under
+    ``stage3_max_live_parameters``), the embedding, released after its forward (more than
+    ``stage3_max_reuse_distance`` elements before its backward use: the layers two or three times), is
+    gathered in one round with the final norm and the head: ``all_gather_coalesced`` gathers into a flat
+    buffer and gives each parameter a copy (``AllGatherCoalescedHandle.wait``, ``torch.cat``); the flat
+    buffer stays filed under the embedding until its backward fetch. From the next pass the persistent
+    parameters stay gathered and the embedding is gathered alone (no copy). (simulate:
+    stablelm-base-alpha-3b, 2 layers, LoRA with checkpointing and a 2-label head over 4 GPUs: a
+    207.67e6-element buffer beside the embedding's 207.62e6 copy through the second micro-batch's
+    backward.)"""
+    embed, head = model.embed_params, model.lm_head_params
+    if (not embed or head > DS_PARAM_PERSISTENCE_THRESHOLD or setup.quant_bits is not None
+            or not embedding_used_last(model, setup)):
+        return 0
+    # the module trace between the embedding's two uses: the layers' forward, their checkpointed
+    # recompute and their backward, the head's forward and backward
+    passes = 3 if setup.gradient_checkpointing else 2
+    if passes * (model.params_total - embed - head) + 2 * head < DS_MAX_REUSE_DISTANCE:
+        return 0  # the embedding stays gathered from its forward to its backward
+    if not zero3_gathered_ahead(model, setup, prefetch_bucket, targets):
+        return 0
+    queued = zero3_backward_uses(model, setup, targets)
+    if queued - embed >= DS_MAX_LIVE_PARAMETERS:
+        return 0  # the prefetcher stops at a layer parameter before the embedding
+    return embed

@@ -1,0 +1,130 @@
+"""ZeRO-3 memory a later pass does not show, counted by hand from DeepSpeed 0.19.8 and transformers 5.25:
+Falcon's ``input @ self.weight.T`` saves a view that keeps a released gathered weight
+(estimator/wrappers/zero3_saved_views.py), and the first pass with a complete trace gathers the embedding in
+one coalesced round with the persistent parameters the record pass released
+(zero3_first_pass.py)."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.wrappers.zero3_coordinator import zero3_layers_kept
+from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
+from tuneplan.estimator.wrappers.zero3_saved_views import layer_viewed_weights, zero3_view_kept
+from tuneplan.specs.model import model_from_config
+from tuneplan.specs.profiles import model_as_built
+
+H, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 128, 8, 64, 65024
+FALCON = dict(model_type="falcon", hidden_size=H, num_hidden_layers=3, num_attention_heads=HEADS,
+              num_kv_heads=KV_HEADS, new_decoder_architecture=True, parallel_attn=True, bias=False,
+              multi_query=True, alibi=False, vocab_size=VOCAB)
+QKV = H * (H + 2 * KV_HEADS * HEAD_DIM)  # 75,497,472
+DENSE = H * H
+UP = DOWN = 4 * H * H
+
+
+def test_falcon_lora_keeps_the_released_layers_viewed_weights() -> None:
+    # LoRA on query_key_value, no checkpointing: in the bottom layer only the attention's dense reads a
+    # tensor that requires grad (qkv's LoRA output); the MLP reads ln_mlp(input), nothing upstream of it
+    # trains. The tied head (V H = 532,676,608) leaves 467,323,392 of stage3_max_reuse_distance: one
+    # layer (2 x 679,510,016 each) is kept from forward to backward, the two below are released.
+    spec = model_from_config(FALCON, "falcon-3L")
+    setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    targets = frozenset({"query_key_value"})
+    assert layer_viewed_weights(spec, setup, targets, bottom=True) == DENSE
+    assert layer_viewed_weights(spec, setup, targets, bottom=False) == QKV + DENSE + UP + DOWN
+    assert zero3_layers_kept(spec, VOCAB * H) == 1
+    assert zero3_view_kept(spec, setup, targets, 1, holds_all=False) == DENSE + QKV + DENSE + UP + DOWN
+    # the recompute's parameters are not released before the layer's backward: the views share them
+    ckpt = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_view_kept(spec, ckpt, targets, 1, holds_all=False) == 0
+    assert zero3_view_kept(spec, setup, targets, 1, holds_all=True) == 0
+
+
+def test_a_full_fine_tune_saves_every_view_and_nn_linear_models_none() -> None:
+    spec = model_from_config(FALCON, "falcon-3L")
+    full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
+    assert layer_viewed_weights(spec, full, frozenset(), bottom=True) == QKV + DENSE + UP + DOWN
+    llama = model_from_config(dict(model_type="llama", hidden_size=4096, num_hidden_layers=3,
+                                   num_attention_heads=32, num_key_value_heads=32, intermediate_size=16384,
+                                   vocab_size=32000), "llama-3L")
+    lora = build_setup(llama, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_view_kept(llama, lora, frozenset({"q_proj"}), 0, holds_all=False) == 0
+
+
+def test_the_first_complete_pass_gathers_the_embedding_with_the_persistent_parameters() -> None:
+    # a 2-layer Llama (4 H^2 + 3 H F = 268,435,456 per layer) with a 2-label head (2 H = 8,192, under
+    # stage3_param_persistence_threshold 1e5), LoRA with checkpointing: between the embedding's forward and
+    # its backward the trace holds the layers three times (forward, recompute, backward), 1.61e9 >= 1e9,
+    # so the embedding is released after its forward; everything but the embedding (5.4e8) fits under
+    # stage3_max_live_parameters, so the prefetcher reaches its backward use in the forward, in one round
+    # with the final norm and the head: the flat buffer of V H elements is held beside the copy.
+    h, f, v = 4096, 16384, 50688
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
+    spec = model_as_built(model_from_config(cfg, "llama-2L"), "hf", 2)
+    assert spec.lm_head_params == 2 * h
+    ckpt = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2)
+    targets = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+    assert zero3_first_pass_embedding_round(spec, ckpt, 50_000_000, targets) == v * h
+    # without checkpointing the frozen embedding has no backward use
+    plain = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=False, num_labels=2)
+    assert zero3_first_pass_embedding_round(spec, plain, 50_000_000, targets) == 0
+    # one layer: 3 x 268,443,648 < 1e9, the embedding stays gathered from its forward to its backward
+    one = model_as_built(model_from_config({**cfg, "num_hidden_layers": 1}, "llama-1L"), "hf", 2)
+    one_setup = build_setup(one, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2)
+    assert zero3_first_pass_embedding_round(one, one_setup, 50_000_000, targets) == 0
+    # an LM head (V H, far over the persistence threshold) ends its own round before the embedding's
+    lm = model_from_config(cfg, "llama-2L-lm")
+    lm_setup = build_setup(lm, method="lora", gpus=4, zero=3, gradient_checkpointing=True)
+    assert zero3_first_pass_embedding_round(lm, lm_setup, 50_000_000, targets) == 0
+
+
+def test_the_bottom_layer_outside_the_graph_is_not_fetched_again_nor_kept() -> None:
+    # Llama 2 layers (h 5120, f 13824, vocab 32000, untied), LoRA on the MLP without checkpointing: in layer
+    # 0 q/k/v read the normed input and o_proj the attention of frozen projections, gate/up the residual
+    # after it, none requiring grad; down_proj reads act(gate) * up, whose LoRA outputs do. The backward
+    # uses the head, the final norm, the whole top layer and layer 0's down_proj (plus its norms).
+    from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_backward_uses, zero3_kept_params
+
+    h, f, v = 5120, 13824, 32000
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=40,
+               num_key_value_heads=40, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama-13b-2L")
+    setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    mlp = frozenset({"gate_proj", "up_proj", "down_proj"})
+    assert bottom_gradient_free(spec, mlp) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"}
+    layer = 4 * h * h + 3 * h * f + 2 * h
+    assert zero3_backward_uses(spec, setup, mlp) == v * h + h + layer + (f * h + 2 * h)
+    # both layers within stage3_max_reuse_distance of their backward (1e9 - V H >= 2 x layer): kept, less
+    # layer 0's six projections, released after their forward
+    assert zero3_kept_params(spec, setup, v * h, mlp) == 2 * layer - (4 * h * h + 2 * h * f)
+    # LoRA on q/v: o_proj reads the attention (q and v train), the MLP the residual after it
+    assert bottom_gradient_free(spec, frozenset({"q_proj", "v_proj"})) == {"q_proj", "k_proj", "v_proj"}
+    # a parallel block (GPT-NeoX use_parallel_residual) feeds its MLP from the layer input
+    neox = model_from_config(dict(model_type="gpt_neox", hidden_size=1024, num_hidden_layers=2,
+                                  num_attention_heads=8, intermediate_size=4096, vocab_size=50432,
+                                  use_parallel_residual=True), "neox-2L")
+    qkv_only = frozenset({"query_key_value"})
+    assert bottom_gradient_free(neox, qkv_only) == {"query_key_value", "dense_h_to_4h", "dense_4h_to_h"}
+
+
+def test_the_bottom_layers_first_linear_holds_every_round_popped_and_its_round_twice() -> None:
+    # Mistral-like, 2 layers (h 4096, 8 KV heads of 128, f 14336, vocab 32000, untied), LoRA on the MLP
+    # without checkpointing, rounds of at least 5e7: [E], [q k v o gate] (100,663,296), [up], [down], the
+    # same for layer 1, [head]: 8 rounds; PEFT's four wrappers, the embedding, the layer, its norm, its
+    # attention and q_proj make 9 fetches, so all of them are popped. The embedding (no backward use) is
+    # released after its forward; the q..gate round was waited for: its flat buffer beside the copies.
+    from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
+
+    h, kv, f, v = 4096, 1024, 14336, 32000
+    cfg = dict(model_type="mistral", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=f, vocab_size=v,
+               tie_word_embeddings=False)
+    spec = model_from_config(cfg, "mistral-2L")
+    setup = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=False)
+    layer = 2 * h * h + 2 * h * kv + 3 * h * f
+    first_round = 2 * h * h + 2 * h * kv + h * f
+    mlp = frozenset({"gate_proj", "up_proj", "down_proj"})
+    assert zero3_gathered_at_first_linear(spec, setup, 50_000_000, mlp) == (
+        2 * v * h + 2 * layer - v * h + first_round)
