@@ -1,0 +1,51 @@
+"""FSDP1 with CPUOffload(offload_params=True): figures counted by hand
+from the models' shapes and torch's FSDP1 code (wrappers/fsdp1_offload.py, wrappers/fsdp.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from random_setups import reduced_model  # noqa: E402
+from tuneplan.api import build_setup  # noqa: E402
+from tuneplan.estimator.memory_statics import memory_statics  # noqa: E402
+from tuneplan.estimator.run import resolve_run  # noqa: E402
+
+# Yi-1.5-6B: hidden 4096, intermediate 11008, 32 query / 4 key-value heads of 128, vocabulary 64000
+YI_LAYER = 2 * 4096 * 4096 + 2 * 4096 * 512 + 3 * 4096 * 11008 + 2 * 4096
+YI_ROOT = 2 * 64000 * 4096 + 4096
+# stablelm-base-alpha-3b (GPT-NeoX): hidden 4096, intermediate 16384, biased linears, LayerNorms with bias
+NEOX_LAYER = (4096 * 12288 + 12288) + (4096 * 4096 + 4096) + 2 * (4096 * 16384) + 16384 + 4096 + 4 * 4096
+NEOX_ROOT = 2 * 50688 * 4096 + 2 * 4096
+
+
+def _run(model: str, layers: int, **kw: object):
+    spec = reduced_model(model, layers)
+    return resolve_run(spec, build_setup(spec, **kw))
+
+
+def test_no_sync_keeps_unsharded_gradients_on_the_device_under_cpu_offload() -> None:
+    # the Trainer's accumulating micro-batch runs under no_sync: _post_backward_hook returns before the
+    # reduce-scatter and _offload_grad, so every unit's bf16 (MixedPrecision param dtype) unsharded
+    # gradient stays on the GPU; the step's fp32 shards go to the host's _cpu_grad
+    run = _run("01-ai/Yi-1.5-6B", 2, method="full", precision="bf16-mixed", framework="hf", batch=3, seq=384,
+               grad_accum=2, gradient_checkpointing=False, optimizer="adafactor", attn="flash", gpus=2,
+               fsdp=True, fsdp_version=1, offload="all")
+    statics = memory_statics(run)
+    assert statics.grads == (2 * YI_LAYER + YI_ROOT) * 2
+    assert statics.grads_prev == (2 * YI_LAYER + YI_ROOT) * 2
+    assert statics.grads_step == 0
+
+
+def test_freeze_offload_copies_only_the_frozen_root_shard_to_the_device() -> None:
+    # fp16-mixed freeze: the two trained layers are fp32 flat parameters with an fp16 _mp_shard (no copy),
+    # the frozen root (embed_in, embed_out, final LayerNorm) is fp16 already: pre_unshard copies its host
+    # shard (1/2) to the device and the original parameters stay views of it while it is unsharded
+    run = _run("stabilityai/stablelm-base-alpha-3b", 3, method="freeze", precision="fp16-mixed",
+               framework="hf", batch=2, seq=64, grad_accum=2, gradient_checkpointing=True, attn="eager",
+               gpus=2, fsdp=True, fsdp_version=1, offload="all")
+    gathered = run.wrapper.memory(run, memory_statics(run).optimizer).gathered
+    assert gathered.in_layers == 2 * NEOX_LAYER * 2 + NEOX_ROOT * 2 + NEOX_ROOT * 2 // 2
+    assert gathered.at_loss == NEOX_LAYER * 2 + NEOX_ROOT * 2 + NEOX_ROOT * 2 // 2
