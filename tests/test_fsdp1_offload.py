@@ -1,5 +1,6 @@
-"""FSDP1 with CPUOffload(offload_params=True): figures counted by hand
-from the models' shapes and torch's FSDP1 code (wrappers/fsdp1_offload.py, wrappers/fsdp.py)."""
+"""FSDP1 with CPUOffload(offload_params=True) and fsdp_qlora's fp32 gathers under autocast: figures counted
+by hand from the models' shapes and torch's FSDP1 code (wrappers/fsdp1_offload.py, wrappers/fp32_gathers.py,
+wrappers/fsdp.py)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,30 @@ def test_freeze_offload_copies_only_the_frozen_root_shard_to_the_device() -> Non
     gathered = run.wrapper.memory(run, memory_statics(run).optimizer).gathered
     assert gathered.in_layers == 2 * NEOX_LAYER * 2 + NEOX_ROOT * 2 + NEOX_ROOT * 2 // 2
     assert gathered.at_loss == NEOX_LAYER * 2 + NEOX_ROOT * 2 + NEOX_ROOT * 2 // 2
+
+
+def test_fsdp_qlora_lora_under_autocast_shards_an_fp32_base() -> None:
+    # train.py loads the model in fp32 for fp16_autocast (LoRA, unquantized): the flat parameters are
+    # fp32, base and adapters (r32 on q,k,v,gate,up,down), each GPU holding half
+    adapters = 4 * 32 * ((4096 + 4096) + 2 * (4096 + 512) + 3 * (4096 + 11008))
+    run = _run("01-ai/Yi-1.5-6B", 4, method="lora", precision="fp16-mixed", framework="fsdp-qlora", batch=1,
+               seq=384, rank=32, gradient_checkpointing=False, optimizer="adafactor", gpus=2, fsdp=True,
+               fsdp_version=1)
+    resident = run.wrapper.memory(run, memory_statics(run).optimizer).resident
+    assert resident.weights + resident.adapters == (4 * YI_LAYER + YI_ROOT + adapters) * 4 // 2
+
+
+def test_fsdp_qlora_autocast_saves_each_gathered_weights_cast_without_checkpointing() -> None:
+    # the fp32-gathered weights are cast to fp16 for each matmul and the cast saved for the input gradient:
+    # the untied head (64000 x 4096) and, with no checkpointing, every block linear of the 4 layers
+    linears = 2 * 4096 * 4096 + 2 * 4096 * 512 + 3 * 4096 * 11008
+    run = _run("01-ai/Yi-1.5-6B", 4, method="lora", precision="fp16-mixed", framework="fsdp-qlora", batch=1,
+               seq=384, rank=32, gradient_checkpointing=False, optimizer="adafactor", gpus=2, fsdp=True,
+               fsdp_version=1)
+    statics = memory_statics(run)
+    assert statics.autocast_copies == (64000 * 4096 + 4 * linears) * 2
+    assert statics.autocast_copies_backward == (64000 * 4096 + 4 * linears) * 2
+    checkpointed = _run("01-ai/Yi-1.5-6B", 4, method="lora", precision="fp16-mixed", framework="fsdp-qlora",
+                        batch=1, seq=384, rank=32, gradient_checkpointing=True, optimizer="adafactor", gpus=2,
+                        fsdp=True, fsdp_version=1)
+    assert memory_statics(checkpointed).autocast_copies_backward == 64000 * 4096 * 2

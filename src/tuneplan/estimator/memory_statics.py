@@ -13,7 +13,7 @@ from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
-from tuneplan.estimator.wrappers.fsdp import gather_upcast
+from tuneplan.estimator.wrappers.fp32_gathers import gathered_casts
 from tuneplan.estimator.wrappers.zero import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
 
@@ -174,13 +174,10 @@ def autocast_copy_terms(run: Run) -> tuple[int, int]:
     if run.wrapper.shards_parameters:
         forward = ceil_div(forward, run.setup.world_size)
         backward = ceil_div(backward, run.setup.world_size)
-    if run.setup.fsdp and gather_upcast(run) > 1:
-        # the output head gathered in fp32 (wrappers/fsdp.gather_upcast) under fsdp_qlora's autocast
-        # precisions: autocast casts the whole unsharded weight to 16 bits for the logits' matmul, which
-        # saves the cast for the input gradient until the head's backward (autocast_mode.cpp cached_cast;
-        # simulate: fsdp_qlora, Mistral-Nemo QLoRA)
-        head = (run.model.lm_head_params or run.model.embed_params) * run.dtypes.compute
-        forward, backward = forward + head, backward + head
+    # fsdp_qlora's fp32 gathers under autocast: the casts of unsharded weights autograd saves (the head's,
+    # and every layer's without checkpointing: wrappers/fp32_gathers.gathered_casts)
+    casts = gathered_casts(run)
+    forward, backward = forward + casts, backward + casts
     return forward, backward
 
 

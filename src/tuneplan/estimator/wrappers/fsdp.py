@@ -45,6 +45,7 @@ from tuneplan.estimator.wrappers.base import (
     layer_gathered_bytes,
     nccl_bytes,
 )
+from tuneplan.estimator.wrappers.fp32_gathers import fp32_base_extra, gather_upcast
 from tuneplan.estimator.wrappers.fsdp1_offload import held_shard_copies
 from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
@@ -100,6 +101,8 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
         # their own (simulate: Mistral-7B fp32 LoRA r128 all-linear, 10.5M adapter elements per layer)
         adapter_bytes = compute if setup.precision.endswith("-mixed") else run.dtypes.adapter
         layer16 += ceil_div(params.adapter_params, max(model.n_layers, 1)) * adapter_bytes
+    # a frozen base kept in fp32 under '-mixed' is sharded in fp32 (wrappers/fp32_gathers.py)
+    weights += fp32_base_extra(run)
     if setup.precision.endswith("-mixed") and compute == 2 and params.trainable_bytes == 2:
         weights += params.trainable_params * 2
         grads *= 2
@@ -269,17 +272,6 @@ class Fsdp2(Fsdp):
                              end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))
-
-
-def gather_upcast(run: Run) -> int:
-    """How many times its 16-bit storage a unit's all-gather output is: Answer.AI's fsdp_qlora train.py
-    builds FSDP with ``MixedPrecision(param_dtype=torch.float32, ...)`` for its autocast precisions, so
-    FSDP1 casts each flat parameter (16-bit weights, 4-bit codes stored in ``bnb_4bit_quant_storage``) to
-    fp32 before it all-gathers it (simulate: fsdp_qlora, Mistral-Nemo QLoRA); 1 for every other run."""
-    if (run.profile.fsdp_mixed_gathers_fp32 and run.setup.precision.endswith("-mixed")
-            and run.dtypes.compute == 2):
-        return 2
-    return 1
 
 
 def fsdp_layers_gathered(setup: TrainSetup) -> int:
