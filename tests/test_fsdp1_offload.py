@@ -77,3 +77,30 @@ def test_fsdp_qlora_autocast_saves_each_gathered_weights_cast_without_checkpoint
                         batch=1, seq=384, rank=32, gradient_checkpointing=True, optimizer="adafactor", gpus=2,
                         fsdp=True, fsdp_version=1)
     assert memory_statics(checkpointed).autocast_copies_backward == 64000 * 4096 * 2
+
+
+def test_fsdp_qlora_fp32_policy_makes_fp32_unsharded_gradients() -> None:
+    # Llama-3.1-70B layer: q, o 8192^2, k, v 8192 x 1024, gate/up/down 8192 x 28672, two norms. Under
+    # train.py's fp32 MixedPrecision the top layer's weight gradients come back through autocast's casts in
+    # fp32, concatenated (inputs and output live), beside the fp32 lm_head gradient (128256 x 8192) that
+    # waits for the root's post-backward
+    layer = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
+    run = _run("meta-llama/Llama-3.1-70B-Instruct", 3, method="full", precision="bf16-mixed",
+               framework="fsdp-qlora", batch=4, seq=64, grad_accum=2, gpus=4, fsdp=True, fsdp_version=1)
+    wrapped = run.wrapper.memory(run, memory_statics(run).optimizer)
+    assert wrapped.top_layer is not None
+    assert wrapped.top_layer.gradients_at_end == 2 * layer * 4 + 128256 * 8192 * 4
+
+
+def test_fsdp_qlora_accumulates_unsharded_only_with_cpu_offload() -> None:
+    # train.py: no_sync off by default; use_cpu_offload with gradient_accumulation_steps > 1 turns it on,
+    # and the accumulated unsharded gradients are fp32 (the MixedPrecision param dtype); otherwise each
+    # micro-batch's fp32 shard (1/2) accumulates in _saved_grad_shard
+    kw = dict(method="full", precision="bf16-mixed", framework="fsdp-qlora", batch=2, seq=256, grad_accum=2,
+              gpus=2, fsdp=True, fsdp_version=1)
+    total = 2 * YI_LAYER + YI_ROOT
+    sharded = memory_statics(_run("01-ai/Yi-1.5-6B", 2, **kw))
+    assert sharded.grads == total * 4 // 2
+    offloaded = memory_statics(_run("01-ai/Yi-1.5-6B", 2, offload="all", **kw))
+    assert offloaded.grads == total * 4
+    assert offloaded.grads_step == 0

@@ -64,6 +64,14 @@ def wrap_train_py(model: nn.Module, setup: TrainSetup) -> nn.Module:
                 mixed_precision=mp)
 
 
+def train_py_no_sync(setup: TrainSetup) -> bool:
+    """Whether train.py runs the accumulating batches under ``model.no_sync()``: its ``no_sync`` argument
+    defaults to False and ``fsdp_qlora()`` sets it for ``use_cpu_offload`` with
+    ``gradient_accumulation_steps > 1`` (``fsdp_main``: ``sync_context = model.no_sync()`` when
+    ``args['no_sync'] and not accumulate_grads``)."""
+    return setup.offload != "none" and setup.grad_accum > 1
+
+
 def _legacy_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, **_: Any) -> torch.Tensor:
     """transformers 4.37-4.45 ``LlamaForCausalLM.forward``: shift, contiguous copy, mean CrossEntropyLoss."""
     shift_logits = logits[..., :-1, :].contiguous().view(-1, vocab_size)

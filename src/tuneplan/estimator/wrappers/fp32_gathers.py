@@ -34,6 +34,17 @@ def gather_upcast(run: Run) -> int:
     return 1
 
 
+def unsharded_grad_bytes(run: Run) -> int:
+    """Bytes per element of a unit's unsharded gradient: autograd makes it in the dtype of the gathered
+    parameter it flows into, the MixedPrecision param dtype: 16 bits under the '-mixed' precisions (fp32
+    under train.py's fp32 policy: autocast's casts hand their 16-bit gradients back through ``_to_copy``'s
+    backward in fp32; simulate: fsdp_qlora, Llama-3.1-70B full bf16_autocast), else the parameter's own
+    dtype."""
+    if run.setup.precision.endswith("-mixed"):
+        return run.dtypes.compute * gather_upcast(run)
+    return run.param_plan.trainable_bytes
+
+
 def fp32_base_extra(run: Run) -> int:
     """Bytes a LoRA run's frozen base adds to its 16-bit count when the profile keeps it in fp32 under the
     '-mixed' precisions (``Profile.mixed_base_fp32``: train.py's fp32 load, Fabric's fp32 modules under

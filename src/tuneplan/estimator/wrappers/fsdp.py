@@ -45,7 +45,7 @@ from tuneplan.estimator.wrappers.base import (
     layer_gathered_bytes,
     nccl_bytes,
 )
-from tuneplan.estimator.wrappers.fp32_gathers import fp32_base_extra, gather_upcast
+from tuneplan.estimator.wrappers.fp32_gathers import fp32_base_extra, gather_upcast, unsharded_grad_bytes
 from tuneplan.estimator.wrappers.fsdp1_offload import held_shard_copies
 from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
@@ -173,7 +173,7 @@ class Fsdp1(Fsdp):
         the loss or in the forward. At the loss: the root (kept unsharded) and the last layer, which the
         root's pre-backward hook prefetches (BACKWARD_PRE) before any layer's backward; the forward gathers
         one layer at a time (limit_all_gathers, no forward prefetch)."""
-        model, setup, compute = run.model, run.setup, run.dtypes.compute
+        model, setup = run.model, run.setup
         world_size = setup.world_size
         gathered, at_loss = terms.gathered, terms.layer16 + terms.root16
         # the device copies of host shards a CPU-offloaded unit in the param dtype keeps while unsharded
@@ -188,7 +188,7 @@ class Fsdp1(Fsdp):
         # at the loss, waits for the root's post-backward at the very end (simulate: FSDP1, Llama-2-7B)
         head_wait, end = 0, None
         if setup.method == "full" and terms.root_unit:
-            grad_bytes = compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes
+            grad_bytes = unsharded_grad_bytes(run)
             head_wait = (model.lm_head_params or model.embed_params) * grad_bytes
             end = root_unit_end(run, terms, grad_bytes, terms.root16 + held.of(0, terms.root16, world_size))
         buffers = terms.layer_grads
@@ -305,7 +305,7 @@ def fsdp_reduce_scatter_input(run: Run) -> int:
     layer's adapters at most."""
     model, setup, params, compute = run.model, run.setup, run.param_plan, run.dtypes.compute
     per_layer = ceil_div(params.trainable_params, max(model.n_layers, 1))
-    grad_bytes = compute if setup.precision.endswith("-mixed") else params.trainable_bytes
+    grad_bytes = unsharded_grad_bytes(run)
     if setup.is_lora and run.profile.fsdp_mixed_unit_grads:
         # one flat parameter per block holding frozen and trainable weights: its gradient covers the
         # whole block (no_sync_gradients)
@@ -313,6 +313,17 @@ def fsdp_reduce_scatter_input(run: Run) -> int:
     if setup.is_lora:
         return per_layer * grad_bytes
     return min(model.largest_layer_params, params.trainable_params) * grad_bytes
+
+
+def accumulates_unsharded(run: Run) -> bool:
+    """Whether the loop runs every accumulating micro-batch under FSDP's ``no_sync`` (the module docstring):
+    LitGPT's ``fabric.no_backward_sync``, the HF Trainer's and LLaMA-Factory's ``accelerator.no_sync``, and
+    fsdp_qlora's train.py only with CPU offload (``no_sync`` defaults to False; ``fsdp_qlora()`` turns it on
+    for ``use_cpu_offload`` with ``gradient_accumulation_steps > 1``): without it each micro-batch
+    reduce-scatters and ``_accumulate_sharded_grad`` adds the shard into ``_saved_grad_shard``."""
+    profile = run.profile
+    return (profile.fsdp_accumulate_unsharded or run.setup.framework in HF_TRAINER_LOOPS
+            or (profile.fsdp_accumulate_unsharded_offloaded and run.setup.offload != "none"))
 
 
 def no_sync_gradients(run: Run) -> NoSyncGradients | None:
@@ -323,7 +334,7 @@ def no_sync_gradients(run: Run) -> NoSyncGradients | None:
     hf_loop = setup.framework in HF_TRAINER_LOOPS
     if world_size < 2 or (setup.method == "qlora" and not hf_loop):
         return None
-    accumulate_unsharded = profile.fsdp_accumulate_unsharded or hf_loop
+    accumulate_unsharded = accumulates_unsharded(run)
     if not (profile.fsdp_mixed_unit_grads or accumulate_unsharded):
         return None
     if setup.method == "full":
@@ -343,6 +354,9 @@ def no_sync_gradients(run: Run) -> NoSyncGradients | None:
         # Trainer's accelerate upcasts them alike, and _post_backward_hook casts each reduce-scattered shard
         # to the fp32 flat parameter's dtype (_cast_grad_to_param_dtype; simulate: FSDP1, Meta-Llama-3-8B)
         grad_bytes, unsharded_bytes = 4, dtypes.compute
+    if gather_upcast(run) > 1:
+        # train.py's fp32 MixedPrecision: the accumulated unsharded gradients are fp32 (unsharded_grad_bytes)
+        unsharded_bytes = unsharded_grad_bytes(run)
     full = grad_params * grad_bytes
     # CPU offload changes only where the shard lives: the unsharded gradient of an accumulating
     # micro-batch stays on the device (_post_backward_hook returns before any reduce-scatter or
