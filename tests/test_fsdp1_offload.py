@@ -104,3 +104,20 @@ def test_fsdp_qlora_accumulates_unsharded_only_with_cpu_offload() -> None:
     offloaded = memory_statics(_run("01-ai/Yi-1.5-6B", 2, offload="all", **kw))
     assert offloaded.grads == total * 4
     assert offloaded.grads_step == 0
+
+
+def test_the_top_layers_end_holds_the_next_layer_beside_every_lower_layers_activations() -> None:
+    # PEFT's per-adapter units: the top layer's first adapter prefetches the next layer (BACKWARD_PRE) while
+    # the lower layers' activations are all saved. Yi-1.5-34B (hidden 7168, intermediate 20480, 56 / 8
+    # heads of 128, vocabulary 64000) on 8 GPUs with CPU offload: the root and two layers unsharded in
+    # bf16, each beside the device copy of its host shard (1/8)
+    layer = 2 * 7168 * 7168 + 2 * 7168 * 1024 + 3 * 7168 * 20480 + 2 * 7168
+    root = 2 * 64000 * 7168 + 7168
+    from tuneplan.api import estimate
+
+    spec = reduced_model("01-ai/Yi-1.5-34B", 4)
+    b = estimate(spec, method="lora", precision="bf16-mixed", framework="hf", batch=1, seq=1024,
+                 gradient_checkpointing=False, rank=16, targets="all-linear", optimizer="paged-adamw",
+                 attn="flash", gpus=8, fsdp=True, fsdp_version=1, offload="all").breakdown
+    assert b.peak_instant == "backward_top_layer_end"
+    assert b.components["parallel_buffers"] == (root + 2 * layer) * 2 + (root + 2 * layer) * 2 // 8

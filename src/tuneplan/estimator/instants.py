@@ -206,6 +206,13 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
         rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, end_scratch,
                                       statics.gathered_layer_end)
+        if not statics.checkpointed:
+            # the top layer's end alike, every lower layer's activations still saved, the tail released,
+            # its own counted whole (an upper bound: they are being freed); under checkpointing the bottom
+            # row's recomputation bound already exceeds the lower layers' checkpoints (simulate: FSDP1
+            # CPUOffload, Yi-1.5-34B LoRA all-linear)
+            rows["backward_top_layer_end"] = (top_grads, 0, saved - acts.tail_bytes, 0, bottom_held, 0,
+                                              statics.gathered_layer_end)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     epilogue = statics.wrapped.epilogue
