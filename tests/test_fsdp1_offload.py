@@ -121,3 +121,17 @@ def test_the_top_layers_end_holds_the_next_layer_beside_every_lower_layers_activ
                  attn="flash", gpus=8, fsdp=True, fsdp_version=1, offload="all").breakdown
     assert b.peak_instant == "backward_top_layer_end"
     assert b.components["parallel_buffers"] == (root + 2 * layer) * 2 + (root + 2 * layer) * 2 // 8
+
+
+def test_use_orig_params_false_gathers_the_next_layer_from_a_transient_shard_copy() -> None:
+    # fsdp_qlora (use_orig_params=False) with CPU offload: the next layer's all-gather reads the device copy
+    # of its host shard (1/4), freed once gathered; at a layer's end it is live beside the root and two
+    # bf16 layers. Llama-2-70B: layer 8192^2 x 2 + 8192 x 1024 x 2 + 8192 x 28672 x 3 + 2 x 8192, root
+    # 32000 x 8192 x 2 + 8192
+    layer = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
+    root = 2 * 32000 * 8192 + 8192
+    run = _run("meta-llama/Llama-2-70b-hf", 2, method="lora", precision="bf16", framework="fsdp-qlora",
+               batch=1, seq=128, rank=64, gradient_checkpointing=False, gpus=4, fsdp=True, fsdp_version=1,
+               offload="all")
+    gathered = run.wrapper.memory(run, memory_statics(run).optimizer).gathered
+    assert gathered.layer_end == (root + 2 * layer) * 2 + layer * 2 // 4

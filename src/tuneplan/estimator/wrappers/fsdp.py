@@ -46,7 +46,7 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
 )
 from tuneplan.estimator.wrappers.fp32_gathers import fp32_base_extra, gather_upcast, unsharded_grad_bytes
-from tuneplan.estimator.wrappers.fsdp1_offload import held_shard_copies
+from tuneplan.estimator.wrappers.fsdp1_offload import gathered_shard_transient, held_shard_copies
 from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.setup import TrainSetup
@@ -197,7 +197,9 @@ class Fsdp1(Fsdp):
         # its end, beside no scratch
         layer_end = 0
         if fsdp_layers_gathered(setup) == 1 and model.n_layers > 1:
-            layer_end = gathered + terms.layer16 + held.of(terms.layer16, 0, world_size)
+            # the next layer being gathered: its shard's copy, held or transient (wrappers/fsdp1_offload.py)
+            layer_end = (gathered + terms.layer16 + held.of(terms.layer16, 0, world_size)
+                         + gathered_shard_transient(run, terms.layer16))
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
                                     layer_end=layer_end)
         buckets = Buckets(in_layers=buffers, missing_at_bottom=pending_shards(run, terms))

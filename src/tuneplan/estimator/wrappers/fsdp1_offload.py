@@ -89,3 +89,25 @@ def freed_shard_copies(run: Run) -> int:
     root = run.model.params_non_block * run.dtypes.compute if rooted else 0
     return sum(ceil_div(ceil_div(unit, world_size), segment) * segment
                for unit in (root, layer_gathered_bytes(run)))
+
+
+def gathered_shard_transient(run: Run, unit: int) -> int:
+    """The shard an all-gather of a ``unit``-byte unit reads, alive beside its output while it runs and
+    freed after, where no held copy counts it: with ``use_orig_params=False`` (``fsdp_flat_params_only``)
+    ``_unshard`` all-gathers from the device copy of the host shard that ``pre_unshard`` made
+    (``flat_param_to``) or from the low-precision shard ``_use_low_precision_shard`` allocated (train.py's
+    fp32 ``MixedPrecision`` over bf16-stored 4-bit codes), and ``post_unshard`` /
+    ``_use_unsharded_flat_param`` drop it once gathered: ``ceil(unit / N)`` at the moment a unit is
+    gathered (simulate: fsdp_qlora, Llama-2-70B LoRA with CPU offload); 0 when the copies are held
+    (counted by :func:`held_shard_copies`) or there is no such shard."""
+    from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast
+
+    setup = run.setup
+    if not run.profile.fsdp_flat_params_only or setup.fsdp_version != 1:
+        return 0
+    # a low-precision shard only where the flat parameter's dtype is not the fp32 param dtype: the 4-bit
+    # codes stored in bf16 (train.py loads every unquantized model in fp32 under its autocast precisions)
+    low_precision_shard = setup.method == "qlora" and gather_upcast(run) > 1
+    if setup.offload == "none" and not low_precision_shard:
+        return 0
+    return ceil_div(unit, setup.world_size)
