@@ -135,3 +135,19 @@ def test_use_orig_params_false_gathers_the_next_layer_from_a_transient_shard_cop
                offload="all")
     gathered = run.wrapper.memory(run, memory_statics(run).optimizer).gathered
     assert gathered.layer_end == (root + 2 * layer) * 2 + layer * 2 // 4
+
+
+def test_fsdp_qlora_holds_its_outputs_through_the_backward_not_into_the_next_forward() -> None:
+    # train.py sets output = None only after the batch's backward and step: the fp32 logits (3 x 512
+    # positions x 128256, 4 B) are live at the root unit's end of the backward and at the step, and gone
+    # before the next forward
+    from tuneplan.estimator.instants import memory_at, named
+
+    run = _run("meta-llama/Meta-Llama-3-8B", 4, method="full", precision="fp32", framework="fsdp-qlora",
+               batch=3, seq=512, grad_accum=1, gradient_checkpointing=False, optimizer="adafactor", gpus=8,
+               fsdp=True, fsdp_version=1)
+    rows = memory_at(run, 3, 512).rows
+    logits = 3 * 512 * 128256 * 4
+    assert named(rows["backward_embedding"]).logits_loss == logits
+    assert named(rows["optimizer_step"]).logits_loss == logits
+    assert memory_at(run, 3, 512).held == 0

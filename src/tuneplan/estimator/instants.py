@@ -108,6 +108,9 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     holds, first = statics.holds, statics.first
     held = logits.held if holds else 0
+    # a loop that drops its outputs after the step holds them through the backward and the step only
+    # (fsdp_qlora train.py; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32 at the root unit's end)
+    in_step = logits.held if holds or statics.holds_to_step else 0
     pinned = acts.pinned_bytes
     prev_pinned = pinned if holds and not first else 0
     prev_held = 0 if first else held
@@ -138,15 +141,15 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     if head_dequant:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
         # first), the held outputs, and the whole head dequantized again for the input gradient
-        head_backward = held + logits.at_forward_end + head_dequant
+        head_backward = in_step + logits.at_forward_end + head_dequant
         rows["backward_lm_head"] = (earlier_grads, 0, saved, 0, head_backward, 0, statics.gathered)
-    layer_backward_rows(rows, statics, acts, held, batch * seq)
+    layer_backward_rows(rows, statics, acts, in_step, batch * seq)
     kept = pinned if holds else 0
     if statics.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
         rows["next_micro_batch"] = (statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
-    rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, held, 0, 0)
+    rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, in_step, 0, 0)
     return MemoryAt(rows, acts, logits, held, statics)
 
 
@@ -220,7 +223,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy, 0)
     end = statics.end_of_backward
     if end is not None:  # FSDP's last unit (wrappers/fsdp.root_unit_end, wrappers/fully_shard)
-        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, end.scratch,
+        # beside the outputs a loop holds through the backward (fsdp_qlora train.py: output = None only after
+        # the step; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32)
+        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, held, end.scratch,
                                       end.gathered)
 
 

@@ -48,6 +48,7 @@ class MemoryStatics:
     softmax_keeps_input: bool
     softcap: bool  # the model caps its logits with tanh (logits.logits_plan)
     holds: bool  # the training loop keeps the last micro-batch's outputs (profile.loop_holds_outputs)
+    holds_to_step: bool  # ... through its backward and the step only (profile.loop_holds_outputs_to_step)
     first: bool  # the longest micro-batch runs first (setup.longest_batch_first)
     checkpointed: bool
     n_layers: int
@@ -125,7 +126,8 @@ def memory_statics(run: Run) -> MemoryStatics:
                            if wrapper_memory.gathered.layer_end else (0, 0)),
         logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
         softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
-        holds=profile.loop_holds_outputs, first=setup.longest_batch_first,
+        holds=profile.loop_holds_outputs, holds_to_step=profile.loop_holds_outputs_to_step,
+        first=setup.longest_batch_first,
         checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),
         embedding_into_buffer=embedding,
         earlier_grads=grads_prev + buckets.persistent + buckets.through_forward,

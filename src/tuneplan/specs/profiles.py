@@ -63,6 +63,9 @@ class Profile:
     fsdp_root_embeddings: tuple[str, ...] = ("full", "freeze", "lora", "qlora")
     # the training loop keeps the last micro-batch's outputs and loss (with its graph) until the next one
     loop_holds_outputs: bool = False
+    # ... only through its backward and the optimizer step, dropped before the next forward (fsdp_qlora
+    # train.py: output = None after each batch's backward and step; estimator/instants.py)
+    loop_holds_outputs_to_step: bool = False
     # every nn.Linear is quantized, the output head included (estimator/weights.param_plan)
     quantizes_lm_head: bool = False
     # ZeRO-3 / FSDP shard the quantization metadata with the weight (torchao NF4Tensor's scalers travel in
@@ -230,7 +233,7 @@ PROFILES["fsdp-qlora"] = Profile(
     autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=True,
     mixed_base_fp32=True, loss="torchtune_legacy", default_dropout=0.1, default_rank=64,
     fsdp_flat_params_only=True, fsdp_gathers_wait=True, fsdp_mixed_gathers_fp32=True,
-    fsdp_accumulate_unsharded_offloaded=True,
+    fsdp_accumulate_unsharded_offloaded=True, loop_holds_outputs_to_step=True,
     sources=(
         "fsdp_qlora train.py fsdp_qlora(): precision='bf16' (torch_dtype bf16, no autocast, mp_policy None); "
         "bf16_autocast / fp16_autocast load fp32 and run under torch.cuda.amp.autocast",
