@@ -151,3 +151,15 @@ def test_fsdp_qlora_holds_its_outputs_through_the_backward_not_into_the_next_for
     assert named(rows["backward_embedding"]).logits_loss == logits
     assert named(rows["optimizer_step"]).logits_loss == logits
     assert memory_at(run, 3, 512).held == 0
+
+
+def test_a_tied_root_sums_the_heads_and_the_embeddings_gradients_out_of_place() -> None:
+    # Llama-3.2-3B ties lm_head to embed_tokens (128256 x 3072): at the root unit's end the head's fp32
+    # gradient (made at the loss), the embedding's and their out-of-place sum are live together, 3 x 4 B per
+    # element, more than the views' gradients and their cat (2 x 4 B per root parameter)
+    run = _run("meta-llama/Llama-3.2-3B-Instruct", 2, method="full", precision="fp32",
+               framework="llamafactory", batch=4, seq=512, grad_accum=1, gradient_checkpointing=False,
+               optimizer="adamw-8bit", attn="flash", gpus=4, fsdp=True, fsdp_version=1)
+    end = run.wrapper.memory(run, memory_statics(run).optimizer).end_of_backward
+    assert end is not None
+    assert end.scratch == 3 * 128256 * 3072 * 4

@@ -229,12 +229,19 @@ def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int)
     and autograd concatenates them into the flat parameter's unsharded gradient (the views' backward: a
     cat whose inputs and output are live together) before ``_post_backward_hook`` reduce-scatters it,
     beside the root's unsharded parameters (torch 2.13 torch/distributed/fsdp/_runtime_utils.py
-    _post_backward_hook; simulate: FSDP1, Meta-Llama-3-8B). The root's sharded gradient is not made yet."""
-    setup, params = run.setup, run.param_plan
-    root_params = run.model.params_non_block
-    per_elem = 0 if setup.offload != "none" else terms.grads / max(params.trainable_params, 1)
+    _post_backward_hook; simulate: FSDP1, Meta-Llama-3-8B). The root's sharded gradient is not made yet.
+    A tied embedding gets two contributions, the head's (waiting) and the embedding's, which autograd sums
+    out of place before the cat: 3 embedding-sized gradients at once (simulate: FSDP1,
+    Llama-3.2-3B-Instruct fp32)."""
+    setup, params, model = run.setup, run.param_plan, run.model
+    root_params = model.params_non_block
+    # an accumulating step's earlier micro-batch left the root's gradient (its shard in _saved_grad_shard,
+    # or the unsharded one under no_sync) as pending_shards leaves the layers'
+    made = setup.offload != "none" or setup.grad_accum > 1
+    per_elem = 0 if made else terms.grads / max(params.trainable_params, 1)
     pending = -(-int(root_params * per_elem) // setup.world_size)
-    return EndOfBackward(gradients=-pending, gathered=gathered, scratch=2 * root_params * grad_bytes)
+    scratch = 2 * root_params if model.lm_head_params else max(2 * root_params, 3 * model.embed_params)
+    return EndOfBackward(gradients=-pending, gathered=gathered, scratch=scratch * grad_bytes)
 
 
 class Fsdp2(Fsdp):
