@@ -163,3 +163,24 @@ def test_a_tied_root_sums_the_heads_and_the_embeddings_gradients_out_of_place() 
     end = run.wrapper.memory(run, memory_statics(run).optimizer).end_of_backward
     assert end is not None
     assert end.scratch == 3 * 128256 * 3072 * 4
+
+
+def test_each_adapter_saves_its_own_16_bit_input_under_the_trainers_fsdp1() -> None:
+    # the Trainer's FSDP1 (use_orig_params=True, each lora_A a unit of its own over fp32 adapters): PEFT
+    # casts q, k, v's shared bf16 input and o's to fp32 and the unit's pre-forward casts each back to bf16,
+    # a private copy lora_A saves: 2 B x 8192 per token for each of the four adapters (Llama-3.3-70B); in
+    # pure bf16 the adapters are bf16, nothing is cast and the input is shared
+    from tuneplan.estimator.layer_walk import LayerWalk
+
+    spec = reduced_model("meta-llama/Llama-3.3-70B-Instruct", 4)
+    reads = (("q_proj", "attn_in"), ("k_proj", "attn_in"), ("v_proj", "attn_in"), ("o_proj", "attn_core"))
+    for precision, copied in (("bf16-mixed", True), ("bf16", False)):
+        run = _run("meta-llama/Llama-3.3-70B-Instruct", 4, method="lora", precision=precision,
+                   framework="llamafactory", batch=4, seq=1024, rank=32, targets="attn",
+                   gradient_checkpointing=False, attn="flash", gpus=2, fsdp=True, fsdp_version=1)
+        walk = LayerWalk(spec, spec.layer_groups[0][0], run.setup, run.dtypes, run.targets, False, True,
+                         False, True, False, False)
+        for name, read in reads:
+            walk.linear(name, read, 8192)
+        copies = {k: v for k, v in walk.ledger.items.items() if k.endswith(".lora_in")}
+        assert copies == ({f"{n}@{r}.lora_in": 2 * 8192 for n, r in reads} if copied else {})
