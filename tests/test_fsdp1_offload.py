@@ -167,7 +167,7 @@ def test_a_tied_root_sums_the_heads_and_the_embeddings_gradients_out_of_place() 
 
 def test_each_adapter_saves_its_own_16_bit_input_under_the_trainers_fsdp1() -> None:
     # the Trainer's FSDP1 (use_orig_params=True, each lora_A a unit of its own over fp32 adapters): PEFT
-    # casts q, k, v's shared bf16 input and o's to fp32 and the unit's pre-forward casts each back to bf16,
+    # casts q, k, v's shared bf16 input and o's to fp32 and autocast casts each back to bf16 in the unit,
     # a private copy lora_A saves: 2 B x 8192 per token for each of the four adapters (Llama-3.3-70B); in
     # pure bf16 the adapters are bf16, nothing is cast and the input is shared
     from tuneplan.estimator.layer_walk import LayerWalk

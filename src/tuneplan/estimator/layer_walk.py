@@ -185,9 +185,10 @@ def fsdp1_adapter_input_copy(setup: TrainSetup) -> bool:
     '-mixed' precisions and PEFT wraps each lora_A in an FSDP unit of its own (wrappers/fsdp.PEFT_UNIT_WRAP)
     whose original parameter, outside that unit's forward, is an fp32 view of its shard
     (``use_orig_params=True``). PEFT's ``_cast_input_dtype(x, lora_A.weight.dtype)`` so casts the 16-bit
-    input to fp32, and the unit's pre-forward casts it back to the MixedPrecision param dtype
-    (``_pre_forward``: ``_cast_forward_inputs``): a new 16-bit tensor per adapter, which lora_A's matmul
-    saves for its weight gradient (simulate: FSDP1, Llama-3.3-70B LoRA on q, k, v, o)."""
+    input to fp32, and inside the unit, whose weight is now gathered in the MixedPrecision param dtype,
+    autocast casts it back to 16 bits for the matmul (an activation: not cached): a new 16-bit tensor per
+    adapter, which lora_A's matmul saves for its weight gradient (simulate: FSDP1, Llama-3.3-70B LoRA on
+    q, k, v, o, the cast made in ``lora_A.default._fsdp_wrapped_module``)."""
     from tuneplan.estimator.wrappers.fsdp import HF_TRAINER_LOOPS
 
     return (setup.fsdp and setup.fsdp_version == 1 and setup.world_size > 1 and setup.method == "lora"
