@@ -65,18 +65,17 @@ def test_fsdp_qlora_lora_under_autocast_shards_an_fp32_base() -> None:
 
 def test_fsdp_qlora_autocast_saves_each_gathered_weights_cast_without_checkpointing() -> None:
     # the fp32-gathered weights are cast to fp16 for each matmul and the cast saved for the input gradient:
-    # the untied head (64000 x 4096) and, with no checkpointing, every block linear of the 4 layers
+    # the untied head (64000 x 4096), the fp32 adapters (r32 on q, k, v, gate, up, down) and, with no
+    # checkpointing, every block linear of the 4 layers, all unsharded
     linears = 2 * 4096 * 4096 + 2 * 4096 * 512 + 3 * 4096 * 11008
-    run = _run("01-ai/Yi-1.5-6B", 4, method="lora", precision="fp16-mixed", framework="fsdp-qlora", batch=1,
-               seq=384, rank=32, gradient_checkpointing=False, optimizer="adafactor", gpus=2, fsdp=True,
-               fsdp_version=1)
-    statics = memory_statics(run)
-    assert statics.autocast_copies == (64000 * 4096 + 4 * linears) * 2
-    assert statics.autocast_copies_backward == (64000 * 4096 + 4 * linears) * 2
-    checkpointed = _run("01-ai/Yi-1.5-6B", 4, method="lora", precision="fp16-mixed", framework="fsdp-qlora",
-                        batch=1, seq=384, rank=32, gradient_checkpointing=True, optimizer="adafactor", gpus=2,
-                        fsdp=True, fsdp_version=1)
-    assert memory_statics(checkpointed).autocast_copies_backward == 64000 * 4096 * 2
+    adapters = 4 * 32 * ((4096 + 4096) + 2 * (4096 + 512) + 3 * (4096 + 11008))
+    kw = dict(method="lora", precision="fp16-mixed", framework="fsdp-qlora", batch=1, seq=384, rank=32,
+              optimizer="adafactor", gpus=2, fsdp=True, fsdp_version=1)
+    statics = memory_statics(_run("01-ai/Yi-1.5-6B", 4, gradient_checkpointing=False, **kw))
+    assert statics.autocast_copies == (64000 * 4096 + 4 * linears + adapters) * 2
+    assert statics.autocast_copies_backward == (64000 * 4096 + 4 * linears + adapters) * 2
+    checkpointed = memory_statics(_run("01-ai/Yi-1.5-6B", 4, gradient_checkpointing=True, **kw))
+    assert checkpointed.autocast_copies_backward == 64000 * 4096 * 2
 
 
 def test_fsdp_qlora_fp32_policy_makes_fp32_unsharded_gradients() -> None:

@@ -13,7 +13,7 @@ from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
-from tuneplan.estimator.wrappers.fp32_gathers import gathered_casts
+from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
 from tuneplan.estimator.wrappers.zero import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
 
@@ -173,11 +173,11 @@ def autocast_copy_terms(run: Run) -> tuple[int, int]:
     shards the parameters casts only its shard."""
     params = run.param_plan
     forward, backward = params.autocast_copy_bytes, params.autocast_copy_backward_bytes
-    if run.wrapper.shards_parameters:
+    # fp32 gathers under autocast: the casts are of the unsharded weights (wrappers/fp32_gathers.py)
+    if run.wrapper.shards_parameters and not (run.setup.fsdp and gather_upcast(run) > 1):
         forward = ceil_div(forward, run.setup.world_size)
         backward = ceil_div(backward, run.setup.world_size)
-    # fsdp_qlora's fp32 gathers under autocast: the casts of unsharded weights autograd saves (the head's,
-    # and every layer's without checkpointing: wrappers/fp32_gathers.gathered_casts)
+    # a QLoRA run's fp32-gathered head under fsdp_qlora's autocast (wrappers/fp32_gathers.gathered_casts)
     casts = gathered_casts(run)
     forward, backward = forward + casts, backward + casts
     return forward, backward

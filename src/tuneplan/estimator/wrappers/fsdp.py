@@ -45,7 +45,7 @@ from tuneplan.estimator.wrappers.base import (
     layer_gathered_bytes,
     nccl_bytes,
 )
-from tuneplan.estimator.wrappers.fp32_gathers import fp32_base_extra, gather_upcast, unsharded_grad_bytes
+from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, unsharded_grad_bytes
 from tuneplan.estimator.wrappers.fsdp1_offload import gathered_shard_transient, held_shard_copies
 from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
@@ -101,8 +101,6 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
         # their own (simulate: Mistral-7B fp32 LoRA r128 all-linear, 10.5M adapter elements per layer)
         adapter_bytes = compute if setup.precision.endswith("-mixed") else run.dtypes.adapter
         layer16 += ceil_div(params.adapter_params, max(model.n_layers, 1)) * adapter_bytes
-    # a frozen base kept in fp32 under '-mixed' is sharded in fp32 (wrappers/fp32_gathers.py)
-    weights += fp32_base_extra(run)
     if setup.precision.endswith("-mixed") and compute == 2 and params.trainable_bytes == 2:
         weights += params.trainable_params * 2
         grads *= 2
