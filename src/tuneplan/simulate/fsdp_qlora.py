@@ -16,6 +16,9 @@ upcast, PEFT LoRA in bf16, checkpointing per decoder layer, non-reentrant: train
   is ``CrossEntropyLoss`` on ``logits[..., :-1, :].contiguous()`` with the labels shifted alike.
 - the loop keeps ``output`` (its fp32 logits) through backward and the optimizer step: train.py sets
   ``output = None`` only after the step (``simulate/step.py`` ``outputs_until_step``).
+- gradient accumulation runs under ``model.no_sync()`` only with CPU offload (``train_py_no_sync``: train.py's
+  ``no_sync`` defaults to False and is forced on for ``use_cpu_offload`` with accumulation); otherwise every
+  micro-batch reduce-scatters and FSDP adds the shards.
 """
 
 from __future__ import annotations
