@@ -150,7 +150,7 @@ def test_the_pre_unshard_streams_shard_copies_by_hand() -> None:
     # two norms of 4096 = 202,383,360 parameters, a 202,383,360 B shard: a 194 MiB segment
     from tuneplan.api import build_setup
     from tuneplan.estimator.run import resolve_run
-    from tuneplan.estimator.wrappers.fsdp import freed_shard_copies
+    from tuneplan.estimator.wrappers.fsdp1_offload import freed_shard_copies
 
     spec = resolve_model(LLAMA2_7B, allow_network=False)
 

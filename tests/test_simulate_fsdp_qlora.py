@@ -11,7 +11,7 @@ from torch import nn
 
 from tuneplan.simulate.distributed import fake_process_group
 from tuneplan.simulate.fsdp1 import flat_params
-from tuneplan.simulate.fsdp_qlora import _legacy_loss, legacy_causal_lm_loss, wrap_train_py
+from tuneplan.simulate.fsdp_qlora import _legacy_loss, legacy_causal_lm_loss, train_py_no_sync, wrap_train_py
 from tuneplan.specs.setup import TrainSetup
 
 
@@ -41,6 +41,14 @@ def units(model: nn.Module, setup: TrainSetup) -> int:
 def test_a_full_fine_tune_wraps_each_decoder_layer():
     # two decoder layers and the root
     assert units(Toy(adapter=False), TrainSetup(method="full", precision="bf16", gpus=2, fsdp=True)) == 3
+
+
+def test_train_py_accumulates_under_no_sync_only_with_cpu_offload():
+    # fsdp_qlora(): no_sync=False unless use_cpu_offload and gradient_accumulation_steps > 1
+    base = dict(method="full", precision="bf16", gpus=2, fsdp=True)
+    assert not train_py_no_sync(TrainSetup(grad_accum=2, **base))
+    assert not train_py_no_sync(TrainSetup(grad_accum=1, offload="all", **base))
+    assert train_py_no_sync(TrainSetup(grad_accum=2, offload="all", **base))
 
 
 def test_lora_wraps_each_trainable_leaf_too():

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from tuneplan.estimator.links import Link, intra_node_link, network_link, ring_factor, stated_link
 from tuneplan.estimator.nccl import CALLS_PER_SHARDED_UNIT, call_overhead, link_kind
-from tuneplan.estimator.wrappers.fsdp import HF_TRAINER_LOOPS, frozen_weights_get_gradients
+from tuneplan.estimator.wrappers.fsdp import accumulates_unsharded, frozen_weights_get_gradients
 from tuneplan.specs.hardware import Accelerator
 
 if TYPE_CHECKING:
@@ -104,8 +104,9 @@ def collective_terms(run: Run, acc: Accelerator, opt: RuntimeOptions,
 def reduces_once_per_step(run: Run) -> bool:
     """Whether the loop runs every accumulating micro-batch under FSDP's ``no_sync``, so that only the step's
     last micro-batch reduce-scatters (LitGPT: ``fabric.no_backward_sync``; the HF Trainer and LLaMA-Factory:
-    ``accelerator.no_sync``; ``wrappers.fsdp`` names both)."""
-    return run.profile.fsdp_accumulate_unsharded or run.setup.framework in HF_TRAINER_LOOPS
+    ``accelerator.no_sync``; fsdp_qlora's train.py with CPU offload: ``wrappers.fsdp.accumulates_unsharded``).
+    """
+    return accumulates_unsharded(run)
 
 
 def fsdp_reduce_scatter(run: Run, comm_bytes: int, link: Link, per_micro: float, per_step: float,

@@ -34,7 +34,11 @@ class Dtypes:
 def resolve_dtypes(setup: TrainSetup, prof: Profile) -> Dtypes:
     prec = setup.precision
     half = 4 if prec == "fp32" else 2
-    if half == 2 and (setup.zero or setup.fsdp):
+    # fsdp_qlora's train.py under its autocast precisions: an fp32 model, fp32 MixedPrecision gathers and
+    # autocast, the dtypes of a one-GPU autocast run (wrappers/fp32_gathers.py); its QLoRA keeps bf16
+    fp32_gathers = (setup.fsdp and prof.fsdp_mixed_gathers_fp32 and prec.endswith("-mixed")
+                    and setup.method != "qlora")
+    if half == 2 and (setup.zero or setup.fsdp) and not fp32_gathers:
         # DeepSpeed casts the module to 16 bits (fp32 master lives in its optimizer); FSDP's MixedPrecision
         # policy unshards 16-bit parameters for compute. Either way the forward sees 16-bit weights: no fp32
         # residual stream, no autocast weight copies. Autocast itself runs under FSDP and not under

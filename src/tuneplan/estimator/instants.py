@@ -110,6 +110,9 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     holds, first = statics.holds, statics.first
     held = logits.held if holds else 0
+    # a loop that drops its outputs after the step holds them through the backward and the step only
+    # (fsdp_qlora train.py; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32 at the root unit's end)
+    in_step = logits.held if holds or statics.holds_to_step else 0
     pinned = acts.pinned_bytes
     prev_pinned = pinned if holds and not first else 0
     prev_held = 0 if first else held
@@ -143,15 +146,15 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     if head_dequant:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
         # first), the held outputs, and the whole head dequantized again for the input gradient
-        head_backward = held + logits.at_forward_end + head_dequant
+        head_backward = in_step + logits.at_forward_end + head_dequant
         rows["backward_lm_head"] = (earlier_grads, 0, saved, 0, head_backward, 0, statics.gathered)
-    layer_backward_rows(rows, statics, acts, held, batch * seq)
+    layer_backward_rows(rows, statics, acts, in_step, batch * seq)
     kept = pinned if holds else 0
     if statics.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
         rows["next_micro_batch"] = (statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
-    rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, held, 0, 0)
+    rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, in_step, 0, 0)
     initialize = statics.wrapped.initialize
     if initialize:
         # DeepSpeed's initialize, before the first step (wrappers/zero12_initialize.py): nothing of the step
@@ -220,6 +223,13 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
         rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, end_scratch,
                                       statics.gathered_layer_end)
+        if not statics.checkpointed:
+            # the top layer's end alike, every lower layer's activations still saved, the tail released,
+            # its own counted whole (an upper bound: they are being freed); under checkpointing the bottom
+            # row's recomputation bound already exceeds the lower layers' checkpoints (simulate: FSDP1
+            # CPUOffload, Yi-1.5-34B LoRA all-linear)
+            rows["backward_top_layer_end"] = (top_grads, 0, saved - acts.tail_bytes, 0, bottom_held, 0,
+                                              statics.gathered_layer_end)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     epilogue = statics.wrapped.epilogue
@@ -227,7 +237,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy, 0)
     end = statics.end_of_backward
     if end is not None:  # FSDP's last unit (wrappers/fsdp.root_unit_end, wrappers/fully_shard)
-        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, 0, end.scratch,
+        # beside the outputs a loop holds through the backward (fsdp_qlora train.py: output = None only after
+        # the step; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32)
+        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, held, end.scratch,
                                       end.gathered)
 
 

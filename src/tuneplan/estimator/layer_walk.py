@@ -52,6 +52,7 @@ class LayerWalk:
         self.python_model_code, self.quant_saves_input = python_model_code, quant_saves_input
         self.litgpt_code, self.expand_kv = litgpt_code, expand_kv
         self.ledger = _Ledger()
+        self.fsdp_adapter_input_copy = fsdp1_adapter_input_copy(setup)
         self.pinned_keys: set[str] = set()
         self.quantized = setup.quant_bits is not None
         self.output_bytes = dtypes.quant_out if self.quantized else dtypes.linear_out
@@ -154,7 +155,8 @@ class LayerWalk:
         if m_name in targets:
             # PEFT casts the adapter input to the adapter dtype; under autocast lora_A then casts it back
             # to 16 bits: a private copy per targeted module. Without a cast the input itself is shared.
-            if dtypes.autocast and (dtypes.adapter != input_bytes or input_bytes != compute_bytes):
+            if self.fsdp_adapter_input_copy or (
+                    dtypes.autocast and (dtypes.adapter != input_bytes or input_bytes != compute_bytes)):
                 ledger.save(f"{module_key}.lora_in", compute_bytes * d_in * tokens_share)
             elif dtypes.adapter != input_bytes:
                 ledger.save(f"{module_key}.lora_in", dtypes.adapter * d_in * tokens_share)
@@ -176,3 +178,18 @@ class LayerWalk:
     def _lora_key(self, m_name: str, reads: str) -> str:
         return "qkv_fused" if self.litgpt_code and m_name in self.attn_inputs else f"{m_name}@{reads}"
 
+
+def fsdp1_adapter_input_copy(setup: TrainSetup) -> bool:
+    """Whether each LoRA adapter saves a private 16-bit copy of its input under FSDP1 as the HF Trainer
+    (and LLaMA-Factory through it) runs it: accelerate upcasts the trainable adapters to fp32 under the
+    '-mixed' precisions and PEFT wraps each lora_A in an FSDP unit of its own (wrappers/fsdp.PEFT_UNIT_WRAP)
+    whose original parameter, outside that unit's forward, is an fp32 view of its shard
+    (``use_orig_params=True``). PEFT's ``_cast_input_dtype(x, lora_A.weight.dtype)`` so casts the 16-bit
+    input to fp32, and inside the unit, whose weight is now gathered in the MixedPrecision param dtype,
+    autocast casts it back to 16 bits for the matmul (an activation: not cached): a new 16-bit tensor per
+    adapter, which lora_A's matmul saves for its weight gradient (simulate: FSDP1, Llama-3.3-70B LoRA on
+    q, k, v, o, the cast made in ``lora_A.default._fsdp_wrapped_module``)."""
+    from tuneplan.estimator.wrappers.fsdp import HF_TRAINER_LOOPS
+
+    return (setup.fsdp and setup.fsdp_version == 1 and setup.world_size > 1 and setup.method == "lora"
+            and setup.framework in HF_TRAINER_LOOPS and setup.precision.endswith("-mixed"))

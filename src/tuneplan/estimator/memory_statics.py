@@ -13,7 +13,7 @@ from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
-from tuneplan.estimator.wrappers.fsdp import gather_upcast
+from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
 from tuneplan.estimator.wrappers.zero import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
 
@@ -48,6 +48,7 @@ class MemoryStatics:
     softmax_keeps_input: bool
     softcap: bool  # the model caps its logits with tanh (logits.logits_plan)
     holds: bool  # the training loop keeps the last micro-batch's outputs (profile.loop_holds_outputs)
+    holds_to_step: bool  # ... through its backward and the step only (profile.loop_holds_outputs_to_step)
     first: bool  # the longest micro-batch runs first (setup.longest_batch_first)
     checkpointed: bool
     n_layers: int
@@ -132,7 +133,8 @@ def memory_statics(run: Run) -> MemoryStatics:
                            if wrapper_memory.gathered.layer_end else (0, 0)),
         logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
         softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
-        holds=profile.loop_holds_outputs, first=setup.longest_batch_first,
+        holds=profile.loop_holds_outputs, holds_to_step=profile.loop_holds_outputs_to_step,
+        first=setup.longest_batch_first,
         checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),
         embedding_into_buffer=embedding,
         earlier_grads=grads_prev + buckets.persistent + buckets.through_forward,
@@ -179,16 +181,13 @@ def autocast_copy_terms(run: Run) -> tuple[int, int]:
     shards the parameters casts only its shard."""
     params = run.param_plan
     forward, backward = params.autocast_copy_bytes, params.autocast_copy_backward_bytes
-    if run.wrapper.shards_parameters:
+    # fp32 gathers under autocast: the casts are of the unsharded weights (wrappers/fp32_gathers.py)
+    if run.wrapper.shards_parameters and not (run.setup.fsdp and gather_upcast(run) > 1):
         forward = ceil_div(forward, run.setup.world_size)
         backward = ceil_div(backward, run.setup.world_size)
-    if run.setup.fsdp and gather_upcast(run) > 1:
-        # the output head gathered in fp32 (wrappers/fsdp.gather_upcast) under fsdp_qlora's autocast
-        # precisions: autocast casts the whole unsharded weight to 16 bits for the logits' matmul, which
-        # saves the cast for the input gradient until the head's backward (autocast_mode.cpp cached_cast;
-        # simulate: fsdp_qlora, Mistral-Nemo QLoRA)
-        head = (run.model.lm_head_params or run.model.embed_params) * run.dtypes.compute
-        forward, backward = forward + head, backward + head
+    # a QLoRA run's fp32-gathered head under fsdp_qlora's autocast (wrappers/fp32_gathers.gathered_casts)
+    casts = gathered_casts(run)
+    forward, backward = forward + casts, backward + casts
     return forward, backward
 
 

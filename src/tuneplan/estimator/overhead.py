@@ -85,7 +85,7 @@ def cross_stream_reserve(run: Any) -> int:
       gradient on the post-backward stream before freeing it (``_runtime_utils._post_backward_hook``):
       ``FSDP1_INFLIGHT x g`` held in the compute stream's pool through the backward; with CPU offload and
       ``use_orig_params=False``, the pre-unshard stream's copies of host shards
-      (``wrappers.fsdp.freed_shard_copies``);
+      (``wrappers.fsdp1_offload.freed_shard_copies``);
     - FSDP2 (no ``record_stream``): the copy-in stream caches ``FSDP2_ALL_GATHER_OUTPUTS`` flat all-gather
       outputs the compute stream cannot reuse, and the reduce-scatter stream the reduce-scatter input it
       keeps until the next group's (``reduce_scatter_state``): ``2 x u + g``;
@@ -100,7 +100,8 @@ def cross_stream_reserve(run: Any) -> int:
     cached: int | None = run.memo.get("cross_stream")
     if cached is not None:
         return cached
-    from tuneplan.estimator.wrappers.fsdp import freed_shard_copies, fsdp_reduce_scatter_input
+    from tuneplan.estimator.wrappers.fsdp import fsdp_reduce_scatter_input
+    from tuneplan.estimator.wrappers.fsdp1_offload import freed_shard_copies
 
     model, pp, compute = run.model, run.param_plan, run.dtypes.compute
     u = model.largest_layer_params * compute

@@ -57,6 +57,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
 
     from tuneplan.simulate.build import build, compute_dtype, lora_targets_skipped, uses_autocast
     from tuneplan.simulate.distributed import gradient_sync_off
+    from tuneplan.simulate.fsdp_qlora import train_py_no_sync
     from tuneplan.simulate.kernels import (
         KERNEL_BUFFERS,
         cuda_autocast_policies,
@@ -196,13 +197,15 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         from tuneplan.simulate.fsdp1 import fsdp_storage_hooks
 
         hooks = fsdp_storage_hooks(tracker)
+    # the Trainer runs each accumulating micro-batch under accelerator.no_sync; train.py only with CPU offload
+    loop_no_sync = prof.name != "fsdp-qlora" or train_py_no_sync(setup)
     try:
         with fake, tracker, hooks, cuda_dropout(), cuda_autocast_policies(), \
                 softmax_keeps_input(setup.softmax_keeps_input):
             opt = run_steps(model, setup, setup.optimizer or prof.default_optimizer, tracker,
                             compute_dtype(setup), uses_autocast(setup, prof), progress,
                             no_sync=(partial(gradient_sync_off, model) if fsdp2
-                                     else model.no_sync if setup.fsdp else None),
+                                     else model.no_sync if setup.fsdp and loop_no_sync else None),
                             on_step=ddp.on_step if ddp is not None else None,
                             outputs_until_step=prof.name == "fsdp-qlora")
     finally:

@@ -158,7 +158,7 @@ def mixed_precision(setup: TrainSetup, half: torch.dtype) -> Any:
     """accelerate ``set_mixed_precision`` (param, reduce and buffer dtype alike), or None for pure 16-bit."""
     from torch.distributed.fsdp import MixedPrecision
 
-    from tuneplan.estimator.wrappers.fsdp import fsdp1_param_mixed_precision
+    from tuneplan.estimator.wrappers.fsdp1_offload import fsdp1_param_mixed_precision
 
     if not fsdp1_param_mixed_precision(setup):
         return None

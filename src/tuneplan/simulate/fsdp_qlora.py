@@ -16,6 +16,9 @@ upcast, PEFT LoRA in bf16, checkpointing per decoder layer, non-reentrant: train
   is ``CrossEntropyLoss`` on ``logits[..., :-1, :].contiguous()`` with the labels shifted alike.
 - the loop keeps ``output`` (its fp32 logits) through backward and the optimizer step: train.py sets
   ``output = None`` only after the step (``simulate/step.py`` ``outputs_until_step``).
+- gradient accumulation runs under ``model.no_sync()`` only with CPU offload (``train_py_no_sync``: train.py's
+  ``no_sync`` defaults to False and is forced on for ``use_cpu_offload`` with accumulation); otherwise every
+  micro-batch reduce-scatters and FSDP adds the shards.
 """
 
 from __future__ import annotations
@@ -62,6 +65,14 @@ def wrap_train_py(model: nn.Module, setup: TrainSetup) -> nn.Module:
                 cpu_offload=CPUOffload(offload_params=True) if setup.offload != "none" else None,
                 limit_all_gathers=True, device_id=torch.device("cpu"), sync_module_states=False,
                 mixed_precision=mp)
+
+
+def train_py_no_sync(setup: TrainSetup) -> bool:
+    """Whether train.py runs the accumulating batches under ``model.no_sync()``: its ``no_sync`` argument
+    defaults to False and ``fsdp_qlora()`` sets it for ``use_cpu_offload`` with
+    ``gradient_accumulation_steps > 1`` (``fsdp_main``: ``sync_context = model.no_sync()`` when
+    ``args['no_sync'] and not accumulate_grads``)."""
+    return setup.offload != "none" and setup.grad_accum > 1
 
 
 def _legacy_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, **_: Any) -> torch.Tensor:

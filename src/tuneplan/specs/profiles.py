@@ -43,6 +43,9 @@ class Profile:
     # FSDP: accumulating micro-batches run under no_sync and keep unsharded gradients
     # (estimator/wrappers/fsdp.py)
     fsdp_accumulate_unsharded: bool = False
+    # FSDP: ... only with CPU offload (fsdp_qlora train.py: no_sync defaults to False and is forced on for
+    # use_cpu_offload with gradient_accumulation_steps > 1; estimator/wrappers/fsdp.py)
+    fsdp_accumulate_unsharded_offloaded: bool = False
     # FSDP1 built with use_orig_params=False (flat parameters only; estimator/wrappers/fsdp.py)
     fsdp_flat_params_only: bool = False
     # FSDP1 with limit_all_gathers=True and one unit per LoRA matrix: a layer's all-gathers wait for the
@@ -60,6 +63,9 @@ class Profile:
     fsdp_root_embeddings: tuple[str, ...] = ("full", "freeze", "lora", "qlora")
     # the training loop keeps the last micro-batch's outputs and loss (with its graph) until the next one
     loop_holds_outputs: bool = False
+    # ... only through its backward and the optimizer step, dropped before the next forward (fsdp_qlora
+    # train.py: output = None after each batch's backward and step; estimator/instants.py)
+    loop_holds_outputs_to_step: bool = False
     # every nn.Linear is quantized, the output head included (estimator/weights.param_plan)
     quantizes_lm_head: bool = False
     # ZeRO-3 / FSDP shard the quantization metadata with the weight (torchao NF4Tensor's scalers travel in
@@ -227,6 +233,7 @@ PROFILES["fsdp-qlora"] = Profile(
     autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=True,
     mixed_base_fp32=True, loss="torchtune_legacy", default_dropout=0.1, default_rank=64,
     fsdp_flat_params_only=True, fsdp_gathers_wait=True, fsdp_mixed_gathers_fp32=True,
+    fsdp_accumulate_unsharded_offloaded=True, loop_holds_outputs_to_step=True,
     sources=(
         "fsdp_qlora train.py fsdp_qlora(): precision='bf16' (torch_dtype bf16, no autocast, mp_policy None); "
         "bf16_autocast / fp16_autocast load fp32 and run under torch.cuda.amp.autocast",
@@ -248,6 +255,9 @@ PROFILES["fsdp-qlora"] = Profile(
         "fsdp_qlora train.py FSDP(...): ShardingStrategy.FULL_SHARD, use_orig_params=False, "
         "limit_all_gathers=True, BackwardPrefetch default (BACKWARD_PRE), CPUOffload(offload_params=True) "
         "when use_cpu_offload; auto-wrap _or_policy(decoder layers, leaf modules with a trainable weight)",
+        "fsdp_qlora train.py fsdp_qlora(): no_sync=False by default, set True when use_cpu_offload and "
+        "gradient_accumulation_steps > 1; fsdp_main runs an accumulating batch under model.no_sync() only "
+        "when args['no_sync']",
     ),
 )
 

@@ -45,6 +45,8 @@ from tuneplan.estimator.wrappers.base import (
     layer_gathered_bytes,
     nccl_bytes,
 )
+from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, unsharded_grad_bytes
+from tuneplan.estimator.wrappers.fsdp1_offload import gathered_shard_transient, held_shard_copies
 from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.setup import TrainSetup
@@ -65,7 +67,6 @@ HF_TRAINER_LOOPS = ("hf", "llamafactory")
 # ``Profile.fsdp_flat_params_only``: Answer.AI's fsdp_qlora train.py builds FullyShardedDataParallel with
 # ``use_orig_params=False`` (``FSDP(model, ..., use_orig_params=False, ...)`` in fsdp_main). The HF Trainer
 # (accelerate's FullyShardedDataParallelPlugin) and LLaMA-Factory through it pass True.
-ROUND_LARGE = 2 * 1024**2  # CUDACachingAllocator kRoundLarge: a segment for a block from 10 MiB on
 
 
 @dataclass(frozen=True)
@@ -170,41 +171,33 @@ class Fsdp1(Fsdp):
         the loss or in the forward. At the loss: the root (kept unsharded) and the last layer, which the
         root's pre-backward hook prefetches (BACKWARD_PRE) before any layer's backward; the forward gathers
         one layer at a time (limit_all_gathers, no forward prefetch)."""
-        model, setup, compute = run.model, run.setup, run.dtypes.compute
+        model, setup = run.model, run.setup
         world_size = setup.world_size
         gathered, at_loss = terms.gathered, terms.layer16 + terms.root16
-        held_copy = (setup.offload != "none" and not run.profile.fsdp_flat_params_only
-                     and (setup.method != "full" or not fsdp1_param_mixed_precision(setup)))
-        if held_copy:
-            # a unit whose flat parameter is already in the param dtype (no MixedPrecision, or frozen
-            # 16-bit weights / bf16-stored 4-bit codes: _uses_param_mixed_precision False) has no
-            # low-precision shard: pre_unshard copies its host shard to the device for the all-gather
-            # (FlatParamHandle.flat_param_to) and, with use_orig_params=True, the original parameters stay
-            # views of that copy (_use_sharded_views) until the unit reshards: 1/N of every unsharded unit
-            # beside it (torch 2.13 torch/distributed/fsdp/_flat_param.py pre_unshard; simulate: FSDP1 on a
-            # fake process group). With use_orig_params=False (fsdp_flat_params_only) nothing but flat_param
-            # refers to the copy, and unshard's _use_unsharded_flat_param points flat_param.data at the
-            # all-gather output: the copy is freed once gathered. A full fine-tune's fp32 units under
-            # MixedPrecision all-gather their bf16 _mp_shard.
-            gathered += ceil_div(gathered, world_size)
-            at_loss += ceil_div(at_loss, world_size)
+        # the device copies of host shards a CPU-offloaded unit in the param dtype keeps while unsharded
+        # (wrappers/fsdp1_offload.py: pre_unshard's flat_param_to, the original parameters its views)
+        held = held_shard_copies(run)
+        layers_gathered = gathered - terms.root16
+        gathered += held.of(layers_gathered, terms.root16, world_size)
+        at_loss += held.of(terms.layer16, terms.root16, world_size)
         # the top layer's end (FSDP1 use_orig_params: each parameter's gradient is a view's gradient; autograd
         # concatenates them into the flat parameter's unsharded gradient, a cat whose inputs and output are
         # live together, before _post_backward_hook reduce-scatters it), while the root's head gradient, made
         # at the loss, waits for the root's post-backward at the very end (simulate: FSDP1, Llama-2-7B)
         head_wait, end = 0, None
         if setup.method == "full" and terms.root_unit:
-            grad_bytes = compute if setup.precision.endswith("-mixed") else run.param_plan.trainable_bytes
+            grad_bytes = unsharded_grad_bytes(run)
             head_wait = (model.lm_head_params or model.embed_params) * grad_bytes
-            root_copy = ceil_div(terms.root16, world_size) if held_copy else 0
-            end = root_unit_end(run, terms, grad_bytes, terms.root16 + root_copy)
+            end = root_unit_end(run, terms, grad_bytes, terms.root16 + held.of(0, terms.root16, world_size))
         buffers = terms.layer_grads
         # PEFT's per-adapter units: the next layer is gathered once the layer's first adapter starts its
         # backward, after the layer's own matmuls (fsdp_layers_gathered), so two layers are unsharded at
         # its end, beside no scratch
         layer_end = 0
         if fsdp_layers_gathered(setup) == 1 and model.n_layers > 1:
-            layer_end = gathered + terms.layer16 + (ceil_div(terms.layer16, world_size) if held_copy else 0)
+            # the next layer being gathered: its shard's copy, held or transient (wrappers/fsdp1_offload.py)
+            layer_end = (gathered + terms.layer16 + held.of(terms.layer16, 0, world_size)
+                         + gathered_shard_transient(run, terms.layer16))
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
                                     layer_end=layer_end)
         buckets = Buckets(in_layers=buffers, missing_at_bottom=pending_shards(run, terms))
@@ -234,12 +227,19 @@ def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int)
     and autograd concatenates them into the flat parameter's unsharded gradient (the views' backward: a
     cat whose inputs and output are live together) before ``_post_backward_hook`` reduce-scatters it,
     beside the root's unsharded parameters (torch 2.13 torch/distributed/fsdp/_runtime_utils.py
-    _post_backward_hook; simulate: FSDP1, Meta-Llama-3-8B). The root's sharded gradient is not made yet."""
-    setup, params = run.setup, run.param_plan
-    root_params = run.model.params_non_block
-    per_elem = 0 if setup.offload != "none" else terms.grads / max(params.trainable_params, 1)
+    _post_backward_hook; simulate: FSDP1, Meta-Llama-3-8B). The root's sharded gradient is not made yet.
+    A tied embedding gets two contributions, the head's (waiting) and the embedding's, which autograd sums
+    out of place before the cat: 3 embedding-sized gradients at once (simulate: FSDP1,
+    Llama-3.2-3B-Instruct fp32)."""
+    setup, params, model = run.setup, run.param_plan, run.model
+    root_params = model.params_non_block
+    # an accumulating step's earlier micro-batch left the root's gradient (its shard in _saved_grad_shard,
+    # or the unsharded one under no_sync) as pending_shards leaves the layers'
+    made = setup.offload != "none" or setup.grad_accum > 1
+    per_elem = 0 if made else terms.grads / max(params.trainable_params, 1)
     pending = -(-int(root_params * per_elem) // setup.world_size)
-    return EndOfBackward(gradients=-pending, gathered=gathered, scratch=2 * root_params * grad_bytes)
+    scratch = 2 * root_params if model.lm_head_params else max(2 * root_params, 3 * model.embed_params)
+    return EndOfBackward(gradients=-pending, gathered=gathered, scratch=scratch * grad_bytes)
 
 
 class Fsdp2(Fsdp):
@@ -282,35 +282,6 @@ class Fsdp2(Fsdp):
                                     "GPUs",))
 
 
-def freed_shard_copies(run: Run) -> int:
-    """Bytes the pre-unshard stream keeps cached for the device copies of host shards that a
-    ``use_orig_params=False`` run frees once gathered (``Fsdp1.simulated_memory``): ``_unshard`` runs
-    ``pre_unshard`` on its own ``pre_unshard_stream`` (torch/distributed/fsdp/_runtime_utils.py), so each copy
-    is a block of that stream's pool, which no other stream reuses (CUDACachingAllocator.cpp: a free block
-    serves only its own stream). The copies of one size reuse one segment: the root's shard and a layer's
-    (an adapter unit's shard is a small-pool block); 0 for every other run."""
-    setup = run.setup
-    if (setup.offload == "none" or not run.profile.fsdp_flat_params_only or setup.fsdp_version != 1
-            or (setup.method == "full" and fsdp1_param_mixed_precision(setup))):
-        return 0
-    world_size, segment = setup.world_size, ROUND_LARGE
-    rooted = setup.method in run.profile.fsdp_root_embeddings
-    root = run.model.params_non_block * run.dtypes.compute if rooted else 0
-    return sum(ceil_div(ceil_div(unit, world_size), segment) * segment
-               for unit in (root, layer_gathered_bytes(run)))
-
-
-def gather_upcast(run: Run) -> int:
-    """How many times its 16-bit storage a unit's all-gather output is: Answer.AI's fsdp_qlora train.py
-    builds FSDP with ``MixedPrecision(param_dtype=torch.float32, ...)`` for its autocast precisions, so
-    FSDP1 casts each flat parameter (16-bit weights, 4-bit codes stored in ``bnb_4bit_quant_storage``) to
-    fp32 before it all-gathers it (simulate: fsdp_qlora, Mistral-Nemo QLoRA); 1 for every other run."""
-    if (run.profile.fsdp_mixed_gathers_fp32 and run.setup.precision.endswith("-mixed")
-            and run.dtypes.compute == 2):
-        return 2
-    return 1
-
-
 def fsdp_layers_gathered(setup: TrainSetup) -> int:
     """Decoder layers unsharded at once while a layer is back-propagated (FSDP1 BACKWARD_PRE).
 
@@ -323,13 +294,6 @@ def fsdp_layers_gathered(setup: TrainSetup) -> int:
     if setup.is_lora and setup.framework in PEFT_UNIT_WRAP:
         return 1
     return 2
-
-
-def fsdp1_param_mixed_precision(setup: TrainSetup) -> bool:
-    """Whether FSDP1 runs with a ``MixedPrecision`` param dtype as accelerate sets it for the HF Trainer
-    (``set_mixed_precision`` for the ``-mixed`` precisions; ``update_fsdp_plugin_peft`` for QLoRA's floating
-    ``bnb_4bit_quant_storage``); pure 16-bit and fp32 runs have none."""
-    return setup.precision.endswith("-mixed") or setup.method == "qlora"
 
 
 def frozen_weights_get_gradients(run: Run) -> bool:
@@ -349,7 +313,7 @@ def fsdp_reduce_scatter_input(run: Run) -> int:
     layer's adapters at most."""
     model, setup, params, compute = run.model, run.setup, run.param_plan, run.dtypes.compute
     per_layer = ceil_div(params.trainable_params, max(model.n_layers, 1))
-    grad_bytes = compute if setup.precision.endswith("-mixed") else params.trainable_bytes
+    grad_bytes = unsharded_grad_bytes(run)
     if setup.is_lora and run.profile.fsdp_mixed_unit_grads:
         # one flat parameter per block holding frozen and trainable weights: its gradient covers the
         # whole block (no_sync_gradients)
@@ -359,19 +323,26 @@ def fsdp_reduce_scatter_input(run: Run) -> int:
     return min(model.largest_layer_params, params.trainable_params) * grad_bytes
 
 
+def accumulates_unsharded(run: Run) -> bool:
+    """Whether the loop runs every accumulating micro-batch under FSDP's ``no_sync`` (the module docstring):
+    LitGPT's ``fabric.no_backward_sync``, the HF Trainer's and LLaMA-Factory's ``accelerator.no_sync``, and
+    fsdp_qlora's train.py only with CPU offload (``no_sync`` defaults to False; ``fsdp_qlora()`` turns it on
+    for ``use_cpu_offload`` with ``gradient_accumulation_steps > 1``): without it each micro-batch
+    reduce-scatters and ``_accumulate_sharded_grad`` adds the shard into ``_saved_grad_shard``."""
+    profile = run.profile
+    return (profile.fsdp_accumulate_unsharded or run.setup.framework in HF_TRAINER_LOOPS
+            or (profile.fsdp_accumulate_unsharded_offloaded and run.setup.offload != "none"))
+
+
 def no_sync_gradients(run: Run) -> NoSyncGradients | None:
     """Per-GPU gradient bytes under the profile's FSDP wrapping (mixed frozen / trainable units, ``no_sync``
     accumulation: the module's docstring); None when the generic sharded model holds."""
     model, setup, profile, dtypes, params = run.model, run.setup, run.profile, run.dtypes, run.param_plan
     world_size = setup.world_size
     hf_loop = setup.framework in HF_TRAINER_LOOPS
-    # FSDP2's set_requires_gradient_sync(False) keeps the unsharded gradients on the device under
-    # CPUOffloadPolicy too (FSDPParamGroup.post_backward: to_accumulated_grad_if_needed, no reduce-scatter,
-    # so nothing is copied to the host); the synced shards go to the host (foreach_reduce)
-    offloaded = setup.offload != "none"
-    if world_size < 2 or (setup.method == "qlora" and not hf_loop) or (offloaded and setup.fsdp_version == 1):
+    if world_size < 2 or (setup.method == "qlora" and not hf_loop):
         return None
-    accumulate_unsharded = profile.fsdp_accumulate_unsharded or hf_loop
+    accumulate_unsharded = accumulates_unsharded(run)
     if not (profile.fsdp_mixed_unit_grads or accumulate_unsharded):
         return None
     if setup.method == "full":
@@ -391,8 +362,18 @@ def no_sync_gradients(run: Run) -> NoSyncGradients | None:
         # Trainer's accelerate upcasts them alike, and _post_backward_hook casts each reduce-scattered shard
         # to the fp32 flat parameter's dtype (_cast_grad_to_param_dtype; simulate: FSDP1, Meta-Llama-3-8B)
         grad_bytes, unsharded_bytes = 4, dtypes.compute
+    if gather_upcast(run) > 1:
+        # train.py's fp32 MixedPrecision: the accumulated unsharded gradients are fp32 (unsharded_grad_bytes)
+        unsharded_bytes = unsharded_grad_bytes(run)
     full = grad_params * grad_bytes
-    synced = 0 if offloaded else ceil_div(full, world_size)
+    # CPU offload changes only where the shard lives: the unsharded gradient of an accumulating
+    # micro-batch stays on the device (FSDP2: FSDPParamGroup.post_backward -> to_accumulated_grad_if_needed;
+    # FSDP1: _post_backward_hook returns before any reduce-scatter or
+    # _offload_grad when not state._sync_gradients; prepare_gradient_for_backward keeps a .grad of the
+    # unpadded unsharded size for autograd to accumulate into), and the step's reduce-scattered shard is
+    # copied into the host's _cpu_grad (_post_reduce_grad_callback -> _offload_grad; simulate: FSDP1
+    # CPUOffload, Yi-1.5-6B full with gradient accumulation)
+    synced = 0 if setup.offload != "none" else ceil_div(full, world_size)
     accumulating = synced
     if setup.grad_accum > 1 and accumulate_unsharded:
         accumulating = grad_params * unsharded_bytes

@@ -1,0 +1,113 @@
+"""FSDP1 with ``CPUOffload(offload_params=True)``: the device copies of host shards ``pre_unshard`` makes.
+
+With parameters offloaded, a unit's sharded ``FlatParameter`` lives on the host. Before the all-gather,
+``FlatParamHandle.pre_unshard`` (torch 2.13 ``torch/distributed/fsdp/_flat_param.py``) either casts the host
+shard into the device-side low-precision shard ``_mp_shard`` (a unit with ``_uses_param_mixed_precision``:
+its flat parameter's dtype differs from the ``MixedPrecision`` param dtype) or, for a unit already in the
+param dtype, copies the host shard to the device (``flat_param_to(self.device)``). Only that copy outlives
+the all-gather: with ``use_orig_params=True`` the original parameters are views of it
+(``_use_sharded_views``) until the unit reshards, so a gathered unit of ``U`` bytes holds
+
+    U + ceil(U / N)    (N: the world size)
+
+on the device. With ``use_orig_params=False`` (``Profile.fsdp_flat_params_only``) nothing but
+``flat_param`` refers to the copy, and ``_use_unsharded_flat_param`` points ``flat_param.data`` at the
+all-gather output: the copy is freed once gathered (its block stays cached: :func:`freed_shard_copies`).
+
+Which units are in the param dtype, as accelerate prepares them for the HF Trainer (``set_mixed_precision``
+for the ``-mixed`` precisions, the trainable parameters upcast to fp32, the frozen ones left in 16 bits):
+
+- full fine-tune: every unit trains, so with ``MixedPrecision`` every unit has an ``_mp_shard`` (no copy),
+  without it every unit is copied;
+- freeze: the root unit (embeddings, lm_head, final norm) and the layers below the trained top are frozen,
+  16-bit, copied; the trained layers are copied only without ``MixedPrecision``. The layers a freeze run
+  gathers in its backward are the trained ones (the backward stops at the first trained layer);
+- LoRA / QLoRA: the block units hold frozen 16-bit weights or bf16-stored 4-bit codes: copied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tuneplan.estimator.wrappers.base import layer_gathered_bytes
+from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
+
+ROUND_LARGE = 2 * 1024**2  # CUDACachingAllocator kRoundLarge: a segment for a block from 10 MiB on
+
+
+@dataclass(frozen=True)
+class HeldCopies:
+    """Whether the device copy of a unit's host shard stays alive while the unit is unsharded."""
+
+    layers: bool  # the decoder-layer units gathered in the backward
+    root: bool  # the root unit (embeddings, lm_head, final norm)
+
+    def of(self, layers16: int, root16: int, world_size: int) -> int:
+        """Bytes of the copies beside ``layers16`` bytes of unsharded layers and ``root16`` of the root."""
+        return (ceil_div(layers16, world_size) if self.layers else 0) + (
+            ceil_div(root16, world_size) if self.root else 0)
+
+
+def fsdp1_param_mixed_precision(setup: TrainSetup) -> bool:
+    """Whether FSDP1 runs with a ``MixedPrecision`` param dtype as accelerate sets it for the HF Trainer
+    (``set_mixed_precision`` for the ``-mixed`` precisions; ``update_fsdp_plugin_peft`` for QLoRA's floating
+    ``bnb_4bit_quant_storage``); pure 16-bit and fp32 runs have none."""
+    return setup.precision.endswith("-mixed") or setup.method == "qlora"
+
+
+def held_shard_copies(run: Run) -> HeldCopies:
+    """Which gathered units keep the device copy of their host shard (the module docstring)."""
+    setup = run.setup
+    if setup.offload == "none" or run.profile.fsdp_flat_params_only:
+        return HeldCopies(layers=False, root=False)
+    trained_in_param_dtype = not fsdp1_param_mixed_precision(setup)
+    if setup.method == "full":
+        return HeldCopies(layers=trained_in_param_dtype, root=trained_in_param_dtype)
+    if setup.method == "freeze":
+        return HeldCopies(layers=trained_in_param_dtype, root=True)
+    return HeldCopies(layers=True, root=True)
+
+
+def freed_shard_copies(run: Run) -> int:
+    """Bytes the pre-unshard stream keeps cached for the device copies of host shards that a
+    ``use_orig_params=False`` run frees once gathered (the module docstring): ``_unshard`` runs
+    ``pre_unshard`` on its own ``pre_unshard_stream`` (torch/distributed/fsdp/_runtime_utils.py), so each copy
+    is a block of that stream's pool, which no other stream reuses (CUDACachingAllocator.cpp: a free block
+    serves only its own stream). The copies of one size reuse one segment: the root's shard and a layer's
+    (an adapter unit's shard is a small-pool block); 0 for every other run."""
+    setup = run.setup
+    if (setup.offload == "none" or not run.profile.fsdp_flat_params_only or setup.fsdp_version != 1
+            or (setup.method == "full" and fsdp1_param_mixed_precision(setup))):
+        return 0
+    world_size, segment = setup.world_size, ROUND_LARGE
+    rooted = setup.method in run.profile.fsdp_root_embeddings
+    root = run.model.params_non_block * run.dtypes.compute if rooted else 0
+    return sum(ceil_div(ceil_div(unit, world_size), segment) * segment
+               for unit in (root, layer_gathered_bytes(run)))
+
+
+def gathered_shard_transient(run: Run, unit: int) -> int:
+    """The shard an all-gather of a ``unit``-byte unit reads, alive beside its output while it runs and
+    freed after, where no held copy counts it: with ``use_orig_params=False`` (``fsdp_flat_params_only``)
+    ``_unshard`` all-gathers from the device copy of the host shard that ``pre_unshard`` made
+    (``flat_param_to``) or from the low-precision shard ``_use_low_precision_shard`` allocated (train.py's
+    fp32 ``MixedPrecision`` over bf16-stored 4-bit codes), and ``post_unshard`` /
+    ``_use_unsharded_flat_param`` drop it once gathered: ``ceil(unit / N)`` at the moment a unit is
+    gathered (simulate: fsdp_qlora, Llama-2-70B LoRA with CPU offload); 0 when the copies are held
+    (counted by :func:`held_shard_copies`) or there is no such shard."""
+    from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast
+
+    setup = run.setup
+    if not run.profile.fsdp_flat_params_only or setup.fsdp_version != 1:
+        return 0
+    # a low-precision shard only where the flat parameter's dtype is not the fp32 param dtype: the 4-bit
+    # codes stored in bf16 (train.py loads every unquantized model in fp32 under its autocast precisions)
+    low_precision_shard = setup.method == "qlora" and gather_upcast(run) > 1
+    if setup.offload == "none" and not low_precision_shard:
+        return 0
+    return ceil_div(unit, setup.world_size)
