@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
-from tuneplan.estimator.weights import resolve_targets
+from tuneplan.estimator.weights import lora_targets
 from tuneplan.specs.model import LayerSpec, Linear, ModelSpec
 from tuneplan.specs.profiles import get_profile, loss_kind
 from tuneplan.specs.setup import TrainSetup
@@ -127,7 +127,7 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
     (resolves the profile and dtypes; a resolved ``Run`` has :func:`flop_plan` in ``throughput``)."""
     prof = get_profile(setup.framework)
     attn = setup.attn or prof.default_attn
-    targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
+    targets = lora_targets(model, setup)
     plan = flop_plan(model, setup, resolve_dtypes(setup, prof), targets, attn, loss_kind(setup, prof))
     return flops_at(plan, seq or setup.seq)
 
