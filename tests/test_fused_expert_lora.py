@@ -86,3 +86,13 @@ def test_partial_fused_target_is_an_error() -> None:
         s = build_setup(spec, method="lora", targets=targets)
         codes = {f.code: f.level for f in check(None, s, spec)}
         assert (codes.get("moe-fused-target-partial") == "error") is bad, (model, targets)
+
+
+def test_stack_weight_gradient_flops_by_hand() -> None:
+    from tuneplan.estimator.compute import flops_per_token
+
+    spec, s = _setup(DS, 4, targets="mlp")
+    top_k = 6
+    # grouped_mm's weight gradient of both stacks, per token: 2 k (h x 2f + f x h) per MoE layer
+    per_layer = 2 * top_k * (H * 2 * F + F * H)
+    assert flops_per_token(spec, s).parts["linear_bwd_weight"] == 4 * per_layer == 415_236_096
