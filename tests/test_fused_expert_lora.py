@@ -75,6 +75,9 @@ def test_effective_weights_kept_per_moe_layer() -> None:
     assert moe[1] == 3 and moe[0].per_layer == gate_up + down
     # down_proj's weight gradient first (352 MiB), then gate_up's (704 MiB) once down's weight is freed
     assert moe[0].backward_per_layer == max(down, gate_up - down) == down
+    # beside down_proj's weight gradient: its output's and input's gradients (k = 6 routed copies, bf16)
+    # and the residual's two
+    assert moe[0].backward_per_layer_per_token == 2 * 6 * (F + H) + dt.residual * 2 * H
 
 
 def test_partial_fused_target_is_an_error() -> None:

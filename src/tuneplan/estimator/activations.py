@@ -129,10 +129,10 @@ class ActivationTerms:
     """What :func:`saved_at` needs besides batch and seq, resolved once per run (``activation_terms``).
 
     ``kinds``: per kind of layer, (per_token, per_token_per_pos, pinned, input_alias, backward_temp,
-    backward_temp_per_pos, attn_backward_offset, per_layer, backward_per_layer, count), the ``LayerActs``
-    fields in a flat tuple."""
+    backward_temp_per_pos, attn_backward_offset, per_layer, backward_per_layer, backward_per_layer_per_token,
+    count), the ``LayerActs`` fields in a flat tuple."""
 
-    kinds: tuple[tuple[float, float, float, float, float, float, float, float, float, int], ...]
+    kinds: tuple[tuple[float, float, float, float, float, float, float, float, float, float, int], ...]
     head_per_example: bool  # an encoder's classifier head reads one token per example (the pooler)
     tail_per_head_token: int  # bytes x hidden the final norm and the head keep per token they read
     tail_per_token: int  # embedding-dropout mask and a 4-bit lm_head's kept input, per token
@@ -166,7 +166,7 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds:
                 else min(setup.freeze_trainable_layers, model.n_layers))
     flat = tuple((layer.per_token, layer.per_token_per_pos, layer.pinned, layer.input_alias,
                   layer.backward_temp, layer.backward_temp_per_pos, layer.attn_backward_offset,
-                  layer.per_layer, layer.backward_per_layer, count)
+                  layer.per_layer, layer.backward_per_layer, layer.backward_per_layer_per_token, count)
                  for layer, count in kinds.kinds)
     offload = ((gc_offload or setup.activation_offload) if setup.gradient_checkpointing
                else setup.activation_offload)
@@ -210,7 +210,7 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     # estimate is a few microseconds, and each product costs a tenth of one)
     checkpointed = terms.checkpointed
     for (per_token, per_pos, kept, alias, backward_temp, backward_temp_per_pos, attn_backward_offset,
-         fixed, backward_fixed, count) in terms.kinds:
+         fixed, backward_fixed, backward_fixed_per_token, count) in terms.kinds:
         per_layer = tokens * per_token + pairs * per_pos if per_pos else tokens * per_token
         if fixed:
             per_layer = per_layer + fixed
@@ -220,7 +220,10 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
         biggest = maximum(biggest, per_layer)
         if checkpointed:
             biggest_recompute = maximum(biggest_recompute, per_layer - tokens * alias)
-        biggest_backward_temp = maximum(biggest_backward_temp, tokens * backward_temp + backward_fixed)
+        biggest_backward_temp = maximum(biggest_backward_temp, tokens * backward_temp)
+        if backward_fixed:  # a fused expert stack's weight gradient and the gradients beside it
+            biggest_backward_temp = maximum(biggest_backward_temp,
+                                            backward_fixed + tokens * backward_fixed_per_token)
         if backward_temp_per_pos:  # eager attention's backward: the scores' gradients, from its block on
             biggest_backward_temp = maximum(biggest_backward_temp,
                                             pairs * backward_temp_per_pos + tokens * attn_backward_offset)

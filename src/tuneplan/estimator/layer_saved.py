@@ -162,6 +162,12 @@ def fused_stacks_saved(walk: LayerWalk, experts: list[Linear]) -> frozenset[str]
             # the recomputed layer's factor casts .to(W.dtype), which baddbmm keeps (outside checkpointing
             # weights.stack_params / param_plan count them with the adapters' casts)
             walk.per_layer += st.adapter_params * weight_bytes
+    # beside the first stack's weight gradient (down_proj's, when adapted: the layer's saved tensors all
+    # still there), the gradients of its output and of its input, k (d_in + d_out) per token, and the
+    # residual's two (simulate: DeepSeek-V2-Lite checkpointed, peak at down_proj's grouped_mm backward)
+    first = stacks[-1]
+    walk.backward_per_layer_per_token = (walk.output_bytes * walk.spec.top_k * (first.d_in + first.d_out)
+                                         + walk.dtypes.residual * 2 * walk.model.hidden)
     reads = {"gate_up_proj": "mlp_in", "down_proj": "mlp_mid"}
     return frozenset(reads[st.name] for st in stacks)
 
@@ -190,4 +196,5 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
                      pinned=sum(walk.ledger.items[key] for key in walk.pinned_keys),
                      attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved,
                      input_alias=walk.input_alias, per_layer=walk.per_layer,
-                     backward_per_layer=walk.backward_per_layer)
+                     backward_per_layer=walk.backward_per_layer,
+                     backward_per_layer_per_token=walk.backward_per_layer_per_token)

@@ -69,6 +69,7 @@ class LayerWalk:
         # (LoRA'd fused expert stacks: layer_saved.fused_stacks_saved)
         self.per_layer = 0.0
         self.backward_per_layer = 0.0
+        self.backward_per_layer_per_token = 0.0
         # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
         # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
         # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).
