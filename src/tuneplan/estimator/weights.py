@@ -42,9 +42,13 @@ def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
             if m.role != "expert" or roles.get(m.name, "expert") == "expert":
                 roles[m.name] = m.role
     # transformers 5 stores routed experts as fused 3-D parameters and the routers as TopK-router modules,
-    # neither an nn.Linear, so PEFT's "all-linear" (and LLaMA-Factory's "all", which lists nn.Linear
-    # names) leave them alone: attention, dense and shared-expert linears are adapted (simulate: Mixtral /
-    # Qwen3-MoE all-linear). Qwen2-MoE's shared_expert_gate is a real nn.Linear and stays.
+    # neither an nn.Linear, so the nn.Linear names (LLaMA-Factory's "all" lists them) leave them alone:
+    # attention, dense and shared-expert linears (simulate: Mixtral / Qwen3-MoE all-linear, the names
+    # passed). Where those names include gate_proj / up_proj / down_proj (DeepSeek's dense first layer and
+    # shared experts), PEFT moves them onto the fused experts (lora_targets, fused_expert_lora.py). PEFT
+    # given the literal string "all-linear" adds the experts and the router on every converted type
+    # (_resolve_string_target_modules), which this list does not follow. Qwen2-MoE's shared_expert_gate
+    # is a real nn.Linear and stays.
     if wanted_text in ("all-linear", "all"):
         return frozenset(n for n in names
                          if roles[n] != "expert" and not (roles[n] == "router" and n == "gate"))
