@@ -158,6 +158,12 @@ CASES: dict[str, tuple[str, tuple, tuple]] = {
                         (None, {"optimizer": "adafactor", "gpus": 2, "fsdp": True, "fsdp_version": 2}, None,
                          None),
                         (None, {"optimizer": "adafactor", "gpus": 2, "fsdp": True}, None, None)),
+    # PEFT _convert_peft_config_moe: gate_proj and up_proj are fused into the experts' gate_up_proj
+    "moe-fused-target-partial": ("error",
+                                 (None, {"method": "lora", "targets": "gate_proj,down_proj"},
+                                  "Qwen/Qwen3-30B-A3B", None),
+                                 (None, {"method": "lora", "targets": "gate_proj,up_proj"},
+                                  "Qwen/Qwen3-30B-A3B", None)),
     # fsdp_qlora train.py: LlamaDecoderLayer / MistralDecoderLayer only
     "fsdp-qlora-layer-classes": ("warning",
                                  (None, {"framework": "fsdp-qlora"}, "Qwen/Qwen2.5-7B-Instruct", None),

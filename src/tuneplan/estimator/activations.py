@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.fused_expert_lora import STACK_MARK
 from tuneplan.estimator.layer_saved import layer_activations
 from tuneplan.estimator.saved_tensors import (
     DROPOUT_MASK_BYTES,
@@ -63,10 +64,20 @@ def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: fr
     layer_no = 0
     first_trainable = model.n_layers - setup.freeze_trainable_layers if setup.method == "freeze" else 0
     first_active = first_trainable if setup.method == "freeze" else 0
+    if setup.is_lora:
+        first_active = first_adapted_layer(model, setup, targets)
     out: list[tuple[LayerActs, int]] = []
     for spec, count in model.layer_groups:
         start, end = layer_no, layer_no + count
         layer_no = end
+        if start < first_active:
+            # LoRA layers below the first adapter read and make nothing that needs a gradient: autograd
+            # records nothing (DeepSeek with mlp targets under transformers 5: the dense first layer's MLP
+            # loses its adapters to the fused experts, estimator/fused_expert_lora.py)
+            out.append((LayerActs(0.0, 0.0, 0.0, 0.0), min(end, first_active) - start))
+            start = min(end, first_active)
+            if start >= end:
+                continue
         if setup.method == "freeze":
             trainable_start = max(start, first_trainable)
             if trainable_start >= end:
@@ -89,6 +100,19 @@ def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: fr
     return LayerKinds(tuple(out), embedding_dropout=emb_dropout)
 
 
+def first_adapted_layer(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]) -> int:
+    """The index of the first layer holding a LoRA adapter (a targeted linear or fused expert stack; 0
+    when none has one)."""
+    layer_no = 0
+    for spec, count in model.layer_groups:
+        if (any(m.name in targets for m in spec.linears)
+                or (any(m.role == "expert" for m in spec.linears)
+                    and any(t.startswith(STACK_MARK) for t in targets))):
+            return layer_no
+        layer_no += count
+    return 0
+
+
 def activation_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: frozenset[str], attn: str,
                     gc_offload: bool, python_model_code: bool, quant_saves_input: bool = False,
                     litgpt_code: bool = False, quant_lm_head: bool = False,
@@ -105,9 +129,10 @@ class ActivationTerms:
     """What :func:`saved_at` needs besides batch and seq, resolved once per run (``activation_terms``).
 
     ``kinds``: per kind of layer, (per_token, per_token_per_pos, pinned, input_alias, backward_temp,
-    backward_temp_per_pos, attn_backward_offset, count), the ``LayerActs`` fields in a flat tuple."""
+    backward_temp_per_pos, attn_backward_offset, per_layer, backward_per_layer, backward_per_layer_per_token,
+    count), the ``LayerActs`` fields in a flat tuple."""
 
-    kinds: tuple[tuple[float, float, float, float, float, float, float, int], ...]
+    kinds: tuple[tuple[float, float, float, float, float, float, float, float, float, float, int], ...]
     head_per_example: bool  # an encoder's classifier head reads one token per example (the pooler)
     tail_per_head_token: int  # bytes x hidden the final norm and the head keep per token they read
     tail_per_token: int  # embedding-dropout mask and a 4-bit lm_head's kept input, per token
@@ -140,7 +165,8 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds:
     n_active = (model.n_layers if setup.method != "freeze"
                 else min(setup.freeze_trainable_layers, model.n_layers))
     flat = tuple((layer.per_token, layer.per_token_per_pos, layer.pinned, layer.input_alias,
-                  layer.backward_temp, layer.backward_temp_per_pos, layer.attn_backward_offset, count)
+                  layer.backward_temp, layer.backward_temp_per_pos, layer.attn_backward_offset,
+                  layer.per_layer, layer.backward_per_layer, layer.backward_per_layer_per_token, count)
                  for layer, count in kinds.kinds)
     offload = ((gc_offload or setup.activation_offload) if setup.gradient_checkpointing
                else setup.activation_offload)
@@ -165,9 +191,10 @@ def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: L
 def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     """The saved activations at ``batch`` x ``seq`` (Python ints, or numpy arrays of a grid: see ``xp``).
 
-    A layer kind keeps ``t * per_token + t * s * per_token_per_pos`` bytes (t = batch * seq tokens, s key
-    positions of eager attention); the model keeps the sum over its layers plus the tail (per head token,
-    what the final norm and the head keep; per token, the embedding-dropout mask); under gradient
+    A layer kind keeps ``t * per_token + t * s * per_token_per_pos + per_layer`` bytes (t = batch * seq
+    tokens, s key positions of eager attention; per_layer: what does not scale with tokens, e.g. a LoRA'd
+    fused expert stack's effective weight); the model keeps the sum over its layers plus the tail (per
+    head token, what the final norm and the head keep; per token, the embedding-dropout mask); under gradient
     checkpointing only each layer's input (t x residual bytes x hidden) plus the largest layer recomputed
     in backward."""
     # (no in-place += below: on a grid an operand may broadcast to a larger shape than the accumulator)
@@ -183,8 +210,10 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     # estimate is a few microseconds, and each product costs a tenth of one)
     checkpointed = terms.checkpointed
     for (per_token, per_pos, kept, alias, backward_temp, backward_temp_per_pos, attn_backward_offset,
-         count) in terms.kinds:
+         fixed, backward_fixed, backward_fixed_per_token, count) in terms.kinds:
         per_layer = tokens * per_token + pairs * per_pos if per_pos else tokens * per_token
+        if fixed:
+            per_layer = per_layer + fixed
         total = total + per_layer * count
         if kept:
             pinned = pinned + tokens * kept * count
@@ -192,6 +221,9 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
         if checkpointed:
             biggest_recompute = maximum(biggest_recompute, per_layer - tokens * alias)
         biggest_backward_temp = maximum(biggest_backward_temp, tokens * backward_temp)
+        if backward_fixed:  # a fused expert stack's weight gradient and the gradients beside it
+            biggest_backward_temp = maximum(biggest_backward_temp,
+                                            backward_fixed + tokens * backward_fixed_per_token)
         if backward_temp_per_pos:  # eager attention's backward: the scores' gradients, from its block on
             biggest_backward_temp = maximum(biggest_backward_temp,
                                             pairs * backward_temp_per_pos + tokens * attn_backward_offset)

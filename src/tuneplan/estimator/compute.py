@@ -12,7 +12,8 @@ FLOPs (one multiply-add = 2 FLOPs), per token, at sequence length ``s``:
   another ``1x`` only for weights that train (full / freeze layers; LoRA adapters), so LoRA and QLoRA are
   about 4N instead of 6N; attention core ``2x`` forward for eager, ``2.5x`` for SDPA/flash, whose backward
   recomputes ``QK^T`` (five matmuls against two forward: FlashAttention-2 paper, algorithm 2);
-- LoRA adapters: ``2 * r * (d_in + d_out)`` forward per targeted module and ``2x`` that backward;
+- LoRA adapters: ``2 * r * (d_in + d_out)`` forward per targeted module and ``2x`` that backward; a
+  LoRA'd fused expert stack instead makes grouped_mm's weight gradient, ``2 * top_k * d_in * d_out``;
 - gradient checkpointing (one checkpoint per decoder layer, as transformers / torchtune / litgpt do):
   the layers' forward once more during backward; the lm_head and loss are not checkpointed;
 - ``method=freeze``: only the top ``freeze_trainable_layers`` layers run a backward at all.
@@ -33,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
-from tuneplan.estimator.weights import resolve_targets
+from tuneplan.estimator.fused_expert_lora import expert_stacks
+from tuneplan.estimator.weights import lora_targets
 from tuneplan.specs.model import LayerSpec, Linear, ModelSpec
 from tuneplan.specs.profiles import get_profile, loss_kind
 from tuneplan.specs.setup import TrainSetup
@@ -127,7 +129,7 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
     (resolves the profile and dtypes; a resolved ``Run`` has :func:`flop_plan` in ``throughput``)."""
     prof = get_profile(setup.framework)
     attn = setup.attn or prof.default_attn
-    targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
+    targets = lora_targets(model, setup)
     plan = flop_plan(model, setup, resolve_dtypes(setup, prof), targets, attn, loss_kind(setup, prof))
     return flops_at(plan, seq or setup.seq)
 
@@ -210,6 +212,9 @@ class LayerWork(NamedTuple):
     qlin: float  # linears, each a copy a token visits (quantized: one dequantization each per pass)
     ada_fwd_reads: float = 0.0  # bytes lora_A's GEMMs read from the layer input no other count has
     ada_bwd_reads: float = 0.0  # bytes the lora_A weight-gradient GEMMs read (their saved input)
+    # grouped_mm's weight gradient of LoRA'd fused expert stacks (estimator/fused_expert_lora.py): 2 k d_in
+    # d_out per stack, made although the base weight is frozen (the effective weight needs it)
+    stack_wgrad: float = 0.0
 
 
 def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozenset[str],
@@ -263,8 +268,10 @@ def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes,
     # bytes are their time. The tensors they write are counted above; lora_A's read of its input is not
     # where no dropout output stands between (that output's read is its write's pair), nor is the read of
     # its saved input by the weight-gradient matmul ``dW_A = x^T g``.
+    stacks = expert_stacks(spec, targets, setup.rank)
+    stack_wgrad = sum(2.0 * st.d_in * st.d_out * spec.top_k for st in stacks)
     return LayerWork(lin, ada, produced, ada_bytes, ada_bwd_bytes, ops, gemms, qlin,
-                     0.0 if dropout else ada_reads, ada_reads)
+                     0.0 if dropout else ada_reads, ada_reads, stack_wgrad)
 
 
 @dataclass
@@ -299,6 +306,8 @@ def _add_layers(t: _Tally, n: int, grad_flows: bool, w: LayerWork, setup: TrainS
         t.parts["adapter_bwd"] += n * 2 * w.ada
         if trained_layer:
             t.parts["linear_bwd_weight"] += n * w.lin
+        else:
+            t.parts["linear_bwd_weight"] += n * w.stack_wgrad
         if frozen_weight_grads:
             # the weight-gradient matmul autograd adds for every frozen linear, beyond the LoRA backward
             # that BWD_KERNELS_PER_FWD counts (one matmul per frozen linear)

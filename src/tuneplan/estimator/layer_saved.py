@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from tuneplan.estimator.attention_saved import attention_block
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.estimator.fused_layers import unsloth_fast_lora_layer
 from tuneplan.estimator.layer_walk import LayerWalk
 from tuneplan.estimator.saved_tensors import LayerActs
@@ -89,7 +90,8 @@ def mlp_block(walk: LayerWalk) -> None:
         # Each routed copy of a token is gathered (index_select) before the expert matmuls.
         if walk.trainable or any(m.name in targets for m in experts):
             ledger.save("expert_gathered", walk.compute_bytes * hidden * top_k)
-        feed_forward(walk, experts, spec.expert_intermediate, float(top_k), "expert.", mlp_reads)
+        stacks = fused_stacks_saved(walk, experts)
+        feed_forward(walk, experts, spec.expert_intermediate, float(top_k), "expert.", mlp_reads, stacks)
         ledger.save("expert_weighted_out", walk.output_bytes * hidden * top_k)
         shared = [m for m in mlp if m.role == "shared_expert"]
         feed_forward(walk, shared, spec.mlp_intermediate, 1.0, "shared.", mlp_reads)
@@ -98,11 +100,12 @@ def mlp_block(walk: LayerWalk) -> None:
 
 
 def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, prefix: str,
-                 mlp_reads: str) -> None:
+                 mlp_reads: str, weight_grad: frozenset[str] = frozenset()) -> None:
     """One feed-forward of ``width`` inner features, run on ``share`` copies of each token: SwiGLU keeps
     gate-out, SiLU-out and up-out (3 x width x output bytes; compiled, SiLU is recomputed); a GELU MLP its
     fc1 output, plus three intermediates of a Python GELU (fp32 under autocast: pow upcasts); the down
-    projection keeps its input when it trains or is adapted."""
+    projection keeps its input when it trains or is adapted (``weight_grad``: the reads of LoRA'd fused
+    expert stacks, whose grouped_mm keeps its input for the weight gradient)."""
     if not mods:
         return
     model, ledger, output_bytes = walk.model, walk.ledger, walk.output_bytes
@@ -110,7 +113,8 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
     mid_bytes = output_bytes
     for m in mods:
         if m.reads == "mlp_in":
-            walk.linear(m.name, mlp_reads if share == 1.0 else prefix + "gathered", m.d_in, share)
+            walk.linear(m.name, mlp_reads if share == 1.0 else prefix + "gathered", m.d_in, share,
+                        m.reads in weight_grad)
     if model.mlp_kind == "swiglu":
         ledger.save(prefix + "gate_out", output_bytes * width * share)
         if not walk.setup.compile:  # compiled, SiLU is recomputed from gate_out in backward
@@ -130,7 +134,42 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
         if m.reads == "mlp_mid":
             key_in = prefix + "mid"
             walk.inputs_dtype[key_in] = mid_bytes
-            walk.linear(m.name, key_in, m.d_in, share)
+            walk.linear(m.name, key_in, m.d_in, share, m.reads in weight_grad)
+
+
+def fused_stacks_saved(walk: LayerWalk, experts: list[Linear]) -> frozenset[str]:
+    """The LoRA'd fused expert stacks of this layer (estimator/fused_expert_lora.py): their effective
+    weights ``baddbmm(W, B, A)`` (E d_in d_out x W's bytes each) kept by grouped_mm for its input gradient,
+    gate_up_proj's when the MLP input needs a gradient, down_proj's when its input does (the MLP input
+    does, or gate_up_proj is adapted); as the layer's backward temporary, each stack's weight gradient (made
+    in W's dtype, down_proj's first) less the effective weights released before it: max(down, gate_up -
+    down's saved weight). Returns the reads (mlp_in / mlp_mid) whose input grouped_mm keeps."""
+    stacks = expert_stacks(walk.spec, walk.targets, walk.setup.rank)
+    if not stacks:
+        return frozenset()
+    dtypes = walk.dtypes
+    weight_bytes = dtypes.frozen_weight
+    input_grad = "mlp_in" not in walk.gradient_free
+    up_adapted = any(st.name == "gate_up_proj" for st in stacks)
+    released = 0.0  # effective weights already released when a stack's weight gradient is made
+    for st in reversed(stacks):  # backward: down_proj first
+        kept = input_grad or (st.name == "down_proj" and up_adapted)
+        saved = float(st.weight_numel * weight_bytes) if kept else 0.0
+        walk.per_layer += saved
+        walk.backward_per_layer = max(walk.backward_per_layer, st.weight_numel * weight_bytes - released)
+        released += saved
+        if walk.setup.gradient_checkpointing and dtypes.adapter > weight_bytes:
+            # the recomputed layer's factor casts .to(W.dtype), which baddbmm keeps (outside checkpointing
+            # weights.stack_params / param_plan count them with the adapters' casts)
+            walk.per_layer += st.adapter_params * weight_bytes
+    # beside the first stack's weight gradient (down_proj's, when adapted: the layer's saved tensors all
+    # still there), the gradients of its output and of its input, k (d_in + d_out) per token, and the
+    # residual's two (simulate: DeepSeek-V2-Lite checkpointed, peak at down_proj's grouped_mm backward)
+    first = stacks[-1]
+    walk.backward_per_layer_per_token = (walk.output_bytes * walk.spec.top_k * (first.d_in + first.d_out)
+                                         + walk.dtypes.residual * 2 * walk.model.hidden)
+    reads = {"gate_up_proj": "mlp_in", "down_proj": "mlp_mid"}
+    return frozenset(reads[st.name] for st in stacks)
 
 
 def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float) -> LayerActs:
@@ -156,4 +195,6 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
                      backward_temp_per_pos=backward_temp_per_pos,
                      pinned=sum(walk.ledger.items[key] for key in walk.pinned_keys),
                      attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved,
-                     input_alias=walk.input_alias)
+                     input_alias=walk.input_alias, per_layer=walk.per_layer,
+                     backward_per_layer=walk.backward_per_layer,
+                     backward_per_layer_per_token=walk.backward_per_layer_per_token)

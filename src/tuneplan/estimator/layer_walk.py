@@ -66,6 +66,11 @@ class LayerWalk:
         # bytes per head and key position of eager attention's saved tensors that its backward releases
         # before softmax's backward (attention_saved.eager_attention)
         self.scores_released = 0.0
+        # bytes per layer, whatever the tokens: kept for backward / live while the layer is back-propagated
+        # (LoRA'd fused expert stacks: layer_saved.fused_stacks_saved)
+        self.per_layer = 0.0
+        self.backward_per_layer = 0.0
+        self.backward_per_layer_per_token = 0.0
         # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
         # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
         # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).
@@ -118,12 +123,14 @@ class LayerWalk:
             if key == "attn_norm" and (4 if self.ln_fp32 else dtypes.residual) == dtypes.residual:
                 self.input_alias = dtypes.residual * width
 
-    def linear(self, m_name: str, reads: str, d_in: int, tokens_share: float = 1.0) -> None:
-        """A Linear keeps its input when its weight trains, or when a LoRA adapter reads it (x d_in bytes of
-        the input's dtype, once per storage); its adapter keeps the r-wide middle (lora_A's output) and,
-        with dropout, a mask and its own dropped-out input."""
+    def linear(self, m_name: str, reads: str, d_in: int, tokens_share: float = 1.0,
+               weight_grad: bool = False) -> None:
+        """A Linear keeps its input when its weight trains (or, ``weight_grad``, its weight is a function of
+        trained tensors: a LoRA'd fused expert stack), or when a LoRA adapter reads it (x d_in bytes of the
+        input's dtype, once per storage); its adapter keeps the r-wide middle (lora_A's output) and, with
+        dropout, a mask and its own dropped-out input."""
         ledger, dtypes, compute_bytes = self.ledger, self.dtypes, self.compute_bytes
-        targets, trainable = self.targets, self.trainable
+        targets, trainable = self.targets, self.trainable or weight_grad
         setup, litgpt_code = self.setup, self.litgpt_code
         input_bytes = self.inputs_dtype.get(reads, compute_bytes)
         if litgpt_code and reads == "attn_core" and (trainable or m_name in targets or

@@ -18,7 +18,7 @@ from typing import Any
 from tuneplan.compat import check
 from tuneplan.estimator.activations import LayerKinds, layer_kinds
 from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
-from tuneplan.estimator.weights import ParamPlan, param_plan, resolve_targets, trainable_params
+from tuneplan.estimator.weights import ParamPlan, lora_targets, param_plan, trainable_params
 from tuneplan.estimator.wrappers import Wrapper, wrapper_for
 from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
@@ -79,7 +79,7 @@ def resolve_run(model: ModelSpec, setup: TrainSetup) -> Run:
     profile = get_profile(setup.framework)
     model = model_as_built(model, setup.framework, setup.num_labels)
     dtypes = resolve_dtypes(setup, profile)
-    targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
+    targets = lora_targets(model, setup)
     params = param_plan(model, setup, dtypes, quant_lm_head=profile.quantizes_lm_head)
     attn = setup.attn or profile.default_attn
     code = profile.model_code

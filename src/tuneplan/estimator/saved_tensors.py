@@ -52,6 +52,13 @@ class LayerActs:
     # per token, what the layer keeps that is its own input (the first norm's saved input, uncast): the
     # checkpoint under gradient checkpointing, so a recomputed layer does not add it again
     input_alias: float = 0.0
+    # bytes per layer, whatever the tokens: kept for backward (a LoRA'd fused expert stack's effective
+    # weight, estimator/fused_expert_lora.py) and, while the layer is back-propagated, a stack's weight
+    # gradient
+    per_layer: float = 0.0
+    backward_per_layer: float = 0.0
+    # per token, the activation gradients live beside ``backward_per_layer`` (instead of ``backward_temp``)
+    backward_per_layer_per_token: float = 0.0
 
 
 def embedding_backward_scratch(tokens: int, hidden: int) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.fused_expert_lora import ExpertStack, convert_targets, expert_stacks
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -41,16 +42,22 @@ def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
             if m.role != "expert" or roles.get(m.name, "expert") == "expert":
                 roles[m.name] = m.role
     # transformers 5 stores routed experts as fused 3-D parameters and the routers as TopK-router modules,
-    # neither an nn.Linear, so PEFT's "all-linear" (and LLaMA-Factory's "all", which lists nn.Linear
-    # names) leave them alone: attention, dense and shared-expert linears are adapted (simulate: Mixtral /
-    # Qwen3-MoE all-linear). Qwen2-MoE's shared_expert_gate is a real nn.Linear and stays.
+    # neither an nn.Linear, so the nn.Linear names (LLaMA-Factory's "all" lists them) leave them alone:
+    # attention, dense and shared-expert linears (simulate: Mixtral / Qwen3-MoE all-linear, the names
+    # passed). Where those names include gate_proj / up_proj / down_proj (DeepSeek's dense first layer and
+    # shared experts), PEFT moves them onto the fused experts (lora_targets, fused_expert_lora.py). PEFT
+    # given the literal string "all-linear" adds the experts and the router on every converted type
+    # (_resolve_string_target_modules), which this list does not follow. Qwen2-MoE's shared_expert_gate
+    # is a real nn.Linear and stays.
     if wanted_text in ("all-linear", "all"):
         return frozenset(n for n in names
                          if roles[n] != "expert" and not (roles[n] == "router" and n == "gate"))
     if wanted_text == "attn":
         return frozenset(n for n in names if roles[n] == "attn")
     if wanted_text == "mlp":
-        return frozenset(n for n in names if roles[n] in ("mlp", "shared_expert"))
+        # the routed experts' projections too: PEFT moves their names onto transformers 5's fused expert
+        # stacks (estimator/fused_expert_lora.py), LitGPT's MoE has an adapted nn.Linear per expert
+        return frozenset(n for n in names if roles[n] in ("mlp", "shared_expert", "expert"))
     wanted = [x.strip() for x in wanted_text.split(",") if x.strip()]
     aliases = {"output_proj": "o_proj", "query": "query", "value": "value"}
     chosen: set[str] = set()
@@ -64,6 +71,17 @@ def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
                                 accepted=", ".join(names) + ", or all-linear / attn / mlp")
         chosen.update(hits)
     return frozenset(chosen)
+
+
+def lora_targets(model: ModelSpec, setup: TrainSetup) -> frozenset[str]:
+    """The LoRA targets as the framework's PEFT adapts them: :func:`resolve_targets`, then PEFT's
+    conversion of expert names onto transformers 5's fused expert stacks (``fused_expert_lora``)."""
+    if not setup.is_lora:
+        return frozenset()
+    from tuneplan.specs.profiles import get_profile
+
+    return convert_targets(model, resolve_targets(model, setup.targets),
+                           get_profile(setup.framework).model_code)
 
 
 def lora_params_of(m: Linear, rank: int) -> int:
@@ -136,7 +154,7 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_hea
 
     ``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning
     Fabric's BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""
-    targets = resolve_targets(model, setup.targets) if setup.is_lora else frozenset()
+    targets = lora_targets(model, setup)
     tally = _Tally()
     largest_layer = layer_params(tally, model, setup, dtypes, targets)
     layer_copy_mark = tally.autocast_copy  # copies of the decoder layers' weights (checkpointed under GC)
@@ -179,6 +197,8 @@ def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dty
             trainable_layer = setup.method == "full" or (freeze and layer_index >= trainable_layer_from)
             for m in spec.linears:
                 linear_params(tally, m, repeats, trainable_layer, setup, dtypes, targets)
+            for stack in expert_stacks(spec, targets, setup.rank):
+                stack_params(tally, stack, repeats, dtypes)
             norm_bytes = (dtypes.trainable if trainable_layer
                           else (dtypes.non_block if setup.quant_bits else dtypes.frozen_weight))
             tally.weight += repeats * spec.norm_params * norm_bytes
@@ -230,6 +250,22 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
         tally.sizes[m.d_out * setup.rank] += repeats * m.count  # lora_B
         tally.largest_tensor = max(tally.largest_tensor, setup.rank * max(m.d_in, m.d_out))
         tally.factored_elems += repeats * m.count * (m.d_in + m.d_out + 2 * setup.rank)
+
+
+def stack_params(tally: _Tally, stack: ExpertStack, repeats: int, dtypes: Dtypes) -> None:
+    """Add ``repeats`` copies of a fused expert stack's LoRA (PEFT ParamWrapper: lora_A [r E, d_in], lora_B
+    [d_out, r E]) to ``tally``; without autocast, fp32 factors on a 16-bit stack are cast to the stack's
+    dtype each forward and baddbmm keeps the casts (peft/tuners/lora/layer.py ``get_delta_factors``; under
+    autocast :func:`param_plan` counts the same 16-bit casts of every adapter)."""
+    width = stack.rank * stack.experts
+    tally.adapter_params += repeats * stack.adapter_params
+    tally.tensors += repeats * 2
+    tally.sizes[width * stack.d_in] += repeats
+    tally.sizes[stack.d_out * width] += repeats
+    tally.largest_tensor = max(tally.largest_tensor, width * max(stack.d_in, stack.d_out))
+    tally.factored_elems += repeats * (2 * width + stack.d_in + stack.d_out)
+    if not dtypes.autocast and dtypes.adapter > dtypes.frozen_weight:
+        tally.autocast_copy += repeats * stack.adapter_params * dtypes.frozen_weight
 
 
 def non_block_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dtypes,
@@ -299,12 +335,13 @@ def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:
         n = min(setup.freeze_trainable_layers, model.n_layers)
         per_layer = model.params_layers // model.n_layers
         return per_layer * n
-    targets = resolve_targets(model, setup.targets)
+    targets = lora_targets(model, setup)
     total = 0
     for spec, count in model.layer_groups:
         for m in spec.linears:
             if m.name in targets:
                 total += count * lora_params_of(m, setup.rank)
+        total += count * sum(stack.adapter_params for stack in expert_stacks(spec, targets, setup.rank))
     if setup.num_labels:
         from tuneplan.specs.profiles import classifier_head_params
 

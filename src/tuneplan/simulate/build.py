@@ -253,10 +253,17 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
 def _apply_lora(model: nn.Module, setup: TrainSetup, prof: Profile, targets: frozenset[str]) -> nn.Module:
     from peft import LoraConfig, get_peft_model
 
+    from tuneplan.estimator.fused_expert_lora import CONVERSION_PATTERN, STACK_OF
+
     names = sorted({t.split(".")[-1] for t in targets})
     present = {n.split(".")[-1] for n, m in model.named_modules()
                if isinstance(m, (nn.Linear, SimLinear4bit)) or type(m).__name__ == "Conv1D"}  # GPT-2 Conv1D
-    usable = [n for n in names if n in present]
+    # under transformers 5, PEFT moves the expert names of a converted MoE type (gate_proj / up_proj /
+    # down_proj, Mixtral's w1 / w3 / w2) onto the fused expert parameters itself
+    # (estimator/fused_expert_lora.py): they are passed although no nn.Linear carries them
+    pattern = CONVERSION_PATTERN.get(getattr(model.config, "model_type", ""))
+    fused = STACK_OF[pattern].keys() if pattern else set()
+    usable = [n for n in names if n in present or n in fused]
     if not usable:
         raise TuneplanError(
             f"none of the LoRA targets {names} is a linear layer in transformers' {type(model).__name__} "
@@ -283,5 +290,12 @@ def _peft_task(model: nn.Module, setup: TrainSetup) -> str | None:
 
 def lora_targets_skipped(model: nn.Module, targets: frozenset[str]) -> list[str]:
     """Targets that PEFT could not wrap (e.g. fused MoE expert weights)."""
+    from tuneplan.estimator.fused_expert_lora import CONVERSION_PATTERN, STACK_OF
+
     present = {n.split(".")[-1] for n, m in model.named_modules() if "lora_A" in dict(m.named_children())}
+    # PEFT moved the expert names of a converted MoE type onto the fused stacks (lora.ParamWrapper)
+    config = getattr(getattr(model, "base_model", model), "config", None) or getattr(model, "config", None)
+    pattern = CONVERSION_PATTERN.get(getattr(config, "model_type", ""))
+    if pattern and any(type(m).__name__ == "ParamWrapper" for m in model.modules()):
+        present |= STACK_OF[pattern].keys()
     return sorted({t.split(".")[-1] for t in targets} - present)

@@ -153,3 +153,25 @@ def _adafactor_fsdp2(ctx: Context, p: dict[str, Any]) -> Hit:
     if s.optimizer != "adafactor" or not s.fsdp or s.fsdp_version != 2:
         return None
     return {}
+
+
+@predicate("moe-fused-target-partial")
+def _moe_fused_partial(ctx: Context, p: dict[str, Any]) -> Hit:
+    """LoRA naming one half of a fused expert stack on a MoE type PEFT converts for transformers 5
+    (estimator/fused_expert_lora.py partial_fused)."""
+    from tuneplan.errors import TuneplanError
+    from tuneplan.estimator.fused_expert_lora import partial_fused
+    from tuneplan.estimator.weights import resolve_targets
+    from tuneplan.specs.profiles import get_profile
+
+    s, model = ctx.setup, ctx.model
+    if model is None or not s.is_lora or not model.is_moe:
+        return None
+    try:
+        names = resolve_targets(model, s.targets)
+    except TuneplanError:
+        return None  # the targets' own error says why
+    hit = partial_fused(model, names, get_profile(s.framework).model_code)
+    if hit is None:
+        return None
+    return {"named": hit[0], "missing": hit[1], "stack": hit[2], "model_type": model.model_type}
