@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tuneplan.api import estimate
-from tuneplan.estimator.weights import resolve_targets
 from tuneplan.export import build_export
 from tuneplan.ingest import read_configs
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.setup import TrainSetup
 
 LORA = {"rank", "targets", "dropout"}

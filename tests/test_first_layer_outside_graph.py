@@ -11,7 +11,7 @@ from tuneplan.catalog.models import resolve_model
 from tuneplan.estimator.activations import layer_activations
 from tuneplan.estimator.dtypes import resolve_dtypes
 from tuneplan.estimator.saved_tensors import LayerActs
-from tuneplan.estimator.weights import resolve_targets
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.profiles import get_profile, resolve_setup
 
 LLAMA = "meta-llama/Llama-2-7b-hf"

@@ -23,8 +23,8 @@ from tuneplan.api import build_setup
 from tuneplan.compat import check
 from tuneplan.estimator.activations import layer_kinds
 from tuneplan.estimator.dtypes import resolve_dtypes
-from tuneplan.estimator.fused_expert_lora import STACK_MARK
 from tuneplan.estimator.weights import lora_targets, trainable_params
+from tuneplan.specs.lora_targets import STACK_MARK
 from tuneplan.specs.profiles import get_profile, resolve_setup
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

@@ -10,7 +10,8 @@ from tuneplan.catalog.models import resolve_model
 from tuneplan.estimator.activations import activation_plan
 from tuneplan.estimator.dtypes import resolve_dtypes
 from tuneplan.estimator.logits import logits_plan
-from tuneplan.estimator.weights import param_plan, resolve_targets
+from tuneplan.estimator.weights import param_plan
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.profiles import get_profile, model_as_built
 
 GIB = 2**30

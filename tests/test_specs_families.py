@@ -109,6 +109,6 @@ def test_deepseek_dense_layers_come_first_in_layer_order() -> None:
     assert top_layers_params(spec, 2) == 2 * (moe + norms)
     # the dense layer's gate_proj / up_proj / down_proj are nn.Linear modules PEFT's "all-linear" adapts;
     # the experts' of the same names are fused 3-D parameters it leaves alone
-    from tuneplan.estimator.weights import resolve_targets
+    from tuneplan.specs.lora_targets import resolve_targets
 
     assert {"gate_proj", "up_proj", "down_proj"} <= resolve_targets(spec, "all-linear")

@@ -13,7 +13,7 @@ from tuneplan.estimator.activations import activation_plan
 from tuneplan.estimator.dtypes import resolve_dtypes
 from tuneplan.estimator.logits import logits_plan
 from tuneplan.estimator.quant_kernels import dequant_transient_bytes
-from tuneplan.estimator.weights import resolve_targets
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.profiles import get_profile, loss_kind
 
 LLAMA3_8B = "meta-llama/Meta-Llama-3-8B"

@@ -6,7 +6,7 @@ from tuneplan.api import estimate
 from tuneplan.catalog.models import resolve_model
 from tuneplan.estimator.activations import layer_activations
 from tuneplan.estimator.dtypes import resolve_dtypes
-from tuneplan.estimator.weights import resolve_targets
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.profiles import get_profile
 
 LLAMA31_8B = "meta-llama/Llama-3.1-8B-Instruct"

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuneplan.estimator.dtypes import resolve_dtypes
-from tuneplan.estimator.weights import quant_bytes, resolve_targets
+from tuneplan.estimator.weights import quant_bytes
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneplan.estimator.dtypes import Dtypes
-from tuneplan.estimator.fused_expert_lora import STACK_MARK
 from tuneplan.estimator.layer_saved import layer_activations
 from tuneplan.estimator.saved_tensors import (
     DROPOUT_MASK_BYTES,
@@ -17,6 +16,7 @@ from tuneplan.estimator.saved_tensors import (
     model_dropout,
 )
 from tuneplan.estimator.xp import int_for, maximum
+from tuneplan.specs.lora_targets import STACK_MARK
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -70,7 +70,7 @@ def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: fr
     for spec, count in model.layer_groups:
         start, end = layer_no, layer_no + count
         layer_no = end
-        if start < first_active:
+        if setup.is_lora and start < first_active:
             # LoRA layers below the first adapter read and make nothing that needs a gradient: autograd
             # records nothing (DeepSeek with mlp targets under transformers 5: the dense first layer's MLP
             # loses its adapters to the fused experts, estimator/fused_expert_lora.py)

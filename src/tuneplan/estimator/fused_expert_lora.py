@@ -30,23 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.specs.model import LayerSpec, ModelSpec
-
-# transformers conversion_mapping._MODEL_TO_CONVERSION_PATTERN, the MoE rows (plus PEFT's "mixtral" row)
-CONVERSION_PATTERN: dict[str, str] = {
-    "mixtral": "mixtral", "minimax": "mixtral", "minimax_m2": "mixtral",
-    **{t: "qwen2_moe" for t in (
-        "afmoe", "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe",
-        "glm4_moe_lite", "glm_moe_dsa", "glm4v_moe", "longcat_flash", "solar_open", "mellum", "qwen3_moe",
-        "beam", "qwen3_omni_moe", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text", "qwen3_next",
-        "hunyuan_v1_moe", "flex_olmo", "olmoe", "sarvam_mla", "exaone_moe", "cohere2_moe")},
-}
-# PEFT _MOE_TARGET_MODULE_MAPPING (the expert rows; "gate" -> "gate.weight" stays a module name here)
-STACK_OF: dict[str, dict[str, str]] = {
-    "mixtral": {"w1": "gate_up_proj", "w3": "gate_up_proj", "w2": "down_proj"},
-    "qwen2_moe": {"gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"},
-}
-STACK_MARK = "experts@"  # a converted target: "experts@gate_up_proj", "experts@down_proj"
+from tuneplan.specs.lora_targets import STACK_MARK
+from tuneplan.specs.model import LayerSpec
 
 
 @dataclass(frozen=True)
@@ -67,50 +52,6 @@ class ExpertStack:
     def adapter_params(self) -> int:
         """lora_A [r E, d_in] + lora_B [d_out, r E]."""
         return self.rank * self.experts * (self.d_in + self.d_out)
-
-
-def conversion_pattern(model: ModelSpec, model_code: str) -> str | None:
-    """The PEFT conversion pattern of ``model`` when PEFT wraps transformers' own model code, else None."""
-    if model_code != "hf" or not model.is_moe:
-        return None
-    return CONVERSION_PATTERN.get(model.model_type)
-
-
-def partial_fused(model: ModelSpec, names: frozenset[str], model_code: str) -> tuple[str, str, str] | None:
-    """(the named halves, the missing halves, the stack) of a fused stack named in part, which PEFT refuses
-    (ValueError "Cannot convert PEFT target(s) ... without also targeting ..."); None when there is none."""
-    pattern = conversion_pattern(model, model_code)
-    if pattern is None:
-        return None
-    stack_of = STACK_OF[pattern]
-    named = {n.rsplit(".", 1)[-1] for n in names} & stack_of.keys()
-    for stack in sorted(set(stack_of.values())):
-        olds = {old for old, new in stack_of.items() if new == stack}
-        if named & olds and not olds <= named:
-            return ", ".join(sorted(named & olds)), ", ".join(sorted(olds - named)), stack
-    return None
-
-
-def convert_targets(model: ModelSpec, names: frozenset[str], model_code: str) -> frozenset[str]:
-    """The targets as PEFT adapts them: names whose last part is an old expert name leave (dense and shared
-    linears of that name included) and the fused stacks they map to enter as ``STACK_MARK + stack`` (a
-    stack named in part, which PEFT refuses, is counted as adapted: compat rule moe-fused-target-partial)."""
-    pattern = conversion_pattern(model, model_code)
-    if model_code == "hf" and model.is_moe and pattern is None:
-        # no conversion (Qwen2-MoE): a name only routed experts carry matches no nn.Linear, as transformers 5
-        # fuses them into 3-D parameters; PEFT adapts what else bears it (the shared expert's)
-        linear_only_expert = {m.name for spec, _ in model.layer_groups for m in spec.linears
-                              if m.role == "expert"} - {m.name for spec, _ in model.layer_groups
-                                                          for m in spec.linears if m.role != "expert"}
-        return names - linear_only_expert
-    if pattern is None or not names:
-        return names
-    stack_of = STACK_OF[pattern]
-    named = {n.rsplit(".", 1)[-1] for n in names} & stack_of.keys()
-    if not named:
-        return names
-    kept = {n for n in names if n.rsplit(".", 1)[-1] not in stack_of}
-    return frozenset(kept | {STACK_MARK + stack_of[old] for old in named})
 
 
 def expert_stacks(spec: LayerSpec, targets: frozenset[str], rank: int) -> list[ExpertStack]:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tuneplan.errors import TuneplanError
 from tuneplan.estimator.dtypes import Dtypes
-from tuneplan.estimator.fused_expert_lora import ExpertStack, convert_targets, expert_stacks
+from tuneplan.estimator.fused_expert_lora import ExpertStack, expert_stacks
 from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.lora_targets import convert_targets, resolve_targets
 from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -26,51 +26,6 @@ NF4_BLOCK = 64  # bitsandbytes quantize_4bit default blocksize
 DQ_BLOCK = 256  # blocksize of the nested (double) quantization of absmax
 CODE_TABLE_BYTES = 256 * 4  # fp32 quantization map kept per tensor under double quant
 NF4_CODE_BYTES = 16 * 4  # fp32 4-bit code book per quantized tensor
-
-
-def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
-    """LoRA target names -> the set of linear module names they select in this model."""
-    names = model.linear_names()
-    if not targets:
-        return frozenset()
-    wanted_text = targets.strip()
-    # a name both a dense layer's nn.Linear and a MoE layer's expert (DeepSeek's first_k_dense_replace
-    # layers: gate_proj, up_proj, down_proj) keeps the dense role: the nn.Linear PEFT matches by name
-    roles: dict[str, str] = {}
-    for spec, _ in model.layer_groups:
-        for m in spec.linears:
-            if m.role != "expert" or roles.get(m.name, "expert") == "expert":
-                roles[m.name] = m.role
-    # transformers 5 stores routed experts as fused 3-D parameters and the routers as TopK-router modules,
-    # neither an nn.Linear, so the nn.Linear names (LLaMA-Factory's "all" lists them) leave them alone:
-    # attention, dense and shared-expert linears (simulate: Mixtral / Qwen3-MoE all-linear, the names
-    # passed). Where those names include gate_proj / up_proj / down_proj (DeepSeek's dense first layer and
-    # shared experts), PEFT moves them onto the fused experts (lora_targets, fused_expert_lora.py). PEFT
-    # given the literal string "all-linear" adds the experts and the router on every converted type
-    # (_resolve_string_target_modules), which this list does not follow. Qwen2-MoE's shared_expert_gate
-    # is a real nn.Linear and stays.
-    if wanted_text in ("all-linear", "all"):
-        return frozenset(n for n in names
-                         if roles[n] != "expert" and not (roles[n] == "router" and n == "gate"))
-    if wanted_text == "attn":
-        return frozenset(n for n in names if roles[n] == "attn")
-    if wanted_text == "mlp":
-        # the routed experts' projections too: PEFT moves their names onto transformers 5's fused expert
-        # stacks (estimator/fused_expert_lora.py), LitGPT's MoE has an adapted nn.Linear per expert
-        return frozenset(n for n in names if roles[n] in ("mlp", "shared_expert", "expert"))
-    wanted = [x.strip() for x in wanted_text.split(",") if x.strip()]
-    aliases = {"output_proj": "o_proj", "query": "query", "value": "value"}
-    chosen: set[str] = set()
-    for name in wanted:
-        module = aliases.get(name, name) if name not in names else name
-        hits = [n for n in names if n == module or n.endswith("." + module)]
-        if not hits and name == "output_proj":
-            hits = [n for n in names if roles[n] == "attn" and n in ("dense", "wo", "c_proj")]
-        if not hits:
-            raise TuneplanError(f"module {name!r} is not a linear layer of {model.name}", field="targets",
-                                accepted=", ".join(names) + ", or all-linear / attn / mlp")
-        chosen.update(hits)
-    return frozenset(chosen)
 
 
 def lora_targets(model: ModelSpec, setup: TrainSetup) -> frozenset[str]:

@@ -26,8 +26,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.weights import resolve_targets
 from tuneplan.export.common import header_lines, trainer_kernels
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import get_profile, peft_default_targets
 from tuneplan.specs.setup import TrainSetup

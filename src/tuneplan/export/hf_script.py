@@ -19,9 +19,9 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.weights import resolve_targets
 from tuneplan.export.common import header_lines, launch_line, plain_keys, trainer_kernels
 from tuneplan.ingest.common import OPTIMIZER_TO_HF
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 

@@ -14,10 +14,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.weights import resolve_targets
 from tuneplan.export.common import header_lines, plain_keys, trainer_kernels
 from tuneplan.ingest.common import OPTIMIZER_TO_HF
 from tuneplan.specs.hardware import Accelerator
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 

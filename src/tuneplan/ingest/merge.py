@@ -233,7 +233,7 @@ def _model_spec(model: str | None):  # -> ModelSpec | None; catalog or local fil
 
 def _check_targets(spec: Any, targets: str, src: str | None) -> None:
     """LoRA targets the architecture lacks: say which file line named them."""
-    from tuneplan.estimator.weights import resolve_targets
+    from tuneplan.specs.lora_targets import resolve_targets
 
     try:
         resolve_targets(spec, targets)

@@ -24,7 +24,7 @@ from typing import Any
 
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.dtypes import resolve_dtypes
-from tuneplan.estimator.weights import resolve_targets
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup

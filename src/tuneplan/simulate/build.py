@@ -253,7 +253,7 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
 def _apply_lora(model: nn.Module, setup: TrainSetup, prof: Profile, targets: frozenset[str]) -> nn.Module:
     from peft import LoraConfig, get_peft_model
 
-    from tuneplan.estimator.fused_expert_lora import CONVERSION_PATTERN, STACK_OF
+    from tuneplan.specs.lora_targets import CONVERSION_PATTERN, STACK_OF
 
     names = sorted({t.split(".")[-1] for t in targets})
     present = {n.split(".")[-1] for n, m in model.named_modules()
@@ -290,7 +290,7 @@ def _peft_task(model: nn.Module, setup: TrainSetup) -> str | None:
 
 def lora_targets_skipped(model: nn.Module, targets: frozenset[str]) -> list[str]:
     """Targets that PEFT could not wrap (e.g. fused MoE expert weights)."""
-    from tuneplan.estimator.fused_expert_lora import CONVERSION_PATTERN, STACK_OF
+    from tuneplan.specs.lora_targets import CONVERSION_PATTERN, STACK_OF
 
     present = {n.split(".")[-1] for n, m in model.named_modules() if "lora_A" in dict(m.named_children())}
     # PEFT moved the expert names of a converted MoE type onto the fused stacks (lora.ParamWrapper)

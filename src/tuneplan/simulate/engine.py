@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
-from tuneplan.estimator.weights import resolve_targets
+from tuneplan.specs.lora_targets import resolve_targets
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup

@@ -158,10 +158,9 @@ def _adafactor_fsdp2(ctx: Context, p: dict[str, Any]) -> Hit:
 @predicate("moe-fused-target-partial")
 def _moe_fused_partial(ctx: Context, p: dict[str, Any]) -> Hit:
     """LoRA naming one half of a fused expert stack on a MoE type PEFT converts for transformers 5
-    (estimator/fused_expert_lora.py partial_fused)."""
+    (specs/lora_targets.py partial_fused)."""
     from tuneplan.errors import TuneplanError
-    from tuneplan.estimator.fused_expert_lora import partial_fused
-    from tuneplan.estimator.weights import resolve_targets
+    from tuneplan.specs.lora_targets import partial_fused, resolve_targets
     from tuneplan.specs.profiles import get_profile
 
     s, model = ctx.setup, ctx.model
