@@ -154,7 +154,7 @@ CASES: dict[str, tuple[str, tuple, tuple]] = {
                                     (None, {"method": "qlora", "gpus": 2, "zero": 2}, None, None)),
     "hardware-unknown": ("info", (NO_CC, {}, None, None), ("rtx4090", {}, None, None)),
     # transformers' Adafactor: factored states as plain tensors beside FSDP2's DTensor parameters
-    "adafactor-fsdp2": ("warning",
+    "adafactor-fsdp2": ("error",
                         (None, {"optimizer": "adafactor", "gpus": 2, "fsdp": True, "fsdp_version": 2}, None,
                          None),
                         (None, {"optimizer": "adafactor", "gpus": 2, "fsdp": True}, None, None)),
