@@ -113,3 +113,21 @@ def test_everything_is_gathered_when_all_but_the_embedding_fits_under_max_live()
     spec = model_from_config(cfg, "llama-2L")
     setup = build_setup(spec, method="full", gpus=2, zero=3)
     assert zero3_gathered_in_backward(spec, setup) == h + 2 * (4 * h * h + 3 * h * f + 2 * h) + v * h
+
+
+def test_a_head_past_the_reuse_distance_is_held_twice_at_the_final_norm_of_the_first_complete_pass() -> None:
+    # Qwen2.5-72B widths, 3 layers, untied head V H = 152,064 x 8,192 = 1,245,708,288 >= 1e9
+    # (stage3_max_reuse_distance): the round [final norm (8,192, released by the record pass), head] is
+    # coalesced; at the norm's fetch the head has its copy and the flat buffer is still filed under it.
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_head_round_first_pass
+
+    h, v = 8192, 152064
+    cfg = dict(model_type="qwen2", hidden_size=h, num_hidden_layers=3, num_attention_heads=64,
+               num_key_value_heads=8, intermediate_size=29568, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "qwen2.5-72b-3L")
+    setup = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_head_round_first_pass(spec, setup) == 2 * v * h + h
+    # a head under the distance: the prefetcher's rounds decide instead (zero3_head_round)
+    small = model_from_config({**cfg, "vocab_size": 32000}, "qwen2.5-72b-3L-small-vocab")
+    small_setup = build_setup(small, method="freeze", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_head_round_first_pass(small, small_setup) == 0

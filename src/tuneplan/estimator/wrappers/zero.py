@@ -42,6 +42,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
+    zero3_head_round_first_pass,
     zero3_kept_params,
     zero3_layers_kept,
 )
@@ -326,6 +327,9 @@ class Zero3(Zero, ShardingWrapper):
             # the untied head's forward: what is held at the loss, and the flat buffer of the head's round
             head_round = zero3_head_round(model, terms.prefetch_bucket)
             at_head = at_loss + head_round * compute if head_round else 0
+        elif setup.quant_bits is None:
+            # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
+            at_head = zero3_head_round_first_pass(model, setup) * compute
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,

@@ -94,6 +94,27 @@ def zero3_gathered_at_top_forward(model: ModelSpec, setup: TrainSetup) -> int:
     return model.largest_layer_params + head
 
 
+def zero3_head_round_first_pass(model: ModelSpec, setup: TrainSetup) -> int:
+    """Elements gathered at the final norm's forward of the first pass with a complete trace when the untied
+    head alone reaches ``stage3_max_reuse_distance`` (:func:`zero3_gathered_at_top_forward`'s case, where
+    the prefetcher cannot run ahead through the whole forward and :func:`zero3_head_round` is not counted).
+
+    The top layer has been released after its forward; the prefetcher popped the head's round at the top
+    layer's first fetch, and in that pass the final norm, released by the record pass (zero3_first_pass.py),
+    starts it: the round ``[norm, head]`` is coalesced. The norm's fetch waits for it,
+    ``AllGatherCoalescedHandle.wait`` gives the head its copy (``torch.cat(partitions)``) and the flat
+    buffer stays filed under the head until its own fetch:
+
+    .. math:: G = 2 P_{head} + P_{norm}
+
+    (simulate: Qwen2.5-72B, 3 layers, freeze with checkpointing over 2 GPUs: the 1.2457e9-element flat
+    buffer beside the head's copy at ``model.norm`` in the second micro-batch of the first step.)"""
+    head, norm = model.lm_head_params, model.final_norm_params
+    if not zero3_gathered_at_top_forward(model, setup) or not 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD:
+        return 0
+    return 2 * head + norm
+
+
 def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:
     """Parameters (elements) ZeRO-3 holds gathered at the token embedding's forward, the first module with
     parameters, once its prefetcher runs ahead (zero3_gathered_ahead > 0).
