@@ -131,3 +131,23 @@ def test_a_head_past_the_reuse_distance_is_held_twice_at_the_final_norm_of_the_f
     small = model_from_config({**cfg, "vocab_size": 32000}, "qwen2.5-72b-3L-small-vocab")
     small_setup = build_setup(small, method="freeze", gpus=2, zero=3, gradient_checkpointing=True)
     assert zero3_head_round_first_pass(small, small_setup) == 0
+
+
+def test_freeze_keeps_only_the_trained_layers_gathered_from_forward_to_backward() -> None:
+    # gemma-2b widths, 3 layers (h 2048, 8 heads of 256, 1 KV head, f 16384, vocab 256000, tied): a layer is
+    # 2 h (8 x 256) + 2 h 256 + 3 h f = 8,388,608 + 1,048,576 + 100,663,296 (+ 2 norms of h); the tied head
+    # V h = 524,288,000 leaves 475,712,000 of stage3_max_reuse_distance: all 3 layers within it, but the
+    # backward of a freeze run with the top 2 trained stops at layer 1, so layer 0 is never met again.
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_kept_params, zero3_layers_kept
+
+    h, f, v = 2048, 16384, 256000
+    cfg = dict(model_type="gemma", hidden_size=h, num_hidden_layers=3, num_attention_heads=8,
+               num_key_value_heads=1, head_dim=256, intermediate_size=f, vocab_size=v)
+    spec = model_from_config(cfg, "gemma-2b-3L")
+    layer = 2 * h * 8 * 256 + 2 * h * 256 + 3 * h * f + 2 * h
+    assert spec.largest_layer_params == layer
+    assert zero3_layers_kept(spec, v * h) == 3
+    freeze = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_kept_params(spec, freeze, v * h, frozenset()) == 2 * layer
+    full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_kept_params(spec, full, v * h, frozenset()) == 3 * layer

@@ -42,8 +42,14 @@ def zero3_kept_params(model: ModelSpec, setup: TrainSetup, head_params: int, tar
     """Elements of the decoder layers ZeRO-3 keeps gathered from their forward to their backward
     (:func:`zero3_layers_kept` layers of the largest size), less, when the bottom layer is among them in a
     LoRA run without checkpointing, its linears with no backward use (zero3_backward_uses): the reuse
-    window of ``__params_to_release`` never meets them again, so they are released after their forward."""
+    window of ``__params_to_release`` never meets them again, so they are released after their forward.
+    Under ``freeze`` the backward stops at the lowest trained layer (zero3_backward_uses): the frozen layers
+    below it are never met again either, at most the trained top ``n`` are kept (simulate: gemma-2b,
+    3 layers, 2 trained over 2 GPUs: layer 0 released after its forward, layers 1-2 and the tied head
+    gathered at the loss)."""
     k = zero3_layers_kept(model, head_params)
+    if setup.method == "freeze":
+        k = min(k, setup.freeze_trainable_layers)
     kept = k * model.largest_layer_params
     if k >= model.n_layers and setup.method == "lora" and not setup.gradient_checkpointing:
         kept -= bottom_gradient_free_params(model, targets)
