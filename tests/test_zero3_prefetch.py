@@ -151,3 +151,23 @@ def test_freeze_keeps_only_the_trained_layers_gathered_from_forward_to_backward(
     assert zero3_kept_params(spec, freeze, v * h, frozenset()) == 2 * layer
     full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_kept_params(spec, full, v * h, frozenset()) == 3 * layer
+
+
+def test_qlora_layers_partitioned_as_packed_bytes_let_the_prefetcher_reach_the_embedding() -> None:
+    # Mistral-7B widths, 2 layers (h 4096, KV 1024, f 14336, vocab 32000, untied), QLoRA 4-bit with
+    # checkpointing: a layer's linears W = 2 h^2 + 2 h KV + 3 h f = 218,103,808 weights are 109,051,904
+    # packed uint8 elements (Params4bit's ds_numel); 13 fetches x 5e7 >= a layer; head + final norm + both
+    # layers = 349,196,288 < stage3_max_live_parameters: the embedding is popped too, all gathered.
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
+
+    h, kv, f, v = 4096, 1024, 14336, 32000
+    cfg = dict(model_type="mistral", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=f, vocab_size=v,
+               tie_word_embeddings=False)
+    spec = model_from_config(cfg, "mistral-2L")
+    ckpt = build_setup(spec, method="qlora", gpus=2, zero=3, gradient_checkpointing=True)
+    packed = (2 * h * h + 2 * h * kv + 3 * h * f) // 2
+    norms = 2 * 2 * h + h
+    assert zero3_quantized_ahead_bytes(spec, ckpt, 50_000_000, 2) == (2 * v * h + norms) * 2 + 2 * packed
+    plain = build_setup(spec, method="qlora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_quantized_ahead_bytes(spec, plain, 50_000_000, 2) == 0

@@ -47,6 +47,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
+from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
@@ -371,5 +372,9 @@ class Zero3(Zero, ShardingWrapper):
                 flush_instant16 = (head_flush if head_flush >= 0
                                    else zero3_gathered_in_backward(model, setup, done, run.targets)) * compute
                 at_flush = max(at_flush, min(flush_instant16, whole16))
+        else:
+            # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding
+            at_loss = max(at_loss, min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket,
+                                                                   compute), whole16))
         scratch = zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
         return at_loss, max(top_gathered, at_flush + scratch if filled else 0)
