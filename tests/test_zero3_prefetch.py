@@ -113,3 +113,61 @@ def test_everything_is_gathered_when_all_but_the_embedding_fits_under_max_live()
     spec = model_from_config(cfg, "llama-2L")
     setup = build_setup(spec, method="full", gpus=2, zero=3)
     assert zero3_gathered_in_backward(spec, setup) == h + 2 * (4 * h * h + 3 * h * f + 2 * h) + v * h
+
+
+def test_a_head_past_the_reuse_distance_is_held_twice_at_the_final_norm_of_the_first_complete_pass() -> None:
+    # Qwen2.5-72B widths, 3 layers, untied head V H = 152,064 x 8,192 = 1,245,708,288 >= 1e9
+    # (stage3_max_reuse_distance): the round [final norm (8,192, released by the record pass), head] is
+    # coalesced; at the norm's fetch the head has its copy and the flat buffer is still filed under it.
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_head_round_first_pass
+
+    h, v = 8192, 152064
+    cfg = dict(model_type="qwen2", hidden_size=h, num_hidden_layers=3, num_attention_heads=64,
+               num_key_value_heads=8, intermediate_size=29568, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "qwen2.5-72b-3L")
+    setup = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_head_round_first_pass(spec, setup) == 2 * v * h + h
+    # a head under the distance: the prefetcher's rounds decide instead (zero3_head_round)
+    small = model_from_config({**cfg, "vocab_size": 32000}, "qwen2.5-72b-3L-small-vocab")
+    small_setup = build_setup(small, method="freeze", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_head_round_first_pass(small, small_setup) == 0
+
+
+def test_freeze_keeps_only_the_trained_layers_gathered_from_forward_to_backward() -> None:
+    # gemma-2b widths, 3 layers (h 2048, 8 heads of 256, 1 KV head, f 16384, vocab 256000, tied): a layer is
+    # 2 h (8 x 256) + 2 h 256 + 3 h f = 8,388,608 + 1,048,576 + 100,663,296 (+ 2 norms of h); the tied head
+    # V h = 524,288,000 leaves 475,712,000 of stage3_max_reuse_distance: all 3 layers within it, but the
+    # backward of a freeze run with the top 2 trained stops at layer 1, so layer 0 is never met again.
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_kept_params, zero3_layers_kept
+
+    h, f, v = 2048, 16384, 256000
+    cfg = dict(model_type="gemma", hidden_size=h, num_hidden_layers=3, num_attention_heads=8,
+               num_key_value_heads=1, head_dim=256, intermediate_size=f, vocab_size=v)
+    spec = model_from_config(cfg, "gemma-2b-3L")
+    layer = 2 * h * 8 * 256 + 2 * h * 256 + 3 * h * f + 2 * h
+    assert spec.largest_layer_params == layer
+    assert zero3_layers_kept(spec, v * h) == 3
+    freeze = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_kept_params(spec, freeze, v * h, frozenset()) == 2 * layer
+    full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_kept_params(spec, full, v * h, frozenset()) == 3 * layer
+
+
+def test_qlora_layers_partitioned_as_packed_bytes_let_the_prefetcher_reach_the_embedding() -> None:
+    # Mistral-7B widths, 2 layers (h 4096, KV 1024, f 14336, vocab 32000, untied), QLoRA 4-bit with
+    # checkpointing: a layer's linears W = 2 h^2 + 2 h KV + 3 h f = 218,103,808 weights are 109,051,904
+    # packed uint8 elements (Params4bit's ds_numel); 13 fetches x 5e7 >= a layer; head + final norm + both
+    # layers = 349,196,288 < stage3_max_live_parameters: the embedding is popped too, all gathered.
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
+
+    h, kv, f, v = 4096, 1024, 14336, 32000
+    cfg = dict(model_type="mistral", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=f, vocab_size=v,
+               tie_word_embeddings=False)
+    spec = model_from_config(cfg, "mistral-2L")
+    ckpt = build_setup(spec, method="qlora", gpus=2, zero=3, gradient_checkpointing=True)
+    packed = (2 * h * h + 2 * h * kv + 3 * h * f) // 2
+    norms = 2 * 2 * h + h
+    assert zero3_quantized_ahead_bytes(spec, ckpt, 50_000_000, 2) == (2 * v * h + norms) * 2 + 2 * packed
+    plain = build_setup(spec, method="qlora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_quantized_ahead_bytes(spec, plain, 50_000_000, 2) == 0

@@ -128,3 +128,26 @@ def test_the_bottom_layers_first_linear_holds_every_round_popped_and_its_round_t
     mlp = frozenset({"gate_proj", "up_proj", "down_proj"})
     assert zero3_gathered_at_first_linear(spec, setup, 50_000_000, mlp) == (
         2 * v * h + 2 * layer - v * h + first_round)
+
+
+def test_fused_moe_experts_keep_the_released_layers_stacks_through_their_view() -> None:
+    # DeepSeek-V2-Lite widths, 5 layers (the first dense): each MoE layer holds gate_up_proj E x 2f x h and
+    # down_proj E x h x f (E 64, f 1408, h 2048), multiplied by grouped_mm as weight.transpose(-2, -1).
+    # Freeze with the top 2 layers trainable: layers 3 and 4 save their views; layer 4 stays gathered
+    # (stage3_max_reuse_distance), layer 3 is released after its forward and its stacks stay allocated.
+    e, f, h = 64, 1408, 2048
+    cfg = dict(model_type="deepseek_v2", hidden_size=h, num_hidden_layers=5, num_attention_heads=16,
+               num_key_value_heads=16, intermediate_size=10944, moe_intermediate_size=f,
+               n_routed_experts=e, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
+               kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+               v_head_dim=128, vocab_size=102400, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "deepseek-v2-lite-5L")
+    stacks = e * 2 * f * h + e * h * f  # 553,648,128
+    freeze = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_view_kept(spec, freeze, frozenset(), 1, holds_all=False) == stacks
+    # a full fine-tune saves the views of every MoE layer released (1, 2, 3), the dense layer has none
+    full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_view_kept(spec, full, frozenset(), 1, holds_all=False) == 3 * stacks
+    # LoRA on the shared experts' gate: every MoE layer lies above a target (layer 0 is dense)
+    lora = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_view_kept(spec, lora, frozenset({"gate_proj"}), 1, holds_all=False) == 3 * stacks

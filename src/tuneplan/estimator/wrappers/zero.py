@@ -42,10 +42,12 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
+    zero3_head_round_first_pass,
     zero3_kept_params,
     zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
+from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
@@ -326,6 +328,9 @@ class Zero3(Zero, ShardingWrapper):
             # the untied head's forward: what is held at the loss, and the flat buffer of the head's round
             head_round = zero3_head_round(model, terms.prefetch_bucket)
             at_head = at_loss + head_round * compute if head_round else 0
+        elif setup.quant_bits is None:
+            # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
+            at_head = zero3_head_round_first_pass(model, setup) * compute
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
@@ -367,5 +372,9 @@ class Zero3(Zero, ShardingWrapper):
                 flush_instant16 = (head_flush if head_flush >= 0
                                    else zero3_gathered_in_backward(model, setup, done, run.targets)) * compute
                 at_flush = max(at_flush, min(flush_instant16, whole16))
+        else:
+            # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding
+            at_loss = max(at_loss, min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket,
+                                                                   compute), whole16))
         scratch = zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
         return at_loss, max(top_gathered, at_flush + scratch if filled else 0)

@@ -42,8 +42,14 @@ def zero3_kept_params(model: ModelSpec, setup: TrainSetup, head_params: int, tar
     """Elements of the decoder layers ZeRO-3 keeps gathered from their forward to their backward
     (:func:`zero3_layers_kept` layers of the largest size), less, when the bottom layer is among them in a
     LoRA run without checkpointing, its linears with no backward use (zero3_backward_uses): the reuse
-    window of ``__params_to_release`` never meets them again, so they are released after their forward."""
+    window of ``__params_to_release`` never meets them again, so they are released after their forward.
+    Under ``freeze`` the backward stops at the lowest trained layer (zero3_backward_uses): the frozen layers
+    below it are never met again either, at most the trained top ``n`` are kept (simulate: gemma-2b,
+    3 layers, 2 trained over 2 GPUs: layer 0 released after its forward, layers 1-2 and the tied head
+    gathered at the loss)."""
     k = zero3_layers_kept(model, head_params)
+    if setup.method == "freeze":
+        k = min(k, setup.freeze_trainable_layers)
     kept = k * model.largest_layer_params
     if k >= model.n_layers and setup.method == "lora" and not setup.gradient_checkpointing:
         kept -= bottom_gradient_free_params(model, targets)
@@ -92,6 +98,27 @@ def zero3_gathered_at_top_forward(model: ModelSpec, setup: TrainSetup) -> int:
     if not head or head < DS_MAX_REUSE_DISTANCE or setup.quant_bits is not None:
         return 0
     return model.largest_layer_params + head
+
+
+def zero3_head_round_first_pass(model: ModelSpec, setup: TrainSetup) -> int:
+    """Elements gathered at the final norm's forward of the first pass with a complete trace when the untied
+    head alone reaches ``stage3_max_reuse_distance`` (:func:`zero3_gathered_at_top_forward`'s case, where
+    the prefetcher cannot run ahead through the whole forward and :func:`zero3_head_round` is not counted).
+
+    The top layer has been released after its forward; the prefetcher popped the head's round at the top
+    layer's first fetch, and in that pass the final norm, released by the record pass (zero3_first_pass.py),
+    starts it: the round ``[norm, head]`` is coalesced. The norm's fetch waits for it,
+    ``AllGatherCoalescedHandle.wait`` gives the head its copy (``torch.cat(partitions)``) and the flat
+    buffer stays filed under the head until its own fetch:
+
+    .. math:: G = 2 P_{head} + P_{norm}
+
+    (simulate: Qwen2.5-72B, 3 layers, freeze with checkpointing over 2 GPUs: the 1.2457e9-element flat
+    buffer beside the head's copy at ``model.norm`` in the second micro-batch of the first step.)"""
+    head, norm = model.lm_head_params, model.final_norm_params
+    if not zero3_gathered_at_top_forward(model, setup) or not 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD:
+        return 0
+    return 2 * head + norm
 
 
 def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int) -> int:

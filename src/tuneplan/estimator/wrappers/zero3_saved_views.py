@@ -9,6 +9,11 @@ views the gathered storage keeps it allocated. ``nn.Linear`` is safe under the H
 the matmul saves the ``weight.T`` view for the input's gradient whenever the input requires grad, so the
 gathered weight lives from the linear's forward to its backward, and the backward's fetch gathers a second
 copy beside it. GPT-2's ``Conv1D`` (``torch.addmm(bias, x, self.weight)``) saves the parameter, not a view.
+transformers' fused MoE experts (``use_experts_implementation``, integrations/moe.py; the default
+``grouped_mm`` path, ``_grouped_linear``) multiply ``weight.transpose(-2, -1)``, a view of the whole 3-D
+``gate_up_proj`` / ``down_proj`` stack, which ``_grouped_mm`` saves for the input's gradient; the eager loop
+(``F.linear(x, self.gate_up_proj[idx])``, ``zero3_linear_wrap``) saves an indexed view of it as well.
+Experts stored transposed (``is_transposed=True``) are multiplied as the parameter itself: no view.
 FSDP1 and FSDP2 free an unsharded parameter by ``untyped_storage().resize_(0)`` (FSDP1
 ``_free_storage``, FSDP2 ``FSDPParam.free_unsharded_param``): a view of a resized storage holds no memory.
 """
@@ -20,6 +25,9 @@ from tuneplan.specs.setup import TrainSetup
 
 # model types whose decoder linears compute on a view of the weight (bypassing F.linear)
 VIEW_LINEAR_MODEL_TYPES = frozenset({"falcon"})
+# MoE model types whose fused experts are declared ``use_experts_implementation(is_transposed=True)``
+# (transformers 5.25 models/*/modeling_*.py): ``_grouped_linear`` multiplies the parameter, not a view
+TRANSPOSED_EXPERT_MODEL_TYPES = frozenset({"gpt_oss", "aria", "ergo", "openai_privacy_filter"})
 
 
 def layer_viewed_weights(model: ModelSpec, setup: TrainSetup, targets: frozenset[str],
@@ -60,15 +68,49 @@ def zero3_view_kept(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]
 
     .. math:: V = \\sum_{i < L - k} v_i
 
-    with ``v_i`` from :func:`layer_viewed_weights`. With checkpointing the forward saves nothing; the
+    with ``v_i`` from :func:`layer_viewed_weights` plus the fused expert stacks of
+    :func:`expert_viewed_weights` (not counted under QLoRA, whose 4-bit handling of fused 3-D experts is
+    not modelled). With checkpointing the forward saves nothing; the
     recompute runs inside the layer's backward, whose parameters are used again at once (within
     ``stage3_max_reuse_distance``) and not released: the views share the gathered storage. The quantized
     path (bitsandbytes' matmul) saves no view of a 16-bit weight."""
-    if (model.model_type not in VIEW_LINEAR_MODEL_TYPES or setup.gradient_checkpointing or holds_all
-            or setup.quant_bits is not None or setup.method == "freeze"):
+    if setup.gradient_checkpointing or holds_all:
         return 0
     released = max(model.n_layers - layers_kept, 0)
     if not released:
         return 0
+    quantized = setup.quant_bits is not None
+    experts = 0 if quantized else sum(expert_viewed_weights(model, setup, targets)[:released])
+    if (model.model_type not in VIEW_LINEAR_MODEL_TYPES or setup.quant_bits is not None
+            or setup.method == "freeze"):
+        return experts
     bottom = layer_viewed_weights(model, setup, targets, bottom=True)
-    return bottom + (released - 1) * layer_viewed_weights(model, setup, targets, bottom=False)
+    return experts + bottom + (released - 1) * layer_viewed_weights(model, setup, targets, bottom=False)
+
+
+def expert_viewed_weights(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]) -> list[int]:
+    """Per decoder layer, bottom first: the fused routed-expert elements whose view its forward saves.
+
+    The view is saved when the experts' input (the layer's normed MLP input) requires grad: every layer
+    of a full fine-tune (the embedding is trained); under freeze the trainable top ``n`` layers (their
+    attention's weights require grad) and none below; under LoRA every layer above the bottom one when
+    some module is a target, and the bottom one (no checkpointing, no ``enable_input_require_grads``)
+    only when one of its attention linears is a target:
+
+    .. math:: v_i = [\\text{input}_i \\text{ requires grad}] \\sum_{\\text{expert stacks}} E\\,d_{in} d_{out}
+    """
+    layers = [spec for spec, count in model.layer_groups for _ in range(count)]
+    if model.model_type in TRANSPOSED_EXPERT_MODEL_TYPES:
+        return [0] * len(layers)
+    out = []
+    for i, spec in enumerate(layers):
+        stacks = sum(m.params for m in spec.linears if m.role == "expert")
+        if setup.method == "freeze":
+            grad = i >= len(layers) - setup.freeze_trainable_layers
+        elif setup.method in ("lora", "qlora"):
+            bottom_attn = any(m.name in targets for m in layers[0].linears if m.role == "attn")
+            grad = bottom_attn if i == 0 else bool(targets)
+        else:
+            grad = True
+        out.append(stacks if grad else 0)
+    return out
