@@ -164,6 +164,18 @@ CASES: dict[str, tuple[str, tuple, tuple]] = {
                                   "Qwen/Qwen3-30B-A3B", None),
                                  (None, {"method": "lora", "targets": "gate_proj,up_proj"},
                                   "Qwen/Qwen3-30B-A3B", None)),
+    # peft ParamWrapper reads lora_A/lora_B .weight outside their FSDP1 unit's forward (1-D sharded view)
+    "fsdp1-lora-fused-experts": ("error",
+                                 (None, {"method": "lora", "targets": "mlp", "gpus": 4, "fsdp": True},
+                                  "deepseek-ai/DeepSeek-V2-Lite", None),
+                                 (None, {"method": "lora", "targets": "attn", "gpus": 4, "fsdp": True},
+                                  "deepseek-ai/DeepSeek-V2-Lite", None)),
+    # BertEmbeddings its own FSDP1 unit; the MLM decoder shares word_embeddings.weight from the root unit
+    "fsdp1-tied-embeddings-unit": ("error",
+                                   (None, {"method": "lora", "gpus": 8, "fsdp": True},
+                                    "google-bert/bert-large-uncased", None),
+                                   (None, {"method": "lora", "gpus": 8, "fsdp": True, "fsdp_version": 2},
+                                    "google-bert/bert-large-uncased", None)),
     # fsdp_qlora train.py: LlamaDecoderLayer / MistralDecoderLayer only
     "fsdp-qlora-layer-classes": ("warning",
                                  (None, {"framework": "fsdp-qlora"}, "Qwen/Qwen2.5-7B-Instruct", None),
@@ -389,3 +401,21 @@ def test_docs_list_every_rule():
 
     doc = (Path(__file__).resolve().parents[1] / "docs/compatibility.md").read_text(encoding="utf-8")
     assert [r.code for r in rules() if f"`{r.code}`" not in doc] == []
+
+
+def test_fsdp1_real_stack_failures_named_by_the_simulation():
+    """The simulation's FSDP1 1-D-view failures are named by the rule that refuses the setup, in plain
+    words; a sequence classifier (untied head) and a MoE with attention-only LoRA are not."""
+    from tuneplan.simulate import failure_reason
+
+    ds, bert = resolve_model("deepseek-ai/DeepSeek-V2-Lite"), resolve_model("google-bert/bert-large-uncased")
+    exc = RuntimeError("shape '[64, -1, 720896]' is invalid for input of size 720896")
+    lora = TrainSetup(method="lora", targets="mlp", gpus=4, fsdp=True, attn="sdpa")
+    assert "(fsdp1-lora-fused-experts)" in failure_reason(exc, ds, lora)
+    assert "RuntimeError" in failure_reason(exc, ds, TrainSetup(method="lora", targets="attn", gpus=4,
+                                                                  fsdp=True, attn="sdpa"))
+    mm = RuntimeError("b must be 2D")
+    assert "(fsdp1-tied-embeddings-unit)" in failure_reason(mm, bert, TrainSetup(method="full", gpus=8,
+                                                                                 fsdp=True, attn="sdpa"))
+    assert "RuntimeError" in failure_reason(mm, bert, TrainSetup(method="full", gpus=8, fsdp=True,
+                                                                 attn="sdpa", num_labels=2))

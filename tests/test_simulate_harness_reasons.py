@@ -38,6 +38,16 @@ def test_bert_under_fsdp2_is_a_setup_the_real_stack_refuses() -> None:
     assert rep.fallback.startswith("the real stack cannot run this setup: accelerate's FSDP2 wrapping")
 
 
+def test_bert_mlm_under_fsdp1_is_a_setup_the_real_stack_refuses() -> None:
+    # FSDP1 (PEFT's wrap policy: the _no_split_modules classes) flattens word_embeddings.weight into the
+    # BertEmbeddings unit, resharded after its forward; the tied MLM decoder in the root unit then gets
+    # the 1-D sharded view (torch FSDP1 _use_sharded_views) and F.linear's mm refuses it ("b must be 2D")
+    spec = reduced_model("google-bert/bert-large-uncased", 2)
+    setup = build_setup(spec, method="lora", batch=1, seq=64, gpus=2, fsdp=True, fsdp_version=1)
+    rep = simulate_report(spec, setup)
+    assert rep.fallback.startswith("the real stack cannot run this setup (fsdp1-tied-embeddings-unit)")
+
+
 def test_training_labels_follow_the_head() -> None:
     ids = torch.zeros((3, 16), dtype=torch.long)
     lm = build_setup(reduced_model("Qwen/Qwen2.5-0.5B", 2), method="lora", batch=3, seq=16)

@@ -100,7 +100,7 @@ def simulate_report(model: ModelSpec, setup: TrainSetup, *,
     except RealStackRefuses as exc:
         return _fallback(model, setup, f"the real stack cannot run this setup: {exc}")
     except Exception as exc:  # the real model code refused the setup (a path with no fake kernel...)
-        return _fallback(model, setup, failure_reason(exc))
+        return _fallback(model, setup, failure_reason(exc, model, setup))
     return build_report(run, capacity=capacity_bytes, snapshot_path=snapshot_path)
 
 
@@ -118,13 +118,26 @@ KNOWN_FAILURES = (
 )
 
 
-def failure_reason(exc: BaseException) -> str:
+# compatibility rules (catalog/compat_rules.toml) whose setups fail the real stack's first step the way
+# the simulation's does (FSDP1 handing a 1-D sharded view to code that reads a parameter outside its unit's
+# forward): when one holds, the simulation's failure is that one
+REAL_STACK_RULES = ("fsdp1-lora-fused-experts", "fsdp1-tied-embeddings-unit")
+
+
+def failure_reason(exc: BaseException, model: ModelSpec | None = None,
+                   setup: TrainSetup | None = None) -> str:
     """Why the simulated step failed: the known causes in plain words, else the exception's first line."""
     text = str(exc)
     first = (text.strip().splitlines() or [""])[0][:300]
     for needle, meaning in KNOWN_FAILURES:
         if needle in text:
             return f"the simulated step failed: {meaning}"
+    if model is not None and setup is not None:
+        from tuneplan.compat import check
+
+        for f in check(None, setup, model):
+            if f.code in REAL_STACK_RULES:
+                return f"the real stack cannot run this setup ({f.code}): {f.message}"
     return f"the simulated step failed ({type(exc).__name__}: {first})"
 
 

@@ -174,3 +174,48 @@ def _moe_fused_partial(ctx: Context, p: dict[str, Any]) -> Hit:
     if hit is None:
         return None
     return {"named": hit[0], "missing": hit[1], "stack": hit[2], "model_type": model.model_type}
+
+
+def _fsdp1_sharded(ctx: Context) -> bool:
+    s = ctx.setup
+    return bool(s.fsdp) and s.fsdp_version == 1 and s.gpus > 1 and s.device_map == "none"
+
+
+@predicate("fsdp1-lora-fused-experts")
+def _fsdp1_lora_experts(ctx: Context, p: dict[str, Any]) -> Hit:
+    """LoRA reaching transformers 5's fused 3-D expert parameters under FSDP1.
+
+    PEFT (utils/transformers_weight_conversion.py ``_convert_peft_config_moe``) turns an expert name in
+    ``target_modules`` (gate_proj/up_proj/down_proj, Mixtral's w1/w2/w3) into ``target_parameters`` on the
+    fused ``experts`` module (``ParamWrapper``). The Trainer's FSDP1 wrap policy for a PEFT model (PEFT
+    ``fsdp_auto_wrap_policy``: every trainable leaf module) makes each ``lora_A`` / ``lora_B`` its own FSDP
+    unit, unsharded only when its own ``forward`` runs; ``ParamWrapper.get_delta_factors`` reads their
+    ``.weight`` without calling it, so it sees FSDP1's 1-D sharded view (use_orig_params) and the
+    ``reshape(num_experts, -1, in)`` fails."""
+    model, s = ctx.model, ctx.setup
+    if model is None or not model.is_moe or s.method not in ("lora", "qlora") or not _fsdp1_sharded(ctx):
+        return None
+    from tuneplan.specs.lora_targets import STACK_MARK, convert_targets, resolve_targets
+    from tuneplan.specs.profiles import get_profile, peft_default_targets
+
+    names = resolve_targets(model, s.targets or peft_default_targets(model))
+    converted = convert_targets(model, names, get_profile(s.framework).model_code)
+    hit = sorted(t.removeprefix(STACK_MARK) for t in converted if t.startswith(STACK_MARK))
+    if not hit:
+        return None
+    return {"names": ", ".join(hit)}
+
+
+@predicate("fsdp1-tied-embeddings-unit")
+def _fsdp1_tied_embeddings(ctx: Context, p: dict[str, Any]) -> Hit:
+    """An encoder's masked-LM head tied to word embeddings that FSDP1 wraps as their own unit.
+
+    The Trainer's FSDP1 wrap policy (accelerate ``set_auto_wrap_policy``; PEFT ``fsdp_auto_wrap_policy``)
+    wraps the classes in ``_no_split_modules``; BERT-like models list their ``*Embeddings`` there, so
+    ``word_embeddings.weight`` is flattened into that unit, resharded after its forward, and the MLM
+    head's ``decoder`` (the same Parameter, in the root unit) multiplies by FSDP1's 1-D sharded view."""
+    model, s = ctx.model, ctx.setup
+    if (model is None or model.architecture != "encoder" or not model.tied_embeddings or s.num_labels
+            or model.model_type not in p["embeddings_unit_types"] or not _fsdp1_sharded(ctx)):
+        return None
+    return {"model_type": model.model_type}
