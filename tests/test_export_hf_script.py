@@ -151,3 +151,17 @@ def test_fsdp_plan_reaches_the_trainer_as_estimated(qwen7b, version, offload) ->
         assert got["reshard_after_forward"] == "full_shard"
     else:
         assert got["reshard_after_forward"] is True
+
+
+def test_a_moe_scripts_all_linear_lists_the_linear_names() -> None:
+    """PEFT given the literal "all-linear" on Qwen3-MoE (a type it converts for transformers 5) would also
+    adapt the fused experts and the router, which the estimate's all-linear leaves alone; so the script
+    lists the names the estimate adapted: Qwen3-MoE's nn.Linear layers are the attention projections
+    (q/k/v/o_proj); its experts are 3-D parameters and its router is not an nn.Linear."""
+    from tuneplan.catalog.models import resolve_model
+
+    model = resolve_model("Qwen/Qwen3-30B-A3B")
+    plan = script_plan(model, TrainSetup(method="lora", targets="all-linear"))
+    assert sorted(plan["lora"]["targets"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    dense = script_plan(model_from_config(TINY_LLAMA), TrainSetup(method="lora", targets="all-linear"))
+    assert dense["lora"]["targets"] == "all-linear"

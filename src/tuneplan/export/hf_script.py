@@ -48,7 +48,11 @@ def script_plan(model: ModelSpec, setup: TrainSetup, deepspeed_file: str | None 
     mixed = s.precision.endswith("-mixed")
     # full fine-tune under '-mixed': the fp32 master is the model itself (Trainer + autocast)
     load = "float32" if (s.precision == "fp32" or (mixed and s.method == "full")) else half
-    if s.targets in ("all", "all-linear") or not s.is_lora:
+    # PEFT resolves the literal "all-linear" itself and, on the MoE types it converts for transformers 5,
+    # adds the fused experts and the router (transformers_weight_conversion._resolve_string_target_modules);
+    # the estimate's all-linear is the nn.Linear names (specs/lora_targets.resolve_targets): a MoE script
+    # lists them, so that the run adapts what was estimated
+    if not s.is_lora or (s.targets in ("all", "all-linear") and not model.is_moe):
         targets: list[str] | str = "all-linear"
     else:
         chosen = resolve_targets(model, s.targets)
