@@ -82,6 +82,8 @@ class MemoryStatics:
     # a fused routed-expert stack's new weight gradient beside its accumulated buffer, while a MoE layer is
     # back-propagated (expert_stack_gradient_temp)
     expert_grad_temp: int = 0
+    recompute_casts: int = 0  # a checkpointed layer's casts its recomputation saves (weights.recompute_casts)
+    recompute_casts_bottom: int = 0  # ... beyond the bottom layer's own gradients (bottom_recompute_casts)
 
 
 def memory_statics(run: Run) -> MemoryStatics:
@@ -154,7 +156,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         step_grads=grads_step + buckets.persistent,
         step_temp=0 if setup.optimizer_in_backward else resident.optimizer_temp,
         base_notes=wrapper_memory.notes + tuple(optimizer.notes),
-        expert_grad_temp=expert_stack_gradient_temp(run, grads_prev))
+        expert_grad_temp=expert_stack_gradient_temp(run, grads_prev),
+        recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run))
     run.memo["memory"] = out
     return out
 
@@ -172,6 +175,19 @@ def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:
         "optimizer_states": resident.states,
         "framework": CUBLAS_WORKSPACE,
     }
+
+
+def bottom_recompute_casts(run: Run) -> int:
+    """The recomputed bottom layer's casts (weights.recompute_casts) beyond its own weight gradients: the
+    bottom layer's backward row counts the layer's gradients, made as its casts are released (each
+    linear's cast is freed by its own backward, which makes the weight's gradient), so the row holds the
+    larger of the layer's start (casts, no own gradients) and end (gradients, no casts): :math:`\\max(0, C
+    - n_w b_{grad})` with :math:`C = n_w b_{compute}` the casts of the layer's :math:`n_w` weight
+    elements; a LoRA run's own gradients are its adapters', so its casts count whole."""
+    casts = run.param_plan.recompute_cast_bytes
+    if run.setup.method == "lora" or not casts:
+        return casts
+    return max(0, casts - casts // run.dtypes.compute * run.param_plan.trainable_bytes)
 
 
 def autocast_copy_terms(run: Run) -> tuple[int, int]:
