@@ -128,6 +128,11 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         "backward_start": (earlier_grads, 0, saved, statics.autocast_copies_backward, logits.backward_peak, 0,
                            statics.gathered_at_loss),
     }
+    if statics.gathered_root_pre_backward:
+        # FSDP1's root pre-backward, before the loss's backward: what the loss's forward left (at most its
+        # forward peak) beside the root and its shard's device copy (wrappers/fsdp1_offload)
+        rows["backward_root_pre"] = (earlier_grads, 0, saved, statics.autocast_copies_backward,
+                                     logits.forward_peak, 0, statics.gathered_root_pre_backward)
     if statics.gathered_bottom_forward:
         # FSDP2: a layer's copy-out in the forward (wrappers/fully_shard.py); at the bottom layer
         # nothing is saved yet, at the top every layer below it has saved its activations

@@ -70,6 +70,7 @@ class MemoryStatics:
     gathered_top_forward: int
     gathered_head_forward: int
     gathered_at_loss: int
+    gathered_root_pre_backward: int  # FSDP1: the root unit and its shard's device copy (0: no instant)
     gathered: int
     gathered_layer_end: int  # at a layer's backward end, beside the prefetched next layer (0: no instant)
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
@@ -148,7 +149,9 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_bottom_forward=wrapper_memory.gathered.bottom_layer_forward,
         gathered_top_forward=wrapper_memory.gathered.top_layer_forward,
         gathered_head_forward=wrapper_memory.gathered.head_forward,
-        gathered_at_loss=wrapper_memory.gathered.at_loss, end_of_backward=wrapper_memory.end_of_backward,
+        gathered_at_loss=wrapper_memory.gathered.at_loss,
+        gathered_root_pre_backward=wrapper_memory.gathered.root_pre_backward,
+        end_of_backward=wrapper_memory.end_of_backward,
         gathered=wrapper_memory.gathered.in_layers, gathered_layer_end=wrapper_memory.gathered.layer_end,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(wrapper_memory.no_sync.accumulating if wrapper_memory.no_sync is not None else grads)

@@ -46,7 +46,11 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
 )
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, unsharded_grad_bytes
-from tuneplan.estimator.wrappers.fsdp1_offload import gathered_shard_transient, held_shard_copies
+from tuneplan.estimator.wrappers.fsdp1_offload import (
+    gathered_shard_transient,
+    held_shard_copies,
+    root_pre_backward_copy,
+)
 from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.setup import TrainSetup
@@ -198,8 +202,10 @@ class Fsdp1(Fsdp):
             # the next layer being gathered: its shard's copy, held or transient (wrappers/fsdp1_offload.py)
             layer_end = (gathered + terms.layer16 + held.of(terms.layer16, 0, world_size)
                          + gathered_shard_transient(run, terms.layer16))
+        root_copy = root_pre_backward_copy(run, terms.root16)
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
-                                    layer_end=layer_end)
+                                    layer_end=layer_end,
+                                    root_pre_backward=terms.root16 + root_copy if root_copy else 0)
         buckets = Buckets(in_layers=buffers, missing_at_bottom=pending_shards(run, terms))
         return WrapperMemory(terms.resident, buckets, buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
