@@ -203,3 +203,18 @@ def test_root_pre_backward_copies_its_host_shard_again() -> None:
                 framework="fsdp-qlora", batch=4, seq=64, gradient_checkpointing=True, rank=4,
                 targets="all-linear", attn="eager", gpus=2, fsdp=True, fsdp_version=1)
     assert memory_statics(kept).gathered_root_pre_backward == 0
+
+
+def test_offloaded_flat_params_keep_their_device_gradient_shards_to_the_end() -> None:
+    # train.py (use_orig_params=False) with CPU offload, Meta-Llama-3-8B full fp32 over 2 GPUs: each layer
+    # unit's reduce-scatter output stays on the device as _saved_grad_shard until _finalize_params, so at the
+    # root unit's end both layers' fp32 shards (218,112,000 / 2 elements each) are live; the HF Trainer's
+    # use_orig_params=True frees each at once (_post_backward_use_sharded_grad_views)
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    kw = dict(method="full", precision="fp32", batch=2, seq=384, gradient_checkpointing=True, optimizer="sgd",
+              gpus=2, fsdp=True, fsdp_version=1, offload="all")
+    run = _run("meta-llama/Meta-Llama-3-8B", 2, framework="fsdp-qlora", **kw)
+    end = memory_statics(run).end_of_backward
+    assert end is not None and end.gradients == 2 * layer * 4 // 2
+    hf = memory_statics(_run("meta-llama/Meta-Llama-3-8B", 2, framework="hf", **kw)).end_of_backward
+    assert hf is not None and hf.gradients == 0

@@ -222,7 +222,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_layers_top"] = (top_grads, 0, top_acts, casts, kept, top_scratch, top_gathered)
         rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, statics.recompute_casts_bottom, 0,
                                           backward_temp, gathered)
-        bottom_acts, bottom_held = recomputed, 0
+        # a lower layer's end (backward_layer_end) is a moment, not a bound: the held outputs are beside it
+        # (simulate: fsdp_qlora, Mistral-7B LoRA with CPU offload, the next layer gathered)
+        bottom_acts, bottom_held = recomputed, kept
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
                                        top_scratch, top_gathered)

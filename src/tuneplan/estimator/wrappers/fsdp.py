@@ -245,7 +245,14 @@ def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int)
     per_elem = 0 if made else terms.grads / max(params.trainable_params, 1)
     pending = -(-int(root_params * per_elem) // setup.world_size)
     scratch = 2 * root_params if model.lm_head_params else max(2 * root_params, 3 * model.embed_params)
-    return EndOfBackward(gradients=-pending, gathered=gathered, scratch=scratch * grad_bytes)
+    # CPU offload with use_orig_params=False: each layer unit's reduce-scattered shard stays on the device as
+    # _saved_grad_shard (the host copy's source, _offload_grad) until _finalize_params'
+    # prepare_gradient_for_optim at the very end (use_orig_params=True frees it at once:
+    # _post_backward_use_sharded_grad_views; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32 offloaded)
+    kept = setup.offload != "none" and run.profile.fsdp_flat_params_only
+    offloaded = sum(count * ceil_div(spec.params * grad_bytes, setup.world_size)
+                    for spec, count in model.layer_groups) if kept else 0
+    return EndOfBackward(gradients=offloaded - pending, gathered=gathered, scratch=scratch * grad_bytes)
 
 
 class Fsdp2(Fsdp):
