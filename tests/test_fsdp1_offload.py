@@ -66,14 +66,17 @@ def test_fsdp_qlora_lora_under_autocast_shards_an_fp32_base() -> None:
 def test_fsdp_qlora_autocast_saves_each_gathered_weights_cast_without_checkpointing() -> None:
     # the fp32-gathered weights are cast to fp16 for each matmul and the cast saved for the input gradient:
     # the untied head (64000 x 4096), the fp32 adapters (r32 on q, k, v, gate, up, down) and, with no
-    # checkpointing, every block linear of the 4 layers, all unsharded
+    # checkpointing, every block linear of the 4 layers, all unsharded, but the bottom layer's q, k, v: their
+    # base matmuls read the normed embedding output, which does not require grad, so nothing saves their
+    # casts (the adapters beside them are a separate branch; o_proj and the MLP read LoRA outputs)
     linears = 2 * 4096 * 4096 + 2 * 4096 * 512 + 3 * 4096 * 11008
+    bottom_qkv = 4096 * 4096 + 2 * 4096 * 512
     adapters = 4 * 32 * ((4096 + 4096) + 2 * (4096 + 512) + 3 * (4096 + 11008))
     kw = dict(method="lora", precision="fp16-mixed", framework="fsdp-qlora", batch=1, seq=384, rank=32,
               optimizer="adafactor", gpus=2, fsdp=True, fsdp_version=1)
     statics = memory_statics(_run("01-ai/Yi-1.5-6B", 4, gradient_checkpointing=False, **kw))
-    assert statics.autocast_copies == (64000 * 4096 + 4 * linears + adapters) * 2
-    assert statics.autocast_copies_backward == (64000 * 4096 + 4 * linears + adapters) * 2
+    assert statics.autocast_copies == (64000 * 4096 + 4 * linears - bottom_qkv + adapters) * 2
+    assert statics.autocast_copies_backward == (64000 * 4096 + 4 * linears - bottom_qkv + adapters) * 2
     checkpointed = memory_statics(_run("01-ai/Yi-1.5-6B", 4, gradient_checkpointing=True, **kw))
     assert checkpointed.autocast_copies_backward == 64000 * 4096 * 2
 
@@ -183,3 +186,35 @@ def test_each_adapter_saves_its_own_16_bit_input_under_the_trainers_fsdp1() -> N
             walk.linear(name, read, 8192)
         copies = {k: v for k, v in walk.ledger.items.items() if k.endswith(".lora_in")}
         assert copies == ({f"{n}@{r}.lora_in": 2 * 8192 for n, r in reads} if copied else {})
+
+
+def test_root_pre_backward_copies_its_host_shard_again() -> None:
+    # fsdp_qlora train.py (use_orig_params=False) with CPU offload, Meta-Llama-3-8B QLoRA in bf16 over 2 GPUs:
+    # the root unit (embedding, untied lm_head, final norm: 2 x 128256 x 4096 + 4096 bf16) stays unsharded
+    # after its forward, but reshard() points flat_param at the host shard, so its pre-backward's
+    # pre_unshard copies that shard (half the root) to the device before unshard() reuses the storage
+    root = (2 * 128256 * 4096 + 4096) * 2
+    run = _run("meta-llama/Meta-Llama-3-8B-Instruct", 3, method="qlora", precision="bf16",
+               framework="fsdp-qlora", batch=4, seq=64, gradient_checkpointing=True, rank=4,
+               targets="all-linear", attn="eager", gpus=2, fsdp=True, fsdp_version=1, offload="all")
+    assert memory_statics(run).gathered_root_pre_backward == root + root // 2
+    # without offload the shard is already on the device: no copy, no instant
+    kept = _run("meta-llama/Meta-Llama-3-8B-Instruct", 3, method="qlora", precision="bf16",
+                framework="fsdp-qlora", batch=4, seq=64, gradient_checkpointing=True, rank=4,
+                targets="all-linear", attn="eager", gpus=2, fsdp=True, fsdp_version=1)
+    assert memory_statics(kept).gathered_root_pre_backward == 0
+
+
+def test_offloaded_flat_params_keep_their_device_gradient_shards_to_the_end() -> None:
+    # train.py (use_orig_params=False) with CPU offload, Meta-Llama-3-8B full fp32 over 2 GPUs: each layer
+    # unit's reduce-scatter output stays on the device as _saved_grad_shard until _finalize_params, so at the
+    # root unit's end both layers' fp32 shards (218,112,000 / 2 elements each) are live; the HF Trainer's
+    # use_orig_params=True frees each at once (_post_backward_use_sharded_grad_views)
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    kw = dict(method="full", precision="fp32", batch=2, seq=384, gradient_checkpointing=True, optimizer="sgd",
+              gpus=2, fsdp=True, fsdp_version=1, offload="all")
+    run = _run("meta-llama/Meta-Llama-3-8B", 2, framework="fsdp-qlora", **kw)
+    end = memory_statics(run).end_of_backward
+    assert end is not None and end.gradients == 2 * layer * 4 // 2
+    hf = memory_statics(_run("meta-llama/Meta-Llama-3-8B", 2, framework="hf", **kw)).end_of_backward
+    assert hf is not None and hf.gradients == 0

@@ -128,6 +128,11 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         "backward_start": (earlier_grads, 0, saved, statics.autocast_copies_backward, logits.backward_peak, 0,
                            statics.gathered_at_loss),
     }
+    if statics.gathered_root_pre_backward:
+        # FSDP1's root pre-backward, before the loss's backward: what the loss's forward left (at most its
+        # forward peak) beside the root and its shard's device copy (wrappers/fsdp1_offload)
+        rows["backward_root_pre"] = (earlier_grads, 0, saved, statics.autocast_copies_backward,
+                                     logits.forward_peak, 0, statics.gathered_root_pre_backward)
     if statics.gathered_bottom_forward:
         # FSDP2: a layer's copy-out in the forward (wrappers/fully_shard.py); at the bottom layer
         # nothing is saved yet, at the top every layer below it has saved its activations
@@ -192,7 +197,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # scratch, none of its gradients) and its end (its gradients, its activations gone)
         at_end, top_gathered = top.gradients_at_end, top.gathered
         top_grads = statics.earlier_grads_in_layer - top.counted + at_end
-        top_freed = minimum(acts.recompute_bytes if statics.checkpointed else acts.top_layer_bytes, at_end)
+        # checkpointed: the recomputation's weight casts (weights.recompute_casts) are released with it
+        top_freed = minimum(acts.recompute_bytes + statics.recompute_casts if statics.checkpointed
+                            else acts.top_layer_bytes, at_end)
         top_scratch = (backward_temp if top.keeps_scratch
                        else backward_temp - minimum(backward_temp, at_end - top_freed))
     bottom_grads = statics.all_grads_in_layer - embedding_cut
@@ -203,9 +210,21 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         top_acts = saved - acts.tail_bytes + recomputed - top_freed
         # the head's 16-bit cast, saved for its input gradient, is released by the head's backward, which
         # runs before the top layer's (simulate: Llama-3.1-405B QLoRA at 4 layers, 1 x 256 tokens)
-        rows["backward_layers_top"] = (top_grads, 0, top_acts, 0, 0, top_scratch, top_gathered)
-        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, 0, 0, backward_temp, gathered)
-        bottom_acts, bottom_held = recomputed, 0
+        # beside the outputs a loop that drops them only after the step still holds (fsdp_qlora train.py:
+        # ``output = None`` after ``optimizer.step()``; simulate: fsdp_qlora, Mistral-7B LoRA fp32 under
+        # checkpointing, its fp32 logits at the top layer); other loops' holdings are not simulated here. The
+        # bottom row, an upper bound that already counts the bottom layer's own gradients beside its whole
+        # recomputation, is left without them (simulate: fsdp_qlora, Llama-2-7b full bf16_autocast at 3
+        # layers: with them it would exceed the run's peak, the embedding's backward, by 4 %)
+        kept = held if statics.holds_to_step else 0
+        # the recomputed layer's 16-bit weight casts under autocast (weights.recompute_casts)
+        casts = statics.recompute_casts
+        rows["backward_layers_top"] = (top_grads, 0, top_acts, casts, kept, top_scratch, top_gathered)
+        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, statics.recompute_casts_bottom, 0,
+                                          backward_temp, gathered)
+        # a lower layer's end (backward_layer_end) is a moment, not a bound: the held outputs are beside it
+        # (simulate: fsdp_qlora, Mistral-7B LoRA with CPU offload, the next layer gathered)
+        bottom_acts, bottom_held = recomputed, kept
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
                                        top_scratch, top_gathered)

@@ -70,6 +70,7 @@ class MemoryStatics:
     gathered_top_forward: int
     gathered_head_forward: int
     gathered_at_loss: int
+    gathered_root_pre_backward: int  # FSDP1: the root unit and its shard's device copy (0: no instant)
     gathered: int
     gathered_layer_end: int  # at a layer's backward end, beside the prefetched next layer (0: no instant)
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
@@ -82,6 +83,8 @@ class MemoryStatics:
     # a fused routed-expert stack's new weight gradient beside its accumulated buffer, while a MoE layer is
     # back-propagated (expert_stack_gradient_temp)
     expert_grad_temp: int = 0
+    recompute_casts: int = 0  # a checkpointed layer's casts its recomputation saves (weights.recompute_casts)
+    recompute_casts_bottom: int = 0  # ... beyond the bottom layer's own gradients (bottom_recompute_casts)
 
 
 def memory_statics(run: Run) -> MemoryStatics:
@@ -146,7 +149,9 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_bottom_forward=wrapper_memory.gathered.bottom_layer_forward,
         gathered_top_forward=wrapper_memory.gathered.top_layer_forward,
         gathered_head_forward=wrapper_memory.gathered.head_forward,
-        gathered_at_loss=wrapper_memory.gathered.at_loss, end_of_backward=wrapper_memory.end_of_backward,
+        gathered_at_loss=wrapper_memory.gathered.at_loss,
+        gathered_root_pre_backward=wrapper_memory.gathered.root_pre_backward,
+        end_of_backward=wrapper_memory.end_of_backward,
         gathered=wrapper_memory.gathered.in_layers, gathered_layer_end=wrapper_memory.gathered.layer_end,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(wrapper_memory.no_sync.accumulating if wrapper_memory.no_sync is not None else grads)
@@ -154,7 +159,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         step_grads=grads_step + buckets.persistent,
         step_temp=0 if setup.optimizer_in_backward else resident.optimizer_temp,
         base_notes=wrapper_memory.notes + tuple(optimizer.notes),
-        expert_grad_temp=expert_stack_gradient_temp(run, grads_prev))
+        expert_grad_temp=expert_stack_gradient_temp(run, grads_prev),
+        recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run))
     run.memo["memory"] = out
     return out
 
@@ -172,6 +178,19 @@ def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:
         "optimizer_states": resident.states,
         "framework": CUBLAS_WORKSPACE,
     }
+
+
+def bottom_recompute_casts(run: Run) -> int:
+    """The recomputed bottom layer's casts (weights.recompute_casts) beyond its own weight gradients: the
+    bottom layer's backward row counts the layer's gradients, made as its casts are released (each
+    linear's cast is freed by its own backward, which makes the weight's gradient), so the row holds the
+    larger of the layer's start (casts, no own gradients) and end (gradients, no casts): :math:`\\max(0, C
+    - n_w b_{grad})` with :math:`C = n_w b_{compute}` the casts of the layer's :math:`n_w` weight
+    elements; a LoRA run's own gradients are its adapters', so its casts count whole."""
+    casts = run.param_plan.recompute_cast_bytes
+    if run.setup.method == "lora" or not casts:
+        return casts
+    return max(0, casts - casts // run.dtypes.compute * run.param_plan.trainable_bytes)
 
 
 def autocast_copy_terms(run: Run) -> tuple[int, int]:

@@ -67,6 +67,16 @@ def stepped_tensor_sizes(setup: TrainSetup, trainable_params: int,
     return sizes
 
 
+def adafactor_temp(largest_tensor: int, param_bytes: int) -> int:
+    """Peak fp32 temporaries of transformers' ``Adafactor.step`` on its largest tensor of :math:`n` elements:
+    ``update = (grad**2) + eps`` holds two (the square and the sum), ``_approx_sq_grad`` makes the next
+    ``update`` while the old one is bound, and ``p_data_fp32.add_(-update)`` negates it into a third
+    tensor beside it: :math:`2 \\cdot 4n`. A 16-bit parameter adds its fp32 gradient (``grad.float()``) and
+    fp32 copy (``p_data_fp32 = p.float()``), held through the step: :math:`4 \\cdot 4n`; an fp32 one is
+    stepped in place (simulate: Llama-3.1-70B full bf16_autocast, 2 x the fp32 embedding)."""
+    return (2 + (2 if param_bytes < 4 else 0)) * 4 * largest_tensor
+
+
 def optimizer_plan(name: str, trainable_params: int, param_bytes: int, tensors: int,
                    largest_tensor: int, factored_elems: int, *,
                    tensor_sizes: tuple[tuple[int, int], ...]) -> OptimizerPlan:
@@ -91,7 +101,8 @@ def optimizer_plan(name: str, trainable_params: int, param_bytes: int, tensors: 
         return OptimizerPlan(states=0, paged=8 * trainable_params, temp=0,
                              notes=("fp32 states are paged (unified memory)",))
     if name == "adafactor":
-        return OptimizerPlan(states=4 * factored_elems, paged=0, temp=3 * 4 * largest_tensor)
+        return OptimizerPlan(states=4 * factored_elems, paged=0,
+                             temp=adafactor_temp(largest_tensor, param_bytes))
     if name == "sgd":
         return OptimizerPlan(states=0, paged=0, temp=0)
     raise ValueError(name)  # validated earlier in TrainSetup

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.fused_expert_lora import ExpertStack, expert_stacks
+from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.lora_targets import convert_targets, resolve_targets
 from tuneplan.specs.model import Linear, ModelSpec
@@ -62,6 +63,7 @@ class ParamPlan:
     # (simulate: Qwen2.5-7B full + checkpointing, seq 8192: 1.0 GiB live at the loss backward, not 2.75).
     autocast_copy_backward_bytes: int = 0
     largest_layer_bytes: int = 0  # one decoder layer's weights as stored (quantized: packed codes + metadata)
+    recompute_cast_bytes: int = 0  # a checkpointed layer's casts, saved again by its recomputation
     # (elements of one trainable tensor, how many such tensors): what a per-tensor optimizer rule needs
     # (bitsandbytes keeps 32-bit states for small tensors); the elements add up to trainable_params
     trainable_sizes: tuple[tuple[int, int], ...] = ()
@@ -112,6 +114,7 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_hea
     targets = lora_targets(model, setup)
     tally = _Tally()
     largest_layer = layer_params(tally, model, setup, dtypes, targets)
+    tally.autocast_copy -= bottom_casts_unsaved(model, setup, dtypes, targets)
     layer_copy_mark = tally.autocast_copy  # copies of the decoder layers' weights (checkpointed under GC)
     non_block_params(tally, model, setup, dtypes, quant_lm_head)
     head_copy = tally.autocast_copy - layer_copy_mark
@@ -133,7 +136,40 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_hea
                      autocast_copy_bytes=tally.autocast_copy, trainable_tensors=tally.tensors,
                      largest_trainable_tensor=tally.largest_tensor, factored_elems=factored,
                      autocast_copy_backward_bytes=copy_backward, largest_layer_bytes=largest_layer,
+                     recompute_cast_bytes=recompute_casts(model, setup, dtypes),
                      trainable_sizes=tuple(sorted((n, c) for n, c in tally.sizes.items() if n and c)))
+
+
+def recompute_casts(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes) -> int:
+    """Bytes of the 16-bit casts of one checkpointed decoder layer's fp32 linear weights that its
+    recomputation saves for the layer's backward: torch.utils.checkpoint reruns the layer's forward under
+    the autocast state of the first forward (``_get_autocast_kwargs`` / ``torch.autocast`` around
+    ``recompute_fn``), with grad enabled, so each ``linear`` saves its weight's cast until the layer's
+    backward frees it: :math:`\\max_{layer} \\sum_m n_m d_{in} d_{out} \\cdot b_{compute}` (simulate:
+    fsdp_qlora, Llama-3.1-405B LoRA on q,v under bf16_autocast: the top layer's seven casts live in its
+    backward). 0 without checkpointing (:func:`param_plan` counts the casts of the first forward), under
+    quantization or with 16-bit weights."""
+    weight = dtypes.frozen_weight if setup.method == "lora" else dtypes.trainable
+    if not (setup.gradient_checkpointing and dtypes.autocast and weight == 4) or setup.quant_bits:
+        return 0
+    return max(sum(m.count * m.d_in * m.d_out for m in spec.linears) for spec, _ in model.layer_groups) * \
+        dtypes.compute
+
+
+def bottom_casts_unsaved(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: frozenset[str]) -> int:
+    """Bytes of the bottom layer's 16-bit casts of frozen fp32 weights that autograd does not save in a
+    LoRA run without checkpointing under autocast: a frozen linear whose input does not require grad
+    (lora_bottom_layer.bottom_gradient_free; a target's base layer too, its adapter a separate branch) has
+    an output outside the graph, so the matmul records no backward and its uncached cast
+    (autocast_mode.cpp ``cached_cast``: only leaves requiring grad are cached) dies after it:
+    :math:`\\sum_{m \\in \\text{free}} n_m d_{in} d_{out} \\cdot b_{compute}` (simulate: fsdp_qlora,
+    Llama-3.1-70B LoRA on the MLP, bf16_autocast: layer 0 keeps only down_proj's cast)."""
+    if (setup.method != "lora" or setup.gradient_checkpointing or setup.quant_bits or not dtypes.autocast
+            or dtypes.frozen_weight != 4):
+        return 0
+    free = bottom_gradient_free(model, targets)
+    return sum(m.count * m.d_in * m.d_out for m in model.layer_groups[0][0].linears
+               if m.name in free) * dtypes.compute
 
 
 def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dtypes,

@@ -65,6 +65,9 @@ class Gathered:
     # at the end of a layer's backward, its scratch freed, beside the next layer it prefetched when that is
     # later than the layer's heavy part (0: no instant there; wrappers/fsdp.fsdp_layers_gathered)
     layer_end: int = 0
+    # FSDP1: at the root unit's pre-backward, beside the device copy of its host shard (0: no instant there;
+    # wrappers/fsdp1_offload.root_pre_backward_copy)
+    root_pre_backward: int = 0
 
 
 @dataclass(frozen=True)

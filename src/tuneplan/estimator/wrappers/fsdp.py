@@ -46,7 +46,11 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
 )
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, unsharded_grad_bytes
-from tuneplan.estimator.wrappers.fsdp1_offload import gathered_shard_transient, held_shard_copies
+from tuneplan.estimator.wrappers.fsdp1_offload import (
+    gathered_shard_transient,
+    held_shard_copies,
+    root_pre_backward_copy,
+)
 from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.setup import TrainSetup
@@ -198,8 +202,10 @@ class Fsdp1(Fsdp):
             # the next layer being gathered: its shard's copy, held or transient (wrappers/fsdp1_offload.py)
             layer_end = (gathered + terms.layer16 + held.of(terms.layer16, 0, world_size)
                          + gathered_shard_transient(run, terms.layer16))
+        root_copy = root_pre_backward_copy(run, terms.root16)
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
-                                    layer_end=layer_end)
+                                    layer_end=layer_end,
+                                    root_pre_backward=terms.root16 + root_copy if root_copy else 0)
         buckets = Buckets(in_layers=buffers, missing_at_bottom=pending_shards(run, terms))
         return WrapperMemory(terms.resident, buckets, buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
@@ -239,7 +245,14 @@ def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int)
     per_elem = 0 if made else terms.grads / max(params.trainable_params, 1)
     pending = -(-int(root_params * per_elem) // setup.world_size)
     scratch = 2 * root_params if model.lm_head_params else max(2 * root_params, 3 * model.embed_params)
-    return EndOfBackward(gradients=-pending, gathered=gathered, scratch=scratch * grad_bytes)
+    # CPU offload with use_orig_params=False: each layer unit's reduce-scattered shard stays on the device as
+    # _saved_grad_shard (the host copy's source, _offload_grad) until _finalize_params'
+    # prepare_gradient_for_optim at the very end (use_orig_params=True frees it at once:
+    # _post_backward_use_sharded_grad_views; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32 offloaded)
+    kept = setup.offload != "none" and run.profile.fsdp_flat_params_only
+    offloaded = sum(count * ceil_div(spec.params * grad_bytes, setup.world_size)
+                    for spec, count in model.layer_groups) if kept else 0
+    return EndOfBackward(gradients=offloaded - pending, gathered=gathered, scratch=scratch * grad_bytes)
 
 
 class Fsdp2(Fsdp):

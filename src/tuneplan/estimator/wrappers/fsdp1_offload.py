@@ -111,3 +111,19 @@ def gathered_shard_transient(run: Run, unit: int) -> int:
     if setup.offload == "none" and not low_precision_shard:
         return 0
     return ceil_div(unit, setup.world_size)
+
+
+def root_pre_backward_copy(run: Run, root16: int) -> int:
+    """The device copy of the root unit's host shard made again at its pre-backward, beside the root's
+    unsharded ``root16`` bytes, with ``use_orig_params=False`` under CPU offload: the root's post-forward
+    ``_reshard`` keeps its unsharded flat parameter (``_post_forward_reshard``: not freed for the root) but
+    ``FlatParamHandle.reshard`` points ``flat_param`` back at the host shard (``_use_sharded_flat_param``), so
+    ``_pre_backward_hook``'s ``_unshard`` runs ``pre_unshard``, whose ``flat_param_to(self.device)`` copies
+    the shard before ``unshard`` finds the unsharded storage still allocated and uses it, dropping the copy:
+    :math:`\\lceil root16 / N \\rceil` (simulate: fsdp_qlora, Meta-Llama-3-8B QLoRA with CPU offload, at the
+    start of the backward). 0 where the copy is held (:func:`held_shard_copies`) or nothing is offloaded."""
+    setup = run.setup
+    if (setup.offload == "none" or not run.profile.fsdp_flat_params_only or setup.fsdp_version != 1
+            or not root16):
+        return 0
+    return ceil_div(root16, setup.world_size)
