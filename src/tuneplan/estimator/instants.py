@@ -196,6 +196,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         top_scratch = (backward_temp if top.keeps_scratch
                        else backward_temp - minimum(backward_temp, at_end - top_freed))
     bottom_grads = statics.all_grads_in_layer - embedding_cut
+    bottom_freed = bottom_layer_freed(statics, acts)
     if statics.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
@@ -204,14 +205,16 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the head's 16-bit cast, saved for its input gradient, is released by the head's backward, which
         # runs before the top layer's (simulate: Llama-3.1-405B QLoRA at 4 layers, 1 x 256 tokens)
         rows["backward_layers_top"] = (top_grads, 0, top_acts, 0, 0, top_scratch, top_gathered)
-        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, 0, 0, backward_temp, gathered)
+        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed - bottom_freed, 0, 0, backward_temp,
+                                          statics.gathered_bottom_backward)
         bottom_acts, bottom_held = recomputed, 0
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
                                        top_scratch, top_gathered)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
-        rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
+        rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts - bottom_freed, 0, held, backward_temp,
+                                          statics.gathered_bottom_backward)
         bottom_held = held
     if statics.gathered_layer_end:
         # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
@@ -241,6 +244,18 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the step; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32)
         rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, held, end.scratch,
                                       end.gathered)
+
+
+def bottom_layer_freed(statics: MemoryStatics, acts: ActivationPlan) -> Any:
+    """The bottom layer's activations released by the time its unsharded gradients are made, where the
+    row is FSDP2's bottom layer beside the prefetched embedding group (wrappers/fully_shard.
+    embedding_prefetch): that group is held through the whole layer, so, as at the top layer
+    (``TopLayer``), the row is the larger of the layer's start (its activations, none of its gradients)
+    and its end (its gradients, its activations released): ``min(layer activations, its gradients)``."""
+    top = statics.wrapped.top_layer
+    if top is None or not statics.wrapped.gathered.bottom_layer_backward:
+        return 0
+    return minimum(acts.recompute_bytes if statics.checkpointed else acts.top_layer_bytes, top.counted)
 
 
 def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:

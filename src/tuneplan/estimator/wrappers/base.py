@@ -65,6 +65,8 @@ class Gathered:
     # at the end of a layer's backward, its scratch freed, beside the next layer it prefetched when that is
     # later than the layer's heavy part (0: no instant there; wrappers/fsdp.fsdp_layers_gathered)
     layer_end: int = 0
+    # FSDP2: at the bottom layer's backward, where it differs from ``in_layers`` (0: ``in_layers``)
+    bottom_layer_backward: int = 0
 
 
 @dataclass(frozen=True)
