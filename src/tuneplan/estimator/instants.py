@@ -12,7 +12,8 @@ Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
 - ``optimizer_step``: all gradients, states and the step's temporaries;
 - where they exist: ``backward_lm_head`` (a 4-bit lm_head), ``backward_embedding`` (the token embedding's
   gradient), ``next_micro_batch`` (after the longest micro-batch, run first), ``initialize`` (before the
-  first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU, wrappers/zero12_initialize).
+  first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU, wrappers/zero12_initialize),
+  ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the embedding group it prefetched).
 Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
 with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
 ``keep_grads``: torch < 2.0's in-place zeroing).
@@ -196,7 +197,6 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         top_scratch = (backward_temp if top.keeps_scratch
                        else backward_temp - minimum(backward_temp, at_end - top_freed))
     bottom_grads = statics.all_grads_in_layer - embedding_cut
-    bottom_freed = bottom_layer_freed(statics, acts)
     if statics.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time
         # the top layer is recomputed (simulate: Llama-3.2-1B reward-model QLoRA)
@@ -205,16 +205,14 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the head's 16-bit cast, saved for its input gradient, is released by the head's backward, which
         # runs before the top layer's (simulate: Llama-3.1-405B QLoRA at 4 layers, 1 x 256 tokens)
         rows["backward_layers_top"] = (top_grads, 0, top_acts, 0, 0, top_scratch, top_gathered)
-        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed - bottom_freed, 0, 0, backward_temp,
-                                          statics.gathered_bottom_backward)
+        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, 0, 0, backward_temp, gathered)
         bottom_acts, bottom_held = recomputed, 0
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
                                        top_scratch, top_gathered)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
-        rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts - bottom_freed, 0, held, backward_temp,
-                                          statics.gathered_bottom_backward)
+        rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
     if statics.gathered_layer_end:
         # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
@@ -233,6 +231,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
             # CPUOffload, Yi-1.5-34B LoRA all-linear)
             rows["backward_top_layer_end"] = (top_grads, 0, saved - acts.tail_bytes, 0, bottom_held, 0,
                                               statics.gathered_layer_end)
+    if statics.gathered_bottom_backward:
+        rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     epilogue = statics.wrapped.epilogue
@@ -246,16 +246,20 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
                                       end.gathered)
 
 
-def bottom_layer_freed(statics: MemoryStatics, acts: ActivationPlan) -> Any:
-    """The bottom layer's activations released by the time its unsharded gradients are made, where the
-    row is FSDP2's bottom layer beside the prefetched embedding group (wrappers/fully_shard.
+def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, backward_temp: Any,
+                     embedding_cut: Any) -> Row:
+    """FSDP2's bottom layer beside the embedding group it prefetched (wrappers/fully_shard.
     embedding_prefetch): that group is held through the whole layer, so, as at the top layer
-    (``TopLayer``), the row is the larger of the layer's start (its activations, none of its gradients)
-    and its end (its gradients, its activations released): ``min(layer activations, its gradients)``."""
+    (``TopLayer``), the row is the larger of the layer's start (its activations or recomputation, none of
+    its unsharded gradients) and its end (its gradients made, its activations released):
+
+        activations = layer activations - min(layer activations, its unsharded gradients)"""
     top = statics.wrapped.top_layer
-    if top is None or not statics.wrapped.gathered.bottom_layer_backward:
-        return 0
-    return minimum(acts.recompute_bytes if statics.checkpointed else acts.top_layer_bytes, top.counted)
+    layer = (acts.recompute_bytes if statics.checkpointed
+             else acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers)
+    freed = minimum(layer, top.counted) if top is not None else 0
+    return (statics.bottom_layer_grads - embedding_cut, 0, layer - freed, 0,
+            0 if statics.checkpointed else held, backward_temp, statics.gathered_bottom_backward)
 
 
 def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:

@@ -71,7 +71,8 @@ class MemoryStatics:
     gathered_head_forward: int
     gathered_at_loss: int
     gathered: int
-    gathered_bottom_backward: int  # at the bottom layer's backward (FSDP2's embedding prefetch)
+    gathered_bottom_backward: int  # at the bottom layer's backward (FSDP2's embedding prefetch; 0: none)
+    bottom_layer_grads: int  # the gradient bytes then
     gathered_layer_end: int  # at a layer's backward end, beside the prefetched next layer (0: no instant)
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
     end_of_backward: EndOfBackward | None
@@ -149,8 +150,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_head_forward=wrapper_memory.gathered.head_forward,
         gathered_at_loss=wrapper_memory.gathered.at_loss, end_of_backward=wrapper_memory.end_of_backward,
         gathered=wrapper_memory.gathered.in_layers,
-        gathered_bottom_backward=(wrapper_memory.gathered.bottom_layer_backward
-                                  or wrapper_memory.gathered.in_layers),
+        gathered_bottom_backward=wrapper_memory.gathered.bottom_layer_backward,
+        bottom_layer_grads=grads + buckets.persistent + buckets.in_layers - buckets.missing_at_bottom_layer,
         gathered_layer_end=wrapper_memory.gathered.layer_end,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(wrapper_memory.no_sync.accumulating if wrapper_memory.no_sync is not None else grads)

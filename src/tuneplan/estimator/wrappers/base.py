@@ -48,6 +48,7 @@ class Buckets:
     # also through the forward and the loss of a micro-batch that follows an accumulating one (ZeRO-1)
     through_forward: int = 0
     missing_at_bottom: int = 0  # sharded gradients not made yet near the bottom of the backward (FSDP2)
+    missing_at_bottom_layer: int = 0  # those not made yet at the bottom layer's backward (FSDP2)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Gathered:
     # at the end of a layer's backward, its scratch freed, beside the next layer it prefetched when that is
     # later than the layer's heavy part (0: no instant there; wrappers/fsdp.fsdp_layers_gathered)
     layer_end: int = 0
-    # FSDP2: at the bottom layer's backward, where it differs from ``in_layers`` (0: ``in_layers``)
+    # FSDP2: at the bottom layer's backward beside the prefetched embedding group (0: no instant there)
     bottom_layer_backward: int = 0
 
 

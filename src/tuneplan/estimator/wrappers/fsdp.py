@@ -268,10 +268,12 @@ class Fsdp2(Fsdp):
         top_forward = 3 * layer16 + tied_tail if model.n_layers > 1 else 0
         # an untied tail's own copy-out, after the top layer's forward
         head_forward = 0 if tied_tail else layer16 + 2 * fully_sharded.tail16
-        # the bottom layer's backward beside the prefetched embedding group, where it is the larger
-        bottom_gathered, missing = fully_sharded.bottom_backward or (0, fully_sharded.pending_bottom)
+        # the bottom layer's backward beside the prefetched embedding group (an instant of its own)
+        bottom_gathered, missing = fully_sharded.bottom_backward or (0, 0)
         return WrapperMemory(terms.resident,
-                             Buckets(in_layers=fully_sharded.transient, missing_at_bottom=missing),
+                             Buckets(in_layers=fully_sharded.transient,
+                                     missing_at_bottom=fully_sharded.pending_bottom,
+                                     missing_at_bottom_layer=missing),
                              Gathered(in_layers=2 * layer16 + fully_sharded.held,
                                       at_loss=fully_sharded.tail16, at_forward_end=forward_end,
                                       bottom_layer_forward=bottom_forward, top_layer_forward=top_forward,

@@ -25,7 +25,7 @@ class FullyShardTerms:
     end: EndOfBackward | None
     held_top: int = 0  # as ``held``, through the top layer's backward
     first_copy_out: int = 0  # the first group's own copy-out in the forward: its flat output and its params
-    # the bottom layer's backward, when it exceeds the second layer's: unsharded bytes, shards not made yet
+    # the bottom layer's backward beside the prefetched embedding group: unsharded bytes, shards not made yet
     bottom_backward: tuple[int, int] | None = None
 
 
@@ -105,12 +105,9 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
         end = frozen_embedding_copy_out(model, compute_bytes, layer_grads)
     held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
     pending_bottom = -(-int(pending * per_elem) // world_size)
-    bottom = None
-    if not tied and model.n_layers > 1:
-        bottom = embedding_prefetch(model, layer16, layer_grads, compute_bytes,
-                                    -(-int((pending - layer_train) * per_elem) // world_size))
-        if bottom[0] - bottom[1] <= 2 * layer16 + held - pending_bottom:
-            bottom = None
+    bottom = (embedding_prefetch(model, layer16, layer_grads, compute_bytes,
+                                 -(-int((pending - layer_train) * per_elem) // world_size))
+              if not tied and model.n_layers > 1 else None)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
                            pending_bottom=pending_bottom, end=end, held_top=held_top, bottom_backward=bottom,
                            first_copy_out=0 if tied else 2 * model.embed_params * compute_bytes)
@@ -151,9 +148,9 @@ def embedding_prefetch(model: ModelSpec, layer16: int, layer_grads: int, compute
         gathered = layer16 + embed_params x compute_bytes + layer_grads
         missing  = ceil((layer + embedding if it trains) x sharded bytes per element / world_size)
 
-    This exceeds the second layer's backward (two layers unsharded, two shards missing) when the
-    embeddings outweigh a layer (a large vocabulary over a narrow model; simulate: TinyLlama-1.1B at two
-    layers, fp32 freeze)."""
+    This can exceed the second layer's backward (``backward_layers_bottom``: two layers unsharded, two
+    shards missing) when the embeddings outweigh a layer (a large vocabulary over a narrow model; simulate:
+    TinyLlama-1.1B at two layers, fp32 freeze): an instant of its own, ``backward_bottom_layer``."""
     return layer16 + model.embed_params * compute_bytes + layer_grads, pending
 
 
