@@ -73,10 +73,8 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
       gradients are copied to the host as they are made (``foreach_reduce``): none is on the device to miss.
     - The top layer is the first back-propagated: the reduce-scatter input held through it is the tail's
       (an untied head that trains), or none; a tied tail stays unsharded. Its unsharded gradients grow as
-      its activations are released (``memory_at``'s top-layer row takes the larger of its start and end).
-    """
-    world_size = setup.world_size
-    tied = not model.lm_head_params
+      its activations are released (``memory_at``'s top-layer row takes the larger of its start and end)."""
+    world_size, tied = setup.world_size, not model.lm_head_params
     tail = (model.lm_head_params or model.embed_params) + model.final_norm_params
     tail16 = tail * compute_bytes
     head_trains = setup.method == "full"
@@ -103,14 +101,14 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
                                      model, trainable_params, kept=False), key=_total)
     elif not tied and embedding_output_requires_grad(setup):
         end = frozen_embedding_copy_out(model, compute_bytes, layer_grads)
-    held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
-    pending_bottom = -(-int(pending * per_elem) // world_size)
     bottom = (embedding_prefetch(model, layer16, layer_grads, compute_bytes,
                                  -(-int((pending - layer_train) * per_elem) // world_size))
               if not tied and model.n_layers > 1 else None)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
-                           pending_bottom=pending_bottom, end=end, held_top=held_top, bottom_backward=bottom,
-                           first_copy_out=0 if tied else 2 * model.embed_params * compute_bytes)
+                           pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
+                           held_top=tail16 if tied else (tail * compute_bytes if head_trains else 0),
+                           first_copy_out=0 if tied else 2 * model.embed_params * compute_bytes,
+                           bottom_backward=bottom)
 
 
 def synced_micro_batch(end: EndOfBackward, no_sync: NoSyncGradients | None, model: ModelSpec,
