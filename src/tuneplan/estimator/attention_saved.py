@@ -27,6 +27,7 @@ def attention_block(walk: LayerWalk, attn: str) -> tuple[float, str]:
     for m in spec.linears:
         if m.role == "attn" and m.reads != "attn_core":
             walk.linear(m.name, m.reads, m.d_in)
+    head_norms(walk)
     if walk.litgpt_code:
         qkv = [m for m in spec.linears if m.role == "attn" and m.reads == "attn_in"]
         adapted = [m for m in qkv if m.name in targets]
@@ -59,6 +60,30 @@ def attention_block(walk: LayerWalk, attn: str) -> tuple[float, str]:
         if m.reads == "attn_core":
             walk.linear(m.name, "attn_core", m.d_in)
     return per_pos, attn
+
+
+# transformers' Qwen3Attention (modeling_qwen3.py): ``q_norm`` / ``k_norm``, an RMSNorm over each head's
+# head_dim applied to the q / k projections before RoPE
+HEAD_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
+
+
+def head_norms(walk: LayerWalk) -> None:
+    """Qwen3's per-head ``q_norm`` / ``k_norm`` (``Qwen3RMSNorm``: ``hidden_states.to(torch.float32)``,
+    ``pow`` and the ``rsqrt`` product save the fp32 input, ``weight * ...to(input_dtype)`` the output when the
+    weight trains), per token: 4 x width + 4 x heads (+ norm_out x width), width heads x head_dim for q and
+    kv_heads x head_dim for k; an input needs a gradient when the layer's input does, when the layer
+    trains, or when its projection carries an adapter (simulate: Qwen3-0.6B LoRA on q_proj / v_proj, bf16,
+    the fp32 ``_to_copy`` of q and k kept in every layer)."""
+    model = walk.model
+    if model.model_type not in HEAD_NORM_MODEL_TYPES or walk.litgpt_code:
+        return
+    for key, proj, heads in (("q_norm", "q_proj", model.n_heads), ("k_norm", "k_proj", model.n_kv_heads)):
+        width = heads * model.head_dim
+        if walk.input_requires_grad or walk.trainable or proj in walk.targets:
+            walk.ledger.save(key + ".fp32_in", 4 * width)
+            walk.ledger.save(key + ".rstd", 4 * heads)  # one fp32 rsqrt per head
+        if walk.trainable:
+            walk.ledger.save(key + ".out", walk.dtypes.norm_out * width)
 
 
 def attention_kernel(walk: LayerWalk, attn: str, kv_heads: int) -> float:

@@ -12,7 +12,8 @@ Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
 - ``optimizer_step``: all gradients, states and the step's temporaries;
 - where they exist: ``backward_lm_head`` (a 4-bit lm_head), ``backward_embedding`` (the token embedding's
   gradient), ``next_micro_batch`` (after the longest micro-batch, run first), ``initialize`` (before the
-  first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU, wrappers/zero12_initialize).
+  first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU, wrappers/zero12_initialize),
+  ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the embedding group it prefetched).
 Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
 with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
 ``keep_grads``: torch < 2.0's in-place zeroing).
@@ -249,6 +250,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
             # CPUOffload, Yi-1.5-34B LoRA all-linear)
             rows["backward_top_layer_end"] = (top_grads, 0, saved - acts.tail_bytes, 0, bottom_held, 0,
                                               statics.gathered_layer_end)
+    if statics.gathered_bottom_backward:
+        rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     epilogue = statics.wrapped.epilogue
@@ -260,6 +263,22 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the step; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32)
         rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, held, end.scratch,
                                       end.gathered)
+
+
+def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, backward_temp: Any,
+                     embedding_cut: Any) -> Row:
+    """FSDP2's bottom layer beside the embedding group it prefetched (wrappers/fully_shard.
+    embedding_prefetch): that group is held through the whole layer, so, as at the top layer
+    (``TopLayer``), the row is the larger of the layer's start (its activations or recomputation, none of
+    its unsharded gradients) and its end (its gradients made, its activations released):
+
+        activations = layer activations - min(layer activations, its unsharded gradients)"""
+    top = statics.wrapped.top_layer
+    layer = (acts.recompute_bytes if statics.checkpointed
+             else acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers)
+    freed = minimum(layer, top.counted) if top is not None else 0
+    return (statics.bottom_layer_grads - embedding_cut, 0, layer - freed, 0,
+            0 if statics.checkpointed else held, backward_temp, statics.gathered_bottom_backward)
 
 
 def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:

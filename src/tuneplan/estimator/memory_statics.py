@@ -72,6 +72,8 @@ class MemoryStatics:
     gathered_at_loss: int
     gathered_root_pre_backward: int  # FSDP1: the root unit and its shard's device copy (0: no instant)
     gathered: int
+    gathered_bottom_backward: int  # at the bottom layer's backward (FSDP2's embedding prefetch; 0: none)
+    bottom_layer_grads: int  # the gradient bytes then
     gathered_layer_end: int  # at a layer's backward end, beside the prefetched next layer (0: no instant)
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
     end_of_backward: EndOfBackward | None
@@ -152,7 +154,10 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_at_loss=wrapper_memory.gathered.at_loss,
         gathered_root_pre_backward=wrapper_memory.gathered.root_pre_backward,
         end_of_backward=wrapper_memory.end_of_backward,
-        gathered=wrapper_memory.gathered.in_layers, gathered_layer_end=wrapper_memory.gathered.layer_end,
+        gathered=wrapper_memory.gathered.in_layers,
+        gathered_bottom_backward=wrapper_memory.gathered.bottom_layer_backward,
+        bottom_layer_grads=grads + buckets.persistent + buckets.in_layers - buckets.missing_at_bottom_layer,
+        gathered_layer_end=wrapper_memory.gathered.layer_end,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(wrapper_memory.no_sync.accumulating if wrapper_memory.no_sync is not None else grads)
         + buckets.persistent + buckets.through_forward,

@@ -48,6 +48,7 @@ class Buckets:
     # also through the forward and the loss of a micro-batch that follows an accumulating one (ZeRO-1)
     through_forward: int = 0
     missing_at_bottom: int = 0  # sharded gradients not made yet near the bottom of the backward (FSDP2)
+    missing_at_bottom_layer: int = 0  # those not made yet at the bottom layer's backward (FSDP2)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Gathered:
     # FSDP1: at the root unit's pre-backward, beside the device copy of its host shard (0: no instant there;
     # wrappers/fsdp1_offload.root_pre_backward_copy)
     root_pre_backward: int = 0
+    # FSDP2: at the bottom layer's backward beside the prefetched embedding group (0: no instant there)
+    bottom_layer_backward: int = 0
 
 
 @dataclass(frozen=True)

@@ -269,7 +269,8 @@ class Fsdp2(Fsdp):
         model, setup = run.model, run.setup
         layer16, buffers = terms.layer16, terms.layer_grads
         fully_sharded = fully_shard_terms(model, setup, buffers, run.dtypes.compute, terms.grads,
-                                          run.param_plan.trainable_params)
+                                          run.param_plan.trainable_params, layer16,
+                                          no_sync_gradients(run))
         forward_end = fully_sharded.tail16 + (fully_sharded.tail16 if model.lm_head_params else layer16)
         # a layer's copy-out in the forward (fully_shard_terms): the group before it still has its flat
         # all-gather output; a tied tail is unsharded from the embeddings on
@@ -280,13 +281,16 @@ class Fsdp2(Fsdp):
         top_forward = 3 * layer16 + tied_tail if model.n_layers > 1 else 0
         # an untied tail's own copy-out, after the top layer's forward
         head_forward = 0 if tied_tail else layer16 + 2 * fully_sharded.tail16
+        # the bottom layer's backward beside the prefetched embedding group (an instant of its own)
+        bottom_gathered, missing = fully_sharded.bottom_backward or (0, 0)
         return WrapperMemory(terms.resident,
                              Buckets(in_layers=fully_sharded.transient,
-                                     missing_at_bottom=fully_sharded.pending_bottom),
+                                     missing_at_bottom=fully_sharded.pending_bottom,
+                                     missing_at_bottom_layer=missing),
                              Gathered(in_layers=2 * layer16 + fully_sharded.held,
                                       at_loss=fully_sharded.tail16, at_forward_end=forward_end,
                                       bottom_layer_forward=bottom_forward, top_layer_forward=top_forward,
-                                      head_forward=head_forward),
+                                      head_forward=head_forward, bottom_layer_backward=bottom_gathered),
                              top_layer=TopLayer(counted=buffers, gradients_at_end=buffers,
                                                 gathered=2 * layer16 + fully_sharded.held_top,
                                                 keeps_scratch=True),

@@ -3,9 +3,9 @@ applies it, torch 2.13 source): what ``wrappers/fsdp.Fsdp2`` reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from tuneplan.estimator.wrappers.base import EndOfBackward
+from tuneplan.estimator.wrappers.base import EndOfBackward, NoSyncGradients
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -25,10 +25,13 @@ class FullyShardTerms:
     end: EndOfBackward | None
     held_top: int = 0  # as ``held``, through the top layer's backward
     first_copy_out: int = 0  # the first group's own copy-out in the forward: its flat output and its params
+    # the bottom layer's backward beside the prefetched embedding group: unsharded bytes, shards not made yet
+    bottom_backward: tuple[int, int] | None = None
 
 
 def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, compute_bytes: int,
-                      grads: int, trainable_params: int) -> FullyShardTerms:
+                      grads: int, trainable_params: int, layer16: int = 0,
+                      no_sync: NoSyncGradients | None = None) -> FullyShardTerms:
     """FSDP2 (``fully_shard``, as accelerate's ``fsdp2_prepare_model`` applies it), torch 2.13 source.
 
     Groups: each decoder layer; the input embeddings (untied) with ``reshard_after_forward=True``; the
@@ -70,10 +73,8 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
       gradients are copied to the host as they are made (``foreach_reduce``): none is on the device to miss.
     - The top layer is the first back-propagated: the reduce-scatter input held through it is the tail's
       (an untied head that trains), or none; a tied tail stays unsharded. Its unsharded gradients grow as
-      its activations are released (``memory_at``'s top-layer row takes the larger of its start and end).
-    """
-    world_size = setup.world_size
-    tied = not model.lm_head_params
+      its activations are released (``memory_at``'s top-layer row takes the larger of its start and end)."""
+    world_size, tied = setup.world_size, not model.lm_head_params
     tail = (model.lm_head_params or model.embed_params) + model.final_norm_params
     tail16 = tail * compute_bytes
     head_trains = setup.method == "full"
@@ -95,14 +96,60 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
             gradients=emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // world_size),
             gathered=model.embed_params * compute_bytes) if head_trains else None)
     if end is not None:
-        end = max(end, final_reduce_scatter(model, setup, compute_bytes, per_elem), key=_total)
+        end = max(synced_micro_batch(end, no_sync, model, trainable_params, kept=True),
+                  synced_micro_batch(final_reduce_scatter(model, setup, compute_bytes, per_elem), no_sync,
+                                     model, trainable_params, kept=False), key=_total)
     elif not tied and embedding_output_requires_grad(setup):
         end = frozen_embedding_copy_out(model, compute_bytes, layer_grads)
-    held_top = tail16 if tied else (tail * compute_bytes if head_trains else 0)
+    bottom = (embedding_prefetch(model, layer16, layer_grads, compute_bytes,
+                                 -(-int((pending - layer_train) * per_elem) // world_size))
+              if not tied and model.n_layers > 1 else None)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
                            pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
-                           held_top=held_top,
-                           first_copy_out=0 if tied else 2 * model.embed_params * compute_bytes)
+                           held_top=tail16 if tied else (tail * compute_bytes if head_trains else 0),
+                           first_copy_out=0 if tied else 2 * model.embed_params * compute_bytes,
+                           bottom_backward=bottom)
+
+
+def synced_micro_batch(end: EndOfBackward, no_sync: NoSyncGradients | None, model: ModelSpec,
+                       trainable_params: int, kept: bool) -> EndOfBackward:
+    """The end of the backward of the micro-batch that syncs, after micro-batches accumulated unsharded
+    (``set_requires_gradient_sync(False)``: ``no_sync_gradients``), where the rows count every accumulated
+    unsharded gradient (``NoSyncGradients.accumulating``). Torch 2.13 ``FSDPParamGroup.post_backward``:
+    each group whose post-backward fires in the backward reduce-scatters its accumulated gradient into
+    its shard as the backward reaches it; only the embedding group (a tied tail), reduced in the root's
+    final callback, still holds its accumulated unsharded gradient at the end:
+
+        gradients += synced - accumulating (+ embedding group numel x accumulated bytes per element)
+
+    the last term where the moment does not already count that gradient as the reduce-scatter input
+    (``final_reduce_scatter``'s ``unsharded``); simulate: gpt2 full, bf16, two micro-batches."""
+    if no_sync is None or no_sync.accumulating == no_sync.synced or not trainable_params:
+        return end
+    numel = ((model.lm_head_params or model.embed_params) + model.final_norm_params
+             if not model.lm_head_params else model.embed_params)
+    held = ceil_div(numel * no_sync.accumulating, trainable_params) if kept else 0
+    return replace(end, gradients=end.gradients + no_sync.synced - no_sync.accumulating + held)
+
+
+def embedding_prefetch(model: ModelSpec, layer16: int, layer_grads: int, compute_bytes: int,
+                       pending: int) -> tuple[int, int]:
+    """The bottom layer's backward beside the untied embedding group it prefetched (torch 2.13
+    ``FSDPParamGroup._backward_prefetch``): the group before it in ``comm_ctx.post_forward_order`` is the
+    embedding group (resharded after its forward), all-gathered into one flat buffer in the param dtype
+    that stays until the group's copy-out (its ``pre_backward``) or, when the embedding's output does not
+    require grad, until the root's final callback (``finalize_backward``: ``_all_gather_result = None``).
+    Beside it the bottom layer's unsharded parameters and the layer above's reduce-scatter input
+    (``comm_ctx.reduce_scatter_state``); only the bottom layer's shard (and a training embedding's) is
+    not made yet:
+
+        gathered = layer16 + embed_params x compute_bytes + layer_grads
+        missing  = ceil((layer + embedding if it trains) x sharded bytes per element / world_size)
+
+    This can exceed the second layer's backward (``backward_layers_bottom``: two layers unsharded, two
+    shards missing) when the embeddings outweigh a layer (a large vocabulary over a narrow model; simulate:
+    TinyLlama-1.1B at two layers, fp32 freeze): an instant of its own, ``backward_bottom_layer``."""
+    return layer16 + model.embed_params * compute_bytes + layer_grads, pending
 
 
 def embedding_output_requires_grad(setup: TrainSetup) -> bool:
