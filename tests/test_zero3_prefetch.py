@@ -113,3 +113,23 @@ def test_everything_is_gathered_when_all_but_the_embedding_fits_under_max_live()
     spec = model_from_config(cfg, "llama-2L")
     setup = build_setup(spec, method="full", gpus=2, zero=3)
     assert zero3_gathered_in_backward(spec, setup) == h + 2 * (4 * h * h + 3 * h * f + 2 * h) + v * h
+
+
+def test_a_tied_embedding_over_max_live_kept_to_the_head_stops_the_prefetcher() -> None:
+    # a tied Llama of hidden 4096, intermediate 16384 and BLOOM's vocab 250880: the embedding holds
+    # 250880 * 4096 = 1,027,604,480 elements >= stage3_max_live_parameters (1e9). With 3 layers of
+    # 4 H^2 + 3 H F + 2 H = 268,443,648 each (805,330,944 with the final norm's 4,096 under
+    # stage3_max_reuse_distance, 1e9) the head's forward reuses the embedding in reach, so it is never
+    # released; min(1e9 - n_available, bucket) < 0: nothing is prefetched. With 4 layers
+    # (1,073,778,688) the embedding is released after its forward and the prefetcher runs again.
+    from tuneplan.specs.model import model_from_config
+
+    h, f, v = 4096, 16384, 250880
+    layer = 4 * h * h + 3 * h * f + 2 * h
+    assert 3 * layer + h < 1_000_000_000 <= 4 * layer + h and v * h >= 1_000_000_000
+    for layers, runs in ((3, False), (4, True)):
+        cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=layers, num_attention_heads=32,
+                   num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=True)
+        spec = model_from_config(cfg, f"tied-llama-{layers}L")
+        setup = build_setup(spec, method="full", gpus=2, zero=3)
+        assert bool(zero3_gathered_ahead(spec, setup, 50_000_000)) is runs

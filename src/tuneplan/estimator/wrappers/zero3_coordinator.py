@@ -71,9 +71,28 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER
                   + PEFT_MODULES_PER_TARGET * sum(m.name in targets for m in spec.linears)
                   for spec, _ in model.layer_groups)
-    if fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora":
+    if (fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora"
+            or tied_embedding_fills_live(model)):
         return 0
     return prefetch_reach(model, setup, zero3_backward_uses(model, setup, targets))
+
+
+def tied_embedding_fills_live(model: ModelSpec) -> bool:
+    """Whether a tied token embedding alone keeps ZeRO-3's prefetcher from running: it reaches
+    ``stage3_max_live_parameters`` ``M`` and stays gathered from its forward to the head's.
+
+    ``PartitionedParameterCoordinator`` (DeepSpeed 0.19.8): ``__params_to_release`` keeps a parameter used
+    again within ``stage3_max_reuse_distance`` ``D`` elements of the trace; a tied head's forward fetches
+    the embedding's weight after the layers, so with ``P_layers < D`` the embedding is never released in
+    the forward, nor in the backward (the head's backward, then the layers', then the embedding's).
+    ``_fetch_sub_module_impl`` prefetches at most ``min(M - n_available, prefetch_bucket)`` elements:
+    with ``E >= M`` held, none, and every layer parameter is fetched by its own module and released after
+    it. (simulate: bloomz-7b1, 3 layers, full fine-tune over 2 GPUs: the coordinator's count 1.0276e9, the
+    embedding, at every release of the step, 1.0276e9 plus the one linear at each fetch.)"""
+    embed = model.embed_params
+    if model.lm_head_params or embed < DS_MAX_LIVE_PARAMETERS:
+        return False
+    return model.params_total - embed < DS_MAX_REUSE_DISTANCE
 
 
 def zero3_gathered_at_top_forward(model: ModelSpec, setup: TrainSetup) -> int:
