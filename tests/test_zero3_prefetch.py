@@ -133,3 +133,24 @@ def test_a_tied_embedding_over_max_live_kept_to_the_head_stops_the_prefetcher() 
         spec = model_from_config(cfg, f"tied-llama-{layers}L")
         setup = build_setup(spec, method="full", gpus=2, zero=3)
         assert bool(zero3_gathered_ahead(spec, setup, 50_000_000)) is runs
+
+
+def test_the_trained_untied_heads_backward_makes_its_whole_gradient_beside_the_loss_set() -> None:
+    # Llama 2 7B, full fine-tune in bf16 under ZeRO-3 over 2 GPUs, 1 x 64 tokens: the head's backward
+    # makes dW = dlogits^T x whole, 32000 x 4096 x 2 B = 262,144,000 B, from the logits' gradient cast back
+    # to bf16 (64 x 32000 x 2 B = 4,096,000 B), the head still gathered with what the loss held
+    # (release_sub_module frees it after its backward). A LoRA run's head is frozen: no such instant.
+    from tuneplan.api import resolve_run
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.instants import memory_at, named
+
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16", gpus=2, zero=3, seq=64,
+                                        batch=1))
+    m = memory_at(run, 1, 64)
+    head, loss = named(m.rows["backward_head"]), named(m.rows["backward_start"])
+    assert head.backward_temp == 32000 * 4096 * 2
+    assert head.logits_loss == 64 * 32000 * 2
+    assert head.parallel_buffers == loss.parallel_buffers
+    lora = resolve_run(spec, build_setup(spec, method="lora", precision="bf16", gpus=2, zero=3, seq=64))
+    assert "backward_head" not in memory_at(lora, 1, 64).rows

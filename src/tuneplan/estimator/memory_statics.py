@@ -69,6 +69,7 @@ class MemoryStatics:
     gathered_bottom_forward: int
     gathered_top_forward: int
     gathered_head_forward: int
+    gathered_head_backward: int  # ZeRO-3: at a trained untied head's backward (0: no instant)
     gathered_at_loss: int
     gathered: int
     gathered_layer_end: int  # at a layer's backward end, beside the prefetched next layer (0: no instant)
@@ -146,6 +147,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_bottom_forward=wrapper_memory.gathered.bottom_layer_forward,
         gathered_top_forward=wrapper_memory.gathered.top_layer_forward,
         gathered_head_forward=wrapper_memory.gathered.head_forward,
+        gathered_head_backward=wrapper_memory.gathered.head_backward,
         gathered_at_loss=wrapper_memory.gathered.at_loss, end_of_backward=wrapper_memory.end_of_backward,
         gathered=wrapper_memory.gathered.in_layers, gathered_layer_end=wrapper_memory.gathered.layer_end,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,

@@ -330,10 +330,21 @@ class Zero3(Zero, ShardingWrapper):
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
+                                      head_backward=self.at_head_backward(run, at_loss),
                                       top_layer_forward=min(zero3_gathered_at_top_forward(model, setup)
                                                             * compute, whole16)),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
+
+    @staticmethod
+    def at_head_backward(run: Run, at_loss: int) -> int:
+        """Gathered bytes at a trained untied head's backward: what the loss held, the head among them
+        (``release_sub_module`` frees it only after its backward, DeepSpeed 0.19.8); 0 when there is no
+        such instant (a tied or frozen head, 4-bit weights)."""
+        model, setup = run.model, run.setup
+        if setup.method != "full" or not model.lm_head_params or setup.quant_bits is not None:
+            return 0
+        return at_loss
 
     @staticmethod
     def views_kept(run: Run, head: int) -> int:
