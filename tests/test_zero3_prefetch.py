@@ -154,3 +154,17 @@ def test_the_trained_untied_heads_backward_makes_its_whole_gradient_beside_the_l
     assert head.parallel_buffers == loss.parallel_buffers
     lora = resolve_run(spec, build_setup(spec, method="lora", precision="bf16", gpus=2, zero=3, seq=64))
     assert "backward_head" not in memory_at(lora, 1, 64).rows
+
+
+def test_freeze_with_checkpointing_back_propagates_to_the_embedding() -> None:
+    # transformers' gradient_checkpointing_enable calls enable_input_require_grads (the HF Trainer and
+    # LLaMA-Factory): the embedding's output requires grad, so the backward runs through every layer,
+    # the frozen ones too, and DeepSpeed fetches every parameter again, the embedding last: the tiny
+    # untied Llama's head V H, final norm H, 2 layers and embedding V H, all of it under max_live
+    from tuneplan.estimator.wrappers.zero3_coordinator import embedding_used_last
+
+    spec = model_from_config(TINY, "tiny-llama-freeze-gc")
+    setup = build_setup(spec, method="freeze", freeze_trainable_layers=1, gpus=4, zero=3,
+                        gradient_checkpointing=True)
+    assert zero3_backward_uses(spec, setup) == 2 * V * H + H + 2 * LAYER
+    assert embedding_used_last(spec, setup)

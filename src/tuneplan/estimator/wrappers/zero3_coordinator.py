@@ -7,6 +7,7 @@ full fine-tune's gradients reach the bucket and its fills, which ZeRO-1/2 share 
 from __future__ import annotations
 
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
+from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -195,8 +196,10 @@ def zero3_backward_uses(model: ModelSpec, setup: TrainSetup, targets: frozenset[
     simulate: Llama-2-13b, 2 layers, LoRA on the MLP: the attention, gate and up projections of layer 0
     are released after the forward and not fetched again); under ``freeze``, those above the lowest
     trained layer, where the backward stops (simulate: gemma-3-12b, Phi-3-mini freeze runs over 4 and 8
-    GPUs)."""
-    if setup.method == "freeze":
+    GPUs), unless checkpointing's ``enable_input_require_grads`` makes the embedding's output require grad
+    (fully_shard.embedding_output_requires_grad): the backward then runs through every layer to the
+    embedding, which it fetches last (simulate: Qwen2.5-14B and gemma-2b freeze with checkpointing)."""
+    if setup.method == "freeze" and not embedding_output_requires_grad(setup):
         # the backward stops at the lowest trained layer: the head (tied: the embedding's weight), the final
         # norm and the trained layers are used again, nothing below them
         return (model.lm_head_params or model.embed_params) + model.final_norm_params + top_layers_params(
@@ -265,7 +268,8 @@ def embedding_used_last(model: ModelSpec, setup: TrainSetup) -> bool:
     """Whether the token embedding's backward fetch is the last parameter use of the step: a full
     fine-tune, or LoRA with gradient checkpointing (zero3_backward_uses keeps the embedding there)."""
     return bool(model.embed_params) and (setup.method == "full" or (
-        setup.method == "lora" and bool(setup.gradient_checkpointing)))
+        setup.method == "lora" and bool(setup.gradient_checkpointing)) or (
+        setup.method == "freeze" and embedding_output_requires_grad(setup)))
 
 
 def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> int:
