@@ -168,3 +168,21 @@ def test_freeze_with_checkpointing_back_propagates_to_the_embedding() -> None:
                         gradient_checkpointing=True)
     assert zero3_backward_uses(spec, setup) == 2 * V * H + H + 2 * LAYER
     assert embedding_used_last(spec, setup)
+
+
+def test_the_lower_layers_backward_holds_the_embedding_once_the_rest_fits_under_max_live() -> None:
+    # the 4-layer untied Llama (hidden 4096, intermediate 16384, vocab 131072), LoRA with checkpointing:
+    # layers of 268,443,648; from the bottom 1, 2, 3 of them hold 268,443,648, 536,887,296 and 805,330,944,
+    # under 1e9 (4: 1,073,774,592, over): through layer 2's backward the prefetcher has popped layers 0-2
+    # and the embedding (131072 x 4096 = 536,870,912): 1,342,201,856
+    from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
+
+    h, f, v = 4096, 16384, 131072
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=4, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama-4L")
+    gc = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_gathered_in_lower_layers(spec, gc) == 1_342_201_856
+    # without checkpointing a LoRA run never fetches the embedding again
+    plain = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_gathered_in_lower_layers(spec, plain) == 0

@@ -46,6 +46,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
+from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
@@ -295,6 +296,11 @@ class Zero3(Zero, ShardingWrapper):
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
+        runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
+        if setup.quant_bits is None and runs_ahead:
+            # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers)
+            layer_gathered = max(layer_gathered,
+                                 min(zero3_gathered_in_lower_layers(model, setup) * compute, whole16))
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py), and the
         # flat buffer of the first complete pass's embedding round
         views = (self.views_kept(run, head) + zero3_first_pass_embedding_round(
@@ -315,7 +321,6 @@ class Zero3(Zero, ShardingWrapper):
             embedding = EmbeddingGradients(terms.bucket + g_live + model.embed_params * compute,
                                            layers_hold_it=False)
         at_embedding = at_head = 0
-        runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
         if setup.quant_bits is None and runs_ahead:
             # the first forward instant (the FSDP2 bottom layer's row): the embedding and what the prefetcher
             # ran ahead to while the wrappers above it were fetched, no activation saved yet

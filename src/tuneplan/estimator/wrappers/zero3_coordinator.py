@@ -382,5 +382,3 @@ def bucket_members(gradients: list[int], reduce_bucket: int) -> list[list[int]]:
             filled = []
         filled.append(numel)
     return [*fills, filled] if filled else fills
-
-
