@@ -297,17 +297,19 @@ class Zero3(Zero, ShardingWrapper):
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
         runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
-        if setup.quant_bits is None and runs_ahead:
-            # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers)
-            layer_gathered = max(layer_gathered,
-                                 min(zero3_gathered_in_lower_layers(model, setup) * compute, whole16))
+        # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers);
+        # not the top layer's, whose row keeps what it held
+        lower = max(layer_gathered, min(zero3_gathered_in_lower_layers(model, setup) * compute, whole16)
+                    if setup.quant_bits is None and runs_ahead else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py), and the
         # flat buffer of the first complete pass's embedding round
         views = (self.views_kept(run, head) + zero3_first_pass_embedding_round(
             model, setup, terms.prefetch_bucket, run.targets)) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
-        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=top_gathered, keeps_scratch=True)
-                     if top_gathered > layer_gathered else None)
+        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
+                              keeps_scratch=True)
+                     if top_gathered > layer_gathered or lower > layer_gathered - views else None)
+        layer_gathered = lower + views
         if setup.offload != "none":
             # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
             host += g_live
