@@ -171,3 +171,76 @@ def test_qlora_layers_partitioned_as_packed_bytes_let_the_prefetcher_reach_the_e
     assert zero3_quantized_ahead_bytes(spec, ckpt, 50_000_000, 2) == (2 * v * h + norms) * 2 + 2 * packed
     plain = build_setup(spec, method="qlora", gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_quantized_ahead_bytes(spec, plain, 50_000_000, 2) == 0
+
+
+def test_a_tied_embedding_over_max_live_kept_to_the_head_stops_the_prefetcher() -> None:
+    # a tied Llama of hidden 4096, intermediate 16384 and BLOOM's vocab 250880: the embedding holds
+    # 250880 * 4096 = 1,027,604,480 elements >= stage3_max_live_parameters (1e9). With 3 layers of
+    # 4 H^2 + 3 H F + 2 H = 268,443,648 each (805,330,944 with the final norm's 4,096 under
+    # stage3_max_reuse_distance, 1e9) the head's forward reuses the embedding in reach, so it is never
+    # released; min(1e9 - n_available, bucket) < 0: nothing is prefetched. With 4 layers
+    # (1,073,778,688) the embedding is released after its forward and the prefetcher runs again.
+    from tuneplan.specs.model import model_from_config
+
+    h, f, v = 4096, 16384, 250880
+    layer = 4 * h * h + 3 * h * f + 2 * h
+    assert 3 * layer + h < 1_000_000_000 <= 4 * layer + h and v * h >= 1_000_000_000
+    for layers, runs in ((3, False), (4, True)):
+        cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=layers, num_attention_heads=32,
+                   num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=True)
+        spec = model_from_config(cfg, f"tied-llama-{layers}L")
+        setup = build_setup(spec, method="full", gpus=2, zero=3)
+        assert bool(zero3_gathered_ahead(spec, setup, 50_000_000)) is runs
+
+
+def test_the_trained_untied_heads_backward_makes_its_whole_gradient_beside_the_loss_set() -> None:
+    # Llama 2 7B, full fine-tune in bf16 under ZeRO-3 over 2 GPUs, 1 x 64 tokens: the head's backward
+    # makes dW = dlogits^T x whole, 32000 x 4096 x 2 B = 262,144,000 B, from the logits' gradient cast back
+    # to bf16 (64 x 32000 x 2 B = 4,096,000 B), the head still gathered with what the loss held
+    # (release_sub_module frees it after its backward). A LoRA run's head is frozen: no such instant.
+    from tuneplan.api import resolve_run
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.instants import memory_at, named
+
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16", gpus=2, zero=3, seq=64,
+                                        batch=1))
+    m = memory_at(run, 1, 64)
+    head, loss = named(m.rows["backward_head"]), named(m.rows["backward_start"])
+    assert head.backward_temp == 32000 * 4096 * 2
+    assert head.logits_loss == 64 * 32000 * 2
+    assert head.parallel_buffers == loss.parallel_buffers
+    lora = resolve_run(spec, build_setup(spec, method="lora", precision="bf16", gpus=2, zero=3, seq=64))
+    assert "backward_head" not in memory_at(lora, 1, 64).rows
+
+
+def test_freeze_with_checkpointing_back_propagates_to_the_embedding() -> None:
+    # transformers' gradient_checkpointing_enable calls enable_input_require_grads (the HF Trainer and
+    # LLaMA-Factory): the embedding's output requires grad, so the backward runs through every layer,
+    # the frozen ones too, and DeepSpeed fetches every parameter again, the embedding last: the tiny
+    # untied Llama's head V H, final norm H, 2 layers and embedding V H, all of it under max_live
+    from tuneplan.estimator.wrappers.zero3_coordinator import embedding_used_last
+
+    spec = model_from_config(TINY, "tiny-llama-freeze-gc")
+    setup = build_setup(spec, method="freeze", freeze_trainable_layers=1, gpus=4, zero=3,
+                        gradient_checkpointing=True)
+    assert zero3_backward_uses(spec, setup) == 2 * V * H + H + 2 * LAYER
+    assert embedding_used_last(spec, setup)
+
+
+def test_the_lower_layers_backward_holds_the_embedding_once_the_rest_fits_under_max_live() -> None:
+    # the 4-layer untied Llama (hidden 4096, intermediate 16384, vocab 131072), LoRA with checkpointing:
+    # layers of 268,443,648; from the bottom 1, 2, 3 of them hold 268,443,648, 536,887,296 and 805,330,944,
+    # under 1e9 (4: 1,073,774,592, over): through layer 2's backward the prefetcher has popped layers 0-2
+    # and the embedding (131072 x 4096 = 536,870,912): 1,342,201,856
+    from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
+
+    h, f, v = 4096, 16384, 131072
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=4, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama-4L")
+    gc = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_gathered_in_lower_layers(spec, gc) == 1_342_201_856
+    # without checkpointing a LoRA run never fetches the embedding again
+    plain = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_gathered_in_lower_layers(spec, plain) == 0

@@ -10,10 +10,12 @@ Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
   recomputed activations) with every other saved activation still alive, and the bottom layer with almost
   all gradients allocated;
 - ``optimizer_step``: all gradients, states and the step's temporaries;
-- where they exist: ``backward_lm_head`` (a 4-bit lm_head), ``backward_embedding`` (the token embedding's
-  gradient), ``next_micro_batch`` (after the longest micro-batch, run first), ``initialize`` (before the
-  first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU, wrappers/zero12_initialize),
-  ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the embedding group it prefetched).
+- where they exist: ``backward_lm_head`` (a 4-bit lm_head), ``backward_head`` (ZeRO-3's trained untied
+  head: its whole weight gradient beside what the loss held gathered), ``backward_embedding`` (the token
+  embedding's gradient), ``next_micro_batch`` (after the longest micro-batch, run first), ``initialize``
+  (before the first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU,
+  wrappers/zero12_initialize), ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the
+  embedding group it prefetched).
 Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
 with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
 ``keep_grads``: torch < 2.0's in-place zeroing).
@@ -146,6 +148,14 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     if statics.gathered_head_forward:
         rows["forward_head"] = (earlier_grads, 0, saved - acts.tail_bytes + prev_pinned,
                                 statics.autocast_copies, prev_held, 0, statics.gathered_head_forward)
+    if statics.gathered_head_backward:
+        # ZeRO-3's trained untied head: its weight gradient (dlogits^T x, whole, in the compute dtype) is
+        # made from the logits' gradient cast back to the compute dtype, the head still gathered
+        # (a fused linear loss makes no whole logits: its chunks are counted by the loss backward)
+        head_grad = run.model.lm_head_params * run.dtypes.compute
+        dlogits = 0 if run.loss == "fused_linear" else statics.logit_bytes * batch * seq * statics.vocab
+        rows["backward_head"] = (earlier_grads, 0, saved, 0, dlogits, head_grad,
+                                 statics.gathered_head_backward)
     attention = forward_attention_row(run, statics, acts, batch, seq, prev_pinned, prev_held)
     if attention is not None:  # eager attention's softmax in a checkpointed forward (eager_forward.py)
         rows["forward_attention"] = attention

@@ -69,6 +69,7 @@ class MemoryStatics:
     gathered_bottom_forward: int
     gathered_top_forward: int
     gathered_head_forward: int
+    gathered_head_backward: int  # ZeRO-3: at a trained untied head's backward (0: no instant)
     gathered_at_loss: int
     gathered_root_pre_backward: int  # FSDP1: the root unit and its shard's device copy (0: no instant)
     gathered: int
@@ -151,6 +152,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_bottom_forward=wrapper_memory.gathered.bottom_layer_forward,
         gathered_top_forward=wrapper_memory.gathered.top_layer_forward,
         gathered_head_forward=wrapper_memory.gathered.head_forward,
+        gathered_head_backward=wrapper_memory.gathered.head_backward,
         gathered_at_loss=wrapper_memory.gathered.at_loss,
         gathered_root_pre_backward=wrapper_memory.gathered.root_pre_backward,
         end_of_backward=wrapper_memory.end_of_backward,

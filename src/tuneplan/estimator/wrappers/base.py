@@ -63,6 +63,8 @@ class Gathered:
     bottom_layer_forward: int = 0
     top_layer_forward: int = 0
     head_forward: int = 0
+    # ZeRO-3: at the untied head's backward, where its whole gradient is made (0: no instant there)
+    head_backward: int = 0
     # at the end of a layer's backward, its scratch freed, beside the next layer it prefetched when that is
     # later than the layer's heavy part (0: no instant there; wrappers/fsdp.fsdp_layers_gathered)
     layer_end: int = 0

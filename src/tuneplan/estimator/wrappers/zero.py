@@ -47,6 +47,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
+from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
@@ -297,13 +298,20 @@ class Zero3(Zero, ShardingWrapper):
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
+        runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
+        # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers);
+        # not the top layer's, whose row keeps what it held
+        lower = max(layer_gathered, min(zero3_gathered_in_lower_layers(model, setup) * compute, whole16)
+                    if setup.quant_bits is None and runs_ahead else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py), and the
         # flat buffer of the first complete pass's embedding round
         views = (self.views_kept(run, head) + zero3_first_pass_embedding_round(
             model, setup, terms.prefetch_bucket, run.targets)) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
-        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=top_gathered, keeps_scratch=True)
-                     if top_gathered > layer_gathered else None)
+        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
+                              keeps_scratch=True)
+                     if top_gathered > layer_gathered or lower > layer_gathered - views else None)
+        layer_gathered = lower + views
         if setup.offload != "none":
             # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
             host += g_live
@@ -317,7 +325,6 @@ class Zero3(Zero, ShardingWrapper):
             embedding = EmbeddingGradients(terms.bucket + g_live + model.embed_params * compute,
                                            layers_hold_it=False)
         at_embedding = at_head = 0
-        runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
         if setup.quant_bits is None and runs_ahead:
             # the first forward instant (the FSDP2 bottom layer's row): the embedding and what the prefetcher
             # ran ahead to while the wrappers above it were fetched, no activation saved yet
@@ -335,10 +342,21 @@ class Zero3(Zero, ShardingWrapper):
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
+                                      head_backward=self.at_head_backward(run, at_loss),
                                       top_layer_forward=min(zero3_gathered_at_top_forward(model, setup)
                                                             * compute, whole16)),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
+
+    @staticmethod
+    def at_head_backward(run: Run, at_loss: int) -> int:
+        """Gathered bytes at a trained untied head's backward: what the loss held, the head among them
+        (``release_sub_module`` frees it only after its backward, DeepSpeed 0.19.8); 0 when there is no
+        such instant (a tied or frozen head, 4-bit weights)."""
+        model, setup = run.model, run.setup
+        if setup.method != "full" or not model.lm_head_params or setup.quant_bits is not None:
+            return 0
+        return at_loss
 
     @staticmethod
     def views_kept(run: Run, head: int) -> int:

@@ -7,6 +7,7 @@ full fine-tune's gradients reach the bucket and its fills, which ZeRO-1/2 share 
 from __future__ import annotations
 
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
+from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -77,9 +78,28 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER
                   + PEFT_MODULES_PER_TARGET * sum(m.name in targets for m in spec.linears)
                   for spec, _ in model.layer_groups)
-    if fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora":
+    if (fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora"
+            or tied_embedding_fills_live(model)):
         return 0
     return prefetch_reach(model, setup, zero3_backward_uses(model, setup, targets))
+
+
+def tied_embedding_fills_live(model: ModelSpec) -> bool:
+    """Whether a tied token embedding alone keeps ZeRO-3's prefetcher from running: it reaches
+    ``stage3_max_live_parameters`` ``M`` and stays gathered from its forward to the head's.
+
+    ``PartitionedParameterCoordinator`` (DeepSpeed 0.19.8): ``__params_to_release`` keeps a parameter used
+    again within ``stage3_max_reuse_distance`` ``D`` elements of the trace; a tied head's forward fetches
+    the embedding's weight after the layers, so with ``P_layers < D`` the embedding is never released in
+    the forward, nor in the backward (the head's backward, then the layers', then the embedding's).
+    ``_fetch_sub_module_impl`` prefetches at most ``min(M - n_available, prefetch_bucket)`` elements:
+    with ``E >= M`` held, none, and every layer parameter is fetched by its own module and released after
+    it. (simulate: bloomz-7b1, 3 layers, full fine-tune over 2 GPUs: the coordinator's count 1.0276e9, the
+    embedding, at every release of the step, 1.0276e9 plus the one linear at each fetch.)"""
+    embed = model.embed_params
+    if model.lm_head_params or embed < DS_MAX_LIVE_PARAMETERS:
+        return False
+    return model.params_total - embed < DS_MAX_REUSE_DISTANCE
 
 
 def zero3_gathered_at_top_forward(model: ModelSpec, setup: TrainSetup) -> int:
@@ -203,8 +223,10 @@ def zero3_backward_uses(model: ModelSpec, setup: TrainSetup, targets: frozenset[
     simulate: Llama-2-13b, 2 layers, LoRA on the MLP: the attention, gate and up projections of layer 0
     are released after the forward and not fetched again); under ``freeze``, those above the lowest
     trained layer, where the backward stops (simulate: gemma-3-12b, Phi-3-mini freeze runs over 4 and 8
-    GPUs)."""
-    if setup.method == "freeze":
+    GPUs), unless checkpointing's ``enable_input_require_grads`` makes the embedding's output require grad
+    (fully_shard.embedding_output_requires_grad): the backward then runs through every layer to the
+    embedding, which it fetches last (simulate: Qwen2.5-14B and gemma-2b freeze with checkpointing)."""
+    if setup.method == "freeze" and not embedding_output_requires_grad(setup):
         # the backward stops at the lowest trained layer: the head (tied: the embedding's weight), the final
         # norm and the trained layers are used again, nothing below them
         return (model.lm_head_params or model.embed_params) + model.final_norm_params + top_layers_params(
@@ -273,7 +295,8 @@ def embedding_used_last(model: ModelSpec, setup: TrainSetup) -> bool:
     """Whether the token embedding's backward fetch is the last parameter use of the step: a full
     fine-tune, or LoRA with gradient checkpointing (zero3_backward_uses keeps the embedding there)."""
     return bool(model.embed_params) and (setup.method == "full" or (
-        setup.method == "lora" and bool(setup.gradient_checkpointing)))
+        setup.method == "lora" and bool(setup.gradient_checkpointing)) or (
+        setup.method == "freeze" and embedding_output_requires_grad(setup)))
 
 
 def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> int:
@@ -386,5 +409,3 @@ def bucket_members(gradients: list[int], reduce_bucket: int) -> list[list[int]]:
             filled = []
         filled.append(numel)
     return [*fills, filled] if filled else fills
-
-

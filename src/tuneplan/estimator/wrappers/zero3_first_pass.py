@@ -39,7 +39,11 @@ def zero3_first_pass_embedding_round(model: ModelSpec, setup: TrainSetup, prefet
     207.67e6-element buffer beside the embedding's 207.62e6 copy through the second micro-batch's
     backward.)"""
     embed, head = model.embed_params, model.lm_head_params
-    if (not embed or head > DS_PARAM_PERSISTENCE_THRESHOLD or setup.quant_bits is not None
+    # a tied head (``lm_head_params`` 0) is the embedding's weight: the head's forward fetches it, so its
+    # next use is there, not in the backward, and no small persistent head starts a round with it
+    # (simulate: gemma-2b, 4 layers, freeze with checkpointing over 4 GPUs: the coordinator's count at
+    # the loss is the whole model, 9.647e8 elements, and nothing beside it)
+    if (not embed or not head or head > DS_PARAM_PERSISTENCE_THRESHOLD or setup.quant_bits is not None
             or not embedding_used_last(model, setup)):
         return 0
     # the module trace between the embedding's two uses: the layers' forward, their checkpointed
