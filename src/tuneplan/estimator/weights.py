@@ -201,9 +201,11 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
             tally.autocast_copy += repeats * weight_numel * dtypes.compute
     else:
         tally.weight += repeats * (weight_numel + bias_numel) * frozen
-        # (fused experts are not cast: transformers' grouped_mm casts the input to the weight's dtype instead,
-        # integrations/moe.py ``_grouped_mm``)
-        if dtypes.autocast and frozen == 4 and not setup.gradient_checkpointing and m.role != "expert":
+        # (transformers' fused experts, never bitsandbytes linears, are not cast: its grouped_mm casts the
+        # input to the weight's dtype instead, integrations/moe.py ``_grouped_mm``; other model code's expert
+        # linears are F.linear calls that autocast casts)
+        fused_expert = m.role == "expert" and not is_quantized
+        if dtypes.autocast and frozen == 4 and not setup.gradient_checkpointing and not fused_expert:
             # autocast casts a frozen fp32 weight on every forward; the cast is saved for the
             # input-gradient matmul (autocast caches casts only for params requiring grad:
             # autocast_mode.cpp cached_cast), so a checkpointed layer's forward, which saves
