@@ -159,6 +159,10 @@ CASES: list[Case] = [
                                                  gradient_checkpointing=True), layers=2),
     Case("qwen3-moe lora all-linear gc", Q3MOE, dict(method="lora", seq=512, targets="all-linear",
                                                      gradient_checkpointing=True), layers=2),
+    # MoE QLoRA: bitsandbytes quantizes only nn.Linear; the fused experts and routers stay 16-bit (then fp32)
+    Case("qwen3-moe qlora (experts unquantized)", Q3MOE, dict(method="qlora", seq=512), layers=2),
+    Case("mixtral qlora mlp (LoRA'd fp32 expert stacks)", MIX, dict(method="qlora", seq=512, targets="mlp",
+                                                                    precision="bf16"), layers=2),
 ]
 
 # Several GPUs: rank 0 of an FSDP1 job (the real FullyShardedDataParallel on a fake process group, configured

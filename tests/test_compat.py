@@ -176,6 +176,12 @@ CASES: dict[str, tuple[str, tuple, tuple]] = {
                                     "google-bert/bert-large-uncased", None),
                                    (None, {"method": "lora", "gpus": 8, "fsdp": True, "fsdp_version": 2},
                                     "google-bert/bert-large-uncased", None)),
+    # PEFT lora.ParamWrapper (fused expert stacks) refuses lora_dropout != 0
+    "moe-fused-target-dropout": ("error",
+                                 (None, {"method": "qlora", "targets": "mlp", "dropout": 0.05},
+                                  "Qwen/Qwen3-30B-A3B", None),
+                                 (None, {"method": "qlora", "targets": "attn", "dropout": 0.05},
+                                  "Qwen/Qwen3-30B-A3B", None)),
     # fsdp_qlora train.py: LlamaDecoderLayer / MistralDecoderLayer only
     "fsdp-qlora-layer-classes": ("warning",
                                  (None, {"framework": "fsdp-qlora"}, "Qwen/Qwen2.5-7B-Instruct", None),

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from tuneplan.estimator.bnb_scope import quantized, quantized_weights
 from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
 from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.estimator.weights import lora_targets
@@ -235,12 +236,14 @@ def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes,
     ops = 0.0
     gemms = 1.0  # the attention kernel (SDPA/flash) or the two batched matmuls of eager, counted once
     qlin = 0.0
+    model_code = get_profile(setup.framework).model_code
     for m in spec.linears:
         k = _active(m, spec.top_k)
         lin += 2.0 * m.d_in * m.d_out * k
         produced += m.d_out * k * c
         gemms += k
-        qlin += k
+        if quantized(m, model_code):  # fused experts / routers stay 16-bit under transformers (bnb_scope)
+            qlin += k
         if m.name in targets:
             ada += 2.0 * setup.rank * (m.d_in + m.d_out) * k
             # dropout output (if any), lora_A out, then lora_B out, scaling and the add at d_out
@@ -375,7 +378,8 @@ def flop_plan(model: ModelSpec, setup: TrainSetup, dt: Dtypes, targets: frozense
     dequant = 0.0
     if bits:
         passes = 2 + (1 if setup.gradient_checkpointing else 0)  # forward, input-grad matmul, recompute
-        dequant = passes * model.params_linear_weights
+        # only the linears bitsandbytes replaced are rebuilt (transformers' fused experts are not: bnb_scope)
+        dequant = passes * quantized_weights(model, get_profile(setup.framework).model_code)
     # eager attention: scores (+mask), fp32 softmax, its 16-bit cast, per head per key position
     scores_bytes = float(dt.compute + 4 + dt.compute) if attn == "eager" else 0.0
     return FlopPlan(model=model, attn=attn, attn_bwd=ATTN_BWD_EAGER if attn == "eager" else ATTN_BWD_FLASH,

@@ -25,6 +25,7 @@ this file the MLP / MoE block and the layer's record with its backward temporari
 from __future__ import annotations
 
 from tuneplan.estimator.attention_saved import attention_block
+from tuneplan.estimator.bnb_scope import expert_stack_bytes
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.estimator.fused_layers import unsloth_fast_lora_layer
@@ -148,7 +149,7 @@ def fused_stacks_saved(walk: LayerWalk, experts: list[Linear]) -> frozenset[str]
     if not stacks:
         return frozenset()
     dtypes = walk.dtypes
-    weight_bytes = dtypes.frozen_weight
+    weight_bytes = expert_stack_bytes(walk.setup.quant_bits, dtypes)  # QLoRA: not quantized (bnb_scope)
     input_grad = "mlp_in" not in walk.gradient_free
     up_adapted = any(st.name == "gate_up_proj" for st in stacks)
     released = 0.0  # effective weights already released when a stack's weight gradient is made

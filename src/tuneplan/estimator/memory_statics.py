@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
+from tuneplan.estimator.bnb_scope import unquantized_note
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
@@ -165,7 +166,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         + buckets.persistent + buckets.through_forward,
         step_grads=grads_step + buckets.persistent,
         step_temp=0 if setup.optimizer_in_backward else resident.optimizer_temp,
-        base_notes=wrapper_memory.notes + tuple(optimizer.notes),
+        base_notes=(wrapper_memory.notes + tuple(optimizer.notes)
+                    + unquantized_note(model, setup.quant_bits, profile.model_code, dtypes.non_block)),
         expert_grad_temp=expert_stack_gradient_temp(run, grads_prev),
         recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run))
     run.memo["memory"] = out

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuneplan.estimator.bnb_scope import bnb_replaces
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -75,8 +76,7 @@ def layer_bytes(spec: LayerSpec, setup: TrainSetup, dtypes: Dtypes) -> int:
     total = spec.norm_params * element_bytes
     for m in spec.linears:
         weights = m.count * m.d_in * m.d_out
-        is_linear = m.role not in ("expert", "router") or m.name == "shared_expert_gate"
-        total += weights * bits // 8 if bits is not None and is_linear else weights * element_bytes
+        total += weights * bits // 8 if bits is not None and bnb_replaces(m) else weights * element_bytes
         if m.bias:
             total += m.count * m.d_out * element_bytes
     return int(total)

@@ -14,6 +14,7 @@ backward is :func:`bnb_backward_dequant`.
 
 from __future__ import annotations
 
+from tuneplan.estimator.bnb_scope import quantized
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile
@@ -26,7 +27,8 @@ def dequant_transient_bytes(model: ModelSpec, setup: TrainSetup, prof: Profile) 
     """Bytes live while the largest quantized linear dequantizes its weight (0 when nothing is quantized)."""
     if setup.quant_bits is None or not prof.dequant_bytes_per_elem:
         return 0
-    largest = max((m.d_in * m.d_out for spec, _ in model.layer_groups for m in spec.linears), default=0)
+    largest = max((m.d_in * m.d_out for spec, _ in model.layer_groups for m in spec.linears
+                   if quantized(m, prof.model_code)), default=0)
     # under FSDP the unit is gathered first, so every GPU dequantizes the whole weight too
     per_elem = prof.dequant_bytes_per_elem
     if setup.compile:
@@ -63,6 +65,10 @@ def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dty
     fixed, per_token = 0, 0
     for spec, _ in model.layer_groups:
         for m in spec.linears:
+            if not quantized(m, prof.model_code):  # fused experts / routers: no MatMul4Bit (bnb_scope)
+                if to_first_target and m.name in targets:
+                    break
+                continue
             weight = dtypes.compute * m.d_in * m.d_out
             # routed experts see top_k of their count's share of the tokens
             share = spec.top_k / max(m.count, 1) if m.role == "expert" else 1.0

@@ -7,7 +7,8 @@ arXiv 2305.14314 section 3):
   per 256 blocks, plus a 256-entry fp32 code table per tensor;
 - LLM.int8 (8-bit): int8 weight plus one fp32 scale per output row (``SCB``).
 Only ``nn.Linear`` modules inside the blocks are quantized; transformers' ``get_keys_to_not_convert``
-keeps lm_head (and tied weights) unquantized, and embeddings / norms are not Linear.
+keeps lm_head (and tied weights) unquantized, and embeddings / norms are not Linear. Under transformers'
+model code, fused routed experts and routers are not ``nn.Linear`` either and stay 16-bit (``bnb_scope``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.fused_expert_lora import ExpertStack, expert_stacks
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
@@ -111,9 +113,12 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_hea
 
     ``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning
     Fabric's BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""
+    from tuneplan.specs.profiles import get_profile
+
     targets = lora_targets(model, setup)
+    model_code = get_profile(setup.framework).model_code
     tally = _Tally()
-    largest_layer = layer_params(tally, model, setup, dtypes, targets)
+    largest_layer = layer_params(tally, model, setup, dtypes, targets, model_code)
     tally.autocast_copy -= bottom_casts_unsaved(model, setup, dtypes, targets)
     layer_copy_mark = tally.autocast_copy  # copies of the decoder layers' weights (checkpointed under GC)
     non_block_params(tally, model, setup, dtypes, quant_lm_head)
@@ -173,11 +178,12 @@ def bottom_casts_unsaved(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, ta
 
 
 def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dtypes,
-                 targets: frozenset[str]) -> int:
+                 targets: frozenset[str], model_code: str = "hf") -> int:
     """Add the decoder layers to ``tally``: each group's layers once x its count (freeze: one by one, as only
     the last ``freeze_trainable_layers`` train), their linears (:func:`linear_params`) and norms (trained:
     the trainable dtype; frozen: the non-block dtype under quantization, else the frozen weights').
-    Returns the largest layer's weights as stored (quantized: packed codes + metadata)."""
+    Returns the largest layer's weights as stored (quantized: packed codes + metadata). ``model_code``:
+    whose model code runs, which decides the linears bitsandbytes quantizes (``bnb_scope.quantized``)."""
     freeze = setup.method == "freeze"
     trainable_layer_from = model.n_layers - setup.freeze_trainable_layers if freeze else 0
     layer_index = largest_layer = 0
@@ -187,9 +193,10 @@ def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dty
         for _ in range(count) if freeze else [None]:
             trainable_layer = setup.method == "full" or (freeze and layer_index >= trainable_layer_from)
             for m in spec.linears:
-                linear_params(tally, m, repeats, trainable_layer, setup, dtypes, targets)
+                linear_params(tally, m, repeats, trainable_layer, setup, dtypes, targets,
+                              quantized(m, model_code))
             for stack in expert_stacks(spec, targets, setup.rank):
-                stack_params(tally, stack, repeats, dtypes)
+                stack_params(tally, stack, repeats, dtypes, setup.quant_bits)
             norm_bytes = (dtypes.trainable if trainable_layer
                           else (dtypes.non_block if setup.quant_bits else dtypes.frozen_weight))
             tally.weight += repeats * spec.norm_params * norm_bytes
@@ -205,13 +212,15 @@ def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dty
 
 
 def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool, setup: TrainSetup,
-                  dtypes: Dtypes, targets: frozenset[str]) -> None:
+                  dtypes: Dtypes, targets: frozenset[str], is_quantized: bool = True) -> None:
     """Add ``repeats`` copies of one linear to ``tally``: quantized storage and metadata, or its weight and
     bias in the trained or frozen dtype (with the 16-bit cast autocast keeps of an fp32 weight), and its
-    LoRA adapter when it is a target."""
+    LoRA adapter when it is a target. Under quantization a module bitsandbytes leaves alone
+    (``is_quantized`` false: fused experts, routers) is a frozen weight in the non-quantized dtype."""
     weight_numel = m.count * m.d_in * m.d_out
     bias_numel = m.count * m.d_out if m.bias else 0
-    if setup.quant_bits:
+    frozen = dtypes.non_block if setup.quant_bits else dtypes.frozen_weight
+    if setup.quant_bits and is_quantized:
         storage, metadata = quant_bytes(m.d_in * m.d_out, m.d_out, setup.quant_bits, setup.double_quant)
         tally.weight += repeats * (m.count * storage + bias_numel * dtypes.non_block)
         tally.meta += repeats * m.count * metadata
@@ -227,8 +236,12 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
         if dtypes.autocast and dtypes.trainable == 4:
             tally.autocast_copy += repeats * weight_numel * dtypes.compute
     else:
-        tally.weight += repeats * (weight_numel + bias_numel) * dtypes.frozen_weight
-        if dtypes.autocast and dtypes.frozen_weight == 4 and not setup.gradient_checkpointing:
+        tally.weight += repeats * (weight_numel + bias_numel) * frozen
+        # (transformers' fused experts, never bitsandbytes linears, are not cast: its grouped_mm casts the
+        # input to the weight's dtype instead, integrations/moe.py ``_grouped_mm``; other model code's expert
+        # linears are F.linear calls that autocast casts)
+        fused_expert = m.role == "expert" and not is_quantized
+        if dtypes.autocast and frozen == 4 and not setup.gradient_checkpointing and not fused_expert:
             # autocast casts a frozen fp32 weight on every forward; the cast is saved for the
             # input-gradient matmul (autocast caches casts only for params requiring grad:
             # autocast_mode.cpp cached_cast), so a checkpointed layer's forward, which saves
@@ -243,7 +256,8 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
         tally.factored_elems += repeats * m.count * (m.d_in + m.d_out + 2 * setup.rank)
 
 
-def stack_params(tally: _Tally, stack: ExpertStack, repeats: int, dtypes: Dtypes) -> None:
+def stack_params(tally: _Tally, stack: ExpertStack, repeats: int, dtypes: Dtypes,
+                 quant_bits: int | None = None) -> None:
     """Add ``repeats`` copies of a fused expert stack's LoRA (PEFT ParamWrapper: lora_A [r E, d_in], lora_B
     [d_out, r E]) to ``tally``; without autocast, fp32 factors on a 16-bit stack are cast to the stack's
     dtype each forward and baddbmm keeps the casts (peft/tuners/lora/layer.py ``get_delta_factors``; under
@@ -255,8 +269,9 @@ def stack_params(tally: _Tally, stack: ExpertStack, repeats: int, dtypes: Dtypes
     tally.sizes[stack.d_out * width] += repeats
     tally.largest_tensor = max(tally.largest_tensor, width * max(stack.d_in, stack.d_out))
     tally.factored_elems += repeats * (2 * width + stack.d_in + stack.d_out)
-    if not dtypes.autocast and dtypes.adapter > dtypes.frozen_weight:
-        tally.autocast_copy += repeats * stack.adapter_params * dtypes.frozen_weight
+    stack_bytes = expert_stack_bytes(quant_bits, dtypes)
+    if not dtypes.autocast and dtypes.adapter > stack_bytes:
+        tally.autocast_copy += repeats * stack.adapter_params * stack_bytes
 
 
 def non_block_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dtypes,

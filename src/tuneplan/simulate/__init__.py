@@ -67,9 +67,6 @@ def unsupported_reason(model: ModelSpec, setup: TrainSetup) -> str:
                 "which simulate does not have")
     if setup.quant_bits == 8:
         return "8-bit (LLM.int8) base weights have no stand-in yet"
-    if model.is_moe and setup.method == "qlora":
-        return ("QLoRA on a MoE: transformers 5 keeps experts as fused 3-D parameters, which the 4-bit "
-                "stand-in does not quantize")
     if model.architecture not in ("decoder", "encoder"):
         return "simulate runs decoders and encoders (masked LM or classifier heads) only"
     return ""

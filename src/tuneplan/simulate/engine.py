@@ -58,6 +58,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     from tuneplan.simulate.build import build, compute_dtype, lora_targets_skipped, uses_autocast
     from tuneplan.simulate.distributed import gradient_sync_off
     from tuneplan.simulate.fsdp_qlora import train_py_no_sync
+    from tuneplan.simulate.grouped_mm import grouped_mm_any_dtype
     from tuneplan.simulate.kernels import (
         KERNEL_BUFFERS,
         cuda_autocast_policies,
@@ -200,7 +201,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
     # the Trainer runs each accumulating micro-batch under accelerator.no_sync; train.py only with CPU offload
     loop_no_sync = prof.name != "fsdp-qlora" or train_py_no_sync(setup)
     try:
-        with fake, tracker, hooks, cuda_dropout(), cuda_autocast_policies(), \
+        with fake, tracker, hooks, cuda_dropout(), cuda_autocast_policies(), grouped_mm_any_dtype(), \
                 softmax_keeps_input(setup.softmax_keeps_input):
             opt = run_steps(model, setup, setup.optimizer or prof.default_optimizer, tracker,
                             compute_dtype(setup), uses_autocast(setup, prof), progress,
@@ -271,6 +272,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     the run), then the Trainer's DeepSpeed loop runs two steps (simulate/zero.py)."""
     import torch
 
+    from tuneplan.simulate.grouped_mm import grouped_mm_any_dtype
     from tuneplan.simulate.kernels import KERNEL_BUFFERS, cuda_dropout
     from tuneplan.simulate.step import make_optimizer, relabel_states
     from tuneplan.simulate.zero import (
@@ -297,7 +299,8 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     try:
         with (stdout_to_stderr(), local_rank_env(), fake, tracker, value_checks_answered(),
-              memory_efficient_linear(setup.zero), cuda_dropout(), offload_on_host(tracker, setup)):
+              memory_efficient_linear(setup.zero), cuda_dropout(), grouped_mm_any_dtype(),
+              offload_on_host(tracker, setup)):
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
             # the Trainer's own optimizer (its ``optim``), which DeepSpeed steps on the fp32 master partition

@@ -219,3 +219,28 @@ def _fsdp1_tied_embeddings(ctx: Context, p: dict[str, Any]) -> Hit:
             or model.model_type not in p["embeddings_unit_types"] or not _fsdp1_sharded(ctx)):
         return None
     return {"model_type": model.model_type}
+
+
+@predicate("moe-fused-target-dropout")
+def _moe_fused_dropout(ctx: Context, p: dict[str, Any]) -> Hit:
+    """LoRA dropout on a fused expert stack: PEFT's ``lora.ParamWrapper.__init__`` raises
+    (peft/tuners/lora/layer.py: lora_B(lora_A(dropout(x))) cannot be factored out of the stacked weight)."""
+    from tuneplan.errors import TuneplanError
+    from tuneplan.specs.lora_targets import STACK_MARK, convert_targets, resolve_targets
+    from tuneplan.specs.profiles import get_profile
+
+    s, model = ctx.setup, ctx.model
+    if model is None or not s.is_lora or not model.is_moe:
+        return None
+    prof = get_profile(s.framework)
+    dropout = s.dropout if s.dropout is not None else prof.default_dropout
+    if not dropout:
+        return None
+    try:
+        names = convert_targets(model, resolve_targets(model, s.targets), prof.model_code)
+    except TuneplanError:
+        return None  # the targets' own error says why
+    stacks = sorted(n[len(STACK_MARK):] for n in names if n.startswith(STACK_MARK))
+    if not stacks:
+        return None
+    return {"stacks": ", ".join(stacks), "dropout": dropout, "model_type": model.model_type}

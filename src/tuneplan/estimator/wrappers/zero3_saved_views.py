@@ -69,8 +69,8 @@ def zero3_view_kept(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]
     .. math:: V = \\sum_{i < L - k} v_i
 
     with ``v_i`` from :func:`layer_viewed_weights` plus the fused expert stacks of
-    :func:`expert_viewed_weights` (not counted under QLoRA, whose 4-bit handling of fused 3-D experts is
-    not modelled). With checkpointing the forward saves nothing; the
+    :func:`expert_viewed_weights` (under QLoRA too: bitsandbytes leaves the fused 3-D experts 16-bit,
+    ``bnb_scope``). With checkpointing the forward saves nothing; the
     recompute runs inside the layer's backward, whose parameters are used again at once (within
     ``stage3_max_reuse_distance``) and not released: the views share the gathered storage. The quantized
     path (bitsandbytes' matmul) saves no view of a 16-bit weight."""
@@ -79,8 +79,8 @@ def zero3_view_kept(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]
     released = max(model.n_layers - layers_kept, 0)
     if not released:
         return 0
-    quantized = setup.quant_bits is not None
-    experts = 0 if quantized else sum(expert_viewed_weights(model, setup, targets)[:released])
+    # fused experts are not quantized under QLoRA either (estimator/bnb_scope.py): same saved view
+    experts = sum(expert_viewed_weights(model, setup, targets)[:released])
     if (model.model_type not in VIEW_LINEAR_MODEL_TYPES or setup.quant_bits is not None
             or setup.method == "freeze"):
         return experts
