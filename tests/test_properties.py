@@ -122,6 +122,10 @@ def test_quantized_weights_order(m, s) -> None:
     # outweigh the blocks, PEFT's fp32 upcast of the embeddings can make QLoRA heavier than 16-bit LoRA.
     if MODELS[m].params_linear < 0.7 * MODELS[m].params_total:
         return
+    # transformers 5 keeps a MoE's fused experts as 3-D parameters that bitsandbytes does not quantize
+    # (only nn.Linear is replaced), and PEFT's kbit preparation upcasts them to fp32: not quantized linears
+    if MODELS[m].is_moe:
+        return
 
     def w(**kw):
         c = estimate(MODELS[m], **{**s, **kw}).breakdown.components
