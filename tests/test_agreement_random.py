@@ -40,11 +40,11 @@ def test_the_same_seed_draws_the_same_sample() -> None:
 # ---- the two engines on a cheap random sample (slow: simulated training steps, about 50 s of CPU) ---------
 CHEAP = 40
 CHEAP_SEED = 7
-# the sample's allowed disagreement, stated from where the engines stand (benchmarks/agreement.py --random
-# gives the full picture): at least 85 % of the compared setups within 3 % of the simulated allocated peak
-# (33 of 37 when last run; the goal is 95 %), and none beyond 10 % (the furthest, -8.7 %, an FSDP2 freeze
-# run of 192 tokens)
-CHEAP_WITHIN_SHARE = 0.85
+# the sample's allowed disagreement (benchmarks/agreement.py --random gives the full picture): at least
+# 95 % of the compared setups within 3 % of the simulated allocated peak, and none beyond 10 % (38 of 40
+# when last run; the two beyond, -4.0 %, are BERT-large under ZeRO-3, whose tied embeddings are gathered
+# again for the embedding's backward)
+CHEAP_WITHIN_SHARE = 0.95
 CHEAP_BOUND = 0.10
 
 
