@@ -149,13 +149,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         rows["forward_head"] = (earlier_grads, 0, saved - acts.tail_bytes + prev_pinned,
                                 statics.autocast_copies, prev_held, 0, statics.gathered_head_forward)
     if statics.gathered_head_backward:
-        # ZeRO-3's trained untied head: its weight gradient (dlogits^T x, whole, in the compute dtype) is
-        # made from the logits' gradient cast back to the compute dtype, the head still gathered
-        # (a fused linear loss makes no whole logits: its chunks are counted by the loss backward)
-        head_grad = run.model.lm_head_params * run.dtypes.compute
-        dlogits = 0 if run.loss == "fused_linear" else statics.logit_bytes * batch * seq * statics.vocab
-        rows["backward_head"] = (earlier_grads, 0, saved, 0, dlogits, head_grad,
-                                 statics.gathered_head_backward)
+        rows["backward_head"] = head_backward_row(run, statics, saved, batch * seq)
     attention = forward_attention_row(run, statics, acts, batch, seq, prev_pinned, prev_held)
     if attention is not None:  # eager attention's softmax in a checkpointed forward (eager_forward.py)
         rows["forward_attention"] = attention
@@ -171,13 +165,21 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
         rows["next_micro_batch"] = (statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
     rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, in_step, 0, 0)
-    initialize = statics.wrapped.initialize
-    if initialize:
+    if statics.wrapped.initialize:
         # DeepSpeed's initialize, before the first step (wrappers/zero12_initialize.py): nothing of the step
         # is live and the persistent terms are not yet the step's; the row carries its total's difference
         # from them as DeepSpeed's own allocation (the 16-bit copies of the module's cast)
-        rows["initialize"] = (0, 0, 0, 0, 0, 0, initialize - statics.common_total)
+        rows["initialize"] = (0, 0, 0, 0, 0, 0, statics.wrapped.initialize - statics.common_total)
     return MemoryAt(rows, acts, logits, held, statics)
+
+
+def head_backward_row(run: Run, statics: MemoryStatics, saved: Any, tokens: Any) -> Row:
+    """ZeRO-3's trained untied head: its weight gradient (dlogits^T x, whole, in the compute dtype) is made
+    from the logits' gradient cast back to the compute dtype, the head still gathered (a fused linear loss
+    makes no whole logits: its chunks are counted by the loss backward)."""
+    head_grad = run.model.lm_head_params * run.dtypes.compute
+    dlogits = 0 if run.loss == "fused_linear" else statics.logit_bytes * tokens * statics.vocab
+    return (statics.earlier_grads, 0, saved, 0, dlogits, head_grad, statics.gathered_head_backward)
 
 
 def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan,
@@ -187,15 +189,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     bottom layer's activations or recomputation + its scratch: the larger of the layer's backward
     temporaries and bitsandbytes' dequantized weight with what is live beside it) and the embedding's
     backward where it has an instant of its own."""
-    # a quantized linear's dequantization scratch, live while the layer being back-propagated runs
-    backward_temp = acts.backward_temp_bytes + statics.dequant
-    if statics.expert_grad_temp:
-        # a fused expert stack's new weight gradient beside its accumulated buffer (memory_statics)
-        backward_temp = maximum(backward_temp, statics.expert_grad_temp)
-    if statics.backward_dequant:
-        # bitsandbytes' dequantized weight, at its own point of the layer's backward (quant_kernels)
-        backward_temp = maximum(backward_temp,
-                                statics.backward_dequant + tokens * statics.backward_dequant_per_token)
+    backward_temp = layer_backward_scratch(statics, acts, tokens)
     saved, gathered = acts.saved_bytes, statics.gathered
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))
@@ -243,23 +237,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
-    if statics.gathered_layer_end:
-        # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
-        # activations counted as at the bottom row (an upper bound: they are being freed), its scratch freed;
-        # or, later, the base linears back-propagated after the prefetch, the layer's activations released
-        # by then: bitsandbytes' dequantized weight with the gradients it makes (quant_kernels), the row
-        # holding the larger of the two moments
-        fixed, per_token = statics.layer_end_dequant
-        end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
-        rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, end_scratch,
-                                      statics.gathered_layer_end)
-        if not statics.checkpointed:
-            # the top layer's end alike, every lower layer's activations still saved, the tail released,
-            # its own counted whole (an upper bound: they are being freed); under checkpointing the bottom
-            # row's recomputation bound already exceeds the lower layers' checkpoints (simulate: FSDP1
-            # CPUOffload, Yi-1.5-34B LoRA all-linear)
-            rows["backward_top_layer_end"] = (top_grads, 0, saved - acts.tail_bytes, 0, bottom_held, 0,
-                                              statics.gathered_layer_end)
+    layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
     if statics.gathered_bottom_backward:
         rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
@@ -273,6 +251,45 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the step; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32)
         rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, held, end.scratch,
                                       end.gathered)
+
+
+
+def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any) -> Any:
+    """The scratch of the layer being back-propagated: its backward temporaries and a quantized linear's
+    dequantization scratch, or the larger moment of a fused expert stack's new weight gradient beside its
+    accumulated buffer (memory_statics) or of bitsandbytes' dequantized weight (quant_kernels)."""
+    backward_temp = acts.backward_temp_bytes + statics.dequant
+    if statics.expert_grad_temp:
+        backward_temp = maximum(backward_temp, statics.expert_grad_temp)
+    if statics.backward_dequant:
+        backward_temp = maximum(backward_temp,
+                                statics.backward_dequant + tokens * statics.backward_dequant_per_token)
+    return backward_temp
+
+
+def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
+                   grads: tuple[Any, Any], bottom_acts: Any, bottom_held: Any) -> None:
+    """The rows at a layer's backward end, beside the next layer it prefetched (none when the wrapper
+    gathers nothing there)."""
+    if not statics.gathered_layer_end:
+        return
+    top_grads, bottom_grads = grads
+    # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
+    # activations counted as at the bottom row (an upper bound: they are being freed), its scratch freed;
+    # or, later, the base linears back-propagated after the prefetch, the layer's activations released
+    # by then: bitsandbytes' dequantized weight with the gradients it makes (quant_kernels), the row
+    # holding the larger of the two moments
+    fixed, per_token = statics.layer_end_dequant
+    end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
+    rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, end_scratch,
+                                  statics.gathered_layer_end)
+    if not statics.checkpointed:
+        # the top layer's end alike, every lower layer's activations still saved, the tail released,
+        # its own counted whole (an upper bound: they are being freed); under checkpointing the bottom
+        # row's recomputation bound already exceeds the lower layers' checkpoints (simulate: FSDP1
+        # CPUOffload, Yi-1.5-34B LoRA all-linear)
+        rows["backward_top_layer_end"] = (top_grads, 0, acts.saved_bytes - acts.tail_bytes, 0, bottom_held, 0,
+                                          statics.gathered_layer_end)
 
 
 def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, backward_temp: Any,

@@ -93,9 +93,8 @@ class MemoryStatics:
 
 def memory_statics(run: Run) -> MemoryStatics:
     """The shape-independent terms of ``run``, computed once and kept on it (``run.memo["memory"]``)."""
-    cached: MemoryStatics | None = run.memo.get("memory")
-    if cached is not None:
-        return cached
+    if (cached := run.memo.get("memory")) is not None:
+        return cached  # type: ignore[no-any-return]
     model, setup, profile, dtypes, params = run.model, run.setup, run.profile, run.dtypes, run.param_plan
     # A quantized lm_head dequantizes its whole weight for every chunk of the forward
     head_dequant = (int(profile.dequant_bytes_per_elem * model.head_width * model.hidden)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.wrappers.base import Epilogue
-from tuneplan.estimator.wrappers.zero3_coordinator import (
+from tuneplan.estimator.wrappers.reduce_buckets import (
     bucket_fills,
     bucket_members,
     full_backward_gradients,

@@ -1,13 +1,14 @@
 """What ZeRO-3's parameter coordinator keeps gathered, and when its gradient bucket is first reduced, read
 from DeepSpeed 0.19.8's stage-3 code (``PartitionedParameterCoordinator``, stage3.py) once the module trace
 is complete (from the second step): the layers kept from forward to backward, the prefetcher running ahead
-at the loss and through the top layers' backward, and the IPG bucket's first flush; with the order in which a
-full fine-tune's gradients reach the bucket and its fills, which ZeRO-1/2 share (zero12_reductions.py)."""
+at the loss and through the top layers' backward, and the IPG bucket's first flush (the order in which a
+full fine-tune's gradients reach the bucket and its fills: reduce_buckets.py, which ZeRO-1/2 share)."""
 
 from __future__ import annotations
 
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
+from tuneplan.estimator.wrappers.reduce_buckets import bucket_fills, bucket_members, full_backward_gradients
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -366,46 +367,3 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     own = fill[0] * compute if fill[0] > reduce_bucket else 0
     norm = 8 * min(-(-max(fill) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
     return own + copy + norm
-
-
-def full_backward_gradients(model: ModelSpec, embedding: bool = True) -> list[int]:
-    """A full fine-tune's gradients (elements) in the order their hooks fire: the untied head, the final
-    norm, then each layer from the top, its linears last-to-first (its norms counted after them), and the
-    token embedding last (tied to the head, its gradient is complete only after the embedding's backward);
-    without ``embedding``, up to the bottom layer."""
-    order = [model.lm_head_params, model.final_norm_params, *layer_gradients_from_top(model, model.n_layers)]
-    return [n for n in [*order, model.embed_params if embedding else 0] if n]
-
-
-def layer_gradients_from_top(model: ModelSpec, k: int) -> list[int]:
-    """The gradients (elements) of the top ``k`` decoder layers in the order their hooks fire: each layer
-    from the top, its linears last-to-first, its norms counted after them."""
-    order: list[int] = []
-    for spec, count in reversed(model.layer_groups):
-        take = min(count, k)
-        per_layer = [m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)]
-        per_layer.append(spec.norm_params)
-        order += per_layer * take
-        k -= take
-        if k <= 0:
-            break
-    return [n for n in order if n]
-
-
-def bucket_fills(gradients: list[int], reduce_bucket: int) -> list[int]:
-    """Elements in the IPG bucket at each reduction of one backward, the epilogue's last: a gradient that
-    would take the bucket past ``reduce_bucket_size`` reduces what it holds first (DeepSpeed 0.19.8
-    ``reduce_independent_p_g_buckets_and_remove_grads``, stage_1_and_2.py and stage3.py alike)."""
-    return [sum(fill) for fill in bucket_members(gradients, reduce_bucket)]
-
-
-def bucket_members(gradients: list[int], reduce_bucket: int) -> list[list[int]]:
-    """The gradients (elements) of each reduction of :func:`bucket_fills`."""
-    fills: list[list[int]] = []
-    filled: list[int] = []
-    for numel in gradients:
-        if filled and sum(filled) + numel > reduce_bucket:
-            fills.append(filled)
-            filled = []
-        filled.append(numel)
-    return [*fills, filled] if filled else fills
