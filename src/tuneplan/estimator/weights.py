@@ -21,7 +21,7 @@ from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.fused_expert_lora import ExpertStack, expert_stacks
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
 from tuneplan.estimator.xp import ceil_div
-from tuneplan.specs.lora_targets import convert_targets, resolve_targets
+from tuneplan.specs.lora_targets import adapted_targets
 from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -38,8 +38,7 @@ def lora_targets(model: ModelSpec, setup: TrainSetup) -> frozenset[str]:
         return frozenset()
     from tuneplan.specs.profiles import get_profile
 
-    return convert_targets(model, resolve_targets(model, setup.targets),
-                           get_profile(setup.framework).model_code)
+    return adapted_targets(model, setup.targets, get_profile(setup.framework).model_code)
 
 
 def lora_params_of(m: Linear, rank: int) -> int:

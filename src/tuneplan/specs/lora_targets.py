@@ -118,3 +118,14 @@ def convert_targets(model: ModelSpec, names: frozenset[str], model_code: str) ->
         return names
     kept = {n for n in names if n.rsplit(".", 1)[-1] not in stack_of}
     return frozenset(kept | {STACK_MARK + stack_of[old] for old in named})
+
+
+def adapted_targets(model: ModelSpec, targets: str | None, model_code: str) -> frozenset[str]:
+    """The targets as PEFT adapts them: :func:`resolve_targets`, then :func:`convert_targets`."""
+    return convert_targets(model, resolve_targets(model, targets), model_code)
+
+
+def adapted_stacks(model: ModelSpec, targets: str | None, model_code: str) -> list[str]:
+    """The fused expert stacks (gate_up_proj / down_proj) PEFT adapts for these targets, sorted."""
+    return sorted(t.removeprefix(STACK_MARK) for t in adapted_targets(model, targets, model_code)
+                  if t.startswith(STACK_MARK))

@@ -195,12 +195,10 @@ def _fsdp1_lora_experts(ctx: Context, p: dict[str, Any]) -> Hit:
     model, s = ctx.model, ctx.setup
     if model is None or not model.is_moe or s.method not in ("lora", "qlora") or not _fsdp1_sharded(ctx):
         return None
-    from tuneplan.specs.lora_targets import STACK_MARK, convert_targets, resolve_targets
+    from tuneplan.specs.lora_targets import adapted_stacks
     from tuneplan.specs.profiles import get_profile, peft_default_targets
 
-    names = resolve_targets(model, s.targets or peft_default_targets(model))
-    converted = convert_targets(model, names, get_profile(s.framework).model_code)
-    hit = sorted(t.removeprefix(STACK_MARK) for t in converted if t.startswith(STACK_MARK))
+    hit = adapted_stacks(model, s.targets or peft_default_targets(model), get_profile(s.framework).model_code)
     if not hit:
         return None
     return {"names": ", ".join(hit)}
@@ -226,7 +224,7 @@ def _moe_fused_dropout(ctx: Context, p: dict[str, Any]) -> Hit:
     """LoRA dropout on a fused expert stack: PEFT's ``lora.ParamWrapper.__init__`` raises
     (peft/tuners/lora/layer.py: lora_B(lora_A(dropout(x))) cannot be factored out of the stacked weight)."""
     from tuneplan.errors import TuneplanError
-    from tuneplan.specs.lora_targets import STACK_MARK, convert_targets, resolve_targets
+    from tuneplan.specs.lora_targets import adapted_stacks
     from tuneplan.specs.profiles import get_profile
 
     s, model = ctx.setup, ctx.model
@@ -237,10 +235,9 @@ def _moe_fused_dropout(ctx: Context, p: dict[str, Any]) -> Hit:
     if not dropout:
         return None
     try:
-        names = convert_targets(model, resolve_targets(model, s.targets), prof.model_code)
+        stacks = adapted_stacks(model, s.targets, prof.model_code)
     except TuneplanError:
         return None  # the targets' own error says why
-    stacks = sorted(n[len(STACK_MARK):] for n in names if n.startswith(STACK_MARK))
     if not stacks:
         return None
     return {"stacks": ", ".join(stacks), "dropout": dropout, "model_type": model.model_type}
