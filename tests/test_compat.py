@@ -182,6 +182,19 @@ CASES: dict[str, tuple[str, tuple, tuple]] = {
                                   "Qwen/Qwen3-30B-A3B", None),
                                  (None, {"method": "qlora", "targets": "attn", "dropout": 0.05},
                                   "Qwen/Qwen3-30B-A3B", None)),
+    # transformers keeps DeepSeek's gate.weight fp32 (_keep_in_fp32_modules_strict); FSDP1 flattens a
+    # layer in one dtype
+    "fsdp1-fp32-router": ("error",
+                          (None, {"method": "lora", "precision": "bf16-mixed", "gpus": 2, "fsdp": True},
+                           "deepseek-ai/DeepSeek-V2-Lite", None),
+                          (None, {"method": "full", "precision": "bf16-mixed", "gpus": 2, "fsdp": True},
+                           "deepseek-ai/DeepSeek-V2-Lite", None)),
+    # FSDP2 _init_mp_dtypes: one dtype among a group's trainable parameters
+    "fsdp2-fp32-router-trainable": ("error",
+                                    (None, {"method": "full", "precision": "bf16", "gpus": 2, "fsdp": True,
+                                            "fsdp_version": 2}, "deepseek-ai/DeepSeek-V3", None),
+                                    (None, {"method": "lora", "precision": "bf16", "gpus": 2, "fsdp": True,
+                                            "fsdp_version": 2}, "deepseek-ai/DeepSeek-V3", None)),
     # fsdp_qlora train.py: LlamaDecoderLayer / MistralDecoderLayer only
     "fsdp-qlora-layer-classes": ("warning",
                                  (None, {"framework": "fsdp-qlora"}, "Qwen/Qwen2.5-7B-Instruct", None),
@@ -420,8 +433,34 @@ def test_fsdp1_real_stack_failures_named_by_the_simulation():
     assert "(fsdp1-lora-fused-experts)" in failure_reason(exc, ds, lora)
     assert "RuntimeError" in failure_reason(exc, ds, TrainSetup(method="lora", targets="attn", gpus=4,
                                                                   fsdp=True, attn="sdpa"))
+    flat = ValueError("Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.float32")
+    assert "(fsdp1-fp32-router)" in failure_reason(flat, ds, TrainSetup(method="lora", targets="attn", gpus=4,
+                                                                        fsdp=True, attn="sdpa"))
     mm = RuntimeError("b must be 2D")
     assert "(fsdp1-tied-embeddings-unit)" in failure_reason(mm, bert, TrainSetup(method="full", gpus=8,
                                                                                  fsdp=True, attn="sdpa"))
     assert "RuntimeError" in failure_reason(mm, bert, TrainSetup(method="full", gpus=8, fsdp=True,
                                                                  attn="sdpa", num_labels=2))
+
+
+@pytest.mark.parametrize("fields,codes", [
+    # DeepSeek-V2-Lite: first_k_dense_replace = 1, so layer 0 has no router (config.json); freeze trains the
+    # top layers, upcast to fp32 under a -mixed precision (trainable_fp32_in_mixed)
+    ({"method": "freeze", "freeze_trainable_layers": 26, "precision": "bf16-mixed"}, set()),
+    ({"method": "freeze", "freeze_trainable_layers": 25, "precision": "bf16-mixed"}, {"fsdp1-fp32-router"}),
+    ({"method": "freeze", "freeze_trainable_layers": 26, "precision": "bf16", "fsdp_version": 2},
+     {"fsdp2-fp32-router-trainable"}),
+    ({"method": "freeze", "freeze_trainable_layers": 26, "precision": "bf16-mixed", "fsdp_version": 2},
+     set()),
+    ({"method": "qlora", "precision": "bf16-mixed"}, {"fsdp1-fp32-router"}),
+    ({"method": "lora", "precision": "fp32"}, set()),
+    ({"method": "lora", "precision": "bf16", "zero": 3}, set()),
+])
+def test_fp32_router_rules_follow_the_layers_dtypes(fields, codes):
+    """The rules fire exactly where a wrap unit (FSDP1) or a trainable group (FSDP2) mixes the fp32 router
+    with 16-bit weights; DeepSpeed casts the whole module to 16 bits, so ZeRO never mixes."""
+    setup = {"gpus": 2, "attn": "sdpa", "targets": "attn", **fields}
+    if "zero" not in fields:
+        setup["fsdp"] = True
+    found = run((None, setup, "deepseek-ai/DeepSeek-V2-Lite", None))
+    assert {c for c in found if "router" in c} == codes

@@ -115,10 +115,16 @@ KNOWN_FAILURES = (
 )
 
 
-# compatibility rules (catalog/compat_rules.toml) whose setups fail the real stack's first step the way
-# the simulation's does (FSDP1 handing a 1-D sharded view to code that reads a parameter outside its unit's
-# forward): when one holds, the simulation's failure is that one
-REAL_STACK_RULES = ("fsdp1-lora-fused-experts", "fsdp1-tied-embeddings-unit")
+# compatibility rules (catalog/compat_rules.toml) whose setups fail the real stack's first step the way the
+# simulation's does, with the text of that failure: when one holds and the text matches, the simulation's
+# failure is that one (FSDP1 handing a 1-D sharded view to code that reads a parameter outside its unit's
+# forward; FSDP refusing a layer of mixed dtypes)
+REAL_STACK_RULES = (
+    ("fsdp1-lora-fused-experts", "is invalid for input of size"),
+    ("fsdp1-tied-embeddings-unit", "must be 2D"),
+    ("fsdp1-fp32-router", "Must flatten tensors with uniform dtype"),
+    ("fsdp2-fp32-router-trainable", "FSDP expects uniform original parameter dtype"),
+)
 
 
 def failure_reason(exc: BaseException, model: ModelSpec | None = None,
@@ -132,8 +138,9 @@ def failure_reason(exc: BaseException, model: ModelSpec | None = None,
     if model is not None and setup is not None:
         from tuneplan.compat import check
 
+        failing = {code for code, needle in REAL_STACK_RULES if needle in text}
         for f in check(None, setup, model):
-            if f.code in REAL_STACK_RULES:
+            if f.code in failing:
                 return f"the real stack cannot run this setup ({f.code}): {f.message}"
     return f"the simulated step failed ({type(exc).__name__}: {first})"
 

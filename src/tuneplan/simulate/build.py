@@ -30,7 +30,7 @@ from tuneplan.errors import TuneplanError
 from tuneplan.simulate.kernels import ATTN_IMPL, modes_follow_recompute, register_attention
 from tuneplan.simulate.qlora import SimLinear4bit, lora_class, replace_linears
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import Profile
+from tuneplan.specs.profiles import Profile, loads_fp32
 from tuneplan.specs.setup import TrainSetup
 
 
@@ -137,16 +137,7 @@ def _tf_version() -> str:
 
 
 def _load_dtype(setup: TrainSetup, prof: Profile) -> torch.dtype:
-    half = compute_dtype(setup)
-    if setup.precision == "fp32":
-        return torch.float32
-    if setup.method == "full" and setup.precision.endswith("-mixed") and prof.trainable_fp32_in_mixed:
-        return torch.float32
-    # fsdp_qlora train.py's bf16_autocast / fp16_autocast load the model with torch_dtype=float32 and
-    # model.to(float32) for every unquantized train_type (LoRA too: a frozen fp32 base under autocast)
-    if setup.method != "qlora" and setup.precision.endswith("-mixed") and prof.mixed_base_fp32:
-        return torch.float32
-    return half
+    return torch.float32 if loads_fp32(setup, prof) else compute_dtype(setup)
 
 
 def sharded_qlora(setup: TrainSetup) -> bool:

@@ -312,6 +312,19 @@ def loss_kind(setup: TrainSetup, prof: Profile) -> str:
     return kind
 
 
+def loads_fp32(setup: TrainSetup, prof: Profile) -> bool:
+    """Whether the profile loads the model in fp32 (``torch_dtype`` at ``from_pretrained``) rather than the
+    16-bit compute dtype: an fp32 precision; a full fine-tune under ``-mixed`` where trainable parameters
+    keep an fp32 master; or an unquantized method under ``-mixed`` where the profile keeps the frozen base
+    in fp32 too (fsdp_qlora train.py's bf16_autocast: ``torch_dtype=float32``, then ``model.to(float32)``)."""
+    if setup.precision == "fp32":
+        return True
+    mixed = setup.precision.endswith("-mixed")
+    if setup.method == "full" and mixed and prof.trainable_fp32_in_mixed:
+        return True
+    return setup.method != "qlora" and mixed and prof.mixed_base_fp32
+
+
 def peft_default_targets(model: ModelSpec) -> str:
     """PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, by the modules the model has."""
     names = set(model.linear_names())

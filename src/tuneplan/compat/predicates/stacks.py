@@ -241,3 +241,54 @@ def _moe_fused_dropout(ctx: Context, p: dict[str, Any]) -> Hit:
     if not stacks:
         return None
     return {"stacks": ", ".join(stacks), "dropout": dropout, "model_type": model.model_type}
+
+
+def _fp32_router_layers(ctx: Context, p: dict[str, Any]) -> tuple[list[bool], list[bool]] | None:
+    """Per decoder layer of a model whose routers transformers keeps in fp32 (``_keep_in_fp32_modules_strict
+    = ["gate.weight", ...]``: upcast whenever the model loads in fp16 / bf16, modeling_utils
+    ``_get_dtype_plan``): whether the layer holds the router beside 16-bit weights, (frozen, trained).
+
+    None where no layer does: another model type, other model code, or a model loaded in fp32. Trained
+    layers hold 16-bit weights unless a ``-mixed`` precision upcasts trainable parameters to fp32."""
+    from tuneplan.specs.profiles import get_profile, loads_fp32
+
+    model, s = ctx.model, ctx.setup
+    if model is None or not model.is_moe or model.model_type not in p["fp32_router_types"]:
+        return None
+    prof = get_profile(s.framework)
+    if prof.model_code != "hf" or loads_fp32(s, prof):
+        return None
+    moe = [spec.moe for spec, count in model.layer_groups for _ in range(count)]
+    first_trained = {"full": 0, "freeze": len(moe) - s.freeze_trainable_layers}.get(s.method, len(moe))
+    trained_16 = not (s.precision.endswith("-mixed") and prof.trainable_fp32_in_mixed)
+    frozen = [m and i < first_trained for i, m in enumerate(moe)]
+    trained = [m and i >= first_trained and trained_16 for i, m in enumerate(moe)]
+    return frozen, trained
+
+
+@predicate("fsdp1-fp32-router")
+def _fsdp1_fp32_router(ctx: Context, p: dict[str, Any]) -> Hit:
+    """FSDP1 flattens each unit's parameters into one FlatParameter of one dtype (torch
+    distributed/fsdp/_flat_param.py ``_validate_tensors_to_flatten``: 'Must flatten tensors with uniform
+    dtype'); a decoder layer (the wrap unit) holding an fp32 router beside 16-bit weights cannot be wrapped.
+    PEFT's adapters are units of their own (PEFT ``fsdp_auto_wrap_policy``), so they do not mix in."""
+    if not _fsdp1_sharded(ctx):
+        return None
+    layers = _fp32_router_layers(ctx, p)
+    if layers is None or not any(layers[0] + layers[1]):
+        return None
+    return {"model_type": ctx.model.model_type if ctx.model else "", "dtype": ctx.setup.precision[:4]}
+
+
+@predicate("fsdp2-fp32-router-trainable")
+def _fsdp2_fp32_router(ctx: Context, p: dict[str, Any]) -> Hit:
+    """FSDP2 asks one original dtype of a parameter group's trainable parameters (torch
+    distributed/fsdp/_fully_shard/_fsdp_param_group.py ``_init_mp_dtypes``: 'FSDP expects uniform original
+    parameter dtype'); frozen parameters may mix, so only a trained layer with its fp32 router fails."""
+    s = ctx.setup
+    if not (s.fsdp and s.fsdp_version == 2 and s.gpus > 1 and s.device_map == "none"):
+        return None
+    layers = _fp32_router_layers(ctx, p)
+    if layers is None or not any(layers[1]):
+        return None
+    return {"model_type": ctx.model.model_type if ctx.model else "", "dtype": s.precision[:4]}
