@@ -237,10 +237,15 @@ def draw(rng: random.Random, index: int, rejections: Rejections | None = None, t
 
 def sample(n: int, seed: int, rejections: Rejections | None = None,
            max_params: int | None = None) -> list[Draw]:
-    """``n`` valid draws from one random generator: the same ``seed`` gives the same list (``max_params``:
-    the catalog models of at most that many parameters only)."""
-    rng = random.Random(seed)
-    return [draw(rng, i, rejections, max_params=max_params) for i in range(n)]
+    """``n`` valid draws: the same ``seed`` gives the same list (``max_params``: the catalog models of at
+    most that many parameters only). Each draw has its own generator (:func:`draw_rng`), so a new
+    validation rule that refuses one setup redraws that draw alone and leaves the others as they were."""
+    return [draw(draw_rng(seed, i), i, rejections, max_params=max_params) for i in range(n)]
+
+
+def draw_rng(seed: int, index: int) -> random.Random:
+    """The generator of draw ``index`` of a sample (a string seed is hashed the same way on every run)."""
+    return random.Random(f"{seed}:{index}")
 
 
 # a cheap sample for CI: the tiny catalog models, and none of what makes one simulation slow or impossible
@@ -260,12 +265,11 @@ def cheap(d: Draw) -> bool:
 
 
 def cheap_sample(n: int, seed: int) -> list[Draw]:
-    """The first ``n`` cheap draws (:func:`cheap`) of one random generator over the tiny catalog models."""
-    rng = random.Random(seed)
+    """The first ``n`` cheap draws (:func:`cheap`) over the tiny catalog models (:func:`draw_rng` each)."""
     out: list[Draw] = []
     i = 0
     while len(out) < n:
-        d = draw(rng, i, max_params=CHEAP_MAX_PARAMS)
+        d = draw(draw_rng(seed, i), i, max_params=CHEAP_MAX_PARAMS)
         i += 1
         if cheap(d):
             out.append(d)
