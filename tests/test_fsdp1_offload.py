@@ -171,15 +171,18 @@ def test_each_adapter_saves_its_own_16_bit_input_under_the_trainers_fsdp1() -> N
     # the Trainer's FSDP1 (use_orig_params=True, each lora_A a unit of its own over fp32 adapters): PEFT
     # casts q, k, v's shared bf16 input and o's to fp32 and autocast casts each back to bf16 in the unit,
     # a private copy lora_A saves: 2 B x 8192 per token for each of the four adapters (Llama-3.3-70B); in
-    # pure bf16 the adapters are bf16, nothing is cast and the input is shared
+    # pure bf16 accelerate sets no FSDP MixedPrecision, so the adapters PEFT made fp32 stay fp32 and the
+    # same copies are made; under DeepSpeed the engine casts the adapters to bf16 and the input is shared
     from tuneplan.estimator.layer_walk import LayerWalk
 
     spec = reduced_model("meta-llama/Llama-3.3-70B-Instruct", 4)
     reads = (("q_proj", "attn_in"), ("k_proj", "attn_in"), ("v_proj", "attn_in"), ("o_proj", "attn_core"))
-    for precision, copied in (("bf16-mixed", True), ("bf16", False)):
+    for precision, copied, strategy in (("bf16-mixed", True, {"fsdp": True, "fsdp_version": 1}),
+                                        ("bf16", True, {"fsdp": True, "fsdp_version": 1}),
+                                        ("bf16", False, {"zero": 2})):
         run = _run("meta-llama/Llama-3.3-70B-Instruct", 4, method="lora", precision=precision,
                    framework="llamafactory", batch=4, seq=1024, rank=32, targets="attn",
-                   gradient_checkpointing=False, attn="flash", gpus=2, fsdp=True, fsdp_version=1)
+                   gradient_checkpointing=False, attn="flash", gpus=2, **strategy)
         walk = LayerWalk(spec, spec.layer_groups[0][0], run.setup, run.dtypes, run.targets, False, True,
                          False, True, False, False)
         for name, read in reads:

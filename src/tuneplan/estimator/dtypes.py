@@ -45,8 +45,14 @@ def resolve_dtypes(setup: TrainSetup, prof: Profile) -> Dtypes:
         # DeepSpeed: accelerate's Accelerator sets native_amp for fp16 and bf16 except with
         # DistributedType.DEEPSPEED, and prepare_model wraps the forward in autocast when native_amp
         # (accelerate 1.16 accelerator.py), so under FSDP layer_norm, softmax and pow still run in fp32.
+        # A pure 16-bit precision sets no FSDP MixedPrecision (accelerate set_mixed_precision; simulate
+        # fsdp1.mixed_precision / fsdp2 MixedPrecisionPolicy()): PEFT's fp32 adapters
+        # (autocast_adapter_dtype, cast before FSDP wraps) are sharded, gathered and multiplied in fp32, as on
+        # one GPU.
+        pure_fsdp_adapters = bool(setup.fsdp) and not prec.endswith("-mixed") and prof.adapter_fp32
         return Dtypes(compute=2, autocast=bool(setup.fsdp and prof.autocast), frozen_weight=2, trainable=2,
-                      adapter=2, non_block=2, residual=2, norm_out=2, linear_out=2, quant_out=2)
+                      adapter=4 if pure_fsdp_adapters else 2, non_block=2, residual=2, norm_out=2,
+                      linear_out=2, quant_out=2)
     mixed = prec.endswith("-mixed")
     # '-mixed' always means autocast; HF Trainer also autocasts a 16-bit model when bf16/fp16 is set.
     autocast = mixed or (prof.autocast and prec != "fp32")
