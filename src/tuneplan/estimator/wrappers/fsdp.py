@@ -46,6 +46,7 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
 )
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, unsharded_grad_bytes
+from tuneplan.estimator.wrappers.fsdp1_bottom import bottom_unit, pending_shards
 from tuneplan.estimator.wrappers.fsdp1_offload import (
     gathered_shard_transient,
     held_shard_copies,
@@ -206,24 +207,18 @@ class Fsdp1(Fsdp):
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
                                     layer_end=layer_end,
                                     root_pre_backward=terms.root16 + root_copy if root_copy else 0)
-        buckets = Buckets(in_layers=buffers, missing_at_bottom=pending_shards(run, terms))
+        buckets = Buckets(in_layers=buffers,
+                          missing_at_bottom=pending_shards(run, terms.grads, terms.root_unit))
+        # the lowest trained layer: nothing below it prefetched unless the backward goes on below it
+        # (wrappers/fsdp1_bottom.py)
+        bottom = bottom_unit(run, buffers, head_wait,
+                             terms.layer16 + held.of(terms.layer16, 0, world_size),
+                             terms.root16 + held.of(0, terms.root16, world_size))
         return WrapperMemory(terms.resident, buckets, buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
                                                 gathered=gathered, keeps_scratch=False),
+                             bottom_layer=bottom,
                              end_of_backward=end, no_sync=no_sync_gradients(run), notes=self.notes(setup))
-
-
-def pending_shards(run: Run, terms: ShardedTerms) -> int:
-    """A full fine-tune's sharded gradients FSDP1 has not made yet at the bottom layer's backward: the
-    bottom layer's and the root unit's, whose post-backward runs last (``root_unit_end``); each shard is
-    made by its unit's ``_post_backward_hook``, and the optimizer's ``zero_grad`` set the previous step's to
-    None (simulate: FSDP1, Llama-2-7B). Accumulating micro-batches are left as they are counted."""
-    setup = run.setup
-    if setup.method != "full" or setup.offload != "none" or setup.grad_accum > 1:
-        return 0
-    per_elem = terms.grads / max(run.param_plan.trainable_params, 1)
-    units = run.model.largest_layer_params + (run.model.params_non_block if terms.root_unit else 0)
-    return -(-int(units * per_elem) // setup.world_size)
 
 
 def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int) -> EndOfBackward:
@@ -240,7 +235,7 @@ def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int)
     setup, params, model = run.setup, run.param_plan, run.model
     root_params = model.params_non_block
     # an accumulating step's earlier micro-batch left the root's gradient (its shard in _saved_grad_shard,
-    # or the unsharded one under no_sync) as pending_shards leaves the layers'
+    # or the unsharded one under no_sync) as fsdp1_bottom.pending_shards leaves the layers'
     made = setup.offload != "none" or setup.grad_accum > 1
     per_elem = 0 if made else terms.grads / max(params.trainable_params, 1)
     pending = -(-int(root_params * per_elem) // setup.world_size)
