@@ -54,19 +54,35 @@ def test_freeze_with_checkpointing_prefetches_the_frozen_layer_below() -> None:
 
 
 def test_freeze_without_checkpointing_prefetches_nothing_below() -> None:
-    # no checkpointing: the frozen layers below output nothing that requires grad, so the lowest trained
-    # layer's pre-backward finds no handle to prefetch: the root and one layer unsharded
+    # no checkpointing: the frozen layer below outputs nothing that requires grad, so the lowest trained
+    # layer's pre-backward finds no handle to prefetch: the root and one layer unsharded (bf16, 2 B per
+    # parameter), its own fp32 shard (4 B / 2 GPUs per parameter) not made yet. Over 2 GPUs a layer's
+    # shard weighs as much as its bf16 copy: the layer above it (both unsharded, both shards missing) is no
+    # larger.
+    run = _run(3, method="freeze", framework="hf", batch=3, seq=384, gradient_checkpointing=False,
+               optimizer="adamw-fused", attn="eager", gpus=2, fsdp=True, fsdp_version=1)
+    _, wrapped = _bottom(run)
+    assert wrapped.bottom_layer is not None
+    assert wrapped.bottom_layer.gathered == ROOT * 2 + LAYER * 2
+    assert wrapped.buckets.missing_at_bottom == LAYER * 4 // 2
+
+
+def test_over_four_gpus_the_layer_above_the_lowest_is_larger() -> None:
+    # the same over 4 GPUs: a layer's fp32 shard (4 B / 4 GPUs = 1 B per parameter) is lighter than its bf16
+    # copy (2 B), so the layer above the lowest, with the lowest prefetched beside it and both shards not
+    # made, holds more: the root and two layers unsharded, two shards missing
     run = _run(3, method="freeze", framework="hf", batch=3, seq=384, gradient_checkpointing=False,
                optimizer="adamw-fused", attn="eager", gpus=4, fsdp=True, fsdp_version=1)
-    bottom = _bottom(run)[1].bottom_layer
-    assert bottom is not None
-    assert bottom.gathered == ROOT * 2 + LAYER * 2
+    _, wrapped = _bottom(run)
+    assert wrapped.bottom_layer is not None
+    assert wrapped.bottom_layer.gathered == ROOT * 2 + 2 * LAYER * 2
+    assert wrapped.buckets.missing_at_bottom == 2 * (LAYER * 4 // 4)
 
 
 def test_full_fine_tune_bottom_layer_has_only_the_root_below() -> None:
-    # a full fine-tune's layer 0: below it only the root, never resharded after the forward; the head's
-    # bf16 gradient (32000 x 4096, made at the loss) waits for the root's post-backward; the bottom layer's
-    # and the root's fp32 shards (4 B / 2 GPUs per parameter) are not made yet
+    # a full fine-tune's layer 0 over 2 GPUs: below it only the root, never resharded after the forward;
+    # the head's bf16 gradient (32000 x 4096, made at the loss) waits for the root's post-backward; the
+    # bottom layer's and the root's fp32 shards (4 B / 2 GPUs per parameter) are not made yet
     run = _run(2, method="full", framework="hf", batch=1, seq=256, gradient_checkpointing=False,
                optimizer="adamw-fused", attn="sdpa", gpus=2, fsdp=True, fsdp_version=1)
     _, wrapped = _bottom(run)
@@ -81,3 +97,19 @@ def test_lora_has_no_bottom_unit() -> None:
     # PEFT's per-adapter units: the layer-end rows hold it (wrappers/fsdp.fsdp_layers_gathered)
     run = _run(2, method="lora", framework="hf", batch=1, seq=256, gpus=2, fsdp=True, fsdp_version=1)
     assert _bottom(run)[1].bottom_layer is None
+
+
+def test_last_micro_batch_root_end_holds_layer_shards_and_the_roots_accumulated_gradient() -> None:
+    # Qwen2.5-1.5B (tied embedding 151936 x 1536, final norm 1536), bf16, 2 micro-batches under the
+    # Trainer's no_sync, 4 GPUs. A layer: q (1536 x 1536 + 1536), k and v (256 x 1536 + 256), o (1536 x
+    # 1536), gate, up, down (8960 x 1536), two norms. At the root's end in the synced micro-batch each
+    # layer has reduce-scattered its accumulated bf16 gradient (2 B / 4 GPUs per parameter); the root's
+    # accumulated bf16 gradient (2 B per parameter) is still unsharded.
+    layer = 2 * 1536 * 1536 + 1536 + 2 * (256 * 1536 + 256) + 3 * 8960 * 1536 + 2 * 1536
+    root = 151936 * 1536 + 1536
+    spec = reduced_model("Qwen/Qwen2.5-1.5B-Instruct", 3)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16", framework="hf", batch=2,
+                                        seq=128, grad_accum=2, gradient_checkpointing=False,
+                                        optimizer="adamw", attn="sdpa", gpus=4, fsdp=True, fsdp_version=1))
+    row = named(memory_at(run, 2, 128).rows["backward_embedding"])
+    assert abs(row.gradients - (3 * layer * 2 // 4 + root * 2)) <= 8
