@@ -301,8 +301,10 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
     # holding the larger of the two moments
     fixed, per_token = statics.layer_end_dequant
     end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
-    rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, end_scratch,
-                                  statics.gathered_layer_end)
+    # checkpointed under autocast: the recomputed casts of the linears up to the first adapted one
+    # (weights.recompute_casts_to_first_target), whose backward comes after the prefetch
+    rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, statics.layer_end_casts, bottom_held,
+                                  end_scratch, statics.gathered_layer_end)
     if not statics.checkpointed:
         # the top layer's end alike, every lower layer's activations still saved, the tail released,
         # its own counted whole (an upper bound: they are being freed); under checkpointing the bottom

@@ -13,6 +13,7 @@ from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
+from tuneplan.estimator.weights import recompute_casts_to_first_target
 from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
 from tuneplan.estimator.wrappers.zero import partition_optimizer_plan
@@ -41,6 +42,7 @@ class MemoryStatics:
     # the dequantized weights back-propagated after the next layer's prefetch (wrappers.base.Gathered
     # layer_end): bytes, bytes per token
     layer_end_dequant: tuple[int, int]
+    layer_end_casts: int  # the recomputed casts live there (weights.recompute_casts_to_first_target)
     acts: ActivationTerms  # the saved-activation terms (activations.saved_at)
     # the logits chain's arguments (logits.logits_plan)
     vocab: int
@@ -137,6 +139,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         layer_end_dequant=(bnb_backward_dequant(model, setup, profile, dtypes, run.targets,
                                                 to_first_target=True)
                            if wrapper_memory.gathered.layer_end else (0, 0)),
+        layer_end_casts=(recompute_casts_to_first_target(model, setup, dtypes, run.targets)
+                         if wrapper_memory.gathered.layer_end else 0),
         logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
         softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         holds=profile.loop_holds_outputs, holds_to_step=profile.loop_holds_outputs_to_step,

@@ -1,5 +1,7 @@
-"""FSDP1's lowest trained layer (wrappers/fsdp1_bottom.py): what torch's FSDP1 has gathered and which
-gradients exist at its backward, expected figures derived by hand from the models' shapes."""
+"""FSDP1's units in the backward: the lowest trained layer (wrappers/fsdp1_bottom.py), the root unit after a
+no_sync accumulation (wrappers/fsdp1_root_end.py) and a LoRA layer's end (weights.
+recompute_casts_to_first_target): what torch's FSDP1 has gathered and which gradients and casts exist,
+expected figures derived by hand from the models' shapes."""
 
 from __future__ import annotations
 
@@ -113,3 +115,16 @@ def test_last_micro_batch_root_end_holds_layer_shards_and_the_roots_accumulated_
                                         optimizer="adamw", attn="sdpa", gpus=4, fsdp=True, fsdp_version=1))
     row = named(memory_at(run, 2, 128).rows["backward_embedding"])
     assert abs(row.gradients - (3 * layer * 2 // 4 + root * 2)) <= 8
+
+
+def test_lora_layer_end_keeps_the_recomputed_casts_up_to_the_first_adapter() -> None:
+    # fsdp_qlora, Mistral-7B LoRA on the MLP, bf16-mixed (fp32 weights under autocast), checkpointed: when
+    # gate_proj's adapter (the layer's first, forward order) prefetches the next layer, the base linears
+    # not back-propagated yet keep their recomputed bf16 casts: q, o (4096 x 4096), k, v (1024 x 4096)
+    # and gate_proj (14336 x 4096), 2 B per element
+    casts = (2 * 4096 * 4096 + 2 * 1024 * 4096 + 14336 * 4096) * 2
+    run = _run(3, method="lora", precision="bf16-mixed", framework="fsdp-qlora", batch=2, seq=512,
+               gradient_checkpointing=True, rank=16, targets="mlp", dropout=0.05, attn="flash", gpus=4,
+               fsdp=True, fsdp_version=1, offload="all")
+    assert memory_statics(run).layer_end_casts == casts
+    assert named(memory_at(run, 2, 512).rows["backward_layer_end"]).autocast_copies == casts
