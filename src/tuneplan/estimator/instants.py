@@ -39,6 +39,7 @@ from tuneplan.estimator.eager_forward import forward_attention_row
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
+from tuneplan.estimator.wrappers.base import TopLayer
 from tuneplan.estimator.xp import maximum, minimum
 
 
@@ -237,6 +238,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
+    if statics.wrapped.bottom_layer is not None:
+        rows["backward_layers_bottom"] = folded_layer_row(rows["backward_layers_bottom"],
+                                                          statics.wrapped.bottom_layer)
     layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
     if statics.gathered_bottom_backward:
         rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
@@ -252,6 +256,22 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, held, end.scratch,
                                       end.gathered)
 
+
+
+def folded_layer_row(row: Row, layer: TopLayer) -> Row:
+    """A layer's backward row (its activations or recomputation A, scratch S and unsharded gradients
+    ``layer.counted`` counted together) as the larger of its start and its end (wrappers/base.TopLayer;
+    FSDP1's lowest trained layer: wrappers/fsdp1_bottom.py): its gradients end as ``E =
+    layer.gradients_at_end`` as its activations are released, the scratch freed by then, beside
+    ``layer.gathered``::
+
+        gradients = G - counted + E,  activations = A - min(A, E),  scratch = S - min(S, E - min(A, E))"""
+    grads, temp, saved, casts, held, scratch, _ = row
+    at_end = layer.gradients_at_end
+    freed = minimum(saved, at_end)
+    if not layer.keeps_scratch:
+        scratch = scratch - minimum(scratch, at_end - freed)
+    return (grads - layer.counted + at_end, temp, saved - freed, casts, held, scratch, layer.gathered)
 
 
 def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any) -> Any:
@@ -281,8 +301,10 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
     # holding the larger of the two moments
     fixed, per_token = statics.layer_end_dequant
     end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
-    rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, 0, bottom_held, end_scratch,
-                                  statics.gathered_layer_end)
+    # checkpointed under autocast: the recomputed casts of the linears up to the first adapted one
+    # (weights.recompute_casts_to_first_target), whose backward comes after the prefetch
+    rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, statics.layer_end_casts, bottom_held,
+                                  end_scratch, statics.gathered_layer_end)
     if not statics.checkpointed:
         # the top layer's end alike, every lower layer's activations still saved, the tail released,
         # its own counted whole (an upper bound: they are being freed); under checkpointing the bottom

@@ -13,6 +13,7 @@ from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
+from tuneplan.estimator.weights import recompute_casts_to_first_target
 from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
 from tuneplan.estimator.wrappers.zero import partition_optimizer_plan
@@ -41,6 +42,7 @@ class MemoryStatics:
     # the dequantized weights back-propagated after the next layer's prefetch (wrappers.base.Gathered
     # layer_end): bytes, bytes per token
     layer_end_dequant: tuple[int, int]
+    layer_end_casts: int  # the recomputed casts live there (weights.recompute_casts_to_first_target)
     acts: ActivationTerms  # the saved-activation terms (activations.saved_at)
     # the logits chain's arguments (logits.logits_plan)
     vocab: int
@@ -126,6 +128,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         embedding = setup.keep_grads or setup.grad_accum > 1
     elif acts.method == "full" and wrapper_memory.embedding is not None:
         embedding = False  # ZeRO-1/2: the hooks move each gradient out (estimator/wrappers/zero.py)
+    layer_end_dequant, layer_end_casts = layer_end_terms(run, wrapper_memory)
     logit_bytes = (dtypes.compute if dtypes.autocast
                    else (dtypes.trainable if setup.method == "full" else dtypes.non_block))
     out = MemoryStatics(
@@ -134,9 +137,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         autocast_copies_backward=autocast_copies_backward, head_dequant=head_dequant,
         dequant=dequant_transient_bytes(model, setup, profile), backward_dequant=backward_dequant,
         backward_dequant_per_token=backward_dequant_per_token, acts=acts, vocab=model.head_width,
-        layer_end_dequant=(bnb_backward_dequant(model, setup, profile, dtypes, run.targets,
-                                                to_first_target=True)
-                           if wrapper_memory.gathered.layer_end else (0, 0)),
+        layer_end_dequant=layer_end_dequant, layer_end_casts=layer_end_casts,
         logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
         softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         holds=profile.loop_holds_outputs, holds_to_step=profile.loop_holds_outputs_to_step,
@@ -186,6 +187,18 @@ def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:
         "optimizer_states": resident.states,
         "framework": CUBLAS_WORKSPACE,
     }
+
+
+def layer_end_terms(run: Run, wrapper_memory: WrapperMemory) -> tuple[tuple[int, int], int]:
+    """What a LoRA layer's end holds beside the next layer its first adapter prefetched (0 where the wrapper
+    gathers nothing there): bitsandbytes' dequantized weight with the gradients it makes
+    (quant_kernels.bnb_backward_dequant to the first target), and the recomputed casts still live
+    (weights.recompute_casts_to_first_target)."""
+    if not wrapper_memory.gathered.layer_end:
+        return (0, 0), 0
+    model, setup, dtypes = run.model, run.setup, run.dtypes
+    return (bnb_backward_dequant(model, setup, run.profile, dtypes, run.targets, to_first_target=True),
+            recompute_casts_to_first_target(model, setup, dtypes, run.targets))
 
 
 def bottom_recompute_casts(run: Run) -> int:

@@ -160,6 +160,30 @@ def recompute_casts(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes) -> int:
         dtypes.compute
 
 
+def recompute_casts_to_first_target(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes,
+                                    targets: frozenset[str]) -> int:
+    """The part of :func:`recompute_casts` still live when a LoRA layer's first adapter (forward order)
+    starts its backward: the casts of the linears the layer runs up to and including its first adapted one,
+    whose backward (the one that frees each cast) autograd runs after that adapter's (the node recorded last
+    runs first; PEFT's ``lora.Linear.forward`` adds the adapter's output after the base matmul). Where each
+    adapter is an FSDP unit of its own (wrappers/fsdp.fsdp_layers_gathered) that is the moment its
+    pre-backward hook prefetches the next layer (simulate: fsdp_qlora, Mistral-7B LoRA on the MLP under
+    bf16_autocast: q, k, v, o and gate_proj's casts live at the next layer's all-gather)::
+
+        max_layer sum_{m <= first target} n_m d_in d_out b_compute"""
+    if not recompute_casts(model, setup, dtypes):
+        return 0
+    most = 0
+    for spec, _ in model.layer_groups:
+        total = 0
+        for m in spec.linears:
+            total += m.count * m.d_in * m.d_out
+            if m.name in targets:
+                break
+        most = max(most, total)
+    return most * dtypes.compute
+
+
 def bottom_casts_unsaved(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: frozenset[str]) -> int:
     """Bytes of the bottom layer's 16-bit casts of frozen fp32 weights that autograd does not save in a
     LoRA run without checkpointing under autocast: a frozen linear whose input does not require grad

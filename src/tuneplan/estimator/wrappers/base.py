@@ -128,6 +128,9 @@ class WrapperMemory:
     buckets: Buckets = Buckets()
     gathered: Gathered = Gathered()
     top_layer: TopLayer | None = None
+    # the lowest trained layer's backward alike (FSDP1: wrappers/fsdp1_bottom.py); None: the bottom row
+    # counts its activations, scratch and gradients together beside ``Gathered.in_layers``
+    bottom_layer: TopLayer | None = None
     end_of_backward: EndOfBackward | None = None
     embedding: EmbeddingGradients | None = None
     no_sync: NoSyncGradients | None = None

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 from tuneplan.estimator.optimizer import optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.wrappers.base import (
     Buckets,
-    EndOfBackward,
     Gathered,
     NoSyncGradients,
     Resident,
@@ -46,11 +45,13 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
 )
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, unsharded_grad_bytes
+from tuneplan.estimator.wrappers.fsdp1_bottom import bottom_unit
 from tuneplan.estimator.wrappers.fsdp1_offload import (
     gathered_shard_transient,
     held_shard_copies,
     root_pre_backward_copy,
 )
+from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
 from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.setup import TrainSetup
@@ -192,7 +193,9 @@ class Fsdp1(Fsdp):
         if setup.method == "full" and terms.root_unit:
             grad_bytes = unsharded_grad_bytes(run)
             head_wait = (model.lm_head_params or model.embed_params) * grad_bytes
-            end = root_unit_end(run, terms, grad_bytes, terms.root16 + held.of(0, terms.root16, world_size))
+            no_sync = no_sync_gradients(run) if accumulates_unsharded(run) else None
+            end = root_unit_end(run, terms, grad_bytes, terms.root16 + held.of(0, terms.root16, world_size),
+                                no_sync)
         buffers = terms.layer_grads
         # PEFT's per-adapter units: the next layer is gathered once the layer's first adapter starts its
         # backward, after the layer's own matmuls (fsdp_layers_gathered), so two layers are unsharded at
@@ -206,53 +209,16 @@ class Fsdp1(Fsdp):
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
                                     layer_end=layer_end,
                                     root_pre_backward=terms.root16 + root_copy if root_copy else 0)
-        buckets = Buckets(in_layers=buffers, missing_at_bottom=pending_shards(run, terms))
+        # the lowest trained layer, or the one above it (wrappers/fsdp1_bottom.py)
+        bottom, missing = bottom_unit(run, buffers, head_wait,
+                                      terms.layer16 + held.of(terms.layer16, 0, world_size),
+                                      terms.root16 + held.of(0, terms.root16, world_size), terms.grads)
+        buckets = Buckets(in_layers=buffers, missing_at_bottom=missing)
         return WrapperMemory(terms.resident, buckets, buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
                                                 gathered=gathered, keeps_scratch=False),
+                             bottom_layer=bottom,
                              end_of_backward=end, no_sync=no_sync_gradients(run), notes=self.notes(setup))
-
-
-def pending_shards(run: Run, terms: ShardedTerms) -> int:
-    """A full fine-tune's sharded gradients FSDP1 has not made yet at the bottom layer's backward: the
-    bottom layer's and the root unit's, whose post-backward runs last (``root_unit_end``); each shard is
-    made by its unit's ``_post_backward_hook``, and the optimizer's ``zero_grad`` set the previous step's to
-    None (simulate: FSDP1, Llama-2-7B). Accumulating micro-batches are left as they are counted."""
-    setup = run.setup
-    if setup.method != "full" or setup.offload != "none" or setup.grad_accum > 1:
-        return 0
-    per_elem = terms.grads / max(run.param_plan.trainable_params, 1)
-    units = run.model.largest_layer_params + (run.model.params_non_block if terms.root_unit else 0)
-    return -(-int(units * per_elem) // setup.world_size)
-
-
-def root_unit_end(run: Run, terms: ShardedTerms, grad_bytes: int, gathered: int) -> EndOfBackward:
-    """FSDP1's root unit (embeddings, lm_head, final norm) at the end of a full fine-tune's backward: its
-    pre-backward runs first and its post-backward last, so once the token embedding's gradient is made the
-    gradient of every original parameter of the root (the lm_head's, made at the loss, waiting) is live,
-    and autograd concatenates them into the flat parameter's unsharded gradient (the views' backward: a
-    cat whose inputs and output are live together) before ``_post_backward_hook`` reduce-scatters it,
-    beside the root's unsharded parameters (torch 2.13 torch/distributed/fsdp/_runtime_utils.py
-    _post_backward_hook; simulate: FSDP1, Meta-Llama-3-8B). The root's sharded gradient is not made yet.
-    A tied embedding gets two contributions, the head's (waiting) and the embedding's, which autograd sums
-    out of place before the cat: 3 embedding-sized gradients at once (simulate: FSDP1,
-    Llama-3.2-3B-Instruct fp32)."""
-    setup, params, model = run.setup, run.param_plan, run.model
-    root_params = model.params_non_block
-    # an accumulating step's earlier micro-batch left the root's gradient (its shard in _saved_grad_shard,
-    # or the unsharded one under no_sync) as pending_shards leaves the layers'
-    made = setup.offload != "none" or setup.grad_accum > 1
-    per_elem = 0 if made else terms.grads / max(params.trainable_params, 1)
-    pending = -(-int(root_params * per_elem) // setup.world_size)
-    scratch = 2 * root_params if model.lm_head_params else max(2 * root_params, 3 * model.embed_params)
-    # CPU offload with use_orig_params=False: each layer unit's reduce-scattered shard stays on the device as
-    # _saved_grad_shard (the host copy's source, _offload_grad) until _finalize_params'
-    # prepare_gradient_for_optim at the very end (use_orig_params=True frees it at once:
-    # _post_backward_use_sharded_grad_views; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32 offloaded)
-    kept = setup.offload != "none" and run.profile.fsdp_flat_params_only
-    offloaded = sum(count * ceil_div(spec.params * grad_bytes, setup.world_size)
-                    for spec, count in model.layer_groups) if kept else 0
-    return EndOfBackward(gradients=offloaded - pending, gathered=gathered, scratch=scratch * grad_bytes)
 
 
 class Fsdp2(Fsdp):

@@ -1,0 +1,98 @@
+"""FSDP1's lowest back-propagated trained unit: what is gathered and which gradients exist at its backward.
+
+The HF Trainer's FSDP1 (``use_orig_params=True``, ``BackwardPrefetch.BACKWARD_PRE``; simulate/fsdp1.py) on a
+full or freeze fine-tune, one unit per decoder layer and the root unit (embeddings, final norm, lm_head):
+
+- Its own sharded gradient is not made yet: ``_post_backward_hook`` makes each unit's shard only when the
+  unit's flat gradient is complete, and the optimizer's ``zero_grad`` set the previous step's to None. A full
+  fine-tune's root unit, whose post-backward runs last, has none either (``root_unit_end``).
+- Its gradient is made as its activations are released and ends, as every layer's does, as the views'
+  gradients beside the flat gradient autograd concatenates from them (the views' backward is a ``cat``):
+  ``2 x buffer`` (the top layer alike: ``wrappers/base.TopLayer``).
+- Nothing below it is prefetched unless the backward continues below it. ``_get_handle_to_prefetch``
+  (torch 2.13 ``torch/distributed/fsdp/_runtime_utils.py``) prefetches the next handle in reverse forward
+  order only if ``_needs_pre_backward_unshard``, which ``_register_pre_backward_hooks`` sets only when the
+  unit's forward output requires grad. A full fine-tune's bottom layer has only the root below it, never
+  resharded after the forward (``_post_forward_reshard``: ``not state._is_root``). Under ``freeze`` the
+  layers below the trained ones output no gradient-requiring tensor, so the backward stops at the lowest
+  trained layer with nothing prefetched, unless checkpointing's ``enable_input_require_grads`` makes the
+  embedding's output require grad (``fully_shard.embedding_output_requires_grad``): every frozen layer is
+  then back-propagated for its input's gradient, and the next one is prefetched.
+
+So, with ``L`` one layer unsharded (and its held device copy under CPU offload), ``R`` the root, ``b`` the
+layer's unsharded gradient, ``s`` its shard, at the lowest back-propagated trained layer::
+
+    gathered = R + L x (2 if a frozen layer below is back-propagated else 1),  pending = s (+ the root's)
+    gradients at its end = 2 b (+ the head's gradient waiting in the root, full fine-tune)
+
+and at the layer above it, which has the lowest one prefetched beside it and its shard not made either::
+
+    gathered = R + 2 L,  pending = 2 s (+ the root's)
+
+The bottom row is the larger of the two: the layer above when nothing below the lowest is prefetched and
+``L > s`` (16-bit layers over more than 2 GPUs: simulate, FSDP1 Llama-2-7b full over 8 GPUs, the peak at
+the layer above the bottom one).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuneplan.estimator.wrappers.base import TopLayer
+from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
+
+
+def layers_below_back_propagated(run: Run) -> bool:
+    """Whether the backward continues below the lowest trained layer (a frozen layer under it, back-propagated
+    for its input's gradient: the module docstring)."""
+    setup = run.setup
+    return (setup.method == "freeze" and setup.freeze_trainable_layers < run.model.n_layers
+            and embedding_output_requires_grad(setup))
+
+
+def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: int,
+                grads: int) -> tuple[TopLayer | None, int]:
+    """(the bottom row's layer as a :class:`TopLayer`, the sharded gradient bytes not made yet then) by the
+    module docstring: ``buffers`` the layer's unsharded gradient as ``Buckets.in_layers`` counts it,
+    ``head_wait`` the root's gradient made at the loss, ``layer16`` / ``root16`` one layer and the root
+    unsharded with their held shard copies, ``grads`` every trainable parameter's sharded gradient bytes
+    summed over the GPUs. (None, 0) where it does not apply: LoRA (PEFT's per-adapter units:
+    ``backward_layer_end``) and one-layer models."""
+    setup = run.setup
+    if setup.method not in ("full", "freeze") or run.model.n_layers < 2:
+        return None, 0
+    shard, root_shard = pending_shards(run, grads)
+    trained = (run.model.n_layers if setup.method == "full"
+               else min(setup.freeze_trainable_layers, run.model.n_layers))
+    layers, pending = 1, 1
+    if layers_below_back_propagated(run):
+        layers = 2
+    elif trained > 1 and layer16 > shard:
+        layers, pending = 2, 2
+    bottom = TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
+                      gathered=root16 + layers * layer16, keeps_scratch=False)
+    return bottom, pending * shard + root_shard
+
+
+def pending_shards(run: Run, grads: int) -> tuple[int, int]:
+    """(a trained layer's sharded gradient, a full fine-tune's root unit's) on one GPU, where FSDP1 makes them
+    in the backward (the module docstring); ``grads`` every trainable parameter's sharded gradient bytes
+    summed over the GPUs. Accumulating micro-batches are left as they are counted; under CPU offload the
+    shards live on the host: (0, 0)::
+
+        shard = ceil(layer x grads / trainable / N)"""
+    setup, model = run.setup, run.model
+    if setup.offload != "none" or setup.grad_accum > 1:
+        return 0, 0
+    trainable = max(run.param_plan.trainable_params, 1)
+    per_elem = grads / trainable
+    if setup.method == "freeze":
+        # the trained layers are whole layers (weights.trainable_params): one's share
+        layer = trainable // max(min(setup.freeze_trainable_layers, model.n_layers), 1)
+        return -(-int(layer * per_elem) // setup.world_size), 0
+    root = model.params_non_block if setup.method in run.profile.fsdp_root_embeddings else 0
+    return (-(-int(model.largest_layer_params * per_elem) // setup.world_size),
+            -(-int(root * per_elem) // setup.world_size))

@@ -1,0 +1,130 @@
+"""FSDP1's units in the backward: the lowest trained layer (wrappers/fsdp1_bottom.py), the root unit after a
+no_sync accumulation (wrappers/fsdp1_root_end.py) and a LoRA layer's end (weights.
+recompute_casts_to_first_target): what torch's FSDP1 has gathered and which gradients and casts exist,
+expected figures derived by hand from the models' shapes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from random_setups import reduced_model  # noqa: E402
+from tuneplan.api import build_setup  # noqa: E402
+from tuneplan.estimator.instants import memory_at, named  # noqa: E402
+from tuneplan.estimator.memory_statics import memory_statics  # noqa: E402
+from tuneplan.estimator.run import resolve_run  # noqa: E402
+
+# Mistral-7B-v0.1: one decoder layer is q, o (4096 x 4096), k, v (1024 x 4096), gate, up, down
+# (14336 x 4096) and two norms (4096): 218,112,000 parameters; the root unit is the embeddings and the
+# lm_head (32000 x 4096 each) and the final norm: 262,148,096
+LAYER = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096 + 2 * 4096
+ROOT = 2 * 32000 * 4096 + 4096
+
+
+def _run(layers: int, **kw: object):
+    spec = reduced_model("mistralai/Mistral-7B-v0.1", layers)
+    return resolve_run(spec, build_setup(spec, **kw))
+
+
+def _bottom(run):
+    statics = memory_statics(run)
+    return statics, run.wrapper.memory(run, statics.optimizer)
+
+
+def test_freeze_with_checkpointing_prefetches_the_frozen_layer_below() -> None:
+    # freeze, the top 2 of 3 layers trained, checkpointing on: enable_input_require_grads makes the frozen
+    # layer 0 back-propagated, its output requires grad, so the lowest trained layer (1) prefetches it
+    # (BACKWARD_PRE): the root and two layers unsharded in bf16 (2 B per parameter). Its bf16 gradient
+    # (the views' and their cat: 2 x 2 B per parameter) ends its backward; its fp32 shard (4 B / 4 GPUs
+    # per parameter) is not made yet.
+    assert LAYER == 218_112_000
+    run = _run(3, method="freeze", framework="llamafactory", batch=3, seq=384, gradient_checkpointing=True,
+               optimizer="adamw-fused", attn="eager", gpus=4, fsdp=True, fsdp_version=1)
+    statics, wrapped = _bottom(run)
+    bottom = wrapped.bottom_layer
+    assert bottom is not None
+    assert bottom.gathered == ROOT * 2 + 2 * LAYER * 2
+    assert bottom.gradients_at_end == 2 * LAYER * 2
+    assert wrapped.buckets.missing_at_bottom == LAYER * 4 // 4
+    # at the row: the upper layer's shard, the bottom layer's two bf16 gradients, its activations released
+    row = named(memory_at(run, 3, 384).rows["backward_layers_bottom"])
+    assert row.gradients == LAYER * 4 // 4 + 2 * LAYER * 2
+    assert row.activations == 0
+    assert row.parallel_buffers == ROOT * 2 + 2 * LAYER * 2
+
+
+def test_freeze_without_checkpointing_prefetches_nothing_below() -> None:
+    # no checkpointing: the frozen layer below outputs nothing that requires grad, so the lowest trained
+    # layer's pre-backward finds no handle to prefetch: the root and one layer unsharded (bf16, 2 B per
+    # parameter), its own fp32 shard (4 B / 2 GPUs per parameter) not made yet. Over 2 GPUs a layer's
+    # shard weighs as much as its bf16 copy: the layer above it (both unsharded, both shards missing) is no
+    # larger.
+    run = _run(3, method="freeze", framework="hf", batch=3, seq=384, gradient_checkpointing=False,
+               optimizer="adamw-fused", attn="eager", gpus=2, fsdp=True, fsdp_version=1)
+    _, wrapped = _bottom(run)
+    assert wrapped.bottom_layer is not None
+    assert wrapped.bottom_layer.gathered == ROOT * 2 + LAYER * 2
+    assert wrapped.buckets.missing_at_bottom == LAYER * 4 // 2
+
+
+def test_over_four_gpus_the_layer_above_the_lowest_is_larger() -> None:
+    # the same over 4 GPUs: a layer's fp32 shard (4 B / 4 GPUs = 1 B per parameter) is lighter than its bf16
+    # copy (2 B), so the layer above the lowest, with the lowest prefetched beside it and both shards not
+    # made, holds more: the root and two layers unsharded, two shards missing
+    run = _run(3, method="freeze", framework="hf", batch=3, seq=384, gradient_checkpointing=False,
+               optimizer="adamw-fused", attn="eager", gpus=4, fsdp=True, fsdp_version=1)
+    _, wrapped = _bottom(run)
+    assert wrapped.bottom_layer is not None
+    assert wrapped.bottom_layer.gathered == ROOT * 2 + 2 * LAYER * 2
+    assert wrapped.buckets.missing_at_bottom == 2 * (LAYER * 4 // 4)
+
+
+def test_full_fine_tune_bottom_layer_has_only_the_root_below() -> None:
+    # a full fine-tune's layer 0 over 2 GPUs: below it only the root, never resharded after the forward;
+    # the head's bf16 gradient (32000 x 4096, made at the loss) waits for the root's post-backward; the
+    # bottom layer's and the root's fp32 shards (4 B / 2 GPUs per parameter) are not made yet
+    run = _run(2, method="full", framework="hf", batch=1, seq=256, gradient_checkpointing=False,
+               optimizer="adamw-fused", attn="sdpa", gpus=2, fsdp=True, fsdp_version=1)
+    _, wrapped = _bottom(run)
+    bottom = wrapped.bottom_layer
+    assert bottom is not None
+    assert bottom.gathered == ROOT * 2 + LAYER * 2
+    assert bottom.gradients_at_end == 2 * LAYER * 2 + 32000 * 4096 * 2
+    assert wrapped.buckets.missing_at_bottom == (LAYER + ROOT) * 4 // 2
+
+
+def test_lora_has_no_bottom_unit() -> None:
+    # PEFT's per-adapter units: the layer-end rows hold it (wrappers/fsdp.fsdp_layers_gathered)
+    run = _run(2, method="lora", framework="hf", batch=1, seq=256, gpus=2, fsdp=True, fsdp_version=1)
+    assert _bottom(run)[1].bottom_layer is None
+
+
+def test_last_micro_batch_root_end_holds_layer_shards_and_the_roots_accumulated_gradient() -> None:
+    # Qwen2.5-1.5B (tied embedding 151936 x 1536, final norm 1536), bf16, 2 micro-batches under the
+    # Trainer's no_sync, 4 GPUs. A layer: q (1536 x 1536 + 1536), k and v (256 x 1536 + 256), o (1536 x
+    # 1536), gate, up, down (8960 x 1536), two norms. At the root's end in the synced micro-batch each
+    # layer has reduce-scattered its accumulated bf16 gradient (2 B / 4 GPUs per parameter); the root's
+    # accumulated bf16 gradient (2 B per parameter) is still unsharded.
+    layer = 2 * 1536 * 1536 + 1536 + 2 * (256 * 1536 + 256) + 3 * 8960 * 1536 + 2 * 1536
+    root = 151936 * 1536 + 1536
+    spec = reduced_model("Qwen/Qwen2.5-1.5B-Instruct", 3)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16", framework="hf", batch=2,
+                                        seq=128, grad_accum=2, gradient_checkpointing=False,
+                                        optimizer="adamw", attn="sdpa", gpus=4, fsdp=True, fsdp_version=1))
+    row = named(memory_at(run, 2, 128).rows["backward_embedding"])
+    assert abs(row.gradients - (3 * layer * 2 // 4 + root * 2)) <= 8
+
+
+def test_lora_layer_end_keeps_the_recomputed_casts_up_to_the_first_adapter() -> None:
+    # fsdp_qlora, Mistral-7B LoRA on the MLP, bf16-mixed (fp32 weights under autocast), checkpointed: when
+    # gate_proj's adapter (the layer's first, forward order) prefetches the next layer, the base linears
+    # not back-propagated yet keep their recomputed bf16 casts: q, o (4096 x 4096), k, v (1024 x 4096)
+    # and gate_proj (14336 x 4096), 2 B per element
+    casts = (2 * 4096 * 4096 + 2 * 1024 * 4096 + 14336 * 4096) * 2
+    run = _run(3, method="lora", precision="bf16-mixed", framework="fsdp-qlora", batch=2, seq=512,
+               gradient_checkpointing=True, rank=16, targets="mlp", dropout=0.05, attn="flash", gpus=4,
+               fsdp=True, fsdp_version=1, offload="all")
+    assert memory_statics(run).layer_end_casts == casts
+    assert named(memory_at(run, 2, 512).rows["backward_layer_end"]).autocast_copies == casts
