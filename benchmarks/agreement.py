@@ -247,8 +247,10 @@ MULTI_GPU += [
 # 152k vocabulary) and layer-dominated (Llama-2-7B's wide layers) peaks
 OFF = dict(offload="all")
 MULTI_GPU += [
+    # LLaMA-Factory's pure_bf16 turns the Trainer's bf16 off: no MixedPrecision, no fp32 upcast
     Case("mg fsdp1 ws2 full q0.5b bf16 offload (no MixedPrecision)", Q05, dict(method="full", seq=1024,
                                                                                gpus=2, precision="bf16",
+                                                                               framework="llamafactory",
                                                                                **OFF, **FSDP), layers=4),
     Case("mg fsdp1 ws8 full l2-7b bf16 offload", L27, dict(method="full", seq=1024, gpus=8, precision="bf16",
                                                            **OFF, **FSDP), layers=4),

@@ -102,16 +102,17 @@ def test_lora_has_no_bottom_unit() -> None:
 
 
 def test_last_micro_batch_root_end_holds_layer_shards_and_the_roots_accumulated_gradient() -> None:
-    # Qwen2.5-1.5B (tied embedding 151936 x 1536, final norm 1536), bf16, 2 micro-batches under the
-    # Trainer's no_sync, 4 GPUs. A layer: q (1536 x 1536 + 1536), k and v (256 x 1536 + 256), o (1536 x
+    # Qwen2.5-1.5B (tied embedding 151936 x 1536, final norm 1536), pure bf16 without accelerate's mixed
+    # precision (LLaMA-Factory's pure_bf16: no fp32 upcast), 2 micro-batches under the Trainer's no_sync,
+    # 4 GPUs. A layer: q (1536 x 1536 + 1536), k and v (256 x 1536 + 256), o (1536 x
     # 1536), gate, up, down (8960 x 1536), two norms. At the root's end in the synced micro-batch each
     # layer has reduce-scattered its accumulated bf16 gradient (2 B / 4 GPUs per parameter); the root's
     # accumulated bf16 gradient (2 B per parameter) is still unsharded.
     layer = 2 * 1536 * 1536 + 1536 + 2 * (256 * 1536 + 256) + 3 * 8960 * 1536 + 2 * 1536
     root = 151936 * 1536 + 1536
     spec = reduced_model("Qwen/Qwen2.5-1.5B-Instruct", 3)
-    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16", framework="hf", batch=2,
-                                        seq=128, grad_accum=2, gradient_checkpointing=False,
+    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16", framework="llamafactory",
+                                        batch=2, seq=128, grad_accum=2, gradient_checkpointing=False,
                                         optimizer="adamw", attn="sdpa", gpus=4, fsdp=True, fsdp_version=1))
     row = named(memory_at(run, 2, 128).rows["backward_embedding"])
     assert abs(row.gradients - (3 * layer * 2 // 4 + root * 2)) <= 8

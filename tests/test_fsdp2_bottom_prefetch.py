@@ -50,10 +50,12 @@ def test_the_bottom_layer_holds_the_prefetched_embedding_group() -> None:
 
 
 def test_the_synced_micro_batch_ends_with_only_the_tied_tail_accumulated() -> None:
-    """Pure bf16, two micro-batches, 4 GPUs (simulate: 308,779,008 B of tail-sized gradients at the peak,
+    """Pure bf16 without accelerate's mixed precision (LLaMA-Factory's pure_bf16: bf16 parameters, no fp32
+    upcast), two micro-batches, 4 GPUs (simulate: 308,779,008 B of tail-sized gradients at the peak,
     10,632,192 B of layer shards)."""
     spec = reduced_model("openai-community/gpt2", 3)
-    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16", batch=1, seq=64, grad_accum=2,
+    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16", framework="llamafactory",
+                                        batch=1, seq=64, grad_accum=2,
                                         gradient_checkpointing=False, optimizer="adamw-hf", attn="flash",
                                         gpus=4, fsdp=True, fsdp_version=2))
     row = named(memory_at(run, 1, 64).rows["backward_embedding"])

@@ -12,6 +12,7 @@ from torch.distributed.fsdp import FSDPModule
 from tests.fsdp_toy import Block, ToyLM
 from tuneplan.simulate.distributed import fake_process_group
 from tuneplan.simulate.fsdp2 import device_mesh, wrap_fsdp2
+from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
 
 MIXED = TrainSetup(method="full", precision="bf16-mixed", gpus=2, fsdp=True, fsdp_version=2)
@@ -19,7 +20,7 @@ MIXED = TrainSetup(method="full", precision="bf16-mixed", gpus=2, fsdp=True, fsd
 
 def wrap(toy: ToyLM, setup: TrainSetup = MIXED, world: int = 2):
     with fake_process_group(world):
-        return wrap_fsdp2(toy, setup, torch.bfloat16, device_mesh(world))
+        return wrap_fsdp2(toy, setup, get_profile(setup.framework), torch.bfloat16, device_mesh(world))
 
 
 def test_groups_untied():
@@ -42,8 +43,12 @@ def test_mixed_precision_upcasts_trainable_parameters_to_fp32():
     toy = ToyLM().to(torch.bfloat16)
     toy = wrap(toy)
     assert all(p.dtype == torch.float32 for p in toy.parameters())
+    # accelerate's fsdp2_prepare_model upcasts whenever its mixed_precision is not "no": the hf profile's
+    # pure bf16 gives the Trainer bf16=True; LLaMA-Factory's pure_bf16 turns it off
     pure = wrap(ToyLM().to(torch.bfloat16), MIXED.replace(precision="bf16"))
-    assert all(p.dtype == torch.bfloat16 for p in pure.parameters())
+    assert all(p.dtype == torch.float32 for p in pure.parameters())
+    pure_lf = wrap(ToyLM().to(torch.bfloat16), MIXED.replace(precision="bf16", framework="llamafactory"))
+    assert all(p.dtype == torch.bfloat16 for p in pure_lf.parameters())
 
 
 def test_tied_embeddings_join_the_tail_group():

@@ -62,13 +62,14 @@ def test_fsdp1_offload_writeback_gradient_is_host_memory(big_vocab) -> None:
 
 
 def test_fsdp1_offload_without_mixed_precision_copies_each_shard_to_the_device(big_vocab) -> None:
-    # pure bf16: no MixedPrecision, so pre_unshard moves the host shard to the device (flat_param_to) for the
-    # all-gather: rank 0's padded shard of a layer, ceil(numel / 2) bf16 elements
+    # LLaMA-Factory's pure bf16 (bf16 / fp16 off in the Trainer, so accelerate sets no MixedPrecision):
+    # pre_unshard moves the host shard to the device (flat_param_to) for the all-gather: rank 0's padded
+    # shard of a layer, ceil(numel / 2) bf16 elements
     from tuneplan.simulate.engine import simulate_run
     from tuneplan.specs.profiles import get_profile, resolve_setup
 
     setup = resolve_setup(build_setup(big_vocab, method="full", precision="bf16", seq=64, gpus=2, fsdp=True,
-                                      offload="all"), big_vocab)
+                                      offload="all", framework="llamafactory"), big_vocab)
     run = simulate_run(big_vocab, setup, get_profile(setup.framework))
     copies = [bl for bl in run.result.blocks if "host shard copied" in bl.op]
     assert copies and all(bl.category == "parallel_buffers" for bl in copies)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.specs.profiles import Profile
+from tuneplan.specs.profiles import Profile, fsdp_mixed_precision
 from tuneplan.specs.setup import TrainSetup
 
 
@@ -45,11 +45,10 @@ def resolve_dtypes(setup: TrainSetup, prof: Profile) -> Dtypes:
         # DeepSpeed: accelerate's Accelerator sets native_amp for fp16 and bf16 except with
         # DistributedType.DEEPSPEED, and prepare_model wraps the forward in autocast when native_amp
         # (accelerate 1.16 accelerator.py), so under FSDP layer_norm, softmax and pow still run in fp32.
-        # A pure 16-bit precision sets no FSDP MixedPrecision (accelerate set_mixed_precision; simulate
-        # fsdp1.mixed_precision / fsdp2 MixedPrecisionPolicy()): PEFT's fp32 adapters
-        # (autocast_adapter_dtype, cast before FSDP wraps) are sharded, gathered and multiplied in fp32, as on
-        # one GPU.
-        pure_fsdp_adapters = bool(setup.fsdp) and not prec.endswith("-mixed") and prof.adapter_fp32
+        # Where accelerate sets no FSDP MixedPrecision (a pure 16-bit precision the profile runs without the
+        # Trainer's bf16 / fp16: fsdp_mixed_precision), PEFT's fp32 adapters (autocast_adapter_dtype, cast
+        # before FSDP wraps) are sharded, gathered and multiplied in fp32, as on one GPU.
+        pure_fsdp_adapters = bool(setup.fsdp) and prof.adapter_fp32 and not fsdp_mixed_precision(setup, prof)
         return Dtypes(compute=2, autocast=bool(setup.fsdp and prof.autocast), frozen_weight=2, trainable=2,
                       adapter=4 if pure_fsdp_adapters else 2, non_block=2, residual=2, norm_out=2,
                       linear_out=2, quant_out=2)

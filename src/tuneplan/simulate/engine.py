@@ -87,7 +87,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
 
         mesh = device_mesh(setup.world_size)
         with fake:
-            model = wrap_fsdp2(model, setup, compute_dtype(setup), mesh)
+            model = wrap_fsdp2(model, setup, prof, compute_dtype(setup), mesh)
         wrapper = FSDP2
         notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {FSDP2}, reshard_after_forward=True "
                      "on a fake process group"
@@ -106,7 +106,7 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
         from tuneplan.simulate.fsdp1 import FSDP1, wrap_fsdp1
 
         with fake:
-            model = wrap_fsdp1(model, setup, compute_dtype(setup), sharding=fsdp_sharding)
+            model = wrap_fsdp1(model, setup, prof, compute_dtype(setup), sharding=fsdp_sharding)
         wrapper = FSDP1
         notes.append(f"simulated rank 0 of {setup.world_size} GPUs: {FSDP1}, "
                      f"{'FULL_SHARD' if fsdp_sharding == 'full' else 'SHARD_GRAD_OP'} on a fake process group"

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from tuneplan.simulate.distributed import host_pinning_skipped, layer_classes
+from tuneplan.specs.profiles import Profile, fsdp_mixed_precision
 from tuneplan.specs.setup import TrainSetup
 
 FSDP1 = "torch FullyShardedDataParallel (FSDP1)"
@@ -154,18 +155,35 @@ def auto_wrap_policy(model: nn.Module, peft: bool) -> Any:
     return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_classes(model))
 
 
-def mixed_precision(setup: TrainSetup, half: torch.dtype) -> Any:
-    """accelerate ``set_mixed_precision`` (param, reduce and buffer dtype alike), or None for pure 16-bit."""
+def mixed_precision(setup: TrainSetup, prof: Profile, half: torch.dtype) -> Any:
+    """accelerate ``set_mixed_precision`` (param, reduce and buffer dtype alike), or None where accelerate's
+    mixed_precision is "no"."""
     from torch.distributed.fsdp import MixedPrecision
 
     from tuneplan.estimator.wrappers.fsdp1_offload import fsdp1_param_mixed_precision
 
-    if not fsdp1_param_mixed_precision(setup):
+    if not fsdp1_param_mixed_precision(setup, prof):
         return None
     return MixedPrecision(param_dtype=half, reduce_dtype=half, buffer_dtype=half)
 
 
-def wrap_fsdp1(model: nn.Module, setup: TrainSetup, half: torch.dtype, sharding: str = "full") -> nn.Module:
+def upcast_trainable_flat_params(model: nn.Module) -> None:
+    """accelerate ``Accelerator.prepare_model`` after wrapping, when its mixed_precision is not "no"
+    (``fsdp_mixed_precision``): each trainable 16-bit FlatParameter becomes fp32 (``param.data.to(float32)``,
+    ``_handle._orig_param_dtype = float32``), DeepSpeed's fp32 master kept in the parameter itself."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    for module in FSDP.fsdp_modules(model):
+        param, handle = module._flat_param, module._handle
+        if param is None or handle is None:
+            continue  # a unit that manages no parameters
+        if param.dtype != torch.float32 and param.requires_grad:
+            param.data = param.data.to(torch.float32)
+            handle._orig_param_dtype = torch.float32
+
+
+def wrap_fsdp1(model: nn.Module, setup: TrainSetup, prof: Profile, half: torch.dtype,
+               sharding: str = "full") -> nn.Module:
     """``FullyShardedDataParallel`` as accelerate builds it for the HF Trainer (call inside
     FakeTensorMode)."""
     from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, ShardingStrategy
@@ -173,13 +191,16 @@ def wrap_fsdp1(model: nn.Module, setup: TrainSetup, half: torch.dtype, sharding:
 
     strategy = {"full": ShardingStrategy.FULL_SHARD, "grad-op": ShardingStrategy.SHARD_GRAD_OP}[sharding]
     peft = any("lora_" in n for n, _ in model.named_parameters())
-    return FSDP(
+    wrapped = FSDP(
         model, sharding_strategy=strategy, auto_wrap_policy=auto_wrap_policy(model, peft),
-        mixed_precision=mixed_precision(setup, half),
+        mixed_precision=mixed_precision(setup, prof, half),
         cpu_offload=CPUOffload(offload_params=setup.offload != "none"),
         backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=False, limit_all_gathers=True,
         use_orig_params=True, sync_module_states=False, device_id=torch.device("cpu"),
     )
+    if fsdp_mixed_precision(setup, prof):
+        upcast_trainable_flat_params(wrapped)
+    return wrapped
 
 
 def flat_params(model: nn.Module) -> list[Any]:

@@ -12,6 +12,7 @@ from torch import nn
 
 from tuneplan.simulate import RealStackRefuses
 from tuneplan.simulate.distributed import host_pinning_skipped, layer_classes
+from tuneplan.specs.profiles import Profile, fsdp_mixed_precision
 from tuneplan.specs.setup import TrainSetup
 
 FSDP2 = "torch fully_shard (FSDP2)"
@@ -149,7 +150,7 @@ def device_mesh(world_size: int) -> Any:
     return init_device_mesh("cpu", (world_size,))
 
 
-def wrap_fsdp2(model: nn.Module, setup: TrainSetup, half: torch.dtype, mesh: Any) -> nn.Module:
+def wrap_fsdp2(model: nn.Module, setup: TrainSetup, prof: Profile, half: torch.dtype, mesh: Any) -> nn.Module:
     """``fully_shard`` as accelerate's ``fsdp2_prepare_model`` applies it for the HF Trainer (accelerate
     1.x, ``fsdp_version: 2``; call inside FakeTensorMode):
 
@@ -160,12 +161,14 @@ def wrap_fsdp2(model: nn.Module, setup: TrainSetup, half: torch.dtype, mesh: Any
       embeddings when tied) are one group with ``reshard_after_forward=False``; the root gets the rest with
       the default, which the root resolves to no reshard;
     - ``reshard_after_forward=True`` (FULL_SHARD), ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` in the
-      16-bit type for the ``-mixed`` precisions, after the trainable parameters are upcast to fp32;
+      16-bit type where accelerate's mixed_precision is not "no" (``fsdp_mixed_precision``: the ``-mixed``
+      precisions, and a pure 16-bit one the Trainer runs with bf16 / fp16), after the trainable parameters
+      are upcast to fp32;
     - ``CPUOffloadPolicy()`` for offload.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mixed = setup.precision.endswith("-mixed")
+    mixed = fsdp_mixed_precision(setup, prof)
     if mixed and setup.method != "qlora":  # accelerate skips the upcast when the model has Params4bit
         for p in model.parameters():
             if p.requires_grad and p.dtype != torch.float32:

@@ -75,6 +75,9 @@ class Profile:
     quant_meta_sharded: bool = False
     # LoRA rank when the user gives none (None: the setup's own default)
     default_rank: int | None = None
+    # a pure 16-bit precision still gives the Trainer bf16 / fp16 = True (so accelerate's mixed_precision is
+    # not "no"); LLaMA-Factory's pure_bf16 refuses them ("Turn off mixed precision training")
+    pure_trainer_amp: bool = False
     sources: tuple[str, ...] = ()
 
 
@@ -85,6 +88,7 @@ PROFILES: dict[str, Profile] = {
         default_optimizer_qlora="adamw-fused",
         default_attn="sdpa", gc_full=False, gc_lora=False, gc_qlora=True, default_targets="peft-default",
         autocast=True, kbit_upcast_fp32=True, adapter_fp32=True, trainable_fp32_in_mixed=True, loss="hf",
+        pure_trainer_amp=True,
         sources=(
             "transformers TrainingArguments: optim defaults to adamw_torch_fused for torch>=2.8; "
             "gradient_checkpointing=False; bf16 -> autocast",
@@ -323,6 +327,18 @@ def loads_fp32(setup: TrainSetup, prof: Profile) -> bool:
     if setup.method == "full" and mixed and prof.trainable_fp32_in_mixed:
         return True
     return setup.method != "qlora" and mixed and prof.mixed_base_fp32
+
+
+def fsdp_mixed_precision(setup: TrainSetup, prof: Profile) -> bool:
+    """Whether accelerate runs FSDP with a MixedPrecision policy in the 16-bit dtype and upcasts the 16-bit
+    trainable parameters to fp32 masters (accelerate ``Accelerator.prepare_model`` for FSDP1 after wrapping,
+    ``fsdp2_prepare_model`` before ``fully_shard``; both when ``mixed_precision != "no"``, which
+    ``AcceleratorState`` turns into ``FullyShardedDataParallelPlugin.set_mixed_precision``): a ``-mixed``
+    precision, or a pure 16-bit one whose profile still sets the Trainer's bf16 / fp16 (TrainingArguments
+    then sets ``ACCELERATE_MIXED_PRECISION``)."""
+    if setup.precision == "fp32":
+        return False
+    return setup.precision.endswith("-mixed") or prof.pure_trainer_amp
 
 
 def peft_default_targets(model: ModelSpec) -> str:

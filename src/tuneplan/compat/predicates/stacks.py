@@ -284,9 +284,15 @@ def _fsdp1_fp32_router(ctx: Context, p: dict[str, Any]) -> Hit:
 def _fsdp2_fp32_router(ctx: Context, p: dict[str, Any]) -> Hit:
     """FSDP2 asks one original dtype of a parameter group's trainable parameters (torch
     distributed/fsdp/_fully_shard/_fsdp_param_group.py ``_init_mp_dtypes``: 'FSDP expects uniform original
-    parameter dtype'); frozen parameters may mix, so only a trained layer with its fp32 router fails."""
+    parameter dtype'); frozen parameters may mix, so only a trained layer with its fp32 router fails.
+    Where accelerate's mixed_precision is not "no", ``fsdp2_prepare_model`` first upcasts every trainable
+    parameter to fp32 (``fsdp_mixed_precision``), and nothing mixes."""
+    from tuneplan.specs.profiles import fsdp_mixed_precision, get_profile
+
     s = ctx.setup
     if not (s.fsdp and s.fsdp_version == 2 and s.gpus > 1 and s.device_map == "none"):
+        return None
+    if fsdp_mixed_precision(s, get_profile(s.framework)):
         return None
     layers = _fp32_router_layers(ctx, p)
     if layers is None or not any(layers[1]):

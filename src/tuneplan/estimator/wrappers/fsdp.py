@@ -54,6 +54,7 @@ from tuneplan.estimator.wrappers.fsdp1_offload import (
 from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
 from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.profiles import fsdp_mixed_precision
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:
@@ -104,9 +105,9 @@ def sharded_terms(run: Run, optimizer: OptimizerPlan) -> ShardedTerms:
         # accelerate's fsdp2_prepare_model shards the adapters inside their layer's group (wrap_fsdp2 in
         # simulate/fsdp2.py): a layer's all-gather carries them, in the MixedPrecisionPolicy param dtype or
         # their own (simulate: Mistral-7B fp32 LoRA r128 all-linear, 10.5M adapter elements per layer)
-        adapter_bytes = compute if setup.precision.endswith("-mixed") else run.dtypes.adapter
+        adapter_bytes = compute if fsdp_mixed_precision(setup, run.profile) else run.dtypes.adapter
         layer16 += ceil_div(params.adapter_params, max(model.n_layers, 1)) * adapter_bytes
-    if setup.precision.endswith("-mixed") and compute == 2 and params.trainable_bytes == 2:
+    if fsdp_mixed_precision(setup, run.profile) and compute == 2 and params.trainable_bytes == 2:
         weights += params.trainable_params * 2
         grads *= 2
         # the optimizer steps the fp32 shards: states as the optimizer makes them for fp32 parameters
@@ -337,7 +338,7 @@ def no_sync_gradients(run: Run) -> NoSyncGradients | None:
         grad_params = params.trainable_params
         grad_bytes = dtypes.adapter if setup.is_lora else dtypes.trainable
     unsharded_bytes = grad_bytes
-    upcast = setup.precision.endswith("-mixed") and setup.method != "qlora"
+    upcast = fsdp_mixed_precision(setup, profile) and setup.method != "qlora"
     if upcast and (setup.fsdp_version == 2 or hf_loop):
         # accelerate's fsdp2_prepare_model upcasts the trainable parameters to fp32 (no Params4bit in the
         # model): their sharded gradients are fp32; the unsharded ones accumulated under

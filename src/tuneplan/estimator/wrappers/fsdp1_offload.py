@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from tuneplan.estimator.wrappers.base import layer_gathered_bytes
 from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.profiles import Profile, fsdp_mixed_precision
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:
@@ -53,11 +54,11 @@ class HeldCopies:
             ceil_div(root16, world_size) if self.root else 0)
 
 
-def fsdp1_param_mixed_precision(setup: TrainSetup) -> bool:
+def fsdp1_param_mixed_precision(setup: TrainSetup, prof: Profile) -> bool:
     """Whether FSDP1 runs with a ``MixedPrecision`` param dtype as accelerate sets it for the HF Trainer
-    (``set_mixed_precision`` for the ``-mixed`` precisions; ``update_fsdp_plugin_peft`` for QLoRA's floating
-    ``bnb_4bit_quant_storage``); pure 16-bit and fp32 runs have none."""
-    return setup.precision.endswith("-mixed") or setup.method == "qlora"
+    (``set_mixed_precision`` when its mixed_precision is not "no": :func:`fsdp_mixed_precision`;
+    ``update_fsdp_plugin_peft`` for QLoRA's floating ``bnb_4bit_quant_storage``); otherwise none."""
+    return fsdp_mixed_precision(setup, prof) or setup.method == "qlora"
 
 
 def held_shard_copies(run: Run) -> HeldCopies:
@@ -65,7 +66,7 @@ def held_shard_copies(run: Run) -> HeldCopies:
     setup = run.setup
     if setup.offload == "none" or run.profile.fsdp_flat_params_only:
         return HeldCopies(layers=False, root=False)
-    trained_in_param_dtype = not fsdp1_param_mixed_precision(setup)
+    trained_in_param_dtype = not fsdp1_param_mixed_precision(setup, run.profile)
     if setup.method == "full":
         return HeldCopies(layers=trained_in_param_dtype, root=trained_in_param_dtype)
     if setup.method == "freeze":
@@ -82,7 +83,7 @@ def freed_shard_copies(run: Run) -> int:
     (an adapter unit's shard is a small-pool block); 0 for every other run."""
     setup = run.setup
     if (setup.offload == "none" or not run.profile.fsdp_flat_params_only or setup.fsdp_version != 1
-            or (setup.method == "full" and fsdp1_param_mixed_precision(setup))):
+            or (setup.method == "full" and fsdp1_param_mixed_precision(setup, run.profile))):
         return 0
     world_size, segment = setup.world_size, ROUND_LARGE
     rooted = setup.method in run.profile.fsdp_root_embeddings

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from tuneplan.estimator.wrappers.base import EndOfBackward, NoSyncGradients
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.profiles import fsdp_mixed_precision, get_profile
 from tuneplan.specs.setup import TrainSetup
 
 # frameworks that checkpoint through transformers' ``gradient_checkpointing_enable``
@@ -184,7 +185,7 @@ def final_reduce_scatter(model: ModelSpec, setup: TrainSetup, compute_bytes: int
     inputs do not require grad: ``fully_shard_terms``), torch 2.13 ``foreach_reduce``
     (_fully_shard/_fsdp_collectives.py): after the group reshards (its unsharded parameters freed), the
     flat reduce-scatter input and output in the reduce dtype, and, when the sharded parameters are fp32
-    (accelerate's upcast under the ``-mixed`` precisions) the output cast to fp32 before it becomes the
+    (accelerate's upcast: ``fsdp_mixed_precision``) the output cast to fp32 before it becomes the
     sharded gradient (copied to the host under ``CPUOffloadPolicy``). The unsharded gradient that autograd
     made in the final backward node stays live through that call (simulate: Qwen2.5-14B full, the group's
     bf16 gradient freed only when ``foreach_reduce`` returns), unlike a layer's, freed after its copy-in."""
@@ -194,7 +195,8 @@ def final_reduce_scatter(model: ModelSpec, setup: TrainSetup, compute_bytes: int
     world_size = setup.world_size
     unsharded = numel * compute_bytes
     shard = ceil_div(unsharded, world_size)
-    upcast = setup.precision.endswith("-mixed") and compute_bytes == 2 and setup.method != "qlora"
+    upcast = fsdp_mixed_precision(setup, get_profile(setup.framework)) and compute_bytes == 2 and (
+        setup.method != "qlora")
     cast = ceil_div(numel * 4, world_size) if upcast else 0
     pending = -(-int(numel * per_elem) // world_size)
     return EndOfBackward(gradients=-pending, gathered=unsharded + shard, scratch=unsharded + cast)
