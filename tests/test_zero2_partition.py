@@ -60,3 +60,29 @@ def test_the_epilogue_keeps_the_accumulated_partition() -> None:
 
 def test_a_lora_run_has_no_such_moment() -> None:
     assert statics(2, method="lora").wrapped.layers_backward == 0
+
+
+MISTRAL_7B = {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 4, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32768,
+              "tie_word_embeddings": False}
+# q, o; k, v; gate, up, down; the two norms
+MISTRAL_LAYER = 2 * 4_096 * 4_096 + 2 * 4_096 * 1_024 + 3 * 4_096 * 14_336 + 2 * 4_096
+
+
+def test_a_freeze_run_within_one_bucket_makes_its_partition_only_at_the_epilogue() -> None:
+    # LLaMA-Factory's freeze trains the top two layers: 436,224,000 elements, within the 5e8 bucket, so the
+    # only reduction is the epilogue's and grads_in_partition does not exist in the layers' backward; an
+    # accumulation's kept partition does
+    model = model_from_config(MISTRAL_7B, "Mistral-7B 4 layers (hand config)")
+    assert 2 * MISTRAL_LAYER == 436_224_000 < BUCKET
+
+    def wrapped(grad_accum: int):  # type: ignore[no-untyped-def]
+        setup = build_setup(model, method="freeze", precision="bf16-mixed", gpus=4, zero=2,
+                            grad_accum=grad_accum, batch=4, seq=1024)
+        return memory_statics(resolve_run(model, setup)).wrapped
+
+    one, two = wrapped(1), wrapped(2)
+    assert one.resident.gradients > 0
+    assert one.buckets.missing_at_bottom == one.resident.gradients
+    assert two.buckets.missing_at_bottom == 0
+    assert one.layers_backward == two.layers_backward - two.resident.gradients  # no moment beyond the kept

@@ -221,10 +221,10 @@ class ZeroOneTwo(Zero):
         at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, grads16,
                                                  g_live, buffers, terms.reduce_bucket)
         held = offload_grad_buffer + buffers
-        epilogue, in_layers, kept = (zero2_backward(run, terms.reduce_bucket, held, g_live)  # zero2_partition
-                                     if self.partitions_gradients else
-                                     (zero1_offload_epilogue(run, terms.reduce_bucket, held, g_live)
-                                      if setup.offload != "none" else None, 0, 0))
+        epilogue, in_layers, kept, lack = (zero2_backward(run, terms.reduce_bucket, held, g_live)  # ZeRO-2
+                                           if self.partitions_gradients else
+                                           (zero1_offload_epilogue(run, terms.reduce_bucket, held, g_live)
+                                            if setup.offload != "none" else None, 0, 0, 0))
         embedding = None
         if at_embedding >= 0:
             embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept,
@@ -238,7 +238,7 @@ class ZeroOneTwo(Zero):
         through = buffers if not self.partitions_gradients and setup.grad_accum > 1 else 0
         return WrapperMemory(self.resident(run, weights, states, temp, g_live, host),
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers,
-                                     through_forward=through),
+                                     through_forward=through, missing_at_bottom=lack),
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
                              layers_backward=in_layers, initialize=zero12_initialize_bytes(run),
                              notes=self.notes(setup, notes))

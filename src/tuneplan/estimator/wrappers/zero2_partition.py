@@ -65,12 +65,12 @@ def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
     return sizes, [i for i in backward if sizes[i]]
 
 
-def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -> int:
-    """:math:`\\max(g \\cdot b + [\\text{made}] P)` of the module docstring, in bytes: walk the gradients in
-    the order their hooks fire through the bucket; 0 for a LoRA run (its adapters are small beside the
-    bucket)."""
+def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -> tuple[int, bool]:
+    """(:math:`\\max(g \\cdot b + [\\text{made}] P)` of the module docstring in bytes, whether the partition
+    is made before the epilogue): walk the gradients in the order their hooks fire through the bucket. A
+    LoRA run: (0, whether its adapters overflow one bucket; each is small beside it)."""
     if run.setup.method not in ("full", "freeze"):
-        return 0
+        return 0, run.param_plan.trainable_params > reduce_bucket
     sizes, backward = trained_tensors(run)
     partition, start, mine = ceil_div(run.param_plan.trainable_params, run.setup.world_size), 0, set()
     for i, n in enumerate(sizes):  # this rank's (rank 0's): the tensors overlapping the flat group's start
@@ -92,20 +92,23 @@ def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -
         members.append(i)
         elements += n
         pending = n if n > reduce_bucket else 0
-    return moment
+    return moment, made
 
 
 def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
-                   partition_bytes: int) -> tuple[Epilogue | None, int, int]:
+                   partition_bytes: int) -> tuple[Epilogue | None, int, int, int]:
     """(ZeRO-2's epilogue, :math:`G` (the bytes of gradients and buffers at the largest moment of its
-    layers' backward; 0 where it is not modelled), :math:`P_\\text{old}`): the epilogue and :math:`G` with
-    the partition an accumulation keeps (a later micro-batch's: none where the run's first micro-batch is
-    its longest, the peak's), the epilogue's reductions running before it is dropped
-    (``independent_gradient_partition_epilogue``); with offload the partitions go to the host: no moment."""
+    layers' backward; 0 where it is not modelled), :math:`P_\\text{old}`, the partition's bytes the layers'
+    rows lack): the epilogue and :math:`G` with the partition an accumulation keeps (a later micro-batch's:
+    none where the run's first micro-batch is its longest, the peak's), the epilogue's reductions running
+    before it is dropped (``independent_gradient_partition_epilogue``). The layers' rows count one
+    partition (the kept one, or :math:`P` once made); without accumulation, where no reduction of the
+    layers' backward holds this rank's gradients, :math:`P` is made only by the epilogue: the rows lack it.
+    With offload the partitions go to the host: no moment."""
     setup = run.setup
     kept = partition_bytes if setup.grad_accum > 1 and not setup.longest_batch_first else 0
     epilogue = zero2_epilogue(run, reduce_bucket, buffers + kept, partition_bytes)
     if setup.offload != "none":
-        return epilogue, 0, kept
-    moment = layers_backward_moment(run, reduce_bucket, partition_bytes)
-    return epilogue, kept + buffers + moment if moment else 0, kept
+        return epilogue, 0, kept, 0
+    moment, made = layers_backward_moment(run, reduce_bucket, partition_bytes)
+    return epilogue, kept + buffers + moment if moment else 0, kept, 0 if made or kept else partition_bytes
