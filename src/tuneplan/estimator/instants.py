@@ -305,7 +305,7 @@ def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, ba
     top = statics.wrapped.top_layer
     layer = (acts.recompute_bytes if statics.checkpointed
              else acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers)
-    freed = minimum(layer, top.counted) if top is not None else 0
+    freed = minimum(layer, top.counted) if top is not None and statics.wrapped.bottom_layer_trains else 0
     return (statics.bottom_layer_grads - embedding_cut, 0, layer - freed, 0,
             0 if statics.checkpointed else held, backward_temp, statics.gathered_bottom_backward)
 

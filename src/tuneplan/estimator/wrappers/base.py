@@ -136,6 +136,7 @@ class WrapperMemory:
     # gradient and buffer bytes at the largest moment of ZeRO-2's reductions in the layers' backward
     # (wrappers/zero2_partition.py), beside the bottom layer's activations; 0: no instant there
     layers_backward: int = 0
+    bottom_layer_trains: bool = True  # FSDP2's bottom layer row: its own gradients made, activations freed
     # bytes on this GPU at the peak of DeepSpeed's initialize, before the first step (ZeRO-1/2's 16-bit cast
     # of the module: wrappers/zero12_initialize.py); 0: no instant there
     initialize: int = 0
