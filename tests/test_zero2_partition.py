@@ -86,3 +86,29 @@ def test_a_freeze_run_within_one_bucket_makes_its_partition_only_at_the_epilogue
     assert one.buckets.missing_at_bottom == one.resident.gradients
     assert two.buckets.missing_at_bottom == 0
     assert one.layers_backward == two.layers_backward - two.resident.gradients  # no moment beyond the kept
+
+
+MIXTRAL_2L = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "num_local_experts": 8,
+              "num_experts_per_tok": 2, "vocab_size": 32000, "tie_word_embeddings": False}
+
+
+def test_the_first_hook_makes_the_bucket_after_the_top_expert_stack_gradient() -> None:
+    # PEFT's LoRA on transformers 5's fused expert stacks: the top layer's stack gradient (a whole delta
+    # weight, E x 4096 x 14336 in fp32) is made before any trained tensor's hook has fired, and only that
+    # hook's process_gradients -> setup_buckets allocates the IPG bucket (freed at each ZeRO-2 epilogue):
+    # at that moment the row holds no bucket, whatever reduce_bucket_size is, as long as that moment (a
+    # 1.9 GB gradient) outweighs the layer's later ones beside the bucket (a few MB at 256 tokens)
+    from tuneplan.estimator.instants import memory_at
+
+    model = model_from_config(MIXTRAL_2L, "Mixtral 2 layers (hand config)")
+
+    def top_row(bucket: int) -> int:
+        setup = build_setup(model, method="lora", precision="fp32", gpus=4, zero=2, offload="optimizer",
+                            targets="mlp", rank=4, batch=1, seq=256, gradient_checkpointing=False,
+                            framework="llamafactory", ds_reduce_bucket=bucket)
+        run = resolve_run(model, setup)
+        assert memory_statics(run).wrapped.first_hook_bucket == 4 * bucket
+        return sum(memory_at(run, 1, 256).rows["backward_layers_top"])
+
+    assert top_row(10_000_000) == top_row(40_000_000)

@@ -194,7 +194,11 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))
     top_grads, top_freed = statics.earlier_grads_in_layer, 0
-    top_scratch, top_gathered = backward_temp, gathered
+    # ZeRO-1/2's bucket, made by the first gradient hook: not there yet at the top layer's first fused
+    # expert stack when nothing trained precedes it (wrappers/zero.py)
+    top_scratch = (layer_backward_scratch(statics, acts, tokens, statics.wrapped.first_hook_bucket)
+                   if statics.wrapped.first_hook_bucket else backward_temp)
+    top_gathered = gathered
     top = statics.wrapped.top_layer
     if top is not None:
         # FSDP, ZeRO-3 (wrappers/base.TopLayer): the top layer's unsharded gradients are made as its
@@ -256,11 +260,13 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
 
 
 
-def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any) -> Any:
-    """The scratch of the layer being back-propagated: its backward temporaries and a quantized linear's
-    dequantization scratch, or the larger moment of a fused expert stack's new weight gradient beside its
-    accumulated buffer (memory_statics) or of bitsandbytes' dequantized weight (quant_kernels)."""
-    backward_temp = acts.backward_temp_bytes + statics.dequant
+def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any, unmade: int = 0) -> Any:
+    """The scratch of the layer being back-propagated: its backward temporaries (or a fused expert stack's
+    weight-gradient moment, less ``unmade``: bytes the row counts that do not exist yet at that moment)
+    and a quantized linear's dequantization scratch, or the larger moment of a fused expert stack's new
+    weight gradient beside its accumulated buffer (memory_statics) or of bitsandbytes' dequantized weight
+    (quant_kernels)."""
+    backward_temp = maximum(acts.backward_temp_bytes, acts.expert_stack_bytes - unmade) + statics.dequant
     if statics.expert_grad_temp:
         backward_temp = maximum(backward_temp, statics.expert_grad_temp)
     if statics.backward_dequant:

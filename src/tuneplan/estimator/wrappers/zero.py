@@ -230,17 +230,17 @@ class ZeroOneTwo(Zero):
             embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept,
                                            layers_hold_it=not self.partitions_gradients)
         step_gradients, temp = (zero12_step(run, terms) if setup.offload == "none" else (0, temp))
-        # ZeRO-1 reduces only at the accumulation boundary (DeepSpeed 0.19.8: engine.allreduce_gradients
-        # calls reduce_gradients, whose epilogue frees the bucket in _release_ipg_buffers, only there;
-        # reduce_ready_partitions_and_remove_grads skips stage 1 before it): the bucket setup_buckets
-        # allocated in an accumulating micro-batch's backward stays (ready_for_gradients is still set)
-        # through the next micro-batch's forward and loss, and is reused by its backward
+        # ZeRO-1 reduces only at the accumulation boundary (DeepSpeed 0.19.8: engine.allreduce_gradients calls
+        # reduce_gradients, whose epilogue frees the bucket in _release_ipg_buffers, only there): the bucket
+        # setup_buckets allocated in an accumulating micro-batch's backward stays (ready_for_gradients is
+        # still set) through the next micro-batch's forward and loss, and is reused by its backward
         through = buffers if not self.partitions_gradients and setup.grad_accum > 1 else 0
         return WrapperMemory(self.resident(run, weights, states, temp, g_live, host),
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers,
                                      through_forward=through, missing_at_bottom=lack),
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
                              layers_backward=in_layers, initialize=zero12_initialize_bytes(run),
+                             first_hook_bucket=buffers if setup.is_lora and not through else 0,
                              notes=self.notes(setup, notes))
 
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
