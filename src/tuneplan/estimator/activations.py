@@ -33,7 +33,7 @@ class ActivationPlan:
     top_layer_bytes: int  # one layer's saved activations (the one recomputed / freed first)
     checkpoint_bytes: int  # layer inputs kept under gradient checkpointing (0 otherwise)
     recompute_bytes: int  # one layer's activations rebuilt during backward under checkpointing
-    backward_temp_bytes: int
+    backward_temp_bytes: int  # the largest layer's activation gradients (a fused expert stack's moment aside)
     offloaded_bytes: int = 0  # checkpoints moved to host memory (Unsloth)
     # The token-embedding gradient is the last one backward makes (full fine-tune): the bottom layer runs
     # without it, and the embedding backward adds its own transients on top of all the other gradients.
@@ -43,6 +43,8 @@ class ActivationPlan:
     pinned_bytes: int = 0
     # what the final norm and the head keep (in saved_bytes): released before the top layer's backward
     tail_bytes: int = 0
+    # a fused expert stack's weight gradient and the gradients beside it (LayerActs.backward_per_layer)
+    expert_stack_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,7 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     biggest = 0.0
     biggest_recompute = 0.0  # a recomputed layer without what aliases its checkpointed input
     biggest_backward_temp = 0.0
+    expert_stack = 0.0
     pinned = 0.0
     # (terms that are zero for a kind, and the recomputed layer without checkpointing, are skipped: the scalar
     # estimate is a few microseconds, and each product costs a tenth of one)
@@ -222,8 +225,7 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
             biggest_recompute = maximum(biggest_recompute, per_layer - tokens * alias)
         biggest_backward_temp = maximum(biggest_backward_temp, tokens * backward_temp)
         if backward_fixed:  # a fused expert stack's weight gradient and the gradients beside it
-            biggest_backward_temp = maximum(biggest_backward_temp,
-                                            backward_fixed + tokens * backward_fixed_per_token)
+            expert_stack = maximum(expert_stack, backward_fixed + tokens * backward_fixed_per_token)
         if backward_temp_per_pos:  # eager attention's backward: the scores' gradients, from its block on
             biggest_backward_temp = maximum(biggest_backward_temp,
                                             pairs * backward_temp_per_pos + tokens * attn_backward_offset)
@@ -243,11 +245,12 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
         return ActivationPlan(to_int(checkpoints - offloaded + tail), to_int(biggest),
                               to_int(checkpoints - offloaded), to_int(recompute),
                               to_int(biggest_backward_temp), to_int(offloaded), emb_grad, emb_extra, 0,
-                              to_int(tail))
+                              to_int(tail), to_int(expert_stack))
     if terms.offload:
         # torchtune OffloadActivations: each saved tensor goes to host memory as it is made and comes back
         # for its layer's backward; the output projection and the loss run outside it (NoOpManager)
         return ActivationPlan(to_int(tail + biggest), to_int(biggest), 0, 0, to_int(biggest_backward_temp),
-                              to_int(total - biggest), emb_grad, emb_extra)
+                              to_int(total - biggest), emb_grad, emb_extra,
+                              expert_stack_bytes=to_int(expert_stack))
     return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_backward_temp), 0,
-                          emb_grad, emb_extra, to_int(pinned), to_int(tail))
+                          emb_grad, emb_extra, to_int(pinned), to_int(tail), to_int(expert_stack))

@@ -195,7 +195,11 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))
     top_grads, top_freed = statics.earlier_grads_in_layer, 0
-    top_scratch, top_gathered = backward_temp, gathered
+    # ZeRO-1/2's bucket, made by the first gradient hook: not there yet at the top layer's first fused
+    # expert stack when nothing trained precedes it (wrappers/zero.py)
+    top_scratch = (layer_backward_scratch(statics, acts, tokens, statics.wrapped.first_hook_bucket)
+                   if statics.wrapped.first_hook_bucket else backward_temp)
+    top_gathered = gathered
     top = statics.wrapped.top_layer
     if top is not None:
         # FSDP, ZeRO-3 (wrappers/base.TopLayer): the top layer's unsharded gradients are made as its
@@ -246,6 +250,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
+    if statics.wrapped.layers_backward:  # ZeRO-2's reductions in the layers (wrappers/zero2_partition.py)
+        rows["backward_reductions"] = (statics.wrapped.layers_backward, 0, bottom_acts, 0, bottom_held, 0, 0)
     epilogue = statics.wrapped.epilogue
     if epilogue is not None:  # ZeRO-1/2's last reductions (wrappers/zero12_reductions.py)
         rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy, 0)
@@ -274,11 +280,13 @@ def folded_layer_row(row: Row, layer: TopLayer) -> Row:
     return (grads - layer.counted + at_end, temp, saved - freed, casts, held, scratch, layer.gathered)
 
 
-def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any) -> Any:
-    """The scratch of the layer being back-propagated: its backward temporaries and a quantized linear's
-    dequantization scratch, or the larger moment of a fused expert stack's new weight gradient beside its
-    accumulated buffer (memory_statics) or of bitsandbytes' dequantized weight (quant_kernels)."""
-    backward_temp = acts.backward_temp_bytes + statics.dequant
+def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any, unmade: int = 0) -> Any:
+    """The scratch of the layer being back-propagated: its backward temporaries (or a fused expert stack's
+    weight-gradient moment, less ``unmade``: bytes the row counts that do not exist yet at that moment)
+    and a quantized linear's dequantization scratch, or the larger moment of a fused expert stack's new
+    weight gradient beside its accumulated buffer (memory_statics) or of bitsandbytes' dequantized weight
+    (quant_kernels)."""
+    backward_temp = maximum(acts.backward_temp_bytes, acts.expert_stack_bytes - unmade) + statics.dequant
     if statics.expert_grad_temp:
         backward_temp = maximum(backward_temp, statics.expert_grad_temp)
     if statics.backward_dequant:
@@ -325,7 +333,7 @@ def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, ba
     top = statics.wrapped.top_layer
     layer = (acts.recompute_bytes if statics.checkpointed
              else acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers)
-    freed = minimum(layer, top.counted) if top is not None else 0
+    freed = minimum(layer, top.counted) if top is not None and statics.wrapped.bottom_layer_trains else 0
     return (statics.bottom_layer_grads - embedding_cut, 0, layer - freed, 0,
             0 if statics.checkpointed else held, backward_temp, statics.gathered_bottom_backward)
 

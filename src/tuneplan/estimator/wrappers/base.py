@@ -136,6 +136,13 @@ class WrapperMemory:
     no_sync: NoSyncGradients | None = None
     step_gradients: int | None = None  # gradient bytes at the optimizer step; None: ``resident.gradients``
     epilogue: Epilogue | None = None
+    # gradient and buffer bytes at the largest moment of ZeRO-2's reductions in the layers' backward
+    # (wrappers/zero2_partition.py), beside the bottom layer's activations; 0: no instant there
+    layers_backward: int = 0
+    bottom_layer_trains: bool = True  # FSDP2's bottom layer row: its own gradients made, activations freed
+    # ZeRO-1/2: the IPG bucket the backward's first gradient hook allocates (setup_buckets), counted in the
+    # layers' rows but absent at the top layer's fused expert stack where no trained tensor precedes it
+    first_hook_bucket: int = 0
     # bytes on this GPU at the peak of DeepSpeed's initialize, before the first step (ZeRO-1/2's 16-bit cast
     # of the module: wrappers/zero12_initialize.py); 0: no instant there
     initialize: int = 0

@@ -52,7 +52,7 @@ from tuneplan.estimator.wrappers.fsdp1_offload import (
     root_pre_backward_copy,
 )
 from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
-from tuneplan.estimator.wrappers.fully_shard import fully_shard_terms
+from tuneplan.estimator.wrappers.fully_shard import bottom_layer_trains, fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.profiles import fsdp_mixed_precision
 from tuneplan.specs.setup import TrainSetup
@@ -262,6 +262,7 @@ class Fsdp2(Fsdp):
                                                 gathered=2 * layer16 + fully_sharded.held_top,
                                                 keeps_scratch=True),
                              end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
+                             bottom_layer_trains=bottom_layer_trains(model, setup),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))
 

@@ -102,7 +102,7 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
                                      model, trainable_params, kept=False), key=_total)
     elif not tied and embedding_output_requires_grad(setup):
         end = frozen_embedding_copy_out(model, compute_bytes, layer_grads)
-    bottom = (embedding_prefetch(model, layer16, layer_grads, compute_bytes,
+    bottom = (embedding_prefetch(model, setup, layer16, layer_grads, compute_bytes,
                                  -(-int((pending - layer_train) * per_elem) // world_size))
               if not tied and model.n_layers > 1 else None)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
@@ -133,8 +133,8 @@ def synced_micro_batch(end: EndOfBackward, no_sync: NoSyncGradients | None, mode
     return replace(end, gradients=end.gradients + no_sync.synced - no_sync.accumulating + held)
 
 
-def embedding_prefetch(model: ModelSpec, layer16: int, layer_grads: int, compute_bytes: int,
-                       pending: int) -> tuple[int, int]:
+def embedding_prefetch(model: ModelSpec, setup: TrainSetup, layer16: int, layer_grads: int,
+                       compute_bytes: int, pending: int) -> tuple[int, int]:
     """The bottom layer's backward beside the untied embedding group it prefetched (torch 2.13
     ``FSDPParamGroup._backward_prefetch``): the group before it in ``comm_ctx.post_forward_order`` is the
     embedding group (resharded after its forward), all-gathered into one flat buffer in the param dtype
@@ -149,8 +149,24 @@ def embedding_prefetch(model: ModelSpec, layer16: int, layer_grads: int, compute
 
     This can exceed the second layer's backward (``backward_layers_bottom``: two layers unsharded, two
     shards missing) when the embeddings outweigh a layer (a large vocabulary over a narrow model; simulate:
-    TinyLlama-1.1B at two layers, fp32 freeze): an instant of its own, ``backward_bottom_layer``."""
-    return layer16 + model.embed_params * compute_bytes + layer_grads, pending
+    TinyLlama-1.1B at two layers, fp32 freeze): an instant of its own, ``backward_bottom_layer``.
+
+    With ``CPUOffloadPolicy`` the all-gather's input is the embedding's host shard copied to the device
+    (``FSDPParam.all_gather_inputs``: ``sharded_param_data.to(self.device)``, in the param dtype), alive
+    while ``foreach_all_gather`` allocates and fills the flat output (``del param_all_gather_inputs`` after
+    ``all_gather_copy_in``): :math:`\\lceil e \\, b / N \\rceil` more at the prefetch, the start of the
+    row (an upper bound at its end). A freeze run's bottom layer below its trained ones makes no gradient:
+    the row holds its activations whole and no unsharded gradient of its own, and the trained layers'
+    shards are all made (``missing`` cancels the row's transient gradients, ``bottom_layer_trains``)."""
+    embed16 = model.embed_params * compute_bytes
+    copied = -(-embed16 // setup.world_size) if setup.offload != "none" else 0
+    missing = pending if bottom_layer_trains(model, setup) else layer_grads
+    return layer16 + embed16 + layer_grads + copied, missing
+
+
+def bottom_layer_trains(model: ModelSpec, setup: TrainSetup) -> bool:
+    """Whether the bottom decoder layer makes gradients (not below a freeze run's trained layers)."""
+    return not (setup.method == "freeze" and setup.freeze_trainable_layers < model.n_layers)
 
 
 def embedding_output_requires_grad(setup: TrainSetup) -> bool:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.model import LayerSpec, ModelSpec
 
 
 def full_backward_gradients(model: ModelSpec, embedding: bool = True) -> list[int]:
@@ -47,3 +47,19 @@ def bucket_members(gradients: list[int], reduce_bucket: int) -> list[list[int]]:
             filled = []
         filled.append(numel)
     return [*fills, filled] if filled else fills
+
+
+def layer_tensors(spec: LayerSpec, transformers_code: bool = True) -> list[int]:
+    """A decoder layer's trainable tensors (elements) in module order, its norms as one last entry. Under
+    transformers' model code a MoE layer's routed experts are two tensors, not one per expert: transformers
+    5 builds them as fused 3-D parameters (``*Experts``: ``gate_up_proj`` of E x 2f x h and ``down_proj``
+    of E x h x f, e.g. modeling_qwen3_moe.py), listed where the first expert projection is (gate and up
+    fused, then down); other model code: one tensor per expert projection."""
+    if not transformers_code:
+        return [*(m.params // m.count for m in spec.linears for _ in range(m.count)), spec.norm_params]
+    linears = [m.params for m in spec.linears if m.role != "expert"]
+    experts = [m.params for m in spec.linears if m.role == "expert"]
+    if experts:
+        at = next(i for i, m in enumerate(spec.linears) if m.role == "expert")
+        linears[at:at] = [sum(experts[:-1]), experts[-1]] if len(experts) > 1 else experts
+    return [*linears, spec.norm_params]

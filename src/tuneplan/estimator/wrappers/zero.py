@@ -31,6 +31,7 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
     sixteen_bit_wire,
 )
+from tuneplan.estimator.wrappers.zero2_partition import zero2_backward
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_backward_uses,
@@ -53,7 +54,6 @@ from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
     zero1_offload_epilogue,
-    zero2_epilogue,
     zero12_grads_at_embedding,
     zero12_rank0_params,
     zero12_step,
@@ -220,26 +220,28 @@ class ZeroOneTwo(Zero):
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
         at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, grads16,
                                                  g_live, buffers, terms.reduce_bucket)
+        held = offload_grad_buffer + buffers
+        epilogue, in_layers, kept, lack = (zero2_backward(run, terms.reduce_bucket, held, g_live)  # ZeRO-2
+                                           if self.partitions_gradients else
+                                           (zero1_offload_epilogue(run, terms.reduce_bucket, held, g_live)
+                                            if setup.offload != "none" else None, 0, 0, 0))
         embedding = None
         if at_embedding >= 0:
-            embedding = EmbeddingGradients(at_embedding + offload_grad_buffer,
+            embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept,
                                            layers_hold_it=not self.partitions_gradients)
-        held = offload_grad_buffer + buffers
-        epilogue = (zero2_epilogue(run, terms.reduce_bucket, held, g_live) if self.partitions_gradients
-                    else zero1_offload_epilogue(run, terms.reduce_bucket, held, g_live)
-                    if setup.offload != "none" else None)
         step_gradients, temp = (zero12_step(run, terms) if setup.offload == "none" else (0, temp))
-        # ZeRO-1 reduces only at the accumulation boundary (DeepSpeed 0.19.8: engine.allreduce_gradients
-        # calls reduce_gradients, whose epilogue frees the bucket in _release_ipg_buffers, only there;
-        # reduce_ready_partitions_and_remove_grads skips stage 1 before it): the bucket setup_buckets
-        # allocated in an accumulating micro-batch's backward stays (ready_for_gradients is still set)
-        # through the next micro-batch's forward and loss, and is reused by its backward
+        # ZeRO-1 reduces only at the accumulation boundary (DeepSpeed 0.19.8: engine.allreduce_gradients calls
+        # reduce_gradients, whose epilogue frees the bucket in _release_ipg_buffers, only there): the bucket
+        # setup_buckets allocated in an accumulating micro-batch's backward stays (ready_for_gradients is
+        # still set) through the next micro-batch's forward and loss, and is reused by its backward
         through = buffers if not self.partitions_gradients and setup.grad_accum > 1 else 0
         return WrapperMemory(self.resident(run, weights, states, temp, g_live, host),
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers,
-                                     through_forward=through),
+                                     through_forward=through, missing_at_bottom=lack),
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
-                             initialize=zero12_initialize_bytes(run), notes=self.notes(setup, notes))
+                             layers_backward=in_layers, initialize=zero12_initialize_bytes(run),
+                             first_hook_bucket=buffers if setup.is_lora and not through else 0,
+                             notes=self.notes(setup, notes))
 
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:
         """The gradients reduce-scattered (ZeRO-2: every micro-batch; ZeRO-1: once per step), the updated

@@ -12,6 +12,7 @@ from tuneplan.estimator.wrappers.reduce_buckets import (
     bucket_members,
     full_backward_gradients,
     layer_gradients_from_top,
+    layer_tensors,
 )
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import LayerSpec, ModelSpec
@@ -75,14 +76,9 @@ def full_module_order(model: ModelSpec, transformers_code: bool = True) -> list[
         return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
     order = [model.embed_params]
     for spec in layers_in_module_order(model):
-        linears = [m.params for m in spec.linears if m.role != "expert"]
-        experts = [m.params for m in spec.linears if m.role == "expert"]
-        if experts:
-            # where the first expert projection is listed: gate and up fused, then down; after the router
-            # (Mixtral, Qwen2-MoE build it first; DeepSeek and Qwen3-MoE after the experts: h x E elements)
-            at = next(i for i, m in enumerate(spec.linears) if m.role == "expert")
-            linears[at:at] = [sum(experts[:-1]), experts[-1]] if len(experts) > 1 else experts
-        order += [*linears, spec.norm_params]
+        # the fused expert stacks after the router (Mixtral, Qwen2-MoE build it first; DeepSeek and
+        # Qwen3-MoE after the experts: h x E elements)
+        order += layer_tensors(spec)
     return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
 
 

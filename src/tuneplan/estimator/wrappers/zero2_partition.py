@@ -1,0 +1,114 @@
+"""ZeRO-2's gradient partition made in the layers' backward, and the one an accumulation keeps beside it.
+
+DeepSpeed 0.19.8, ``runtime/zero/stage_1_and_2.py``, without offload:
+
+- each gradient's hook (``reduce_independent_p_g_buckets_and_remove_grads``) first reduces what the IPG
+  bucket holds when the new gradient would take it past ``reduce_bucket_size`` (``reduce_ipg_grads``), then
+  copies the new gradient into the bucket; a gradient larger than the bucket stays in its own tensor
+  (``extra_large_param_to_reduce``) until the next reduction. A fused expert stack of transformers 5
+  (``gate_up_proj``, ``down_proj``: reduce_buckets.layer_tensors) is such a gradient, made whole by
+  ``torch._grouped_mm``'s backward;
+- after a reduction, ``copy_grads_in_partition`` copies each reduced gradient of this rank's partition
+  into ``grads_in_partition``, allocated whole (every parameter overlapping the partition:
+  zero12_reductions.zero12_rank0_params) at the first such copy of the backward, the reduced gradient
+  still in its own tensor;
+- an accumulating micro-batch's epilogue keeps its partition's gradients in ``all_grad_tensors``
+  (``get_all_grad_tensors``: views of that ``grads_in_partition``) while ``_release_ipg_buffers`` drops the
+  buffer's own reference; the next micro-batch makes a new ``grads_in_partition`` and only its epilogue
+  adds it into the old one and drops ``all_grad_tensors`` (``_use_compact_grad_partition_buffer`` is off
+  when ``grad_accum_dtype`` is the model's dtype, the engine's default: engine.get_data_types).
+
+With :math:`P` the partition's bytes, :math:`P_\\text{old}` the kept one (:math:`P` with accumulation,
+else 0), :math:`B` the bucket and :math:`g` the gradients in their own tensors at a moment (the pending
+oversized one and the arriving one), the largest moment of the layers' backward is
+
+.. math::  G = P_\\text{old} + B + \\max_\\text{moments}(g \\cdot b + [\\text{made}] P)
+
+over each gradient's arrival and the reduction that makes the partition.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuneplan.estimator.wrappers.base import Epilogue
+from tuneplan.estimator.wrappers.reduce_buckets import layer_tensors
+from tuneplan.estimator.wrappers.zero12_reductions import layers_in_module_order, zero2_epilogue
+from tuneplan.estimator.xp import ceil_div
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
+
+
+def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
+    """(the trained tensors' elements in module order, the order their hooks fire as indices into it) for
+    a full or freeze fine-tune: the token embedding first, each layer's tensors, the final norm, the untied
+    head; the backward from the head down, each layer's tensors last-to-first and its norms after them (the
+    token embedding, whose gradient comes last, left out); a freeze run trains the top layers only."""
+    model, setup = run.model, run.setup
+    layers = [layer_tensors(spec, run.profile.model_code == "hf") for spec in layers_in_module_order(model)]
+    full = setup.method == "full"
+    if not full:
+        layers = layers[max(len(layers) - setup.freeze_trainable_layers, 0):]
+    sizes = [model.embed_params] if full else []
+    starts = []
+    for layer in layers:
+        starts.append(len(sizes))
+        sizes += layer
+    ends = [*starts[1:], len(sizes)]
+    backward = []
+    if full:
+        sizes += [model.final_norm_params, model.lm_head_params]
+        backward = [len(sizes) - 1, len(sizes) - 2]
+    for start, end in zip(reversed(starts), reversed(ends), strict=True):
+        backward += [*range(end - 2, start - 1, -1), end - 1]  # its tensors last-to-first, then the norms
+    return sizes, [i for i in backward if sizes[i]]
+
+
+def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -> tuple[int, bool]:
+    """(:math:`\\max(g \\cdot b + [\\text{made}] P)` of the module docstring in bytes, whether the partition
+    is made before the epilogue): walk the gradients in the order their hooks fire through the bucket. A
+    LoRA run: (0, whether its adapters overflow one bucket; each is small beside it)."""
+    if run.setup.method not in ("full", "freeze"):
+        return 0, run.param_plan.trainable_params > reduce_bucket
+    sizes, backward = trained_tensors(run)
+    partition, start, mine = ceil_div(run.param_plan.trainable_params, run.setup.world_size), 0, set()
+    for i, n in enumerate(sizes):  # this rank's (rank 0's): the tensors overlapping the flat group's start
+        if start >= partition:
+            break
+        mine.add(i)
+        start += n
+    members: list[int] = []
+    pending = elements = moment = 0
+    made = False
+    for i in backward:
+        n = sizes[i]
+        moment = max(moment, (pending + n) * run.dtypes.compute + (partition_bytes if made else 0))
+        if members and elements + n > reduce_bucket:
+            if not made and mine.intersection(members):
+                made = True
+                moment = max(moment, (pending + n) * run.dtypes.compute + partition_bytes)
+            members, pending, elements = [], 0, 0
+        members.append(i)
+        elements += n
+        pending = n if n > reduce_bucket else 0
+    return moment, made
+
+
+def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
+                   partition_bytes: int) -> tuple[Epilogue | None, int, int, int]:
+    """(ZeRO-2's epilogue, :math:`G` (the bytes of gradients and buffers at the largest moment of its
+    layers' backward; 0 where it is not modelled), :math:`P_\\text{old}`, the partition's bytes the layers'
+    rows lack): the epilogue and :math:`G` with the partition an accumulation keeps (a later micro-batch's:
+    none where the run's first micro-batch is its longest, the peak's), the epilogue's reductions running
+    before it is dropped (``independent_gradient_partition_epilogue``). The layers' rows count one
+    partition (the kept one, or :math:`P` once made); without accumulation, where no reduction of the
+    layers' backward holds this rank's gradients, :math:`P` is made only by the epilogue: the rows lack it.
+    With offload the partitions go to the host: no moment."""
+    setup = run.setup
+    kept = partition_bytes if setup.grad_accum > 1 and not setup.longest_batch_first else 0
+    epilogue = zero2_epilogue(run, reduce_bucket, buffers + kept, partition_bytes)
+    if setup.offload != "none":
+        return epilogue, 0, kept, 0
+    moment, made = layers_backward_moment(run, reduce_bucket, partition_bytes)
+    return epilogue, kept + buffers + moment if moment else 0, kept, 0 if made or kept else partition_bytes

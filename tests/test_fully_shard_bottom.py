@@ -1,0 +1,44 @@
+"""FSDP2's bottom layer beside the prefetched embedding group (estimator/wrappers/fully_shard.py
+``embedding_prefetch``), by hand from torch 2.13's _fully_shard on a three-layer Qwen2.5-72B whose bottom
+layer a two-layer freeze run leaves frozen, parameters offloaded (``CPUOffloadPolicy``)."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.memory_statics import memory_statics
+from tuneplan.estimator.run import resolve_run
+from tuneplan.specs.model import model_from_config
+
+QWEN25_72B_3L = {"model_type": "qwen2", "hidden_size": 8192, "num_hidden_layers": 3,
+                 "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 29568,
+                 "vocab_size": 152064,
+                 "tie_word_embeddings": False}
+H, KV, FF, VOCAB = 8_192, 1_024, 29_568, 152_064
+LAYER = (H * H + H) + 2 * (H * KV + KV) + H * H + 3 * H * FF + 2 * H  # q (bias), k, v (biases), o, MLP, norms
+EMBED = VOCAB * H
+
+
+def statics(offload: str, trained: int):  # type: ignore[no-untyped-def]
+    model = model_from_config(QWEN25_72B_3L, "Qwen2.5-72B 3 layers (hand config)")
+    setup = build_setup(model, method="freeze", precision="bf16-mixed", gpus=2, fsdp=True, fsdp_version=2,
+                        offload=offload, freeze_trainable_layers=trained, gradient_checkpointing=True,
+                        batch=1, seq=64, framework="llamafactory")
+    return memory_statics(resolve_run(model, setup))
+
+
+def test_the_embedding_prefetch_copies_its_host_shard_to_the_device() -> None:
+    # layer 0 unsharded (prefetched by layer 1), layer 1's reduce-scatter input, the embedding group's flat
+    # all-gather output and its all-gather input, the host shard copied to the device (bf16 each)
+    assert LAYER == 877_684_736
+    on_host, on_device = statics("all", 2), statics("none", 2)
+    assert on_host.gathered_bottom_backward == 2 * LAYER + 2 * EMBED + 2 * LAYER + EMBED
+    assert on_device.gathered_bottom_backward == 2 * LAYER + 2 * EMBED + 2 * LAYER
+
+
+def test_a_frozen_bottom_layer_makes_no_gradient_of_its_own() -> None:
+    # below the two trained layers: no unsharded gradient of layer 0, its activations not freed by one;
+    # with all three layers trained it makes a layer's (the reduce-scatter input, in bf16)
+    frozen, trained = statics("all", 2), statics("all", 3)
+    assert not frozen.wrapped.bottom_layer_trains and trained.wrapped.bottom_layer_trains
+    assert frozen.bottom_layer_grads == frozen.grads
+    assert trained.bottom_layer_grads == trained.grads + 2 * LAYER
