@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.specs.profiles import Profile, fsdp_mixed_precision
+from tuneplan.specs.load_precision import fsdp_mixed_precision
+from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup
 
 

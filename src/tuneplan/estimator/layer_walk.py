@@ -197,7 +197,8 @@ def fsdp1_adapter_input_copy(setup: TrainSetup) -> bool:
     adapter, which lora_A's matmul saves for its weight gradient (simulate: FSDP1, Llama-3.3-70B LoRA on
     q, k, v, o, the cast made in ``lora_A.default._fsdp_wrapped_module``)."""
     from tuneplan.estimator.wrappers.fsdp import HF_TRAINER_LOOPS
-    from tuneplan.specs.profiles import fsdp_mixed_precision, get_profile
+    from tuneplan.specs.load_precision import fsdp_mixed_precision
+    from tuneplan.specs.profiles import get_profile
 
     return (setup.fsdp and setup.fsdp_version == 1 and setup.world_size > 1 and setup.method == "lora"
             and setup.framework in HF_TRAINER_LOOPS

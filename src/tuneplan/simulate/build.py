@@ -29,8 +29,9 @@ from torch import nn
 from tuneplan.errors import TuneplanError
 from tuneplan.simulate.kernels import ATTN_IMPL, modes_follow_recompute, register_attention
 from tuneplan.simulate.qlora import SimLinear4bit, lora_class, replace_linears
+from tuneplan.specs.load_precision import loads_fp32
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import Profile, loads_fp32
+from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup
 
 

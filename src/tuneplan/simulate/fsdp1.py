@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from tuneplan.simulate.distributed import host_pinning_skipped, layer_classes
-from tuneplan.specs.profiles import Profile, fsdp_mixed_precision
+from tuneplan.specs.load_precision import fsdp_mixed_precision
+from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup
 
 FSDP1 = "torch FullyShardedDataParallel (FSDP1)"

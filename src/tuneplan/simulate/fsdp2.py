@@ -12,7 +12,8 @@ from torch import nn
 
 from tuneplan.simulate import RealStackRefuses
 from tuneplan.simulate.distributed import host_pinning_skipped, layer_classes
-from tuneplan.specs.profiles import Profile, fsdp_mixed_precision
+from tuneplan.specs.load_precision import fsdp_mixed_precision
+from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup
 
 FSDP2 = "torch fully_shard (FSDP2)"

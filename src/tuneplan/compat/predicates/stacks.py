@@ -250,7 +250,8 @@ def _fp32_router_layers(ctx: Context, p: dict[str, Any]) -> tuple[list[bool], li
 
     None where no layer does: another model type, other model code, or a model loaded in fp32. Trained
     layers hold 16-bit weights unless a ``-mixed`` precision upcasts trainable parameters to fp32."""
-    from tuneplan.specs.profiles import get_profile, loads_fp32
+    from tuneplan.specs.load_precision import loads_fp32
+    from tuneplan.specs.profiles import get_profile
 
     model, s = ctx.model, ctx.setup
     if model is None or not model.is_moe or model.model_type not in p["fp32_router_types"]:
@@ -287,7 +288,8 @@ def _fsdp2_fp32_router(ctx: Context, p: dict[str, Any]) -> Hit:
     parameter dtype'); frozen parameters may mix, so only a trained layer with its fp32 router fails.
     Where accelerate's mixed_precision is not "no", ``fsdp2_prepare_model`` first upcasts every trainable
     parameter to fp32 (``fsdp_mixed_precision``), and nothing mixes."""
-    from tuneplan.specs.profiles import fsdp_mixed_precision, get_profile
+    from tuneplan.specs.load_precision import fsdp_mixed_precision
+    from tuneplan.specs.profiles import get_profile
 
     s = ctx.setup
     if not (s.fsdp and s.fsdp_version == 2 and s.gpus > 1 and s.device_map == "none"):

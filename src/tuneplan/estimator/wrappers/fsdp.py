@@ -54,7 +54,7 @@ from tuneplan.estimator.wrappers.fsdp1_offload import (
 from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
 from tuneplan.estimator.wrappers.fully_shard import bottom_layer_trains, fully_shard_terms
 from tuneplan.estimator.xp import ceil_div
-from tuneplan.specs.profiles import fsdp_mixed_precision
+from tuneplan.specs.load_precision import fsdp_mixed_precision
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:

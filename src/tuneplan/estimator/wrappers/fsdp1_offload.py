@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 
 from tuneplan.estimator.wrappers.base import layer_gathered_bytes
 from tuneplan.estimator.xp import ceil_div
-from tuneplan.specs.profiles import Profile, fsdp_mixed_precision
+from tuneplan.specs.load_precision import fsdp_mixed_precision
+from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:

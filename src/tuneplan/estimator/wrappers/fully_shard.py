@@ -7,8 +7,9 @@ from dataclasses import dataclass, replace
 
 from tuneplan.estimator.wrappers.base import EndOfBackward, NoSyncGradients
 from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.load_precision import fsdp_mixed_precision
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import fsdp_mixed_precision, get_profile
+from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
 
 # frameworks that checkpoint through transformers' ``gradient_checkpointing_enable``
