@@ -46,7 +46,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_kept_params,
     zero3_layers_kept,
 )
-from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
+from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_round
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
@@ -304,9 +304,11 @@ class Zero3(Zero, ShardingWrapper):
         lower = max(layer_gathered, min(zero3_gathered_in_lower_layers(model, setup) * compute, whole16)
                     if setup.quant_bits is None and runs_ahead else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py), and the
-        # flat buffer of the first complete pass's embedding round
-        views = (self.views_kept(run, head) + zero3_first_pass_embedding_round(
-            model, setup, terms.prefetch_bucket, run.targets)) * compute
+        # flat buffer of the first complete pass's embedding round: from the forward when the final norm
+        # and the head are in it, else beside its copies from the bottom layer's backward only
+        early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
+        lower = max(lower, at_bottom * compute)
+        views = (self.views_kept(run, head) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
                               keeps_scratch=True)

@@ -9,6 +9,8 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_REUSE_DISTANCE,
     DS_PARAM_PERSISTENCE_THRESHOLD,
     embedding_used_last,
+    forward_trace,
+    prefetch_rounds,
     zero3_backward_uses,
     zero3_gathered_ahead,
 )
@@ -57,3 +59,47 @@ def zero3_first_pass_embedding_round(model: ModelSpec, setup: TrainSetup, prefet
     if queued - embed >= DS_MAX_LIVE_PARAMETERS:
         return 0  # the prefetcher stops at a layer parameter before the embedding
     return embed
+
+
+def zero3_first_pass_round_in_bottom_layer(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                                           targets: frozenset[str] = frozenset()) -> int:
+    """Elements gathered while the bottom decoder layer is back-propagated when the embedding's first-pass
+    round (:func:`zero3_first_pass_embedding_round`) is waited for only there (0 otherwise): the bottom
+    layer, the embedding's copy and the round's flat buffer.
+
+    ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8) pops one round per module fetch: the forward trace takes
+    ``R`` rounds (zero3_coordinator.prefetch_rounds), so the round holding the embedding's backward use is
+    popped at fetch ``R + 1``. When that comes after the bottom layer's first linear has run its forward
+    (the wrappers above the embedding, the embedding, the layer, its input norm, its attention and the
+    linear: zero3_bottom_forward), ``__params_to_release`` has released that layer's linears (their next
+    use, in the recompute or the backward, lies beyond ``stage3_max_reuse_distance``): the round is the
+    bottom layer's released linears and the embedding, not the final norm and the head. No module of it
+    is fetched before the bottom layer's recompute (or backward); until then the flat buffer is those
+    parameters' only storage, counted among the gathered ones. There ``AllGatherCoalescedHandle.wait``
+    gives each a copy, and the flat buffer stays filed under the embedding until its backward fetch:
+
+    .. math:: G = P_{layer_0} + 2 E
+
+    (the released linears' second elements, in the flat buffer, left out: a lower bound by at most the
+    layer). (simulate: Qwen3-8B, 4 layers, freeze with checkpointing and a 2-label head over 2 GPUs: a
+    6.643e8-element flat buffer, the embedding and layer 0's attention, from layer 0's forward, and the
+    embedding's 6.223e8 copy made at layer 0's recomputed ``q_proj``.)"""
+    embed = zero3_first_pass_embedding_round(model, setup, prefetch_bucket, targets)
+    if not embed:
+        return 0
+    rounds = prefetch_rounds(forward_trace(model), prefetch_bucket)
+    first = model.layer_groups[0][0].linears[0]
+    fetches = (4 if setup.method in ("lora", "qlora") else 2) + 4 + (2 if first.name in targets else 1)
+    if len(rounds) + 1 <= fetches:
+        return 0  # popped before any layer linear is released: the round of the final norm and the head
+    return model.layer_groups[0][0].params + 2 * embed
+
+
+def zero3_first_pass_round(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                           targets: frozenset[str] = frozenset()) -> tuple[int, int]:
+    """(elements of the embedding's first-pass flat buffer held from the forward on, elements gathered in
+    the bottom layer's backward when the round is waited for only there): one of the two is 0."""
+    at_bottom = zero3_first_pass_round_in_bottom_layer(model, setup, prefetch_bucket, targets)
+    if at_bottom:
+        return 0, at_bottom
+    return zero3_first_pass_embedding_round(model, setup, prefetch_bucket, targets), 0
