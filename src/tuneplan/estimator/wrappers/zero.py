@@ -91,10 +91,10 @@ def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
     weights16 -= params.trainable_weight_params * max(params.trainable_bytes - compute, 0)
     if params.trainable_bytes > compute and trainable_params > params.trainable_weight_params:  # adapters too
         weights16 -= (trainable_params - params.trainable_weight_params) * (params.trainable_bytes - compute)
-    # ZeRO-1/2 clone this rank's partition into the fp32 master whatever the dtype (stage_1_and_2.py
-    # ``.detach().clone().to(...)``); ZeRO-3 steps an fp32 partition in place when it is one already
-    # (stage3.py ``_create_fp32_partitions``), DeepSpeed 0.19.8
-    master = 4 * trainable_params if compute < 4 or setup.zero < 3 else 0
+    # ZeRO-1/2 clone this rank's partition into the fp32 master whatever the dtype (stage_1_and_2.py), so
+    # does ZeRO-3 (stage3.py ``_create_fp32_partitions``, DeepSpeed 0.19.8: its in-place branch for an fp32
+    # partition tests ``tensor.device == self.device``, a torch.device against a device-name str: never)
+    master = 4 * trainable_params
     partition = ceil_div(trainable_params, world_size)
     client = partition_optimizer_plan(run, partition)
     reduce_bucket = reduce_bucket_elements(setup)
