@@ -38,6 +38,31 @@ def test_a_head_over_the_bucket_is_reduced_in_place_beside_its_own_gradient_and_
     assert zero3_flush_scratch(spec, three, BUCKET, 2) == 2 * HEAD + 2 * 3 * 178_956_971 + 8 * 178_956_971
 
 
+def test_the_first_reduction_in_the_bottom_layer_runs_beside_a_late_embedding_copy() -> None:
+    # Mistral-7B (h 4096, 8 KV heads of 128, f 14336, vocab 32768, untied) at 2 layers, full with
+    # checkpointing over 4 GPUs. Backward gradients: head V H = 134,217,728, final norm H, layer 1's linears
+    # 218,112,000, layer 0's down and up (58,720,256 each): 469,774,336 elements, all divisible by 4 (no
+    # padding), the fill the simulated reduce_scatter_coalesced concatenated (its norms later).
+    from tuneplan.estimator.wrappers.zero3_first_pass import embedding_copy_at_flush, embedding_round_late
+
+    cfg = dict(model_type="mistral", hidden_size=H, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32768,
+               tie_word_embeddings=False)
+    spec = model_from_config(cfg, "mistral-2L")
+    setup = build_setup(spec, method="full", gpus=4, zero=3, gradient_checkpointing=True, precision="bf16")
+    assert zero3_flush_scratch(spec, setup, BUCKET, 2) == 2 * 469_774_336
+    # the forward trace's 5e7 rounds: [E], [q k v o gate], [up], [down] per layer, [head]: 8; the embedding's
+    # backward round is popped at fetch 9, after layer 0's q_proj (fetch 7: two wrappers, the embedding,
+    # the layer, its norm, its attention, q_proj) was released: late; the flush comes in layer 0's backward
+    # (469,774,336 - V H = 335,556,608 > layer 1 and the final norm), after its recompute made the copy
+    e = 32768 * H
+    assert embedding_round_late(spec, setup, PREFETCH) == e
+    assert embedding_copy_at_flush(spec, setup, PREFETCH, BUCKET) == e
+    # without checkpointing the released linears are fetched again only at the end of the layer's backward
+    plain = build_setup(spec, method="full", gpus=4, zero=3, gradient_checkpointing=False, precision="bf16")
+    assert embedding_round_late(spec, plain, PREFETCH) == 0
+
+
 def test_at_the_heads_reduction_one_prefetch_round_follows_the_heads_release() -> None:
     # 4 layers: at the loss the coordinator holds 1e9 + H F (a layer parameter crosses), the head among
     # them; freed after its backward, HEAD less; the final norm's fetch pops one round: 5e7 elements, the

@@ -46,7 +46,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_kept_params,
     zero3_layers_kept,
 )
-from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_first_pass import embedding_copy_at_flush, zero3_first_pass_round
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
@@ -299,15 +299,13 @@ class Zero3(Zero, ShardingWrapper):
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
         runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
+        # the embedding round's flat buffer: from the forward, or in the bottom layer (zero3_first_pass.py)
+        early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
         # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers);
         # not the top layer's, whose row keeps what it held
-        lower = max(layer_gathered, min(zero3_gathered_in_lower_layers(model, setup) * compute, whole16)
-                    if setup.quant_bits is None and runs_ahead else 0)
-        # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py), and the
-        # flat buffer of the first complete pass's embedding round: from the forward when the final norm
-        # and the head are in it, else beside its copies from the bottom layer's backward only
-        early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
-        lower = max(lower, at_bottom * compute)
+        lower = max(layer_gathered, at_bottom * compute, min(zero3_gathered_in_lower_layers(model, setup)
+                    * compute, whole16) if setup.quant_bits is None and runs_ahead else 0)
+        # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (self.views_kept(run, head) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
@@ -391,7 +389,9 @@ class Zero3(Zero, ShardingWrapper):
                                                           terms.reduce_bucket)
                 flush_instant16 = (head_flush if head_flush >= 0
                                    else zero3_gathered_in_backward(model, setup, done, run.targets)) * compute
-                at_flush = max(at_flush, min(flush_instant16, whole16))
+                # the layers above released by then; a late round's embedding copy (zero3_first_pass.py)
+                at_flush = min(flush_instant16, whole16) + embedding_copy_at_flush(
+                    model, setup, terms.prefetch_bucket, terms.reduce_bucket, run.targets) * compute
         else:
             # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding
             at_loss = max(at_loss, min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket,
