@@ -244,3 +244,21 @@ def test_the_lower_layers_backward_holds_the_embedding_once_the_rest_fits_under_
     # without checkpointing a LoRA run never fetches the embedding again
     plain = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_gathered_in_lower_layers(spec, plain) == 0
+
+
+def test_an_embedding_released_after_its_forward_leaves_room_for_the_heads_round() -> None:
+    # Llama-3-8B shape at 2 layers (h 4096, 8 KV heads of 128, f 14336, vocab 128256, untied): the forward
+    # trace holds 2 x 525,336,576 + 2 x 218,103,808 = 1.487e9 elements, over stage3_max_live_parameters;
+    # LoRA without checkpointing: the frozen embedding has no backward use and is released after its
+    # forward, leaving 9.616e8 under it, so the rounds of 5e7 reach the head uncut: [E], [q k v o gate],
+    # [up], [down] per layer, [head] alone, which the final norm (H, NOT_AVAILABLE in the first complete
+    # pass) starts: V H + H. A full fine-tune keeps the embedding for its backward: the rounds are cut.
+    v, h = 128256, 4096
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=14336, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama3-2L")
+    lora = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_head_round(spec, 50_000_000, lora) == v * h + h
+    full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_head_round(spec, 50_000_000, full) == 0
+    assert zero3_head_round(spec, 50_000_000) == 0

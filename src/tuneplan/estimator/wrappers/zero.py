@@ -333,7 +333,7 @@ class Zero3(Zero, ShardingWrapper):
                                    zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
                                                                   run.targets)) * compute, 2 * whole16)
             # the untied head's forward: what is held at the loss, and the flat buffer of the head's round
-            head_round = zero3_head_round(model, terms.prefetch_bucket)
+            head_round = zero3_head_round(model, terms.prefetch_bucket, setup)
             at_head = at_loss + head_round * compute if head_round else 0
         elif setup.quant_bits is None:
             # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
