@@ -64,8 +64,10 @@ def test_the_embedding_forward_holds_what_each_wrapper_fetch_prefetched() -> Non
     assert zero3_gathered_at_embedding(spec, lora, 5_000) == V * H + 6_144 + 6_144 + 8_192 + 8_192
     full = build_setup(spec, method="full", gpus=4, zero=3)
     assert zero3_gathered_at_embedding(spec, full, 5_000) == V * H + 6_144 + 6_144
-    # a bucket past the model's size: the whole model, each parameter once
-    assert zero3_gathered_at_embedding(spec, full, 10**7) == 2 * V * H + 2 * (LAYER - 2 * H)
+    # a bucket past the model's size: the whole model in one coalesced round, which the embedding's fetch
+    # waits for: each parameter's copy beside the flat buffer, kept until the round's last parameter (the
+    # head) is fetched
+    assert zero3_gathered_at_embedding(spec, full, 10**7) == 2 * (2 * V * H + 2 * (LAYER - 2 * H))
 
 
 def test_the_head_round_is_held_twice_until_the_head_is_fetched() -> None:

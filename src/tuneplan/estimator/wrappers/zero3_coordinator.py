@@ -152,11 +152,17 @@ def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bu
     first fetch takes the embedding (the trace's first parameter); each later one, the embedding's own
     included, the layers' parameters in forward order. Nothing is released before the embedding's forward
     ends, so all of it is gathered at once; a parameter the queue meets again (its backward use) is already
-    available and is popped without counting, so the whole model bounds it."""
+    available and is popped without counting, so the whole model bounds it. The embedding's fetch waits for
+    its round: a coalesced one (the embedding under the bucket, with the layers' first parameters) gives
+    each parameter a copy (``AllGatherCoalescedHandle.wait``) and keeps its flat buffer until the round's
+    last parameter is fetched, so it is held twice (simulate: bert-large-uncased, 3 layers, freeze over 2
+    GPUs: the 5.275e7-element round beside the embedding's copy at its forward)."""
     # the causal-LM or classification model and its base model above the embedding, and PEFT's
     # PeftModel and LoraModel above those (peft/peft_model.py, peft/tuners/lora/model.py)
     wrappers = 2 + (2 if setup.method in ("lora", "qlora") else 0)
-    return sum(sum(r) for r in prefetch_rounds(forward_trace(model), prefetch_bucket)[:wrappers + 1])
+    rounds = prefetch_rounds(forward_trace(model), prefetch_bucket)
+    waited = sum(rounds[0]) if rounds and len(rounds[0]) > 1 else 0
+    return sum(sum(r) for r in rounds[:wrappers + 1]) + waited
 
 
 def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup | None = None) -> int:
