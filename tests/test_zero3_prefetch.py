@@ -264,3 +264,20 @@ def test_an_embedding_released_after_its_forward_leaves_room_for_the_heads_round
     full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_head_round(spec, 50_000_000, full) == 0
     assert zero3_head_round(spec, 50_000_000) == 0
+
+
+def test_a_tied_heads_weight_is_used_again_in_the_backward() -> None:
+    # LoRA without checkpointing: the frozen embedding's output does not require grad, so its own backward
+    # never runs; tied, its weight is the head's, which the head's backward fetches (lm_head's pre-backward
+    # hook): the tied model uses again as many elements as the untied one (whose extra head, V H, is the
+    # one used), every parameter but the embedding's V H and layer 0's projections outside the graph
+    from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
+
+    untied = model_from_config(TINY, "tiny-llama-untied")
+    tied = model_from_config({**TINY, "tie_word_embeddings": True}, "tiny-llama-tied-lora")
+    targets = frozenset({"q_proj", "v_proj"})
+    setup = build_setup(tied, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    free = bottom_gradient_free_params(tied, targets)
+    assert zero3_backward_uses(tied, setup, targets) == tied.params_total - free
+    assert zero3_backward_uses(untied, setup, targets) == untied.params_total - V * H - free
+    assert untied.params_total - V * H == tied.params_total
