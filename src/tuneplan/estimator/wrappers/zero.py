@@ -38,7 +38,6 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_flush_scratch,
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
-    zero3_gathered_at_head_flush,
     zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
@@ -46,7 +45,8 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_kept_params,
     zero3_layers_kept,
 )
-from tuneplan.estimator.wrappers.zero3_first_pass import embedding_copy_at_flush, zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_flush import zero3_flush_gathered, zero3_flush_place
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
@@ -297,7 +297,8 @@ class Zero3(Zero, ShardingWrapper):
         kept = zero3_kept_params(model, setup, head, run.targets) * compute
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
-        at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
+        at_loss, top_gathered, (flush, above, past_mlp) = self.prefetched(run, terms, at_loss, layer_gathered,
+                                                                          whole16)
         runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
         # the embedding round's flat buffer: from the forward, or in the bottom layer (zero3_first_pass.py)
         early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
@@ -344,7 +345,8 @@ class Zero3(Zero, ShardingWrapper):
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
                                       head_backward=self.at_head_backward(run, at_loss),
                                       top_layer_forward=min(zero3_gathered_at_top_forward(model, setup)
-                                                            * compute, whole16)),
+                                                            * compute, whole16),
+                                      flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
 
@@ -370,10 +372,11 @@ class Zero3(Zero, ShardingWrapper):
 
     @staticmethod
     def prefetched(run: Run, terms: DeepSpeedTerms, at_loss: int, layer_gathered: int,
-                   whole16: int) -> tuple[int, int]:
-        """(gathered at the loss, gathered through the top layers' backward) once the prefetcher runs ahead:
-        what it keeps gathered there, and when the IPG bucket is first reduced in one of them, the copy
-        reduce_scatter_coalesced makes of it (the larger of the two instants)."""
+                   whole16: int) -> tuple[int, int, tuple[int, int, bool]]:
+        """(gathered at the loss, gathered through the top layer's backward, (gathered at the first
+        in-backward reduction below it, the layers above, past its MLP)) once the prefetcher runs ahead:
+        what it keeps gathered there, and when the IPG bucket is first reduced, the copy
+        reduce_scatter_coalesced makes of it (in the top layer: the larger of the two; zero3_flush.py)."""
         model, setup, compute = run.model, run.setup, run.dtypes.compute
         filled = zero3_bucket_flush(model, setup, terms.reduce_bucket)
         top_gathered = at_flush = layer_gathered
@@ -383,18 +386,14 @@ class Zero3(Zero, ShardingWrapper):
             if ahead:
                 top16 = zero3_gathered_in_backward(model, setup, targets=run.targets) * compute
                 top_gathered = max(top_gathered, min(top16, whole16))
-                # every parameter whose gradient is in the bucket has finished its backward and been released
-                done = max(filled - model.lm_head_params, 0)
-                head_flush = zero3_gathered_at_head_flush(model, setup, terms.prefetch_bucket,
-                                                          terms.reduce_bucket)
-                flush_instant16 = (head_flush if head_flush >= 0
-                                   else zero3_gathered_in_backward(model, setup, done, run.targets)) * compute
-                # the layers above released by then; a late round's embedding copy (zero3_first_pass.py)
-                at_flush = min(flush_instant16, whole16) + embedding_copy_at_flush(
-                    model, setup, terms.prefetch_bucket, terms.reduce_bucket, run.targets) * compute
+                at_flush = zero3_flush_gathered(model, setup, terms.prefetch_bucket, terms.reduce_bucket,
+                                                run.targets) * compute
         else:
             # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding
             at_loss = max(at_loss, min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket,
                                                                    compute), whole16))
-        scratch = zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
-        return at_loss, max(top_gathered, at_flush + scratch if filled else 0)
+        flush = at_flush + zero3_flush_scratch(model, setup, terms.reduce_bucket, compute) if filled else 0
+        # below the top layer the flush is an instant of its own (Gathered.flush), the layers above released
+        above, past_mlp = zero3_flush_place(model, setup, terms.reduce_bucket)
+        return (at_loss, top_gathered if above else max(top_gathered, flush),
+                (flush if above else 0, above, past_mlp))

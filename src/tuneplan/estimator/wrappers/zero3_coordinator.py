@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
-from tuneplan.estimator.wrappers.reduce_buckets import bucket_fills, bucket_members, full_backward_gradients
+from tuneplan.estimator.wrappers.reduce_buckets import (
+    bucket_fills,
+    bucket_members,
+    full_backward_gradients,
+    layer_gradients_from_top,
+)
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -323,11 +328,21 @@ def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) 
     ``reduce_scatter`` on (the default) it calls ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``
     (runtime/comm/coalesced_collectives.py), whose ``torch.cat`` of the interleaved, padded gradient chunks
     is a new tensor of the bucket's elements in the 16-bit dtype, live beside the bucket while the layer is
-    back-propagated (the order: :func:`full_backward_gradients`)."""
-    if setup.method != "full":
-        return 0
-    fills = bucket_fills(full_backward_gradients(model, embedding=False), reduce_bucket)
+    back-propagated (the order: :func:`zero3_backward_gradients`)."""
+    fills = bucket_fills(zero3_backward_gradients(model, setup), reduce_bucket)
     return fills[0] if len(fills) > 1 else 0
+
+
+def zero3_backward_gradients(model: ModelSpec, setup: TrainSetup) -> list[int]:
+    """The gradients (elements) of one backward up to the bottom layer in the order their hooks fire: a full
+    fine-tune's (reduce_buckets.full_backward_gradients), a freeze run's trained top layers (no head:
+    weights.trainable_params; simulate: Mistral-Nemo, 4 layers, 2 trained over 2 GPUs: a first reduction
+    of 4.928e8 elements, layer 3 and layer 2's MLP); none otherwise (LoRA's fit the bucket)."""
+    if setup.method == "full":
+        return full_backward_gradients(model, embedding=False)
+    if setup.method == "freeze":
+        return layer_gradients_from_top(model, min(setup.freeze_trainable_layers, model.n_layers))
+    return []
 
 
 def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
@@ -371,12 +386,14 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     (zero/utils.py ``get_norm_dtype``): ``8 min(ceil(P_max / N), 2.5e8)`` bytes at once."""
     if not zero3_bucket_flush(model, setup, reduce_bucket):
         return 0
-    fill = bucket_members(full_backward_gradients(model, embedding=False), reduce_bucket)[0]
-    ws = setup.world_size
+    members = bucket_members(zero3_backward_gradients(model, setup), reduce_bucket)
+    fill, ws = members[0], setup.world_size
     single = len(fill) == 1 and fill[0] % ws == 0
     copy = 0 if single else sum(-(-n // ws) * ws for n in fill) * compute
     # a gradient larger than the bucket is not copied into it (``__add_grad_to_ipg_bucket`` copies only
     # what fits): its own tensor lives until ``partition_grads`` drops ``param.grad``
     own = fill[0] * compute if fill[0] > reduce_bucket else 0
     norm = 8 * min(-(-max(fill) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
-    return own + copy + norm
+    # the gradient whose hook runs the reduction (``reduce_independent_p_g_buckets_and_remove_grads``, before
+    # ``__add_grad_to_ipg_bucket`` copies it in): its ``param.grad`` live beside it
+    return own + copy + norm + members[1][0] * compute

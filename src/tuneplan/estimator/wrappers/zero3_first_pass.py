@@ -14,9 +14,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     embedding_used_last,
     forward_trace,
     prefetch_rounds,
-    top_layers_params,
     zero3_backward_uses,
-    zero3_bucket_flush,
     zero3_gathered_ahead,
 )
 from tuneplan.specs.model import ModelSpec
@@ -119,15 +117,3 @@ def zero3_first_pass_round(model: ModelSpec, setup: TrainSetup, prefetch_bucket:
         return 0, model.layer_groups[0][0].params + 2 * late
     return zero3_first_pass_embedding_round(model, setup, prefetch_bucket, targets), 0
 
-
-def embedding_copy_at_flush(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int, reduce_bucket: int,
-                            targets: frozenset[str] = frozenset()) -> int:
-    """Elements of the embedding's copy beside the gathered parameters when the IPG bucket is first reduced
-    (zero3_coordinator.zero3_bucket_flush) in the bottom layer's backward, after its recompute waited for
-    a late round (:func:`embedding_round_late`); 0 when the flush comes in a layer above: the round is
-    then the gathered parameters' only storage. The flush is in the bottom layer when the gradients in
-    the bucket, less the head's, pass the final norm and every layer above the bottom one."""
-    late = embedding_round_late(model, setup, prefetch_bucket, targets)
-    done = zero3_bucket_flush(model, setup, reduce_bucket) - model.lm_head_params
-    above = model.final_norm_params + top_layers_params(model, model.n_layers - 1)
-    return late if late and done > above else 0
