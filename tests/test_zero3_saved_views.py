@@ -182,3 +182,26 @@ def test_the_first_pass_embedding_round_waited_in_the_bottom_layer() -> None:
     small = model_as_built(model_from_config(neox, "neox-2L"), "hf", 2)
     lora = build_setup(small, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2)
     assert zero3_first_pass_round(small, lora, 50_000_000, frozenset({"query_key_value"})) == (50688 * h, 0)
+
+
+def test_a_later_bottom_linear_holds_one_more_round_and_its_own_round_twice() -> None:
+    # GPT-NeoX (stablelm-base-alpha-3b widths: h 4096, f 16384, vocab 50688, biased linears, parallel
+    # residual), 3 layers, a 2-label head, LoRA on the MLP without checkpointing. Per layer qkv 50,343,936,
+    # dense 16,781,312, up 67,125,248, down 67,112,960; rounds of 5e7: [E], [qkv], [dense up], [down] per
+    # layer, [head]: 11. At qkv (fetch 9: four wrappers, the embedding, the layer, its norm, its attention,
+    # qkv) 9 rounds are popped, the embedding released: 536,977,408. At dense (fetch 10) the tenth round
+    # too, qkv (no backward use) released after its forward, and dense's round [dense up] waited for: its
+    # flat buffer beside the copies (simulate: 6.418e8 elements at layer 0's dense, its LoRA matrices
+    # among the rounds).
+    from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
+
+    h, f, v = 4096, 16384, 50688
+    cfg = dict(model_type="gpt_neox", hidden_size=h, num_hidden_layers=3, num_attention_heads=32,
+               intermediate_size=f, vocab_size=v, tie_word_embeddings=False, use_parallel_residual=True)
+    spec = model_as_built(model_from_config(cfg, "neox-3L"), "hf", 2)
+    setup = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=False, num_labels=2)
+    qkv, dense, up, down = h * 3 * h + 3 * h, h * h + h, h * f + f, f * h + h
+    layer = qkv + dense + up + down
+    mlp = frozenset({"dense_h_to_4h", "dense_4h_to_h"})
+    assert zero3_gathered_at_first_linear(spec, setup, 50_000_000, mlp) == (
+        3 * layer - qkv + dense + up)
