@@ -28,14 +28,61 @@ def test_a_head_over_the_bucket_is_reduced_in_place_beside_its_own_gradient_and_
     spec = llama(2)
     # ws 2: one gradient divisible by 2, reduce_scatter_coalesced reduces it in place (no copy); it was not
     # copied into the bucket (over 5e8), so its own 16-bit tensor is live: 2 V H bytes; with
-    # offload_optimizer the norm takes ceil(V H / 2) = 268,435,456 > 2.5e8 elements in fp64 chunks of 2.5e8
+    # offload_optimizer the norm takes ceil(V H / 2) = 268,435,456 > 2.5e8 elements in fp64 chunks of 2.5e8;
+    # the final norm's gradient (H elements), whose hook runs the reduction, is live beside it
     off = build_setup(spec, method="full", gpus=2, zero=3, offload="optimizer")
-    assert zero3_flush_scratch(spec, off, BUCKET, 2) == 2 * HEAD + 8 * 250_000_000
+    assert zero3_flush_scratch(spec, off, BUCKET, 2) == 2 * HEAD + 8 * 250_000_000 + 2 * H
     plain = build_setup(spec, method="full", gpus=2, zero=3)
-    assert zero3_flush_scratch(spec, plain, BUCKET, 2) == 2 * HEAD
+    assert zero3_flush_scratch(spec, plain, BUCKET, 2) == 2 * HEAD + 2 * H
     # ws 3: V H = 3 x 178,956,970 + 2 is padded to 3 x 178,956,971 in the interleaved copy
     three = build_setup(spec, method="full", gpus=3, zero=3, offload="optimizer")
-    assert zero3_flush_scratch(spec, three, BUCKET, 2) == 2 * HEAD + 2 * 3 * 178_956_971 + 8 * 178_956_971
+    assert (zero3_flush_scratch(spec, three, BUCKET, 2)
+            == 2 * HEAD + 2 * 3 * 178_956_971 + 8 * 178_956_971 + 2 * H)
+
+
+def test_the_first_reduction_in_the_bottom_layer_runs_beside_its_trigger_and_a_late_embedding_copy() -> None:
+    # Mistral-7B (h 4096, 8 KV heads of 128, f 14336, vocab 32768, untied) at 2 layers, full with
+    # checkpointing over 4 GPUs. Backward gradients: head V H = 134,217,728, final norm H, layer 1's linears
+    # 218,112,000, layer 0's down and up (58,720,256 each): 469,774,336 elements, all divisible by 4 (no
+    # padding), the fill the simulated reduce_scatter_coalesced concatenated (its norms later); layer 0's
+    # gate_proj (58,720,256), the next, runs it from its hook with its 16-bit gradient live.
+    from tuneplan.estimator.wrappers.zero3_first_pass import embedding_round_late
+    from tuneplan.estimator.wrappers.zero3_flush import zero3_flush_place
+
+    cfg = dict(model_type="mistral", hidden_size=H, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32768,
+               tie_word_embeddings=False)
+    spec = model_from_config(cfg, "mistral-2L")
+    setup = build_setup(spec, method="full", gpus=4, zero=3, gradient_checkpointing=True, precision="bf16")
+    assert zero3_flush_scratch(spec, setup, BUCKET, 2) == 2 * 469_774_336 + 2 * 58_720_256
+    # the flush is in layer 0 (one layer above it), its gate_proj not back-propagated yet: not past its MLP
+    assert zero3_flush_place(spec, setup, BUCKET) == (1, False)
+    # the forward trace's 5e7 rounds: [E], [q k v o gate], [up], [down] per layer, [head]: 8; the embedding's
+    # backward round is popped at fetch 9, after layer 0's q_proj (fetch 7: two wrappers, the embedding,
+    # the layer, its norm, its attention, q_proj) was released: late, its copy made at layer 0's recompute
+    assert embedding_round_late(spec, setup, PREFETCH) == 32768 * H
+    # without checkpointing the released linears are fetched again only at the end of the layer's backward
+    plain = build_setup(spec, method="full", gpus=4, zero=3, gradient_checkpointing=False, precision="bf16")
+    assert embedding_round_late(spec, plain, PREFETCH) == 0
+
+
+def test_a_freeze_runs_trained_layers_fill_the_bucket_below_the_top() -> None:
+    # Mistral-Nemo (h 5120, 32 heads and 8 KV heads of 128, f 14336) at 4 layers, the top 2 trained, over 2
+    # GPUs: per layer q and o 20,971,520, k and v 5,242,880, gate/up/down 73,400,320, norms 2 h. Layer 3
+    # (272,640,000) and layer 2's down, up and gate fill the bucket: 492,840,960 (the simulated first
+    # reduction 492,846,080: one norm earlier); layer 2's o_proj (20,971,520) runs it. One layer above,
+    # its MLP block back-propagated.
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_bucket_flush
+    from tuneplan.estimator.wrappers.zero3_flush import zero3_flush_place
+
+    cfg = dict(model_type="mistral", hidden_size=5120, num_hidden_layers=4, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=131072,
+               tie_word_embeddings=False)
+    spec = model_from_config(cfg, "nemo-4L")
+    setup = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=True)
+    assert abs(zero3_bucket_flush(spec, setup, BUCKET) - 492_846_080) <= 5120
+    assert zero3_flush_scratch(spec, setup, BUCKET, 2) == 2 * 492_840_960 + 2 * 20_971_520
+    assert zero3_flush_place(spec, setup, BUCKET) == (1, True)
 
 
 def test_at_the_heads_reduction_one_prefetch_round_follows_the_heads_release() -> None:

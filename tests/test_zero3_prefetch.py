@@ -64,8 +64,10 @@ def test_the_embedding_forward_holds_what_each_wrapper_fetch_prefetched() -> Non
     assert zero3_gathered_at_embedding(spec, lora, 5_000) == V * H + 6_144 + 6_144 + 8_192 + 8_192
     full = build_setup(spec, method="full", gpus=4, zero=3)
     assert zero3_gathered_at_embedding(spec, full, 5_000) == V * H + 6_144 + 6_144
-    # a bucket past the model's size: the whole model, each parameter once
-    assert zero3_gathered_at_embedding(spec, full, 10**7) == 2 * V * H + 2 * (LAYER - 2 * H)
+    # a bucket past the model's size: the whole model in one coalesced round, which the embedding's fetch
+    # waits for: each parameter's copy beside the flat buffer, kept until the round's last parameter (the
+    # head) is fetched
+    assert zero3_gathered_at_embedding(spec, full, 10**7) == 2 * (2 * V * H + 2 * (LAYER - 2 * H))
 
 
 def test_the_head_round_is_held_twice_until_the_head_is_fetched() -> None:
@@ -244,3 +246,38 @@ def test_the_lower_layers_backward_holds_the_embedding_once_the_rest_fits_under_
     # without checkpointing a LoRA run never fetches the embedding again
     plain = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_gathered_in_lower_layers(spec, plain) == 0
+
+
+def test_an_embedding_released_after_its_forward_leaves_room_for_the_heads_round() -> None:
+    # Llama-3-8B shape at 2 layers (h 4096, 8 KV heads of 128, f 14336, vocab 128256, untied): the forward
+    # trace holds 2 x 525,336,576 + 2 x 218,103,808 = 1.487e9 elements, over stage3_max_live_parameters;
+    # LoRA without checkpointing: the frozen embedding has no backward use and is released after its
+    # forward, leaving 9.616e8 under it, so the rounds of 5e7 reach the head uncut: [E], [q k v o gate],
+    # [up], [down] per layer, [head] alone, which the final norm (H, NOT_AVAILABLE in the first complete
+    # pass) starts: V H + H. A full fine-tune keeps the embedding for its backward: the rounds are cut.
+    v, h = 128256, 4096
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=14336, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama3-2L")
+    lora = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_head_round(spec, 50_000_000, lora) == v * h + h
+    full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_head_round(spec, 50_000_000, full) == 0
+    assert zero3_head_round(spec, 50_000_000) == 0
+
+
+def test_a_tied_heads_weight_is_used_again_in_the_backward() -> None:
+    # LoRA without checkpointing: the frozen embedding's output does not require grad, so its own backward
+    # never runs; tied, its weight is the head's, which the head's backward fetches (lm_head's pre-backward
+    # hook): the tied model uses again as many elements as the untied one (whose extra head, V H, is the
+    # one used), every parameter but the embedding's V H and layer 0's projections outside the graph
+    from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
+
+    untied = model_from_config(TINY, "tiny-llama-untied")
+    tied = model_from_config({**TINY, "tie_word_embeddings": True}, "tiny-llama-tied-lora")
+    targets = frozenset({"q_proj", "v_proj"})
+    setup = build_setup(tied, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    free = bottom_gradient_free_params(tied, targets)
+    assert zero3_backward_uses(tied, setup, targets) == tied.params_total - free
+    assert zero3_backward_uses(untied, setup, targets) == untied.params_total - V * H - free
+    assert untied.params_total - V * H == tied.params_total

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from tuneplan.api import build_setup
 from tuneplan.estimator.wrappers.zero3_coordinator import zero3_layers_kept
-from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
+from tuneplan.estimator.wrappers.zero3_first_pass import (
+    zero3_first_pass_embedding_round,
+    zero3_first_pass_round,
+)
 from tuneplan.estimator.wrappers.zero3_saved_views import layer_viewed_weights, zero3_view_kept
 from tuneplan.specs.model import model_from_config
 from tuneplan.specs.profiles import model_as_built
@@ -151,3 +154,54 @@ def test_fused_moe_experts_keep_the_released_layers_stacks_through_their_view() 
     # LoRA on the shared experts' gate: every MoE layer lies above a target (layer 0 is dense)
     lora = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_view_kept(spec, lora, frozenset({"gate_proj"}), 1, holds_all=False) == 3 * stacks
+
+
+def test_the_first_pass_embedding_round_waited_in_the_bottom_layer() -> None:
+    # Qwen3 (h 4096, 32 heads of 128, 8 KV heads, f 12288, vocab 151936) at 4 layers with a 2-label head,
+    # freeze with checkpointing (the embedding's output requires grad: its backward use is the last).
+    # Per layer q 16,777,216, k and v 4,194,304, o 16,777,216, gate/up/down 50,331,648 each: the forward
+    # trace's 50e6-element rounds are [E], [q k v o gate] (4.19e7 < 5e7 before gate), [up], [down] per
+    # layer and [head]: 1 + 4 x 3 + 1 = 14, so the embedding's backward round is popped at fetch 15,
+    # after the bottom layer's q_proj (the 7th fetch: the two model wrappers, the embedding, the layer,
+    # its input norm, its attention, q_proj) has been released: the round is layer 0's released linears
+    # and the embedding, waited for at layer 0's recompute, beside the layer and the embedding's copy.
+    h, f, v = 4096, 12288, 151936
+    cfg = dict(model_type="qwen3", hidden_size=h, num_hidden_layers=4, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, intermediate_size=f, vocab_size=v,
+               tie_word_embeddings=False)
+    spec = model_as_built(model_from_config(cfg, "qwen3-4L"), "hf", 2)
+    setup = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=True, num_labels=2)
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * h * f + 2 * h + 2 * 128  # linears, 2 norms, q/k norms
+    assert zero3_first_pass_round(spec, setup, 50_000_000) == (0, layer + 2 * v * h)
+    # the GPT-NeoX-like 2-layer stand-in of the test above (qkv 5.03e7, dense 1.68e7, up and down 6.71e7):
+    # rounds [E], [qkv], [dense up], [down] twice, [head]: 8, popped at fetch 9, before the bottom layer's
+    # query_key_value (fetch 10 under PEFT: four wrappers, embedding, layer, norm, attention, the LoRA
+    # linear and its base layer): the round of the final norm and the head, held from the forward
+    neox = dict(model_type="gpt_neox", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+                intermediate_size=4 * h, vocab_size=50688, tie_word_embeddings=False)
+    small = model_as_built(model_from_config(neox, "neox-2L"), "hf", 2)
+    lora = build_setup(small, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2)
+    assert zero3_first_pass_round(small, lora, 50_000_000, frozenset({"query_key_value"})) == (50688 * h, 0)
+
+
+def test_a_later_bottom_linear_holds_one_more_round_and_its_own_round_twice() -> None:
+    # GPT-NeoX (stablelm-base-alpha-3b widths: h 4096, f 16384, vocab 50688, biased linears, parallel
+    # residual), 3 layers, a 2-label head, LoRA on the MLP without checkpointing. Per layer qkv 50,343,936,
+    # dense 16,781,312, up 67,125,248, down 67,112,960; rounds of 5e7: [E], [qkv], [dense up], [down] per
+    # layer, [head]: 11. At qkv (fetch 9: four wrappers, the embedding, the layer, its norm, its attention,
+    # qkv) 9 rounds are popped, the embedding released: 536,977,408. At dense (fetch 10) the tenth round
+    # too, qkv (no backward use) released after its forward, and dense's round [dense up] waited for: its
+    # flat buffer beside the copies (simulate: 6.418e8 elements at layer 0's dense, its LoRA matrices
+    # among the rounds).
+    from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
+
+    h, f, v = 4096, 16384, 50688
+    cfg = dict(model_type="gpt_neox", hidden_size=h, num_hidden_layers=3, num_attention_heads=32,
+               intermediate_size=f, vocab_size=v, tie_word_embeddings=False, use_parallel_residual=True)
+    spec = model_as_built(model_from_config(cfg, "neox-3L"), "hf", 2)
+    setup = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=False, num_labels=2)
+    qkv, dense, up, down = h * 3 * h + 3 * h, h * h + h, h * f + f, f * h + h
+    layer = qkv + dense + up + down
+    mlp = frozenset({"dense_h_to_4h", "dense_4h_to_h"})
+    assert zero3_gathered_at_first_linear(spec, setup, 50_000_000, mlp) == (
+        3 * layer - qkv + dense + up)

@@ -45,6 +45,8 @@ class ActivationPlan:
     tail_bytes: int = 0
     # a fused expert stack's weight gradient and the gradients beside it (LayerActs.backward_per_layer)
     expert_stack_bytes: int = 0
+    # what the largest layer's MLP block keeps (in top_layer_bytes / recompute_bytes; LayerActs.mlp_saved)
+    mlp_saved_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ class ActivationTerms:
     model: ModelSpec  # for the embedding backward (a full fine-tune only)
     method: str
     dtypes: Dtypes
+    mlp_saved_per_token: float = 0.0  # the largest of the kinds' LayerActs.mlp_saved
 
 
 def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, *,
@@ -177,7 +180,8 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds:
         tail_per_head_token=head * hidden, tail_per_token=per_token * hidden, pinned_per_token=pinned,
         checkpointed=bool(setup.gradient_checkpointing),
         checkpoint_per_token=dtypes.residual * hidden * n_active, offload=offload,
-        model=model, method=setup.method, dtypes=dtypes)
+        model=model, method=setup.method, dtypes=dtypes,
+        mlp_saved_per_token=max((layer.mlp_saved for layer, _ in kinds.kinds), default=0.0))
 
 
 def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, batch: Any,
@@ -191,6 +195,14 @@ def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: L
 
 
 def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
+    """:func:`saved_layers_at`, with the largest layer's MLP block (``mlp_saved_bytes``)."""
+    plan = saved_layers_at(terms, batch, seq)
+    if terms.mlp_saved_per_token:
+        plan.mlp_saved_bytes = int_for(batch * seq)(batch * seq * terms.mlp_saved_per_token)
+    return plan
+
+
+def saved_layers_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     """The saved activations at ``batch`` x ``seq`` (Python ints, or numpy arrays of a grid: see ``xp``).
 
     A layer kind keeps ``t * per_token + t * s * per_token_per_pos + per_layer`` bytes (t = batch * seq

@@ -246,6 +246,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_layers_bottom"] = folded_layer_row(rows["backward_layers_bottom"],
                                                           statics.wrapped.bottom_layer)
     layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
+    if statics.wrapped.gathered.flush:
+        rows["backward_flush"] = flush_row(statics, acts, top_grads, held, backward_temp)
     if statics.gathered_bottom_backward:
         rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
@@ -278,6 +280,25 @@ def folded_layer_row(row: Row, layer: TopLayer) -> Row:
     if not layer.keeps_scratch:
         scratch = scratch - minimum(scratch, at_end - freed)
     return (grads - layer.counted + at_end, temp, saved - freed, casts, held, scratch, layer.gathered)
+
+
+def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: Any, backward_temp: Any) -> Row:
+    """ZeRO-3's first gradient reduction when it comes below the top layer (wrappers/zero3_flush.py): the
+    ``k`` layers above back-propagated, their saved activations released (autograd frees a node's saved
+    tensors after its backward), the head's and the final norm's too, and the reduction's layer's MLP block
+    once back-propagated (``flush_past_mlp``; the rest of the layer counted whole: an upper bound);
+    checkpointed, the layers' checkpoints are left counted and the layer recomputed:
+
+        activations = saved - tail - k x layer - mlp  (checkpointed: saved - tail + recomputed - mlp)"""
+    k = statics.wrapped.gathered.flush_layers_above
+    gathered = statics.wrapped.gathered.flush
+    mlp = acts.mlp_saved_bytes if statics.wrapped.gathered.flush_past_mlp else 0
+    if statics.checkpointed:
+        kept = held if statics.holds_to_step else 0
+        return (grads, 0, acts.saved_bytes - acts.tail_bytes + acts.recompute_bytes - mlp,
+                statics.recompute_casts, kept, backward_temp, gathered)
+    return (grads, 0, acts.saved_bytes - acts.tail_bytes - k * acts.top_layer_bytes - mlp,
+            statics.autocast_copies, held, backward_temp, gathered)
 
 
 def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any, unmade: int = 0) -> Any:

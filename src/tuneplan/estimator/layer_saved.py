@@ -198,4 +198,4 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
                      attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved,
                      input_alias=walk.input_alias, per_layer=walk.per_layer,
                      backward_per_layer=walk.backward_per_layer,
-                     backward_per_layer_per_token=walk.backward_per_layer_per_token)
+                     backward_per_layer_per_token=walk.backward_per_layer_per_token, mlp_saved=mlp_saved)

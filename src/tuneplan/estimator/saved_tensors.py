@@ -59,6 +59,8 @@ class LayerActs:
     backward_per_layer: float = 0.0
     # per token, the activation gradients live beside ``backward_per_layer`` (instead of ``backward_temp``)
     backward_per_layer_per_token: float = 0.0
+    # per token, what the MLP block (and its norm) keeps: released once the block is back-propagated
+    mlp_saved: float = 0.0
 
 
 def embedding_backward_scratch(tokens: int, hidden: int) -> int:

@@ -73,6 +73,11 @@ class Gathered:
     root_pre_backward: int = 0
     # FSDP2: at the bottom layer's backward beside the prefetched embedding group (0: no instant there)
     bottom_layer_backward: int = 0
+    # ZeRO-3: at the first gradient reduction of the backward when it comes below the top layer, and the
+    # layers above it, back-propagated, their activations released (0: no instant there; zero3_flush.py)
+    flush: int = 0
+    flush_layers_above: int = 0
+    flush_past_mlp: bool = False  # the reduction's layer has back-propagated its MLP block by then
 
 
 @dataclass(frozen=True)

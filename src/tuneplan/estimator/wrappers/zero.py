@@ -39,7 +39,6 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_flush_scratch,
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
-    zero3_gathered_at_head_flush,
     zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
@@ -47,7 +46,8 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_kept_params,
     zero3_layers_kept,
 )
-from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
+from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_flush import zero3_flush_gathered, zero3_flush_place
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
@@ -91,10 +91,9 @@ def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
     weights16 -= params.trainable_weight_params * max(params.trainable_bytes - compute, 0)
     if params.trainable_bytes > compute and trainable_params > params.trainable_weight_params:  # adapters too
         weights16 -= (trainable_params - params.trainable_weight_params) * (params.trainable_bytes - compute)
-    # ZeRO-1/2 clone this rank's partition into the fp32 master whatever the dtype (stage_1_and_2.py
-    # ``.detach().clone().to(...)``); ZeRO-3 steps an fp32 partition in place when it is one already
-    # (stage3.py ``_create_fp32_partitions``), DeepSpeed 0.19.8
-    master = 4 * trainable_params if compute < 4 or setup.zero < 3 else 0
+    # every stage clones the partition into the fp32 master (DeepSpeed 0.19.8 stage_1_and_2.py; stage3.py
+    # _create_fp32_partitions, whose in-place branch compares a torch.device with a device-name str)
+    master = 4 * trainable_params
     partition = ceil_div(trainable_params, world_size)
     client = partition_optimizer_plan(run, partition)
     reduce_bucket = reduce_bucket_elements(setup)
@@ -299,16 +298,17 @@ class Zero3(Zero, ShardingWrapper):
         kept = zero3_kept_params(model, setup, head, run.targets) * compute
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
-        at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
+        at_loss, top_gathered, (flush, above, past_mlp) = self.prefetched(run, terms, at_loss, layer_gathered,
+                                                                          whole16)
         runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
+        # the embedding round's flat buffer: from the forward, or in the bottom layer (zero3_first_pass.py)
+        early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
         # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers);
         # not the top layer's, whose row keeps what it held
-        lower = max(layer_gathered, min(zero3_gathered_in_lower_layers(model, setup) * compute, whole16)
-                    if setup.quant_bits is None and runs_ahead else 0)
-        # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py), and the
-        # flat buffer of the first complete pass's embedding round
-        views = (self.views_kept(run, head) + zero3_first_pass_embedding_round(
-            model, setup, terms.prefetch_bucket, run.targets)) * compute
+        lower = max(layer_gathered, at_bottom * compute, min(zero3_gathered_in_lower_layers(model, setup)
+                    * compute, whole16) if setup.quant_bits is None and runs_ahead else 0)
+        # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
+        views = (self.views_kept(run, head) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
                               keeps_scratch=True)
@@ -335,7 +335,7 @@ class Zero3(Zero, ShardingWrapper):
                                    zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
                                                                   run.targets)) * compute, 2 * whole16)
             # the untied head's forward: what is held at the loss, and the flat buffer of the head's round
-            head_round = zero3_head_round(model, terms.prefetch_bucket)
+            head_round = zero3_head_round(model, terms.prefetch_bucket, setup)
             at_head = at_loss + head_round * compute if head_round else 0
         elif setup.quant_bits is None:
             # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
@@ -346,7 +346,8 @@ class Zero3(Zero, ShardingWrapper):
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
                                       head_backward=self.at_head_backward(run, at_loss),
                                       top_layer_forward=min(zero3_gathered_at_top_forward(model, setup)
-                                                            * compute, whole16)),
+                                                            * compute, whole16),
+                                      flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
 
@@ -372,10 +373,11 @@ class Zero3(Zero, ShardingWrapper):
 
     @staticmethod
     def prefetched(run: Run, terms: DeepSpeedTerms, at_loss: int, layer_gathered: int,
-                   whole16: int) -> tuple[int, int]:
-        """(gathered at the loss, gathered through the top layers' backward) once the prefetcher runs ahead:
-        what it keeps gathered there, and when the IPG bucket is first reduced in one of them, the copy
-        reduce_scatter_coalesced makes of it (the larger of the two instants)."""
+                   whole16: int) -> tuple[int, int, tuple[int, int, bool]]:
+        """(gathered at the loss, gathered through the top layer's backward, (gathered at the first
+        in-backward reduction below it, the layers above, past its MLP)) once the prefetcher runs ahead:
+        what it keeps gathered there, and when the IPG bucket is first reduced, the copy
+        reduce_scatter_coalesced makes of it (in the top layer: the larger of the two; zero3_flush.py)."""
         model, setup, compute = run.model, run.setup, run.dtypes.compute
         filled = zero3_bucket_flush(model, setup, terms.reduce_bucket)
         top_gathered = at_flush = layer_gathered
@@ -385,16 +387,14 @@ class Zero3(Zero, ShardingWrapper):
             if ahead:
                 top16 = zero3_gathered_in_backward(model, setup, targets=run.targets) * compute
                 top_gathered = max(top_gathered, min(top16, whole16))
-                # every parameter whose gradient is in the bucket has finished its backward and been released
-                done = max(filled - model.lm_head_params, 0)
-                head_flush = zero3_gathered_at_head_flush(model, setup, terms.prefetch_bucket,
-                                                          terms.reduce_bucket)
-                flush_instant16 = (head_flush if head_flush >= 0
-                                   else zero3_gathered_in_backward(model, setup, done, run.targets)) * compute
-                at_flush = max(at_flush, min(flush_instant16, whole16))
+                at_flush = zero3_flush_gathered(model, setup, terms.prefetch_bucket, terms.reduce_bucket,
+                                                run.targets) * compute
         else:
             # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding
             at_loss = max(at_loss, min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket,
                                                                    compute), whole16))
-        scratch = zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
-        return at_loss, max(top_gathered, at_flush + scratch if filled else 0)
+        flush = at_flush + zero3_flush_scratch(model, setup, terms.reduce_bucket, compute) if filled else 0
+        # below the top layer the flush is an instant of its own (Gathered.flush), the layers above released
+        above, past_mlp = zero3_flush_place(model, setup, terms.reduce_bucket)
+        return (at_loss, top_gathered if above else max(top_gathered, flush),
+                (flush if above else 0, above, past_mlp))

@@ -3,7 +3,9 @@ prefetcher runs ahead (zero3_coordinator.zero3_gathered_ahead > 0)."""
 
 from __future__ import annotations
 
+from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
 from tuneplan.estimator.wrappers.zero3_coordinator import (
+    PEFT_MODULES_PER_TARGET,
     embedding_used_last,
     forward_trace,
     prefetch_rounds,
@@ -14,7 +16,7 @@ from tuneplan.specs.setup import TrainSetup
 
 def zero3_gathered_at_first_linear(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
                                    targets: frozenset[str] = frozenset()) -> int:
-    """Elements gathered at the bottom layer's first linear's forward.
+    """Elements gathered at the bottom layer's linears' forward: the most at any of them.
 
     ``PartitionedParameterCoordinator._fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every
     module fetch pops one prefetch round (zero3_coordinator.prefetch_rounds); before the first linear run
@@ -28,22 +30,41 @@ def zero3_gathered_at_first_linear(model: ModelSpec, setup: TrainSetup, prefetch
 
     .. math:: G = \\sum_{r < n_{fetch}} |r| - E [\\text{no backward use}] + |r_1| [\\#r_1 > 1]
 
+    At each later linear one more fetch (two for a LoRA-wrapped one, whose dropout, ``lora_A`` and
+    ``lora_B`` fetch three more after it; the post-attention norm and the MLP container two more) pops
+    another round, the linears before it with no backward use (lora_bottom_layer.bottom_gradient_free)
+    have been released after their forward, and its own round, when coalesced, is held twice; the largest
+    of these (simulate: stablelm-base-alpha-3b, 3 layers, LoRA on the MLP over 4 GPUs: 6.418e8 elements
+    at layer 0's ``dense``, after ``query_key_value`` was released).
+
     (simulate: Mistral-7B, 2 layers, LoRA on the MLP in fp32 over 4 GPUs: 6.63e8 elements at layer 0's
     ``q_proj``, every round but the embedding's, and the copies of the q..gate round.)"""
     rounds = prefetch_rounds(forward_trace(model), prefetch_bucket)
     if not model.embed_params or len(rounds) < 2:
         return 0
     peft = setup.method in ("lora", "qlora")
-    first = model.layer_groups[0][0].linears[0]
-    fetches = (4 if peft else 2) + 4 + (2 if first.name in targets else 1)
-    popped = sum(sum(r) for r in rounds[:fetches])
-    if not embedding_used_last(model, setup):
-        popped -= model.embed_params
-    # the round holding the first layer's first weight (the trace's second entry)
-    seen, waited = 0, rounds[0]
-    for r in rounds:
-        seen += len(r)
-        if seen >= 2:
-            waited = r
-            break
-    return popped + (sum(waited) if len(waited) > 1 else 0)
+    linears = model.layer_groups[0][0].linears
+    free = (bottom_gradient_free(model, targets)
+            if setup.method == "lora" and not setup.gradient_checkpointing else frozenset())
+    fetches = (4 if peft else 2) + 4
+    released = 0 if embedding_used_last(model, setup) else model.embed_params
+    best, seen, role = 0, 1, linears[0].role  # the trace's entries before the linear: the embedding
+    for m in linears:
+        # into the MLP block: the post-attention norm's and the MLP container's fetches
+        fetches += (2 if m.role != role else 0) + (2 if m.name in targets else 1)
+        role = m.role
+        popped = sum(sum(r) for r in rounds[:fetches])
+        # the round holding this linear's weight (the trace's next entry), waited for at its fetch
+        waited, count = rounds[-1], 0
+        for r in rounds:
+            count += len(r)
+            if count > seen:
+                waited = r
+                break
+        best = max(best, popped - released + (sum(waited) if len(waited) > 1 else 0))
+        # a linear with no backward use is released after its forward (``__params_to_release``)
+        released += m.params // m.count * m.count if m.name in free else 0
+        seen += m.count
+        # a LoRA-wrapped linear's dropout, lora_A and lora_B fetch after its base layer's forward
+        fetches += PEFT_MODULES_PER_TARGET - 1 if m.name in targets else 0
+    return best

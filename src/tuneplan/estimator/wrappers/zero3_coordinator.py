@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
-from tuneplan.estimator.wrappers.reduce_buckets import bucket_fills, bucket_members, full_backward_gradients
+from tuneplan.estimator.wrappers.reduce_buckets import (
+    bucket_fills,
+    bucket_members,
+    full_backward_gradients,
+    layer_gradients_from_top,
+)
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -152,17 +157,26 @@ def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bu
     first fetch takes the embedding (the trace's first parameter); each later one, the embedding's own
     included, the layers' parameters in forward order. Nothing is released before the embedding's forward
     ends, so all of it is gathered at once; a parameter the queue meets again (its backward use) is already
-    available and is popped without counting, so the whole model bounds it."""
+    available and is popped without counting, so the whole model bounds it. The embedding's fetch waits for
+    its round: a coalesced one (the embedding under the bucket, with the layers' first parameters) gives
+    each parameter a copy (``AllGatherCoalescedHandle.wait``) and keeps its flat buffer until the round's
+    last parameter is fetched, so it is held twice (simulate: bert-large-uncased, 3 layers, freeze over 2
+    GPUs: the 5.275e7-element round beside the embedding's copy at its forward)."""
     # the causal-LM or classification model and its base model above the embedding, and PEFT's
     # PeftModel and LoraModel above those (peft/peft_model.py, peft/tuners/lora/model.py)
     wrappers = 2 + (2 if setup.method in ("lora", "qlora") else 0)
-    return sum(sum(r) for r in prefetch_rounds(forward_trace(model), prefetch_bucket)[:wrappers + 1])
+    rounds = prefetch_rounds(forward_trace(model), prefetch_bucket)
+    waited = sum(rounds[0]) if rounds and len(rounds[0]) > 1 else 0
+    return sum(sum(r) for r in rounds[:wrappers + 1]) + waited
 
 
-def zero3_head_round(model: ModelSpec, prefetch_bucket: int) -> int:
+def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup | None = None) -> int:
     """Elements of the all-gather buffer ZeRO-3 still holds beside the gathered parameters when the untied
     output head runs its forward (0 when the head is tied, or the forward's parameters exceed
-    ``stage3_max_live_parameters``, where the rounds are cut shorter than the bucket).
+    ``stage3_max_live_parameters``, where the rounds are cut shorter than the bucket: less, in ``setup``,
+    an embedding with no backward use (:func:`embedding_used_last`), released after its forward, before
+    the head's round is popped; simulate: Meta-Llama-3-8B, 2 layers, LoRA over 2 GPUs: the head's round
+    popped at layer 0's input norm, 5.2537e8 elements beside the head's copy at the final norm).
 
     ``PartitionedParameterCoordinator.__all_gather_params_`` (DeepSpeed 0.19.8) files one coalesced handle
     under every parameter of a round (``__inflight_param_registry[param] = handle``); a fetch pops only its
@@ -177,7 +191,8 @@ def zero3_head_round(model: ModelSpec, prefetch_bucket: int) -> int:
     the MLP: the head's 163.93e6-element flat buffer beside its copy at the final norm's forward of the
     second micro-batch, the head gathered alone in the later ones.)"""
     trace = forward_trace(model)
-    if not model.lm_head_params or sum(trace) > DS_MAX_LIVE_PARAMETERS:
+    released = model.embed_params if setup is not None and not embedding_used_last(model, setup) else 0
+    if not model.lm_head_params or sum(trace) - released > DS_MAX_LIVE_PARAMETERS:
         return 0
     rounds = prefetch_rounds(trace, prefetch_bucket)
     last = rounds[-1]
@@ -234,7 +249,10 @@ def zero3_backward_uses(model: ModelSpec, setup: TrainSetup, targets: frozenset[
             model, min(setup.freeze_trainable_layers, model.n_layers))
     used = model.params_total
     if setup.method == "lora" and not setup.gradient_checkpointing:
-        used -= model.embed_params + bottom_gradient_free_params(model, targets)
+        # a tied head's weight is the embedding's: the head's backward fetches it again (simulate: gemma-2b,
+        # 4 layers, LoRA on the attention over 4 GPUs: the 5.243e8-element embedding gathered at the loss)
+        used -= ((model.embed_params if model.lm_head_params else 0)
+                 + bottom_gradient_free_params(model, targets))
     return used
 
 
@@ -310,11 +328,21 @@ def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) 
     ``reduce_scatter`` on (the default) it calls ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``
     (runtime/comm/coalesced_collectives.py), whose ``torch.cat`` of the interleaved, padded gradient chunks
     is a new tensor of the bucket's elements in the 16-bit dtype, live beside the bucket while the layer is
-    back-propagated (the order: :func:`full_backward_gradients`)."""
-    if setup.method != "full":
-        return 0
-    fills = bucket_fills(full_backward_gradients(model, embedding=False), reduce_bucket)
+    back-propagated (the order: :func:`zero3_backward_gradients`)."""
+    fills = bucket_fills(zero3_backward_gradients(model, setup), reduce_bucket)
     return fills[0] if len(fills) > 1 else 0
+
+
+def zero3_backward_gradients(model: ModelSpec, setup: TrainSetup) -> list[int]:
+    """The gradients (elements) of one backward up to the bottom layer in the order their hooks fire: a full
+    fine-tune's (reduce_buckets.full_backward_gradients), a freeze run's trained top layers (no head:
+    weights.trainable_params; simulate: Mistral-Nemo, 4 layers, 2 trained over 2 GPUs: a first reduction
+    of 4.928e8 elements, layer 3 and layer 2's MLP); none otherwise (LoRA's fit the bucket)."""
+    if setup.method == "full":
+        return full_backward_gradients(model, embedding=False)
+    if setup.method == "freeze":
+        return layer_gradients_from_top(model, min(setup.freeze_trainable_layers, model.n_layers))
+    return []
 
 
 def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
@@ -358,12 +386,14 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     (zero/utils.py ``get_norm_dtype``): ``8 min(ceil(P_max / N), 2.5e8)`` bytes at once."""
     if not zero3_bucket_flush(model, setup, reduce_bucket):
         return 0
-    fill = bucket_members(full_backward_gradients(model, embedding=False), reduce_bucket)[0]
-    ws = setup.world_size
+    members = bucket_members(zero3_backward_gradients(model, setup), reduce_bucket)
+    fill, ws = members[0], setup.world_size
     single = len(fill) == 1 and fill[0] % ws == 0
     copy = 0 if single else sum(-(-n // ws) * ws for n in fill) * compute
     # a gradient larger than the bucket is not copied into it (``__add_grad_to_ipg_bucket`` copies only
     # what fits): its own tensor lives until ``partition_grads`` drops ``param.grad``
     own = fill[0] * compute if fill[0] > reduce_bucket else 0
     norm = 8 * min(-(-max(fill) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
-    return own + copy + norm
+    # the gradient whose hook runs the reduction (``reduce_independent_p_g_buckets_and_remove_grads``, before
+    # ``__add_grad_to_ipg_bucket`` copies it in): its ``param.grad`` live beside it
+    return own + copy + norm + members[1][0] * compute

@@ -1,6 +1,9 @@
-"""What ZeRO-3 holds in the first pass with a complete module trace, which every run makes (the second
-micro-batch) and which max_memory_allocated keeps: DeepSpeed 0.19.8's record pass before it releases the
-persistent parameters too, so they join the prefetcher's rounds of large parameters in that pass."""
+"""The token embedding's backward round under ZeRO-3: what the prefetcher gathers for the embedding's
+backward use once it has released the embedding after its forward. In the first pass with a complete module
+trace, which every run makes (the second micro-batch) and which max_memory_allocated keeps, DeepSpeed
+0.19.8's record pass before it has released the persistent parameters too, so they join the prefetcher's
+rounds of large parameters (a small classifier head with the embedding); in every pass, the bottom layer's
+linears released after their forward join it when the prefetcher reaches the embedding only then."""
 
 from __future__ import annotations
 
@@ -9,11 +12,35 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_REUSE_DISTANCE,
     DS_PARAM_PERSISTENCE_THRESHOLD,
     embedding_used_last,
+    forward_trace,
+    prefetch_rounds,
     zero3_backward_uses,
     zero3_gathered_ahead,
 )
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
+
+
+def embedding_regathered(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                         targets: frozenset[str] = frozenset()) -> bool:
+    """Whether the untied model's embedding, released after its forward, is gathered again for its backward
+    use by a prefetch round popped during the forward (the conditions of
+    :func:`zero3_first_pass_embedding_round` but the head's size)."""
+    embed, head = model.embed_params, model.lm_head_params
+    # a tied head (``lm_head_params`` 0) is the embedding's weight: the head's forward fetches it, so its
+    # next use is there, not in the backward (simulate: gemma-2b, 4 layers, freeze with checkpointing over
+    # 4 GPUs: the coordinator's count at the loss is the whole model, 9.647e8 elements, and nothing beside it)
+    if not embed or not head or setup.quant_bits is not None or not embedding_used_last(model, setup):
+        return False
+    # the module trace between the embedding's two uses: the layers' forward, their checkpointed
+    # recompute and their backward, the head's forward and backward
+    passes = 3 if setup.gradient_checkpointing else 2
+    if passes * (model.params_total - embed - head) + 2 * head < DS_MAX_REUSE_DISTANCE:
+        return False  # the embedding stays gathered from its forward to its backward
+    if not zero3_gathered_ahead(model, setup, prefetch_bucket, targets):
+        return False
+    # else the prefetcher stops at a layer parameter before the embedding
+    return zero3_backward_uses(model, setup, targets) - embed < DS_MAX_LIVE_PARAMETERS
 
 
 def zero3_first_pass_embedding_round(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
@@ -38,22 +65,55 @@ def zero3_first_pass_embedding_round(model: ModelSpec, setup: TrainSetup, prefet
     stablelm-base-alpha-3b, 2 layers, LoRA with checkpointing and a 2-label head over 4 GPUs: a
     207.67e6-element buffer beside the embedding's 207.62e6 copy through the second micro-batch's
     backward.)"""
-    embed, head = model.embed_params, model.lm_head_params
-    # a tied head (``lm_head_params`` 0) is the embedding's weight: the head's forward fetches it, so its
-    # next use is there, not in the backward, and no small persistent head starts a round with it
-    # (simulate: gemma-2b, 4 layers, freeze with checkpointing over 4 GPUs: the coordinator's count at
-    # the loss is the whole model, 9.647e8 elements, and nothing beside it)
-    if (not embed or not head or head > DS_PARAM_PERSISTENCE_THRESHOLD or setup.quant_bits is not None
-            or not embedding_used_last(model, setup)):
+    if model.lm_head_params > DS_PARAM_PERSISTENCE_THRESHOLD:
+        return 0  # an LM head ends its own round before the embedding's
+    return model.embed_params if embedding_regathered(model, setup, prefetch_bucket, targets) else 0
+
+
+def embedding_round_late(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                         targets: frozenset[str] = frozenset()) -> int:
+    """Elements of the token embedding whose backward round is popped only after the bottom layer's first
+    linear has been released, under checkpointing (0 otherwise).
+
+    ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8) pops one round per module fetch: the forward trace takes
+    ``R`` rounds (zero3_coordinator.prefetch_rounds), so the round holding the embedding's backward use
+    (:func:`embedding_regathered`) is popped at fetch ``R + 1``. When that comes after the bottom layer's
+    first linear has run its forward (the wrappers above the embedding, the embedding, the layer, its
+    input norm, its attention and the linear: zero3_bottom_forward), ``__params_to_release`` has released
+    that layer's linears run so far (their next use is the recompute, beyond
+    ``stage3_max_reuse_distance``): the round is those linears and the embedding, coalesced, whatever the
+    head. No module of it is fetched before the bottom layer's recompute; until then the flat buffer is
+    those parameters' only storage, counted among the gathered ones. There ``AllGatherCoalescedHandle.
+    wait`` gives each a copy, and the flat buffer stays filed under the embedding until its backward
+    fetch. (simulate: Qwen3-8B, 4 layers, freeze with a 2-label head over 2 GPUs: a 6.643e8-element flat
+    buffer, the embedding and layer 0's attention, from layer 0's forward, the embedding's 6.223e8 copy
+    made at layer 0's recomputed ``q_proj``; Mistral-7B, 2 layers, full over 4 GPUs: the embedding and
+    ``q_proj``, 1.510e8, popped at ``k_proj``.) Without checkpointing the released linears are fetched
+    again last in the bottom layer's backward: left out."""
+    if not setup.gradient_checkpointing or not embedding_regathered(model, setup, prefetch_bucket, targets):
         return 0
-    # the module trace between the embedding's two uses: the layers' forward, their checkpointed
-    # recompute and their backward, the head's forward and backward
-    passes = 3 if setup.gradient_checkpointing else 2
-    if passes * (model.params_total - embed - head) + 2 * head < DS_MAX_REUSE_DISTANCE:
-        return 0  # the embedding stays gathered from its forward to its backward
-    if not zero3_gathered_ahead(model, setup, prefetch_bucket, targets):
-        return 0
-    queued = zero3_backward_uses(model, setup, targets)
-    if queued - embed >= DS_MAX_LIVE_PARAMETERS:
-        return 0  # the prefetcher stops at a layer parameter before the embedding
-    return embed
+    rounds = prefetch_rounds(forward_trace(model), prefetch_bucket)
+    first = model.layer_groups[0][0].linears[0]
+    fetches = (4 if setup.method in ("lora", "qlora") else 2) + 4 + (2 if first.name in targets else 1)
+    if len(rounds) + 1 <= fetches:
+        return 0  # popped before any layer linear is released (a classifier's: the final norm and the head)
+    return model.embed_params
+
+
+def zero3_first_pass_round(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                           targets: frozenset[str] = frozenset()) -> tuple[int, int]:
+    """(elements of the embedding's flat buffer held from the forward on, elements gathered while the bottom
+    layer is back-propagated when the round is waited for only there): one of the two is 0.
+
+    A round popped late (:func:`embedding_round_late`) holds, from the bottom layer's recompute, the
+    layer, the embedding's copy and the flat buffer:
+
+    .. math:: G = P_{layer_0} + 2 E
+
+    (the released linears' second elements, in the flat buffer, left out: a lower bound by at most the
+    layer); else the first pass's round of a small head (:func:`zero3_first_pass_embedding_round`)."""
+    late = embedding_round_late(model, setup, prefetch_bucket, targets)
+    if late:
+        return 0, model.layer_groups[0][0].params + 2 * late
+    return zero3_first_pass_embedding_round(model, setup, prefetch_bucket, targets), 0
+
