@@ -104,11 +104,8 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     temporaries (+ what the loop holds)."""
     statics = run.memo.get("memory") or memory_statics(run)
     acts = saved_at(statics.acts, batch, seq)
-    # an encoder's masked-LM head hands its scores to CrossEntropyLoss without .float() (transformers
-    # BertForMaskedLM.forward): the loss is fp32 only under autocast (DeepSpeed runs without it)
-    upcast = run.dtypes.autocast or run.model.architecture != "encoder"
     logits = logits_plan(batch * seq, statics.vocab, statics.logit_bytes, run.loss, seq, statics.hidden,
-                         statics.softmax_keeps_input, statics.softcap, upcast)
+                         statics.softmax_keeps_input, statics.softcap, statics.upcast)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     holds, first = statics.holds, statics.first
@@ -150,9 +147,9 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
                                 statics.autocast_copies, prev_held, 0, statics.gathered_head_forward)
     if statics.gathered_head_backward:
         rows["backward_head"] = head_backward_row(run, statics, saved, batch * seq)
-    attention = forward_attention_row(run, statics, acts, batch, seq, prev_pinned, prev_held)
-    if attention is not None:  # eager attention's softmax in a checkpointed forward (eager_forward.py)
-        rows["forward_attention"] = attention
+    if statics.eager_forward is not None:  # eager attention's softmax in a checkpointed forward
+        rows["forward_attention"] = forward_attention_row(statics.eager_forward, statics, acts, batch, seq,
+                                                          prev_pinned, prev_held)
     if head_dequant:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
         # first), the held outputs, and the whole head dequantized again for the input gradient

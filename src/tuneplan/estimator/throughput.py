@@ -34,8 +34,11 @@ if TYPE_CHECKING:
     from tuneplan.estimator.types import MemoryBreakdown
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepTime:
+    """One optimizer step's time. Not frozen: one is made per estimate, and a frozen dataclass's
+    ``__init__`` costs several times as much."""
+
     step_seconds: float  # one optimizer step: grad_accum micro-batches + update + exposed communication
     micro_batch_seconds: float
     tokens_per_step: int  # all GPUs together
