@@ -62,7 +62,8 @@ UPCASTING_CHAINS = ("hf", "torchtune_legacy")
 
 
 def _segment(nbytes: Any) -> Any:
-    return ceil_div(nbytes, ROUND_LARGE) * ROUND_LARGE
+    """``nbytes`` rounded up to whole large segments: ``ceil(nbytes / ROUND_LARGE) x ROUND_LARGE``."""
+    return -(-nbytes // ROUND_LARGE) * ROUND_LARGE
 
 
 class StrandedTerms(NamedTuple):
@@ -141,7 +142,7 @@ def stranded_terms(run: Any) -> StrandedTerms:
 def stranded_bytes(run: Any, batch: Any, seq: Any) -> tuple[Any, Any]:
     """Bytes of free segments at the ``forward`` and ``backward_start`` instants that the loss chain cannot
     reuse (ints, or arrays of a grid); a block of no bytes strands no segment."""
-    terms = stranded_terms(run)
+    terms = run.memo.get("stranded") or stranded_terms(run)
     tokens = batch * seq
     layers = 0
     if terms.mlp_blocks:

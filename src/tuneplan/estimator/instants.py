@@ -234,7 +234,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
-    layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
+    if statics.gathered_layer_end:
+        layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
     if statics.gathered_bottom_backward:
         rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
@@ -266,10 +267,8 @@ def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens:
 
 def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
                    grads: tuple[Any, Any], bottom_acts: Any, bottom_held: Any) -> None:
-    """The rows at a layer's backward end, beside the next layer it prefetched (none when the wrapper
-    gathers nothing there)."""
-    if not statics.gathered_layer_end:
-        return
+    """The rows at a layer's backward end, beside the next layer it prefetched (when the wrapper gathers
+    something there: ``statics.gathered_layer_end``)."""
     top_grads, bottom_grads = grads
     # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
     # activations counted as at the bottom row (an upper bound: they are being freed), its scratch freed;

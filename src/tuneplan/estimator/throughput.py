@@ -34,10 +34,10 @@ if TYPE_CHECKING:
     from tuneplan.estimator.types import MemoryBreakdown
 
 
-@dataclass
+@dataclass(slots=True)
 class StepTime:
-    """One optimizer step's time. Not frozen: one is made per estimate, and a frozen dataclass's
-    ``__init__`` costs several times as much."""
+    """One optimizer step's time. Not frozen, with slots: one is made per estimate, and a frozen
+    dataclass's ``__init__`` costs several times as much."""
 
     step_seconds: float  # one optimizer step: grad_accum micro-batches + update + exposed communication
     micro_batch_seconds: float
