@@ -311,10 +311,11 @@ def estimate_run(run: Run, *, gpu: Accelerator | None = None, engine: str = "ana
         raise TuneplanError(f"unknown engine {engine!r}", field="engine", accepted="analytic, simulate")
     extras: dict[str, Any] = {"params_trainable": run.trainable_params}
     if accelerator is not None and timing:  # searches that only need the memory verdict skip time and cost
-        _check_price_arguments(price=price, card_price=card_price, kwh_price=kwh_price, own_years=own_years)
         if price is None and card_price is None and kwh_price is None and own_years is None:
             prices = DEFAULT_PRICES  # one object: the run's kept cost rates match it by identity
         else:
+            _check_price_arguments(price=price, card_price=card_price, kwh_price=kwh_price,
+                                   own_years=own_years)
             prices = Prices(cloud_usd_per_gpu_hr=price, card_price_usd=card_price,
                             **{k: v for k, v in (("kwh_price", kwh_price), ("own_years", own_years))
                                if v is not None})

@@ -117,9 +117,10 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     for i, instant in enumerate(names):
         totals[i] = m.total(instant)
     peak = np.argmax(totals, axis=0)
-    allocated = np.take_along_axis(totals, peak[None], 0)[0]
-    loss = {k: totals[names.index(k)] for k in LOSS_INSTANTS if k in names}
-    reserved, needed = reserved_figures(run, allocated, loss, batch, seq)
+    allocated = totals.max(axis=0)  # the peak instant's total
+    forward, backward_start = LOSS_INSTANTS
+    at_forward, at_backward_start = totals[names.index(forward)], totals[names.index(backward_start)]
+    reserved, needed = reserved_figures(run, allocated, at_forward, at_backward_start, batch, seq)
     outside = cuda_context_bytes() + m.statics.wrapped.resident.nccl
     out = {"allocated": allocated, "reserved": reserved, "device_peak": reserved + outside,
            "device_needed": needed + outside,

@@ -24,10 +24,10 @@ __all__ = ["ActivationPlan", "ActivationTerms", "LayerActs", "LayerKinds", "acti
            "activation_terms", "activations_at", "layer_activations", "layer_kinds", "saved_at"]
 
 
-@dataclass
+@dataclass(slots=True)
 class ActivationPlan:
-    """The saved activations at one shape (ints) or at every shape of a grid (int64 arrays). Not frozen: one
-    is made per estimate, and a frozen dataclass's ``__init__`` costs several times as much."""
+    """The saved activations at one shape (ints) or at every shape of a grid (int64 arrays). Not frozen, with
+    slots: one is made per estimate, and a frozen dataclass's ``__init__`` costs several times as much."""
 
     saved_bytes: int  # all saved activations at the end of forward (layers + embedding/final norm)
     top_layer_bytes: int  # one layer's saved activations (the one recomputed / freed first)

@@ -44,9 +44,9 @@ the sequence is long: those the chain can reuse), the smaller tokens x hidden bl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from tuneplan.estimator.overhead import cross_stream_reserve, reserved_from_allocated
+from tuneplan.estimator.overhead import cross_stream_reserve, reserved_with_and_without
 from tuneplan.estimator.xp import ceil_div, maximum
 
 MIB = 1024**2
@@ -62,7 +62,21 @@ UPCASTING_CHAINS = ("hf", "torchtune_legacy")
 
 
 def _segment(nbytes: Any) -> Any:
-    return ceil_div(nbytes, ROUND_LARGE) * ROUND_LARGE
+    """``nbytes`` rounded up to whole large segments: ``ceil(nbytes / ROUND_LARGE) x ROUND_LARGE``."""
+    return -(-nbytes // ROUND_LARGE) * ROUND_LARGE
+
+
+class StrandedTerms(NamedTuple):
+    """What :func:`stranded_bytes` needs besides the tokens, resolved once per run (nothing in it depends on
+    the micro-batch, the sequence length or the accumulation): bytes per token of each block it counts."""
+
+    mlp_blocks: int  # tokens x intermediate blocks an MLP's forward leaves free (_mlp_free_blocks)
+    intermediate: int  # one of them, per token, in the dtype the projections return
+    quant_out: int  # a 4-bit MLP's 16-bit matmul output beside it (0: none)
+    packed_layers: int  # the layers whose checkpoints pack into intermediate segments (0: none)
+    checkpoint: int  # one checkpoint, per token
+    norm: int  # RMSNorm's fp32 block (0: no RMSNorm)
+    logits: int  # the 16-bit logits the fp32 cast frees (0: no such chain)
 
 
 def _mlp_free_blocks(run: Any) -> int:
@@ -77,62 +91,85 @@ def _mlp_free_blocks(run: Any) -> int:
     return (0 if down_reads else 1) + (2 if lora_up else 0)
 
 
-def checkpoint_packing_bytes(run: Any, tokens: Any, intermediate_segment: Any) -> Any:
-    """Reserved beyond the checkpoints' own bytes once every layer has kept its input: ``ceil(L / k)``
-    tokens x intermediate segments hold the ``L`` checkpoints, ``k`` to a segment (module docstring; ints,
-    or arrays of a grid). 0 without checkpointing, with the checkpoints in host memory, or with blocks under
-    ``MIN_LARGE_ALLOC``."""
+def packed_layers(run: Any) -> int:
+    """The layers whose inputs are checkpointed into intermediate segments (activations.activation_terms: a
+    freeze run's trainable ones); 0 without checkpointing, with the checkpoints in host memory, or below two
+    layers."""
     model, setup = run.model, run.setup
-    # the layers whose inputs are checkpointed (activations.activation_terms: a freeze run's trainable ones)
-    layers = model.n_layers
+    layers: int = model.n_layers
     if setup.method == "freeze":
         layers = min(setup.freeze_trainable_layers, layers)
     offloaded = run.profile.gc_offload or setup.activation_offload  # the checkpoints go to host memory
     if not setup.gradient_checkpointing or offloaded or layers < 2:
         return 0
-    checkpoint = ceil_div(tokens * model.hidden * run.dtypes.residual, MIN_BLOCK) * MIN_BLOCK
+    return layers
+
+
+def checkpoint_packing_bytes(layers: int, checkpoint_per_token: int, tokens: Any,
+                             intermediate_segment: Any) -> Any:
+    """Reserved beyond the checkpoints' own bytes once each of the ``layers`` (:func:`packed_layers`, > 0)
+    has kept its input: ``ceil(L / k)`` tokens x intermediate segments hold the ``L`` checkpoints, ``k`` to a
+    segment (module docstring; ints, or arrays of a grid). 0 with blocks under ``MIN_LARGE_ALLOC``."""
+    checkpoint = ceil_div(tokens * checkpoint_per_token, MIN_BLOCK) * MIN_BLOCK
     per_segment = maximum(intermediate_segment // checkpoint, 1)
     packed = ceil_div(layers, per_segment) * intermediate_segment - layers * checkpoint
     return (intermediate_segment >= MIN_LARGE_ALLOC) * maximum(packed, 0)
 
 
-def stranded_bytes(run: Any, batch: Any, seq: Any) -> tuple[Any, Any]:
-    """Bytes of free segments at the ``forward`` and ``backward_start`` instants that the loss chain cannot
-    reuse (ints, or arrays of a grid)."""
+def stranded_terms(run: Any) -> StrandedTerms:
+    """The run's :class:`StrandedTerms`, computed once and kept on it (``run.memo["stranded"]``)."""
+    kept: StrandedTerms | None = run.memo.get("stranded")
+    if kept is not None:
+        return kept
     model, dt = run.model, run.dtypes
-    tokens = batch * seq
     c = dt.compute
     quantized = run.setup.quant_bits is not None
     n_mlp = _mlp_free_blocks(run)
     # the MLP's tensors are its projections' outputs: bitsandbytes' Linear4bit casts its 16-bit matmul output
     # back to the input's dtype (quant_out), which leaves that 16-bit output free as well
     width = dt.quant_out if quantized else dt.linear_out
-    intermediate = _segment(tokens * model.intermediate * width)
-    layers = n_mlp * intermediate
-    if n_mlp:
-        layers = layers + checkpoint_packing_bytes(run, tokens, intermediate)
-    if n_mlp and quantized and dt.quant_out != c:
-        layers = layers + _segment(tokens * model.intermediate * c)
-    if model.norm_kind == "rms":
-        layers = layers + _segment(tokens * model.hidden * 4)
-    logits = 0
-    if run.loss in UPCASTING_CHAINS and c < 4 and not run.setup.num_labels:
-        logits = _segment(tokens * model.head_width * c)
-    return layers, layers + logits
+    upcasting = run.loss in UPCASTING_CHAINS and c < 4 and not run.setup.num_labels
+    terms = StrandedTerms(
+        mlp_blocks=n_mlp, intermediate=model.intermediate * width,
+        quant_out=model.intermediate * c if n_mlp and quantized and dt.quant_out != c else 0,
+        packed_layers=packed_layers(run) if n_mlp else 0, checkpoint=model.hidden * dt.residual,
+        norm=model.hidden * 4 if model.norm_kind == "rms" else 0,
+        logits=model.head_width * c if upcasting else 0)
+    run.memo["stranded"] = terms
+    return terms
 
 
-def reserved_figures(run: Any, allocated: Any, loss_totals: dict[str, Any], batch: Any,
+def stranded_bytes(run: Any, batch: Any, seq: Any) -> tuple[Any, Any]:
+    """Bytes of free segments at the ``forward`` and ``backward_start`` instants that the loss chain cannot
+    reuse (ints, or arrays of a grid); a block of no bytes strands no segment."""
+    terms = run.memo.get("stranded") or stranded_terms(run)
+    tokens = batch * seq
+    layers = 0
+    if terms.mlp_blocks:
+        intermediate = _segment(tokens * terms.intermediate)
+        layers = terms.mlp_blocks * intermediate
+        if terms.packed_layers:
+            layers = layers + checkpoint_packing_bytes(terms.packed_layers, terms.checkpoint, tokens,
+                                                       intermediate)
+        if terms.quant_out:
+            layers = layers + _segment(tokens * terms.quant_out)
+    if terms.norm:
+        layers = layers + _segment(tokens * terms.norm)
+    if terms.logits:
+        return layers, layers + _segment(tokens * terms.logits)
+    return layers, layers
+
+
+def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_start: Any, batch: Any,
                      seq: Any) -> tuple[Any, Any]:
     """(reserved peak, reserved needed), each plus what the run caches per CUDA stream
     (``overhead.cross_stream_reserve``; ints, or arrays of a grid):
     - the peak: the allocated peak with its segment tails, or a loss instant's total plus the free segments
-      it strands, whichever is larger (``loss_totals``: the allocated total of each of ``LOSS_INSTANTS``);
+      it strands, whichever is larger (``at_forward``, ``at_backward_start``: the allocated totals of
+      ``LOSS_INSTANTS``);
     - needed: the same once a failed cudaMalloc has released every free cached segment
       (``release_cached_blocks``) and retried, without the stranded segments: what out of memory is judged
       on."""
-    at_forward, at_backward = stranded_bytes(run, batch, seq)
-    held = maximum(loss_totals.get(LOSS_INSTANTS[0], 0) + at_forward,
-                   loss_totals.get(LOSS_INSTANTS[1], 0) + at_backward)
-    cross_stream = cross_stream_reserve(run)
-    return (reserved_from_allocated(allocated, cross_stream, held),
-            reserved_from_allocated(allocated, cross_stream))
+    stranded_forward, stranded_backward = stranded_bytes(run, batch, seq)
+    held = maximum(at_forward + stranded_forward, at_backward_start + stranded_backward)
+    return reserved_with_and_without(allocated, cross_stream_reserve(run), held)

@@ -33,11 +33,13 @@ larger: the instant is only added for checkpointed runs of transformers' model c
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan
-from tuneplan.estimator.memory_statics import MemoryStatics
 from tuneplan.estimator.run import Run
+
+if TYPE_CHECKING:  # memory_statics keeps this module's terms (eager_forward_terms)
+    from tuneplan.estimator.memory_statics import MemoryStatics
 
 # decoder loops that keep the previous block's returned attention probabilities through the next block
 # (FalconModel.forward, BloomModel.forward: ``outputs = block(...)``; transformers 5.25)
@@ -107,17 +109,12 @@ def _layer_per_token(run: Run, attn_in: int, proj: int, q: int, rope: bool) -> i
     return attn_in * model.hidden + tensors
 
 
-def forward_attention_row(run: Run, statics: MemoryStatics, acts: ActivationPlan, batch: Any, seq: Any,
-                          prev_pinned: Any, prev_held: Any) -> tuple[Any, ...] | None:
-    """The top layer's softmax in a checkpointed forward (module docstring), as an instants.InstantRow
-    tuple, or None: earlier gradients, every checkpoint and the layer's tensors as activations, the
-    layers' autocast weight copies, what the loop holds from the previous micro-batch, the units gathered
-    while a layer runs."""
-    terms = run.memo.get("eager_forward", False)
-    if terms is False:
-        terms = run.memo["eager_forward"] = eager_forward_terms(run)
-    if terms is None:
-        return None
+def forward_attention_row(terms: EagerForward, statics: MemoryStatics, acts: ActivationPlan, batch: Any,
+                          seq: Any, prev_pinned: Any, prev_held: Any) -> tuple[Any, ...]:
+    """The top layer's softmax in a checkpointed forward (module docstring; ``terms``: the run's
+    :func:`eager_forward_terms`, kept in ``statics.eager_forward``), as an instants.InstantRow tuple:
+    earlier gradients, every checkpoint and the layer's tensors as activations, the layers' autocast weight
+    copies, what the loop holds from the previous micro-batch, the units gathered while a layer runs."""
     tokens = batch * seq
     live = (acts.checkpoint_bytes + prev_pinned + tokens * terms.per_token + tokens * seq * terms.per_pos
             + seq * seq * terms.mask)

@@ -32,6 +32,7 @@ memory core of about 5 us and +4 us on a repeated ``tuneplan.estimate()``, past 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan, saved_at
@@ -67,10 +68,12 @@ def named(row: Row) -> InstantRow:
     return InstantRow._make(row)
 
 
-class MemoryAt(NamedTuple):
+@dataclass(slots=True)
+class MemoryAt:
     """Every instant's components at one shape (ints), or at every shape of a grid (numpy arrays): ``rows``
     maps each instant to its row (read by name through :func:`named`); the persistent components
-    (``statics.common``) are the same at every instant: :meth:`components` and :meth:`total` add them."""
+    (``statics.common``) are the same at every instant: :meth:`components` and :meth:`total` add them.
+    (A dataclass with slots: one is made per estimate, in half a NamedTuple's time.)"""
 
     rows: dict[str, Row]
     acts: ActivationPlan  # the saved activations
@@ -83,8 +86,15 @@ class MemoryAt(NamedTuple):
         return components_of(self.statics, self.rows[instant])
 
     def total(self, instant: str) -> Any:
-        """Bytes allocated at ``instant`` (exact: the components are ints, or int64 arrays)."""
-        return self.statics.common_total + sum(self.rows[instant])
+        """Bytes allocated at ``instant`` (exact: the components are ints, or int64 arrays). The row's
+        Python ints are added first and its arrays after them: int64 sums are exact in any order, and on a
+        grid each operation with an array is a pass over the whole plane."""
+        row = self.rows[instant]
+        total = self.statics.common_total + sum([v for v in row if v.__class__ is int])
+        for v in row:
+            if v.__class__ is not int:
+                total = total + v
+        return total
 
 
 def components_of(statics: MemoryStatics, row: Row) -> dict[str, Any]:
@@ -105,11 +115,8 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     temporaries (+ what the loop holds)."""
     statics = run.memo.get("memory") or memory_statics(run)
     acts = saved_at(statics.acts, batch, seq)
-    # an encoder's masked-LM head hands its scores to CrossEntropyLoss without .float() (transformers
-    # BertForMaskedLM.forward): the loss is fp32 only under autocast (DeepSpeed runs without it)
-    upcast = run.dtypes.autocast or run.model.architecture != "encoder"
     logits = logits_plan(batch * seq, statics.vocab, statics.logit_bytes, run.loss, seq, statics.hidden,
-                         statics.softmax_keeps_input, statics.softcap, upcast)
+                         statics.softmax_keeps_input, statics.softcap, statics.upcast)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     holds, first = statics.holds, statics.first
@@ -151,9 +158,9 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
                                 statics.autocast_copies, prev_held, 0, statics.gathered_head_forward)
     if statics.gathered_head_backward:
         rows["backward_head"] = head_backward_row(run, statics, saved, batch * seq)
-    attention = forward_attention_row(run, statics, acts, batch, seq, prev_pinned, prev_held)
-    if attention is not None:  # eager attention's softmax in a checkpointed forward (eager_forward.py)
-        rows["forward_attention"] = attention
+    if statics.eager_forward is not None:  # eager attention's softmax in a checkpointed forward
+        rows["forward_attention"] = forward_attention_row(statics.eager_forward, statics, acts, batch, seq,
+                                                          prev_pinned, prev_held)
     if head_dequant:
         # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
         # first), the held outputs, and the whole head dequantized again for the input gradient
@@ -245,7 +252,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     if statics.wrapped.bottom_layer is not None:
         rows["backward_layers_bottom"] = folded_layer_row(rows["backward_layers_bottom"],
                                                           statics.wrapped.bottom_layer)
-    layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
+    if statics.gathered_layer_end:
+        layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
     if statics.wrapped.gathered.flush:
         rows["backward_flush"] = flush_row(statics, acts, top_grads, held, backward_temp)
     if statics.gathered_bottom_backward:
@@ -318,10 +326,8 @@ def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens:
 
 def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
                    grads: tuple[Any, Any], bottom_acts: Any, bottom_held: Any) -> None:
-    """The rows at a layer's backward end, beside the next layer it prefetched (none when the wrapper
-    gathers nothing there)."""
-    if not statics.gathered_layer_end:
-        return
+    """The rows at a layer's backward end, beside the next layer it prefetched (when the wrapper gathers
+    something there: ``statics.gathered_layer_end``)."""
     top_grads, bottom_grads = grads
     # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
     # activations counted as at the bottom row (an upper bound: they are being freed), its scratch freed;

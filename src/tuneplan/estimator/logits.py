@@ -50,9 +50,10 @@ TORCHTUNE_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 LITGPT_CHUNK = 128  # litgpt finetune/*.py: model(input_ids, lm_head_chunk_size=128)
 
 
-@dataclass
+@dataclass(slots=True)
 class LogitsPlan:
-    """The chain's live bytes at one shape (or a grid's arrays); not frozen: one is made per estimate."""
+    """The chain's live bytes at one shape (or a grid's arrays); not frozen, with slots: one is made per
+    estimate."""
 
     at_forward_end: int  # live at the end of the model's forward, before the loss
     forward_peak: int  # extra live during the loss forward

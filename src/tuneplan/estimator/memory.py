@@ -57,9 +57,11 @@ class AnalyticBreakdown(MemoryBreakdown):
 
     def __init__(self, run: Run, live: MemoryAt, peak: str, allocated: int) -> None:
         self.peak_instant = peak
-        base, rows = live.statics.common_total, live.rows
-        loss = {k: base + sum(rows[k]) for k in LOSS_INSTANTS if k in rows}
-        reserved, needed = reserved_figures(run, allocated, loss, run.setup.batch, run.setup.seq)
+        base, rows, setup = live.statics.common_total, live.rows, run.setup
+        forward, backward_start = LOSS_INSTANTS
+        at_forward, at_backward_start = base + sum(rows[forward]), base + sum(rows[backward_start])
+        reserved, needed = reserved_figures(run, allocated, at_forward, at_backward_start, setup.batch,
+                                            setup.seq)
         self.reserved_peak_bytes, self.releasable_bytes = reserved, reserved - needed
         self.cuda_context_bytes = cuda_context_bytes()
         self.nccl_bytes = live.statics.wrapped.resident.nccl

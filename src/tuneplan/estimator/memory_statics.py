@@ -6,9 +6,11 @@ instants exist (``instants.instants`` reads them as arithmetic)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
 from tuneplan.estimator.bnb_scope import unquantized_note
+from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
@@ -50,6 +52,7 @@ class MemoryStatics:
     hidden: int
     softmax_keeps_input: bool
     softcap: bool  # the model caps its logits with tanh (logits.logits_plan)
+    upcast: bool  # the loss runs in fp32 (logits.logits_plan; :func:`logits_terms`)
     holds: bool  # the training loop keeps the last micro-batch's outputs (profile.loop_holds_outputs)
     holds_to_step: bool  # ... through its backward and the step only (profile.loop_holds_outputs_to_step)
     first: bool  # the longest micro-batch runs first (setup.longest_batch_first)
@@ -91,6 +94,8 @@ class MemoryStatics:
     expert_grad_temp: int = 0
     recompute_casts: int = 0  # a checkpointed layer's casts its recomputation saves (weights.recompute_casts)
     recompute_casts_bottom: int = 0  # ... beyond the bottom layer's own gradients (bottom_recompute_casts)
+    # eager attention's softmax in a checkpointed forward (eager_forward.py); None: no such instant
+    eager_forward: EagerForward | None = None
 
 
 def memory_statics(run: Run) -> MemoryStatics:
@@ -129,17 +134,13 @@ def memory_statics(run: Run) -> MemoryStatics:
     elif acts.method == "full" and wrapper_memory.embedding is not None:
         embedding = False  # ZeRO-1/2: the hooks move each gradient out (estimator/wrappers/zero.py)
     layer_end_dequant, layer_end_casts = layer_end_terms(run, wrapper_memory)
-    logit_bytes = (dtypes.compute if dtypes.autocast
-                   else (dtypes.trainable if setup.method == "full" else dtypes.non_block))
     out = MemoryStatics(
         optimizer=optimizer, wrapped=wrapper_memory, common=common, common_total=sum(common.values()),
         grads=grads, grads_prev=grads_prev, grads_step=grads_step, autocast_copies=autocast_copies,
         autocast_copies_backward=autocast_copies_backward, head_dequant=head_dequant,
         dequant=dequant_transient_bytes(model, setup, profile), backward_dequant=backward_dequant,
-        backward_dequant_per_token=backward_dequant_per_token, acts=acts, vocab=model.head_width,
+        backward_dequant_per_token=backward_dequant_per_token, acts=acts, **logits_terms(run),
         layer_end_dequant=layer_end_dequant, layer_end_casts=layer_end_casts,
-        logit_bytes=logit_bytes, hidden=model.hidden, softmax_keeps_input=setup.softmax_keeps_input,
-        softcap=bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         holds=profile.loop_holds_outputs, holds_to_step=profile.loop_holds_outputs_to_step,
         first=setup.longest_batch_first,
         checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),
@@ -169,9 +170,25 @@ def memory_statics(run: Run) -> MemoryStatics:
         base_notes=(wrapper_memory.notes + tuple(optimizer.notes)
                     + unquantized_note(model, setup.quant_bits, profile.model_code, dtypes.non_block)),
         expert_grad_temp=expert_stack_gradient_temp(run, grads_prev),
-        recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run))
+        recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run),
+        eager_forward=eager_forward_terms(run))
     run.memo["memory"] = out
     return out
+
+
+def logits_terms(run: Run) -> dict[str, Any]:
+    """The logits chain's arguments (logits.logits_plan) besides the shape, by MemoryStatics field: the
+    logits' bytes (the compute dtype under autocast, else the head's), and whether the loss is upcast to
+    fp32: an encoder's masked-LM head hands its scores to CrossEntropyLoss without .float() (transformers
+    BertForMaskedLM.forward), so its loss is fp32 only under autocast (DeepSpeed runs without it)."""
+    model, setup, dtypes = run.model, run.setup, run.dtypes
+    return {
+        "vocab": model.head_width, "hidden": model.hidden, "softmax_keeps_input": setup.softmax_keeps_input,
+        "logit_bytes": (dtypes.compute if dtypes.autocast
+                        else (dtypes.trainable if setup.method == "full" else dtypes.non_block)),
+        "softcap": bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
+        "upcast": dtypes.autocast or model.architecture != "encoder",
+    }
 
 
 def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:

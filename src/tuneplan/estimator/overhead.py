@@ -40,8 +40,16 @@ def reserved_from_allocated(allocated: Any, cross_stream: int = 0, held: Any = 0
     with the free segments it strands: ``allocator_segments.reserved_figures``), rounded up to whole 2 MiB
     segments, plus the bytes cached per CUDA stream (``cross_stream``: :func:`cross_stream_reserve`; ints, or
     arrays of a grid: ``estimator/xp.py``)."""
-    r = maximum(to_int(allocated * (1 + FRAGMENTATION)), held)
-    return -(-r // SEGMENT) * SEGMENT + cross_stream
+    return reserved_with_and_without(allocated, cross_stream, held)[0]
+
+
+def reserved_with_and_without(allocated: Any, cross_stream: int, held: Any) -> tuple[Any, Any]:
+    """(:func:`reserved_from_allocated` with ``held``, the same without it), the allocated figure's
+    segment tails computed once (allocated is never negative, so without ``held`` the larger is the
+    tails' figure)."""
+    tails = to_int(allocated * (1 + FRAGMENTATION))
+    return (-(-maximum(tails, held) // SEGMENT) * SEGMENT + cross_stream,
+            -(-tails // SEGMENT) * SEGMENT + cross_stream)
 
 
 def reserved_band(allocated: Any, reserved: Any, cross_stream: int = 0) -> tuple[Any, Any]:

@@ -19,7 +19,7 @@ far the whole model is from the published throughput rows of the calibration dat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from tuneplan.estimator.compute import BWD_KERNELS_PER_FWD, BWD_TRAFFIC_PER_FWD, FlopCount, flops_at
 from tuneplan.estimator.time_statics import RuntimeOptions as RuntimeOptions
@@ -34,8 +34,11 @@ if TYPE_CHECKING:
     from tuneplan.estimator.types import MemoryBreakdown
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepTime:
+    """One optimizer step's time. Not frozen, with slots: one is made per estimate, and a frozen
+    dataclass's ``__init__`` costs several times as much."""
+
     step_seconds: float  # one optimizer step: grad_accum micro-batches + update + exposed communication
     micro_batch_seconds: float
     tokens_per_step: int  # all GPUs together
@@ -69,8 +72,9 @@ def step_time(model: ModelSpec, setup: TrainSetup, acc: Accelerator,
     return run_step_time(resolve_run(model, setup), acc, options)
 
 
-class MicroBatch(NamedTuple):
-    """One micro-batch on one GPU, seconds."""
+@dataclass(slots=True)
+class MicroBatch:
+    """One micro-batch on one GPU, seconds (a dataclass with slots: one is made per estimate)."""
 
     gemm_s: float  # the matmul FLOPs at the tensor rate
     weights_s: float  # reading every weight per pass (and the gradients) at the streaming bandwidth
@@ -129,9 +133,7 @@ def paged_seconds(run: Run, acc: Accelerator, ts: TimeStatics, memory: MemoryBre
                   links: dict[str, str], assumptions: list[str]) -> float:
     """Paged (unified-memory) optimizer states that do not fit next to the step's peak are paged out to
     the host and back every update (bitsandbytes paged optimizers: cudaMallocManaged):
-    ``2 x spill / host link``."""
-    if not ts.paged:
-        return 0.0
+    ``2 x spill / host link`` (for a run with paged states: ``ts.paged``)."""
     if memory is None:
         from tuneplan.estimator.memory import memory_of
 
@@ -232,7 +234,7 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     links: dict[str, str] = {}
     mb = micro_batch(ts, fl, setup)
     optimizer_s = ts.optimizer_s
-    paged_s = paged_seconds(run, acc, ts, memory, links, assumptions)
+    paged_s = paged_seconds(run, acc, ts, memory, links, assumptions) if ts.paged else 0.0
     links.update(ts.links)
     assumptions.extend(ts.assumptions_head)
     comm_total = ga * ts.per_micro + ts.per_step + ts.serial

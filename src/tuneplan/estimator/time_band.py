@@ -58,9 +58,12 @@ def calibrated_sigmas(sigmas: dict[str, float], parts: set[str], shapes: int) ->
 
 def step_band(breakdown: dict[str, float], sigmas: dict[str, float]) -> tuple[float, float]:
     """(low, high) step seconds: every part at the low / high end of its width."""
-    low = sum(v / (1.0 + sigmas.get(k, 0.0)) for k, v in breakdown.items())
-    high = sum(v * (1.0 + sigmas.get(k, 0.0)) for k, v in breakdown.items())
-    return low, high
+    lows, highs = [], []
+    for k, v in breakdown.items():
+        width = 1.0 + sigmas.get(k, 0.0)
+        lows.append(v / width)
+        highs.append(v * width)
+    return sum(lows), sum(highs)
 
 
 def band_section(step_s: float, breakdown: dict[str, float], sigmas: dict[str, float],

@@ -281,7 +281,7 @@ def time_statics(run: Run, acc: Accelerator, opt: RuntimeOptions) -> TimeStatics
     ZeRO-3 module, one per decoder layer) adds ``fsdp_unit_ops x OP_DISPATCH_SECONDS`` per micro-batch.
     Dequantization: ``elements x bytes per weight / dev_bw`` per micro-batch."""
     last = run.memo.get("time")
-    if last is not None and (last[0] is acc or last[0] == acc) and last[1] == opt:
+    if last is not None and (last[0] is acc or last[0] == acc) and (last[1] is opt or last[1] == opt):
         ts: TimeStatics = last[2]
         return ts
     setup, prof, model = run.setup, run.profile, run.model
