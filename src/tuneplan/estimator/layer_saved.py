@@ -135,7 +135,13 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
         if m.reads == "mlp_mid":
             key_in = prefix + "mid"
             walk.inputs_dtype[key_in] = mid_bytes
+            before = set(walk.ledger.items)
             walk.linear(m.name, key_in, m.d_in, share, m.reads in weight_grad)
+            # the down projection's adapter-private tensors (its dropout output / cast input and its mask)
+            new = {k: v for k, v in walk.ledger.items.items() if k not in before}
+            walk.down_adapter_private += sum(v for k, v in new.items()
+                                             if k.endswith((".lora_in", ".dropout_mask")))
+            walk.down_adapter_input += sum(v for k, v in new.items() if k.endswith(".lora_in"))
 
 
 def fused_stacks_saved(walk: LayerWalk, experts: list[Linear]) -> frozenset[str]:
@@ -186,7 +192,7 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     model, spec, dtypes = walk.model, walk.spec, walk.dtypes
     hidden = model.hidden
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
-    backward_temp = walk.output_bytes * 3 * width + dtypes.residual * 2 * hidden
+    backward_temp = down_adapter_backward(walk, width) + dtypes.residual * 2 * hidden
     # the gradients of the fp32 probabilities and of the scores, beside the probabilities softmax saved: the
     # rest of the saved scores is released by then (walk.scores_released); none where autograd recorded no
     # attention
@@ -199,3 +205,25 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
                      input_alias=walk.input_alias, per_layer=walk.per_layer,
                      backward_per_layer=walk.backward_per_layer,
                      backward_per_layer_per_token=walk.backward_per_layer_per_token)
+
+
+def down_adapter_backward(walk: LayerWalk, width: int) -> float:
+    """The MLP's backward temporaries per token, at the costlier of two moments of the down projection's
+    backward. PEFT's LoRA forward is ``base(x) + lora_B(lora_A(dropout(x))) * scaling`` (peft
+    tuners/lora/layer.py and bnb.py, Linear.forward); autograd runs the adapter branch first (higher
+    sequence numbers), and each node frees what it saved once it has run (torch's non-reentrant checkpoint
+    hands a recomputed tensor out once: utils/checkpoint.py, unpack_hook).
+
+    * lora_A's backward (``mm``): every saved tensor of the layer still live, and the new gradient of
+      its (private) input, of that input's size and dtype: ``I``;
+    * the gated product's backward: the down projection's input gradient and the two products' gradients,
+      ``3 x out_b x width``, once lora_A's saved input (the dropout output, or the adapter's private cast
+      copy) and the dropout mask are freed: ``- P`` with P those adapter-private bytes.
+
+    max(I, 3 out_b w - P) per token; P = 0 (no private copy) leaves the 3 out_b w of the gated product
+    (simulate: Gemma-2B QLoRA, dropout 0.05, peak at down_proj's lora_A backward)."""
+    out_b = walk.output_bytes
+    private = walk.down_adapter_private
+    if private <= 0:
+        return out_b * 3 * width
+    return max(walk.down_adapter_input, out_b * 3 * width - private)

@@ -54,6 +54,9 @@ class LayerWalk:
         self.ledger = _Ledger()
         self.fsdp_adapter_input_copy = fsdp1_adapter_input_copy(setup)
         self.pinned_keys: set[str] = set()
+        # per token, the adapter-private saved tensors of the MLP's down projection (layer_saved.py)
+        self.down_adapter_private = 0.0
+        self.down_adapter_input = 0.0  # of which lora_A's saved input (its gradient's size)
         self.quantized = setup.quant_bits is not None
         self.output_bytes = dtypes.quant_out if self.quantized else dtypes.linear_out
         self.compute_bytes = dtypes.compute
