@@ -43,6 +43,10 @@ class ActivationPlan:
     pinned_bytes: int = 0
     # what the final norm and the head keep (in saved_bytes): released before the top layer's backward
     tail_bytes: int = 0
+    # under checkpointing, when a recomputed layer's first LoRA adapter starts its backward: what the layer
+    # keeps beyond its checkpoint, and the activation gradients live (0: not derived; ActivationTerms)
+    layer_end_bytes: int = 0
+    layer_end_temp_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,10 @@ class ActivationTerms:
     model: ModelSpec  # for the embedding backward (a full fine-tune only)
     method: str
     dtypes: Dtypes
+    # per token, the largest over the adapted kinds of layer_saved.first_target_terms, the saved part less
+    # what aliases the checkpoint (0, 0: not derived, some kind's is not)
+    layer_end_per_token: float = 0.0
+    layer_end_temp_per_token: float = 0.0
 
 
 def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, *,
@@ -175,7 +183,19 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds:
         tail_per_head_token=head * hidden, tail_per_token=per_token * hidden, pinned_per_token=pinned,
         checkpointed=bool(setup.gradient_checkpointing),
         checkpoint_per_token=dtypes.residual * hidden * n_active, offload=offload,
-        model=model, method=setup.method, dtypes=dtypes)
+        model=model, method=setup.method, dtypes=dtypes, **layer_end_terms(kinds))
+
+
+def layer_end_terms(kinds: LayerKinds) -> dict[str, float]:
+    """``ActivationTerms``' layer_end_per_token / layer_end_temp_per_token from the kinds' first-target terms
+    (layer_saved.first_target_terms): the largest over the kinds with an adapter, none where one is not
+    derived."""
+    ends = [(layer.first_target_saved, layer.input_alias, layer.first_target_temp)
+            for layer, _ in kinds.kinds if layer.first_target_saved]
+    if not ends or any(saved < 0 for saved, _, _ in ends):
+        return {}
+    return {"layer_end_per_token": max(saved - alias for saved, alias, _ in ends),
+            "layer_end_temp_per_token": max(temp for _, _, temp in ends)}
 
 
 def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, batch: Any,
@@ -243,7 +263,8 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
         return ActivationPlan(to_int(checkpoints - offloaded + tail), to_int(biggest),
                               to_int(checkpoints - offloaded), to_int(recompute),
                               to_int(biggest_backward_temp), to_int(offloaded), emb_grad, emb_extra, 0,
-                              to_int(tail))
+                              to_int(tail), to_int(tokens * terms.layer_end_per_token),
+                              to_int(tokens * terms.layer_end_temp_per_token))
     if terms.offload:
         # torchtune OffloadActivations: each saved tensor goes to host memory as it is made and comes back
         # for its layer's backward; the output projection and the loss run outside it (NoOpManager)

@@ -300,10 +300,15 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
     # by then: bitsandbytes' dequantized weight with the gradients it makes (quant_kernels), the row
     # holding the larger of the two moments
     fixed, per_token = statics.layer_end_dequant
-    end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
+    end_acts, end_temp = bottom_acts, 0
+    if statics.checkpointed and acts.layer_end_bytes:
+        # the moment itself (activations.ActivationPlan.layer_end_bytes): the checkpoints, what the
+        # recomputed layer keeps up to its first adapter, the gradients live then
+        end_acts, end_temp = acts.checkpoint_bytes + acts.layer_end_bytes, acts.layer_end_temp_bytes
+    end_scratch = maximum(fixed + tokens * per_token - end_acts, end_temp) if fixed else end_temp
     # checkpointed under autocast: the recomputed casts of the linears up to the first adapted one
     # (weights.recompute_casts_to_first_target), whose backward comes after the prefetch
-    rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, statics.layer_end_casts, bottom_held,
+    rows["backward_layer_end"] = (bottom_grads, 0, end_acts, statics.layer_end_casts, bottom_held,
                                   end_scratch, statics.gathered_layer_end)
     if not statics.checkpointed:
         # the top layer's end alike, every lower layer's activations still saved, the tail released,
