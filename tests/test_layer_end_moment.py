@@ -33,3 +33,19 @@ def test_input_norm_backward_outweighs_the_first_adapter_moment() -> None:
                              "sdpa", True)
     assert acts.first_target_saved == 16_384 + 4 + 8_192 + 16
     assert acts.first_target_temp == max(32_768, 16_384 + 4 + 81_920 + 8_192 - 24_596) == 81_904
+
+
+def test_top_layer_end_without_checkpointing_counts_the_moment_not_the_whole_layer() -> None:
+    # without checkpointing the top layer's end (FSDP1, next layer prefetched) holds, of the top layer, the
+    # same moment: 24,596 saved + 81,904 live per token (no checkpoint to alias: bf16 residual, fp32 copy)
+    from tuneplan.estimator.activations import activations_at, layer_kinds
+
+    spec = resolve_model("meta-llama/Llama-2-7b-hf", allow_network=False)
+    s = resolve_setup(build_setup(spec, method="lora", seq=512, batch=1, targets="q_proj",
+                                  precision="bf16-mixed", dropout=0.0, rank=8, gpus=2, fsdp=True,
+                                  fsdp_version=1, gradient_checkpointing=False), spec)
+    dt = resolve_dtypes(s, get_profile("hf"))
+    kinds = layer_kinds(spec, s, dt, resolve_targets(spec, s.targets), "sdpa", python_model_code=True)
+    plan = activations_at(spec, s, dt, kinds, 1, 512, gc_offload=False)
+    assert plan.layer_end_bytes == 512 * 24_596
+    assert plan.layer_end_temp_bytes == 512 * 81_904

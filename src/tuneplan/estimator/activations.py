@@ -151,6 +151,8 @@ class ActivationTerms:
     # what aliases the checkpoint (0, 0: not derived, some kind's is not)
     layer_end_per_token: float = 0.0
     layer_end_temp_per_token: float = 0.0
+    # of layer_end_per_token, what aliases the checkpoint (kept by the layer itself without checkpointing)
+    layer_end_alias_per_token: float = 0.0
 
 
 def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, *,
@@ -194,7 +196,8 @@ def layer_end_terms(kinds: LayerKinds) -> dict[str, float]:
             for layer, _ in kinds.kinds if layer.first_target_saved]
     if not ends or any(saved < 0 for saved, _, _ in ends):
         return {}
-    return {"layer_end_per_token": max(saved - alias for saved, alias, _ in ends),
+    end, alias = max((saved - alias, alias) for saved, alias, _ in ends)
+    return {"layer_end_per_token": end, "layer_end_alias_per_token": alias,
             "layer_end_temp_per_token": max(temp for _, _, temp in ends)}
 
 
@@ -270,5 +273,8 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
         # for its layer's backward; the output projection and the loss run outside it (NoOpManager)
         return ActivationPlan(to_int(tail + biggest), to_int(biggest), 0, 0, to_int(biggest_backward_temp),
                               to_int(total - biggest), emb_grad, emb_extra)
+    # without checkpointing the layer's input is its own saved tensor: the moment counts what aliases it
+    end = terms.layer_end_per_token + terms.layer_end_alias_per_token if terms.layer_end_per_token else 0.0
     return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_backward_temp), 0,
-                          emb_grad, emb_extra, to_int(pinned), to_int(tail))
+                          emb_grad, emb_extra, to_int(pinned), to_int(tail), to_int(tokens * end),
+                          to_int(tokens * terms.layer_end_temp_per_token))

@@ -315,7 +315,13 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
         # its own counted whole (an upper bound: they are being freed); under checkpointing the bottom
         # row's recomputation bound already exceeds the lower layers' checkpoints (simulate: FSDP1
         # CPUOffload, Yi-1.5-34B LoRA all-linear)
-        rows["backward_top_layer_end"] = (top_grads, 0, acts.saved_bytes - acts.tail_bytes, 0, bottom_held, 0,
+        top_acts, top_temp = acts.saved_bytes - acts.tail_bytes, 0
+        if acts.layer_end_bytes:
+            # the moment itself (as under checkpointing): the top layer keeps what it saved up to its first
+            # adapter, the gradients live then, in place of its whole activations
+            top_acts = top_acts - acts.top_layer_bytes + acts.layer_end_bytes
+            top_temp = acts.layer_end_temp_bytes
+        rows["backward_top_layer_end"] = (top_grads, 0, top_acts, 0, bottom_held, top_temp,
                                           statics.gathered_layer_end)
 
 
