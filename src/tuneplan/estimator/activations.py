@@ -47,6 +47,10 @@ class ActivationPlan:
     expert_stack_bytes: int = 0
     # what the largest layer's MLP block keeps (in top_layer_bytes / recompute_bytes; LayerActs.mlp_saved)
     mlp_saved_bytes: int = 0
+    # under checkpointing, when a recomputed layer's first LoRA adapter starts its backward: what the layer
+    # keeps beyond its checkpoint, and the activation gradients live (0: not derived; ActivationTerms)
+    layer_end_bytes: int = 0
+    layer_end_temp_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,12 @@ class ActivationTerms:
     method: str
     dtypes: Dtypes
     mlp_saved_per_token: float = 0.0  # the largest of the kinds' LayerActs.mlp_saved
+    # per token, the largest over the adapted kinds of layer_saved.first_target_terms, the saved part less
+    # what aliases the checkpoint (0, 0: not derived, some kind's is not)
+    layer_end_per_token: float = 0.0
+    layer_end_temp_per_token: float = 0.0
+    # of layer_end_per_token, what aliases the checkpoint (kept by the layer itself without checkpointing)
+    layer_end_alias_per_token: float = 0.0
 
 
 def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, *,
@@ -181,7 +191,21 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds:
         checkpointed=bool(setup.gradient_checkpointing),
         checkpoint_per_token=dtypes.residual * hidden * n_active, offload=offload,
         model=model, method=setup.method, dtypes=dtypes,
-        mlp_saved_per_token=max((layer.mlp_saved for layer, _ in kinds.kinds), default=0.0))
+        mlp_saved_per_token=max((layer.mlp_saved for layer, _ in kinds.kinds), default=0.0),
+        **layer_end_terms(kinds))
+
+
+def layer_end_terms(kinds: LayerKinds) -> dict[str, float]:
+    """``ActivationTerms``' layer_end_per_token / layer_end_temp_per_token from the kinds' first-target terms
+    (layer_saved.first_target_terms): the largest over the kinds with an adapter, none where one is not
+    derived."""
+    ends = [(layer.first_target_saved, layer.input_alias, layer.first_target_temp)
+            for layer, _ in kinds.kinds if layer.first_target_saved]
+    if not ends or any(saved < 0 for saved, _, _ in ends):
+        return {}
+    end, alias = max((saved - alias, alias) for saved, alias, _ in ends)
+    return {"layer_end_per_token": end, "layer_end_alias_per_token": alias,
+            "layer_end_temp_per_token": max(temp for _, _, temp in ends)}
 
 
 def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, batch: Any,
@@ -257,12 +281,18 @@ def saved_layers_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationP
         return ActivationPlan(to_int(checkpoints - offloaded + tail), to_int(biggest),
                               to_int(checkpoints - offloaded), to_int(recompute),
                               to_int(biggest_backward_temp), to_int(offloaded), emb_grad, emb_extra, 0,
-                              to_int(tail), to_int(expert_stack))
+                              to_int(tail), to_int(expert_stack),
+                              layer_end_bytes=to_int(tokens * terms.layer_end_per_token),
+                              layer_end_temp_bytes=to_int(tokens * terms.layer_end_temp_per_token))
     if terms.offload:
         # torchtune OffloadActivations: each saved tensor goes to host memory as it is made and comes back
         # for its layer's backward; the output projection and the loss run outside it (NoOpManager)
         return ActivationPlan(to_int(tail + biggest), to_int(biggest), 0, 0, to_int(biggest_backward_temp),
                               to_int(total - biggest), emb_grad, emb_extra,
                               expert_stack_bytes=to_int(expert_stack))
+    # without checkpointing the layer's input is its own saved tensor: the moment counts what aliases it
+    end = terms.layer_end_per_token + terms.layer_end_alias_per_token if terms.layer_end_per_token else 0.0
     return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_backward_temp), 0,
-                          emb_grad, emb_extra, to_int(pinned), to_int(tail), to_int(expert_stack))
+                          emb_grad, emb_extra, to_int(pinned), to_int(tail), to_int(expert_stack),
+                          layer_end_bytes=to_int(tokens * end),
+                          layer_end_temp_bytes=to_int(tokens * terms.layer_end_temp_per_token))

@@ -40,7 +40,13 @@ from tuneplan.estimator.eager_forward import forward_attention_row
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
-from tuneplan.estimator.wrappers.base import TopLayer
+from tuneplan.estimator.wrapper_rows import (
+    bottom_layer_row,
+    flush_row,
+    folded_layer_row,
+    layer_end_rows,
+    reduction_rows,
+)
 from tuneplan.estimator.xp import maximum, minimum
 
 
@@ -260,53 +266,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
-    if statics.wrapped.layers_backward:  # ZeRO-2's reductions in the layers (wrappers/zero2_partition.py)
-        rows["backward_reductions"] = (statics.wrapped.layers_backward, 0, bottom_acts, 0, bottom_held, 0, 0)
-    epilogue = statics.wrapped.epilogue
-    if epilogue is not None:  # ZeRO-1/2's last reductions (wrappers/zero12_reductions.py)
-        rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy, 0)
-    end = statics.end_of_backward
-    if end is not None:  # FSDP's last unit (wrappers/fsdp.root_unit_end, wrappers/fully_shard)
-        # beside the outputs a loop holds through the backward (fsdp_qlora train.py: output = None only after
-        # the step; simulate: fsdp_qlora, Meta-Llama-3-8B full fp32)
-        rows["backward_embedding"] = (statics.all_grads + end.gradients, 0, 0, 0, held, end.scratch,
-                                      end.gathered)
-
-
-
-def folded_layer_row(row: Row, layer: TopLayer) -> Row:
-    """A layer's backward row (its activations or recomputation A, scratch S and unsharded gradients
-    ``layer.counted`` counted together) as the larger of its start and its end (wrappers/base.TopLayer;
-    FSDP1's lowest trained layer: wrappers/fsdp1_bottom.py): its gradients end as ``E =
-    layer.gradients_at_end`` as its activations are released, the scratch freed by then, beside
-    ``layer.gathered``::
-
-        gradients = G - counted + E,  activations = A - min(A, E),  scratch = S - min(S, E - min(A, E))"""
-    grads, temp, saved, casts, held, scratch, _ = row
-    at_end = layer.gradients_at_end
-    freed = minimum(saved, at_end)
-    if not layer.keeps_scratch:
-        scratch = scratch - minimum(scratch, at_end - freed)
-    return (grads - layer.counted + at_end, temp, saved - freed, casts, held, scratch, layer.gathered)
-
-
-def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: Any, backward_temp: Any) -> Row:
-    """ZeRO-3's first gradient reduction when it comes below the top layer (wrappers/zero3_flush.py): the
-    ``k`` layers above back-propagated, their saved activations released (autograd frees a node's saved
-    tensors after its backward), the head's and the final norm's too, and the reduction's layer's MLP block
-    once back-propagated (``flush_past_mlp``; the rest of the layer counted whole: an upper bound);
-    checkpointed, the layers' checkpoints are left counted and the layer recomputed:
-
-        activations = saved - tail - k x layer - mlp  (checkpointed: saved - tail + recomputed - mlp)"""
-    k = statics.wrapped.gathered.flush_layers_above
-    gathered = statics.wrapped.gathered.flush
-    mlp = acts.mlp_saved_bytes if statics.wrapped.gathered.flush_past_mlp else 0
-    if statics.checkpointed:
-        kept = held if statics.holds_to_step else 0
-        return (grads, 0, acts.saved_bytes - acts.tail_bytes + acts.recompute_bytes - mlp,
-                statics.recompute_casts, kept, backward_temp, gathered)
-    return (grads, 0, acts.saved_bytes - acts.tail_bytes - k * acts.top_layer_bytes - mlp,
-            statics.autocast_copies, held, backward_temp, gathered)
+    reduction_rows(rows, statics, held, bottom_acts, bottom_held)
 
 
 def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any, unmade: int = 0) -> Any:
@@ -322,47 +282,6 @@ def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens:
         backward_temp = maximum(backward_temp,
                                 statics.backward_dequant + tokens * statics.backward_dequant_per_token)
     return backward_temp
-
-
-def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
-                   grads: tuple[Any, Any], bottom_acts: Any, bottom_held: Any) -> None:
-    """The rows at a layer's backward end, beside the next layer it prefetched (when the wrapper gathers
-    something there: ``statics.gathered_layer_end``)."""
-    top_grads, bottom_grads = grads
-    # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
-    # activations counted as at the bottom row (an upper bound: they are being freed), its scratch freed;
-    # or, later, the base linears back-propagated after the prefetch, the layer's activations released
-    # by then: bitsandbytes' dequantized weight with the gradients it makes (quant_kernels), the row
-    # holding the larger of the two moments
-    fixed, per_token = statics.layer_end_dequant
-    end_scratch = maximum(fixed + tokens * per_token - bottom_acts, 0) if fixed else 0
-    # checkpointed under autocast: the recomputed casts of the linears up to the first adapted one
-    # (weights.recompute_casts_to_first_target), whose backward comes after the prefetch
-    rows["backward_layer_end"] = (bottom_grads, 0, bottom_acts, statics.layer_end_casts, bottom_held,
-                                  end_scratch, statics.gathered_layer_end)
-    if not statics.checkpointed:
-        # the top layer's end alike, every lower layer's activations still saved, the tail released,
-        # its own counted whole (an upper bound: they are being freed); under checkpointing the bottom
-        # row's recomputation bound already exceeds the lower layers' checkpoints (simulate: FSDP1
-        # CPUOffload, Yi-1.5-34B LoRA all-linear)
-        rows["backward_top_layer_end"] = (top_grads, 0, acts.saved_bytes - acts.tail_bytes, 0, bottom_held, 0,
-                                          statics.gathered_layer_end)
-
-
-def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, backward_temp: Any,
-                     embedding_cut: Any) -> Row:
-    """FSDP2's bottom layer beside the embedding group it prefetched (wrappers/fully_shard.
-    embedding_prefetch): that group is held through the whole layer, so, as at the top layer
-    (``TopLayer``), the row is the larger of the layer's start (its activations or recomputation, none of
-    its unsharded gradients) and its end (its gradients made, its activations released):
-
-        activations = layer activations - min(layer activations, its unsharded gradients)"""
-    top = statics.wrapped.top_layer
-    layer = (acts.recompute_bytes if statics.checkpointed
-             else acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers)
-    freed = minimum(layer, top.counted) if top is not None and statics.wrapped.bottom_layer_trains else 0
-    return (statics.bottom_layer_grads - embedding_cut, 0, layer - freed, 0,
-            0 if statics.checkpointed else held, backward_temp, statics.gathered_bottom_backward)
 
 
 def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:

@@ -135,7 +135,13 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
         if m.reads == "mlp_mid":
             key_in = prefix + "mid"
             walk.inputs_dtype[key_in] = mid_bytes
+            before = set(walk.ledger.items)
             walk.linear(m.name, key_in, m.d_in, share, m.reads in weight_grad)
+            # the down projection's adapter-private tensors (its dropout output / cast input and its mask)
+            new = {k: v for k, v in walk.ledger.items.items() if k not in before}
+            walk.down_adapter_private += sum(v for k, v in new.items()
+                                             if k.endswith((".lora_in", ".dropout_mask")))
+            walk.down_adapter_input += sum(v for k, v in new.items() if k.endswith(".lora_in"))
 
 
 def fused_stacks_saved(walk: LayerWalk, experts: list[Linear]) -> frozenset[str]:
@@ -186,16 +192,88 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     model, spec, dtypes = walk.model, walk.spec, walk.dtypes
     hidden = model.hidden
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
-    backward_temp = walk.output_bytes * 3 * width + dtypes.residual * 2 * hidden
+    backward_temp = down_adapter_backward(walk, width) + dtypes.residual * 2 * hidden
     # the gradients of the fp32 probabilities and of the scores, beside the probabilities softmax saved: the
     # rest of the saved scores is released by then (walk.scores_released); none where autograd recorded no
     # attention
     eager_scores = (attn == "eager" or per_pos) and "attn_core" not in walk.gradient_free
     backward_temp_per_pos = (8.0 * model.n_heads - walk.scores_released) if eager_scores else 0.0
+    first_saved, first_temp = first_target_terms(walk, per_pos)
     return LayerActs(per_token=walk.ledger.total(), per_token_per_pos=per_pos, backward_temp=backward_temp,
                      backward_temp_per_pos=backward_temp_per_pos,
                      pinned=sum(walk.ledger.items[key] for key in walk.pinned_keys),
                      attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved,
                      input_alias=walk.input_alias, per_layer=walk.per_layer,
                      backward_per_layer=walk.backward_per_layer,
-                     backward_per_layer_per_token=walk.backward_per_layer_per_token, mlp_saved=mlp_saved)
+                     backward_per_layer_per_token=walk.backward_per_layer_per_token, mlp_saved=mlp_saved,
+                     first_target_saved=first_saved, first_target_temp=first_temp)
+
+
+def first_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
+    """(bytes per token the layer still keeps, activation gradients per token live) when its first LoRA
+    adapter F (forward order) starts its backward, the moment PEFT's per-adapter FSDP units prefetch the
+    next layer (wrappers/fsdp.fsdp_layers_gathered). Autograd runs the node recorded last first: every op
+    recorded after F (F's siblings reading the same input, the attention, the MLP) has been
+    back-propagated and its saved tensors released, so the layer keeps what it saved up to F (the walk's
+    ledger then). Live beside: the gradient of F's output (d_out wide, the linears' output dtype), the
+    gradient of F's input its siblings accumulated (d_in wide) and the residual stream's two::
+
+        temp = out_b (d_out + d_in) + residual_b 2 h
+
+    (simulate: FSDP1, Qwen3-32B LoRA fp32 under checkpointing: q_proj's adapter at the top layer's end,
+    92.8 MB at 1024 tokens = 32 + 20 + 40). (0, 0) without an adapter in the layer; (-1, 0) where F comes
+    after an eager attention, whose O(s) saved part the ledger does not hold, or is not a dense layer's
+    attention or MLP projection."""
+    if walk.first_target is None:
+        return 0.0, 0.0
+    saved, name, reads = walk.first_target
+    linear = next((m for m in walk.spec.linears if m.name == name), None)
+    if linear is None or linear.role not in ("attn", "mlp") or (per_pos and reads != "attn_in"):
+        return -1.0, 0.0
+    temp = (walk.output_bytes * (linear.d_out * linear.count + linear.d_in)
+            + walk.dtypes.residual * 2 * walk.model.hidden)
+    return saved, max(float(temp), input_norm_backward(walk) - saved)
+
+
+def input_norm_backward(walk: LayerWalk) -> float:
+    """Bytes per token of the layer the moment its input RMSNorm back-propagates, after every adapter
+    (the next layer already gathered): what the norm saved (its fp32 input, rstd) and the fp32 gradients
+    live at pow's backward. transformers' RMSNorm runs ``x32 = x.to(float32); var = x32.pow(2).mean(-1);
+    x32 * rsqrt(var + eps)`` (LlamaRMSNorm.forward; Gemma's ``_norm`` alike); its backward holds, all
+    h wide in fp32: the product's gradient to x32 (``grad * rstd``), mean's (``sum_backward / numel``: a
+    div), and pow's ``grad * (2 * x32.pow(1))`` (torch FunctionsManual.cpp pow_backward: the pow and its
+    scaled copy live until the expression's end beside the product): 5 x 4h, next to the residual
+    gradient, residual_b h::
+
+        norm = fp32_in + rstd + 20 h + residual_b h
+
+    (simulate: FSDP1, DeepSeek-R1-Distill-Llama-8B LoRA under checkpointing: 5 x 48 MB fp32 + 24 MB at
+    3072 tokens, layer 2's input_layernorm). 0 where the walk keeps no fp32 norm input (compiled, a
+    LayerNorm, a first layer whose input needs no gradient)."""
+    items = walk.ledger.items
+    if "attn_norm.fp32_in" not in items:
+        return 0.0
+    hidden = walk.model.hidden
+    return (items["attn_norm.fp32_in"] + items.get("attn_norm.rstd", 0.0)
+            + 5 * 4 * hidden + walk.dtypes.residual * hidden)
+
+def down_adapter_backward(walk: LayerWalk, width: int) -> float:
+    """The MLP's backward temporaries per token, at the costlier of two moments of the down projection's
+    backward. PEFT's LoRA forward is ``base(x) + lora_B(lora_A(dropout(x))) * scaling`` (peft
+    tuners/lora/layer.py and bnb.py, Linear.forward); autograd runs the adapter branch first (higher
+    sequence numbers), and each node frees what it saved once it has run (torch's non-reentrant checkpoint
+    hands a recomputed tensor out once: utils/checkpoint.py, unpack_hook).
+
+    * lora_A's backward (``mm``): every saved tensor of the layer still live, and the new gradient of
+      its (private) input, of that input's size and dtype: ``I``;
+    * the gated product's backward: the down projection's input gradient and the two products' gradients,
+      ``3 x out_b x width``, once lora_A's saved input (the dropout output, or the adapter's private cast
+      copy) and the dropout mask are freed: ``- P`` with P those adapter-private bytes.
+
+    max(I, 3 out_b w - P) per token; P = 0 (no private copy) leaves the 3 out_b w of the gated product
+    (simulate: Gemma-2B QLoRA, dropout 0.05, peak at down_proj's lora_A backward)."""
+    out_b = walk.output_bytes
+    private = walk.down_adapter_private
+    if private <= 0:
+        return out_b * 3 * width
+    return max(walk.down_adapter_input, out_b * 3 * width - private)

@@ -54,6 +54,9 @@ class LayerWalk:
         self.ledger = _Ledger()
         self.fsdp_adapter_input_copy = fsdp1_adapter_input_copy(setup)
         self.pinned_keys: set[str] = set()
+        # per token, the adapter-private saved tensors of the MLP's down projection (layer_saved.py)
+        self.down_adapter_private = 0.0
+        self.down_adapter_input = 0.0  # of which lora_A's saved input (its gradient's size)
         self.quantized = setup.quant_bits is not None
         self.output_bytes = dtypes.quant_out if self.quantized else dtypes.linear_out
         self.compute_bytes = dtypes.compute
@@ -71,6 +74,9 @@ class LayerWalk:
         self.per_layer = 0.0
         self.backward_per_layer = 0.0
         self.backward_per_layer_per_token = 0.0
+        # (bytes per token saved up to and including it, its name, what it reads) at the first LoRA target
+        # in forward order: what is left when its adapter starts its backward (layer_saved._with_backward)
+        self.first_target: tuple[float, str, str] | None = None
         # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
         # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
         # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).
@@ -181,6 +187,8 @@ class LayerWalk:
             if (setup.dropout or 0) > 0:
                 copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
                 ledger.save(f"{self._lora_key(m_name, reads)}.dropout_mask", copies * d_in * tokens_share)
+            if self.first_target is None:
+                self.first_target = (ledger.total(), m_name, reads)
 
     def _lora_key(self, m_name: str, reads: str) -> str:
         return "qkv_fused" if self.litgpt_code and m_name in self.attn_inputs else f"{m_name}@{reads}"

@@ -61,6 +61,11 @@ class LayerActs:
     backward_per_layer_per_token: float = 0.0
     # per token, what the MLP block (and its norm) keeps: released once the block is back-propagated
     mlp_saved: float = 0.0
+    # per token, when the layer's first LoRA adapter (forward order) starts its backward: what the layer
+    # still keeps (0: no adapter in the layer; -1: not derived, the attention's O(s) part saved before it)
+    # and the activation gradients live then (layer_saved.first_target_terms)
+    first_target_saved: float = 0.0
+    first_target_temp: float = 0.0
 
 
 def embedding_backward_scratch(tokens: int, hidden: int) -> int:
