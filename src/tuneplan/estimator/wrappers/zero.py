@@ -46,6 +46,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_kept_params,
     zero3_layers_kept,
 )
+from tuneplan.estimator.wrappers.zero3_expert_round import zero3_expert_round_bytes
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
@@ -343,8 +344,8 @@ class Zero3(Zero, ShardingWrapper):
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
                                       head_backward=self.at_head_backward(run, at_loss),
-                                      top_layer_forward=min(zero3_gathered_at_top_forward(model, setup)
-                                                            * compute, whole16)),
+                                      top_layer_forward=max(min(zero3_gathered_at_top_forward(
+                                          model, setup) * compute, whole16), zero3_expert_round_bytes(run))),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
 

@@ -1,0 +1,45 @@
+"""ZeRO-3's forward fetch of transformers 5's fused experts module, counted by hand from DeepSpeed 0.19.8
+(``all_gather_coalesced``: a flat buffer, then ``AllGatherCoalescedHandle.wait`` copies each parameter out
+with ``torch.cat``) and transformers 5.25's Mixtral (``MixtralExperts``: ``gate_up_proj`` [E, 2f, h],
+``down_proj`` [E, h, f]); estimator/wrappers/zero3_expert_round.py."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.memory import memory_breakdown
+from tuneplan.estimator.run import resolve_run
+from tuneplan.estimator.wrappers.zero3_expert_round import zero3_expert_round_bytes
+from tuneplan.specs.model import model_from_config
+
+E, H, F = 8, 6144, 16384
+MIXTRAL = dict(model_type="mixtral", hidden_size=H, intermediate_size=F, num_hidden_layers=2,
+               num_attention_heads=48, num_key_value_heads=8, num_local_experts=E, num_experts_per_tok=2,
+               vocab_size=32768)
+STACKS = E * 2 * F * H + E * H * F  # gate_up_proj + down_proj: 2,415,919,104 elements
+
+
+def test_the_experts_round_is_held_twice_in_its_stacks_dtype() -> None:
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    # QLoRA in fp32: bitsandbytes leaves the 3-D stacks unquantized, in the fp32 load dtype
+    qlora = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, targets="q_proj,v_proj")
+    assert zero3_expert_round_bytes(resolve_run(spec, qlora)) == 2 * STACKS * 4
+    # QLoRA in bf16: DeepSpeed casts the module's unquantized parameters to bf16 (as large as a 16-bit base)
+    q16 = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj")
+    assert zero3_expert_round_bytes(resolve_run(spec, q16)) == 2 * STACKS * 2
+    # LoRA on a bf16 base: the frozen stacks stay bf16
+    lora = build_setup(spec, method="lora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj")
+    assert zero3_expert_round_bytes(resolve_run(spec, lora)) == 2 * STACKS * 2
+    # no ZeRO-3 gather: nothing
+    ddp = build_setup(spec, method="lora", precision="bf16", gpus=4, targets="q_proj,v_proj")
+    assert zero3_expert_round_bytes(resolve_run(spec, ddp)) == 0
+
+
+def test_a_qlora_moe_peaks_at_the_top_layers_experts_fetch() -> None:
+    # 4-bit attention: the experts round (2 x 9.66 GB in fp32) dwarfs everything else gathered; with
+    # checkpointing little is saved, and the forward's fetch of the top layer's experts is the largest instant
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, targets="q_proj,v_proj",
+                        gradient_checkpointing=True, batch=1, seq=256)
+    bd = memory_breakdown(spec, setup)
+    assert bd.peak_instant == "forward_layers_top"
+    assert bd.components["parallel_buffers"] >= 2 * STACKS * 4
