@@ -43,3 +43,29 @@ def test_a_qlora_moe_peaks_at_the_top_layers_experts_fetch() -> None:
     bd = memory_breakdown(spec, setup)
     assert bd.peak_instant == "forward_layers_top"
     assert bd.components["parallel_buffers"] >= 2 * STACKS * 4
+
+
+def test_the_recording_pass_keeps_every_forward_copy_beside_the_top_layers_new_round() -> None:
+    # the first forward + backward records the trace: release_sub_module releases every layer's experts
+    # after their forward, grouped_mm's saved transposed view keeps each forward copy; the top layer's
+    # backward fetch gathers a new round (flat buffer + copies) beside both layers' copies. LoRA on q/v:
+    # the bottom layer's experts read a tensor that requires grad (q/v's LoRA output through attention).
+    from tuneplan.estimator.wrappers.zero3_expert_round import zero3_record_pass_top_bytes
+
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    qlora = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, targets="q_proj,v_proj",
+                        gradient_checkpointing=False)
+    assert zero3_record_pass_top_bytes(resolve_run(spec, qlora)) == (2 * STACKS + 2 * STACKS) * 2
+    # with checkpointing the forward saves nothing: no copy outlives its gather
+    ckpt = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, targets="q_proj,v_proj",
+                       gradient_checkpointing=True)
+    assert zero3_record_pass_top_bytes(resolve_run(spec, ckpt)) == 0
+
+
+def test_a_qlora_moe_without_checkpointing_peaks_at_the_recording_pass_top_fetch() -> None:
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    setup = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, targets="q_proj,v_proj",
+                        gradient_checkpointing=False, batch=1, seq=256)
+    bd = memory_breakdown(spec, setup)
+    assert bd.peak_instant == "backward_top_fetch"
+    assert bd.components["parallel_buffers"] >= 4 * STACKS * 2

@@ -73,6 +73,9 @@ class Gathered:
     root_pre_backward: int = 0
     # FSDP2: at the bottom layer's backward beside the prefetched embedding group (0: no instant there)
     bottom_layer_backward: int = 0
+    # ZeRO-3's trace-recording pass: at the top layer's backward fetch of its fused experts, before any of
+    # its scratch (wrappers/zero3_expert_round.py; 0: no instant there)
+    top_layer_backward_fetch: int = 0
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from tuneplan.estimator.links import ring_factor
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
+from tuneplan.estimator.wrappers import zero3_expert_round as fused_experts
 from tuneplan.estimator.wrappers.base import (
     Buckets,
     Collectives,
@@ -46,7 +47,6 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_kept_params,
     zero3_layers_kept,
 )
-from tuneplan.estimator.wrappers.zero3_expert_round import zero3_expert_round_bytes
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
@@ -281,8 +281,7 @@ class Zero3(Zero, ShardingWrapper):
         world_size = setup.world_size
         terms = deepspeed_terms(run, optimizer)
         # at most the whole 16-bit model gathered: a gathered parameter is whole, beside rank 0's partition
-        whole16 = terms.weights16
-        shard16 = ceil_div(whole16, world_size)
+        whole16, shard16 = terms.weights16, ceil_div(terms.weights16, world_size)
         # the current layer plus the prefetch bucket, never more than the rest of the model
         gathered = min(layer_gathered_bytes(run) + terms.prefetch_bucket * compute, whole16 - shard16)
         g_live = ceil_div(terms.grads16, world_size)
@@ -344,8 +343,10 @@ class Zero3(Zero, ShardingWrapper):
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
                                       head_backward=self.at_head_backward(run, at_loss),
+                                      top_layer_backward_fetch=fused_experts.zero3_record_pass_top_bytes(run),
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
-                                          model, setup) * compute, whole16), zero3_expert_round_bytes(run))),
+                                          model, setup) * compute, whole16),
+                                          fused_experts.zero3_expert_round_bytes(run))),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
 

@@ -11,6 +11,12 @@ world_size)``) and ``AllGatherCoalescedHandle.wait`` gives each parameter its ow
 every parameter of the round, keeps the flat buffer until the last of them is popped. At the last copy
 the stacks are held twice. Bitsandbytes leaves the stacks unquantized under QLoRA (``bnb_scope``), so
 the module is as large in a 4-bit run as in a 16-bit one: it is the largest round of the forward.
+
+The first forward and backward record the module trace; until it is complete ``release_sub_module``
+releases every parameter of a module after its forward (``__params_to_release`` needs the trace), so each
+layer's experts are gathered again by their backward fetch. The forward's copy is not freed with them when
+``grouped_mm`` saved its transposed view for the input's gradient (``zero3_saved_views``): at the top
+layer's backward fetch every layer's forward copy is alive beside the new round, held twice.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.bnb_scope import expert_stack_bytes
+from tuneplan.estimator.wrappers.zero3_saved_views import expert_viewed_weights
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
@@ -39,3 +46,24 @@ def zero3_expert_round_bytes(run: Run) -> int:
     spec = run.model.layer_groups[-1][0]
     stacks = sum(m.params for m in spec.linears if m.role == "expert")
     return 2 * stacks * expert_stack_bytes(run.setup.quant_bits, run.dtypes)
+
+
+def zero3_record_pass_top_bytes(run: Run) -> int:
+    """Bytes gathered at the top decoder layer's backward fetch of its experts in the trace-recording pass
+    (module doc), without checkpointing (with it the forward saves nothing): every layer's forward copy
+    kept by its saved view (``zero3_saved_views.expert_viewed_weights``) and the top layer's new round
+    held twice; 0 when the top layer's experts save no view (their input needs no gradient, no backward
+    fetch) or :func:`zero3_expert_round_bytes` is 0.
+
+    .. math:: G = b_e \\left(\\sum_i v_i + 2 S_{top}\\right)
+
+    (simulate: Mixtral-8x22B, 2 layers, QLoRA fp4 in fp16 over 4 GPUs without checkpointing: both layers'
+    ``gate_up_proj`` / ``down_proj`` copies from the first forward beside the top layer's 2.416e9-element
+    flat buffer and its copies, the first micro-batch's backward the step's peak.)"""
+    round_bytes = zero3_expert_round_bytes(run)
+    if not round_bytes or run.setup.gradient_checkpointing:
+        return 0
+    viewed = expert_viewed_weights(run.model, run.setup, run.targets)
+    if not viewed or not viewed[-1]:
+        return 0
+    return sum(viewed) * expert_stack_bytes(run.setup.quant_bits, run.dtypes) + round_bytes
