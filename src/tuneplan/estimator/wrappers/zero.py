@@ -34,7 +34,6 @@ from tuneplan.estimator.wrappers.base import (
 )
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 from tuneplan.estimator.wrappers.zero3_coordinator import (
-    zero3_backward_uses,
     zero3_bucket_flush,
     zero3_flush_scratch,
     zero3_gathered_ahead,
@@ -44,13 +43,15 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_in_backward,
     zero3_head_round,
     zero3_head_round_first_pass,
-    zero3_kept_params,
-    zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_embedding_round
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
-from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
-from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
+from tuneplan.estimator.wrappers.zero3_quantized import (
+    zero3_kept_bytes,
+    zero3_quantized_ahead_bytes,
+    zero3_quantized_at_embedding_bytes,
+)
+from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
     zero1_offload_epilogue,
@@ -294,7 +295,7 @@ class Zero3(Zero, ShardingWrapper):
         # zeros, kept for the run), beside the IPG bucket; at the loss the output head's weight is gathered
         # whole (its forward ran last; it is used again in backward)
         head = model.lm_head_params or model.embed_params
-        kept = zero3_kept_params(model, setup, head, run.targets) * compute
+        kept = zero3_kept_bytes(run, head)
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered = self.prefetched(run, terms, at_loss, layer_gathered, whole16)
@@ -305,7 +306,7 @@ class Zero3(Zero, ShardingWrapper):
                     if setup.quant_bits is None and runs_ahead else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py), and the
         # flat buffer of the first complete pass's embedding round
-        views = (self.views_kept(run, head) + zero3_first_pass_embedding_round(
+        views = (zero3_views_kept(run, head, terms.prefetch_bucket) + zero3_first_pass_embedding_round(
             model, setup, terms.prefetch_bucket, run.targets)) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
@@ -338,6 +339,8 @@ class Zero3(Zero, ShardingWrapper):
         elif setup.quant_bits is None:
             # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
             at_head = zero3_head_round_first_pass(model, setup) * compute
+        else:  # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
+            at_embedding = zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket)
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
@@ -359,16 +362,6 @@ class Zero3(Zero, ShardingWrapper):
         if setup.method != "full" or not model.lm_head_params or setup.quant_bits is not None:
             return 0
         return at_loss
-
-    @staticmethod
-    def views_kept(run: Run, head: int) -> int:
-        """Elements of released gathered weights kept by saved views (:func:`zero3_view_kept`): none when
-        the prefetcher holds every parameter with a backward use from the forward on."""
-        model, setup = run.model, run.setup
-        ahead = zero3_gathered_ahead(model, setup, run.setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
-                                     run.targets)
-        holds_all = bool(ahead) and ahead >= zero3_backward_uses(model, setup, run.targets)
-        return zero3_view_kept(model, setup, run.targets, zero3_layers_kept(model, head), holds_all)
 
     @staticmethod
     def prefetched(run: Run, terms: DeepSpeedTerms, at_loss: int, layer_gathered: int,

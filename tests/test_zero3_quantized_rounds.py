@@ -1,0 +1,48 @@
+"""ZeRO-3 with 4-bit layers, counted by hand from DeepSpeed 0.19.8 (a bitsandbytes ``Params4bit`` is
+partitioned and gathered as its packed ``uint8`` codes, ``bits / 8`` an element) and transformers 5.25's
+Llama and Phi-3 layers (estimator/wrappers/zero3_quantized.py)."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.run import resolve_run
+from tuneplan.estimator.wrappers.zero3_quantized import zero3_kept_bytes, zero3_quantized_at_embedding_bytes
+from tuneplan.specs.model import model_from_config
+
+
+def test_the_kept_layers_are_their_packed_bytes_less_the_bottom_layers_unused_linears() -> None:
+    h, f, v = 5120, 13824, 32000
+    cfg = dict(model_type="llama", hidden_size=h, intermediate_size=f, num_hidden_layers=2,
+               num_attention_heads=40, num_key_value_heads=40, vocab_size=v)
+    spec = model_from_config(cfg, "llama-13b-2L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3, targets="mlp",
+                        gradient_checkpointing=False)
+    run = resolve_run(spec, setup)
+    layer = 4 * h * h + 3 * h * f  # 317,194,240 weights, 158,597,120 packed nf4 bytes
+    # stage3_max_reuse_distance 1e9: after the top layer's forward the head (v h = 1.6384e8) comes before
+    # its backward, after the bottom one's also the top layer twice: 1.6384e8 + 2 x 3.17e8 < 1e9, both kept
+    # the bottom layer's q, k, v, o (nothing below them requires grad) and gate / up (their LoRA output
+    # does, their base weight's input does not) have no backward use: released after their forward
+    free = 4 * h * h + 2 * h * f
+    assert zero3_kept_bytes(run, v * h) == 2 * layer // 2 - free // 2  # 194,068,480
+    # 16-bit layers: their elements (weights and the two norms, as zero3_kept_params counts a layer) in
+    # the compute dtype
+    lora = build_setup(spec, method="lora", precision="fp32", gpus=2, zero=3, targets="mlp",
+                       gradient_checkpointing=True)
+    assert zero3_kept_bytes(resolve_run(spec, lora), v * h) == 2 * (layer + 2 * h) * 4
+
+
+def test_the_embedding_forward_holds_the_first_rounds_of_a_packed_trace() -> None:
+    h, f, v = 3072, 8192, 32064
+    cfg = dict(model_type="phi3", hidden_size=h, intermediate_size=f, num_hidden_layers=2,
+               num_attention_heads=32, num_key_value_heads=32, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "phi3-mini-2L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3)
+    run = resolve_run(spec, setup)
+    # the packed trace: embedding 9.85e7, per layer qkv 1.4156e7, o 4.719e6, gate_up 2.5166e7 (4.404e7
+    # < the 5e7 prefetch bucket) and down 1.2583e7 (one round of 5.662e7), the head 9.85e7: the
+    # embedding's fetch and the four wrappers' above it pop every round (the backward part of the queue
+    # is AVAILABLE by then, popped uncounted): embedding and head in fp32, the layers' codes one byte each
+    packed_layer = (h * 3 * h + h * h + h * 2 * f + f * h) // 2
+    assert packed_layer == 56_623_104
+    assert zero3_quantized_at_embedding_bytes(run, 50_000_000) == 2 * v * h * 4 + 2 * packed_layer
