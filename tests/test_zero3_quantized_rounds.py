@@ -46,3 +46,21 @@ def test_the_embedding_forward_holds_the_first_rounds_of_a_packed_trace() -> Non
     packed_layer = (h * 3 * h + h * h + h * 2 * f + f * h) // 2
     assert packed_layer == 56_623_104
     assert zero3_quantized_at_embedding_bytes(run, 50_000_000) == 2 * v * h * 4 + 2 * packed_layer
+
+
+def test_the_first_complete_pass_holds_the_untied_head_twice_at_the_final_norm() -> None:
+    # the record pass released the final norm (h = 5120 elements, under stage3_param_persistence_threshold
+    # 1e5, persistent afterwards); the norm starts the coalesced [norm, head] round: its flat buffer and the
+    # head's copy, in fp32 (a QLoRA fp32 run: the head is not quantized), one head beyond the loss's
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_head_copy_bytes
+
+    h, v = 5120, 152064
+    cfg = dict(model_type="qwen2", hidden_size=h, intermediate_size=27648, num_hidden_layers=3,
+               num_attention_heads=40, num_key_value_heads=8, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "qwen2.5-32b-3L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3)
+    assert zero3_quantized_head_copy_bytes(resolve_run(spec, setup)) == (v * h + h) * 4
+    tied = model_from_config(dict(cfg, tie_word_embeddings=True), "qwen2.5-32b-tied-3L")
+    assert zero3_quantized_head_copy_bytes(resolve_run(tied, build_setup(tied, method="qlora",
+                                                                         precision="fp32", gpus=2,
+                                                                         zero=3))) == 0

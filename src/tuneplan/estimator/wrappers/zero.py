@@ -50,6 +50,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
     zero3_quantized_at_embedding_bytes,
+    zero3_quantized_head_copy_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
@@ -341,6 +342,7 @@ class Zero3(Zero, ShardingWrapper):
             at_head = zero3_head_round_first_pass(model, setup) * compute
         else:  # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
             at_embedding = zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket)
+            at_head = at_loss + zero3_quantized_head_copy_bytes(run) if model.lm_head_params else 0
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
@@ -386,8 +388,9 @@ class Zero3(Zero, ShardingWrapper):
                                    else zero3_gathered_in_backward(model, setup, done, run.targets)) * compute
                 at_flush = max(at_flush, min(flush_instant16, whole16))
         else:
-            # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding
-            at_loss = max(at_loss, min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket,
-                                                                   compute), whole16))
+            # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding, and
+            # what it gathered stays until its backward use, the top layers' backward included
+            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16)
+            at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
         scratch = zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
         return at_loss, max(top_gathered, at_flush + scratch if filled else 0)

@@ -10,6 +10,7 @@ from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
+    DS_PARAM_PERSISTENCE_THRESHOLD,
     HOOKED_CONTAINERS_PER_LAYER,
     prefetch_rounds,
     zero3_kept_params,
@@ -124,3 +125,27 @@ def gathered_entries(run: Run, spec: LayerSpec) -> list[tuple[int, int]]:
         else:
             out += [(m.params // m.count, m.params // m.count * stack)] * m.count
     return out
+
+
+def zero3_quantized_head_copy_bytes(run: Run) -> int:
+    """Bytes a QLoRA run's untied output head holds beyond itself at the final norm's forward of the first
+    pass with a complete trace (0 with a tied head).
+
+    The record pass released the persistent final norm too (zero3_first_pass.py); with the packed trace the
+    prefetcher popped the head's round well before the norm, and the norm, NOT_AVAILABLE, starts it: the
+    round ``[norm, head]`` is coalesced, the norm's fetch waits for it and ``AllGatherCoalescedHandle.wait``
+    gives the head its copy (``torch.cat(partitions)``) while the flat buffer stays filed under the head
+    until its own fetch (zero3_coordinator.zero3_head_round_first_pass, the 16-bit case):
+
+    .. math:: \\Delta G = (P_{head} + P_{norm})\\, b_{nb}
+
+    beside what the loss holds. (simulate: Qwen2.5-32B, 3 layers, QLoRA fp4 in fp32 over 2 GPUs without
+    checkpointing: the 7.7857e8-element flat buffer beside the head's copy at ``model.norm`` in the second
+    micro-batch of the first step, the run's peak.)"""
+    model = run.model
+    norm = model.final_norm_params
+    if run.setup.quant_bits is None or not model.lm_head_params:
+        return 0
+    if not 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD:
+        return 0
+    return (model.lm_head_params + norm) * run.dtypes.non_block
