@@ -64,3 +64,18 @@ def test_the_first_complete_pass_holds_the_untied_head_twice_at_the_final_norm()
     assert zero3_quantized_head_copy_bytes(resolve_run(tied, build_setup(tied, method="qlora",
                                                                          precision="fp32", gpus=2,
                                                                          zero=3))) == 0
+
+
+def test_a_tied_embedding_over_max_live_stops_the_prefetcher_on_the_packed_trace() -> None:
+    # bloomz-7b1: the tied embedding, 250,880 x 4,096 = 1.0276e9 elements, reaches
+    # stage3_max_live_parameters (1e9) alone and, its head's forward coming after the layers' 3 x 1.006e8
+    # packed elements (< stage3_max_reuse_distance), is never released: the prefetcher takes nothing
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
+
+    base = resolve_model("bigscience/bloomz-7b1", allow_network=False)
+    spec = model_from_config(dict(base.config, n_layer=3), "bloomz-3L")
+    assert spec.embed_params == 250_880 * 4096 and not spec.lm_head_params
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, targets="attn",
+                        gradient_checkpointing=True)
+    assert zero3_quantized_ahead_bytes(spec, setup, 50_000_000, 4) == 0

@@ -10,6 +10,7 @@ from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
+    DS_MAX_REUSE_DISTANCE,
     DS_PARAM_PERSISTENCE_THRESHOLD,
     HOOKED_CONTAINERS_PER_LAYER,
     prefetch_rounds,
@@ -51,6 +52,8 @@ def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bu
         return 0
     layers = sum((w + norm) * count for w, norm, _, count in packed)
     embed, head = model.embed_params, model.lm_head_params
+    if not head and embed >= DS_MAX_LIVE_PARAMETERS and layers < DS_MAX_REUSE_DISTANCE:
+        return 0  # zero3_coordinator.tied_embedding_fills_live on the packed trace: nothing is prefetched
     if head + model.final_norm_params + layers >= DS_MAX_LIVE_PARAMETERS:
         return 0  # a layer's parameter crosses M before the embedding: not modelled here
     norms = sum(norm * count for _, norm, _, count in packed) + model.final_norm_params
