@@ -69,3 +69,17 @@ def test_a_qlora_moe_without_checkpointing_peaks_at_the_recording_pass_top_fetch
     bd = memory_breakdown(spec, setup)
     assert bd.peak_instant == "backward_top_fetch"
     assert bd.components["parallel_buffers"] >= 4 * STACKS * 2
+
+
+def test_the_largest_deepspeed_parameter_of_a_moe_is_a_fused_stack() -> None:
+    # Qwen3-30B-A3B: 128 experts, h 2048, f 768: gate_up_proj [128, 1536, 2048] is one parameter of
+    # 402,653,184 elements (the simulation's gathered copy has that size), larger than any linear
+    # (q_proj 2048 x 4096 = 8,388,608) and than down_proj's 201,326,592
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_coordinator import largest_ds_parameter
+
+    base = resolve_model("Qwen/Qwen3-30B-A3B", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=2), "qwen3-30b-a3b-2L")
+    assert largest_ds_parameter(spec) == 128 * 2 * 768 * 2048
+    dense = model_from_config(dict(MIXTRAL, model_type="mistral"), "mistral-like-2L")
+    assert largest_ds_parameter(dense) == F * H

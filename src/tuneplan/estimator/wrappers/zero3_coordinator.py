@@ -288,8 +288,24 @@ def prefetch_reach(model: ModelSpec, setup: TrainSetup, queued: int) -> int:
     tail = model.embed_params if embedding_used_last(model, setup) else 0
     if queued - tail < DS_MAX_LIVE_PARAMETERS:
         return max(queued, 0)
-    largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
+    largest = largest_ds_parameter(model)
     return min(queued, DS_MAX_LIVE_PARAMETERS + largest)
+
+
+def largest_ds_parameter(model: ModelSpec) -> int:
+    """Elements of the largest decoder-layer parameter DeepSpeed partitions, the most a prefetch round can
+    overshoot by: a linear's weight, or one of transformers 5's fused routed-expert stacks, each a single
+    3-D parameter of the ``*Experts`` module (``gate_up_proj`` [E, 2f, h]: the expert projections reading
+    the MLP input, fused; ``down_proj`` [E, h, f]), not one expert's slice of it.
+
+    .. math:: p_{max} = \\max(\\max_{\\text{linears}} d_{in} d_{out},\\ E \\sum_{\\text{in}} d_{in} d_{out},\\
+              E\\, d_{in} d_{out}|_{\\text{down}})"""
+    sizes = [0]
+    for spec, _ in model.layer_groups:
+        sizes += [m.params // m.count for m in spec.linears if m.role != "expert"]
+        for reads in ("mlp_in", "mlp_mid"):
+            sizes.append(sum(m.params for m in spec.linears if m.role == "expert" and m.reads == reads))
+    return max(sizes)
 
 
 def embedding_used_last(model: ModelSpec, setup: TrainSetup) -> bool:
@@ -339,7 +355,7 @@ def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_b
     tail = model.embed_params if embedding_used_last(model, setup) else 0
     if rest - tail < prefetch_bucket:
         return queued
-    largest = max(m.params // m.count for spec, _ in model.layer_groups for m in spec.linears)
+    largest = largest_ds_parameter(model)
     return held + prefetch_bucket + largest
 
 
