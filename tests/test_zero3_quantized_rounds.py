@@ -79,3 +79,17 @@ def test_a_tied_embedding_over_max_live_stops_the_prefetcher_on_the_packed_trace
     setup = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, targets="attn",
                         gradient_checkpointing=True)
     assert zero3_quantized_ahead_bytes(spec, setup, 50_000_000, 4) == 0
+
+
+def test_the_reuse_distance_counts_the_packed_layers() -> None:
+    # Llama-2-7b, 32 layers, QLoRA with checkpointing: a layer is 4 x 4096^2 + 3 x 4096 x 11008 =
+    # 202,375,168 weights, 101,187,584 packed elements; with the untied head (32000 x 4096 = 1.31072e8)
+    # stage3_max_reuse_distance (1e9) leaves 8.68928e8 for 2 k layers: k = ceil(4.29) = 5 kept layers
+    # (on unpacked elements it would be 3)
+    h, f, v = 4096, 11008, 32000
+    cfg = dict(model_type="llama", hidden_size=h, intermediate_size=f, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=32, vocab_size=v)
+    spec = model_from_config(cfg, "llama-2-7b")
+    setup = build_setup(spec, method="qlora", precision="bf16", gpus=8, zero=3, gradient_checkpointing=True)
+    packed = (4 * h * h + 3 * h * f) // 2
+    assert zero3_kept_bytes(resolve_run(spec, setup), v * h) == 5 * packed

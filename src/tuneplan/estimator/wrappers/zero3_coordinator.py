@@ -10,6 +10,7 @@ from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.estimator.wrappers.reduce_buckets import bucket_fills, bucket_members, full_backward_gradients
 from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
 
 DS_MAX_REUSE_DISTANCE = 1_000_000_000  # elements, DeepSpeed default stage3_max_reuse_distance
@@ -288,20 +289,24 @@ def prefetch_reach(model: ModelSpec, setup: TrainSetup, queued: int) -> int:
     tail = model.embed_params if embedding_used_last(model, setup) else 0
     if queued - tail < DS_MAX_LIVE_PARAMETERS:
         return max(queued, 0)
-    largest = largest_ds_parameter(model)
+    largest = largest_ds_parameter(model, get_profile(setup.framework).model_code == "hf")
     return min(queued, DS_MAX_LIVE_PARAMETERS + largest)
 
 
-def largest_ds_parameter(model: ModelSpec) -> int:
+def largest_ds_parameter(model: ModelSpec, fused: bool = True) -> int:
     """Elements of the largest decoder-layer parameter DeepSpeed partitions, the most a prefetch round can
     overshoot by: a linear's weight, or one of transformers 5's fused routed-expert stacks, each a single
     3-D parameter of the ``*Experts`` module (``gate_up_proj`` [E, 2f, h]: the expert projections reading
-    the MLP input, fused; ``down_proj`` [E, h, f]), not one expert's slice of it.
+    the MLP input, fused; ``down_proj`` [E, h, f]), not one expert's slice of it; ``fused`` false (other
+    model code than transformers') keeps the per-expert slice, as the rest of the trace counts it.
 
     .. math:: p_{max} = \\max(\\max_{\\text{linears}} d_{in} d_{out},\\ E \\sum_{\\text{in}} d_{in} d_{out},\\
               E\\, d_{in} d_{out}|_{\\text{down}})"""
     sizes = [0]
     for spec, _ in model.layer_groups:
+        if not fused:
+            sizes += [m.params // m.count for m in spec.linears]
+            continue
         sizes += [m.params // m.count for m in spec.linears if m.role != "expert"]
         for reads in ("mlp_in", "mlp_mid"):
             sizes.append(sum(m.params for m in spec.linears if m.role == "expert" and m.reads == reads))
@@ -355,7 +360,7 @@ def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_b
     tail = model.embed_params if embedding_used_last(model, setup) else 0
     if rest - tail < prefetch_bucket:
         return queued
-    largest = largest_ds_parameter(model)
+    largest = largest_ds_parameter(model, get_profile(setup.framework).model_code == "hf")
     return held + prefetch_bucket + largest
 
 

@@ -15,7 +15,6 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     HOOKED_CONTAINERS_PER_LAYER,
     prefetch_rounds,
     zero3_kept_params,
-    zero3_layers_kept,
 )
 from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -66,22 +65,26 @@ def zero3_kept_bytes(run: Run, head_params: int) -> int:
 
     16-bit layers: those elements in the compute dtype. 4-bit layers are partitioned and gathered as
     packed bytes (module doc), a layer's weights as :func:`gathered_entries` gives them (its norms are
-    persistent, gathered for the run); without
-    checkpointing the bottom layer's linears with no backward use (``lora_bottom_layer``: nothing below
-    them requires grad) are released after their forward and never fetched again, ``b/8`` bytes a weight:
+    persistent, gathered for the run); without checkpointing the bottom layer's linears with no backward
+    use (``lora_bottom_layer``: nothing below them requires grad) are released after their forward and
+    never fetched again, ``b/8`` bytes a weight:
 
     .. math:: K = k \\max_{\\text{layers}} \\sum_p B_p
               - [k = L,\\ \\text{no checkpointing}]\\ \\frac{b}{8} \\sum_{\\text{free}} W
 
-    with ``k`` from ``zero3_layers_kept`` counted on the unpacked layer (the packed trace elements are
-    fewer, so at least as many layers are kept). (simulate: Llama-2-13b, 2 layers, QLoRA nf4 on the MLP
-    in fp32 over 2 GPUs: at the loss the head and the layers' packed copies, not the released embedding.)"""
+    with ``k`` as ``zero3_layers_kept`` counts it, on the packed trace elements of a layer. (simulate:
+    Llama-2-13b, 2 layers, QLoRA nf4 on the MLP in fp32 over 2 GPUs: at the loss the head and the
+    layers' packed copies, not the released embedding.)"""
     model, setup = run.model, run.setup
     bits = setup.quant_bits
     if bits is None:
         return zero3_kept_params(model, setup, head_params, run.targets) * run.dtypes.compute
-    k = zero3_layers_kept(model, head_params)
-    kept = k * max(sum(b for _, b in gathered_entries(run, spec)) for spec, _ in model.layer_groups)
+    layers = [gathered_entries(run, spec) for spec, _ in model.layer_groups]
+    # zero3_layers_kept's count on the packed trace: 2 k P_layer + P_head under the reuse distance
+    per_layer = max(max(sum(n for n, _ in entries) for entries in layers), 1)
+    room = DS_MAX_REUSE_DISTANCE - head_params
+    k = min(model.n_layers, -(-room // (2 * per_layer))) if room > 0 else 0
+    kept = k * max(sum(b for _, b in entries) for entries in layers)
     if k >= model.n_layers and not setup.gradient_checkpointing:
         kept -= bottom_gradient_free_params(model, run.targets) * bits // 8
     return kept
