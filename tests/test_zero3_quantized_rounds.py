@@ -93,3 +93,21 @@ def test_the_reuse_distance_counts_the_packed_layers() -> None:
     setup = build_setup(spec, method="qlora", precision="bf16", gpus=8, zero=3, gradient_checkpointing=True)
     packed = (4 * h * h + 3 * h * f) // 2
     assert zero3_kept_bytes(resolve_run(spec, setup), v * h) == 5 * packed
+
+
+def test_past_max_live_the_prefetcher_stops_at_m_plus_the_crossing_packed_weight() -> None:
+    # Llama-2-13b, 8 layers, QLoRA nf4 in bf16: head 32000 x 5120 = 1.6384e8 elements (bf16) and
+    # 8 x 1.586e8 packed layer elements reach stage3_max_live_parameters (1e9): the prefetcher holds M
+    # elements, the head among them, the rest packed bytes, plus the parameter that crosses, at most an MLP
+    # weight's 5120 x 13824 / 2 = 35,389,440 codes
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
+
+    h, f, v = 5120, 13824, 32000
+    cfg = dict(model_type="llama", hidden_size=h, intermediate_size=f, num_hidden_layers=8,
+               num_attention_heads=40, num_key_value_heads=40, vocab_size=v)
+    spec = model_from_config(cfg, "llama-13b-8L")
+    for ckpt in (True, False):
+        setup = build_setup(spec, method="qlora", precision="bf16", gpus=2, zero=3, targets="q_proj,v_proj",
+                            gradient_checkpointing=ckpt)
+        assert zero3_quantized_ahead_bytes(spec, setup, 50_000_000, 2) == (
+            v * h * 2 + 1_000_000_000 - v * h + h * f // 2)

@@ -40,9 +40,16 @@ def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bu
 
     with ``E``, ``H``, ``N`` the embedding, head and norm elements in the compute dtype ``c`` bytes, ``W``
     the layers' linear weights. (simulate: GLM-4-9B, 2 layers, QLoRA fp4 on q/v with checkpointing over 2
-    GPUs: the embedding INFLIGHT beside the head and both layers' packed weights at the loss.)"""
+    GPUs: the embedding INFLIGHT beside the head and both layers' packed weights at the loss.) When
+    the head and the layers reach ``M``, the prefetcher stops there plus the packed parameter crossing it,
+    with or without checkpointing (the queue holds layer parameters there, the embedding's use or not):
+
+    .. math:: G = H c + (M - H) + \\max_p \\frac{b}{8} W_p
+
+    (simulate: Llama-2-13b, 8 layers, QLoRA nf4 on q/v in bf16 over 2 GPUs, with and without
+    checkpointing.)"""
     bits = setup.quant_bits
-    if bits is None or not setup.gradient_checkpointing or not model.embed_params:
+    if bits is None or not model.embed_params:
         return 0
     packed = [(spec.linear_params * bits // 8, spec.norm_params, len(spec.linears), count)
               for spec, count in model.layer_groups]
@@ -54,7 +61,14 @@ def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bu
     if not head and embed >= DS_MAX_LIVE_PARAMETERS and layers < DS_MAX_REUSE_DISTANCE:
         return 0  # zero3_coordinator.tied_embedding_fills_live on the packed trace: nothing is prefetched
     if head + model.final_norm_params + layers >= DS_MAX_LIVE_PARAMETERS:
-        return 0  # a layer's parameter crosses M before the embedding: not modelled here
+        # a layer's packed parameter crosses M before the embedding (zero3_coordinator.prefetch_reach):
+        # M elements, the head among them (tied: the embedding's weight) in c bytes, the rest packed, one
+        # byte each, plus the parameter that crosses
+        held = head or embed
+        largest = max(m.d_in * m.d_out * bits // 8 for spec, _ in model.layer_groups for m in spec.linears)
+        return held * compute + DS_MAX_LIVE_PARAMETERS - held + largest
+    if not setup.gradient_checkpointing:
+        return 0  # the embedding has no backward use: what is kept is zero3_kept_bytes's
     norms = sum(norm * count for _, norm, _, count in packed) + model.final_norm_params
     return (embed + head + norms) * compute + layers - sum(norm * count for _, norm, _, count in packed)
 
