@@ -77,7 +77,6 @@ class MemoryStatics:
     gathered_bottom_backward: int  # at the bottom layer's backward (FSDP2's embedding prefetch; 0: none)
     bottom_layer_grads: int  # the gradient bytes then
     gathered_layer_end: int  # at a layer's backward end, beside the prefetched next layer (0: no instant)
-    gathered_top_fetch: int  # ZeRO-3: at the top layer's backward fetch of its experts (0: no instant)
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
     end_of_backward: EndOfBackward | None
     next_micro_batch: bool  # the instant after the longest micro-batch (longest first, accumulation)
@@ -161,7 +160,6 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_bottom_backward=wrapper_memory.gathered.bottom_layer_backward,
         bottom_layer_grads=grads + buckets.persistent + buckets.in_layers - buckets.missing_at_bottom_layer,
         gathered_layer_end=wrapper_memory.gathered.layer_end,
-        gathered_top_fetch=wrapper_memory.gathered.top_layer_backward_fetch,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,
         next_grads=(wrapper_memory.no_sync.accumulating if wrapper_memory.no_sync is not None else grads)
         + buckets.persistent + buckets.through_forward,
