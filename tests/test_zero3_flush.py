@@ -6,10 +6,7 @@ the head holds V H = 536,870,912 elements, over the 5e8-element default bucket."
 from __future__ import annotations
 
 from tuneplan.api import build_setup
-from tuneplan.estimator.wrappers.zero3_coordinator import (
-    zero3_flush_scratch,
-    zero3_gathered_at_head_flush,
-)
+from tuneplan.estimator.wrappers.zero3_flush import zero3_flush_scratch, zero3_gathered_at_head_flush
 from tuneplan.specs.model import ModelSpec, model_from_config
 
 H, F, V = 4096, 16384, 131072
@@ -72,8 +69,7 @@ def test_a_freeze_runs_trained_layers_fill_the_bucket_below_the_top() -> None:
     # (272,640,000) and layer 2's down, up and gate fill the bucket: 492,840,960 (the simulated first
     # reduction 492,846,080: one norm earlier); layer 2's o_proj (20,971,520) runs it. One layer above,
     # its MLP block back-propagated.
-    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_bucket_flush
-    from tuneplan.estimator.wrappers.zero3_flush import zero3_flush_place
+    from tuneplan.estimator.wrappers.zero3_flush import zero3_bucket_flush, zero3_flush_place
 
     cfg = dict(model_type="mistral", hidden_size=5120, num_hidden_layers=4, num_attention_heads=32,
                num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=131072,

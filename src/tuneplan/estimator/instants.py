@@ -251,6 +251,11 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
                                        top_scratch, top_gathered)
+        fetch = statics.wrapped.gathered.top_layer_backward_fetch
+        if fetch:  # ZeRO-3's first pass (wrappers/zero3_expert_round.py): the top layer's experts gathered
+            # again, the tail back-propagated, none of the layer's scratch yet
+            rows["backward_top_fetch"] = (statics.earlier_grads_in_layer, 0, saved - acts.tail_bytes,
+                                          statics.autocast_copies, held, 0, fetch)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)

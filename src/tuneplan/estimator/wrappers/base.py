@@ -78,6 +78,9 @@ class Gathered:
     flush: int = 0
     flush_layers_above: int = 0
     flush_past_mlp: bool = False  # the reduction's layer has back-propagated its MLP block by then
+    # ZeRO-3's trace-recording pass: at the top layer's backward fetch of its fused experts, before any of
+    # its scratch (wrappers/zero3_expert_round.py; 0: no instant there)
+    top_layer_backward_fetch: int = 0
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from tuneplan.estimator.links import ring_factor
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
+from tuneplan.estimator.wrappers import zero3_expert_round as fused_experts
+from tuneplan.estimator.wrappers import zero3_flush as first_flush
 from tuneplan.estimator.wrappers.base import (
     Buckets,
     Collectives,
@@ -34,23 +36,22 @@ from tuneplan.estimator.wrappers.base import (
 from tuneplan.estimator.wrappers.zero2_partition import zero2_backward
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 from tuneplan.estimator.wrappers.zero3_coordinator import (
-    zero3_backward_uses,
-    zero3_bucket_flush,
-    zero3_flush_scratch,
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
     zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
     zero3_head_round_first_pass,
-    zero3_kept_params,
-    zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_round
-from tuneplan.estimator.wrappers.zero3_flush import zero3_flush_gathered, zero3_flush_place
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
-from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
-from tuneplan.estimator.wrappers.zero3_saved_views import zero3_view_kept
+from tuneplan.estimator.wrappers.zero3_quantized import (
+    zero3_kept_bytes,
+    zero3_quantized_ahead_bytes,
+    zero3_quantized_at_embedding_bytes,
+    zero3_quantized_head_copy_bytes,
+)
+from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
     zero1_offload_epilogue,
@@ -281,8 +282,7 @@ class Zero3(Zero, ShardingWrapper):
         world_size = setup.world_size
         terms = deepspeed_terms(run, optimizer)
         # at most the whole 16-bit model gathered: a gathered parameter is whole, beside rank 0's partition
-        whole16 = terms.weights16
-        shard16 = ceil_div(whole16, world_size)
+        whole16, shard16 = terms.weights16, ceil_div(terms.weights16, world_size)
         # the current layer plus the prefetch bucket, never more than the rest of the model
         gathered = min(layer_gathered_bytes(run) + terms.prefetch_bucket * compute, whole16 - shard16)
         g_live = ceil_div(terms.grads16, world_size)
@@ -295,7 +295,7 @@ class Zero3(Zero, ShardingWrapper):
         # zeros, kept for the run), beside the IPG bucket; at the loss the output head's weight is gathered
         # whole (its forward ran last; it is used again in backward)
         head = model.lm_head_params or model.embed_params
-        kept = zero3_kept_params(model, setup, head, run.targets) * compute
+        kept = zero3_kept_bytes(run, head)
         at_loss = min(head * compute + kept, whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered, (flush, above, past_mlp) = self.prefetched(run, terms, at_loss, layer_gathered,
@@ -308,7 +308,7 @@ class Zero3(Zero, ShardingWrapper):
         lower = max(layer_gathered, at_bottom * compute, min(zero3_gathered_in_lower_layers(model, setup)
                     * compute, whole16) if setup.quant_bits is None and runs_ahead else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
-        views = (self.views_kept(run, head) + early) * compute
+        views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
                               keeps_scratch=True)
@@ -340,13 +340,18 @@ class Zero3(Zero, ShardingWrapper):
         elif setup.quant_bits is None:
             # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
             at_head = zero3_head_round_first_pass(model, setup) * compute
+        else:  # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
+            at_embedding = zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket)
+            at_head = at_loss + zero3_quantized_head_copy_bytes(run) if model.lm_head_params else 0
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
                                       head_backward=self.at_head_backward(run, at_loss),
-                                      top_layer_forward=min(zero3_gathered_at_top_forward(model, setup)
-                                                            * compute, whole16),
+                                      top_layer_backward_fetch=fused_experts.zero3_record_pass_top_bytes(run),
+                                      top_layer_forward=max(min(zero3_gathered_at_top_forward(
+                                          model, setup) * compute, whole16),
+                                          fused_experts.zero3_expert_round_bytes(run)),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
                              top_layer=top_layer, embedding=embedding,
                              notes=self.notes(setup, notes))
@@ -362,16 +367,6 @@ class Zero3(Zero, ShardingWrapper):
         return at_loss
 
     @staticmethod
-    def views_kept(run: Run, head: int) -> int:
-        """Elements of released gathered weights kept by saved views (:func:`zero3_view_kept`): none when
-        the prefetcher holds every parameter with a backward use from the forward on."""
-        model, setup = run.model, run.setup
-        ahead = zero3_gathered_ahead(model, setup, run.setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
-                                     run.targets)
-        holds_all = bool(ahead) and ahead >= zero3_backward_uses(model, setup, run.targets)
-        return zero3_view_kept(model, setup, run.targets, zero3_layers_kept(model, head), holds_all)
-
-    @staticmethod
     def prefetched(run: Run, terms: DeepSpeedTerms, at_loss: int, layer_gathered: int,
                    whole16: int) -> tuple[int, int, tuple[int, int, bool]]:
         """(gathered at the loss, gathered through the top layer's backward, (gathered at the first
@@ -379,7 +374,7 @@ class Zero3(Zero, ShardingWrapper):
         what it keeps gathered there, and when the IPG bucket is first reduced, the copy
         reduce_scatter_coalesced makes of it (in the top layer: the larger of the two; zero3_flush.py)."""
         model, setup, compute = run.model, run.setup, run.dtypes.compute
-        filled = zero3_bucket_flush(model, setup, terms.reduce_bucket)
+        filled = first_flush.zero3_bucket_flush(model, setup, terms.reduce_bucket)
         top_gathered = at_flush = layer_gathered
         if setup.quant_bits is None:
             ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
@@ -387,14 +382,16 @@ class Zero3(Zero, ShardingWrapper):
             if ahead:
                 top16 = zero3_gathered_in_backward(model, setup, targets=run.targets) * compute
                 top_gathered = max(top_gathered, min(top16, whole16))
-                at_flush = zero3_flush_gathered(model, setup, terms.prefetch_bucket, terms.reduce_bucket,
-                                                run.targets) * compute
+                at_flush = first_flush.zero3_flush_gathered(model, setup, terms.prefetch_bucket,
+                                                            terms.reduce_bucket, run.targets) * compute
         else:
-            # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding
-            at_loss = max(at_loss, min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket,
-                                                                   compute), whole16))
-        flush = at_flush + zero3_flush_scratch(model, setup, terms.reduce_bucket, compute) if filled else 0
+            # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding, and
+            # what it gathered stays until its backward use, the top layers' backward included
+            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16)
+            at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
+        scratch = first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
+        flush = at_flush + scratch if filled else 0
         # below the top layer the flush is an instant of its own (Gathered.flush), the layers above released
-        above, past_mlp = zero3_flush_place(model, setup, terms.reduce_bucket)
+        above, past_mlp = first_flush.zero3_flush_place(model, setup, terms.reduce_bucket)
         return (at_loss, top_gathered if above else max(top_gathered, flush),
                 (flush if above else 0, above, past_mlp))

@@ -4,14 +4,24 @@ stage3.py, the order of reduce_buckets.py)."""
 
 from __future__ import annotations
 
+from tuneplan.estimator.wrappers.reduce_buckets import (
+    bucket_fills,
+    bucket_members,
+    full_backward_gradients,
+    layer_gradients_from_top,
+)
 from tuneplan.estimator.wrappers.zero3_coordinator import (
+    DS_NORM_CHUNK,
+    embedding_used_last,
+    largest_ds_parameter,
+    prefetch_reach,
     top_layers_params,
-    zero3_bucket_flush,
-    zero3_gathered_at_head_flush,
+    zero3_backward_uses,
     zero3_gathered_in_backward,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import embedding_round_late
 from tuneplan.specs.model import LayerSpec, ModelSpec
+from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
 
 
@@ -73,3 +83,84 @@ def zero3_flush_place(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -
     """(:func:`zero3_flush_layers_above`, :func:`zero3_flush_past_mlp`)."""
     return (zero3_flush_layers_above(model, setup, reduce_bucket),
             zero3_flush_past_mlp(model, setup, reduce_bucket))
+
+
+def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> int:
+    """Gradient elements in the ZeRO-3 IPG bucket when it is first reduced during the backward; 0 when every
+    gradient fits, so that the only reduction is the backward's epilogue, or when the run is not a full
+    fine-tune.
+
+    stage3.py (DeepSpeed 0.19.8) ``reduce_independent_p_g_buckets_and_remove_grads``: when the next gradient
+    would take the bucket past ``reduce_bucket_size``, ``__reduce_and_partition_ipg_grads`` runs first; with
+    ``reduce_scatter`` on (the default) it calls ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``
+    (runtime/comm/coalesced_collectives.py), whose ``torch.cat`` of the interleaved, padded gradient chunks
+    is a new tensor of the bucket's elements in the 16-bit dtype, live beside the bucket while the layer is
+    back-propagated (the order: :func:`zero3_backward_gradients`)."""
+    fills = bucket_fills(zero3_backward_gradients(model, setup), reduce_bucket)
+    return fills[0] if len(fills) > 1 else 0
+
+
+def zero3_backward_gradients(model: ModelSpec, setup: TrainSetup) -> list[int]:
+    """The gradients (elements) of one backward up to the bottom layer in the order their hooks fire: a full
+    fine-tune's (reduce_buckets.full_backward_gradients), a freeze run's trained top layers (no head:
+    weights.trainable_params; simulate: Mistral-Nemo, 4 layers, 2 trained over 2 GPUs: a first reduction
+    of 4.928e8 elements, layer 3 and layer 2's MLP); none otherwise (LoRA's fit the bucket)."""
+    if setup.method == "full":
+        return full_backward_gradients(model, embedding=False)
+    if setup.method == "freeze":
+        return layer_gradients_from_top(model, min(setup.freeze_trainable_layers, model.n_layers))
+    return []
+
+
+def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                                 reduce_bucket: int) -> int:
+    """Parameters (elements) gathered when the IPG bucket is first reduced holding the untied output head's
+    gradient alone (the head fills the bucket: the final norm's gradient, the next, triggers the reduction
+    right after the head's backward); -1 when the first reduction is not that one.
+
+    ``PartitionedParameterCoordinator`` (DeepSpeed 0.19.8): ``release_sub_module`` frees the head after its
+    backward, and before the final norm's gradient is ready only the final norm's own fetch has run: one
+    prefetch round of ``_fetch_sub_module_impl``, which pops until it has taken ``prefetch_bucket``
+    elements (the last parameter overshooting), or, when what is left before the embedding is less, the
+    rest of the queue, embedding included (:func:`prefetch_reach`). What is gathered is what the loss held
+    (:func:`zero3_gathered_ahead`) less the head, plus that round."""
+    head = model.lm_head_params
+    fill = bucket_members(full_backward_gradients(model, embedding=False), reduce_bucket)
+    if not head or setup.method != "full" or not fill or fill[0] != [head]:
+        return -1
+    queued = zero3_backward_uses(model, setup) - head
+    held = max(prefetch_reach(model, setup, queued + head) - head, 0)
+    rest = queued - held
+    tail = model.embed_params if embedding_used_last(model, setup) else 0
+    if rest - tail < prefetch_bucket:
+        return queued
+    largest = largest_ds_parameter(model, get_profile(setup.framework).model_code == "hf")
+    return held + prefetch_bucket + largest
+
+
+def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, compute: int) -> int:
+    """Bytes beside the bucket while its first reduction in the backward runs (zero3_bucket_flush; 0 when
+    there is none): the reduce-scatter's interleaved copy, and with ``offload_optimizer`` the fp64 chunk of
+    a gradient partition's norm.
+
+    DeepSpeed 0.19.8: ``__reduce_and_partition_ipg_grads`` -> ``__avg_scatter_grads`` ->
+    ``reduce_scatter_coalesced`` (runtime/comm/coalesced_collectives.py) ``torch.cat``-s the padded chunks
+    of the fill's ``n`` gradients into a new flat tensor of ``sum ceil(P_i / N) N`` elements, except for
+    one gradient divisible by ``N``, which it reduces in place (``tensors[0].view(-1)``); the partitions it
+    returns are views of that tensor, live through ``partition_grads``. There, with ``offload_optimizer``,
+    at the accumulation boundary, ``_offload_grad_partition_at_boundary`` -> ``_constant_buffered_norm2``
+    takes each partition's norm chunk by chunk of ``buffer_size`` = 2.5e8 elements converted to fp64
+    (zero/utils.py ``get_norm_dtype``): ``8 min(ceil(P_max / N), 2.5e8)`` bytes at once."""
+    if not zero3_bucket_flush(model, setup, reduce_bucket):
+        return 0
+    members = bucket_members(zero3_backward_gradients(model, setup), reduce_bucket)
+    fill, ws = members[0], setup.world_size
+    single = len(fill) == 1 and fill[0] % ws == 0
+    copy = 0 if single else sum(-(-n // ws) * ws for n in fill) * compute
+    # a gradient larger than the bucket is not copied into it (``__add_grad_to_ipg_bucket`` copies only
+    # what fits): its own tensor lives until ``partition_grads`` drops ``param.grad``
+    own = fill[0] * compute if fill[0] > reduce_bucket else 0
+    norm = 8 * min(-(-max(fill) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
+    # the gradient whose hook runs the reduction (``reduce_independent_p_g_buckets_and_remove_grads``, before
+    # ``__add_grad_to_ipg_bucket`` copies it in): its ``param.grad`` live beside it
+    return own + copy + norm + members[1][0] * compute

@@ -4,9 +4,23 @@ trace is short and the prefetcher runs ahead through it."""
 
 from __future__ import annotations
 
-from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_LIVE_PARAMETERS, HOOKED_CONTAINERS_PER_LAYER
-from tuneplan.specs.model import ModelSpec
+from typing import TYPE_CHECKING
+
+from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
+from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    DS_MAX_LIVE_PARAMETERS,
+    DS_MAX_REUSE_DISTANCE,
+    DS_PARAM_PERSISTENCE_THRESHOLD,
+    HOOKED_CONTAINERS_PER_LAYER,
+    prefetch_rounds,
+    zero3_kept_params,
+)
+from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
 
 
 def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
@@ -26,9 +40,16 @@ def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bu
 
     with ``E``, ``H``, ``N`` the embedding, head and norm elements in the compute dtype ``c`` bytes, ``W``
     the layers' linear weights. (simulate: GLM-4-9B, 2 layers, QLoRA fp4 on q/v with checkpointing over 2
-    GPUs: the embedding INFLIGHT beside the head and both layers' packed weights at the loss.)"""
+    GPUs: the embedding INFLIGHT beside the head and both layers' packed weights at the loss.) When
+    the head and the layers reach ``M``, the prefetcher stops there plus the packed parameter crossing it,
+    with or without checkpointing (the queue holds layer parameters there, the embedding's use or not):
+
+    .. math:: G = H c + (M - H) + \\max_p \\frac{b}{8} W_p
+
+    (simulate: Llama-2-13b, 8 layers, QLoRA nf4 on q/v in bf16 over 2 GPUs, with and without
+    checkpointing.)"""
     bits = setup.quant_bits
-    if bits is None or not setup.gradient_checkpointing or not model.embed_params:
+    if bits is None or not model.embed_params:
         return 0
     packed = [(spec.linear_params * bits // 8, spec.norm_params, len(spec.linears), count)
               for spec, count in model.layer_groups]
@@ -37,7 +58,114 @@ def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bu
         return 0
     layers = sum((w + norm) * count for w, norm, _, count in packed)
     embed, head = model.embed_params, model.lm_head_params
+    if not head and embed >= DS_MAX_LIVE_PARAMETERS and layers < DS_MAX_REUSE_DISTANCE:
+        return 0  # zero3_coordinator.tied_embedding_fills_live on the packed trace: nothing is prefetched
     if head + model.final_norm_params + layers >= DS_MAX_LIVE_PARAMETERS:
-        return 0  # a layer's parameter crosses M before the embedding: not modelled here
+        # a layer's packed parameter crosses M before the embedding (zero3_coordinator.prefetch_reach):
+        # M elements, the head among them (tied: the embedding's weight) in c bytes, the rest packed, one
+        # byte each, plus the parameter that crosses
+        held = head or embed
+        largest = max(m.d_in * m.d_out * bits // 8 for spec, _ in model.layer_groups for m in spec.linears)
+        return held * compute + DS_MAX_LIVE_PARAMETERS - held + largest
+    if not setup.gradient_checkpointing:
+        return 0  # the embedding has no backward use: what is kept is zero3_kept_bytes's
     norms = sum(norm * count for _, norm, _, count in packed) + model.final_norm_params
     return (embed + head + norms) * compute + layers - sum(norm * count for _, norm, _, count in packed)
+
+
+def zero3_kept_bytes(run: Run, head_params: int) -> int:
+    """Bytes of the decoder layers ZeRO-3 keeps gathered from their forward to their backward
+    (zero3_coordinator.zero3_kept_params), as they are gathered.
+
+    16-bit layers: those elements in the compute dtype. 4-bit layers are partitioned and gathered as
+    packed bytes (module doc), a layer's weights as :func:`gathered_entries` gives them (its norms are
+    persistent, gathered for the run); without checkpointing the bottom layer's linears with no backward
+    use (``lora_bottom_layer``: nothing below them requires grad) are released after their forward and
+    never fetched again, ``b/8`` bytes a weight:
+
+    .. math:: K = k \\max_{\\text{layers}} \\sum_p B_p
+              - [k = L,\\ \\text{no checkpointing}]\\ \\frac{b}{8} \\sum_{\\text{free}} W
+
+    with ``k`` as ``zero3_layers_kept`` counts it, on the packed trace elements of a layer. (simulate:
+    Llama-2-13b, 2 layers, QLoRA nf4 on the MLP in fp32 over 2 GPUs: at the loss the head and the
+    layers' packed copies, not the released embedding.)"""
+    model, setup = run.model, run.setup
+    bits = setup.quant_bits
+    if bits is None:
+        return zero3_kept_params(model, setup, head_params, run.targets) * run.dtypes.compute
+    layers = [gathered_entries(run, spec) for spec, _ in model.layer_groups]
+    # zero3_layers_kept's count on the packed trace: 2 k P_layer + P_head under the reuse distance
+    per_layer = max(max(sum(n for n, _ in entries) for entries in layers), 1)
+    room = DS_MAX_REUSE_DISTANCE - head_params
+    k = min(model.n_layers, -(-room // (2 * per_layer))) if room > 0 else 0
+    kept = k * max(sum(b for _, b in entries) for entries in layers)
+    if k >= model.n_layers and not setup.gradient_checkpointing:
+        kept -= bottom_gradient_free_params(model, run.targets) * bits // 8
+    return kept
+
+
+def zero3_quantized_at_embedding_bytes(run: Run, prefetch_bucket: int) -> int:
+    """Bytes ZeRO-3 holds gathered at the token embedding's forward in a QLoRA run with a complete trace:
+    ``zero3_coordinator.zero3_gathered_at_embedding``'s rounds over a trace whose 4-bit weights count
+    their packed bytes (module doc), each entry in its own bytes: a packed weight one byte an element,
+    the embedding, the head and the fused experts (``bnb_scope``: not quantized) their dtype.
+
+    .. math:: G = \\sum_{r < n_{fetch}} \\sum_{p \\in r} n_p\\, b_p
+
+    (simulate: Phi-3-mini, 2 layers, QLoRA nf4 in fp32 over 2 GPUs: at the embedding's forward of the
+    second step the embedding and the head (9.85e7 elements each, fp32) beside both layers' packed rounds,
+    5.66e7 bytes each.)"""
+    model, setup, dtypes = run.model, run.setup, run.dtypes
+    bits = setup.quant_bits
+    if bits is None or not model.embed_params:
+        return 0
+    trace = [(model.embed_params, dtypes.non_block)]
+    for spec, count in model.layer_groups:
+        trace += [(n, b // n) for n, b in gathered_entries(run, spec)] * count
+    if model.lm_head_params:
+        trace.append((model.lm_head_params, dtypes.non_block))
+    wrappers = 4  # the causal-LM model and its base model, PEFT's PeftModel and LoraModel above them
+    rounds = prefetch_rounds([n for n, _ in trace], prefetch_bucket)[:wrappers + 1]
+    return sum(n * b for n, b in trace[:sum(len(r) for r in rounds)])
+
+
+def gathered_entries(run: Run, spec: LayerSpec) -> list[tuple[int, int]]:
+    """(trace elements, bytes) of each weight of one decoder layer of a quantized run in forward order,
+    as ZeRO-3 partitions and gathers it: a 4-bit ``Params4bit`` as its packed ``uint8`` codes
+    (``bits / 8`` an element: ``ds_numel`` is the packed count), a fused expert stack (``bnb_scope``: not
+    quantized) whole in its dtype, one entry per expert as ``zero3_coordinator.forward_trace`` has them;
+    biases and norms left out."""
+    bits = run.setup.quant_bits or 16
+    stack = expert_stack_bytes(run.setup.quant_bits, run.dtypes)
+    out = []
+    for m in spec.linears:
+        if quantized(m, run.profile.model_code):
+            packed = m.d_in * m.d_out * bits // 8
+            out += [(packed, packed)] * m.count
+        else:
+            out += [(m.params // m.count, m.params // m.count * stack)] * m.count
+    return out
+
+
+def zero3_quantized_head_copy_bytes(run: Run) -> int:
+    """Bytes a QLoRA run's untied output head holds beyond itself at the final norm's forward of the first
+    pass with a complete trace (0 with a tied head).
+
+    The record pass released the persistent final norm too (zero3_first_pass.py); with the packed trace the
+    prefetcher popped the head's round well before the norm, and the norm, NOT_AVAILABLE, starts it: the
+    round ``[norm, head]`` is coalesced, the norm's fetch waits for it and ``AllGatherCoalescedHandle.wait``
+    gives the head its copy (``torch.cat(partitions)``) while the flat buffer stays filed under the head
+    until its own fetch (zero3_coordinator.zero3_head_round_first_pass, the 16-bit case):
+
+    .. math:: \\Delta G = (P_{head} + P_{norm})\\, b_{nb}
+
+    beside what the loss holds. (simulate: Qwen2.5-32B, 3 layers, QLoRA fp4 in fp32 over 2 GPUs without
+    checkpointing: the 7.7857e8-element flat buffer beside the head's copy at ``model.norm`` in the second
+    micro-batch of the first step, the run's peak.)"""
+    model = run.model
+    norm = model.final_norm_params
+    if run.setup.quant_bits is None or not model.lm_head_params:
+        return 0
+    if not 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD:
+        return 0
+    return (model.lm_head_params + norm) * run.dtypes.non_block

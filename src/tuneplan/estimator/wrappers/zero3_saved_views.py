@@ -20,8 +20,18 @@ FSDP1 and FSDP2 free an unsharded parameter by ``untyped_storage().resize_(0)`` 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    zero3_backward_uses,
+    zero3_gathered_ahead,
+    zero3_layers_kept,
+)
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
 
 # model types whose decoder linears compute on a view of the weight (bypassing F.linear)
 VIEW_LINEAR_MODEL_TYPES = frozenset({"falcon"})
@@ -55,6 +65,15 @@ def layer_viewed_weights(model: ModelSpec, setup: TrainSetup, targets: frozenset
                 continue
         total += m.params
     return total
+
+
+def zero3_views_kept(run: Run, head: int, prefetch_bucket: int) -> int:
+    """Elements of released gathered weights kept by saved views (:func:`zero3_view_kept`): none when
+    the prefetcher holds every parameter with a backward use from the forward on."""
+    model, setup = run.model, run.setup
+    ahead = zero3_gathered_ahead(model, setup, prefetch_bucket, run.targets)
+    holds_all = bool(ahead) and ahead >= zero3_backward_uses(model, setup, run.targets)
+    return zero3_view_kept(model, setup, run.targets, zero3_layers_kept(model, head), holds_all)
 
 
 def zero3_view_kept(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], layers_kept: int,

@@ -1,0 +1,69 @@
+"""What ZeRO-3 holds while it gathers a decoder layer's fused routed experts in the forward.
+
+transformers 5's MoE layers keep their routed experts as one ``*Experts`` module holding the fused 3-D
+stacks ``gate_up_proj`` [E, 2f, h] and ``down_proj`` [E, h, f] (and their biases where the model has them)
+as direct parameters. ``PartitionedParameterCoordinator._fetch_sub_module_impl`` (DeepSpeed 0.19.8,
+runtime/zero/partitioned_param_coordinator.py) fetches a module's direct parameters in one
+``__all_gather_params`` call; with more than one parameter, ``all_gather_coalesced``
+(runtime/zero/partition_parameters.py) gathers them into one flat buffer (``torch.empty(partition_sz *
+world_size)``) and ``AllGatherCoalescedHandle.wait`` gives each parameter its own copy of its slices
+(``param.data = torch.cat(partitions)``) while the handle, filed in ``__inflight_param_registry`` under
+every parameter of the round, keeps the flat buffer until the last of them is popped. At the last copy
+the stacks are held twice. Bitsandbytes leaves the stacks unquantized under QLoRA (``bnb_scope``), so
+the module is as large in a 4-bit run as in a 16-bit one: it is the largest round of the forward.
+
+The first forward and backward record the module trace; until it is complete ``release_sub_module``
+releases every parameter of a module after its forward (``__params_to_release`` needs the trace), so each
+layer's experts are gathered again by their backward fetch. The forward's copy is not freed with them when
+``grouped_mm`` saved its transposed view for the input's gradient (``zero3_saved_views``): at the top
+layer's backward fetch every layer's forward copy is alive beside the new round, held twice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuneplan.estimator.bnb_scope import expert_stack_bytes
+from tuneplan.estimator.wrappers.zero3_saved_views import expert_viewed_weights
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
+
+
+def zero3_expert_round_bytes(run: Run) -> int:
+    """Bytes gathered while the top decoder layer's experts module is fetched in the forward: its fused
+    stacks' flat buffer and the per-parameter copies (module doc), a lower bound of what is gathered then
+    (0 without fused experts, under other model code than transformers').
+
+    .. math:: G = 2 \\, b_e \\sum_{\\text{expert stacks}} E\\,(d_{in} d_{out} + d_{out}[\\text{bias}])
+
+    with ``b_e`` the stacks' bytes per element (``bnb_scope.expert_stack_bytes``: the frozen weight dtype,
+    fp32 under QLoRA once PEFT's ``prepare_model_for_kbit_training`` upcast them). (simulate:
+    Mixtral-8x22B, 4 layers, QLoRA fp4 in fp32 over 4 GPUs: the 2.416e9-element flat buffer beside the
+    ``gate_up_proj`` and ``down_proj`` copies at layer 3's MoE block, the step's peak.)"""
+    if run.profile.model_code != "hf" or run.setup.zero != 3 or run.setup.world_size < 2:
+        return 0
+    spec = run.model.layer_groups[-1][0]
+    stacks = sum(m.params for m in spec.linears if m.role == "expert")
+    return 2 * stacks * expert_stack_bytes(run.setup.quant_bits, run.dtypes)
+
+
+def zero3_record_pass_top_bytes(run: Run) -> int:
+    """Bytes gathered at the top decoder layer's backward fetch of its experts in the trace-recording pass
+    (module doc), without checkpointing (with it the forward saves nothing): every layer's forward copy
+    kept by its saved view (``zero3_saved_views.expert_viewed_weights``) and the top layer's new round
+    held twice; 0 when the top layer's experts save no view (their input needs no gradient, no backward
+    fetch) or :func:`zero3_expert_round_bytes` is 0.
+
+    .. math:: G = b_e \\left(\\sum_i v_i + 2 S_{top}\\right)
+
+    (simulate: Mixtral-8x22B, 2 layers, QLoRA fp4 in fp16 over 4 GPUs without checkpointing: both layers'
+    ``gate_up_proj`` / ``down_proj`` copies from the first forward beside the top layer's 2.416e9-element
+    flat buffer and its copies, the first micro-batch's backward the step's peak.)"""
+    round_bytes = zero3_expert_round_bytes(run)
+    if not round_bytes or run.setup.gradient_checkpointing:
+        return 0
+    viewed = expert_viewed_weights(run.model, run.setup, run.targets)
+    if not viewed or not viewed[-1]:
+        return 0
+    return sum(viewed) * expert_stack_bytes(run.setup.quant_bits, run.dtypes) + round_bytes

@@ -1,0 +1,85 @@
+"""ZeRO-3's forward fetch of transformers 5's fused experts module, counted by hand from DeepSpeed 0.19.8
+(``all_gather_coalesced``: a flat buffer, then ``AllGatherCoalescedHandle.wait`` copies each parameter out
+with ``torch.cat``) and transformers 5.25's Mixtral (``MixtralExperts``: ``gate_up_proj`` [E, 2f, h],
+``down_proj`` [E, h, f]); estimator/wrappers/zero3_expert_round.py."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.memory import memory_breakdown
+from tuneplan.estimator.run import resolve_run
+from tuneplan.estimator.wrappers.zero3_expert_round import zero3_expert_round_bytes
+from tuneplan.specs.model import model_from_config
+
+E, H, F = 8, 6144, 16384
+MIXTRAL = dict(model_type="mixtral", hidden_size=H, intermediate_size=F, num_hidden_layers=2,
+               num_attention_heads=48, num_key_value_heads=8, num_local_experts=E, num_experts_per_tok=2,
+               vocab_size=32768)
+STACKS = E * 2 * F * H + E * H * F  # gate_up_proj + down_proj: 2,415,919,104 elements
+
+
+def test_the_experts_round_is_held_twice_in_its_stacks_dtype() -> None:
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    # QLoRA in fp32: bitsandbytes leaves the 3-D stacks unquantized, in the fp32 load dtype
+    qlora = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, targets="q_proj,v_proj")
+    assert zero3_expert_round_bytes(resolve_run(spec, qlora)) == 2 * STACKS * 4
+    # QLoRA in bf16: DeepSpeed casts the module's unquantized parameters to bf16 (as large as a 16-bit base)
+    q16 = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj")
+    assert zero3_expert_round_bytes(resolve_run(spec, q16)) == 2 * STACKS * 2
+    # LoRA on a bf16 base: the frozen stacks stay bf16
+    lora = build_setup(spec, method="lora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj")
+    assert zero3_expert_round_bytes(resolve_run(spec, lora)) == 2 * STACKS * 2
+    # no ZeRO-3 gather: nothing
+    ddp = build_setup(spec, method="lora", precision="bf16", gpus=4, targets="q_proj,v_proj")
+    assert zero3_expert_round_bytes(resolve_run(spec, ddp)) == 0
+
+
+def test_a_qlora_moe_peaks_at_the_top_layers_experts_fetch() -> None:
+    # 4-bit attention: the experts round (2 x 9.66 GB in fp32) dwarfs everything else gathered; with
+    # checkpointing little is saved, and the forward's fetch of the top layer's experts is the largest instant
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, targets="q_proj,v_proj",
+                        gradient_checkpointing=True, batch=1, seq=256)
+    bd = memory_breakdown(spec, setup)
+    assert bd.peak_instant == "forward_layers_top"
+    assert bd.components["parallel_buffers"] >= 2 * STACKS * 4
+
+
+def test_the_recording_pass_keeps_every_forward_copy_beside_the_top_layers_new_round() -> None:
+    # the first forward + backward records the trace: release_sub_module releases every layer's experts
+    # after their forward, grouped_mm's saved transposed view keeps each forward copy; the top layer's
+    # backward fetch gathers a new round (flat buffer + copies) beside both layers' copies. LoRA on q/v:
+    # the bottom layer's experts read a tensor that requires grad (q/v's LoRA output through attention).
+    from tuneplan.estimator.wrappers.zero3_expert_round import zero3_record_pass_top_bytes
+
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    qlora = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, targets="q_proj,v_proj",
+                        gradient_checkpointing=False)
+    assert zero3_record_pass_top_bytes(resolve_run(spec, qlora)) == (2 * STACKS + 2 * STACKS) * 2
+    # with checkpointing the forward saves nothing: no copy outlives its gather
+    ckpt = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, targets="q_proj,v_proj",
+                       gradient_checkpointing=True)
+    assert zero3_record_pass_top_bytes(resolve_run(spec, ckpt)) == 0
+
+
+def test_a_qlora_moe_without_checkpointing_peaks_at_the_recording_pass_top_fetch() -> None:
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    setup = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, targets="q_proj,v_proj",
+                        gradient_checkpointing=False, batch=1, seq=256)
+    bd = memory_breakdown(spec, setup)
+    assert bd.peak_instant == "backward_top_fetch"
+    assert bd.components["parallel_buffers"] >= 4 * STACKS * 2
+
+
+def test_the_largest_deepspeed_parameter_of_a_moe_is_a_fused_stack() -> None:
+    # Qwen3-30B-A3B: 128 experts, h 2048, f 768: gate_up_proj [128, 1536, 2048] is one parameter of
+    # 402,653,184 elements (the simulation's gathered copy has that size), larger than any linear
+    # (q_proj 2048 x 4096 = 8,388,608) and than down_proj's 201,326,592
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_coordinator import largest_ds_parameter
+
+    base = resolve_model("Qwen/Qwen3-30B-A3B", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=2), "qwen3-30b-a3b-2L")
+    assert largest_ds_parameter(spec) == 128 * 2 * 768 * 2048
+    dense = model_from_config(dict(MIXTRAL, model_type="mistral"), "mistral-like-2L")
+    assert largest_ds_parameter(dense) == F * H

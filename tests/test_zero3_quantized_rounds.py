@@ -1,0 +1,113 @@
+"""ZeRO-3 with 4-bit layers, counted by hand from DeepSpeed 0.19.8 (a bitsandbytes ``Params4bit`` is
+partitioned and gathered as its packed ``uint8`` codes, ``bits / 8`` an element) and transformers 5.25's
+Llama and Phi-3 layers (estimator/wrappers/zero3_quantized.py)."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.run import resolve_run
+from tuneplan.estimator.wrappers.zero3_quantized import zero3_kept_bytes, zero3_quantized_at_embedding_bytes
+from tuneplan.specs.model import model_from_config
+
+
+def test_the_kept_layers_are_their_packed_bytes_less_the_bottom_layers_unused_linears() -> None:
+    h, f, v = 5120, 13824, 32000
+    cfg = dict(model_type="llama", hidden_size=h, intermediate_size=f, num_hidden_layers=2,
+               num_attention_heads=40, num_key_value_heads=40, vocab_size=v)
+    spec = model_from_config(cfg, "llama-13b-2L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3, targets="mlp",
+                        gradient_checkpointing=False)
+    run = resolve_run(spec, setup)
+    layer = 4 * h * h + 3 * h * f  # 317,194,240 weights, 158,597,120 packed nf4 bytes
+    # stage3_max_reuse_distance 1e9: after the top layer's forward the head (v h = 1.6384e8) comes before
+    # its backward, after the bottom one's also the top layer twice: 1.6384e8 + 2 x 3.17e8 < 1e9, both kept
+    # the bottom layer's q, k, v, o (nothing below them requires grad) and gate / up (their LoRA output
+    # does, their base weight's input does not) have no backward use: released after their forward
+    free = 4 * h * h + 2 * h * f
+    assert zero3_kept_bytes(run, v * h) == 2 * layer // 2 - free // 2  # 194,068,480
+    # 16-bit layers: their elements (weights and the two norms, as zero3_kept_params counts a layer) in
+    # the compute dtype
+    lora = build_setup(spec, method="lora", precision="fp32", gpus=2, zero=3, targets="mlp",
+                       gradient_checkpointing=True)
+    assert zero3_kept_bytes(resolve_run(spec, lora), v * h) == 2 * (layer + 2 * h) * 4
+
+
+def test_the_embedding_forward_holds_the_first_rounds_of_a_packed_trace() -> None:
+    h, f, v = 3072, 8192, 32064
+    cfg = dict(model_type="phi3", hidden_size=h, intermediate_size=f, num_hidden_layers=2,
+               num_attention_heads=32, num_key_value_heads=32, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "phi3-mini-2L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3)
+    run = resolve_run(spec, setup)
+    # the packed trace: embedding 9.85e7, per layer qkv 1.4156e7, o 4.719e6, gate_up 2.5166e7 (4.404e7
+    # < the 5e7 prefetch bucket) and down 1.2583e7 (one round of 5.662e7), the head 9.85e7: the
+    # embedding's fetch and the four wrappers' above it pop every round (the backward part of the queue
+    # is AVAILABLE by then, popped uncounted): embedding and head in fp32, the layers' codes one byte each
+    packed_layer = (h * 3 * h + h * h + h * 2 * f + f * h) // 2
+    assert packed_layer == 56_623_104
+    assert zero3_quantized_at_embedding_bytes(run, 50_000_000) == 2 * v * h * 4 + 2 * packed_layer
+
+
+def test_the_first_complete_pass_holds_the_untied_head_twice_at_the_final_norm() -> None:
+    # the record pass released the final norm (h = 5120 elements, under stage3_param_persistence_threshold
+    # 1e5, persistent afterwards); the norm starts the coalesced [norm, head] round: its flat buffer and the
+    # head's copy, in fp32 (a QLoRA fp32 run: the head is not quantized), one head beyond the loss's
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_head_copy_bytes
+
+    h, v = 5120, 152064
+    cfg = dict(model_type="qwen2", hidden_size=h, intermediate_size=27648, num_hidden_layers=3,
+               num_attention_heads=40, num_key_value_heads=8, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "qwen2.5-32b-3L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3)
+    assert zero3_quantized_head_copy_bytes(resolve_run(spec, setup)) == (v * h + h) * 4
+    tied = model_from_config(dict(cfg, tie_word_embeddings=True), "qwen2.5-32b-tied-3L")
+    assert zero3_quantized_head_copy_bytes(resolve_run(tied, build_setup(tied, method="qlora",
+                                                                         precision="fp32", gpus=2,
+                                                                         zero=3))) == 0
+
+
+def test_a_tied_embedding_over_max_live_stops_the_prefetcher_on_the_packed_trace() -> None:
+    # bloomz-7b1: the tied embedding, 250,880 x 4,096 = 1.0276e9 elements, reaches
+    # stage3_max_live_parameters (1e9) alone and, its head's forward coming after the layers' 3 x 1.006e8
+    # packed elements (< stage3_max_reuse_distance), is never released: the prefetcher takes nothing
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
+
+    base = resolve_model("bigscience/bloomz-7b1", allow_network=False)
+    spec = model_from_config(dict(base.config, n_layer=3), "bloomz-3L")
+    assert spec.embed_params == 250_880 * 4096 and not spec.lm_head_params
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, targets="attn",
+                        gradient_checkpointing=True)
+    assert zero3_quantized_ahead_bytes(spec, setup, 50_000_000, 4) == 0
+
+
+def test_the_reuse_distance_counts_the_packed_layers() -> None:
+    # Llama-2-7b, 32 layers, QLoRA with checkpointing: a layer is 4 x 4096^2 + 3 x 4096 x 11008 =
+    # 202,375,168 weights, 101,187,584 packed elements; with the untied head (32000 x 4096 = 1.31072e8)
+    # stage3_max_reuse_distance (1e9) leaves 8.68928e8 for 2 k layers: k = ceil(4.29) = 5 kept layers
+    # (on unpacked elements it would be 3)
+    h, f, v = 4096, 11008, 32000
+    cfg = dict(model_type="llama", hidden_size=h, intermediate_size=f, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=32, vocab_size=v)
+    spec = model_from_config(cfg, "llama-2-7b")
+    setup = build_setup(spec, method="qlora", precision="bf16", gpus=8, zero=3, gradient_checkpointing=True)
+    packed = (4 * h * h + 3 * h * f) // 2
+    assert zero3_kept_bytes(resolve_run(spec, setup), v * h) == 5 * packed
+
+
+def test_past_max_live_the_prefetcher_stops_at_m_plus_the_crossing_packed_weight() -> None:
+    # Llama-2-13b, 8 layers, QLoRA nf4 in bf16: head 32000 x 5120 = 1.6384e8 elements (bf16) and
+    # 8 x 1.586e8 packed layer elements reach stage3_max_live_parameters (1e9): the prefetcher holds M
+    # elements, the head among them, the rest packed bytes, plus the parameter that crosses, at most an MLP
+    # weight's 5120 x 13824 / 2 = 35,389,440 codes
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_ahead_bytes
+
+    h, f, v = 5120, 13824, 32000
+    cfg = dict(model_type="llama", hidden_size=h, intermediate_size=f, num_hidden_layers=8,
+               num_attention_heads=40, num_key_value_heads=40, vocab_size=v)
+    spec = model_from_config(cfg, "llama-13b-8L")
+    for ckpt in (True, False):
+        setup = build_setup(spec, method="qlora", precision="bf16", gpus=2, zero=3, targets="q_proj,v_proj",
+                            gradient_checkpointing=ckpt)
+        assert zero3_quantized_ahead_bytes(spec, setup, 50_000_000, 2) == (
+            v * h * 2 + 1_000_000_000 - v * h + h * f // 2)
