@@ -42,3 +42,20 @@ def test_a_frozen_bottom_layer_makes_no_gradient_of_its_own() -> None:
     assert not frozen.wrapped.bottom_layer_trains and trained.wrapped.bottom_layer_trains
     assert frozen.bottom_layer_grads == frozen.grads
     assert trained.bottom_layer_grads == trained.grads + 2 * LAYER
+
+
+def test_under_checkpointing_the_host_copy_comes_before_the_recomputation() -> None:
+    # the embedding's prefetch runs at the bottom layer's pre-backward, before its checkpoint is recomputed
+    # (the FSDP2 pre-backward hook fires on the layer's output gradient; the recomputation runs when its
+    # first saved tensor is unpacked), and the copy is dropped once the all-gather is filled: the row holds
+    # the larger of that moment and the recomputed layer with its scratch, beside the rest
+    from tuneplan.estimator.instants import memory_at, named
+
+    model = model_from_config(QWEN25_72B_3L, "Qwen2.5-72B 3 layers (hand config)")
+    for tokens in (64, 4096):
+        setup = build_setup(model, method="freeze", precision="bf16-mixed", gpus=2, fsdp=True,
+                            fsdp_version=2, offload="all", freeze_trainable_layers=2,
+                            gradient_checkpointing=True, batch=1, seq=tokens, framework="llamafactory")
+        row = named(memory_at(resolve_run(model, setup), 1, tokens).rows["backward_bottom_layer"])
+        rest = 2 * LAYER + 2 * EMBED + 2 * LAYER  # as on the device, without the host shard's copy
+        assert row.parallel_buffers == rest + max(EMBED - row.activations - row.backward_temp, 0)

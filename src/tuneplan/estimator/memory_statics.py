@@ -80,6 +80,7 @@ class MemoryStatics:
     gathered_root_pre_backward: int  # FSDP1: the root unit and its shard's device copy (0: no instant)
     gathered: int
     gathered_bottom_backward: int  # at the bottom layer's backward (FSDP2's embedding prefetch; 0: none)
+    gathered_bottom_copy: int  # of it, the embedding's host shard copied for the prefetch (CPU offload)
     bottom_layer_grads: int  # the gradient bytes then
     gathered_layer_end: int  # at a layer's backward end, beside the prefetched next layer (0: no instant)
     # FSDP2's embedding backward: (gradients held to the end of the backward, buffers) or None
@@ -160,6 +161,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         end_of_backward=wrapper_memory.end_of_backward,
         gathered=wrapper_memory.gathered.in_layers,
         gathered_bottom_backward=wrapper_memory.gathered.bottom_layer_backward,
+        gathered_bottom_copy=wrapper_memory.gathered.bottom_layer_copy,
         bottom_layer_grads=grads + buckets.persistent + buckets.in_layers - buckets.missing_at_bottom_layer,
         gathered_layer_end=wrapper_memory.gathered.layer_end,
         next_micro_batch=setup.longest_batch_first and setup.grad_accum > 1,

@@ -111,10 +111,16 @@ def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, ba
     (``TopLayer``), the row is the larger of the layer's start (its activations or recomputation, none of
     its unsharded gradients) and its end (its gradients made, its activations released):
 
-        activations = layer activations - min(layer activations, its unsharded gradients)"""
+        activations = layer activations - min(layer activations, its unsharded gradients)
+
+    Checkpointed, the embedding's host-shard copy C (CPU offload) lives at the prefetch, before the layer
+    is recomputed, so the row holds max(A + S, C) beside the rest rather than A + S + C."""
     top = statics.wrapped.top_layer
     layer = (acts.recompute_bytes if statics.checkpointed
              else acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers)
     freed = minimum(layer, top.counted) if top is not None and statics.wrapped.bottom_layer_trains else 0
+    gathered, copied = statics.gathered_bottom_backward, statics.gathered_bottom_copy
+    if statics.checkpointed and copied:
+        gathered = gathered - copied + maximum(copied - (layer - freed) - backward_temp, 0)
     return (statics.bottom_layer_grads - embedding_cut, 0, layer - freed, 0,
-            0 if statics.checkpointed else held, backward_temp, statics.gathered_bottom_backward)
+            0 if statics.checkpointed else held, backward_temp, gathered)

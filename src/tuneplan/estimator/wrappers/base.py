@@ -71,8 +71,10 @@ class Gathered:
     # FSDP1: at the root unit's pre-backward, beside the device copy of its host shard (0: no instant there;
     # wrappers/fsdp1_offload.root_pre_backward_copy)
     root_pre_backward: int = 0
-    # FSDP2: at the bottom layer's backward beside the prefetched embedding group (0: no instant there)
+    # FSDP2: at the bottom layer's backward beside the prefetched embedding group (0: no instant there), and
+    # of it the embedding's host shard copied to the device for the all-gather (CPUOffloadPolicy)
     bottom_layer_backward: int = 0
+    bottom_layer_copy: int = 0
     # ZeRO-3: at the first gradient reduction of the backward when it comes below the top layer, and the
     # layers above it, back-propagated, their activations released (0: no instant there; zero3_flush.py)
     flush: int = 0

@@ -249,7 +249,7 @@ class Fsdp2(Fsdp):
         # an untied tail's own copy-out, after the top layer's forward
         head_forward = 0 if tied_tail else layer16 + 2 * fully_sharded.tail16
         # the bottom layer's backward beside the prefetched embedding group (an instant of its own)
-        bottom_gathered, missing = fully_sharded.bottom_backward or (0, 0)
+        bottom_gathered, missing, bottom_copy = fully_sharded.bottom_backward or (0, 0, 0)
         return WrapperMemory(terms.resident,
                              Buckets(in_layers=fully_sharded.transient,
                                      missing_at_bottom=fully_sharded.pending_bottom,
@@ -257,7 +257,8 @@ class Fsdp2(Fsdp):
                              Gathered(in_layers=2 * layer16 + fully_sharded.held,
                                       at_loss=fully_sharded.tail16, at_forward_end=forward_end,
                                       bottom_layer_forward=bottom_forward, top_layer_forward=top_forward,
-                                      head_forward=head_forward, bottom_layer_backward=bottom_gathered),
+                                      head_forward=head_forward, bottom_layer_backward=bottom_gathered,
+                                      bottom_layer_copy=bottom_copy),
                              top_layer=TopLayer(counted=buffers, gradients_at_end=buffers,
                                                 gathered=2 * layer16 + fully_sharded.held_top,
                                                 keeps_scratch=True),

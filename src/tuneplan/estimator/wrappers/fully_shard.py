@@ -28,7 +28,7 @@ class FullyShardTerms:
     held_top: int = 0  # as ``held``, through the top layer's backward
     first_copy_out: int = 0  # the first group's own copy-out in the forward: its flat output and its params
     # the bottom layer's backward beside the prefetched embedding group: unsharded bytes, shards not made yet
-    bottom_backward: tuple[int, int] | None = None
+    bottom_backward: tuple[int, int, int] | None = None  # embedding_prefetch: (gathered, missing, copied)
 
 
 def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, compute_bytes: int,
@@ -135,7 +135,7 @@ def synced_micro_batch(end: EndOfBackward, no_sync: NoSyncGradients | None, mode
 
 
 def embedding_prefetch(model: ModelSpec, setup: TrainSetup, layer16: int, layer_grads: int,
-                       compute_bytes: int, pending: int) -> tuple[int, int]:
+                       compute_bytes: int, pending: int) -> tuple[int, int, int]:
     """The bottom layer's backward beside the untied embedding group it prefetched (torch 2.13
     ``FSDPParamGroup._backward_prefetch``): the group before it in ``comm_ctx.post_forward_order`` is the
     embedding group (resharded after its forward), all-gathered into one flat buffer in the param dtype
@@ -156,13 +156,16 @@ def embedding_prefetch(model: ModelSpec, setup: TrainSetup, layer16: int, layer_
     (``FSDPParam.all_gather_inputs``: ``sharded_param_data.to(self.device)``, in the param dtype), alive
     while ``foreach_all_gather`` allocates and fills the flat output (``del param_all_gather_inputs`` after
     ``all_gather_copy_in``): :math:`\\lceil e \\, b / N \\rceil` more at the prefetch, the start of the
-    row (an upper bound at its end). A freeze run's bottom layer below its trained ones makes no gradient:
+    row (an upper bound at its end), returned apart (``copied``, of the gathered bytes): under gradient
+    checkpointing the prefetch comes at the layer's pre-backward, before its recomputation, so the copy
+    never meets the recomputed activations (wrapper_rows.bottom_layer_row). A freeze run's bottom layer
+    below its trained ones makes no gradient:
     the row holds its activations whole and no unsharded gradient of its own, and the trained layers'
     shards are all made (``missing`` cancels the row's transient gradients, ``bottom_layer_trains``)."""
     embed16 = model.embed_params * compute_bytes
     copied = -(-embed16 // setup.world_size) if setup.offload != "none" else 0
     missing = pending if bottom_layer_trains(model, setup) else layer_grads
-    return layer16 + embed16 + layer_grads + copied, missing
+    return layer16 + embed16 + layer_grads + copied, missing, copied
 
 
 def bottom_layer_trains(model: ModelSpec, setup: TrainSetup) -> bool:
