@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from functools import lru_cache
 
 from tuneplan.errors import UnknownNameError
 from tuneplan.specs.hardware import Accelerator
@@ -67,6 +68,9 @@ VARIANT_WORDS = frozenset({"ti", "super", "d", "s", "x", "xt", "nvl", "max", "c"
 _VENDOR_WORDS = ("nvidia", "geforce", "tesla", "instinct", "amd", "huawei")
 
 
+# pure functions of the text, kept for the catalog's names every lookup compares again (bounded: the web
+# page's typed names pass through them too)
+@lru_cache(maxsize=4096)
 def name_key(name: str) -> str:
     """The name as the index compares it: lower case, no vendor words or punctuation, ``80gb`` -> ``80g``."""
     s = name.lower()
@@ -77,6 +81,7 @@ def name_key(name: str) -> str:
     return s
 
 
+@lru_cache(maxsize=4096)
 def _tokens(name: str) -> frozenset[str]:
     s = name.lower()
     for w in _VENDOR_WORDS:
@@ -85,6 +90,7 @@ def _tokens(name: str) -> frozenset[str]:
     return frozenset("gb" if t == "g" else t for t in toks)
 
 
+@lru_cache(maxsize=4096)
 def _bare_model(name: str) -> str:
     """'H100 80GB' -> 'h100': the model name without memory size, form factor or vendor."""
     s = re.sub(r"\d+\s*gb?\b", " ", name.lower())

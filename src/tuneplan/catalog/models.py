@@ -56,7 +56,9 @@ def catalog_entries() -> tuple[CatalogEntry, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=1)
 def _lookup() -> dict[str, CatalogEntry]:
+    """Every catalog name (id, short name, aliases) to its entry: built once, read only."""
     idx: dict[str, CatalogEntry] = {}
     for e in catalog_entries():
         idx.setdefault(e.hf_id.lower(), e)
