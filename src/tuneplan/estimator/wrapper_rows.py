@@ -80,7 +80,8 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
     # holding the larger of the two moments
     fixed, per_token = statics.layer_end_dequant
     end_acts, end_temp = bottom_acts, 0
-    if statics.checkpointed and acts.layer_end_bytes:
+    derived = bool(statics.acts.layer_end_per_token)  # per run: acts' bytes are arrays in a grid
+    if statics.checkpointed and derived:
         # the moment itself (activations.ActivationPlan.layer_end_bytes): the checkpoints, what the
         # recomputed layer keeps up to its first adapter, the gradients live then
         end_acts, end_temp = acts.checkpoint_bytes + acts.layer_end_bytes, acts.layer_end_temp_bytes
@@ -95,7 +96,7 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
         # row's recomputation bound already exceeds the lower layers' checkpoints (simulate: FSDP1
         # CPUOffload, Yi-1.5-34B LoRA all-linear)
         top_acts, top_temp = acts.saved_bytes - acts.tail_bytes, 0
-        if acts.layer_end_bytes:
+        if derived:
             # the moment itself (as under checkpointing): the top layer keeps what it saved up to its first
             # adapter, the gradients live then, in place of its whole activations
             top_acts = top_acts - acts.top_layer_bytes + acts.layer_end_bytes
