@@ -75,6 +75,21 @@ def held_shard_copies(run: Run) -> HeldCopies:
     return HeldCopies(layers=True, root=True)
 
 
+def frozen_layer_copy(run: Run, layer16: int) -> int:
+    """The held device copy of a frozen 16-bit layer's host shard, gathered in a freeze run's backward
+    below the lowest trained layer (``fsdp1_bottom.layers_below_back_propagated``): a frozen unit's flat
+    parameter is already in the param dtype, so ``pre_unshard`` copies its shard (``flat_param_to``) and, with
+    ``use_orig_params=True``, the original parameters stay views of it until the unit reshards (the module
+    docstring), whether or not the trained layers above have a ``MixedPrecision`` low-precision shard:
+    :math:`\\lceil layer16 / N \\rceil` (simulate: FSDP1, Llama-3.1-70B freeze with CPU offload and
+    checkpointing, at the lowest trained layer's gradient ``cat``); 0 without offload, for
+    ``use_orig_params=False`` (freed once gathered) and for other methods."""
+    setup = run.setup
+    if setup.method != "freeze" or setup.offload == "none" or run.profile.fsdp_flat_params_only:
+        return 0
+    return ceil_div(layer16, setup.world_size)
+
+
 def freed_shard_copies(run: Run) -> int:
     """Bytes the pre-unshard stream keeps cached for the device copies of host shards that a
     ``use_orig_params=False`` run frees once gathered (the module docstring): ``_unshard`` runs
