@@ -24,9 +24,12 @@ layer's unsharded gradient, ``s`` its shard, at the lowest back-propagated train
 
     gathered = R + L x (2 if a frozen layer below is back-propagated else 1),  pending = s (+ the root's)
 
-(under CPU offload the frozen layer below holds its shard's device copy, ``ceil(L / N)``, even where the
-trained layers' ``MixedPrecision`` low-precision shards are freed once gathered: ``frozen_layer_copy``)
     gradients at its end = 2 b (+ the head's gradient waiting in the root, full fine-tune)
+
+(under ``no_sync`` accumulation, one trained layer's accumulated unsharded gradient fewer than all of them:
+:func:`unsynced_at_bottom`; under CPU offload the frozen layer below holds its shard's device copy,
+``ceil(L / N)``, even where the trained layers' ``MixedPrecision`` low-precision shards are freed once
+gathered: ``fsdp1_offload.frozen_layer_copy``)
 
 and at the layer above it, which has the lowest one prefetched beside it and its shard not made either::
 

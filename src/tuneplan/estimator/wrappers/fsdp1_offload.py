@@ -21,7 +21,8 @@ for the ``-mixed`` precisions, the trainable parameters upcast to fp32, the froz
   without it every unit is copied;
 - freeze: the root unit (embeddings, lm_head, final norm) and the layers below the trained top are frozen,
   16-bit, copied; the trained layers are copied only without ``MixedPrecision``. The layers a freeze run
-  gathers in its backward are the trained ones (the backward stops at the first trained layer);
+  gathers in its backward are the trained ones, and under checkpointing the frozen one below the lowest
+  (``enable_input_require_grads``), whose copy is held (:func:`frozen_layer_copy`);
 - LoRA / QLoRA: the block units hold frozen 16-bit weights or bf16-stored 4-bit codes: copied.
 """
 
