@@ -23,7 +23,6 @@ So, with ``L`` one layer unsharded (and its held device copy under CPU offload),
 layer's unsharded gradient, ``s`` its shard, at the lowest back-propagated trained layer::
 
     gathered = R + L x (2 if a frozen layer below is back-propagated else 1),  pending = s (+ the root's)
-
     gradients at its end = 2 b (+ the head's gradient waiting in the root, full fine-tune)
 
 (under ``no_sync`` accumulation, one trained layer's accumulated unsharded gradient fewer than all of them:
