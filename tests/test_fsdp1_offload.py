@@ -221,3 +221,21 @@ def test_offloaded_flat_params_keep_their_device_gradient_shards_to_the_end() ->
     assert end is not None and end.gradients == 2 * layer * 4 // 2
     hf = memory_statics(_run("meta-llama/Meta-Llama-3-8B", 2, framework="hf", **kw)).end_of_backward
     assert hf is not None and hf.gradients == 0
+
+
+def test_the_frozen_layer_below_the_lowest_trained_one_holds_its_host_shard_copy() -> None:
+    # fp16-mixed freeze, two trained layers (fp32 flat parameters with an fp16 _mp_shard, freed once
+    # gathered) over one frozen fp16 layer: checkpointing's enable_input_require_grads makes the backward
+    # prefetch that frozen layer at the lowest trained one, and pre_unshard's flat_param_to copy of its host
+    # shard (1/2 of the layer) stays the original parameters' storage while it is unsharded; the root alike
+    run = _run("stabilityai/stablelm-base-alpha-3b", 3, method="freeze", precision="fp16-mixed",
+               framework="hf", batch=2, seq=64, grad_accum=2, gradient_checkpointing=True, attn="eager",
+               gpus=2, fsdp=True, fsdp_version=1, offload="all")
+    memory = run.wrapper.memory(run, memory_statics(run).optimizer)
+    assert memory.bottom_layer is not None
+    assert memory.bottom_layer.gathered == (NEOX_ROOT * 2 + NEOX_ROOT * 2 // 2
+                                            + 2 * NEOX_LAYER * 2 + NEOX_LAYER * 2 // 2)
+    # no_sync accumulation: at the lowest trained layer one trained layer's fp16 unsharded gradient is not
+    # alive (its own still being made in an accumulating micro-batch; the one above reduce-scattered and
+    # freed in the syncing one); under CPU offload no sharded gradient is pending on the device
+    assert memory.buckets.missing_at_bottom == NEOX_LAYER * 2

@@ -47,6 +47,7 @@ from tuneplan.estimator.wrappers.base import (
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, unsharded_grad_bytes
 from tuneplan.estimator.wrappers.fsdp1_bottom import bottom_unit
 from tuneplan.estimator.wrappers.fsdp1_offload import (
+    frozen_layer_copy,
     gathered_shard_transient,
     held_shard_copies,
     root_pre_backward_copy,
@@ -213,7 +214,8 @@ class Fsdp1(Fsdp):
         # the lowest trained layer, or the one above it (wrappers/fsdp1_bottom.py)
         bottom, missing = bottom_unit(run, buffers, head_wait,
                                       terms.layer16 + held.of(terms.layer16, 0, world_size),
-                                      terms.root16 + held.of(0, terms.root16, world_size), terms.grads)
+                                      terms.root16 + held.of(0, terms.root16, world_size), terms.grads,
+                                      0 if held.layers else frozen_layer_copy(run, terms.layer16))
         buckets = Buckets(in_layers=buffers, missing_at_bottom=missing)
         return WrapperMemory(terms.resident, buckets, buffers_gathered,
                              top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,

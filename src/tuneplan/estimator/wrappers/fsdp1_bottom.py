@@ -25,6 +25,11 @@ layer's unsharded gradient, ``s`` its shard, at the lowest back-propagated train
     gathered = R + L x (2 if a frozen layer below is back-propagated else 1),  pending = s (+ the root's)
     gradients at its end = 2 b (+ the head's gradient waiting in the root, full fine-tune)
 
+(under ``no_sync`` accumulation, one trained layer's accumulated unsharded gradient fewer than all of them:
+:func:`unsynced_at_bottom`; under CPU offload the frozen layer below holds its shard's device copy,
+``ceil(L / N)``, even where the trained layers' ``MixedPrecision`` low-precision shards are freed once
+gathered: ``fsdp1_offload.frozen_layer_copy``)
+
 and at the layer above it, which has the lowest one prefetched beside it and its shard not made either::
 
     gathered = R + 2 L,  pending = 2 s (+ the root's)
@@ -54,12 +59,14 @@ def layers_below_back_propagated(run: Run) -> bool:
 
 
 def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: int,
-                grads: int) -> tuple[TopLayer | None, int]:
+                grads: int, below_copy: int = 0) -> tuple[TopLayer | None, int]:
     """(the bottom row's layer as a :class:`TopLayer`, the sharded gradient bytes not made yet then) by the
     module docstring: ``buffers`` the layer's unsharded gradient as ``Buckets.in_layers`` counts it,
     ``head_wait`` the root's gradient made at the loss, ``layer16`` / ``root16`` one layer and the root
     unsharded with their held shard copies, ``grads`` every trainable parameter's sharded gradient bytes
-    summed over the GPUs. (None, 0) where it does not apply: LoRA (PEFT's per-adapter units:
+    summed over the GPUs, ``below_copy`` what the frozen layer below holds beyond ``layer16`` (its host
+    shard's device copy where the trained layers have none: ``fsdp1_offload.frozen_layer_copy``).
+    (None, 0) where it does not apply: LoRA (PEFT's per-adapter units:
     ``backward_layer_end``) and one-layer models."""
     setup = run.setup
     if setup.method not in ("full", "freeze") or run.model.n_layers < 2:
@@ -67,14 +74,14 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
     shard, root_shard = pending_shards(run, grads)
     trained = (run.model.n_layers if setup.method == "full"
                else min(setup.freeze_trainable_layers, run.model.n_layers))
-    layers, pending = 1, 1
+    layers, pending, below = 1, 1, 0
     if layers_below_back_propagated(run):
-        layers = 2
+        layers, below = 2, below_copy
     elif trained > 1 and layer16 > shard:
         layers, pending = 2, 2
     bottom = TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
-                      gathered=root16 + layers * layer16, keeps_scratch=False)
-    return bottom, pending * shard + root_shard
+                      gathered=root16 + layers * layer16 + below, keeps_scratch=False)
+    return bottom, pending * shard + root_shard + unsynced_at_bottom(run, buffers, trained)
 
 
 def pending_shards(run: Run, grads: int) -> tuple[int, int]:
@@ -96,3 +103,19 @@ def pending_shards(run: Run, grads: int) -> tuple[int, int]:
     root = model.params_non_block if setup.method in run.profile.fsdp_root_embeddings else 0
     return (-(-int(model.largest_layer_params * per_elem) // setup.world_size),
             -(-int(root * per_elem) // setup.world_size))
+
+
+def unsynced_at_bottom(run: Run, buffers: int, trained: int) -> int:
+    """The one trained layer's accumulated unsharded gradient (``buffers`` bytes) not alive at the lowest
+    trained layer's backward under ``no_sync`` accumulation (``fsdp.accumulates_unsharded``), which every
+    micro-batch's count of all trained units' unsharded gradients includes: in an accumulating micro-batch
+    the lowest layer's own is only being made (its ``cat``, counted by ``gradients_at_end``), and in the
+    syncing one ``_post_backward_hook`` (torch ``_runtime_utils.py``) has reduce-scattered and freed those of
+    the layers above (``_free_storage`` of the unsharded gradient), leaving the lowest layer's own:
+    ``trained - 1`` unit gradients either way, one fewer (simulate: FSDP1 stablelm-base-alpha-3b freeze,
+    two trained layers, 2 micro-batches under CPU offload). 0 with one trained layer or no accumulation."""
+    from tuneplan.estimator.wrappers.fsdp import accumulates_unsharded
+
+    if run.setup.grad_accum < 2 or trained < 2 or not accumulates_unsharded(run):
+        return 0
+    return buffers

@@ -21,7 +21,8 @@ for the ``-mixed`` precisions, the trainable parameters upcast to fp32, the froz
   without it every unit is copied;
 - freeze: the root unit (embeddings, lm_head, final norm) and the layers below the trained top are frozen,
   16-bit, copied; the trained layers are copied only without ``MixedPrecision``. The layers a freeze run
-  gathers in its backward are the trained ones (the backward stops at the first trained layer);
+  gathers in its backward are the trained ones, and under checkpointing the frozen one below the lowest
+  (``enable_input_require_grads``), whose copy is held (:func:`frozen_layer_copy`);
 - LoRA / QLoRA: the block units hold frozen 16-bit weights or bf16-stored 4-bit codes: copied.
 """
 
@@ -73,6 +74,21 @@ def held_shard_copies(run: Run) -> HeldCopies:
     if setup.method == "freeze":
         return HeldCopies(layers=trained_in_param_dtype, root=True)
     return HeldCopies(layers=True, root=True)
+
+
+def frozen_layer_copy(run: Run, layer16: int) -> int:
+    """The held device copy of a frozen 16-bit layer's host shard, gathered in a freeze run's backward
+    below the lowest trained layer (``fsdp1_bottom.layers_below_back_propagated``): a frozen unit's flat
+    parameter is already in the param dtype, so ``pre_unshard`` copies its shard (``flat_param_to``) and, with
+    ``use_orig_params=True``, the original parameters stay views of it until the unit reshards (the module
+    docstring), whether or not the trained layers above have a ``MixedPrecision`` low-precision shard:
+    :math:`\\lceil layer16 / N \\rceil` (simulate: FSDP1, Llama-3.1-70B freeze with CPU offload and
+    checkpointing, at the lowest trained layer's gradient ``cat``); 0 without offload, for
+    ``use_orig_params=False`` (freed once gathered) and for other methods."""
+    setup = run.setup
+    if setup.method != "freeze" or setup.offload == "none" or run.profile.fsdp_flat_params_only:
+        return 0
+    return ceil_div(layer16, setup.world_size)
 
 
 def freed_shard_copies(run: Run) -> int:
