@@ -261,3 +261,28 @@ def test_zero1_casts_a_full_fp32_model_on_the_host_before_moving_it() -> None:
              and b.dtype.endswith("bfloat16")]
     assert sum(b.size for b in casts) == sum(r512(2 * n) for n in numels)
     assert not any(b.category == "host" for b in casts)
+
+
+
+def test_zero_step_runs_under_the_cuda_kernel_policies(monkeypatch) -> None:
+    # DeepSpeed's fp16 engine runs the model in fp16 without autocast; eager attention's
+    # softmax(scores, dtype=float32) on a CUDA fp16 input is ATen's half-to-float kernel (SoftMax.cpp
+    # ``softmax``), which the simulation's fake CPU tensors take only under kernels.cuda_autocast_policies
+    # (test_eager_forward_softmax checks the kernel choice): the ZeRO step must run under it, as the others
+    _needs_deepspeed()
+    from contextlib import contextmanager
+
+    import tuneplan.simulate.kernels as kernels
+
+    entered: list[bool] = []
+    policies = kernels.cuda_autocast_policies
+
+    @contextmanager
+    def recording():  # type: ignore[no-untyped-def]
+        with policies():
+            entered.append(True)
+            yield
+
+    monkeypatch.setattr(kernels, "cuda_autocast_policies", recording)
+    _run(2, 2)
+    assert entered

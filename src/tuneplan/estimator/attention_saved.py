@@ -7,8 +7,11 @@
 
 from __future__ import annotations
 
+from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.layer_walk import LayerWalk
 from tuneplan.estimator.saved_tensors import DROPOUT_MASK_BYTES, LSE_BYTES
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
 
 SDPA_GQA_MAX_HEAD_DIM = 256  # transformers use_gqa_in_sdpa: key/value head dim <= 256 and no mask
 EAGER_SCORE_BYTES = 6  # eager keeps softmax output in fp32 (4) and its 16-bit cast for matmul (2)
@@ -136,6 +139,40 @@ def attention_kernel(walk: LayerWalk, attn: str, kv_heads: int) -> float:
     return 0.0
 
 
+# position encodings without RoPE (q and k keep the projection's dtype and storage)
+NO_ROPE = ("bloom", "gpt2", "bert", "roberta")
+
+
+def score_dtypes(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes) -> tuple[int, int, int, bool, int, int]:
+    """Bytes per element along eager attention's score chain (eager_forward.py's docstring):
+    (attention norm output, projections' outputs, q and k after RoPE, RoPE applied, scores, causal mask);
+    the masked scores softmax reads are ``max(scores, mask)``."""
+    # the attention norm's output (layer_walk.LayerWalk: autocast runs LayerNorm in fp32; a trained layer
+    # of a freeze fine-tune has fp32 norm weights)
+    attn_in = dtypes.trainable if setup.method == "freeze" else dtypes.norm_out
+    if dtypes.autocast and model.norm_kind != "rms":
+        attn_in = 4
+    if setup.quant_bits is not None:
+        proj = attn_in  # bitsandbytes casts its output back to its input's dtype
+    else:
+        proj = dtypes.compute if dtypes.autocast else max(dtypes.linear_out,
+                                                          dtypes.adapter if setup.is_lora else 0)
+    rope = model.model_type not in NO_ROPE and not model.config.get("alibi")
+    # RoPE's cos / sin come in the embeddings' dtype (rotary_emb(...).to(x.dtype)) and promote q and k
+    q = max(proj, dtypes.non_block) if rope else proj
+    scores = dtypes.compute if dtypes.autocast else q
+    mask = dtypes.non_block  # the causal mask, in inputs_embeds' dtype (masking_utils, FalconModel)
+    return attn_in, proj, q, rope, scores, mask
+
+
+def half_to_float(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes) -> bool:
+    """Whether eager attention's masked scores reach softmax in fp16 (fp16 precisions, scores and causal
+    mask both 16-bit: ``score_dtypes``), the input ATen's fused half-to-float softmax takes; an fp32 mask
+    (fp32 embeddings) promotes the scores and softmax runs on fp32."""
+    _, _, _, _, scores, mask = score_dtypes(model, setup, dtypes)
+    return setup.precision.startswith("fp16") and max(scores, mask) == 2
+
+
 def eager_attention(walk: LayerWalk) -> float:
     """transformers' eager_attention_forward: repeat_kv, q @ k^T, softmax, (dropout), probs @ v. Per token
     it keeps q (for k's gradient), k and v repeated to every head; per token and key position, per head,
@@ -167,6 +204,11 @@ def eager_attention(walk: LayerWalk) -> float:
     # dropout's backward its mask before softmax's backward runs (simulate: Llama-2-70B bf16 eager LoRA, the
     # bf16 probabilities freed before _softmax_backward_data)
     walk.scores_released = released
+    # softmax(x, dtype=float32) on an fp16 CUDA input runs the half-to-float kernel (ATen SoftMax.cpp
+    # ``softmax``: ``_softmax(input, dim, true)``, no fp32 copy of the scores); its backward,
+    # ``_softmax_backward_data(grad, output, dim, input_dtype=Half)``, writes the scores' gradient in fp16.
+    # Any other input is converted first (``input_.toType(dtype)``): the gradient comes out in fp32.
+    walk.scores_grad_bytes = 2.0 if (softmax_bytes == 4 and half_to_float(model, setup, dtypes)) else 4.0
     if model.config.get("attn_logit_softcapping"):
         # tanh(scores / cap) keeps its output for backward (Gemma 2 soft-capping)
         per_pos += compute_bytes * heads

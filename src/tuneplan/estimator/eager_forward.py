@@ -36,6 +36,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan
+from tuneplan.estimator.attention_saved import score_dtypes
 from tuneplan.estimator.run import Run
 
 if TYPE_CHECKING:  # memory_statics keeps this module's terms (eager_forward_terms)
@@ -46,8 +47,6 @@ if TYPE_CHECKING:  # memory_statics keeps this module's terms (eager_forward_ter
 HOLDS_PREVIOUS_PROBS = ("falcon", "bloom")
 # attention code that keeps the unmasked scores bound through the softmax (BloomAttention.forward)
 KEEPS_UNMASKED_SCORES = ("bloom",)
-# position encodings without RoPE (q and k keep the projection's dtype and storage)
-NO_ROPE = ("bloom", "gpt2", "bert", "roberta")
 
 
 class EagerForward(NamedTuple):
@@ -66,21 +65,7 @@ def eager_forward_terms(run: Run) -> EagerForward | None:
     if (run.attn != "eager" or not setup.gradient_checkpointing or run.profile.model_code != "hf"
             or model.architecture != "decoder" or not model.layer_groups):
         return None
-    # the attention norm's output (layer_walk.LayerWalk: autocast runs LayerNorm in fp32; a trained layer
-    # of a freeze fine-tune has fp32 norm weights)
-    attn_in = dtypes.trainable if setup.method == "freeze" else dtypes.norm_out
-    if dtypes.autocast and model.norm_kind != "rms":
-        attn_in = 4
-    if setup.quant_bits is not None:
-        proj = attn_in  # bitsandbytes casts its output back to its input's dtype
-    else:
-        proj = dtypes.compute if dtypes.autocast else max(dtypes.linear_out,
-                                                          dtypes.adapter if setup.is_lora else 0)
-    rope = model.model_type not in NO_ROPE and not model.config.get("alibi")
-    # RoPE's cos / sin come in the embeddings' dtype (rotary_emb(...).to(x.dtype)) and promote q and k
-    q = max(proj, dtypes.non_block) if rope else proj
-    scores = dtypes.compute if dtypes.autocast else q
-    mask = dtypes.non_block  # the causal mask, in inputs_embeds' dtype (masking_utils, FalconModel)
+    attn_in, proj, q, rope, scores, mask = score_dtypes(model, setup, dtypes)
     masked = max(scores, mask)
     half_to_float = setup.precision.startswith("fp16")
     copy = 0 if (masked == 4 or half_to_float) else 4

@@ -186,7 +186,8 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     gradient of down_proj's input and the two products' gradients (gate and up branches), three MLP-wide
     tensors in the MLP's output dtype, next to the incoming residual gradient and its accumulated copy, two
     hidden-wide residual tensors: out_b x 3 x width + residual x 2h per token. The eager score gradients
-    (8 bytes per head per key position: the fp32 probabilities' and the scores') come later, in the
+    ((4 + g) bytes per head per key position: the fp32 probabilities' and the scores', g = 2 from fp16 scores
+    through the half-to-float softmax, else 4) come later, in the
     attention's backward, once the MLP block's saved tensors are gone (simulate: BERT-large fp16-mixed, 3
     layers, peaks in the forward)."""
     model, spec, dtypes = walk.model, walk.spec, walk.dtypes
@@ -197,7 +198,8 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     # rest of the saved scores is released by then (walk.scores_released); none where autograd recorded no
     # attention
     eager_scores = (attn == "eager" or per_pos) and "attn_core" not in walk.gradient_free
-    backward_temp_per_pos = (8.0 * model.n_heads - walk.scores_released) if eager_scores else 0.0
+    backward_temp_per_pos = ((4.0 + walk.scores_grad_bytes) * model.n_heads - walk.scores_released
+                             if eager_scores else 0.0)
     first_saved, first_temp = first_target_terms(walk, per_pos)
     return LayerActs(per_token=walk.ledger.total(), per_token_per_pos=per_pos, backward_temp=backward_temp,
                      backward_temp_per_pos=backward_temp_per_pos,

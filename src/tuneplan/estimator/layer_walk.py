@@ -69,6 +69,8 @@ class LayerWalk:
         # bytes per head and key position of eager attention's saved tensors that its backward releases
         # before softmax's backward (attention_saved.eager_attention)
         self.scores_released = 0.0
+        # bytes per element of the scores' gradient from softmax's backward (attention_saved.eager_attention)
+        self.scores_grad_bytes = 4.0
         # bytes per layer, whatever the tokens: kept for backward / live while the layer is back-propagated
         # (LoRA'd fused expert stacks: layer_saved.fused_stacks_saved)
         self.per_layer = 0.0

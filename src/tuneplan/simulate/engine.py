@@ -273,7 +273,7 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     import torch
 
     from tuneplan.simulate.grouped_mm import grouped_mm_any_dtype
-    from tuneplan.simulate.kernels import KERNEL_BUFFERS, cuda_dropout
+    from tuneplan.simulate.kernels import KERNEL_BUFFERS, cuda_autocast_policies, cuda_dropout
     from tuneplan.simulate.step import make_optimizer, relabel_states
     from tuneplan.simulate.zero import (
         ZERO,
@@ -298,9 +298,12 @@ def _run_zero(model: Any, setup: TrainSetup, prof: Profile, tracker: Any, fake: 
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
     try:
+        # cuda_autocast_policies as in the other strategies' run: no autocast under DeepSpeed's fp16 / bf16
+        # engine, but an fp16 eager softmax asked in fp32 must take CUDA's half-to-float kernel (ATen
+        # SoftMax.cpp ``softmax``), not the fp32 copy CPU fake tensors would make
         with (stdout_to_stderr(), local_rank_env(), fake, tracker, value_checks_answered(),
-              memory_efficient_linear(setup.zero), cuda_dropout(), grouped_mm_any_dtype(),
-              offload_on_host(tracker, setup)):
+              memory_efficient_linear(setup.zero), cuda_dropout(), cuda_autocast_policies(),
+              grouped_mm_any_dtype(), offload_on_host(tracker, setup)):
             tracker.phase = "setup.zero"
             params = [p for p in model.parameters() if p.requires_grad]
             # the Trainer's own optimizer (its ``optim``), which DeepSpeed steps on the fp32 master partition
