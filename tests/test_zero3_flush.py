@@ -110,3 +110,22 @@ def test_a_head_over_the_reuse_distance_is_gathered_beside_the_top_layer_in_its_
     assert zero3_gathered_at_top_forward(spec, setup) == LAYER + 262144 * H
     # a head under the distance (V H = 536,870,912): the layers above it are kept, no such instant
     assert zero3_gathered_at_top_forward(llama(2), build_setup(llama(2), method="lora", gpus=8, zero=3)) == 0
+
+
+def test_a_leaf_moe_blocks_gradients_are_all_live_when_its_first_one_triggers_the_reduction() -> None:
+    # Qwen3-MoE (h 2048, 32 heads and 4 KV heads of 128, 128 experts of f 768, vocab 151936, untied) at 2
+    # layers, full fp16 over 8 GPUs with offload_optimizer. DeepSpeed 0.19.8 makes Qwen3MoeSparseMoeBlock a
+    # ZeRO-3 leaf module (leaf_module_config.py DEFAULT_LEAF_MODULE_CLASSES): its parameters are reduced by
+    # one backward hook on the block, in registration order (experts.gate_up_proj 128 x 1536 x 2048 =
+    # 402,653,184, experts.down_proj 128 x 2048 x 768 = 201,326,592, gate.weight 128 x 2048 = 262,144), all
+    # three gradients made by then. The head (151936 x 2048 = 311,164,928) and the final norm (2048) fill the
+    # bucket; gate_up (over the 5e8 with them) runs the reduction: the interleaved copy of the two
+    # (311,164,928 / 8 = 38,895,616 and 2048 / 8 = 256 per rank, no padding: 311,166,976 elements), the fp64
+    # chunk of the head's partition (38,895,616), the block's three 16-bit gradients.
+    cfg = dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, intermediate_size=6144,
+               num_experts=128, num_experts_per_tok=8, vocab_size=151936, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "qwen3-moe-2L")
+    setup = build_setup(spec, method="full", gpus=8, zero=3, offload="optimizer", precision="fp16")
+    block = 402_653_184 + 201_326_592 + 262_144
+    assert zero3_flush_scratch(spec, setup, BUCKET, 2) == 2 * 311_166_976 + 8 * 38_895_616 + 2 * block

@@ -21,13 +21,16 @@ def layer_gradients_from_top(model: ModelSpec, k: int) -> list[int]:
     order: list[int] = []
     for spec, count in reversed(model.layer_groups):
         take = min(count, k)
-        per_layer = [m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)]
-        per_layer.append(spec.norm_params)
-        order += per_layer * take
+        order += _layer_order(spec) * take
         k -= take
         if k <= 0:
             break
     return [n for n in order if n]
+
+
+def _layer_order(spec: LayerSpec) -> list[int]:
+    """One layer's gradients (elements) in hook order: its linears last-to-first, its norms after them."""
+    return [*(m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)), spec.norm_params]
 
 
 def bucket_fills(gradients: list[int], reduce_bucket: int) -> list[int]:
@@ -63,3 +66,57 @@ def layer_tensors(spec: LayerSpec, transformers_code: bool = True) -> list[int]:
         at = next(i for i, m in enumerate(spec.linears) if m.role == "expert")
         linears[at:at] = [sum(experts[:-1]), experts[-1]] if len(experts) > 1 else experts
     return [*linears, spec.norm_params]
+
+
+# DeepSpeed 0.19.8 runtime/zero/leaf_module_config.py ``DEFAULT_LEAF_MODULE_CLASSES``: transformers'
+# Mixtral, Qwen2-MoE and Qwen3-MoE sparse MoE blocks are ZeRO-3 leaf modules unless the config says otherwise
+DS_LEAF_MOE_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe"})
+
+
+def zero3_leaf_moe(model: ModelSpec, transformers_code: bool) -> bool:
+    """Whether ZeRO-3 treats the model's MoE blocks as leaf modules (:data:`DS_LEAF_MOE_TYPES`, under
+    transformers' model code, whose block classes those are)."""
+    return transformers_code and model.model_type.removesuffix("_text") in DS_LEAF_MOE_TYPES
+
+
+def leaf_layer_turns(model: ModelSpec, spec: LayerSpec) -> list[tuple[int, int]]:
+    """One MoE decoder layer's gradients under ZeRO-3 leaf MoE blocks, in the order they reach the IPG
+    bucket, each as (elements, elements of the block's gradients live at its turn).
+
+    stage3.py (DeepSpeed 0.19.8) ``create_reduce_and_remove_grad_hooks`` gives a leaf module's parameters no
+    gradient hook of their own: one ``register_full_backward_hook`` on the block runs, once its whole
+    backward is done, ``reduce_ready_partitions_and_remove_grads`` for each of them in parameter order (the
+    optimizer groups', which follow the module's registration order: Qwen3-MoE ``experts`` then ``gate``,
+    Mixtral and Qwen2-MoE ``gate`` first; the experts fused as ``gate_up_proj`` then ``down_proj``). So all
+    of the block's gradients exist when the first is handled, and the one at turn ``j`` sees those from
+    ``j`` on still live (``__add_grad_to_ipg_bucket`` has copied the earlier ones into the bucket and
+    dropped them). The attention's linears (non-leaf: a hook each) follow, last-to-first, then the norms."""
+    router = [m.params for m in spec.linears if m.role == "router"]
+    experts = [m.params for m in spec.linears if m.role == "expert"]
+    fused = [sum(experts[:-1]), experts[-1]] if len(experts) > 1 else experts
+    shared = [m.params for m in spec.linears if m.role == "shared_expert"]
+    leaf = [*fused, *router] if model.model_type.startswith("qwen3_moe") else [*router, *fused, *shared]
+    leaf = [n for n in leaf if n]
+    turns = [(n, sum(leaf[i:])) for i, n in enumerate(leaf)]
+    rest = [m.params for m in reversed(spec.linears) if m.role not in ("router", "expert", "shared_expert")]
+    return turns + [(n, n) for n in [*rest, spec.norm_params] if n]
+
+
+def zero3_leaf_backward_turns(model: ModelSpec, full: bool, k: int) -> list[tuple[int, int]]:
+    """(elements, elements live at the turn) of the gradients of one ZeRO-3 backward with leaf MoE blocks,
+    in bucket order: a full fine-tune's (``full``: the untied head and the final norm first) or the top
+    ``k`` layers' (:func:`leaf_layer_turns` per MoE layer; a dense layer as in
+    :func:`layer_gradients_from_top`)."""
+    turns = [(n, n) for n in (model.lm_head_params, model.final_norm_params) if n] if full else []
+    for spec, count in reversed(model.layer_groups):
+        take = min(count, k)
+        if any(m.role == "expert" for m in spec.linears):
+            per_layer = leaf_layer_turns(model, spec)
+        else:
+            per_layer = [(n, n) for n in _layer_order(spec) if n]
+        turns += per_layer * take
+        k -= take
+        if k <= 0:
+            break
+    return turns
+

@@ -9,6 +9,8 @@ from tuneplan.estimator.wrappers.reduce_buckets import (
     bucket_members,
     full_backward_gradients,
     layer_gradients_from_top,
+    zero3_leaf_backward_turns,
+    zero3_leaf_moe,
 )
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_NORM_CHUNK,
@@ -101,15 +103,26 @@ def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) 
 
 
 def zero3_backward_gradients(model: ModelSpec, setup: TrainSetup) -> list[int]:
-    """The gradients (elements) of one backward up to the bottom layer in the order their hooks fire: a full
-    fine-tune's (reduce_buckets.full_backward_gradients), a freeze run's trained top layers (no head:
-    weights.trainable_params; simulate: Mistral-Nemo, 4 layers, 2 trained over 2 GPUs: a first reduction
-    of 4.928e8 elements, layer 3 and layer 2's MLP); none otherwise (LoRA's fit the bucket)."""
-    if setup.method == "full":
-        return full_backward_gradients(model, embedding=False)
-    if setup.method == "freeze":
-        return layer_gradients_from_top(model, min(setup.freeze_trainable_layers, model.n_layers))
-    return []
+    """The gradients (elements) of one backward up to the bottom layer in the order they reach the bucket
+    (:func:`zero3_backward_turns`)."""
+    return [n for n, _ in zero3_backward_turns(model, setup)]
+
+
+def zero3_backward_turns(model: ModelSpec, setup: TrainSetup) -> list[tuple[int, int]]:
+    """(elements, elements of gradients live at its turn) of each gradient of one backward up to the bottom
+    layer, in the order their hooks fire: a full fine-tune's (reduce_buckets.full_backward_gradients), a
+    freeze run's trained top layers (no head: weights.trainable_params; simulate: Mistral-Nemo, 4 layers,
+    2 trained over 2 GPUs: a first reduction of 4.928e8 elements, layer 3 and layer 2's MLP); none
+    otherwise (LoRA's fit the bucket). A gradient is alone at its turn, except in a leaf MoE block
+    (reduce_buckets.leaf_layer_turns), whose gradients are all made before the first is handled."""
+    full, freeze = setup.method == "full", setup.method == "freeze"
+    if not (full or freeze):
+        return []
+    k = model.n_layers if full else min(setup.freeze_trainable_layers, model.n_layers)
+    if zero3_leaf_moe(model, get_profile(setup.framework).model_code == "hf"):
+        return zero3_leaf_backward_turns(model, full, k)
+    order = full_backward_gradients(model, embedding=False) if full else layer_gradients_from_top(model, k)
+    return [(n, n) for n in order]
 
 
 def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
@@ -153,7 +166,8 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     (zero/utils.py ``get_norm_dtype``): ``8 min(ceil(P_max / N), 2.5e8)`` bytes at once."""
     if not zero3_bucket_flush(model, setup, reduce_bucket):
         return 0
-    members = bucket_members(zero3_backward_gradients(model, setup), reduce_bucket)
+    turns = zero3_backward_turns(model, setup)
+    members = bucket_members([n for n, _ in turns], reduce_bucket)
     fill, ws = members[0], setup.world_size
     single = len(fill) == 1 and fill[0] % ws == 0
     copy = 0 if single else sum(-(-n // ws) * ws for n in fill) * compute
@@ -162,5 +176,6 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     own = fill[0] * compute if fill[0] > reduce_bucket else 0
     norm = 8 * min(-(-max(fill) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
     # the gradient whose hook runs the reduction (``reduce_independent_p_g_buckets_and_remove_grads``, before
-    # ``__add_grad_to_ipg_bucket`` copies it in): its ``param.grad`` live beside it
-    return own + copy + norm + members[1][0] * compute
+    # ``__add_grad_to_ipg_bucket`` copies it in): its ``param.grad`` live beside it, with those of its leaf
+    # MoE block still to be handled (zero3_backward_turns)
+    return own + copy + norm + turns[len(fill)][1] * compute
