@@ -389,8 +389,8 @@ class Zero3(Zero, ShardingWrapper):
             # what it gathered stays until its backward use, the top layers' backward included
             ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16)
             at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
-        scratch = first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
-        flush = at_flush + scratch if filled else 0
+        flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
+                 if filled else 0)
         # below the top layer the flush is an instant of its own (Gathered.flush), the layers above released
         above, past_mlp = first_flush.zero3_flush_place(model, setup, terms.reduce_bucket)
         return (at_loss, top_gathered if above else max(top_gathered, flush),
