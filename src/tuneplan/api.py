@@ -14,6 +14,7 @@ from typing import Any
 
 from tuneplan.catalog.accelerators import resolve_named
 from tuneplan.catalog.models import resolve_model
+from tuneplan.env_read import env
 from tuneplan.errors import TuneplanError
 from tuneplan.estimator.cost import Prices
 from tuneplan.estimator.memory import memory_of
@@ -269,7 +270,7 @@ def _model_stamp(name: str) -> tuple[Any, ...]:
             file_stat = os.stat(config_path)
         return ("file", config_path, file_stat.st_mtime_ns, file_stat.st_size)
     except (OSError, ValueError):
-        return ("hub", os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_ENDPOINT"))
+        return ("hub", env("HF_HUB_OFFLINE"), env("HF_ENDPOINT"))
 
 
 def _hardware_stamp() -> tuple[Any, ...]:

@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tuneplan.catalog.hardware_file import load_hardware_file
+from tuneplan.env_read import env
 from tuneplan.errors import TuneplanError
 from tuneplan.specs.hardware import Accelerator
 
@@ -23,8 +24,7 @@ def hardware_file_candidates() -> list[str]:
     ``$TUNEPLAN_CONFIG_DIR`` wins when set (and is the only place looked at, so tests and CI can point
     it at an empty directory); otherwise ``$XDG_CONFIG_HOME/tuneplan`` or ``~/.config/tuneplan``.
     """
-    env = os.environ
-    return list(_candidates(env.get("TUNEPLAN_CONFIG_DIR"), env.get("XDG_CONFIG_HOME"), env.get("HOME")))
+    return list(_candidates(env("TUNEPLAN_CONFIG_DIR"), env("XDG_CONFIG_HOME"), env("HOME")))
 
 
 @lru_cache(maxsize=8)

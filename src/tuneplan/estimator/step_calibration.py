@@ -39,6 +39,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+from tuneplan.env_read import env
 from tuneplan.estimator.time_band import PARTS
 
 STORE_NAME = "calibration.json"
@@ -55,8 +56,7 @@ _options: dict[Any, Any] = {}
 
 
 def store_path() -> str:
-    env = os.environ
-    return _store_path(env.get("TUNEPLAN_CONFIG_DIR"), env.get("XDG_CONFIG_HOME"), env.get("HOME"))
+    return _store_path(env("TUNEPLAN_CONFIG_DIR"), env("XDG_CONFIG_HOME"), env("HOME"))
 
 
 @lru_cache(maxsize=8)
