@@ -53,6 +53,8 @@ RECHECK_SECONDS = 1.0  # how stale the store read may be when another process ch
 
 _cache: dict[str, Any] = {}
 _options: dict[Any, Any] = {}
+# calibration_for's validated entries, by (card id, framework), for the store object under "store"
+_entries: dict[Any, Any] = {}
 
 
 def store_path() -> str:
@@ -70,6 +72,7 @@ def _store_path(config_dir: str | None, xdg: str | None, home: str | None) -> st
 def forget() -> None:
     """Read the store again at the next estimate (after this process wrote it)."""
     _cache.clear()
+    _entries.clear()
 
 
 def entry_key(card_id: str, framework: str) -> str:
@@ -208,8 +211,28 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 def calibration_for(card_id: str, framework: str, path: str | None = None) -> dict[str, Any] | None:
     """``{"factors": {mechanism: k}, "measurements": n, "shapes": distinct shapes}`` stored for the card and
-    framework, or None when nothing was measured for them."""
-    entry = load_store(path)["entries"].get(entry_key(card_id, framework))
+    framework, or None when nothing was measured for them (a fresh dict per call: the caller may edit it).
+
+    Every estimate with a card asks; the store's content is read at most once per ``RECHECK_SECONDS``
+    (:func:`load_store`), and each entry's validated figures are kept for the store object they were read
+    from (``_entries``: emptied when the store is read again), so an unchanged store costs a dict look-up."""
+    store = load_store(path)
+    if _entries.get("store") is not store:
+        _entries.clear()
+        _entries["store"] = store
+    key = (card_id, framework)
+    if key in _entries:
+        kept = _entries[key]
+    else:
+        kept = _entries[key] = _entry_figures(store["entries"].get(entry_key(card_id, framework)))
+    if kept is None:
+        return None
+    return {"factors": dict(kept["factors"]), "measurements": kept["measurements"], "shapes": kept["shapes"]}
+
+
+def _entry_figures(entry: Any) -> dict[str, Any] | None:
+    """An entry of the store as :func:`calibration_for` returns it, or None when it holds no usable
+    factors (not a dict, a factor that is not a number or lies outside ``FACTOR_RANGE``)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("factors"), dict) or not entry["factors"]:
         return None
     try:
