@@ -128,15 +128,20 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     for component in PERSISTENT:  # the same at every instant
         out[f"c:{component}"] = np.full(shape, m.statics.common[component], dtype=np.int64)
     rows = [named(m.rows[instant]) for instant in names]
+    at_peak = None  # the peak instant's cell of each (batch, seq) in the flat [instant, batch, seq] array
     for component in STEP_COMPONENTS:
         vals = [getattr(row, component) for row in rows]
         if all(type(v) is int for v in vals):
             out[f"c:{component}"] = np.asarray(vals, dtype=np.int64)[peak]  # the same at every (batch, seq)
         else:
             # the totals' array is free again: each instant's value in it, then the peak's value picked
+            # (np.take_along_axis(totals, peak[None], 0)[0], with its index array made once per plane)
             for i, v in enumerate(vals):
                 totals[i] = v
-            out[f"c:{component}"] = np.take_along_axis(totals, peak[None], 0)[0]
+            if at_peak is None:
+                cells = peak.size
+                at_peak = peak.ravel() * cells + np.arange(cells)
+            out[f"c:{component}"] = totals.reshape(-1)[at_peak].reshape(shape)
     return out
 
 
