@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import os
 
-_RAW: dict[bytes, bytes] | None = (getattr(os.environ, "_data", None)
+_ENVIRON = os.environ
+_RAW: dict[bytes, bytes] | None = (getattr(_ENVIRON, "_data", None)
                                    if os.name == "posix" and os.supports_bytes_environ else None)
+if not isinstance(_RAW, dict):
+    _RAW = None
 _KEYS: dict[str, bytes] = {}
 
 
 def env(name: str) -> str | None:
-    """``os.environ.get(name)``, read now (never kept: a change between two calls is seen)."""
+    """``os.environ.get(name)``, read now (never kept: a change between two calls is seen). A mapping put
+    in place of ``os.environ`` (a test's patch) is read through its own ``get``."""
+    environ = os.environ
     raw = _RAW
-    if raw is None or not isinstance(raw, dict):
-        return os.environ.get(name)
+    if raw is None or environ is not _ENVIRON:
+        return environ.get(name)
     key = _KEYS.get(name)
     if key is None:
         key = _KEYS[name] = os.fsencode(name)
