@@ -106,7 +106,7 @@ class MemoryAt:
 def components_of(statics: MemoryStatics, row: Row) -> dict[str, Any]:
     """The persistent components and an instant's ``row`` of step components, by name in display order."""
     components = statics.common.copy()
-    components.update(named(row)._asdict())
+    components.update(zip(STEP_COMPONENTS, row, strict=True))  # named(row)._asdict(), no named tuple
     return components
 
 
