@@ -123,7 +123,17 @@ def _first_largest(totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.ndarray]:
     """The memory of ``run`` at every (batch, seq) of two broadcastable int64 arrays: ``instants.memory_at``
     on arrays, then the scalar path's peak choice (``memory.memory_of``: the first instant with the largest
-    total) and the allocator's rounding, element-wise."""
+    total) and the allocator's rounding, element-wise; ``peak_instant``: the peak instant's name."""
+    out, names, peak = plane_figures(run, batch, seq)
+    out["peak_instant"] = np.asarray(names).take(peak)
+    return out
+
+
+def plane_figures(run: Run, batch: np.ndarray, seq: np.ndarray
+                  ) -> tuple[dict[str, np.ndarray], list[str], np.ndarray]:
+    """:func:`memory_plane` without ``peak_instant``: (its other figures, the instants' names, the peak
+    instant's index in them per cell). ``estimate_grid`` turns the indices of all its planes into names
+    once (each plane's array of names is a copy of a long string per cell)."""
     shape = np.broadcast_shapes(batch.shape, seq.shape)
     m = memory_at(run, batch, seq)
     names = list(m.rows)
@@ -137,8 +147,7 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
     reserved, needed = reserved_figures(run, allocated, at_forward, at_backward_start, batch, seq)
     outside = cuda_context_bytes() + m.statics.wrapped.resident.nccl
     out = {"allocated": allocated, "reserved": reserved, "device_peak": reserved + outside,
-           "device_needed": needed + outside,
-           "peak_instant": np.asarray(names).take(peak)}
+           "device_needed": needed + outside}
     for component in PERSISTENT:  # the same at every instant
         out[f"c:{component}"] = np.full(shape, m.statics.common[component], dtype=np.int64)
     rows = [named(m.rows[instant]) for instant in names]
@@ -156,7 +165,7 @@ def memory_plane(run: Run, batch: np.ndarray, seq: np.ndarray) -> dict[str, np.n
                 cells = peak.size
                 at_peak = peak.ravel() * cells + np.arange(cells)
             out[f"c:{component}"] = totals.reshape(-1)[at_peak].reshape(shape)
-    return out
+    return out, names, peak
 
 
 def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
@@ -194,6 +203,10 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
     runs: dict[tuple[Any, ...], Run] = {}
     invalid: dict[tuple[Any, ...], str] = {}
     first_error: TuneplanError | None = None
+    # every instant named by a plane, by its index in the grid's names ("", index 0: an invalid
+    # combination), and each cell's peak instant as that index: the names are taken once at the end
+    names_at: dict[str, int] = {"": 0}
+    peaks = np.zeros((len(valid),) + plane, dtype=np.intp)
     for i, combo in enumerate(itertools.product(*(grid_axes[k] for k in looped))):
         kw = {**fixed, **dict(zip(looped, combo, strict=True)), "batch": int(batches[0]), "seq": int(seqs[0])}
         try:
@@ -203,19 +216,20 @@ def estimate_grid(model: str | ModelSpec, setup: TrainSetup | None = None, *,
             invalid[combo] = str(e)
             continue
         runs[combo] = run
-        for k, v in memory_plane(run, batches[:, None], seqs[None, :]).items():
+        figures, names, peak = plane_figures(run, batches[:, None], seqs[None, :])
+        grid_index = [names_at.setdefault(n, len(names_at)) for n in names]
+        peaks[i] = np.asarray(grid_index, dtype=np.intp).take(peak)
+        for k, v in figures.items():
             stack = out.get(k)
-            if stack is None or (v.dtype.kind == "U" and v.dtype.itemsize > stack.dtype.itemsize):
-                # the first plane (or a longer instant name): the array, zero-filled, in this plane's dtype
-                stack = (np.zeros((len(valid),) + plane, dtype=v.dtype) if stack is None
-                         else stack.astype(v.dtype))
-                out[k] = stack
+            if stack is None:  # the first plane: the array, zero-filled, in this plane's dtype
+                stack = out[k] = np.zeros((len(valid),) + plane, dtype=v.dtype)
             stack[i] = v
         valid[i] = True
         errors[i] = any(f.level == "error" for f in run.findings(accelerator))
     if not runs:
         assert first_error is not None
         raise first_error  # no combination is valid: the input itself is wrong
+    out["peak_instant"] = np.asarray(list(names_at)).take(peaks)  # the longest name sets the dtype
     # [looped..., batch, seq] -> the caller's axis order, without the batch / seq axes that were single values
     order = looped + ["batch", "seq"]
     want = list(grid_axes)
