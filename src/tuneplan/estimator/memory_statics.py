@@ -148,7 +148,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         embedding_into_buffer=embedding,
         earlier_grads=grads_prev + buckets.persistent + buckets.through_forward,
         all_grads=grads + buckets.persistent,
-        earlier_grads_in_layer=grads_prev + buckets.persistent + buckets.in_layers,
+        earlier_grads_in_layer=grads_prev + buckets.persistent + buckets.in_layers - buckets.missing_at_top,
         # near the bottom of the backward some sharded gradients are not made yet (FSDP2)
         all_grads_in_layer=grads + buckets.persistent + buckets.in_layers - buckets.missing_at_bottom,
         gathered_at_forward_end=wrapper_memory.gathered.at_forward_end,

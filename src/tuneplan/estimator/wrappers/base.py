@@ -49,6 +49,8 @@ class Buckets:
     through_forward: int = 0
     missing_at_bottom: int = 0  # sharded gradients not made yet near the bottom of the backward (FSDP2)
     missing_at_bottom_layer: int = 0  # those not made yet at the bottom layer's backward (FSDP2)
+    # accumulated unsharded gradients already reduce-scattered at the top layer's backward (FSDP2)
+    missing_at_top: int = 0
 
 
 @dataclass(frozen=True)
