@@ -264,8 +264,11 @@ class Fsdp2(Fsdp):
                               missing_at_bottom=accumulated.missing_at_bottom,
                               missing_at_bottom_layer=accumulated.missing_at_bottom_layer)
         top_counted = buffers if accumulated is None else accumulated.transient
+        # with two layers the second layer's backward is the top one's: the only reduce-scatter input
+        # ``comm_ctx`` holds then is an untied trained tail's (``held_top``), not a layer's
+        held = fully_sharded.held_top if model.n_layers == 2 else fully_sharded.held
         return WrapperMemory(terms.resident, buckets,
-                             Gathered(in_layers=2 * layer16 + fully_sharded.held,
+                             Gathered(in_layers=2 * layer16 + held,
                                       at_loss=fully_sharded.tail16, at_forward_end=forward_end,
                                       bottom_layer_forward=bottom_forward, top_layer_forward=top_forward,
                                       head_forward=head_forward, bottom_layer_backward=bottom_gathered,
