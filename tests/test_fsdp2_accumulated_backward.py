@@ -74,3 +74,21 @@ def test_the_second_of_two_layers_holds_no_layer_reduce_scatter_input() -> None:
                                         fsdp=True, fsdp_version=2))
     rows = memory_at(run, 1, 64).rows
     assert named(rows["backward_layers_bottom"]).parallel_buffers == 2 * MISTRAL_LAYER * 4 == 1_744_896_000
+
+
+def test_the_untied_tail_reduce_scatters_before_the_top_layer() -> None:
+    """Full fp32 with CPU offload, 3 layers on 2 GPUs (simulate: 4,024,492,032 B of parallel buffers at the
+    run's peak, the tail's reduce-scatter output allocated): ``foreach_reduce``'s flat input and output
+    beside the head's unsharded gradient, the top layer's prefetched flat buffer, every layer's
+    activations."""
+    spec = reduced_model("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", 3)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="fp32", framework="hf", batch=1,
+                                        seq=128, optimizer="adamw-fused", gpus=2, fsdp=True, fsdp_version=2,
+                                        offload="all"))
+    rows = memory_at(run, 1, 128).rows
+    # Llama-3-8B: vocab 128256 x hidden 4096 (untied head), a layer as Mistral-7B's
+    tail = (128256 * 4096 + 4096) * 4
+    row = named(rows["backward_tail_reduce"])
+    assert row.parallel_buffers == tail + tail // 2 + MISTRAL_LAYER * 4 == 4_024_492_032
+    assert row.backward_temp == tail
+    assert row.gradients == 0  # no shard made on the device (CPU offload)

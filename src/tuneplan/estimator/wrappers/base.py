@@ -144,6 +144,8 @@ class WrapperMemory:
     # counts its activations, scratch and gradients together beside ``Gathered.in_layers``
     bottom_layer: TopLayer | None = None
     end_of_backward: EndOfBackward | None = None
+    # FSDP2: an untied trained tail group's reduce-scatter before the top layer's backward
+    tail_reduce: EndOfBackward | None = None
     embedding: EmbeddingGradients | None = None
     no_sync: NoSyncGradients | None = None
     step_gradients: int | None = None  # gradient bytes at the optimizer step; None: ``resident.gradients``

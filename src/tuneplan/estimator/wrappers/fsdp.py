@@ -53,7 +53,11 @@ from tuneplan.estimator.wrappers.fsdp1_offload import (
     root_pre_backward_copy,
 )
 from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
-from tuneplan.estimator.wrappers.fully_shard import bottom_layer_trains, fully_shard_terms
+from tuneplan.estimator.wrappers.fully_shard import (
+    bottom_layer_trains,
+    fully_shard_terms,
+    tail_reduce_scatter,
+)
 from tuneplan.estimator.wrappers.fully_shard_accumulation import accumulated_backward
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.load_precision import fsdp_mixed_precision
@@ -277,6 +281,8 @@ class Fsdp2(Fsdp):
                                                 gathered=2 * layer16 + fully_sharded.held_top,
                                                 keeps_scratch=True),
                              end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
+                             tail_reduce=tail_reduce_scatter(model, setup, run.dtypes.compute, layer16,
+                                                             accumulated is not None),
                              bottom_layer_trains=bottom_layer_trains(model, setup),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))
