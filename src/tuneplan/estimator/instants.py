@@ -145,6 +145,10 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         "backward_start": (earlier_grads, 0, saved, statics.autocast_copies_backward, logits.backward_peak, 0,
                            statics.gathered_at_loss),
     }
+    tail = statics.tail_reduce
+    if tail is not None:  # FSDP2's untied tail reduce-scattered (wrappers/fully_shard.tail_reduce_scatter)
+        rows["backward_tail_reduce"] = (earlier_grads + tail.gradients, 0, saved - acts.tail_bytes, 0, held,
+                                        tail.scratch, tail.gathered)
     if statics.gathered_root_pre_backward:
         # FSDP1's root pre-backward, before the loss's backward: what the loss's forward left (at most its
         # forward peak) beside the root and its shard's device copy (wrappers/fsdp1_offload)

@@ -97,6 +97,8 @@ class MemoryStatics:
     recompute_casts_bottom: int = 0  # ... beyond the bottom layer's own gradients (bottom_recompute_casts)
     # eager attention's softmax in a checkpointed forward (eager_forward.py); None: no such instant
     eager_forward: EagerForward | None = None
+    # FSDP2: an untied trained tail group's reduce-scatter before the top layer's backward; None: none
+    tail_reduce: EndOfBackward | None = None
 
 
 def memory_statics(run: Run) -> MemoryStatics:
@@ -148,7 +150,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         embedding_into_buffer=embedding,
         earlier_grads=grads_prev + buckets.persistent + buckets.through_forward,
         all_grads=grads + buckets.persistent,
-        earlier_grads_in_layer=grads_prev + buckets.persistent + buckets.in_layers,
+        earlier_grads_in_layer=grads_prev + buckets.persistent + buckets.in_layers - buckets.missing_at_top,
         # near the bottom of the backward some sharded gradients are not made yet (FSDP2)
         all_grads_in_layer=grads + buckets.persistent + buckets.in_layers - buckets.missing_at_bottom,
         gathered_at_forward_end=wrapper_memory.gathered.at_forward_end,
@@ -158,7 +160,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_head_backward=wrapper_memory.gathered.head_backward,
         gathered_at_loss=wrapper_memory.gathered.at_loss,
         gathered_root_pre_backward=wrapper_memory.gathered.root_pre_backward,
-        end_of_backward=wrapper_memory.end_of_backward,
+        end_of_backward=wrapper_memory.end_of_backward, tail_reduce=wrapper_memory.tail_reduce,
         gathered=wrapper_memory.gathered.in_layers,
         gathered_bottom_backward=wrapper_memory.gathered.bottom_layer_backward,
         gathered_bottom_copy=wrapper_memory.gathered.bottom_layer_copy,

@@ -49,6 +49,8 @@ class Buckets:
     through_forward: int = 0
     missing_at_bottom: int = 0  # sharded gradients not made yet near the bottom of the backward (FSDP2)
     missing_at_bottom_layer: int = 0  # those not made yet at the bottom layer's backward (FSDP2)
+    # accumulated unsharded gradients already reduce-scattered at the top layer's backward (FSDP2)
+    missing_at_top: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ class WrapperMemory:
     # counts its activations, scratch and gradients together beside ``Gathered.in_layers``
     bottom_layer: TopLayer | None = None
     end_of_backward: EndOfBackward | None = None
+    # FSDP2: an untied trained tail group's reduce-scatter before the top layer's backward
+    tail_reduce: EndOfBackward | None = None
     embedding: EmbeddingGradients | None = None
     no_sync: NoSyncGradients | None = None
     step_gradients: int | None = None  # gradient bytes at the optimizer step; None: ``resident.gradients``

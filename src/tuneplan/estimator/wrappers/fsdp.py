@@ -53,7 +53,12 @@ from tuneplan.estimator.wrappers.fsdp1_offload import (
     root_pre_backward_copy,
 )
 from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
-from tuneplan.estimator.wrappers.fully_shard import bottom_layer_trains, fully_shard_terms
+from tuneplan.estimator.wrappers.fully_shard import (
+    bottom_layer_trains,
+    fully_shard_terms,
+    tail_reduce_scatter,
+)
+from tuneplan.estimator.wrappers.fully_shard_accumulation import accumulated_backward
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.load_precision import fsdp_mixed_precision
 from tuneplan.specs.setup import TrainSetup
@@ -252,19 +257,32 @@ class Fsdp2(Fsdp):
         head_forward = 0 if tied_tail else layer16 + 2 * fully_sharded.tail16
         # the bottom layer's backward beside the prefetched embedding group (an instant of its own)
         bottom_gathered, missing, bottom_copy = fully_sharded.bottom_backward or (0, 0, 0)
-        return WrapperMemory(terms.resident,
-                             Buckets(in_layers=fully_sharded.transient,
-                                     missing_at_bottom=fully_sharded.pending_bottom,
-                                     missing_at_bottom_layer=missing),
-                             Gathered(in_layers=2 * layer16 + fully_sharded.held,
+        buckets = Buckets(in_layers=fully_sharded.transient, missing_at_bottom=fully_sharded.pending_bottom,
+                          missing_at_bottom_layer=missing)
+        # after an accumulating micro-batch: one new weight gradient added in place, the groups already
+        # reduce-scattered without theirs (wrappers/fully_shard_accumulation.py)
+        accumulated = accumulated_backward(model, setup, no_sync_gradients(run), buffers,
+                                           run.dtypes.compute, run.param_plan.trainable_params)
+        if accumulated is not None:
+            buckets = Buckets(in_layers=accumulated.transient, missing_at_top=accumulated.missing_at_top,
+                              missing_at_bottom=accumulated.missing_at_bottom,
+                              missing_at_bottom_layer=accumulated.missing_at_bottom_layer)
+        top_counted = buffers if accumulated is None else accumulated.transient
+        # with two layers the second layer's backward is the top one's: the only reduce-scatter input
+        # ``comm_ctx`` holds then is an untied trained tail's (``held_top``), not a layer's
+        held = fully_sharded.held_top if model.n_layers == 2 else fully_sharded.held
+        return WrapperMemory(terms.resident, buckets,
+                             Gathered(in_layers=2 * layer16 + held,
                                       at_loss=fully_sharded.tail16, at_forward_end=forward_end,
                                       bottom_layer_forward=bottom_forward, top_layer_forward=top_forward,
                                       head_forward=head_forward, bottom_layer_backward=bottom_gathered,
                                       bottom_layer_copy=bottom_copy),
-                             top_layer=TopLayer(counted=buffers, gradients_at_end=buffers,
+                             top_layer=TopLayer(counted=top_counted, gradients_at_end=top_counted,
                                                 gathered=2 * layer16 + fully_sharded.held_top,
                                                 keeps_scratch=True),
                              end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
+                             tail_reduce=tail_reduce_scatter(model, setup, run.dtypes.compute, layer16,
+                                                             accumulated is not None),
                              bottom_layer_trains=bottom_layer_trains(model, setup),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))

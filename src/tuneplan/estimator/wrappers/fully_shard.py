@@ -212,14 +212,45 @@ def final_reduce_scatter(model: ModelSpec, setup: TrainSetup, compute_bytes: int
     tied = not model.lm_head_params
     numel = ((model.lm_head_params or model.embed_params) + model.final_norm_params if tied
              else model.embed_params)
-    world_size = setup.world_size
+    unsharded, shard, cast = reduce_scatter_buffers(setup, numel, compute_bytes)
+    pending = -(-int(numel * per_elem) // setup.world_size)
+    return EndOfBackward(gradients=-pending, gathered=unsharded + shard, scratch=unsharded + cast)
+
+
+def reduce_scatter_buffers(setup: TrainSetup, numel: int, compute_bytes: int) -> tuple[int, int, int]:
+    """(flat input, output, fp32 cast of the output) of a group's ``foreach_reduce`` in the reduce dtype
+    (the param dtype), the cast where the sharded parameters are fp32 (accelerate's upcast)."""
     unsharded = numel * compute_bytes
-    shard = ceil_div(unsharded, world_size)
     upcast = fsdp_mixed_precision(setup, get_profile(setup.framework)) and compute_bytes == 2 and (
         setup.method != "qlora")
-    cast = ceil_div(numel * 4, world_size) if upcast else 0
-    pending = -(-int(numel * per_elem) // world_size)
-    return EndOfBackward(gradients=-pending, gathered=unsharded + shard, scratch=unsharded + cast)
+    cast = ceil_div(numel * 4, setup.world_size) if upcast else 0
+    return unsharded, ceil_div(unsharded, setup.world_size), cast
+
+
+def tail_reduce_scatter(model: ModelSpec, setup: TrainSetup, compute_bytes: int, layer16: int,
+                        accumulated: bool) -> EndOfBackward | None:
+    """An untied trained tail group's (final norm and head) reduce-scatter, before the top layer's
+    backward (torch 2.13): its post-backward hook fires on its forward input's gradient, after the
+    head's and the norm's backward; ``FSDPParamGroup.post_backward`` reshards it and ``foreach_reduce``
+    (_fsdp_collectives.py) allocates the flat input, copies the unsharded gradients in and allocates the
+    output, the gradients autograd made still bound in ``unsharded_grads`` until the call returns (the
+    output copied to the host under ``CPUOffloadPolicy`` only after). The tail's pre-backward already
+    prefetched the top layer (``_backward_prefetch``, one flat buffer); every layer's saved activations
+    are still there:
+
+        gathered = tail x b + ceil(tail x b / N) + layer16,  scratch = tail x b (+ fp32 cast)
+
+    After a micro-batch accumulated unsharded the reduced gradient is the accumulated ``.grad`` itself
+    (counted with the accumulated gradients), the new one added into it in place. None for a tied or a
+    frozen tail (simulate: DeepSeek-R1-Distill-Llama-8B full fp32 with CPU offload, 3 layers: the peak at
+    the tail's reduce-scatter output, 2.1 GB of head gradient, 3.2 GB of reduce-scatter buffers and the
+    top layer's 0.9 GB flat buffer)."""
+    if not model.lm_head_params or setup.method != "full" or model.n_layers < 1:
+        return None
+    unsharded, shard, cast = reduce_scatter_buffers(
+        setup, model.lm_head_params + model.final_norm_params, compute_bytes)
+    return EndOfBackward(gradients=0, gathered=unsharded + shard + layer16,
+                         scratch=(0 if accumulated else unsharded) + cast)
 
 
 def _total(end: EndOfBackward) -> int:
