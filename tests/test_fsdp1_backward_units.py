@@ -129,3 +129,21 @@ def test_lora_layer_end_keeps_the_recomputed_casts_up_to_the_first_adapter() -> 
                fsdp=True, fsdp_version=1, offload="all")
     assert memory_statics(run).layer_end_casts == casts
     assert named(memory_at(run, 2, 512).rows["backward_layer_end"]).autocast_copies == casts
+
+
+def test_lora_top_layer_end_keeps_the_saved_casts_below_and_up_to_the_first_adapter() -> None:
+    # fsdp_qlora, Mistral-7B LoRA on the MLP, fp16-mixed (fp32 weights under autocast), 3 layers, no
+    # checkpointing: every frozen linear saves its fp16 cast for its input gradient, except in layer 0
+    # where the input of q, k, v, o (the embeddings') and of gate, up (attention frozen, no adapter) needs
+    # no gradient: only down_proj's (14336 x 4096) is saved there. When the top layer's gate_proj adapter
+    # prefetches the next layer, its up and down casts are back-propagated; left: layer 0's down_proj,
+    # layer 1's seven linears, the top layer's q, k, v, o and gate_proj; 2 B per element, unsharded
+    # (train.py gathers the fp32 weights whole)
+    attn = 2 * 4096 * 4096 + 2 * 1024 * 4096
+    mlp = 14336 * 4096
+    casts = (mlp + (attn + 3 * mlp) + (attn + mlp)) * 2
+    run = _run(3, method="lora", precision="fp16-mixed", framework="fsdp-qlora", batch=2, seq=384,
+               gradient_checkpointing=False, rank=4, targets="mlp", optimizer="adamw-hf", attn="sdpa",
+               num_labels=1, gpus=4, fsdp=True, fsdp_version=1, offload="none")
+    assert memory_statics(run).top_layer_end_casts == casts
+    assert named(memory_at(run, 2, 384).rows["backward_top_layer_end"]).autocast_copies == casts

@@ -101,8 +101,9 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
             # adapter, the gradients live then, in place of its whole activations
             top_acts = top_acts - acts.top_layer_bytes + acts.layer_end_bytes
             top_temp = acts.layer_end_temp_bytes
-        rows["backward_top_layer_end"] = (top_grads, 0, top_acts, 0, bottom_held, top_temp,
-                                          statics.gathered_layer_end)
+        # beside the casts autocast saved that are not back-propagated yet (layer_end_casts.py)
+        rows["backward_top_layer_end"] = (top_grads, 0, top_acts, statics.top_layer_end_casts, bottom_held,
+                                          top_temp, statics.gathered_layer_end)
 
 
 def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, backward_temp: Any,
