@@ -147,3 +147,22 @@ def test_lora_top_layer_end_keeps_the_saved_casts_below_and_up_to_the_first_adap
                num_labels=1, gpus=4, fsdp=True, fsdp_version=1, offload="none")
     assert memory_statics(run).top_layer_end_casts == casts
     assert named(memory_at(run, 2, 384).rows["backward_top_layer_end"]).autocast_copies == casts
+
+
+def test_full_top_layer_end_has_released_the_heads_and_its_own_casts() -> None:
+    # fsdp_qlora, Llama-2-70b full, bf16-mixed (fp32 weights gathered whole, cast to bf16 under autocast),
+    # 2 layers, no checkpointing. One layer's linears: q, o (8192 x 8192), k, v (1024 x 8192), gate, up,
+    # down (28672 x 8192); the lm_head 32000 x 8192; 2 B per cast element. The head's cast dies with the
+    # head's backward; at the top layer's end its own casts are gone (its 2 x 3.3 GB of fp32 view and flat
+    # gradients outweigh them): only layer 0's casts are left
+    layer = (2 * 8192 * 8192 + 2 * 1024 * 8192 + 3 * 28672 * 8192) * 2
+    head = 32000 * 8192 * 2
+    spec = reduced_model("meta-llama/Llama-2-70b-hf", 2)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16-mixed", framework="fsdp-qlora",
+                                        batch=1, seq=2048, grad_accum=2, gradient_checkpointing=False,
+                                        optimizer="adafactor", attn="sdpa", gpus=4, fsdp=True, fsdp_version=1,
+                                        offload="all"))
+    statics = memory_statics(run)
+    assert statics.autocast_copies == 2 * layer + head
+    assert statics.head_top_casts == (head, layer)
+    assert named(memory_at(run, 1, 2048).rows["backward_layers_top"]).autocast_copies == layer

@@ -212,7 +212,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     # expert stack when nothing trained precedes it (wrappers/zero.py)
     top_scratch = (layer_backward_scratch(statics, acts, tokens, statics.wrapped.first_hook_bucket)
                    if statics.wrapped.first_hook_bucket else backward_temp)
-    top_gathered = gathered
+    top_gathered, top_casts = gathered, statics.autocast_copies
     top = statics.wrapped.top_layer
     if top is not None:
         # FSDP, ZeRO-3 (wrappers/base.TopLayer): the top layer's unsharded gradients are made as its
@@ -225,6 +225,11 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
                             else acts.top_layer_bytes, at_end)
         top_scratch = (backward_temp if top.keeps_scratch
                        else backward_temp - minimum(backward_temp, at_end - top_freed))
+        # autocast's saved casts: the head's released by its backward, the top layer's as its gradients are
+        # made (layer_end_casts.head_and_top_layer_casts), the row the larger of the start and the end
+        head_cast, layer_casts = statics.head_top_casts
+        left = maximum(at_end - top_freed - (backward_temp - top_scratch), 0)
+        top_casts = statics.autocast_copies - head_cast - minimum(layer_casts, left)
     bottom_grads = statics.all_grads_in_layer - embedding_cut
     if statics.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time
@@ -249,8 +254,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # (simulate: fsdp_qlora, Mistral-7B LoRA with CPU offload, the next layer gathered)
         bottom_acts, bottom_held = recomputed, kept
     else:
-        rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
-                                       top_scratch, top_gathered)
+        rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, top_casts, held, top_scratch,
+                                       top_gathered)
         fetch = statics.wrapped.gathered.top_layer_backward_fetch
         if fetch:  # ZeRO-3's first pass (wrappers/zero3_expert_round.py): the top layer's experts gathered
             # again, the tail back-propagated, none of the layer's scratch yet

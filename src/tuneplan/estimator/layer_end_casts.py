@@ -1,4 +1,6 @@
-"""Autocast's saved weight casts at the top layer's end in a LoRA run without checkpointing.
+"""Autocast's saved weight casts at the top layer's end without checkpointing.
+
+A LoRA run with each adapter an FSDP unit of its own (:func:`top_layer_end_casts`):
 
 Under autocast a frozen fp32 linear weight is cast to 16 bits on every forward, and the cast is saved for
 the input-gradient matmul (autocast_mode.cpp ``cached_cast``; ``weights.linear_params``); it dies only with
@@ -69,3 +71,20 @@ def top_layer_end_casts(run: Run) -> int:
     if run.wrapper.shards_parameters and not (setup.fsdp and gather_upcast(run) > 1):
         live = ceil_div(live, setup.world_size)
     return max(live, 0)
+
+
+def head_and_top_layer_casts(run: Run) -> tuple[int, int]:
+    """(the lm_head's cast, the top layer's casts) of autocast's saved copies, per GPU, without
+    checkpointing (0, 0 under it: the first forward saves no layer's cast). The head's is released by the
+    head's backward, before the top layer's (its input-gradient matmul is the cast's last use); each of the
+    top layer's is released by its linear's backward, which makes that weight's gradient: at the top layer's
+    end its casts are gone, its gradients made (``instants.layer_backward_rows``; simulate: fsdp_qlora,
+    Llama-2-70b full bf16-mixed, 2 layers: at the top layer's flat-gradient cat only layer 0's casts are
+    live). Sharded as ``memory_statics.autocast_copy_terms`` shards every cast."""
+    setup, params = run.setup, run.param_plan
+    if setup.gradient_checkpointing or not params.autocast_copy_bytes:
+        return 0, 0
+    head, top = params.head_cast_bytes, params.top_layer_cast_bytes
+    if run.wrapper.shards_parameters and not (setup.fsdp and gather_upcast(run) > 1):
+        head, top = ceil_div(head, setup.world_size), ceil_div(top, setup.world_size)
+    return head, top
