@@ -166,3 +166,19 @@ def test_full_top_layer_end_has_released_the_heads_and_its_own_casts() -> None:
     assert statics.autocast_copies == 2 * layer + head
     assert statics.head_top_casts == (head, layer)
     assert named(memory_at(run, 1, 2048).rows["backward_layers_top"]).autocast_copies == layer
+
+
+def test_offloaded_flat_params_keep_the_shards_above_on_the_device() -> None:
+    # fsdp_qlora (use_orig_params=False), Llama-3.1-405B full fp32 on 2 GPUs, CPU offload, 3 layers. One
+    # layer: q, o (16384 x 16384), k, v (1024 x 16384), gate, up, down (53248 x 16384), two norms (16384):
+    # 3,187,703,808 parameters. The bottom row is the layer above the lowest (two layers unsharded): its
+    # fp32 view gradients and their cat (2 x 4 B per parameter), the lm_head's gradient waiting in the root
+    # (128256 x 16384 x 4 B), and the top layer's reduce-scattered fp32 shard kept on the device as
+    # _saved_grad_shard until _finalize_params (4 B / 2 GPUs per parameter)
+    layer = 2 * 16384 * 16384 + 2 * 1024 * 16384 + 3 * 53248 * 16384 + 2 * 16384
+    spec = reduced_model("meta-llama/Llama-3.1-405B-Instruct", 3)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="fp32", framework="fsdp-qlora",
+                                        batch=3, seq=2048, grad_accum=1, gradient_checkpointing=True,
+                                        gpus=2, fsdp=True, fsdp_version=1, offload="all"))
+    row = named(memory_at(run, 3, 2048).rows["backward_layers_bottom"])
+    assert row.gradients == 2 * layer * 4 + 128256 * 16384 * 4 + layer * 4 // 2

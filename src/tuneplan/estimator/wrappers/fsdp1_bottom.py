@@ -79,9 +79,30 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
         layers, below = 2, below_copy
     elif trained > 1 and layer16 > shard:
         layers, pending = 2, 2
-    bottom = TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
+    kept = kept_shards_above(run, trained - pending)
+    bottom = TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait + kept,
                       gathered=root16 + layers * layer16 + below, keeps_scratch=False)
     return bottom, pending * shard + root_shard + unsynced_at_bottom(run, buffers, trained)
+
+
+def kept_shards_above(run: Run, above: int) -> int:
+    """The device shards the ``above`` trained layers back-propagated before this one keep under CPU offload
+    with ``use_orig_params=False`` (fsdp_qlora train.py, ``Profile.fsdp_flat_params_only``): each unit's
+    reduce-scattered shard stays on the device as ``_saved_grad_shard``, the host copy's source
+    (``_runtime_utils._accumulate_sharded_grad``, ``_offload_grad``), until ``_finalize_params``'
+    ``prepare_gradient_for_optim`` deletes it at the very end of the backward (as at the root unit's end:
+    ``fsdp1_root_end.root_unit_end``; simulate: fsdp_qlora, Llama-3.1-405B full fp32 offloaded, the top
+    layer's 6 GB shard live through the layer below's backward)::
+
+        kept = above x ceil(layer x b_grad / N)
+
+    0 without offload (the shards are the gradients every row counts) or with ``use_orig_params=True``."""
+    from tuneplan.estimator.wrappers.fp32_gathers import unsharded_grad_bytes
+
+    setup = run.setup
+    if setup.offload == "none" or not run.profile.fsdp_flat_params_only or above < 1:
+        return 0
+    return above * -(-run.model.largest_layer_params * unsharded_grad_bytes(run) // setup.world_size)
 
 
 def pending_shards(run: Run, grads: int) -> tuple[int, int]:
