@@ -182,3 +182,16 @@ def test_offloaded_flat_params_keep_the_shards_above_on_the_device() -> None:
                                         gpus=2, fsdp=True, fsdp_version=1, offload="all"))
     row = named(memory_at(run, 3, 2048).rows["backward_layers_bottom"])
     assert row.gradients == 2 * layer * 4 + 128256 * 16384 * 4 + layer * 4 // 2
+
+
+def test_per_adapter_units_end_a_layer_with_one_adapters_gradient() -> None:
+    # LLaMA-Factory (PEFT's per-adapter FSDP units), Mistral-7B LoRA r128 on every linear, bf16-mixed: the
+    # largest unit is gate/up's lora_B or down's lora_A, 14336 x 128; its view's bf16 gradient and the cat
+    # autograd makes of it are what a layer's end adds to the accumulated gradients (2 B per element each),
+    # not the whole layer's adapters twice
+    run = _run(3, method="lora", precision="bf16-mixed", framework="llamafactory", batch=1, seq=384,
+               grad_accum=2, gradient_checkpointing=False, rank=128, dropout=0.05, optimizer="adamw",
+               gpus=8, fsdp=True, fsdp_version=1, offload="all")
+    _, wrapped = _bottom(run)
+    assert wrapped.top_layer is not None
+    assert wrapped.top_layer.gradients_at_end == 2 * 14336 * 128 * 2
