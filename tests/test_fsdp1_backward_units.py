@@ -195,3 +195,18 @@ def test_per_adapter_units_end_a_layer_with_one_adapters_gradient() -> None:
     _, wrapped = _bottom(run)
     assert wrapped.top_layer is not None
     assert wrapped.top_layer.gradients_at_end == 2 * 14336 * 128 * 2
+
+
+def test_adapter_dropout_backward_on_the_fp32_cast_input() -> None:
+    # FSDP1 LLaMA-Factory, Mistral-7B-Instruct-v0.3 LoRA (q, k, v, o, gate, up, down) with dropout,
+    # fp16-mixed: accelerate's fp32 adapters make PEFT cast down_proj's 14336-wide input to fp32 before
+    # the dropout. At its backward: the fp32 gradient of the dropout's output and the dropout's fp32 input
+    # gradient (2 x 4 B x 14336), lora_A's saved fp16 input (2 B x 14336) freed; beside them the fp16
+    # residual gradient and its accumulated copy (2 x 2 B x 4096); 4 x 1024 tokens
+    spec = reduced_model("mistralai/Mistral-7B-Instruct-v0.3", 3)
+    run = resolve_run(spec, build_setup(spec, method="lora", precision="fp16-mixed", framework="llamafactory",
+                                        batch=4, seq=1024, grad_accum=1, rank=16, dropout=0.05,
+                                        optimizer="sgd", attn="eager", num_labels=2, gpus=8, fsdp=True,
+                                        fsdp_version=1, offload="none"))
+    per_token = 2 * 4 * 14336 - 2 * 14336 + 2 * 2 * 4096
+    assert named(memory_at(run, 4, 1024).rows["backward_layers_top"]).backward_temp == per_token * 4096
