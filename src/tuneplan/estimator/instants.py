@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan, saved_at
 from tuneplan.estimator.eager_forward import forward_attention_row
+from tuneplan.estimator.layer_end_casts import top_layer_row_casts
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
@@ -225,11 +226,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
                             else acts.top_layer_bytes, at_end)
         top_scratch = (backward_temp if top.keeps_scratch
                        else backward_temp - minimum(backward_temp, at_end - top_freed))
-        # autocast's saved casts: the head's released by its backward, the top layer's as its gradients are
-        # made (layer_end_casts.head_and_top_layer_casts), the row the larger of the start and the end
-        head_cast, layer_casts = statics.head_top_casts
-        left = maximum(at_end - top_freed - (backward_temp - top_scratch), 0)
-        top_casts = statics.autocast_copies - head_cast - minimum(layer_casts, left)
+        # autocast's saved casts: the head's released, the top layer's as its gradients are made
+        top_casts = top_layer_row_casts(statics.autocast_copies, statics.head_top_casts,
+                                        at_end - top_freed - (backward_temp - top_scratch))
     bottom_grads = statics.all_grads_in_layer - embedding_cut
     if statics.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time

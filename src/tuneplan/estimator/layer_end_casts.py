@@ -23,12 +23,12 @@ adapters' own casts (a few MiB) are left out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuneplan.estimator.bnb_scope import quantized
 from tuneplan.estimator.weights import bottom_casts_unsaved
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast
-from tuneplan.estimator.xp import ceil_div
+from tuneplan.estimator.xp import ceil_div, maximum, minimum
 from tuneplan.specs.model import LayerSpec, Linear
 
 if TYPE_CHECKING:
@@ -88,3 +88,14 @@ def head_and_top_layer_casts(run: Run) -> tuple[int, int]:
     if run.wrapper.shards_parameters and not (setup.fsdp and gather_upcast(run) > 1):
         head, top = ceil_div(head, setup.world_size), ceil_div(top, setup.world_size)
     return head, top
+
+
+def top_layer_row_casts(casts: Any, head_top: tuple[int, int], left: Any) -> Any:
+    """The casts of the top layer's backward row (``instants.layer_backward_rows``), the larger of its start
+    and its end: every saved cast ``casts`` but the head's, less the top layer's own ones its gradients
+    outweigh once its activations and scratch are counted as released (``left`` = E - min(A, E) - the
+    scratch freed)::
+
+        casts - C_head - min(C_top, max(left, 0))"""
+    head, top = head_top
+    return casts - head - minimum(top, maximum(left, 0))
