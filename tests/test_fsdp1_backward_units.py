@@ -212,3 +212,20 @@ def test_adapter_dropout_backward_on_the_fp32_cast_input() -> None:
                                         fsdp_version=1, offload="none"))
     per_token = 2 * 4 * 14336 - 2 * 14336 + 2 * 2 * 4096
     assert named(memory_at(run, 4, 1024).rows["backward_layers_top"]).backward_temp == per_token * 4096
+
+
+def test_attention_core_backward_beside_the_mlp_and_output_projection_gradients() -> None:
+    # fsdp_qlora, Llama-3.1-405B full fp32 on 2 GPUs, CPU offload, 3 layers, checkpointed: fp32 with GQA
+    # runs SDPA's math path, whose backward materialises the scores' gradients. At the layer above the
+    # lowest, when its attention core is back-propagated: the lm_head's gradient waiting in the root
+    # (128256 x 16384), the top layer's device shard (one layer / 2 GPUs), and the layer's own MLP
+    # (3 x 53248 x 16384) and o_proj (16384 x 16384) weight gradients, 4 B each, no cat yet
+    layer = 2 * 16384 * 16384 + 2 * 1024 * 16384 + 3 * 53248 * 16384 + 2 * 16384
+    spec = reduced_model("meta-llama/Llama-3.1-405B-Instruct", 3)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="fp32", framework="fsdp-qlora",
+                                        batch=3, seq=2048, grad_accum=1, gradient_checkpointing=True,
+                                        gpus=2, fsdp=True, fsdp_version=1, offload="all"))
+    row = named(memory_at(run, 3, 2048).rows["backward_layer_attention"])
+    made = (3 * 53248 * 16384 + 16384 * 16384) * 4
+    assert row.gradients == 128256 * 16384 * 4 + layer * 4 // 2 + made
+    assert row.parallel_buffers == named(memory_at(run, 3, 2048).rows["backward_layers_bottom"]).parallel_buffers

@@ -44,7 +44,7 @@ from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrapper_rows import (
     bottom_layer_row,
     flush_row,
-    folded_layer_row,
+    fold_bottom_rows,
     layer_end_rows,
     reduction_rows,
 )
@@ -265,8 +265,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
     if statics.wrapped.bottom_layer is not None:
-        rows["backward_layers_bottom"] = folded_layer_row(rows["backward_layers_bottom"],
-                                                          statics.wrapped.bottom_layer)
+        fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
+                         bottom_held)
     if statics.gathered_layer_end:
         layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
     if statics.wrapped.gathered.flush:
