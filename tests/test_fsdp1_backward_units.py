@@ -225,7 +225,8 @@ def test_attention_core_backward_beside_the_mlp_and_output_projection_gradients(
     run = resolve_run(spec, build_setup(spec, method="full", precision="fp32", framework="fsdp-qlora",
                                         batch=3, seq=2048, grad_accum=1, gradient_checkpointing=True,
                                         gpus=2, fsdp=True, fsdp_version=1, offload="all"))
-    row = named(memory_at(run, 3, 2048).rows["backward_layer_attention"])
+    rows = memory_at(run, 3, 2048).rows
+    row = named(rows["backward_layer_attention"])
     made = (3 * 53248 * 16384 + 16384 * 16384) * 4
     assert row.gradients == 128256 * 16384 * 4 + layer * 4 // 2 + made
-    assert row.parallel_buffers == named(memory_at(run, 3, 2048).rows["backward_layers_bottom"]).parallel_buffers
+    assert row.parallel_buffers == named(rows["backward_layers_bottom"]).parallel_buffers
