@@ -1,6 +1,8 @@
 """FSDP1's units in the backward: the lowest trained layer (wrappers/fsdp1_bottom.py), the root unit after a
-no_sync accumulation (wrappers/fsdp1_root_end.py) and a LoRA layer's end (weights.
-recompute_casts_to_first_target): what torch's FSDP1 has gathered and which gradients and casts exist,
+no_sync accumulation (wrappers/fsdp1_root_end.py), a LoRA layer's end (weights.
+recompute_casts_to_first_target), the top layer's end with autocast's saved casts (layer_end_casts.py),
+PEFT's per-adapter units (wrappers/fsdp.adapter_unit_gradient) and the adapter dropout's backward
+(layer_saved.down_adapter_backward): what torch's FSDP1 has gathered and which gradients and casts exist,
 expected figures derived by hand from the models' shapes."""
 
 from __future__ import annotations
@@ -129,3 +131,102 @@ def test_lora_layer_end_keeps_the_recomputed_casts_up_to_the_first_adapter() -> 
                fsdp=True, fsdp_version=1, offload="all")
     assert memory_statics(run).layer_end_casts == casts
     assert named(memory_at(run, 2, 512).rows["backward_layer_end"]).autocast_copies == casts
+
+
+def test_lora_top_layer_end_keeps_the_saved_casts_below_and_up_to_the_first_adapter() -> None:
+    # fsdp_qlora, Mistral-7B LoRA on the MLP, fp16-mixed (fp32 weights under autocast), 3 layers, no
+    # checkpointing: every frozen linear saves its fp16 cast for its input gradient, except in layer 0
+    # where the input of q, k, v, o (the embeddings') and of gate, up (attention frozen, no adapter) needs
+    # no gradient: only down_proj's (14336 x 4096) is saved there. When the top layer's gate_proj adapter
+    # prefetches the next layer, its up and down casts are back-propagated; left: layer 0's down_proj,
+    # layer 1's seven linears, the top layer's q, k, v, o and gate_proj; 2 B per element, unsharded
+    # (train.py gathers the fp32 weights whole)
+    attn = 2 * 4096 * 4096 + 2 * 1024 * 4096
+    mlp = 14336 * 4096
+    casts = (mlp + (attn + 3 * mlp) + (attn + mlp)) * 2
+    run = _run(3, method="lora", precision="fp16-mixed", framework="fsdp-qlora", batch=2, seq=384,
+               gradient_checkpointing=False, rank=4, targets="mlp", optimizer="adamw-hf", attn="sdpa",
+               num_labels=1, gpus=4, fsdp=True, fsdp_version=1, offload="none")
+    assert memory_statics(run).top_layer_end_casts == casts
+    assert named(memory_at(run, 2, 384).rows["backward_top_layer_end"]).autocast_copies == casts
+
+
+def test_full_top_layer_end_has_released_the_heads_and_its_own_casts() -> None:
+    # fsdp_qlora, Llama-2-70b full, bf16-mixed (fp32 weights gathered whole, cast to bf16 under autocast),
+    # 2 layers, no checkpointing. One layer's linears: q, o (8192 x 8192), k, v (1024 x 8192), gate, up,
+    # down (28672 x 8192); the lm_head 32000 x 8192; 2 B per cast element. The head's cast dies with the
+    # head's backward; at the top layer's end its own casts are gone (its 2 x 3.3 GB of fp32 view and flat
+    # gradients outweigh them): only layer 0's casts are left
+    layer = (2 * 8192 * 8192 + 2 * 1024 * 8192 + 3 * 28672 * 8192) * 2
+    head = 32000 * 8192 * 2
+    spec = reduced_model("meta-llama/Llama-2-70b-hf", 2)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16-mixed", framework="fsdp-qlora",
+                                        batch=1, seq=2048, grad_accum=2, gradient_checkpointing=False,
+                                        optimizer="adafactor", attn="sdpa", gpus=4, fsdp=True, fsdp_version=1,
+                                        offload="all"))
+    statics = memory_statics(run)
+    assert statics.autocast_copies == 2 * layer + head
+    assert statics.head_top_casts == (head, layer)
+    assert named(memory_at(run, 1, 2048).rows["backward_layers_top"]).autocast_copies == layer
+
+
+def test_offloaded_flat_params_keep_the_shards_above_on_the_device() -> None:
+    # fsdp_qlora (use_orig_params=False), Llama-3.1-405B full fp32 on 2 GPUs, CPU offload, 3 layers. One
+    # layer: q, o (16384 x 16384), k, v (1024 x 16384), gate, up, down (53248 x 16384), two norms (16384):
+    # 3,187,703,808 parameters. The bottom row is the layer above the lowest (two layers unsharded): its
+    # fp32 view gradients and their cat (2 x 4 B per parameter), the lm_head's gradient waiting in the root
+    # (128256 x 16384 x 4 B), and the top layer's reduce-scattered fp32 shard kept on the device as
+    # _saved_grad_shard until _finalize_params (4 B / 2 GPUs per parameter)
+    layer = 2 * 16384 * 16384 + 2 * 1024 * 16384 + 3 * 53248 * 16384 + 2 * 16384
+    spec = reduced_model("meta-llama/Llama-3.1-405B-Instruct", 3)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="fp32", framework="fsdp-qlora",
+                                        batch=3, seq=2048, grad_accum=1, gradient_checkpointing=True,
+                                        gpus=2, fsdp=True, fsdp_version=1, offload="all"))
+    row = named(memory_at(run, 3, 2048).rows["backward_layers_bottom"])
+    assert row.gradients == 2 * layer * 4 + 128256 * 16384 * 4 + layer * 4 // 2
+
+
+def test_per_adapter_units_end_a_layer_with_one_adapters_gradient() -> None:
+    # LLaMA-Factory (PEFT's per-adapter FSDP units), Mistral-7B LoRA r128 on every linear, bf16-mixed: the
+    # largest unit is gate/up's lora_B or down's lora_A, 14336 x 128; its view's bf16 gradient and the cat
+    # autograd makes of it are what a layer's end adds to the accumulated gradients (2 B per element each),
+    # not the whole layer's adapters twice
+    run = _run(3, method="lora", precision="bf16-mixed", framework="llamafactory", batch=1, seq=384,
+               grad_accum=2, gradient_checkpointing=False, rank=128, dropout=0.05, optimizer="adamw",
+               gpus=8, fsdp=True, fsdp_version=1, offload="all")
+    _, wrapped = _bottom(run)
+    assert wrapped.top_layer is not None
+    assert wrapped.top_layer.gradients_at_end == 2 * 14336 * 128 * 2
+
+
+def test_adapter_dropout_backward_on_the_fp32_cast_input() -> None:
+    # FSDP1 LLaMA-Factory, Mistral-7B-Instruct-v0.3 LoRA (q, k, v, o, gate, up, down) with dropout,
+    # fp16-mixed: accelerate's fp32 adapters make PEFT cast down_proj's 14336-wide input to fp32 before
+    # the dropout. At its backward: the fp32 gradient of the dropout's output and the dropout's fp32 input
+    # gradient (2 x 4 B x 14336), lora_A's saved fp16 input (2 B x 14336) freed; beside them the fp16
+    # residual gradient and its accumulated copy (2 x 2 B x 4096); 4 x 1024 tokens
+    spec = reduced_model("mistralai/Mistral-7B-Instruct-v0.3", 3)
+    run = resolve_run(spec, build_setup(spec, method="lora", precision="fp16-mixed", framework="llamafactory",
+                                        batch=4, seq=1024, grad_accum=1, rank=16, dropout=0.05,
+                                        optimizer="sgd", attn="eager", num_labels=2, gpus=8, fsdp=True,
+                                        fsdp_version=1, offload="none"))
+    per_token = 2 * 4 * 14336 - 2 * 14336 + 2 * 2 * 4096
+    assert named(memory_at(run, 4, 1024).rows["backward_layers_top"]).backward_temp == per_token * 4096
+
+
+def test_attention_core_backward_beside_the_mlp_and_output_projection_gradients() -> None:
+    # fsdp_qlora, Llama-3.1-405B full fp32 on 2 GPUs, CPU offload, 3 layers, checkpointed: fp32 with GQA
+    # runs SDPA's math path, whose backward materialises the scores' gradients. At the layer above the
+    # lowest, when its attention core is back-propagated: the lm_head's gradient waiting in the root
+    # (128256 x 16384), the top layer's device shard (one layer / 2 GPUs), and the layer's own MLP
+    # (3 x 53248 x 16384) and o_proj (16384 x 16384) weight gradients, 4 B each, no cat yet
+    layer = 2 * 16384 * 16384 + 2 * 1024 * 16384 + 3 * 53248 * 16384 + 2 * 16384
+    spec = reduced_model("meta-llama/Llama-3.1-405B-Instruct", 3)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="fp32", framework="fsdp-qlora",
+                                        batch=3, seq=2048, grad_accum=1, gradient_checkpointing=True,
+                                        gpus=2, fsdp=True, fsdp_version=1, offload="all"))
+    rows = memory_at(run, 3, 2048).rows
+    row = named(rows["backward_layer_attention"])
+    made = (3 * 53248 * 16384 + 16384 * 16384) * 4
+    assert row.gradients == 128256 * 16384 * 4 + layer * 4 // 2 + made
+    assert row.parallel_buffers == named(rows["backward_layers_bottom"]).parallel_buffers

@@ -37,13 +37,14 @@ from typing import Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan, saved_at
 from tuneplan.estimator.eager_forward import forward_attention_row
+from tuneplan.estimator.layer_end_casts import top_layer_row_casts
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrapper_rows import (
     bottom_layer_row,
     flush_row,
-    folded_layer_row,
+    fold_bottom_rows,
     layer_end_rows,
     reduction_rows,
 )
@@ -216,7 +217,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     # expert stack when nothing trained precedes it (wrappers/zero.py)
     top_scratch = (layer_backward_scratch(statics, acts, tokens, statics.wrapped.first_hook_bucket)
                    if statics.wrapped.first_hook_bucket else backward_temp)
-    top_gathered = gathered
+    top_gathered, top_casts = gathered, statics.autocast_copies
     top = statics.wrapped.top_layer
     if top is not None:
         # FSDP, ZeRO-3 (wrappers/base.TopLayer): the top layer's unsharded gradients are made as its
@@ -229,6 +230,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
                             else acts.top_layer_bytes, at_end)
         top_scratch = (backward_temp if top.keeps_scratch
                        else backward_temp - minimum(backward_temp, at_end - top_freed))
+        # autocast's saved casts: the head's released, the top layer's as its gradients are made
+        top_casts = top_layer_row_casts(statics.autocast_copies, statics.head_top_casts,
+                                        at_end - top_freed - (backward_temp - top_scratch))
     bottom_grads = statics.all_grads_in_layer - embedding_cut
     if statics.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time
@@ -253,8 +257,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # (simulate: fsdp_qlora, Mistral-7B LoRA with CPU offload, the next layer gathered)
         bottom_acts, bottom_held = recomputed, kept
     else:
-        rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
-                                       top_scratch, top_gathered)
+        rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, top_casts, held, top_scratch,
+                                       top_gathered)
         fetch = statics.wrapped.gathered.top_layer_backward_fetch
         if fetch:  # ZeRO-3's first pass (wrappers/zero3_expert_round.py): the top layer's experts gathered
             # again, the tail back-propagated, none of the layer's scratch yet
@@ -265,8 +269,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
     if statics.wrapped.bottom_layer is not None:
-        rows["backward_layers_bottom"] = folded_layer_row(rows["backward_layers_bottom"],
-                                                          statics.wrapped.bottom_layer)
+        fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
+                         bottom_held)
     if statics.gathered_layer_end:
         layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
     if statics.wrapped.gathered.flush:

@@ -142,6 +142,9 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
             walk.down_adapter_private += sum(v for k, v in new.items()
                                              if k.endswith((".lora_in", ".dropout_mask")))
             walk.down_adapter_input += sum(v for k, v in new.items() if k.endswith(".lora_in"))
+            if walk.fsdp_adapter_input_copy and any(k.endswith(".dropout_mask") for k in new):
+                # the fp32 input PEFT casts for the upcast adapter, dropped out (down_adapter_backward)
+                walk.down_adapter_dropout += 2 * 4 * m.d_in * share
 
 
 def fused_stacks_saved(walk: LayerWalk, experts: list[Linear]) -> frozenset[str]:
@@ -272,10 +275,18 @@ def down_adapter_backward(walk: LayerWalk, width: int) -> float:
       ``3 x out_b x width``, once lora_A's saved input (the dropout output, or the adapter's private cast
       copy) and the dropout mask are freed: ``- P`` with P those adapter-private bytes.
 
-    max(I, 3 out_b w - P) per token; P = 0 (no private copy) leaves the 3 out_b w of the gated product
-    (simulate: Gemma-2B QLoRA, dropout 0.05, peak at down_proj's lora_A backward)."""
+    * under FSDP1 as the HF Trainer runs it, the dropout's backward (``layer_walk.fsdp1_adapter_input_copy``:
+      accelerate's fp32 adapters, so PEFT's ``lora.Linear.forward`` casts the 16-bit input to fp32 before
+      ``lora_A(dropout(x))`` and autocast casts it back to 16 bits for lora_A's matmul): the backward of
+      that 16-bit cast makes the fp32 gradient of the dropout's output, and ``native_dropout_backward`` its
+      fp32 input gradient beside it, lora_A's saved 16-bit input freed: ``D = 2 x 4 w - I``.
+
+    max(I, 3 out_b w - P, D) per token; P = 0 (no private copy) leaves the 3 out_b w of the gated product
+    (simulate: Gemma-2B QLoRA, dropout 0.05, peak at down_proj's lora_A backward; D: FSDP1 LLaMA-Factory,
+    Mistral-7B LoRA fp16-mixed, two fp32 14336-wide gradients at down_proj's dropout backward)."""
     out_b = walk.output_bytes
     private = walk.down_adapter_private
+    dropout = walk.down_adapter_dropout - walk.down_adapter_input if walk.down_adapter_dropout else 0.0
     if private <= 0:
         return out_b * 3 * width
-    return max(walk.down_adapter_input, out_b * 3 * width - private)
+    return max(walk.down_adapter_input, out_b * 3 * width - private, dropout)

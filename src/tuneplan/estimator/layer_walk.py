@@ -57,6 +57,7 @@ class LayerWalk:
         # per token, the adapter-private saved tensors of the MLP's down projection (layer_saved.py)
         self.down_adapter_private = 0.0
         self.down_adapter_input = 0.0  # of which lora_A's saved input (its gradient's size)
+        self.down_adapter_dropout = 0.0  # its dropout's backward on the fp32-cast input (layer_saved.py)
         self.quantized = setup.quant_bits is not None
         self.output_bytes = dtypes.quant_out if self.quantized else dtypes.linear_out
         self.compute_bytes = dtypes.compute

@@ -11,6 +11,7 @@ from typing import Any
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
 from tuneplan.estimator.bnb_scope import unquantized_note
 from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
+from tuneplan.estimator.layer_end_casts import head_and_top_layer_casts, top_layer_end_casts
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
@@ -45,6 +46,8 @@ class MemoryStatics:
     # layer_end): bytes, bytes per token
     layer_end_dequant: tuple[int, int]
     layer_end_casts: int  # the recomputed casts live there (weights.recompute_casts_to_first_target)
+    top_layer_end_casts: int  # the saved casts at the top layer's end, no checkpointing (layer_end_casts.py)
+    head_top_casts: tuple[int, int]  # the lm_head's and the top layer's saved casts (layer_end_casts.py)
     acts: ActivationTerms  # the saved-activation terms (activations.saved_at)
     # the logits chain's arguments (logits.logits_plan)
     vocab: int
@@ -144,6 +147,8 @@ def memory_statics(run: Run) -> MemoryStatics:
         dequant=dequant_transient_bytes(model, setup, profile), backward_dequant=backward_dequant,
         backward_dequant_per_token=backward_dequant_per_token, acts=acts, **logits_terms(run),
         layer_end_dequant=layer_end_dequant, layer_end_casts=layer_end_casts,
+        top_layer_end_casts=top_layer_end_casts(run) if wrapper_memory.gathered.layer_end else 0,
+        head_top_casts=head_and_top_layer_casts(run),
         holds=profile.loop_holds_outputs, holds_to_step=profile.loop_holds_outputs_to_step,
         first=setup.longest_batch_first,
         checkpointed=bool(setup.gradient_checkpointing), n_layers=max(model.n_layers, 1),

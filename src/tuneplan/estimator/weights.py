@@ -65,6 +65,9 @@ class ParamPlan:
     autocast_copy_backward_bytes: int = 0
     largest_layer_bytes: int = 0  # one decoder layer's weights as stored (quantized: packed codes + metadata)
     recompute_cast_bytes: int = 0  # a checkpointed layer's casts, saved again by its recomputation
+    # the casts of autocast_copy_bytes the lm_head's and the top layer's own (layer_end_casts.py)
+    head_cast_bytes: int = 0
+    top_layer_cast_bytes: int = 0
     # (elements of one trainable tensor, how many such tensors): what a per-tensor optimizer rule needs
     # (bitsandbytes keeps 32-bit states for small tensors); the elements add up to trainable_params
     trainable_sizes: tuple[tuple[int, int], ...] = ()
@@ -95,6 +98,7 @@ class _Tally:
     adapter_params: int = 0
     trainable_weight_params: int = 0
     autocast_copy: int = 0
+    top_layer_casts: int = 0  # the last layer walked (the top one)'s share of autocast_copy
     tensors: int = 0
     largest_tensor: int = 0
     factored_elems: int = 0
@@ -141,6 +145,7 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_hea
                      largest_trainable_tensor=tally.largest_tensor, factored_elems=factored,
                      autocast_copy_backward_bytes=copy_backward, largest_layer_bytes=largest_layer,
                      recompute_cast_bytes=recompute_casts(model, setup, dtypes),
+                     head_cast_bytes=head_copy, top_layer_cast_bytes=tally.top_layer_casts,
                      trainable_sizes=tuple(sorted((n, c) for n, c in tally.sizes.items() if n and c)))
 
 
@@ -215,9 +220,11 @@ def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dty
         repeats = 1 if freeze else count
         for _ in range(count) if freeze else [None]:
             trainable_layer = setup.method == "full" or (freeze and layer_index >= trainable_layer_from)
+            cast_mark = tally.autocast_copy
             for m in spec.linears:
                 linear_params(tally, m, repeats, trainable_layer, setup, dtypes, targets,
                               quantized(m, model_code))
+            tally.top_layer_casts = (tally.autocast_copy - cast_mark) // repeats
             for stack in expert_stacks(spec, targets, setup.rank):
                 stack_params(tally, stack, repeats, dtypes, setup.quant_bits)
             norm_bytes = (dtypes.trainable if trainable_layer

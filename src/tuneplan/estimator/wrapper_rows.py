@@ -49,6 +49,25 @@ def folded_layer_row(row: Row, layer: TopLayer) -> Row:
     return (grads - layer.counted + at_end, temp, saved - freed, casts, held, scratch, layer.gathered)
 
 
+def fold_bottom_rows(rows: dict[str, Row], layer: TopLayer, attention_scores: bool, held: Any) -> None:
+    """The bottom row folded (:func:`folded_layer_row`), and, where the attention's backward materialises
+    the scores' gradients (eager, SDPA's math path: ``attention_scores``) and the wrapper says what the layer
+    has made by then (``TopLayer.gradients_at_attention``), the moment of the attention core's backward:
+    the layer's activations and scratch as the unfolded row counts them (its largest moment, the scores'
+    gradients beside the saved probabilities, the MLP's saved tensors released), its MLP's and output
+    projection's weight gradients already made, none of them concatenated yet, beside the outputs the loop
+    holds (``held``: the lower layers' rows', fsdp_qlora train.py's until the step)::
+
+        gradients = G - counted + (E - 2 counted) + G_attention"""
+    row = rows["backward_layers_bottom"]
+    rows["backward_layers_bottom"] = folded_layer_row(row, layer)
+    if attention_scores and layer.gradients_at_attention:
+        grads, temp, saved, casts, _, scratch, _ = row
+        made = layer.gradients_at_end - 2 * layer.counted + layer.gradients_at_attention
+        rows["backward_layer_attention"] = (grads - layer.counted + made, temp, saved, casts, held, scratch,
+                                            layer.gathered)
+
+
 def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: Any, backward_temp: Any) -> Row:
     """ZeRO-3's first gradient reduction when it comes below the top layer (wrappers/zero3_flush.py): the
     ``k`` layers above back-propagated, their saved activations released (autograd frees a node's saved
@@ -101,8 +120,9 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
             # adapter, the gradients live then, in place of its whole activations
             top_acts = top_acts - acts.top_layer_bytes + acts.layer_end_bytes
             top_temp = acts.layer_end_temp_bytes
-        rows["backward_top_layer_end"] = (top_grads, 0, top_acts, 0, bottom_held, top_temp,
-                                          statics.gathered_layer_end)
+        # beside the casts autocast saved that are not back-propagated yet (layer_end_casts.py)
+        rows["backward_top_layer_end"] = (top_grads, 0, top_acts, statics.top_layer_end_casts, bottom_held,
+                                          top_temp, statics.gathered_layer_end)
 
 
 def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, backward_temp: Any,

@@ -95,6 +95,9 @@ class TopLayer:
     gradients_at_end: int  # the gradient bytes live at its end
     gathered: int  # unsharded parameters then
     keeps_scratch: bool  # whether its last op's scratch is live at its end
+    # beyond ``gradients_at_end - 2 x counted``, the gradients it has made when its attention core is
+    # back-propagated (FSDP1's bottom unit: wrappers/fsdp1_bottom.attention_moment_gradients); 0: not counted
+    gradients_at_attention: int = 0
 
 
 @dataclass(frozen=True)

@@ -222,8 +222,11 @@ class Fsdp1(Fsdp):
                                       terms.root16 + held.of(0, terms.root16, world_size), terms.grads,
                                       0 if held.layers else frozen_layer_copy(run, terms.layer16))
         buckets = Buckets(in_layers=buffers, missing_at_bottom=missing)
+        # PEFT's per-adapter units: one adapter matrix's views' gradient and its cat at a time
+        # (fsdp_layers_gathered), the layer's other adapters accumulated or reduce-scattered already
+        at_end = 2 * (adapter_unit_gradient(run) if layer_end else buffers) + head_wait
         return WrapperMemory(terms.resident, buckets, buffers_gathered,
-                             top_layer=TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
+                             top_layer=TopLayer(counted=buffers, gradients_at_end=at_end,
                                                 gathered=gathered, keeps_scratch=False),
                              bottom_layer=bottom,
                              end_of_backward=end, no_sync=no_sync_gradients(run), notes=self.notes(setup))
@@ -300,6 +303,22 @@ def fsdp_layers_gathered(setup: TrainSetup) -> int:
     if setup.is_lora and setup.framework in PEFT_UNIT_WRAP:
         return 1
     return 2
+
+
+def adapter_unit_gradient(run: Run) -> int:
+    """The unsharded gradient of PEFT's largest per-adapter FSDP unit (one ``lora_A`` or ``lora_B``
+    weight, ``r x max(d_in, d_out)``, in the reduce dtype). Each adapter matrix is a unit of its own
+    (transformers' ``fsdp_auto_wrap_policy``, fsdp_qlora train.py's ``get_wrapping_policy``), so its
+    ``_post_backward_hook`` runs as soon as that one weight's gradient is made (torch 2.13
+    ``_runtime_utils._post_backward_hook``): in a syncing micro-batch it reduce-scatters and frees the
+    unsharded gradient (``_reduce_grad``: ``flat_param.grad = None``), in an accumulating one autograd adds
+    it into the unit's unsharded ``.grad`` in place. A layer's end therefore holds, beyond the accumulated
+    gradients the rows count, one adapter's new gradient and the cat autograd makes of its view's
+    (simulate: FSDP1 LLaMA-Factory, Mistral-7B LoRA r128 on every linear, two micro-batches: at the
+    layer's end of the syncing one only the two lower layers' accumulated adapter gradients)::
+
+        at_end = 2 x r x max(d_in, d_out) x b_grad"""
+    return run.param_plan.largest_trainable_tensor * unsharded_grad_bytes(run)
 
 
 def frozen_weights_get_gradients(run: Run) -> bool:

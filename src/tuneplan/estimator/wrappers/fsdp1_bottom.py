@@ -79,9 +79,49 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
         layers, below = 2, below_copy
     elif trained > 1 and layer16 > shard:
         layers, pending = 2, 2
-    bottom = TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait,
-                      gathered=root16 + layers * layer16 + below, keeps_scratch=False)
+    kept = kept_shards_above(run, trained - pending)
+    bottom = TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait + kept,
+                      gathered=root16 + layers * layer16 + below, keeps_scratch=False,
+                      gradients_at_attention=attention_moment_gradients(run))
     return bottom, pending * shard + root_shard + unsynced_at_bottom(run, buffers, trained)
+
+
+def attention_moment_gradients(run: Run) -> int:
+    """The weight gradients a trained decoder layer has made when its attention core is back-propagated:
+    autograd has run its MLP's linears and its attention output projection (the last attention linear in
+    forward order) already, each view's gradient live until the flat parameter's cat at the layer's end
+    (``fsdp1_root_end`` docstring; simulate: fsdp_qlora, Llama-3.1-405B full fp32, SDPA's math path: the
+    MLP's three and o_proj's fp32 weight gradients beside the scores' gradients)::
+
+        sum_{m in MLP} n_m d_in d_out b_grad + d_in d_out(o_proj) b_grad"""
+    from tuneplan.estimator.wrappers.fp32_gathers import unsharded_grad_bytes
+
+    most = 0
+    for spec, _ in run.model.layer_groups:
+        attn = [m for m in spec.linears if m.role == "attn"]
+        made = sum(m.count * m.d_in * m.d_out for m in spec.linears if m.role in ("mlp", "shared_expert"))
+        most = max(most, made + (attn[-1].count * attn[-1].d_in * attn[-1].d_out if attn else 0))
+    return most * unsharded_grad_bytes(run)
+
+
+def kept_shards_above(run: Run, above: int) -> int:
+    """The device shards the ``above`` trained layers back-propagated before this one keep under CPU offload
+    with ``use_orig_params=False`` (fsdp_qlora train.py, ``Profile.fsdp_flat_params_only``): each unit's
+    reduce-scattered shard stays on the device as ``_saved_grad_shard``, the host copy's source
+    (``_runtime_utils._accumulate_sharded_grad``, ``_offload_grad``), until ``_finalize_params``'
+    ``prepare_gradient_for_optim`` deletes it at the very end of the backward (as at the root unit's end:
+    ``fsdp1_root_end.root_unit_end``; simulate: fsdp_qlora, Llama-3.1-405B full fp32 offloaded, the top
+    layer's 6 GB shard live through the layer below's backward)::
+
+        kept = above x ceil(layer x b_grad / N)
+
+    0 without offload (the shards are the gradients every row counts) or with ``use_orig_params=True``."""
+    from tuneplan.estimator.wrappers.fp32_gathers import unsharded_grad_bytes
+
+    setup = run.setup
+    if setup.offload == "none" or not run.profile.fsdp_flat_params_only or above < 1:
+        return 0
+    return above * -(-run.model.largest_layer_params * unsharded_grad_bytes(run) // setup.world_size)
 
 
 def pending_shards(run: Run, grads: int) -> tuple[int, int]:
