@@ -42,6 +42,7 @@ from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrapper_rows import (
     bottom_layer_row,
+    first_hook_rows,
     flush_row,
     folded_layer_row,
     layer_end_rows,
@@ -251,6 +252,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, statics.autocast_copies, held,
                                        top_scratch, top_gathered)
+        if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
+            first_hook_rows(rows, statics, acts)
         fetch = statics.wrapped.gathered.top_layer_backward_fetch
         if fetch:  # ZeRO-3's first pass (wrappers/zero3_expert_round.py): the top layer's experts gathered
             # again, the tail back-propagated, none of the layer's scratch yet

@@ -1,0 +1,57 @@
+"""ZeRO-1/2's IPG bucket made by the backward's first gradient hook (DeepSpeed 0.19.8 stage_1_and_2.py:
+``grad_handling_hook -> process_gradients -> setup_buckets``), in a LoRA run without checkpointing: the top
+layer's first trained gradient is its last adapter's (forward order), so with attention-only targets the
+layer's MLP and attention core are back-propagated before the bucket exists (estimator/wrapper_rows.
+first_hook_rows). By hand on a two-layer Llama of Llama-3-8B's widths."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.instants import memory_at, named
+from tuneplan.estimator.run import resolve_run
+from tuneplan.specs.model import model_from_config
+
+LLAMA_2L = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
+            "tie_word_embeddings": False}
+TOKENS = 2 * 512
+
+
+def rows(targets: str, bucket: int, zero: int = 2) -> dict[str, int]:
+    model = model_from_config(LLAMA_2L, "Llama 2 layers (hand config)")
+    setup = build_setup(model, method="lora", precision="fp32", gpus=2, zero=zero, targets=targets, rank=8,
+                        batch=2, seq=512, gradient_checkpointing=False, attn="sdpa", framework="hf",
+                        ds_reduce_bucket=bucket)
+    at = memory_at(resolve_run(model, setup), 2, 512)
+    return {name: sum(row) for name, row in at.rows.items()} | {
+        "first_hook_temp": named(at.rows["backward_first_hook"]).backward_temp
+        if "backward_first_hook" in at.rows else -1}
+
+
+def test_the_bucket_is_made_after_the_top_layers_mlp_and_attention_core() -> None:
+    # q_proj, v_proj: v_proj's lora_B is the first trained gradient; the bucket (fp32 here: 4 B x elements)
+    # is absent from the top layer's largest moment and present from the first hook on
+    small, large = rows("q_proj,v_proj", 10_000_000), rows("q_proj,v_proj", 40_000_000)
+    assert large["backward_layers_top"] == small["backward_layers_top"]
+    for moment in ("backward_first_hook", "backward_layer_below_top", "backward_layers_bottom"):
+        assert large[moment] - small[moment] == 4 * 30_000_000
+    # the moment's activation gradients, per token (fp32: out_b = residual_b = 4, h = 4096, r = 8): the
+    # larger of q, k, v's output gradients (4096 + 1024 + 1024), their input's (h) and the residual's two,
+    # 4 (10240 + 2 x 4096) = 73,728 B, and the input RMSNorm's backward (LlamaRMSNorm: fp32 input, rstd,
+    # 5 fp32 h-wide gradients, the residual gradient) less what the layer keeps then (that fp32 input and
+    # rstd, the norm's output the adapters read, 4h, and the two r-wide adapter middles): 20 h - 8 r
+    assert small["first_hook_temp"] == TOKENS * max(4 * (4096 + 1024 + 1024 + 4096 + 2 * 4096),
+                                                    20 * 4096 - 8 * 8)
+
+
+def test_an_adapted_mlp_makes_the_bucket_at_the_top_layers_start() -> None:
+    # down_proj's adapter is the layer's first trained gradient: the top row holds the bucket, no split
+    small, large = rows("all-linear", 10_000_000), rows("all-linear", 40_000_000)
+    assert large["backward_layers_top"] - small["backward_layers_top"] == 4 * 30_000_000
+    assert small["first_hook_temp"] == -1
+
+
+def test_zero1_alike() -> None:
+    small, large = rows("q_proj,v_proj", 10_000_000, 1), rows("q_proj,v_proj", 40_000_000, 1)
+    assert large["backward_layers_top"] == small["backward_layers_top"]
+    assert large["backward_first_hook"] - small["backward_first_hook"] == 4 * 30_000_000
