@@ -33,6 +33,7 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
     sixteen_bit_wire,
 )
+from tuneplan.estimator.wrappers.zero1_bottom import zero1_bottom_layer
 from tuneplan.estimator.wrappers.zero2_partition import zero2_backward
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 from tuneplan.estimator.wrappers.zero3_coordinator import (
@@ -241,6 +242,7 @@ class ZeroOneTwo(Zero):
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
                              layers_backward=in_layers, initialize=zero12_initialize_bytes(run),
                              first_hook_bucket=buffers if setup.is_lora and not through else 0,
+                             bottom_layer=zero1_bottom_layer(run),
                              notes=self.notes(setup, notes))
 
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:

@@ -2,7 +2,8 @@
 ``grad_handling_hook -> process_gradients -> setup_buckets``), in a LoRA run without checkpointing: the top
 layer's first trained gradient is its last adapter's (forward order), so with attention-only targets the
 layer's MLP and attention core are back-propagated before the bucket exists (estimator/wrapper_rows.
-first_hook_rows). By hand on a two-layer Llama of Llama-3-8B's widths."""
+first_hook_rows); and ZeRO-1's lowest trained layer (estimator/wrappers/zero1_bottom.py). By hand on
+Llamas of Llama-3-8B's widths."""
 
 from __future__ import annotations
 
@@ -55,3 +56,33 @@ def test_zero1_alike() -> None:
     small, large = rows("q_proj,v_proj", 10_000_000, 1), rows("q_proj,v_proj", 40_000_000, 1)
     assert large["backward_layers_top"] == small["backward_layers_top"]
     assert large["backward_first_hook"] - small["backward_first_hook"] == 4 * 30_000_000
+
+
+# ZeRO-1's lowest trained layer (estimator/wrappers/zero1_bottom.py): without overlap_comm a hook only makes
+# the bucket, every gradient stays whole in param.grad until the boundary's reduce_gradients, and the lowest
+# trained layer's own gradients are made as its activations and scratch are released. One Llama-3-8B layer:
+# q, o 4096 x 4096, k, v 4096 x 1024, gate, up, down 4096 x 14336, two RMSNorm weights, in fp32
+LLAMA_4L = LLAMA_2L | {"num_hidden_layers": 4}
+LAYER_GRAD = 4 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096)
+
+
+def bottom(batch: int, seq: int, zero: int = 1) -> tuple[int, int, int, int]:
+    model = model_from_config(LLAMA_4L, "Llama 4 layers (hand config)")
+    setup = build_setup(model, method="freeze", precision="fp32", gpus=2, zero=zero, batch=batch, seq=seq,
+                        gradient_checkpointing=False, attn="sdpa", framework="hf", optimizer="adamw-8bit",
+                        offload="optimizer")
+    at = memory_at(resolve_run(model, setup), batch, seq)
+    row = named(at.rows["backward_layers_bottom"])
+    return row.gradients, row.activations, row.backward_temp, at.acts.top_layer_bytes
+
+
+def test_zero1_lowest_trained_layer_ends_with_its_gradients_not_its_activations() -> None:
+    # 1 x 1024 tokens: the layer's 872 MB of gradients outweigh its activations and scratch, all released
+    _, acts, scratch, _ = bottom(1, 1024)
+    assert (acts, scratch) == (0, 0)
+    # 8 x 4096 tokens: its activations exceed the gradients made in their place
+    _, acts, _, layer_acts = bottom(8, 4096)
+    assert layer_acts > LAYER_GRAD
+    assert acts == layer_acts - LAYER_GRAD
+    # ZeRO-2 reduces in the hooks: its bottom row keeps the layer's activations
+    assert bottom(1, 1024, 2)[1] > 0
