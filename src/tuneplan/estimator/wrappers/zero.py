@@ -228,8 +228,8 @@ class ZeroOneTwo(Zero):
                                             if setup.offload != "none" else None, 0, 0, 0))
         embedding = None
         if at_embedding >= 0:
-            embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept,
-                                           layers_hold_it=not self.partitions_gradients)
+            embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept, layers_hold_it=(
+                not self.partitions_gradients and setup.grad_accum == 1))
         step_gradients, temp = (zero12_step(run, terms) if setup.offload == "none" else (0, temp))
         # ZeRO-1 reduces only at the accumulation boundary (DeepSpeed 0.19.8: engine.allreduce_gradients calls
         # reduce_gradients, whose epilogue frees the bucket in _release_ipg_buffers, only there): the bucket

@@ -187,7 +187,7 @@ def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_par
     """Gradient bytes alive under ZeRO-1/2 while the token embedding is back-propagated (a full fine-tune;
     the embedding is the last parameter whose gradient autograd makes), the embedding's own gradient and
     the backward kernel's temporaries excluded (memory.embedding_backward_row adds those); -1 when the
-    instant is not modelled (LoRA: a frozen embedding; ZeRO-1 with accumulation).
+    instant is not modelled (LoRA: a frozen embedding).
 
     DeepSpeed 0.19.8, ``runtime/zero/stage_1_and_2.py``:
     - ``process_gradients`` runs ``setup_buckets`` on the first ready gradient: the contiguous-gradients
@@ -205,7 +205,11 @@ def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_par
     embed_params = model.embed_params
     if setup.zero == 1:
         if setup.grad_accum > 1:
-            return -1
+            # a later micro-batch: every gradient, the embedding's among them, is there from the earlier
+            # ones (nothing reduces before the boundary's reduce_gradients), beside the bucket setup_buckets
+            # made in the first one (kept while ready_for_gradients); the new embedding gradient is a
+            # temporary AccumulateGrad adds in place (zero.py: the layers then hold it, no cut)
+            return grads16 + bucket_bytes
         return max(grads16 - embed_params * (grads16 // max(trainable_params, 1)), 0) + bucket_bytes
     partition = g_live if trainable_params - embed_params > bucket_elements else 0
     return partition + bucket_bytes
