@@ -55,7 +55,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
-    zero1_offload_epilogue,
+    zero1_epilogue,
     zero12_grads_at_embedding,
     zero12_rank0_params,
     zero12_step,
@@ -224,8 +224,7 @@ class ZeroOneTwo(Zero):
         held = offload_grad_buffer + buffers
         epilogue, in_layers, kept, lack = (zero2_backward(run, terms.reduce_bucket, held, g_live)  # ZeRO-2
                                            if self.partitions_gradients else
-                                           (zero1_offload_epilogue(run, terms.reduce_bucket, held, g_live)
-                                            if setup.offload != "none" else None, 0, 0, 0))
+                                           (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, 0))
         embedding = None
         if at_embedding >= 0:
             embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept, layers_hold_it=(
