@@ -86,3 +86,28 @@ def test_zero1_lowest_trained_layer_ends_with_its_gradients_not_its_activations(
     assert acts == layer_acts - LAYER_GRAD
     # ZeRO-2 reduces in the hooks: its bottom row keeps the layer's activations
     assert bottom(1, 1024, 2)[1] > 0
+
+
+def test_zero1_boundary_reduction_allocates_rank0_partition_beside_every_gradient() -> None:
+    # Qwen2.5-7B at 2 layers, fp32, 2 GPUs (wrappers/zero12_reductions.zero1_epilogue). Module order: the
+    # embedding (152064 x 3584 = 544,997,376, larger than the 5e8 bucket: reduced alone, never moved into
+    # it), then layer 0's q, k, v, o, gate, up, down and norms, which rank 0's slice (half of 1,556,113,920)
+    # ends past, then layer 1's q_proj weight it ends inside: copy_grads_in_partition allocates
+    # 544,997,376 + 233,057,792 + 12,845,056 = 790,900,224 elements (the simulation's empty() of the same
+    # size), beside every gradient and the 2 GB bucket; the analytic counts q_proj's bias with its weight
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from random_setups import reduced_model
+
+    spec = reduced_model("Qwen/Qwen2.5-7B", 2)
+    setup = build_setup(spec, method="full", precision="fp32", optimizer="adamw", batch=1, seq=16,
+                        grad_accum=2, gradient_checkpointing=False, attn="eager", framework="hf", gpus=2,
+                        zero=1)
+    run = resolve_run(spec, setup)
+    epilogue = memory_at(run, 1, 16).statics.wrapped.epilogue
+    assert epilogue is not None
+    expected = 4 * run.param_plan.trainable_params + 4 * 500_000_000 + 4 * 790_900_224
+    assert 0 <= epilogue.gradients - expected <= 4 * 3584
+    assert epilogue.reduction_copy == 0

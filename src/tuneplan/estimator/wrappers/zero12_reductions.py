@@ -201,10 +201,23 @@ def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -
     # the last reduction holds the token embedding's gradient, first in the flat group: in rank 0's slice
     params = run.param_plan
     largest = run.model.embed_params if run.setup.method == "full" else params.largest_trainable_tensor
-    end = Epilogue(gradients=buffers + (partition if len(fills) > 1 else 0) + outside * compute,
-                   reduction_copy=max(last * compute, offload_norm_copy(run, largest)))
+    # one tensor reduced alone is not copied: torch's flatten_dense_tensors (``_flatten_dense_tensors``,
+    # DeepSpeed's ``self.flatten``) returns a single tensor's own contiguous view, ``cat`` only for several
+    copied = 0 if outside else last * compute
+    # this backward's ``grads_in_partition`` is made by the first reduction holding a parameter of rank 0's
+    # slice, the flat group's first 1/N (module order; the backward reduces from its end): held_by(n), a
+    # reduction among the first n of this backward (``copy_grads_in_partition`` only for
+    # ``is_param_in_current_partition``; the others' gradients are released)
+    slice_start = sum(gradients) - ceil_div(run.param_plan.trainable_params, setup.world_size)
+
+    def held_by(n: int) -> bool:  # a full fine-tune's flat order is known; otherwise any earlier reduction
+        return n > 0 and (setup.method != "full" or sum(fills[:n]) > slice_start)
+
+    end = Epilogue(gradients=buffers + (partition if held_by(len(fills) - 1) else 0) + outside * compute,
+                   reduction_copy=max(copied, offload_norm_copy(run, largest)))
     if len(fills) > 1 and last == gradients[-1]:  # the last gradient set off the reduction before it
-        on_arrival = Epilogue(gradients=buffers + (partition if len(fills) > 2 else 0) + last * compute,
+        made = partition if held_by(len(fills) - 2) else 0
+        on_arrival = Epilogue(gradients=buffers + made + last * compute,
                               reduction_copy=fills[-2] * compute)
         end = max(end, on_arrival, key=lambda e: e.gradients + e.reduction_copy)
     return end if on_flush is None else max(end, on_flush, key=lambda e: e.gradients + e.reduction_copy)
