@@ -15,7 +15,8 @@ Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
   embedding's gradient), ``next_micro_batch`` (after the longest micro-batch, run first), ``initialize``
   (before the first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU,
   wrappers/zero12_initialize), ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the
-  embedding group it prefetched).
+  embedding group it prefetched), ``backward_first_hook`` / ``backward_layer_below_top`` (ZeRO-1/2 LoRA:
+  the bucket made at the top layer's first trained gradient, wrapper_rows.first_hook_rows).
 Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
 with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
 ``keep_grads``: torch < 2.0's in-place zeroing).
