@@ -111,3 +111,13 @@ def test_zero1_boundary_reduction_allocates_rank0_partition_beside_every_gradien
     expected = 4 * run.param_plan.trainable_params + 4 * 500_000_000 + 4 * 790_900_224
     assert 0 <= epilogue.gradients - expected <= 4 * 3584
     assert epilogue.reduction_copy == 0
+
+
+def test_a_trained_classifier_head_makes_the_bucket_before_the_layers() -> None:
+    # PEFT keeps a classifier's ``score`` trainable (modules_to_save): its gradient, the backward's first,
+    # fires the hook before any layer, so the top layer's row keeps the bucket and there is no split
+    model = model_from_config(LLAMA_2L, "Llama 2 layers (hand config)")
+    setup = build_setup(model, method="lora", precision="fp32", gpus=2, zero=2, targets="q_proj,v_proj",
+                        rank=8, batch=2, seq=512, gradient_checkpointing=False, attn="sdpa", framework="hf",
+                        num_labels=2)
+    assert "backward_first_hook" not in memory_at(resolve_run(model, setup), 2, 512).rows

@@ -32,9 +32,11 @@ def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activati
     Not where the hook comes first in the layer (an adapted MLP) or the moment is not derived."""
     bucket = statics.wrapped.first_hook_bucket
     terms = statics.acts
-    # (a fused expert stack's moment already leaves the bucket out: layer_backward_scratch's ``unmade``)
+    # (a fused expert stack's moment already leaves the bucket out: layer_backward_scratch's ``unmade``;
+    # a trained classifier head, PEFT's modules_to_save, gives the backward's first gradient before any
+    # layer: simulate, Qwen2.5-3B LoRA with 2 labels under ZeRO-2, the bucket made at ``score``'s)
     if (not bucket or statics.checkpointed or terms.offload or not terms.first_hook_per_token
-            or any(kind[8] for kind in terms.kinds)):
+            or any(kind[8] for kind in terms.kinds) or terms.model.head_out):
         return
     grads, step, saved, casts, held, scratch, gathered = rows["backward_layers_top"]
     rows["backward_layers_top"] = (grads - bucket, step, saved, casts, held, scratch, gathered)
