@@ -51,6 +51,10 @@ class ActivationPlan:
     # keeps beyond its checkpoint, and the activation gradients live (0: not derived; ActivationTerms)
     layer_end_bytes: int = 0
     layer_end_temp_bytes: int = 0
+    # without checkpointing, when the largest layer's first trained gradient is ready (its last LoRA
+    # adapter's): what it keeps, and the activation gradients live (0: not derived; ActivationTerms)
+    first_hook_bytes: int = 0
+    first_hook_temp_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,9 @@ class ActivationTerms:
     layer_end_temp_per_token: float = 0.0
     # of layer_end_per_token, what aliases the checkpoint (kept by the layer itself without checkpointing)
     layer_end_alias_per_token: float = 0.0
+    # per token, the largest over the adapted kinds of layer_saved.last_target_terms (0, 0: not derived)
+    first_hook_per_token: float = 0.0
+    first_hook_temp_per_token: float = 0.0
 
 
 def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, *,
@@ -192,7 +199,7 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds:
         checkpoint_per_token=dtypes.residual * hidden * n_active, offload=offload,
         model=model, method=setup.method, dtypes=dtypes,
         mlp_saved_per_token=max((layer.mlp_saved for layer, _ in kinds.kinds), default=0.0),
-        **layer_end_terms(kinds))
+        **layer_end_terms(kinds), **first_hook_terms(kinds))
 
 
 def layer_end_terms(kinds: LayerKinds) -> dict[str, float]:
@@ -206,6 +213,18 @@ def layer_end_terms(kinds: LayerKinds) -> dict[str, float]:
     end, alias = max((saved - alias, alias) for saved, alias, _ in ends)
     return {"layer_end_per_token": end, "layer_end_alias_per_token": alias,
             "layer_end_temp_per_token": max(temp for _, _, temp in ends)}
+
+
+def first_hook_terms(kinds: LayerKinds) -> dict[str, float]:
+    """``ActivationTerms``' first_hook_per_token / first_hook_temp_per_token from the adapted kinds'
+    last-target terms (layer_saved.last_target_terms): the largest over them, none where one is not
+    derived or is the MLP's."""
+    hooks = [(layer.last_target_saved, layer.last_target_temp) for layer, _ in kinds.kinds
+             if layer.first_target_saved]
+    if not hooks or any(saved <= 0 for saved, _ in hooks):
+        return {}
+    return {"first_hook_per_token": max(saved for saved, _ in hooks),
+            "first_hook_temp_per_token": max(temp for _, temp in hooks)}
 
 
 def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, batch: Any,
@@ -295,4 +314,6 @@ def saved_layers_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationP
     return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_backward_temp), 0,
                           emb_grad, emb_extra, to_int(pinned), to_int(tail), to_int(expert_stack),
                           layer_end_bytes=to_int(tokens * end),
-                          layer_end_temp_bytes=to_int(tokens * terms.layer_end_temp_per_token))
+                          layer_end_temp_bytes=to_int(tokens * terms.layer_end_temp_per_token),
+                          first_hook_bytes=to_int(tokens * terms.first_hook_per_token),
+                          first_hook_temp_bytes=to_int(tokens * terms.first_hook_temp_per_token))

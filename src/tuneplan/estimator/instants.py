@@ -15,7 +15,8 @@ Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
   embedding's gradient), ``next_micro_batch`` (after the longest micro-batch, run first), ``initialize``
   (before the first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU,
   wrappers/zero12_initialize), ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the
-  embedding group it prefetched).
+  embedding group it prefetched), ``backward_first_hook`` / ``backward_layer_below_top`` (ZeRO-1/2 LoRA:
+  the bucket made at the top layer's first trained gradient, wrapper_rows.first_hook_rows).
 Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
 with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
 ``keep_grads``: torch < 2.0's in-place zeroing).
@@ -43,6 +44,7 @@ from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrapper_rows import (
     bottom_layer_row,
+    first_hook_rows,
     flush_row,
     fold_bottom_rows,
     layer_end_rows,
@@ -259,6 +261,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, top_casts, held, top_scratch,
                                        top_gathered)
+        if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
+            first_hook_rows(rows, statics, acts)
         fetch = statics.wrapped.gathered.top_layer_backward_fetch
         if fetch:  # ZeRO-3's first pass (wrappers/zero3_expert_round.py): the top layer's experts gathered
             # again, the tail back-propagated, none of the layer's scratch yet

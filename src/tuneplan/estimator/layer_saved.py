@@ -204,6 +204,7 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     backward_temp_per_pos = ((4.0 + walk.scores_grad_bytes) * model.n_heads - walk.scores_released
                              if eager_scores else 0.0)
     first_saved, first_temp = first_target_terms(walk, per_pos)
+    last_saved, last_temp = last_target_terms(walk, per_pos)
     return LayerActs(per_token=walk.ledger.total(), per_token_per_pos=per_pos, backward_temp=backward_temp,
                      backward_temp_per_pos=backward_temp_per_pos,
                      pinned=sum(walk.ledger.items[key] for key in walk.pinned_keys),
@@ -211,7 +212,8 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
                      input_alias=walk.input_alias, per_layer=walk.per_layer,
                      backward_per_layer=walk.backward_per_layer,
                      backward_per_layer_per_token=walk.backward_per_layer_per_token, mlp_saved=mlp_saved,
-                     first_target_saved=first_saved, first_target_temp=first_temp)
+                     first_target_saved=first_saved, first_target_temp=first_temp,
+                     last_target_saved=last_saved, last_target_temp=last_temp)
 
 
 def first_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
@@ -237,6 +239,39 @@ def first_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
         return -1.0, 0.0
     temp = (walk.output_bytes * (linear.d_out * linear.count + linear.d_in)
             + walk.dtypes.residual * 2 * walk.model.hidden)
+    return saved, max(float(temp), input_norm_backward(walk) - saved)
+
+
+def last_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
+    """(bytes per token the layer still keeps, activation gradients per token live) when the gradient of
+    its last LoRA adapter L (forward order) is ready, the layer's first trained gradient in backward:
+    autograd runs the node recorded last first, so every op recorded after L (the MLP, and after a q/k/v
+    projection the attention core) has been back-propagated and its saved tensors released; the layer
+    keeps what it saved up to L (the walk's ledger then). Live beside, and through the rest of the layer's
+    backward: the output gradients of the projections reading the attention input (q, k, v: the core's
+    backward makes them together), the gradient of their input they accumulate and the residual
+    stream's two; after an output projection L also the core's output gradient::
+
+        temp = max(out_b (sum_qkv d_out + h [+ d_in(L)]) + residual_b 2 h, norm - saved)
+
+    with ``norm`` the input RMSNorm's backward moment (input_norm_backward). (0, 0) where L is the MLP's
+    (its gradient comes first in the layer: nothing of the layer precedes it) or there is no adapter;
+    (-1, 0) where the attention core's backward follows L and is eager (its O(s) scratch) or L is not a
+    dense layer's attention projection."""
+    if walk.last_target is None:
+        return 0.0, 0.0
+    saved, name, reads = walk.last_target
+    linear = next((m for m in walk.spec.linears if m.name == name), None)
+    if linear is not None and linear.role == "mlp":
+        return 0.0, 0.0
+    if linear is None or linear.role != "attn" or reads not in ("attn_in", "attn_core") or (
+            per_pos and reads != "attn_in"):
+        return -1.0, 0.0
+    hidden = walk.model.hidden
+    qkv = sum(m.d_out * m.count for m in walk.spec.linears if m.role == "attn" and m.reads == "attn_in")
+    width = qkv + hidden + (linear.d_in if reads == "attn_core" else 0)
+    temp = walk.output_bytes * width + walk.dtypes.residual * 2 * hidden
+    # and, the layer's last moment, its input RMSNorm's backward (input_norm_backward)
     return saved, max(float(temp), input_norm_backward(walk) - saved)
 
 

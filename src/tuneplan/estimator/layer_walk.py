@@ -80,6 +80,9 @@ class LayerWalk:
         # (bytes per token saved up to and including it, its name, what it reads) at the first LoRA target
         # in forward order: what is left when its adapter starts its backward (layer_saved._with_backward)
         self.first_target: tuple[float, str, str] | None = None
+        # the same at the last LoRA target in forward order: the first trained gradient of the layer's
+        # backward, where DeepSpeed ZeRO-1/2's first hook allocates its bucket (layer_saved.last_target_terms)
+        self.last_target: tuple[float, str, str] | None = None
         # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
         # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
         # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).
@@ -192,6 +195,7 @@ class LayerWalk:
                 ledger.save(f"{self._lora_key(m_name, reads)}.dropout_mask", copies * d_in * tokens_share)
             if self.first_target is None:
                 self.first_target = (ledger.total(), m_name, reads)
+            self.last_target = (ledger.total(), m_name, reads)
 
     def _lora_key(self, m_name: str, reads: str) -> str:
         return "qkv_fused" if self.litgpt_code and m_name in self.attn_inputs else f"{m_name}@{reads}"

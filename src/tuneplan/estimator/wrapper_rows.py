@@ -16,6 +16,42 @@ if TYPE_CHECKING:
     from tuneplan.estimator.instants import Row
 
 
+def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan) -> None:
+    """ZeRO-1/2's bucket in a LoRA run without checkpointing, made by the backward's first gradient hook
+    (stage_1_and_2.py process_gradients -> setup_buckets, DeepSpeed 0.19.8): the top layer's last adapter
+    (forward order) gives its first trained gradient, so where that is an attention projection, the layer's
+    MLP (and after q/k/v the attention core) is back-propagated before the bucket exists. The top layer's
+    row (G + B, every saved activation, the largest scratch) then splits in two moments:
+
+        top = G, every saved activation, the layer's largest scratch (no bucket yet)
+        first_hook = G + B, the lower layers' activations + what the top layer keeps up to its last
+                     adapter (the tail released), the gradients live then (activations.first_hook_bytes)
+
+        below_top = G + B, the lower layers' activations, the next layer's largest scratch
+
+    Not where the hook comes first in the layer (an adapted MLP) or the moment is not derived."""
+    bucket = statics.wrapped.first_hook_bucket
+    terms = statics.acts
+    # (a fused expert stack's moment already leaves the bucket out: layer_backward_scratch's ``unmade``;
+    # a trained classifier head, PEFT's modules_to_save, gives the backward's first gradient before any
+    # layer: simulate, Qwen2.5-3B LoRA with 2 labels under ZeRO-2, the bucket made at ``score``'s)
+    if (not bucket or statics.checkpointed or terms.offload or not terms.first_hook_per_token
+            or any(kind[8] for kind in terms.kinds) or terms.model.head_out):
+        return
+    grads, step, saved, casts, held, scratch, gathered = rows["backward_layers_top"]
+    rows["backward_layers_top"] = (grads - bucket, step, saved, casts, held, scratch, gathered)
+    below = acts.saved_bytes - acts.tail_bytes - acts.top_layer_bytes
+    rows["backward_first_hook"] = (grads, step, below + acts.first_hook_bytes, casts, held,
+                                   acts.first_hook_temp_bytes, gathered)
+    if statics.n_layers > 1:
+        # the layer below next, its backward's largest scratch beside every lower layer's activations: the
+        # moment the top row bounded while it counted the bucket (the bottom row counts one layer's only)
+        rows["backward_layer_below_top"] = (grads, step, below, casts, held, scratch, gathered)
+    else:  # the bottom row is the top layer's own backward, before its first hook too
+        bottom = rows["backward_layers_bottom"]
+        rows["backward_layers_bottom"] = (bottom[0] - bucket, *bottom[1:])
+
+
 def reduction_rows(rows: dict[str, Row], statics: MemoryStatics, held: Any, bottom_acts: Any,
                    bottom_held: Any) -> None:
     """The wrappers' own rows at the backward's end: ZeRO-2's reductions in the layers, ZeRO-1/2's last

@@ -33,6 +33,7 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
     sixteen_bit_wire,
 )
+from tuneplan.estimator.wrappers.zero1_bottom import zero1_bottom_layer
 from tuneplan.estimator.wrappers.zero2_partition import zero2_backward
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 from tuneplan.estimator.wrappers.zero3_coordinator import (
@@ -54,7 +55,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
-    zero1_offload_epilogue,
+    zero1_epilogue,
     zero12_grads_at_embedding,
     zero12_rank0_params,
     zero12_step,
@@ -223,12 +224,11 @@ class ZeroOneTwo(Zero):
         held = offload_grad_buffer + buffers
         epilogue, in_layers, kept, lack = (zero2_backward(run, terms.reduce_bucket, held, g_live)  # ZeRO-2
                                            if self.partitions_gradients else
-                                           (zero1_offload_epilogue(run, terms.reduce_bucket, held, g_live)
-                                            if setup.offload != "none" else None, 0, 0, 0))
+                                           (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, 0))
         embedding = None
         if at_embedding >= 0:
-            embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept,
-                                           layers_hold_it=not self.partitions_gradients)
+            embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept, layers_hold_it=(
+                not self.partitions_gradients and setup.grad_accum == 1))
         step_gradients, temp = (zero12_step(run, terms) if setup.offload == "none" else (0, temp))
         # ZeRO-1 reduces only at the accumulation boundary (DeepSpeed 0.19.8: engine.allreduce_gradients calls
         # reduce_gradients, whose epilogue frees the bucket in _release_ipg_buffers, only there): the bucket
@@ -241,6 +241,7 @@ class ZeroOneTwo(Zero):
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
                              layers_backward=in_layers, initialize=zero12_initialize_bytes(run),
                              first_hook_bucket=buffers if setup.is_lora and not through else 0,
+                             bottom_layer=zero1_bottom_layer(run),
                              notes=self.notes(setup, notes))
 
     def ring_collectives(self, run: Run, *, grad_bytes: int, gathered_bytes: int, link: Link) -> Collectives:

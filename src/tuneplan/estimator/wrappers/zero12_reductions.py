@@ -137,6 +137,34 @@ def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: 
                     reduction_copy=max(sum(first) * compute, offload_norm_copy(run, largest)))
 
 
+def zero1_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> Epilogue | None:
+    """ZeRO-1 at the accumulation boundary, without offload: ``reduce_gradients`` walks the flat group's
+    parameters in module order (DeepSpeed 0.19.8 stage_1_and_2.py), each gradient copied into the bucket
+    and its own storage released (``reduce_independent_p_g_buckets_and_remove_grads``: ``grad.data`` becomes
+    the bucket's view; one larger than the bucket stays where it is, reduced alone), until the first
+    ``reduce_ipg_grads``, whose ``copy_grads_in_partition`` allocates ``grads_in_partition``: every
+    parameter overlapping this rank's slice, whole, in the module dtype (zero12_rank0_params), while every
+    other gradient is still held::
+
+        gradients = G - first bucket's members (when they fit it) + bucket + rank-0 parameters
+
+    (simulate: Qwen2.5-7B at 2 layers, fp32, 2 GPUs: the embedding reduced alone, 790,900,224 elements
+    allocated beside every gradient). None where the order is not known (a partial fine-tune wider than
+    the bucket); ``zero1_offload_epilogue`` with offload."""
+    if run.setup.offload != "none":
+        return zero1_offload_epilogue(run, reduce_bucket, buffers, grads16)
+    params, compute = run.param_plan, run.dtypes.compute
+    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
+             if run.setup.method == "full"
+             else [params.trainable_params] if params.trainable_params <= reduce_bucket else [])
+    members = bucket_members(order, reduce_bucket)
+    if not members:
+        return None
+    moved = sum(members[0]) if sum(members[0]) <= reduce_bucket else 0
+    rank0 = zero12_rank0_params(run, ceil_div(params.trainable_params, run.setup.world_size))
+    return Epilogue(gradients=max(grads16 - moved * compute, 0) + buffers + rank0 * compute, reduction_copy=0)
+
+
 def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -> Epilogue | None:
     """ZeRO-2's last gradient reductions, with every activation released (None where the order in which the
     trainable gradients reach the bucket is not known: a partial fine-tune wider than the bucket): the larger
@@ -173,10 +201,23 @@ def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -
     # the last reduction holds the token embedding's gradient, first in the flat group: in rank 0's slice
     params = run.param_plan
     largest = run.model.embed_params if run.setup.method == "full" else params.largest_trainable_tensor
-    end = Epilogue(gradients=buffers + (partition if len(fills) > 1 else 0) + outside * compute,
-                   reduction_copy=max(last * compute, offload_norm_copy(run, largest)))
+    # one tensor reduced alone is not copied: torch's flatten_dense_tensors (``_flatten_dense_tensors``,
+    # DeepSpeed's ``self.flatten``) returns a single tensor's own contiguous view, ``cat`` only for several
+    copied = 0 if outside else last * compute
+    # this backward's ``grads_in_partition`` is made by the first reduction holding a parameter of rank 0's
+    # slice, the flat group's first 1/N (module order; the backward reduces from its end): held_by(n), a
+    # reduction among the first n of this backward (``copy_grads_in_partition`` only for
+    # ``is_param_in_current_partition``; the others' gradients are released)
+    slice_start = sum(gradients) - ceil_div(run.param_plan.trainable_params, setup.world_size)
+
+    def held_by(n: int) -> bool:  # a full fine-tune's flat order is known; otherwise any earlier reduction
+        return n > 0 and (setup.method != "full" or sum(fills[:n]) > slice_start)
+
+    end = Epilogue(gradients=buffers + (partition if held_by(len(fills) - 1) else 0) + outside * compute,
+                   reduction_copy=max(copied, offload_norm_copy(run, largest)))
     if len(fills) > 1 and last == gradients[-1]:  # the last gradient set off the reduction before it
-        on_arrival = Epilogue(gradients=buffers + (partition if len(fills) > 2 else 0) + last * compute,
+        made = partition if held_by(len(fills) - 2) else 0
+        on_arrival = Epilogue(gradients=buffers + made + last * compute,
                               reduction_copy=fills[-2] * compute)
         end = max(end, on_arrival, key=lambda e: e.gradients + e.reduction_copy)
     return end if on_flush is None else max(end, on_flush, key=lambda e: e.gradients + e.reduction_copy)
@@ -187,7 +228,7 @@ def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_par
     """Gradient bytes alive under ZeRO-1/2 while the token embedding is back-propagated (a full fine-tune;
     the embedding is the last parameter whose gradient autograd makes), the embedding's own gradient and
     the backward kernel's temporaries excluded (memory.embedding_backward_row adds those); -1 when the
-    instant is not modelled (LoRA: a frozen embedding; ZeRO-1 with accumulation).
+    instant is not modelled (LoRA: a frozen embedding).
 
     DeepSpeed 0.19.8, ``runtime/zero/stage_1_and_2.py``:
     - ``process_gradients`` runs ``setup_buckets`` on the first ready gradient: the contiguous-gradients
@@ -205,7 +246,11 @@ def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_par
     embed_params = model.embed_params
     if setup.zero == 1:
         if setup.grad_accum > 1:
-            return -1
+            # a later micro-batch: every gradient, the embedding's among them, is there from the earlier
+            # ones (nothing reduces before the boundary's reduce_gradients), beside the bucket setup_buckets
+            # made in the first one (kept while ready_for_gradients); the new embedding gradient is a
+            # temporary AccumulateGrad adds in place (zero.py: the layers then hold it, no cut)
+            return grads16 + bucket_bytes
         return max(grads16 - embed_params * (grads16 // max(trainable_params, 1)), 0) + bucket_bytes
     partition = g_live if trainable_params - embed_params > bucket_elements else 0
     return partition + bucket_bytes
