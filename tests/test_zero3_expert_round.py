@@ -83,3 +83,31 @@ def test_the_largest_deepspeed_parameter_of_a_moe_is_a_fused_stack() -> None:
     assert largest_ds_parameter(spec) == 128 * 2 * 768 * 2048
     dense = model_from_config(dict(MIXTRAL, model_type="mistral"), "mistral-like-2L")
     assert largest_ds_parameter(dense) == F * H
+
+
+def test_a_checkpointed_shared_expert_layer_holds_its_recomputed_experts_beside_the_new_round() -> None:
+    # DeepSeek-V3-like, one dense and one MoE layer, 16 experts of h 1024, f 512: the stacks are
+    # 16 x 2 x 512 x 1024 (gate_up_proj) + 16 x 1024 x 512 (down_proj) = 25,165,824 elements. Under
+    # checkpointing the shared experts' down projection is the first module back-propagated in the MoE
+    # block (DeepseekV3MoE.forward adds it last); its recomputation attributes the frozen experts to it
+    # (update_recompute_parameters), its backward releases them, grouped_mm's saved view keeps the copy,
+    # and the experts' own backward fetch gathers a flat buffer and copies beside it: 3 x stacks x 2 B.
+    from tuneplan.estimator.wrappers.zero3_expert_round import zero3_record_pass_top_bytes
+
+    cfg = dict(model_type="deepseek_v3", hidden_size=1024, intermediate_size=4096, moe_intermediate_size=512,
+               n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+               num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, q_lora_rank=256,
+               kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, vocab_size=32000)
+    spec = model_from_config(cfg, "deepseek-v3-like-2L")
+    stacks = 16 * 2 * 512 * 1024 + 16 * 1024 * 512
+    lora = build_setup(spec, method="lora", precision="bf16", gpus=2, zero=3, targets="q_a_proj,o_proj",
+                       gradient_checkpointing=True)
+    assert zero3_record_pass_top_bytes(resolve_run(spec, lora)) == 3 * stacks * 2
+    # a full fine-tune's experts require grad: not attributed to the recomputation, used again at once
+    full = build_setup(spec, method="full", precision="bf16", gpus=2, zero=3, gradient_checkpointing=True)
+    assert zero3_record_pass_top_bytes(resolve_run(spec, full)) == 0
+    # Mixtral's block is a ZeRO-3 leaf with no shared experts: its own backward owns the recomputed copy
+    mixtral = model_from_config(MIXTRAL, "mixtral-2L")
+    ckpt = build_setup(mixtral, method="lora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj",
+                       gradient_checkpointing=True)
+    assert zero3_record_pass_top_bytes(resolve_run(mixtral, ckpt)) == 0

@@ -243,6 +243,10 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the recomputed layer's 16-bit weight casts under autocast (weights.recompute_casts)
         casts = statics.recompute_casts
         rows["backward_layers_top"] = (top_grads, 0, top_acts, casts, kept, top_scratch, top_gathered)
+        fetch = statics.wrapped.gathered.top_layer_backward_fetch
+        if fetch:  # the recomputed top layer's experts gathered again (wrappers/zero3_expert_round.py)
+            rows["backward_top_fetch"] = (statics.earlier_grads_in_layer, 0,
+                                          saved - acts.tail_bytes + recomputed, casts, kept, 0, fetch)
         rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, statics.recompute_casts_bottom, 0,
                                           backward_temp, gathered)
         # a lower layer's end (backward_layer_end) is a moment, not a bound: the held outputs are beside it
