@@ -111,3 +111,24 @@ def test_a_checkpointed_shared_expert_layer_holds_its_recomputed_experts_beside_
     ckpt = build_setup(mixtral, method="lora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj",
                        gradient_checkpointing=True)
     assert zero3_record_pass_top_bytes(resolve_run(mixtral, ckpt)) == 0
+
+
+def test_the_recording_pass_precedes_the_optimizers_first_step() -> None:
+    # the top layer's backward fetch without checkpointing is the recording pass's (the first micro-batch
+    # of the first step): stage3.py initialize_optimizer_states (DeepSpeed 0.19.8) gives the fp32
+    # partitions a gradient and makes no state; AdamW makes exp_avg and exp_avg_sq (fp32, the partition's
+    # size each) in its first step(). Mixtral-2L full on 4 GPUs: every parameter trains.
+    from tuneplan.estimator.instants import memory_at
+
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    layer = 2 * H * H + 2 * H * 1024 + H * E + STACKS + 2 * H
+    params = 2 * 32768 * H + 2 * layer + H
+    partition = -(-params // 4)
+    setup = build_setup(spec, method="full", precision="bf16-mixed", gpus=4, zero=3, optimizer="adamw",
+                        gradient_checkpointing=False, batch=1, seq=256)
+    at = memory_at(resolve_run(spec, setup), 1, 256)
+    assert at.components("backward_top_fetch")["optimizer_temp"] == -2 * 4 * partition
+    # under checkpointing the fetch comes in every pass, the states made
+    ckpt = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj",
+                       gradient_checkpointing=True, batch=1, seq=256)
+    assert "backward_top_fetch" not in memory_at(resolve_run(spec, ckpt), 1, 256).rows

@@ -82,6 +82,7 @@ class DeepSpeedTerms:
     bucket: int  # the contiguous-gradients IPG bucket, bytes
     fp32_grad_step: int  # the fp32 gradient partition the optimizer step reads
     step_temp: int  # the optimizer step's temporaries: that partition and the optimizer's own
+    lazy_states: int = 0  # the optimizer's own states, made by its first step() (stage3.py 0.19.8)
 
 
 def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
@@ -109,7 +110,7 @@ def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
                           grads16=trainable_params * compute, reduce_bucket=reduce_bucket,
                           prefetch_bucket=setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
                           bucket=reduce_bucket * compute, fp32_grad_step=fp32_grad_step,
-                          step_temp=fp32_grad_step + client.temp)
+                          step_temp=fp32_grad_step + client.temp, lazy_states=client.states)
 
 
 def partition_optimizer_plan(run: Run, partition: int) -> OptimizerPlan:
@@ -349,6 +350,7 @@ class Zero3(Zero, ShardingWrapper):
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
                                       head_backward=self.at_head_backward(run, at_loss),
                                       top_layer_backward_fetch=fused_experts.zero3_record_pass_top_bytes(run),
+                                      states_unmade=terms.lazy_states if states else 0,
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
