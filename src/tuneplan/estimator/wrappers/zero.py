@@ -44,6 +44,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_head_round_first_pass,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
@@ -344,7 +345,7 @@ class Zero3(Zero, ShardingWrapper):
         else:  # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
             at_embedding = zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket)
             at_head = at_loss + zero3_quantized_head_copy_bytes(run) if model.lm_head_params else 0
-        return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
+        return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
@@ -356,7 +357,7 @@ class Zero3(Zero, ShardingWrapper):
                                           fused_experts.zero3_expert_round_bytes(run)),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
                              top_layer=top_layer, embedding=embedding,
-                             notes=self.notes(setup, notes))
+                             notes=self.notes(setup, notes)))
 
     @staticmethod
     def at_head_backward(run: Run, at_loss: int) -> int:
