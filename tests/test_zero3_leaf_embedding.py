@@ -41,3 +41,34 @@ def test_the_walk_past_the_distance_releases_the_embedding() -> None:
     dense_qlora = build_setup(dense, method="qlora", precision="bf16", gpus=8, zero=3,
                               gradient_checkpointing=True)
     assert zero3_leaf_embedding_kept_bytes(resolve_run(dense, dense_qlora)) == 0
+
+
+def test_the_second_pass_gathers_down_proj_once_without_a_shared_expert() -> None:
+    # Qwen3-MoE's leaf block holds the router (128 x 2048) and the fused stacks only: the router with
+    # gate_up_proj [128, 1536, 2048] coalesced (buffer + copy), down_proj [128, 2048, 768] alone, fp16
+    # under a QLoRA fp16 run (DeepSpeed casts the unquantized parameters): 2 (262,144 + 402,653,184)
+    # + 201,326,592 elements, 2 B
+    from tuneplan.estimator.wrappers.zero3_leaf_embedding import second_pass_top_round_bytes
+
+    spec = model_from_config(QWEN3_MOE, "qwen3-moe-2L")
+    qlora = build_setup(spec, method="qlora", precision="fp16", gpus=8, zero=3, gradient_checkpointing=True)
+    assert second_pass_top_round_bytes(resolve_run(spec, qlora)) == (2 * (128 * H + 402_653_184)
+                                                                    + 201_326_592) * 2
+
+
+def test_a_shared_expert_makes_the_down_proj_round_coalesced() -> None:
+    # Qwen2-MoE-like, 16 experts of f 512, h 1024, shared expert f 2048: the shared expert's gate (16-bit,
+    # a router) joins down_proj's round, held twice; the shared expert's three 4-bit linears a packed round
+    # of their own held twice (3 x 1024 x 2048 / 2 bytes)
+    from tuneplan.estimator.wrappers.zero3_leaf_embedding import second_pass_top_round_bytes
+
+    cfg = dict(model_type="qwen2_moe", hidden_size=1024, intermediate_size=4096, moe_intermediate_size=512,
+               shared_expert_intermediate_size=2048, num_experts=16, num_experts_per_tok=2,
+               num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, vocab_size=32000,
+               tie_word_embeddings=False)
+    spec = model_from_config(cfg, "qwen2-moe-like-2L")
+    qlora = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=3, gradient_checkpointing=True)
+    router, gate_up, down = 16 * 1024 + 1024, 16 * 2 * 512 * 1024, 16 * 1024 * 512
+    codes = 3 * 1024 * 2048 // 2
+    assert second_pass_top_round_bytes(resolve_run(spec, qlora)) == (2 * (router + gate_up) + 2 * down) * 2 \
+        + 2 * codes

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.bnb_scope import quantized
+from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
 from tuneplan.estimator.wrappers.base import WrapperMemory
 from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
 from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_REUSE_DISTANCE
@@ -63,14 +63,42 @@ def zero3_leaf_embedding_kept_bytes(run: Run) -> int:
     return model.embed_params * run.dtypes.compute
 
 
+def second_pass_top_round_bytes(run: Run) -> int:
+    """Bytes of the top decoder layer's leaf MoE block gathered at its forward in a pass with a complete
+    trace. The prefetcher pops the block's parameters in ``ds_id`` order (the router, the fused
+    ``gate_up_proj``, ``down_proj``, then the shared expert's): the router and ``gate_up_proj`` come in one
+    coalesced round, held twice until the block's fetch pops its handle (zero3_expert_round.py); the
+    block's own fetch gathers the rest not yet available in one ``__all_gather_params`` call per dtype:
+    ``down_proj`` alone (one parameter: gathered into it, once) unless the block has a shared expert,
+    whose 16-bit parameters (its gate ``shared_expert_gate`` at least: bitsandbytes leaves it, a router,
+    16-bit) make the round coalesced, held twice; its 4-bit linears' packed codes a round of their own:
+
+    .. math:: R_2 = b_e \\big(2 (P_{router} + P_{gu}) + c\\, P_{dn}\\big) + 2 b_e P_{se,16} + 2 P_{se,4}
+
+    with ``c`` 2 with a shared expert, 1 without. (simulate, second pass, top layer: Qwen2-57B-A14B QLoRA
+    nf4 in bf16: the 1.1746e9-element router + ``gate_up_proj`` buffer and copy, the 5.895e8-element
+    ``down_proj`` + shared-expert buffer and copy, the 1.101e8-byte packed round; Mixtral-8x7B QLoRA over 4
+    GPUs with offload: ``down_proj`` gathered once.)"""
+    model, setup = run.model, run.setup
+    spec, b = model.layer_groups[-1][0], expert_stack_bytes(setup.quant_bits, run.dtypes)
+    experts = [m for m in spec.linears if m.role == "expert"]
+    gate_up = sum(m.params for m in experts if m.reads == "mlp_in")
+    down = sum(m.params for m in experts if m.reads != "mlp_in")
+    router = sum(m.params for m in spec.linears if m.role == "router")
+    shared = [m for m in spec.linears if m.role == "shared_expert"]
+    packed = [m for m in shared if setup.quant_bits and quantized(m, run.profile.model_code)]
+    shared16 = sum(m.params for m in shared if m not in packed)
+    codes = sum(m.d_in * m.d_out * m.count for m in packed) * (setup.quant_bits or 16) // 8
+    return b * (2 * (router + gate_up) + (2 if shared else 1) * down + 2 * shared16) + 2 * codes
+
+
 def with_kept_embedding(run: Run, memory: WrapperMemory) -> WrapperMemory:
     """``memory`` with :func:`zero3_leaf_embedding_kept_bytes` added to every gathered instant from the
     forward's layers to the backward's of a pass with a complete trace: not the bottom layer's forward,
-    whose round counts the embedding, nor the rounds of the top layer's experts counted as the recording
-    pass gathers them (``top_layer_forward``, ``top_layer_backward_fetch``: zero3_expert_round.py; before
-    any trace ``release_sub_module`` releases every module's parameters after its forward). With a
-    complete trace the prefetcher splits the leaf block's round (the router with ``gate_up_proj``, then
-    ``down_proj``), which makes that instant another sum, not counted here."""
+    whose round counts the embedding, nor the recording pass's top-layer fetch
+    (``top_layer_backward_fetch``, zero3_expert_round.py; before any trace ``release_sub_module``
+    releases every module's parameters after its forward). The top layer's forward is the larger of the
+    recording pass's round and the second pass's (:func:`second_pass_top_round_bytes`) beside it."""
     kept = zero3_leaf_embedding_kept_bytes(run)
     if not kept:
         return memory
@@ -79,8 +107,10 @@ def with_kept_embedding(run: Run, memory: WrapperMemory) -> WrapperMemory:
     def add(v: int) -> int:
         return v + kept if v else 0
 
+    second = second_pass_top_round_bytes(run) + kept
+    top_forward = max(g.top_layer_forward, second) if g.top_layer_forward else 0
     gathered = replace(g, in_layers=g.in_layers + kept, at_loss=g.at_loss + kept,
-                       at_forward_end=g.at_forward_end + kept,
+                       at_forward_end=g.at_forward_end + kept, top_layer_forward=top_forward,
                        head_forward=add(g.head_forward), head_backward=add(g.head_backward),
                        flush=add(g.flush))
     top = memory.top_layer
