@@ -16,19 +16,22 @@ MIXTRAL = dict(model_type="mixtral", hidden_size=H, intermediate_size=F, num_hid
                num_attention_heads=48, num_key_value_heads=8, num_local_experts=E, num_experts_per_tok=2,
                vocab_size=32768)
 STACKS = E * 2 * F * H + E * H * F  # gate_up_proj + down_proj: 2,415,919,104 elements
+# the router (gate.weight [E, h]): Mixtral's sparse MoE block is a ZeRO-3 leaf module (DeepSpeed 0.19.8
+# leaf_module_config.py), fetched as one module: the router joins the experts' round
+ROUTER = E * H
 
 
 def test_the_experts_round_is_held_twice_in_its_stacks_dtype() -> None:
     spec = model_from_config(MIXTRAL, "mixtral-2L")
     # QLoRA in fp32: bitsandbytes leaves the 3-D stacks unquantized, in the fp32 load dtype
     qlora = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, targets="q_proj,v_proj")
-    assert zero3_expert_round_bytes(resolve_run(spec, qlora)) == 2 * STACKS * 4
+    assert zero3_expert_round_bytes(resolve_run(spec, qlora)) == 2 * (STACKS + ROUTER) * 4
     # QLoRA in bf16: DeepSpeed casts the module's unquantized parameters to bf16 (as large as a 16-bit base)
     q16 = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj")
-    assert zero3_expert_round_bytes(resolve_run(spec, q16)) == 2 * STACKS * 2
+    assert zero3_expert_round_bytes(resolve_run(spec, q16)) == 2 * (STACKS + ROUTER) * 2
     # LoRA on a bf16 base: the frozen stacks stay bf16
     lora = build_setup(spec, method="lora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj")
-    assert zero3_expert_round_bytes(resolve_run(spec, lora)) == 2 * STACKS * 2
+    assert zero3_expert_round_bytes(resolve_run(spec, lora)) == 2 * (STACKS + ROUTER) * 2
     # no ZeRO-3 gather: nothing
     ddp = build_setup(spec, method="lora", precision="bf16", gpus=4, targets="q_proj,v_proj")
     assert zero3_expert_round_bytes(resolve_run(spec, ddp)) == 0
@@ -55,7 +58,7 @@ def test_the_recording_pass_keeps_every_forward_copy_beside_the_top_layers_new_r
     spec = model_from_config(MIXTRAL, "mixtral-2L")
     qlora = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, targets="q_proj,v_proj",
                         gradient_checkpointing=False)
-    assert zero3_record_pass_top_bytes(resolve_run(spec, qlora)) == (2 * STACKS + 2 * STACKS) * 2
+    assert zero3_record_pass_top_bytes(resolve_run(spec, qlora)) == (2 * STACKS + 2 * (STACKS + ROUTER)) * 2
     # with checkpointing the forward saves nothing: no copy outlives its gather
     ckpt = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, targets="q_proj,v_proj",
                        gradient_checkpointing=True)
@@ -132,3 +135,17 @@ def test_the_recording_pass_precedes_the_optimizers_first_step() -> None:
     ckpt = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj",
                        gradient_checkpointing=True, batch=1, seq=256)
     assert "backward_top_fetch" not in memory_at(resolve_run(spec, ckpt), 1, 256).rows
+
+
+def test_a_leaf_blocks_round_holds_its_router_and_shared_expert() -> None:
+    # Qwen2-MoE-like, 16 experts of f 512, h 1024, a shared expert of f 2048 and its 1-output gate: the
+    # leaf block is fetched as one module, every parameter under it in the round, held twice. A full
+    # fine-tune in bf16: stacks 16 x 3 x 512 x 1024, router 16 x 1024 + 1024, shared 3 x 1024 x 2048
+    cfg = dict(model_type="qwen2_moe", hidden_size=1024, intermediate_size=4096, moe_intermediate_size=512,
+               shared_expert_intermediate_size=2048, num_experts=16, num_experts_per_tok=2,
+               num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, vocab_size=32000,
+               tie_word_embeddings=False)
+    spec = model_from_config(cfg, "qwen2-moe-like-2L")
+    stacks, router, shared = 16 * 3 * 512 * 1024, 16 * 1024 + 1024, 3 * 1024 * 2048
+    full = build_setup(spec, method="full", precision="bf16", gpus=2, zero=3)
+    assert zero3_expert_round_bytes(resolve_run(spec, full)) == 2 * (stacks + router + shared) * 2

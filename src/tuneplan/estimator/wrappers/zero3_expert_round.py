@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.bnb_scope import expert_stack_bytes
+from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
+from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
 from tuneplan.estimator.wrappers.zero3_saved_views import (
     TRANSPOSED_EXPERT_MODEL_TYPES,
     expert_viewed_weights,
@@ -58,12 +59,26 @@ def zero3_expert_round_bytes(run: Run) -> int:
     with ``b_e`` the stacks' bytes per element (``bnb_scope.expert_stack_bytes``: the frozen weight dtype,
     fp32 under QLoRA once PEFT's ``prepare_model_for_kbit_training`` upcast them). (simulate:
     Mixtral-8x22B, 4 layers, QLoRA fp4 in fp32 over 4 GPUs: the 2.416e9-element flat buffer beside the
-    ``gate_up_proj`` and ``down_proj`` copies at layer 3's MoE block, the step's peak.)"""
+    ``gate_up_proj`` and ``down_proj`` copies at layer 3's MoE block, the step's peak.)
+
+    A ZeRO-3 leaf MoE block (``reduce_buckets.zero3_leaf_moe``) is fetched as one module, every parameter
+    under it (``iter_params(recurse=True)``) in the round: its router and shared expert too, their 16-bit
+    parameters in the stacks' buffer, a 4-bit shared expert's packed codes in a buffer of their own, held
+    twice alike (simulate: Qwen2-57B-A14B, 2 layers, full over 2 GPUs: the 1.982e9-element buffer of the
+    experts, router and shared expert at the recording pass's top-layer fetch)."""
     if run.profile.model_code != "hf" or run.setup.zero != 3 or run.setup.world_size < 2:
         return 0
-    spec = run.model.layer_groups[-1][0]
+    spec, setup = run.model.layer_groups[-1][0], run.setup
     stacks = sum(m.params for m in spec.linears if m.role == "expert")
-    return 2 * stacks * expert_stack_bytes(run.setup.quant_bits, run.dtypes)
+    if not stacks:
+        return 0
+    codes = 0
+    if zero3_leaf_moe(run.model, True):
+        block = [m for m in spec.linears if m.role in ("router", "shared_expert")]
+        packed = [m for m in block if setup.quant_bits and quantized(m, run.profile.model_code)]
+        stacks += sum(m.params for m in block if m not in packed)
+        codes = sum(m.d_in * m.d_out * m.count for m in packed) * (setup.quant_bits or 16) // 8
+    return 2 * stacks * expert_stack_bytes(setup.quant_bits, run.dtypes) + 2 * codes
 
 
 def zero3_record_pass_top_bytes(run: Run) -> int:
