@@ -203,6 +203,16 @@ def head_backward_row(run: Run, statics: MemoryStatics, saved: Any, tokens: Any)
     return (statics.earlier_grads, 0, saved, 0, dlogits, head_grad, statics.gathered_head_backward)
 
 
+def top_fetch_row(statics: MemoryStatics, unmade: int, acts: Any, casts: Any, held: Any) -> Row | None:
+    """ZeRO-3's top layer's backward fetch of its fused experts (``Gathered.top_layer_backward_fetch``; None
+    without one): the layer's activations ``acts`` (the tail back-propagated), none of its scratch yet; the
+    optimizer's states not made yet (``unmade``, counted by the persistent terms) in the recording pass."""
+    fetch = statics.wrapped.gathered.top_layer_backward_fetch
+    if not fetch:
+        return None
+    return (statics.earlier_grads_in_layer, -unmade, acts, casts, held, 0, fetch)
+
+
 def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan,
                         held: Any, tokens: Any) -> None:
     """Add the layers' backward to ``rows``: the top layer (G0 + every saved activation but what it frees +
@@ -253,6 +263,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the recomputed layer's 16-bit weight casts under autocast (weights.recompute_casts)
         casts = statics.recompute_casts
         rows["backward_layers_top"] = (top_grads, 0, top_acts, casts, kept, top_scratch, top_gathered)
+        # the recomputed top layer's experts gathered again, in every pass (wrappers/zero3_expert_round.py)
+        fetch_row = top_fetch_row(statics, 0, saved - acts.tail_bytes + recomputed, casts, kept)
         rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, statics.recompute_casts_bottom, 0,
                                           backward_temp, gathered)
         # a lower layer's end (backward_layer_end) is a moment, not a bound: the held outputs are beside it
@@ -263,15 +275,15 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
                                        top_gathered)
         if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
             first_hook_rows(rows, statics, acts)
-        fetch = statics.wrapped.gathered.top_layer_backward_fetch
-        if fetch:  # ZeRO-3's first pass (wrappers/zero3_expert_round.py): the top layer's experts gathered
-            # again, the tail back-propagated, none of the layer's scratch yet
-            rows["backward_top_fetch"] = (statics.earlier_grads_in_layer, 0, saved - acts.tail_bytes,
-                                          statics.autocast_copies, held, 0, fetch)
+        # ZeRO-3's recording pass, before the first optimizer step (wrappers/zero3_expert_round.py)
+        fetch_row = top_fetch_row(statics, statics.wrapped.gathered.states_unmade, saved - acts.tail_bytes,
+                                  statics.autocast_copies, held)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
+    if fetch_row is not None:
+        rows["backward_top_fetch"] = fetch_row
     if statics.wrapped.bottom_layer is not None:
         fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
                          bottom_held)

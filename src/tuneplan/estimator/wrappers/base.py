@@ -85,6 +85,9 @@ class Gathered:
     # ZeRO-3's trace-recording pass: at the top layer's backward fetch of its fused experts, before any of
     # its scratch (wrappers/zero3_expert_round.py; 0: no instant there)
     top_layer_backward_fetch: int = 0
+    # the optimizer's states on this GPU, not yet made at that fetch when it is the recording pass's (the
+    # first step's first micro-batch, before the optimizer's first step() makes them)
+    states_unmade: int = 0
 
 
 @dataclass(frozen=True)

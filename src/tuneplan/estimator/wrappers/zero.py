@@ -45,6 +45,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_head_round_first_pass,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
@@ -83,6 +84,7 @@ class DeepSpeedTerms:
     bucket: int  # the contiguous-gradients IPG bucket, bytes
     fp32_grad_step: int  # the fp32 gradient partition the optimizer step reads
     step_temp: int  # the optimizer step's temporaries: that partition and the optimizer's own
+    lazy_states: int = 0  # the optimizer's own states, made by its first step() (stage3.py 0.19.8)
 
 
 def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
@@ -110,7 +112,7 @@ def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
                           grads16=trainable_params * compute, reduce_bucket=reduce_bucket,
                           prefetch_bucket=setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
                           bucket=reduce_bucket * compute, fp32_grad_step=fp32_grad_step,
-                          step_temp=fp32_grad_step + client.temp)
+                          step_temp=fp32_grad_step + client.temp, lazy_states=client.states)
 
 
 def partition_optimizer_plan(run: Run, partition: int) -> OptimizerPlan:
@@ -344,18 +346,19 @@ class Zero3(Zero, ShardingWrapper):
         else:  # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
             at_embedding = zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket)
             at_head = at_loss + zero3_quantized_head_copy_bytes(run) if model.lm_head_params else 0
-        return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
+        return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
                                       head_backward=self.at_head_backward(run, at_loss),
                                       top_layer_backward_fetch=fused_experts.zero3_record_pass_top_bytes(run),
+                                      states_unmade=terms.lazy_states if states else 0,
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
                              top_layer=top_layer, embedding=embedding,
-                             notes=self.notes(setup, notes))
+                             notes=self.notes(setup, notes)))
 
     @staticmethod
     def at_head_backward(run: Run, at_loss: int) -> int:

@@ -17,17 +17,36 @@ releases every parameter of a module after its forward (``__params_to_release`` 
 layer's experts are gathered again by their backward fetch. The forward's copy is not freed with them when
 ``grouped_mm`` saved its transposed view for the input's gradient (``zero3_saved_views``): at the top
 layer's backward fetch every layer's forward copy is alive beside the new round, held twice.
+
+With gradient checkpointing the forward saves nothing, but the recomputation inside the layer's backward
+does. ``_fetch_sub_module_impl`` attributes the frozen parameters a checkpoint recomputation fetches to the
+backward module active then (``update_recompute_parameters``), and that module's backward
+``release_sub_module`` releases them. In a decoder layer whose MoE block is not a ZeRO-3 leaf and adds the
+shared experts after the routed ones (``DeepseekV3MoE.forward``: ``hidden_states +
+self.shared_experts(residuals)``), the first saved tensor unpacked, which starts the recomputation, is the
+shared experts' down projection's: the routed experts are released with it, their recomputed copy kept
+by ``grouped_mm``'s saved view, and the experts' own backward fetch gathers them again beside it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.bnb_scope import expert_stack_bytes
-from tuneplan.estimator.wrappers.zero3_saved_views import expert_viewed_weights
+from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
+from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
+from tuneplan.estimator.wrappers.zero3_saved_views import (
+    TRANSPOSED_EXPERT_MODEL_TYPES,
+    expert_viewed_weights,
+)
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
+
+# transformers 5.25 models/*/modeling_*.py whose MoE block's forward ends ``hidden_states +
+# self.shared_experts(residuals)``, the routed experts first (none is a DeepSpeed leaf module class)
+SHARED_AFTER_ROUTED_MODEL_TYPES = frozenset({
+    "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "glm4_moe", "glm4_moe_lite", "glm4v_moe",
+    "kimi_linear", "exaone_moe", "mistral4", "solar_open", "minicpm5_moe", "nemotron_h"})
 
 
 def zero3_expert_round_bytes(run: Run) -> int:
@@ -40,20 +59,34 @@ def zero3_expert_round_bytes(run: Run) -> int:
     with ``b_e`` the stacks' bytes per element (``bnb_scope.expert_stack_bytes``: the frozen weight dtype,
     fp32 under QLoRA once PEFT's ``prepare_model_for_kbit_training`` upcast them). (simulate:
     Mixtral-8x22B, 4 layers, QLoRA fp4 in fp32 over 4 GPUs: the 2.416e9-element flat buffer beside the
-    ``gate_up_proj`` and ``down_proj`` copies at layer 3's MoE block, the step's peak.)"""
+    ``gate_up_proj`` and ``down_proj`` copies at layer 3's MoE block, the step's peak.)
+
+    A ZeRO-3 leaf MoE block (``reduce_buckets.zero3_leaf_moe``) is fetched as one module, every parameter
+    under it (``iter_params(recurse=True)``) in the round: its router and shared expert too, their 16-bit
+    parameters in the stacks' buffer, a 4-bit shared expert's packed codes in a buffer of their own, held
+    twice alike (simulate: Qwen2-57B-A14B, 2 layers, full over 2 GPUs: the 1.982e9-element buffer of the
+    experts, router and shared expert at the recording pass's top-layer fetch)."""
     if run.profile.model_code != "hf" or run.setup.zero != 3 or run.setup.world_size < 2:
         return 0
-    spec = run.model.layer_groups[-1][0]
+    spec, setup = run.model.layer_groups[-1][0], run.setup
     stacks = sum(m.params for m in spec.linears if m.role == "expert")
-    return 2 * stacks * expert_stack_bytes(run.setup.quant_bits, run.dtypes)
+    if not stacks:
+        return 0
+    codes = 0
+    if zero3_leaf_moe(run.model, True):
+        block = [m for m in spec.linears if m.role in ("router", "shared_expert")]
+        packed = [m for m in block if setup.quant_bits and quantized(m, run.profile.model_code)]
+        stacks += sum(m.params for m in block if m not in packed)
+        codes = sum(m.d_in * m.d_out * m.count for m in packed) * (setup.quant_bits or 16) // 8
+    return 2 * stacks * expert_stack_bytes(setup.quant_bits, run.dtypes) + 2 * codes
 
 
 def zero3_record_pass_top_bytes(run: Run) -> int:
     """Bytes gathered at the top decoder layer's backward fetch of its experts in the trace-recording pass
-    (module doc), without checkpointing (with it the forward saves nothing): every layer's forward copy
-    kept by its saved view (``zero3_saved_views.expert_viewed_weights``) and the top layer's new round
-    held twice; 0 when the top layer's experts save no view (their input needs no gradient, no backward
-    fetch) or :func:`zero3_expert_round_bytes` is 0.
+    (module doc), without checkpointing (with it: :func:`zero3_recompute_top_bytes`): every layer's
+    forward copy kept by its saved view (``zero3_saved_views.expert_viewed_weights``) and the top layer's
+    new round held twice; 0 when the top layer's experts save no view (their input needs no gradient, no
+    backward fetch) or :func:`zero3_expert_round_bytes` is 0.
 
     .. math:: G = b_e \\left(\\sum_i v_i + 2 S_{top}\\right)
 
@@ -61,9 +94,35 @@ def zero3_record_pass_top_bytes(run: Run) -> int:
     ``gate_up_proj`` / ``down_proj`` copies from the first forward beside the top layer's 2.416e9-element
     flat buffer and its copies, the first micro-batch's backward the step's peak.)"""
     round_bytes = zero3_expert_round_bytes(run)
-    if not round_bytes or run.setup.gradient_checkpointing:
+    if not round_bytes:
         return 0
+    if run.setup.gradient_checkpointing:
+        return zero3_recompute_top_bytes(run)
     viewed = expert_viewed_weights(run.model, run.setup, run.targets)
     if not viewed or not viewed[-1]:
         return 0
     return sum(viewed) * expert_stack_bytes(run.setup.quant_bits, run.dtypes) + round_bytes
+
+
+def zero3_recompute_top_bytes(run: Run) -> int:
+    """Bytes gathered at the top decoder layer's backward fetch of its experts under checkpointing, in
+    every pass (module doc): the recomputed copy of its frozen stacks, released with the shared experts'
+    backward module and kept by ``grouped_mm``'s saved view, beside the new round held twice; 0 unless the
+    stacks are frozen (LoRA, QLoRA: PEFT's ``enable_input_require_grads`` makes every layer's input require
+    grad, so the view is saved) and the model's MoE block runs its shared experts after the routed ones
+    (:data:`SHARED_AFTER_ROUTED_MODEL_TYPES`, not a leaf module).
+
+    .. math:: G = 3\\, b_e\\, S_{top}
+
+    (simulate: DeepSeek-V3, 5 layers, QLoRA fp4 in bf16 over 2 GPUs under checkpointing: layer 4's
+    recomputed ``gate_up_proj`` / ``down_proj`` beside the 1.127e10-element flat buffer and its copies,
+    both passes' peak.)"""
+    model, setup = run.model, run.setup
+    if (setup.method not in ("lora", "qlora") or model.model_type not in SHARED_AFTER_ROUTED_MODEL_TYPES
+            or model.model_type in TRANSPOSED_EXPERT_MODEL_TYPES):
+        return 0
+    spec = model.layer_groups[-1][0]
+    stacks = sum(m.params for m in spec.linears if m.role == "expert")
+    if not any(m.role == "shared_expert" for m in spec.linears):
+        return 0
+    return 3 * stacks * expert_stack_bytes(run.setup.quant_bits, run.dtypes)
