@@ -52,6 +52,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_quantized_head_copy_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
+from tuneplan.estimator.wrappers.zero3_tied_head import zero3_tied_head_round
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
     zero1_offload_epilogue,
@@ -334,8 +335,9 @@ class Zero3(Zero, ShardingWrapper):
             at_embedding = min(max(zero3_gathered_at_embedding(model, setup, terms.prefetch_bucket),
                                    zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
                                                                   run.targets)) * compute, 2 * whole16)
-            # the untied head's forward: what is held at the loss, and the flat buffer of the head's round
-            head_round = zero3_head_round(model, terms.prefetch_bucket, setup)
+            # the head's forward: what the loss holds, and the head's round (tied: zero3_tied_head.py)
+            head_round = (zero3_head_round(model, terms.prefetch_bucket, setup)
+                          or zero3_tied_head_round(model, setup, run.targets))
             at_head = at_loss + head_round * compute if head_round else 0
         elif setup.quant_bits is None:
             # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
