@@ -209,13 +209,18 @@ def forward_trace(model: ModelSpec) -> list[int]:
     return [n for n in trace if n]
 
 
-def prefetch_rounds(trace: list[int], prefetch_bucket: int) -> list[list[int]]:
+def prefetch_rounds(trace: list[int], prefetch_bucket: int,
+                    released: tuple[int, int] = (0, 0)) -> list[list[int]]:
     """The trace cut into the prefetcher's rounds: each fetch pops parameters until it has taken at least
     ``min(stage3_max_live_parameters - n_available, prefetch_bucket)`` elements, the last one overshooting
-    (``_fetch_sub_module_impl``, DeepSpeed 0.19.8)."""
+    (``_fetch_sub_module_impl``, DeepSpeed 0.19.8); ``released``: (rounds, elements) taken off
+    ``n_available`` once that many rounds are popped (``__release_param``: the embedding after its
+    forward)."""
     rounds: list[list[int]] = []
     queue, available = list(trace), 0
     while queue:
+        if len(rounds) == released[0]:
+            available -= released[1]
         limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
         if limit <= 0:
             break
