@@ -355,7 +355,8 @@ class Zero3(Zero, ShardingWrapper):
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
-                             top_layer=top_layer, embedding=embedding,
+                             top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
+                                 model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),
                              notes=self.notes(setup, notes))
 
     @staticmethod
