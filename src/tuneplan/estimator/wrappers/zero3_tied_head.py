@@ -46,7 +46,8 @@ def zero3_tied_head_round(model: ModelSpec, setup: TrainSetup, targets: frozense
     (simulate: gemma-2-27b, 2 layers, LoRA rank 64 on the MLP over 4 GPUs: the 1.179943e9-element flat
     buffer, ``E`` + layer 1's ``down_proj.lora_B``, beside the embedding's copy at that factor's forward.)"""
     embed = model.embed_params
-    if (model.lm_head_params or not embed or setup.method != "lora" or setup.quant_bits is not None
+    if (model.lm_head_params or not model.tied_embeddings or not embed or setup.method != "lora"
+            or setup.quant_bits is not None
             or embed < DS_MAX_LIVE_PARAMETERS or model.params_total - embed < DS_MAX_REUSE_DISTANCE):
         return 0
     last = model.layer_groups[-1][0].linears[-1]
