@@ -129,3 +129,26 @@ def test_a_leaf_moe_blocks_gradients_are_all_live_when_its_first_one_triggers_th
     setup = build_setup(spec, method="full", gpus=8, zero=3, offload="optimizer", precision="fp16")
     block = 402_653_184 + 201_326_592 + 262_144
     assert zero3_flush_scratch(spec, setup, BUCKET, 2) == 2 * 311_166_976 + 8 * 38_895_616 + 2 * block
+
+
+def test_full_epilogue_reduces_the_last_fill_beside_the_gathered_embedding() -> None:
+    # the tiny untied Llama (h 64, f 128, kv 2 x 16, vocab 256, 2 layers), full, 4 ranks, CPU optimizer.
+    # Its backward's gradients: head 16,384, final norm 64, per layer q 4,096, k 2,048, v 2,048, o 4,096,
+    # gate / up / down 8,192 each, two norms 64 each, the embedding 16,384: 106,816 elements, all in one
+    # 5e8 bucket. The epilogue's reduce_scatter_coalesced copy: every gradient divisible by 4, 106,816
+    # bf16 elements = 213,632 bytes; the fp64 norm chunk of the largest partition (16,384 / 4) = 32,768
+    # bytes; the embedding still gathered, 16,384 x 2 = 32,768 bytes.
+    from tuneplan.estimator.wrappers.base import Epilogue
+    from tuneplan.estimator.wrappers.zero3_flush import zero3_epilogue
+
+    from .sharded_tiny import TINY
+
+    spec = model_from_config(TINY, "tiny-llama-epilogue")
+    setup = build_setup(spec, method="full", gpus=4, zero=3, offload="optimizer")
+    assert zero3_epilogue(spec, setup, 500_000_000, 2, 1_000) == Epilogue(1_000, 213_632 + 32_768, 32_768)
+    # a 16,384-element bucket: the embedding's gradient alone in the last fill, divisible by 4: reduced
+    # in place, no copy; the norm's chunk stays
+    assert zero3_epilogue(spec, setup, 16_384, 2, 1_000) == Epilogue(1_000, 32_768, 32_768)
+    # LoRA: no epilogue row of its own
+    lora = build_setup(spec, method="lora", gpus=4, zero=3)
+    assert zero3_epilogue(spec, lora, 500_000_000, 2, 1_000) is None

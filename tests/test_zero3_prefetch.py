@@ -281,3 +281,23 @@ def test_a_tied_heads_weight_is_used_again_in_the_backward() -> None:
     assert zero3_backward_uses(tied, setup, targets) == tied.params_total - free
     assert zero3_backward_uses(untied, setup, targets) == untied.params_total - V * H - free
     assert untied.params_total - V * H == tied.params_total
+
+
+def test_freeze_bottom_linear_rounds_past_the_released_embedding() -> None:
+    # Llama-3-8B widths, 3 layers, untied, the top 2 trained, DeepSpeed's 5e7-element prefetch bucket:
+    # rounds [E] | [q k v o gate] 100,663,296 | [up] | [down] per layer | [head], E = head = 525,336,576.
+    # The wrappers (2) and the embedding pop 3 rounds before its forward; the frozen embedding is then
+    # released, so the later rounds are not cut by stage3_max_live_parameters (E + 3 x 218,103,808 + the
+    # head would pass 1e9). At layer 0's o_proj 11 fetches (2 wrappers, embedding, rotary_emb, layer,
+    # norm, attention, q, k, v, o) have popped all 11 rounds: the layers and the head, less the released
+    # embedding, 1,179,648,000; the q..gate round's flat buffer beside its copies, less q, k and v
+    # (layer 0 is frozen below the trained layers: no backward use, released after their forward):
+    # + 100,663,296 - 25,165,824 = 1,255,145,472 (the simulation's gathered blocks at that mm).
+    from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
+
+    cfg = dict(model_type="llama", hidden_size=4096, num_hidden_layers=3, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama3-8b-3l")
+    setup = build_setup(spec, method="freeze", freeze_trainable_layers=2, gpus=4, zero=3,
+                        gradient_checkpointing=False)
+    assert zero3_gathered_at_first_linear(spec, setup, 50_000_000) == 1_255_145_472

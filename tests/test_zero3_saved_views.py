@@ -188,11 +188,11 @@ def test_a_later_bottom_linear_holds_one_more_round_and_its_own_round_twice() ->
     # GPT-NeoX (stablelm-base-alpha-3b widths: h 4096, f 16384, vocab 50688, biased linears, parallel
     # residual), 3 layers, a 2-label head, LoRA on the MLP without checkpointing. Per layer qkv 50,343,936,
     # dense 16,781,312, up 67,125,248, down 67,112,960; rounds of 5e7: [E], [qkv], [dense up], [down] per
-    # layer, [head]: 11. At qkv (fetch 9: four wrappers, the embedding, the layer, its norm, its attention,
-    # qkv) 9 rounds are popped, the embedding released: 536,977,408. At dense (fetch 10) the tenth round
-    # too, qkv (no backward use) released after its forward, and dense's round [dense up] waited for: its
-    # flat buffer beside the copies (simulate: 6.418e8 elements at layer 0's dense, its LoRA matrices
-    # among the rounds).
+    # layer, [head]: 11. At qkv (fetch 10: four wrappers, the embedding, the model-level rotary_emb, the
+    # layer, its norm, its attention, qkv) 10 rounds are popped, the embedding released. At dense (fetch
+    # 11) the head's round too (2 x 4096), qkv (no backward use) released after its forward, and dense's
+    # round [dense up] waited for: its flat buffer beside the copies (simulate: 6.418e8 elements at layer
+    # 0's dense, its LoRA matrices among the rounds).
     from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 
     h, f, v = 4096, 16384, 50688
@@ -204,4 +204,4 @@ def test_a_later_bottom_linear_holds_one_more_round_and_its_own_round_twice() ->
     layer = qkv + dense + up + down
     mlp = frozenset({"dense_h_to_4h", "dense_4h_to_h"})
     assert zero3_gathered_at_first_linear(spec, setup, 50_000_000, mlp) == (
-        3 * layer - qkv + dense + up)
+        3 * layer + 2 * h - qkv + dense + up)

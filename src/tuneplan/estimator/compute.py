@@ -110,9 +110,9 @@ def _active(m: Linear, top_k: int) -> int:
     return min(top_k, m.count) if m.role == "expert" else m.count
 
 
-def _has_rotary(model: ModelSpec) -> bool:
-    """Rotary position embeddings (Llama-style families, GPT-NeoX, Phi, Falcon); GPT-2/BLOOM/BERT have
-    none."""
+def has_rotary(model: ModelSpec) -> bool:
+    """Rotary position embeddings (Llama-style families, GPT-NeoX, Phi, Falcon, GPT-J); GPT-2/BLOOM/BERT
+    have none. In transformers 5 these models compute them in one model-level module (``rotary_emb``)."""
     if model.family in ("llama", "moe", "deepseek", "chatglm"):
         return True
     return model.model_type in ("gpt_neox", "phi", "falcon", "gptj")
@@ -256,7 +256,7 @@ def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes,
     produced += spec.n_norms * h * (NORM_FP32_TENSORS * 4 + NORM_HALF_TENSORS * dt.norm_out)
     produced += 2 * h * dt.residual  # two residual adds
     ops += spec.n_norms * (NORM_FP32_TENSORS + NORM_HALF_TENSORS) + 2
-    if _has_rotary(model):
+    if has_rotary(model):
         produced += ROTARY_TENSORS * model.head_dim * (model.n_heads + model.n_kv_heads) * c
         ops += 2 * ROTARY_TENSORS
     produced += 2 * model.n_heads * model.v_head_dim * c  # attention output + contiguous copy for o_proj

@@ -59,8 +59,9 @@ def reduction_rows(rows: dict[str, Row], statics: MemoryStatics, held: Any, bott
     if statics.wrapped.layers_backward:  # ZeRO-2's reductions in the layers (wrappers/zero2_partition.py)
         rows["backward_reductions"] = (statics.wrapped.layers_backward, 0, bottom_acts, 0, bottom_held, 0, 0)
     epilogue = statics.wrapped.epilogue
-    if epilogue is not None:  # ZeRO-1/2's last reductions (wrappers/zero12_reductions.py)
-        rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy, 0)
+    if epilogue is not None:  # ZeRO's last reductions (wrappers/zero12_reductions.py, zero3_flush.py)
+        rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy,
+                                     epilogue.gathered)
     end = statics.end_of_backward
     if end is not None:  # FSDP's last unit (wrappers/fsdp.root_unit_end, wrappers/fully_shard)
         # beside the outputs a loop holds through the backward (fsdp_qlora train.py: output = None only after

@@ -115,10 +115,11 @@ class EndOfBackward:
 
 @dataclass(frozen=True)
 class Epilogue:
-    """The backward's epilogue, every activation released: its last gradient reduction (ZeRO-1/2)."""
+    """The backward's epilogue, every activation released: its last gradient reduction (ZeRO-1/2/3)."""
 
     gradients: int  # gradient bytes and their buffers
     reduction_copy: int  # the reduction's temporary copy of what it reduces
+    gathered: int = 0  # parameters still gathered (ZeRO-3: wrappers/zero3_flush.zero3_epilogue)
 
 
 @dataclass(frozen=True)

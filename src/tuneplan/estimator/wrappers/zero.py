@@ -39,6 +39,7 @@ from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_f
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
+    zero3_gathered_at_head_backward,
     zero3_gathered_at_top_forward,
     zero3_gathered_in_backward,
     zero3_head_round,
@@ -54,6 +55,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_quantized_head_copy_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
+from tuneplan.estimator.wrappers.zero3_tied_head import zero3_tied_head_round
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
     zero1_epilogue,
@@ -337,8 +339,9 @@ class Zero3(Zero, ShardingWrapper):
             at_embedding = min(max(zero3_gathered_at_embedding(model, setup, terms.prefetch_bucket),
                                    zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
                                                                   run.targets)) * compute, 2 * whole16)
-            # the untied head's forward: what is held at the loss, and the flat buffer of the head's round
-            head_round = zero3_head_round(model, terms.prefetch_bucket, setup)
+            # the head's forward: what the loss holds, and the head's round (tied: zero3_tied_head.py)
+            head_round = (zero3_head_round(model, terms.prefetch_bucket, setup)
+                          or zero3_tied_head_round(model, setup, run.targets))
             at_head = at_loss + head_round * compute if head_round else 0
         elif setup.quant_bits is None:
             # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
@@ -350,25 +353,17 @@ class Zero3(Zero, ShardingWrapper):
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
-                                      head_backward=self.at_head_backward(run, at_loss),
+                                      head_backward=zero3_gathered_at_head_backward(
+                                          model, setup, at_loss),
                                       top_layer_backward_fetch=fused_experts.zero3_record_pass_top_bytes(run),
                                       states_unmade=terms.lazy_states if states else 0,
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
-                             top_layer=top_layer, embedding=embedding,
+                             top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
+                                 model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),
                              notes=self.notes(setup, notes)))
-
-    @staticmethod
-    def at_head_backward(run: Run, at_loss: int) -> int:
-        """Gathered bytes at a trained untied head's backward: what the loss held, the head among them
-        (``release_sub_module`` frees it only after its backward, DeepSpeed 0.19.8); 0 when there is no
-        such instant (a tied or frozen head, 4-bit weights)."""
-        model, setup = run.model, run.setup
-        if setup.method != "full" or not model.lm_head_params or setup.quant_bits is not None:
-            return 0
-        return at_loss
 
     @staticmethod
     def prefetched(run: Run, terms: DeepSpeedTerms, at_loss: int, layer_gathered: int,

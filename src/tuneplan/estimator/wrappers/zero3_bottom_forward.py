@@ -3,7 +3,9 @@ prefetcher runs ahead (zero3_coordinator.zero3_gathered_ahead > 0)."""
 
 from __future__ import annotations
 
+from tuneplan.estimator.compute import has_rotary
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
+from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     PEFT_MODULES_PER_TARGET,
     embedding_used_last,
@@ -22,33 +24,40 @@ def zero3_gathered_at_first_linear(model: ModelSpec, setup: TrainSetup, prefetch
     module fetch pops one prefetch round (zero3_coordinator.prefetch_rounds); before the first linear run
     the fetches of the wrappers above the embedding (two, four under PEFT), the embedding, the decoder
     layer, its input norm, its attention and the linear (a LoRA-wrapped one and its ``base_layer``: two;
-    a model-level rotary module would add one more, left out: a lower bound). By then the embedding's
-    forward is over: without a backward use (LoRA without checkpointing) ``__params_to_release`` releases
-    it. The round holding the first linear was waited for: ``AllGatherCoalescedHandle.wait`` gave each of
-    its parameters a copy while the flat buffer stays filed under them until the last one is fetched, so
-    a coalesced round (more than one parameter) is held twice:
+    the model-level rotary module, transformers 5's ``rotary_emb`` run after the embedding: one more).
+    By then the embedding's forward is over: without a backward use (LoRA without checkpointing, freeze)
+    ``__params_to_release`` releases it, and the later rounds are cut against ``stage3_max_live_parameters``
+    without it (:func:`prefetch_rounds`' ``released``). The round holding the first linear was waited
+    for: ``AllGatherCoalescedHandle.wait`` gave each of its parameters a copy while the flat buffer stays
+    filed under them until the last one is fetched, so a coalesced round (more than one parameter) is held
+    twice:
 
     .. math:: G = \\sum_{r < n_{fetch}} |r| - E [\\text{no backward use}] + |r_1| [\\#r_1 > 1]
 
     At each later linear one more fetch (two for a LoRA-wrapped one, whose dropout, ``lora_A`` and
     ``lora_B`` fetch three more after it; the post-attention norm and the MLP container two more) pops
-    another round, the linears before it with no backward use (lora_bottom_layer.bottom_gradient_free)
-    have been released after their forward, and its own round, when coalesced, is held twice; the largest
-    of these (simulate: stablelm-base-alpha-3b, 3 layers, LoRA on the MLP over 4 GPUs: 6.418e8 elements
-    at layer 0's ``dense``, after ``query_key_value`` was released).
+    another round, the linears before it with no backward use have been released after their forward
+    (:func:`bottom_layer_released`), and its own round, when coalesced, is held twice; the largest of these
+    (simulate: stablelm-base-alpha-3b, 3 layers, LoRA on the MLP over 4 GPUs: 6.418e8 elements at layer 0's
+    ``dense``, after ``query_key_value`` was released).
 
     (simulate: Mistral-7B, 2 layers, LoRA on the MLP in fp32 over 4 GPUs: 6.63e8 elements at layer 0's
-    ``q_proj``, every round but the embedding's, and the copies of the q..gate round.)"""
-    rounds = prefetch_rounds(forward_trace(model), prefetch_bucket)
+    ``q_proj``, every round but the embedding's, and the copies of the q..gate round; DeepSeek-R1-Distill-
+    Llama-8B, 3 layers, freeze of the top 2 over 4 GPUs: 1.2551e9 at layer 0's ``o_proj``, every layer's
+    rounds, the head's popped there past the released embedding, and the o and gate copies of the q..gate
+    round, q, k and v released.)"""
+    peft = setup.method in ("lora", "qlora")
+    released = 0 if embedding_used_last(model, setup) else model.embed_params
+    # the wrappers' fetches and the embedding's own pop their rounds before its forward ends and
+    # ``__release_param`` takes it off ``n_available``: the later rounds are cut against what is left
+    wrappers = 4 if peft else 2
+    rounds = prefetch_rounds(forward_trace(model), prefetch_bucket, (wrappers + 1, released))
     if not model.embed_params or len(rounds) < 2:
         return 0
-    peft = setup.method in ("lora", "qlora")
     linears = model.layer_groups[0][0].linears
-    free = (bottom_gradient_free(model, targets)
-            if setup.method == "lora" and not setup.gradient_checkpointing else frozenset())
-    fetches = (4 if peft else 2) + 4
-    released = 0 if embedding_used_last(model, setup) else model.embed_params
+    fetches = wrappers + 4 + (1 if has_rotary(model) else 0)
     best, seen, role = 0, 1, linears[0].role  # the trace's entries before the linear: the embedding
+    free = bottom_layer_released(model, setup, targets)
     for m in linears:
         # into the MLP block: the post-attention norm's and the MLP container's fetches
         fetches += (2 if m.role != role else 0) + (2 if m.name in targets else 1)
@@ -68,3 +77,17 @@ def zero3_gathered_at_first_linear(model: ModelSpec, setup: TrainSetup, prefetch
         # a LoRA-wrapped linear's dropout, lora_A and lora_B fetch after its base layer's forward
         fetches += PEFT_MODULES_PER_TARGET - 1 if m.name in targets else 0
     return best
+
+
+def bottom_layer_released(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]) -> frozenset[str]:
+    """Names of the bottom layer's linears with no backward use, released after their forward by
+    ``__params_to_release`` (DeepSpeed 0.19.8: not used again within the reuse distance): in a LoRA run
+    without checkpointing those whose input does not require grad (lora_bottom_layer.bottom_gradient_free);
+    under ``freeze`` with a frozen bottom layer, all of them, as the backward stops at the lowest trained
+    layer (zero3_coordinator.zero3_backward_uses) unless the embedding's output requires grad."""
+    if setup.method == "lora" and not setup.gradient_checkpointing:
+        return bottom_gradient_free(model, targets)
+    if (setup.method == "freeze" and not embedding_output_requires_grad(setup)
+            and setup.freeze_trainable_layers < model.n_layers):
+        return frozenset(m.name for m in model.layer_groups[0][0].linears)
+    return frozenset()

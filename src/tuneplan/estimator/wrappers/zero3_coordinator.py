@@ -209,13 +209,18 @@ def forward_trace(model: ModelSpec) -> list[int]:
     return [n for n in trace if n]
 
 
-def prefetch_rounds(trace: list[int], prefetch_bucket: int) -> list[list[int]]:
+def prefetch_rounds(trace: list[int], prefetch_bucket: int,
+                    released: tuple[int, int] = (0, 0)) -> list[list[int]]:
     """The trace cut into the prefetcher's rounds: each fetch pops parameters until it has taken at least
     ``min(stage3_max_live_parameters - n_available, prefetch_bucket)`` elements, the last one overshooting
-    (``_fetch_sub_module_impl``, DeepSpeed 0.19.8)."""
+    (``_fetch_sub_module_impl``, DeepSpeed 0.19.8); ``released``: (rounds, elements) taken off
+    ``n_available`` once that many rounds are popped (``__release_param``: the embedding after its
+    forward)."""
     rounds: list[list[int]] = []
     queue, available = list(trace), 0
     while queue:
+        if len(rounds) == released[0]:
+            available -= released[1]
         limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
         if limit <= 0:
             break
@@ -331,3 +336,12 @@ def embedding_used_last(model: ModelSpec, setup: TrainSetup) -> bool:
     return bool(model.embed_params) and (setup.method == "full" or (
         setup.method == "lora" and bool(setup.gradient_checkpointing)) or (
         setup.method == "freeze" and embedding_output_requires_grad(setup)))
+
+
+def zero3_gathered_at_head_backward(model: ModelSpec, setup: TrainSetup, at_loss: int) -> int:
+    """Gathered bytes at a trained untied head's backward: what the loss held, the head among them
+    (``release_sub_module`` frees it only after its backward, DeepSpeed 0.19.8); 0 when there is no
+    such instant (a tied or frozen head, 4-bit weights)."""
+    if setup.method != "full" or not model.lm_head_params or setup.quant_bits is not None:
+        return 0
+    return at_loss

@@ -4,6 +4,7 @@ stage3.py, the order of reduce_buckets.py)."""
 
 from __future__ import annotations
 
+from tuneplan.estimator.wrappers.base import Epilogue
 from tuneplan.estimator.wrappers.reduce_buckets import (
     bucket_fills,
     bucket_members,
@@ -179,3 +180,38 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     # ``__add_grad_to_ipg_bucket`` copies it in): its ``param.grad`` live beside it, with those of its leaf
     # MoE block still to be handled (zero3_backward_turns)
     return own + copy + norm + turns[len(fill)][1] * compute
+
+
+def zero3_epilogue(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, compute: int,
+                   buffers: int) -> Epilogue | None:
+    """A full fine-tune's last reduction of the IPG bucket, at the backward's end, every activation
+    released, beside ``buffers`` (the bucket, the flat gradient partition on the device; None otherwise:
+    LoRA's gradients are a sliver of the bucket, a freeze run's end is not derived).
+
+    DeepSpeed 0.19.8, stage3.py: ``independent_gradient_partition_epilogue`` ->
+    ``__reduce_and_partition_ipg_grads`` reduces what the bucket holds after the last gradient, the token
+    embedding's (reduce_buckets.bucket_members over the whole backward, the embedding included), as
+    :func:`zero3_flush_scratch` reads the first reduction: ``reduce_scatter_coalesced``'s ``torch.cat``
+    of the padded chunks (``sum ceil(P_i / N) N`` elements in the 16-bit dtype, none for a single gradient
+    divisible by ``N``), and with ``offload_optimizer`` ``_constant_buffered_norm2``'s fp64 chunk,
+    ``8 min(ceil(P_max / N), 2.5e8)`` bytes. Beside them the bucket and what is still gathered: the
+    embedding, whose weight its backward fetched and which no post-backward hook releases (its input, the
+    token ids, does not require grad, so DeepSpeed's backward-release function never runs on it; the
+    coordinator's ``release_and_reset_all`` frees it after the step):
+
+    .. math:: M_{epi} = 2\\,\\text{cat} + 8\\,\\text{chunk} + 2E \\quad (\\text{16-bit})
+
+    (simulate: phi-2, 3 layers, full with checkpointing over 8 GPUs, CPU optimizer: the 4.982e8-element
+    copy, the 1.6384e7-element fp64 chunk and the gathered embedding beside the bucket in the epilogue's
+    norm.)"""
+    if setup.method != "full" or not model.embed_params:
+        return None
+    last = bucket_members(full_backward_gradients(model), reduce_bucket)[-1]
+    ws = setup.world_size
+    single = len(last) == 1 and last[0] % ws == 0
+    copy = 0 if single else sum(-(-n // ws) * ws for n in last) * compute
+    # a gradient larger than the bucket is not copied into it: its own tensor lives until partition_grads
+    own = last[0] * compute if len(last) == 1 and last[0] > reduce_bucket else 0
+    norm = 8 * min(-(-max(last) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
+    return Epilogue(gradients=buffers, reduction_copy=own + copy + norm,
+                    gathered=model.embed_params * compute)
