@@ -193,7 +193,8 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     model, spec, dtypes = walk.model, walk.spec, walk.dtypes
     hidden = model.hidden
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
-    backward_temp = down_adapter_backward(walk, width) + dtypes.residual * 2 * hidden
+    product = down_adapter_backward(walk, width, product_grad_bytes(walk))
+    backward_temp = product + dtypes.residual * 2 * hidden
     # the gradients of the fp32 probabilities and of the scores, beside the probabilities softmax saved: the
     # rest of the saved scores is released by then (walk.scores_released); none where autograd recorded no
     # attention
@@ -259,7 +260,18 @@ def input_norm_backward(walk: LayerWalk) -> float:
     return (items["attn_norm.fp32_in"] + items.get("attn_norm.rstd", 0.0)
             + 5 * 4 * hidden + walk.dtypes.residual * hidden)
 
-def down_adapter_backward(walk: LayerWalk, width: int) -> float:
+def product_grad_bytes(walk: LayerWalk) -> int:
+    """Bytes per element of the MLP product's gradients: the product's own dtype. A Python GELU under
+    autocast (transformers NewGELUActivation ``0.5 * x * (1 + tanh(...))``, ``pow`` on CUDA autocast's fp32
+    list) ends in an fp32 product (16-bit ``0.5 * x`` times the fp32 ``1 + tanh``), which the down
+    projection's autocast casts to 16 bits: its backward (``ToCopyBackward``) hands an fp32 gradient to the
+    product's ``MulBackward0``, whose two gradients are fp32 too (torch/csrc/autograd engine
+    ``validate_outputs`` casts each to its input's dtype only after the node has returned both); the
+    walk records that fp32 product as the down projection's input (``feed_forward``: ``mlp.mid``)."""
+    return max(walk.output_bytes, walk.inputs_dtype.get("mlp.mid", 0))
+
+
+def down_adapter_backward(walk: LayerWalk, width: int, out_b: int | None = None) -> float:
     """The MLP's backward temporaries per token, at the costlier of two moments of the down projection's
     backward. PEFT's LoRA forward is ``base(x) + lora_B(lora_A(dropout(x))) * scaling`` (peft
     tuners/lora/layer.py and bnb.py, Linear.forward); autograd runs the adapter branch first (higher
@@ -273,8 +285,9 @@ def down_adapter_backward(walk: LayerWalk, width: int) -> float:
       copy) and the dropout mask are freed: ``- P`` with P those adapter-private bytes.
 
     max(I, 3 out_b w - P) per token; P = 0 (no private copy) leaves the 3 out_b w of the gated product
-    (simulate: Gemma-2B QLoRA, dropout 0.05, peak at down_proj's lora_A backward)."""
-    out_b = walk.output_bytes
+    (simulate: Gemma-2B QLoRA, dropout 0.05, peak at down_proj's lora_A backward). ``out_b``: the
+    product's gradient bytes (:func:`product_grad_bytes`), the linears' output bytes by default."""
+    out_b = walk.output_bytes if out_b is None else out_b
     private = walk.down_adapter_private
     if private <= 0:
         return out_b * 3 * width
