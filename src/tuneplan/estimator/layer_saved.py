@@ -205,7 +205,8 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     return LayerActs(per_token=walk.ledger.total(), per_token_per_pos=per_pos, backward_temp=backward_temp,
                      backward_temp_per_pos=backward_temp_per_pos,
                      pinned=sum(walk.ledger.items[key] for key in walk.pinned_keys),
-                     attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved,
+                     attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved
+                     - released_before_scores(walk),
                      input_alias=walk.input_alias, per_layer=walk.per_layer,
                      backward_per_layer=walk.backward_per_layer,
                      backward_per_layer_per_token=walk.backward_per_layer_per_token, mlp_saved=mlp_saved,
@@ -259,6 +260,24 @@ def input_norm_backward(walk: LayerWalk) -> float:
     hidden = walk.model.hidden
     return (items["attn_norm.fp32_in"] + items.get("attn_norm.rstd", 0.0)
             + 5 * 4 * hidden + walk.dtypes.residual * hidden)
+
+def released_before_scores(walk: LayerWalk) -> float:
+    """Bytes per token of the attention's own saved tensors already released when eager attention's scores
+    gradient is made. Autograd runs a layer's nodes in reverse and each frees what it saved once it has run
+    (torch/csrc/autograd: ``SavedVariable`` released after ``apply`` without ``retain_graph``; a checkpointed
+    layer's recomputed tensors are handed out once, utils/checkpoint.py ``unpack_hook``). Before the scores'
+    backward (``ToCopyBackward`` / ``SoftmaxBackward`` of transformers' ``eager_attention_forward``) have run:
+    the output projection (its saved input, or its LoRA adapter's private copy, mask and r-wide middle), the
+    output dropout (its mask), and probs @ V, which releases the V it saved (repeated to every head) with its
+    probabilities (``walk.scores_released``)::
+
+        released = saved(o_proj) + mask(attn_out_dropout) + V
+
+    (simulate: Llama-3-8B QLoRA all-linear, eager, fp16 autocast: at the top layer's ToCopyBackward only q,
+    k, the norm's fp32 input and q/k/v's adapter tensors remain of the attention's.)"""
+    items = walk.ledger.items
+    return walk.attn_out_saved + items.get("attn_out_dropout_mask", 0.0) + items.get("v_attn", 0.0)
+
 
 def product_grad_bytes(walk: LayerWalk) -> int:
     """Bytes per element of the MLP product's gradients: the product's own dtype. A Python GELU under
