@@ -1,4 +1,4 @@
-"""Two one-GPU mechanisms counted by hand from the frameworks' code:
+"""Three one-GPU mechanisms counted by hand from the frameworks' code:
 
 * transformers 5's fused experts are never cast by autocast: ``torch._grouped_mm`` is not autocast-enabled
   and integrations/moe.py ``_grouped_mm`` casts the input to the stack's dtype instead, so a full
@@ -6,7 +6,9 @@
   weights only (estimator/weights.py, bnb_scope.fused_expert);
 * a Python GELU (transformers NewGELUActivation) under autocast ends in an fp32 product: its backward
   holds three fp32 MLP-wide gradients, not three of the linears' 16-bit width
-  (estimator/layer_saved.py, product_grad_bytes).
+  (estimator/layer_saved.py, product_grad_bytes);
+* when eager attention's scores gradient is made, the output projection's saved tensors and the V that
+  probs @ V kept are already released (estimator/layer_saved.py, released_before_scores).
 """
 
 from __future__ import annotations
@@ -63,3 +65,20 @@ def test_python_gelu_under_autocast_has_fp32_product_gradients() -> None:
     acts = layer_activations(spec, spec.layer_groups[0][0], s, dt, resolve_targets(spec, s.targets), False,
                              "sdpa", True)
     assert acts.backward_temp == 3 * 4 * 8192 + 2 * 2 * 2048
+
+
+def test_eager_scores_gradient_after_output_projection_and_v_are_released() -> None:
+    # Llama-3-8B (h 4096, 32 heads of 128, 8 KV heads), QLoRA r128 on every linear, LoRA dropout 0.1,
+    # eager, fp16 autocast. When the scores' gradient is made, autograd has run o_proj's nodes and
+    # probs @ V's: released are o_proj's adapter tensors (its dropout output 2 x 4096 B, its mask 1 x 4096 B,
+    # lora_A's 16-bit output 2 x 128 B kept by lora_B) and V repeated to the 32 heads (2 x 32 x 128 B); the
+    # MLP's saved tensors are gone too, and the residual's two fp16 hidden-wide gradients are live
+    spec = reduced_model("meta-llama/Meta-Llama-3-8B-Instruct", 2)
+    s = resolve_setup(build_setup(spec, method="qlora", precision="fp16-mixed", framework="fsdp-qlora",
+                                  batch=1, seq=512, rank=128, targets="all-linear", attn="eager",
+                                  gradient_checkpointing=True), spec)
+    dt = resolve_dtypes(s, get_profile("fsdp-qlora"))
+    acts = layer_activations(spec, spec.layer_groups[0][0], s, dt, resolve_targets(spec, s.targets), False,
+                             "eager", True)
+    released = (2 + 1) * 4096 + 2 * 128 + 2 * 32 * 128
+    assert acts.attn_backward_offset == 2 * 2 * 4096 - acts.mlp_saved - released
