@@ -59,9 +59,11 @@ def attention_block(walk: LayerWalk, attn: str) -> tuple[float, str]:
     if walk.litgpt_code and model.config.get("attn_logit_softcapping"):
         attn = "eager"  # litgpt model.py: "with softcapping we cannot use SDPA"
     per_pos = 0.0 if outside else attention_kernel(walk, attn, kv_heads)
+    before = ledger.total()
     for m in spec.linears:
         if m.reads == "attn_core":
             walk.linear(m.name, "attn_core", m.d_in)
+    walk.attn_out_saved = ledger.total() - before
     return per_pos, attn
 
 

@@ -30,6 +30,14 @@ def bnb_replaces(m: Linear) -> bool:
     return m.role not in ("expert", "router") or m.name in _LINEAR_ROUTERS
 
 
+def fused_expert(m: Linear, model_code: str) -> bool:
+    """Whether ``m`` is a stack of transformers' fused experts (module doc), which autocast never casts:
+    ``torch._grouped_mm`` is not autocast-enabled, so integrations/moe.py ``_grouped_mm`` casts the input
+    to the stack's dtype instead (an fp32 stack multiplies in fp32). Other model code's expert linears are
+    ``F.linear`` calls that autocast casts."""
+    return m.role == "expert" and model_code == "hf"
+
+
 def quantized(m: Linear, model_code: str) -> bool:
     """Whether ``m`` is stored quantized under a quantized setup: transformers' model code quantizes what
     :func:`bnb_replaces`; other model code is counted as quantizing every block linear."""

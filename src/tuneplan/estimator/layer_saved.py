@@ -196,7 +196,8 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     model, spec, dtypes = walk.model, walk.spec, walk.dtypes
     hidden = model.hidden
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
-    backward_temp = down_adapter_backward(walk, width) + dtypes.residual * 2 * hidden
+    product = down_adapter_backward(walk, width, product_grad_bytes(walk))
+    backward_temp = product + dtypes.residual * 2 * hidden
     # the gradients of the fp32 probabilities and of the scores, beside the probabilities softmax saved: the
     # rest of the saved scores is released by then (walk.scores_released); none where autograd recorded no
     # attention
@@ -208,7 +209,8 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     return LayerActs(per_token=walk.ledger.total(), per_token_per_pos=per_pos, backward_temp=backward_temp,
                      backward_temp_per_pos=backward_temp_per_pos,
                      pinned=sum(walk.ledger.items[key] for key in walk.pinned_keys),
-                     attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved,
+                     attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved
+                     - released_before_scores(walk),
                      input_alias=walk.input_alias, per_layer=walk.per_layer,
                      backward_per_layer=walk.backward_per_layer,
                      backward_per_layer_per_token=walk.backward_per_layer_per_token, mlp_saved=mlp_saved,
@@ -297,7 +299,36 @@ def input_norm_backward(walk: LayerWalk) -> float:
     return (items["attn_norm.fp32_in"] + items.get("attn_norm.rstd", 0.0)
             + 5 * 4 * hidden + walk.dtypes.residual * hidden)
 
-def down_adapter_backward(walk: LayerWalk, width: int) -> float:
+def released_before_scores(walk: LayerWalk) -> float:
+    """Bytes per token of the attention's own saved tensors already released when eager attention's scores
+    gradient is made. Autograd runs a layer's nodes in reverse and each frees what it saved once it has run
+    (torch/csrc/autograd: ``SavedVariable`` released after ``apply`` without ``retain_graph``; a checkpointed
+    layer's recomputed tensors are handed out once, utils/checkpoint.py ``unpack_hook``). Before the scores'
+    backward (``ToCopyBackward`` / ``SoftmaxBackward`` of transformers' ``eager_attention_forward``) have run:
+    the output projection (its saved input, or its LoRA adapter's private copy, mask and r-wide middle), the
+    output dropout (its mask), and probs @ V, which releases the V it saved (repeated to every head) with its
+    probabilities (``walk.scores_released``)::
+
+        released = saved(o_proj) + mask(attn_out_dropout) + V
+
+    (simulate: Llama-3-8B QLoRA all-linear, eager, fp16 autocast: at the top layer's ToCopyBackward only q,
+    k, the norm's fp32 input and q/k/v's adapter tensors remain of the attention's.)"""
+    items = walk.ledger.items
+    return walk.attn_out_saved + items.get("attn_out_dropout_mask", 0.0) + items.get("v_attn", 0.0)
+
+
+def product_grad_bytes(walk: LayerWalk) -> int:
+    """Bytes per element of the MLP product's gradients: the product's own dtype. A Python GELU under
+    autocast (transformers NewGELUActivation ``0.5 * x * (1 + tanh(...))``, ``pow`` on CUDA autocast's fp32
+    list) ends in an fp32 product (16-bit ``0.5 * x`` times the fp32 ``1 + tanh``), which the down
+    projection's autocast casts to 16 bits: its backward (``ToCopyBackward``) hands an fp32 gradient to the
+    product's ``MulBackward0``, whose two gradients are fp32 too (torch/csrc/autograd engine
+    ``validate_outputs`` casts each to its input's dtype only after the node has returned both); the
+    walk records that fp32 product as the down projection's input (``feed_forward``: ``mlp.mid``)."""
+    return max(walk.output_bytes, walk.inputs_dtype.get("mlp.mid", 0))
+
+
+def down_adapter_backward(walk: LayerWalk, width: int, out_b: int | None = None) -> float:
     """The MLP's backward temporaries per token, at the costlier of two moments of the down projection's
     backward. PEFT's LoRA forward is ``base(x) + lora_B(lora_A(dropout(x))) * scaling`` (peft
     tuners/lora/layer.py and bnb.py, Linear.forward); autograd runs the adapter branch first (higher
@@ -318,8 +349,10 @@ def down_adapter_backward(walk: LayerWalk, width: int) -> float:
 
     max(I, 3 out_b w - P, D) per token; P = 0 (no private copy) leaves the 3 out_b w of the gated product
     (simulate: Gemma-2B QLoRA, dropout 0.05, peak at down_proj's lora_A backward; D: FSDP1 LLaMA-Factory,
-    Mistral-7B LoRA fp16-mixed, two fp32 14336-wide gradients at down_proj's dropout backward)."""
-    out_b = walk.output_bytes
+    Mistral-7B LoRA fp16-mixed, two fp32 14336-wide gradients at down_proj's dropout backward).
+    ``out_b``: the product's gradient bytes (:func:`product_grad_bytes`), the linears' output bytes by
+    default."""
+    out_b = walk.output_bytes if out_b is None else out_b
     private = walk.down_adapter_private
     dropout = walk.down_adapter_dropout - walk.down_adapter_input if walk.down_adapter_dropout else 0.0
     if private <= 0:

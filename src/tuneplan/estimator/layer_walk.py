@@ -72,6 +72,9 @@ class LayerWalk:
         self.scores_released = 0.0
         # bytes per element of the scores' gradient from softmax's backward (attention_saved.eager_attention)
         self.scores_grad_bytes = 4.0
+        # bytes per token the attention's later nodes saved and release before its scores' backward: the
+        # output projection's, the output dropout's mask, probs @ V's V (layer_saved.released_before_scores)
+        self.attn_out_saved = 0.0
         # bytes per layer, whatever the tokens: kept for backward / live while the layer is back-propagated
         # (LoRA'd fused expert stacks: layer_saved.fused_stacks_saved)
         self.per_layer = 0.0

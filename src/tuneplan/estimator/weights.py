@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
+from tuneplan.estimator.bnb_scope import expert_stack_bytes, fused_expert, quantized
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.fused_expert_lora import ExpertStack, expert_stacks
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
@@ -157,12 +157,16 @@ def recompute_casts(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes) -> int:
     backward frees it: :math:`\\max_{layer} \\sum_m n_m d_{in} d_{out} \\cdot b_{compute}` (simulate:
     fsdp_qlora, Llama-3.1-405B LoRA on q,v under bf16_autocast: the top layer's seven casts live in its
     backward). 0 without checkpointing (:func:`param_plan` counts the casts of the first forward), under
-    quantization or with 16-bit weights."""
+    quantization or with 16-bit weights; transformers' fused expert stacks are not cast
+    (bnb_scope.fused_expert)."""
+    from tuneplan.specs.profiles import get_profile
+
     weight = dtypes.frozen_weight if setup.method == "lora" else dtypes.trainable
     if not (setup.gradient_checkpointing and dtypes.autocast and weight == 4) or setup.quant_bits:
         return 0
-    return max(sum(m.count * m.d_in * m.d_out for m in spec.linears) for spec, _ in model.layer_groups) * \
-        dtypes.compute
+    code = get_profile(setup.framework).model_code
+    return max(sum(m.count * m.d_in * m.d_out for m in spec.linears if not fused_expert(m, code))
+               for spec, _ in model.layer_groups) * dtypes.compute
 
 
 def recompute_casts_to_first_target(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes,
@@ -176,13 +180,16 @@ def recompute_casts_to_first_target(model: ModelSpec, setup: TrainSetup, dtypes:
     bf16_autocast: q, k, v, o and gate_proj's casts live at the next layer's all-gather)::
 
         max_layer sum_{m <= first target} n_m d_in d_out b_compute"""
+    from tuneplan.specs.profiles import get_profile
+
     if not recompute_casts(model, setup, dtypes):
         return 0
+    code = get_profile(setup.framework).model_code
     most = 0
     for spec, _ in model.layer_groups:
         total = 0
         for m in spec.linears:
-            total += m.count * m.d_in * m.d_out
+            total += 0 if fused_expert(m, code) else m.count * m.d_in * m.d_out
             if m.name in targets:
                 break
         most = max(most, total)
@@ -250,6 +257,9 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
     weight_numel = m.count * m.d_in * m.d_out
     bias_numel = m.count * m.d_out if m.bias else 0
     frozen = dtypes.non_block if setup.quant_bits else dtypes.frozen_weight
+    # transformers' fused experts (never bitsandbytes linears) are not cast by autocast, trained or frozen
+    # (bnb_scope.fused_expert)
+    uncast = m.role == "expert" and not is_quantized
     if setup.quant_bits and is_quantized:
         storage, metadata = quant_bytes(m.d_in * m.d_out, m.d_out, setup.quant_bits, setup.double_quant)
         tally.weight += repeats * (m.count * storage + bias_numel * dtypes.non_block)
@@ -263,15 +273,11 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
             tally.sizes[bias_numel] += repeats
         tally.largest_tensor = max(tally.largest_tensor, m.d_in * m.d_out * m.count)
         tally.factored_elems += repeats * m.count * (m.d_in + m.d_out + (m.d_out if m.bias else 0))
-        if dtypes.autocast and dtypes.trainable == 4:
+        if dtypes.autocast and dtypes.trainable == 4 and not uncast:
             tally.autocast_copy += repeats * weight_numel * dtypes.compute
     else:
         tally.weight += repeats * (weight_numel + bias_numel) * frozen
-        # (transformers' fused experts, never bitsandbytes linears, are not cast: its grouped_mm casts the
-        # input to the weight's dtype instead, integrations/moe.py ``_grouped_mm``; other model code's expert
-        # linears are F.linear calls that autocast casts)
-        fused_expert = m.role == "expert" and not is_quantized
-        if dtypes.autocast and frozen == 4 and not setup.gradient_checkpointing and not fused_expert:
+        if dtypes.autocast and frozen == 4 and not setup.gradient_checkpointing and not uncast:
             # autocast casts a frozen fp32 weight on every forward; the cast is saved for the
             # input-gradient matmul (autocast caches casts only for params requiring grad:
             # autocast_mode.cpp cached_cast), so a checkpointed layer's forward, which saves
