@@ -1,7 +1,7 @@
 """FSDP1's units in the backward: the lowest trained layer (wrappers/fsdp1_bottom.py), the root unit after a
 no_sync accumulation (wrappers/fsdp1_root_end.py), a LoRA layer's end (weights.
 recompute_casts_to_first_target), the top layer's end with autocast's saved casts (layer_end_casts.py),
-PEFT's per-adapter units (wrappers/fsdp.adapter_unit_gradient) and the adapter dropout's backward
+PEFT's per-adapter units (wrappers/fsdp1_adapter_units.py) and the adapter dropout's backward
 (layer_saved.down_adapter_backward): what torch's FSDP1 has gathered and which gradients and casts exist,
 expected figures derived by hand from the models' shapes."""
 

@@ -213,6 +213,35 @@ def top_fetch_row(statics: MemoryStatics, unmade: int, acts: Any, casts: Any, he
     return (statics.earlier_grads_in_layer, -unmade, acts, casts, held, 0, fetch)
 
 
+def top_layer_terms(statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
+                    backward_temp: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """The top layer's backward row terms: (gradients, activations it has freed, scratch, gathered,
+    autocast casts). Without a wrapper's top layer: the layer's earlier gradients beside all of its
+    activations and scratch. FSDP, ZeRO-3 (wrappers/base.TopLayer): the top layer's unsharded gradients are
+    made as its activations are released; the row's total is the larger of its start (all activations and
+    the scratch, none of its gradients) and its end (its gradients, its activations gone)."""
+    top_grads, top_freed = statics.earlier_grads_in_layer, 0
+    # ZeRO-1/2's bucket, made by the first gradient hook: not there yet at the top layer's first fused
+    # expert stack when nothing trained precedes it (wrappers/zero.py)
+    top_scratch = (layer_backward_scratch(statics, acts, tokens, statics.wrapped.first_hook_bucket)
+                   if statics.wrapped.first_hook_bucket else backward_temp)
+    top_gathered, top_casts = statics.gathered, statics.autocast_copies
+    top = statics.wrapped.top_layer
+    if top is None:
+        return top_grads, top_freed, top_scratch, top_gathered, top_casts
+    at_end, top_gathered = top.gradients_at_end, top.gathered
+    top_grads = statics.earlier_grads_in_layer - top.counted + at_end
+    # checkpointed: the recomputation's weight casts (weights.recompute_casts) are released with it
+    top_freed = minimum(acts.recompute_bytes + statics.recompute_casts if statics.checkpointed
+                        else acts.top_layer_bytes, at_end)
+    top_scratch = (backward_temp if top.keeps_scratch
+                   else backward_temp - minimum(backward_temp, at_end - top_freed))
+    # autocast's saved casts: the head's released, the top layer's as its gradients are made
+    top_casts = top_layer_row_casts(statics.autocast_copies, statics.head_top_casts,
+                                    at_end - top_freed - (backward_temp - top_scratch))
+    return top_grads, top_freed, top_scratch, top_gathered, top_casts
+
+
 def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan,
                         held: Any, tokens: Any) -> None:
     """Add the layers' backward to ``rows``: the top layer (G0 + every saved activation but what it frees +
@@ -224,27 +253,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     saved, gathered = acts.saved_bytes, statics.gathered
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))
-    top_grads, top_freed = statics.earlier_grads_in_layer, 0
-    # ZeRO-1/2's bucket, made by the first gradient hook: not there yet at the top layer's first fused
-    # expert stack when nothing trained precedes it (wrappers/zero.py)
-    top_scratch = (layer_backward_scratch(statics, acts, tokens, statics.wrapped.first_hook_bucket)
-                   if statics.wrapped.first_hook_bucket else backward_temp)
-    top_gathered, top_casts = gathered, statics.autocast_copies
     top = statics.wrapped.top_layer
-    if top is not None:
-        # FSDP, ZeRO-3 (wrappers/base.TopLayer): the top layer's unsharded gradients are made as its
-        # activations are released; the row's total is the larger of its start (all activations and the
-        # scratch, none of its gradients) and its end (its gradients, its activations gone)
-        at_end, top_gathered = top.gradients_at_end, top.gathered
-        top_grads = statics.earlier_grads_in_layer - top.counted + at_end
-        # checkpointed: the recomputation's weight casts (weights.recompute_casts) are released with it
-        top_freed = minimum(acts.recompute_bytes + statics.recompute_casts if statics.checkpointed
-                            else acts.top_layer_bytes, at_end)
-        top_scratch = (backward_temp if top.keeps_scratch
-                       else backward_temp - minimum(backward_temp, at_end - top_freed))
-        # autocast's saved casts: the head's released, the top layer's as its gradients are made
-        top_casts = top_layer_row_casts(statics.autocast_copies, statics.head_top_casts,
-                                        at_end - top_freed - (backward_temp - top_scratch))
+    top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
+                                                                                 backward_temp)
     bottom_grads = statics.all_grads_in_layer - embedding_cut
     if statics.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time

@@ -45,6 +45,7 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
 )
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, unsharded_grad_bytes
+from tuneplan.estimator.wrappers.fsdp1_adapter_units import adapter_unit_gradient
 from tuneplan.estimator.wrappers.fsdp1_bottom import bottom_unit
 from tuneplan.estimator.wrappers.fsdp1_offload import (
     frozen_layer_copy,
@@ -303,22 +304,6 @@ def fsdp_layers_gathered(setup: TrainSetup) -> int:
     if setup.is_lora and setup.framework in PEFT_UNIT_WRAP:
         return 1
     return 2
-
-
-def adapter_unit_gradient(run: Run) -> int:
-    """The unsharded gradient of PEFT's largest per-adapter FSDP unit (one ``lora_A`` or ``lora_B``
-    weight, ``r x max(d_in, d_out)``, in the reduce dtype). Each adapter matrix is a unit of its own
-    (transformers' ``fsdp_auto_wrap_policy``, fsdp_qlora train.py's ``get_wrapping_policy``), so its
-    ``_post_backward_hook`` runs as soon as that one weight's gradient is made (torch 2.13
-    ``_runtime_utils._post_backward_hook``): in a syncing micro-batch it reduce-scatters and frees the
-    unsharded gradient (``_reduce_grad``: ``flat_param.grad = None``), in an accumulating one autograd adds
-    it into the unit's unsharded ``.grad`` in place. A layer's end therefore holds, beyond the accumulated
-    gradients the rows count, one adapter's new gradient and the cat autograd makes of its view's
-    (simulate: FSDP1 LLaMA-Factory, Mistral-7B LoRA r128 on every linear, two micro-batches: at the
-    layer's end of the syncing one only the two lower layers' accumulated adapter gradients)::
-
-        at_end = 2 x r x max(d_in, d_out) x b_grad"""
-    return run.param_plan.largest_trainable_tensor * unsharded_grad_bytes(run)
 
 
 def frozen_weights_get_gradients(run: Run) -> bool:

@@ -45,7 +45,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_head_round,
     zero3_head_round_first_pass,
 )
-from tuneplan.estimator.wrappers.zero3_first_pass import zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_first_pass import zero3_embedding_backward, zero3_first_pass_round
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import (
@@ -323,14 +323,7 @@ class Zero3(Zero, ShardingWrapper):
             # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
             host += g_live
             g_live = 0
-        embedding = None
-        if setup.method == "full" and model.embed_params:
-            # the token embedding's backward, the last of the step: its module's pre-backward hook gathers
-            # its weight whole (PartitionedParameterCoordinator.fetch_sub_module fetches every parameter of
-            # the module, DeepSpeed 0.19.8) beside the IPG bucket and the flat gradient partition; the
-            # gradient and its scratch (a tied head's sum) are the row's own
-            embedding = EmbeddingGradients(terms.bucket + g_live + model.embed_params * compute,
-                                           layers_hold_it=False)
+        embedding = zero3_embedding_backward(model, setup, terms.bucket + g_live, compute)
         at_embedding = at_head = 0
         if setup.quant_bits is None and runs_ahead:
             # the first forward instant (the FSDP2 bottom layer's row): the embedding and what the prefetcher

@@ -7,6 +7,7 @@ linears released after their forward join it when the prefetcher reaches the emb
 
 from __future__ import annotations
 
+from tuneplan.estimator.wrappers.base import EmbeddingGradients
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
@@ -117,3 +118,13 @@ def zero3_first_pass_round(model: ModelSpec, setup: TrainSetup, prefetch_bucket:
         return 0, model.layer_groups[0][0].params + 2 * late
     return zero3_first_pass_embedding_round(model, setup, prefetch_bucket, targets), 0
 
+
+def zero3_embedding_backward(model: ModelSpec, setup: TrainSetup, persistent: int,
+                             compute: int) -> EmbeddingGradients | None:
+    """A full fine-tune's token-embedding backward, the last of the step: its module's pre-backward hook
+    gathers its weight whole (PartitionedParameterCoordinator.fetch_sub_module fetches every parameter of
+    the module, DeepSpeed 0.19.8) beside ``persistent`` (the IPG bucket and the flat gradient partition);
+    the gradient and its scratch (a tied head's sum) are the row's own. None for other methods."""
+    if setup.method != "full" or not model.embed_params:
+        return None
+    return EmbeddingGradients(persistent + model.embed_params * compute, layers_hold_it=False)
