@@ -161,10 +161,19 @@ def zero3_quantized_head_copy_bytes(run: Run) -> int:
 
     beside what the loss holds. (simulate: Qwen2.5-32B, 3 layers, QLoRA fp4 in fp32 over 2 GPUs without
     checkpointing: the 7.7857e8-element flat buffer beside the head's copy at ``model.norm`` in the second
-    micro-batch of the first step, the run's peak.)"""
+    micro-batch of the first step, the run's peak.)
+
+    Only with gradient accumulation: the first pass with a complete trace is then the first step's second
+    micro-batch. With one micro-batch a step it is the second step's, and the first step's optimizer step
+    has gathered the persistent parameters again (``DeepSpeedZeroOptimizer_Stage3._post_step``:
+    ``persistent_parameters[0].all_gather(...)``, DeepSpeed 0.19.8): the norm is AVAILABLE, the prefetcher
+    skips it (``_fetch_sub_module_impl``: ``do_prefetch`` only for NOT_AVAILABLE), the head is alone in its
+    round and a single parameter is gathered into its own buffer (``all_gather_coalesced`` ->
+    ``_all_gather_sequential``), no copy. (simulate: Meta-Llama-3-8B-Instruct, 4 layers, QLoRA fp4 in fp16
+    with checkpointing over 4 GPUs: the head gathered alone, 5.2534e8 elements, in the second step.)"""
     model = run.model
     norm = model.final_norm_params
-    if run.setup.quant_bits is None or not model.lm_head_params:
+    if run.setup.quant_bits is None or not model.lm_head_params or run.setup.grad_accum < 2:
         return 0
     if not 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD:
         return 0
