@@ -342,7 +342,8 @@ class Zero3(Zero, ShardingWrapper):
             at_head = zero3_head_round_first_pass(model, setup) * compute
         else:  # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
             at_embedding = zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket)
-            at_head = at_loss + zero3_quantized_head_copy_bytes(run) if model.lm_head_params else 0
+            at_head = (at_loss + zero3_quantized_head_copy_bytes(run, terms.prefetch_bucket)
+                       if model.lm_head_params else 0)
         return WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,

@@ -147,34 +147,92 @@ def gathered_entries(run: Run, spec: LayerSpec) -> list[tuple[int, int]]:
     return out
 
 
-def zero3_quantized_head_copy_bytes(run: Run) -> int:
-    """Bytes a QLoRA run's untied output head holds beyond itself at the final norm's forward of the first
-    pass with a complete trace (0 with a tied head).
+def zero3_quantized_head_copy_bytes(run: Run, prefetch_bucket: int) -> int:
+    """Bytes a QLoRA run's untied output head holds beyond itself before its forward in the first pass with
+    a complete trace (0 with a tied head, or when the head is gathered alone).
 
-    The record pass released the persistent final norm too (zero3_first_pass.py); with the packed trace the
-    prefetcher popped the head's round well before the norm, and the norm, NOT_AVAILABLE, starts it: the
-    round ``[norm, head]`` is coalesced, the norm's fetch waits for it and ``AllGatherCoalescedHandle.wait``
-    gives the head its copy (``torch.cat(partitions)``) while the flat buffer stays filed under the head
-    until its own fetch (zero3_coordinator.zero3_head_round_first_pass, the 16-bit case):
+    A round of more than one parameter is gathered coalesced (``all_gather_coalesced`` ->
+    ``_all_gather_coalesced``, one flat buffer per dtype, DeepSpeed 0.19.8); the first fetch of one of its
+    parameters waits for it and ``AllGatherCoalescedHandle.wait`` gives every parameter a copy
+    (``torch.cat(partitions)``) while the flat buffers stay filed under the head until its own fetch
+    (zero3_coordinator.zero3_head_round_first_pass, the 16-bit case):
 
-    .. math:: \\Delta G = (P_{head} + P_{norm})\\, b_{nb}
+    .. math:: \\Delta G = P_{head}\\, b_{nb} + \\sum_{p \\in R} n_p b_p
 
-    beside what the loss holds. (simulate: Qwen2.5-32B, 3 layers, QLoRA fp4 in fp32 over 2 GPUs without
-    checkpointing: the 7.7857e8-element flat buffer beside the head's copy at ``model.norm`` in the second
-    micro-batch of the first step, the run's peak.)
-
-    Only with gradient accumulation: the first pass with a complete trace is then the first step's second
-    micro-batch. With one micro-batch a step it is the second step's, and the first step's optimizer step
-    has gathered the persistent parameters again (``DeepSpeedZeroOptimizer_Stage3._post_step``:
-    ``persistent_parameters[0].all_gather(...)``, DeepSpeed 0.19.8): the norm is AVAILABLE, the prefetcher
-    skips it (``_fetch_sub_module_impl``: ``do_prefetch`` only for NOT_AVAILABLE), the head is alone in its
-    round and a single parameter is gathered into its own buffer (``all_gather_coalesced`` ->
-    ``_all_gather_sequential``), no copy. (simulate: Meta-Llama-3-8B-Instruct, 4 layers, QLoRA fp4 in fp16
-    with checkpointing over 4 GPUs: the head gathered alone, 5.2534e8 elements, in the second step.)"""
+    with ``R`` the other parameters of the head's round (:func:`head_round_members`). With gradient
+    accumulation the first complete pass is the first step's second micro-batch; the record pass released
+    the persistent final norm too (zero3_first_pass.py) and the norm, NOT_AVAILABLE, starts the round
+    ``[norm, head]``: ``R`` is the norm. (simulate: Qwen2.5-32B, 3 layers, QLoRA fp4 in fp32 over 2 GPUs
+    without checkpointing: the 7.7857e8-element flat buffer beside the head's copy at ``model.norm`` in the
+    second micro-batch of the first step, the run's peak.) A single parameter is gathered into its own
+    buffer (``_all_gather_sequential``): no copy."""
     model = run.model
     norm = model.final_norm_params
-    if run.setup.quant_bits is None or not model.lm_head_params or run.setup.grad_accum < 2:
+    if run.setup.quant_bits is None or not model.lm_head_params:
         return 0
+    if run.setup.grad_accum < 2:
+        members = head_round_members(run, prefetch_bucket)
+        return model.lm_head_params * run.dtypes.non_block + sum(n * b for n, b in members) if members else 0
     if not 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD:
         return 0
     return (model.lm_head_params + norm) * run.dtypes.non_block
+
+
+def head_round_members(run: Run, prefetch_bucket: int) -> list[tuple[int, int]]:
+    """(elements, bytes an element) of the parameters the prefetcher pops in one round with the untied
+    head in the second step's forward, the first pass with a complete trace of a run without gradient
+    accumulation (empty: the head is alone, or never prefetched).
+
+    The first step's optimizer step has gathered the persistent parameters again
+    (``DeepSpeedZeroOptimizer_Stage3._post_step``: ``persistent_parameters[0].all_gather``): the norms,
+    biases and LoRA matrices of at most ``stage3_param_persistence_threshold`` elements are AVAILABLE and
+    ``_fetch_sub_module_impl`` skips them uncounted (``do_prefetch`` only for NOT_AVAILABLE). The queue left
+    holds, in fetch order, the embedding, each layer's weights as :func:`gathered_entries` gives them with a
+    LoRA target's larger matrices around its base weight (``lora_A``, ``r d_in``, recorded before the base
+    layer, its second use skipped as INFLIGHT; ``lora_B``, ``d_out r``, after it), then the head; it is cut
+    into rounds (zero3_coordinator.prefetch_rounds) and the head's round is read off. (simulate:
+    Qwen3-8B, 3 layers, QLoRA nf4 rank 4 on q/v in fp32 over 2 GPUs: the top ``down_proj``'s 2.5166e7 codes
+    and the head in one round, the head's copy made at that ``down_proj``; Meta-Llama-3-8B-Instruct,
+    4 layers, rank 16 on every linear: the round ends at the top ``down_proj``, its ``lora_A`` before it,
+    and the head, 5.2534e8 elements, is gathered alone.)"""
+    model, dtypes, rank = run.model, run.dtypes, run.setup.rank
+    trace = [(model.embed_params, dtypes.non_block)]
+    for spec, count in model.layer_groups:
+        entries, layer = iter(gathered_entries(run, spec)), []
+        for m in spec.linears:
+            lora = (rank * m.d_in, m.d_out * rank) if m.name in run.targets else (0, 0)
+            for _ in range(m.count):
+                n, b = next(entries)
+                layer += [(lora[0], dtypes.adapter)] if lora[0] > DS_PARAM_PERSISTENCE_THRESHOLD else []
+                layer.append((n, b // n))
+                layer += [(lora[1], dtypes.adapter)] if lora[1] > DS_PARAM_PERSISTENCE_THRESHOLD else []
+        trace += layer * count
+    trace.append((model.lm_head_params, dtypes.non_block))
+    # the embedding's next use, its backward (module doc of zero3_quantized_ahead_bytes), lies past the
+    # layers' forward and backward (and recompute), the head's two uses: beyond stage3_max_reuse_distance
+    # ``__params_to_release`` releases it after its forward (zero3_first_pass.embedding_regathered)
+    layers = sum(n for n, _ in trace[1:-1])
+    passes = 3 if run.setup.gradient_checkpointing else 2
+    released = passes * layers + 2 * model.lm_head_params >= DS_MAX_REUSE_DISTANCE
+    head_round = last_round(trace, prefetch_bucket, model.embed_params if released else 0)
+    return head_round[:-1] if head_round and head_round[-1] is trace[-1] else []
+
+
+def last_round(trace: list[tuple[int, int]], prefetch_bucket: int, released: int) -> list[tuple[int, int]]:
+    """The round holding the trace's last entry, cut as zero3_coordinator.prefetch_rounds cuts them, with
+    ``released`` elements (the embedding) no longer available from the first fetch after the embedding's
+    (the four wrappers above it and the embedding pop the first five rounds; ``release_sub_module`` after
+    its forward lowers ``__n_available_params``); empty when the prefetcher stops before it."""
+    wrappers = 4  # the causal-LM model and its base model, PEFT's PeftModel and LoraModel above them
+    queue, available, k = list(trace), 0, 0
+    while queue:
+        if k == wrappers + 1:
+            available -= released
+        limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
+        if limit <= 0:
+            return []
+        taken: list[tuple[int, int]] = []
+        while queue and sum(n for n, _ in taken) < limit:
+            taken.append(queue.pop(0))
+        available, k = available + sum(n for n, _ in taken), k + 1
+    return taken if k else []
