@@ -195,6 +195,22 @@ def head_round_members(run: Run, prefetch_bucket: int) -> list[tuple[int, int]]:
     and the head in one round, the head's copy made at that ``down_proj``; Meta-Llama-3-8B-Instruct,
     4 layers, rank 16 on every linear: the round ends at the top ``down_proj``, its ``lora_A`` before it,
     and the head, 5.2534e8 elements, is gathered alone.)"""
+    trace = second_step_trace(run)
+    if not trace or trace[-1][0] != run.model.lm_head_params:
+        return []  # a persistent (classifier) head is no entry of the queue
+    released = run.model.embed_params if embedding_released(run, trace) else 0
+    for r in cut_rounds(trace, prefetch_bucket, released):
+        if r[-1] is trace[-1]:
+            return r[:-1]
+    return []
+
+
+def second_step_trace(run: Run) -> list[tuple[int, int]]:
+    """(elements, bytes an element) of the parameters the second step's forward queues NOT_AVAILABLE, in
+    fetch order (:func:`head_round_members`): the embedding, each layer's weights as
+    :func:`gathered_entries` gives them with a LoRA target's matrices past
+    ``stage3_param_persistence_threshold`` (``lora_A`` before the base weight, ``lora_B`` after it), the
+    untied head past it."""
     model, dtypes, rank = run.model, run.dtypes, run.setup.rank
     trace = [(model.embed_params, dtypes.non_block)]
     for spec, count in model.layer_groups:
@@ -207,32 +223,80 @@ def head_round_members(run: Run, prefetch_bucket: int) -> list[tuple[int, int]]:
                 layer.append((n, b // n))
                 layer += [(lora[1], dtypes.adapter)] if lora[1] > DS_PARAM_PERSISTENCE_THRESHOLD else []
         trace += layer * count
-    trace.append((model.lm_head_params, dtypes.non_block))
-    # the embedding's next use, its backward (module doc of zero3_quantized_ahead_bytes), lies past the
-    # layers' forward and backward (and recompute), the head's two uses: beyond stage3_max_reuse_distance
-    # ``__params_to_release`` releases it after its forward (zero3_first_pass.embedding_regathered)
-    layers = sum(n for n, _ in trace[1:-1])
+    if model.lm_head_params > DS_PARAM_PERSISTENCE_THRESHOLD:
+        trace.append((model.lm_head_params, dtypes.non_block))
+    return trace if model.embed_params else []
+
+
+def embedding_released(run: Run, trace: list[tuple[int, int]]) -> bool:
+    """Whether ``__params_to_release`` releases the embedding after its forward: its next use, its backward
+    (module doc of :func:`zero3_quantized_ahead_bytes`), lies past the layers' forward and backward (and
+    recompute) and the head's two uses, beyond ``stage3_max_reuse_distance``
+    (zero3_first_pass.embedding_regathered)."""
+    head = run.model.lm_head_params if trace[-1][0] == run.model.lm_head_params else 0
+    layers = sum(n for n, _ in trace[1:]) - head
     passes = 3 if run.setup.gradient_checkpointing else 2
-    released = passes * layers + 2 * model.lm_head_params >= DS_MAX_REUSE_DISTANCE
-    head_round = last_round(trace, prefetch_bucket, model.embed_params if released else 0)
-    return head_round[:-1] if head_round and head_round[-1] is trace[-1] else []
+    return passes * layers + 2 * head >= DS_MAX_REUSE_DISTANCE
 
 
-def last_round(trace: list[tuple[int, int]], prefetch_bucket: int, released: int) -> list[tuple[int, int]]:
-    """The round holding the trace's last entry, cut as zero3_coordinator.prefetch_rounds cuts them, with
-    ``released`` elements (the embedding) no longer available from the first fetch after the embedding's
-    (the four wrappers above it and the embedding pop the first five rounds; ``release_sub_module`` after
-    its forward lowers ``__n_available_params``); empty when the prefetcher stops before it."""
+def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
+               released: int) -> list[list[tuple[int, int]]]:
+    """The trace cut into rounds as zero3_coordinator.prefetch_rounds cuts them (round ``k`` popped at the
+    ``k``-th module fetch), with ``released`` elements (the embedding) no longer available from the first
+    fetch after the embedding's (the four wrappers above it and the embedding pop the first five rounds;
+    ``release_sub_module`` after its forward lowers ``__n_available_params``)."""
     wrappers = 4  # the causal-LM model and its base model, PEFT's PeftModel and LoraModel above them
-    queue, available, k = list(trace), 0, 0
+    queue, available, rounds = list(trace), 0, []
     while queue:
-        if k == wrappers + 1:
+        if len(rounds) == wrappers + 1:
             available -= released
         limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
         if limit <= 0:
-            return []
+            break
         taken: list[tuple[int, int]] = []
         while queue and sum(n for n, _ in taken) < limit:
             taken.append(queue.pop(0))
-        available, k = available + sum(n for n, _ in taken), k + 1
-    return taken if k else []
+        rounds.append(taken)
+        available += sum(n for n, _ in taken)
+    return rounds
+
+
+def zero3_quantized_late_embedding_bytes(run: Run, prefetch_bucket: int) -> int:
+    """Bytes gathered while a QLoRA run's bottom layer is back-propagated under checkpointing when the
+    prefetcher pops the token embedding's backward round only after the bottom layer's first linear has
+    been released (0 otherwise): the packed analogue of zero3_first_pass.embedding_round_late.
+
+    In the second step's forward (:func:`second_step_trace`) the embedding, released after its forward
+    (:func:`embedding_released`), is queued again for its backward use right after the forward's entries
+    (the backward's other uses are AVAILABLE then, skipped uncounted); round ``k`` is popped at the
+    ``k``-th module fetch. The first linear's base weight is fetched ``F``-th: the four PEFT wrappers, the
+    embedding, the model's rotary module (transformers 5: one where the config has a rope), the decoder
+    layer, its input norm, its attention, the LoRA wrapper when the linear is a target, the base layer.
+    When ``k > F`` ``__params_to_release`` has released that weight (its next use, the recompute, lies
+    beyond ``stage3_max_reuse_distance``), so the round is that weight and the embedding: coalesced. The
+    bottom layer's recompute waits for it and ``AllGatherCoalescedHandle.wait`` gives the embedding a copy
+    while the flat buffer stays filed under it until its backward fetch:
+
+    .. math:: G = \\sum_{p \\in layer_0} B_p + 2 E\\, b_{nb}
+
+    (the released weights' codes in the flat buffer left out: a lower bound by at most the layer).
+    (simulate: gemma-7b, 4 layers, QLoRA nf4 on the MLP with checkpointing and a 2-label head over 4 GPUs:
+    the 7.8643e8-element flat buffer from layer 0's ``k_proj`` beside the embedding's copy made at
+    layer 0's recomputed ``q_proj``, the run's peak in layer 0's backward.)"""
+    model, setup = run.model, run.setup
+    if setup.quant_bits is None or not setup.gradient_checkpointing:
+        return 0
+    trace = second_step_trace(run)
+    if not trace or not embedding_released(run, trace):
+        return 0
+    trace.append((model.embed_params, run.dtypes.non_block))
+    rounds = cut_rounds(trace, prefetch_bucket, model.embed_params)
+    if sum(len(r) for r in rounds) < len(trace):
+        return 0  # the prefetcher stopped before it
+    first = model.layer_groups[0][0].linears[0]
+    rotary = any(k.startswith("rope") for k in model.config)
+    fetch = 4 + 1 + rotary + 3 + (2 if first.name in run.targets else 1)
+    if len(rounds) <= fetch:
+        return 0
+    layer = sum(b for _, b in gathered_entries(run, model.layer_groups[0][0]))
+    return layer + 2 * model.embed_params * run.dtypes.non_block
