@@ -246,7 +246,8 @@ def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
     fetch after the embedding's (the four wrappers above it and the embedding pop the first five rounds;
     ``release_sub_module`` after its forward lowers ``__n_available_params``)."""
     wrappers = 4  # the causal-LM model and its base model, PEFT's PeftModel and LoraModel above them
-    queue, available, rounds = list(trace), 0, []
+    queue, available = list(trace), 0
+    rounds: list[list[tuple[int, int]]] = []
     while queue:
         if len(rounds) == wrappers + 1:
             available -= released
