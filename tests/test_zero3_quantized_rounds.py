@@ -159,3 +159,27 @@ def test_past_max_live_the_prefetcher_stops_at_m_plus_the_crossing_packed_weight
                             gradient_checkpointing=ckpt)
         assert zero3_quantized_ahead_bytes(spec, setup, 50_000_000, 2) == (
             v * h * 2 + 1_000_000_000 - v * h + h * f // 2)
+
+
+def test_an_embedding_round_popped_after_the_first_linear_is_held_twice_in_the_bottom_layer() -> None:
+    # gemma-7b over 4 layers, QLoRA nf4 rank 32 on the MLP with checkpointing and a 2-label head: packed
+    # q / k / v / o 6,291,456, gate / up / down 37,748,736; LoRA matrices past 1e5: gate / up lora_B and
+    # down lora_A, 24,576 x 32 = 786,432 (the classifier head is persistent). Rounds of the 5e7 bucket:
+    # [embedding 7.8643e8], [q k v o gate] 62.9e6, [gate_B up up_B down_A down] 77.9e6, [q k v o gate],
+    # then 9.9e6 left under stage3_max_live_parameters: [gate_B up]; the embedding released after its
+    # forward, [up_B down_A down q k] 51.9e6, [v o gate], [gate_B ... down], [q k v o gate],
+    # [gate_B ... down]: ten rounds, the embedding's backward use the eleventh, popped at the eleventh
+    # fetch: PeftModel, LoraModel, the classification model, the base model, the embedding, the rotary
+    # module, layer 0, its input norm, its attention, q_proj (fetch 10, released after its forward),
+    # k_proj. Held in layer 0's backward: the layer's codes, the flat buffer and the embedding's copy
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_late_embedding_bytes
+
+    base = resolve_model("google/gemma-7b", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=4), "gemma-7b-4L")
+    setup = build_setup(spec, method="qlora", precision="bf16-mixed", gpus=4, zero=3, rank=32,
+                        targets="mlp", gradient_checkpointing=True, num_labels=2)
+    run = resolve_run(spec, setup)
+    assert run.dtypes.non_block == 2 and spec.embed_params == 256_000 * 3072
+    layer = 4 * 6_291_456 + 3 * 37_748_736
+    assert zero3_quantized_late_embedding_bytes(run, 50_000_000) == layer + 2 * 786_432_000 * 2
