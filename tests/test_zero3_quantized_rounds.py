@@ -173,7 +173,7 @@ def test_an_embedding_round_popped_after_the_first_linear_is_held_twice_in_the_b
     # module, layer 0, its input norm, its attention, q_proj (fetch 10, released after its forward),
     # k_proj. Held in layer 0's backward: the layer's codes, the flat buffer and the embedding's copy
     from tuneplan.catalog.models import resolve_model
-    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_late_embedding_bytes
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
 
     base = resolve_model("google/gemma-7b", allow_network=False)
     spec = model_from_config(dict(base.config, num_hidden_layers=4), "gemma-7b-4L")
@@ -182,4 +182,4 @@ def test_an_embedding_round_popped_after_the_first_linear_is_held_twice_in_the_b
     run = resolve_run(spec, setup)
     assert run.dtypes.non_block == 2 and spec.embed_params == 256_000 * 3072
     layer = 4 * 6_291_456 + 3 * 37_748_736
-    assert zero3_quantized_late_embedding_bytes(run, 50_000_000) == layer + 2 * 786_432_000 * 2
+    assert zero3_quantized_embedding_round(run, 50_000_000) == (0, layer + 2 * 786_432_000 * 2)

@@ -49,8 +49,8 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
     zero3_quantized_at_embedding_bytes,
+    zero3_quantized_embedding_round,
     zero3_quantized_head_copy_bytes,
-    zero3_quantized_late_embedding_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
@@ -306,9 +306,9 @@ class Zero3(Zero, ShardingWrapper):
         early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
         # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers);
         # not the top layer's, whose row keeps what it held
-        lower = max(layer_gathered, at_bottom * compute or zero3_quantized_late_embedding_bytes(
-            run, terms.prefetch_bucket), min(zero3_gathered_in_lower_layers(model, setup) * compute, whole16)
-                    if setup.quant_bits is None and runs_ahead else 0)
+        lower = max(layer_gathered, at_bottom * compute or zero3_quantized_embedding_round(
+            run, terms.prefetch_bucket)[1], min(zero3_gathered_in_lower_layers(model, setup) * compute,
+                                                whole16) if setup.quant_bits is None and runs_ahead else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
@@ -388,9 +388,9 @@ class Zero3(Zero, ShardingWrapper):
                 at_flush = first_flush.zero3_flush_gathered(model, setup, terms.prefetch_bucket,
                                                             terms.reduce_bucket, run.targets) * compute
         else:
-            # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding, and
-            # what it gathered stays until its backward use, the top layers' backward included
-            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16)
+            # packed 4-bit layers: what the prefetcher ran ahead to stays until its backward use (and a copy)
+            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16
+                        ) + zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0]
             at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)

@@ -262,21 +262,28 @@ def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
     return rounds
 
 
-def zero3_quantized_late_embedding_bytes(run: Run, prefetch_bucket: int) -> int:
-    """Bytes gathered while a QLoRA run's bottom layer is back-propagated under checkpointing when the
-    prefetcher pops the token embedding's backward round only after the bottom layer's first linear has
-    been released (0 otherwise): the packed analogue of zero3_first_pass.embedding_round_late.
+def zero3_quantized_embedding_round(run: Run, prefetch_bucket: int) -> tuple[int, int]:
+    """(bytes held beside what the loss gathers from the top layer's forward on, bytes gathered while the
+    bottom layer is back-propagated) when a QLoRA run's token embedding, released after its forward, is
+    gathered again for its backward use in a coalesced round under checkpointing; one of the two is 0.
 
-    In the second step's forward (:func:`second_step_trace`) the embedding, released after its forward
-    (:func:`embedding_released`), is queued again for its backward use right after the forward's entries
-    (the backward's other uses are AVAILABLE then, skipped uncounted); round ``k`` is popped at the
-    ``k``-th module fetch. The first linear's base weight is fetched ``F``-th: the four PEFT wrappers, the
-    embedding, the model's rotary module (transformers 5: one where the config has a rope), the decoder
-    layer, its input norm, its attention, the LoRA wrapper when the linear is a target, the base layer.
-    When ``k > F`` ``__params_to_release`` has released that weight (its next use, the recompute, lies
-    beyond ``stage3_max_reuse_distance``), so the round is that weight and the embedding: coalesced. The
-    bottom layer's recompute waits for it and ``AllGatherCoalescedHandle.wait`` gives the embedding a copy
-    while the flat buffer stays filed under it until its backward fetch:
+    In the second step's forward (:func:`second_step_trace`) the embedding (:func:`embedding_released`) is
+    queued again right after the forward's entries (the backward's other uses are AVAILABLE then, skipped
+    uncounted); round ``k`` is popped at the ``k``-th module fetch. When the forward's last round has not
+    reached its limit the embedding joins it: that round is coalesced, the first of its parameters the
+    forward fetches (in the top layer) waits for it and ``AllGatherCoalescedHandle.wait`` gives the
+    embedding a copy while the flat buffer stays filed under it until its backward fetch: ``E b_nb`` more
+    from there through the backward. (simulate: phi-4, 4 layers, QLoRA fp4 rank 32 on the MLP with
+    checkpointing and a 2-label head over 4 GPUs: layer 3's ``gate_up_proj`` ``lora_B``, ``down_proj``
+    and its ``lora_A`` with the embedding in the ninth round, the copy made at that ``lora_B``.)
+
+    Otherwise the first linear's base weight is fetched ``F``-th: the four PEFT wrappers, the embedding,
+    the model's rotary module (transformers 5: one where the config has a rope), the decoder layer, its
+    input norm, its attention, the LoRA wrapper when the linear is a target, the base layer. When the
+    embedding's round comes after it, ``k > F``, ``__params_to_release`` has released that weight (its next
+    use, the recompute, lies beyond ``stage3_max_reuse_distance``): the round is that weight and the
+    embedding, coalesced, waited for at the bottom layer's recompute (the packed analogue of
+    zero3_first_pass.embedding_round_late):
 
     .. math:: G = \\sum_{p \\in layer_0} B_p + 2 E\\, b_{nb}
 
@@ -286,18 +293,18 @@ def zero3_quantized_late_embedding_bytes(run: Run, prefetch_bucket: int) -> int:
     layer 0's recomputed ``q_proj``, the run's peak in layer 0's backward.)"""
     model, setup = run.model, run.setup
     if setup.quant_bits is None or not setup.gradient_checkpointing:
-        return 0
+        return 0, 0
     trace = second_step_trace(run)
     if not trace or not embedding_released(run, trace):
-        return 0
+        return 0, 0
     trace.append((model.embed_params, run.dtypes.non_block))
     rounds = cut_rounds(trace, prefetch_bucket, model.embed_params)
     if sum(len(r) for r in rounds) < len(trace):
-        return 0  # the prefetcher stopped before it
+        return 0, 0  # the prefetcher stopped before it
     first = model.layer_groups[0][0].linears[0]
     rotary = any(k.startswith("rope") for k in model.config)
     fetch = 4 + 1 + rotary + 3 + (2 if first.name in run.targets else 1)
     if len(rounds) <= fetch:
-        return 0
+        return (model.embed_params * run.dtypes.non_block if len(rounds[-1]) > 1 else 0), 0
     layer = sum(b for _, b in gathered_entries(run, model.layer_groups[0][0]))
-    return layer + 2 * model.embed_params * run.dtypes.non_block
+    return 0, layer + 2 * model.embed_params * run.dtypes.non_block
