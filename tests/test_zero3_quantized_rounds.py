@@ -183,3 +183,23 @@ def test_an_embedding_round_popped_after_the_first_linear_is_held_twice_in_the_b
     assert run.dtypes.non_block == 2 and spec.embed_params == 256_000 * 3072
     layer = 4 * 6_291_456 + 3 * 37_748_736
     assert zero3_quantized_embedding_round(run, 50_000_000) == (0, layer + 2 * 786_432_000 * 2)
+
+
+def test_an_embedding_round_joining_the_forwards_last_round_keeps_a_copy_from_the_top_layer() -> None:
+    # phi-4 over 4 layers, QLoRA fp4 rank 32 on the MLP with checkpointing and a 2-label head (persistent):
+    # packed qkv 19,660,800, o 13,107,200, gate_up 91,750,400, down 45,875,200; LoRA matrices past 1e5:
+    # gate_up lora_A 163,840 and lora_B 1,146,880, down lora_A 573,440 and lora_B 163,840. Rounds of the
+    # 5e7 bucket: [embedding 5.138e8], [qkv o gu_A gu] 124.7e6, [gu_B d_A down d_B qkv] 67.4e6, [o gu_A gu]
+    # 105.0e6, ... and layer 3's [gu_B d_A down d_B] 47.76e6 < 5e7: the embedding's backward use joins it,
+    # the ninth round, before the first linear's (qkv_proj's) tenth fetch: coalesced, the embedding's fp16
+    # copy made at layer 3's gate_up lora_B and held beside its flat buffer through the backward
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+
+    base = resolve_model("microsoft/phi-4", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=4), "phi-4-4L")
+    setup = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, rank=32, targets="mlp",
+                        gradient_checkpointing=True, num_labels=2, quant_type="fp4")
+    run = resolve_run(spec, setup)
+    assert run.dtypes.non_block == 2 and spec.embed_params == 100_352 * 5120
+    assert zero3_quantized_embedding_round(run, 50_000_000) == (100_352 * 5120 * 2, 0)
