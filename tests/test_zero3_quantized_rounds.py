@@ -7,7 +7,7 @@ from __future__ import annotations
 from tuneplan.api import build_setup
 from tuneplan.estimator.run import resolve_run
 from tuneplan.estimator.wrappers.zero3_quantized import zero3_kept_bytes, zero3_quantized_at_embedding_bytes
-from tuneplan.specs.model import model_from_config
+from tuneplan.specs.model import ModelSpec, model_from_config
 
 
 def test_the_kept_layers_are_their_packed_bytes_less_the_bottom_layers_unused_linears() -> None:
@@ -58,12 +58,60 @@ def test_the_first_complete_pass_holds_the_untied_head_twice_at_the_final_norm()
     cfg = dict(model_type="qwen2", hidden_size=h, intermediate_size=27648, num_hidden_layers=3,
                num_attention_heads=40, num_key_value_heads=8, vocab_size=v, tie_word_embeddings=False)
     spec = model_from_config(cfg, "qwen2.5-32b-3L")
-    setup = build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3)
-    assert zero3_quantized_head_copy_bytes(resolve_run(spec, setup)) == (v * h + h) * 4
+    # with gradient accumulation: the first complete pass is the first step's second micro-batch
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3, grad_accum=2)
+    assert zero3_quantized_head_copy_bytes(resolve_run(spec, setup), 50_000_000) == (v * h + h) * 4
     tied = model_from_config(dict(cfg, tie_word_embeddings=True), "qwen2.5-32b-tied-3L")
     assert zero3_quantized_head_copy_bytes(resolve_run(tied, build_setup(tied, method="qlora",
                                                                          precision="fp32", gpus=2,
-                                                                         zero=3))) == 0
+                                                                         zero=3, grad_accum=2)),
+                                           50_000_000) == 0
+
+
+def _llama(h: int, f: int, v: int, layers: int, name: str) -> ModelSpec:
+    return model_from_config(dict(model_type="llama", hidden_size=h, intermediate_size=f,
+                                  num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
+                                  vocab_size=v, tie_word_embeddings=False), name)
+
+
+def test_one_micro_batch_a_step_gathers_the_head_alone_after_a_round_ending_at_the_top_down_proj() -> None:
+    # Without accumulation the first complete pass is the second step's: _post_step gathered the persistent
+    # parameters (<= 1e5 elements) again, the prefetcher skips them. Llama-3-8B shapes, rank 16 on every
+    # linear: packed nf4 q 8,388,608, k / v 2,097,152, o 8,388,608, gate / up / down 29,360,128; LoRA
+    # matrices past 1e5: gate / up lora_B and down lora_A, 16 x 14336 = 229,376 each (down's lora_A is
+    # fetched before its base weight). Rounds of the 5e7 bucket: [embedding], then per layer
+    # [q k v o gate] = 50,331,648 and [gate_B up up_B down_A down] = 59,408,384, so the top layer's last
+    # round ends at down_proj and the head, 128,256 x 4,096, is a round of its own: gathered alone, no copy
+    from tuneplan.estimator.wrappers.zero3_quantized import (
+        head_round_members,
+        zero3_quantized_head_copy_bytes,
+    )
+
+    spec = _llama(4096, 14336, 128256, 4, "llama3-8b-4L")
+    setup = build_setup(spec, method="qlora", precision="fp16-mixed", gpus=4, zero=3, rank=16,
+                        targets="all-linear", gradient_checkpointing=True)
+    run = resolve_run(spec, setup)
+    assert head_round_members(run, 50_000_000) == []
+    assert zero3_quantized_head_copy_bytes(run, 50_000_000) == 0
+
+
+def test_one_micro_batch_a_step_coalesces_the_head_with_the_top_down_proj() -> None:
+    # Qwen3-8B shapes over 3 layers, rank 4 on q / v (every LoRA matrix persistent): packed q 8,388,608,
+    # k / v 2,097,152, o 8,388,608, gate / up / down 25,165,824. Rounds of the 5e7 bucket: [embedding],
+    # [q k v o gate up] 71.3e6, [down q k v o gate] 71.3e6, [up down] 50.3e6, [q k v o gate up] 71.3e6,
+    # then [down, head]: two parameters, coalesced: the head's fp32 copy (151,936 x 4,096 x 4 bytes)
+    # and the flat buffer of down's codes (one byte each) beside their copies
+    from tuneplan.estimator.wrappers.zero3_quantized import (
+        head_round_members,
+        zero3_quantized_head_copy_bytes,
+    )
+
+    spec = _llama(4096, 12288, 151936, 3, "qwen3-8b-3L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3, rank=4,
+                        targets="q_proj,v_proj", gradient_checkpointing=True)
+    run = resolve_run(spec, setup)
+    assert head_round_members(run, 50_000_000) == [(4096 * 12288 // 2, 1)]
+    assert zero3_quantized_head_copy_bytes(run, 50_000_000) == 151936 * 4096 * 4 + 25_165_824
 
 
 def test_a_tied_embedding_over_max_live_stops_the_prefetcher_on_the_packed_trace() -> None:
@@ -111,3 +159,47 @@ def test_past_max_live_the_prefetcher_stops_at_m_plus_the_crossing_packed_weight
                             gradient_checkpointing=ckpt)
         assert zero3_quantized_ahead_bytes(spec, setup, 50_000_000, 2) == (
             v * h * 2 + 1_000_000_000 - v * h + h * f // 2)
+
+
+def test_an_embedding_round_popped_after_the_first_linear_is_held_twice_in_the_bottom_layer() -> None:
+    # gemma-7b over 4 layers, QLoRA nf4 rank 32 on the MLP with checkpointing and a 2-label head: packed
+    # q / k / v / o 6,291,456, gate / up / down 37,748,736; LoRA matrices past 1e5: gate / up lora_B and
+    # down lora_A, 24,576 x 32 = 786,432 (the classifier head is persistent). Rounds of the 5e7 bucket:
+    # [embedding 7.8643e8], [q k v o gate] 62.9e6, [gate_B up up_B down_A down] 77.9e6, [q k v o gate],
+    # then 9.9e6 left under stage3_max_live_parameters: [gate_B up]; the embedding released after its
+    # forward, [up_B down_A down q k] 51.9e6, [v o gate], [gate_B ... down], [q k v o gate],
+    # [gate_B ... down]: ten rounds, the embedding's backward use the eleventh, popped at the eleventh
+    # fetch: PeftModel, LoraModel, the classification model, the base model, the embedding, the rotary
+    # module, layer 0, its input norm, its attention, q_proj (fetch 10, released after its forward),
+    # k_proj. Held in layer 0's backward: the layer's codes, the flat buffer and the embedding's copy
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+
+    base = resolve_model("google/gemma-7b", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=4), "gemma-7b-4L")
+    setup = build_setup(spec, method="qlora", precision="bf16-mixed", gpus=4, zero=3, rank=32,
+                        targets="mlp", gradient_checkpointing=True, num_labels=2)
+    run = resolve_run(spec, setup)
+    assert run.dtypes.non_block == 2 and spec.embed_params == 256_000 * 3072
+    layer = 4 * 6_291_456 + 3 * 37_748_736
+    assert zero3_quantized_embedding_round(run, 50_000_000) == (0, layer + 2 * 786_432_000 * 2)
+
+
+def test_an_embedding_round_joining_the_forwards_last_round_keeps_a_copy_from_the_top_layer() -> None:
+    # phi-4 over 4 layers, QLoRA fp4 rank 32 on the MLP with checkpointing and a 2-label head (persistent):
+    # packed qkv 19,660,800, o 13,107,200, gate_up 91,750,400, down 45,875,200; LoRA matrices past 1e5:
+    # gate_up lora_A 163,840 and lora_B 1,146,880, down lora_A 573,440 and lora_B 163,840. Rounds of the
+    # 5e7 bucket: [embedding 5.138e8], [qkv o gu_A gu] 124.7e6, [gu_B d_A down d_B qkv] 67.4e6, [o gu_A gu]
+    # 105.0e6, ... and layer 3's [gu_B d_A down d_B] 47.76e6 < 5e7: the embedding's backward use joins it,
+    # the ninth round, before the first linear's (qkv_proj's) tenth fetch: coalesced, the embedding's fp16
+    # copy made at layer 3's gate_up lora_B and held beside its flat buffer through the backward
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+
+    base = resolve_model("microsoft/phi-4", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=4), "phi-4-4L")
+    setup = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, rank=32, targets="mlp",
+                        gradient_checkpointing=True, num_labels=2, quant_type="fp4")
+    run = resolve_run(spec, setup)
+    assert run.dtypes.non_block == 2 and spec.embed_params == 100_352 * 5120
+    assert zero3_quantized_embedding_round(run, 50_000_000) == (100_352 * 5120 * 2, 0)

@@ -52,6 +52,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
     zero3_quantized_at_embedding_bytes,
+    zero3_quantized_embedding_round,
     zero3_quantized_head_copy_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
@@ -310,8 +311,9 @@ class Zero3(Zero, ShardingWrapper):
         early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
         # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers);
         # not the top layer's, whose row keeps what it held
-        lower = max(layer_gathered, at_bottom * compute, min(zero3_gathered_in_lower_layers(model, setup)
-                    * compute, whole16) if setup.quant_bits is None and runs_ahead else 0)
+        lower = max(layer_gathered, at_bottom * compute or zero3_quantized_embedding_round(
+            run, terms.prefetch_bucket)[1], min(zero3_gathered_in_lower_layers(model, setup) * compute,
+                                                whole16) if setup.quant_bits is None and runs_ahead else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
@@ -341,7 +343,8 @@ class Zero3(Zero, ShardingWrapper):
             at_head = zero3_head_round_first_pass(model, setup) * compute
         else:  # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
             at_embedding = zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket)
-            at_head = at_loss + zero3_quantized_head_copy_bytes(run) if model.lm_head_params else 0
+            at_head = (at_loss + zero3_quantized_head_copy_bytes(run, terms.prefetch_bucket)
+                       if model.lm_head_params else 0)
         return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
@@ -377,9 +380,9 @@ class Zero3(Zero, ShardingWrapper):
                 at_flush = first_flush.zero3_flush_gathered(model, setup, terms.prefetch_bucket,
                                                             terms.reduce_bucket, run.targets) * compute
         else:
-            # 4-bit layers partitioned as packed bytes: the prefetcher runs ahead to the embedding, and
-            # what it gathered stays until its backward use, the top layers' backward included
-            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16)
+            # packed 4-bit layers: what the prefetcher ran ahead to stays until its backward use (and a copy)
+            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16
+                        ) + zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0]
             at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)

@@ -147,25 +147,164 @@ def gathered_entries(run: Run, spec: LayerSpec) -> list[tuple[int, int]]:
     return out
 
 
-def zero3_quantized_head_copy_bytes(run: Run) -> int:
-    """Bytes a QLoRA run's untied output head holds beyond itself at the final norm's forward of the first
-    pass with a complete trace (0 with a tied head).
+def zero3_quantized_head_copy_bytes(run: Run, prefetch_bucket: int) -> int:
+    """Bytes a QLoRA run's untied output head holds beyond itself before its forward in the first pass with
+    a complete trace (0 with a tied head, or when the head is gathered alone).
 
-    The record pass released the persistent final norm too (zero3_first_pass.py); with the packed trace the
-    prefetcher popped the head's round well before the norm, and the norm, NOT_AVAILABLE, starts it: the
-    round ``[norm, head]`` is coalesced, the norm's fetch waits for it and ``AllGatherCoalescedHandle.wait``
-    gives the head its copy (``torch.cat(partitions)``) while the flat buffer stays filed under the head
-    until its own fetch (zero3_coordinator.zero3_head_round_first_pass, the 16-bit case):
+    A round of more than one parameter is gathered coalesced (``all_gather_coalesced`` ->
+    ``_all_gather_coalesced``, one flat buffer per dtype, DeepSpeed 0.19.8); the first fetch of one of its
+    parameters waits for it and ``AllGatherCoalescedHandle.wait`` gives every parameter a copy
+    (``torch.cat(partitions)``) while the flat buffers stay filed under the head until its own fetch
+    (zero3_coordinator.zero3_head_round_first_pass, the 16-bit case):
 
-    .. math:: \\Delta G = (P_{head} + P_{norm})\\, b_{nb}
+    .. math:: \\Delta G = P_{head}\\, b_{nb} + \\sum_{p \\in R} n_p b_p
 
-    beside what the loss holds. (simulate: Qwen2.5-32B, 3 layers, QLoRA fp4 in fp32 over 2 GPUs without
-    checkpointing: the 7.7857e8-element flat buffer beside the head's copy at ``model.norm`` in the second
-    micro-batch of the first step, the run's peak.)"""
+    with ``R`` the other parameters of the head's round (:func:`head_round_members`). With gradient
+    accumulation the first complete pass is the first step's second micro-batch; the record pass released
+    the persistent final norm too (zero3_first_pass.py) and the norm, NOT_AVAILABLE, starts the round
+    ``[norm, head]``: ``R`` is the norm. (simulate: Qwen2.5-32B, 3 layers, QLoRA fp4 in fp32 over 2 GPUs
+    without checkpointing: the 7.7857e8-element flat buffer beside the head's copy at ``model.norm`` in the
+    second micro-batch of the first step, the run's peak.) A single parameter is gathered into its own
+    buffer (``_all_gather_sequential``): no copy."""
     model = run.model
     norm = model.final_norm_params
     if run.setup.quant_bits is None or not model.lm_head_params:
         return 0
+    if run.setup.grad_accum < 2:
+        members = head_round_members(run, prefetch_bucket)
+        return model.lm_head_params * run.dtypes.non_block + sum(n * b for n, b in members) if members else 0
     if not 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD:
         return 0
     return (model.lm_head_params + norm) * run.dtypes.non_block
+
+
+def head_round_members(run: Run, prefetch_bucket: int) -> list[tuple[int, int]]:
+    """(elements, bytes an element) of the parameters the prefetcher pops in one round with the untied
+    head in the second step's forward, the first pass with a complete trace of a run without gradient
+    accumulation (empty: the head is alone, or never prefetched).
+
+    The first step's optimizer step has gathered the persistent parameters again
+    (``DeepSpeedZeroOptimizer_Stage3._post_step``: ``persistent_parameters[0].all_gather``): the norms,
+    biases and LoRA matrices of at most ``stage3_param_persistence_threshold`` elements are AVAILABLE and
+    ``_fetch_sub_module_impl`` skips them uncounted (``do_prefetch`` only for NOT_AVAILABLE). The queue left
+    holds, in fetch order, the embedding, each layer's weights as :func:`gathered_entries` gives them with a
+    LoRA target's larger matrices around its base weight (``lora_A``, ``r d_in``, recorded before the base
+    layer, its second use skipped as INFLIGHT; ``lora_B``, ``d_out r``, after it), then the head; it is cut
+    into rounds (zero3_coordinator.prefetch_rounds) and the head's round is read off. (simulate:
+    Qwen3-8B, 3 layers, QLoRA nf4 rank 4 on q/v in fp32 over 2 GPUs: the top ``down_proj``'s 2.5166e7 codes
+    and the head in one round, the head's copy made at that ``down_proj``; Meta-Llama-3-8B-Instruct,
+    4 layers, rank 16 on every linear: the round ends at the top ``down_proj``, its ``lora_A`` before it,
+    and the head, 5.2534e8 elements, is gathered alone.)"""
+    trace = second_step_trace(run)
+    if not trace or trace[-1][0] != run.model.lm_head_params:
+        return []  # a persistent (classifier) head is no entry of the queue
+    released = run.model.embed_params if embedding_released(run, trace) else 0
+    for r in cut_rounds(trace, prefetch_bucket, released):
+        if r[-1] is trace[-1]:
+            return r[:-1]
+    return []
+
+
+def second_step_trace(run: Run) -> list[tuple[int, int]]:
+    """(elements, bytes an element) of the parameters the second step's forward queues NOT_AVAILABLE, in
+    fetch order (:func:`head_round_members`): the embedding, each layer's weights as
+    :func:`gathered_entries` gives them with a LoRA target's matrices past
+    ``stage3_param_persistence_threshold`` (``lora_A`` before the base weight, ``lora_B`` after it), the
+    untied head past it."""
+    model, dtypes, rank = run.model, run.dtypes, run.setup.rank
+    trace = [(model.embed_params, dtypes.non_block)]
+    for spec, count in model.layer_groups:
+        entries, layer = iter(gathered_entries(run, spec)), []
+        for m in spec.linears:
+            lora = (rank * m.d_in, m.d_out * rank) if m.name in run.targets else (0, 0)
+            for _ in range(m.count):
+                n, b = next(entries)
+                layer += [(lora[0], dtypes.adapter)] if lora[0] > DS_PARAM_PERSISTENCE_THRESHOLD else []
+                layer.append((n, b // n))
+                layer += [(lora[1], dtypes.adapter)] if lora[1] > DS_PARAM_PERSISTENCE_THRESHOLD else []
+        trace += layer * count
+    if model.lm_head_params > DS_PARAM_PERSISTENCE_THRESHOLD:
+        trace.append((model.lm_head_params, dtypes.non_block))
+    return trace if model.embed_params else []
+
+
+def embedding_released(run: Run, trace: list[tuple[int, int]]) -> bool:
+    """Whether ``__params_to_release`` releases the embedding after its forward: its next use, its backward
+    (module doc of :func:`zero3_quantized_ahead_bytes`), lies past the layers' forward and backward (and
+    recompute) and the head's two uses, beyond ``stage3_max_reuse_distance``
+    (zero3_first_pass.embedding_regathered)."""
+    head = run.model.lm_head_params if trace[-1][0] == run.model.lm_head_params else 0
+    layers = sum(n for n, _ in trace[1:]) - head
+    passes = 3 if run.setup.gradient_checkpointing else 2
+    return passes * layers + 2 * head >= DS_MAX_REUSE_DISTANCE
+
+
+def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
+               released: int) -> list[list[tuple[int, int]]]:
+    """The trace cut into rounds as zero3_coordinator.prefetch_rounds cuts them (round ``k`` popped at the
+    ``k``-th module fetch), with ``released`` elements (the embedding) no longer available from the first
+    fetch after the embedding's (the four wrappers above it and the embedding pop the first five rounds;
+    ``release_sub_module`` after its forward lowers ``__n_available_params``)."""
+    wrappers = 4  # the causal-LM model and its base model, PEFT's PeftModel and LoraModel above them
+    queue, available = list(trace), 0
+    rounds: list[list[tuple[int, int]]] = []
+    while queue:
+        if len(rounds) == wrappers + 1:
+            available -= released
+        limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
+        if limit <= 0:
+            break
+        taken: list[tuple[int, int]] = []
+        while queue and sum(n for n, _ in taken) < limit:
+            taken.append(queue.pop(0))
+        rounds.append(taken)
+        available += sum(n for n, _ in taken)
+    return rounds
+
+
+def zero3_quantized_embedding_round(run: Run, prefetch_bucket: int) -> tuple[int, int]:
+    """(bytes held beside what the loss gathers from the top layer's forward on, bytes gathered while the
+    bottom layer is back-propagated) when a QLoRA run's token embedding, released after its forward, is
+    gathered again for its backward use in a coalesced round under checkpointing; one of the two is 0.
+
+    In the second step's forward (:func:`second_step_trace`) the embedding (:func:`embedding_released`) is
+    queued again right after the forward's entries (the backward's other uses are AVAILABLE then, skipped
+    uncounted); round ``k`` is popped at the ``k``-th module fetch. When the forward's last round has not
+    reached its limit the embedding joins it: that round is coalesced, the first of its parameters the
+    forward fetches (in the top layer) waits for it and ``AllGatherCoalescedHandle.wait`` gives the
+    embedding a copy while the flat buffer stays filed under it until its backward fetch: ``E b_nb`` more
+    from there through the backward. (simulate: phi-4, 4 layers, QLoRA fp4 rank 32 on the MLP with
+    checkpointing and a 2-label head over 4 GPUs: layer 3's ``gate_up_proj`` ``lora_B``, ``down_proj``
+    and its ``lora_A`` with the embedding in the ninth round, the copy made at that ``lora_B``.)
+
+    Otherwise the first linear's base weight is fetched ``F``-th: the four PEFT wrappers, the embedding,
+    the model's rotary module (transformers 5: one where the config has a rope), the decoder layer, its
+    input norm, its attention, the LoRA wrapper when the linear is a target, the base layer. When the
+    embedding's round comes after it, ``k > F``, ``__params_to_release`` has released that weight (its next
+    use, the recompute, lies beyond ``stage3_max_reuse_distance``): the round is that weight and the
+    embedding, coalesced, waited for at the bottom layer's recompute (the packed analogue of
+    zero3_first_pass.embedding_round_late):
+
+    .. math:: G = \\sum_{p \\in layer_0} B_p + 2 E\\, b_{nb}
+
+    (the released weights' codes in the flat buffer left out: a lower bound by at most the layer).
+    (simulate: gemma-7b, 4 layers, QLoRA nf4 on the MLP with checkpointing and a 2-label head over 4 GPUs:
+    the 7.8643e8-element flat buffer from layer 0's ``k_proj`` beside the embedding's copy made at
+    layer 0's recomputed ``q_proj``, the run's peak in layer 0's backward.)"""
+    model, setup = run.model, run.setup
+    if setup.quant_bits is None or not setup.gradient_checkpointing:
+        return 0, 0
+    trace = second_step_trace(run)
+    if not trace or not embedding_released(run, trace):
+        return 0, 0
+    trace.append((model.embed_params, run.dtypes.non_block))
+    rounds = cut_rounds(trace, prefetch_bucket, model.embed_params)
+    if sum(len(r) for r in rounds) < len(trace):
+        return 0, 0  # the prefetcher stopped before it
+    first = model.layer_groups[0][0].linears[0]
+    rotary = any(k.startswith("rope") for k in model.config)
+    fetch = 4 + 1 + rotary + 3 + (2 if first.name in run.targets else 1)
+    if len(rounds) <= fetch:
+        return (model.embed_params * run.dtypes.non_block if len(rounds[-1]) > 1 else 0), 0
+    layer = sum(b for _, b in gathered_entries(run, model.layer_groups[0][0]))
+    return 0, layer + 2 * model.embed_params * run.dtypes.non_block
