@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
+from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
@@ -170,7 +171,9 @@ def zero3_quantized_head_copy_bytes(run: Run, prefetch_bucket: int) -> int:
     norm = model.final_norm_params
     if run.setup.quant_bits is None or not model.lm_head_params:
         return 0
-    if run.setup.grad_accum < 2:
+    # the queue below has each expert as its own entry; a ZeRO-3 leaf MoE block is fetched whole
+    # (zero3_expert_round.py), a queue not derived here: those keep the norm's round
+    if run.setup.grad_accum < 2 and not zero3_leaf_moe(model, run.profile.model_code == "hf"):
         members = head_round_members(run, prefetch_bucket)
         return model.lm_head_params * run.dtypes.non_block + sum(n * b for n, b in members) if members else 0
     if not 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD:
