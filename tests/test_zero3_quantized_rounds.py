@@ -203,3 +203,18 @@ def test_an_embedding_round_joining_the_forwards_last_round_keeps_a_copy_from_th
     run = resolve_run(spec, setup)
     assert run.dtypes.non_block == 2 and spec.embed_params == 100_352 * 5120
     assert zero3_quantized_embedding_round(run, 50_000_000) == (100_352 * 5120 * 2, 0)
+
+
+def test_a_leaf_moe_block_keeps_the_norms_round_without_accumulation() -> None:
+    # Qwen3-MoE's sparse block is a ZeRO-3 leaf (fetched whole, its fused stacks one parameter each), which
+    # the per-expert queue of the second step does not describe: the head's round stays [final norm, head]
+    # as in the first complete pass, its flat buffer and the head's copy in fp32 (a QLoRA fp32 run)
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_head_copy_bytes
+
+    h, v = 2048, 151936
+    cfg = dict(model_type="qwen3_moe", hidden_size=h, intermediate_size=6144, moe_intermediate_size=768,
+               num_experts=128, num_experts_per_tok=8, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=4, head_dim=128, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "qwen3-30b-a3b-2L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=8, zero=3, grad_accum=1)
+    assert zero3_quantized_head_copy_bytes(resolve_run(spec, setup), 50_000_000) == (v * h + h) * 4
