@@ -149,3 +149,16 @@ def test_a_leaf_blocks_round_holds_its_router_and_shared_expert() -> None:
     stacks, router, shared = 16 * 3 * 512 * 1024, 16 * 1024 + 1024, 3 * 1024 * 2048
     full = build_setup(spec, method="full", precision="bf16", gpus=2, zero=3)
     assert zero3_expert_round_bytes(resolve_run(spec, full)) == 2 * (stacks + router + shared) * 2
+
+
+def test_the_recording_pass_keeps_no_forward_copy_of_lora_adapted_stacks() -> None:
+    # LoRA on w1/w2/w3: PEFT moves them onto the fused stacks (lora.ParamWrapper); grouped_mm saves the
+    # parametrized copy (``_LoraFactorsProxy``: baddbmm's new tensor), not a view of the gathered stacks,
+    # so no layer's forward copy outlives its release; the top layer's backward fetch still gathers its
+    # new round (the factors need their gradients): flat buffer + copies, stacks and router, in bf16.
+    from tuneplan.estimator.wrappers.zero3_expert_round import zero3_record_pass_top_bytes
+
+    spec = model_from_config(MIXTRAL, "mixtral-2L")
+    lora = build_setup(spec, method="lora", precision="bf16", gpus=4, zero=3, targets="w1,w2,w3",
+                       gradient_checkpointing=False)
+    assert zero3_record_pass_top_bytes(resolve_run(spec, lora)) == 2 * (STACKS + ROUTER) * 2

@@ -205,3 +205,24 @@ def test_a_later_bottom_linear_holds_one_more_round_and_its_own_round_twice() ->
     mlp = frozenset({"dense_h_to_4h", "dense_4h_to_h"})
     assert zero3_gathered_at_first_linear(spec, setup, 50_000_000, mlp) == (
         3 * layer + 2 * h - qkv + dense + up)
+
+
+def test_lora_adapted_expert_stacks_save_the_parametrized_copy_not_a_view() -> None:
+    # PEFT's lora.ParamWrapper on a fused stack (peft/tuners/lora/layer.py ``_activate_lora``): the
+    # parametrization ``_LoraFactorsProxy.forward`` returns ``torch.baddbmm(W, lhs, rhs)``, a new tensor;
+    # grouped_mm saves the transposed view of that tensor, baddbmm saves its factors. The gathered W is
+    # kept by nothing once DeepSpeed releases it. DeepSeek-V2-Lite widths, 5 layers (the first dense).
+    e, f, h = 64, 1408, 2048
+    cfg = dict(model_type="deepseek_v2", hidden_size=h, num_hidden_layers=5, num_attention_heads=16,
+               num_key_value_heads=16, intermediate_size=10944, moe_intermediate_size=f,
+               n_routed_experts=e, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
+               kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+               v_head_dim=128, vocab_size=102400, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "deepseek-v2-lite-5L")
+    lora = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    both = frozenset({"experts@gate_up_proj", "experts@down_proj"})
+    assert zero3_view_kept(spec, lora, both, 1, holds_all=False) == 0
+    # only down_proj adapted: gate_up_proj [E, 2f, h] is still multiplied as a view of the gathered
+    # parameter in the three released MoE layers (1, 2, 3)
+    down = frozenset({"experts@down_proj"})
+    assert zero3_view_kept(spec, lora, down, 1, holds_all=False) == 3 * e * 2 * f * h

@@ -36,6 +36,7 @@ from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
 from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
 from tuneplan.estimator.wrappers.zero3_saved_views import (
     TRANSPOSED_EXPERT_MODEL_TYPES,
+    expert_inputs_need_grad,
     expert_viewed_weights,
 )
 
@@ -84,9 +85,10 @@ def zero3_expert_round_bytes(run: Run) -> int:
 def zero3_record_pass_top_bytes(run: Run) -> int:
     """Bytes gathered at the top decoder layer's backward fetch of its experts in the trace-recording pass
     (module doc), without checkpointing (with it: :func:`zero3_recompute_top_bytes`): every layer's
-    forward copy kept by its saved view (``zero3_saved_views.expert_viewed_weights``) and the top layer's
-    new round held twice; 0 when the top layer's experts save no view (their input needs no gradient, no
-    backward fetch) or :func:`zero3_expert_round_bytes` is 0.
+    forward copy kept by its saved view (``zero3_saved_views.expert_viewed_weights``: none of a stack PEFT
+    adapts, whose grouped_mm saves the parametrized copy) and the top layer's new round held twice; 0 when
+    the top layer's experts' input needs no gradient (no backward fetch) or :func:`zero3_expert_round_bytes`
+    is 0.
 
     .. math:: G = b_e \\left(\\sum_i v_i + 2 S_{top}\\right)
 
@@ -99,7 +101,7 @@ def zero3_record_pass_top_bytes(run: Run) -> int:
     if run.setup.gradient_checkpointing:
         return zero3_recompute_top_bytes(run)
     viewed = expert_viewed_weights(run.model, run.setup, run.targets)
-    if not viewed or not viewed[-1]:
+    if not viewed or not expert_inputs_need_grad(run.model, run.setup, run.targets)[-1]:
         return 0
     return sum(viewed) * expert_stack_bytes(run.setup.quant_bits, run.dtypes) + round_bytes
 

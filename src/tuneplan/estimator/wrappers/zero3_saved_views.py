@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_backward_uses,
     zero3_gathered_ahead,
@@ -114,16 +115,39 @@ def expert_viewed_weights(model: ModelSpec, setup: TrainSetup, targets: frozense
     of a full fine-tune (the embedding is trained); under freeze the trainable top ``n`` layers (their
     attention's weights require grad) and none below; under LoRA every layer above the bottom one when
     some module is a target, and the bottom one (no checkpointing, no ``enable_input_require_grads``)
-    only when one of its attention linears is a target:
+    only when one of its attention linears is a target (:func:`expert_inputs_need_grad`).
 
-    .. math:: v_i = [\\text{input}_i \\text{ requires grad}] \\sum_{\\text{expert stacks}} E\\,d_{in} d_{out}
+    A stack PEFT adapts (``lora.ParamWrapper``, ``fused_expert_lora``) saves no view of the gathered
+    parameter: ``ParamWrapper._activate_lora`` (peft/tuners/lora/layer.py) registers a parametrization,
+    ``_LoraFactorsProxy.forward`` (``torch.baddbmm(W, lhs, rhs)``; ``_LoraParameterProxy``: ``W +
+    delta_weight``) returns a new tensor the size of the stack, and ``_grouped_mm`` saves the transposed
+    view of that new tensor (counted with the layer's activations, ``layer_saved``); baddbmm's backward needs
+    its factors, not ``W``. Once DeepSpeed releases the gathered parameter nothing keeps its storage:
+
+    .. math:: v_i = [\\text{input}_i \\text{ requires grad}] \\sum_{\\text{unadapted expert stacks}}
+              E\\,d_{in} d_{out}
     """
     layers = [spec for spec, count in model.layer_groups for _ in range(count)]
     if model.model_type in TRANSPOSED_EXPERT_MODEL_TYPES:
         return [0] * len(layers)
     out = []
-    for i, spec in enumerate(layers):
+    for spec, grad in zip(layers, expert_inputs_need_grad(model, setup, targets), strict=True):
         stacks = sum(m.params for m in spec.linears if m.role == "expert")
+        # the rank does not enter the adapted stacks' weight sizes
+        adapted = sum(s.weight_numel for s in expert_stacks(spec, targets, 1))
+        out.append(stacks - adapted if grad else 0)
+    return out
+
+
+def expert_inputs_need_grad(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]) -> list[bool]:
+    """Per decoder layer, bottom first: whether its routed experts' input (the layer's normed MLP input)
+    requires grad: every layer of a full fine-tune (the embedding is trained); under freeze the trainable
+    top ``n`` layers; under LoRA every layer above the bottom one when some module is a target, and the
+    bottom one (no checkpointing, no ``enable_input_require_grads``) only when one of its attention linears
+    is a target."""
+    layers = [spec for spec, count in model.layer_groups for _ in range(count)]
+    out = []
+    for i in range(len(layers)):
         if setup.method == "freeze":
             grad = i >= len(layers) - setup.freeze_trainable_layers
         elif setup.method in ("lora", "qlora"):
@@ -131,5 +155,5 @@ def expert_viewed_weights(model: ModelSpec, setup: TrainSetup, targets: frozense
             grad = bottom_attn if i == 0 else bool(targets)
         else:
             grad = True
-        out.append(stacks if grad else 0)
+        out.append(grad)
     return out
