@@ -354,32 +354,14 @@ def down_adapter_backward(walk: LayerWalk, width: int, out_b: int | None = None)
       that 16-bit cast makes the fp32 gradient of the dropout's output, and ``native_dropout_backward`` its
       fp32 input gradient beside it, lora_A's saved 16-bit input freed: ``D = 2 x 4 w - I``.
 
-    max(I, n out_b w - P, D) per token (n: :func:`mlp_backward_tensors`, 3 for a gated product, 2 for a
-    single-op GELU); P = 0 (no private copy) leaves the n out_b w of the activation's backward
+    max(I, 3 out_b w - P, D) per token; P = 0 (no private copy) leaves the 3 out_b w of the gated product
     (simulate: Gemma-2B QLoRA, dropout 0.05, peak at down_proj's lora_A backward; D: FSDP1 LLaMA-Factory,
     Mistral-7B LoRA fp16-mixed, two fp32 14336-wide gradients at down_proj's dropout backward).
     ``out_b``: the product's gradient bytes (:func:`product_grad_bytes`), the linears' output bytes by
     default."""
     out_b = walk.output_bytes if out_b is None else out_b
-    n = mlp_backward_tensors(walk)
     private = walk.down_adapter_private
     dropout = walk.down_adapter_dropout - walk.down_adapter_input if walk.down_adapter_dropout else 0.0
     if private <= 0:
-        return out_b * n * width
-    return max(walk.down_adapter_input, out_b * n * width - private, dropout)
-
-
-def mlp_backward_tensors(walk: LayerWalk) -> int:
-    """MLP-wide gradients live together at the MLP's activation backward: 3 where the activation ends in
-    a product (SwiGLU's ``act(gate) * up``, a Python GELU's ``0.5 * x * (1 + tanh(...))``): ``MulBackward0``
-    returns both operands' gradients while the incoming one (the down projection's input gradient) is
-    still held; 2 for a single-op activation (``F.gelu`` / ``relu``, transformers ``GELUActivation``):
-    ``GeluBackward0`` makes one input gradient beside the incoming one (torch/csrc/autograd
-    FunctionsManual / derivatives.yaml ``gelu: gelu_backward(grad, self)``), n = 2 (simulate: Pythia-6.9B
-    LoRA on query_key_value, one [b, s, 4h] fp32 gradient at dense_4h_to_h's backward, the second at
-    ``gelu_backward``)."""
-    model = walk.model
-    if model.mlp_kind == "swiglu":
-        return 3
-    hidden_act = str(model.config.get("hidden_act", model.config.get("activation_function", "")))
-    return 3 if walk.python_model_code and hidden_act in PYTHON_GELU else 2
+        return out_b * 3 * width
+    return max(walk.down_adapter_input, out_b * 3 * width - private, dropout)
