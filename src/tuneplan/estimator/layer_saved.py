@@ -80,6 +80,13 @@ def mlp_block(walk: LayerWalk) -> None:
         mlp, experts, routers = [], [], []
     elif spec.n_norms >= 1 and not shared_norm:
         walk.norm("mlp_norm", hidden, "mlp_in" not in walk.gradient_free)
+        if (parallel and model.norm_kind != "rms" and "attn_norm.in" in ledger.items
+                and (4 if walk.ln_fp32 else walk.dtypes.residual) == walk.dtypes.residual):
+            # GPT-NeoX's parallel residual runs ``post_attention_layernorm(hidden_states)`` on the layer
+            # input that ``input_layernorm`` read (transformers gpt_neox GPTNeoXLayer.forward): both
+            # native_layer_norm nodes save that one storage, unless autocast casts it for each norm
+            # (simulate: Pythia-6.9B LoRA fp32, 4h per token per layer less)
+            ledger.items.pop("mlp_norm.in", None)
     # parallel attention + MLP under one norm (Phi, GPT-J, Falcon-7B): the MLP reads the attention's
     # normalized input, the same tensor, so what both save is one storage
     mlp_reads = "attn_in" if shared_norm else "mlp_in"
