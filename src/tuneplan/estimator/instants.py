@@ -297,7 +297,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_top_fetch"] = fetch_row
     if statics.wrapped.bottom_layer is not None:
         fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
-                         bottom_held)
+                         bottom_held, acts.mlp_saved_bytes)
     if statics.gathered_layer_end:
         layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
     if statics.wrapped.gathered.flush:

@@ -86,23 +86,29 @@ def folded_layer_row(row: Row, layer: TopLayer) -> Row:
     return (grads - layer.counted + at_end, temp, saved - freed, casts, held, scratch, layer.gathered)
 
 
-def fold_bottom_rows(rows: dict[str, Row], layer: TopLayer, attention_scores: bool, held: Any) -> None:
-    """The bottom row folded (:func:`folded_layer_row`), and, where the attention's backward materialises
-    the scores' gradients (eager, SDPA's math path: ``attention_scores``) and the wrapper says what the layer
-    has made by then (``TopLayer.gradients_at_attention``), the moment of the attention core's backward:
-    the layer's activations and scratch as the unfolded row counts them (its largest moment, the scores'
-    gradients beside the saved probabilities, the MLP's saved tensors released), its MLP's and output
-    projection's weight gradients already made, none of them concatenated yet, beside the outputs the loop
-    holds (``held``: the lower layers' rows', fsdp_qlora train.py's until the step)::
+def fold_bottom_rows(rows: dict[str, Row], layer: TopLayer, attention_scores: bool, held: Any,
+                     mlp_saved: Any = 0) -> None:
+    """The bottom row folded (:func:`folded_layer_row`) as ``layer.fold`` says, and, where the attention's
+    backward materialises the scores' gradients (eager, SDPA's math path: ``attention_scores``) and the
+    wrapper says what the layer has made by then (``TopLayer.gradients_at_attention``, ``G_attention``),
+    the moment of the attention core's backward: the layer's activations A and scratch as the unfolded row
+    counts them (its largest moment, the scores' gradients beside the saved probabilities), less its MLP
+    block's saved tensors M where the wrapper says autograd has released them (``attention_past_mlp``:
+    FSDP2), with the layer below's (one layer's more) where they are saved beside it
+    (``attention_below_saved``), its MLP's and output projection's weight gradients already made, beside
+    the outputs the loop holds (``held``: the lower layers' rows', fsdp_qlora train.py's until the step)::
 
-        gradients = G - counted + (E - 2 counted) + G_attention"""
+        gradients = G - counted + G_attention,  activations = A (- M) (+ A)"""
+    counted = attention_scores and bool(layer.gradients_at_attention)
     row = rows["backward_layers_bottom"]
-    rows["backward_layers_bottom"] = folded_layer_row(row, layer)
-    if attention_scores and layer.gradients_at_attention:
+    if layer.fold == "always" or (layer.fold == "with_attention" and counted):
+        rows["backward_layers_bottom"] = folded_layer_row(row, layer)
+    if counted:
         grads, temp, saved, casts, _, scratch, _ = row
-        made = layer.gradients_at_end - 2 * layer.counted + layer.gradients_at_attention
-        rows["backward_layer_attention"] = (grads - layer.counted + made, temp, saved, casts, held, scratch,
-                                            layer.gathered)
+        kept = saved - minimum(saved, mlp_saved) if layer.attention_past_mlp else saved
+        kept = kept + saved if layer.attention_below_saved else kept
+        rows["backward_layer_attention"] = (grads - layer.counted + layer.gradients_at_attention, temp, kept,
+                                            casts, held, scratch, layer.gathered)
 
 
 def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: Any, backward_temp: Any) -> Row:
