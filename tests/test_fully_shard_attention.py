@@ -1,0 +1,72 @@
+"""FSDP2's lower trained layer at its attention core's backward (wrappers/fully_shard_attention.py): the MLP's
+and o_proj's unsharded weight gradients made, the MLP block's saved tensors released, expected figures
+derived by hand from Llama-2-70b's shapes and the modeling code's saved tensors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from random_setups import reduced_model  # noqa: E402
+from tuneplan.api import build_setup  # noqa: E402
+from tuneplan.estimator.instants import memory_at, named, saved_at  # noqa: E402
+from tuneplan.estimator.memory_statics import memory_statics  # noqa: E402
+from tuneplan.estimator.run import resolve_run  # noqa: E402
+
+H, W, KV = 8192, 28672, 1024  # Llama-2-70b: hidden, MLP width, k/v width (GQA)
+LAYER = 2 * H * H + 2 * KV * H + 3 * W * H + 2 * H
+MADE = 3 * W * H + H * H  # gate, up, down and o_proj: back-propagated before the attention core
+
+
+def _run(layers: int, **kw: object):
+    spec = reduced_model("meta-llama/Llama-2-70b-hf", layers)
+    setup = dict(precision="fp32", framework="hf", grad_accum=1, optimizer="adamw-hf", gpus=2, fsdp=True,
+                 fsdp_version=2, offload="all")
+    return resolve_run(spec, build_setup(spec, **{**setup, **kw}))
+
+
+def _mlp_saved(tokens: int) -> int:
+    # LlamaRMSNorm (post_attention_layernorm): pow's input, rsqrt's output (one per token), the normalised
+    # hidden before the weight; its output (gate's and up's input); SiLU's input (gate's output), mul's two
+    # inputs (SiLU's and up's outputs), down's input: fp32, 4 B each
+    return (3 * tokens * H + tokens + 4 * tokens * W) * 4
+
+
+def test_freeze_lowest_trained_layer_at_its_attention_core() -> None:
+    # 4 layers, the top 2 trained (freeze), eager scores under fp32 (SDPA's math path), 3 x 1024 tokens,
+    # CPU offload (the shards on the host): at layer 2's attention backward its MLP and o_proj fp32
+    # gradients exist (no flat reduce-scatter input before its post_backward), the layers below frozen
+    # (nothing saved), two layers unsharded and layer 3's reduce-scatter input (fp32) beside them
+    run = _run(4, method="freeze", batch=3, seq=1024)
+    assert run.setup.freeze_trainable_layers == 2
+    rows = memory_at(run, 3, 1024).rows
+    layer_acts = saved_at(memory_statics(run).acts, 3, 1024).top_layer_bytes
+    row = named(rows["backward_layer_attention"])
+    assert row.gradients == MADE * 4
+    assert row.activations == layer_acts - _mlp_saved(3 * 1024)
+    assert row.parallel_buffers == 3 * LAYER * 4
+    # the row itself folded: its end, every fp32 gradient made (LAYER x 4 B > its activations), none saved
+    bottom = named(rows["backward_layers_bottom"])
+    assert bottom.gradients == LAYER * 4
+    assert bottom.activations == 0
+
+
+def test_full_second_layer_beside_the_lower_layers_activations() -> None:
+    # full, 3 layers: the row's layer (1) has layer 0's activations saved beside it, one layer's more
+    run = _run(3, method="full", batch=1, seq=1024)
+    rows = memory_at(run, 1, 1024).rows
+    layer_acts = saved_at(memory_statics(run).acts, 1, 1024).top_layer_bytes
+    row = named(rows["backward_layer_attention"])
+    assert row.activations == 2 * layer_acts - _mlp_saved(1024)
+    assert named(rows["backward_layers_bottom"]).activations == layer_acts  # left unfolded
+
+
+def test_no_moment_without_materialised_scores() -> None:
+    # bf16-mixed with SDPA's fused kernels: no scores' gradients, the row left as it is
+    run = _run(4, method="freeze", batch=3, seq=1024, precision="bf16-mixed", offload="none")
+    rows = memory_at(run, 3, 1024).rows
+    assert "backward_layer_attention" not in rows
+    assert named(rows["backward_layers_bottom"]).activations == saved_at(
+        memory_statics(run).acts, 3, 1024).top_layer_bytes
