@@ -102,9 +102,10 @@ class TopLayer:
     # back-propagated (wrappers/fsdp1_bottom.attention_moment_gradients, the layer's MLP and o_proj
     # weight gradients and what waits beside them); 0: not counted
     gradients_at_attention: int = 0
-    # FSDP2 (wrappers/fully_shard_attention.py): at that moment its MLP block's saved tensors are released,
-    # and the layer below's activations (one layer's more than the row counts) are saved beside it or not
-    attention_past_mlp: bool = False
+    # FSDP2 (wrappers/fully_shard_attention.py): that moment's scratch is the attention's own (net of the MLP
+    # block's released saved tensors), and the layer below's activations (one layer's more than the row
+    # counts) are saved beside it or not
+    attention_scratch_only: bool = False
     attention_below_saved: bool = False
     # when the row is folded: "always", "with_attention" (only where that moment is counted), "never"
     fold: Literal["always", "with_attention", "never"] = "always"

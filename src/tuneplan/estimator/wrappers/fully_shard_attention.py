@@ -58,5 +58,14 @@ def lower_trained_layer(run: Run, buffers: int, gathered: int, accumulates: bool
     per_elem = round(buffers / max(model.largest_layer_params, 1))
     return TopLayer(counted=buffers, gradients_at_end=buffers, gathered=gathered, keeps_scratch=True,
                     gradients_at_attention=attention_moment_elements(run) * per_elem,
-                    attention_past_mlp=True, attention_below_saved=below,
+                    attention_scratch_only=True, attention_below_saved=below,
                     fold="never" if below else "with_attention")
+
+
+def top_layer_attention(run: Run, buffers: int, accumulates: bool) -> int:
+    """The top layer's weight gradients made at its attention core's backward (the module docstring's
+    ``G_attention``; ``wrapper_rows.top_attention_row``): 0 where it does not apply (LoRA, accumulation
+    without sync)."""
+    if run.setup.method not in ("full", "freeze") or accumulates or not buffers:
+        return 0
+    return attention_moment_elements(run) * round(buffers / max(run.model.largest_layer_params, 1))
