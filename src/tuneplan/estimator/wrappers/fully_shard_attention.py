@@ -1,5 +1,5 @@
-"""FSDP2's lower trained layer in the backward (``backward_layers_bottom``) when its attention core's backward
-materialises the scores' gradients (eager attention, SDPA's math path), torch 2.13 ``_fully_shard``.
+"""FSDP2's lower trained layer (``backward_layers_bottom``) and top layer at their attention core's backward,
+where it materialises the scores' gradients (eager attention, SDPA's math path), torch 2.13 ``_fully_shard``.
 
 Each decoder layer is one group; autograd makes each weight's unsharded gradient as the layer's backward
 reaches its linear (``FSDPParam.unsharded_param.grad``), and the group's ``post_backward``
@@ -8,12 +8,15 @@ whole layer is back-propagated: within the layer the gradients made stay unshard
 layer's backward runs in reverse forward order, so when its attention core is back-propagated (the scores'
 gradients beside the saved probabilities: the layer's largest scratch) its MLP's linears and the attention
 output projection have made their gradients, and autograd has released the MLP block's saved tensors
-(a node's saved tensors are freed after its backward)::
+(a node's saved tensors are freed after its backward: netted in the attention's own scratch,
+``ActivationPlan.attention_backward_bytes``, ``S_attention``)::
 
-    gradients = G - b + sum_{m in MLP} n_m d_in d_out g + d_in d_out(o_proj) g,   activations = A - M
+    gradients = G - b + sum_{m in MLP} n_m d_in d_out g + d_in d_out(o_proj) g,
+    activations = A,  scratch = S_attention
 
 with ``b`` the layer's unsharded gradient bytes, ``g = b / layer parameters`` bytes per element, ``A`` one
-layer's activations, ``M`` its MLP block's.
+layer's activations. The top layer alike (``top_layer_attention``, ``wrapper_rows.top_attention_row``),
+beside every lower layer's activations.
 
 - A freeze run's lowest trained layer, frozen layers below it (no saved activations: autograd records
   nothing for them): the row's ``A`` is its own. The row is then also the larger of the layer's start (its
@@ -22,7 +25,7 @@ layer's activations, ``M`` its MLP block's.
   reduce-scatter input, which the group's ``post_backward`` drops (``reduce_scatter_max_input_buffers``
   = 1) before this layer's own is allocated.
 - A trained layer below (full fine-tune; every layer trained): the row is the second layer's, whose
-  lower layer's activations are saved beside it: ``activations = A + (A - M)``, the row itself left
+  lower layer's activations are saved beside it: ``activations = A + A``, the row itself left
   unfolded (its ``A`` bounds the lower layer's, its end).
 
 Elsewhere (no materialised scores: a flash or memory-efficient kernel, whose in-layer moments this does not
