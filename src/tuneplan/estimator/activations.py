@@ -55,6 +55,9 @@ class ActivationPlan:
     # adapter's): what it keeps, and the activation gradients live (0: not derived; ActivationTerms)
     first_hook_bytes: int = 0
     first_hook_temp_bytes: int = 0
+    # eager attention's backward scratch (the scores' gradients from its block on, net of the MLP block's
+    # released saved tensors): ``backward_temp_bytes``' attention term (0: none, or checkpointed)
+    attention_backward_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -238,10 +241,19 @@ def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: L
 
 
 def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
-    """:func:`saved_layers_at`, with the largest layer's MLP block (``mlp_saved_bytes``)."""
+    """:func:`saved_layers_at`, with the largest layer's MLP block (``mlp_saved_bytes``) and eager
+    attention's backward scratch (``attention_backward_bytes``: of the terms ``backward_temp_bytes`` takes
+    the larger of, the scores' gradients net of what the layer released before them,
+    ``t s x per_pos + t x offset``)."""
     plan = saved_layers_at(terms, batch, seq)
+    tokens = batch * seq
     if terms.mlp_saved_per_token:
-        plan.mlp_saved_bytes = int_for(batch * seq)(batch * seq * terms.mlp_saved_per_token)
+        plan.mlp_saved_bytes = int_for(tokens)(tokens * terms.mlp_saved_per_token)
+    attention: Any = 0
+    for kind in terms.kinds:
+        if kind[5]:
+            attention = maximum(attention, tokens * seq * kind[5] + tokens * kind[6])
+    plan.attention_backward_bytes = int_for(tokens)(attention)
     return plan
 
 

@@ -49,6 +49,7 @@ from tuneplan.estimator.wrapper_rows import (
     fold_bottom_rows,
     layer_end_rows,
     reduction_rows,
+    top_attention_row,
 )
 from tuneplan.estimator.xp import maximum, minimum
 
@@ -286,6 +287,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
                                        top_gathered)
         if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
             first_hook_rows(rows, statics, acts)
+        top_attention_row(rows, statics, acts, held)  # FSDP2's (wrappers/fully_shard_attention.py)
         # ZeRO-3's recording pass, before the first optimizer step (wrappers/zero3_expert_round.py)
         fetch_row = top_fetch_row(statics, statics.wrapped.gathered.states_unmade, saved - acts.tail_bytes,
                                   statics.autocast_copies, held)
@@ -297,7 +299,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_top_fetch"] = fetch_row
     if statics.wrapped.bottom_layer is not None:
         fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
-                         bottom_held)
+                         bottom_held, acts.attention_backward_bytes)
     if statics.gathered_layer_end:
         layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
     if statics.wrapped.gathered.flush:

@@ -86,23 +86,51 @@ def folded_layer_row(row: Row, layer: TopLayer) -> Row:
     return (grads - layer.counted + at_end, temp, saved - freed, casts, held, scratch, layer.gathered)
 
 
-def fold_bottom_rows(rows: dict[str, Row], layer: TopLayer, attention_scores: bool, held: Any) -> None:
-    """The bottom row folded (:func:`folded_layer_row`), and, where the attention's backward materialises
-    the scores' gradients (eager, SDPA's math path: ``attention_scores``) and the wrapper says what the layer
-    has made by then (``TopLayer.gradients_at_attention``), the moment of the attention core's backward:
-    the layer's activations and scratch as the unfolded row counts them (its largest moment, the scores'
-    gradients beside the saved probabilities, the MLP's saved tensors released), its MLP's and output
-    projection's weight gradients already made, none of them concatenated yet, beside the outputs the loop
-    holds (``held``: the lower layers' rows', fsdp_qlora train.py's until the step)::
+def fold_bottom_rows(rows: dict[str, Row], layer: TopLayer, attention_scores: bool, held: Any,
+                     attention_scratch: Any = 0) -> None:
+    """The bottom row folded (:func:`folded_layer_row`) as ``layer.fold`` says, and, where the attention's
+    backward materialises the scores' gradients (eager, SDPA's math path: ``attention_scores``) and the
+    wrapper says what the layer has made by then (``TopLayer.gradients_at_attention``, ``G_attention``),
+    the moment of the attention core's backward: the layer's activations A as the unfolded row counts them
+    with the layer below's (one layer's more) where they are saved beside it (``attention_below_saved``:
+    FSDP2), and the row's scratch S, or, where the wrapper says so (``attention_scratch_only``: FSDP2), the
+    attention's own ``S_attention`` (the scores' gradients beside the saved probabilities, net of the MLP
+    block's saved tensors autograd released by then: ``ActivationPlan.attention_backward_bytes``), its MLP's
+    and output projection's weight gradients already made, beside the outputs the loop holds (``held``: the
+    lower layers' rows', fsdp_qlora train.py's until the step)::
 
-        gradients = G - counted + (E - 2 counted) + G_attention"""
+        gradients = G - counted + G_attention,  activations = A (+ A),  scratch = S (or S_attention)"""
+    counted = attention_scores and bool(layer.gradients_at_attention)
     row = rows["backward_layers_bottom"]
-    rows["backward_layers_bottom"] = folded_layer_row(row, layer)
-    if attention_scores and layer.gradients_at_attention:
+    if layer.fold == "always" or (layer.fold == "with_attention" and counted):
+        rows["backward_layers_bottom"] = folded_layer_row(row, layer)
+    if counted:
         grads, temp, saved, casts, _, scratch, _ = row
-        made = layer.gradients_at_end - 2 * layer.counted + layer.gradients_at_attention
-        rows["backward_layer_attention"] = (grads - layer.counted + made, temp, saved, casts, held, scratch,
-                                            layer.gathered)
+        kept = saved + saved if layer.attention_below_saved else saved
+        scratch = attention_scratch if layer.attention_scratch_only else scratch
+        rows["backward_layer_attention"] = (grads - layer.counted + layer.gradients_at_attention, temp, kept,
+                                            casts, held, scratch, layer.gathered)
+
+
+def top_attention_row(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, held: Any) -> None:
+    """The top layer's attention core's backward (without checkpointing), where the wrapper says what the
+    layer has made by then (``TopLayer.gradients_at_attention`` with ``attention_scratch_only``: FSDP2,
+    wrappers/fully_shard_attention.py) and the scores' gradients are materialised: every layer's saved
+    activations but the tail's (the top layer's whole; its MLP block's release is netted in the scratch),
+    the attention's own scratch ``S_attention`` (``ActivationPlan.attention_backward_bytes``), the top
+    layer's MLP and o_proj weight gradients made, its other gradients not, autocast's casts but the head's::
+
+        gradients = G_top - counted + G_attention,  activations = saved - tail,  scratch = S_attention"""
+    from tuneplan.estimator.layer_end_casts import top_layer_row_casts
+
+    top = statics.wrapped.top_layer
+    if (top is None or not top.gradients_at_attention or not top.attention_scratch_only
+            or statics.checkpointed or not any(kind[5] for kind in statics.acts.kinds)):
+        return
+    casts = top_layer_row_casts(statics.autocast_copies, statics.head_top_casts, 0)
+    grads = statics.earlier_grads_in_layer - top.counted + top.gradients_at_attention
+    rows["backward_top_attention"] = (grads, 0, acts.saved_bytes - acts.tail_bytes, casts, held,
+                                      acts.attention_backward_bytes, top.gathered)
 
 
 def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: Any, backward_temp: Any) -> Row:

@@ -11,7 +11,7 @@ resolved run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from tuneplan.estimator.links import ring_factor
 from tuneplan.specs.setup import TrainSetup
@@ -98,9 +98,17 @@ class TopLayer:
     gradients_at_end: int  # the gradient bytes live at its end
     gathered: int  # unsharded parameters then
     keeps_scratch: bool  # whether its last op's scratch is live at its end
-    # beyond ``gradients_at_end - 2 x counted``, the gradients it has made when its attention core is
-    # back-propagated (FSDP1's bottom unit: wrappers/fsdp1_bottom.attention_moment_gradients); 0: not counted
+    # beyond the row's other gradients (``G - counted``), the gradient bytes live when its attention core is
+    # back-propagated (wrappers/fsdp1_bottom.attention_moment_gradients, the layer's MLP and o_proj
+    # weight gradients and what waits beside them); 0: not counted
     gradients_at_attention: int = 0
+    # FSDP2 (wrappers/fully_shard_attention.py): that moment's scratch is the attention's own (net of the MLP
+    # block's released saved tensors), and the layer below's activations (one layer's more than the row
+    # counts) are saved beside it or not
+    attention_scratch_only: bool = False
+    attention_below_saved: bool = False
+    # when the row is folded: "always", "with_attention" (only where that moment is counted), "never"
+    fold: Literal["always", "with_attention", "never"] = "always"
 
 
 @dataclass(frozen=True)

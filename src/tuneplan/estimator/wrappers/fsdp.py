@@ -60,6 +60,7 @@ from tuneplan.estimator.wrappers.fully_shard import (
     tail_reduce_scatter,
 )
 from tuneplan.estimator.wrappers.fully_shard_accumulation import accumulated_backward
+from tuneplan.estimator.wrappers.fully_shard_attention import lower_trained_layer, top_layer_attention
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.load_precision import fsdp_mixed_precision
 from tuneplan.specs.setup import TrainSetup
@@ -283,11 +284,16 @@ class Fsdp2(Fsdp):
                                       bottom_layer_copy=bottom_copy),
                              top_layer=TopLayer(counted=top_counted, gradients_at_end=top_counted,
                                                 gathered=2 * layer16 + fully_sharded.held_top,
-                                                keeps_scratch=True),
+                                                keeps_scratch=True, attention_scratch_only=True,
+                                                gradients_at_attention=top_layer_attention(
+                                                    run, buffers, accumulated is not None)),
                              end_of_backward=fully_sharded.end, no_sync=no_sync_gradients(run),
                              tail_reduce=tail_reduce_scatter(model, setup, run.dtypes.compute, layer16,
                                                              accumulated is not None),
                              bottom_layer_trains=bottom_layer_trains(model, setup),
+                             # its attention core's moment (wrappers/fully_shard_attention.py)
+                             bottom_layer=lower_trained_layer(run, buffers, 2 * layer16 + held,
+                                                              accumulated is not None),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))
 

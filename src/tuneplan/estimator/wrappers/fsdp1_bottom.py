@@ -82,7 +82,7 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
     kept = kept_shards_above(run, trained - pending)
     bottom = TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait + kept,
                       gathered=root16 + layers * layer16 + below, keeps_scratch=False,
-                      gradients_at_attention=attention_moment_gradients(run))
+                      gradients_at_attention=head_wait + kept + attention_moment_gradients(run))
     return bottom, pending * shard + root_shard + unsynced_at_bottom(run, buffers, trained)
 
 
@@ -96,12 +96,17 @@ def attention_moment_gradients(run: Run) -> int:
         sum_{m in MLP} n_m d_in d_out b_grad + d_in d_out(o_proj) b_grad"""
     from tuneplan.estimator.wrappers.fp32_gathers import unsharded_grad_bytes
 
+    return attention_moment_elements(run) * unsharded_grad_bytes(run)
+
+
+def attention_moment_elements(run: Run) -> int:
+    """The weight elements of :func:`attention_moment_gradients` (the largest layer's)."""
     most = 0
     for spec, _ in run.model.layer_groups:
         attn = [m for m in spec.linears if m.role == "attn"]
         made = sum(m.count * m.d_in * m.d_out for m in spec.linears if m.role in ("mlp", "shared_expert"))
         most = max(most, made + (attn[-1].count * attn[-1].d_in * attn[-1].d_out if attn else 0))
-    return most * unsharded_grad_bytes(run)
+    return most
 
 
 def kept_shards_above(run: Run, above: int) -> int:
