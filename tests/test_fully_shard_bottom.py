@@ -59,3 +59,15 @@ def test_under_checkpointing_the_host_copy_comes_before_the_recomputation() -> N
         row = named(memory_at(resolve_run(model, setup), 1, tokens).rows["backward_bottom_layer"])
         rest = 2 * LAYER + 2 * EMBED + 2 * LAYER  # as on the device, without the host shard's copy
         assert row.parallel_buffers == rest + max(EMBED - row.activations - row.backward_temp, 0)
+
+
+def test_a_freeze_run_misses_only_its_lowest_trained_layers_shard() -> None:
+    # torch 2.13 FSDPParamGroup.post_backward: a layer's fp32 shard (accelerate's upcast) is made by its
+    # foreach_reduce once its backward ends. Two of three layers trained: the row nearest the bottom is
+    # layer 1's backward (layer 0 frozen, no gradient of its own), where layer 2's shard (LAYER x 4 / 2)
+    # is made and layer 1's unsharded bf16 gradients (LAYER x 2) are live; only layer 1's shard is missing.
+    # All three trained: the second layer's backward, layers 0 and 1 missing, layer 2's made: the same sum.
+    assert statics("none", 2).all_grads_in_layer == LAYER * 4 // 2 + LAYER * 2
+    assert statics("none", 3).all_grads_in_layer == LAYER * 4 // 2 + LAYER * 2
+    # under CPUOffloadPolicy the shards go to the host: only the unsharded gradients are on the device
+    assert statics("all", 2).all_grads_in_layer == LAYER * 2

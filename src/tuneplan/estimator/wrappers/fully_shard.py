@@ -71,8 +71,8 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
       the head's and the embedding's gradients and their sum are live (three in the param dtype).
     - The sharded gradient of a group appears after its reduce-scatter: at the second layer's backward
       (the peak near the bottom: the first one prefetches the smaller embedding group) two layers' shards
-      and the embedding's (the tied tail's) are still missing. With ``CPUOffloadPolicy`` the sharded
-      gradients are copied to the host as they are made (``foreach_reduce``): none is on the device to miss.
+      (``missing_near_bottom``) and the embedding's (the tied tail's) are still missing. With
+      ``CPUOffloadPolicy`` the sharded gradients are copied to the host as they are made: none to miss.
     - The top layer is the first back-propagated: the reduce-scatter input held through it is the tail's
       (an untied head that trains), or none; a tied tail stays unsharded. Its unsharded gradients grow as
       its activations are released (``memory_at``'s top-layer row takes the larger of its start and end)."""
@@ -87,16 +87,16 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
     if tied:
         held = layer_grads
         transient = layer_grads + emb_grad16
-        pending = 2 * layer_train + (tail if head_trains else 0)
         end = (EndOfBackward(gradients=3 * emb_grad16 + layer_grads - -(-int(tail * per_elem) // world_size),
                              gathered=tail16) if head_trains else None)
     else:
         held = max(layer_grads, tail * compute_bytes if head_trains else 0)
         transient = layer_grads
-        pending = 2 * layer_train + (model.embed_params if head_trains else 0)
         end = (EndOfBackward(
             gradients=emb_grad16 + layer_grads - -(-int(model.embed_params * per_elem) // world_size),
             gathered=model.embed_params * compute_bytes) if head_trains else None)
+    pending = (missing_near_bottom(model, setup) * layer_train
+               + ((tail if tied else model.embed_params) if head_trains else 0))
     if end is not None:
         end = max(synced_micro_batch(end, no_sync, model, trainable_params, kept=True),
                   synced_micro_batch(final_reduce_scatter(model, setup, compute_bytes, per_elem), no_sync,
@@ -111,6 +111,25 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
                            held_top=tail16 if tied else (tail * compute_bytes if head_trains else 0),
                            first_copy_out=0 if tied else 2 * model.embed_params * compute_bytes,
                            bottom_backward=bottom)
+
+
+def missing_near_bottom(model: ModelSpec, setup: TrainSetup) -> int:
+    """Layers whose sharded gradients are not made yet at the trained layer's backward nearest the bottom
+    beside a prefetched layer (``backward_layers_bottom``), torch 2.13 ``FSDPParamGroup.post_backward``:
+    a group's ``foreach_reduce`` makes its shard once its own backward ends, so at the backward of the
+    layer with k layers below it the trained layers at index <= k still lack theirs. With every layer
+    trained that row is the second layer's (k = 1): two layers. A freeze run with frozen layers below its
+    t trained ones (t < n) back-propagates no layer below index n - t that makes gradients, so its row is
+    the lowest trained layer's (k = n - t, prefetching the frozen layer below): every trained layer above
+    has reduce-scattered its shard, one (its own) is missing:
+
+        missing = 1 if method = freeze and t < n else 2
+
+    (simulate: DeepSeek-V3 freeze at six layers, two trained, bf16, 4 GPUs: at layer 4's backward, layer
+    5's fp32 shard, 1/4 of its 11.5 G elements x 4 bytes, beside layer 4's unsharded bf16 gradients)."""
+    if setup.method == "freeze" and setup.freeze_trainable_layers < model.n_layers:
+        return min(1, setup.freeze_trainable_layers)
+    return 2
 
 
 def synced_micro_batch(end: EndOfBackward, no_sync: NoSyncGradients | None, model: ModelSpec,
