@@ -33,7 +33,9 @@ class ActivationPlan:
     top_layer_bytes: int  # one layer's saved activations (the one recomputed / freed first)
     checkpoint_bytes: int  # layer inputs kept under gradient checkpointing (0 otherwise)
     recompute_bytes: int  # one layer's activations rebuilt during backward under checkpointing
-    backward_temp_bytes: int  # the largest layer's activation gradients (a fused expert stack's moment aside)
+    # the largest layer's activation gradients (a fused expert stack's moment aside); checkpointed: beside
+    # recompute_bytes they make the largest layer kind's recomputation plus its own scratch (saved_layers_at)
+    backward_temp_bytes: int
     offloaded_bytes: int = 0  # checkpoints moved to host memory (Unsloth)
     # The token-embedding gradient is the last one backward makes (full fine-tune): the bottom layer runs
     # without it, and the embedding backward adds its own transients on top of all the other gradients.
@@ -265,7 +267,9 @@ def saved_layers_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationP
     fused expert stack's effective weight); the model keeps the sum over its layers plus the tail (per
     head token, what the final norm and the head keep; per token, the embedding-dropout mask); under gradient
     checkpointing only each layer's input (t x residual bytes x hidden) plus the largest layer recomputed
-    in backward."""
+    in backward, beside its own scratch (one layer is recomputed and back-propagated at a time, utils/
+    checkpoint.py): ``recompute = max_k R_k``, ``backward_temp = max_k (R_k + T_k) - recompute`` (R_k, T_k:
+    kind k's recomputation and scratch; T_k's attention term is net of k's own MLP block's release)."""
     # (no in-place += below: on a grid an operand may broadcast to a larger shape than the accumulator)
     tokens = batch * seq
     to_int = int_for(tokens)  # the builtin on Python numbers (the scalar estimate), else the array-aware one
@@ -274,6 +278,7 @@ def saved_layers_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationP
     biggest = 0.0
     biggest_recompute = 0.0  # a recomputed layer without what aliases its checkpointed input
     biggest_backward_temp = 0.0
+    moment = 0.0  # checkpointed: the largest of a kind's recomputed layer plus its own scratch
     expert_stack = 0.0
     pinned = 0.0
     # (terms that are zero for a kind, and the recomputed layer without checkpointing, are skipped: the scalar
@@ -288,14 +293,17 @@ def saved_layers_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationP
         if kept:
             pinned = pinned + tokens * kept * count
         biggest = maximum(biggest, per_layer)
+        kind_temp = tokens * backward_temp
+        if backward_temp_per_pos:  # eager attention's backward: the scores' gradients, from its block on
+            kind_temp = maximum(kind_temp, pairs * backward_temp_per_pos + tokens * attn_backward_offset)
+        biggest_backward_temp = maximum(biggest_backward_temp, kind_temp)
         if checkpointed:
-            biggest_recompute = maximum(biggest_recompute, per_layer - tokens * alias)
-        biggest_backward_temp = maximum(biggest_backward_temp, tokens * backward_temp)
+            # an offloaded checkpoint comes back as a new GPU copy: nothing aliases it
+            recomputed = per_layer if terms.offload else per_layer - tokens * alias
+            biggest_recompute = maximum(biggest_recompute, recomputed)
+            moment = maximum(moment, recomputed + kind_temp)
         if backward_fixed:  # a fused expert stack's weight gradient and the gradients beside it
             expert_stack = maximum(expert_stack, backward_fixed + tokens * backward_fixed_per_token)
-        if backward_temp_per_pos:  # eager attention's backward: the scores' gradients, from its block on
-            biggest_backward_temp = maximum(biggest_backward_temp,
-                                            pairs * backward_temp_per_pos + tokens * attn_backward_offset)
     tail = ((batch if terms.head_per_example else tokens) * terms.tail_per_head_token
             + tokens * terms.tail_per_token)
     if terms.pinned_per_token:
@@ -308,10 +316,10 @@ def saved_layers_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationP
         # the recomputed layer's first norm keeps the checkpoint itself when nothing casts it (simulate:
         # Llama-3.2-1B QLoRA, fp32 residual); an offloaded checkpoint comes back as a new GPU copy;
         # recomputed layers' graphs die with each layer's backward: nothing stays pinned
-        recompute = biggest if terms.offload else biggest_recompute
+        # the scratch: the largest kind's recomputation plus its own, less the largest recomputation
         return ActivationPlan(to_int(checkpoints - offloaded + tail), to_int(biggest),
-                              to_int(checkpoints - offloaded), to_int(recompute),
-                              to_int(biggest_backward_temp), to_int(offloaded), emb_grad, emb_extra, 0,
+                              to_int(checkpoints - offloaded), to_int(biggest_recompute),
+                              to_int(moment - biggest_recompute), to_int(offloaded), emb_grad, emb_extra, 0,
                               to_int(tail), to_int(expert_stack),
                               layer_end_bytes=to_int(tokens * terms.layer_end_per_token),
                               layer_end_temp_bytes=to_int(tokens * terms.layer_end_temp_per_token))
