@@ -218,3 +218,30 @@ def test_a_leaf_moe_block_keeps_the_norms_round_without_accumulation() -> None:
     spec = model_from_config(cfg, "qwen3-30b-a3b-2L")
     setup = build_setup(spec, method="qlora", precision="fp32", gpus=8, zero=3, grad_accum=1)
     assert zero3_quantized_head_copy_bytes(resolve_run(spec, setup), 50_000_000) == (v * h + h) * 4
+
+
+def test_past_max_live_the_prefetcher_resumes_and_coalesces_the_head_with_the_top_down_lora_b() -> None:
+    # Llama-3.1-405B shapes over 2 layers, QLoRA nf4 rank 8 on every linear in fp16: the embedding,
+    # 128,256 x 16,384 = 2,101,346,304 elements, is the first round, past stage3_max_live_parameters (1e9):
+    # the next fetches pop nothing (fetch_sub_module: min(M - A, bucket) <= 0). Its forward releases it
+    # (its backward use lies past the reuse distance), the layers' modules gather their own entries, use
+    # and release them (each packed weight, 16,384 x 53,248 / 2 = 436,207,616 for the MLP, is used again
+    # only in the backward, beyond 1e9): the prefetcher resumes and runs ahead, a packed weight past the
+    # 5e7 bucket ending each round. The top layer's last round ends at down_proj's codes; down_proj's
+    # lora_B (16,384 x 8 = 131,072, past the persistence threshold 1e5) starts the next, under the bucket:
+    # the head joins it. Coalesced: the flat buffer (131,072 + 2,101,346,304 fp16 elements, as the
+    # simulation allocates it at layer 1's gate_proj) and the head's copy beside it
+    from tuneplan.estimator.wrappers.zero3_quantized import (
+        head_round_members,
+        zero3_quantized_head_copy_bytes,
+    )
+
+    h, v = 16384, 128256
+    spec = model_from_config(dict(model_type="llama", hidden_size=h, intermediate_size=53248,
+                                  num_hidden_layers=2, num_attention_heads=128, num_key_value_heads=8,
+                                  vocab_size=v, tie_word_embeddings=False), "llama-405b-2L")
+    setup = build_setup(spec, method="qlora", precision="fp16", gpus=2, zero=3, rank=8,
+                        targets="all-linear", gradient_checkpointing=False)
+    run = resolve_run(spec, setup)
+    assert head_round_members(run, 50_000_000) == [(h * 8, 2)]
+    assert zero3_quantized_head_copy_bytes(run, 50_000_000) == v * h * 2 + h * 8 * 2

@@ -202,7 +202,7 @@ def head_round_members(run: Run, prefetch_bucket: int) -> list[tuple[int, int]]:
     if not trace or trace[-1][0] != run.model.lm_head_params:
         return []  # a persistent (classifier) head is no entry of the queue
     released = run.model.embed_params if embedding_released(run, trace) else 0
-    for r in cut_rounds(trace, prefetch_bucket, released):
+    for r in cut_rounds(trace, prefetch_bucket, released, resume=True):
         if r[-1] is trace[-1]:
             return r[:-1]
     return []
@@ -243,11 +243,18 @@ def embedding_released(run: Run, trace: list[tuple[int, int]]) -> bool:
 
 
 def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
-               released: int) -> list[list[tuple[int, int]]]:
+               released: int, resume: bool = False) -> list[list[tuple[int, int]]]:
     """The trace cut into rounds as zero3_coordinator.prefetch_rounds cuts them (round ``k`` popped at the
     ``k``-th module fetch), with ``released`` elements (the embedding) no longer available from the first
     fetch after the embedding's (the four wrappers above it and the embedding pop the first five rounds;
-    ``release_sub_module`` after its forward lowers ``__n_available_params``)."""
+    ``release_sub_module`` after its forward lowers ``__n_available_params``).
+
+    Where the limit ``min(M - A, bucket)`` is not positive the prefetcher pops nothing at that fetch.
+    Without ``resume`` the cut stops there; with it the forward goes on (:func:`blocked_walk`): each fetch
+    uses the next entry, gathered on demand when no round has popped it, and releases it after its
+    forward when its next use lies beyond ``stage3_max_reuse_distance``, so that the prefetcher resumes."""
+    if resume:
+        return blocked_walk(trace, prefetch_bucket, released)
     wrappers = 4  # the causal-LM model and its base model, PEFT's PeftModel and LoraModel above them
     queue, available = list(trace), 0
     rounds: list[list[tuple[int, int]]] = []
@@ -262,6 +269,48 @@ def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
             taken.append(queue.pop(0))
         rounds.append(taken)
         available += sum(n for n, _ in taken)
+    return rounds
+
+
+def blocked_walk(trace: list[tuple[int, int]], prefetch_bucket: int,
+                 released: int) -> list[list[tuple[int, int]]]:
+    """The prefetch rounds of the second step's forward fetch by fetch, the prefetcher blocked while the
+    gathered elements ``A`` reach ``M`` (``stage3_max_live_parameters``) and resuming as the forward
+    releases what it used (DeepSpeed 0.19.8 ``PartitionedParameterCoordinator.fetch_sub_module``: the
+    module's own parameters are gathered and popped off the queue, then a round of up to
+    ``min(M - A, prefetch_bucket)`` elements; ``release_sub_module`` -> ``__params_to_release``).
+
+    Fetch ``4 + i`` uses entry ``i`` (the four wrappers first; modules without a queued parameter left
+    out). Entry ``i > 0`` is released after its forward when its next use, in the backward, lies
+    ``2 \\sum_{j > i} n_j`` elements on (the entries above it, the head's two uses among them) at least
+    ``stage3_max_reuse_distance``; the embedding when ``released`` is its size. Rounds of one entry
+    gathered on demand are not listed. (simulate: Llama-3.1-405B, 2 layers, QLoRA nf4 rank 8 on every
+    linear over 2 GPUs: the embedding alone past ``M``, the prefetcher resumes in layer 0 and pops
+    ``[down_proj.lora_B, lm_head]`` at layer 1's ``gate_proj``.)"""
+    wrappers = 4
+    queue, available, popped = list(range(len(trace))), 0, set()
+    after = [sum(n for n, _ in trace[i + 1:]) for i in range(len(trace))]
+    rounds: list[list[tuple[int, int]]] = []
+    for fetch in range(wrappers + len(trace)):
+        used = fetch - wrappers
+        if 0 <= used and used not in popped:  # gathered on demand, popped off the queue
+            queue.remove(used)
+            popped.add(used)
+            available += trace[used][0]
+        limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
+        taken: list[int] = []
+        while queue and limit > 0 and sum(trace[i][0] for i in taken) < limit:
+            taken.append(queue.pop(0))
+        if taken:
+            rounds.append([trace[i] for i in taken])
+            popped.update(taken)
+            available += sum(trace[i][0] for i in taken)
+        if used == 0 and released:
+            available -= released
+        elif used > 0 and 2 * after[used] >= DS_MAX_REUSE_DISTANCE:
+            available -= trace[used][0]
+        if not queue:
+            break
     return rounds
 
 
