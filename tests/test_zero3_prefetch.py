@@ -254,16 +254,18 @@ def test_an_embedding_released_after_its_forward_leaves_room_for_the_heads_round
     # LoRA without checkpointing: the frozen embedding has no backward use and is released after its
     # forward, leaving 9.616e8 under it, so the rounds of 5e7 reach the head uncut: [E], [q k v o gate],
     # [up], [down] per layer, [head] alone, which the final norm (H, NOT_AVAILABLE in the first complete
-    # pass) starts: V H + H. A full fine-tune keeps the embedding for its backward: the rounds are cut.
+    # pass, the second micro-batch of the first step) starts: V H + H. A full fine-tune keeps the
+    # embedding for its backward: 9.615e8 before the head, still under the limit, so the head is popped
+    # too; with one micro-batch per step the norm is gathered again after the step (_post_step): alone.
     v, h = 128256, 4096
     cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
                num_key_value_heads=8, intermediate_size=14336, vocab_size=v, tie_word_embeddings=False)
     spec = model_from_config(cfg, "llama3-2L")
-    lora = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    lora = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False, grad_accum=2)
     assert zero3_head_round(spec, 50_000_000, lora) == v * h + h
     full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_head_round(spec, 50_000_000, full) == 0
-    assert zero3_head_round(spec, 50_000_000) == 0
+    assert zero3_head_round(spec, 50_000_000) == v * h + h
 
 
 def test_a_tied_heads_weight_is_used_again_in_the_backward() -> None:
@@ -301,3 +303,25 @@ def test_freeze_bottom_linear_rounds_past_the_released_embedding() -> None:
     setup = build_setup(spec, method="freeze", freeze_trainable_layers=2, gpus=4, zero=3,
                         gradient_checkpointing=False)
     assert zero3_gathered_at_first_linear(spec, setup, 50_000_000) == 1_255_145_472
+
+
+def test_the_head_may_cross_the_live_limit_and_the_norm_joins_it_only_before_a_step() -> None:
+    # Llama-3-8B shape at 3 layers (h 4096, 8 KV heads of 128, f 14336, vocab 128256, untied), LoRA without
+    # checkpointing: the forward trace is E = V H = 525,336,576, 3 layers of 4096 x (4096 + 2 x 1024 +
+    # 4096) + 3 x 4096 x 14336 = 218,103,808 each, and the head V H: 1.705e9 in all, 1.180e9 once the
+    # frozen embedding is released after its forward, over stage3_max_live_parameters (1e9). But the
+    # prefetcher checks the limit before each pop: what is gathered before the head is the 3 layers,
+    # 654,311,424 < 1e9, so the head is popped and crosses it. Rounds of 5e7: [head] alone, which the
+    # final norm (H, released by the record pass) starts in the first complete pass when that is the
+    # second micro-batch of the first step: V H + H.
+    v, h = 128256, 4096
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=3, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=14336, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama3-3L")
+    accum = build_setup(spec, method="lora", gpus=8, zero=3, gradient_checkpointing=False, grad_accum=2)
+    assert zero3_head_round(spec, 50_000_000, accum) == v * h + h
+    # one micro-batch per step: the first complete pass is the second step's, after
+    # DeepSpeedZeroOptimizer_Stage3._post_step gathered the persistent parameters again: the head alone,
+    # gathered without a copy
+    single = build_setup(spec, method="lora", gpus=8, zero=3, gradient_checkpointing=False, grad_accum=1)
+    assert zero3_head_round(spec, 50_000_000, single) == 0

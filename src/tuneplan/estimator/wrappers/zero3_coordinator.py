@@ -167,11 +167,14 @@ def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bu
 
 def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup | None = None) -> int:
     """Elements of the all-gather buffer ZeRO-3 still holds beside the gathered parameters when the untied
-    output head runs its forward (0 when the head is tied, or the forward's parameters exceed
-    ``stage3_max_live_parameters``, where the rounds are cut shorter than the bucket: less, in ``setup``,
-    an embedding with no backward use (:func:`embedding_used_last`), released after its forward, before
-    the head's round is popped; simulate: Meta-Llama-3-8B, 2 layers, LoRA over 2 GPUs: the head's round
-    popped at layer 0's input norm, 5.2537e8 elements beside the head's copy at the final norm).
+    output head runs its forward (0 when the head is tied, or what the forward gathers before the head
+    reaches ``stage3_max_live_parameters``, where the rounds stop before it: less, in ``setup``, an
+    embedding with no backward use (:func:`embedding_used_last`), released after its forward, before the
+    head's round is popped; the head itself may cross the limit, checked before each pop; simulate:
+    Meta-Llama-3-8B, 2 layers, LoRA over 2 GPUs: the head's round popped at layer 0's input norm,
+    5.2537e8 elements beside the head's copy at the final norm; 3 layers over 8 GPUs, two micro-batches:
+    the 5.2534e8-element round [norm, head] popped at layer 0's ``q_proj``, 6.54e8 layer elements
+    gathered before it, held beside the head's copy at the final norm of the second micro-batch).
 
     ``PartitionedParameterCoordinator.__all_gather_params_`` (DeepSpeed 0.19.8) files one coalesced handle
     under every parameter of a round (``__inflight_param_registry[param] = handle``); a fetch pops only its
@@ -184,16 +187,27 @@ def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup |
     persistent parameters too, zero3_first_pass.py): the final norm, NOT_AVAILABLE,
     starts the head's round, which is coalesced. (simulate: Llama-2-13b and Mistral-7B, 2 layers, LoRA on
     the MLP: the head's 163.93e6-element flat buffer beside its copy at the final norm's forward of the
-    second micro-batch, the head gathered alone in the later ones.)"""
+    second micro-batch, the head gathered alone in the later ones.) With one micro-batch per step that
+    pass is the second step's, and ``DeepSpeedZeroOptimizer_Stage3._post_step`` has gathered the
+    persistent parameters again: the head alone (simulate: Qwen2.5-7B, 2 layers, LoRA over 2 GPUs: the
+    5.4500e8-element head, no norm, popped at layer 0's input norm of the second step)."""
     trace = forward_trace(model)
     released = model.embed_params if setup is not None and not embedding_used_last(model, setup) else 0
-    if not model.lm_head_params or sum(trace) - released > DS_MAX_LIVE_PARAMETERS:
+    # the wrappers' fetches and the embedding's own pop their rounds before ``__release_param`` takes the
+    # embedding off ``n_available`` (zero3_bottom_forward); the head is popped while what is gathered
+    # before it is under the limit, and may cross it (``numel_prefetching < min(max_live - n_available,
+    # prefetch_bucket)`` is checked before each pop)
+    wrappers = 4 if setup is not None and setup.method in ("lora", "qlora") else 2
+    rounds = prefetch_rounds(trace, prefetch_bucket, (wrappers + 1, released))
+    if not model.lm_head_params or sum(map(len, rounds)) < len(trace):
         return 0
-    rounds = prefetch_rounds(trace, prefetch_bucket)
     last = rounds[-1]
     if len(last) > 1:
         return sum(last)
-    norm = model.final_norm_params
+    # the norm is NOT_AVAILABLE in the first pass with a complete trace only before any optimizer step:
+    # ``DeepSpeedZeroOptimizer_Stage3._post_step`` gathers the persistent parameters again after each
+    # step, so with one micro-batch per step that pass (the second step's) finds it gathered
+    norm = model.final_norm_params if setup is None or setup.grad_accum > 1 else 0
     return last[0] + norm if 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD else 0
 
 
