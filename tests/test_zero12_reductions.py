@@ -107,3 +107,19 @@ def test_freeze_gradients_reach_the_bucket_in_the_trained_layers_module_order(qw
     run = resolve_run(qwen7b, setup)
     assert freeze_module_order(run) == layer * 2
     assert sum(layer) * 2 == run.param_plan.trainable_params
+
+
+def test_offload_gradient_buffer_holds_the_fused_expert_stack() -> None:
+    # DeepSpeedZeroOptimizer sizes temp_grad_buffer_for_gpu_offload by its largest parameter; transformers
+    # 5 registers Mixtral's experts as gate_up_proj [8, 2 x 14336, 4096] and down_proj [8, 4096, 14336],
+    # so the largest is the fused gate_up stack, twice one expert projection stacked over the 8 experts
+    from tuneplan.estimator.wrappers.zero12_reductions import largest_trained_param
+    from tuneplan.specs.model import model_from_config
+
+    spec = model_from_config(dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=2,
+                                  num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                                  vocab_size=32000, num_local_experts=8, num_experts_per_tok=2,
+                                  tie_word_embeddings=False), "Mixtral-8x7B 2 layers (hand config)")
+    for method in ("full", "freeze"):
+        setup = build_setup(spec, method=method, precision="bf16-mixed", gpus=4, zero=1, offload="optimizer")
+        assert largest_trained_param(resolve_run(spec, setup)) == 8 * 2 * 14336 * 4096, method

@@ -133,6 +133,16 @@ def freeze_module_order(run: Run) -> list[int]:
     return order if sum(order) == run.param_plan.trainable_params else []
 
 
+def largest_trained_param(run: Run) -> int:
+    """Elements of the largest parameter of the flat 16-bit group (stage_1_and_2.py ``__init__``:
+    ``largest_param_numel``, the size of ZeRO-Offload's ``temp_grad_buffer_for_gpu_offload``): the largest
+    entry of the module order where it is known (a MoE's fused ``gate_up_proj`` is one parameter of
+    E x 2f x h elements under transformers' code), else the plan's largest trainable tensor."""
+    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
+             if run.setup.method == "full" else freeze_module_order(run))
+    return max(order) if order else run.param_plan.largest_trainable_tensor
+
+
 def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> Epilogue | None:
     """ZeRO-1 with ``offload_optimizer``: its reductions run at the end of the backward
     (``reduce_gradients`` walks the flat group's parameters in module order, each gradient moved into the
