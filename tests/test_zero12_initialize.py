@@ -51,3 +51,36 @@ def test_no_cast_on_the_gpu_without_a_bitsandbytes_model(qwen7b) -> None:
         run = resolve_run(qwen7b, build_setup(qwen7b, gpus=4, **kw))
         assert memory_statics(run).wrapped.initialize == 0, kw
         assert "initialize" not in memory_breakdown(qwen7b, run.setup).instants, kw
+
+
+MIXTRAL_2L = dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=2, num_attention_heads=32,
+                  num_key_value_heads=8, intermediate_size=14336, vocab_size=32000, num_local_experts=8,
+                  num_experts_per_tok=2, tie_word_embeddings=False)
+
+
+def test_qlora_moe_cast_peaks_at_the_bottom_fused_expert_stack() -> None:
+    # Mixtral under transformers 5: the routed experts are fused 3-D parameters, not nn.Linear, so
+    # bitsandbytes leaves them bf16 and PEFT's kbit preparation makes them fp32 with the router, norms,
+    # embedding and lm_head. DeepSpeed casts in module.parameters() order: embed_tokens, then layer 0's
+    # self_attn (4-bit codes, not castable; its fp32 LoRA factors are), mlp.gate (router [8, h]),
+    # mlp.experts.gate_up_proj [8, 2 x 14336, 4096]: while that copy is made, only the embedding's, the
+    # layer-0 adapters' and the router's fp32 sources have been freed (2 B per element each)
+    from tuneplan.specs.model import model_from_config
+
+    spec = model_from_config(MIXTRAL_2L, "Mixtral-8x7B 2 layers (hand config)")
+    setup = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=1, rank=16, targets="attn")
+    run = resolve_run(spec, setup)
+    h, kv, f, experts, vocab = 4096, 1024, 14336, 8, 32000
+    embed = vocab * h
+    adapters_layer = 16 * ((h + h) + 2 * (h + kv) + (h + h))  # q, k, v, o at r=16
+    router = experts * h
+    not_quantized = (2 * embed + h  # embedding, lm_head, final norm
+                     + 2 * (router + experts * 3 * f * h + 2 * h))  # per layer: router, experts, two norms
+    gate_up_bf16 = experts * 2 * f * h * 2
+    freed_before = 2 * (embed + adapters_layer + router)
+    assert run.param_plan.adapter_params == 2 * adapters_layer
+    statics = memory_statics(run)
+    common = statics.common
+    after_cast = common["weights"] + common["lora_adapters"] + common["quant_meta"]
+    assert (statics.wrapped.initialize - after_cast
+            == 2 * not_quantized + 2 * 2 * adapters_layer + gate_up_bf16 - freed_before)

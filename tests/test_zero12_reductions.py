@@ -92,3 +92,34 @@ def test_full_module_order_builds_layers_in_order_with_fused_experts() -> None:
     dense = [*attn, h * 128, h * 128, 128 * h, norms]
     moe = [*attn, h * 4, 4 * 2 * 16 * h, 4 * h * 16, h * 16, h * 16, 16 * h, norms]  # router, experts, shared
     assert full_module_order(model) == [100 * h, *dense, *moe, *moe, h, 100 * h]
+
+
+def test_freeze_gradients_reach_the_bucket_in_the_trained_layers_module_order(qwen7b) -> None:
+    # a freeze run's flat group holds the top two layers' parameters as Qwen2DecoderLayer registers them:
+    # self_attn q, k, v (with biases), o, then mlp gate, up, down, then the two RMSNorms (one entry);
+    # ZeRO-1 with offload reduces them in that order (stage_1_and_2.py reduce_gradients), so the first
+    # bucket and the largest slice whose norm is taken in fp64 are known though the run is wider than it
+    from tuneplan.estimator.wrappers.zero12_reductions import freeze_module_order
+
+    h, kv, f = 3_584, 512, 18_944
+    layer = [h * h + h, h * kv + kv, h * kv + kv, h * h, h * f, h * f, f * h, 2 * h]
+    setup = build_setup(qwen7b, method="freeze", precision="bf16-mixed", gpus=4, zero=1, offload="optimizer")
+    run = resolve_run(qwen7b, setup)
+    assert freeze_module_order(run) == layer * 2
+    assert sum(layer) * 2 == run.param_plan.trainable_params
+
+
+def test_offload_gradient_buffer_holds_the_fused_expert_stack() -> None:
+    # DeepSpeedZeroOptimizer sizes temp_grad_buffer_for_gpu_offload by its largest parameter; transformers
+    # 5 registers Mixtral's experts as gate_up_proj [8, 2 x 14336, 4096] and down_proj [8, 4096, 14336],
+    # so the largest is the fused gate_up stack, twice one expert projection stacked over the 8 experts
+    from tuneplan.estimator.wrappers.zero12_reductions import largest_trained_param
+    from tuneplan.specs.model import model_from_config
+
+    spec = model_from_config(dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=2,
+                                  num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                                  vocab_size=32000, num_local_experts=8, num_experts_per_tok=2,
+                                  tie_word_embeddings=False), "Mixtral-8x7B 2 layers (hand config)")
+    for method in ("full", "freeze"):
+        setup = build_setup(spec, method=method, precision="bf16-mixed", gpus=4, zero=1, offload="optimizer")
+        assert largest_trained_param(resolve_run(spec, setup)) == 8 * 2 * 14336 * 4096, method

@@ -59,6 +59,7 @@ from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero3_tied_head import zero3_tied_head_round
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
+    largest_trained_param,
     zero1_epilogue,
     zero12_grads_at_embedding,
     zero12_rank0_params,
@@ -210,7 +211,7 @@ class ZeroOneTwo(Zero):
             # the run; ZeRO-2's reduced partitions go straight to the host fp32 gradient buffer
             # (copy_grads_in_partition -> async_inplace_copy_grad_to_fp32_buffer_from_gpu, then
             # clear_grad_attribute): no device gradient partition
-            offload_grad_buffer = run.param_plan.largest_trainable_tensor * compute
+            offload_grad_buffer = largest_trained_param(run) * compute
             if self.partitions_gradients:
                 g_live = 0
             # and on the host beside the fp32 master: param_buffer_of_bit16_for_cpu_offload_groups (the 16-bit

@@ -19,25 +19,33 @@ workspace.
 
 With :math:`f_j` and :math:`h_j` parameter :math:`j`'s bytes before and after the cast (equal when it is
 not cast), the bytes live while parameter :math:`i` is cast are
-:math:`\\sum_{j<i} h_j + h_i + \\sum_{j \\ge i} f_j`, largest at (or near) the first cast parameter:
+:math:`\\sum_{j<i} h_j + h_i + \\sum_{j \\ge i} f_j`, so
 
-.. math::  M_\\text{init} = W_\\text{pre} + Q + h_\\text{first}
+.. math::  M_\\text{init} = W_\\text{pre} + Q + \\max_i \\Big(h_i - \\sum_{j<i} (f_j - h_j)\\Big)
 
 with :math:`W_\\text{pre}` every parameter as the script leaves it (the run's parameter plan under the
-dtypes it has without DeepSpeed), :math:`Q` the quantization metadata (plain tensors, not cast), and
-:math:`h_\\text{first}` the first cast parameter's 16-bit copy: the token embedding (``embed_tokens``,
-the module's first parameter) when the non-block parameters are fp32, else a trained tensor (an adapter,
-a trained layer's linear), bounded by the largest trainable tensor.
+dtypes it has without DeepSpeed) and :math:`Q` the quantization metadata (plain tensors, not cast). The
+first cast parameter gives :math:`h_\\text{first}`: the token embedding (``embed_tokens``, the module's
+first parameter) when the non-block parameters are fp32, else a trained tensor (an adapter, a trained
+layer's linear), bounded by the largest trainable tensor. A later parameter wins when it is larger than
+what the casts before it have freed: a MoE's fused expert stack (``gate_up_proj`` [E, 2f, h], not
+quantized by bitsandbytes, fp32 after PEFT's kbit preparation: ``bnb_scope``) cast after the embedding
+and the bottom layer's attention (module order, :func:`_cast_sequence`): Mixtral-8x7B's first
+``gate_up_proj`` is 1.75 GiB in bf16 against the embedding's 0.24 GiB freed before it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.dtypes import resolve_dtypes
-from tuneplan.estimator.weights import param_plan
+from tuneplan.estimator.bnb_scope import expert_stack_bytes, fused_expert, quantized
+from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
+from tuneplan.estimator.fused_expert_lora import expert_stacks
+from tuneplan.estimator.weights import lora_targets, param_plan
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from tuneplan.estimator.run import Run
 
 
@@ -63,4 +71,56 @@ def zero12_initialize_bytes(run: Run) -> int:
         first = model.vocab * model.hidden * compute
     else:
         first = pre.largest_trainable_tensor * compute
-    return pre.weight_bytes + pre.adapter_bytes + pre.quant_meta_bytes + first
+    later = _largest_later_cast(run, before) if setup.is_lora else 0
+    return pre.weight_bytes + pre.adapter_bytes + pre.quant_meta_bytes + max(first, later)
+
+
+def _largest_later_cast(run: Run, before: Dtypes) -> int:
+    """:math:`\\max_i (h_i - \\sum_{j<i} (f_j - h_j))` (module docstring) over the parameters
+    :func:`_cast_sequence` walks, 0 when none is cast."""
+    best = freed = 0
+    for f, h in _cast_sequence(run, before):
+        if f > h:
+            best = max(best, h - freed)
+            freed += f - h
+    return best
+
+
+def _cast_sequence(run: Run, before: Dtypes) -> Iterator[tuple[int, int]]:
+    """(bytes before, bytes after) of each parameter of a QLoRA model DeepSpeed's cast visits, in
+    ``module.parameters()`` order: the token embedding, then each decoder layer as transformers registers
+    it (``*DecoderLayer.__init__``: self_attn, mlp, then the layer's norms), where a bitsandbytes linear
+    leaves its uint8 codes (not castable) and casts its bias and its LoRA factors (lora_A, lora_B after
+    ``base_layer``); a linear bitsandbytes leaves alone (``bnb_scope``: routers, fused experts) is cast
+    whole, the routed experts as their fused stacks ``gate_up_proj`` (the gate and up linears' rows) and
+    ``down_proj`` (``*Experts.__init__``) ahead of their ParamWrapper factors. The final norm and lm_head
+    come last, after every layer's casts: never the largest term, so not walked."""
+    model, setup = run.model, run.setup
+    compute = run.dtypes.compute
+    code = run.profile.model_code
+    targets = lora_targets(model, setup)
+    kept = before.non_block  # the non-quantized parameters: upcast by PEFT's kbit preparation or not
+    stack = expert_stack_bytes(setup.quant_bits, before)
+    ratio = (before.adapter, compute)
+    yield model.vocab * model.hidden * kept, model.vocab * model.hidden * compute
+    for spec, count in model.layer_groups:
+        for _ in range(count):
+            fused_in = fused_out = 0
+            for m in spec.linears:
+                numel = m.count * m.d_in * m.d_out
+                if fused_expert(m, code):  # one fused stack per side of the expert MLP
+                    fused_in += numel if m.reads == "mlp_in" else 0
+                    fused_out += numel if m.reads != "mlp_in" else 0
+                    continue
+                if not quantized(m, code):
+                    yield numel * kept, numel * compute
+                if m.bias:
+                    yield m.count * m.d_out * kept, m.count * m.d_out * compute
+                if m.name in targets:
+                    yield from ((n * ratio[0], n * ratio[1])
+                                for n in (m.count * setup.rank * m.d_in, m.count * setup.rank * m.d_out))
+            yield from ((n * stack, n * compute) for n in (fused_in, fused_out) if n)
+            for st in expert_stacks(spec, targets, setup.rank):
+                width = st.rank * st.experts
+                yield from ((n * ratio[0], n * ratio[1]) for n in (width * st.d_in, width * st.d_out))
+            yield spec.norm_params * kept, spec.norm_params * compute

@@ -117,22 +117,49 @@ def offload_norm_copy(run: Run, largest: int) -> int:
     return NORM_BYTES * min(largest, ceil_div(run.param_plan.trainable_params, run.setup.world_size))
 
 
+def freeze_module_order(run: Run) -> list[int]:
+    """A freeze run's trainable parameters (elements) in module order, the order of its flat 16-bit group:
+    the top ``freeze_trainable_layers`` decoder layers as transformers builds them
+    (:func:`layers_in_module_order`), each layer's tensors by :func:`reduce_buckets.layer_tensors` (a MoE
+    layer's fused ``gate_up_proj`` / ``down_proj`` stacks as one tensor each); [] for another method or
+    where these do not add up to the trainable parameters (LLaMA-Factory's freeze modules beyond the
+    layers)."""
+    setup = run.setup
+    if setup.method != "freeze":
+        return []
+    layers = layers_in_module_order(run.model)[-setup.freeze_trainable_layers:]
+    hf = run.profile.model_code == "hf"
+    order = [n for spec in layers for n in layer_tensors(spec, transformers_code=hf) if n]
+    return order if sum(order) == run.param_plan.trainable_params else []
+
+
+def largest_trained_param(run: Run) -> int:
+    """Elements of the largest parameter of the flat 16-bit group (stage_1_and_2.py ``__init__``:
+    ``largest_param_numel``, the size of ZeRO-Offload's ``temp_grad_buffer_for_gpu_offload``): the largest
+    entry of the module order where it is known (a MoE's fused ``gate_up_proj`` is one parameter of
+    E x 2f x h elements under transformers' code), else the plan's largest trainable tensor."""
+    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
+             if run.setup.method == "full" else freeze_module_order(run))
+    return max(order) if order else run.param_plan.largest_trainable_tensor
+
+
 def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> Epilogue | None:
     """ZeRO-1 with ``offload_optimizer``: its reductions run at the end of the backward
     (``reduce_gradients`` walks the flat group's parameters in module order, each gradient moved into the
     bucket, DeepSpeed 0.19.8); at the first, every other 16-bit gradient is still held beside the bucket,
     its flattened copy (``allreduce_bucket``) and then the norm's copy of each slice (offload_norm_copy),
-    the token embedding's first. None where the order is not known (a partial fine-tune wider than the
+    the token embedding's first (a freeze run: its trained layers' in module order,
+    :func:`freeze_module_order`). None where the order is not known (a LoRA fine-tune wider than the
     bucket)."""
     params = run.param_plan
-    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
-             if run.setup.method == "full"
-             else [params.trainable_params] if params.trainable_params <= reduce_bucket else [])
+    known = full_module_order(run.model, transformers_code=run.profile.model_code == "hf") \
+        if run.setup.method == "full" else freeze_module_order(run)
+    order = known or ([params.trainable_params] if params.trainable_params <= reduce_bucket else [])
     members = bucket_members(order, reduce_bucket)
     if not members:
         return None
     first, compute = members[0], run.dtypes.compute
-    largest = max(first) if run.setup.method == "full" else params.largest_trainable_tensor
+    largest = max(first) if known else params.largest_trainable_tensor
     return Epilogue(gradients=max(grads16 - sum(first) * compute, 0) + buffers,
                     reduction_copy=max(sum(first) * compute, offload_norm_copy(run, largest)))
 
