@@ -4,6 +4,8 @@ trace is short and the prefetcher runs ahead through it."""
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
@@ -288,28 +290,33 @@ def blocked_walk(trace: list[tuple[int, int]], prefetch_bucket: int,
     linear over 2 GPUs: the embedding alone past ``M``, the prefetcher resumes in layer 0 and pops
     ``[down_proj.lora_B, lm_head]`` at layer 1's ``gate_proj``.)"""
     wrappers = 4
-    queue, available, popped = list(range(len(trace))), 0, set()
-    after = [sum(n for n, _ in trace[i + 1:]) for i in range(len(trace))]
+    # the queue in fetch order, an entry gathered on demand skipped when its turn comes (linear in the
+    # trace: a MoE's trace has one entry per expert, tens of thousands for DeepSeek-V3)
+    queue, available, popped = deque(range(len(trace))), 0, set()
+    after = list(accumulate((n for n, _ in reversed(trace[1:])), initial=0))[::-1]  # sum of n_j, j > i
     rounds: list[list[tuple[int, int]]] = []
     for fetch in range(wrappers + len(trace)):
         used = fetch - wrappers
         if 0 <= used and used not in popped:  # gathered on demand, popped off the queue
-            queue.remove(used)
             popped.add(used)
             available += trace[used][0]
         limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
         taken: list[int] = []
-        while queue and limit > 0 and sum(trace[i][0] for i in taken) < limit:
-            taken.append(queue.pop(0))
+        total = 0
+        while queue and limit > 0 and total < limit:
+            entry = queue.popleft()
+            if entry not in popped:
+                taken.append(entry)
+                total += trace[entry][0]
         if taken:
             rounds.append([trace[i] for i in taken])
             popped.update(taken)
-            available += sum(trace[i][0] for i in taken)
+            available += total
         if used == 0 and released:
             available -= released
         elif used > 0 and 2 * after[used] >= DS_MAX_REUSE_DISTANCE:
             available -= trace[used][0]
-        if not queue:
+        if len(popped) == len(trace):
             break
     return rounds
 
