@@ -25,6 +25,15 @@ DENSE = H * H
 UP = DOWN = 4 * H * H
 
 
+# DeepSeek-V2-Lite widths at 5 layers, the first dense: E 64 experts of f 1408, h 2048
+DEEPSEEK_V2_LITE_5L = dict(model_type="deepseek_v2", hidden_size=2048, num_hidden_layers=5,
+                           num_attention_heads=16, num_key_value_heads=16, intermediate_size=10944,
+                           moe_intermediate_size=1408, n_routed_experts=64, n_shared_experts=2,
+                           num_experts_per_tok=6, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None,
+                           qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=102400,
+                           tie_word_embeddings=False)
+
+
 def test_falcon_lora_keeps_the_released_layers_viewed_weights() -> None:
     # LoRA on query_key_value, no checkpointing: in the bottom layer only the attention's dense reads a
     # tensor that requires grad (qkv's LoRA output); the MLP reads ln_mlp(input), nothing upstream of it
@@ -139,12 +148,7 @@ def test_fused_moe_experts_keep_the_released_layers_stacks_through_their_view() 
     # Freeze with the top 2 layers trainable: layers 3 and 4 save their views; layer 4 stays gathered
     # (stage3_max_reuse_distance), layer 3 is released after its forward and its stacks stay allocated.
     e, f, h = 64, 1408, 2048
-    cfg = dict(model_type="deepseek_v2", hidden_size=h, num_hidden_layers=5, num_attention_heads=16,
-               num_key_value_heads=16, intermediate_size=10944, moe_intermediate_size=f,
-               n_routed_experts=e, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
-               kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
-               v_head_dim=128, vocab_size=102400, tie_word_embeddings=False)
-    spec = model_from_config(cfg, "deepseek-v2-lite-5L")
+    spec = model_from_config(DEEPSEEK_V2_LITE_5L, "deepseek-v2-lite-5L")
     stacks = e * 2 * f * h + e * h * f  # 553,648,128
     freeze = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_view_kept(spec, freeze, frozenset(), 1, holds_all=False) == stacks
@@ -213,12 +217,7 @@ def test_lora_adapted_expert_stacks_save_the_parametrized_copy_not_a_view() -> N
     # grouped_mm saves the transposed view of that tensor, baddbmm saves its factors. The gathered W is
     # kept by nothing once DeepSpeed releases it. DeepSeek-V2-Lite widths, 5 layers (the first dense).
     e, f, h = 64, 1408, 2048
-    cfg = dict(model_type="deepseek_v2", hidden_size=h, num_hidden_layers=5, num_attention_heads=16,
-               num_key_value_heads=16, intermediate_size=10944, moe_intermediate_size=f,
-               n_routed_experts=e, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
-               kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
-               v_head_dim=128, vocab_size=102400, tie_word_embeddings=False)
-    spec = model_from_config(cfg, "deepseek-v2-lite-5L")
+    spec = model_from_config(DEEPSEEK_V2_LITE_5L, "deepseek-v2-lite-5L")
     lora = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
     both = frozenset({"experts@gate_up_proj", "experts@down_proj"})
     assert zero3_view_kept(spec, lora, both, 1, holds_all=False) == 0
