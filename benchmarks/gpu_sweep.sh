@@ -8,18 +8,19 @@
 #
 #   bash benchmarks/gpu_sweep.sh              # quick: ~20 runs, 0.5B-3B, about 5-8 minutes on an H100/H200
 #   MODE=full bash benchmarks/gpu_sweep.sh    # adds 7-8B models, long sequences, other optimizers/precisions
-#   OUT=/tmp/rows.csv STEPS=4 bash benchmarks/gpu_sweep.sh
+#   OUT=/tmp/rows.csv STREAM_OUT=/tmp/gap.jsonl STEPS=4 bash benchmarks/gpu_sweep.sh
 #
 # Needs a CUDA GPU, torch + transformers + peft (pip install -e '.[simulate,detect]'), and bitsandbytes for
-# the QLoRA / 8-bit-optimizer runs (skipped with a note when it is missing). Not yet run: see docs/measure.md.
+# the QLoRA / 8-bit-optimizer runs (skipped with a note when it is missing). Results: docs/measure.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 OUT="${OUT:-benchmarks/data/measured_tuneplan.csv}"
 MODE="${MODE:-quick}"
-STEPS="${STEPS:-3}"
+STEPS="${STEPS:-8}"                      # speed is read over steps 2..N: warm steps
 RUN_TIMEOUT="${RUN_TIMEOUT:-300}"        # seconds per configuration
 BUDGET="${SWEEP_BUDGET_S:-540}"          # stop starting new runs after this many seconds
+STREAM_OUT="${STREAM_OUT:-benchmarks/data/stream_gap.jsonl}"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1                  # catalog configs only; never reach for the Hub
 export TOKENIZERS_PARALLELISM=false
@@ -109,5 +110,5 @@ echo "gpu_sweep: $ok recorded, $failed failed, $skipped skipped in $(( $(date +%
 # benchmarks/data/stream_gap.jsonl beside the allocator emulation's figures for the same pattern (one stream;
 # two streams, GPU-bound and GPU keeping up), to check the emulation's per-stream rules against this card.
 echo "== stream gap (one card, one stream vs two)"
-timeout "$RUN_TIMEOUT" python3 benchmarks/stream_gap.py --out benchmarks/data/stream_gap.jsonl \
+timeout "$RUN_TIMEOUT" python3 benchmarks/stream_gap.py --out "$STREAM_OUT" \
   || echo "gpu_sweep: stream gap run failed (exit $?)" >&2

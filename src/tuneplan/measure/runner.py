@@ -167,10 +167,14 @@ def _loop(torch: Any, run: BuiltRun, model: ModelSpec, setup: TrainSetup, steps:
                       if setup.num_labels else ids)
             with amp, softmax_keeps_input(setup.softmax_keeps_input):
                 out = net(input_ids=ids, labels=labels)
+            # The Trainer's compute_loss returns the loss alone (transformers trainer.py, compute_loss ->
+            # training_step), so the model output and its logits (batch x seq x vocab in the autocast
+            # dtype) are freed before backward; holding them here would add those bytes to its peak.
             loss = out.loss / setup.grad_accum
+            del out
             mark("forward")
             (run.scaler.scale(loss) if run.scaler is not None else loss).backward()
-            del out, loss, ids, labels
+            del loss, ids, labels
             mark("backward")
         before_step = counters.current() - baseline
         if run.scaler is not None:
