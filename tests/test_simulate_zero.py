@@ -35,12 +35,12 @@ def _needs_deepspeed():
         pytest.skip("deepspeed is not installed (pip install -e '.[deepspeed]')")
 
 
-def _run(n: int, stage: int):
+def _run(n: int, stage: int, precision: str = "bf16-mixed"):
     from tuneplan.simulate.engine import simulate_run
     from tuneplan.specs.profiles import get_profile, resolve_setup
 
     spec = model_from_config(TINY, "tiny-llama-zero")
-    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+    setup = resolve_setup(build_setup(spec, method="full", precision=precision, seq=64, attn="eager",
                                       gradient_checkpointing=False, gpus=n, zero=stage,
                                       ds_reduce_bucket=BUCKET), spec)
     return simulate_run(spec, setup, get_profile("hf"))
@@ -63,6 +63,24 @@ def test_zero2_partitions_master_and_moments_and_buckets_the_backward_only() -> 
     assert buckets, "no contiguous-gradients bucket of reduce_bucket_size bf16 elements"
     for blk in buckets:
         assert blk.phase.endswith(".backward")  # made at the first gradient, not at construction
+
+
+def test_fp16_zero_runs_whatever_the_host_processor_supports(monkeypatch) -> None:
+    # DeepSpeed's CPU accelerator answers fp16 support from the host's oneDNN (AVX512-FP16 / AMX-FP16);
+    # the simulated card is a GPU: an fp16 ZeRO run is simulated on a processor without them too, with the
+    # same fp32 master partition and moments as bf16 (3 x 4 B x TOTAL / N, plus the step counter)
+    _needs_deepspeed()
+    import torch
+
+    from tuneplan.simulate.report import build_report
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: False)
+    run = _run(2, 2, precision="fp16-mixed")
+    assert "DeepSpeed ZeRO" in run.wrapper
+    assert build_report(run).breakdown.components["optimizer_states"] == 3 * r512(4 * TOTAL // 2) + 512
+    from deepspeed.accelerator import get_accelerator
+
+    assert "is_fp16_supported" not in vars(get_accelerator())  # answered during initialize only
 
 
 def test_two_zero_simulations_in_one_process() -> None:
@@ -146,7 +164,7 @@ def test_the_trainers_own_optimizer_steps_the_master_partition() -> None:
 
     n = 2
     spec = model_from_config(TINY, "tiny-llama-zero")
-    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+    setup = resolve_setup(build_setup(spec, method="full", precision=precision, seq=64, attn="eager",
                                       gradient_checkpointing=False, gpus=n, zero=2, optimizer="adafactor",
                                       ds_reduce_bucket=BUCKET), spec)
     from tuneplan.simulate.tracker import find_peak
@@ -170,7 +188,7 @@ def test_zero2_reduction_copies_the_bucket_it_reduces() -> None:
 
     bucket = 4 * TOTAL
     spec = model_from_config(TINY, "tiny-llama-zero")
-    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+    setup = resolve_setup(build_setup(spec, method="full", precision=precision, seq=64, attn="eager",
                                       gradient_checkpointing=False, gpus=2, zero=2,
                                       ds_reduce_bucket=bucket), spec)
     run = simulate_run(spec, setup, get_profile("hf"))
@@ -195,7 +213,7 @@ def test_zero2_rank0_partition_holds_every_parameter_it_overlaps() -> None:
     n = 8
     assert TOTAL // n < V * H
     spec = model_from_config(TINY, "tiny-llama-zero")
-    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+    setup = resolve_setup(build_setup(spec, method="full", precision=precision, seq=64, attn="eager",
                                       gradient_checkpointing=False, gpus=n, zero=2,
                                       ds_reduce_bucket=BUCKET), spec)
     run = simulate_run(spec, setup, get_profile("hf"))
@@ -217,7 +235,7 @@ def test_zero3_whole_parameters_never_reach_the_device() -> None:
     vocab = 4096
     assert vocab * H > 100_000
     spec = model_from_config(dict(TINY, vocab_size=vocab), "tiny-llama-zero3-init")
-    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+    setup = resolve_setup(build_setup(spec, method="full", precision=precision, seq=64, attn="eager",
                                       gradient_checkpointing=False, gpus=2, zero=3), spec)
     run = simulate_run(spec, setup, get_profile("hf"))
     whole = [b for b in run.result.blocks if b.shape == (vocab, H) and b.category == "weights"]

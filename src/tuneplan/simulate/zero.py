@@ -185,13 +185,14 @@ def wrap_zero(model: nn.Module, setup: TrainSetup, optimizer: torch.optim.Optimi
     import deepspeed
 
     from tuneplan.simulate.build import data_assignment_apply
+    from tuneplan.simulate.zero_accelerator import gpu_dtypes_answered
 
     forget_process_groups()
     cfg = ds_config(setup)
     # a config that names the optimizer (offload: DeepSpeed's CPU Adam) takes no client optimizer
     client = None if "optimizer" in cfg else optimizer
     params = [p for p in model.parameters() if p.requires_grad]
-    with data_assignment_apply():
+    with data_assignment_apply(), gpu_dtypes_answered():
         engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=client, config=cfg,
                                                  model_parameters=params if client is None else None,
                                                  dist_init_required=False)
