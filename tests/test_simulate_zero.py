@@ -164,7 +164,7 @@ def test_the_trainers_own_optimizer_steps_the_master_partition() -> None:
 
     n = 2
     spec = model_from_config(TINY, "tiny-llama-zero")
-    setup = resolve_setup(build_setup(spec, method="full", precision=precision, seq=64, attn="eager",
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
                                       gradient_checkpointing=False, gpus=n, zero=2, optimizer="adafactor",
                                       ds_reduce_bucket=BUCKET), spec)
     from tuneplan.simulate.tracker import find_peak
@@ -188,7 +188,7 @@ def test_zero2_reduction_copies_the_bucket_it_reduces() -> None:
 
     bucket = 4 * TOTAL
     spec = model_from_config(TINY, "tiny-llama-zero")
-    setup = resolve_setup(build_setup(spec, method="full", precision=precision, seq=64, attn="eager",
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
                                       gradient_checkpointing=False, gpus=2, zero=2,
                                       ds_reduce_bucket=bucket), spec)
     run = simulate_run(spec, setup, get_profile("hf"))
@@ -213,7 +213,7 @@ def test_zero2_rank0_partition_holds_every_parameter_it_overlaps() -> None:
     n = 8
     assert TOTAL // n < V * H
     spec = model_from_config(TINY, "tiny-llama-zero")
-    setup = resolve_setup(build_setup(spec, method="full", precision=precision, seq=64, attn="eager",
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
                                       gradient_checkpointing=False, gpus=n, zero=2,
                                       ds_reduce_bucket=BUCKET), spec)
     run = simulate_run(spec, setup, get_profile("hf"))
@@ -235,7 +235,7 @@ def test_zero3_whole_parameters_never_reach_the_device() -> None:
     vocab = 4096
     assert vocab * H > 100_000
     spec = model_from_config(dict(TINY, vocab_size=vocab), "tiny-llama-zero3-init")
-    setup = resolve_setup(build_setup(spec, method="full", precision=precision, seq=64, attn="eager",
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
                                       gradient_checkpointing=False, gpus=2, zero=3), spec)
     run = simulate_run(spec, setup, get_profile("hf"))
     whole = [b for b in run.result.blocks if b.shape == (vocab, H) and b.category == "weights"]
