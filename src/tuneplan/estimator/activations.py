@@ -4,7 +4,7 @@ checkpointing, activation offload and bitsandbytes' pinned inputs make of that s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuneplan.estimator.dtypes import Dtypes
@@ -34,7 +34,7 @@ class ActivationPlan:
     checkpoint_bytes: int  # layer inputs kept under gradient checkpointing (0 otherwise)
     recompute_bytes: int  # one layer's activations rebuilt during backward under checkpointing
     # the largest layer's activation gradients (a fused expert stack's moment aside); checkpointed: beside
-    # recompute_bytes they make the largest layer kind's recomputation plus its own scratch (saved_layers_at)
+    # recompute_bytes they make the largest layer kind's recomputation plus its own scratch (saved_at)
     backward_temp_bytes: int
     offloaded_bytes: int = 0  # checkpoints moved to host memory (Unsloth)
     # The token-embedding gradient is the last one backward makes (full fine-tune): the bottom layer runs
@@ -47,19 +47,69 @@ class ActivationPlan:
     tail_bytes: int = 0
     # a fused expert stack's weight gradient and the gradients beside it (LayerActs.backward_per_layer)
     expert_stack_bytes: int = 0
-    # what the largest layer's MLP block keeps (in top_layer_bytes / recompute_bytes; LayerActs.mlp_saved)
-    mlp_saved_bytes: int = 0
-    # under checkpointing, when a recomputed layer's first LoRA adapter starts its backward: what the layer
-    # keeps beyond its checkpoint, and the activation gradients live (0: not derived; ActivationTerms)
-    layer_end_bytes: int = 0
-    layer_end_temp_bytes: int = 0
-    # without checkpointing, when the largest layer's first trained gradient is ready (its last LoRA
-    # adapter's): what it keeps, and the activation gradients live (0: not derived; ActivationTerms)
-    first_hook_bytes: int = 0
-    first_hook_temp_bytes: int = 0
-    # eager attention's backward scratch (the scores' gradients from its block on, net of the MLP block's
-    # released saved tensors): ``backward_temp_bytes``' attention term (0: none, or checkpointed)
-    attention_backward_bytes: int = 0
+    # the terms and the shape the moments below are read from (the scalar estimate reads none of them on a
+    # single GPU: they are products of the tokens, made when a row that reads them is built)
+    terms: ActivationTerms = field(kw_only=True)
+    tokens: Any = field(kw_only=True)  # batch x seq
+    seq: Any = field(kw_only=True)
+
+    @property
+    def mlp_saved_bytes(self) -> Any:
+        """What the largest layer's MLP block keeps (in top_layer_bytes / recompute_bytes; LayerActs.
+        mlp_saved): ``t x mlp_saved_per_token``."""
+        terms, tokens = self.terms, self.tokens
+        return int_for(tokens)(tokens * terms.mlp_saved_per_token) if terms.mlp_saved_per_token else 0
+
+    @property
+    def attention_backward_bytes(self) -> Any:
+        """Eager attention's backward scratch, ``backward_temp_bytes``' attention term (0: none, or
+        checkpointed): of the terms it takes the larger of, the scores' gradients net of what the layer
+        released before them (the MLP block's saved tensors), ``max_k (t s x per_pos_k + t x offset_k)``."""
+        tokens, seq = self.tokens, self.seq
+        attention: Any = 0
+        for kind in self.terms.kinds:
+            if kind[5]:
+                attention = maximum(attention, tokens * seq * kind[5] + tokens * kind[6])
+        return int_for(tokens)(attention)
+
+    @property
+    def layer_end_bytes(self) -> Any:
+        """Under checkpointing, when a recomputed layer's first LoRA adapter starts its backward: what the
+        layer keeps beyond its checkpoint (without checkpointing, with what aliases its input, its own
+        saved tensor; 0: not derived, or activations offloaded; ActivationTerms)."""
+        terms, tokens = self.terms, self.tokens
+        if terms.checkpointed:
+            return int_for(tokens)(tokens * terms.layer_end_per_token)
+        if terms.offload:
+            return 0
+        # without checkpointing the layer's input is its own saved tensor: the moment counts what aliases it
+        end = terms.layer_end_per_token
+        return int_for(tokens)(tokens * (end + terms.layer_end_alias_per_token if end else 0.0))
+
+    @property
+    def layer_end_temp_bytes(self) -> Any:
+        """... and the activation gradients live then (0: not derived, or activations offloaded)."""
+        terms, tokens = self.terms, self.tokens
+        if terms.offload and not terms.checkpointed:
+            return 0
+        return int_for(tokens)(tokens * terms.layer_end_temp_per_token)
+
+    @property
+    def first_hook_bytes(self) -> Any:
+        """Without checkpointing, when the largest layer's first trained gradient is ready (its last LoRA
+        adapter's): what it keeps (0: not derived, checkpointed or offloaded; ActivationTerms)."""
+        terms, tokens = self.terms, self.tokens
+        if terms.checkpointed or terms.offload:
+            return 0
+        return int_for(tokens)(tokens * terms.first_hook_per_token)
+
+    @property
+    def first_hook_temp_bytes(self) -> Any:
+        """... and the activation gradients live then (0: not derived, checkpointed or offloaded)."""
+        terms, tokens = self.terms, self.tokens
+        if terms.checkpointed or terms.offload:
+            return 0
+        return int_for(tokens)(tokens * terms.first_hook_temp_per_token)
 
 
 @dataclass(frozen=True)
@@ -243,23 +293,6 @@ def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: L
 
 
 def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
-    """:func:`saved_layers_at`, with the largest layer's MLP block (``mlp_saved_bytes``) and eager
-    attention's backward scratch (``attention_backward_bytes``: of the terms ``backward_temp_bytes`` takes
-    the larger of, the scores' gradients net of what the layer released before them,
-    ``t s x per_pos + t x offset``)."""
-    plan = saved_layers_at(terms, batch, seq)
-    tokens = batch * seq
-    if terms.mlp_saved_per_token:
-        plan.mlp_saved_bytes = int_for(tokens)(tokens * terms.mlp_saved_per_token)
-    attention: Any = 0
-    for kind in terms.kinds:
-        if kind[5]:
-            attention = maximum(attention, tokens * seq * kind[5] + tokens * kind[6])
-    plan.attention_backward_bytes = int_for(tokens)(attention)
-    return plan
-
-
-def saved_layers_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     """The saved activations at ``batch`` x ``seq`` (Python ints, or numpy arrays of a grid: see ``xp``).
 
     A layer kind keeps ``t * per_token + t * s * per_token_per_pos + per_layer`` bytes (t = batch * seq
@@ -320,20 +353,13 @@ def saved_layers_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationP
         return ActivationPlan(to_int(checkpoints - offloaded + tail), to_int(biggest),
                               to_int(checkpoints - offloaded), to_int(biggest_recompute),
                               to_int(moment - biggest_recompute), to_int(offloaded), emb_grad, emb_extra, 0,
-                              to_int(tail), to_int(expert_stack),
-                              layer_end_bytes=to_int(tokens * terms.layer_end_per_token),
-                              layer_end_temp_bytes=to_int(tokens * terms.layer_end_temp_per_token))
+                              to_int(tail), to_int(expert_stack), terms=terms, tokens=tokens, seq=seq)
     if terms.offload:
         # torchtune OffloadActivations: each saved tensor goes to host memory as it is made and comes back
         # for its layer's backward; the output projection and the loss run outside it (NoOpManager)
         return ActivationPlan(to_int(tail + biggest), to_int(biggest), 0, 0, to_int(biggest_backward_temp),
                               to_int(total - biggest), emb_grad, emb_extra,
-                              expert_stack_bytes=to_int(expert_stack))
-    # without checkpointing the layer's input is its own saved tensor: the moment counts what aliases it
-    end = terms.layer_end_per_token + terms.layer_end_alias_per_token if terms.layer_end_per_token else 0.0
+                              expert_stack_bytes=to_int(expert_stack), terms=terms, tokens=tokens, seq=seq)
     return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_backward_temp), 0,
                           emb_grad, emb_extra, to_int(pinned), to_int(tail), to_int(expert_stack),
-                          layer_end_bytes=to_int(tokens * end),
-                          layer_end_temp_bytes=to_int(tokens * terms.layer_end_temp_per_token),
-                          first_hook_bytes=to_int(tokens * terms.first_hook_per_token),
-                          first_hook_temp_bytes=to_int(tokens * terms.first_hook_temp_per_token))
+                          terms=terms, tokens=tokens, seq=seq)

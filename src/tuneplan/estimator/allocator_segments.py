@@ -141,22 +141,23 @@ def stranded_terms(run: Any) -> StrandedTerms:
 
 def stranded_bytes(run: Any, batch: Any, seq: Any) -> tuple[Any, Any]:
     """Bytes of free segments at the ``forward`` and ``backward_start`` instants that the loss chain cannot
-    reuse (ints, or arrays of a grid); a block of no bytes strands no segment."""
+    reuse (ints, or arrays of a grid); a block of no bytes strands no segment. Each block is rounded up to
+    whole large segments as :func:`_segment` does, written out: every estimate asks."""
     terms = run.memo.get("stranded") or stranded_terms(run)
     tokens = batch * seq
     layers = 0
     if terms.mlp_blocks:
-        intermediate = _segment(tokens * terms.intermediate)
+        intermediate = -(-(tokens * terms.intermediate) // ROUND_LARGE) * ROUND_LARGE
         layers = terms.mlp_blocks * intermediate
         if terms.packed_layers:
             layers = layers + checkpoint_packing_bytes(terms.packed_layers, terms.checkpoint, tokens,
                                                        intermediate)
         if terms.quant_out:
-            layers = layers + _segment(tokens * terms.quant_out)
+            layers = layers - (-(tokens * terms.quant_out) // ROUND_LARGE) * ROUND_LARGE
     if terms.norm:
-        layers = layers + _segment(tokens * terms.norm)
+        layers = layers - (-(tokens * terms.norm) // ROUND_LARGE) * ROUND_LARGE
     if terms.logits:
-        return layers, layers + _segment(tokens * terms.logits)
+        return layers, layers - (-(tokens * terms.logits) // ROUND_LARGE) * ROUND_LARGE
     return layers, layers
 
 

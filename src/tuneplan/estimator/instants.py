@@ -149,6 +149,37 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         "backward_start": (earlier_grads, 0, saved, statics.autocast_copies_backward, logits.backward_peak, 0,
                            statics.gathered_at_loss),
     }
+    if statics.wrapper_rows:  # FSDP's and ZeRO-3's own (none on one GPU or under DDP: one test per run)
+        gathered_forward_rows(rows, run, statics, acts, logits, held, prev_pinned, prev_held)
+    if statics.eager_forward is not None:  # eager attention's softmax in a checkpointed forward
+        rows["forward_attention"] = forward_attention_row(statics.eager_forward, statics, acts, batch, seq,
+                                                          prev_pinned, prev_held)
+    if head_dequant:
+        # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
+        # first), the held outputs, and the whole head dequantized again for the input gradient
+        head_backward = in_step + logits.at_forward_end + head_dequant
+        rows["backward_lm_head"] = (earlier_grads, 0, saved, 0, head_backward, 0, statics.gathered)
+    layer_backward_rows(rows, statics, acts, in_step, batch * seq)
+    kept = pinned if holds else 0
+    if statics.next_micro_batch:
+        # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
+        # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
+        rows["next_micro_batch"] = (statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
+    rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, in_step, 0, 0)
+    if statics.wrapped.initialize:
+        # DeepSpeed's initialize, before the first step (wrappers/zero12_initialize.py): nothing of the step
+        # is live and the persistent terms are not yet the step's; the row carries its total's difference
+        # from them as DeepSpeed's own allocation (the 16-bit copies of the module's cast)
+        rows["initialize"] = (0, 0, 0, 0, 0, 0, statics.wrapped.initialize - statics.common_total)
+    return MemoryAt(rows, acts, logits, held, statics)
+
+
+def gathered_forward_rows(rows: dict[str, Row], run: Run, statics: MemoryStatics, acts: ActivationPlan,
+                          logits: LogitsPlan, held: Any, prev_pinned: Any, prev_held: Any) -> None:
+    """The instants where FSDP or ZeRO-3 holds parameters gathered in the forward and at the loss, added to
+    ``rows`` after ``backward_start``: the untied tail's reduce-scatter, FSDP1's root pre-backward, FSDP2's
+    bottom, top and head copy-outs, ZeRO-3's trained untied head's backward."""
+    earlier_grads, saved = statics.earlier_grads, acts.saved_bytes
     tail = statics.tail_reduce
     if tail is not None:  # FSDP2's untied tail reduce-scattered (wrappers/fully_shard.tail_reduce_scatter)
         rows["backward_tail_reduce"] = (earlier_grads + tail.gradients, 0, saved - acts.tail_bytes, 0, held,
@@ -171,28 +202,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         rows["forward_head"] = (earlier_grads, 0, saved - acts.tail_bytes + prev_pinned,
                                 statics.autocast_copies, prev_held, 0, statics.gathered_head_forward)
     if statics.gathered_head_backward:
-        rows["backward_head"] = head_backward_row(run, statics, saved, batch * seq)
-    if statics.eager_forward is not None:  # eager attention's softmax in a checkpointed forward
-        rows["forward_attention"] = forward_attention_row(statics.eager_forward, statics, acts, batch, seq,
-                                                          prev_pinned, prev_held)
-    if head_dequant:
-        # the 4-bit lm_head's backward: every chunk's 16-bit logit gradient is ready (the loss backward ran
-        # first), the held outputs, and the whole head dequantized again for the input gradient
-        head_backward = in_step + logits.at_forward_end + head_dequant
-        rows["backward_lm_head"] = (earlier_grads, 0, saved, 0, head_backward, 0, statics.gathered)
-    layer_backward_rows(rows, statics, acts, in_step, batch * seq)
-    kept = pinned if holds else 0
-    if statics.next_micro_batch:
-        # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
-        # holds them) its outputs and pinned inputs; its own, shorter activations are not known: not counted
-        rows["next_micro_batch"] = (statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
-    rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, in_step, 0, 0)
-    if statics.wrapped.initialize:
-        # DeepSpeed's initialize, before the first step (wrappers/zero12_initialize.py): nothing of the step
-        # is live and the persistent terms are not yet the step's; the row carries its total's difference
-        # from them as DeepSpeed's own allocation (the 16-bit copies of the module's cast)
-        rows["initialize"] = (0, 0, 0, 0, 0, 0, statics.wrapped.initialize - statics.common_total)
-    return MemoryAt(rows, acts, logits, held, statics)
+        rows["backward_head"] = head_backward_row(run, statics, saved, acts.tokens)
 
 
 def head_backward_row(run: Run, statics: MemoryStatics, saved: Any, tokens: Any) -> Row:
@@ -254,7 +264,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     saved, gathered = acts.saved_bytes, statics.gathered
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))
-    top = statics.wrapped.top_layer
+    top, wrapper_rows = statics.wrapped.top_layer, statics.wrapper_rows
     top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
                                                                                  backward_temp)
     bottom_grads = statics.all_grads_in_layer - embedding_cut
@@ -276,7 +286,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         casts = statics.recompute_casts
         rows["backward_layers_top"] = (top_grads, 0, top_acts, casts, kept, top_scratch, top_gathered)
         # the recomputed top layer's experts gathered again, in every pass (wrappers/zero3_expert_round.py)
-        fetch_row = top_fetch_row(statics, 0, saved - acts.tail_bytes + recomputed, casts, kept)
+        fetch_row = (top_fetch_row(statics, 0, saved - acts.tail_bytes + recomputed, casts, kept)
+                     if wrapper_rows else None)
         rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, statics.recompute_casts_bottom, 0,
                                           backward_temp, gathered)
         # a lower layer's end (backward_layer_end) is a moment, not a bound: the held outputs are beside it
@@ -285,30 +296,35 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     else:
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, top_casts, held, top_scratch,
                                        top_gathered)
-        if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
-            first_hook_rows(rows, statics, acts)
-        top_attention_row(rows, statics, acts, held)  # FSDP2's (wrappers/fully_shard_attention.py)
-        # ZeRO-3's recording pass, before the first optimizer step (wrappers/zero3_expert_round.py)
-        fetch_row = top_fetch_row(statics, statics.wrapped.gathered.states_unmade, saved - acts.tail_bytes,
-                                  statics.autocast_copies, held)
+        fetch_row = None
+        if wrapper_rows:
+            if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
+                first_hook_rows(rows, statics, acts)
+            top_attention_row(rows, statics, acts, held)  # FSDP2's (wrappers/fully_shard_attention.py)
+            # ZeRO-3's recording pass, before the first optimizer step (wrappers/zero3_expert_round.py)
+            fetch_row = top_fetch_row(statics, statics.wrapped.gathered.states_unmade,
+                                      saved - acts.tail_bytes, statics.autocast_copies, held)
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         bottom_held = held
-    if fetch_row is not None:
-        rows["backward_top_fetch"] = fetch_row
-    if statics.wrapped.bottom_layer is not None:
-        fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
-                         bottom_held, acts.attention_backward_bytes)
-    if statics.gathered_layer_end:
-        layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
-    if statics.wrapped.gathered.flush:
-        rows["backward_flush"] = flush_row(statics, acts, top_grads, held, backward_temp)
-    if statics.gathered_bottom_backward:
-        rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
+    if wrapper_rows:
+        if fetch_row is not None:
+            rows["backward_top_fetch"] = fetch_row
+        if statics.wrapped.bottom_layer is not None:
+            fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
+                             bottom_held, acts.attention_backward_bytes)
+        if statics.gathered_layer_end:
+            layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
+        if statics.wrapped.gathered.flush:
+            rows["backward_flush"] = flush_row(statics, acts, top_grads, held, backward_temp)
+        if statics.gathered_bottom_backward:
+            rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp,
+                                                             embedding_cut)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
-    reduction_rows(rows, statics, held, bottom_acts, bottom_held)
+    if wrapper_rows:
+        reduction_rows(rows, statics, held, bottom_acts, bottom_held)
 
 
 def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any, unmade: int = 0) -> Any:

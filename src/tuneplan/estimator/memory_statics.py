@@ -17,7 +17,7 @@ from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.weights import recompute_casts_to_first_target
-from tuneplan.estimator.wrappers.base import EndOfBackward, WrapperMemory
+from tuneplan.estimator.wrappers.base import EndOfBackward, Gathered, WrapperMemory
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
 from tuneplan.estimator.wrappers.zero import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
@@ -102,6 +102,9 @@ class MemoryStatics:
     eager_forward: EagerForward | None = None
     # FSDP2: an untied trained tail group's reduce-scatter before the top layer's backward; None: none
     tail_reduce: EndOfBackward | None = None
+    # the wrapper adds or folds rows of its own (:func:`wrapper_adds_rows`); False: instants.memory_at
+    # skips them all in one test
+    wrapper_rows: bool = True
 
 
 def memory_statics(run: Run) -> MemoryStatics:
@@ -180,9 +183,20 @@ def memory_statics(run: Run) -> MemoryStatics:
                     + unquantized_note(model, setup.quant_bits, profile.model_code, dtypes.non_block)),
         expert_grad_temp=expert_stack_gradient_temp(run, grads_prev),
         recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run),
-        eager_forward=eager_forward_terms(run))
+        eager_forward=eager_forward_terms(run), wrapper_rows=wrapper_adds_rows(wrapper_memory))
     run.memo["memory"] = out
     return out
+
+
+def wrapper_adds_rows(wrapped: WrapperMemory) -> bool:
+    """Whether ``wrapped`` adds instants of its own to the step or folds the layers' rows (FSDP, ZeRO;
+    instants.gathered_forward_rows, instants.layer_backward_rows, wrapper_rows.py): a layer folded or
+    fetched, parameters gathered anywhere, a bucket made by the first gradient hook, reductions in the
+    layers or at the backward's end. None of them on one GPU or under DDP."""
+    return (wrapped.top_layer is not None or wrapped.bottom_layer is not None
+            or wrapped.end_of_backward is not None or wrapped.tail_reduce is not None
+            or wrapped.epilogue is not None or bool(wrapped.layers_backward)
+            or bool(wrapped.first_hook_bucket) or wrapped.gathered != Gathered())
 
 
 def logits_terms(run: Run) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuneplan.estimator.activations import ActivationPlan
+from tuneplan.estimator.layer_end_casts import top_layer_row_casts
 from tuneplan.estimator.memory_statics import MemoryStatics
 from tuneplan.estimator.wrappers.base import TopLayer
 from tuneplan.estimator.xp import maximum, minimum
@@ -121,8 +122,6 @@ def top_attention_row(rows: dict[str, Row], statics: MemoryStatics, acts: Activa
     layer's MLP and o_proj weight gradients made, its other gradients not, autocast's casts but the head's::
 
         gradients = G_top - counted + G_attention,  activations = saved - tail,  scratch = S_attention"""
-    from tuneplan.estimator.layer_end_casts import top_layer_row_casts
-
     top = statics.wrapped.top_layer
     if (top is None or not top.gradients_at_attention or not top.attention_scratch_only
             or statics.checkpointed or not any(kind[5] for kind in statics.acts.kinds)):
