@@ -18,8 +18,8 @@ LLAMA_2L = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2, 
 TOKENS = 2 * 512
 
 
-def rows(targets: str, bucket: int, zero: int = 2) -> dict[str, int]:
-    model = model_from_config(LLAMA_2L, "Llama 2 layers (hand config)")
+def rows(targets: str, bucket: int, zero: int = 2, layers: int = 2) -> dict[str, int]:
+    model = model_from_config(dict(LLAMA_2L, num_hidden_layers=layers), f"Llama {layers} layers (hand)")
     setup = build_setup(model, method="lora", precision="fp32", gpus=2, zero=zero, targets=targets, rank=8,
                         batch=2, seq=512, gradient_checkpointing=False, attn="sdpa", framework="hf",
                         ds_reduce_bucket=bucket)
@@ -121,3 +121,15 @@ def test_a_trained_classifier_head_makes_the_bucket_before_the_layers() -> None:
                         rank=8, batch=2, seq=512, gradient_checkpointing=False, attn="sdpa", framework="hf",
                         num_labels=2)
     assert "backward_first_hook" not in memory_at(resolve_run(model, setup), 2, 512).rows
+
+
+def test_one_layer_the_bottom_row_is_the_top_layers_backward_before_its_first_hook() -> None:
+    # with a single layer the bottom row is that layer's own backward, which starts before the bucket is
+    # made: only the first hook's moment (and what follows it) holds the bucket (once estimated with a
+    # KeyError: the bottom row was read before it was built)
+    for zero in (1, 2):
+        small = rows("q_proj,v_proj", 10_000_000, zero=zero, layers=1)
+        large = rows("q_proj,v_proj", 40_000_000, zero=zero, layers=1)
+        assert large["backward_layers_bottom"] == small["backward_layers_bottom"]
+        assert large["backward_layers_top"] == small["backward_layers_top"]
+        assert large["backward_first_hook"] - small["backward_first_hook"] == 4 * 30_000_000

@@ -297,16 +297,17 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_layers_top"] = (top_grads, 0, saved - top_freed, top_casts, held, top_scratch,
                                        top_gathered)
         fetch_row = None
+        # bitsandbytes' pinned inputs are not released as the layers are back-propagated
+        bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
+        bottom_row: Row = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         if wrapper_rows:
             if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
-                first_hook_rows(rows, statics, acts)
+                bottom_row = first_hook_rows(rows, statics, acts, bottom_row)
             top_attention_row(rows, statics, acts, held)  # FSDP2's (wrappers/fully_shard_attention.py)
             # ZeRO-3's recording pass, before the first optimizer step (wrappers/zero3_expert_round.py)
             fetch_row = top_fetch_row(statics, statics.wrapped.gathered.states_unmade,
                                       saved - acts.tail_bytes, statics.autocast_copies, held)
-        # bitsandbytes' pinned inputs are not released as the layers are back-propagated
-        bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
-        rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
+        rows["backward_layers_bottom"] = bottom_row
         bottom_held = held
     if wrapper_rows:
         if fetch_row is not None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from tuneplan.estimator.instants import Row
 
 
-def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan) -> None:
+def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, bottom: Row) -> Row:
     """ZeRO-1/2's bucket in a LoRA run without checkpointing, made by the backward's first gradient hook
     (stage_1_and_2.py process_gradients -> setup_buckets, DeepSpeed 0.19.8): the top layer's last adapter
     (forward order) gives its first trained gradient, so where that is an attention projection, the layer's
@@ -30,7 +30,8 @@ def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activati
 
         below_top = G + B, the lower layers' activations, the next layer's largest scratch
 
-    Not where the hook comes first in the layer (an adapted MLP) or the moment is not derived."""
+    Not where the hook comes first in the layer (an adapted MLP) or the moment is not derived. Returns the
+    bottom layer's row (``bottom``), without the bucket where the top layer is the only one."""
     bucket = statics.wrapped.first_hook_bucket
     terms = statics.acts
     # (a fused expert stack's moment already leaves the bucket out: layer_backward_scratch's ``unmade``;
@@ -38,7 +39,7 @@ def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activati
     # layer: simulate, Qwen2.5-3B LoRA with 2 labels under ZeRO-2, the bucket made at ``score``'s)
     if (not bucket or statics.checkpointed or terms.offload or not terms.first_hook_per_token
             or any(kind[8] for kind in terms.kinds) or terms.model.head_out):
-        return
+        return bottom
     grads, step, saved, casts, held, scratch, gathered = rows["backward_layers_top"]
     rows["backward_layers_top"] = (grads - bucket, step, saved, casts, held, scratch, gathered)
     below = acts.saved_bytes - acts.tail_bytes - acts.top_layer_bytes
@@ -48,9 +49,9 @@ def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activati
         # the layer below next, its backward's largest scratch beside every lower layer's activations: the
         # moment the top row bounded while it counted the bucket (the bottom row counts one layer's only)
         rows["backward_layer_below_top"] = (grads, step, below, casts, held, scratch, gathered)
-    else:  # the bottom row is the top layer's own backward, before its first hook too
-        bottom = rows["backward_layers_bottom"]
-        rows["backward_layers_bottom"] = (bottom[0] - bucket, *bottom[1:])
+        return bottom
+    # one layer: the bottom row is the top layer's own backward, before its first hook too
+    return (bottom[0] - bucket, *bottom[1:])
 
 
 def reduction_rows(rows: dict[str, Row], statics: MemoryStatics, held: Any, bottom_acts: Any,
