@@ -225,12 +225,15 @@ class ZeroOneTwo(Zero):
         # setup_buckets) and frees it at the end of the backward (independent_gradient_partition_epilogue
         # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
-        at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, grads16,
-                                                 g_live, buffers, terms.reduce_bucket)
         held = offload_grad_buffer + buffers
-        epilogue, in_layers, kept, lack = (zero2_backward(run, terms.reduce_bucket, held, g_live)  # ZeRO-2
+        epilogue, in_layers, kept, made = (zero2_backward(run, terms.reduce_bucket, held, g_live)  # ZeRO-2
                                            if self.partitions_gradients else
-                                           (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, 0))
+                                           (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, False))
+        # without accumulation, where no reduction of the layers' backward holds this rank's gradients, the
+        # partition is made only by the epilogue: the layers' rows lack it
+        lack = 0 if made or kept or not self.partitions_gradients else g_live
+        at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, grads16,
+                                                 g_live, buffers, made)
         embedding = None
         if at_embedding >= 0:
             embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept, layers_hold_it=(
