@@ -226,9 +226,9 @@ class ZeroOneTwo(Zero):
         # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
         held = offload_grad_buffer + buffers
-        epilogue, in_layers, kept, made = (zero2_backward(run, terms.reduce_bucket, held, g_live)  # ZeRO-2
-                                           if self.partitions_gradients else
-                                           (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, False))
+        epilogue, in_layers, kept, made = (
+            zero2_backward(run, terms.reduce_bucket, held, g_live) if self.partitions_gradients  # ZeRO-2
+            else (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, False))
         # without accumulation, where no reduction of the layers' backward holds this rank's gradients, the
         # partition is made only by the epilogue: the layers' rows lack it
         lack = 0 if made or kept or not self.partitions_gradients else g_live
