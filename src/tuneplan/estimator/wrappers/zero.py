@@ -57,6 +57,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero3_tied_head import zero3_tied_head_round
+from tuneplan.estimator.wrappers.zero12_flatten import zero12_flatten_bytes
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
     largest_trained_param,
@@ -248,7 +249,8 @@ class ZeroOneTwo(Zero):
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers,
                                      through_forward=through, missing_at_bottom=lack),
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
-                             layers_backward=in_layers, initialize=zero12_initialize_bytes(run),
+                             layers_backward=in_layers, initialize=max(
+                                 zero12_initialize_bytes(run), zero12_flatten_bytes(run, terms.weights16)),
                              first_hook_bucket=buffers if setup.is_lora and not through else 0,
                              bottom_layer=zero1_bottom_layer(run),
                              notes=self.notes(setup, notes))
