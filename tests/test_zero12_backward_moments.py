@@ -133,3 +133,25 @@ def test_one_layer_the_bottom_row_is_the_top_layers_backward_before_its_first_ho
         assert large["backward_layers_bottom"] == small["backward_layers_bottom"]
         assert large["backward_layers_top"] == small["backward_layers_top"]
         assert large["backward_first_hook"] - small["backward_first_hook"] == 4 * 30_000_000
+
+
+def test_zero1_lowest_trained_layers_attention_core_beside_its_mlp_and_o_proj_gradients() -> None:
+    # eager attention materialises the scores' gradients: when the lowest trained layer's attention core is
+    # back-propagated, autograd has made its MLP's three and o_proj's weight gradients (fp32, whole in
+    # param.grad under ZeRO-1), 3 x 4096 x 14336 + 4096 x 4096 = 192,937,984 elements, not yet q, k, v
+    # nor the norms: the row holds every other gradient and the bucket, those, the layer's activations and
+    # the attention core's own scratch (ActivationPlan.attention_backward_bytes)
+    model = model_from_config(LLAMA_4L, "Llama 4 layers (hand config)")
+
+    def rows_at(attn: str):  # type: ignore[no-untyped-def]
+        setup = build_setup(model, method="freeze", precision="fp32", gpus=2, zero=1, batch=1, seq=1024,
+                            gradient_checkpointing=False, attn=attn, framework="hf", optimizer="adamw-8bit",
+                            offload="optimizer")
+        at = memory_at(resolve_run(model, setup), 1, 1024)
+        return at.rows, at.acts
+
+    rows_eager, acts = rows_at("eager")
+    every_gradient = named(rows_eager["backward_layers_bottom"]).gradients  # its end: G - E + E
+    moment = named(rows_eager["backward_layer_attention"])
+    assert moment.gradients == every_gradient - LAYER_GRAD + 4 * 192_937_984
+    assert moment.backward_temp == acts.attention_backward_bytes  # type: ignore[attr-defined]

@@ -112,3 +112,24 @@ def test_the_first_hook_makes_the_bucket_after_the_top_expert_stack_gradient() -
         return sum(memory_at(run, 1, 256).rows["backward_layers_top"])
 
     assert top_row(10_000_000) == top_row(40_000_000)
+
+
+def test_a_tied_embedding_holding_rank_0s_slice_has_no_partition_at_its_backward() -> None:
+    # stage_1_and_2.py (DeepSpeed 0.19.8) calls copy_grads_in_partition, which allocates grads_in_partition,
+    # only for a reduced parameter of this rank's partition. Tied Mistral-7B widths, 4 layers, 8 ranks: the
+    # flat group is 1,006,669,824 elements (embedding 134,217,728, four layers of 218,112,000, the final
+    # norm), rank 0's slice its first 125,833,728: inside the token embedding. The tied weight's hook fires
+    # only once the embedding's backward has added its part to the head's (autograd's input buffer), so the
+    # layers' reductions (872 M elements, one bucket flushed at layer 1) hold nothing of rank 0's: while the
+    # embedding's gradient is made, only the 16-bit bucket (5e8 x 2 B) is there beside it
+    tied = {**MISTRAL_7B, "tie_word_embeddings": True}
+    model = model_from_config(tied, "Mistral-7B 4 layers, tied (hand config)")
+    embed = 32_768 * 4_096
+    assert embed + 4 * MISTRAL_LAYER + 4_096 == 1_006_669_824 and -(-1_006_669_824 // 8) < embed
+    assert 4 * MISTRAL_LAYER > BUCKET
+    setup = build_setup(model, method="full", precision="bf16-mixed", gpus=8, zero=2, batch=4, seq=64,
+                        gradient_checkpointing=False)
+    wrapped = memory_statics(resolve_run(model, setup)).wrapped
+    assert wrapped.embedding is not None
+    assert wrapped.embedding.gradients == 2 * BUCKET
+    assert wrapped.buckets.missing_at_bottom == 2 * embed  # the partition (the embedding, whole) comes later

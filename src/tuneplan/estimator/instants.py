@@ -14,7 +14,8 @@ Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
   head: its whole weight gradient beside what the loss held gathered), ``backward_embedding`` (the token
   embedding's gradient), ``next_micro_batch`` (after the longest micro-batch, run first), ``initialize``
   (before the first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU,
-  wrappers/zero12_initialize), ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the
+  wrappers/zero12_initialize, or its flat copy of the trained parameters, wrappers/zero12_flatten),
+  ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the
   embedding group it prefetched), ``backward_first_hook`` / ``backward_layer_below_top`` (ZeRO-1/2 LoRA:
   the bucket made at the top layer's first trained gradient, wrapper_rows.first_hook_rows).
 Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
@@ -167,9 +168,10 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         rows["next_micro_batch"] = (statics.next_grads, 0, kept, 0, held, 0, statics.gathered)
     rows["optimizer_step"] = (statics.step_grads, statics.step_temp, kept, 0, in_step, 0, 0)
     if statics.wrapped.initialize:
-        # DeepSpeed's initialize, before the first step (wrappers/zero12_initialize.py): nothing of the step
-        # is live and the persistent terms are not yet the step's; the row carries its total's difference
-        # from them as DeepSpeed's own allocation (the 16-bit copies of the module's cast)
+        # DeepSpeed's initialize, before the first step (wrappers/zero12_initialize.py, zero12_flatten.py):
+        # nothing of the step is live and the persistent terms are not yet the step's; the row carries its
+        # total's difference from them as DeepSpeed's own allocation (the 16-bit copies of the module's cast,
+        # or the flat group)
         rows["initialize"] = (0, 0, 0, 0, 0, 0, statics.wrapped.initialize - statics.common_total)
     return MemoryAt(rows, acts, logits, held, statics)
 

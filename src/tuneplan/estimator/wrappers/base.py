@@ -173,7 +173,8 @@ class WrapperMemory:
     # layers' rows but absent at the top layer's fused expert stack where no trained tensor precedes it
     first_hook_bucket: int = 0
     # bytes on this GPU at the peak of DeepSpeed's initialize, before the first step (ZeRO-1/2's 16-bit cast
-    # of the module: wrappers/zero12_initialize.py); 0: no instant there
+    # of the module: wrappers/zero12_initialize.py; the flat group beside the module: zero12_flatten.py); 0:
+    # no instant there
     initialize: int = 0
     notes: tuple[str, ...] = ()
 

@@ -57,6 +57,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero3_tied_head import zero3_tied_head_round
+from tuneplan.estimator.wrappers.zero12_flatten import zero12_flatten_bytes
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
     largest_trained_param,
@@ -225,12 +226,15 @@ class ZeroOneTwo(Zero):
         # setup_buckets) and frees it at the end of the backward (independent_gradient_partition_epilogue
         # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
-        at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, grads16,
-                                                 g_live, buffers, terms.reduce_bucket)
         held = offload_grad_buffer + buffers
-        epilogue, in_layers, kept, lack = (zero2_backward(run, terms.reduce_bucket, held, g_live)  # ZeRO-2
-                                           if self.partitions_gradients else
-                                           (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, 0))
+        epilogue, in_layers, kept, made = (
+            zero2_backward(run, terms.reduce_bucket, held, g_live) if self.partitions_gradients  # ZeRO-2
+            else (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, False))
+        # without accumulation, where no reduction of the layers' backward holds this rank's gradients, the
+        # partition is made only by the epilogue: the layers' rows lack it
+        lack = 0 if made or kept or not self.partitions_gradients else g_live
+        at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, grads16,
+                                                 g_live, buffers, made)
         embedding = None
         if at_embedding >= 0:
             embedding = EmbeddingGradients(at_embedding + offload_grad_buffer + kept, layers_hold_it=(
@@ -245,7 +249,8 @@ class ZeroOneTwo(Zero):
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers,
                                      through_forward=through, missing_at_bottom=lack),
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
-                             layers_backward=in_layers, initialize=zero12_initialize_bytes(run),
+                             layers_backward=in_layers, initialize=max(
+                                 zero12_initialize_bytes(run), zero12_flatten_bytes(run, terms.weights16)),
                              first_hook_bucket=buffers if setup.is_lora and not through else 0,
                              bottom_layer=zero1_bottom_layer(run),
                              notes=self.notes(setup, notes))

@@ -251,7 +251,7 @@ def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -
 
 
 def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_params: int, grads16: int,
-                              g_live: int, bucket_bytes: int, bucket_elements: int) -> int:
+                              g_live: int, bucket_bytes: int, partition_made: bool) -> int:
     """Gradient bytes alive under ZeRO-1/2 while the token embedding is back-propagated (a full fine-tune;
     the embedding is the last parameter whose gradient autograd makes), the embedding's own gradient and
     the backward kernel's temporaries excluded (memory.embedding_backward_row adds those); -1 when the
@@ -265,9 +265,13 @@ def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_par
       epilogue;
     - ZeRO-2: each gradient is copied into the bucket (``reduce_independent_p_g_buckets_and_remove_grads``);
       only when the next one would overflow ``reduce_bucket_size`` does ``reduce_ipg_grads`` run, and its
-      ``copy_grads_in_partition`` allocates ``grads_in_partition`` (this rank's 1/N partition, 16 bits).
+      ``copy_grads_in_partition`` allocates ``grads_in_partition`` (this rank's 1/N partition, 16 bits),
+      called only for a reduced parameter of this rank's partition (``is_param_in_current_partition``).
       While the embedding's gradient is being made its hook has not fired: the partition exists only if
-      the other trainable parameters overflowed the bucket before."""
+      a reduction before it held a parameter of this rank's partition (``partition_made``:
+      zero2_partition.layers_backward_moment). Rank 0's partition starts at the flat group's start, the
+      token embedding: where the embedding covers all of it (a tied head's, a large vocabulary's), no
+      earlier reduction makes it, however many buckets the layers fill."""
     if setup.method != "full":
         return -1
     embed_params = model.embed_params
@@ -279,5 +283,4 @@ def zero12_grads_at_embedding(model: ModelSpec, setup: TrainSetup, trainable_par
             # temporary AccumulateGrad adds in place (zero.py: the layers then hold it, no cut)
             return grads16 + bucket_bytes
         return max(grads16 - embed_params * (grads16 // max(trainable_params, 1)), 0) + bucket_bytes
-    partition = g_live if trainable_params - embed_params > bucket_elements else 0
-    return partition + bucket_bytes
+    return (g_live if partition_made else 0) + bucket_bytes

@@ -12,7 +12,11 @@ activations and scratch are released::
 
 with G every gradient and the bucket, A the layer's activations, S its scratch: where E exceeds A and S
 the end is the larger moment (simulate: Llama-3-8B freeze fp32 over 2 GPUs, the peak at the lowest trained
-layer's q_proj weight gradient, its activations all but gone).
+layer's q_proj weight gradient, its activations all but gone). Where the attention's backward materialises
+the scores' gradients (eager, SDPA's math path), its attention core is back-propagated with the layer's MLP
+and o_proj weight gradients already made (fsdp1_bottom.attention_moment_elements, in the module's dtype)
+beside its activations and the core's own scratch (wrapper_rows.fold_bottom_rows; simulate: falcon-40b
+freeze fp32 over 8 GPUs, the peak at the lowest layer's softmax backward).
 
 Not under gradient accumulation (a later micro-batch adds into gradients that exist from its start), nor
 where frozen layers below are back-propagated (wrappers/fsdp1_bottom.layers_below_back_propagated), nor on
@@ -24,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.wrappers.base import TopLayer
-from tuneplan.estimator.wrappers.fsdp1_bottom import layers_below_back_propagated
+from tuneplan.estimator.wrappers.fsdp1_bottom import attention_moment_elements, layers_below_back_propagated
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
@@ -38,4 +42,6 @@ def zero1_bottom_layer(run: Run) -> TopLayer | None:
             or setup.grad_accum > 1 or model.n_layers < 2 or layers_below_back_propagated(run)):
         return None
     layer = model.params_layers // model.n_layers * run.dtypes.compute
-    return TopLayer(counted=layer, gradients_at_end=layer, gathered=0, keeps_scratch=False)
+    return TopLayer(counted=layer, gradients_at_end=layer, gathered=0, keeps_scratch=False,
+                    gradients_at_attention=attention_moment_elements(run) * run.dtypes.compute,
+                    attention_scratch_only=True)

@@ -96,19 +96,18 @@ def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -
 
 
 def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
-                   partition_bytes: int) -> tuple[Epilogue | None, int, int, int]:
+                   partition_bytes: int) -> tuple[Epilogue | None, int, int, bool]:
     """(ZeRO-2's epilogue, :math:`G` (the bytes of gradients and buffers at the largest moment of its
-    layers' backward; 0 where it is not modelled), :math:`P_\\text{old}`, the partition's bytes the layers'
-    rows lack): the epilogue and :math:`G` with the partition an accumulation keeps (a later micro-batch's:
-    none where the run's first micro-batch is its longest, the peak's), the epilogue's reductions running
-    before it is dropped (``independent_gradient_partition_epilogue``). The layers' rows count one
-    partition (the kept one, or :math:`P` once made); without accumulation, where no reduction of the
-    layers' backward holds this rank's gradients, :math:`P` is made only by the epilogue: the rows lack it.
-    With offload the partitions go to the host: no moment."""
+    layers' backward; 0 where it is not modelled), :math:`P_\\text{old}`, whether a reduction of the
+    layers' backward makes :math:`P`): the epilogue and :math:`G` with the partition an accumulation keeps
+    (a later micro-batch's: none where the run's first micro-batch is its longest, the peak's), the
+    epilogue's reductions running before it is dropped (``independent_gradient_partition_epilogue``). The
+    layers' rows count one partition (the kept one, or :math:`P` once made). With offload the partitions
+    go to the host: no moment, none made."""
     setup = run.setup
     kept = partition_bytes if setup.grad_accum > 1 and not setup.longest_batch_first else 0
     epilogue = zero2_epilogue(run, reduce_bucket, buffers + kept, partition_bytes)
     if setup.offload != "none":
-        return epilogue, 0, kept, 0
+        return epilogue, 0, kept, False
     moment, made = layers_backward_moment(run, reduce_bucket, partition_bytes)
-    return epilogue, kept + buffers + moment if moment else 0, kept, 0 if made or kept else partition_bytes
+    return epilogue, kept + buffers + moment if moment else 0, kept, made
