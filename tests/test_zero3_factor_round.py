@@ -36,3 +36,15 @@ def test_a_middle_layers_factor_round_holds_the_lower_stack_twice() -> None:
 def _kw() -> dict[str, Any]:
     return dict(method="qlora", precision="fp32", gpus=4, zero=3, rank=32, targets="mlp",
                 gradient_checkpointing=True)
+
+
+def test_a_middle_layers_router_alone_takes_the_lower_stack_along() -> None:
+    # the same model over 4 layers, QLoRA nf4 rank 8 on q/v (no factor on the stacks) in bf16-mixed over 8
+    # GPUs: the stacks in bf16, F the router alone, 262,144 < min(1e9 - 934,019,072, 5e7) (A as above):
+    # the round [router, layer below's gate_up_proj] in one 402,915,328-element bf16 buffer beside the
+    # stack's copy
+    base = resolve_model("Qwen/Qwen3-30B-A3B", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=4), "qwen3-30b-a3b-4L")
+    setup = build_setup(spec, method="qlora", precision="bf16-mixed", gpus=8, zero=3, rank=8,
+                        targets="q_proj,v_proj", gradient_checkpointing=True)
+    assert zero3_factor_round_bytes(resolve_run(spec, setup), 50_000_000) == (262_144 + 2 * 402_653_184) * 2
