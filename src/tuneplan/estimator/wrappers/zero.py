@@ -45,6 +45,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_head_round,
     zero3_head_round_first_pass,
 )
+from tuneplan.estimator.wrappers.zero3_factor_round import zero3_factor_round_bytes
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_embedding_backward, zero3_first_pass_round
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
@@ -317,7 +318,8 @@ class Zero3(Zero, ShardingWrapper):
         early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
         # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers);
         # not the top layer's, whose row keeps what it held
-        lower = max(layer_gathered, at_bottom * compute or zero3_quantized_embedding_round(
+        lower = max(layer_gathered + zero3_factor_round_bytes(run, terms.prefetch_bucket),
+                    at_bottom * compute or zero3_quantized_embedding_round(
             run, terms.prefetch_bucket)[1], min(zero3_gathered_in_lower_layers(model, setup) * compute,
                                                 whole16) if setup.quant_bits is None and runs_ahead else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
+from tuneplan.estimator.wrappers.zero3_backward_embedding import embedding_round_coalesced
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
@@ -358,12 +359,16 @@ def zero3_quantized_embedding_round(run: Run, prefetch_bucket: int) -> tuple[int
         return 0, 0
     trace.append((model.embed_params, run.dtypes.non_block))
     rounds = cut_rounds(trace, prefetch_bucket, model.embed_params)
+    layer = sum(b for _, b in gathered_entries(run, model.layer_groups[0][0]))
     if sum(len(r) for r in rounds) < len(trace):
-        return 0, 0  # the prefetcher stopped before it
+        # the forward's prefetcher stopped before it: the backward pops it (zero3_backward_embedding.py)
+        layers = [[n for n, _ in gathered_entries(run, spec)] for spec, count in model.layer_groups
+                  for _ in range(count)]
+        held = embedding_round_coalesced(layers, model.lm_head_params, prefetch_bucket)
+        return 0, (layer + 2 * model.embed_params * run.dtypes.non_block if held else 0)
     first = model.layer_groups[0][0].linears[0]
     rotary = any(k.startswith("rope") for k in model.config)
     fetch = 4 + 1 + rotary + 3 + (2 if first.name in run.targets else 1)
     if len(rounds) <= fetch:
         return (model.embed_params * run.dtypes.non_block if len(rounds[-1]) > 1 else 0), 0
-    layer = sum(b for _, b in gathered_entries(run, model.layer_groups[0][0]))
     return 0, layer + 2 * model.embed_params * run.dtypes.non_block
