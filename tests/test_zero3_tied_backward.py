@@ -1,4 +1,4 @@
-"""ZeRO-3 around a tied head whose weight is the token embedding's (estimator/wrappers/zero3_tied_backward.py),
+"""ZeRO-3 around a tied head, the token embedding's weight (estimator/wrappers/zero3_tied_backward.py),
 counted by hand with DeepSpeed's defaults ``stage3_max_live_parameters`` M = ``stage3_max_reuse_distance``
 D = 1e9 elements and a prefetch bucket of 5e7."""
 
