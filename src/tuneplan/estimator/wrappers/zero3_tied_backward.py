@@ -11,6 +11,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     embedding_used_last,
     largest_ds_parameter,
     layer_fetches,
+    prefetch_rounds,
     tied_embedding_fills_live,
 )
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
@@ -66,11 +67,24 @@ def zero3_tied_regathered(model: ModelSpec, setup: TrainSetup, prefetch_bucket: 
     prefetch_bucket)`` again (``_fetch_sub_module_impl``): from the top layer's recomputation on the queue
     runs ahead through the layers below to the embedding's backward use, and the round that crosses ``M``
     pops the embedding back (zero3_lower_layers.zero3_gathered_in_lower_layers); with every layer under
-    ``M`` this happens in the top layer already. (simulate: gemma-3-12b, 4 layers, LoRA on all linears with
-    checkpointing over 8 GPUs in fp16: the embedding's 1.0069e9 elements freed after the loss and gathered
-    again at layer 3's recomputed ``k_proj`` beside the four layers' 8.965e8.)"""
+    ``M`` this happens in the top layer already, while its first round is still held twice: the first fetch
+    after the release (the recomputed layer's, parameterless) popped the top layer's leading linears as one
+    coalesced round, and ``AllGatherCoalescedHandle.wait`` gave each of them a copy while the flat buffer
+    stays filed under them until the round's last parameter is fetched (zero3_bottom_forward's rule):
+
+    .. math:: G = G_{lower} + |r_1|\\,[\\#r_1 > 1]\\,[P - E < M]
+
+    (simulate: gemma-3-12b, 4 layers, LoRA on all linears with checkpointing over 8 GPUs in fp16: the
+    embedding's 1.0069e9 elements freed after the loss and gathered again at layer 3's recomputed
+    ``k_proj`` beside the four layers' 8.965e8, and the copies of layer 3's q..gate round, 1.0617e8.)"""
     if setup.quant_bits is not None or not tied_embedding_released_in_backward(model, setup):
         return 0
     if layer_fetches(model, targets) * prefetch_bucket < model.largest_layer_params:
         return 0
-    return zero3_gathered_in_lower_layers(model, setup)
+    top = model.layer_groups[-1][0]
+    first = prefetch_rounds([m.params // m.count for m in top.linears for _ in range(m.count)],
+                            prefetch_bucket)[:1]
+    held_twice = sum(first[0]) if first and len(first[0]) > 1 else 0
+    if model.params_total - model.embed_params >= DS_MAX_LIVE_PARAMETERS:
+        held_twice = 0
+    return zero3_gathered_in_lower_layers(model, setup) + held_twice
