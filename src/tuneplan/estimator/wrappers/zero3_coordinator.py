@@ -76,13 +76,23 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     input (their outputs do not require grad, so no pre-backward hook fetches them again).
     (simulate: DeepSpeed's engine on a fake process group, Llama-2-7B layers, full + checkpointing and
     LoRA; the coordinator's state read at the loss.)"""
-    fetches = max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER
-                  + PEFT_MODULES_PER_TARGET * sum(m.name in targets for m in spec.linears)
-                  for spec, _ in model.layer_groups)
-    if (fetches * prefetch_bucket < model.largest_layer_params or setup.method == "qlora"
-            or tied_embedding_fills_live(model)):
+    # a tied head's embedding is AVAILABLE at the loss: no crossing round pops it (zero3_tied_backward.py)
+    from tuneplan.estimator.wrappers.zero3_tied_backward import tied_reach_at_loss
+
+    if (layer_fetches(model, targets) * prefetch_bucket < model.largest_layer_params
+            or setup.method == "qlora" or tied_embedding_fills_live(model)):
         return 0
-    return prefetch_reach(model, setup, zero3_backward_uses(model, setup, targets))
+    queued = zero3_backward_uses(model, setup, targets)
+    tied = tied_reach_at_loss(model, setup, queued)
+    return prefetch_reach(model, setup, queued) if tied is None else tied
+
+
+def layer_fetches(model: ModelSpec, targets: frozenset[str]) -> int:
+    """ZeRO-3 fetch hooks a decoder layer runs in its forward, the most over the layer kinds: its linears,
+    two norms, the parameterless containers, and PEFT's four modules per LoRA-wrapped linear."""
+    return max(len(spec.linears) + 2 + HOOKED_CONTAINERS_PER_LAYER
+               + PEFT_MODULES_PER_TARGET * sum(m.name in targets for m in spec.linears)
+               for spec, _ in model.layer_groups)
 
 
 def tied_embedding_fills_live(model: ModelSpec) -> bool:

@@ -1,0 +1,54 @@
+"""ZeRO-3 around a tied head, the token embedding's weight (estimator/wrappers/zero3_tied_backward.py),
+counted by hand with DeepSpeed's defaults ``stage3_max_live_parameters`` M = ``stage3_max_reuse_distance``
+D = 1e9 elements and a prefetch bucket of 5e7."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.wrappers.zero3_coordinator import zero3_gathered_ahead
+from tuneplan.estimator.wrappers.zero3_tied_backward import (
+    tied_embedding_released_in_backward,
+    zero3_tied_regathered,
+)
+from tuneplan.specs.model import model_from_config
+
+BUCKET = 50_000_000
+ALL = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+# gemma-7b's widths, tied: E = 256000 x 3072 = 786,432,000; a layer's linears 4 x 3072 x 4096 = 50,331,648
+# and 3 x 3072 x 24576 = 226,492,416, 276,824,064 in all, its two norms 6,144
+GEMMA7 = dict(model_type="llama", hidden_size=3072, num_hidden_layers=2, num_attention_heads=16,
+              num_key_value_heads=16, head_dim=256, intermediate_size=24576, vocab_size=256_000,
+              tie_word_embeddings=True)
+# gemma-3-12b's widths, tied: E = 262208 x 3840 = 1,006,878,720 (over M); a layer's linears
+# 2 x 3840 x 4096 + 2 x 3840 x 2048 + 3 x 3840 x 15360 = 224,133,120, its two norms 7,680
+GEMMA12 = dict(model_type="llama", hidden_size=3840, num_hidden_layers=4, num_attention_heads=16,
+               num_key_value_heads=8, head_dim=256, intermediate_size=15360, vocab_size=262_208,
+               tie_word_embeddings=True)
+
+
+def test_tied_embedding_at_the_loss_is_counted_live() -> None:
+    spec = model_from_config(GEMMA7, "gemma7-2")
+    setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True)
+    # every parameter has a backward use: 786,432,000 + 2 x 276,830,208 + 3,072 = 1,340,095,488; the
+    # layers (5.5e8) fit under M, but the embedding, the head's weight, is already AVAILABLE at the loss:
+    # the crossing round is a layer's, M plus the largest layer parameter (an MLP weight, 75,497,472)
+    assert zero3_gathered_ahead(spec, setup, BUCKET, ALL) == 1_000_000_000 + 75_497_472
+
+
+def test_tied_embedding_released_after_the_heads_backward() -> None:
+    spec = model_from_config(GEMMA12, "gemma12-4")
+    lora = build_setup(spec, method="lora", gpus=8, zero=3, gradient_checkpointing=True)
+    # E >= M held through the forward (the layers, 4 x 224,140,800 + 3,840 = 896,567,040 < D, lie between
+    # its two uses); from the head's backward, each layer's recompute and backward: 1.793e9 >= D, released
+    assert tied_embedding_released_in_backward(spec, lora)
+    # the prefetcher then runs ahead to the embedding: the four layers (896,563,200 < M) and E, in the top
+    # layer already, whose first round q, k, v, o (47,185,920 < 5e7) and gate (58,982,400), 106,168,320 in
+    # all, is held twice (its flat buffer and the copies)
+    assert zero3_tied_regathered(spec, lora, BUCKET, ALL) == 896_563_200 + 1_006_878_720 + 106_168_320
+    # no recompute in a full fine-tune without checkpointing: 896,567,040 < D keeps the embedding
+    full = build_setup(spec, method="full", gpus=8, zero=3, gradient_checkpointing=False)
+    assert not tied_embedding_released_in_backward(spec, full)
+    assert zero3_tied_regathered(spec, full, BUCKET, ALL) == 0
+    # LoRA without checkpointing: the embedding has no backward use at all (embedding_used_last)
+    plain = build_setup(spec, method="lora", gpus=8, zero=3, gradient_checkpointing=False)
+    assert zero3_tied_regathered(spec, plain, BUCKET, ALL) == 0
