@@ -56,6 +56,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_quantized_head_copy_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
+from tuneplan.estimator.wrappers.zero3_step import zero3_step_temp
 from tuneplan.estimator.wrappers.zero3_tied_head import zero3_tied_head_round
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
 from tuneplan.estimator.wrappers.zero12_reductions import (
@@ -112,11 +113,14 @@ def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
     # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
     # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
     # with overlap_comm, off by default below stage 3), stage3.py __init__ once. DeepSpeed 0.19 source.
+    step_temp = fp32_grad_step + client.temp
+    if setup.zero == 3:  # sub-group by sub-group, the flat 16-bit copy beside the fp32 one (zero3_step.py)
+        step_temp = zero3_step_temp(run, partition, lambda elements: partition_optimizer_plan(run, elements))
     return DeepSpeedTerms(weights16=weights16, states=ceil_div(master, world_size) + client.states,
                           grads16=trainable_params * compute, reduce_bucket=reduce_bucket,
                           prefetch_bucket=setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
                           bucket=reduce_bucket * compute, fp32_grad_step=fp32_grad_step,
-                          step_temp=fp32_grad_step + client.temp, lazy_states=client.states)
+                          step_temp=step_temp, lazy_states=client.states)
 
 
 def partition_optimizer_plan(run: Run, partition: int) -> OptimizerPlan:
