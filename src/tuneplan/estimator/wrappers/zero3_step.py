@@ -4,7 +4,10 @@ runtime/zero/stage3.py, DeepSpeed 0.19.8).
 ``_create_fp16_sub_groups`` cuts each optimizer group into sub-groups of ``sub_group_size`` (1e9 elements by
 default, zero/config.py): parameters are appended in order, each by its partition (:math:`\\lceil n / N
 \\rceil` elements on a rank), and a sub-group closes once it reaches the size, so the last parameter can
-carry it past. ``step`` then prepares, steps and releases one sub-group at a time:
+carry it past. ``step`` first takes the gradient norm (``_get_norm_groups`` -> ``get_grad_norm_direct``, whether or not it
+clips): each parameter's gradient partition ``.to(get_norm_dtype())``, an fp64 copy of
+:math:`8 \lceil n / N \rceil` bytes freed once its norm is taken, the largest parameter's the largest. It
+then prepares, steps and releases one sub-group at a time:
 ``_prepare_fp32_grad_for_sub_group`` runs ``self.flatten(self.averaged_gradients[i]).to(fp32)``, where
 ``averaged_gradients[i]`` lists the sub-group's gradient partitions (views of ``grad_partitions_flat_buffer``)
 and ``flatten`` is ``torch._utils._flatten_dense_tensors``: a ``cat`` into a new tensor in the gradients'
@@ -15,7 +18,8 @@ sub-group of :math:`s` elements in :math:`b`-byte gradients the instant of the c
 
 the flat copy freed once the statement ends; the optimizer then steps the sub-group with the fp32 gradient
 and its own temporaries (``_optimizer_step``), and ``_release_sub_group`` drops the fp32 gradient before
-the next sub-group. The step's temporaries are the larger of the two instants over the sub-groups.
+the next sub-group. The step's temporaries are the largest of the norm's copy and the two instants over
+the sub-groups.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.wrappers.zero12_reductions import full_module_order
+from tuneplan.estimator.wrappers.zero12_reductions import NORM_BYTES, full_module_order, largest_trained_param
 from tuneplan.estimator.xp import ceil_div
 
 if TYPE_CHECKING:
@@ -57,11 +61,12 @@ def zero3_sub_groups(run: Run, partition: int) -> list[tuple[int, int]]:
 
 
 def zero3_step_temp(run: Run, partition: int, client: Callable[[int], OptimizerPlan]) -> int:
-    """The step's temporaries: over the sub-groups, the larger of the flat copy beside its fp32 copy and
-    the fp32 gradient beside the optimizer's own temporaries (``client(elements)``: the optimizer as
-    DeepSpeed hands it that sub-group's fp32 partition)."""
+    """The step's temporaries: the norm's fp64 copy of the largest gradient partition, and over the
+    sub-groups the larger of the flat copy beside its fp32 copy and the fp32 gradient beside the
+    optimizer's own temporaries (``client(elements)``: the optimizer as DeepSpeed hands it that sub-group's
+    fp32 partition)."""
     grad_bytes = run.dtypes.compute
-    largest = 0
+    largest = NORM_BYTES * ceil_div(largest_trained_param(run), run.setup.world_size)
     for elements, tensors in zero3_sub_groups(run, partition):
         flat = elements * grad_bytes if tensors > 1 else 0
         fp32 = 4 * elements if grad_bytes < 4 else flat
