@@ -1,11 +1,11 @@
-"""DeepSpeed ZeRO-3's optimizer step without offload, sub-group by sub-group (``DeepSpeedZeroOptimizer_Stage3``,
-runtime/zero/stage3.py, DeepSpeed 0.19.8).
+r"""DeepSpeed ZeRO-3's optimizer step without offload, sub-group by sub-group
+(``DeepSpeedZeroOptimizer_Stage3``, runtime/zero/stage3.py, DeepSpeed 0.19.8).
 
 ``_create_fp16_sub_groups`` cuts each optimizer group into sub-groups of ``sub_group_size`` (1e9 elements by
-default, zero/config.py): parameters are appended in order, each by its partition (:math:`\\lceil n / N
-\\rceil` elements on a rank), and a sub-group closes once it reaches the size, so the last parameter can
-carry it past. ``step`` first takes the gradient norm (``_get_norm_groups`` -> ``get_grad_norm_direct``, whether or not it
-clips): each parameter's gradient partition ``.to(get_norm_dtype())``, an fp64 copy of
+default, zero/config.py): parameters are appended in order, each by its partition (:math:`\lceil n / N
+\rceil` elements on a rank), and a sub-group closes once it reaches the size, so the last parameter can
+carry it past. ``step`` first takes the gradient norm (``_get_norm_groups`` -> ``get_grad_norm_direct``,
+whether or not it clips): each parameter's gradient partition ``.to(get_norm_dtype())``, an fp64 copy of
 :math:`8 \lceil n / N \rceil` bytes freed once its norm is taken, the largest parameter's the largest. It
 then prepares, steps and releases one sub-group at a time:
 ``_prepare_fp32_grad_for_sub_group`` runs ``self.flatten(self.averaged_gradients[i]).to(fp32)``, where
@@ -14,7 +14,7 @@ and ``flatten`` is ``torch._utils._flatten_dense_tensors``: a ``cat`` into a new
 dtype (a view when the list holds one tensor), then the fp32 copy while that flat copy is still bound. For a
 sub-group of :math:`s` elements in :math:`b`-byte gradients the instant of the copy holds
 
-.. math:: b\\,s + 4 s \\quad (b < 4), \\qquad 4 s \\quad (b = 4: ``.to`` returns the flat copy itself),
+.. math:: b\,s + 4 s \quad (b < 4), \qquad 4 s \quad (b = 4: ``.to`` returns the flat copy itself),
 
 the flat copy freed once the statement ends; the optimizer then steps the sub-group with the fp32 gradient
 and its own temporaries (``_optimizer_step``), and ``_release_sub_group`` drops the fp32 gradient before
