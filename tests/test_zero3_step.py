@@ -15,8 +15,8 @@ from tuneplan.estimator.wrappers.zero3_step import zero3_sub_groups
 from tuneplan.specs.model import model_from_config
 
 NEMO = dict(model_type="mistral", hidden_size=5120, head_dim=128, num_attention_heads=32,
-            num_key_value_heads=8, intermediate_size=14336, vocab_size=131072, num_hidden_layers=4, tie_word_embeddings=False,
-            max_position_embeddings=131072, rms_norm_eps=1e-5)
+            num_key_value_heads=8, intermediate_size=14336, vocab_size=131072, num_hidden_layers=4,
+            tie_word_embeddings=False, max_position_embeddings=131072, rms_norm_eps=1e-5)
 
 
 def _cut(name: str, layers: int):  # type: ignore[no-untyped-def]
