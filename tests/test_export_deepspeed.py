@@ -68,7 +68,7 @@ def test_values_are_the_plan(qwen7b, plan) -> None:
 
 
 def test_buckets_come_from_the_estimator() -> None:
-    from tuneplan.estimator.wrappers.zero import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+    from tuneplan.estimator.wrappers.zero_terms import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
     from tuneplan.specs.model import model_from_config
 
     from .conftest import TINY_LLAMA

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from tuneplan.api import build_setup, estimate
 from tuneplan.estimator.overhead import FRAGMENTATION, SEGMENT
-from tuneplan.estimator.wrappers.zero import DS_REDUCE_BUCKET
 from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_LIVE_PARAMETERS
+from tuneplan.estimator.wrappers.zero_terms import DS_REDUCE_BUCKET
 from tuneplan.specs.model import model_from_config
 
 from .conftest import QWEN25_7B, TINY_LLAMA

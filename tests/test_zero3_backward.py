@@ -4,9 +4,9 @@ under test."""
 
 from tuneplan.api import build_setup
 from tuneplan.catalog.models import resolve_model
-from tuneplan.estimator.wrappers.zero import DS_REDUCE_BUCKET
 from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_LIVE_PARAMETERS, zero3_gathered_in_backward
 from tuneplan.estimator.wrappers.zero3_flush import zero3_bucket_flush
+from tuneplan.estimator.wrappers.zero_terms import DS_REDUCE_BUCKET
 from tuneplan.specs.model import model_from_config
 
 # the torch.cat reduce_scatter_coalesced made in the simulated backward: the output head (32000 x 4096), the

@@ -7,7 +7,7 @@ import torch
 from tuneplan.api import build_setup
 from tuneplan.estimator.optimizer import OptimizerPlan
 from tuneplan.estimator.run import resolve_run
-from tuneplan.estimator.wrappers.zero import deepspeed_terms, partition_optimizer_plan
+from tuneplan.estimator.wrappers.zero_terms import deepspeed_terms, partition_optimizer_plan
 from tuneplan.specs.model import model_from_config
 
 

@@ -19,7 +19,7 @@ from tuneplan.estimator.run import Run
 from tuneplan.estimator.weights import recompute_casts_to_first_target
 from tuneplan.estimator.wrappers.base import EndOfBackward, Gathered, WrapperMemory
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
-from tuneplan.estimator.wrappers.zero import partition_optimizer_plan
+from tuneplan.estimator.wrappers.zero_terms import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
 
 

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from tuneplan.errors import TuneplanError
-from tuneplan.estimator.wrappers.zero import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from tuneplan.estimator.wrappers.zero_terms import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
 from tuneplan.export.common import plain_keys
 from tuneplan.ingest.deepspeed import ZERO_DEFAULTS
 from tuneplan.specs.hardware import Accelerator

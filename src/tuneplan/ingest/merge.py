@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneplan.errors import ConfigError, TuneplanError
-from tuneplan.estimator.wrappers.zero import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from tuneplan.estimator.wrappers.zero_terms import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
 from tuneplan.ingest.common import Ingested
 from tuneplan.ingest.deepspeed import resolve_buckets
 from tuneplan.ingest.read import read_config, read_inline_deepspeed

@@ -12,11 +12,10 @@ current layer and the prefetch bucket. Offload: optimizer states, fp32 master an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from tuneplan.estimator.links import ring_factor
-from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan
+from tuneplan.estimator.optimizer import OptimizerPlan
 from tuneplan.estimator.wrappers import zero3_expert_round as fused_experts
 from tuneplan.estimator.wrappers import zero3_flush as first_flush
 from tuneplan.estimator.wrappers.base import (
@@ -68,93 +67,18 @@ from tuneplan.estimator.wrappers.zero12_reductions import (
     zero12_rank0_params,
     zero12_step,
 )
+from tuneplan.estimator.wrappers.zero_terms import (
+    DeepSpeedTerms,
+    deepspeed_adapters,
+    deepspeed_terms,
+    reduce_bucket_elements,
+)
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.setup import TrainSetup
 
 if TYPE_CHECKING:
     from tuneplan.estimator.links import Link
     from tuneplan.estimator.run import Run
-
-DS_REDUCE_BUCKET = 500_000_000  # elements, DeepSpeed default reduce_bucket_size
-DS_PREFETCH_BUCKET = 50_000_000  # elements, DeepSpeed default stage3_prefetch_bucket_size
-
-
-@dataclass(frozen=True)
-class DeepSpeedTerms:
-    """What every stage shares, before partitioning the parameters and gradients."""
-
-    weights16: int  # the module's parameters, trainable ones in 16 bits
-    states: int  # this rank's fp32 master and optimizer states partition
-    grads16: int  # every trainable parameter's 16-bit gradient
-    reduce_bucket: int  # elements (setup.ds_reduce_bucket or DeepSpeed's default)
-    prefetch_bucket: int  # elements (setup.ds_prefetch_bucket or DeepSpeed's default)
-    bucket: int  # the contiguous-gradients IPG bucket, bytes
-    fp32_grad_step: int  # the fp32 gradient partition the optimizer step reads
-    step_temp: int  # the optimizer step's temporaries: that partition and the optimizer's own
-    lazy_states: int = 0  # the optimizer's own states, made by its first step() (stage3.py 0.19.8)
-
-
-def deepspeed_terms(run: Run, optimizer: OptimizerPlan) -> DeepSpeedTerms:
-    """Trainable parameters live in 16 bits; the fp32 master and the optimizer's states are partitioned."""
-    setup, params, compute = run.setup, run.param_plan, run.dtypes.compute
-    world_size, trainable_params = setup.world_size, params.trainable_params
-    weights16 = params.weight_bytes + params.adapter_bytes
-    weights16 -= params.trainable_weight_params * max(params.trainable_bytes - compute, 0)
-    if params.trainable_bytes > compute and trainable_params > params.trainable_weight_params:  # adapters too
-        weights16 -= (trainable_params - params.trainable_weight_params) * (params.trainable_bytes - compute)
-    # every stage clones the partition into the fp32 master (DeepSpeed 0.19.8 stage_1_and_2.py; stage3.py
-    # _create_fp32_partitions, whose in-place branch compares a torch.device with a device-name str)
-    master = 4 * trainable_params
-    partition = ceil_div(trainable_params, world_size)
-    client = partition_optimizer_plan(run, partition)
-    reduce_bucket = reduce_bucket_elements(setup)
-    # ZeRO-1/2 step(): ``flatten(averaged_gradients)`` then ``.to(fp32)``, a new fp32 partition in any dtype;
-    # ZeRO-3: a copy only when gradients are 16-bit
-    fp32_grad_step = 4 * partition if compute < 4 or setup.zero < 3 else 0
-    # With contiguous_gradients (DeepSpeed's default) the IPG bucket is allocated at its full
-    # reduce_bucket_size in the 16-bit dtype, however few parameters train (a LoRA run holds the same
-    # 1 GB at the 5e8 default): stage_1_and_2.py setup_buckets() in every backward (a second one only
-    # with overlap_comm, off by default below stage 3), stage3.py __init__ once. DeepSpeed 0.19 source.
-    return DeepSpeedTerms(weights16=weights16, states=ceil_div(master, world_size) + client.states,
-                          grads16=trainable_params * compute, reduce_bucket=reduce_bucket,
-                          prefetch_bucket=setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET,
-                          bucket=reduce_bucket * compute, fp32_grad_step=fp32_grad_step,
-                          step_temp=fp32_grad_step + client.temp, lazy_states=client.states)
-
-
-def partition_optimizer_plan(run: Run, partition: int) -> OptimizerPlan:
-    """The optimizer as DeepSpeed hands it this rank's fp32 master partition: one flat fp32 tensor of
-    ``partition`` elements with an fp32 gradient (stage_1_and_2.py sets each group's params to
-    ``[single_partition_of_fp32_groups[i]]`` and its ``.grad`` to the fp32 ``single_grad_partition``;
-    stage3.py steps ``fp32_partitioned_groups_flat``). Under the HF Trainer it is the Trainer's own optimizer
-    (its ``optim``; transformers ``deepspeed_optim_sched`` with a config that names none); with
-    ``offload_optimizer`` the config names AdamW and DeepSpeed steps its CPU Adam (fp32 states).
-
-    Adafactor on an fp32 parameter and gradient makes no fp32 working copy of either (transformers
-    ``Adafactor.step`` converts only 16-bit ones); ``update = (grad**2) + eps`` holds two partition-sized
-    fp32 temporaries at once, the largest of its step."""
-    name = "adamw-fused" if run.setup.offload in ("optimizer", "all") else run.optimizer
-    plan = optimizer_plan(name, partition, 4, 1, partition, partition, tensor_sizes=((partition, 1),))
-    if name == "adafactor":
-        return OptimizerPlan(states=plan.states, paged=plan.paged, temp=2 * 4 * partition, notes=plan.notes)
-    return plan
-
-
-def reduce_bucket_elements(setup: TrainSetup) -> int:
-    """DeepSpeed's ``reduce_bucket_size`` as the run sets it (a DeepSpeed JSON read by --from), or its
-    default: the IPG bucket the memory model allocates and the last reduction the time model exposes."""
-    return setup.ds_reduce_bucket or DS_REDUCE_BUCKET
-
-
-def deepspeed_adapters(run: Run, weights: int) -> int:
-    """The LoRA adapters among ``weights`` (this GPU's module parameters): in 16 bits when they train in
-    fp32 (DeepSpeed keeps the module in the 16-bit dtype), partitioned under ZeRO-3."""
-    setup, params, world_size = run.setup, run.param_plan, run.setup.world_size
-    if params.trainable_bytes > run.dtypes.compute:
-        return params.adapter_params * run.dtypes.compute // (world_size if setup.zero == 3 else 1)
-    return (ceil_div(params.adapter_bytes, world_size) if setup.zero == 3
-            else min(params.adapter_bytes, weights))
-
 
 class Zero(Wrapper):
     """What the stages share: the optimizer partition, the collectives' wire format and the host offload."""
@@ -338,25 +262,7 @@ class Zero3(Zero, ShardingWrapper):
             host += g_live
             g_live = 0
         embedding = zero3_embedding_backward(model, setup, terms.bucket + g_live, compute)
-        at_embedding = at_head = 0
-        if setup.quant_bits is None and runs_ahead:
-            # the first forward instant (the FSDP2 bottom layer's row): the embedding and what the prefetcher
-            # ran ahead to while the wrappers above it were fetched, no activation saved yet
-            # or at the bottom layer's first linear, a coalesced round held twice (zero3_bottom_forward.py)
-            at_embedding = min(max(zero3_gathered_at_embedding(model, setup, terms.prefetch_bucket),
-                                   zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
-                                                                  run.targets)) * compute, 2 * whole16)
-            # the head's forward: what the loss holds, and the head's round (tied: zero3_tied_head.py)
-            head_round = (zero3_head_round(model, terms.prefetch_bucket, setup)
-                          or zero3_tied_head_round(model, setup, run.targets))
-            at_head = at_loss + head_round * compute if head_round else 0
-        elif setup.quant_bits is None:
-            # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
-            at_head = zero3_head_round_first_pass(model, setup) * compute
-        else:  # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
-            at_embedding = zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket)
-            at_head = (at_loss + zero3_quantized_head_copy_bytes(run, terms.prefetch_bucket)
-                       if model.lm_head_params else 0)
+        at_embedding, at_head = self.forward_rounds(run, terms, at_loss, whole16, bool(runs_ahead))
         return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
@@ -372,6 +278,30 @@ class Zero3(Zero, ShardingWrapper):
                              top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
                                  model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),
                              notes=self.notes(setup, notes)))
+
+    @staticmethod
+    def forward_rounds(run: Run, terms: DeepSpeedTerms, at_loss: int, whole16: int,
+                       runs_ahead: bool) -> tuple[int, int]:
+        """(gathered at the bottom layer's forward, gathered at the head's forward)."""
+        model, setup, compute = run.model, run.setup, run.dtypes.compute
+        if setup.quant_bits is None and runs_ahead:
+            # the first forward instant (the FSDP2 bottom layer's row): the embedding and what the prefetcher
+            # ran ahead to while the wrappers above it were fetched, no activation saved yet
+            # or at the bottom layer's first linear, a coalesced round held twice (zero3_bottom_forward.py)
+            at_embedding = min(max(zero3_gathered_at_embedding(model, setup, terms.prefetch_bucket),
+                                   zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
+                                                                  run.targets)) * compute, 2 * whole16)
+            # the head's forward: what the loss holds, and the head's round (tied: zero3_tied_head.py)
+            head_round = (zero3_head_round(model, terms.prefetch_bucket, setup)
+                          or zero3_tied_head_round(model, setup, run.targets))
+            return at_embedding, at_loss + head_round * compute if head_round else 0
+        if setup.quant_bits is None:
+            # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
+            return 0, zero3_head_round_first_pass(model, setup) * compute
+        # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
+        return (zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket),
+                at_loss + zero3_quantized_head_copy_bytes(run, terms.prefetch_bucket)
+                if model.lm_head_params else 0)
 
     @staticmethod
     def prefetched(run: Run, terms: DeepSpeedTerms, at_loss: int, layer_gathered: int,

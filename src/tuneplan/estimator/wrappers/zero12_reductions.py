@@ -22,7 +22,7 @@ NORM_BYTES = 8  # fp64, DeepSpeed's get_norm_dtype() on CUDA (runtime/zero/utils
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
-    from tuneplan.estimator.wrappers.zero import DeepSpeedTerms
+    from tuneplan.estimator.wrappers.zero_terms import DeepSpeedTerms
 
 
 def zero12_step(run: Run, terms: DeepSpeedTerms) -> tuple[int, int]:
