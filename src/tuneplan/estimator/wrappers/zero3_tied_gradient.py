@@ -14,8 +14,9 @@ def zero3_tied_head_gradient(model: ModelSpec, setup: TrainSetup, compute: int) 
     engine (torch/csrc/autograd/engine.cpp ``Engine::evaluate_function``, ``InputBuffer::add``) keeps the
     head's contribution, ``dlogits^T x`` (vocab x hidden in the parameter's dtype), in the node's input
     buffer until the embedding's backward supplies the second, the step's last. ZeRO-3's gradient hook
-    (stage3.py ``create_reduce_and_remove_grad_hooks``, on the accumulate-grad node) fires only then, so
-    nothing reduces or frees it through the decoder layers' backward:
+    (stage3.py ``create_reduce_and_remove_grad_hooks`` -> utils/torch.py ``register_grad_hook``:
+    ``register_post_accumulate_grad_hook``) fires only once the node has run, so nothing reduces or frees
+    it through the decoder layers' backward:
 
     .. math:: H = V\\,h\\,b_{compute}
 
