@@ -57,6 +57,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero3_tied_backward import zero3_tied_regathered
+from tuneplan.estimator.wrappers.zero3_tied_gradient import zero3_tied_head_gradient
 from tuneplan.estimator.wrappers.zero3_tied_head import zero3_tied_head_round
 from tuneplan.estimator.wrappers.zero12_flatten import zero12_flatten_bytes
 from tuneplan.estimator.wrappers.zero12_initialize import zero12_initialize_bytes
@@ -264,7 +265,8 @@ class Zero3(Zero, ShardingWrapper):
         embedding = zero3_embedding_backward(model, setup, terms.bucket + g_live, compute)
         at_embedding, at_head = self.forward_rounds(run, terms, at_loss, whole16, bool(runs_ahead))
         return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
-                             Buckets(persistent=terms.bucket + g_live),
+                             Buckets(persistent=terms.bucket + g_live,
+                                     in_layers=zero3_tied_head_gradient(model, setup, compute)),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
                                       head_backward=zero3_gathered_at_head_backward(
