@@ -173,4 +173,5 @@ def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_star
       on."""
     stranded_forward, stranded_backward = stranded_bytes(run, batch, seq)
     held = maximum(at_forward + stranded_forward, at_backward_start + stranded_backward)
-    return reserved_with_and_without(allocated, cross_stream_reserve(run), held)
+    # only FSDP caches per stream (cross_stream_reserve): the other runs skip the call
+    return reserved_with_and_without(allocated, cross_stream_reserve(run) if run.setup.fsdp else 0, held)

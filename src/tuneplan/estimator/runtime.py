@@ -74,7 +74,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
     fl = st.flops
     assert fl is not None
     step_s, breakdown = st.step_seconds, dict(st.breakdown)
-    sigmas = part_sigmas(st.card_known, st.link_name, st.link_stated)
+    sigmas = band_widths(run, st)
     if cal:
         sigmas = calibrated_sigmas(sigmas, set(cal["factors"]), cal["shapes"])
     time: dict[str, Any] = {
@@ -119,6 +119,18 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         time["unknown"] = ["no dataset size: give {samples} (and {avg_tokens}) or {dataset_tokens} for hours"]
         return {"time": time, "cost": hourless_cost(run, acc, prices, rates)}
     return {"time": time, "cost": cost_section(acc, setup.cards, gpu_hours, prices, rates=rates)}
+
+
+def band_widths(run: Run, st: StepTime) -> dict[str, float]:
+    """The parts' widths (``time_band.part_sigmas``) for the card and link of ``st``: shape-independent, kept
+    on the run for the last (card's throughput class, link) asked about; never edited (the band copies
+    them, a calibration makes new ones)."""
+    key = (st.card_known, st.link_name, st.link_stated)
+    last = run.memo.get("band_widths")
+    if last is None or last[0] != key:
+        last = run.memo["band_widths"] = (key, part_sigmas(*key))
+    sigmas: dict[str, float] = last[1]
+    return sigmas
 
 
 def add_time_notes(time: dict[str, Any], setup: TrainSetup, acc: Accelerator, st: StepTime, st0: StepTime,

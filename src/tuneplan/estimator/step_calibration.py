@@ -232,9 +232,8 @@ def calibration_for(card_id: str, framework: str, path: str | None = None) -> di
         _entries.clear()
         _entries["store"] = store
     key = (card_id, framework)
-    if key in _entries:
-        kept = _entries[key]
-    else:
+    kept = _entries.get(key, _entries)  # _entries itself: not validated yet
+    if kept is _entries:
         kept = _entries[key] = _entry_figures(store["entries"].get(entry_key(card_id, framework)))
     if kept is None:
         return None
