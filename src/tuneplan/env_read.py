@@ -35,3 +35,20 @@ def env(name: str) -> str | None:
         key = _KEYS[name] = os.fsencode(name)
     value = raw.get(key)
     return None if value is None else os.fsdecode(value)
+
+_STAMP_KEYS: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+
+
+def env_stamp(names: tuple[str, ...]) -> tuple[bytes | str | None, ...]:
+    """A key that changes whenever one of ``names``' values does, read now: their raw values as
+    ``os.environ`` holds them (bytes on POSIX, not decoded; :func:`env`'s fallback elsewhere). What is
+    derived from those variables alone (a path) can be kept per stamp: equal stamps are equal values, and
+    the stamp costs a dict look-up per name, with no decoding."""
+    environ = os.environ
+    raw = _RAW
+    if raw is None or environ is not _ENVIRON:
+        return tuple(map(environ.get, names))
+    keys = _STAMP_KEYS.get(names)
+    if keys is None:
+        keys = _STAMP_KEYS[names] = tuple(map(os.fsencode, names))
+    return tuple(map(raw.get, keys))

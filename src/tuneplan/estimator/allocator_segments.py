@@ -143,21 +143,22 @@ def stranded_bytes(run: Any, batch: Any, seq: Any) -> tuple[Any, Any]:
     """Bytes of free segments at the ``forward`` and ``backward_start`` instants that the loss chain cannot
     reuse (ints, or arrays of a grid); a block of no bytes strands no segment. Each block is rounded up to
     whole large segments as :func:`_segment` does, written out: every estimate asks."""
-    terms = run.memo.get("stranded") or stranded_terms(run)
+    # the terms unpacked once: a named tuple's field read costs as much as the arithmetic on it
+    mlp_blocks, intermediate_width, quant_out, packed, checkpoint, norm, logits = (run.memo.get("stranded")
+                                                                                   or stranded_terms(run))
     tokens = batch * seq
     layers = 0
-    if terms.mlp_blocks:
-        intermediate = -(-(tokens * terms.intermediate) // ROUND_LARGE) * ROUND_LARGE
-        layers = terms.mlp_blocks * intermediate
-        if terms.packed_layers:
-            layers = layers + checkpoint_packing_bytes(terms.packed_layers, terms.checkpoint, tokens,
-                                                       intermediate)
-        if terms.quant_out:
-            layers = layers - (-(tokens * terms.quant_out) // ROUND_LARGE) * ROUND_LARGE
-    if terms.norm:
-        layers = layers - (-(tokens * terms.norm) // ROUND_LARGE) * ROUND_LARGE
-    if terms.logits:
-        return layers, layers - (-(tokens * terms.logits) // ROUND_LARGE) * ROUND_LARGE
+    if mlp_blocks:
+        intermediate = -(-(tokens * intermediate_width) // ROUND_LARGE) * ROUND_LARGE
+        layers = mlp_blocks * intermediate
+        if packed:
+            layers = layers + checkpoint_packing_bytes(packed, checkpoint, tokens, intermediate)
+        if quant_out:
+            layers = layers - (-(tokens * quant_out) // ROUND_LARGE) * ROUND_LARGE
+    if norm:
+        layers = layers - (-(tokens * norm) // ROUND_LARGE) * ROUND_LARGE
+    if logits:
+        return layers, layers - (-(tokens * logits) // ROUND_LARGE) * ROUND_LARGE
     return layers, layers
 
 
@@ -173,4 +174,5 @@ def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_star
       on."""
     stranded_forward, stranded_backward = stranded_bytes(run, batch, seq)
     held = maximum(at_forward + stranded_forward, at_backward_start + stranded_backward)
-    return reserved_with_and_without(allocated, cross_stream_reserve(run), held)
+    # only FSDP caches per stream (cross_stream_reserve): the other runs skip the call
+    return reserved_with_and_without(allocated, cross_stream_reserve(run) if run.setup.fsdp else 0, held)

@@ -267,8 +267,12 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))
     top, wrapper_rows = statics.wrapped.top_layer, statics.wrapper_rows
-    top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
-                                                                                 backward_temp)
+    if top is None and not statics.wrapped.first_hook_bucket:  # no wrapper's top layer (top_layer_terms)
+        top_grads, top_freed, top_scratch, top_gathered, top_casts = (
+            statics.earlier_grads_in_layer, 0, backward_temp, gathered, statics.autocast_copies)
+    else:
+        top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
+                                                                                     backward_temp)
     bottom_grads = statics.all_grads_in_layer - embedding_cut
     if statics.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time

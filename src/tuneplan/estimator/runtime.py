@@ -7,6 +7,7 @@ each optimizer step computes ``batch x seq x grad_accum x GPUs`` of them; steps 
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Any
 
 from tuneplan.estimator.cost import CostRates, Prices, cost_rates, cost_section
@@ -23,6 +24,7 @@ from tuneplan.specs.setup import TrainSetup
 
 # one object: the run's kept time terms match it without a new one per call
 DEFAULT_OPTIONS = RuntimeOptions()
+_value = itemgetter(1)  # a (name, seconds) pair's seconds: the sections list the parts that take time
 
 
 def time_and_cost(model: ModelSpec, setup: TrainSetup, acc: Accelerator, dataset: DatasetSpec | None = None,
@@ -72,7 +74,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
     fl = st.flops
     assert fl is not None
     step_s, breakdown = st.step_seconds, dict(st.breakdown)
-    sigmas = part_sigmas(st.card_known, st.link_name, st.link_stated)
+    sigmas = band_widths(run, st)
     if cal:
         sigmas = calibrated_sigmas(sigmas, set(cal["factors"]), cal["shapes"])
     time: dict[str, Any] = {
@@ -87,15 +89,16 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         "flops_per_token_6n": fl.six_n,
         "total_hours": None,
         "gpu_hours": None,
-        "components_seconds": {k: v for k, v in st.components.items() if v},
+        "components_seconds": dict(filter(_value, st.components.items())),
         "breakdown": breakdown,
-        "breakdown_detail": {k: v for k, v in st.breakdown_detail.items() if v},
+        "breakdown_detail": dict(filter(_value, st.breakdown_detail.items())),
         "figures_verified": why is None,
         "card_throughput_known": st.card_known,
         "links": st.links,
-        "assumptions": list(st.assumptions),
+        "assumptions": st.assumptions,  # made for this call (run_step_time): the section's own list
     }
-    add_time_notes(time, setup, acc, st, st0, cal, why)
+    if cal or why or st.breakdown_detail.get("dequantization"):
+        add_time_notes(time, setup, acc, st, st0, cal, why)
     gpu_hours = None
     if dataset is not None:
         plan = dataset.plan(setup.seq)
@@ -116,6 +119,18 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         time["unknown"] = ["no dataset size: give {samples} (and {avg_tokens}) or {dataset_tokens} for hours"]
         return {"time": time, "cost": hourless_cost(run, acc, prices, rates)}
     return {"time": time, "cost": cost_section(acc, setup.cards, gpu_hours, prices, rates=rates)}
+
+
+def band_widths(run: Run, st: StepTime) -> dict[str, float]:
+    """The parts' widths (``time_band.part_sigmas``) for the card and link of ``st``: shape-independent, kept
+    on the run for the last (card's throughput class, link) asked about; never edited (the band copies
+    them, a calibration makes new ones)."""
+    key = (st.card_known, st.link_name, st.link_stated)
+    last = run.memo.get("band_widths")
+    if last is None or last[0] != key:
+        last = run.memo["band_widths"] = (key, part_sigmas(*key))
+    sigmas: dict[str, float] = last[1]
+    return sigmas
 
 
 def add_time_notes(time: dict[str, Any], setup: TrainSetup, acc: Accelerator, st: StepTime, st0: StepTime,

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from tuneplan.env_read import env
+from tuneplan.env_read import env_stamp
 from tuneplan.estimator.time_band import PARTS
 
 STORE_NAME = "calibration.json"
@@ -57,13 +57,18 @@ _options: dict[Any, Any] = {}
 _entries: dict[Any, Any] = {}
 
 
+# the variables the config folder is derived from (catalog.config_folder.config_dir)
+PATH_VARIABLES = ("TUNEPLAN_CONFIG_DIR", "XDG_CONFIG_HOME", "HOME")
+
+
 def store_path() -> str:
-    return _store_path(env("TUNEPLAN_CONFIG_DIR"), env("XDG_CONFIG_HOME"), env("HOME"))
+    """The store's path, for the environment as it is now (a change between two estimates is seen)."""
+    return _store_path(env_stamp(PATH_VARIABLES))
 
 
 @lru_cache(maxsize=8)
-def _store_path(config_dir: str | None, xdg: str | None, home: str | None) -> str:
-    """The store's path for these environment values (every estimate asks: kept per environment)."""
+def _store_path(stamp: tuple[bytes | str | None, ...]) -> str:
+    """The store's path for these environment values (every estimate asks: kept per ``env_stamp``)."""
     from tuneplan.catalog.accelerators import config_dir as user_config_dir
 
     return str(user_config_dir() / STORE_NAME)
@@ -87,16 +92,22 @@ def _kept_store() -> dict[str, Any]:
 def load_store(path: str | None = None) -> dict[str, Any]:
     """The store's content (``{"version": 1, "entries": {key: {"measurements": [...]}}}``), empty when there
     is none or it cannot be read as one (a damaged store never stops an estimate)."""
-    p = path or store_path()
+    # the environment's stamp stands for the path it gives (store_path), read on every call
+    environ = env_stamp(PATH_VARIABLES) if not path else None
     now = time.monotonic()
+    if environ is not None and _cache.get("environ") == environ:
+        p = _cache["path"]
+    else:
+        p = path or _store_path(environ)
     if _cache.get("path") == p and now - _cache.get("checked", -1e9) < RECHECK_SECONDS:
         return _kept_store()  # an estimate grid asks thousands of times a second: one stat per interval
     try:
         st = os.stat(p)
     except OSError:
-        _cache.update(path=p, checked=now, stamp=None, store={"version": STORE_VERSION, "entries": {}})
+        _cache.update(path=p, environ=environ, checked=now, stamp=None,
+                      store={"version": STORE_VERSION, "entries": {}})
         return _kept_store()
-    _cache.update(path=p, checked=now)
+    _cache.update(path=p, environ=environ, checked=now)
     stamp = (p, st.st_mtime_ns, st.st_size)
     if _cache.get("stamp") == stamp:
         return _kept_store()
@@ -221,9 +232,8 @@ def calibration_for(card_id: str, framework: str, path: str | None = None) -> di
         _entries.clear()
         _entries["store"] = store
     key = (card_id, framework)
-    if key in _entries:
-        kept = _entries[key]
-    else:
+    kept = _entries.get(key, _entries)  # _entries itself: not validated yet
+    if kept is _entries:
         kept = _entries[key] = _entry_figures(store["entries"].get(entry_key(card_id, framework)))
     if kept is None:
         return None

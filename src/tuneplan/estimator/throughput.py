@@ -238,11 +238,14 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     links.update(ts.links)
     assumptions.extend(ts.assumptions_head)
     comm_total = ga * ts.per_micro + ts.per_step + ts.serial
-    exposed = exposed_communication(run, ts, fl, mb)
+    # a run without collectives to overlap (one GPU) adds what nothing hides: no window to work out
+    exposed = (exposed_communication(run, ts, fl, mb)
+               if ts.per_micro - ts.gathers_wait > 0 or ts.per_step > 0 else ga * ts.gathers_wait + ts.serial)
     # gathers that wait for the compute leave the links idle while a layer computes: FSDP1's pre_unshard
     # copies the next unit's host shard to the device on its own stream before the rate limiter's wait
     # (torch/distributed/fsdp/_runtime_utils.py _unshard), so those copies run beside the compute
-    offload_s = offload_seconds(setup, ts, links, mb.gpu_s if ts.gathers_wait else 0.0)
+    offload_s = (offload_seconds(setup, ts, links, mb.gpu_s if ts.gathers_wait else 0.0)
+                 if setup.offload != "none" else 0.0)
     if setup.device_map != "none" and setup.gpus > 1:
         # one process over several cards: the hand-overs between them, hidden by nothing (device_map.py)
         from tuneplan.estimator.device_map import copy_seconds
@@ -253,8 +256,9 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         assumptions.append(f"device_map over {setup.gpus} cards: one works at a time, so the step is one "
                            f"card's for the whole model plus {hand_over_s * 1e3:.3g} ms of copies between "
                            "cards per micro-batch (accelerate's per-module hooks not counted)")
+    trips = accumulation_trips(setup, ts) if ga > 1 else 0
     copies_s = (ga * ts.grad_copy_micro_bytes + ts.grad_copy_step_bytes  # ZeRO-1/2's buckets
-                + accumulation_trips(setup, ts) * ts.accum_add_bytes) / ts.bw
+                + trips * ts.accum_add_bytes) / ts.bw
     step_s = ga * mb.micro_s + optimizer_s + ts.optimizer_launch_s + paged_s + exposed + offload_s + copies_s
     tensor_s = mb.gemm_s if mb.gemm_s >= mb.weights_s else 0.0  # matmuls held by the tensor cores
     breakdown = {
