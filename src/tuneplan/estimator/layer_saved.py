@@ -149,6 +149,11 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
             walk.down_adapter_private += sum(v for k, v in new.items()
                                              if k.endswith((".lora_in", ".dropout_mask")))
             walk.down_adapter_input += sum(v for k, v in new.items() if k.endswith(".lora_in"))
+            # without a private copy lora_A keeps the product itself; when nothing else does (a frozen or
+            # 4-bit base linear saves no input) it goes with lora_A's backward all the same
+            if key_in in new and key_in in walk.adapter_only_inputs:
+                walk.down_adapter_private += new[key_in]
+                walk.down_adapter_input += new[key_in]
             if walk.fsdp_adapter_input_copy and any(k.endswith(".dropout_mask") for k in new):
                 # the fp32 input PEFT casts for the upcast adapter, dropped out (down_adapter_backward)
                 walk.down_adapter_dropout += 2 * 4 * m.d_in * share
