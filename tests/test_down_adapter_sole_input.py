@@ -16,8 +16,8 @@ input: no cast), rank 8 on the MLP, dropout 0:
 
 * LoRA, the MLP's backward temporaries (down_adapter_backward): the gated product's three fp32 MLP-wide
   gradients, 3 x 4 x 11008, less the released product, 4 x 11008: 8 x 11008 = 88,064 per token (above
-  lora_A's moment, its input's gradient, 4 x 11008), beside the residual's two hidden-wide gradients,
-  4 x 2 x 4096; before this mechanism 12 x 11008 = 132,096;
+  lora_A's moment, its input's gradient, 4 x 11008), beside the residual's incoming gradient, 4 x 4096
+  (layer_saved.residual_grads); before this mechanism 12 x 11008 = 132,096;
 * QLoRA (4-bit base, fp32 compute, fp32 adapters: no cast, 4 B everywhere): the down
   projection's dequantized weight, 4 x 4096 x 11008 B, beside the residual gradient (4 x 4096), the
   adapter's and the base's input gradients (2 x 4 x 11008) less lora_B's saved rank-wide input (8 x 4)
@@ -45,7 +45,7 @@ def test_the_product_lora_a_alone_keeps_is_released_before_the_gated_products_gr
     dt = resolve_dtypes(s, get_profile("hf"))
     acts = layer_activations(spec, spec.layer_groups[0][0], s, dt, resolve_targets(spec, s.targets), False,
                              "sdpa", True)
-    assert acts.backward_temp == 8 * MLP + 4 * 2 * HIDDEN  # 88,064 + 32,768
+    assert acts.backward_temp == 8 * MLP + 4 * HIDDEN  # 88,064 + 16,384
 
 
 def test_the_product_is_gone_when_bitsandbytes_dequantizes_the_down_projection() -> None:
