@@ -7,7 +7,9 @@ down_proj only, from PEFT's ``base(x) + lora_B(lora_A(dropout(x))) * scaling`` a
   adapter branch has run. The gated product's backward then holds 3 bf16 MLP-wide gradients (6 x 11008)
   less P: 3 x 11008; lora_A's own backward holds its input's gradient, 2 x 11008. The larger: 33,024.
 * without the private copy (the upper bound before this mechanism) it would be 6 x 11008 = 66,048.
-Both beside the residual's two hidden-wide gradients (residual bytes x 2 x 4096)."""
+Both beside the residual's one hidden-wide gradient (residual bytes x 4096): the incoming gradient of
+the layer's output, which the residual add hands to the MLP branch as the same tensor
+(layer_saved.residual_grads)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def _layer(dropout: float) -> tuple[LayerActs, int]:
     dt = resolve_dtypes(s, get_profile("hf"))
     acts = layer_activations(spec, spec.layer_groups[0][0], s, dt, resolve_targets(spec, s.targets), False,
                              "sdpa", True)
-    return acts, dt.residual * 2 * 4096
+    return acts, dt.residual * 4096
 
 
 def test_down_projection_dropout_copy_and_mask_are_freed_before_the_gated_product() -> None:

@@ -149,6 +149,11 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
             walk.down_adapter_private += sum(v for k, v in new.items()
                                              if k.endswith((".lora_in", ".dropout_mask")))
             walk.down_adapter_input += sum(v for k, v in new.items() if k.endswith(".lora_in"))
+            # without a private copy lora_A keeps the product itself; when nothing else does (a frozen or
+            # 4-bit base linear saves no input) it goes with lora_A's backward all the same
+            if key_in in new and key_in in walk.adapter_only_inputs:
+                walk.down_adapter_private += new[key_in]
+                walk.down_adapter_input += new[key_in]
             if walk.fsdp_adapter_input_copy and any(k.endswith(".dropout_mask") for k in new):
                 # the fp32 input PEFT casts for the upcast adapter, dropped out (down_adapter_backward)
                 walk.down_adapter_dropout += 2 * 4 * m.d_in * share
@@ -194,8 +199,8 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
 
     At the MLP's gated product (simulate: Llama-2-7B QLoRA peaks inside the top layer at aten.mul): the
     gradient of down_proj's input and the two products' gradients (gate and up branches), three MLP-wide
-    tensors in the MLP's output dtype, next to the incoming residual gradient and its accumulated copy, two
-    hidden-wide residual tensors: out_b x 3 x width + residual x 2h per token. The eager score gradients
+    tensors in the MLP's output dtype, next to the residual gradients (:func:`residual_grads`):
+    out_b x 3 x width + residual x n h per token. The eager score gradients
     ((4 + g) bytes per head per key position: the fp32 probabilities' and the scores', g = 2 from fp16 scores
     through the half-to-float softmax, else 4) come later, in the
     attention's backward, once the MLP block's saved tensors are gone (simulate: BERT-large fp16-mixed, 3
@@ -204,7 +209,12 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     hidden = model.hidden
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
     product = down_adapter_backward(walk, width, product_grad_bytes(walk))
-    backward_temp = product + dtypes.residual * 2 * hidden
+    backward_temp = product + dtypes.residual * residual_grads(model) * hidden
+    if walk.down_adapter_dropout:
+        # FSDP1's dropout moment, inside the down projection's adapter branch: two residual gradients beside
+        # it (simulate: FSDP1 LLaMA-Factory, Mistral-7B LoRA fp16-mixed, at native_dropout_backward)
+        dropout = walk.down_adapter_dropout - walk.down_adapter_input
+        backward_temp = max(backward_temp, dropout + dtypes.residual * 2 * hidden)
     # the gradients of the fp32 probabilities and of the scores, beside the probabilities softmax saved: the
     # rest of the saved scores is released by then (walk.scores_released); none where autograd recorded no
     # attention
@@ -223,6 +233,17 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
                      backward_per_layer_per_token=walk.backward_per_layer_per_token, mlp_saved=mlp_saved,
                      first_target_saved=first_saved, first_target_temp=first_temp,
                      last_target_saved=last_saved, last_target_temp=last_temp)
+
+
+def residual_grads(model: ModelSpec) -> int:
+    """Hidden-wide residual gradients live at the MLP's backward moment. SwiGLU (pre-norm): one, the
+    incoming gradient of the layer's output, which the residual add's backward (AddBackward0) hands to the
+    MLP branch as the same tensor and the autograd engine's input buffer holds for the sum at the layer's
+    input; the down projection's output-gradient casts die with its backward, before its input gradients
+    are summed (simulate: Llama-2-13b QLoRA all-linear, ZeRO-2 checkpointed, one bf16 h-wide gradient at
+    the down projection's ``aten.add``; FSDP2 Llama-2-7B LoRA checkpointed, at ``aten.mul``). Other MLPs:
+    two, the incoming gradient and its accumulated copy (not re-derived for them)."""
+    return 1 if model.mlp_kind == "swiglu" else 2
 
 
 def first_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:

@@ -58,6 +58,9 @@ class LayerWalk:
         self.down_adapter_private = 0.0
         self.down_adapter_input = 0.0  # of which lora_A's saved input (its gradient's size)
         self.down_adapter_dropout = 0.0  # its dropout's backward on the fp32-cast input (layer_saved.py)
+        # per token, the inputs that only a LoRA adapter's lora_A keeps (the frozen base linear does not):
+        # released by lora_A's backward like a private copy (layer_saved.down_adapter_backward)
+        self.adapter_only_inputs: dict[str, float] = {}
         self.quantized = setup.quant_bits is not None
         self.output_bytes = dtypes.quant_out if self.quantized else dtypes.linear_out
         self.compute_bytes = dtypes.compute
@@ -190,6 +193,8 @@ class LayerWalk:
                 ledger.save(f"{self._lora_key(m_name, reads)}.lora_in",
                             copies * input_bytes * d_in * tokens_share)
             else:
+                if reads not in ledger.items:  # the frozen base linear kept nothing of it (see above)
+                    self.adapter_only_inputs[reads] = input_bytes * d_in * tokens_share
                 ledger.save(reads, input_bytes * d_in * tokens_share)
             lora_mid_bytes = compute_bytes if dtypes.autocast else dtypes.adapter
             ledger.save(f"{module_key}.lora_mid", lora_mid_bytes * setup.rank * tokens_share)

@@ -79,6 +79,11 @@ def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dty
                 # the adapter's backward ran first: its private saved tensors are released (counted in the
                 # layer's activations, which the row adds)
                 grads -= adapter_private_bytes(setup, dtypes, m.d_in) * share
+                if (m.reads == "mlp_mid" and not prof.quant_saves_input
+                        and not adapter_input_copy_bytes(setup, dtypes)):
+                    # the down projection's input, the gated product, kept by lora_A alone (MatMul4Bit
+                    # saves no input of a frozen weight): released by lora_A's backward, which ran first
+                    grads -= dtypes.compute * m.d_in * share
             tokens_part = int(dtypes.residual * model.hidden + grads)
             if (weight, tokens_part) > (fixed, per_token):
                 fixed, per_token = weight, tokens_part
@@ -100,11 +105,17 @@ def adapter_private_bytes(setup: TrainSetup, dtypes: Dtypes, d_in: int) -> int:
     the input's dtype behind a dropout, 0 when lora_A reads the input itself (shared, not released). The
     input is in the compute dtype, as the 4-bit linears of transformers' decoder layers read it."""
     dropout = (setup.dropout or 0) > 0
-    if dtypes.autocast and dtypes.adapter != dtypes.compute:
-        copy = dtypes.compute
-    elif dtypes.adapter != dtypes.compute:
-        copy = dtypes.adapter
-    else:
-        copy = dtypes.compute if dropout else 0
+    copy = adapter_input_copy_bytes(setup, dtypes)
     mid = dtypes.compute if dtypes.autocast else dtypes.adapter
     return d_in * (copy + (1 if dropout else 0)) + setup.rank * mid
+
+
+def adapter_input_copy_bytes(setup: TrainSetup, dtypes: Dtypes) -> int:
+    """Bytes per input element of the private copy lora_A saves (:func:`adapter_private_bytes`): the 16-bit
+    cast under autocast, the adapter dtype when it differs from the input's, the input's dtype behind a
+    dropout; 0 when lora_A reads the input itself."""
+    if dtypes.autocast and dtypes.adapter != dtypes.compute:
+        return dtypes.compute
+    if dtypes.adapter != dtypes.compute:
+        return dtypes.adapter
+    return dtypes.compute if (setup.dropout or 0) > 0 else 0
