@@ -58,3 +58,30 @@ def test_the_store_follows_the_config_folder_between_two_estimates(tmp_path, mon
         assert calibration_for("rtx4090", "hf-trainer") is None
     finally:
         forget()
+
+
+def test_an_unchanged_environment_within_the_recheck_interval_reads_nothing(tmp_path, monkeypatch) -> None:
+    # the store stat'ed once: the next estimates in the same environment, within RECHECK_SECONDS, compare the
+    # environment's stamp only; a changed variable is a new path, stat'ed at once
+    from tuneplan.estimator import step_calibration
+
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def counting_stat(p, *a, **k):  # type: ignore[no-untyped-def]
+        if str(p).endswith(STORE_NAME):  # the store's own stat (the config folder's look-ups aside)
+            stats.append(str(p))
+        return real_stat(p, *a, **k)
+
+    forget()
+    try:
+        monkeypatch.setenv(PATH_VARIABLES[0], str(tmp_path / "a"))
+        monkeypatch.setattr(step_calibration.os, "stat", counting_stat)
+        assert calibration_for("rtx4090", "hf-trainer") is None
+        assert calibration_for("rtx4090", "hf-trainer") is None
+        assert stats == [str(tmp_path / "a" / STORE_NAME)]
+        monkeypatch.setenv(PATH_VARIABLES[0], str(tmp_path / "b"))
+        assert calibration_for("rtx4090", "hf-trainer") is None
+        assert stats[1:] == [str(tmp_path / "b" / STORE_NAME)]
+    finally:
+        forget()

@@ -47,8 +47,14 @@ def reserved_with_and_without(allocated: Any, cross_stream: int, held: Any) -> t
     """(:func:`reserved_from_allocated` with ``held``, the same without it), the allocated figure's
     segment tails computed once (allocated is never negative, so without ``held`` the larger is the
     tails' figure)."""
-    tails = to_int(allocated * (1 + FRAGMENTATION))
-    return (-(-maximum(tails, held) // SEGMENT) * SEGMENT + cross_stream,
+    scaled = allocated * (1 + FRAGMENTATION)
+    if scaled.__class__ is float and held.__class__ is int:  # one shape: as to_int and maximum decide
+        tails = int(scaled)
+        top = held if held > tails else tails
+    else:  # a grid's arrays
+        tails = to_int(scaled)
+        top = maximum(tails, held)
+    return (-(-top // SEGMENT) * SEGMENT + cross_stream,
             -(-tails // SEGMENT) * SEGMENT + cross_stream)
 
 

@@ -45,9 +45,12 @@ def step_bound(breakdown: dict[str, float]) -> str | None:
     """What limits the optimizer step, in one word: its largest part (compute, memory, communication,
     offload, overhead). The one bound the faces show: the micro-batch's own roofline word
     (``StepTime.bound``) can say compute while exposed communication takes most of the step."""
-    if not breakdown:
-        return None
-    return STEP_BOUND_WORDS.get(max(breakdown, key=breakdown.__getitem__))
+    # the first largest part, as max(breakdown, key=breakdown.__getitem__) picks it, without its key calls
+    bound, most = None, 0.0
+    for part, seconds in breakdown.items():
+        if bound is None or seconds > most:
+            bound, most = part, seconds
+    return None if bound is None else STEP_BOUND_WORDS.get(bound)
 
 
 def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = None,
@@ -73,7 +76,8 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
 
     fl = st.flops
     assert fl is not None
-    step_s, breakdown = st.step_seconds, dict(st.breakdown)
+    # the step's own dicts, made for this call (run_step_time): the section takes them without a copy
+    step_s, breakdown = st.step_seconds, st.breakdown
     sigmas = band_widths(run, st)
     if cal:
         sigmas = calibrated_sigmas(sigmas, set(cal["factors"]), cal["shapes"])
@@ -83,7 +87,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
         "step_seconds": step_s,
         "micro_batch_seconds": st.micro_batch_seconds,
         "tokens_per_step": st.tokens_per_step,
-        "bound": step_bound(st.breakdown),
+        "bound": step_bound(breakdown),
         "mfu": st.mfu,
         "flops_per_token": fl.total,
         "flops_per_token_6n": fl.six_n,

@@ -95,12 +95,25 @@ def load_store(path: str | None = None) -> dict[str, Any]:
     # the environment's stamp stands for the path it gives (store_path), read on every call
     environ = env_stamp(PATH_VARIABLES) if not path else None
     now = time.monotonic()
+    # every estimate asks: the same environment within the interval is one comparison of its stamp
+    fresh = _cache.get("fresh")
+    if fresh is not None and fresh[0] == environ and now < fresh[1]:  # fresh[0] is never None
+        store: dict[str, Any] = fresh[2]
+        return store
     if environ is not None and _cache.get("environ") == environ:
         p = _cache["path"]
     else:
         p = path or _store_path(environ)
     if _cache.get("path") == p and now - _cache.get("checked", -1e9) < RECHECK_SECONDS:
         return _kept_store()  # an estimate grid asks thousands of times a second: one stat per interval
+    store = _read_store(p, environ, now)
+    # (environment's stamp, end of the interval, store): what the next call within it returns at once
+    _cache["fresh"] = (environ, now + RECHECK_SECONDS, store) if environ is not None else None
+    return store
+
+
+def _read_store(p: str, environ: tuple[bytes | str | None, ...] | None, now: float) -> dict[str, Any]:
+    """The store at ``p``, stat'ed now and read again when its time or size changed (kept in ``_cache``)."""
     try:
         st = os.stat(p)
     except OSError:

@@ -101,7 +101,9 @@ def micro_batch(ts: TimeStatics, fl: FlopCount, setup: TrainSetup) -> MicroBatch
     grad_rw = ts.grad_bytes * (2 if setup.grad_accum > 1 else 1)
     # ZeRO-3/FSDP gather the weights: all are read
     weights_s = (ts.passes * ts.weight_bytes + grad_rw) / ts.bw
-    matmul_s = max(gemm_s, weights_s)
+    # the larger of two floats written out as max(a, b) decides (a unless b > a): every estimate times a
+    # micro-batch, and the builtin's call costs more than the rest of a line
+    matmul_s = weights_s if weights_s > gemm_s else gemm_s
     elem_s = fl.traffic_bytes * tokens * ts.traffic_factor / ts.bw
     if ts.flat_grad_bytes:
         # the cat of the views' gradients (read them, write the flat gradient), then AccumulateGrad's
@@ -111,8 +113,9 @@ def micro_batch(ts: TimeStatics, fl: FlopCount, setup: TrainSetup) -> MicroBatch
         elem_s = elem_s + (2.0 + 3.0 * (ga - 1) / ga) * ts.flat_grad_bytes / ts.bw
     head_elems = fl.dequant_elements - ts.flops.dequant  # a quantized lm_head, rebuilt per chunk
     dequant_s = ts.dequant_s + head_elems * ts.dequant_s_per_elem
-    gemm_part = max(ts.gemm_launch, matmul_s)
-    other_part = max(ts.other_launch, elem_s)
+    gemm_launch, other_launch = ts.gemm_launch, ts.other_launch
+    gemm_part = matmul_s if matmul_s > gemm_launch else gemm_launch
+    other_part = elem_s if elem_s > other_launch else other_launch
     dequant_part = ts.dequant_part
     if head_elems:
         head_kernels = 2 * -(-setup.seq // ts.flops.head_chunk)
@@ -269,9 +272,11 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
         "offload": offload_s,
         "overhead": ga * (mb.micro_s - mb.gpu_s) + ts.optimizer_launch_s,
     }
+    # max(x, 0.0) as the builtin decides it (x unless 0.0 > x), without its call
+    launches_s, fixed_s = mb.kernels_s - mb.gpu_s, mb.micro_s - mb.gpu_s
     detail = {"dequantization": ga * mb.dequant_s, "optimizer_update": optimizer_s + paged_s,
               "optimizer_launches": ts.optimizer_launch_s,
-              "kernel_launches": ga * max(mb.kernels_s - mb.gpu_s, 0.0),
+              "kernel_launches": ga * (0.0 if 0.0 > launches_s else launches_s),
               "sharded_unit_fixed": ga * ts.unit_s, "micro_batch_fixed": ga * ts.fixed_s,
               "gradient_copies": copies_s}
     if n > 1:
@@ -280,21 +285,20 @@ def run_step_time(run: Run, acc: Accelerator, options: RuntimeOptions | None = N
     mfu = (fl.forward + fl.backward) * tokens * ga / (step_s * ts.peak * 1e12)
     components = {
         "matmul": ga * mb.matmul_s, "elementwise": ga * mb.elem_s,
-        "dequant": ga * mb.dequant_s, "launch_and_fixed": ga * max(mb.micro_s - mb.gpu_s, 0.0),
+        "dequant": ga * mb.dequant_s, "launch_and_fixed": ga * (0.0 if 0.0 > fixed_s else fixed_s),
         "optimizer": optimizer_s, "optimizer_launches": ts.optimizer_launch_s, "paged_optimizer": paged_s,
         "communication_exposed": exposed,
         "communication_total": comm_total, "offload": offload_s, "gradient_copies": copies_s,
     }
     assumptions.extend(ts.assumptions_tail)
     per_card = setup.device_map == "none"  # a device_map run's cards share one process's work
-    return StepTime(step_seconds=step_s, micro_batch_seconds=mb.micro_s, tokens_per_step=tokens * ga * n,
-                    tokens_per_second=tps_gpu * n, bound=mb.bound,
-                    tokens_per_second_per_gpu=tps_gpu if per_card else tps_gpu / setup.cards,
-                    mfu=mfu if per_card else mfu / setup.cards,
-                    components=components, flops=fl, links=links, assumptions=assumptions,
-                    breakdown=breakdown, breakdown_detail=detail, dequant_library=ts.dequant_library,
-                    card_known=ts.card_known, link_name=ts.link_name if n > 1 else "",
-                    link_stated=ts.link_stated)
+    # positional, in StepTime's field order: 17 keyword arguments cost a micro-batch's arithmetic again
+    return StepTime(step_s, mb.micro_s, tokens * ga * n,  # step_seconds, micro_batch_seconds, tokens_per_step
+                    tps_gpu * n,  # tokens_per_second
+                    tps_gpu if per_card else tps_gpu / setup.cards,  # tokens_per_second_per_gpu
+                    mb.bound, mfu if per_card else mfu / setup.cards,  # bound, mfu
+                    components, fl, links, assumptions, breakdown, detail,  # ..., breakdown_detail
+                    ts.dequant_library, ts.card_known, ts.link_name if n > 1 else "", ts.link_stated)
 
 
 def one_gpu_run(run: Run) -> Run:
