@@ -265,6 +265,11 @@ def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
         if len(rounds) == wrappers + 1:
             available -= released
         limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
+        if limit <= 0 and len(rounds) == wrappers and released:
+            # the embedding's own fetch pops nothing, its release after its forward frees the limit:
+            # an empty round keeps round k at the k-th fetch
+            rounds.append([])
+            continue
         if limit <= 0:
             break
         taken: list[tuple[int, int]] = []
