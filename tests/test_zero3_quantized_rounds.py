@@ -245,3 +245,30 @@ def test_past_max_live_the_prefetcher_resumes_and_coalesces_the_head_with_the_to
     run = resolve_run(spec, setup)
     assert head_round_members(run, 50_000_000) == [(h * 8, 2)]
     assert zero3_quantized_head_copy_bytes(run, 50_000_000) == v * h * 2 + h * 8 * 2
+
+
+def test_the_embeddings_own_fetch_pops_nothing_and_its_release_lets_the_prefetcher_go_on() -> None:
+    # Qwen2.5-32B over 3 layers, QLoRA nf4 rank 8 on the attention with checkpointing and a 1-label head
+    # (persistent) in bf16 over 2 GPUs: packed q / o 5120 x 5120 / 2 = 13,107,200, k / v 5120 x 1024 / 2
+    # = 2,621,440, gate / up / down 5120 x 27648 / 2 = 70,778,880 (LoRA matrices at most 40,960, under the
+    # persistence threshold 1e5: no entries). Rounds of the 5e7 bucket under M = 1e9: [embedding
+    # 778,567,680], [q k v o gate] 102.2e6, [up], and 48.4e6 left: [down]; A = 1.0224e9. At the embedding's
+    # own fetch (the fifth) min(M - A, bucket) < 0: fetch_sub_module pops nothing, and the embedding's
+    # forward releases it (its backward use lies past the reuse distance): A = 243.8e6 and the rounds go
+    # on one a fetch, layers 1 and 2 three rounds each (A = 731.4e6 < M), the embedding's backward use
+    # popped at the twelfth fetch, after layer 0's q_proj base layer (the eleventh: the four wrappers,
+    # the embedding, the rotary module, layer 0, its input norm, its attention, q_proj's LoRA wrapper,
+    # its base layer). Held in layer 0's backward: the layer's codes, the flat buffer and the embedding's
+    # copy (simulate: the 778,567,680-element flat buffer from layer 0's q_proj lora_dropout, the copy
+    # made at its recomputed q_proj base layer, the run's peak)
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+
+    base = resolve_model("Qwen/Qwen2.5-32B", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=3), "qwen2.5-32b-3L")
+    setup = build_setup(spec, method="qlora", precision="bf16", framework="llamafactory", gpus=2, zero=3,
+                        offload="all", rank=8, targets="attn", gradient_checkpointing=True, num_labels=1)
+    run = resolve_run(spec, setup)
+    assert run.dtypes.non_block == 2 and spec.embed_params == 152_064 * 5120
+    layer = 2 * 13_107_200 + 2 * 2_621_440 + 3 * 70_778_880
+    assert zero3_quantized_embedding_round(run, 50_000_000) == (0, layer + 2 * 778_567_680 * 2)
