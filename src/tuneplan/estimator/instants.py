@@ -294,8 +294,10 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the recomputed top layer's experts gathered again, in every pass (wrappers/zero3_expert_round.py)
         fetch_row = (top_fetch_row(statics, 0, saved - acts.tail_bytes + recomputed, casts, kept)
                      if wrapper_rows else None)
-        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, statics.recompute_casts_bottom, 0,
-                                          backward_temp, gathered)
+        # the bottom layer's own gradients are made as its recomputation is released (bottom_own_gradients)
+        bottom_recomputed = recomputed - minimum(recomputed, statics.bottom_own_grads)
+        rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_recomputed, statics.recompute_casts_bottom,
+                                          0, backward_temp, gathered)
         # a lower layer's end (backward_layer_end) is a moment, not a bound: the held outputs are beside it
         # (simulate: fsdp_qlora, Mistral-7B LoRA with CPU offload, the next layer gathered)
         bottom_acts, bottom_held = recomputed, kept
@@ -305,6 +307,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         fetch_row = None
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
+        bottom_acts = bottom_acts - minimum(acts.top_layer_bytes, statics.bottom_own_grads)
         bottom_row: Row = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         if wrapper_rows:
             if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
