@@ -87,6 +87,22 @@ class ActivationPlan:
         return int_for(tokens)(tokens * (end + terms.layer_end_alias_per_token if end else 0.0))
 
     @property
+    def upper_backward_temp_bytes(self) -> Any:
+        """``backward_temp_bytes`` over the kinds above the lower ones (ActivationTerms.lower_kinds): the
+        scratch beside every saved activation, at the top layer's backward; a lower kind's own scratch
+        comes once the layers above it have released theirs (none without checkpointing: saved_at)."""
+        terms, tokens, seq = self.terms, self.tokens, self.seq
+        if not terms.lower_kinds or terms.checkpointed or terms.offload:
+            return self.backward_temp_bytes
+        upper: Any = 0
+        for kind in terms.kinds[terms.lower_kinds:]:
+            temp = tokens * kind[4]
+            if kind[5]:
+                temp = maximum(temp, tokens * seq * kind[5] + tokens * kind[6])
+            upper = maximum(upper, temp)
+        return int_for(tokens)(upper)
+
+    @property
     def layer_end_temp_bytes(self) -> Any:
         """... and the activation gradients live then (0: not derived, or activations offloaded)."""
         terms, tokens = self.terms, self.tokens
@@ -120,6 +136,9 @@ class LayerKinds:
     kinds: tuple[tuple[LayerActs, int], ...]
     # the model config's embedding dropout applies (a mask per token x hidden)
     embedding_dropout: bool = False
+    # how many leading kinds hold only layers below every other kind's (up to the first active layer, a
+    # kind of its own when its input needs no gradient): back-propagated after all the others
+    lower_kinds: int = 0
 
 
 def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: frozenset[str], attn: str,
@@ -134,6 +153,7 @@ def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: fr
     if setup.is_lora:
         first_active = first_adapted_layer(model, setup, targets)
     out: list[tuple[LayerActs, int]] = []
+    lower = 0
     for spec, count in model.layer_groups:
         start, end = layer_no, layer_no + count
         layer_no = end
@@ -157,6 +177,7 @@ def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: fr
                                           litgpt_code=litgpt_code, expand_kv=expand_kv,
                                           unsloth_code=unsloth_code), 1))
             start += 1
+            lower = len(out)
         if end > start:
             trainable = setup.method in ("full", "freeze")
             out.append((layer_activations(model, spec, setup, dtypes, targets, trainable, attn,
@@ -164,7 +185,7 @@ def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: fr
                                           expand_kv=expand_kv,
                                           unsloth_code=unsloth_code), end - start))
     emb_dropout = model_dropout(model.config)[2] > 0 and not (litgpt_code or expand_kv)
-    return LayerKinds(tuple(out), embedding_dropout=emb_dropout)
+    return LayerKinds(tuple(out), embedding_dropout=emb_dropout, lower_kinds=lower if lower < len(out) else 0)
 
 
 def first_adapted_layer(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]) -> int:
@@ -220,6 +241,7 @@ class ActivationTerms:
     # per token, the largest over the adapted kinds of layer_saved.last_target_terms (0, 0: not derived)
     first_hook_per_token: float = 0.0
     first_hook_temp_per_token: float = 0.0
+    lower_kinds: int = 0  # LayerKinds.lower_kinds
 
 
 def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, *,
@@ -248,7 +270,8 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds:
     offload = ((gc_offload or setup.activation_offload) if setup.gradient_checkpointing
                else setup.activation_offload)
     return ActivationTerms(
-        kinds=flat, head_per_example=model.architecture == "encoder" and bool(model.head_out),
+        kinds=flat, lower_kinds=kinds.lower_kinds,
+        head_per_example=model.architecture == "encoder" and bool(model.head_out),
         tail_per_head_token=head * hidden, tail_per_token=per_token * hidden, pinned_per_token=pinned,
         checkpointed=bool(setup.gradient_checkpointing),
         checkpoint_per_token=dtypes.residual * hidden * n_active, offload=offload,

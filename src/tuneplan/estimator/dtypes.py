@@ -62,7 +62,11 @@ def resolve_dtypes(setup: TrainSetup, prof: Profile) -> Dtypes:
     # Under quantization the precision plugin (bitsandbytes) sets the dtype of non-quantized params to the
     # compute dtype, so an fp32 base under '-mixed' only applies to unquantized methods.
     frozen = 4 if (prec == "fp32" or (mixed and prof.mixed_base_fp32 and setup.method != "qlora")) else 2
-    adapter = 4 if (prec == "fp32" or prof.adapter_fp32 or (mixed and prof.mixed_base_fp32)) else 2
+    # PEFT gives a new adapter its base layer's dtype (BaseTunerLayer._get_base_layer_device_and_dtype: a
+    # bitsandbytes Linear4bit's compute_dtype), so a QLoRA adapter is 16-bit unless autocast_adapter_dtype
+    # upcasts it (adapter_fp32); an fp32 base under '-mixed' (mixed_base_fp32) is never a quantized one
+    fp32_base = mixed and prof.mixed_base_fp32 and setup.method != "qlora"
+    adapter = 4 if (prec == "fp32" or prof.adapter_fp32 or fp32_base) else 2
     non_block = frozen
     if setup.method == "qlora" and prof.kbit_upcast_fp32:
         non_block = 4

@@ -269,7 +269,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     top, wrapper_rows = statics.wrapped.top_layer, statics.wrapper_rows
     if top is None and not statics.wrapped.first_hook_bucket:  # no wrapper's top layer (top_layer_terms)
         top_grads, top_freed, top_scratch, top_gathered, top_casts = (
-            statics.earlier_grads_in_layer, 0, backward_temp, gathered, statics.autocast_copies)
+            statics.earlier_grads_in_layer, 0, layer_backward_scratch(statics, acts, tokens, upper=True),
+            gathered, statics.autocast_copies)
     else:
         top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
                                                                                      backward_temp)
@@ -294,8 +295,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the recomputed top layer's experts gathered again, in every pass (wrappers/zero3_expert_round.py)
         fetch_row = (top_fetch_row(statics, 0, saved - acts.tail_bytes + recomputed, casts, kept)
                      if wrapper_rows else None)
-        rows["backward_layers_bottom"] = (bottom_grads, 0, recomputed, statics.recompute_casts_bottom, 0,
-                                          backward_temp, gathered)
+        bottom_recomputed = recomputed - minimum(recomputed, statics.bottom_own_grads)  # bottom_own_gradients
+        rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_recomputed, statics.recompute_casts_bottom,
+                                          0, backward_temp, gathered)
         # a lower layer's end (backward_layer_end) is a moment, not a bound: the held outputs are beside it
         # (simulate: fsdp_qlora, Mistral-7B LoRA with CPU offload, the next layer gathered)
         bottom_acts, bottom_held = recomputed, kept
@@ -305,6 +307,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         fetch_row = None
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
+        bottom_acts = bottom_acts - minimum(acts.top_layer_bytes, statics.bottom_own_grads)
         bottom_row: Row = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         if wrapper_rows:
             if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
@@ -334,13 +337,16 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         reduction_rows(rows, statics, held, bottom_acts, bottom_held)
 
 
-def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any, unmade: int = 0) -> Any:
+def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any, unmade: int = 0,
+                           upper: bool = False) -> Any:
     """The scratch of the layer being back-propagated: its backward temporaries (or a fused expert stack's
     weight-gradient moment, less ``unmade``: bytes the row counts that do not exist yet at that moment)
     and a quantized linear's dequantization scratch, or the larger moment of a fused expert stack's new
     weight gradient beside its accumulated buffer (memory_statics) or of bitsandbytes' dequantized weight
-    (quant_kernels)."""
-    backward_temp = maximum(acts.backward_temp_bytes, acts.expert_stack_bytes - unmade) + statics.dequant
+    (quant_kernels). ``upper``: the top layer's, without the lower kinds' (ActivationPlan.
+    upper_backward_temp_bytes)."""
+    layers = acts.upper_backward_temp_bytes if upper else acts.backward_temp_bytes
+    backward_temp = maximum(layers, acts.expert_stack_bytes - unmade) + statics.dequant
     if statics.expert_grad_temp:
         backward_temp = maximum(backward_temp, statics.expert_grad_temp)
     if statics.backward_dequant:

@@ -30,6 +30,7 @@ from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.estimator.fused_layers import unsloth_fast_lora_layer
 from tuneplan.estimator.layer_walk import LayerWalk
+from tuneplan.estimator.recompute_adapter import recompute_adapter_temp
 from tuneplan.estimator.saved_tensors import LayerActs
 from tuneplan.specs.model import LayerSpec, Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -210,6 +211,7 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
     product = down_adapter_backward(walk, width, product_grad_bytes(walk))
     backward_temp = product + dtypes.residual * residual_grads(model) * hidden
+    backward_temp = max(backward_temp, recompute_adapter_temp(walk, residual_grads(model)))
     if walk.down_adapter_dropout:
         # FSDP1's dropout moment, inside the down projection's adapter branch: two residual gradients beside
         # it (simulate: FSDP1 LLaMA-Factory, Mistral-7B LoRA fp16-mixed, at native_dropout_backward)

@@ -180,10 +180,13 @@ class LayerWalk:
         if m_name in targets:
             # PEFT casts the adapter input to the adapter dtype; under autocast lora_A then casts it back
             # to 16 bits: a private copy per targeted module. Without a cast the input itself is shared.
+            # PEFT's bitsandbytes layers skip that cast under autocast (bnb.py Linear4bit / Linear8bitLt
+            # forward: ``requires_conversion = not torch.is_autocast_enabled()``)
+            peft_casts = dtypes.adapter != input_bytes and not (self.quantized and dtypes.autocast)
             if self.fsdp_adapter_input_copy or (
-                    dtypes.autocast and (dtypes.adapter != input_bytes or input_bytes != compute_bytes)):
+                    dtypes.autocast and (peft_casts or input_bytes != compute_bytes)):
                 ledger.save(f"{module_key}.lora_in", compute_bytes * d_in * tokens_share)
-            elif dtypes.adapter != input_bytes:
+            elif peft_casts:
                 ledger.save(f"{module_key}.lora_in", dtypes.adapter * d_in * tokens_share)
             elif (setup.dropout or 0) > 0:
                 # lora_A reads dropout(x), a new tensor: a private copy (LitGPT's fused qkv LoRA runs one

@@ -98,6 +98,8 @@ class MemoryStatics:
     expert_grad_temp: int = 0
     recompute_casts: int = 0  # a checkpointed layer's casts its recomputation saves (weights.recompute_casts)
     recompute_casts_bottom: int = 0  # ... beyond the bottom layer's own gradients (bottom_recompute_casts)
+    # the bottom layer's own new weight gradients beyond its recomputed casts (bottom_own_gradients)
+    bottom_own_grads: int = 0
     # eager attention's softmax in a checkpointed forward (eager_forward.py); None: no such instant
     eager_forward: EagerForward | None = None
     # FSDP2: an untied trained tail group's reduce-scatter before the top layer's backward; None: none
@@ -183,6 +185,7 @@ def memory_statics(run: Run) -> MemoryStatics:
                     + unquantized_note(model, setup.quant_bits, profile.model_code, dtypes.non_block)),
         expert_grad_temp=expert_stack_gradient_temp(run, grads_prev),
         recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run),
+        bottom_own_grads=bottom_own_gradients(run, grads_prev),
         eager_forward=eager_forward_terms(run), wrapper_rows=wrapper_adds_rows(wrapper_memory))
     run.memo["memory"] = out
     return out
@@ -252,6 +255,24 @@ def bottom_recompute_casts(run: Run) -> int:
     if run.setup.method == "lora" or not casts:
         return casts
     return max(0, casts - casts // run.dtypes.compute * run.param_plan.trainable_bytes)
+
+
+def bottom_own_gradients(run: Run, grads_prev: int) -> int:
+    """The bottom layer's own weight gradients, as new tensors, beyond what its recomputed casts already
+    release (bottom_recompute_casts): a full fine-tune on one GPU makes each weight's gradient in the
+    backward of the op that saved the activations it reads (``MmBackward0`` frees its saved input as it
+    returns the weight's gradient), so the bottom layer's row is the larger of its start (its activations,
+    none of its gradients) and its end (its gradients, its activations released):
+    :math:`G + T + \\max(0, A + C - n_w b_{grad})` with :math:`n_w` the layer's parameters, :math:`A` its
+    activations, :math:`C` its casts. 0 where the gradients already exist as buffers (accumulation,
+    keep_grads: AccumulateGrad adds into them) or a wrapper moves them (simulate: Llama-2-13b full fp32 at
+    2 layers, checkpointed: the bottom layer's end, all its gradients made, 400 MiB under its start)."""
+    setup = run.setup
+    if (setup.method != "full" or setup.world_size > 1 or grads_prev or setup.optimizer_in_backward
+            or not run.model.layer_groups):
+        return 0
+    own = run.model.layer_groups[0][0].params * run.param_plan.trainable_bytes
+    return max(0, own - (run.param_plan.recompute_cast_bytes if setup.gradient_checkpointing else 0))
 
 
 def autocast_copy_terms(run: Run) -> tuple[int, int]:

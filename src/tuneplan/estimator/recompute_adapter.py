@@ -1,0 +1,46 @@
+"""The recomputed layer's last LoRA adapter in its forward: the transients live beside the layer's
+recomputation and the backward's incoming gradient.
+
+Under gradient checkpointing a layer is run forward again inside the backward (torch utils/checkpoint.py,
+non-reentrant: the recomputation runs when its first saved tensor is unpacked), with the gradient of the
+layer's output already live. PEFT's LoRA forward (peft tuners/lora/layer.py ``Linear.forward``) is::
+
+    result = self.base_layer(x)
+    x = self._cast_input_dtype(x, lora_A.weight.dtype)   # a copy when the adapter is wider (fp32)
+    result = result + lora_B(lora_A(dropout(x))) * scaling
+
+so while the last adapter L (forward order: the down projection) runs lora_A, alive and not saved are: L's
+input itself when nothing saves it (a frozen base keeps no input), its cast to the adapter dtype, the
+dropout's output (in that dtype) and the base layer's output; the layer's saved tensors are all there.
+Per token, with :math:`a` the adapter's bytes, :math:`i` the input's, :math:`o` the output's::
+
+    temp = i d_in [unsaved] + a d_in [cast] + a' d_in [dropout] + o d_out + residual_b n h
+
+(simulate: fsdp_qlora profile on one GPU, Mistral-7B LoRA bf16-mixed with fp32 adapters, dropout 0.05,
+checkpointed: the peak at the top layer's down_proj lora_A ``mm`` in the backward, the fp32 cast and the
+fp32 dropout output of the 14336-wide product beside it). PEFT's bitsandbytes layers do not cast under
+autocast (bnb.py ``requires_conversion``); FSDP and ZeRO runs are left to their wrappers' rows."""
+
+from __future__ import annotations
+
+from tuneplan.estimator.layer_walk import LayerWalk
+
+
+def recompute_adapter_temp(walk: LayerWalk, residual_grads: int) -> float:
+    """Bytes per token of the transients at the recomputed layer's last adapter's lora_A (module docstring),
+    0 without checkpointing, without an adapter, or under a sharding wrapper."""
+    setup, dtypes = walk.setup, walk.dtypes
+    if not setup.gradient_checkpointing or walk.last_target is None or setup.fsdp or setup.zero:
+        return 0.0
+    _, name, reads = walk.last_target
+    linear = next((m for m in walk.spec.linears if m.name == name), None)
+    if linear is None or linear.role != "mlp":
+        return 0.0
+    input_bytes = walk.inputs_dtype.get(reads, walk.compute_bytes)
+    cast = dtypes.adapter != input_bytes and not (walk.quantized and dtypes.autocast)
+    temp = 0.0 if reads in walk.ledger.items else float(input_bytes * linear.d_in)
+    if cast:
+        temp += dtypes.adapter * linear.d_in
+    if (setup.dropout or 0) > 0:
+        temp += (dtypes.adapter if cast else input_bytes) * linear.d_in
+    return temp + walk.output_bytes * linear.d_out + dtypes.residual * residual_grads * walk.model.hidden

@@ -1,0 +1,42 @@
+"""The recomputed layer's last LoRA adapter in its forward, inside the backward: PEFT's ``Linear.forward``
+casts the down projection's input to the fp32 adapter's dtype and drops it out, beside the base layer's
+output and the incoming gradient of the layer's output (estimator/recompute_adapter.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from random_setups import reduced_model  # noqa: E402
+from tuneplan.api import build_setup  # noqa: E402
+from tuneplan.estimator.activations import layer_activations  # noqa: E402
+from tuneplan.estimator.dtypes import resolve_dtypes  # noqa: E402
+from tuneplan.specs.lora_targets import resolve_targets  # noqa: E402
+from tuneplan.specs.profiles import get_profile, resolve_setup  # noqa: E402
+
+
+def _acts(checkpointing: bool):
+    spec = reduced_model("mistralai/Mistral-7B-v0.1", 2)
+    s = resolve_setup(build_setup(spec, method="lora", precision="bf16-mixed", framework="fsdp-qlora",
+                                  batch=4, seq=384, rank=64, dropout=0.05, attn="eager",
+                                  gradient_checkpointing=checkpointing), spec)
+    dt = resolve_dtypes(s, get_profile("fsdp-qlora"))
+    assert dt.autocast and dt.adapter == 4 and dt.residual == 4 and dt.linear_out == 2
+    return layer_activations(spec, spec.layer_groups[0][0], s, dt, resolve_targets(spec, s.targets), False,
+                             "eager", False)
+
+
+def test_recomputed_down_adapter_transients_are_the_layer_scratch() -> None:
+    # Mistral-7B (h 4096, MLP 14336), LoRA r64 on fsdp_qlora's q, k, v, gate, up, down, fp32 adapters under
+    # bf16 autocast, dropout 0.05, checkpointed. At down_proj's lora_A in the recomputation, per token:
+    # the bf16 product nothing saves (the frozen base keeps no input) 2 x 14336, PEFT's fp32 cast of it
+    # 4 x 14336, the dropout's fp32 output 4 x 14336, the base layer's bf16 output 2 x 4096, and the
+    # incoming fp32 gradient of the layer's output 4 x 4096
+    expected = 2 * 14336 + 4 * 14336 + 4 * 14336 + 2 * 4096 + 4 * 4096
+    assert _acts(True).backward_temp == expected == 167_936
+
+
+def test_without_checkpointing_the_forward_is_not_inside_the_backward() -> None:
+    assert _acts(False).backward_temp < 167_936
