@@ -52,8 +52,10 @@ def test_the_first_reduction_in_the_bottom_layer_runs_beside_its_trigger_and_a_l
     spec = model_from_config(cfg, "mistral-2L")
     setup = build_setup(spec, method="full", gpus=4, zero=3, gradient_checkpointing=True, precision="bf16")
     assert zero3_flush_scratch(spec, setup, BUCKET, 2) == 2 * 469_774_336 + 2 * 58_720_256
-    # the flush is in layer 0 (one layer above it), its gate_proj not back-propagated yet: not past its MLP
-    assert zero3_flush_place(spec, setup, BUCKET) == (1, False)
+    # the flush is in layer 0 (one layer above it), run from gate_proj's hook once its gradient is made:
+    # the MLP block back-propagated, its saved tensors released (simulate: Mistral-7B-v0.2, 2 layers, full
+    # over 8 GPUs, 1 x 128: no 14336-wide tensor of layer 0 beside the first reduction's norm)
+    assert zero3_flush_place(spec, setup, BUCKET) == (1, True)
     # the forward trace's 5e7 rounds: [E], [q k v o gate], [up], [down] per layer, [head]: 8; the embedding's
     # backward round is popped at fetch 9, after layer 0's q_proj (fetch 7: two wrappers, the embedding,
     # the layer, its norm, its attention, q_proj) was released: late, its copy made at layer 0's recompute
@@ -152,3 +154,22 @@ def test_full_epilogue_reduces_the_last_fill_beside_the_gathered_embedding() -> 
     # LoRA: no epilogue row of its own
     lora = build_setup(spec, method="lora", gpus=4, zero=3)
     assert zero3_epilogue(spec, lora, 500_000_000, 2, 1_000) is None
+
+
+def test_the_reduction_run_by_the_mlps_last_gradient_comes_past_the_mlp() -> None:
+    # Pythia-6.9B (GPT-NeoX: h 4096, f 16384, vocab 50432, untied, biases) at 3 layers, full over 2 GPUs.
+    # Backward gradients (their hooks' order): embed_out 50432 x 4096 = 206,569,472, the final norm 8,192,
+    # layer 2: dense_4h_to_h 67,112,960, dense_h_to_4h 67,125,248, dense 16,781,312, query_key_value
+    # 50,343,936, two norms 16,384; layer 1's dense_4h_to_h: 475,070,464 in all (the simulated
+    # reduce_scatter_coalesced copy), dense_h_to_4h's 67,125,248 would pass 5e8: its hook runs the
+    # reduction once the MLP's last linear is back-propagated (stage3.py
+    # reduce_independent_p_g_buckets_and_remove_grads): one layer above, past the MLP
+    from tuneplan.estimator.wrappers.zero3_flush import zero3_bucket_flush, zero3_flush_place
+
+    cfg = dict(model_type="gpt_neox", hidden_size=4096, num_hidden_layers=3, num_attention_heads=32,
+               intermediate_size=16384, vocab_size=50432, tie_word_embeddings=False,
+               use_parallel_residual=True, rotary_pct=0.25)
+    spec = model_from_config(cfg, "pythia-3L")
+    setup = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=True, precision="bf16")
+    assert zero3_bucket_flush(spec, setup, BUCKET) == 475_070_464
+    assert zero3_flush_place(spec, setup, BUCKET) == (1, True)

@@ -62,14 +62,26 @@ def zero3_flush_layers_above(model: ModelSpec, setup: TrainSetup, reduce_bucket:
 
 def zero3_flush_past_mlp(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> bool:
     """Whether the first in-backward reduction comes after its layer's MLP linears have been back-propagated
-    (their gradients, which fire first in the layer, all in the bucket): the MLP block's saved tensors are
-    released by then (activations.ActivationPlan.mlp_saved_bytes)."""
+    (their gradients fire first in the layer): the MLP block's saved tensors are released by then
+    (activations.ActivationPlan.mlp_saved_bytes).
+
+    The reduction runs in the hook of the gradient that does not fit (stage3.py, DeepSpeed 0.19.8,
+    ``reduce_independent_p_g_buckets_and_remove_grads``, before ``__add_grad_to_ipg_bucket``), a hook that
+    fires once that parameter's gradient is made, its linear's backward done (autograd's engine releases a
+    node's saved tensors as it returns): the fill's gradients in the layer and that one's cover the MLP.
+
+    .. math:: \\text{past} = [\\, F - H - \\textstyle\\sum_{k \\text{ above}} P_{layer} + n_{next}
+              \\ge P_{mlp} ]"""
     filled = zero3_bucket_flush(model, setup, reduce_bucket)
     above = zero3_flush_layers_above(model, setup, reduce_bucket)
     if not filled:
         return False
     head = model.lm_head_params + model.final_norm_params if setup.method == "full" else 0
-    in_layer = filled - head - top_layers_params(model, above)
+    turns = zero3_backward_turns(model, setup)
+    fill = bucket_members([n for n, _ in turns], reduce_bucket)[0]
+    # the gradient whose hook runs the reduction, made by then
+    trigger = turns[len(fill)][0] if len(turns) > len(fill) else 0
+    in_layer = filled - head - top_layers_params(model, above) + trigger
     return in_layer >= sum(m.params for m in _layer_from_top(model, above).linears if m.role == "mlp")
 
 
