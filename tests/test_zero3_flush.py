@@ -173,3 +173,30 @@ def test_the_reduction_run_by_the_mlps_last_gradient_comes_past_the_mlp() -> Non
     setup = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=True, precision="bf16")
     assert zero3_bucket_flush(spec, setup, BUCKET) == 475_070_464
     assert zero3_flush_place(spec, setup, BUCKET) == (1, True)
+
+
+def test_past_the_mlp_the_reductions_layer_holds_two_hidden_wide_gradients() -> None:
+    # the Pythia-3L reduction above, at 3 x 512 tokens in bf16: the MLP's 16384-wide gradients are gone;
+    # live are the layer output's incoming gradient (autograd's input buffer, for the residual sum) and
+    # dense_h_to_4h's input gradient: 2 x 1536 x 4096 x 2 B = 25,165,824 B (simulate: the two bf16
+    # 1536 x 4096 tensors beside the reduction's norm); a SwiGLU MLP has two readers of its input (gate,
+    # up): 3 x 128 x 4096 x 2 B for Mistral-7B-like at 1 x 128
+    from tuneplan.estimator.instants import memory_at
+    from tuneplan.estimator.run import resolve_run
+
+    cfg = dict(model_type="gpt_neox", hidden_size=4096, num_hidden_layers=3, num_attention_heads=32,
+               intermediate_size=16384, vocab_size=50432, tie_word_embeddings=False,
+               use_parallel_residual=True, rotary_pct=0.25)
+    spec = model_from_config(cfg, "pythia-3L")
+    setup = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=True, precision="bf16",
+                        offload="all", batch=3, seq=512)
+    row = memory_at(resolve_run(spec, setup), 3, 512).components("backward_flush")
+    assert row["backward_temp"] == 2 * 1536 * 4096 * 2
+    mistral = model_from_config(dict(model_type="mistral", hidden_size=H, num_hidden_layers=2,
+                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                     intermediate_size=14336, vocab_size=32768, tie_word_embeddings=False),
+                                "mistral-2L")
+    m_setup = build_setup(mistral, method="full", gpus=8, zero=3, gradient_checkpointing=True,
+                          precision="bf16", offload="optimizer", batch=1, seq=128)
+    m_row = memory_at(resolve_run(mistral, m_setup), 1, 128).components("backward_flush")
+    assert m_row["backward_temp"] == 3 * 128 * H * 2

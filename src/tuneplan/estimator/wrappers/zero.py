@@ -277,7 +277,9 @@ class Zero3(Zero, ShardingWrapper):
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
-                                      flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
+                                      flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp,
+                                      flush_scratch_per_token=first_flush.zero3_flush_mlp_done_scratch(
+                                          model, run.dtypes, terms.reduce_bucket, setup) if flush else 0),
                              top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
                                  model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),
                              notes=self.notes(setup, notes)))
