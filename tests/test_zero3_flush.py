@@ -149,8 +149,10 @@ def test_full_epilogue_reduces_the_last_fill_beside_the_gathered_embedding() -> 
     setup = build_setup(spec, method="full", gpus=4, zero=3, offload="optimizer")
     assert zero3_epilogue(spec, setup, 500_000_000, 2, 1_000) == Epilogue(1_000, 213_632 + 32_768, 32_768)
     # a 16,384-element bucket: the embedding's gradient alone in the last fill, divisible by 4: reduced
-    # in place, no copy; the norm's chunk stays
-    assert zero3_epilogue(spec, setup, 16_384, 2, 1_000) == Epilogue(1_000, 32_768, 32_768)
+    # in place, no copy, the norm's chunk 32,768 bytes. Before it, its hook reduced the fill it did not
+    # fit beside, layer 0's q_proj and norms [4,096, 128]: copy (4,096 + 128) x 2 = 8,448 bytes, the norm's
+    # chunk 8 x 4,096 / 4 = 8,192, the embedding's gradient 32,768 beside them: 49,408, the larger moment
+    assert zero3_epilogue(spec, setup, 16_384, 2, 1_000) == Epilogue(1_000, 49_408, 32_768)
     # LoRA: no epilogue row of its own
     lora = build_setup(spec, method="lora", gpus=4, zero=3)
     assert zero3_epilogue(spec, lora, 500_000_000, 2, 1_000) is None
@@ -200,3 +202,24 @@ def test_past_the_mlp_the_reductions_layer_holds_two_hidden_wide_gradients() -> 
                           precision="bf16", offload="optimizer", batch=1, seq=128)
     m_row = memory_at(resolve_run(mistral, m_setup), 1, 128).components("backward_flush")
     assert m_row["backward_temp"] == 3 * 128 * H * 2
+
+
+def test_an_embedding_gradient_that_does_not_fit_reduces_the_fill_before_it_at_its_own_hook() -> None:
+    # Llama-2-7B (h 4096, f 11008, vocab 32000, untied) at 2 layers as a 1-label classifier in fp32 over 4
+    # GPUs, CPU optimizer. Backward gradients: score 4096, final norm 4096, per layer q k v o 16,777,216
+    # each, gate up down 45,088,768 each, norms 8,192 (202,383,360): 404,774,912 in all, then the embedding
+    # 32000 x 4096 = 131,072,000, which would pass 5e8: its hook reduces the 404,774,912 (all divisible by
+    # 4, no padding) beside its own gradient: copy 4 x 404,774,912 = 1,619,099,648 B, the fp64 chunk of the
+    # largest partition 8 x 45,088,768 / 4 = 90,177,536 B, the embedding's gradient 4 x 131,072,000 =
+    # 524,288,000 B: 2,233,565,184 B (simulate: the same three tensors beside the epilogue-time norm)
+    from tuneplan.estimator.run import resolve_run
+    from tuneplan.estimator.wrappers.zero3_flush import zero3_epilogue
+
+    cfg = dict(model_type="llama", hidden_size=H, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=11008, vocab_size=32000, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama2-7b-2L")
+    setup = build_setup(spec, method="full", gpus=4, zero=3, precision="fp32", offload="optimizer",
+                        num_labels=1, batch=1, seq=64)
+    epilogue = zero3_epilogue(resolve_run(spec, setup).model, setup, BUCKET, 4, 0)
+    assert epilogue is not None
+    assert epilogue.reduction_copy == 2_233_565_184

@@ -235,17 +235,33 @@ def zero3_epilogue(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, comp
 
     .. math:: M_{epi} = 2\\,\\text{cat} + 8\\,\\text{chunk} + 2E \\quad (\\text{16-bit})
 
+    When the embedding's gradient does not fit beside the fill before it, its own hook
+    (``reduce_independent_p_g_buckets_and_remove_grads``) reduces that fill first, every activation
+    released, the embedding's gradient live beside the copy and the chunk (``2\\,\\text{cat}' + 8\\,
+    \\text{chunk}' + 2E``); the row takes the larger moment (simulate: Llama-2-7b, 2 layers, a 1-label
+    classifier in fp32 over 4 GPUs, CPU optimizer: the layers' 4.048e8-element copy beside the embedding's
+    gradient and its gathered weight).
+
     (simulate: phi-2, 3 layers, full with checkpointing over 8 GPUs, CPU optimizer: the 4.982e8-element
     copy, the 1.6384e7-element fp64 chunk and the gathered embedding beside the bucket in the epilogue's
     norm.)"""
     if setup.method != "full" or not model.embed_params:
         return None
-    last = bucket_members(full_backward_gradients(model), reduce_bucket)[-1]
+    members = bucket_members(full_backward_gradients(model), reduce_bucket)
+    last = members[-1]
     ws = setup.world_size
     single = len(last) == 1 and last[0] % ws == 0
     copy = 0 if single else sum(-(-n // ws) * ws for n in last) * compute
     # a gradient larger than the bucket is not copied into it: its own tensor lives until partition_grads
     own = last[0] * compute if len(last) == 1 and last[0] > reduce_bucket else 0
     norm = 8 * min(-(-max(last) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
-    return Epilogue(gradients=buffers, reduction_copy=own + copy + norm,
-                    gathered=model.embed_params * compute)
+    moment = own + copy + norm
+    if len(members) > 1 and last == [model.embed_params]:
+        # the embedding's gradient, the last, did not fit: its hook reduced the fill before it, beside it
+        before = members[-2]
+        copy = sum(-(-n // ws) * ws for n in before) * compute
+        if len(before) == 1 and before[0] % ws == 0:
+            copy = before[0] * compute if before[0] > reduce_bucket else 0
+        norm = 8 * min(-(-max(before) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
+        moment = max(moment, copy + norm + model.embed_params * compute)
+    return Epilogue(gradients=buffers, reduction_copy=moment, gathered=model.embed_params * compute)
