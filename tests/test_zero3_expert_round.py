@@ -106,9 +106,10 @@ def test_a_checkpointed_shared_expert_layer_holds_its_recomputed_experts_beside_
     lora = build_setup(spec, method="lora", precision="bf16", gpus=2, zero=3, targets="q_a_proj,o_proj",
                        gradient_checkpointing=True)
     assert zero3_record_pass_top_bytes(resolve_run(spec, lora)) == 3 * stacks * 2
-    # a full fine-tune's experts require grad: not attributed to the recomputation, used again at once
+    # a full fine-tune's experts require grad: not attributed to the recomputation; only the recording
+    # pass's recomputation releases them (test_the_recording_passs_recomputation_releases_trained_experts)
     full = build_setup(spec, method="full", precision="bf16", gpus=2, zero=3, gradient_checkpointing=True)
-    assert zero3_record_pass_top_bytes(resolve_run(spec, full)) == 0
+    assert zero3_record_pass_top_bytes(resolve_run(spec, full)) == 3 * stacks * 2
     # Mixtral's block is a ZeRO-3 leaf with no shared experts: its own backward owns the recomputed copy
     mixtral = model_from_config(MIXTRAL, "mixtral-2L")
     ckpt = build_setup(mixtral, method="lora", precision="bf16", gpus=4, zero=3, targets="q_proj,v_proj",
@@ -162,3 +163,41 @@ def test_the_recording_pass_keeps_no_forward_copy_of_lora_adapted_stacks() -> No
     lora = build_setup(spec, method="lora", precision="bf16", gpus=4, zero=3, targets="w1,w2,w3",
                        gradient_checkpointing=False)
     assert zero3_record_pass_top_bytes(resolve_run(spec, lora)) == 2 * (STACKS + ROUTER) * 2
+
+
+DEEPSEEK_LIKE = dict(model_type="deepseek_v3", hidden_size=1024, intermediate_size=4096,
+                     moe_intermediate_size=512, n_routed_experts=16, n_shared_experts=1,
+                     num_experts_per_tok=2, first_k_dense_replace=1, num_hidden_layers=2,
+                     num_attention_heads=8, num_key_value_heads=8, q_lora_rank=256, kv_lora_rank=128,
+                     qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, vocab_size=32000)
+
+
+def test_the_recording_passs_recomputation_releases_trained_experts() -> None:
+    # DeepSpeed 0.19.8 partitioned_param_coordinator.py: until the trace is complete, the recomputed
+    # experts module's forward post-hook (release_sub_module(forward=True)) releases all its parameters,
+    # trained ones too (update_recompute_parameters takes only frozen ones); grouped_mm's saved view
+    # keeps the recomputed copy (the experts' input requires grad), and the experts' backward fetch
+    # gathers a flat buffer and per-parameter copies beside it. DeepSeek-V3-like, 2 layers, the top one
+    # MoE, freeze of the top layer in bf16-mixed over 2 GPUs, AdamW on the device:
+    #   stacks 16 x 2 x 512 x 1024 + 16 x 1024 x 512 = 25,165,824 elements -> 3 x 2 B each = 150,994,944 B
+    #   the trained layer (transformers 5.25 DeepseekV3DecoderLayer): q_a 1024 x 256 = 262,144, q_a norm
+    #   256, q_b 256 x 8 x 96 = 196,608, kv_a 1024 x 160 = 163,840, kv_a norm 128, kv_b 128 x 8 x 128 =
+    #   131,072, o 512 x 1024 = 524,288, stacks 25,165,824, router 16 x 1024 = 16,384, shared expert
+    #   3 x 512 x 1024 = 1,572,864, two norms 2,048: 28,035,456 elements, 14,017,728 a rank; AdamW's
+    #   exp_avg + exp_avg_sq (fp32) not made before the first step(): -8 x 14,017,728 = -112,141,824 B
+    from tuneplan.estimator.instants import memory_at
+    from tuneplan.estimator.wrappers.zero3_expert_round import zero3_recompute_every_pass
+
+    spec = model_from_config(DEEPSEEK_LIKE, "deepseek-v3-like-2L")
+    freeze = build_setup(spec, method="freeze", freeze_trainable_layers=1, precision="bf16-mixed", gpus=2,
+                         zero=3, gradient_checkpointing=True, optimizer="adamw", batch=1, seq=256)
+    run = resolve_run(spec, freeze)
+    assert not zero3_recompute_every_pass(run)
+    row = memory_at(run, 1, 256).components("backward_top_fetch")
+    assert row["parallel_buffers"] == 150_994_944
+    assert row["optimizer_temp"] == -112_141_824
+    # Mixtral's block is a ZeRO-3 leaf: its recomputation is its backward's one fetch
+    mixtral = model_from_config(MIXTRAL, "mixtral-2L")
+    leaf = build_setup(mixtral, method="freeze", freeze_trainable_layers=1, precision="bf16-mixed", gpus=2,
+                       zero=3, gradient_checkpointing=True, batch=1, seq=256)
+    assert "backward_top_fetch" not in memory_at(resolve_run(mixtral, leaf), 1, 256).rows

@@ -52,8 +52,10 @@ def test_the_first_reduction_in_the_bottom_layer_runs_beside_its_trigger_and_a_l
     spec = model_from_config(cfg, "mistral-2L")
     setup = build_setup(spec, method="full", gpus=4, zero=3, gradient_checkpointing=True, precision="bf16")
     assert zero3_flush_scratch(spec, setup, BUCKET, 2) == 2 * 469_774_336 + 2 * 58_720_256
-    # the flush is in layer 0 (one layer above it), its gate_proj not back-propagated yet: not past its MLP
-    assert zero3_flush_place(spec, setup, BUCKET) == (1, False)
+    # the flush is in layer 0 (one layer above it), run from gate_proj's hook once its gradient is made:
+    # the MLP block back-propagated, its saved tensors released (simulate: Mistral-7B-v0.2, 2 layers, full
+    # over 8 GPUs, 1 x 128: no 14336-wide tensor of layer 0 beside the first reduction's norm)
+    assert zero3_flush_place(spec, setup, BUCKET) == (1, True)
     # the forward trace's 5e7 rounds: [E], [q k v o gate], [up], [down] per layer, [head]: 8; the embedding's
     # backward round is popped at fetch 9, after layer 0's q_proj (fetch 7: two wrappers, the embedding,
     # the layer, its norm, its attention, q_proj) was released: late, its copy made at layer 0's recompute
@@ -147,8 +149,77 @@ def test_full_epilogue_reduces_the_last_fill_beside_the_gathered_embedding() -> 
     setup = build_setup(spec, method="full", gpus=4, zero=3, offload="optimizer")
     assert zero3_epilogue(spec, setup, 500_000_000, 2, 1_000) == Epilogue(1_000, 213_632 + 32_768, 32_768)
     # a 16,384-element bucket: the embedding's gradient alone in the last fill, divisible by 4: reduced
-    # in place, no copy; the norm's chunk stays
-    assert zero3_epilogue(spec, setup, 16_384, 2, 1_000) == Epilogue(1_000, 32_768, 32_768)
+    # in place, no copy, the norm's chunk 32,768 bytes. Before it, its hook reduced the fill it did not
+    # fit beside, layer 0's q_proj and norms [4,096, 128]: copy (4,096 + 128) x 2 = 8,448 bytes, the norm's
+    # chunk 8 x 4,096 / 4 = 8,192, the embedding's gradient 32,768 beside them: 49,408, the larger moment
+    assert zero3_epilogue(spec, setup, 16_384, 2, 1_000) == Epilogue(1_000, 49_408, 32_768)
     # LoRA: no epilogue row of its own
     lora = build_setup(spec, method="lora", gpus=4, zero=3)
     assert zero3_epilogue(spec, lora, 500_000_000, 2, 1_000) is None
+
+
+def test_the_reduction_run_by_the_mlps_last_gradient_comes_past_the_mlp() -> None:
+    # Pythia-6.9B (GPT-NeoX: h 4096, f 16384, vocab 50432, untied, biases) at 3 layers, full over 2 GPUs.
+    # Backward gradients (their hooks' order): embed_out 50432 x 4096 = 206,569,472, the final norm 8,192,
+    # layer 2: dense_4h_to_h 67,112,960, dense_h_to_4h 67,125,248, dense 16,781,312, query_key_value
+    # 50,343,936, two norms 16,384; layer 1's dense_4h_to_h: 475,070,464 in all (the simulated
+    # reduce_scatter_coalesced copy), dense_h_to_4h's 67,125,248 would pass 5e8: its hook runs the
+    # reduction once the MLP's last linear is back-propagated (stage3.py
+    # reduce_independent_p_g_buckets_and_remove_grads): one layer above, past the MLP
+    from tuneplan.estimator.wrappers.zero3_flush import zero3_bucket_flush, zero3_flush_place
+
+    cfg = dict(model_type="gpt_neox", hidden_size=4096, num_hidden_layers=3, num_attention_heads=32,
+               intermediate_size=16384, vocab_size=50432, tie_word_embeddings=False,
+               use_parallel_residual=True, rotary_pct=0.25)
+    spec = model_from_config(cfg, "pythia-3L")
+    setup = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=True, precision="bf16")
+    assert zero3_bucket_flush(spec, setup, BUCKET) == 475_070_464
+    assert zero3_flush_place(spec, setup, BUCKET) == (1, True)
+
+
+def test_past_the_mlp_the_reductions_layer_holds_two_hidden_wide_gradients() -> None:
+    # the Pythia-3L reduction above, at 3 x 512 tokens in bf16: the MLP's 16384-wide gradients are gone;
+    # live are the layer output's incoming gradient (autograd's input buffer, for the residual sum) and
+    # dense_h_to_4h's input gradient: 2 x 1536 x 4096 x 2 B = 25,165,824 B (simulate: the two bf16
+    # 1536 x 4096 tensors beside the reduction's norm); a SwiGLU MLP has two readers of its input (gate,
+    # up): 3 x 128 x 4096 x 2 B for Mistral-7B-like at 1 x 128
+    from tuneplan.estimator.instants import memory_at
+    from tuneplan.estimator.run import resolve_run
+
+    cfg = dict(model_type="gpt_neox", hidden_size=4096, num_hidden_layers=3, num_attention_heads=32,
+               intermediate_size=16384, vocab_size=50432, tie_word_embeddings=False,
+               use_parallel_residual=True, rotary_pct=0.25)
+    spec = model_from_config(cfg, "pythia-3L")
+    setup = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=True, precision="bf16",
+                        offload="all", batch=3, seq=512)
+    row = memory_at(resolve_run(spec, setup), 3, 512).components("backward_flush")
+    assert row["backward_temp"] == 2 * 1536 * 4096 * 2
+    mistral = model_from_config(dict(model_type="mistral", hidden_size=H, num_hidden_layers=2,
+                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                     intermediate_size=14336, vocab_size=32768, tie_word_embeddings=False),
+                                "mistral-2L")
+    m_setup = build_setup(mistral, method="full", gpus=8, zero=3, gradient_checkpointing=True,
+                          precision="bf16", offload="optimizer", batch=1, seq=128)
+    m_row = memory_at(resolve_run(mistral, m_setup), 1, 128).components("backward_flush")
+    assert m_row["backward_temp"] == 3 * 128 * H * 2
+
+
+def test_an_embedding_gradient_that_does_not_fit_reduces_the_fill_before_it_at_its_own_hook() -> None:
+    # Llama-2-7B (h 4096, f 11008, vocab 32000, untied) at 2 layers as a 1-label classifier in fp32 over 4
+    # GPUs, CPU optimizer. Backward gradients: score 4096, final norm 4096, per layer q k v o 16,777,216
+    # each, gate up down 45,088,768 each, norms 8,192 (202,383,360): 404,774,912 in all, then the embedding
+    # 32000 x 4096 = 131,072,000, which would pass 5e8: its hook reduces the 404,774,912 (all divisible by
+    # 4, no padding) beside its own gradient: copy 4 x 404,774,912 = 1,619,099,648 B, the fp64 chunk of the
+    # largest partition 8 x 45,088,768 / 4 = 90,177,536 B, the embedding's gradient 4 x 131,072,000 =
+    # 524,288,000 B: 2,233,565,184 B (simulate: the same three tensors beside the epilogue-time norm)
+    from tuneplan.estimator.run import resolve_run
+    from tuneplan.estimator.wrappers.zero3_flush import zero3_epilogue
+
+    cfg = dict(model_type="llama", hidden_size=H, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=11008, vocab_size=32000, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama2-7b-2L")
+    setup = build_setup(spec, method="full", gpus=4, zero=3, precision="fp32", offload="optimizer",
+                        num_labels=1, batch=1, seq=64)
+    epilogue = zero3_epilogue(resolve_run(spec, setup).model, setup, BUCKET, 4, 0)
+    assert epilogue is not None
+    assert epilogue.reduction_copy == 2_233_565_184

@@ -292,8 +292,10 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         # the recomputed layer's 16-bit weight casts under autocast (weights.recompute_casts)
         casts = statics.recompute_casts
         rows["backward_layers_top"] = (top_grads, 0, top_acts, casts, kept, top_scratch, top_gathered)
-        # the recomputed top layer's experts gathered again, in every pass (wrappers/zero3_expert_round.py)
-        fetch_row = (top_fetch_row(statics, 0, saved - acts.tail_bytes + recomputed, casts, kept)
+        # the recomputed top layer's experts gathered again, in every pass or in the recording one, the
+        # optimizer's states not made then (wrappers/zero3_expert_round.py)
+        fetch_row = (top_fetch_row(statics, statics.wrapped.gathered.states_unmade,
+                                   saved - acts.tail_bytes + recomputed, casts, kept)
                      if wrapper_rows else None)
         bottom_recomputed = recomputed - minimum(recomputed, statics.bottom_own_grads)  # bottom_own_gradients
         rows["backward_layers_bottom"] = (bottom_grads, 0, bottom_recomputed, statics.recompute_casts_bottom,

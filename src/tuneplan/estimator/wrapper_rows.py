@@ -144,6 +144,10 @@ def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: An
     k = statics.wrapped.gathered.flush_layers_above
     gathered = statics.wrapped.gathered.flush
     mlp = acts.mlp_saved_bytes if statics.wrapped.gathered.flush_past_mlp else 0
+    # past the MLP its intermediate gradients are gone too (zero3_flush.zero3_flush_mlp_done_scratch)
+    per_token = statics.wrapped.gathered.flush_scratch_per_token
+    if per_token:
+        backward_temp = minimum(backward_temp, acts.tokens * per_token)
     if statics.checkpointed:
         kept = held if statics.holds_to_step else 0
         return (grads, 0, acts.saved_bytes - acts.tail_bytes + acts.recompute_bytes - mlp,

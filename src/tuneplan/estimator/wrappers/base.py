@@ -82,6 +82,9 @@ class Gathered:
     flush: int = 0
     flush_layers_above: int = 0
     flush_past_mlp: bool = False  # the reduction's layer has back-propagated its MLP block by then
+    # past its MLP, that layer's scratch then, bytes a token (zero3_flush.zero3_flush_mlp_done_scratch; 0: not
+    # derived, the layer's backward scratch counted)
+    flush_scratch_per_token: int = 0
     # ZeRO-3's trace-recording pass: at the top layer's backward fetch of its fused experts, before any of
     # its scratch (wrappers/zero3_expert_round.py; 0: no instant there)
     top_layer_backward_fetch: int = 0

@@ -272,11 +272,14 @@ class Zero3(Zero, ShardingWrapper):
                                       head_backward=zero3_gathered_at_head_backward(
                                           model, setup, at_loss),
                                       top_layer_backward_fetch=fused_experts.zero3_record_pass_top_bytes(run),
-                                      states_unmade=terms.lazy_states if states else 0,
+                                      states_unmade=(terms.lazy_states if states and not
+                                                    fused_experts.zero3_recompute_every_pass(run) else 0),
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
-                                      flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
+                                      flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp,
+                                      flush_scratch_per_token=first_flush.zero3_flush_mlp_done_scratch(
+                                          model, run.dtypes, terms.reduce_bucket, setup) if flush else 0),
                              top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
                                  model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),
                              notes=self.notes(setup, notes)))

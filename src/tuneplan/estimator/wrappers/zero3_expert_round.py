@@ -26,6 +26,13 @@ shared experts after the routed ones (``DeepseekV3MoE.forward``: ``hidden_states
 self.shared_experts(residuals)``), the first saved tensor unpacked, which starts the recomputation, is the
 shared experts' down projection's: the routed experts are released with it, their recomputed copy kept
 by ``grouped_mm``'s saved view, and the experts' own backward fetch gathers them again beside it.
+
+In the recording pass the recomputation releases them itself, trained or frozen: its forward post-hook's
+``release_sub_module(forward=True)`` releases every parameter of a module while the trace is incomplete
+(``__params_to_release`` needs it), so the recomputed copy, kept by the saved view where the experts'
+input requires grad, meets the experts' own backward fetch in any MoE block that is not a ZeRO-3 leaf (a
+leaf block's recomputation is its backward's fetch). Once the trace is complete the trained stacks' next
+use is within ``max_reuse_distance`` and the recomputed copy is used as it is.
 """
 
 from __future__ import annotations
@@ -107,24 +114,42 @@ def zero3_record_pass_top_bytes(run: Run) -> int:
 
 
 def zero3_recompute_top_bytes(run: Run) -> int:
-    """Bytes gathered at the top decoder layer's backward fetch of its experts under checkpointing, in
-    every pass (module doc): the recomputed copy of its frozen stacks, released with the shared experts'
-    backward module and kept by ``grouped_mm``'s saved view, beside the new round held twice; 0 unless the
-    stacks are frozen (LoRA, QLoRA: PEFT's ``enable_input_require_grads`` makes every layer's input require
-    grad, so the view is saved) and the model's MoE block runs its shared experts after the routed ones
-    (:data:`SHARED_AFTER_ROUTED_MODEL_TYPES`, not a leaf module).
+    """Bytes gathered at the top decoder layer's backward fetch of its experts under checkpointing (module
+    doc): in every pass where the recomputed frozen stacks are attributed to the shared experts' backward
+    (:func:`zero3_recompute_every_pass`), else in the recording pass.
 
-    .. math:: G = 3\\, b_e\\, S_{top}
+    .. math:: G = 3\\, b_e\\, S_{top} \\quad\\text{(every pass)}, \\qquad
+              G = b_e\\, v_{top} + 2\\, b_e\\, S_{top} \\quad\\text{(recording pass)}
 
-    (simulate: DeepSeek-V3, 5 layers, QLoRA fp4 in bf16 over 2 GPUs under checkpointing: layer 4's
-    recomputed ``gate_up_proj`` / ``down_proj`` beside the 1.127e10-element flat buffer and its copies,
-    both passes' peak.)"""
+    with ``v_top`` the top layer's stacks whose recomputed copy the saved view keeps
+    (``zero3_saved_views.expert_viewed_weights``: 0 when the experts' input needs no gradient, none of a
+    stack PEFT adapts). (simulate: DeepSeek-V3, 3 layers, freeze over 2 GPUs under checkpointing: layer 5's
+    recomputed 1.127e10-element ``gate_up_proj`` / ``down_proj`` beside the backward fetch's flat buffer
+    and its copies, the first micro-batch's peak, 107.3 GB.)"""
     model, setup = run.model, run.setup
-    if (setup.method not in ("lora", "qlora") or model.model_type not in SHARED_AFTER_ROUTED_MODEL_TYPES
+    if zero3_recompute_every_pass(run):
+        stacks = sum(m.params for m in model.layer_groups[-1][0].linears if m.role == "expert")
+        return 3 * stacks * expert_stack_bytes(setup.quant_bits, run.dtypes)
+    if zero3_leaf_moe(model, True):
+        return 0
+    viewed = expert_viewed_weights(model, setup, run.targets)[-1]
+    if not viewed:
+        return 0
+    return viewed * expert_stack_bytes(setup.quant_bits, run.dtypes) + zero3_expert_round_bytes(run)
+
+
+def zero3_recompute_every_pass(run: Run) -> bool:
+    """Whether the top layer's recomputed experts are released before their backward fetch in every pass,
+    not only in the recording one (module doc): the stacks are frozen (LoRA, QLoRA: PEFT's
+    ``enable_input_require_grads`` makes every layer's input require grad, so the view is saved) and
+    attributed by ``update_recompute_parameters`` to the shared experts' backward module, which runs first
+    where the model's MoE block adds its shared experts after the routed ones
+    (:data:`SHARED_AFTER_ROUTED_MODEL_TYPES`, not a leaf module)."""
+    model, setup = run.model, run.setup
+    if (not setup.gradient_checkpointing or setup.method not in ("lora", "qlora")
+            or model.model_type not in SHARED_AFTER_ROUTED_MODEL_TYPES
             or model.model_type in TRANSPOSED_EXPERT_MODEL_TYPES):
-        return 0
+        return False
     spec = model.layer_groups[-1][0]
-    stacks = sum(m.params for m in spec.linears if m.role == "expert")
-    if not any(m.role == "shared_expert" for m in spec.linears):
-        return 0
-    return 3 * stacks * expert_stack_bytes(run.setup.quant_bits, run.dtypes)
+    return (any(m.role == "expert" for m in spec.linears)
+            and any(m.role == "shared_expert" for m in spec.linears))

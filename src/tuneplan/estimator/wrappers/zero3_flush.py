@@ -4,6 +4,7 @@ stage3.py, the order of reduce_buckets.py)."""
 
 from __future__ import annotations
 
+from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.wrappers.base import Epilogue
 from tuneplan.estimator.wrappers.reduce_buckets import (
     bucket_fills,
@@ -62,15 +63,48 @@ def zero3_flush_layers_above(model: ModelSpec, setup: TrainSetup, reduce_bucket:
 
 def zero3_flush_past_mlp(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) -> bool:
     """Whether the first in-backward reduction comes after its layer's MLP linears have been back-propagated
-    (their gradients, which fire first in the layer, all in the bucket): the MLP block's saved tensors are
-    released by then (activations.ActivationPlan.mlp_saved_bytes)."""
+    (their gradients fire first in the layer): the MLP block's saved tensors are released by then
+    (activations.ActivationPlan.mlp_saved_bytes).
+
+    The reduction runs in the hook of the gradient that does not fit (stage3.py, DeepSpeed 0.19.8,
+    ``reduce_independent_p_g_buckets_and_remove_grads``, before ``__add_grad_to_ipg_bucket``), a hook that
+    fires once that parameter's gradient is made, its linear's backward done (autograd's engine releases a
+    node's saved tensors as it returns): the fill's gradients in the layer and that one's cover the MLP.
+
+    .. math:: \\text{past} = [\\, F - H - \\textstyle\\sum_{k \\text{ above}} P_{layer} + n_{next}
+              \\ge P_{mlp} ]"""
     filled = zero3_bucket_flush(model, setup, reduce_bucket)
     above = zero3_flush_layers_above(model, setup, reduce_bucket)
     if not filled:
         return False
     head = model.lm_head_params + model.final_norm_params if setup.method == "full" else 0
-    in_layer = filled - head - top_layers_params(model, above)
+    turns = zero3_backward_turns(model, setup)
+    fill = bucket_members([n for n, _ in turns], reduce_bucket)[0]
+    # the gradient whose hook runs the reduction, made by then
+    trigger = turns[len(fill)][0] if len(turns) > len(fill) else 0
+    in_layer = filled - head - top_layers_params(model, above) + trigger
     return in_layer >= sum(m.params for m in _layer_from_top(model, above).linears if m.role == "mlp")
+
+
+def zero3_flush_mlp_done_scratch(model: ModelSpec, dtypes: Dtypes, reduce_bucket: int,
+                                 setup: TrainSetup) -> int:
+    """Bytes a token of the reduction layer's scratch at a first reduction past its MLP
+    (:func:`zero3_flush_past_mlp`; 0 otherwise, or when its MLP has no linear reading the block's input):
+    the MLP's intermediate gradients are gone with its backward; live are the layer output's incoming
+    gradient, which autograd's input buffer holds for the residual sum at the layer's input, and the
+    gradient of the MLP's input from each linear reading it (gate and up: two, summed by the engine's input
+    buffer into a new tensor once both exist).
+
+    .. math:: T = h\\,(b_{res} + n_{in}\\, b_{out})
+
+    (simulate: Pythia-6.9B, 3 layers, full over 2 GPUs, 3 x 512: two 1536 x 4096 bf16 tensors beside the
+    first reduction's norm; Mistral-7B-v0.2, 2 layers, 1 x 128: three.)"""
+    if not zero3_flush_past_mlp(model, setup, reduce_bucket):
+        return 0
+    above = zero3_flush_layers_above(model, setup, reduce_bucket)
+    readers = sum(m.count for m in _layer_from_top(model, above).linears
+                  if m.role == "mlp" and m.reads == "mlp_in")
+    return model.hidden * (dtypes.residual + readers * dtypes.linear_out) if readers else 0
 
 
 def _layer_from_top(model: ModelSpec, k: int) -> LayerSpec:
@@ -201,17 +235,33 @@ def zero3_epilogue(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, comp
 
     .. math:: M_{epi} = 2\\,\\text{cat} + 8\\,\\text{chunk} + 2E \\quad (\\text{16-bit})
 
+    When the embedding's gradient does not fit beside the fill before it, its own hook
+    (``reduce_independent_p_g_buckets_and_remove_grads``) reduces that fill first, every activation
+    released, the embedding's gradient live beside the copy and the chunk (``2\\,\\text{cat}' + 8\\,
+    \\text{chunk}' + 2E``); the row takes the larger moment (simulate: Llama-2-7b, 2 layers, a 1-label
+    classifier in fp32 over 4 GPUs, CPU optimizer: the layers' 4.048e8-element copy beside the embedding's
+    gradient and its gathered weight).
+
     (simulate: phi-2, 3 layers, full with checkpointing over 8 GPUs, CPU optimizer: the 4.982e8-element
     copy, the 1.6384e7-element fp64 chunk and the gathered embedding beside the bucket in the epilogue's
     norm.)"""
     if setup.method != "full" or not model.embed_params:
         return None
-    last = bucket_members(full_backward_gradients(model), reduce_bucket)[-1]
+    members = bucket_members(full_backward_gradients(model), reduce_bucket)
+    last = members[-1]
     ws = setup.world_size
     single = len(last) == 1 and last[0] % ws == 0
     copy = 0 if single else sum(-(-n // ws) * ws for n in last) * compute
     # a gradient larger than the bucket is not copied into it: its own tensor lives until partition_grads
     own = last[0] * compute if len(last) == 1 and last[0] > reduce_bucket else 0
     norm = 8 * min(-(-max(last) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
-    return Epilogue(gradients=buffers, reduction_copy=own + copy + norm,
-                    gathered=model.embed_params * compute)
+    moment = own + copy + norm
+    if len(members) > 1 and last == [model.embed_params]:
+        # the embedding's gradient, the last, did not fit: its hook reduced the fill before it, beside it
+        before = members[-2]
+        copy = sum(-(-n // ws) * ws for n in before) * compute
+        if len(before) == 1 and before[0] % ws == 0:
+            copy = before[0] * compute if before[0] > reduce_bucket else 0
+        norm = 8 * min(-(-max(before) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
+        moment = max(moment, copy + norm + model.embed_params * compute)
+    return Epilogue(gradients=buffers, reduction_copy=moment, gathered=model.embed_params * compute)
