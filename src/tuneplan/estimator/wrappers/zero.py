@@ -35,6 +35,7 @@ from tuneplan.estimator.wrappers.base import (
 from tuneplan.estimator.wrappers.zero1_bottom import zero1_bottom_layer
 from tuneplan.estimator.wrappers.zero2_partition import zero2_backward
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
+from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
@@ -275,7 +276,10 @@ class Zero3(Zero, ShardingWrapper):
                                       states_unmade=terms.lazy_states if states else 0,
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
-                                          fused_experts.zero3_expert_round_bytes(run)),
+                                          fused_experts.zero3_expert_round_bytes(run),
+                                          # the untied head popped in the forward (zero3_head_pop.py)
+                                          zero3_head_popped_forward(model, setup, terms.prefetch_bucket,
+                                                                    run.targets) * compute),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
                              top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
                                  model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),

@@ -1,0 +1,114 @@
+"""What ZeRO-3 holds gathered in a LoRA run's forward once its prefetcher pops the untied output head: the
+layers it ran ahead to, not yet run, beside the head, read from DeepSpeed 0.19.8's
+``PartitionedParameterCoordinator`` (partitioned_param_coordinator.py) with a complete trace."""
+
+from __future__ import annotations
+
+from tuneplan.estimator.compute import has_rotary
+from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    DS_MAX_LIVE_PARAMETERS,
+    DS_MAX_REUSE_DISTANCE,
+    PEFT_MODULES_PER_TARGET,
+    embedding_used_last,
+    zero3_layers_kept,
+)
+from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+# the wrappers above the token embedding that run ZeRO-3's fetch hook under PEFT: PeftModel, LoraModel,
+# the causal-LM model and its base model (peft/peft_model.py, peft/tuners/lora/model.py)
+PEFT_WRAPPERS = 4
+
+
+def forward_walk(model: ModelSpec, setup: TrainSetup,
+                 targets: frozenset[str]) -> list[tuple[str, int]]:
+    """The forward's coordinator events in order: ``("fetch", -1)`` for every module whose pre-forward hook
+    fetches (each a prefetch opportunity), ``("use", i)`` when the trace's weight ``i`` (the token embedding
+    first, the decoder linears, the head last) computes, ``("release", i)`` when ``__params_to_release``
+    frees it after its forward.
+
+    A LoRA-wrapped linear fetches as itself, its ``base_layer``, then (after the base layer's release) its
+    dropout, ``lora_A`` and ``lora_B`` (peft/tuners/lora/layer.py ``Linear.forward``); a decoder layer
+    fetches as itself, its input norm and its attention, then its post-attention norm and MLP container.
+    Released after their forward: the embedding (its backward use, if any, lies past
+    ``stage3_max_reuse_distance``), every linear of the layers below the top ones
+    :func:`zero3_layers_kept` keeps, and the bottom layer's linears with no backward use."""
+    events: list[tuple[str, int]] = [("fetch", -1)] * (PEFT_WRAPPERS + 1) + [("use", 0)]
+    embed_kept = embedding_used_last(model, setup) and 2 * model.params_total < DS_MAX_REUSE_DISTANCE
+    events += [] if embed_kept else [("release", 0)]
+    events += [("fetch", -1)] if has_rotary(model) else []
+    kept_from = model.n_layers - zero3_layers_kept(model, model.lm_head_params)
+    free = bottom_gradient_free(model, targets) if not setup.gradient_checkpointing else frozenset()
+    index, layer = 1, 0
+    for spec, count in model.layer_groups:
+        for _ in range(count):
+            events += [("fetch", -1)] * 3
+            role = spec.linears[0].role
+            for m in spec.linears:
+                events += [("fetch", -1)] * (2 if m.role != role else 0)
+                role = m.role
+                for _ in range(m.count):
+                    events += [("fetch", -1)] * (2 if m.name in targets else 1) + [("use", index)]
+                    if layer < kept_from or (layer == 0 and m.name in free):
+                        events.append(("release", index))
+                    events += [("fetch", -1)] * (PEFT_MODULES_PER_TARGET - 1 if m.name in targets else 0)
+                    index += 1
+            layer += 1
+    # the final norm's fetch, then the head's own
+    return events + [("fetch", -1), ("fetch", -1), ("use", index)]
+
+
+def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                              targets: frozenset[str]) -> int:
+    """Elements ZeRO-3 holds gathered at the decoder linear where the most is gathered once the prefetcher
+    has popped the untied head in the forward of a LoRA run (0 when it pops it only at the head's own
+    fetch, or the run is not one: 4-bit weights have their own trace, zero3_quantized.py).
+
+    ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every module fetch pops weights from the
+    trace queue while ``numel_prefetching < min(stage3_max_live_parameters - n_available,
+    prefetch_bucket)`` (the last one overshooting); ``__release_param`` takes a released weight off
+    ``n_available`` (``release_sub_module`` after each linear's forward, :func:`forward_walk`), which frees
+    its memory (``zero3_linear_wrap`` saves the parameter, not a view of it). The queue so runs about
+    ``M = stage3_max_live_parameters`` elements ahead of the forward; the untied head, the forward trace's
+    last weight, is popped at the first fetch after a release brings the weights still to run under ``M``,
+    and all of them stay gathered beside it until they run:
+
+    .. math:: G = P_{head} + \\sum_{\\text{linears not yet run}} P + |r| [\\#r > 1]
+
+    with the round ``r`` the linear's weight came in, when coalesced, held twice: its flat buffer stays filed
+    under the round's later weights until the last one is fetched (``AllGatherCoalescedHandle.wait`` gives
+    each weight its copy). (simulate: Qwen3-32B, 4 layers, LoRA on the attention over 8 GPUs: the head's
+    7.779e8 elements popped at layer 2's first fetch, ``n_available`` 1.7536e9 there, the q, k and v round's
+    5.24e7-element flat buffer beside it at layer 2's ``q_proj``; Qwen2.5-14B, LoRA on the MLP with
+    checkpointing: the head popped after layer 0's ``gate_proj``, 1.7485e9.)"""
+    head = model.lm_head_params
+    if setup.method != "lora" or setup.quant_bits is not None or not head or not model.embed_params:
+        return 0
+    events = forward_walk(model, setup, targets)
+    trace = [model.embed_params] + [m.params // m.count for spec, count in model.layer_groups
+                                    for _ in range(count) for m in spec.linears for _ in range(m.count)]
+    trace.append(head)
+    round_of: list[list[int]] = [[] for _ in trace]  # the indices popped in the same round
+    popped, available, best = 0, 0, 0
+    for kind, i in events:
+        if kind == "fetch":
+            limit, taken = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket), []
+            while popped < len(trace) and sum(trace[j] for j in taken) < limit:
+                taken.append(popped)
+                popped += 1
+            for j in taken:
+                round_of[j] = taken
+            available += sum(trace[j] for j in taken)
+        elif kind == "release":
+            available -= trace[i]
+        elif i == len(trace) - 1:  # the head's own use: what the loss holds is counted there
+            break
+        else:
+            if i >= popped:  # not prefetched: gathered by its own fetch
+                available += sum(trace[popped:i + 1])
+                popped = i + 1
+            if popped == len(trace):
+                r = round_of[i]
+                best = max(best, available + (sum(trace[j] for j in r) if len(r) > 1 and i != r[-1] else 0))
+    return best
