@@ -1,0 +1,45 @@
+"""ZeRO-3's prefetcher popping the untied head in a LoRA run's forward (estimator/wrappers/zero3_head_pop.py),
+counted by hand on a 4-layer untied Llama."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
+from tuneplan.specs.model import model_from_config
+
+H, F, V = 4096, 16384, 131072
+CFG = dict(model_type="llama", hidden_size=H, num_hidden_layers=4, num_attention_heads=32,
+           num_key_value_heads=32, intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
+
+
+def test_the_head_is_popped_beside_the_layers_not_yet_run() -> None:
+    # q, k, v, o: a = H^2 = 16,777,216 each; gate, up, down: b = H F = 67,108,864 each; a layer's linears
+    # P = 4a + 3b = 268,435,456; embedding and head V H = 536,870,912. Released after their forward: the
+    # embedding (no backward use) and the linears of layers 0-2 (the top one is kept: 1e9 - V H over
+    # 2 P_layer rounds up to 1). A prefetch bucket of 1e9 elements, stage3_max_live_parameters 1e9:
+    # - the first fetch pops until 1e9: E, layer 0, layer 1's q..up = 1,006,632,960, one coalesced round
+    #   the embedding's fetch waits for (copies made, the flat buffer kept until layer 1's up is fetched);
+    #   the other wrappers' and the embedding's fetches find n_available over the limit
+    # - the embedding released: 469,762,048; the rotary module's fetch pops 530,237,952 or more: layer 1's
+    #   down, layer 2, layer 3's q..up (536,870,912) -> 1,006,632,960
+    # - layer 0's q released (989,855,744): its dropout's fetch pops layer 3's down (b); k, v, o, gate
+    #   released: 939,524,096; up_proj's fetch pops the head: 1,476,395,008, the head and the weights not
+    #   yet run (layer 0's up and down, layers 1-3: 2b + 3P)
+    # at layer 0's up_proj the first round's flat buffer is still filed under layer 1's up: beside it
+    a, b = H * H, H * F
+    p = 4 * a + 3 * b
+    not_yet_run = 2 * b + 3 * p
+    first_round = V * H + p + 4 * a + 2 * b
+    spec = model_from_config(CFG, "llama-4L-untied")
+    setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    targets = frozenset({"q_proj", "v_proj"})
+    assert zero3_head_popped_forward(spec, setup, 10**9, targets) == V * H + not_yet_run + first_round
+
+
+def test_no_head_popped_in_the_forward_when_tied_or_quantized() -> None:
+    tied = model_from_config({**CFG, "tie_word_embeddings": True}, "llama-4L-tied")
+    lora = build_setup(tied, method="lora", gpus=2, zero=3)
+    assert zero3_head_popped_forward(tied, lora, 10**9, frozenset({"q_proj"})) == 0
+    spec = model_from_config(CFG, "llama-4L-untied")
+    qlora = build_setup(spec, method="qlora", gpus=2, zero=3)
+    assert zero3_head_popped_forward(spec, qlora, 10**9, frozenset({"q_proj"})) == 0
