@@ -35,7 +35,6 @@ from tuneplan.estimator.wrappers.base import (
 from tuneplan.estimator.wrappers.zero1_bottom import zero1_bottom_layer
 from tuneplan.estimator.wrappers.zero2_partition import zero2_backward
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
-from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_ahead,
     zero3_gathered_at_embedding,
@@ -47,6 +46,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
 )
 from tuneplan.estimator.wrappers.zero3_factor_round import zero3_factor_round_bytes
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_embedding_backward, zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import (

@@ -93,7 +93,8 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
     popped, available, best = 0, 0, 0
     for kind, i in events:
         if kind == "fetch":
-            limit, taken = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket), []
+            limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
+            taken: list[int] = []
             while popped < len(trace) and sum(trace[j] for j in taken) < limit:
                 taken.append(popped)
                 popped += 1
