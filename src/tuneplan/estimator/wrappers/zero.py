@@ -265,6 +265,8 @@ class Zero3(Zero, ShardingWrapper):
             g_live = 0
         embedding = zero3_embedding_backward(model, setup, terms.bucket + g_live, compute)
         at_embedding, at_head = self.forward_rounds(run, terms, at_loss, whole16, bool(runs_ahead))
+        # the untied head popped in the forward beside the layers not yet run (zero3_head_pop.py)
+        popped, below = zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets)
         return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),
@@ -276,10 +278,8 @@ class Zero3(Zero, ShardingWrapper):
                                       states_unmade=terms.lazy_states if states else 0,
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
-                                          fused_experts.zero3_expert_round_bytes(run),
-                                          # the untied head popped in the forward (zero3_head_pop.py)
-                                          zero3_head_popped_forward(model, setup, terms.prefetch_bucket,
-                                                                    run.targets) * compute),
+                                          fused_experts.zero3_expert_round_bytes(run)),
+                                      head_popped_forward=popped * compute, head_popped_layers=below,
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
                              top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
                                  model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),

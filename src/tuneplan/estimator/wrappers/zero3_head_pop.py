@@ -60,10 +60,11 @@ def forward_walk(model: ModelSpec, setup: TrainSetup,
 
 
 def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
-                              targets: frozenset[str]) -> int:
-    """Elements ZeRO-3 holds gathered at the decoder linear where the most is gathered once the prefetcher
-    has popped the untied head in the forward of a LoRA run (0 when it pops it only at the head's own
-    fetch, or the run is not one: 4-bit weights have their own trace, zero3_quantized.py).
+                              targets: frozenset[str]) -> tuple[int, int]:
+    """(elements ZeRO-3 holds gathered at the decoder linear where the most is gathered once the prefetcher
+    has popped the untied head in the forward of a LoRA run, the decoder layers whose forward ran before that
+    linear's): (0, 0) when it pops it only at the head's own fetch, or the run is not one (4-bit weights have
+    their own trace, zero3_quantized.py).
 
     ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every module fetch pops weights from the
     trace queue while ``numel_prefetching < min(stage3_max_live_parameters - n_available,
@@ -84,13 +85,15 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
     checkpointing: the head popped after layer 0's ``gate_proj``, 1.7485e9.)"""
     head = model.lm_head_params
     if setup.method != "lora" or setup.quant_bits is not None or not head or not model.embed_params:
-        return 0
+        return 0, 0
     events = forward_walk(model, setup, targets)
     trace = [model.embed_params] + [m.params // m.count for spec, count in model.layer_groups
                                     for _ in range(count) for m in spec.linears for _ in range(m.count)]
     trace.append(head)
     round_of: list[list[int]] = [[] for _ in trace]  # the indices popped in the same round
-    popped, available, best = 0, 0, 0
+    popped, available, best, below = 0, 0, 0, 0
+    per_layer = [sum(m.count for m in spec.linears) for spec, count in model.layer_groups
+                 for _ in range(count)]
     for kind, i in events:
         if kind == "fetch":
             limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
@@ -111,5 +114,16 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
                 popped = i + 1
             if popped == len(trace):
                 r = round_of[i]
-                best = max(best, available + (sum(trace[j] for j in r) if len(r) > 1 and i != r[-1] else 0))
-    return best
+                held = available + (sum(trace[j] for j in r) if len(r) > 1 and i != r[-1] else 0)
+                if held > best:
+                    best, below = held, layer_of(per_layer, i - 1)
+    return best, below
+
+
+def layer_of(per_layer: list[int], linear: int) -> int:
+    """The decoder layer of the ``linear``-th weight of the layers' trace (0-based)."""
+    layer = 0
+    while layer < len(per_layer) and linear >= per_layer[layer]:
+        linear -= per_layer[layer]
+        layer += 1
+    return layer
