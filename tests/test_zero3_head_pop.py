@@ -44,3 +44,4 @@ def test_no_head_popped_in_the_forward_when_tied_or_quantized() -> None:
     spec = model_from_config(CFG, "llama-4L-untied")
     qlora = build_setup(spec, method="qlora", gpus=2, zero=3)
     assert zero3_head_popped_forward(spec, qlora, 10**9, frozenset({"q_proj"})) == (0, 0)
+

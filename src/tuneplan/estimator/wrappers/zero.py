@@ -298,7 +298,7 @@ class Zero3(Zero, ShardingWrapper):
                                    zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
                                                                   run.targets)) * compute, 2 * whole16)
             # the head's forward: what the loss holds, and the head's round (tied: zero3_tied_head.py)
-            head_round = (zero3_head_round(model, terms.prefetch_bucket, setup)
+            head_round = (zero3_head_round(model, terms.prefetch_bucket, setup, run.targets)
                           or zero3_tied_head_round(model, setup, run.targets))
             return at_embedding, at_loss + head_round * compute if head_round else 0
         if setup.quant_bits is None:
