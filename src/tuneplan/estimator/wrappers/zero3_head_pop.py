@@ -4,11 +4,14 @@ layers it ran ahead to, not yet run, beside the head, read from DeepSpeed 0.19.8
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tuneplan.estimator.compute import has_rotary
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
+    DS_PARAM_PERSISTENCE_THRESHOLD,
     PEFT_MODULES_PER_TARGET,
     embedding_used_last,
     zero3_layers_kept,
@@ -21,42 +24,66 @@ from tuneplan.specs.setup import TrainSetup
 PEFT_WRAPPERS = 4
 
 
-def forward_walk(model: ModelSpec, setup: TrainSetup,
-                 targets: frozenset[str]) -> list[tuple[str, int]]:
-    """The forward's coordinator events in order: ``("fetch", -1)`` for every module whose pre-forward hook
-    fetches (each a prefetch opportunity), ``("use", i)`` when the trace's weight ``i`` (the token embedding
-    first, the decoder linears, the head last) computes, ``("release", i)`` when ``__params_to_release``
-    frees it after its forward.
+class ForwardWalk(NamedTuple):
+    """The forward's trace of weights (elements) and its coordinator events (:func:`forward_walk`)."""
 
-    A LoRA-wrapped linear fetches as itself, its ``base_layer``, then (after the base layer's release) its
-    dropout, ``lora_A`` and ``lora_B`` (peft/tuners/lora/layer.py ``Linear.forward``); a decoder layer
-    fetches as itself, its input norm and its attention, then its post-attention norm and MLP container.
-    Released after their forward: the embedding (its backward use, if any, lies past
-    ``stage3_max_reuse_distance``), every linear of the layers below the top ones
-    :func:`zero3_layers_kept` keeps, and the bottom layer's linears with no backward use."""
-    events: list[tuple[str, int]] = [("fetch", -1)] * (PEFT_WRAPPERS + 1) + [("use", 0)]
+    trace: list[int]
+    layer: list[int]  # the decoder layer of each trace entry (-1: the embedding, n: the head)
+    events: list[tuple[str, int]]
+
+
+def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]) -> ForwardWalk:
+    """The forward's weights in trace order (zero3_coordinator.forward_trace's, LoRA's partitioned matrices
+    among them) and its coordinator events in order: ``("fetch", -1)`` for every module whose pre-forward
+    hook fetches (each a prefetch opportunity), ``("use", i)`` when weight ``i``'s module has fetched it,
+    ``("release", i)`` when ``__params_to_release`` frees it after its forward.
+
+    A LoRA-wrapped linear fetches as itself (with ``lora_A``, an external parameter of it:
+    zero3_coordinator.forward_trace), its ``base_layer``, then (after the base layer's release) its dropout,
+    ``lora_A`` and ``lora_B`` (peft/tuners/lora/layer.py ``Linear.forward``); a decoder layer fetches as
+    itself, its input norm and its attention, then its post-attention norm and MLP container. Released after
+    their forward: the embedding (its backward use, if any, lies past ``stage3_max_reuse_distance``), every
+    linear of the layers below the top ones :func:`zero3_layers_kept` keeps, and the bottom layer's linears
+    with no backward use; the adapters' matrices, thousands of times smaller, are left gathered."""
+    walk = ForwardWalk([model.embed_params], [-1], [("fetch", -1)] * (PEFT_WRAPPERS + 1) + [("use", 0)])
     embed_kept = embedding_used_last(model, setup) and 2 * model.params_total < DS_MAX_REUSE_DISTANCE
-    events += [] if embed_kept else [("release", 0)]
-    events += [("fetch", -1)] if has_rotary(model) else []
+    walk.events.extend([] if embed_kept else [("release", 0)])
+    walk.events.extend([("fetch", -1)] if has_rotary(model) else [])
     kept_from = model.n_layers - zero3_layers_kept(model, model.lm_head_params)
     free = bottom_gradient_free(model, targets) if not setup.gradient_checkpointing else frozenset()
-    index, layer = 1, 0
+
+    def add(n: int, layer: int) -> bool:
+        if n <= DS_PARAM_PERSISTENCE_THRESHOLD:  # persistent: always gathered, never in a round
+            return False
+        walk.trace.append(n)
+        walk.layer.append(layer)
+        walk.events.append(("use", len(walk.trace) - 1))
+        return True
+
+    layer = 0
     for spec, count in model.layer_groups:
         for _ in range(count):
-            events += [("fetch", -1)] * 3
+            walk.events.extend([("fetch", -1)] * 3)
             role = spec.linears[0].role
             for m in spec.linears:
-                events += [("fetch", -1)] * (2 if m.role != role else 0)
+                walk.events.extend([("fetch", -1)] * (2 if m.role != role else 0))
                 role = m.role
+                peft = m.name in targets
+                lora = peft and m.count == 1
                 for _ in range(m.count):
-                    events += [("fetch", -1)] * (2 if m.name in targets else 1) + [("use", index)]
-                    if layer < kept_from or (layer == 0 and m.name in free):
-                        events.append(("release", index))
-                    events += [("fetch", -1)] * (PEFT_MODULES_PER_TARGET - 1 if m.name in targets else 0)
-                    index += 1
+                    walk.events.append(("fetch", -1))
+                    add(setup.rank * m.d_in if lora else 0, layer)
+                    walk.events.extend([("fetch", -1)] if peft else [])
+                    released = layer < kept_from or (layer == 0 and m.name in free)
+                    if add(m.params // m.count, layer) and released:
+                        walk.events.append(("release", len(walk.trace) - 1))
+                    walk.events.extend([("fetch", -1)] * (PEFT_MODULES_PER_TARGET - 1 if peft else 0))
+                    add(m.d_out * setup.rank if lora else 0, layer)
             layer += 1
     # the final norm's fetch, then the head's own
-    return events + [("fetch", -1), ("fetch", -1), ("use", index)]
+    walk.events.extend([("fetch", -1), ("fetch", -1)])
+    add(model.lm_head_params, layer)
+    return walk
 
 
 def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
@@ -82,18 +109,15 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
     each weight its copy). (simulate: Qwen3-32B, 4 layers, LoRA on the attention over 8 GPUs: the head's
     7.779e8 elements popped at layer 2's first fetch, ``n_available`` 1.7536e9 there, the q, k and v round's
     5.24e7-element flat buffer beside it at layer 2's ``q_proj``; Qwen2.5-14B, LoRA on the MLP with
-    checkpointing: the head popped after layer 0's ``gate_proj``, 1.7485e9.)"""
+    checkpointing: the head popped after layer 0's ``gate_proj``, 1.7485e9; Qwen2.5-72B, LoRA of rank 128 on
+    every linear over 2 GPUs: the head's round, popped at layer 2's ``down_proj`` with layer 3's partitioned
+    ``down_proj.lora_B``, waited for at that ``lora_B`` and held twice there, 2.4925e9.)"""
     head = model.lm_head_params
     if setup.method != "lora" or setup.quant_bits is not None or not head or not model.embed_params:
         return 0, 0
-    events = forward_walk(model, setup, targets)
-    trace = [model.embed_params] + [m.params // m.count for spec, count in model.layer_groups
-                                    for _ in range(count) for m in spec.linears for _ in range(m.count)]
-    trace.append(head)
+    trace, layers, events = forward_walk(model, setup, targets)
     round_of: list[list[int]] = [[] for _ in trace]  # the indices popped in the same round
     popped, available, best, below = 0, 0, 0, 0
-    per_layer = [sum(m.count for m in spec.linears) for spec, count in model.layer_groups
-                 for _ in range(count)]
     for kind, i in events:
         if kind == "fetch":
             limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
@@ -116,14 +140,5 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
                 r = round_of[i]
                 held = available + (sum(trace[j] for j in r) if len(r) > 1 and i != r[-1] else 0)
                 if held > best:
-                    best, below = held, layer_of(per_layer, i - 1)
+                    best, below = held, layers[i]
     return best, below
-
-
-def layer_of(per_layer: list[int], linear: int) -> int:
-    """The decoder layer of the ``linear``-th weight of the layers' trace (0-based)."""
-    layer = 0
-    while layer < len(per_layer) and linear >= per_layer[layer]:
-        linear -= per_layer[layer]
-        layer += 1
-    return layer
