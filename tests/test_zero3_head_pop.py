@@ -45,3 +45,23 @@ def test_no_head_popped_in_the_forward_when_tied_or_quantized() -> None:
     qlora = build_setup(spec, method="qlora", gpus=2, zero=3)
     assert zero3_head_popped_forward(spec, qlora, 10**9, frozenset({"q_proj"})) == (0, 0)
 
+
+
+def test_partitioned_adapter_matrices_are_weights_of_the_walk() -> None:
+    # the same model, LoRA of rank 64 on down_proj: its lora_A (64 x 16384 = x = 1,048,576) and lora_B
+    # (4096 x 64 = y = 262,144) are over stage3_param_persistence_threshold, partitioned: the trace holds
+    # per layer q k v o gate up, down's lora_A (an external parameter of the wrapper, fetched with it),
+    # down, lora_B; a layer P' = 4a + 3b + x + y = 269,746,176. The adapters stay gathered.
+    # - the first fetch pops E, layer 0, layer 1's q..up: 1,007,943,680, a round kept as its flat buffer
+    #   until layer 1's up is fetched; the embedding released (471,072,768), the rotary module's fetch
+    #   pops 528,927,232 or more: layer 1's down.A, down, down.B, layer 2, layer 3's q..up (539,492,352)
+    # - layer 0's q released (993,787,904); k's fetch pops layer 3's down.A and down; k, v, o, gate
+    #   released: 944,504,832; up's fetch pops layer 3's down.B and the head, one round: the head and the
+    #   weights not yet run, 2b + x + y + 3P' + V H = 1,481,637,888, beside the first round's flat buffer
+    a, b, x, y = H * H, H * F, 64 * F, H * 64
+    p = 4 * a + 3 * b + x + y
+    first_round = V * H + p + 4 * a + 2 * b
+    spec = model_from_config(CFG, "llama-4L-untied")
+    setup = build_setup(spec, method="lora", rank=64, gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_head_popped_forward(spec, setup, 10**9, frozenset({"down_proj"})) == (
+        2 * b + x + y + 3 * p + V * H + first_round, 0)
