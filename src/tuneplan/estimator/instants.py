@@ -3,7 +3,8 @@
 Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
 - ``forward_layers_bottom`` / ``forward_layers_top`` / ``forward_head`` (FSDP2): the bottom layer's, the
   top layer's and an untied head's parameters unsharded in the forward, beside the previous group's
-  all-gather output;
+  all-gather output; ``forward_head_popped`` (ZeRO-3, LoRA): the untied head popped by the prefetcher in the
+  forward beside the layers it ran ahead to (wrappers/zero3_head_pop);
 - ``forward``: end of forward, inside the loss: saved activations + the loss-forward chain;
 - ``backward_start``: the loss backward (dense fp32 logit gradients) with all activations still saved;
 - ``backward_layers_top`` / ``backward_layers_bottom``: back-propagating the top layer (checkpointing: its

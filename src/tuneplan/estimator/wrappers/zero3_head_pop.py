@@ -115,6 +115,10 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
     head = model.lm_head_params
     if setup.method != "lora" or setup.quant_bits is not None or not head or not model.embed_params:
         return 0, 0
+    if any(m.role == "expert" for spec, _ in model.layer_groups for m in spec.linears):
+        # routed experts are fetched as transformers' fused stacks, in rounds of their own
+        # (zero3_expert_round.py), not one trace entry per expert
+        return 0, 0
     trace, layers, events = forward_walk(model, setup, targets)
     round_of: list[list[int]] = [[] for _ in trace]  # the indices popped in the same round
     popped, available, best, below = 0, 0, 0, 0
@@ -122,12 +126,14 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
         if kind == "fetch":
             limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
             taken: list[int] = []
-            while popped < len(trace) and sum(trace[j] for j in taken) < limit:
+            numel = 0
+            while popped < len(trace) and numel < limit:
                 taken.append(popped)
+                numel += trace[popped]
                 popped += 1
             for j in taken:
                 round_of[j] = taken
-            available += sum(trace[j] for j in taken)
+            available += numel
         elif kind == "release":
             available -= trace[i]
         elif i == len(trace) - 1:  # the head's own use: what the loss holds is counted there
