@@ -34,17 +34,35 @@ def test_the_head_is_popped_beside_the_layers_not_yet_run() -> None:
     setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
     targets = frozenset({"q_proj", "v_proj"})
     # ... and no decoder layer's forward has ended: none of their activations saved yet
-    assert zero3_head_popped_forward(spec, setup, 10**9, targets) == (V * H + not_yet_run + first_round, 0)
+    held = V * H + not_yet_run + first_round
+    assert zero3_head_popped_forward(spec, setup, 10**9, targets) == (2 * held, 0)  # 16-bit: 2 bytes
 
 
-def test_no_head_popped_in_the_forward_when_tied_or_quantized() -> None:
+def test_no_head_popped_in_the_forward_when_tied() -> None:
     tied = model_from_config({**CFG, "tie_word_embeddings": True}, "llama-4L-tied")
     lora = build_setup(tied, method="lora", gpus=2, zero=3)
     assert zero3_head_popped_forward(tied, lora, 10**9, frozenset({"q_proj"})) == (0, 0)
-    spec = model_from_config(CFG, "llama-4L-untied")
-    qlora = build_setup(spec, method="qlora", gpus=2, zero=3)
-    assert zero3_head_popped_forward(spec, qlora, 10**9, frozenset({"q_proj"})) == (0, 0)
 
+
+def test_qlora_walks_the_packed_weights() -> None:
+    # 4-bit linears partitioned as packed uint8 codes, one byte a trace element: q, k, v, o H^2 / 2 =
+    # 8,388,608 each, gate, up, down H F / 2 = 33,554,432; a layer p = 134,217,728; the embedding and
+    # the head V H elements of 2 bytes. Kept from forward to backward: (1e9 - V H) / (2 p) rounds up to
+    # 2 layers. A bucket of 1e9:
+    # - the first fetch pops E, layers 0-2, layer 3's q..o and gate: 1,006,632,960 elements, one round
+    #   (its flat buffer kept until layer 3's gate is fetched), 2 V H + 3 p + 4 q + g bytes
+    # - the embedding released (469,762,048), the rotary module's fetch pops 530,237,952 or more: layer 3's
+    #   up, down and the head, one round: 3 p + 4 q + g + 2 g + 2 V H bytes gathered, the head among them
+    # - layer 0's q_proj waits for the first round: its flat buffer beside the copies
+    q, g = H * H // 2, H * F // 2
+    p = 4 * q + 3 * g
+    first_round = 2 * V * H + 3 * p + 4 * q + g
+    gathered = 3 * p + 4 * q + 3 * g + 2 * V * H
+    spec = model_from_config(CFG, "llama-4L-untied")
+    setup = build_setup(spec, method="qlora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert setup.quant_bits == 4
+    assert zero3_head_popped_forward(spec, setup, 10**9, frozenset({"q_proj", "v_proj"})) == (
+        gathered + first_round, 0)
 
 
 def test_partitioned_adapter_matrices_are_weights_of_the_walk() -> None:
@@ -64,4 +82,4 @@ def test_partitioned_adapter_matrices_are_weights_of_the_walk() -> None:
     spec = model_from_config(CFG, "llama-4L-untied")
     setup = build_setup(spec, method="lora", rank=64, gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_head_popped_forward(spec, setup, 10**9, frozenset({"down_proj"})) == (
-        2 * b + x + y + 3 * p + V * H + first_round, 0)
+        2 * (2 * b + x + y + 3 * p + V * H + first_round), 0)
