@@ -95,8 +95,8 @@ class MemoryStatics:
     base_notes: tuple[str, ...]  # sharding and optimizer notes
     # a fused routed-expert stack's new weight gradient beside its accumulated buffer, while a MoE layer is
     # back-propagated (expert_stack_gradient_temp)
-    # ZeRO-3, LoRA / QLoRA: gathered once the prefetcher popped the untied head in the forward, and the decoder
-    # layers run before it ((0, 0): no instant there; wrappers/zero3_head_pop.py)
+    # ZeRO-3, LoRA / QLoRA: gathered once the prefetcher popped the untied head in the forward, and the
+    # decoder layers run before it ((0, 0): no instant there; wrappers/zero3_head_pop.py)
     gathered_head_popped: tuple[int, int] = (0, 0)
     expert_grad_temp: int = 0
     recompute_casts: int = 0  # a checkpointed layer's casts its recomputation saves (weights.recompute_casts)

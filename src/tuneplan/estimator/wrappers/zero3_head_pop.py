@@ -1,5 +1,5 @@
-"""What ZeRO-3 holds gathered in a LoRA or QLoRA run's forward once its prefetcher pops the untied output head: the
-layers it ran ahead to, not yet run, beside the head, read from DeepSpeed 0.19.8's
+"""What ZeRO-3 holds gathered in a LoRA or QLoRA run's forward once its prefetcher pops the untied output
+head: the layers it ran ahead to, not yet run, beside the head, read from DeepSpeed 0.19.8's
 ``PartitionedParameterCoordinator`` (partitioned_param_coordinator.py) with a complete trace."""
 
 from __future__ import annotations
@@ -123,14 +123,16 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
 
     .. math:: G = B_{head} + \\sum_{\\text{linears not yet run}} B + B_r [\\#r > 1]
 
-    in bytes (``B``), with the round ``r`` the linear's weight came in, when coalesced, held twice: its flat buffer stays filed
-    under the round's later weights until the last one is fetched (``AllGatherCoalescedHandle.wait`` gives
-    each weight its copy). (simulate: Qwen3-32B, 4 layers, LoRA on the attention over 8 GPUs: the head's
-    7.779e8 elements popped at layer 2's first fetch, ``n_available`` 1.7536e9 there, the q, k and v round's
-    5.24e7-element flat buffer beside it at layer 2's ``q_proj``; Qwen2.5-14B, LoRA on the MLP with
-    checkpointing: the head popped after layer 0's ``gate_proj``, 1.7485e9; Qwen2.5-72B, LoRA of rank 128 on
-    every linear over 2 GPUs: the head's round, popped at layer 2's ``down_proj`` with layer 3's partitioned
-    ``down_proj.lora_B``, waited for at that ``lora_B`` and held twice there, 2.4925e9.)"""
+    in bytes (``B``), with the round ``r`` the linear's weight came in, when coalesced, held twice: its flat
+    buffer stays filed under the round's later weights until the last one is fetched
+    (``AllGatherCoalescedHandle.wait`` gives each weight its copy). (simulate: Qwen3-32B, 4 layers, LoRA on
+    the attention over 8 GPUs: the head's 7.779e8 elements popped at layer 2's first fetch, ``n_available``
+    1.7536e9 there, the q, k and v round's 5.24e7-element flat buffer beside it at layer 2's ``q_proj``;
+    Qwen2.5-14B, LoRA on the MLP with checkpointing: the head popped after layer 0's ``gate_proj``,
+    1.7485e9; Qwen2.5-72B, LoRA of rank 128 on every linear over 2 GPUs: the head's round, popped at layer
+    2's ``down_proj`` with layer 3's partitioned ``down_proj.lora_B``, waited for at that ``lora_B`` and held
+    twice there, 2.4925e9 elements; Llama-3.1-70B, QLoRA over 4 GPUs: the head popped at layer 1's
+    ``down_proj`` beside the packed weights of layers 2 and 3, ``n_available`` 1.9063e9.)"""
     head = model.lm_head_params
     if setup.method not in ("lora", "qlora") or not head or not model.embed_params:
         return 0, 0
