@@ -83,9 +83,8 @@ class Gathered:
     flush_layers_above: int = 0
     flush_past_mlp: bool = False  # the reduction's layer has back-propagated its MLP block by then
     # ZeRO-3, LoRA / QLoRA: in the forward once the prefetcher popped the untied head, and the decoder
-    # layers whose forward ran before (their activations saved; 0: no instant there; zero3_head_pop.py)
-    head_popped_forward: int = 0
-    head_popped_layers: int = 0
+    # layers whose forward ran before (their activations saved; (0, 0): no instant there; zero3_head_pop.py)
+    head_popped: tuple[int, int] = (0, 0)
     # ZeRO-3's trace-recording pass: at the top layer's backward fetch of its fused experts, before any of
     # its scratch (wrappers/zero3_expert_round.py; 0: no instant there)
     top_layer_backward_fetch: int = 0

@@ -266,8 +266,8 @@ class Zero3(Zero, ShardingWrapper):
         embedding = zero3_embedding_backward(model, setup, terms.bucket + g_live, compute)
         at_embedding, at_head = self.forward_rounds(run, terms, at_loss, whole16, bool(runs_ahead))
         # the untied head popped in the forward beside the layers not yet run (zero3_head_pop.py)
-        popped, below = zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
-                                                  run.profile.model_code)
+        popped = zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
+                                           run.profile.model_code)
         return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),
@@ -280,7 +280,7 @@ class Zero3(Zero, ShardingWrapper):
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
-                                      head_popped_forward=popped, head_popped_layers=below,
+                                      head_popped=popped,
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp),
                              top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
                                  model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),
