@@ -325,3 +325,26 @@ def test_the_head_may_cross_the_live_limit_and_the_norm_joins_it_only_before_a_s
     # gathered without a copy
     single = build_setup(spec, method="lora", gpus=8, zero=3, gradient_checkpointing=False, grad_accum=1)
     assert zero3_head_round(spec, 50_000_000, single) == 0
+
+
+def test_a_partitioned_lora_b_of_the_top_linear_joins_the_heads_round() -> None:
+    # Llama-3-8B widths at 2 layers (h 4096, 8 KV heads of 128, f 14336, vocab 128256, untied), LoRA of
+    # rank 64 on every linear, no checkpointing, one micro-batch per step. LoRA matrices over
+    # stage3_param_persistence_threshold (1e5) are partitioned: lora_A 64 x 4096 = 262,144 of q, k, v, o,
+    # gate, up and 64 x 14336 = 917,504 of down; lora_B 4096 x 64 = 262,144 of q, o and down,
+    # 14336 x 64 = 917,504 of gate and up (k's and v's 1024 x 64 stay whole). The trace lists lora_A at
+    # its wrapper's fetch (an external parameter: the wrapper reads its dtype), before the weight, and
+    # lora_B after it. Rounds of 5e7 close on each 58,720,256-element MLP weight: [.. gate],
+    # [gate.B up.A up], [up.B down.A down], then [down.B, head]: coalesced, its flat buffer held beside
+    # the head's copy until the head's fetch: 262,144 + V H (simulate: DeepSeek-R1-Distill-Llama-8B, 4
+    # layers, the 525,598,720-element round popped in layer 0, beside the head's copy at the final norm).
+    # Without the adapters in the trace the head is alone in its round, gathered without a copy: 0.
+    v, h = 128256, 4096
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=14336, vocab_size=v, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama3-2L-r64")
+    setup = build_setup(spec, method="lora", rank=64, gpus=2, zero=3, gradient_checkpointing=False,
+                        grad_accum=1)
+    every = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+    assert zero3_head_round(spec, 50_000_000, setup, every) == 64 * h + v * h
+    assert zero3_head_round(spec, 50_000_000, setup) == 0

@@ -3,7 +3,8 @@
 Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
 - ``forward_layers_bottom`` / ``forward_layers_top`` / ``forward_head`` (FSDP2): the bottom layer's, the
   top layer's and an untied head's parameters unsharded in the forward, beside the previous group's
-  all-gather output;
+  all-gather output; ``forward_head_popped`` (ZeRO-3, LoRA / QLoRA): the untied head popped by the
+  prefetcher in the forward beside the layers it ran ahead to (wrappers/zero3_head_pop);
 - ``forward``: end of forward, inside the loss: saved activations + the loss-forward chain;
 - ``backward_start``: the loss backward (dense fp32 logit gradients) with all activations still saved;
 - ``backward_layers_top`` / ``backward_layers_bottom``: back-propagating the top layer (checkpointing: its
@@ -200,6 +201,13 @@ def gathered_forward_rows(rows: dict[str, Row], run: Run, statics: MemoryStatics
         below_top = saved - acts.tail_bytes - (0 if statics.checkpointed else acts.top_layer_bytes)
         rows["forward_layers_top"] = (earlier_grads, 0, below_top + prev_pinned, statics.autocast_copies,
                                       prev_held, 0, statics.gathered_top_forward)
+    popped, below = statics.gathered_head_popped
+    if popped:
+        # ZeRO-3 (LoRA / QLoRA): the untied head popped by the prefetcher beside the layers not yet run; the
+        # layers below have saved their share of the activations (wrappers/zero3_head_pop.py)
+        rows["forward_head_popped"] = (earlier_grads, 0, (saved - acts.tail_bytes) * below // statics.n_layers
+                                       + prev_pinned, statics.autocast_copies * below // statics.n_layers,
+                                       prev_held, 0, popped)
     if statics.gathered_head_forward:
         rows["forward_head"] = (earlier_grads, 0, saved - acts.tail_bytes + prev_pinned,
                                 statics.autocast_copies, prev_held, 0, statics.gathered_head_forward)

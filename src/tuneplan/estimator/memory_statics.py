@@ -95,6 +95,9 @@ class MemoryStatics:
     base_notes: tuple[str, ...]  # sharding and optimizer notes
     # a fused routed-expert stack's new weight gradient beside its accumulated buffer, while a MoE layer is
     # back-propagated (expert_stack_gradient_temp)
+    # ZeRO-3, LoRA / QLoRA: gathered once the prefetcher popped the untied head in the forward, and the
+    # decoder layers run before it ((0, 0): no instant there; wrappers/zero3_head_pop.py)
+    gathered_head_popped: tuple[int, int] = (0, 0)
     expert_grad_temp: int = 0
     recompute_casts: int = 0  # a checkpointed layer's casts its recomputation saves (weights.recompute_casts)
     recompute_casts_bottom: int = 0  # ... beyond the bottom layer's own gradients (bottom_recompute_casts)
@@ -167,6 +170,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         gathered_bottom_forward=wrapper_memory.gathered.bottom_layer_forward,
         gathered_top_forward=wrapper_memory.gathered.top_layer_forward,
         gathered_head_forward=wrapper_memory.gathered.head_forward,
+        gathered_head_popped=wrapper_memory.gathered.head_popped,
         gathered_head_backward=wrapper_memory.gathered.head_backward,
         gathered_at_loss=wrapper_memory.gathered.at_loss,
         gathered_root_pre_backward=wrapper_memory.gathered.root_pre_backward,

@@ -85,6 +85,9 @@ class Gathered:
     # past its MLP, that layer's scratch then, bytes a token (zero3_flush.zero3_flush_mlp_done_scratch; 0: not
     # derived, the layer's backward scratch counted)
     flush_scratch_per_token: int = 0
+    # ZeRO-3, LoRA / QLoRA: in the forward once the prefetcher popped the untied head, and the decoder
+    # layers whose forward ran before (their activations saved; (0, 0): no instant there; zero3_head_pop.py)
+    head_popped: tuple[int, int] = (0, 0)
     # ZeRO-3's trace-recording pass: at the top layer's backward fetch of its fused experts, before any of
     # its scratch (wrappers/zero3_expert_round.py; 0: no instant there)
     top_layer_backward_fetch: int = 0

@@ -46,6 +46,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
 )
 from tuneplan.estimator.wrappers.zero3_factor_round import zero3_factor_round_bytes
 from tuneplan.estimator.wrappers.zero3_first_pass import zero3_embedding_backward, zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
 from tuneplan.estimator.wrappers.zero3_quantized import (
@@ -264,6 +265,9 @@ class Zero3(Zero, ShardingWrapper):
             g_live = 0
         embedding = zero3_embedding_backward(model, setup, terms.bucket + g_live, compute)
         at_embedding, at_head = self.forward_rounds(run, terms, at_loss, whole16, bool(runs_ahead))
+        # the untied head popped in the forward beside the layers not yet run (zero3_head_pop.py)
+        popped = zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
+                                           run.profile.model_code)
         return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),
@@ -277,6 +281,7 @@ class Zero3(Zero, ShardingWrapper):
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
+                                      head_popped=popped,
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp,
                                       flush_scratch_per_token=first_flush.zero3_flush_mlp_done_scratch(
                                           model, run.dtypes, terms.reduce_bucket, setup) if flush else 0),
@@ -297,7 +302,7 @@ class Zero3(Zero, ShardingWrapper):
                                    zero3_gathered_at_first_linear(model, setup, terms.prefetch_bucket,
                                                                   run.targets)) * compute, 2 * whole16)
             # the head's forward: what the loss holds, and the head's round (tied: zero3_tied_head.py)
-            head_round = (zero3_head_round(model, terms.prefetch_bucket, setup)
+            head_round = (zero3_head_round(model, terms.prefetch_bucket, setup, run.targets)
                           or zero3_tied_head_round(model, setup, run.targets))
             return at_embedding, at_loss + head_round * compute if head_round else 0
         if setup.quant_bits is None:

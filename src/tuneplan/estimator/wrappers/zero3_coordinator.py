@@ -175,7 +175,8 @@ def zero3_gathered_at_embedding(model: ModelSpec, setup: TrainSetup, prefetch_bu
     return sum(sum(r) for r in rounds[:wrappers + 1]) + waited
 
 
-def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup | None = None) -> int:
+def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup | None = None,
+                     targets: frozenset[str] = frozenset()) -> int:
     """Elements of the all-gather buffer ZeRO-3 still holds beside the gathered parameters when the untied
     output head runs its forward (0 when the head is tied, or what the forward gathers before the head
     reaches ``stage3_max_live_parameters``, where the rounds stop before it: less, in ``setup``, an
@@ -201,7 +202,8 @@ def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup |
     pass is the second step's, and ``DeepSpeedZeroOptimizer_Stage3._post_step`` has gathered the
     persistent parameters again: the head alone (simulate: Qwen2.5-7B, 2 layers, LoRA over 2 GPUs: the
     5.4500e8-element head, no norm, popped at layer 0's input norm of the second step)."""
-    trace = forward_trace(model)
+    lora = setup is not None and setup.method == "lora"
+    trace = forward_trace(model, setup.rank if lora and setup is not None else 0, targets)
     released = model.embed_params if setup is not None and not embedding_used_last(model, setup) else 0
     # the wrappers' fetches and the embedding's own pop their rounds before ``__release_param`` takes the
     # embedding off ``n_available`` (zero3_bottom_forward); the head is popped while what is gathered
@@ -221,14 +223,28 @@ def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup |
     return last[0] + norm if 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD else 0
 
 
-def forward_trace(model: ModelSpec) -> list[int]:
+def forward_trace(model: ModelSpec, rank: int = 0, targets: frozenset[str] = frozenset()) -> list[int]:
     """The weights (elements) in the order the forward fetches them: the token embedding, each layer's
-    linears, the untied head. Norms, biases and LoRA's matrices are left out, thousands of elements against
-    rounds of millions: each moves where a round stops by less than itself."""
+    linears, the untied head. Norms and biases are left out, thousands of elements against rounds of
+    millions: each moves where a round stops by less than itself.
+
+    With a LoRA ``rank``, a targeted linear's ``lora_A`` (``r d_in``) and ``lora_B`` (``d_out r``) when over
+    ``stage3_param_persistence_threshold`` (``mark_persistent_parameters`` keeps the smaller ones whole):
+    ``lora_B`` after the weight (peft/tuners/lora/layer.py ``Linear.forward``), ``lora_A`` before it. The
+    wrapper's forward reads ``lora_A.weight.dtype`` (``_cast_input_dtype``) while the recording pass has it
+    partitioned: ``ZeROOrderedDict.__getitem__`` (deepspeed/runtime/zero/parameter_offload.py) registers it
+    as an external parameter of the wrapper, which ``construct_parameter_trace_from_module_trace`` then
+    lists at the wrapper's fetch, before its ``base_layer``. A round may so end on ``lora_B``, and the
+    head's round is then coalesced (:func:`zero3_head_round`)."""
     trace = [model.embed_params]
     for spec, count in model.layer_groups:
         for _ in range(count):
-            trace += [m.params // m.count for m in spec.linears for _ in range(m.count)]
+            for m in spec.linears:
+                for _ in range(m.count):
+                    lora = m.name in targets and m.count == 1
+                    a, b = (rank * m.d_in, m.d_out * rank) if lora else (0, 0)
+                    trace += [a if a > DS_PARAM_PERSISTENCE_THRESHOLD else 0, m.params // m.count,
+                              b if b > DS_PARAM_PERSISTENCE_THRESHOLD else 0]
     trace.append(model.lm_head_params)
     return [n for n in trace if n]
 

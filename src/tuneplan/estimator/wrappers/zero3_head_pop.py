@@ -1,0 +1,174 @@
+"""What ZeRO-3 holds gathered in a LoRA or QLoRA run's forward once its prefetcher pops the untied output
+head: the layers it ran ahead to, not yet run, beside the head, read from DeepSpeed 0.19.8's
+``PartitionedParameterCoordinator`` (partitioned_param_coordinator.py) with a complete trace."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from tuneplan.estimator.bnb_scope import quantized
+from tuneplan.estimator.compute import has_rotary
+from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    DS_MAX_LIVE_PARAMETERS,
+    DS_MAX_REUSE_DISTANCE,
+    DS_PARAM_PERSISTENCE_THRESHOLD,
+    PEFT_MODULES_PER_TARGET,
+    embedding_used_last,
+)
+from tuneplan.specs.model import Linear, ModelSpec
+from tuneplan.specs.setup import TrainSetup
+
+# the wrappers above the token embedding that run ZeRO-3's fetch hook under PEFT: PeftModel, LoraModel,
+# the causal-LM model and its base model (peft/peft_model.py, peft/tuners/lora/model.py)
+PEFT_WRAPPERS = 4
+
+
+class ForwardWalk(NamedTuple):
+    """The forward's trace of weights (elements) and its coordinator events (:func:`forward_walk`)."""
+
+    trace: list[int]
+    nbytes: list[int]  # each entry's bytes gathered: a packed 4-bit weight one a trace element
+    layer: list[int]  # the decoder layer of each trace entry (-1: the embedding, n: the head)
+    events: list[tuple[str, int]]
+
+
+def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], compute: int = 2,
+                 model_code: str = "hf") -> ForwardWalk:
+    """The forward's weights in trace order (zero3_coordinator.forward_trace's, LoRA's partitioned matrices
+    among them) and its coordinator events in order: ``("fetch", -1)`` for every module whose pre-forward
+    hook fetches (each a prefetch opportunity), ``("use", i)`` when weight ``i``'s module has fetched it,
+    ``("release", i)`` when ``__params_to_release`` frees it after its forward.
+
+    A LoRA-wrapped linear fetches as itself (with ``lora_A``, an external parameter of it:
+    zero3_coordinator.forward_trace), its ``base_layer``, then (after the base layer's release) its dropout,
+    ``lora_A`` and ``lora_B`` (peft/tuners/lora/layer.py ``Linear.forward``); a decoder layer fetches as
+    itself, its input norm and its attention, then its post-attention norm and MLP container. Released after
+    their forward: the embedding (its backward use, if any, lies past ``stage3_max_reuse_distance``), every
+    linear of the layers below the top ones :func:`zero3_layers_kept` keeps, and the bottom layer's linears
+    with no backward use; the adapters' matrices, thousands of times smaller, are left gathered. Under
+    QLoRA a 4-bit ``Params4bit`` is partitioned as its packed ``uint8`` codes (``ds_numel`` the packed
+    count, one byte each: zero3_quantized.gathered_entries); the rest in the ``compute`` dtype."""
+    walk = ForwardWalk([model.embed_params], [model.embed_params * compute], [-1],
+                       [("fetch", -1)] * (PEFT_WRAPPERS + 1) + [("use", 0)])
+    embed_kept = embedding_used_last(model, setup) and 2 * model.params_total < DS_MAX_REUSE_DISTANCE
+    walk.events.extend([] if embed_kept else [("release", 0)])
+    walk.events.extend([("fetch", -1)] if has_rotary(model) else [])
+    bits = setup.quant_bits
+
+    def numel(m: Linear) -> tuple[int, int]:
+        if bits is not None and quantized(m, model_code):
+            packed = m.d_in * m.d_out * bits // 8
+            return packed, packed
+        return m.params // m.count, m.params // m.count * compute
+
+    # zero3_layers_kept's count on the trace's elements: 2 k P_layer + P_head under the reuse distance
+    per_layer = max(sum(numel(m)[0] * m.count for m in spec.linears) for spec, _ in model.layer_groups)
+    room = DS_MAX_REUSE_DISTANCE - model.lm_head_params
+    kept_from = model.n_layers - (min(model.n_layers, -(-room // (2 * max(per_layer, 1)))) if room > 0 else 0)
+    free = bottom_gradient_free(model, targets) if not setup.gradient_checkpointing else frozenset()
+
+    def add(n: int, layer: int, nbytes: int = 0) -> bool:
+        if n <= DS_PARAM_PERSISTENCE_THRESHOLD:  # persistent: always gathered, never in a round
+            return False
+        walk.trace.append(n)
+        walk.nbytes.append(nbytes or n * compute)
+        walk.layer.append(layer)
+        walk.events.append(("use", len(walk.trace) - 1))
+        return True
+
+    layer = 0
+    for spec, count in model.layer_groups:
+        for _ in range(count):
+            walk.events.extend([("fetch", -1)] * 3)
+            role = spec.linears[0].role
+            for m in spec.linears:
+                walk.events.extend([("fetch", -1)] * (2 if m.role != role else 0))
+                role = m.role
+                peft = m.name in targets
+                lora = peft and m.count == 1
+                for _ in range(m.count):
+                    walk.events.append(("fetch", -1))
+                    add(setup.rank * m.d_in if lora else 0, layer)
+                    walk.events.extend([("fetch", -1)] if peft else [])
+                    released = layer < kept_from or (layer == 0 and m.name in free)
+                    if add(*numel(m)[:1], layer, numel(m)[1]) and released:
+                        walk.events.append(("release", len(walk.trace) - 1))
+                    walk.events.extend([("fetch", -1)] * (PEFT_MODULES_PER_TARGET - 1 if peft else 0))
+                    add(m.d_out * setup.rank if lora else 0, layer)
+            layer += 1
+    # the final norm's fetch, then the head's own
+    walk.events.extend([("fetch", -1), ("fetch", -1)])
+    add(model.lm_head_params, layer)
+    return walk
+
+
+def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                              targets: frozenset[str], compute: int = 2,
+                              model_code: str = "hf") -> tuple[int, int]:
+    """(bytes ZeRO-3 holds gathered at the decoder linear where the most is gathered once the prefetcher
+    has popped the untied head in the forward of a LoRA or QLoRA run, the decoder layers whose forward ran
+    before that linear's): (0, 0) when it pops it only at the head's own fetch, or the run is not one.
+    ``compute``: bytes of a 16-bit gathered element; ``model_code``: what bitsandbytes quantizes
+    (bnb_scope.quantized).
+
+    ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8), complete trace: every module fetch pops weights from the
+    trace queue while ``numel_prefetching < min(stage3_max_live_parameters - n_available,
+    prefetch_bucket)`` (the last one overshooting); ``__release_param`` takes a released weight off
+    ``n_available`` (``release_sub_module`` after each linear's forward, :func:`forward_walk`), which frees
+    its memory (``zero3_linear_wrap`` saves the parameter, not a view of it). The queue so runs about
+    ``M = stage3_max_live_parameters`` elements ahead of the forward; the untied head, the forward trace's
+    last weight, is popped at the first fetch after a release brings the weights still to run under ``M``,
+    and all of them stay gathered beside it until they run:
+
+    .. math:: G = B_{head} + \\sum_{\\text{linears not yet run}} B + B_r [\\#r > 1]
+
+    in bytes (``B``), with the round ``r`` the linear's weight came in, when coalesced, held twice: its flat
+    buffer stays filed under the round's later weights until the last one is fetched
+    (``AllGatherCoalescedHandle.wait`` gives each weight its copy). (simulate: Qwen3-32B, 4 layers, LoRA on
+    the attention over 8 GPUs: the head's 7.779e8 elements popped at layer 2's first fetch, ``n_available``
+    1.7536e9 there, the q, k and v round's 5.24e7-element flat buffer beside it at layer 2's ``q_proj``;
+    Qwen2.5-14B, LoRA on the MLP with checkpointing: the head popped after layer 0's ``gate_proj``,
+    1.7485e9; Qwen2.5-72B, LoRA of rank 128 on every linear over 2 GPUs: the head's round, popped at layer
+    2's ``down_proj`` with layer 3's partitioned ``down_proj.lora_B``, waited for at that ``lora_B`` and held
+    twice there, 2.4925e9 elements; Llama-3.1-70B, QLoRA over 4 GPUs: the head popped at layer 1's
+    ``down_proj`` beside the packed weights of layers 2 and 3, ``n_available`` 1.9063e9.)"""
+    head = model.lm_head_params
+    if setup.method not in ("lora", "qlora") or not head or not model.embed_params:
+        return 0, 0
+    if any(m.role == "expert" for spec, _ in model.layer_groups for m in spec.linears):
+        # routed experts are fetched as transformers' fused stacks, in rounds of their own
+        # (zero3_expert_round.py), not one trace entry per expert
+        return 0, 0
+    trace, nbytes, layers, events = forward_walk(model, setup, targets, compute, model_code)
+    round_of: list[list[int]] = [[] for _ in trace]  # the indices popped in the same round
+    popped, available, held_bytes, best, below = 0, 0, 0, 0, 0
+    for kind, i in events:
+        if kind == "fetch":
+            limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
+            taken: list[int] = []
+            count = 0
+            while popped < len(trace) and count < limit:
+                taken.append(popped)
+                count += trace[popped]
+                popped += 1
+            for j in taken:
+                round_of[j] = taken
+            available += count
+            held_bytes += sum(nbytes[j] for j in taken)
+        elif kind == "release":
+            available -= trace[i]
+            held_bytes -= nbytes[i]
+        elif i == len(trace) - 1:  # the head's own use: what the loss holds is counted there
+            break
+        else:
+            if i >= popped:  # not prefetched: gathered by its own fetch
+                available += sum(trace[popped:i + 1])
+                held_bytes += sum(nbytes[popped:i + 1])
+                popped = i + 1
+            if popped == len(trace):
+                r = round_of[i]
+                held = held_bytes + (sum(nbytes[j] for j in r) if len(r) > 1 and i != r[-1] else 0)
+                if held > best:
+                    best, below = held, layers[i]
+    return best, below

@@ -1,0 +1,85 @@
+"""ZeRO-3's prefetcher popping the untied head in a LoRA run's forward (estimator/wrappers/zero3_head_pop.py),
+counted by hand on a 4-layer untied Llama."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
+from tuneplan.specs.model import model_from_config
+
+H, F, V = 4096, 16384, 131072
+CFG = dict(model_type="llama", hidden_size=H, num_hidden_layers=4, num_attention_heads=32,
+           num_key_value_heads=32, intermediate_size=F, vocab_size=V, tie_word_embeddings=False)
+
+
+def test_the_head_is_popped_beside_the_layers_not_yet_run() -> None:
+    # q, k, v, o: a = H^2 = 16,777,216 each; gate, up, down: b = H F = 67,108,864 each; a layer's linears
+    # P = 4a + 3b = 268,435,456; embedding and head V H = 536,870,912. Released after their forward: the
+    # embedding (no backward use) and the linears of layers 0-2 (the top one is kept: 1e9 - V H over
+    # 2 P_layer rounds up to 1). A prefetch bucket of 1e9 elements, stage3_max_live_parameters 1e9:
+    # - the first fetch pops until 1e9: E, layer 0, layer 1's q..up = 1,006,632,960, one coalesced round
+    #   the embedding's fetch waits for (copies made, the flat buffer kept until layer 1's up is fetched);
+    #   the other wrappers' and the embedding's fetches find n_available over the limit
+    # - the embedding released: 469,762,048; the rotary module's fetch pops 530,237,952 or more: layer 1's
+    #   down, layer 2, layer 3's q..up (536,870,912) -> 1,006,632,960
+    # - layer 0's q released (989,855,744): its dropout's fetch pops layer 3's down (b); k, v, o, gate
+    #   released: 939,524,096; up_proj's fetch pops the head: 1,476,395,008, the head and the weights not
+    #   yet run (layer 0's up and down, layers 1-3: 2b + 3P)
+    # at layer 0's up_proj the first round's flat buffer is still filed under layer 1's up: beside it
+    a, b = H * H, H * F
+    p = 4 * a + 3 * b
+    not_yet_run = 2 * b + 3 * p
+    first_round = V * H + p + 4 * a + 2 * b
+    spec = model_from_config(CFG, "llama-4L-untied")
+    setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
+    targets = frozenset({"q_proj", "v_proj"})
+    # ... and no decoder layer's forward has ended: none of their activations saved yet
+    held = V * H + not_yet_run + first_round
+    assert zero3_head_popped_forward(spec, setup, 10**9, targets) == (2 * held, 0)  # 16-bit: 2 bytes
+
+
+def test_no_head_popped_in_the_forward_when_tied() -> None:
+    tied = model_from_config({**CFG, "tie_word_embeddings": True}, "llama-4L-tied")
+    lora = build_setup(tied, method="lora", gpus=2, zero=3)
+    assert zero3_head_popped_forward(tied, lora, 10**9, frozenset({"q_proj"})) == (0, 0)
+
+
+def test_qlora_walks_the_packed_weights() -> None:
+    # 4-bit linears partitioned as packed uint8 codes, one byte a trace element: q, k, v, o H^2 / 2 =
+    # 8,388,608 each, gate, up, down H F / 2 = 33,554,432; a layer p = 134,217,728; the embedding and
+    # the head V H elements of 2 bytes. Kept from forward to backward: (1e9 - V H) / (2 p) rounds up to
+    # 2 layers. A bucket of 1e9:
+    # - the first fetch pops E, layers 0-2, layer 3's q..o and gate: 1,006,632,960 elements, one round
+    #   (its flat buffer kept until layer 3's gate is fetched), 2 V H + 3 p + 4 q + g bytes
+    # - the embedding released (469,762,048), the rotary module's fetch pops 530,237,952 or more: layer 3's
+    #   up, down and the head, one round: 3 p + 4 q + g + 2 g + 2 V H bytes gathered, the head among them
+    # - layer 0's q_proj waits for the first round: its flat buffer beside the copies
+    q, g = H * H // 2, H * F // 2
+    p = 4 * q + 3 * g
+    first_round = 2 * V * H + 3 * p + 4 * q + g
+    gathered = 3 * p + 4 * q + 3 * g + 2 * V * H
+    spec = model_from_config(CFG, "llama-4L-untied")
+    setup = build_setup(spec, method="qlora", gpus=2, zero=3, gradient_checkpointing=False)
+    assert setup.quant_bits == 4
+    assert zero3_head_popped_forward(spec, setup, 10**9, frozenset({"q_proj", "v_proj"})) == (
+        gathered + first_round, 0)
+
+
+def test_partitioned_adapter_matrices_are_weights_of_the_walk() -> None:
+    # the same model, LoRA of rank 64 on down_proj: its lora_A (64 x 16384 = x = 1,048,576) and lora_B
+    # (4096 x 64 = y = 262,144) are over stage3_param_persistence_threshold, partitioned: the trace holds
+    # per layer q k v o gate up, down's lora_A (an external parameter of the wrapper, fetched with it),
+    # down, lora_B; a layer P' = 4a + 3b + x + y = 269,746,176. The adapters stay gathered.
+    # - the first fetch pops E, layer 0, layer 1's q..up: 1,007,943,680, a round kept as its flat buffer
+    #   until layer 1's up is fetched; the embedding released (471,072,768), the rotary module's fetch
+    #   pops 528,927,232 or more: layer 1's down.A, down, down.B, layer 2, layer 3's q..up (539,492,352)
+    # - layer 0's q released (993,787,904); k's fetch pops layer 3's down.A and down; k, v, o, gate
+    #   released: 944,504,832; up's fetch pops layer 3's down.B and the head, one round: the head and the
+    #   weights not yet run, 2b + x + y + 3P' + V H = 1,481,637,888, beside the first round's flat buffer
+    a, b, x, y = H * H, H * F, 64 * F, H * 64
+    p = 4 * a + 3 * b + x + y
+    first_round = V * H + p + 4 * a + 2 * b
+    spec = model_from_config(CFG, "llama-4L-untied")
+    setup = build_setup(spec, method="lora", rank=64, gpus=2, zero=3, gradient_checkpointing=False)
+    assert zero3_head_popped_forward(spec, setup, 10**9, frozenset({"down_proj"})) == (
+        2 * (2 * b + x + y + 3 * p + V * H + first_round), 0)
