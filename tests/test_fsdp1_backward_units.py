@@ -57,6 +57,29 @@ def test_freeze_with_checkpointing_prefetches_the_frozen_layer_below() -> None:
     assert row.parallel_buffers == ROOT * 2 + 2 * LAYER * 2
 
 
+def test_the_prefetched_frozen_layer_below_is_gathered_at_its_own_size() -> None:
+    # DeepSeek-V3 reduced to its 3 dense layers (first_k_dense_replace) and 2 MoE layers, freeze of the top 2
+    # (the MoE ones), checkpointing on (LLaMA-Factory's default): the lowest trained layer (3) prefetches
+    # the frozen dense layer 2 below it, gathered at the dense layer's size, not the MoE layer's.
+    # Dense layer: q_a 7168x1536, q_b 1536x24576, kv_a 7168x576, kv_b 512x32768, o 16384x7168, gate / up /
+    # down 3 x 7168x18432, norms 1536 + 512 + 2 x 7168: 583,483,392. MoE layer: the same attention and
+    # norms (187,121,664), 256 experts and the shared one of 3 x 7168x2048, the router 256x7168:
+    # 11,507,286,016. Root: embed_tokens and lm_head 129280x7168 each, the final norm: 1,853,365,248.
+    # All gathered in fp16 (2 B per parameter): simulate, 27,888,269,312 B of all-gather buffers there.
+    dense = 7168 * 1536 + 1536 * 24576 + 7168 * 576 + 512 * 32768 + 16384 * 7168 + 3 * 7168 * 18432 \
+        + 1536 + 512 + 2 * 7168
+    moe = dense - 3 * 7168 * 18432 + 257 * 3 * 7168 * 2048 + 256 * 7168
+    root = 2 * 129280 * 7168 + 7168
+    assert (dense, moe, root) == (583_483_392, 11_507_286_016, 1_853_365_248)
+    spec = reduced_model("deepseek-ai/DeepSeek-V3", 2)
+    run = resolve_run(spec, build_setup(spec, method="freeze", precision="fp16-mixed", framework="llamafactory",
+                                        batch=2, seq=512, optimizer="paged-adamw-8bit", attn="flash",
+                                        gpus=2, fsdp=True, fsdp_version=1))
+    bottom = _bottom(run)[1].bottom_layer
+    assert bottom is not None
+    assert bottom.gathered == 2 * (root + moe + dense) == 27_888_269_312
+
+
 def test_freeze_without_checkpointing_prefetches_nothing_below() -> None:
     # no checkpointing: the frozen layer below outputs nothing that requires grad, so the lowest trained
     # layer's pre-backward finds no handle to prefetch: the root and one layer unsharded (bf16, 2 B per

@@ -19,10 +19,11 @@ full or freeze fine-tune, one unit per decoder layer and the root unit (embeddin
   embedding's output require grad (``fully_shard.embedding_output_requires_grad``): every frozen layer is
   then back-propagated for its input's gradient, and the next one is prefetched.
 
-So, with ``L`` one layer unsharded (and its held device copy under CPU offload), ``R`` the root, ``b`` the
-layer's unsharded gradient, ``s`` its shard, at the lowest back-propagated trained layer::
+So, with ``L`` one layer unsharded (and its held device copy under CPU offload), ``L'`` the frozen layer
+below it alike (its own size: :func:`below_layer_share`), ``R`` the root, ``b`` the layer's unsharded
+gradient, ``s`` its shard, at the lowest back-propagated trained layer::
 
-    gathered = R + L x (2 if a frozen layer below is back-propagated else 1),  pending = s (+ the root's)
+    gathered = R + L (+ L' if a frozen layer below is back-propagated),  pending = s (+ the root's)
     gradients at its end = 2 b (+ the head's gradient waiting in the root, full fine-tune)
 
 (under ``no_sync`` accumulation, one trained layer's accumulated unsharded gradient fewer than all of them:
@@ -48,6 +49,7 @@ from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_gr
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
+    from tuneplan.specs.model import ModelSpec
 
 
 def layers_below_back_propagated(run: Run) -> bool:
@@ -76,7 +78,7 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
                else min(setup.freeze_trainable_layers, run.model.n_layers))
     layers, pending, below = 1, 1, 0
     if layers_below_back_propagated(run):
-        layers, below = 2, below_copy
+        below = below_layer_share(run, layer16 + below_copy)
     elif trained > 1 and layer16 > shard:
         layers, pending = 2, 2
     kept = kept_shards_above(run, trained - pending)
@@ -84,6 +86,28 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
                       gathered=root16 + layers * layer16 + below, keeps_scratch=False,
                       gradients_at_attention=head_wait + kept + attention_moment_gradients(run))
     return bottom, pending * shard + root_shard + unsynced_at_bottom(run, buffers, trained)
+
+
+def below_layer_share(run: Run, largest: int) -> int:
+    """The frozen layer below the lowest trained one, prefetched beside it, where ``largest`` is what the
+    largest layer holds gathered: the layers' gathered bytes scale with their parameters, and the layer
+    below may be smaller than the trained ones (DeepSeek-V3's dense first layers under its MoE ones:
+    ``first_k_dense_replace``; simulate: FSDP1 DeepSeek-V3 3 dense + 2 MoE layers, freeze of the top 2,
+    the dense layer 2's 1.17 GB gathered beside the MoE layer 3's 23 GB)::
+
+        below = largest x params(layer n - trained - 1) / params(largest layer)"""
+    model, setup = run.model, run.setup
+    index = model.n_layers - min(setup.freeze_trainable_layers, model.n_layers) - 1
+    return largest * layer_params_at(model, index) // max(model.largest_layer_params, 1)
+
+
+def layer_params_at(model: ModelSpec, index: int) -> int:
+    """The parameters of decoder layer ``index`` (0 the bottom one): the layer groups run in model order."""
+    for spec, count in model.layer_groups:
+        if index < count:
+            return spec.params
+        index -= count
+    return model.largest_layer_params
 
 
 def attention_moment_gradients(run: Run) -> int:
