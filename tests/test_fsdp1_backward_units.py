@@ -73,7 +73,8 @@ def test_the_prefetched_frozen_layer_below_is_gathered_at_its_own_size() -> None
     assert (dense, moe, root) == (583_483_392, 11_507_286_016, 1_853_365_248)
     spec = reduced_model("deepseek-ai/DeepSeek-V3", 2)
     setup = build_setup(spec, method="freeze", precision="fp16-mixed", framework="llamafactory", batch=2,
-                        seq=512, optimizer="paged-adamw-8bit", attn="flash", gpus=2, fsdp=True, fsdp_version=1)
+                        seq=512, optimizer="paged-adamw-8bit", attn="flash", gpus=2, fsdp=True,
+                        fsdp_version=1)
     run = resolve_run(spec, setup)
     bottom = _bottom(run)[1].bottom_layer
     assert bottom is not None
