@@ -71,3 +71,20 @@ def test_a_freeze_run_misses_only_its_lowest_trained_layers_shard() -> None:
     assert statics("none", 3).all_grads_in_layer == LAYER * 4 // 2 + LAYER * 2
     # under CPUOffloadPolicy the shards go to the host: only the unsharded gradients are on the device
     assert statics("all", 2).all_grads_in_layer == LAYER * 2
+
+
+def test_without_checkpointing_the_host_copy_is_freed_before_the_layers_gradients() -> None:
+    # two layers, both trained, no checkpointing (simulate: 7,801,551,872 B at layer 0's backward, bf16 over
+    # 2 GPUs, b1 x 128): the embedding's host shard (EMBED x 2 B / 2 GPUs) is copied to the device at layer
+    # 0's pre-backward, beside its few activations only, and freed once the flat all-gather output is filled;
+    # layer 0's bf16 weight gradients (LAYER x 2 B = 1.76 GB, more than the 1.25 GB copy) come after it.
+    # At the row: layer 0 unsharded, layer 1's reduce-scatter input, the embedding's flat output, no copy.
+    from tuneplan.estimator.instants import memory_at, named
+
+    model = model_from_config({**QWEN25_72B_3L, "num_hidden_layers": 2}, "Qwen2.5-72B 2 layers (hand config)")
+    setup = build_setup(model, method="freeze", precision="bf16", gpus=2, fsdp=True, fsdp_version=2,
+                        offload="all", freeze_trainable_layers=2, gradient_checkpointing=False, batch=1,
+                        seq=128, framework="llamafactory", optimizer="adamw-8bit", attn="eager")
+    row = named(memory_at(resolve_run(model, setup), 1, 128).rows["backward_bottom_layer"])
+    assert row.parallel_buffers == 2 * LAYER + 2 * EMBED + 2 * LAYER
+    assert row.gradients == 2 * LAYER

@@ -199,14 +199,21 @@ def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, ba
 
         activations = layer activations - min(layer activations, its unsharded gradients)
 
-    Checkpointed, the embedding's host-shard copy C (CPU offload) lives at the prefetch, before the layer
-    is recomputed, so the row holds max(A + S, C) beside the rest rather than A + S + C."""
+    The embedding's host-shard copy C (CPU offload) lives only at the prefetch, the layer's
+    ``pre_backward`` (torch ``FSDPParamGroup._backward_prefetch``; ``foreach_all_gather`` deletes its inputs
+    once copied in), before any of the layer's gradients G and scratch S exist: beside its activations A,
+    or, checkpointed, before the layer is recomputed, beside none of them. So the row holds
+    max(C (+ A unless checkpointed), G + A - freed + S) beside the rest rather than their sum (simulate:
+    FSDP2 Qwen2.5-72B freeze, two layers, CPU offload, b1 x 128: the bottom layer's 1.76 GB of weight
+    gradients made after the embedding's 1.25 GB host-shard copy is freed)."""
     top = statics.wrapped.top_layer
     layer = (acts.recompute_bytes if statics.checkpointed
              else acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers)
-    freed = minimum(layer, top.counted) if top is not None and statics.wrapped.bottom_layer_trains else 0
+    own = top.counted if top is not None and statics.wrapped.bottom_layer_trains else 0
+    freed = minimum(layer, own)
     gathered, copied = statics.gathered_bottom_backward, statics.gathered_bottom_copy
-    if statics.checkpointed and copied:
-        gathered = gathered - copied + maximum(copied - (layer - freed) - backward_temp, 0)
+    if copied:
+        beside = 0 if statics.checkpointed else layer
+        gathered = gathered - copied + maximum(copied + beside - (own + layer - freed) - backward_temp, 0)
     return (statics.bottom_layer_grads - embedding_cut, 0, layer - freed, 0,
             0 if statics.checkpointed else held, backward_temp, gathered)
