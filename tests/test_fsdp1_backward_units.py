@@ -254,3 +254,20 @@ def test_attention_core_backward_beside_the_mlp_and_output_projection_gradients(
     made = (3 * 53248 * 16384 + 16384 * 16384) * 4
     assert row.gradients == 128256 * 16384 * 4 + layer * 4 // 2 + made
     assert row.parallel_buffers == named(rows["backward_layers_bottom"]).parallel_buffers
+
+
+def test_the_layer_above_the_lowest_at_its_attention_core_with_the_moe_block_made() -> None:
+    # Mixtral-8x22B at two layers, freeze of both, bf16, CPU offload, eager attention, no checkpointing
+    # (simulate: the peak at layer 1's _softmax_backward_data, layer 0 prefetched beside it). Layer 1's MoE
+    # block is back-propagated before its attention core: its 8 experts' gate / up / down (6144 x 16384
+    # each, the grouped_mm weight gradients), the router (8 x 6144) and o_proj (6144 x 6144) have their bf16
+    # gradients (2 B per element); layer 0's activations are saved beside it, and the attention's own
+    # scratch replaces the row's (layer 1's MLP block's saved tensors released by then).
+    spec = reduced_model("mistralai/Mixtral-8x22B-v0.1", 2)
+    setup = build_setup(spec, method="freeze", precision="bf16", framework="llamafactory", batch=3, seq=2048,
+                        gradient_checkpointing=False, optimizer="sgd", attn="eager", gpus=2, fsdp=True,
+                        fsdp_version=1, offload="all")
+    bottom = _bottom(resolve_run(spec, setup))[1].bottom_layer
+    assert bottom is not None
+    assert bottom.gradients_at_attention == (8 * 3 * 6144 * 16384 + 8 * 6144 + 6144 * 6144) * 2
+    assert bottom.attention_below_saved and bottom.attention_scratch_only

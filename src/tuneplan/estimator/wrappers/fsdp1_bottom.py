@@ -52,6 +52,11 @@ if TYPE_CHECKING:
     from tuneplan.specs.model import ModelSpec
 
 
+# the linears of a layer's MLP block, back-propagated before its attention: a dense MLP, or a MoE block's
+# routed experts, their router and a shared expert (the block's forward runs them all after the attention)
+MLP_BLOCK_ROLES = ("mlp", "shared_expert", "expert", "router")
+
+
 def layers_below_back_propagated(run: Run) -> bool:
     """Whether the backward continues below the lowest trained layer (a frozen layer under it, back-propagated
     for its input's gradient: the module docstring)."""
@@ -82,9 +87,14 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
     elif trained > 1 and layer16 > shard:
         layers, pending = 2, 2
     kept = kept_shards_above(run, trained - pending)
+    # the row is the layer above the lowest: at its attention core's backward the trained layer below has
+    # its activations saved beside it (not checkpointed: its input only), and the layer's own MLP block's
+    # are released (netted in the attention's own scratch, as FSDP2's: wrappers/fully_shard_attention.py)
+    above = layers == 2 and not setup.gradient_checkpointing
     bottom = TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait + kept,
                       gathered=root16 + layers * layer16 + below, keeps_scratch=False,
-                      gradients_at_attention=head_wait + kept + attention_moment_gradients(run))
+                      gradients_at_attention=head_wait + kept + attention_moment_gradients(run),
+                      attention_scratch_only=above, attention_below_saved=above)
     return bottom, pending * shard + root_shard + unsynced_at_bottom(run, buffers, trained)
 
 
@@ -115,9 +125,11 @@ def attention_moment_gradients(run: Run) -> int:
     autograd has run its MLP's linears and its attention output projection (the last attention linear in
     forward order) already, each view's gradient live until the flat parameter's cat at the layer's end
     (``fsdp1_root_end`` docstring; simulate: fsdp_qlora, Llama-3.1-405B full fp32, SDPA's math path: the
-    MLP's three and o_proj's fp32 weight gradients beside the scores' gradients)::
+    MLP's three and o_proj's fp32 weight gradients beside the scores' gradients; a MoE block's routed
+    experts and router alike: FSDP1 Mixtral-8x22B freeze, the experts' grouped_mm weight gradients beside
+    the scores' gradients)::
 
-        sum_{m in MLP} n_m d_in d_out b_grad + d_in d_out(o_proj) b_grad"""
+        sum_{m in MLP block} n_m d_in d_out b_grad + d_in d_out(o_proj) b_grad"""
     from tuneplan.estimator.wrappers.fp32_gathers import unsharded_grad_bytes
 
     return attention_moment_elements(run) * unsharded_grad_bytes(run)
@@ -128,7 +140,7 @@ def attention_moment_elements(run: Run) -> int:
     most = 0
     for spec, _ in run.model.layer_groups:
         attn = [m for m in spec.linears if m.role == "attn"]
-        made = sum(m.count * m.d_in * m.d_out for m in spec.linears if m.role in ("mlp", "shared_expert"))
+        made = sum(m.count * m.d_in * m.d_out for m in spec.linears if m.role in MLP_BLOCK_ROLES)
         most = max(most, made + (attn[-1].count * attn[-1].d_in * attn[-1].d_out if attn else 0))
     return most
 
