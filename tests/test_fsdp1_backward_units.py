@@ -271,3 +271,19 @@ def test_the_layer_above_the_lowest_at_its_attention_core_with_the_moe_block_mad
     assert bottom is not None
     assert bottom.gradients_at_attention == (8 * 3 * 6144 * 16384 + 8 * 6144 + 6144 * 6144) * 2
     assert bottom.attention_below_saved and bottom.attention_scratch_only
+
+
+def test_the_top_layer_at_its_attention_core_beside_the_heads_and_mlp_gradients() -> None:
+    # a full fine-tune of 3 layers, fp16-mixed, eager attention, no checkpointing (simulate: the peak at the
+    # top layer's fp32 cast of the probabilities' gradient): the head's fp16 gradient (32000 x 4096, made at
+    # the loss) waits in the root; the top layer's gate / up / down (14336 x 4096 each) and o_proj (4096 x
+    # 4096) views have their fp16 gradients (2 B per element); the root and two layers (the next one
+    # prefetched, BACKWARD_PRE) unsharded in fp16
+    run = _run(3, method="full", framework="llamafactory", precision="fp16-mixed", batch=1, seq=2048,
+               gradient_checkpointing=False, optimizer="adamw-fused", attn="eager", gpus=2, fsdp=True,
+               fsdp_version=1)
+    top = _bottom(run)[1].top_layer
+    assert top is not None and top.attention_scratch_only
+    assert top.gradients_at_attention == (32000 * 4096 + 3 * 14336 * 4096 + 4096 * 4096) * 2
+    row = named(memory_at(run, 1, 2048).rows["backward_top_attention"])
+    assert row.parallel_buffers == ROOT * 2 + 2 * LAYER * 2

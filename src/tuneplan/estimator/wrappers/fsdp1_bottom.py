@@ -1,4 +1,5 @@
-"""FSDP1's lowest back-propagated trained unit: what is gathered and which gradients exist at its backward.
+"""FSDP1's lowest back-propagated trained unit: what is gathered and which gradients exist at its backward
+(and, alike, the top layer's unit at its attention core: :func:`top_unit`).
 
 The HF Trainer's FSDP1 (``use_orig_params=True``, ``BackwardPrefetch.BACKWARD_PRE``; simulate/fsdp1.py) on a
 full or freeze fine-tune, one unit per decoder layer and the root unit (embeddings, final norm, lm_head):
@@ -96,6 +97,23 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
                       gradients_at_attention=head_wait + kept + attention_moment_gradients(run),
                       attention_scratch_only=above, attention_below_saved=above)
     return bottom, pending * shard + root_shard + unsynced_at_bottom(run, buffers, trained)
+
+
+def top_unit(run: Run, buffers: int, at_end: int, gathered: int, head_wait: int,
+             per_adapter: bool) -> TopLayer:
+    """The top layer's unit (``buffers`` its unsharded gradient, ``at_end`` the gradients live at its end,
+    ``gathered`` the root and two layers unsharded: the next one prefetched at its pre-backward). A full or
+    freeze fine-tune's top layer at its attention core's backward (eager, SDPA's math path:
+    ``wrapper_rows.top_attention_row``) has made its MLP block's and o_proj's weight gradients, each view's
+    live until the layer's cat (:func:`attention_moment_gradients`), beside the head's waiting in the root
+    (``head_wait``), and its MLP block's saved tensors are released (the attention's own scratch; simulate:
+    FSDP1 Mistral-7B full fp16-mixed, three layers, eager: the peak at the top layer's fp32 cast of the
+    probabilities' gradient). PEFT's per-adapter units (``per_adapter``) and LoRA: not counted."""
+    attention = 0
+    if run.setup.method in ("full", "freeze") and not per_adapter:
+        attention = head_wait + attention_moment_gradients(run)
+    return TopLayer(counted=buffers, gradients_at_end=at_end, gathered=gathered, keeps_scratch=False,
+                    gradients_at_attention=attention, attention_scratch_only=bool(attention))
 
 
 def below_layer_share(run: Run, largest: int) -> int:
