@@ -57,6 +57,30 @@ def test_freeze_with_checkpointing_prefetches_the_frozen_layer_below() -> None:
     assert row.parallel_buffers == ROOT * 2 + 2 * LAYER * 2
 
 
+def test_the_prefetched_frozen_layer_below_is_gathered_at_its_own_size() -> None:
+    # DeepSeek-V3 reduced to its 3 dense layers (first_k_dense_replace) and 2 MoE layers, freeze of the top 2
+    # (the MoE ones), checkpointing on (LLaMA-Factory's default): the lowest trained layer (3) prefetches
+    # the frozen dense layer 2 below it, gathered at the dense layer's size, not the MoE layer's.
+    # Dense layer: q_a 7168x1536, q_b 1536x24576, kv_a 7168x576, kv_b 512x32768, o 16384x7168, gate / up /
+    # down 3 x 7168x18432, norms 1536 + 512 + 2 x 7168: 583,483,392. MoE layer: the same attention and
+    # norms (187,121,664), 256 experts and the shared one of 3 x 7168x2048, the router 256x7168:
+    # 11,507,286,016. Root: embed_tokens and lm_head 129280x7168 each, the final norm: 1,853,365,248.
+    # All gathered in fp16 (2 B per parameter): simulate, 27,888,269,312 B of all-gather buffers there.
+    dense = 7168 * 1536 + 1536 * 24576 + 7168 * 576 + 512 * 32768 + 16384 * 7168 + 3 * 7168 * 18432 \
+        + 1536 + 512 + 2 * 7168
+    moe = dense - 3 * 7168 * 18432 + 257 * 3 * 7168 * 2048 + 256 * 7168
+    root = 2 * 129280 * 7168 + 7168
+    assert (dense, moe, root) == (583_483_392, 11_507_286_016, 1_853_365_248)
+    spec = reduced_model("deepseek-ai/DeepSeek-V3", 2)
+    setup = build_setup(spec, method="freeze", precision="fp16-mixed", framework="llamafactory", batch=2,
+                        seq=512, optimizer="paged-adamw-8bit", attn="flash", gpus=2, fsdp=True,
+                        fsdp_version=1)
+    run = resolve_run(spec, setup)
+    bottom = _bottom(run)[1].bottom_layer
+    assert bottom is not None
+    assert bottom.gathered == 2 * (root + moe + dense) == 27_888_269_312
+
+
 def test_freeze_without_checkpointing_prefetches_nothing_below() -> None:
     # no checkpointing: the frozen layer below outputs nothing that requires grad, so the lowest trained
     # layer's pre-backward finds no handle to prefetch: the root and one layer unsharded (bf16, 2 B per
@@ -230,3 +254,36 @@ def test_attention_core_backward_beside_the_mlp_and_output_projection_gradients(
     made = (3 * 53248 * 16384 + 16384 * 16384) * 4
     assert row.gradients == 128256 * 16384 * 4 + layer * 4 // 2 + made
     assert row.parallel_buffers == named(rows["backward_layers_bottom"]).parallel_buffers
+
+
+def test_the_layer_above_the_lowest_at_its_attention_core_with_the_moe_block_made() -> None:
+    # Mixtral-8x22B at two layers, freeze of both, bf16, CPU offload, eager attention, no checkpointing
+    # (simulate: the peak at layer 1's _softmax_backward_data, layer 0 prefetched beside it). Layer 1's MoE
+    # block is back-propagated before its attention core: its 8 experts' gate / up / down (6144 x 16384
+    # each, the grouped_mm weight gradients), the router (8 x 6144) and o_proj (6144 x 6144) have their bf16
+    # gradients (2 B per element); layer 0's activations are saved beside it, and the attention's own
+    # scratch replaces the row's (layer 1's MLP block's saved tensors released by then).
+    spec = reduced_model("mistralai/Mixtral-8x22B-v0.1", 2)
+    setup = build_setup(spec, method="freeze", precision="bf16", framework="llamafactory", batch=3, seq=2048,
+                        gradient_checkpointing=False, optimizer="sgd", attn="eager", gpus=2, fsdp=True,
+                        fsdp_version=1, offload="all")
+    bottom = _bottom(resolve_run(spec, setup))[1].bottom_layer
+    assert bottom is not None
+    assert bottom.gradients_at_attention == (8 * 3 * 6144 * 16384 + 8 * 6144 + 6144 * 6144) * 2
+    assert bottom.attention_below_saved and bottom.attention_scratch_only
+
+
+def test_the_top_layer_at_its_attention_core_beside_the_heads_and_mlp_gradients() -> None:
+    # a full fine-tune of 3 layers, fp16-mixed, eager attention, no checkpointing (simulate: the peak at the
+    # top layer's fp32 cast of the probabilities' gradient): the head's fp16 gradient (32000 x 4096, made at
+    # the loss) waits in the root; the top layer's gate / up / down (14336 x 4096 each) and o_proj (4096 x
+    # 4096) views have their fp16 gradients (2 B per element); the root and two layers (the next one
+    # prefetched, BACKWARD_PRE) unsharded in fp16
+    run = _run(3, method="full", framework="llamafactory", precision="fp16-mixed", batch=1, seq=2048,
+               gradient_checkpointing=False, optimizer="adamw-fused", attn="eager", gpus=2, fsdp=True,
+               fsdp_version=1)
+    top = _bottom(run)[1].top_layer
+    assert top is not None and top.attention_scratch_only
+    assert top.gradients_at_attention == (32000 * 4096 + 3 * 14336 * 4096 + 4096 * 4096) * 2
+    row = named(memory_at(run, 1, 2048).rows["backward_top_attention"])
+    assert row.parallel_buffers == ROOT * 2 + 2 * LAYER * 2

@@ -59,3 +59,20 @@ def test_no_sync_keeps_unsharded_gradients_on_the_device_under_cpu_offload() -> 
     assert named(m.rows["forward_layers_bottom"]).gradients == 2 * LLAMA32_3B_LAYER * 4
     # the synced shards are copied to the host: nothing on the device at the optimizer step
     assert named(m.rows["optimizer_step"]).gradients == 0
+
+
+def test_a_frozen_bottom_layer_drops_the_reduce_scatter_input_before_the_embeddings_copy_out() -> None:
+    """Freeze of the top 2 of 3 layers, fp16-mixed, checkpointed (simulate: 6,901,885,952 B at the
+    embedding's copy-out, no reduce-scatter buffer live). Frozen layer 0's ``post_backward`` fires on its
+    input's gradient, before the embedding's ``pre_backward``: it drops layer 1's reduce-scatter input (the
+    oldest beyond ``reduce_scatter_max_input_buffers`` = 1) and, with no gradient, reduces nothing. Left:
+    the two trained layers' fp32 shards (4 B / 2 GPUs per parameter), the embedding's flat all-gather
+    output and its unsharded copy (128256 x 4096 in fp16 each)."""
+    layer = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+    spec = reduced_model("meta-llama/Llama-3.1-8B", 3)
+    run = resolve_run(spec, build_setup(spec, method="freeze", precision="fp16-mixed", batch=2, seq=256,
+                                        gradient_checkpointing=True, attn="sdpa", gpus=2, fsdp=True,
+                                        fsdp_version=2))
+    row = named(memory_at(run, 2, 256).rows["backward_embedding"])
+    assert row.gradients == 2 * layer * 4 // 2 == 872_448_000
+    assert row.parallel_buffers == 2 * 128256 * 4096 * 2

@@ -1,13 +1,20 @@
 """FSDP2's bottom layer beside the prefetched embedding group (estimator/wrappers/fully_shard.py
 ``embedding_prefetch``), by hand from torch 2.13's _fully_shard on a three-layer Qwen2.5-72B whose bottom
-layer a two-layer freeze run leaves frozen, parameters offloaded (``CPUOffloadPolicy``)."""
+layer a two-layer freeze run leaves frozen, parameters offloaded (``CPUOffloadPolicy``), and its attention
+core's moment (estimator/wrapper_rows.py ``bottom_attention_row``)."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 from tuneplan.api import build_setup
 from tuneplan.estimator.memory_statics import memory_statics
 from tuneplan.estimator.run import resolve_run
 from tuneplan.specs.model import model_from_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from random_setups import reduced_model  # noqa: E402
 
 QWEN25_72B_3L = {"model_type": "qwen2", "hidden_size": 8192, "num_hidden_layers": 3,
                  "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 29568,
@@ -71,3 +78,41 @@ def test_a_freeze_run_misses_only_its_lowest_trained_layers_shard() -> None:
     assert statics("none", 3).all_grads_in_layer == LAYER * 4 // 2 + LAYER * 2
     # under CPUOffloadPolicy the shards go to the host: only the unsharded gradients are on the device
     assert statics("all", 2).all_grads_in_layer == LAYER * 2
+
+
+def test_without_checkpointing_the_host_copy_is_freed_before_the_layers_gradients() -> None:
+    # two layers, both trained, no checkpointing (simulate: 7,801,551,872 B at layer 0's backward, bf16 over
+    # 2 GPUs, b1 x 128): the embedding's host shard (EMBED x 2 B / 2 GPUs) is copied to the device at layer
+    # 0's pre-backward, beside its few activations only, and freed once the flat all-gather output is filled;
+    # layer 0's bf16 weight gradients (LAYER x 2 B = 1.76 GB, more than the 1.25 GB copy) come after it.
+    # At the row: layer 0 unsharded, layer 1's reduce-scatter input, the embedding's flat output, no copy.
+    from tuneplan.estimator.instants import memory_at, named
+
+    model = model_from_config({**QWEN25_72B_3L, "num_hidden_layers": 2}, "Qwen2.5-72B 2 layers (hand config)")
+    setup = build_setup(model, method="freeze", precision="bf16", gpus=2, fsdp=True, fsdp_version=2,
+                        offload="all", freeze_trainable_layers=2, gradient_checkpointing=False, batch=1,
+                        seq=128, framework="llamafactory", optimizer="adamw-8bit", attn="eager")
+    row = named(memory_at(resolve_run(model, setup), 1, 128).rows["backward_bottom_layer"])
+    assert row.parallel_buffers == 2 * LAYER + 2 * EMBED + 2 * LAYER
+    assert row.gradients == 2 * LAYER
+
+
+def test_the_bottom_layer_at_its_attention_core_beside_the_prefetched_embedding() -> None:
+    # Qwen2.5-32B at two layers, freeze of both, bf16, CPU offload, checkpointed, eager, b1 x 2048 over 4
+    # GPUs (simulate: the peak at layer 0's _softmax_backward_data, 6,654,386,176 B). Layer 0 (recomputed)
+    # has made its MLP's gate / up / down (5120 x 27648 each) and o_proj (5120 x 5120) bf16 gradients, not
+    # its q / k / v ones; beside it: layer 0 unsharded, layer 1's reduce-scatter input, the embedding's
+    # flat all-gather output (152064 x 5120), all in bf16; its host shard's copy is freed by then.
+    from tuneplan.estimator.instants import memory_at, named
+
+    h, kv, ff, vocab = 5120, 1024, 27648, 152064
+    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * ff + 2 * h
+    assert layer == 487_605_248
+    spec = reduced_model("Qwen/Qwen2.5-32B", 2)
+    setup = build_setup(spec, method="freeze", precision="bf16", framework="hf", batch=1, seq=2048,
+                        gradient_checkpointing=True, optimizer="sgd", attn="eager", gpus=4, fsdp=True,
+                        fsdp_version=2, offload="all")
+    rows = memory_at(resolve_run(spec, setup), 1, 2048).rows
+    row = named(rows["backward_bottom_attention"])
+    assert row.gradients == (3 * h * ff + h * h) * 2 == 901_775_360
+    assert row.parallel_buffers == 2 * layer + 2 * vocab * h + 2 * layer

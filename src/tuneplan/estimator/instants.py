@@ -17,7 +17,8 @@ Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
   (before the first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU,
   wrappers/zero12_initialize, or its flat copy of the trained parameters, wrappers/zero12_flatten),
   ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the
-  embedding group it prefetched), ``backward_first_hook`` / ``backward_layer_below_top`` (ZeRO-1/2 LoRA:
+  embedding group it prefetched; ``backward_bottom_attention``: its attention core's backward, eager),
+  ``backward_first_hook`` / ``backward_layer_below_top`` (ZeRO-1/2 LoRA:
   the bucket made at the top layer's first trained gradient, wrapper_rows.first_hook_rows).
 Gradients from earlier micro-batches stay alive through the next forward when gradient accumulation > 1;
 with GA = 1 the Trainer's ``zero_grad(set_to_none=True)`` frees them before the next forward (unless
@@ -45,6 +46,7 @@ from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrapper_rows import (
+    bottom_attention_row,
     bottom_layer_row,
     first_hook_rows,
     flush_row,
@@ -341,6 +343,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         if statics.gathered_bottom_backward:
             rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp,
                                                              embedding_cut)
+            attention_row = bottom_attention_row(statics, acts, held, embedding_cut)
+            if attention_row is not None:
+                rows["backward_bottom_attention"] = attention_row
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     if wrapper_rows:

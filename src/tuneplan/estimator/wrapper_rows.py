@@ -133,6 +133,33 @@ def top_attention_row(rows: dict[str, Row], statics: MemoryStatics, acts: Activa
                                       acts.attention_backward_bytes, top.gathered)
 
 
+def bottom_attention_row(statics: MemoryStatics, acts: ActivationPlan, held: Any,
+                         embedding_cut: Any) -> Row | None:
+    """FSDP2's bottom layer at its attention core's backward, beside the embedding group it prefetched
+    (:func:`bottom_layer_row`), where the scores' gradients are materialised (eager, SDPA's math path): as
+    at the top layer (``top_attention_row``, wrappers/fully_shard_attention.py) the layer has made its MLP
+    block's and o_proj's weight gradients ``G_attention`` (the same per layer as the top one's), its other
+    gradients not, its MLP block's saved tensors released (netted in the attention's own scratch); its
+    activations A are whole (recomputed, checkpointed), the embedding's host-shard copy long freed
+    (simulate: FSDP2 Qwen2.5-32B freeze of both of two layers, checkpointed, CPU offload, eager, b1 x 2048:
+    the peak at layer 0's ``_softmax_backward_data``, the embedding's flat all-gather output beside it)::
+
+        gradients = G - counted + G_attention,  activations = A,  scratch = S_attention,
+        gathered = the row's - C
+
+    None where the bottom layer makes no gradient (below a freeze run's trained layers) or the wrapper
+    says nothing of that moment."""
+    top = statics.wrapped.top_layer
+    if (top is None or not top.gradients_at_attention or not top.attention_scratch_only
+            or not statics.wrapped.bottom_layer_trains or not any(kind[5] for kind in statics.acts.kinds)):
+        return None
+    layer = (acts.recompute_bytes if statics.checkpointed
+             else acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers)
+    grads = statics.bottom_layer_grads - embedding_cut - top.counted + top.gradients_at_attention
+    return (grads, 0, layer, 0, 0 if statics.checkpointed else held, acts.attention_backward_bytes,
+            statics.gathered_bottom_backward - statics.gathered_bottom_copy)
+
+
 def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: Any, backward_temp: Any) -> Row:
     """ZeRO-3's first gradient reduction when it comes below the top layer (wrappers/zero3_flush.py): the
     ``k`` layers above back-propagated, their saved activations released (autograd frees a node's saved
@@ -203,14 +230,21 @@ def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, ba
 
         activations = layer activations - min(layer activations, its unsharded gradients)
 
-    Checkpointed, the embedding's host-shard copy C (CPU offload) lives at the prefetch, before the layer
-    is recomputed, so the row holds max(A + S, C) beside the rest rather than A + S + C."""
+    The embedding's host-shard copy C (CPU offload) lives only at the prefetch, the layer's
+    ``pre_backward`` (torch ``FSDPParamGroup._backward_prefetch``; ``foreach_all_gather`` deletes its inputs
+    once copied in), before any of the layer's gradients G and scratch S exist: beside its activations A,
+    or, checkpointed, before the layer is recomputed, beside none of them. So the row holds
+    max(C (+ A unless checkpointed), G + A - freed + S) beside the rest rather than their sum (simulate:
+    FSDP2 Qwen2.5-72B freeze, two layers, CPU offload, b1 x 128: the bottom layer's 1.76 GB of weight
+    gradients made after the embedding's 1.25 GB host-shard copy is freed)."""
     top = statics.wrapped.top_layer
     layer = (acts.recompute_bytes if statics.checkpointed
              else acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers)
-    freed = minimum(layer, top.counted) if top is not None and statics.wrapped.bottom_layer_trains else 0
+    own = top.counted if top is not None and statics.wrapped.bottom_layer_trains else 0
+    freed = minimum(layer, own)
     gathered, copied = statics.gathered_bottom_backward, statics.gathered_bottom_copy
-    if statics.checkpointed and copied:
-        gathered = gathered - copied + maximum(copied - (layer - freed) - backward_temp, 0)
+    if copied:
+        beside = 0 if statics.checkpointed else layer
+        gathered = gathered - copied + maximum(copied + beside - (own + layer - freed) - backward_temp, 0)
     return (statics.bottom_layer_grads - embedding_cut, 0, layer - freed, 0,
             0 if statics.checkpointed else held, backward_temp, gathered)

@@ -46,7 +46,7 @@ from tuneplan.estimator.wrappers.base import (
 )
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, unsharded_grad_bytes
 from tuneplan.estimator.wrappers.fsdp1_adapter_units import adapter_unit_gradient
-from tuneplan.estimator.wrappers.fsdp1_bottom import bottom_unit
+from tuneplan.estimator.wrappers.fsdp1_bottom import bottom_unit, top_unit
 from tuneplan.estimator.wrappers.fsdp1_offload import (
     frozen_layer_copy,
     gathered_shard_transient,
@@ -228,8 +228,7 @@ class Fsdp1(Fsdp):
         # (fsdp_layers_gathered), the layer's other adapters accumulated or reduce-scattered already
         at_end = 2 * (adapter_unit_gradient(run) if layer_end else buffers) + head_wait
         return WrapperMemory(terms.resident, buckets, buffers_gathered,
-                             top_layer=TopLayer(counted=buffers, gradients_at_end=at_end,
-                                                gathered=gathered, keeps_scratch=False),
+                             top_layer=top_unit(run, buffers, at_end, gathered, head_wait, bool(layer_end)),
                              bottom_layer=bottom,
                              end_of_backward=end, no_sync=no_sync_gradients(run), notes=self.notes(setup))
 

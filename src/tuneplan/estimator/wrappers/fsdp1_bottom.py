@@ -1,4 +1,5 @@
-"""FSDP1's lowest back-propagated trained unit: what is gathered and which gradients exist at its backward.
+"""FSDP1's lowest back-propagated trained unit: what is gathered and which gradients exist at its backward
+(and, alike, the top layer's unit at its attention core: :func:`top_unit`).
 
 The HF Trainer's FSDP1 (``use_orig_params=True``, ``BackwardPrefetch.BACKWARD_PRE``; simulate/fsdp1.py) on a
 full or freeze fine-tune, one unit per decoder layer and the root unit (embeddings, final norm, lm_head):
@@ -19,10 +20,11 @@ full or freeze fine-tune, one unit per decoder layer and the root unit (embeddin
   embedding's output require grad (``fully_shard.embedding_output_requires_grad``): every frozen layer is
   then back-propagated for its input's gradient, and the next one is prefetched.
 
-So, with ``L`` one layer unsharded (and its held device copy under CPU offload), ``R`` the root, ``b`` the
-layer's unsharded gradient, ``s`` its shard, at the lowest back-propagated trained layer::
+So, with ``L`` one layer unsharded (and its held device copy under CPU offload), ``L'`` the frozen layer
+below it alike (its own size: :func:`below_layer_share`), ``R`` the root, ``b`` the layer's unsharded
+gradient, ``s`` its shard, at the lowest back-propagated trained layer::
 
-    gathered = R + L x (2 if a frozen layer below is back-propagated else 1),  pending = s (+ the root's)
+    gathered = R + L (+ L' if a frozen layer below is back-propagated),  pending = s (+ the root's)
     gradients at its end = 2 b (+ the head's gradient waiting in the root, full fine-tune)
 
 (under ``no_sync`` accumulation, one trained layer's accumulated unsharded gradient fewer than all of them:
@@ -48,6 +50,12 @@ from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_gr
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
+    from tuneplan.specs.model import ModelSpec
+
+
+# the linears of a layer's MLP block, back-propagated before its attention: a dense MLP, or a MoE block's
+# routed experts, their router and a shared expert (the block's forward runs them all after the attention)
+MLP_BLOCK_ROLES = ("mlp", "shared_expert", "expert", "router")
 
 
 def layers_below_back_propagated(run: Run) -> bool:
@@ -76,14 +84,58 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
                else min(setup.freeze_trainable_layers, run.model.n_layers))
     layers, pending, below = 1, 1, 0
     if layers_below_back_propagated(run):
-        layers, below = 2, below_copy
+        below = below_layer_share(run, layer16 + below_copy)
     elif trained > 1 and layer16 > shard:
         layers, pending = 2, 2
     kept = kept_shards_above(run, trained - pending)
+    # the row is the layer above the lowest: at its attention core's backward the trained layer below has
+    # its activations saved beside it (not checkpointed: its input only), and the layer's own MLP block's
+    # are released (netted in the attention's own scratch, as FSDP2's: wrappers/fully_shard_attention.py)
+    above = layers == 2 and not setup.gradient_checkpointing
     bottom = TopLayer(counted=buffers, gradients_at_end=2 * buffers + head_wait + kept,
                       gathered=root16 + layers * layer16 + below, keeps_scratch=False,
-                      gradients_at_attention=head_wait + kept + attention_moment_gradients(run))
+                      gradients_at_attention=head_wait + kept + attention_moment_gradients(run),
+                      attention_scratch_only=above, attention_below_saved=above)
     return bottom, pending * shard + root_shard + unsynced_at_bottom(run, buffers, trained)
+
+
+def top_unit(run: Run, buffers: int, at_end: int, gathered: int, head_wait: int,
+             per_adapter: bool) -> TopLayer:
+    """The top layer's unit (``buffers`` its unsharded gradient, ``at_end`` the gradients live at its end,
+    ``gathered`` the root and two layers unsharded: the next one prefetched at its pre-backward). A full or
+    freeze fine-tune's top layer at its attention core's backward (eager, SDPA's math path:
+    ``wrapper_rows.top_attention_row``) has made its MLP block's and o_proj's weight gradients, each view's
+    live until the layer's cat (:func:`attention_moment_gradients`), beside the head's waiting in the root
+    (``head_wait``), and its MLP block's saved tensors are released (the attention's own scratch; simulate:
+    FSDP1 Mistral-7B full fp16-mixed, three layers, eager: the peak at the top layer's fp32 cast of the
+    probabilities' gradient). PEFT's per-adapter units (``per_adapter``) and LoRA: not counted."""
+    attention = 0
+    if run.setup.method in ("full", "freeze") and not per_adapter:
+        attention = head_wait + attention_moment_gradients(run)
+    return TopLayer(counted=buffers, gradients_at_end=at_end, gathered=gathered, keeps_scratch=False,
+                    gradients_at_attention=attention, attention_scratch_only=bool(attention))
+
+
+def below_layer_share(run: Run, largest: int) -> int:
+    """The frozen layer below the lowest trained one, prefetched beside it, where ``largest`` is what the
+    largest layer holds gathered: the layers' gathered bytes scale with their parameters, and the layer
+    below may be smaller than the trained ones (DeepSeek-V3's dense first layers under its MoE ones:
+    ``first_k_dense_replace``; simulate: FSDP1 DeepSeek-V3 3 dense + 2 MoE layers, freeze of the top 2,
+    the dense layer 2's 1.17 GB gathered beside the MoE layer 3's 23 GB)::
+
+        below = largest x params(layer n - trained - 1) / params(largest layer)"""
+    model, setup = run.model, run.setup
+    index = model.n_layers - min(setup.freeze_trainable_layers, model.n_layers) - 1
+    return largest * layer_params_at(model, index) // max(model.largest_layer_params, 1)
+
+
+def layer_params_at(model: ModelSpec, index: int) -> int:
+    """The parameters of decoder layer ``index`` (0 the bottom one): the layer groups run in model order."""
+    for spec, count in model.layer_groups:
+        if index < count:
+            return spec.params
+        index -= count
+    return model.largest_layer_params
 
 
 def attention_moment_gradients(run: Run) -> int:
@@ -91,9 +143,11 @@ def attention_moment_gradients(run: Run) -> int:
     autograd has run its MLP's linears and its attention output projection (the last attention linear in
     forward order) already, each view's gradient live until the flat parameter's cat at the layer's end
     (``fsdp1_root_end`` docstring; simulate: fsdp_qlora, Llama-3.1-405B full fp32, SDPA's math path: the
-    MLP's three and o_proj's fp32 weight gradients beside the scores' gradients)::
+    MLP's three and o_proj's fp32 weight gradients beside the scores' gradients; a MoE block's routed
+    experts and router alike: FSDP1 Mixtral-8x22B freeze, the experts' grouped_mm weight gradients beside
+    the scores' gradients)::
 
-        sum_{m in MLP} n_m d_in d_out b_grad + d_in d_out(o_proj) b_grad"""
+        sum_{m in MLP block} n_m d_in d_out b_grad + d_in d_out(o_proj) b_grad"""
     from tuneplan.estimator.wrappers.fp32_gathers import unsharded_grad_bytes
 
     return attention_moment_elements(run) * unsharded_grad_bytes(run)
@@ -104,7 +158,7 @@ def attention_moment_elements(run: Run) -> int:
     most = 0
     for spec, _ in run.model.layer_groups:
         attn = [m for m in spec.linears if m.role == "attn"]
-        made = sum(m.count * m.d_in * m.d_out for m in spec.linears if m.role in ("mlp", "shared_expert"))
+        made = sum(m.count * m.d_in * m.d_out for m in spec.linears if m.role in MLP_BLOCK_ROLES)
         most = max(most, made + (attn[-1].count * attn[-1].d_in * attn[-1].d_out if attn else 0))
     return most
 

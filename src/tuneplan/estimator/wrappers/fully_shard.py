@@ -102,7 +102,7 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
                   synced_micro_batch(final_reduce_scatter(model, setup, compute_bytes, per_elem), no_sync,
                                      model, trainable_params, kept=False), key=_total)
     elif not tied and embedding_output_requires_grad(setup):
-        end = frozen_embedding_copy_out(model, compute_bytes, layer_grads)
+        end = frozen_embedding_copy_out(model, setup, compute_bytes, layer_grads)
     bottom = (embedding_prefetch(model, setup, layer16, layer_grads, compute_bytes,
                                  -(-int((pending - layer_train) * per_elem) // world_size))
               if not tied and model.n_layers > 1 else None)
@@ -201,7 +201,8 @@ def embedding_output_requires_grad(setup: TrainSetup) -> bool:
             and setup.framework in TRANSFORMERS_CHECKPOINTING)
 
 
-def frozen_embedding_copy_out(model: ModelSpec, compute_bytes: int, layer_grads: int) -> EndOfBackward:
+def frozen_embedding_copy_out(model: ModelSpec, setup: TrainSetup, compute_bytes: int,
+                              layer_grads: int) -> EndOfBackward:
     """A frozen, untied embedding group's copy-out in the backward (torch 2.13 ``_fully_shard``).
 
     ``FSDPState._register_pre_backward_hook`` hooks the group's outputs that require grad: with
@@ -213,9 +214,15 @@ def frozen_embedding_copy_out(model: ModelSpec, compute_bytes: int, layer_grads:
         gathered = 2 x embed_params x compute_bytes
 
     beside every sharded gradient and the bottom layer's reduce-scatter input, which
-    ``comm_ctx.reduce_scatter_state`` holds until the root's final callback (no later group reduces):
-    ``gradients = layer_grads``. The embedding output's gradient (tokens x hidden) is not counted."""
-    return EndOfBackward(gradients=layer_grads, gathered=2 * model.embed_params * compute_bytes)
+    ``comm_ctx.reduce_scatter_states`` holds until the root's final callback (no later group reduces):
+    ``gradients = layer_grads``. A frozen bottom layer (below a freeze run's trained ones) holds none: its
+    ``post_backward``, which fires on its input's gradient before the embedding's ``pre_backward``, drops
+    the layer above's input (the oldest beyond ``reduce_scatter_max_input_buffers`` = 1) before finding
+    no gradient to reduce: ``layer_grads`` is then 0 (simulate: FSDP2 Llama-3.1-8B freeze of 2 of 3 layers,
+    checkpointed, no reduce-scatter input beside the embedding's copy-out). The embedding output's gradient
+    (tokens x hidden) is not counted."""
+    return EndOfBackward(gradients=layer_grads if bottom_layer_trains(model, setup) else 0,
+                         gathered=2 * model.embed_params * compute_bytes)
 
 
 def final_reduce_scatter(model: ModelSpec, setup: TrainSetup, compute_bytes: int,

@@ -160,8 +160,13 @@ def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: 
         return None
     first, compute = members[0], run.dtypes.compute
     largest = max(first) if known else params.largest_trainable_tensor
-    return Epilogue(gradients=max(grads16 - sum(first) * compute, 0) + buffers,
-                    reduction_copy=max(sum(first) * compute, offload_norm_copy(run, largest)))
+    # a first gradient larger than the bucket is not moved into it: it stays in its own tensor
+    # (``extra_large_param_to_reduce``; under offload ``grad_reduc.data`` becomes a clone of it), reduced
+    # alone and not flattened, beside every other gradient (simulate: GLM-4-9B full, fp16-mixed, 2 GPUs:
+    # the 151552 x 4096 embedding's gradient beside the fp64 norm copy of its slice)
+    moved = sum(first) if sum(first) <= reduce_bucket else 0
+    return Epilogue(gradients=max(grads16 - moved * compute, 0) + buffers,
+                    reduction_copy=max(moved * compute, offload_norm_copy(run, largest)))
 
 
 def zero1_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> Epilogue | None:
