@@ -46,8 +46,7 @@ from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrapper_rows import (
-    bottom_attention_row,
-    bottom_layer_row,
+    bottom_backward_rows,
     first_hook_rows,
     flush_row,
     fold_bottom_rows,
@@ -340,12 +339,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
             layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
         if statics.wrapped.gathered.flush:
             rows["backward_flush"] = flush_row(statics, acts, top_grads, held, backward_temp)
-        if statics.gathered_bottom_backward:
-            rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp,
-                                                             embedding_cut)
-            attention_row = bottom_attention_row(statics, acts, held, embedding_cut)
-            if attention_row is not None:
-                rows["backward_bottom_attention"] = attention_row
+        bottom_backward_rows(rows, statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     if wrapper_rows:

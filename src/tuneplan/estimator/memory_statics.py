@@ -21,6 +21,7 @@ from tuneplan.estimator.wrappers.base import EndOfBackward, Gathered, WrapperMem
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
 from tuneplan.estimator.wrappers.zero_terms import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.setup import TrainSetup
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,20 @@ class MemoryStatics:
     wrapper_rows: bool = True
 
 
+def embedding_into_buffer(setup: TrainSetup, method: str, wrapper_memory: WrapperMemory) -> bool | None:
+    """Whether a full fine-tune's embedding gradient lands in an existing buffer (True), in a tensor of its
+    own (False), or has no backward instant of its own (None)."""
+    # DDP (gradient_as_bucket_view=False) backs the gradients up in its own buckets: autograd makes the
+    # embedding's gradient as on one GPU, and the Reducer's autograd hook (torch/csrc/distributed/c10d/
+    # reducer.cpp mark_variable_ready_dense) copies ``.grad`` into its bucket view in place
+    ddp = setup.world_size > 1 and not (setup.zero or setup.fsdp)
+    if method == "full" and (setup.world_size == 1 or ddp) and not setup.optimizer_in_backward:
+        return setup.keep_grads or setup.grad_accum > 1
+    if method == "full" and wrapper_memory.embedding is not None:
+        return False  # ZeRO-1/2: the hooks move each gradient out (estimator/wrappers/zero.py)
+    return None
+
+
 def memory_statics(run: Run) -> MemoryStatics:
     """The shape-independent terms of ``run``, computed once and kept on it (``run.memo["memory"]``)."""
     if (cached := run.memo.get("memory")) is not None:
@@ -138,15 +153,7 @@ def memory_statics(run: Run) -> MemoryStatics:
                             quant_lm_head=profile.quantizes_lm_head)
     backward_dequant, backward_dequant_per_token = bnb_backward_dequant(model, setup, profile, dtypes,
                                                                         run.targets)
-    embedding = None
-    # DDP (gradient_as_bucket_view=False) backs the gradients up in its own buckets: autograd makes the
-    # embedding's gradient as on one GPU, and the Reducer's autograd hook (torch/csrc/distributed/c10d/
-    # reducer.cpp mark_variable_ready_dense) copies ``.grad`` into its bucket view in place
-    ddp = setup.world_size > 1 and not (setup.zero or setup.fsdp)
-    if acts.method == "full" and (setup.world_size == 1 or ddp) and not setup.optimizer_in_backward:
-        embedding = setup.keep_grads or setup.grad_accum > 1
-    elif acts.method == "full" and wrapper_memory.embedding is not None:
-        embedding = False  # ZeRO-1/2: the hooks move each gradient out (estimator/wrappers/zero.py)
+    embedding = embedding_into_buffer(setup, acts.method, wrapper_memory)
     layer_end_dequant, layer_end_casts = layer_end_terms(run, wrapper_memory)
     out = MemoryStatics(
         optimizer=optimizer, wrapped=wrapper_memory, common=common, common_total=sum(common.values()),

@@ -248,3 +248,16 @@ def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, ba
         gathered = gathered - copied + maximum(copied + beside - (own + layer - freed) - backward_temp, 0)
     return (statics.bottom_layer_grads - embedding_cut, 0, layer - freed, 0,
             0 if statics.checkpointed else held, backward_temp, gathered)
+
+
+def bottom_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, held: Any,
+                         backward_temp: Any, embedding_cut: Any) -> None:
+    """A sharding wrapper's bottom layer in its backward (FSDP's / ZeRO-3's gathered bottom layer): the
+    whole layer (bottom_layer_row) and, where it has one, the moment at its attention core
+    (bottom_attention_row); nothing where the wrapper keeps no bottom layer gathered there."""
+    if not statics.gathered_bottom_backward:
+        return
+    rows["backward_bottom_layer"] = bottom_layer_row(statics, acts, held, backward_temp, embedding_cut)
+    attention_row = bottom_attention_row(statics, acts, held, embedding_cut)
+    if attention_row is not None:
+        rows["backward_bottom_attention"] = attention_row
