@@ -173,6 +173,8 @@ def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_star
       (``release_cached_blocks``) and retried, without the stranded segments: what out of memory is judged
       on."""
     stranded_forward, stranded_backward = stranded_bytes(run, batch, seq)
-    held = maximum(at_forward + stranded_forward, at_backward_start + stranded_backward)
+    forward, backward = at_forward + stranded_forward, at_backward_start + stranded_backward
+    more = backward > forward  # a bool for one shape (xp.maximum's test, without the call), else arrays
+    held = (backward if more else forward) if more.__class__ is bool else maximum(forward, backward)
     # only FSDP caches per stream (cross_stream_reserve): the other runs skip the call
     return reserved_with_and_without(allocated, cross_stream_reserve(run) if run.setup.fsdp else 0, held)

@@ -46,6 +46,9 @@ from typing import Any
 
 from tuneplan.estimator.xp import ceil_div, maximum
 
+# the chains logits_plan names; every other loss (``hf`` ...) takes the default chain
+OTHER_CHAINS = frozenset({"fused_linear", "fabric_chunked", "torchtune_legacy", "chunked_compiled",
+                          "chunked_bf16", "chunked_fp32", "fused"})
 TORCHTUNE_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 LITGPT_CHUNK = 128  # litgpt finetune/*.py: model(input_ids, lm_head_chunk_size=128)
 
@@ -75,6 +78,17 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
     ``log_softmax``): the log-softmax output and both gradients are c-byte tensors."""
     logit_elems = tokens * vocab
     logits = compute_bytes * logit_elems  # the model's logits, in its compute dtype
+    if loss not in OTHER_CHAINS:  # the default chain, nearly every estimate's: one test, not seven
+        # the loss's dtype: fp32, or the logits' own when nothing upcasts them
+        loss_bytes = 4 if upcast else compute_bytes
+        upcast_copy = loss_bytes * logit_elems if compute_bytes != loss_bytes else 0  # .float() of the logits
+        # torch < 1.11: log_softmax also kept its input, the upcast logits, until its backward had run
+        kept = loss_bytes * logit_elems if softmax_keeps_input else 0
+        # (positional: the default chain is the one nearly every estimate takes; keywords cost a third of a
+        # microsecond): at_forward_end, forward_peak, backward_peak
+        capped = compute_bytes * logit_elems if softcap else 0
+        return LogitsPlan(logits + capped, logits + upcast_copy + loss_bytes * logit_elems + capped,
+                          3 * loss_bytes * logit_elems + kept + capped)
     if loss == "fused_linear":
         head_input_elems = tokens * min(hidden or vocab, vocab)
         # the chunk is rounded up to a power of two tokens: up to twice the hidden-sized target
@@ -101,16 +115,6 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
         chunk = 4 * logit_elems // TORCHTUNE_CHUNKS
         return LogitsPlan(at_forward_end=2 * logit_elems, forward_peak=6 * logit_elems + chunk,
                           backward_peak=4 * logit_elems + 2 * chunk)
-    if loss == "fused":
-        return LogitsPlan(at_forward_end=2 * logit_elems, forward_peak=2 * logit_elems + 4 * tokens,
-                          backward_peak=2 * logit_elems)
-    # the loss's dtype: fp32, or the logits' own when nothing upcasts them
-    loss_bytes = 4 if upcast else compute_bytes
-    upcast_copy = loss_bytes * logit_elems if compute_bytes != loss_bytes else 0  # .float() of the logits
-    # torch < 1.11: log_softmax also kept its input, the upcast logits, until its backward had run
-    kept = loss_bytes * logit_elems if softmax_keeps_input else 0
-    # (positional: the default chain is the one nearly every estimate takes; keywords cost a third of a
-    # microsecond): at_forward_end, forward_peak, backward_peak
-    capped = compute_bytes * logit_elems if softcap else 0
-    return LogitsPlan(logits + capped, logits + upcast_copy + loss_bytes * logit_elems + capped,
-                      3 * loss_bytes * logit_elems + kept + capped)
+    # "fused", the last of OTHER_CHAINS
+    return LogitsPlan(at_forward_end=2 * logit_elems, forward_peak=2 * logit_elems + 4 * tokens,
+                      backward_peak=2 * logit_elems)

@@ -8,7 +8,7 @@ from typing import Any
 
 from tuneplan.estimator.activations import ActivationPlan
 from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_figures
-from tuneplan.estimator.instants import MemoryAt, components_of, memory_at, named
+from tuneplan.estimator.instants import STEP_COMPONENTS, MemoryAt, components_of, memory_at
 from tuneplan.estimator.memory_statics import MemoryStatics
 from tuneplan.estimator.overhead import (
     CUDA_CONTEXT_BAND,
@@ -22,6 +22,11 @@ from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 ACTIVATION_BAND = 0.10  # +-10% on saved activations until simulate has checked the architecture
+ALLOCATED_WHY = "activation and loss terms +-10% (saved-tensor model)"
+RESERVED_WHY = "caching-allocator fragmentation (emulated, not yet measured on GPU)"
+# the bands' terms in an instant's row (InstantRow's field order)
+ACTIVATIONS, LOGITS_LOSS, BACKWARD_TEMP = (STEP_COMPONENTS.index(name)
+                                           for name in ("activations", "logits_loss", "backward_temp"))
 CUDA_CONTEXT = Band(CUDA_CONTEXT_BAND[0], CUDA_CONTEXT_BAND[1], "driver, CUDA version, lazy loading")
 
 
@@ -63,9 +68,12 @@ class AnalyticBreakdown(MemoryBreakdown):
         reserved, needed = reserved_figures(run, allocated, at_forward, at_backward_start, setup.batch,
                                             setup.seq)
         self.reserved_peak_bytes, self.releasable_bytes = reserved, reserved - needed
-        self.cuda_context_bytes = cuda_context_bytes()
         self.nccl_bytes = live.statics.wrapped.resident.nccl
         self._run, self._live, self._allocated = run, live, allocated
+
+    # the analytic CUDA context is one figure for every run (overhead.cuda_context_bytes): a class value, read
+    # by every verdict, not a call per estimate (an instance value set by a caller still takes its place)
+    cuda_context_bytes = cuda_context_bytes()
 
     @property
     def allocated_peak_bytes(self) -> int:
@@ -97,15 +105,15 @@ class AnalyticBreakdown(MemoryBreakdown):
 
     @built_on_read
     def bands(self) -> dict[str, Band]:
-        allocated, row = self._allocated, named(self._live.rows[self.peak_instant])
-        transient = row.activations + row.logits_loss + row.backward_temp
+        allocated, row = self._allocated, self._live.rows[self.peak_instant]
+        # the row's activations, logits_loss and backward_temp, read by position (InstantRow's field order)
+        transient = row[ACTIVATIONS] + row[LOGITS_LOSS] + row[BACKWARD_TEMP]
+        # only FSDP caches per stream (cross_stream_reserve): the other runs skip the call
+        cross_stream = cross_stream_reserve(self._run) if self._run.setup.fsdp else 0
         return {
             "allocated": Band(int(allocated - ACTIVATION_BAND * transient),
-                              int(allocated + ACTIVATION_BAND * transient),
-                              "activation and loss terms +-10% (saved-tensor model)"),
-            "reserved": Band(*reserved_band(allocated, self.reserved_peak_bytes,
-                                            cross_stream_reserve(self._run)),
-                             "caching-allocator fragmentation (emulated, not yet measured on GPU)"),
+                              int(allocated + ACTIVATION_BAND * transient), ALLOCATED_WHY),
+            "reserved": Band(*reserved_band(allocated, self.reserved_peak_bytes, cross_stream), RESERVED_WHY),
             "cuda_context": CUDA_CONTEXT,
         }
 
