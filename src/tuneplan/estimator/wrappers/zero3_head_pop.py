@@ -9,6 +9,7 @@ from typing import NamedTuple
 from tuneplan.estimator.bnb_scope import quantized
 from tuneplan.estimator.compute import has_rotary
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
+from tuneplan.estimator.weights import NF4_BLOCK
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
@@ -30,6 +31,7 @@ class ForwardWalk(NamedTuple):
     trace: list[int]
     nbytes: list[int]  # each entry's bytes gathered: a packed 4-bit weight one a trace element
     layer: list[int]  # the decoder layer of each trace entry (-1: the embedding, n: the head)
+    dequant: list[int]  # bytes a 4-bit entry's forward dequantizes beside it (:func:`dequantized_bytes`)
     events: list[tuple[str, int]]
 
 
@@ -49,7 +51,7 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     with no backward use; the adapters' matrices, thousands of times smaller, are left gathered. Under
     QLoRA a 4-bit ``Params4bit`` is partitioned as its packed ``uint8`` codes (``ds_numel`` the packed
     count, one byte each: zero3_quantized.gathered_entries); the rest in the ``compute`` dtype."""
-    walk = ForwardWalk([model.embed_params], [model.embed_params * compute], [-1],
+    walk = ForwardWalk([model.embed_params], [model.embed_params * compute], [-1], [0],
                        [("fetch", -1)] * (PEFT_WRAPPERS + 1) + [("use", 0)])
     embed_kept = embedding_used_last(model, setup) and 2 * model.params_total < DS_MAX_REUSE_DISTANCE
     walk.events.extend([] if embed_kept else [("release", 0)])
@@ -68,12 +70,13 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     kept_from = model.n_layers - (min(model.n_layers, -(-room // (2 * max(per_layer, 1)))) if room > 0 else 0)
     free = bottom_gradient_free(model, targets) if not setup.gradient_checkpointing else frozenset()
 
-    def add(n: int, layer: int, nbytes: int = 0) -> bool:
+    def add(n: int, layer: int, nbytes: int = 0, dequant: int = 0) -> bool:
         if n <= DS_PARAM_PERSISTENCE_THRESHOLD:  # persistent: always gathered, never in a round
             return False
         walk.trace.append(n)
         walk.nbytes.append(nbytes or n * compute)
         walk.layer.append(layer)
+        walk.dequant.append(dequant)
         walk.events.append(("use", len(walk.trace) - 1))
         return True
 
@@ -92,7 +95,9 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
                     add(setup.rank * m.d_in if lora else 0, layer)
                     walk.events.extend([("fetch", -1)] if peft else [])
                     released = layer < kept_from or (layer == 0 and m.name in free)
-                    if add(*numel(m)[:1], layer, numel(m)[1]) and released:
+                    dequant = (dequantized_bytes(m, setup.double_quant, compute)
+                               if bits is not None and quantized(m, model_code) else 0)
+                    if add(*numel(m)[:1], layer, numel(m)[1], dequant) and released:
                         walk.events.append(("release", len(walk.trace) - 1))
                     walk.events.extend([("fetch", -1)] * (PEFT_MODULES_PER_TARGET - 1 if peft else 0))
                     add(m.d_out * setup.rank if lora else 0, layer)
@@ -101,6 +106,17 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     walk.events.extend([("fetch", -1), ("fetch", -1)])
     add(model.lm_head_params, layer)
     return walk
+
+
+def dequantized_bytes(m: Linear, double_quant: bool, compute: int) -> int:
+    """Bytes bitsandbytes' ``dequantize_4bit`` (functional.py) holds while a 4-bit linear's forward runs,
+    beside its gathered packed codes: the whole weight in the compute dtype, and under double quantization
+    the nested absmax dequantized to fp32 (one per 64-element block, ``absmax + offset`` made before the
+    weight and freed after it):
+
+    .. math:: D = d_{in} d_{out} c + 4 \\frac{d_{in} d_{out}}{64} [\\text{double quant}]"""
+    numel = m.d_in * m.d_out
+    return numel * compute + (numel // NF4_BLOCK * 4 if double_quant else 0)
 
 
 def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
@@ -140,7 +156,7 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
         # routed experts are fetched as transformers' fused stacks, in rounds of their own
         # (zero3_expert_round.py), not one trace entry per expert
         return 0, 0
-    trace, nbytes, layers, events = forward_walk(model, setup, targets, compute, model_code)
+    trace, nbytes, layers, dequant, events = forward_walk(model, setup, targets, compute, model_code)
     round_of: list[list[int]] = [[] for _ in trace]  # the indices popped in the same round
     popped, available, held_bytes, best, below = 0, 0, 0, 0, 0
     for kind, i in events:
@@ -168,7 +184,8 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
                 popped = i + 1
             if popped == len(trace):
                 r = round_of[i]
-                held = held_bytes + (sum(nbytes[j] for j in r) if len(r) > 1 and i != r[-1] else 0)
+                held = (held_bytes + (sum(nbytes[j] for j in r) if len(r) > 1 and i != r[-1] else 0)
+                        + dequant[i])
                 if held > best:
                     best, below = held, layers[i]
     return best, below
