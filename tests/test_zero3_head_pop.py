@@ -53,7 +53,12 @@ def test_qlora_walks_the_packed_weights() -> None:
     #   (its flat buffer kept until layer 3's gate is fetched), 2 V H + 3 p + 4 q + g bytes
     # - the embedding released (469,762,048), the rotary module's fetch pops 530,237,952 or more: layer 3's
     #   up, down and the head, one round: 3 p + 4 q + g + 2 g + 2 V H bytes gathered, the head among them
-    # - layer 0's q_proj waits for the first round: its flat buffer beside the copies
+    # - layer 0's q_proj waits for the first round: its flat buffer beside the copies until layer 3's gate
+    # - each 4-bit linear's forward dequantizes its weight beside them (bitsandbytes dequantize_4bit): H F
+    #   elements of 2 bytes for gate, with double quantization the fp32 absmax of its H F / 64 blocks,
+    #   138,412,032 bytes; q's H^2 weight only 34,603,008. Layers 0 and 1 are released after their
+    #   forward: at layer 0's gate its q, k, v, o (4 q bytes) are gone, the larger weight dequantized is
+    #   the most: 3,258,974,208 bytes (at q: 3,188,719,616)
     q, g = H * H // 2, H * F // 2
     p = 4 * q + 3 * g
     first_round = 2 * V * H + 3 * p + 4 * q + g
@@ -62,7 +67,27 @@ def test_qlora_walks_the_packed_weights() -> None:
     setup = build_setup(spec, method="qlora", gpus=2, zero=3, gradient_checkpointing=False)
     assert setup.quant_bits == 4
     assert zero3_head_popped_forward(spec, setup, 10**9, frozenset({"q_proj", "v_proj"})) == (
-        gathered + first_round, 0)
+        gathered + first_round - 4 * q + 2 * H * F + 4 * H * F // 64, 0)
+
+
+def test_a_head_over_the_live_limit_pops_beside_the_dequantized_weight() -> None:
+    # Llama-3.1-405B's head, V' H' = 128256 x 16384 = 2,101,346,304 elements, is over
+    # stage3_max_live_parameters (1e9): the prefetch loop (``numel_prefetching < max_params_to_prefetch``)
+    # still pops it whole as its overshoot once releases bring n_available under the limit. Without
+    # double quantization the dequantized weight is the whole weight in the compute dtype (fp32 run: 4
+    # bytes); the run with it holds also the fp32 absmax of its H' F' / 64 blocks, F' = 53248:
+    # 4 x 16384 x 53248 / 64 = 54,525,952 bytes more, at the same linear (layer 1's up_proj, in the
+    # simulation 8016 MiB head + 3328 MiB dequantized up_proj + its 52 MiB absmax)
+    big = dict(model_type="llama", hidden_size=16384, num_hidden_layers=2, num_attention_heads=128,
+               num_key_value_heads=8, intermediate_size=53248, vocab_size=128256, tie_word_embeddings=False)
+    spec = model_from_config(big, "llama-405b-2L")
+    kw = dict(method="qlora", gpus=2, zero=3, gradient_checkpointing=False, precision="fp32")
+    plain = zero3_head_popped_forward(spec, build_setup(spec, double_quant=False, **kw), 10**9,
+                                      frozenset({"up_proj"}), compute=4)
+    nested = zero3_head_popped_forward(spec, build_setup(spec, double_quant=True, **kw), 10**9,
+                                       frozenset({"up_proj"}), compute=4)
+    assert plain[0] > 128256 * 16384 * 4 + 16384 * 53248 * 4
+    assert nested[0] - plain[0] == 4 * 16384 * 53248 // 64
 
 
 def test_partitioned_adapter_matrices_are_weights_of_the_walk() -> None:

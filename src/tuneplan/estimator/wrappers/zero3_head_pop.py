@@ -137,11 +137,13 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
     last weight, is popped at the first fetch after a release brings the weights still to run under ``M``,
     and all of them stay gathered beside it until they run:
 
-    .. math:: G = B_{head} + \\sum_{\\text{linears not yet run}} B + B_r [\\#r > 1]
+    .. math:: G = B_{head} + \\sum_{\\text{linears not yet run}} B + B_r [\\#r > 1] + D
 
     in bytes (``B``), with the round ``r`` the linear's weight came in, when coalesced, held twice: its flat
     buffer stays filed under the round's later weights until the last one is fetched
-    (``AllGatherCoalescedHandle.wait`` gives each weight its copy). (simulate: Qwen3-32B, 4 layers, LoRA on
+    (``AllGatherCoalescedHandle.wait`` gives each weight its copy); ``D`` a 4-bit linear's dequantized
+    weight (:func:`dequantized_bytes`), so the linear where the most is held may be a wider one after more
+    releases. (simulate: Qwen3-32B, 4 layers, LoRA on
     the attention over 8 GPUs: the head's 7.779e8 elements popped at layer 2's first fetch, ``n_available``
     1.7536e9 there, the q, k and v round's 5.24e7-element flat buffer beside it at layer 2's ``q_proj``;
     Qwen2.5-14B, LoRA on the MLP with checkpointing: the head popped after layer 0's ``gate_proj``,
