@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from tuneplan.estimator.bnb_scope import quantized
 from tuneplan.estimator.compute import has_rotary
+from tuneplan.estimator.dequant_time import dequant_library
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
 from tuneplan.estimator.weights import NF4_BLOCK
 from tuneplan.estimator.wrappers.zero3_coordinator import (
@@ -57,6 +58,8 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     walk.events.extend([] if embed_kept else [("release", 0)])
     walk.events.extend([("fetch", -1)] if has_rotary(model) else [])
     bits = setup.quant_bits
+    # torchao's NF4 (torchtune) rebuilds its weights with other ops, LLM.int8 with no whole-weight copy
+    bnb_4bit = bits == 4 and dequant_library(setup, model_code) == "bitsandbytes"
 
     def numel(m: Linear) -> tuple[int, int]:
         if bits is not None and quantized(m, model_code):
@@ -96,7 +99,7 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
                     walk.events.extend([("fetch", -1)] if peft else [])
                     released = layer < kept_from or (layer == 0 and m.name in free)
                     dequant = (dequantized_bytes(m, setup.double_quant, compute)
-                               if bits is not None and quantized(m, model_code) else 0)
+                               if bnb_4bit and quantized(m, model_code) else 0)
                     if add(*numel(m)[:1], layer, numel(m)[1], dequant) and released:
                         walk.events.append(("release", len(walk.trace) - 1))
                     walk.events.extend([("fetch", -1)] * (PEFT_MODULES_PER_TARGET - 1 if peft else 0))
