@@ -3,7 +3,14 @@ counted by hand on a 4-layer untied Llama."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tuneplan.api import build_setup
+from tuneplan.estimator.activations import saved_at
+from tuneplan.estimator.instants import gathered_forward_rows
+from tuneplan.estimator.logits import logits_plan
+from tuneplan.estimator.memory_statics import memory_statics
+from tuneplan.estimator.run import resolve_run
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.specs.model import model_from_config
 
@@ -33,15 +40,16 @@ def test_the_head_is_popped_beside_the_layers_not_yet_run() -> None:
     spec = model_from_config(CFG, "llama-4L-untied")
     setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False)
     targets = frozenset({"q_proj", "v_proj"})
-    # ... and no decoder layer's forward has ended: none of their activations saved yet
+    # ... and no decoder layer's forward has ended: none of their activations saved yet; layer 0 has run
+    # its attention block (up_proj is in its MLP)
     held = V * H + not_yet_run + first_round
-    assert zero3_head_popped_forward(spec, setup, 10**9, targets) == (2 * held, 0)  # 16-bit: 2 bytes
+    assert zero3_head_popped_forward(spec, setup, 10**9, targets) == (2 * held, 0, True)  # 16-bit: 2 bytes
 
 
 def test_no_head_popped_in_the_forward_when_tied() -> None:
     tied = model_from_config({**CFG, "tie_word_embeddings": True}, "llama-4L-tied")
     lora = build_setup(tied, method="lora", gpus=2, zero=3)
-    assert zero3_head_popped_forward(tied, lora, 10**9, frozenset({"q_proj"})) == (0, 0)
+    assert zero3_head_popped_forward(tied, lora, 10**9, frozenset({"q_proj"})) == (0, 0, False)
 
 
 def test_qlora_walks_the_packed_weights() -> None:
@@ -53,7 +61,12 @@ def test_qlora_walks_the_packed_weights() -> None:
     #   (its flat buffer kept until layer 3's gate is fetched), 2 V H + 3 p + 4 q + g bytes
     # - the embedding released (469,762,048), the rotary module's fetch pops 530,237,952 or more: layer 3's
     #   up, down and the head, one round: 3 p + 4 q + g + 2 g + 2 V H bytes gathered, the head among them
-    # - layer 0's q_proj waits for the first round: its flat buffer beside the copies
+    # - layer 0's q_proj waits for the first round: its flat buffer beside the copies until layer 3's gate
+    # - each 4-bit linear's forward dequantizes its weight beside them (bitsandbytes dequantize_4bit): H F
+    #   elements of 2 bytes for gate, with double quantization the fp32 absmax of its H F / 64 blocks,
+    #   138,412,032 bytes; q's H^2 weight only 34,603,008. Layers 0 and 1 are released after their
+    #   forward: at layer 0's gate its q, k, v, o (4 q bytes) are gone, the larger weight dequantized is
+    #   the most: 3,258,974,208 bytes (at q: 3,188,719,616)
     q, g = H * H // 2, H * F // 2
     p = 4 * q + 3 * g
     first_round = 2 * V * H + 3 * p + 4 * q + g
@@ -62,7 +75,27 @@ def test_qlora_walks_the_packed_weights() -> None:
     setup = build_setup(spec, method="qlora", gpus=2, zero=3, gradient_checkpointing=False)
     assert setup.quant_bits == 4
     assert zero3_head_popped_forward(spec, setup, 10**9, frozenset({"q_proj", "v_proj"})) == (
-        gathered + first_round, 0)
+        gathered + first_round - 4 * q + 2 * H * F + 4 * H * F // 64, 0, True)
+
+
+def test_a_head_over_the_live_limit_pops_beside_the_dequantized_weight() -> None:
+    # Llama-3.1-405B's head, V' H' = 128256 x 16384 = 2,101,346,304 elements, is over
+    # stage3_max_live_parameters (1e9): the prefetch loop (``numel_prefetching < max_params_to_prefetch``)
+    # still pops it whole as its overshoot once releases bring n_available under the limit. Without
+    # double quantization the dequantized weight is the whole weight in the compute dtype (fp32 run: 4
+    # bytes); the run with it holds also the fp32 absmax of its H' F' / 64 blocks, F' = 53248:
+    # 4 x 16384 x 53248 / 64 = 54,525,952 bytes more, at the same linear (layer 1's up_proj, in the
+    # simulation 8016 MiB head + 3328 MiB dequantized up_proj + its 52 MiB absmax)
+    big = dict(model_type="llama", hidden_size=16384, num_hidden_layers=2, num_attention_heads=128,
+               num_key_value_heads=8, intermediate_size=53248, vocab_size=128256, tie_word_embeddings=False)
+    spec = model_from_config(big, "llama-405b-2L")
+    kw = dict(method="qlora", gpus=2, zero=3, gradient_checkpointing=False, precision="fp32")
+    plain = zero3_head_popped_forward(spec, build_setup(spec, double_quant=False, **kw), 10**9,
+                                      frozenset({"up_proj"}), compute=4)
+    nested = zero3_head_popped_forward(spec, build_setup(spec, double_quant=True, **kw), 10**9,
+                                       frozenset({"up_proj"}), compute=4)
+    assert plain[0] > 128256 * 16384 * 4 + 16384 * 53248 * 4
+    assert nested[0] - plain[0] == 4 * 16384 * 53248 // 64
 
 
 def test_partitioned_adapter_matrices_are_weights_of_the_walk() -> None:
@@ -82,4 +115,30 @@ def test_partitioned_adapter_matrices_are_weights_of_the_walk() -> None:
     spec = model_from_config(CFG, "llama-4L-untied")
     setup = build_setup(spec, method="lora", rank=64, gpus=2, zero=3, gradient_checkpointing=False)
     assert zero3_head_popped_forward(spec, setup, 10**9, frozenset({"down_proj"})) == (
-        2 * (2 * b + x + y + 3 * p + V * H + first_round), 0)
+        2 * (2 * b + x + y + 3 * p + V * H + first_round), 0, True)
+
+
+def test_the_running_layer_keeps_its_attention_block_at_an_mlp_linear() -> None:
+    # At the head-popped linear the layers below have saved all their activations; the running layer,
+    # when that linear is in its MLP block (transformers' decoder layer runs ``self_attn`` and
+    # ``post_attention_layernorm`` before ``mlp``), has saved everything but its MLP block's share:
+    # top_layer_bytes - mlp_saved_bytes. Checkpointed, a layer keeps nothing of its own until its
+    # backward recomputes it. (simulate, Llama-3.1-405B, 2 layers, QLoRA on q and v, 2 x 512 tokens,
+    # bf16: at layer 1's up_proj, layer 1's attention block 0.24e9 bytes beside layer 0's 0.60e9.)
+    spec = model_from_config(CFG, "llama-4L-untied")
+    for checkpointed in (False, True):
+        run = resolve_run(spec, build_setup(spec, method="qlora", gpus=2, zero=3, batch=2, seq=512,
+                                            gradient_checkpointing=checkpointed))
+        statics = memory_statics(run)
+        acts = saved_at(statics.acts, 2, 512)
+        logits = logits_plan(1024, statics.vocab, statics.logit_bytes, run.loss, 512, statics.hidden,
+                             statics.softmax_keeps_input, statics.softcap, statics.upcast)
+        totals = []
+        for past_attention in (False, True):
+            rows: dict = {}
+            popped = replace(statics, gathered_head_popped=(10**9, 1, past_attention))
+            gathered_forward_rows(rows, run, popped, acts, logits, 0, 0, 0)
+            totals.append(sum(rows["forward_head_popped"]))
+        running = 0 if checkpointed else acts.top_layer_bytes - acts.mlp_saved_bytes
+        assert running >= 0 and totals[1] - totals[0] == running
+        assert checkpointed or running > 0

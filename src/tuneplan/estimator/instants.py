@@ -202,12 +202,16 @@ def gathered_forward_rows(rows: dict[str, Row], run: Run, statics: MemoryStatics
         below_top = saved - acts.tail_bytes - (0 if statics.checkpointed else acts.top_layer_bytes)
         rows["forward_layers_top"] = (earlier_grads, 0, below_top + prev_pinned, statics.autocast_copies,
                                       prev_held, 0, statics.gathered_top_forward)
-    popped, below = statics.gathered_head_popped
+    popped, below, past_attention = statics.gathered_head_popped
     if popped:
         # ZeRO-3 (LoRA / QLoRA): the untied head popped by the prefetcher beside the layers not yet run; the
-        # layers below have saved their share of the activations (wrappers/zero3_head_pop.py)
-        rows["forward_head_popped"] = (earlier_grads, 0, (saved - acts.tail_bytes) * below // statics.n_layers
-                                       + prev_pinned, statics.autocast_copies * below // statics.n_layers,
+        # layers below have saved their share of the activations, the running one (not checkpointed) what
+        # it saved before its MLP block when the linear is in it (wrappers/zero3_head_pop.py)
+        running = (acts.top_layer_bytes - acts.mlp_saved_bytes
+                   if past_attention and not statics.checkpointed else 0)
+        share = statics.n_layers
+        rows["forward_head_popped"] = (earlier_grads, 0, (saved - acts.tail_bytes) * below // share
+                                       + running + prev_pinned, statics.autocast_copies * below // share,
                                        prev_held, 0, popped)
     if statics.gathered_head_forward:
         rows["forward_head"] = (earlier_grads, 0, saved - acts.tail_bytes + prev_pinned,

@@ -97,8 +97,9 @@ class MemoryStatics:
     # a fused routed-expert stack's new weight gradient beside its accumulated buffer, while a MoE layer is
     # back-propagated (expert_stack_gradient_temp)
     # ZeRO-3, LoRA / QLoRA: gathered once the prefetcher popped the untied head in the forward, and the
-    # decoder layers run before it ((0, 0): no instant there; wrappers/zero3_head_pop.py)
-    gathered_head_popped: tuple[int, int] = (0, 0)
+    # decoder layers run before it, whether the running layer is past its attention ((0, 0, False): no
+    # instant there; wrappers/zero3_head_pop.py)
+    gathered_head_popped: tuple[int, int, bool] = (0, 0, False)
     expert_grad_temp: int = 0
     recompute_casts: int = 0  # a checkpointed layer's casts its recomputation saves (weights.recompute_casts)
     recompute_casts_bottom: int = 0  # ... beyond the bottom layer's own gradients (bottom_recompute_casts)

@@ -86,8 +86,9 @@ class Gathered:
     # derived, the layer's backward scratch counted)
     flush_scratch_per_token: int = 0
     # ZeRO-3, LoRA / QLoRA: in the forward once the prefetcher popped the untied head, and the decoder
-    # layers whose forward ran before (their activations saved; (0, 0): no instant there; zero3_head_pop.py)
-    head_popped: tuple[int, int] = (0, 0)
+    # layers whose forward ran before (their activations saved), whether the running layer is past its
+    # attention block ((0, 0, False): no instant there; zero3_head_pop.py)
+    head_popped: tuple[int, int, bool] = (0, 0, False)
     # ZeRO-3's trace-recording pass: at the top layer's backward fetch of its fused experts, before any of
     # its scratch (wrappers/zero3_expert_round.py; 0: no instant there)
     top_layer_backward_fetch: int = 0

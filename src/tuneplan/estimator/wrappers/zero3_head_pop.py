@@ -8,7 +8,9 @@ from typing import NamedTuple
 
 from tuneplan.estimator.bnb_scope import quantized
 from tuneplan.estimator.compute import has_rotary
+from tuneplan.estimator.dequant_time import dequant_library
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
+from tuneplan.estimator.weights import NF4_BLOCK
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
@@ -30,6 +32,8 @@ class ForwardWalk(NamedTuple):
     trace: list[int]
     nbytes: list[int]  # each entry's bytes gathered: a packed 4-bit weight one a trace element
     layer: list[int]  # the decoder layer of each trace entry (-1: the embedding, n: the head)
+    dequant: list[int]  # bytes a 4-bit entry's forward dequantizes beside it (:func:`dequantized_bytes`)
+    in_mlp: list[bool]  # an entry of a layer's MLP block, run after its layer's attention block
     events: list[tuple[str, int]]
 
 
@@ -49,12 +53,14 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     with no backward use; the adapters' matrices, thousands of times smaller, are left gathered. Under
     QLoRA a 4-bit ``Params4bit`` is partitioned as its packed ``uint8`` codes (``ds_numel`` the packed
     count, one byte each: zero3_quantized.gathered_entries); the rest in the ``compute`` dtype."""
-    walk = ForwardWalk([model.embed_params], [model.embed_params * compute], [-1],
+    walk = ForwardWalk([model.embed_params], [model.embed_params * compute], [-1], [0], [False],
                        [("fetch", -1)] * (PEFT_WRAPPERS + 1) + [("use", 0)])
     embed_kept = embedding_used_last(model, setup) and 2 * model.params_total < DS_MAX_REUSE_DISTANCE
     walk.events.extend([] if embed_kept else [("release", 0)])
     walk.events.extend([("fetch", -1)] if has_rotary(model) else [])
     bits = setup.quant_bits
+    # torchao's NF4 (torchtune) rebuilds its weights with other ops, LLM.int8 with no whole-weight copy
+    bnb_4bit = bits == 4 and dequant_library(setup, model_code) == "bitsandbytes"
 
     def numel(m: Linear) -> tuple[int, int]:
         if bits is not None and quantized(m, model_code):
@@ -68,12 +74,14 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     kept_from = model.n_layers - (min(model.n_layers, -(-room // (2 * max(per_layer, 1)))) if room > 0 else 0)
     free = bottom_gradient_free(model, targets) if not setup.gradient_checkpointing else frozenset()
 
-    def add(n: int, layer: int, nbytes: int = 0) -> bool:
+    def add(n: int, layer: int, nbytes: int = 0, dequant: int = 0, in_mlp: bool = False) -> bool:
         if n <= DS_PARAM_PERSISTENCE_THRESHOLD:  # persistent: always gathered, never in a round
             return False
         walk.trace.append(n)
         walk.nbytes.append(nbytes or n * compute)
         walk.layer.append(layer)
+        walk.dequant.append(dequant)
+        walk.in_mlp.append(in_mlp)
         walk.events.append(("use", len(walk.trace) - 1))
         return True
 
@@ -92,7 +100,9 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
                     add(setup.rank * m.d_in if lora else 0, layer)
                     walk.events.extend([("fetch", -1)] if peft else [])
                     released = layer < kept_from or (layer == 0 and m.name in free)
-                    if add(*numel(m)[:1], layer, numel(m)[1]) and released:
+                    dequant = (dequantized_bytes(m, setup.double_quant, compute)
+                               if bnb_4bit and quantized(m, model_code) else 0)
+                    if add(*numel(m)[:1], layer, numel(m)[1], dequant, m.role != "attn") and released:
                         walk.events.append(("release", len(walk.trace) - 1))
                     walk.events.extend([("fetch", -1)] * (PEFT_MODULES_PER_TARGET - 1 if peft else 0))
                     add(m.d_out * setup.rank if lora else 0, layer)
@@ -103,12 +113,24 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     return walk
 
 
+def dequantized_bytes(m: Linear, double_quant: bool, compute: int) -> int:
+    """Bytes bitsandbytes' ``dequantize_4bit`` (functional.py) holds while a 4-bit linear's forward runs,
+    beside its gathered packed codes: the whole weight in the compute dtype, and under double quantization
+    the nested absmax dequantized to fp32 (one per 64-element block, ``absmax + offset`` made before the
+    weight and freed after it):
+
+    .. math:: D = d_{in} d_{out} c + 4 \\frac{d_{in} d_{out}}{64} [\\text{double quant}]"""
+    numel = m.d_in * m.d_out
+    return numel * compute + (numel // NF4_BLOCK * 4 if double_quant else 0)
+
+
 def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
                               targets: frozenset[str], compute: int = 2,
-                              model_code: str = "hf") -> tuple[int, int]:
+                              model_code: str = "hf") -> tuple[int, int, bool]:
     """(bytes ZeRO-3 holds gathered at the decoder linear where the most is gathered once the prefetcher
     has popped the untied head in the forward of a LoRA or QLoRA run, the decoder layers whose forward ran
-    before that linear's): (0, 0) when it pops it only at the head's own fetch, or the run is not one.
+    before that linear's, whether that linear is in its layer's MLP block, past the layer's attention):
+    (0, 0, False) when it pops it only at the head's own fetch, or the run is not one.
     ``compute``: bytes of a 16-bit gathered element; ``model_code``: what bitsandbytes quantizes
     (bnb_scope.quantized).
 
@@ -121,11 +143,13 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
     last weight, is popped at the first fetch after a release brings the weights still to run under ``M``,
     and all of them stay gathered beside it until they run:
 
-    .. math:: G = B_{head} + \\sum_{\\text{linears not yet run}} B + B_r [\\#r > 1]
+    .. math:: G = B_{head} + \\sum_{\\text{linears not yet run}} B + B_r [\\#r > 1] + D
 
     in bytes (``B``), with the round ``r`` the linear's weight came in, when coalesced, held twice: its flat
     buffer stays filed under the round's later weights until the last one is fetched
-    (``AllGatherCoalescedHandle.wait`` gives each weight its copy). (simulate: Qwen3-32B, 4 layers, LoRA on
+    (``AllGatherCoalescedHandle.wait`` gives each weight its copy); ``D`` a 4-bit linear's dequantized
+    weight (:func:`dequantized_bytes`), so the linear where the most is held may be a wider one after more
+    releases. (simulate: Qwen3-32B, 4 layers, LoRA on
     the attention over 8 GPUs: the head's 7.779e8 elements popped at layer 2's first fetch, ``n_available``
     1.7536e9 there, the q, k and v round's 5.24e7-element flat buffer beside it at layer 2's ``q_proj``;
     Qwen2.5-14B, LoRA on the MLP with checkpointing: the head popped after layer 0's ``gate_proj``,
@@ -135,14 +159,14 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
     ``down_proj`` beside the packed weights of layers 2 and 3, ``n_available`` 1.9063e9.)"""
     head = model.lm_head_params
     if setup.method not in ("lora", "qlora") or not head or not model.embed_params:
-        return 0, 0
+        return 0, 0, False
     if any(m.role == "expert" for spec, _ in model.layer_groups for m in spec.linears):
         # routed experts are fetched as transformers' fused stacks, in rounds of their own
         # (zero3_expert_round.py), not one trace entry per expert
-        return 0, 0
-    trace, nbytes, layers, events = forward_walk(model, setup, targets, compute, model_code)
+        return 0, 0, False
+    trace, nbytes, layers, dequant, in_mlp, events = forward_walk(model, setup, targets, compute, model_code)
     round_of: list[list[int]] = [[] for _ in trace]  # the indices popped in the same round
-    popped, available, held_bytes, best, below = 0, 0, 0, 0, 0
+    popped, available, held_bytes, best, below, past_attention = 0, 0, 0, 0, 0, False
     for kind, i in events:
         if kind == "fetch":
             limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
@@ -168,7 +192,8 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
                 popped = i + 1
             if popped == len(trace):
                 r = round_of[i]
-                held = held_bytes + (sum(nbytes[j] for j in r) if len(r) > 1 and i != r[-1] else 0)
+                held = (held_bytes + (sum(nbytes[j] for j in r) if len(r) > 1 and i != r[-1] else 0)
+                        + dequant[i])
                 if held > best:
-                    best, below = held, layers[i]
-    return best, below
+                    best, below, past_attention = held, layers[i], in_mlp[i]
+    return best, below, past_attention
