@@ -247,6 +247,11 @@ def top_layer_terms(statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
     made as its activations are released; the row's total is the larger of its start (all activations and
     the scratch, none of its gradients) and its end (its gradients, its activations gone)."""
     top_grads, top_freed = statics.earlier_grads_in_layer, 0
+    if statics.wrapped.top_layer is None and not statics.wrapped.first_hook_bucket:
+        # no wrapper's top layer: the upper kinds' scratch, every saved cast but the head's, which dies with
+        # the head's backward, run before the top layer's (layer_end_casts.head_and_top_layer_casts)
+        return (top_grads, top_freed, layer_backward_scratch(statics, acts, tokens, upper=True),
+                statics.gathered, statics.autocast_copies - statics.head_top_casts[0])
     # ZeRO-1/2's bucket, made by the first gradient hook: not there yet at the top layer's first fused
     # expert stack when nothing trained precedes it (wrappers/zero.py)
     top_scratch = (layer_backward_scratch(statics, acts, tokens, statics.wrapped.first_hook_bucket)
@@ -280,13 +285,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))
     top, wrapper_rows = statics.wrapped.top_layer, statics.wrapper_rows
-    if top is None and not statics.wrapped.first_hook_bucket:  # no wrapper's top layer (top_layer_terms)
-        top_grads, top_freed, top_scratch, top_gathered, top_casts = (
-            statics.earlier_grads_in_layer, 0, layer_backward_scratch(statics, acts, tokens, upper=True),
-            gathered, statics.autocast_copies)
-    else:
-        top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
-                                                                                     backward_temp)
+    top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
+                                                                                 backward_temp)
     bottom_grads = statics.all_grads_in_layer - embedding_cut
     if statics.checkpointed:
         # the head and the final norm have been back-propagated (their saved tensors released) by the time

@@ -21,6 +21,7 @@ from tuneplan.estimator.wrappers.base import EndOfBackward, Gathered, WrapperMem
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
 from tuneplan.estimator.wrappers.zero_terms import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
+from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 
@@ -271,7 +272,8 @@ def bottom_recompute_casts(run: Run) -> int:
 
 def bottom_own_gradients(run: Run, grads_prev: int) -> int:
     """The bottom layer's own weight gradients, as new tensors, beyond what its recomputed casts already
-    release (bottom_recompute_casts): a full fine-tune on one GPU makes each weight's gradient in the
+    release (bottom_recompute_casts): a full fine-tune on one GPU (or a freeze one, whose backward ends at
+    its lowest trained layer, every weight of it trained) makes each weight's gradient in the
     backward of the op that saved the activations it reads (``MmBackward0`` frees its saved input as it
     returns the weight's gradient), so the bottom layer's row is the larger of its start (its activations,
     none of its gradients) and its end (its gradients, its activations released):
@@ -279,12 +281,25 @@ def bottom_own_gradients(run: Run, grads_prev: int) -> int:
     activations, :math:`C` its casts. 0 where the gradients already exist as buffers (accumulation,
     keep_grads: AccumulateGrad adds into them) or a wrapper moves them (simulate: Llama-2-13b full fp32 at
     2 layers, checkpointed: the bottom layer's end, all its gradients made, 400 MiB under its start)."""
-    setup = run.setup
-    if (setup.method != "full" or setup.world_size > 1 or grads_prev or setup.optimizer_in_backward
-            or not run.model.layer_groups):
+    setup, model = run.setup, run.model
+    if (setup.method not in ("full", "freeze") or setup.world_size > 1 or grads_prev
+            or setup.optimizer_in_backward or not model.layer_groups):
         return 0
-    own = run.model.layer_groups[0][0].params * run.param_plan.trainable_bytes
+    # freeze (weights.add_layers): the last ``freeze_trainable_layers`` layers train whole; the layer below
+    # them gets no gradient, so autograd's backward ends at the lowest trained one
+    lowest = max(0, model.n_layers - setup.freeze_trainable_layers) if setup.method == "freeze" else 0
+    own = layer_at(model, lowest).params * run.param_plan.trainable_bytes
     return max(0, own - (run.param_plan.recompute_cast_bytes if setup.gradient_checkpointing else 0))
+
+
+def layer_at(model: ModelSpec, index: int) -> LayerSpec:
+    """The ``LayerSpec`` of the decoder layer at ``index`` (from the bottom), read through the groups'
+    counts in order."""
+    for spec, count in model.layer_groups:
+        if index < count:
+            return spec
+        index -= count
+    return model.layer_groups[-1][0]
 
 
 def autocast_copy_terms(run: Run) -> tuple[int, int]:

@@ -38,9 +38,35 @@ def zero12_step(run: Run, terms: DeepSpeedTerms) -> tuple[int, int]:
     partition = ceil_div(run.param_plan.trainable_params, run.setup.world_size)
     held = zero12_rank0_params(run, partition) * compute
     flat = partition * compute if compute < 4 else 0
+    norm_held, norm_copy = zero2_norm_moment(run, partition)
+    if norm_held + norm_copy > max(held + flat + terms.fp32_grad_step, terms.step_temp):
+        return norm_held, norm_copy
     if held + flat + terms.fp32_grad_step > terms.step_temp:
         return held, flat + terms.fp32_grad_step
     return 0, terms.step_temp
+
+
+def zero2_norm_moment(run: Run, partition: int) -> tuple[int, int]:
+    """(16-bit gradient bytes, the norm's copy) as ZeRO-2's step takes the gradients' norm, before it
+    flattens them (stage_1_and_2.py ``step`` -> ``scaled_global_norm`` -> ``get_grad_norm_direct``):
+    ``averaged_gradients`` holds one view per parameter overlapping rank 0's slice (``get_flat_partition``)
+    of ``grads_in_partition``, allocated whole (every overlapping parameter counted whole: zero2_partition),
+    and each view is copied to ``get_norm_dtype()`` (fp64) for its norm, one at a time::
+
+        (sum_{p overlapping} n_p b, 8 max_p |p cap slice|)
+
+    (0, 0) for ZeRO-1 or where the module order is not known."""
+    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
+             if run.setup.method == "full" else freeze_module_order(run))
+    if run.setup.zero != 2 or not order:
+        return 0, 0
+    covered = largest = 0
+    for numel in order:
+        if covered >= partition:
+            break
+        largest = max(largest, min(numel, partition - covered))
+        covered += numel
+    return covered * run.dtypes.compute, NORM_BYTES * largest
 
 
 def zero12_rank0_params(run: Run, partition: int) -> int:
