@@ -223,3 +223,27 @@ def test_an_embedding_gradient_that_does_not_fit_reduces_the_fill_before_it_at_i
     epilogue = zero3_epilogue(resolve_run(spec, setup).model, setup, BUCKET, 4, 0)
     assert epilogue is not None
     assert epilogue.reduction_copy == 2_233_565_184
+
+
+def test_a_partition_over_5e8_elements_is_held_as_its_fp32_cast_after_the_fp64_norm_chunks() -> None:
+    # an untied Llama of hidden 4096 and vocab 262144: the head holds V H = 1,073,741,824 elements, over the
+    # bucket, reduced alone in place over 2 GPUs (divisible by 2: no interleaved copy) beside its own 16-bit
+    # gradient and the final norm's (H). With offload_optimizer, _offload_grad_partition_at_boundary takes
+    # the norm of its ceil(V H / 2) = 536,870,912-element partition in fp64 chunks of 2.5e8 (8 x 2.5e8 =
+    # 2,000,000,000 bytes at once, each freed before the next), then casts the whole partition to fp32 for
+    # the CPU optimizer's gradient: 4 x 536,870,912 = 2,147,483,648 bytes, the larger of the two
+    from tuneplan.estimator.wrappers.zero3_flush import offload_boundary_scratch
+
+    big = 262144 * H
+    cfg = dict(model_type="llama", hidden_size=H, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=32, intermediate_size=F, vocab_size=262144, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "llama-wide-vocab")
+    off = build_setup(spec, method="full", gpus=2, zero=3, offload="optimizer")
+    assert zero3_flush_scratch(spec, off, BUCKET, 2) == 2 * big + 4 * 536_870_912 + 2 * H
+    # fp32 gradients need no cast (``.to`` returns the tensor itself): the fp64 chunk alone
+    fp32 = build_setup(spec, method="full", gpus=2, zero=3, offload="optimizer", precision="fp32")
+    assert zero3_flush_scratch(spec, fp32, BUCKET, 4) == 4 * big + 8 * 250_000_000 + 4 * H
+    # below 5e8 elements the chunk stays the larger: 4.9e8 -> max(2e9, 1.96e9); none without the CPU optimizer
+    assert offload_boundary_scratch(off, 490_000_000, 2) == 2_000_000_000
+    assert offload_boundary_scratch(off, 100, 2) == 800
+    assert offload_boundary_scratch(build_setup(spec, method="full", gpus=2, zero=3), 536_870_912, 2) == 0

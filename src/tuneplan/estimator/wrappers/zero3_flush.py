@@ -186,6 +186,25 @@ def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_b
     return held + prefetch_bucket + largest
 
 
+def offload_boundary_scratch(setup: TrainSetup, partition: int, compute: int) -> int:
+    """Bytes ``_offload_grad_partition_at_boundary`` (DeepSpeed 0.19.8 stage3.py, ``offload_optimizer`` at
+    the accumulation boundary) holds at once for a gradient partition of ``partition`` elements (0 without
+    the CPU optimizer). It first takes the partition's norm (``_constant_buffered_norm2``: chunks of
+    ``buffer_size`` = 2.5e8 elements, each ``.to(get_norm_dtype())``, fp64, freed before the next), then
+    casts the whole partition to ``master_weights_and_grads_dtype`` (fp32) on the device for the copy into
+    the CPU optimizer's flat gradient (``fp32_grad_tensor.copy_(grad_buffer.to(dtype=...))``), a new tensor
+    unless the gradient is fp32 already; the two are never live together:
+
+    .. math:: S = \\max(8 \\min(p, 2.5 \\cdot 10^8),\\ 4 p\\,[c \\neq 4])
+
+    so the cast is the larger from a partition of 5e8 elements on. (simulate: Qwen2.5-72B, 2 layers, full
+    over 2 GPUs, CPU optimizer and parameters: the embedding's 622,854,144-element partition cast to fp32,
+    2.49e9 bytes, beside its 16-bit gradient and gathered weight in the epilogue, the step's peak.)"""
+    if setup.offload not in ("optimizer", "all"):
+        return 0
+    return max(8 * min(partition, DS_NORM_CHUNK), 4 * partition if compute != 4 else 0)
+
+
 def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, compute: int) -> int:
     """Bytes beside the bucket while its first reduction in the backward runs (zero3_bucket_flush; 0 when
     there is none): the reduce-scatter's interleaved copy, and with ``offload_optimizer`` the fp64 chunk of
@@ -198,7 +217,8 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     returns are views of that tensor, live through ``partition_grads``. There, with ``offload_optimizer``,
     at the accumulation boundary, ``_offload_grad_partition_at_boundary`` -> ``_constant_buffered_norm2``
     takes each partition's norm chunk by chunk of ``buffer_size`` = 2.5e8 elements converted to fp64
-    (zero/utils.py ``get_norm_dtype``): ``8 min(ceil(P_max / N), 2.5e8)`` bytes at once."""
+    (zero/utils.py ``get_norm_dtype``): ``8 min(ceil(P_max / N), 2.5e8)`` bytes at once, or the partition's
+    fp32 cast after it when larger (:func:`offload_boundary_scratch`)."""
     if not zero3_bucket_flush(model, setup, reduce_bucket):
         return 0
     turns = zero3_backward_turns(model, setup)
@@ -209,7 +229,7 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     # a gradient larger than the bucket is not copied into it (``__add_grad_to_ipg_bucket`` copies only
     # what fits): its own tensor lives until ``partition_grads`` drops ``param.grad``
     own = fill[0] * compute if fill[0] > reduce_bucket else 0
-    norm = 8 * min(-(-max(fill) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
+    norm = offload_boundary_scratch(setup, -(-max(fill) // ws), compute)
     # the gradient whose hook runs the reduction (``reduce_independent_p_g_buckets_and_remove_grads``, before
     # ``__add_grad_to_ipg_bucket`` copies it in): its ``param.grad`` live beside it, with those of its leaf
     # MoE block still to be handled (zero3_backward_turns)
@@ -228,7 +248,8 @@ def zero3_epilogue(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, comp
     :func:`zero3_flush_scratch` reads the first reduction: ``reduce_scatter_coalesced``'s ``torch.cat``
     of the padded chunks (``sum ceil(P_i / N) N`` elements in the 16-bit dtype, none for a single gradient
     divisible by ``N``), and with ``offload_optimizer`` ``_constant_buffered_norm2``'s fp64 chunk,
-    ``8 min(ceil(P_max / N), 2.5e8)`` bytes. Beside them the bucket and what is still gathered: the
+    ``8 min(ceil(P_max / N), 2.5e8)`` bytes, or the partition's fp32 cast when larger
+    (:func:`offload_boundary_scratch`). Beside them the bucket and what is still gathered: the
     embedding, whose weight its backward fetched and which no post-backward hook releases (its input, the
     token ids, does not require grad, so DeepSpeed's backward-release function never runs on it; the
     coordinator's ``release_and_reset_all`` frees it after the step):
@@ -254,7 +275,7 @@ def zero3_epilogue(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, comp
     copy = 0 if single else sum(-(-n // ws) * ws for n in last) * compute
     # a gradient larger than the bucket is not copied into it: its own tensor lives until partition_grads
     own = last[0] * compute if len(last) == 1 and last[0] > reduce_bucket else 0
-    norm = 8 * min(-(-max(last) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
+    norm = offload_boundary_scratch(setup, -(-max(last) // ws), compute)
     moment = own + copy + norm
     if len(members) > 1 and last == [model.embed_params]:
         # the embedding's gradient, the last, did not fit: its hook reduced the fill before it, beside it
@@ -262,6 +283,6 @@ def zero3_epilogue(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, comp
         copy = sum(-(-n // ws) * ws for n in before) * compute
         if len(before) == 1 and before[0] % ws == 0:
             copy = before[0] * compute if before[0] > reduce_bucket else 0
-        norm = 8 * min(-(-max(before) // ws), DS_NORM_CHUNK) if setup.offload in ("optimizer", "all") else 0
+        norm = offload_boundary_scratch(setup, -(-max(before) // ws), compute)
         moment = max(moment, copy + norm + model.embed_params * compute)
     return Epilogue(gradients=buffers, reduction_copy=moment, gathered=model.embed_params * compute)
