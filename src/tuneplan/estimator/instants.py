@@ -347,7 +347,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row
     if wrapper_rows:
-        reduction_rows(rows, statics, held, bottom_acts, bottom_held)
+        reduction_rows(rows, statics, held, (saved - acts.tail_bytes, bottom_acts), bottom_held)
 
 
 def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any, unmade: int = 0,

@@ -54,12 +54,17 @@ def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activati
     return (bottom[0] - bucket, *bottom[1:])
 
 
-def reduction_rows(rows: dict[str, Row], statics: MemoryStatics, held: Any, bottom_acts: Any,
+def reduction_rows(rows: dict[str, Row], statics: MemoryStatics, held: Any, acts: tuple[Any, Any],
                    bottom_held: Any) -> None:
-    """The wrappers' own rows at the backward's end: ZeRO-2's reductions in the layers, ZeRO-1/2's last
+    """The wrappers' own rows at the backward's end: ZeRO-2's reductions in the layers (``acts``: the
+    activations at the head's, every one saved but the head's, and the bottom layer's), ZeRO-1/2's last
     reductions and FSDP's last unit (which replaces the embedding's row)."""
+    head_acts, bottom_acts = acts
     if statics.wrapped.layers_backward:  # ZeRO-2's reductions in the layers (wrappers/zero2_partition.py)
         rows["backward_reductions"] = (statics.wrapped.layers_backward, 0, bottom_acts, 0, bottom_held, 0, 0)
+    if statics.wrapped.head_backward:  # the head's, before any layer's backward released an activation
+        rows["backward_head_reductions"] = (statics.wrapped.head_backward, 0, head_acts,
+                                            statics.autocast_copies, held, 0, 0)
     epilogue = statics.wrapped.epilogue
     if epilogue is not None:  # ZeRO's last reductions (wrappers/zero12_reductions.py, zero3_flush.py)
         rows["backward_epilogue"] = (epilogue.gradients, 0, 0, 0, 0, epilogue.reduction_copy,

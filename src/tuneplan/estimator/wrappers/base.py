@@ -175,6 +175,8 @@ class WrapperMemory:
     # gradient and buffer bytes at the largest moment of ZeRO-2's reductions in the layers' backward
     # (wrappers/zero2_partition.py), beside the bottom layer's activations; 0: no instant there
     layers_backward: int = 0
+    # that moment over the head's gradients alone, before any layer's backward: beside every saved activation
+    head_backward: int = 0
     bottom_layer_trains: bool = True  # FSDP2's bottom layer row: its own gradients made, activations freed
     # ZeRO-1/2: the IPG bucket the backward's first gradient hook allocates (setup_buckets), counted in the
     # layers' rows but absent at the top layer's fused expert stack where no trained tensor precedes it

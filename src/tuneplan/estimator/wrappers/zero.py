@@ -155,9 +155,9 @@ class ZeroOneTwo(Zero):
         # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
         held = offload_grad_buffer + buffers
-        epilogue, in_layers, kept, made = (
+        epilogue, in_layers, kept, made, at_head = (
             zero2_backward(run, terms.reduce_bucket, held, g_live) if self.partitions_gradients  # ZeRO-2
-            else (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, False))
+            else (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, False, 0))
         # without accumulation, where no reduction of the layers' backward holds this rank's gradients, the
         # partition is made only by the epilogue: the layers' rows lack it
         lack = 0 if made or kept or not self.partitions_gradients else g_live
@@ -177,7 +177,7 @@ class ZeroOneTwo(Zero):
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers,
                                      through_forward=through, missing_at_bottom=lack),
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
-                             layers_backward=in_layers, initialize=max(
+                             layers_backward=in_layers, head_backward=at_head, initialize=max(
                                  zero12_initialize_bytes(run), zero12_flatten_bytes(run, terms.weights16)),
                              first_hook_bucket=buffers if setup.is_lora and not through else 0,
                              bottom_layer=zero1_bottom_layer(run),

@@ -223,6 +223,31 @@ def zero1_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> 
     return Epilogue(gradients=max(grads16 - moved * compute, 0) + buffers + rank0 * compute, reduction_copy=0)
 
 
+def flat_copy_elements(start: int, elements: int, partition: int, reduce_bucket: int) -> int:
+    """Elements of the largest 16-bit copy a ZeRO-2 reduction of the flat group's range ``[start, start +
+    elements)`` makes, 0 where it makes none.
+
+    DeepSpeed 0.19.8, stage_1_and_2.py ``average_tensor``: the range is cut into one slice per rank whose
+    partition (``partition`` elements, the flat group's 1/N) it overlaps, consecutive pieces of one rank's
+    merged; ``allreduce_and_scatter`` gathers the slices into groups, each closed once its elements pass
+    ``reduce_bucket_size``, and ``allreduce_bucket`` flattens each group (``self.flatten``: torch's
+    ``flatten_dense_tensors`` is a view of a lone slice, ``cat`` of several). A range inside one partition
+    is never copied; the lm_head of Meta-Llama-3-8B over 8 GPUs, 525,336,576 elements across three ranks'
+    partitions of 240,390,656, is copied whole (simulate: ``cat``)."""
+    slices, first = [], start
+    while first < start + elements:
+        end = min((first // partition + 1) * partition, start + elements)
+        slices.append(end - first)
+        first = end
+    largest = group = count = 0
+    for piece in slices:
+        group, count = group + piece, count + 1
+        if group > reduce_bucket:
+            largest = max(largest, group if count > 1 else 0)
+            group = count = 0
+    return max(largest, group if count > 1 else 0)
+
+
 def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -> Epilogue | None:
     """ZeRO-2's last gradient reductions, with every activation released (None where the order in which the
     trainable gradients reach the bucket is not known: a partial fine-tune wider than the bucket): the larger
@@ -259,9 +284,10 @@ def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -
     # the last reduction holds the token embedding's gradient, first in the flat group: in rank 0's slice
     params = run.param_plan
     largest = run.model.embed_params if run.setup.method == "full" else params.largest_trainable_tensor
-    # one tensor reduced alone is not copied: torch's flatten_dense_tensors (``_flatten_dense_tensors``,
-    # DeepSpeed's ``self.flatten``) returns a single tensor's own contiguous view, ``cat`` only for several
-    copied = 0 if outside else last * compute
+    # an oversized tensor reduced alone, the flat group's first (rank 0's slice at offset 0), is copied only
+    # where it overlaps several ranks' partitions (flat_copy_elements)
+    copied = (flat_copy_elements(0, last, ceil_div(run.param_plan.trainable_params, setup.world_size),
+                                 reduce_bucket) if outside else last) * compute
     # this backward's ``grads_in_partition`` is made by the first reduction holding a parameter of rank 0's
     # slice, the flat group's first 1/N (module order; the backward reduces from its end): held_by(n), a
     # reduction among the first n of this backward (``copy_grads_in_partition`` only for

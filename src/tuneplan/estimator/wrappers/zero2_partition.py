@@ -33,7 +33,11 @@ from typing import TYPE_CHECKING
 
 from tuneplan.estimator.wrappers.base import Epilogue
 from tuneplan.estimator.wrappers.reduce_buckets import layer_tensors
-from tuneplan.estimator.wrappers.zero12_reductions import layers_in_module_order, zero2_epilogue
+from tuneplan.estimator.wrappers.zero12_reductions import (
+    flat_copy_elements,
+    layers_in_module_order,
+    zero2_epilogue,
+)
 from tuneplan.estimator.xp import ceil_div
 
 if TYPE_CHECKING:
@@ -65,41 +69,53 @@ def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
     return sizes, [i for i in backward if sizes[i]]
 
 
-def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -> tuple[int, bool]:
-    """(:math:`\\max(g \\cdot b + [\\text{made}] P)` of the module docstring in bytes, whether the partition
-    is made before the epilogue): walk the gradients in the order their hooks fire through the bucket. A
-    LoRA run: (0, whether its adapters overflow one bucket; each is small beside it)."""
+def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -> tuple[int, bool, int]:
+    """(:math:`\max(g \cdot b + [\text{made}] P)` of the module docstring in bytes, whether the partition
+    is made before the epilogue, that maximum over the head's gradients only, reached before any layer is
+    back-propagated): walk the gradients in the order their hooks fire through the bucket. A reduction
+    adds its flat copy (zero12_reductions.flat_copy_elements: the bucket's range of the flat group) beside
+    the gradient that set it off; ``copy_grads_in_partition`` runs after that copy is freed. A LoRA run:
+    (0, whether its adapters overflow one bucket; each is small beside it, 0)."""
     if run.setup.method not in ("full", "freeze"):
-        return 0, run.param_plan.trainable_params > reduce_bucket
+        return 0, run.param_plan.trainable_params > reduce_bucket, 0
     sizes, backward = trained_tensors(run)
     partition, start, mine = ceil_div(run.param_plan.trainable_params, run.setup.world_size), 0, set()
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     for i, n in enumerate(sizes):  # this rank's (rank 0's): the tensors overlapping the flat group's start
         if start >= partition:
             break
         mine.add(i)
         start += n
+    head = {len(sizes) - 1, len(sizes) - 2} if run.setup.method == "full" else set()
     members: list[int] = []
-    pending = elements = moment = 0
+    pending = elements = moment = at_head = 0
     made = False
     for i in backward:
-        n = sizes[i]
-        moment = max(moment, (pending + n) * run.dtypes.compute + (partition_bytes if made else 0))
+        n, compute = sizes[i], run.dtypes.compute
+        arrival = (pending + n) * compute + (partition_bytes if made else 0)
         if members and elements + n > reduce_bucket:
+            first = min(offsets[m] for m in members)
+            copy = flat_copy_elements(first, max(offsets[m] + sizes[m] for m in members) - first, partition,
+                                      reduce_bucket)
+            arrival += copy * compute
             if not made and mine.intersection(members):
                 made = True
-                moment = max(moment, (pending + n) * run.dtypes.compute + partition_bytes)
+                arrival = max(arrival, (pending + n) * compute + partition_bytes)
             members, pending, elements = [], 0, 0
+        moment = max(moment, arrival)
+        at_head = max(at_head, arrival) if i in head else at_head
         members.append(i)
         elements += n
         pending = n if n > reduce_bucket else 0
-    return moment, made
+    return moment, made, at_head
 
 
 def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
-                   partition_bytes: int) -> tuple[Epilogue | None, int, int, bool]:
+                   partition_bytes: int) -> tuple[Epilogue | None, int, int, bool, int]:
     """(ZeRO-2's epilogue, :math:`G` (the bytes of gradients and buffers at the largest moment of its
     layers' backward; 0 where it is not modelled), :math:`P_\\text{old}`, whether a reduction of the
-    layers' backward makes :math:`P`): the epilogue and :math:`G` with the partition an accumulation keeps
+    layers' backward makes :math:`P`, :math:`G` at the head's gradients alone, before any layer's
+    backward: 0 where none of its moments is modelled): the epilogue and :math:`G` with the partition an accumulation keeps
     (a later micro-batch's: none where the run's first micro-batch is its longest, the peak's), the
     epilogue's reductions running before it is dropped (``independent_gradient_partition_epilogue``). The
     layers' rows count one partition (the kept one, or :math:`P` once made). With offload the partitions
@@ -108,6 +124,7 @@ def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
     kept = partition_bytes if setup.grad_accum > 1 and not setup.longest_batch_first else 0
     epilogue = zero2_epilogue(run, reduce_bucket, buffers + kept, partition_bytes)
     if setup.offload != "none":
-        return epilogue, 0, kept, False
-    moment, made = layers_backward_moment(run, reduce_bucket, partition_bytes)
-    return epilogue, kept + buffers + moment if moment else 0, kept, made
+        return epilogue, 0, kept, False, 0
+    moment, made, at_head = layers_backward_moment(run, reduce_bucket, partition_bytes)
+    return (epilogue, kept + buffers + moment if moment else 0, kept, made,
+            kept + buffers + at_head if at_head else 0)
