@@ -70,7 +70,7 @@ def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
 
 
 def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -> tuple[int, bool, int]:
-    """(:math:`\max(g \cdot b + [\text{made}] P)` of the module docstring in bytes, whether the partition
+    """(:math:`\\max(g \\cdot b + [\\text{made}] P)` of the module docstring in bytes, whether the partition
     is made before the epilogue, that maximum over the head's gradients only, reached before any layer is
     back-propagated): walk the gradients in the order their hooks fire through the bucket. A reduction
     adds its flat copy (zero12_reductions.flat_copy_elements: the bucket's range of the flat group) beside
