@@ -115,7 +115,7 @@ def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
     """(ZeRO-2's epilogue, :math:`G` (the bytes of gradients and buffers at the largest moment of its
     layers' backward; 0 where it is not modelled), :math:`P_\\text{old}`, whether a reduction of the
     layers' backward makes :math:`P`, :math:`G` at the head's gradients alone, before any layer's
-    backward: 0 where none of its moments is modelled): the epilogue and :math:`G` with the partition an accumulation keeps
+    backward, 0 where not modelled): the epilogue and :math:`G` with the partition an accumulation keeps
     (a later micro-batch's: none where the run's first micro-batch is its longest, the peak's), the
     epilogue's reductions running before it is dropped (``independent_gradient_partition_epilogue``). The
     layers' rows count one partition (the kept one, or :math:`P` once made). With offload the partitions
