@@ -89,7 +89,10 @@ def test_the_loss_holds_max_live_plus_a_layer_parameter_not_the_head() -> None:
     # checkpointing: the backward uses the head (V H = 536,870,912), the final norm (H), 4 layers of
     # 4 H^2 + 3 H F + 2 H = 268,443,648 each and, last, the embedding (V H): 2,684,383,232 in all.
     # Before the embedding 2,147,512,320 >= stage3_max_live_parameters (1e9): a layer parameter crosses
-    # the limit, at most the largest one (H F = 67,108,864), not the head: 1,067,108,864 at the loss.
+    # the limit, not the head. The queue after the head, the top layer's recompute in forward order (q k v
+    # o: H^2 = 16,777,216 each; gate up down: H F = 67,108,864 each; the norms and rank-16 LoRA matrices,
+    # 65,536 at most, persistent), then layer 2's: 536,870,912 + 4 H^2 + 3 H F = 805,306,368, + 4 H^2 =
+    # 872,415,232, + gate = 939,524,096 (< 1e9), + up = 1,006,632,960: up crosses, held at the loss.
     from tuneplan.specs.model import model_from_config
 
     h, f, v = 4096, 16384, 131072
@@ -99,7 +102,7 @@ def test_the_loss_holds_max_live_plus_a_layer_parameter_not_the_head() -> None:
     setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True)
     assert zero3_backward_uses(spec, setup) == 2 * v * h + h + 4 * (4 * h * h + 3 * h * f + 2 * h)
     assert zero3_gathered_ahead(spec, setup, 50_000_000, frozenset({"q_proj", "v_proj"})) == (
-        1_000_000_000 + h * f)
+        v * h + 8 * h * h + 5 * h * f) == 1_006_632_960
 
 
 def test_everything_is_gathered_when_all_but_the_embedding_fits_under_max_live() -> None:
@@ -348,3 +351,22 @@ def test_a_partitioned_lora_b_of_the_top_linear_joins_the_heads_round() -> None:
     every = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
     assert zero3_head_round(spec, 50_000_000, setup, every) == 64 * h + v * h
     assert zero3_head_round(spec, 50_000_000, setup) == 0
+
+
+def test_the_loss_holds_the_backward_queue_up_to_the_parameter_crossing_max_live() -> None:
+    # Llama-2-70b widths (h 8192, 64 heads, 8 KV heads of 128, f 28672, vocab 32000), 2 layers, LoRA on q/v
+    # (rank 8: lora_A 8 x 8192 = 65,536, lora_B at most 65,536, persistent) without checkpointing over 2 GPUs.
+    # The backward fetches the head (32000 x 8192 = 262,144,000), then the top layer in reverse: down, up,
+    # gate (8192 x 28672 = 234,881,024 each), o (67,108,864), v, k (8,388,608), q. Running sum: 262.1e6,
+    # 497.0e6, 731.9e6, 966.8e6 (< 1e9), + o = 1,033,895,936 >= 1e9: o_proj crosses, and that is what the
+    # loss holds, not 1e9 plus the largest parameter (1.2349e9).
+    from tuneplan.estimator.wrappers.zero3_coordinator import zero3_gathered_ahead
+    from tuneplan.specs.profiles import model_as_built
+
+    cfg = dict(model_type="llama", hidden_size=8192, num_hidden_layers=2, num_attention_heads=64,
+               num_key_value_heads=8, intermediate_size=28672, vocab_size=32000, tie_word_embeddings=False)
+    spec = model_as_built(model_from_config(cfg, "llama70-2L"), "hf")
+    setup = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=False, rank=8)
+    head, mlp, o = 32000 * 8192, 8192 * 28672, 8192 * 8192
+    targets = frozenset({"q_proj", "v_proj"})
+    assert zero3_gathered_ahead(spec, setup, 50_000_000, targets) == head + 3 * mlp + o == 1_033_895_936

@@ -75,20 +75,52 @@ def test_the_first_complete_pass_gathers_the_embedding_with_the_persistent_param
                num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
     spec = model_as_built(model_from_config(cfg, "llama-2L"), "hf", 2)
     assert spec.lm_head_params == 2 * h
-    ckpt = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2)
+    # (two micro-batches per step: that first complete pass is the first step's second micro-batch)
+    ckpt = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2,
+                       grad_accum=2)
     targets = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
     assert zero3_first_pass_embedding_round(spec, ckpt, 50_000_000, targets) == v * h
     # without checkpointing the frozen embedding has no backward use
-    plain = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=False, num_labels=2)
+    plain = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=False, num_labels=2,
+                        grad_accum=2)
     assert zero3_first_pass_embedding_round(spec, plain, 50_000_000, targets) == 0
     # one layer: 3 x 268,443,648 < 1e9, the embedding stays gathered from its forward to its backward
     one = model_as_built(model_from_config({**cfg, "num_hidden_layers": 1}, "llama-1L"), "hf", 2)
-    one_setup = build_setup(one, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2)
+    one_setup = build_setup(one, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2,
+                            grad_accum=2)
     assert zero3_first_pass_embedding_round(one, one_setup, 50_000_000, targets) == 0
     # an LM head (V H, far over the persistence threshold) ends its own round before the embedding's
     lm = model_from_config(cfg, "llama-2L-lm")
-    lm_setup = build_setup(lm, method="lora", gpus=4, zero=3, gradient_checkpointing=True)
+    lm_setup = build_setup(lm, method="lora", gpus=4, zero=3, gradient_checkpointing=True, grad_accum=2)
     assert zero3_first_pass_embedding_round(lm, lm_setup, 50_000_000, targets) == 0
+
+
+def test_after_a_step_the_embedding_round_holds_what_the_forward_trace_left() -> None:
+    # One micro-batch per step: the first complete pass is the second step's, after the first step's
+    # DeepSpeedZeroOptimizer_Stage3._post_step gathered the persistent parameters again (the final norm, the
+    # 2 H = 8,192-element head, LoRA matrices of at most 1e5 elements). Llama (h 4096, 32 heads, 8 KV heads,
+    # f 14336, vocab 128256, E = 525,336,576), 2 layers, LoRA with checkpointing over 2 GPUs.
+    h, f, v = 4096, 14336, 128256
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=f, vocab_size=v, tie_word_embeddings=False)
+    spec = model_as_built(model_from_config(cfg, "llama31-2L"), "hf", 2)
+    # rank 8 on q/v: every LoRA matrix (at most 8 x 4096 = 32,768) persistent. Per layer q 16,777,216,
+    # k v 4,194,304, o 16,777,216, gate up down 58,720,256; the 5e7 rounds: [E], then per layer
+    # [q k v o gate] (4.19e7 < 5e7 before gate), [up], [down]: the embedding's backward use starts a round
+    # of its own, gathered into its own storage (no flat buffer, no copy)
+    qv = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True, num_labels=2, rank=8)
+    assert zero3_first_pass_embedding_round(spec, qv, 50_000_000, frozenset({"q_proj", "v_proj"})) == 0
+    # (before any step, two micro-batches: the norm and the head start the round, its flat buffer E)
+    two = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True, num_labels=2, rank=8,
+                      grad_accum=2)
+    assert zero3_first_pass_embedding_round(spec, two, 50_000_000, frozenset({"q_proj", "v_proj"})) == v * h
+    # rank 128 on down_proj: lora_A 128 x 14336 = 1,835,008 before the weight, lora_B 4096 x 128 = 524,288
+    # after it, both partitioned. Layer 0: [q k v o gate], [up], [A W] (6.06e7); layer 1: [B(0) q k v o
+    # gate] (5.2e5 + 4.19e7 < 5e7 before gate), [up], [A W]; then [B(1), E]: a coalesced round, its flat
+    # buffer 524,288 + 525,336,576 = 525,860,864 elements held beside the copies
+    down = build_setup(spec, method="lora", gpus=2, zero=3, gradient_checkpointing=True, num_labels=2,
+                       rank=128)
+    assert zero3_first_pass_embedding_round(spec, down, 50_000_000, frozenset({"down_proj"})) == 525_860_864
 
 
 def test_the_bottom_layer_outside_the_graph_is_not_fetched_again_nor_kept() -> None:
@@ -180,11 +212,13 @@ def test_the_first_pass_embedding_round_waited_in_the_bottom_layer() -> None:
     # the GPT-NeoX-like 2-layer stand-in of the test above (qkv 5.03e7, dense 1.68e7, up and down 6.71e7):
     # rounds [E], [qkv], [dense up], [down] twice, [head]: 8, popped at fetch 9, before the bottom layer's
     # query_key_value (fetch 10 under PEFT: four wrappers, embedding, layer, norm, attention, the LoRA
-    # linear and its base layer): the round of the final norm and the head, held from the forward
+    # linear and its base layer): the round of the final norm and the head, held from the forward (two
+    # micro-batches per step: the norm and the head not yet gathered again by a step)
     neox = dict(model_type="gpt_neox", hidden_size=h, num_hidden_layers=2, num_attention_heads=32,
                 intermediate_size=4 * h, vocab_size=50688, tie_word_embeddings=False)
     small = model_as_built(model_from_config(neox, "neox-2L"), "hf", 2)
-    lora = build_setup(small, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2)
+    lora = build_setup(small, method="lora", gpus=4, zero=3, gradient_checkpointing=True, num_labels=2,
+                       grad_accum=2)
     assert zero3_first_pass_round(small, lora, 50_000_000, frozenset({"query_key_value"})) == (50688 * h, 0)
 
 

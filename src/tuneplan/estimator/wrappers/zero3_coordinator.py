@@ -82,9 +82,13 @@ def zero3_gathered_ahead(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     if (layer_fetches(model, targets) * prefetch_bucket < model.largest_layer_params
             or setup.method == "qlora" or tied_embedding_fills_live(model)):
         return 0
+    from tuneplan.estimator.wrappers.zero3_loss_crossing import zero3_reach_at_loss
+
     queued = zero3_backward_uses(model, setup, targets)
     tied = tied_reach_at_loss(model, setup, queued)
-    return prefetch_reach(model, setup, queued) if tied is None else tied
+    if tied is not None:
+        return tied
+    return zero3_reach_at_loss(model, setup, targets, prefetch_reach(model, setup, queued))
 
 
 def layer_fetches(model: ModelSpec, targets: frozenset[str]) -> int:

@@ -65,10 +65,48 @@ def zero3_first_pass_embedding_round(model: ModelSpec, setup: TrainSetup, prefet
     parameters stay gathered and the embedding is gathered alone (no copy). (simulate:
     stablelm-base-alpha-3b, 2 layers, LoRA with checkpointing and a 2-label head over 4 GPUs: a
     207.67e6-element buffer beside the embedding's 207.62e6 copy through the second micro-batch's
-    backward.)"""
+    backward.)
+
+    With one micro-batch per step the first pass with a complete trace is the second step's, and
+    ``DeepSpeedZeroOptimizer_Stage3._post_step`` has gathered the persistent parameters again after the
+    first step: the embedding's round is what the forward trace's last round left of the partitioned
+    parameters (:func:`embedding_round_after_step`)."""
     if model.lm_head_params > DS_PARAM_PERSISTENCE_THRESHOLD:
         return 0  # an LM head ends its own round before the embedding's
-    return model.embed_params if embedding_regathered(model, setup, prefetch_bucket, targets) else 0
+    if not embedding_regathered(model, setup, prefetch_bucket, targets):
+        return 0
+    if setup.grad_accum < 2:
+        return embedding_round_after_step(model, setup, prefetch_bucket, targets)
+    return model.embed_params
+
+
+def embedding_round_after_step(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                               targets: frozenset[str] = frozenset()) -> int:
+    """Elements of the flat buffer of the embedding's backward round in the second step's forward, when
+    the persistent parameters (the final norm, a classifier head, LoRA matrices of at most
+    ``stage3_param_persistence_threshold`` elements) are gathered since the first step's ``_post_step``:
+    0 when the embedding is alone in its round.
+
+    The prefetcher's queue after the forward trace's partitioned parameters
+    (zero3_coordinator.forward_trace, the head left out) holds the embedding's backward use; the round
+    that pops it begins with what the previous round left (:func:`prefetch_rounds`). Alone, it is
+    gathered into its own storage (``all_gather_coalesced``'s single-parameter path: no flat buffer, no
+    copy), already counted among the gathered parameters; after the top layer's last partitioned
+    parameter ``p`` (a LoRA ``lora_B`` over the threshold), the round is coalesced and its flat buffer
+    is held beside the copies until the embedding's backward fetch. (simulate: Llama-3.1-8B,
+    2 layers, LoRA of rank 8 with checkpointing and a 2-label head over 2 GPUs: the 525.34e6-element
+    embedding alone, popped at layer 0's input norm; Yi-1.5-6B, 3 layers, rank 128: a 262.67e6-element
+    flat buffer, the embedding and the top ``down_proj``'s 524,288-element ``lora_B``.)
+
+    .. math:: G = \\begin{cases} 0 & \\text{alone} \\\\ E + p & \\text{coalesced} \\end{cases}"""
+    lora = setup.method == "lora"
+    trace = forward_trace(model, setup.rank if lora else 0, targets)
+    if model.lm_head_params and trace and trace[-1] == model.lm_head_params:
+        trace = trace[:-1]  # the head is persistent here (its size is checked by the caller)
+    rounds = prefetch_rounds(trace + [model.embed_params], prefetch_bucket)
+    if sum(map(len, rounds)) < len(trace) + 1 or len(rounds[-1]) < 2:
+        return 0
+    return sum(rounds[-1])
 
 
 def embedding_round_late(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
