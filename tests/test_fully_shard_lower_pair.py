@@ -38,5 +38,5 @@ def test_the_frozen_dense_layer_below_the_trained_moe_layers_is_prefetched_at_it
 
 
 def test_with_every_layer_trained_the_pair_is_bounded_by_the_largest_layer() -> None:
-    # every layer trained: the row bounds any layer's backward, two MoE layers unsharded beside one's gradients
+    # every layer trained: the row bounds any layer's backward, two MoE layers unsharded beside one's grads
     assert gathered(5) == 2 * MOE + 2 * MOE + 2 * MOE
