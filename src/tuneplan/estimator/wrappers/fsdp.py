@@ -57,6 +57,7 @@ from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
 from tuneplan.estimator.wrappers.fully_shard import (
     bottom_layer_trains,
     fully_shard_terms,
+    lower_layers_gathered,
     tail_reduce_scatter,
 )
 from tuneplan.estimator.wrappers.fully_shard_accumulation import accumulated_backward
@@ -275,8 +276,10 @@ class Fsdp2(Fsdp):
         # with two layers the second layer's backward is the top one's: the only reduce-scatter input
         # ``comm_ctx`` holds then is an untied trained tail's (``held_top``), not a layer's
         held = fully_sharded.held_top if model.n_layers == 2 else fully_sharded.held
+        # the lower trained layer and its prefetch, each at its own size (fully_shard.lower_layers_gathered)
+        lower = lower_layers_gathered(model, setup, layer16)
         return WrapperMemory(terms.resident, buckets,
-                             Gathered(in_layers=2 * layer16 + held,
+                             Gathered(in_layers=lower + held,
                                       at_loss=fully_sharded.tail16, at_forward_end=forward_end,
                                       bottom_layer_forward=bottom_forward, top_layer_forward=top_forward,
                                       head_forward=head_forward, bottom_layer_backward=bottom_gathered,
@@ -291,7 +294,7 @@ class Fsdp2(Fsdp):
                                                              accumulated is not None),
                              bottom_layer_trains=bottom_layer_trains(model, setup),
                              # its attention core's moment (wrappers/fully_shard_attention.py)
-                             bottom_layer=lower_trained_layer(run, buffers, 2 * layer16 + held,
+                             bottom_layer=lower_trained_layer(run, buffers, lower + held,
                                                               accumulated is not None),
                              notes=(f"FSDP2 fully_shard: each parameter sharded over {setup.world_size} "
                                     "GPUs",))

@@ -192,6 +192,40 @@ def bottom_layer_trains(model: ModelSpec, setup: TrainSetup) -> bool:
     return not (setup.method == "freeze" and setup.freeze_trainable_layers < model.n_layers)
 
 
+def lower_layers_gathered(model: ModelSpec, setup: TrainSetup, layer16: int) -> int:
+    """The decoder layers unsharded at the lower trained layer's backward (``backward_layers_bottom``):
+    the layer back-propagated and the one below it that its pre-backward prefetched (torch 2.13
+    ``FSDPParamGroup._backward_prefetch``: the group before it in ``comm_ctx.post_forward_order``, one
+    flat buffer in the param dtype). With every layer trained that bounds any pair by the largest layer:
+    ``2 x layer16``. A freeze run with frozen layers below its t trained ones (``bottom_layer_trains``)
+    back-propagates only the top t layers, so the row's pairs are the trained layer k below the top
+    (k = 1 .. t - 1, or the top one when t = 1) and layer k + 1 below the top, its prefetch, each at its
+    own size: the prefetch below the lowest trained layer is a frozen layer, a dense one under a MoE
+    stack that starts dense (DeepSeek-V3 ``first_k_dense_replace``)::
+
+        gathered = max_k (P_k + P_{k+1}) x layer16 / P_max
+
+    with P_k the elements of layer k below the top and ``layer16`` the largest layer's (P_max) unsharded
+    bytes (simulate: DeepSeek-V3 freeze at five layers, two MoE trained, 8 GPUs: at layer 3's backward
+    layer 3's 23.0 GB and the dense layer 2's 1.17 GB unsharded, not two MoE layers)."""
+    n = model.n_layers
+    if bottom_layer_trains(model, setup) or n < 2:
+        return 2 * layer16
+    trained = max(min(setup.freeze_trainable_layers, n), 1)
+    pair = max(layer_params_from_top(model, k) + layer_params_from_top(model, k + 1)
+               for k in range(min(1, trained - 1), trained))
+    return ceil_div(layer16 * pair, max(model.largest_layer_params, 1))
+
+
+def layer_params_from_top(model: ModelSpec, k: int) -> int:
+    """The elements of decoder layer ``k`` below the top (0: the top one; ``layer_groups`` in layer order)."""
+    for spec, count in reversed(model.layer_groups):
+        if k < count:
+            return spec.params
+        k -= count
+    return model.layer_groups[0][0].params
+
+
 def embedding_output_requires_grad(setup: TrainSetup) -> bool:
     """Whether a frozen token embedding's output requires grad: transformers'
     ``gradient_checkpointing_enable`` (modeling_utils.py) calls ``enable_input_require_grads`` for every
