@@ -37,6 +37,7 @@ def resolve_dtypes(setup: TrainSetup, prof: Profile) -> Dtypes:
     half = 4 if prec == "fp32" else 2
     # fsdp_qlora's train.py under its autocast precisions: an fp32 model, fp32 MixedPrecision gathers and
     # autocast, the dtypes of a one-GPU autocast run (wrappers/fp32_gathers.py); its QLoRA keeps bf16
+    # weights (an fp32 stream only: below)
     fp32_gathers = (setup.fsdp and prof.fsdp_mixed_gathers_fp32 and prec.endswith("-mixed")
                     and setup.method != "qlora")
     if half == 2 and (setup.zero or setup.fsdp) and not fp32_gathers:
@@ -50,9 +51,14 @@ def resolve_dtypes(setup: TrainSetup, prof: Profile) -> Dtypes:
         # Trainer's bf16 / fp16: fsdp_mixed_precision), PEFT's fp32 adapters (autocast_adapter_dtype, cast
         # before FSDP wraps) are sharded, gathered and multiplied in fp32, as on one GPU.
         pure_fsdp_adapters = bool(setup.fsdp) and prof.adapter_fp32 and not fsdp_mixed_precision(setup, prof)
+        # fsdp_qlora's QLoRA under its autocast precisions: the bf16-stored embedding and norm weights are
+        # gathered in fp32 (``MixedPrecision(param_dtype=torch.float32)``), so the embedding's output, the
+        # residual stream and RMSNorm's ``weight * hidden`` are fp32, and each 4-bit linear casts its bf16
+        # matmul back to that fp32 input (bitsandbytes ``Linear4bit.forward``: ``out.to(inp_dtype)``)
+        stream = 4 if (setup.fsdp and prof.fsdp_mixed_gathers_fp32 and prec.endswith("-mixed")) else 2
         return Dtypes(compute=2, autocast=bool(setup.fsdp and prof.autocast), frozen_weight=2, trainable=2,
-                      adapter=4 if pure_fsdp_adapters else 2, non_block=2, residual=2, norm_out=2,
-                      linear_out=2, quant_out=2)
+                      adapter=4 if pure_fsdp_adapters else 2, non_block=2, residual=stream, norm_out=stream,
+                      linear_out=2, quant_out=stream)
     mixed = prec.endswith("-mixed")
     # '-mixed' always means autocast; HF Trainer also autocasts a 16-bit model when bf16/fp16 is set.
     autocast = mixed or (prof.autocast and prec != "fp32")

@@ -13,8 +13,9 @@ world of N:
 - each unit's all-gather output is fp32: twice its 16-bit size (:func:`gather_upcast`; QLoRA's 4-bit codes
   stored in bf16 ``bnb_4bit_quant_storage`` are cast to fp32 before the all-gather as well);
 - the unsharded gradients are fp32 (:func:`unsharded_grad_bytes`);
-- QLoRA keeps its 16-bit dtypes (bf16 non-quantized weights): only the output head, gathered in fp32, has a
-  16-bit cast saved (:func:`gathered_casts`).
+- QLoRA keeps its 16-bit stored weights (bf16 non-quantized weights): only the output head, gathered in
+  fp32, has a 16-bit cast saved (:func:`gathered_casts`); its gathered norms and embedding are fp32 all the
+  same, so its residual stream and its 4-bit linears' outputs are fp32 (``estimator.dtypes``).
 """
 
 from __future__ import annotations
