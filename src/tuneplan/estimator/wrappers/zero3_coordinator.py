@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
-from tuneplan.specs.model import ModelSpec
+from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
 
@@ -244,13 +244,19 @@ def forward_trace(model: ModelSpec, rank: int = 0, targets: frozenset[str] = fro
     for spec, count in model.layer_groups:
         for _ in range(count):
             for m in spec.linears:
-                for _ in range(m.count):
-                    lora = m.name in targets and m.count == 1
-                    a, b = (rank * m.d_in, m.d_out * rank) if lora else (0, 0)
-                    trace += [a if a > DS_PARAM_PERSISTENCE_THRESHOLD else 0, m.params // m.count,
-                              b if b > DS_PARAM_PERSISTENCE_THRESHOLD else 0]
+                trace += list(linear_entries(m, rank, targets)) * m.count
     trace.append(model.lm_head_params)
     return [n for n in trace if n]
+
+
+def linear_entries(m: Linear, rank: int, targets: frozenset[str]) -> tuple[int, int, int]:
+    """One linear's (``lora_A``, weight, ``lora_B``) elements in the trace (:func:`forward_trace`), 0 for an
+    adapter matrix that is absent or under ``stage3_param_persistence_threshold``; a stacked linear
+    (``count`` > 1) per instance, without adapters."""
+    lora = m.name in targets and m.count == 1
+    a, b = (rank * m.d_in, m.d_out * rank) if lora else (0, 0)
+    return (a if a > DS_PARAM_PERSISTENCE_THRESHOLD else 0, m.params // m.count,
+            b if b > DS_PARAM_PERSISTENCE_THRESHOLD else 0)
 
 
 def prefetch_rounds(trace: list[int], prefetch_bucket: int,

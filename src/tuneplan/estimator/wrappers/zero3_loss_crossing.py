@@ -4,10 +4,7 @@ recorded there, in the order the backward fetches them (DeepSpeed 0.19.8,
 
 from __future__ import annotations
 
-from tuneplan.estimator.wrappers.zero3_coordinator import (
-    DS_MAX_LIVE_PARAMETERS,
-    DS_PARAM_PERSISTENCE_THRESHOLD,
-)
+from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_LIVE_PARAMETERS, linear_entries
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -25,10 +22,7 @@ def backward_queue(model: ModelSpec, setup: TrainSetup, targets: frozenset[str])
         for m in spec.linears:
             if m.count != 1:
                 return []
-            lora = m.name in targets and rank
-            a, b = (rank * m.d_in, m.d_out * rank) if lora else (0, 0)
-            layer += [a if a > DS_PARAM_PERSISTENCE_THRESHOLD else 0, m.params,
-                      b if b > DS_PARAM_PERSISTENCE_THRESHOLD else 0]
+            layer += linear_entries(m, rank, targets)
         order = layer if setup.gradient_checkpointing else layer[::-1]
         queue += [n for n in order if n] * count
     return queue
