@@ -56,3 +56,21 @@ def test_accumulated_gradients_keep_the_whole_row() -> None:
     # with accumulation the gradients are buffers already there (AccumulateGrad adds into them): nothing new
     spec = reduced_model("microsoft/phi-4", 2)
     assert memory_statics(resolve_run(spec, _setup(spec, grad_accum=2))).bottom_own_grads == 0
+
+
+def test_ddp_keeps_each_gradient_a_tensor_of_its_own() -> None:
+    # DDP (gradient_as_bucket_view=False, its default) copies each .grad into a bucket allocated at wrap time
+    # and leaves the .grad a tensor of its own, made by the same MmBackward0 as on one GPU: the bottom layer's
+    # own 681,594,880 bytes again, and its row holds both layers' gradients and their buckets (4 x
+    # 681,594,880) with no activation left (simulate: Llama-2-7b freeze DDP x 4 at 2 layers, 1 x 1024,
+    # checkpointed: the peak inside the bottom layer's attention backward, its MLP's gradients made, 25 MB of
+    # activations live)
+    spec = reduced_model("microsoft/phi-4", 2)
+    ddp = _setup(spec, gpus=4)
+    assert memory_statics(resolve_run(spec, ddp)).bottom_own_grads == OWN
+    row = memory_at(resolve_run(spec, ddp), 4, 256).components("backward_layers_bottom")
+    assert row["activations"] == 0
+    assert row["gradients"] == 4 * OWN  # 2,726,379,520
+    # ZeRO-2 reduces each gradient into its bucket and frees it: no new tensor of the layer's own stays
+    zero2 = _setup(spec, gpus=4, zero=2)
+    assert memory_statics(resolve_run(spec, zero2)).bottom_own_grads == 0

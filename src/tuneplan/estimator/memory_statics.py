@@ -282,7 +282,10 @@ def bottom_own_gradients(run: Run, grads_prev: int) -> int:
     keep_grads: AccumulateGrad adds into them) or a wrapper moves them (simulate: Llama-2-13b full fp32 at
     2 layers, checkpointed: the bottom layer's end, all its gradients made, 400 MiB under its start)."""
     setup, model = run.setup, run.model
-    if (setup.method not in ("full", "freeze") or setup.world_size > 1 or grads_prev
+    # DDP (gradient_as_bucket_view=False) leaves each ``.grad`` a tensor of its own, copied into its
+    # bucket by the reducer's hook (simulate/ddp.py): made as on one GPU
+    moved = setup.world_size > 1 and run.wrapper.name != "ddp"
+    if (setup.method not in ("full", "freeze") or moved or grads_prev
             or setup.optimizer_in_backward or not model.layer_groups):
         return 0
     # freeze (weights.add_layers): the last ``freeze_trainable_layers`` layers train whole; the layer below
