@@ -130,12 +130,13 @@ def attention_kernel(walk: LayerWalk, attn: str, kv_heads: int) -> float:
     ledger.save("q_attn", compute_bytes * heads * head_dim)
     ledger.save("k_attn", compute_bytes * kv_saved * head_dim)
     ledger.save("v_attn", compute_bytes * kv_saved * v_head_dim)
-    if fused_qkv and kv_saved == kv_heads and walk.output_bytes == compute_bytes:
+    if fused_qkv and kv_saved == kv_heads and walk.out_bytes("attn_in") == compute_bytes:
         # the fused output is sliced into q, k, v views; RoPE replaces q and k, but the kernel saves v,
         # a view that keeps the whole fused buffer alive (simulate: Phi-3-mini +2h, Pythia +4h per token).
         # An output wider than the compute dtype (bitsandbytes casts it back to an fp32 residual's dtype)
         # reaches SDPA through autocast's cast (scaled_dot_product_attention is a lower_precision_fp op):
-        # the kernel saves that new copy and the fused buffer is released (simulate: Phi-3-mini QLoRA fp16)
+        # the kernel saves that new copy and the fused buffer is released (simulate: Phi-3-mini QLoRA fp16;
+        # Pythia-6.9B QLoRA under autocast, its fp32 LayerNorm output read by the 4-bit query_key_value)
         ledger.save("v_attn", walk.output_bytes * fused_qkv)
     # The kernel writes its output [B, S, H, D]; the module's transpose(1, 2).contiguous() and reshape
     # are views, so the saved output *is* o_proj's input: one storage, keyed like o_proj's read.

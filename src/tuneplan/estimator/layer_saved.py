@@ -30,6 +30,7 @@ from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.estimator.fused_layers import unsloth_fast_lora_layer
 from tuneplan.estimator.layer_walk import LayerWalk
+from tuneplan.estimator.lora_bottom_layer import parallel_block
 from tuneplan.estimator.recompute_adapter import recompute_adapter_temp
 from tuneplan.estimator.saved_tensors import LayerActs
 from tuneplan.specs.model import LayerSpec, Linear, ModelSpec
@@ -74,19 +75,23 @@ def mlp_block(walk: LayerWalk) -> None:
     # A parallel block (Phi / GPT-J shared norm, GPT-NeoX use_parallel_residual) feeds its MLP from the layer
     # input, not from the attention: in the first layer LoRA trains, whose input needs no gradient, an MLP
     # without adapters is outside the graph and keeps nothing (simulate: Pythia-6.9B layer 0, -12h per token)
-    parallel = shared_norm or (model.model_type == "gpt_neox"
-                               and bool(model.config.get("use_parallel_residual")))
+    parallel = parallel_block(model, spec)
     if (parallel and not walk.input_requires_grad and not walk.trainable
             and not any(m.name in targets for m in mlp + experts + routers)):
         mlp, experts, routers = [], [], []
     elif spec.n_norms >= 1 and not shared_norm:
+        if parallel and not walk.input_requires_grad:
+            # the MLP's own norm reads the layer input, which needs no gradient here (simulate: Pythia-6.9B
+            # QLoRA, layer 0's post_attention_layernorm keeps no input)
+            walk.gradient_free.add("mlp_in")
         walk.norm("mlp_norm", hidden, "mlp_in" not in walk.gradient_free)
         if (parallel and model.norm_kind != "rms" and "attn_norm.in" in ledger.items
-                and (4 if walk.ln_fp32 else walk.dtypes.residual) == walk.dtypes.residual):
+                and (not walk.ln_fp32 or walk.input_fp32)):
             # GPT-NeoX's parallel residual runs ``post_attention_layernorm(hidden_states)`` on the layer
-            # input that ``input_layernorm`` read (transformers gpt_neox GPTNeoXLayer.forward): both
-            # native_layer_norm nodes save that one storage, unless autocast casts it for each norm
-            # (simulate: Pythia-6.9B LoRA fp32, 4h per token per layer less)
+            # input that ``input_layernorm`` read (transformers gpt_neox GPTNeoXLayer.forward; Falcon's
+            # ``ln_attn`` / ``ln_mlp``): both native_layer_norm nodes save that one storage, unless autocast
+            # casts a 16-bit input for each norm (simulate: Pythia-6.9B LoRA fp32, 4h per token per layer
+            # less; Falcon-40B QLoRA fp16-mixed, one fp32 layer input per layer)
             ledger.items.pop("mlp_norm.in", None)
     # parallel attention + MLP under one norm (Phi, GPT-J, Falcon-7B): the MLP reads the attention's
     # normalized input, the same tensor, so what both save is one storage
@@ -119,6 +124,9 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
         return
     model, ledger, output_bytes = walk.model, walk.ledger, walk.output_bytes
     hidden_act = str(model.config.get("hidden_act", model.config.get("activation_function", "")))
+    # the up projection's output: fp32 from a 4-bit linear reading autocast's fp32 LayerNorm output
+    # (layer_walk.out_bytes; simulate: phi-1_5 and Pythia-6.9B QLoRA, fc1's output and 0.5 * x in fp32)
+    output_bytes = walk.out_bytes(mlp_reads)
     mid_bytes = output_bytes
     for m in mods:
         if m.reads == "mlp_in":

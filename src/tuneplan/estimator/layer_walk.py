@@ -67,6 +67,10 @@ class LayerWalk:
         # CUDA autocast runs layer_norm in fp32 (autocast_mode.cpp fp32 list): a 16-bit input is cast to an
         # fp32 copy, which native_layer_norm saves, and the output is fp32 (RMSNorm code upcasts by hand)
         self.ln_fp32 = dtypes.autocast and model.norm_kind != "rms"
+        # the layer's input arrives in fp32: an fp32 residual stream, or, above the bottom layer of a 4-bit
+        # model under autocast's fp32 LayerNorm, the layer below's output promoted by its MLP's fp32 output
+        # (bitsandbytes returns its input's dtype: layer_saved.feed_forward)
+        self.input_fp32 = dtypes.residual == 4 or (self.quantized and self.ln_fp32 and input_requires_grad)
         # bytes per token the first norm keeps that *are* the layer's input (no cast in between): under
         # gradient checkpointing that storage is the checkpoint itself, already counted once
         self.input_alias = 0.0
@@ -201,12 +205,23 @@ class LayerWalk:
                 ledger.save(reads, input_bytes * d_in * tokens_share)
             lora_mid_bytes = compute_bytes if dtypes.autocast else dtypes.adapter
             ledger.save(f"{module_key}.lora_mid", lora_mid_bytes * setup.rank * tokens_share)
-            if (setup.dropout or 0) > 0:
+            # dropout on an input that needs no gradient (the bottom layer's normalized input) records no
+            # node: no mask is kept (simulate: Pythia-6.9B QLoRA, layer 0's query_key_value keeps none)
+            if (setup.dropout or 0) > 0 and reads not in self.gradient_free:
                 copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
                 ledger.save(f"{self._lora_key(m_name, reads)}.dropout_mask", copies * d_in * tokens_share)
             if self.first_target is None:
                 self.first_target = (ledger.total(), m_name, reads)
             self.last_target = (ledger.total(), m_name, reads)
+
+    def out_bytes(self, reads: str) -> int:
+        """Bytes per element of a linear's output when it reads ``reads``: bitsandbytes' Linear4bit casts its
+        output back to its input's dtype (``out.to(inp_dtype)``), so an fp32 input (autocast's fp32
+        LayerNorm) gives an fp32 output, and a LoRA adapter's 16-bit output added to it is promoted to fp32;
+        otherwise the run's linear output dtype."""
+        if self.quantized and self.inputs_dtype.get(reads) == 4:
+            return 4
+        return self.output_bytes
 
     def _lora_key(self, m_name: str, reads: str) -> str:
         return "qkv_fused" if self.litgpt_code and m_name in self.attn_inputs else f"{m_name}@{reads}"
