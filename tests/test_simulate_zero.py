@@ -304,3 +304,22 @@ def test_zero_step_runs_under_the_cuda_kernel_policies(monkeypatch) -> None:
     monkeypatch.setattr(kernels, "cuda_autocast_policies", recording)
     _run(2, 2)
     assert entered
+
+
+def test_zero3_initialize_casts_no_whole_parameter() -> None:
+    """A model built under zero.Init reaches ``deepspeed.initialize`` already partitioned, so the engine
+    skips its whole-module 16-bit cast and device move (engine.py ``_configure_distributed_model``:
+    ``_cast_module_mixed_precision`` casts only ``if not is_zero_init_model``): the fp32 model of a
+    bf16-mixed full fine-tune leaves no whole bf16 embedding or head (V' x H) before the first step, in any
+    category (the step's own V' x H gradients are made in the backward)."""
+    _needs_deepspeed()
+    from tuneplan.simulate.engine import simulate_run
+    from tuneplan.specs.profiles import get_profile, resolve_setup
+
+    vocab = 4096
+    spec = model_from_config(dict(TINY, vocab_size=vocab), "tiny-llama-zero3-cast")
+    setup = resolve_setup(build_setup(spec, method="full", precision="bf16-mixed", seq=64, attn="eager",
+                                      gradient_checkpointing=False, gpus=2, zero=3), spec)
+    run = simulate_run(spec, setup, get_profile("hf"))
+    assert not [b for b in run.result.blocks if b.phase.startswith("setup") and b.shape == (vocab, H)]
+    assert [b for b in run.result.blocks if b.phase.startswith("step") and b.shape == (vocab, H)]

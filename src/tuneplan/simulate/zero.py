@@ -208,10 +208,15 @@ def built_under_zero_init(tracker: Any, start: int, end: int) -> None:
     ``deepspeed.initialize`` partitions it (events ``start`` to ``end``) into the same partitions: the whole
     parameters it frees there are taken out of the record (their events dropped, the later indices
     renumbered, the stream log with them); what it keeps whole (``stage3_param_persistence_threshold``) stays,
-    as zero.Init keeps it. What this leaves unchecked: the instants of loading the checkpoint (one module
+    as zero.Init keeps it. The 16-bit casts of the whole parameters ``initialize`` makes and frees on the
+    way (engine.py ``_configure_distributed_model``: ``_cast_module_mixed_precision`` and ``module.to``
+    run only when ``not is_zero_init_model``) are taken out the same way: a model built under zero.Init
+    never has them. What this leaves unchecked: the instants of loading the checkpoint (one module
     gathered at a time) and the order of those allocations, before the first step."""
     drop = {b.bid for b in tracker.blocks
-            if b.phase == "setup" and b.category in ("weights", "quant_meta") and start <= b.freed_at < end}
+            if start <= b.freed_at < end and (
+                (b.phase == "setup" and b.category in ("weights", "quant_meta"))
+                or (b.phase == "setup.zero" and b.op == "aten._to_copy.default"))}
     if not drop:
         return
     kept = [e for e in tracker.events if e.block.bid not in drop]
