@@ -18,6 +18,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     prefetch_rounds,
     zero3_backward_uses,
     zero3_gathered_ahead,
+    zero3_head_round,
 )
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -62,6 +63,21 @@ def embedding_released_after_forward(model: ModelSpec, setup: TrainSetup) -> boo
         return False
     passes = 3 if setup.gradient_checkpointing else 2
     return passes * (model.params_total - embed - head) + 2 * head >= DS_MAX_REUSE_DISTANCE
+
+
+def head_round_before_first_step(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                                 targets: frozenset[str] = frozenset()) -> bool:
+    """Whether the untied head's round held twice at its forward (zero3_coordinator.zero3_head_round) is
+    the ``[final norm, head]`` one, coalesced only in the first pass with a complete trace (the record pass
+    released the norm): with several micro-batches a step, that pass is the first step's second one, before
+    the optimizer's first ``step()`` makes its states (zero_terms.DeepSpeedTerms.lazy_states; the fp32
+    master partition is made at initialization). With one micro-batch a step it is the
+    second step's, the norm gathered again by ``_post_step``: the head is alone, no such round. (simulate:
+    Qwen3-8B, 4 layers, freeze of the top 2 with checkpointing in fp32 over 4 GPUs, two micro-batches: the
+    6.2233e8-element round beside the head's copy at ``model.norm`` of the first step, no Adam state made.)"""
+    head, norm = model.lm_head_params, model.final_norm_params
+    return (setup.grad_accum > 1 and head > 0 and 0 < norm and setup.quant_bits is None
+            and zero3_head_round(model, prefetch_bucket, setup, targets) == head + norm)
 
 
 def zero3_first_pass_embedding_round(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
