@@ -52,11 +52,15 @@ def embedding_released_after_forward(model: ModelSpec, setup: TrainSetup) -> boo
 
     .. math:: n (P - E - P_{head}) + 2 P_{head} \\ge D, \\quad n = 3 \\text{ (checkpointing) or } 2
 
-    A tied head's forward uses the embedding's weight right after the layers: kept (zero3_tied_backward).
-    (simulate: gemma-7b, 2 layers, freeze with checkpointing and a 1-label head over 2 GPUs, and
-    Mistral-Nemo, 2 layers, freeze with checkpointing over 4 GPUs: the embedding gathered by the root's
-    fetch and freed at its own forward's end, 1.66e9 and 2.98e9 elements before its backward use.)"""
+    A tied head's forward uses the embedding's weight right after the layers, whatever the backward:
+    released when those, ``P - E``, reach ``D``. (simulate: gemma-7b, 2 layers, freeze with checkpointing
+    and a 1-label head over 2 GPUs, and Mistral-Nemo, 2 layers, freeze with checkpointing over 4 GPUs: the
+    embedding gathered by the root's fetch and freed at its own forward's end, 1.66e9 and 2.98e9 elements
+    before its backward use; gemma-7b, 4 layers, tied, freeze over 4 GPUs: 1.107e9 elements of layers
+    before the head's forward.)"""
     embed, head = model.embed_params, model.lm_head_params
+    if not head and model.tied_embeddings:
+        return model.params_total - embed >= DS_MAX_REUSE_DISTANCE
     if not embedding_used_last(model, setup):
         return True
     if not head:
