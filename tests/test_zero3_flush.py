@@ -247,3 +247,36 @@ def test_a_partition_over_5e8_elements_is_held_as_its_fp32_cast_after_the_fp64_n
     assert offload_boundary_scratch(off, 490_000_000, 2) == 2_000_000_000
     assert offload_boundary_scratch(off, 100, 2) == 800
     assert offload_boundary_scratch(build_setup(spec, method="full", gpus=2, zero=3), 536_870_912, 2) == 0
+
+
+def test_a_classifier_run_releases_its_embedding_after_the_forward_and_pops_its_round_late() -> None:
+    # gemma-7b (h 3072, 16 heads of 256, f 24576, vocab 256000) at 2 layers with a 1-label score head,
+    # freeze of both layers with checkpointing over 2 GPUs (LLaMA-Factory). E = 256000 x 3072 =
+    # 786,432,000; per layer q, k, v, o 12,582,912, gate, up, down 75,497,472 (276,824,064 with no norms);
+    # the head 3072. The embedding's backward use (enable_input_require_grads) lies 3 x 553,663,488 + 2 x
+    # 3072 > 1e9 elements down the trace (forward, recompute, backward of both layers): released after its
+    # forward. The forward trace's 5e7 rounds, the embedding off n_available after the root's, the model's
+    # and its own fetch: [E], [q k v o], [gate], [up], [down] per layer, [head]: 10 (counted against the
+    # 1e9 limit with E kept, they would stop after 5: 1.0627e9). The embedding's round is popped at fetch
+    # 11; layer 0's q_proj is fetch 8 (two wrappers, the embedding, rotary_emb, the layer, its norm, its
+    # attention, q_proj), released by then: late (simulate: seed 97 r244, the 8.116e8-element round of
+    # layer 0's q and k and the embedding popped at its v_proj, the embedding's copy made at the recompute)
+    from tuneplan.estimator.wrappers.zero3_first_pass import (
+        embedding_released_after_forward,
+        embedding_round_late,
+    )
+    from tuneplan.specs.profiles import model_as_built
+
+    cfg = dict(model_type="gemma", hidden_size=3072, num_hidden_layers=2, num_attention_heads=16,
+               num_key_value_heads=16, head_dim=256, intermediate_size=24576, vocab_size=256000,
+               tie_word_embeddings=True)
+    spec = model_from_config(cfg, "gemma-2L")
+    setup = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=True, num_labels=1,
+                        framework="llamafactory", offload="optimizer")
+    built = model_as_built(spec, "llamafactory", 1)
+    assert embedding_released_after_forward(built, setup)
+    assert embedding_round_late(built, setup, PREFETCH) == 786_432_000
+    # the LM head tied to the embedding uses its weight right after the layers: kept, never regathered
+    lm = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=True,
+                     framework="llamafactory")
+    assert not embedding_released_after_forward(model_as_built(spec, "llamafactory"), lm)

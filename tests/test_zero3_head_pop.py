@@ -142,3 +142,31 @@ def test_the_running_layer_keeps_its_attention_block_at_an_mlp_linear() -> None:
         running = 0 if checkpointed else acts.top_layer_bytes - acts.mlp_saved_bytes
         assert running >= 0 and totals[1] - totals[0] == running
         assert checkpointed or running > 0
+
+
+def test_a_freeze_runs_tied_head_is_popped_once_the_embedding_is_released() -> None:
+    # gemma-7b (h 3072, 16 heads of 256, f 24576, vocab 256000, tied) at 4 layers, the top 2 trained,
+    # without checkpointing, over 4 GPUs, rounds of 5e7. q, k, v, o 12,582,912 each, gate, up, down
+    # 75,497,472 each: a layer's linears 276,824,064; E = 786,432,000. The tied head's forward, E's next
+    # use, lies 4 layers (1.107e9 > 1e9) away: E is released after its forward; layers 0 and 1 (frozen,
+    # below the lowest trained one, where the backward stops) after each linear's. Fetches pop: the root
+    # [E], the model [q k v o]0, the embedding [gate]0 (n_available 912.3e6), then E released (125.8e6);
+    # rotary [up]0, layer 0 [down]0, its norm [qkvo]1, its attention [gate]1, q0 [up]1 (q0 released),
+    # k0 [down]1, v0 [qkvo]2, o0 [gate]2, the post-attention norm [up]2, the MLP [down]2, gate0 [qkvo]3,
+    # up0 [gate]3, down0 [up]3 (layer 0 released as it goes: 755.0e6), layer 1 [down]3 (830.5e6), its
+    # norm the head's E (min(1e9 - 830.5e6, 5e7) > 0): 786,432,000 + 3 x 276,824,064 = 1,616,904,192
+    # gathered at layer 1's q_proj, beside the [qkvo]1 round's flat buffer (q_proj is not its last): in
+    # bf16 2 x (1,616,904,192 + 50,331,648) = 3,334,471,680 bytes; layer 0's forward ran before it, the
+    # linear in the attention block (simulate: qrec r195, 3.3345e9 bytes gathered at layer 1's q_proj)
+    cfg = dict(model_type="gemma", hidden_size=3072, num_hidden_layers=4, num_attention_heads=16,
+               num_key_value_heads=16, head_dim=256, intermediate_size=24576, vocab_size=256000,
+               tie_word_embeddings=True)
+    spec = model_from_config(cfg, "gemma-4L")
+    setup = build_setup(spec, method="freeze", gpus=4, zero=3, precision="bf16", offload="all")
+    run = resolve_run(spec, setup)
+    assert zero3_head_popped_forward(run.model, setup, 50_000_000, frozenset()) == (3_334_471_680, 1, False)
+    # at 2 layers the head's forward is 553.7e6 elements after E's: E stays gathered, no pop of its own
+    short = model_from_config({**cfg, "num_hidden_layers": 2}, "gemma-2L")
+    kept = build_setup(short, method="freeze", gpus=4, zero=3, precision="bf16", offload="all")
+    popped = zero3_head_popped_forward(resolve_run(short, kept).model, kept, 50_000_000, frozenset())
+    assert popped == (0, 0, False)

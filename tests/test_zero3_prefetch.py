@@ -370,3 +370,45 @@ def test_the_loss_holds_the_backward_queue_up_to_the_parameter_crossing_max_live
     head, mlp, o = 32000 * 8192, 8192 * 28672, 8192 * 8192
     targets = frozenset({"q_proj", "v_proj"})
     assert zero3_gathered_ahead(spec, setup, 50_000_000, targets) == head + 3 * mlp + o == 1_033_895_936
+
+
+NEMO = dict(model_type="mistral", hidden_size=5120, num_hidden_layers=2, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128, intermediate_size=14336, vocab_size=131072,
+            tie_word_embeddings=False)
+
+
+def test_an_embedding_past_the_reuse_distance_is_released_before_the_head_round() -> None:
+    # Mistral-Nemo at 2 layers, freeze of both with checkpointing, two micro-batches (LLaMA-Factory).
+    # E = head = 131072 x 5120 = 671,088,640; per layer q and o 20,971,520, k and v 5,242,880, gate, up,
+    # down 73,400,320. The embedding's backward use (enable_input_require_grads) is 3 x 545,285,120 +
+    # 2 x 671,088,640 > 1e9 elements down the trace: released after its forward. Rounds of 5e7: [E]
+    # (671.1e6 gathered), [q k v o] (52,428,800: 723.5e6), [gate] (796.9e6), then E is released (125.8e6),
+    # [up], [down], layer 1's four rounds (545.2e6), [head]: min(1e9 - 545.2e6, 5e7) > 0 pops it. In the
+    # first pass with a complete trace the final norm (5120) starts the head's round: 671,093,760 (simulate:
+    # seed 97 r155, that flat buffer popped at layer 0's v_proj, beside the head's copy at model.norm).
+    # Kept gathered, the embedding would stop the rounds at 1.0695e9 elements, before the head.
+    from tuneplan.api import resolve_run
+
+    spec = model_from_config(NEMO, "nemo-2L")
+    setup = build_setup(spec, method="freeze", gpus=4, zero=3, gradient_checkpointing=True, grad_accum=2,
+                        framework="llamafactory", offload="optimizer")
+    assert zero3_head_round(resolve_run(spec, setup).model, 50_000_000, setup) == 671_093_760
+
+
+def test_the_first_steps_head_round_comes_before_the_optimizer_states() -> None:
+    # the same model and round without offload: it is held twice at the head's forward in the first step's
+    # second micro-batch, before AdamW's first step() makes its states: the trained layers' partition,
+    # 2 x 272,640,000 / 4 GPUs = 136,320,000 elements, two fp32 states each, and the fused AdamW's device
+    # step scalar (one 512-byte block), are not there yet. With one micro-batch a step the norm is gathered
+    # again after each step: the head is alone in its round, no forward_head instant.
+    from tuneplan.api import resolve_run
+    from tuneplan.estimator.instants import memory_at, named
+
+    spec = model_from_config(NEMO, "nemo-2L")
+    two = build_setup(spec, method="freeze", gpus=4, zero=3, gradient_checkpointing=True, grad_accum=2,
+                      framework="llamafactory", batch=1, seq=128)
+    rows = memory_at(resolve_run(spec, two), 1, 128).rows
+    assert named(rows["forward_head"]).optimizer_temp == -(2 * 4 * 136_320_000 + 512)
+    one = build_setup(spec, method="freeze", gpus=4, zero=3, gradient_checkpointing=True, grad_accum=1,
+                      framework="llamafactory", batch=1, seq=128)
+    assert "forward_head" not in memory_at(resolve_run(spec, one), 1, 128).rows

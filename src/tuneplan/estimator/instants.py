@@ -214,7 +214,9 @@ def gathered_forward_rows(rows: dict[str, Row], run: Run, statics: MemoryStatics
                                        + running + prev_pinned, statics.autocast_copies * below // share,
                                        prev_held, 0, popped)
     if statics.gathered_head_forward:
-        rows["forward_head"] = (earlier_grads, 0, saved - acts.tail_bytes + prev_pinned,
+        # the optimizer's states not made yet when that is the first step's (counted by the persistent terms)
+        unmade = statics.wrapped.gathered.head_forward_states_unmade
+        rows["forward_head"] = (earlier_grads, -unmade, saved - acts.tail_bytes + prev_pinned,
                                 statics.autocast_copies, prev_held, 0, statics.gathered_head_forward)
     if statics.gathered_head_backward:
         rows["backward_head"] = head_backward_row(run, statics, saved, acts.tokens)

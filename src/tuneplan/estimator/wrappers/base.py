@@ -95,6 +95,9 @@ class Gathered:
     # the optimizer's states on this GPU, not yet made at that fetch when it is the recording pass's (the
     # first step's first micro-batch, before the optimizer's first step() makes them)
     states_unmade: int = 0
+    # the same at the untied head's forward when the round held there is the first pass's with a complete
+    # trace, the first step's later micro-batch (wrappers/zero3_first_pass.head_round_before_first_step)
+    head_forward_states_unmade: int = 0
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,11 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_head_round_first_pass,
 )
 from tuneplan.estimator.wrappers.zero3_factor_round import zero3_factor_round_bytes
-from tuneplan.estimator.wrappers.zero3_first_pass import zero3_embedding_backward, zero3_first_pass_round
+from tuneplan.estimator.wrappers.zero3_first_pass import (
+    head_round_before_first_step,
+    zero3_embedding_backward,
+    zero3_first_pass_round,
+)
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
@@ -278,6 +282,9 @@ class Zero3(Zero, ShardingWrapper):
                                       top_layer_backward_fetch=fused_experts.zero3_record_pass_top_bytes(run),
                                       states_unmade=(terms.lazy_states if states and not
                                                     fused_experts.zero3_recompute_every_pass(run) else 0),
+                                      head_forward_states_unmade=terms.lazy_states if states and at_head
+                                      and head_round_before_first_step(model, setup, terms.prefetch_bucket,
+                                                                       run.targets) else 0,
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),

@@ -184,7 +184,7 @@ def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup |
     """Elements of the all-gather buffer ZeRO-3 still holds beside the gathered parameters when the untied
     output head runs its forward (0 when the head is tied, or what the forward gathers before the head
     reaches ``stage3_max_live_parameters``, where the rounds stop before it: less, in ``setup``, an
-    embedding with no backward use (:func:`embedding_used_last`), released after its forward, before the
+    embedding released after its forward (zero3_first_pass.embedding_released_after_forward) before the
     head's round is popped; the head itself may cross the limit, checked before each pop; simulate:
     Meta-Llama-3-8B, 2 layers, LoRA over 2 GPUs: the head's round popped at layer 0's input norm,
     5.2537e8 elements beside the head's copy at the final norm; 3 layers over 8 GPUs, two micro-batches:
@@ -206,9 +206,11 @@ def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup |
     pass is the second step's, and ``DeepSpeedZeroOptimizer_Stage3._post_step`` has gathered the
     persistent parameters again: the head alone (simulate: Qwen2.5-7B, 2 layers, LoRA over 2 GPUs: the
     5.4500e8-element head, no norm, popped at layer 0's input norm of the second step)."""
+    from tuneplan.estimator.wrappers.zero3_first_pass import embedding_released_after_forward
+
     lora = setup is not None and setup.method == "lora"
     trace = forward_trace(model, setup.rank if lora and setup is not None else 0, targets)
-    released = model.embed_params if setup is not None and not embedding_used_last(model, setup) else 0
+    released = model.embed_params if setup and embedding_released_after_forward(model, setup) else 0
     # the wrappers' fetches and the embedding's own pop their rounds before ``__release_param`` takes the
     # embedding off ``n_available`` (zero3_bottom_forward); the head is popped while what is gathered
     # before it is under the limit, and may cross it (``numel_prefetching < min(max_live - n_available,

@@ -7,6 +7,7 @@ linears released after their forward join it when the prefetcher reaches the emb
 
 from __future__ import annotations
 
+from tuneplan.estimator.compute import has_rotary
 from tuneplan.estimator.wrappers.base import EmbeddingGradients
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
@@ -17,6 +18,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     prefetch_rounds,
     zero3_backward_uses,
     zero3_gathered_ahead,
+    zero3_head_round,
 )
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -33,15 +35,53 @@ def embedding_regathered(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     # 4 GPUs: the coordinator's count at the loss is the whole model, 9.647e8 elements, and nothing beside it)
     if not embed or not head or setup.quant_bits is not None or not embedding_used_last(model, setup):
         return False
-    # the module trace between the embedding's two uses: the layers' forward, their checkpointed
-    # recompute and their backward, the head's forward and backward
-    passes = 3 if setup.gradient_checkpointing else 2
-    if passes * (model.params_total - embed - head) + 2 * head < DS_MAX_REUSE_DISTANCE:
+    if not embedding_released_after_forward(model, setup):
         return False  # the embedding stays gathered from its forward to its backward
     if not zero3_gathered_ahead(model, setup, prefetch_bucket, targets):
         return False
     # else the prefetcher stops at a layer parameter before the embedding
     return zero3_backward_uses(model, setup, targets) - embed < DS_MAX_LIVE_PARAMETERS
+
+
+def embedding_released_after_forward(model: ModelSpec, setup: TrainSetup) -> bool:
+    """Whether ``__params_to_release`` (DeepSpeed 0.19.8, complete trace) frees the token embedding after
+    its forward: with no backward use (not zero3_coordinator.embedding_used_last), or when its backward
+    use lies ``stage3_max_reuse_distance`` ``D`` elements or more down the module trace, the layers'
+    forward, their checkpointed recompute and their backward, the untied head's forward and backward
+    between them:
+
+    .. math:: n (P - E - P_{head}) + 2 P_{head} \\ge D, \\quad n = 3 \\text{ (checkpointing) or } 2
+
+    A tied head's forward uses the embedding's weight right after the layers, whatever the backward:
+    released when those, ``P - E``, reach ``D``. (simulate: gemma-7b, 2 layers, freeze with checkpointing
+    and a 1-label head over 2 GPUs, and Mistral-Nemo, 2 layers, freeze with checkpointing over 4 GPUs: the
+    embedding gathered by the root's fetch and freed at its own forward's end, 1.66e9 and 2.98e9 elements
+    before its backward use; gemma-7b, 4 layers, tied, freeze over 4 GPUs: 1.107e9 elements of layers
+    before the head's forward.)"""
+    embed, head = model.embed_params, model.lm_head_params
+    if not head and model.tied_embeddings:
+        return model.params_total - embed >= DS_MAX_REUSE_DISTANCE
+    if not embedding_used_last(model, setup):
+        return True
+    if not head:
+        return False
+    passes = 3 if setup.gradient_checkpointing else 2
+    return passes * (model.params_total - embed - head) + 2 * head >= DS_MAX_REUSE_DISTANCE
+
+
+def head_round_before_first_step(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
+                                 targets: frozenset[str] = frozenset()) -> bool:
+    """Whether the untied head's round held twice at its forward (zero3_coordinator.zero3_head_round) is
+    the ``[final norm, head]`` one, coalesced only in the first pass with a complete trace (the record pass
+    released the norm): with several micro-batches a step, that pass is the first step's second one, before
+    the optimizer's first ``step()`` makes its states (zero_terms.DeepSpeedTerms.lazy_states; the fp32
+    master partition is made at initialization). With one micro-batch a step it is the
+    second step's, the norm gathered again by ``_post_step``: the head is alone, no such round. (simulate:
+    Qwen3-8B, 4 layers, freeze of the top 2 with checkpointing in fp32 over 4 GPUs, two micro-batches: the
+    6.2233e8-element round beside the head's copy at ``model.norm`` of the first step, no Adam state made.)"""
+    head, norm = model.lm_head_params, model.final_norm_params
+    return (setup.grad_accum > 1 and head > 0 and 0 < norm and setup.quant_bits is None
+            and zero3_head_round(model, prefetch_bucket, setup, targets) == head + norm)
 
 
 def zero3_first_pass_embedding_round(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
@@ -115,10 +155,12 @@ def embedding_round_late(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     linear has been released, under checkpointing (0 otherwise).
 
     ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8) pops one round per module fetch: the forward trace takes
-    ``R`` rounds (zero3_coordinator.prefetch_rounds), so the round holding the embedding's backward use
-    (:func:`embedding_regathered`) is popped at fetch ``R + 1``. When that comes after the bottom layer's
-    first linear has run its forward (the wrappers above the embedding, the embedding, the layer, its
-    input norm, its attention and the linear: zero3_bottom_forward), ``__params_to_release`` has released
+    ``R`` rounds (zero3_coordinator.prefetch_rounds, cut against ``stage3_max_live_parameters`` without
+    the embedding once its forward is over: :func:`embedding_released_after_forward`), so the round holding
+    the embedding's backward use (:func:`embedding_regathered`) is popped at fetch ``R + 1``. When that
+    comes after the bottom layer's first linear has run its forward (the wrappers above the embedding, the
+    embedding, the model-level rotary module, the layer, its input norm, its attention and the linear:
+    zero3_bottom_forward), ``__params_to_release`` has released
     that layer's linears run so far (their next use is the recompute, beyond
     ``stage3_max_reuse_distance``): the round is those linears and the embedding, coalesced, whatever the
     head. No module of it is fetched before the bottom layer's recompute; until then the flat buffer is
@@ -131,9 +173,13 @@ def embedding_round_late(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     again last in the bottom layer's backward: left out."""
     if not setup.gradient_checkpointing or not embedding_regathered(model, setup, prefetch_bucket, targets):
         return 0
-    rounds = prefetch_rounds(forward_trace(model), prefetch_bucket)
+    # the wrappers' rounds and the embedding's own are popped before its release after its forward
+    # takes it off ``n_available`` (:func:`embedding_released_after_forward`)
+    wrappers = 4 if setup.method in ("lora", "qlora") else 2
+    rounds = prefetch_rounds(forward_trace(model), prefetch_bucket, (wrappers + 1, model.embed_params))
     first = model.layer_groups[0][0].linears[0]
-    fetches = (4 if setup.method in ("lora", "qlora") else 2) + 4 + (2 if first.name in targets else 1)
+    # and the model-level rotary module's fetch after the embedding (zero3_bottom_forward)
+    fetches = wrappers + 4 + (1 if has_rotary(model) else 0) + (2 if first.name in targets else 1)
     if len(rounds) + 1 <= fetches:
         return 0  # popped before any layer linear is released (a classifier's: the final norm and the head)
     return model.embed_params

@@ -1,6 +1,7 @@
-"""What ZeRO-3 holds gathered in a LoRA or QLoRA run's forward once its prefetcher pops the untied output
-head: the layers it ran ahead to, not yet run, beside the head, read from DeepSpeed 0.19.8's
-``PartitionedParameterCoordinator`` (partitioned_param_coordinator.py) with a complete trace."""
+"""What ZeRO-3 holds gathered in a LoRA, QLoRA or freeze run's forward once its prefetcher pops the output
+head (untied, or a freeze run's tied head, the embedding's weight released after its forward): the layers it
+ran ahead to, not yet run, beside the head, read from DeepSpeed 0.19.8's ``PartitionedParameterCoordinator``
+(partitioned_param_coordinator.py) with a complete trace."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tuneplan.estimator.compute import has_rotary
 from tuneplan.estimator.dequant_time import dequant_library
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
 from tuneplan.estimator.weights import NF4_BLOCK
+from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
@@ -18,6 +20,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     PEFT_MODULES_PER_TARGET,
     embedding_used_last,
 )
+from tuneplan.estimator.wrappers.zero3_first_pass import embedding_released_after_forward
 from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -48,14 +51,19 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     zero3_coordinator.forward_trace), its ``base_layer``, then (after the base layer's release) its dropout,
     ``lora_A`` and ``lora_B`` (peft/tuners/lora/layer.py ``Linear.forward``); a decoder layer fetches as
     itself, its input norm and its attention, then its post-attention norm and MLP container. Released after
-    their forward: the embedding (its backward use, if any, lies past ``stage3_max_reuse_distance``), every
-    linear of the layers below the top ones :func:`zero3_layers_kept` keeps, and the bottom layer's linears
-    with no backward use; the adapters' matrices, thousands of times smaller, are left gathered. Under
-    QLoRA a 4-bit ``Params4bit`` is partitioned as its packed ``uint8`` codes (``ds_numel`` the packed
-    count, one byte each: zero3_quantized.gathered_entries); the rest in the ``compute`` dtype."""
+    their forward: the embedding (its next use, if any, lies past ``stage3_max_reuse_distance``:
+    zero3_first_pass.embedding_released_after_forward outside LoRA), every linear of the layers below the
+    top ones :func:`zero3_layers_kept` keeps, the bottom layer's linears with no backward use, and a freeze
+    run's frozen layers when its backward stops at the lowest trained one; the adapters' matrices,
+    thousands of times smaller, are left gathered. Under QLoRA a 4-bit ``Params4bit`` is partitioned as its
+    packed ``uint8`` codes (``ds_numel`` the packed count, one byte each: zero3_quantized.gathered_entries);
+    the rest in the ``compute`` dtype. A freeze run has the causal-LM model and its base model above the
+    embedding (two wrappers, not PEFT's four)."""
+    peft = setup.method in ("lora", "qlora")
     walk = ForwardWalk([model.embed_params], [model.embed_params * compute], [-1], [0], [False],
-                       [("fetch", -1)] * (PEFT_WRAPPERS + 1) + [("use", 0)])
-    embed_kept = embedding_used_last(model, setup) and 2 * model.params_total < DS_MAX_REUSE_DISTANCE
+                       [("fetch", -1)] * ((PEFT_WRAPPERS if peft else 2) + 1) + [("use", 0)])
+    embed_kept = (embedding_used_last(model, setup) and 2 * model.params_total < DS_MAX_REUSE_DISTANCE
+                  if peft else not embedding_released_after_forward(model, setup))
     walk.events.extend([] if embed_kept else [("release", 0)])
     walk.events.extend([("fetch", -1)] if has_rotary(model) else [])
     bits = setup.quant_bits
@@ -73,6 +81,9 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     room = DS_MAX_REUSE_DISTANCE - model.lm_head_params
     kept_from = model.n_layers - (min(model.n_layers, -(-room // (2 * max(per_layer, 1)))) if room > 0 else 0)
     free = bottom_gradient_free(model, targets) if not setup.gradient_checkpointing else frozenset()
+    if setup.method == "freeze" and not embedding_output_requires_grad(setup):
+        # the backward stops at the lowest trained layer: the frozen ones below have no backward use
+        kept_from = max(kept_from, model.n_layers - min(setup.freeze_trainable_layers, model.n_layers))
 
     def add(n: int, layer: int, nbytes: int = 0, dequant: int = 0, in_mlp: bool = False) -> bool:
         if n <= DS_PARAM_PERSISTENCE_THRESHOLD:  # persistent: always gathered, never in a round
@@ -107,9 +118,10 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
                     walk.events.extend([("fetch", -1)] * (PEFT_MODULES_PER_TARGET - 1 if peft else 0))
                     add(m.d_out * setup.rank if lora else 0, layer)
             layer += 1
-    # the final norm's fetch, then the head's own
+    # the final norm's fetch, then the head's own: a tied one's weight is the embedding's, a trace entry
+    # of its own once released after the embedding's forward
     walk.events.extend([("fetch", -1), ("fetch", -1)])
-    add(model.lm_head_params, layer)
+    add(model.lm_head_params or (0 if embed_kept or peft else model.embed_params), layer)
     return walk
 
 
@@ -128,8 +140,9 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
                               targets: frozenset[str], compute: int = 2,
                               model_code: str = "hf") -> tuple[int, int, bool]:
     """(bytes ZeRO-3 holds gathered at the decoder linear where the most is gathered once the prefetcher
-    has popped the untied head in the forward of a LoRA or QLoRA run, the decoder layers whose forward ran
-    before that linear's, whether that linear is in its layer's MLP block, past the layer's attention):
+    has popped the head in the forward of a LoRA, QLoRA or freeze run (module docstring), the decoder
+    layers whose forward ran before that linear's, whether that linear is in its layer's MLP block, past
+    the layer's attention):
     (0, 0, False) when it pops it only at the head's own fetch, or the run is not one.
     ``compute``: bytes of a 16-bit gathered element; ``model_code``: what bitsandbytes quantizes
     (bnb_scope.quantized).
@@ -156,9 +169,13 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
     1.7485e9; Qwen2.5-72B, LoRA of rank 128 on every linear over 2 GPUs: the head's round, popped at layer
     2's ``down_proj`` with layer 3's partitioned ``down_proj.lora_B``, waited for at that ``lora_B`` and held
     twice there, 2.4925e9 elements; Llama-3.1-70B, QLoRA over 4 GPUs: the head popped at layer 1's
-    ``down_proj`` beside the packed weights of layers 2 and 3, ``n_available`` 1.9063e9.)"""
-    head = model.lm_head_params
-    if setup.method not in ("lora", "qlora") or not head or not model.embed_params:
+    ``down_proj`` beside the packed weights of layers 2 and 3, ``n_available`` 1.9063e9; gemma-7b, 4
+    layers, freeze of the top 2 over 4 GPUs: the tied embedding's 7.864e8 elements popped alone at layer
+    1's fetch, beside the rounds of layers 1 to 3, 1.667e9 elements at layer 1's ``q_proj``.)"""
+    # a tied head's weight is the embedding's: a pop of its own once released after the embedding's forward
+    tied = setup.method == "freeze" and embedding_released_after_forward(model, setup)
+    head = model.lm_head_params or (model.embed_params if tied else 0)
+    if setup.method not in ("lora", "qlora", "freeze") or not head or not model.embed_params:
         return 0, 0, False
     if any(m.role == "expert" for spec, _ in model.layer_groups for m in spec.linears):
         # routed experts are fetched as transformers' fused stacks, in rounds of their own
