@@ -263,6 +263,12 @@ def top_layer_terms(statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
     if top is None:
         return top_grads, top_freed, top_scratch, top_gathered, top_casts
     at_end, top_gathered = top.gradients_at_end, top.gathered
+    if top.gathered_at_attention:
+        # where an eager core's scores' gradients are the layer's largest scratch, what is unsharded then
+        # (a bool times an int: a Python number, or a grid's array)
+        attention = acts.attention_backward_bytes
+        at_core = (attention >= acts.backward_temp_bytes) * (attention > 0)
+        top_gathered = top_gathered + (top.gathered_at_attention - top_gathered) * at_core
     top_grads = statics.earlier_grads_in_layer - top.counted + at_end
     # checkpointed: the recomputation's weight casts (weights.recompute_casts) are released with it
     top_freed = minimum(acts.recompute_bytes + statics.recompute_casts if statics.checkpointed

@@ -117,6 +117,10 @@ class TopLayer:
     # counts) are saved beside it or not
     attention_scratch_only: bool = False
     attention_below_saved: bool = False
+    # FSDP1's per-adapter units: what is unsharded when its attention core is back-propagated, where an
+    # eager core's scores' gradients are the layer's largest scratch (wrappers/fsdp1_adapter_units.py);
+    # 0: ``gathered``
+    gathered_at_attention: int = 0
     # when the row is folded: "always", "with_attention" (only where that moment is counted), "never"
     fold: Literal["always", "with_attention", "never"] = "always"
 

@@ -229,7 +229,7 @@ class Fsdp1(Fsdp):
         # (fsdp_layers_gathered), the layer's other adapters accumulated or reduce-scattered already
         at_end = 2 * (adapter_unit_gradient(run) if layer_end else buffers) + head_wait
         return WrapperMemory(terms.resident, buckets, buffers_gathered,
-                             top_layer=top_unit(run, buffers, at_end, gathered, head_wait, bool(layer_end)),
+                             top_layer=top_unit(run, buffers, at_end, gathered, head_wait, layer_end),
                              bottom_layer=bottom,
                              end_of_backward=end, no_sync=no_sync_gradients(run), notes=self.notes(setup))
 

@@ -24,3 +24,16 @@ def adapter_unit_gradient(run: Run) -> int:
 
         at_end = 2 x r x max(d_in, d_out) x b_grad"""
     return run.param_plan.largest_trainable_tensor * unsharded_grad_bytes(run)
+
+
+def next_layer_at_attention_core(run: Run) -> bool:
+    """Whether the layer below is gathered when a layer's attention core is back-propagated. With PEFT's
+    per-adapter units the layer below is gathered once the layer's first adapter in forward order starts
+    its backward (wrappers/fsdp.fsdp_layers_gathered); where no adapter reads the attention's input (q, k,
+    v: the adapters on the MLP or the output projection only), that adapter runs after the attention core
+    in the forward, so its backward, and the gather, come before the core's backward (simulate: FSDP1
+    LLaMA-Factory, Mistral-7B QLoRA on the MLP, eager: both layers' all-gather outputs and host-shard
+    copies beside the top layer's ``_softmax_backward_data``)."""
+    spec = run.model.layer_groups[-1][0]
+    adapted = [m for m in spec.linears if m.name in run.targets]
+    return bool(adapted) and not any(m.reads == "attn_in" for m in adapted)

@@ -46,6 +46,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.wrappers.base import TopLayer
+from tuneplan.estimator.wrappers.fsdp1_adapter_units import next_layer_at_attention_core
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 
 if TYPE_CHECKING:
@@ -99,8 +100,7 @@ def bottom_unit(run: Run, buffers: int, head_wait: int, layer16: int, root16: in
     return bottom, pending * shard + root_shard + unsynced_at_bottom(run, buffers, trained)
 
 
-def top_unit(run: Run, buffers: int, at_end: int, gathered: int, head_wait: int,
-             per_adapter: bool) -> TopLayer:
+def top_unit(run: Run, buffers: int, at_end: int, gathered: int, head_wait: int, layer_end: int) -> TopLayer:
     """The top layer's unit (``buffers`` its unsharded gradient, ``at_end`` the gradients live at its end,
     ``gathered`` the root and two layers unsharded: the next one prefetched at its pre-backward). A full or
     freeze fine-tune's top layer at its attention core's backward (eager, SDPA's math path:
@@ -108,12 +108,16 @@ def top_unit(run: Run, buffers: int, at_end: int, gathered: int, head_wait: int,
     live until the layer's cat (:func:`attention_moment_gradients`), beside the head's waiting in the root
     (``head_wait``), and its MLP block's saved tensors are released (the attention's own scratch; simulate:
     FSDP1 Mistral-7B full fp16-mixed, three layers, eager: the peak at the top layer's fp32 cast of the
-    probabilities' gradient). PEFT's per-adapter units (``per_adapter``) and LoRA: not counted."""
+    probabilities' gradient). PEFT's per-adapter units (``layer_end``: what a layer's end holds unsharded,
+    0 without them) and LoRA: not counted, but what is unsharded then, ``layer_end`` where the layer below
+    is gathered before the core's backward (fsdp1_adapter_units.next_layer_at_attention_core)."""
     attention = 0
-    if run.setup.method in ("full", "freeze") and not per_adapter:
+    gathered_at_attention = layer_end if layer_end and next_layer_at_attention_core(run) else 0
+    if run.setup.method in ("full", "freeze") and not layer_end:
         attention = head_wait + attention_moment_gradients(run)
     return TopLayer(counted=buffers, gradients_at_end=at_end, gathered=gathered, keeps_scratch=False,
-                    gradients_at_attention=attention, attention_scratch_only=bool(attention))
+                    gradients_at_attention=attention, attention_scratch_only=bool(attention),
+                    gathered_at_attention=gathered_at_attention)
 
 
 def below_layer_share(run: Run, largest: int) -> int:
