@@ -362,14 +362,14 @@ def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens:
                            upper: bool = False) -> Any:
     """The scratch of the layer being back-propagated: its backward temporaries (or a fused expert stack's
     weight-gradient moment, less ``unmade``: bytes the row counts that do not exist yet at that moment)
-    and a quantized linear's dequantization scratch, or the larger moment of a fused expert stack's new
-    weight gradient beside its accumulated buffer (memory_statics) or of bitsandbytes' dequantized weight
+    and a quantized linear's dequantization scratch, or the larger moment of the layer's largest new weight
+    gradient beside its accumulated buffer (memory_statics) or of bitsandbytes' dequantized weight
     (quant_kernels). ``upper``: the top layer's, without the lower kinds' (ActivationPlan.
     upper_backward_temp_bytes)."""
     layers = acts.upper_backward_temp_bytes if upper else acts.backward_temp_bytes
     backward_temp = maximum(layers, acts.expert_stack_bytes - unmade) + statics.dequant
-    if statics.expert_grad_temp:
-        backward_temp = maximum(backward_temp, statics.expert_grad_temp)
+    if statics.new_grad_temp:
+        backward_temp = maximum(backward_temp, statics.new_grad_temp)
     if statics.backward_dequant:
         backward_temp = maximum(backward_temp,
                                 statics.backward_dequant + tokens * statics.backward_dequant_per_token)

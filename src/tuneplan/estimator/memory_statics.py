@@ -19,6 +19,7 @@ from tuneplan.estimator.run import Run
 from tuneplan.estimator.weights import recompute_casts_to_first_target
 from tuneplan.estimator.wrappers.base import EndOfBackward, Gathered, WrapperMemory
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
+from tuneplan.estimator.wrappers.zero12_reductions import layers_in_module_order
 from tuneplan.estimator.wrappers.zero_terms import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import LayerSpec, ModelSpec
@@ -95,13 +96,13 @@ class MemoryStatics:
     step_grads: int  # gradients at the optimizer step, buffers included
     step_temp: int  # the optimizer step's temporaries (0 when it runs in backward)
     base_notes: tuple[str, ...]  # sharding and optimizer notes
-    # a fused routed-expert stack's new weight gradient beside its accumulated buffer, while a MoE layer is
-    # back-propagated (expert_stack_gradient_temp)
     # ZeRO-3, LoRA / QLoRA: gathered once the prefetcher popped the untied head in the forward, and the
     # decoder layers run before it, whether the running layer is past its attention ((0, 0, False): no
     # instant there; wrappers/zero3_head_pop.py)
     gathered_head_popped: tuple[int, int, bool] = (0, 0, False)
-    expert_grad_temp: int = 0
+    # a trained layer's largest new weight gradient beside its accumulated buffer, while the layer is
+    # back-propagated (new_weight_gradient_temp)
+    new_grad_temp: int = 0
     recompute_casts: int = 0  # a checkpointed layer's casts its recomputation saves (weights.recompute_casts)
     recompute_casts_bottom: int = 0  # ... beyond the bottom layer's own gradients (bottom_recompute_casts)
     # the bottom layer's own new weight gradients beyond its recomputed casts (bottom_own_gradients)
@@ -196,7 +197,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         step_temp=0 if setup.optimizer_in_backward else resident.optimizer_temp,
         base_notes=(wrapper_memory.notes + tuple(optimizer.notes)
                     + unquantized_note(model, setup.quant_bits, profile.model_code, dtypes.non_block)),
-        expert_grad_temp=expert_stack_gradient_temp(run, grads_prev),
+        new_grad_temp=new_weight_gradient_temp(run, grads_prev),
         recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run),
         bottom_own_grads=bottom_own_gradients(run, grads_prev),
         eager_forward=eager_forward_terms(run), wrapper_rows=wrapper_adds_rows(wrapper_memory))
@@ -344,25 +345,31 @@ def gradient_terms(run: Run, wrapper_memory: WrapperMemory) -> tuple[int, int, i
     return grads, grads_prev, grads_step
 
 
-def expert_stack_gradient_temp(run: Run, grads_prev: int) -> int:
-    """Bytes of the largest fused routed-expert stack's new weight gradient, live beside the gradient buffer
-    it is added into (0 where no buffer is there or no expert trains).
+def new_weight_gradient_temp(run: Run, grads_prev: int) -> int:
+    """Bytes of the largest new weight gradient of a trained layer, live beside the gradient buffer it is
+    added into (0 where no buffer is there).
 
-    transformers 5 keeps a MoE layer's routed experts as two 3-D parameters (``*Experts``: ``gate_up_proj``
-    E x 2f x h, ``down_proj`` E x h x f) that ``torch._grouped_mm`` multiplies; its backward returns the
-    whole stack's weight gradient as one new tensor. Into a ``.grad`` that already exists (a later
-    micro-batch of an accumulation, keep_grads' zeroed buffer; DDP and ZeRO-1 keep ``param.grad``, ZeRO-2/3
-    and FSDP move it out at each hook) AccumulateGrad adds it in place, the new gradient live until then:
-    :math:`\\max(2 E f h, E f h)` elements in the gradient dtype (simulate: Qwen3-235B-A22B freeze, 128 x 3072
-    x 4096 bf16 = 3 GiB). A dense layer's largest weight gradient is a few percent of that. Other model code
-    (LitGPT, torchtune, Unsloth's patches) is not read here: 0."""
+    A linear's backward returns its weight's gradient as a new tensor (``mm``); into a ``.grad`` that already
+    exists (a later micro-batch of an accumulation, keep_grads' zeroed buffer; DDP and ZeRO-1 keep
+    ``param.grad``, ZeRO-2/3 and FSDP move it out at each hook) AccumulateGrad adds it in place, the new
+    gradient live until then (simulate: Llama-2-13b freeze fp32, two micro-batches: down_proj's 5120 x
+    13824 fp32 gradient, 283 MB, beside every buffer). transformers 5 keeps a MoE layer's routed experts as
+    two 3-D parameters (``*Experts``: ``gate_up_proj`` E x 2f x h, ``down_proj`` E x h x f) that
+    ``torch._grouped_mm`` multiplies; its backward returns the whole stack's weight gradient as one
+    tensor: :math:`\\max(2 E f h, E f h)` elements (simulate: Qwen3-235B-A22B freeze, 128 x 3072 x 4096 bf16
+    = 3 GiB). Other model code's expert layouts (LitGPT, torchtune, Unsloth's patches) are not read here:
+    their dense linears only. The trained layers are a freeze run's top ``freeze_trainable_layers``."""
     setup, model = run.setup, run.model
-    if (not grads_prev or not model.is_moe or setup.method not in ("full", "freeze") or setup.fsdp
-            or setup.zero >= 2 or run.profile.model_code != "hf"):
+    if (not grads_prev or setup.method not in ("full", "freeze") or setup.fsdp or setup.zero >= 2):
         return 0
-    stacks = [0]
-    for spec, _ in model.layer_groups:
+    layers = layers_in_module_order(model)
+    if setup.method == "freeze":
+        layers = layers[max(len(layers) - setup.freeze_trainable_layers, 0):]
+    hf = run.profile.model_code == "hf"
+    largest = 0
+    for spec in {id(spec): spec for spec in layers}.values():
+        dense = [m.d_in * m.d_out for m in spec.linears if m.role != "expert" or not hf]
         experts = [m.count * m.d_in * m.d_out for m in spec.linears if m.role == "expert"]
-        if experts:  # gate and up fused, down on its own
-            stacks += [sum(experts[:-1]), experts[-1]]
-    return max(stacks) * run.param_plan.trainable_bytes
+        stacks = [sum(experts[:-1]), experts[-1]] if hf and experts else []  # gate and up fused, down
+        largest = max(largest, *dense, *stacks)
+    return largest * run.param_plan.trainable_bytes
