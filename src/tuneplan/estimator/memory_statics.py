@@ -5,10 +5,11 @@ instants exist (``instants.instants`` reads them as arithmetic)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
+from tuneplan.estimator.adafactor_step import adafactor_step_temp
 from tuneplan.estimator.bnb_scope import unquantized_note
 from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
 from tuneplan.estimator.layer_end_casts import head_and_top_layer_casts, top_layer_end_casts
@@ -141,6 +142,10 @@ def memory_statics(run: Run) -> MemoryStatics:
     optimizer = optimizer_plan(run.optimizer, params.trainable_params, params.trainable_bytes,
                                params.trainable_tensors, params.largest_trainable_tensor,
                                params.factored_elems, tensor_sizes=stepped)
+    if run.optimizer == "adafactor" and not setup.zero and not setup.fsdp:
+        # whole tensors, stepped in the optimizer's order (adafactor_step.py)
+        temp = adafactor_step_temp(run, params.trainable_bytes)
+        optimizer = optimizer if temp is None else replace(optimizer, temp=temp)
     wrapper_memory = run.wrapper.memory(run, optimizer)
     if setup.zero:
         # DeepSpeed steps the run's optimizer on this rank's flat fp32 partition (wrappers/zero.py): its paged
