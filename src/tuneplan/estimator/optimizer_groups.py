@@ -1,4 +1,15 @@
-"""transformers' ``Adafactor.step`` walking its tensors in order: the update of the tensor stepped before is
+"""The optimizer's parameter groups and the order it steps their tensors, where they decide its
+temporaries.
+
+``Trainer.create_optimizer`` (profile ``trainer_param_groups``) makes two groups: every trainable tensor but
+biases and norms (``get_decay_parameter_names``), then the rest, each in ``named_parameters()`` order. A
+recipe that steps ``model.parameters()`` makes one.
+
+torch's AdamW with ``foreach`` (``_multi_tensor_adamw``) makes ``exp_avg_sq.sqrt()`` for a whole group at
+once (``torch._foreach_sqrt``): its temporary is the largest group, the weight-decay one,
+:math:`(P - P_{nd}) b` with :math:`P_{nd}` the biases' and norms' elements (:func:`no_decay_elements`).
+
+transformers' ``Adafactor.step`` walks its tensors in order: the update of the tensor stepped before is
 still bound while the next tensor's first temporaries are made.
 
 transformers 5, optimization.py ``Adafactor.step``: each iteration of ``for p in group["params"]`` ends
@@ -12,10 +23,8 @@ them), the step's temporaries peak at
 
 .. math::  T = 4 \\max_i (k n_i + n_{i-1}),\\quad n_0 = 0
 
-The order: ``Trainer.create_optimizer`` (profile ``trainer_param_groups``) puts every trainable tensor but
-biases and norms in the first group, in ``named_parameters()`` (module) order, so the layers' linears
-follow one another across layers and the head follows the last layer's; a recipe that steps
-``model.parameters()`` as one group walks each layer's norms after its linears, which end the chain at each
+In the Trainer's weight-decay group the layers' linears follow one another across layers and the head
+follows the last layer's; one group walks each layer's norms after its linears, which end the chain at each
 layer (simulate: Mistral-7B full bf16, the head's square and sum beside the last ``down_proj``'s update
 under the Trainer's groups, none under one group; Llama-3.1-70B freeze at 2 layers, fp32 trained layers:
 ``up_proj``'s square and sum beside ``gate_proj``'s update, 3 x 939,524,096 bytes).
@@ -58,3 +67,18 @@ def adafactor_step_temp(run: Run, param_bytes: int) -> int | None:
         return None
     k = 2 if param_bytes >= 4 else 4
     return 4 * max(k * n + previous for n, previous in zip(order, [0, *order[:-1]], strict=True))
+
+
+def no_decay_elements(run: Run) -> int:
+    """Elements of the trainable biases and norms (the Trainer's second group) of a full or freeze fine-tune:
+    the trained layers' norms and linear biases, and a full one's final norm; 0 for adapters (no bias, no
+    norm: all in the weight-decay group)."""
+    model, setup = run.model, run.setup
+    if setup.method not in ("full", "freeze"):
+        return 0
+    layers = layers_in_module_order(model)
+    if setup.method == "freeze":
+        layers = layers[max(len(layers) - setup.freeze_trainable_layers, 0):]
+    biases = sum(m.d_out * m.count for spec in layers for m in spec.linears if m.bias)
+    norms = sum(spec.norm_params for spec in layers)
+    return biases + norms + (model.final_norm_params if setup.method == "full" else 0)

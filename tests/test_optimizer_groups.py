@@ -1,7 +1,9 @@
-"""transformers' Adafactor steps one tensor at a time and keeps the previous tensor's update bound while it
+"""The Trainer's two parameter groups and their order decide the optimizer's temporaries. foreach AdamW makes
+its square-root temporary for a whole group at once: the weight-decay group, without biases and norms.
+transformers' Adafactor steps one tensor at a time and keeps the previous tensor's update bound while it
 squares the next gradient, so what the step holds at once depends on the order of its tensors: the
 Trainer's weight-decay group (no norms or biases between the linears) or ``model.parameters()`` as one
-group (estimator/adafactor_step.py; simulate/step.trainer_param_groups)."""
+group (estimator/optimizer_groups.py; simulate/step.trainer_param_groups)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from random_setups import reduced_model  # noqa: E402
 from tuneplan.api import build_setup  # noqa: E402
-from tuneplan.estimator.adafactor_step import adafactor_step_temp  # noqa: E402
 from tuneplan.estimator.memory_statics import memory_statics  # noqa: E402
+from tuneplan.estimator.optimizer_groups import adafactor_step_temp, no_decay_elements  # noqa: E402
 from tuneplan.estimator.run import resolve_run  # noqa: E402
 
 # Mistral-7B: embedding and head 32000 x 4096 = 131,072,000 elements each, down_proj 4096 x 14336 =
@@ -55,6 +57,18 @@ def test_fp32_freeze_layers_chain_through_the_mlp() -> None:
 def test_lora_keeps_the_largest_tensor_rule() -> None:
     # LoRA: the order is not modelled (adapters, all small): the largest tensor's rule stands
     assert adafactor_step_temp(_run("hf", "lora", "bf16", rank=8), 2) is None
+
+
+def test_foreach_adamw_temporary_is_the_weight_decay_group() -> None:
+    # Qwen2.5-0.5B at 2 layers, full fp32: h 896, q / k / v biases 896 + 128 + 128 per layer, two RMSNorms
+    # of 896 per layer and the final one: the second group holds 2 x (1152 + 2 x 896) + 896 = 6,784
+    # elements, the decay group the rest; torch._foreach_sqrt over it: (P - 6,784) x 4 bytes
+    spec = reduced_model("Qwen/Qwen2.5-0.5B", 2)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="fp32", framework="hf", batch=1,
+                                        seq=128, optimizer="adamw", gradient_checkpointing=False))
+    assert no_decay_elements(run) == 2 * (1152 + 2 * 896) + 896 == 6_784
+    trainable = run.param_plan.trainable_params
+    assert memory_statics(run).optimizer.temp == (trainable - 6_784) * 4
 
 
 def test_simulation_steps_the_trainers_groups() -> None:
