@@ -5,7 +5,7 @@ instants exist (``instants.instants`` reads them as arithmetic)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
@@ -13,6 +13,7 @@ from tuneplan.estimator.bnb_scope import unquantized_note
 from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
 from tuneplan.estimator.layer_end_casts import head_and_top_layer_casts, top_layer_end_casts
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
+from tuneplan.estimator.optimizer_groups import adafactor_step_temp, no_decay_elements
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
@@ -142,6 +143,8 @@ def memory_statics(run: Run) -> MemoryStatics:
     optimizer = optimizer_plan(run.optimizer, params.trainable_params, params.trainable_bytes,
                                params.trainable_tensors, params.largest_trainable_tensor,
                                params.factored_elems, tensor_sizes=stepped)
+    if not setup.zero and not setup.fsdp:
+        optimizer = grouped_optimizer_temp(run, optimizer)
     wrapper_memory = run.wrapper.memory(run, optimizer)
     if setup.zero:
         # DeepSpeed steps the run's optimizer on this rank's flat fp32 partition (wrappers/zero.py): its paged
@@ -269,6 +272,20 @@ def bottom_recompute_casts(run: Run) -> int:
     if run.setup.method == "lora" or not casts:
         return casts
     return max(0, casts - casts // run.dtypes.compute * run.param_plan.trainable_bytes)
+
+
+def grouped_optimizer_temp(run: Run, optimizer: OptimizerPlan) -> OptimizerPlan:
+    """``optimizer`` with the temporaries its parameter groups and their order make, where the run steps
+    whole tensors (optimizer_groups.py): Adafactor's in its tensor order, foreach AdamW's over the Trainer's
+    weight-decay group."""
+    params = run.param_plan
+    if run.optimizer == "adafactor":
+        temp = adafactor_step_temp(run, params.trainable_bytes)
+        return optimizer if temp is None else replace(optimizer, temp=temp)
+    if run.optimizer == "adamw" and run.profile.trainer_param_groups:
+        decay = params.trainable_params - no_decay_elements(run)
+        return replace(optimizer, temp=max(decay, params.trainable_params - decay) * params.trainable_bytes)
+    return optimizer
 
 
 def bottom_own_gradients(run: Run, grads_prev: int) -> int:

@@ -208,7 +208,9 @@ def _simulate_run(spec: ModelSpec, setup: TrainSetup, prof: Profile,
                             no_sync=(partial(gradient_sync_off, model) if fsdp2
                                      else model.no_sync if setup.fsdp and loop_no_sync else None),
                             on_step=ddp.on_step if ddp is not None else None,
-                            outputs_until_step=prof.name == "fsdp-qlora")
+                            outputs_until_step=prof.name == "fsdp-qlora",
+                            # FSDP's and ZeRO's flat parameters: the groups are not modelled there
+                            trainer_groups=prof.trainer_param_groups and not setup.fsdp)
     finally:
         h1.remove()
         h2.remove()

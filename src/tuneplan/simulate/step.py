@@ -89,7 +89,20 @@ class HfAdamWLoop(torch.optim.Optimizer):
                 del denom
 
 
-def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+def trainer_param_groups(model: nn.Module) -> list[dict[str, Any]]:
+    """The parameter groups ``Trainer.create_optimizer`` hands the optimizer (transformers trainer.py): the
+    trainable parameters named by ``Trainer.get_decay_parameter_names`` (all but biases and norms), then the
+    others, each in ``named_parameters()`` order; an empty group left out. The order decides what an
+    optimizer that walks its tensors one by one (Adafactor) holds at once."""
+    from transformers import Trainer
+
+    decay = set(Trainer.get_decay_parameter_names(None, model))  # reads only its ``model`` argument
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [[p for n, p in named if n in decay], [p for n, p in named if n not in decay]]
+    return [{"params": g, "weight_decay": 0.0} for g in groups if g]
+
+
+def make_optimizer(name: str, params: list[Any]) -> torch.optim.Optimizer:
     if not params:
         raise ValueError("no trainable parameters")
     if name == "adamw-fused":
@@ -134,14 +147,16 @@ def training_labels(setup: TrainSetup, ids: torch.Tensor) -> torch.Tensor:
 def run_steps(model: nn.Module, setup: TrainSetup, optimizer: str, tracker: StorageTracker, half: torch.dtype,
               autocast: bool, progress: Callable[[float, str], None] | None = None, steps: int = 2,
               no_sync: Callable[[], Any] | None = None, on_step: Callable[[int], None] | None = None,
-              outputs_until_step: bool = False) -> Any:
+              outputs_until_step: bool = False, trainer_groups: bool = False) -> Any:
     """``no_sync``: the wrapper's context for the accumulating micro-batches (the Trainer runs every
     micro-batch but the last of a step under ``accelerator.no_sync(model)``: transformers
     ``_inner_training_loop``; DeepSpeed excepted). ``on_step(step)``: called as each step's first forward
     begins (DDP's bucket rebuild). ``outputs_until_step``: the loop keeps each micro-batch's outputs until
-    the optimizer step has run (fsdp_qlora train.py: ``output = None`` after the step), not the Trainer's."""
+    the optimizer step has run (fsdp_qlora train.py: ``output = None`` after the step), not the Trainer's.
+    ``trainer_groups``: the optimizer steps the Trainer's two parameter groups (:func:`trainer_param_groups`)
+    instead of one."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(optimizer, params)
+    opt = make_optimizer(optimizer, trainer_param_groups(model) if trainer_groups else params)
     fused = optimizer == "adamw-fused"
     tracker.host_scalars_in_optimizer = not fused
     ids = torch.zeros((setup.batch, setup.seq), dtype=torch.long)

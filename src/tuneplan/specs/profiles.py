@@ -66,6 +66,10 @@ class Profile:
     # ... only through its backward and the optimizer step, dropped before the next forward (fsdp_qlora
     # train.py: output = None after each batch's backward and step; estimator/instants.py)
     loop_holds_outputs_to_step: bool = False
+    # the optimizer steps the Trainer's two groups (Trainer.create_optimizer: the weight-decay group, every
+    # trainable tensor but biases and norms, then the rest, each in named_parameters() order) rather than
+    # model.parameters() as one group (fsdp_qlora train.py, torchtune and LitGPT recipes)
+    trainer_param_groups: bool = True
     # every nn.Linear is quantized, the output head included (estimator/weights.param_plan)
     quantizes_lm_head: bool = False
     # ZeRO-3 / FSDP shard the quantization metadata with the weight (torchao NF4Tensor's scalers travel in
@@ -134,7 +138,7 @@ PROFILES: dict[str, Profile] = {
         default_attn="sdpa", gc_full=True, gc_lora=True, gc_qlora=True,
         default_targets="q_proj,v_proj,output_proj",
         autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=False,
-        loss="chunked_fp32", model_code="torchtune", dequant_bytes_per_elem=14.0,
+        loss="chunked_fp32", model_code="torchtune", dequant_bytes_per_elem=14.0, trainer_param_groups=False,
         fsdp_root_embeddings=(), quant_meta_sharded=True,
         sources=(
             "torchtune recipes configs: dtype: bf16, enable_activation_checkpointing: True, "
@@ -153,6 +157,7 @@ PROFILES: dict[str, Profile] = {
         default_attn="sdpa", gc_full=False, gc_lora=False, gc_qlora=False, default_targets="q_proj,v_proj",
         autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=True,
         loss="fabric_chunked", model_code="litgpt", default_dropout=0.05, mixed_base_fp32=True,
+        trainer_param_groups=False,
         quant_saves_input=True, fsdp_mixed_unit_grads=True, fsdp_accumulate_unsharded=True,
         unties_embeddings=True, loop_holds_outputs=True, quantizes_lm_head=True, dequant_bytes_per_elem=4.0,
         sources=(
@@ -237,7 +242,7 @@ PROFILES["fsdp-qlora"] = Profile(
     autocast=False, kbit_upcast_fp32=False, adapter_fp32=False, trainable_fp32_in_mixed=True,
     mixed_base_fp32=True, loss="torchtune_legacy", default_dropout=0.1, default_rank=64,
     fsdp_flat_params_only=True, fsdp_gathers_wait=True, fsdp_mixed_gathers_fp32=True,
-    fsdp_accumulate_unsharded_offloaded=True, loop_holds_outputs_to_step=True,
+    fsdp_accumulate_unsharded_offloaded=True, loop_holds_outputs_to_step=True, trainer_param_groups=False,
     sources=(
         "fsdp_qlora train.py fsdp_qlora(): precision='bf16' (torch_dtype bf16, no autocast, mp_policy None); "
         "bf16_autocast / fp16_autocast load fp32 and run under torch.cuda.amp.autocast",
