@@ -298,3 +298,27 @@ def test_the_lora_matrices_gathered_by_the_coordinator_count_toward_max_live() -
     assert lora_trace_params(spec, 128, targets) == 41_943_040
     assert zero3_quantized_ahead_bytes(spec, setup, 50_000_000, 2, targets) == (
         v * h * 2 + 1_000_000_000 - v * h + h * f // 2)
+
+
+def test_a_tied_embedding_past_max_live_released_after_the_heads_backward_is_gathered_again() -> None:
+    # a tied Llama of hidden 4096, intermediate 16384 and BLOOM's vocab 250880: the embedding,
+    # 250880 x 4096 = 1,027,604,480 elements, fills stage3_max_live_parameters (1e9). QLoRA 4-bit with
+    # checkpointing: a layer's 4 h^2 + 3 h f = 268,435,456 weights are 134,217,728 packed codes. With
+    # 4 layers P = 536,870,912 < 1e9 (the head's forward reuses the embedding in reach) and 2 P >= 1e9 (its
+    # own backward use does not): released after the head's backward, popped back beside all the codes:
+    # 1,027,604,480 x 2 bytes + 536,870,912 = 2,592,079,872. With 3 layers 2 P = 805,306,368 < 1e9: kept,
+    # nothing gathered again; without checkpointing the embedding has no backward use
+    from tuneplan.estimator.wrappers.zero3_tied_backward import zero3_quantized_tied_regathered
+
+    h, f, v = 4096, 16384, 250880
+    for layers, expected in ((4, 1_027_604_480 * 2 + 536_870_912), (3, 0)):
+        cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=layers, num_attention_heads=32,
+                   num_key_value_heads=32, intermediate_size=f, vocab_size=v, tie_word_embeddings=True)
+        spec = model_from_config(cfg, f"tied-llama-{layers}L")
+        assert spec.embed_params == v * h and not spec.lm_head_params
+        setup = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=3,
+                            gradient_checkpointing=True)
+        assert zero3_quantized_tied_regathered(resolve_run(spec, setup)) == expected
+        plain = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=3,
+                            gradient_checkpointing=False)
+        assert zero3_quantized_tied_regathered(resolve_run(spec, plain)) == 0
