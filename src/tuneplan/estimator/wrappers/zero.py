@@ -61,7 +61,10 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_quantized_head_copy_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
-from tuneplan.estimator.wrappers.zero3_tied_backward import zero3_tied_regathered
+from tuneplan.estimator.wrappers.zero3_tied_backward import (
+    zero3_quantized_tied_regathered,
+    zero3_tied_regathered,
+)
 from tuneplan.estimator.wrappers.zero3_tied_gradient import zero3_tied_head_gradient
 from tuneplan.estimator.wrappers.zero3_tied_head import zero3_tied_head_round
 from tuneplan.estimator.wrappers.zero12_flatten import zero12_flatten_bytes
@@ -255,7 +258,8 @@ class Zero3(Zero, ShardingWrapper):
                                                 whole16) if setup.quant_bits is None and runs_ahead else 0,
                     # or, a tied embedding released after the head's backward, again, beside a round held
                     # twice (zero3_tied_backward)
-                    zero3_tied_regathered(model, setup, terms.prefetch_bucket, run.targets) * compute)
+                    zero3_tied_regathered(model, setup, terms.prefetch_bucket, run.targets) * compute,
+                    zero3_quantized_tied_regathered(run))
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
@@ -340,7 +344,8 @@ class Zero3(Zero, ShardingWrapper):
                                                             terms.reduce_bucket, run.targets) * compute
         else:
             # packed 4-bit layers: what the prefetcher ran ahead to stays until its backward use (and a copy)
-            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16
+            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute,
+                                                    run.targets), whole16
                         ) + zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0]
             at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)

@@ -5,6 +5,8 @@ backward lie between it and the embedding's own backward use)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
@@ -15,9 +17,13 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     tied_embedding_fills_live,
 )
 from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
+from tuneplan.estimator.wrappers.zero3_quantized import gathered_entries
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
 
 
 def tied_reach_at_loss(model: ModelSpec, setup: TrainSetup, queued: int) -> int | None:
@@ -88,3 +94,35 @@ def zero3_tied_regathered(model: ModelSpec, setup: TrainSetup, prefetch_bucket: 
     if model.params_total - model.embed_params >= DS_MAX_LIVE_PARAMETERS:
         held_twice = 0
     return zero3_gathered_in_lower_layers(model, setup) + held_twice
+
+
+def zero3_quantized_tied_regathered(run: Run) -> int:
+    """Bytes gathered through the layers' backward of a QLoRA run with checkpointing whose tied embedding
+    filled ``stage3_max_live_parameters`` ``M`` through the forward and is released after the head's
+    backward (0 otherwise): the embedding again, beside every layer's packed codes.
+
+    On the packed trace (zero3_quantized module doc) the layers hold ``P`` trace elements. The head's
+    forward reuses the embedding ``P < D`` elements on, so ``__params_to_release`` (DeepSpeed 0.19.8)
+    keeps it from its forward to the head's backward, and with ``E >= M`` nothing is prefetched
+    (zero3_coordinator.tied_embedding_fills_live). Its next use, its own backward (checkpointing's
+    ``enable_input_require_grads``), lies past every layer's recompute and backward, ``2 P >= D``: it is
+    released there and ``n_available`` falls to the layers kept. From the top layer's recompute on,
+    ``_fetch_sub_module_impl`` pops rounds of ``min(M - n_available, prefetch_bucket)`` off the queue; with
+    ``P < M`` the layers released after their forward are popped back and the embedding crosses ``M``:
+
+    .. math:: G = E\\, b_{nb} + \\sum_{\\text{layers}} \\sum_p B_p
+
+    (simulate: gemma-3-27b-it, 4 layers, QLoRA nf4 rank 4 on the MLP with checkpointing over 4 GPUs: the
+    embedding's 1.4096e9 elements freed after the head's backward and gathered again at layer 3's
+    recomputed ``post_attention_layernorm``, beside the layers' 8.2575e8 packed codes, the run's peak at
+    layer 3's ``down_proj``.)"""
+    model, setup = run.model, run.setup
+    embed = model.embed_params
+    if (setup.quant_bits is None or not setup.gradient_checkpointing or model.lm_head_params
+            or embed < DS_MAX_LIVE_PARAMETERS):
+        return 0
+    layers = [(gathered_entries(run, spec), count) for spec, count in model.layer_groups]
+    elements = sum(n * count for entries, count in layers for n, _ in entries)
+    if not elements < DS_MAX_LIVE_PARAMETERS <= 2 * elements or elements >= DS_MAX_REUSE_DISTANCE:
+        return 0
+    return embed * run.dtypes.non_block + sum(b * count for entries, count in layers for _, b in entries)
