@@ -117,12 +117,14 @@ def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
     (a later micro-batch's: none where the run's first micro-batch is its longest, the peak's), the
     epilogue's reductions running before it is dropped (``independent_gradient_partition_epilogue``). The
     layers' rows count one partition (the kept one, or :math:`P` once made). With offload the partitions
-    go to the host: no moment, none made."""
+    go to the host: none made; the layers' reductions and their flat copies are there all the same
+    (``reduce_ipg_grads`` -> ``average_tensor`` before ``copy_grads_in_partition`` sends this rank's
+    slices to the host), beside ZeRO-Offload's ``temp_grad_buffer_for_gpu_offload`` in ``buffers``."""
     setup = run.setup
     kept = partition_bytes if setup.grad_accum > 1 and not setup.longest_batch_first else 0
     epilogue = zero2_epilogue(run, reduce_bucket, buffers + kept, partition_bytes)
-    if setup.offload != "none":
-        return epilogue, 0, kept, False, 0
+    # with offload the partition goes to the host (``partition_bytes`` is 0: none made on the device), but
+    # the reductions in the layers' backward and their flat copies are the same
     moment, made, at_head = layers_backward_moment(run, reduce_bucket, partition_bytes)
-    return (epilogue, kept + buffers + moment if moment else 0, kept, made,
+    return (epilogue, kept + buffers + moment if moment else 0, kept, made and setup.offload == "none",
             kept + buffers + at_head if at_head else 0)
