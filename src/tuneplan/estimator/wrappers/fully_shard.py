@@ -103,9 +103,12 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
                                      model, trainable_params, kept=False), key=_total)
     elif not tied and embedding_output_requires_grad(setup):
         end = frozen_embedding_copy_out(model, setup, compute_bytes, layer_grads)
+    # the embedding group is prefetched only by the bottom layer's pre-backward, which runs only where the
+    # bottom layer is back-propagated (trained, or frozen with its input requiring grad)
+    bottom_back_propagated = bottom_layer_trains(model, setup) or embedding_output_requires_grad(setup)
     bottom = (embedding_prefetch(model, setup, layer16, layer_grads, compute_bytes,
                                  -(-int((pending - layer_train) * per_elem) // world_size))
-              if not tied and model.n_layers > 1 else None)
+              if not tied and model.n_layers > 1 and bottom_back_propagated else None)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
                            pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
                            held_top=tail16 if tied else (tail * compute_bytes if head_trains else 0),
@@ -166,6 +169,12 @@ def embedding_prefetch(model: ModelSpec, setup: TrainSetup, layer16: int, layer_
 
         gathered = layer16 + embed_params x compute_bytes + layer_grads
         missing  = ceil((layer + embedding if it trains) x sharded bytes per element / world_size)
+
+    Only where the bottom layer is back-propagated (it trains, or a freeze run's frozen layers are, for
+    their input's gradient: ``embedding_output_requires_grad``): a group's pre-backward hook fires only on
+    its outputs' gradients, so a freeze run's backward that ends at its lowest trained layer never reaches
+    the bottom layer's, and nothing prefetches the embedding group (simulate: gemma-3-27b-it freeze of 2 of
+    4 layers, no checkpointing, 2 GPUs: no embedding buffer in the backward).
 
     This can exceed the second layer's backward (``backward_layers_bottom``: two layers unsharded, two
     shards missing) when the embeddings outweigh a layer (a large vocabulary over a narrow model; simulate:
