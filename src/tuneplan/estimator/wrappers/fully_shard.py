@@ -103,12 +103,9 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
                                      model, trainable_params, kept=False), key=_total)
     elif not tied and embedding_output_requires_grad(setup):
         end = frozen_embedding_copy_out(model, setup, compute_bytes, layer_grads)
-    # the embedding group is prefetched only by the bottom layer's pre-backward, which runs only where the
-    # bottom layer is back-propagated (trained, or frozen with its input requiring grad)
-    bottom_back_propagated = bottom_layer_trains(model, setup) or embedding_output_requires_grad(setup)
     bottom = (embedding_prefetch(model, setup, layer16, layer_grads, compute_bytes,
                                  -(-int((pending - layer_train) * per_elem) // world_size))
-              if not tied and model.n_layers > 1 and bottom_back_propagated else None)
+              if not tied and model.n_layers > 1 and bottom_layer_back_propagated(model, setup) else None)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
                            pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
                            held_top=tail16 if tied else (tail * compute_bytes if head_trains else 0),
@@ -194,6 +191,13 @@ def embedding_prefetch(model: ModelSpec, setup: TrainSetup, layer16: int, layer_
     copied = -(-embed16 // setup.world_size) if setup.offload != "none" else 0
     missing = pending if bottom_layer_trains(model, setup) else layer_grads
     return layer16 + embed16 + layer_grads + copied, missing, copied
+
+
+def bottom_layer_back_propagated(model: ModelSpec, setup: TrainSetup) -> bool:
+    """Whether the bottom decoder layer is back-propagated, so that its pre-backward (a group's hook fires
+    on its outputs' gradients) prefetches the embedding group: it trains, or a freeze run's frozen layers
+    are back-propagated for their input's gradient (``embedding_output_requires_grad``)."""
+    return bottom_layer_trains(model, setup) or embedding_output_requires_grad(setup)
 
 
 def bottom_layer_trains(model: ModelSpec, setup: TrainSetup) -> bool:
