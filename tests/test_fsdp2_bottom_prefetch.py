@@ -68,3 +68,25 @@ def test_the_synced_micro_batch_ends_with_only_the_tied_tail_accumulated() -> No
     assert hand == 335_162_496
     # the model spec's embedding counts the position table with the token table: its three new copies too
     assert 0 <= row.gradients - hand <= 3 * wpe16
+
+
+def test_a_frozen_bottom_layer_not_back_propagated_prefetches_no_embedding() -> None:
+    # freeze of the top 2 of Llama-2-70b's 4 layers, fp32, CPU offload, 2 GPUs, no checkpointing: autograd's
+    # backward ends at layer 2 (layers 0 and 1 and the embedding output need no gradient), so layer 0's
+    # pre-backward, the one that would prefetch the embedding group, never runs. The backward's unsharded
+    # buffers peak at layer 2 beside the frozen layer 1 it prefetched and layer 3's reduce-scatter input:
+    # 3 x LAYER x 4 B, never the embedding's 32000 x 8192 x 4 B flat buffer (simulate: gemma-3-27b-it freeze
+    # of 2 of 4 layers, 2 GPUs: the backward's peak 4.7 GB under the forward's embedding copy-out)
+    h, w, kv = 8192, 28672, 1024
+    layer = 2 * h * h + 2 * kv * h + 3 * w * h + 2 * h
+    spec = reduced_model("meta-llama/Llama-2-70b-hf", 4)
+    base = dict(method="freeze", precision="fp32", framework="hf", grad_accum=1, optimizer="adamw-hf", gpus=2,
+                fsdp=True, fsdp_version=2, offload="all", batch=1, seq=256)
+    rows = memory_at(resolve_run(spec, build_setup(spec, **base)), 1, 256).rows
+    assert "backward_bottom_layer" not in rows
+    backward = [named(v).parallel_buffers for k, v in rows.items() if k.startswith("backward")]
+    assert max(backward) == 3 * layer * 4
+    # checkpointed under the HF Trainer the embedding's output requires grad: the frozen layers are
+    # back-propagated and layer 0 prefetches the embedding group (its flat fp32 buffer among the gathered)
+    rows = memory_at(resolve_run(spec, build_setup(spec, **base, gradient_checkpointing=True)), 1, 256).rows
+    assert named(rows["backward_bottom_layer"]).parallel_buffers > 32_000 * h * 4

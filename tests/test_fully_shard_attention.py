@@ -80,9 +80,30 @@ def test_full_second_layer_beside_the_lower_layers_activations() -> None:
 
 
 def test_no_moment_without_materialised_scores() -> None:
-    # bf16-mixed with SDPA's fused kernels: no scores' gradients, the row left as it is
+    # bf16-mixed with SDPA's fused kernels: no scores' gradients, no attention-core row; the lowest trained
+    # layer's row is still folded (its weight gradients made as MmBackward0 frees their saved inputs): at
+    # 3 x 1024 tokens its end, the layer's 855.6 M bf16 gradients (1.71 GB), outweighs its 1.22 GB of
+    # activations, all released by then
     run = _run(4, method="freeze", batch=3, seq=1024, precision="bf16-mixed", offload="none")
     rows = memory_at(run, 3, 1024).rows
     assert "backward_layer_attention" not in rows and "backward_top_attention" not in rows
-    assert named(rows["backward_layers_bottom"]).activations == saved_at(
-        memory_statics(run).acts, 3, 1024).top_layer_bytes
+    assert saved_at(memory_statics(run).acts, 3, 1024).top_layer_bytes < LAYER * 2
+    assert named(rows["backward_layers_bottom"]).activations == 0
+
+
+def test_checkpointed_freeze_with_frozen_layers_back_propagated() -> None:
+    # the HF Trainer's checkpointing makes the embedding's output require grad, so the frozen layers 0 and
+    # 1 are back-propagated after the lowest trained one (layer 2) for their input's gradient. Layer 2's
+    # row, flash attention, bf16-mixed, 1 x 1024 tokens, CPU offload: its recomputation (0.41 GB) goes as
+    # its bf16 gradients (LAYER x 2 B = 1.71 GB) are made, so the row is its end: those gradients, no
+    # recomputed activation left, its scratch, layer 2 and the frozen layer 1 it prefetched unsharded and
+    # layer 3's reduce-scatter input (3 x LAYER x 2 B)
+    run = _run(4, method="freeze", batch=1, seq=1024, precision="bf16-mixed", gradient_checkpointing=True,
+               attn="flash")
+    assert run.setup.freeze_trainable_layers == 2
+    acts = saved_at(memory_statics(run).acts, 1, 1024)
+    assert 0 < acts.recompute_bytes < LAYER * 2
+    row = named(memory_at(run, 1, 1024).rows["backward_layers_bottom"])
+    assert row.gradients == LAYER * 2
+    assert row.activations == 0
+    assert row.parallel_buffers == 3 * LAYER * 2

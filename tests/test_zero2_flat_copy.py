@@ -7,11 +7,18 @@ flattens each group (``cat`` of several slices, a view of a lone one)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from tuneplan.api import build_setup
 from tuneplan.estimator.memory_statics import memory_statics
 from tuneplan.estimator.run import resolve_run
-from tuneplan.estimator.wrappers.zero12_reductions import flat_copy_elements
+from tuneplan.estimator.wrappers.zero2_partition import layers_backward_moment
+from tuneplan.estimator.wrappers.zero12_reductions import bucket_copy_elements, flat_copy_elements
 from tuneplan.specs.model import model_from_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from random_setups import reduced_model  # noqa: E402
 
 LLAMA3_8B_4L = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 4, "num_attention_heads": 32,
                 "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
@@ -65,3 +72,35 @@ def test_the_epilogue_copies_the_embedding_over_three_partitions() -> None:
     # [0, EMBED): ranks 0 and 1's 240,390,656 and rank 2's first 44,555,264: one group, one cat
     epilogue = statics(1).wrapped.epilogue
     assert epilogue is not None and epilogue.reduction_copy == 2 * EMBED
+
+
+def test_slices_merge_in_bucket_order_not_flat_order() -> None:
+    # partitions of 100 elements; the bucket holds, in hook order, [250, 280) (rank 2), [390, 395) (rank 3)
+    # and [150, 210) (rank 1's 50, rank 2's 10): four slices, 95 elements, one group, one cat of 95. Read as
+    # the flat group's range [150, 395) it would be ranks 1, 2 and 3's 50 + 100 + 95 = 245
+    assert bucket_copy_elements([(250, 30), (390, 5), (150, 60)], 100, BUCKET) == 95
+    # two gradients of rank 1 with a gap between them in the flat group are adjacent in the bucket: one
+    # merged slice, a view
+    assert bucket_copy_elements([(110, 20), (150, 30)], 100, BUCKET) == 0
+
+
+def test_a_layers_norms_do_not_widen_the_reduction_copy() -> None:
+    # Phi-3-medium at 3 layers, full, bf16, 4 GPUs, ZeRO-2 with the optimizer offloaded (simulate: the second
+    # reduction's cat is 471,874,560 elements, the bucket itself). Per layer: qkv_proj 5120 x 7680, o_proj
+    # 5120^2, gate_up_proj 35840 x 5120, down_proj 5120 x 17920, two norms of 5120 (one entry here, after
+    # the layer's linears in the flat group and in the hooks' order); embedding and lm_head 32064 x 5120
+    qkv, o, gate_up, down, norms = 39_321_600, 26_214_400, 183_500_800, 91_750_400, 10_240
+    spec = reduced_model("microsoft/Phi-3-medium-4k-instruct", 3)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="bf16-mixed", optimizer="adamw-8bit",
+                                        gpus=4, zero=2, offload="optimizer", batch=2, seq=384))
+    # the first bucket: lm_head, the final norm, layer 2's down, gate_up and o_proj (465,638,400: layer 2's
+    # qkv_proj would pass 5e8). The second: layer 2's qkv_proj and norms, layer 1 whole, layer 0's
+    # down_proj, reduced as layer 0's gate_up_proj arrives (471,879,680 + 183,500,800 > 5e8). Its range of
+    # the flat group, from layer 0's down_proj to layer 2's norms, spans ranks 1, 2 and 3 (partitions of
+    # 337,683,200), but in the bucket its slices go to ranks 2, 3, 2, 1, 2, 1, 2, 1: one group, the
+    # bucket's 471,879,680 elements copied, beside the arriving gate_up_proj gradient (bf16)
+    second = qkv + norms + down + gate_up + o + qkv + norms + down
+    assert second == 471_879_680
+    moment, made, _ = layers_backward_moment(run, BUCKET, 0)
+    assert moment == 2 * (gate_up + second)
+    assert not made

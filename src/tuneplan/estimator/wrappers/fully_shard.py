@@ -105,7 +105,7 @@ def fully_shard_terms(model: ModelSpec, setup: TrainSetup, layer_grads: int, com
         end = frozen_embedding_copy_out(model, setup, compute_bytes, layer_grads)
     bottom = (embedding_prefetch(model, setup, layer16, layer_grads, compute_bytes,
                                  -(-int((pending - layer_train) * per_elem) // world_size))
-              if not tied and model.n_layers > 1 else None)
+              if not tied and model.n_layers > 1 and bottom_layer_back_propagated(model, setup) else None)
     return FullyShardTerms(held=held + (tail16 if tied else 0), transient=transient, tail16=tail16,
                            pending_bottom=-(-int(pending * per_elem) // world_size), end=end,
                            held_top=tail16 if tied else (tail * compute_bytes if head_trains else 0),
@@ -167,6 +167,12 @@ def embedding_prefetch(model: ModelSpec, setup: TrainSetup, layer16: int, layer_
         gathered = layer16 + embed_params x compute_bytes + layer_grads
         missing  = ceil((layer + embedding if it trains) x sharded bytes per element / world_size)
 
+    Only where the bottom layer is back-propagated (it trains, or a freeze run's frozen layers are, for
+    their input's gradient: ``embedding_output_requires_grad``): a group's pre-backward hook fires only on
+    its outputs' gradients, so a freeze run's backward that ends at its lowest trained layer never reaches
+    the bottom layer's, and nothing prefetches the embedding group (simulate: gemma-3-27b-it freeze of 2 of
+    4 layers, no checkpointing, 2 GPUs: no embedding buffer in the backward).
+
     This can exceed the second layer's backward (``backward_layers_bottom``: two layers unsharded, two
     shards missing) when the embeddings outweigh a layer (a large vocabulary over a narrow model; simulate:
     TinyLlama-1.1B at two layers, fp32 freeze): an instant of its own, ``backward_bottom_layer``.
@@ -185,6 +191,13 @@ def embedding_prefetch(model: ModelSpec, setup: TrainSetup, layer16: int, layer_
     copied = -(-embed16 // setup.world_size) if setup.offload != "none" else 0
     missing = pending if bottom_layer_trains(model, setup) else layer_grads
     return layer16 + embed16 + layer_grads + copied, missing, copied
+
+
+def bottom_layer_back_propagated(model: ModelSpec, setup: TrainSetup) -> bool:
+    """Whether the bottom decoder layer is back-propagated, so that its pre-backward (a group's hook fires
+    on its outputs' gradients) prefetches the embedding group: it trains, or a freeze run's frozen layers
+    are back-propagated for their input's gradient (``embedding_output_requires_grad``)."""
+    return bottom_layer_trains(model, setup) or embedding_output_requires_grad(setup)
 
 
 def bottom_layer_trains(model: ModelSpec, setup: TrainSetup) -> bool:

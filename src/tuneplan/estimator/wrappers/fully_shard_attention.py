@@ -23,17 +23,26 @@ beside every lower layer's activations.
   activations, none of its gradients) and its end (its gradients made, its activations released:
   ``wrapper_rows.folded_layer_row``), beside the two layers unsharded and the layer above's
   reduce-scatter input, which the group's ``post_backward`` drops (``reduce_scatter_max_input_buffers``
-  = 1) before this layer's own is allocated.
+  = 1) before this layer's own is allocated. It is folded whatever the attention kernel: each weight's
+  gradient is made by the backward of the op that saved its input (``MmBackward0``, ``AddmmBackward0``),
+  which frees that input as it returns, so the gradients grow as the activations go and no moment holds
+  the whole of both (simulate: pythia-6.9b freeze of 2 of 3 layers, flash attention, checkpointed, 4
+  GPUs: layer 1's recomputation and its 0.4 GB of gradients never live together). Under checkpointing
+  with the embedding's output requiring grad (``fully_shard.embedding_output_requires_grad``) the frozen
+  layers below are back-propagated after it for their input's gradient
+  (``fsdp1_bottom.layers_below_back_propagated``): each one's recomputation and scratch without a
+  gradient, beside a layer pair no larger than the row's and at most the reduce-scatter input above it,
+  is under the folded row's start.
 - A trained layer below (full fine-tune; every layer trained): the row is the second layer's, whose
   lower layer's activations are saved beside it: ``activations = A + A``, the row itself left
   unfolded (its ``A`` bounds the lower layer's, its end).
 
-Elsewhere (no materialised scores: a flash or memory-efficient kernel, whose in-layer moments this does not
-count) the unfolded row stays the upper bound.
+Elsewhere (no materialised scores: a flash or memory-efficient kernel) there is no attention-core row; a
+trained layer below leaves the row unfolded.
 
 Not for LoRA, accumulation without sync (``fully_shard_accumulation``), gradient checkpointing with a
-trained layer below (the recomputed layer's moment is below the unfolded row), or a freeze run whose lower
-row is a frozen layer (one trained layer, or frozen layers back-propagated for their input's gradient).
+trained layer below (the recomputed layer's moment is below the unfolded row), or a freeze run with one
+trained layer (its lower row is a frozen layer's).
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.wrappers.base import TopLayer
-from tuneplan.estimator.wrappers.fsdp1_bottom import attention_moment_elements, layers_below_back_propagated
+from tuneplan.estimator.wrappers.fsdp1_bottom import attention_moment_elements
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
@@ -56,13 +65,13 @@ def lower_trained_layer(run: Run, buffers: int, gathered: int, accumulates: bool
         return None
     trained = model.n_layers if setup.method == "full" else min(setup.freeze_trainable_layers, model.n_layers)
     below = trained == model.n_layers  # a trained layer below the row's, its activations saved
-    if trained < 2 or layers_below_back_propagated(run) or (below and setup.gradient_checkpointing):
+    if trained < 2 or (below and setup.gradient_checkpointing):
         return None
     per_elem = round(buffers / max(model.largest_layer_params, 1))
     return TopLayer(counted=buffers, gradients_at_end=buffers, gathered=gathered, keeps_scratch=True,
                     gradients_at_attention=attention_moment_elements(run) * per_elem,
                     attention_scratch_only=True, attention_below_saved=below,
-                    fold="never" if below else "with_attention")
+                    fold="never" if below else "always")
 
 
 def top_layer_attention(run: Run, buffers: int, accumulates: bool) -> int:

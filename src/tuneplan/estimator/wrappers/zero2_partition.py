@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from tuneplan.estimator.wrappers.base import Epilogue
 from tuneplan.estimator.wrappers.reduce_buckets import layer_tensors
 from tuneplan.estimator.wrappers.zero12_reductions import (
-    flat_copy_elements,
+    bucket_copy_elements,
     layers_in_module_order,
     zero2_epilogue,
 )
@@ -73,7 +73,7 @@ def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -
     """(:math:`\\max(g \\cdot b + [\\text{made}] P)` of the module docstring in bytes, whether the partition
     is made before the epilogue, that maximum over the head's gradients only, reached before any layer is
     back-propagated): walk the gradients in the order their hooks fire through the bucket. A reduction
-    adds its flat copy (zero12_reductions.flat_copy_elements: the bucket's range of the flat group) beside
+    adds its flat copy (zero12_reductions.bucket_copy_elements: the bucket's slices per rank) beside
     the gradient that set it off; ``copy_grads_in_partition`` runs after that copy is freed. A LoRA run:
     (0, whether its adapters overflow one bucket; each is small beside it, 0)."""
     if run.setup.method not in ("full", "freeze"):
@@ -94,9 +94,7 @@ def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -
         n, compute = sizes[i], run.dtypes.compute
         arrival = (pending + n) * compute + (partition_bytes if made else 0)
         if members and elements + n > reduce_bucket:
-            first = min(offsets[m] for m in members)
-            copy = flat_copy_elements(first, max(offsets[m] + sizes[m] for m in members) - first, partition,
-                                      reduce_bucket)
+            copy = bucket_copy_elements([(offsets[m], sizes[m]) for m in members], partition, reduce_bucket)
             arrival += copy * compute
             if not made and mine.intersection(members):
                 made = True
@@ -119,12 +117,14 @@ def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
     (a later micro-batch's: none where the run's first micro-batch is its longest, the peak's), the
     epilogue's reductions running before it is dropped (``independent_gradient_partition_epilogue``). The
     layers' rows count one partition (the kept one, or :math:`P` once made). With offload the partitions
-    go to the host: no moment, none made."""
+    go to the host: none made; the layers' reductions and their flat copies are there all the same
+    (``reduce_ipg_grads`` -> ``average_tensor`` before ``copy_grads_in_partition`` sends this rank's
+    slices to the host), beside ZeRO-Offload's ``temp_grad_buffer_for_gpu_offload`` in ``buffers``."""
     setup = run.setup
     kept = partition_bytes if setup.grad_accum > 1 and not setup.longest_batch_first else 0
     epilogue = zero2_epilogue(run, reduce_bucket, buffers + kept, partition_bytes)
-    if setup.offload != "none":
-        return epilogue, 0, kept, False, 0
+    # with offload the partition goes to the host (``partition_bytes`` is 0: none made on the device), but
+    # the reductions in the layers' backward and their flat copies are the same
     moment, made, at_head = layers_backward_moment(run, reduce_bucket, partition_bytes)
-    return (epilogue, kept + buffers + moment if moment else 0, kept, made,
+    return (epilogue, kept + buffers + moment if moment else 0, kept, made and setup.offload == "none",
             kept + buffers + at_head if at_head else 0)
