@@ -109,7 +109,7 @@ def fold_bottom_rows(rows: dict[str, Row], layer: TopLayer, attention_scores: bo
         gradients = G - counted + G_attention,  activations = A (+ A),  scratch = S (or S_attention)"""
     counted = attention_scores and bool(layer.gradients_at_attention)
     row = rows["backward_layers_bottom"]
-    if layer.fold == "always" or (layer.fold == "with_attention" and counted):
+    if layer.fold == "always":
         rows["backward_layers_bottom"] = folded_layer_row(row, layer)
     if counted:
         grads, temp, saved, casts, _, scratch, _ = row

@@ -121,8 +121,8 @@ class TopLayer:
     # eager core's scores' gradients are the layer's largest scratch (wrappers/fsdp1_adapter_units.py);
     # 0: ``gathered``
     gathered_at_attention: int = 0
-    # when the row is folded: "always", "with_attention" (only where that moment is counted), "never"
-    fold: Literal["always", "with_attention", "never"] = "always"
+    # whether the row is folded: "always", or "never" (FSDP2 with the layer below saved beside it)
+    fold: Literal["always", "never"] = "always"
 
 
 @dataclass(frozen=True)
