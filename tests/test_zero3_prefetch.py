@@ -141,9 +141,14 @@ def test_a_head_past_the_reuse_distance_is_held_twice_at_the_final_norm_of_the_f
 def test_freeze_keeps_only_the_trained_layers_gathered_from_forward_to_backward() -> None:
     # gemma-2b widths, 3 layers (h 2048, 8 heads of 256, 1 KV head, f 16384, vocab 256000, tied): a layer is
     # 2 h (8 x 256) + 2 h 256 + 3 h f = 8,388,608 + 1,048,576 + 100,663,296 (+ 2 norms of h); the tied head
-    # V h = 524,288,000 leaves 475,712,000 of stage3_max_reuse_distance: all 3 layers within it, but the
-    # backward of a freeze run with the top 2 trained stops at layer 1, so layer 0 is never met again.
+    # V h = 524,288,000 is fetched twice between a layer's forward and backward (the head's forward and
+    # backward): 1,048,576,000 >= stage3_max_reuse_distance, no layer kept by the distance. The prefetcher
+    # records them instead (zero3_head_reuse): from the head's backward use it pops the layers' linears
+    # (2 h (8 x 256) + 2 h 256 + 3 h f = 110,100,480 each) in backward order, 524,288,000 + 3 x 110,100,480
+    # = 854,589,440 < stage3_max_live_parameters, to the queue's end; the backward of a freeze run with the
+    # top 2 trained stops at layer 1, so layer 0 is never queued.
     from tuneplan.estimator.wrappers.zero3_coordinator import zero3_kept_params, zero3_layers_kept
+    from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_at_loss
 
     h, f, v = 2048, 16384, 256000
     cfg = dict(model_type="gemma", hidden_size=h, num_hidden_layers=3, num_attention_heads=8,
@@ -151,11 +156,14 @@ def test_freeze_keeps_only_the_trained_layers_gathered_from_forward_to_backward(
     spec = model_from_config(cfg, "gemma-2b-3L")
     layer = 2 * h * 8 * 256 + 2 * h * 256 + 3 * h * f + 2 * h
     assert spec.largest_layer_params == layer
-    assert zero3_layers_kept(spec, v * h) == 3
+    assert zero3_layers_kept(spec, v * h) == 0
+    linears = 110_100_480
+    assert layer == linears + 2 * h
     freeze = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=False)
-    assert zero3_kept_params(spec, freeze, v * h, frozenset()) == 2 * layer
+    assert zero3_kept_params(spec, freeze, v * h, frozenset()) == 0
+    assert zero3_recorded_at_loss(spec, freeze, frozenset(), v * h, 0) == v * h + 2 * linears
     full = build_setup(spec, method="full", gpus=2, zero=3, gradient_checkpointing=False)
-    assert zero3_kept_params(spec, full, v * h, frozenset()) == 3 * layer
+    assert zero3_recorded_at_loss(spec, full, frozenset(), v * h, 0) == v * h + 3 * linears
 
 
 def test_qlora_layers_partitioned_as_packed_bytes_let_the_prefetcher_reach_the_embedding() -> None:

@@ -30,11 +30,11 @@ def zero3_layers_kept(model: ModelSpec, head_params: int) -> int:
     ``PartitionedParameterCoordinator.__params_to_release`` (DeepSpeed 0.19.8), once the module trace is
     complete (from the second step): a module's parameters are not released if they are used again
     within ``stage3_max_reuse_distance`` elements of parameters in the traced order. After layer ``L-1-k``'s
-    forward come the ``k`` layers above it, the output head, and the backward of those ``k`` layers before
-    its own: ``2 k P_layer + P_head`` elements. Layers with that under the distance stay gathered through
-    the turn from forward to backward."""
+    forward come the ``k`` layers above it, the output head's forward and backward fetches, and the backward
+    of those ``k`` layers before its own: ``2 k P_layer + 2 P_head``. Layers with that under the distance stay
+    gathered from forward to backward (what else keeps the top layer: zero3_head_reuse.py)."""
     per_layer = max(model.largest_layer_params, 1)
-    room = DS_MAX_REUSE_DISTANCE - head_params
+    room = DS_MAX_REUSE_DISTANCE - 2 * head_params
     if room <= 0:
         return 0
     return min(model.n_layers, -(-room // (2 * per_layer)))
@@ -49,10 +49,11 @@ def zero3_kept_params(model: ModelSpec, setup: TrainSetup, head_params: int, tar
     below it are never met again either, at most the trained top ``n`` are kept (simulate: gemma-2b,
     3 layers, 2 trained over 2 GPUs: layer 0 released after its forward, layers 1-2 and the tied head
     gathered at the loss)."""
+    from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_leaf_block_kept
     k = zero3_layers_kept(model, head_params)
     if setup.method == "freeze":
         k = min(k, setup.freeze_trainable_layers)
-    kept = k * model.largest_layer_params
+    kept = k * model.largest_layer_params or zero3_leaf_block_kept(model, setup, head_params)
     if k >= model.n_layers and setup.method == "lora" and not setup.gradient_checkpointing:
         kept -= bottom_gradient_free_params(model, targets)
     return kept

@@ -28,6 +28,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_ahead,
     zero3_layers_kept,
 )
+from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_leaf_block_kept, zero3_recorded_unreleased
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -74,7 +75,11 @@ def zero3_views_kept(run: Run, head: int, prefetch_bucket: int) -> int:
     model, setup = run.model, run.setup
     ahead = zero3_gathered_ahead(model, setup, prefetch_bucket, run.targets)
     holds_all = bool(ahead) and ahead >= zero3_backward_uses(model, setup, run.targets)
-    return zero3_view_kept(model, setup, run.targets, zero3_layers_kept(model, head), holds_all)
+    # a kept leaf MoE block is the top layer's viewed weights: gathered, not released (zero3_head_reuse)
+    kept = zero3_layers_kept(model, head) or int(zero3_leaf_block_kept(model, setup, head) > 0)
+    views = zero3_view_kept(model, setup, run.targets, kept, holds_all)
+    # the top layer's weights the prefetcher recorded while gathered are never released (zero3_head_reuse)
+    return max(views - zero3_recorded_unreleased(model, setup, run.targets, head, kept), 0) if views else 0
 
 
 def zero3_view_kept(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], layers_kept: int,
