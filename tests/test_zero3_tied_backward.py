@@ -52,3 +52,31 @@ def test_tied_embedding_released_after_the_heads_backward() -> None:
     # LoRA without checkpointing: the embedding has no backward use at all (embedding_used_last)
     plain = build_setup(spec, method="lora", gpus=8, zero=3, gradient_checkpointing=False)
     assert zero3_tied_regathered(spec, plain, BUCKET, ALL) == 0
+
+
+def test_the_embeddings_coalesced_round_is_held_twice_through_the_bottom_layer() -> None:
+    # gemma-2-9b widths, 4 layers, tied, LoRA r 32 on the MLP with checkpointing: E = 256,000 x 3,584 =
+    # 917,504,000; a layer's linears q and o 3,584 x 4,096 = 14,680,064, k and v 3,584 x 2,048 =
+    # 7,340,032, gate, up, down 3,584 x 14,336 = 51,380,224 (198,180,864) and four norms (14,336):
+    # P - E = 4 x 198,195,200 + 3,584, twice (recompute and backward) >= D, so the head's backward
+    # releases the embedding; the four layers are under M, the prefetcher pops it again. The bottom
+    # layer's recompute queues, in forward order, q, k, v, o, then per MLP linear lora_A, the weight
+    # (>= the 5e7 bucket: it closes its round), lora_B: after down_proj's weight only its lora_B
+    # (3,584 x 32 = 114,688) opens the embedding's round, coalesced: 114,688 + 917,504,000 gathered into
+    # one flat buffer, the embedding's copy made at lora_B's fetch. G = 198,195,200 + 2 E + 114,688.
+    # (simulate: the 917,618,688-element buffer beside the 917,504,000 copy through layer 0's backward.)
+    from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_embedding_round_held_twice
+
+    cfg = dict(model_type="gemma2", hidden_size=3584, num_hidden_layers=4, num_attention_heads=16,
+               num_key_value_heads=8, head_dim=256, intermediate_size=14336, vocab_size=256_000)
+    spec = model_from_config(cfg, "gemma-2-9b-4L")
+    e = 256_000 * 3584
+    assert spec.embed_params == e and not spec.lm_head_params
+    assert spec.layer_groups[0][0].linear_params + spec.layer_groups[0][0].norm_params == 198_195_200
+    mlp = frozenset({"gate_proj", "up_proj", "down_proj"})
+    ckpt = build_setup(spec, method="lora", gpus=4, zero=3, gradient_checkpointing=True, rank=32)
+    assert zero3_embedding_round_held_twice(spec, ckpt, mlp, BUCKET) == 198_195_200 + 2 * e + 114_688
+    # LoRA on the attention only: down_proj's weight is the bottom layer's last queued, alone in its
+    # round, and the embedding opens its own: no copy beside a buffer
+    attn = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
+    assert zero3_embedding_round_held_twice(spec, ckpt, attn, BUCKET) == 0

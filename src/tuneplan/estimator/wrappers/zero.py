@@ -54,7 +54,10 @@ from tuneplan.estimator.wrappers.zero3_first_pass import (
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_at_loss
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
-from tuneplan.estimator.wrappers.zero3_lower_layers import zero3_gathered_in_lower_layers
+from tuneplan.estimator.wrappers.zero3_lower_layers import (
+    zero3_embedding_round_held_twice,
+    zero3_gathered_in_lower_layers,
+)
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
@@ -264,7 +267,10 @@ class Zero3(Zero, ShardingWrapper):
                     # or, a tied embedding released after the head's backward, again, beside a round held
                     # twice (zero3_tied_backward)
                     zero3_tied_regathered(model, setup, terms.prefetch_bucket, run.targets) * compute,
-                    zero3_quantized_tied_regathered(run))
+                    zero3_quantized_tied_regathered(run),
+                    # or the embedding's coalesced round held twice in the bottom layer (zero3_lower_layers)
+                    zero3_embedding_round_held_twice(model, setup, run.targets, terms.prefetch_bucket)
+                    * compute if runs_ahead else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views

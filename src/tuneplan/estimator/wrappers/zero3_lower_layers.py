@@ -3,7 +3,11 @@ has reached the token embedding, the step's last parameter use."""
 
 from __future__ import annotations
 
-from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_LIVE_PARAMETERS, embedding_used_last
+from tuneplan.estimator.wrappers.zero3_coordinator import (
+    DS_MAX_LIVE_PARAMETERS,
+    DS_MAX_REUSE_DISTANCE,
+    embedding_used_last,
+)
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -31,3 +35,44 @@ def zero3_gathered_in_lower_layers(model: ModelSpec, setup: TrainSetup) -> int:
                 best = below
     return best + model.embed_params if best else 0
 
+
+def zero3_embedding_round_held_twice(model: ModelSpec, setup: TrainSetup, targets: frozenset[str],
+                                     prefetch_bucket: int) -> int:
+    """Parameters (elements) gathered through the bottom layer's backward when the round that pops the
+    tied token embedding again, once the head's backward released it (:func:`zero3_gathered_in_lower_layers`
+    then), is coalesced with the bottom layer's last queued parameters: the layer, the embedding's copy
+    and the round's flat buffer (0 otherwise).
+
+    ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8) pops while ``numel_prefetching < min(max_live -
+    n_available, prefetch_bucket)``: a parameter of at least the bucket closes its round, and what the
+    queue holds after the last such one before the embedding, under the bucket, opens the embedding's
+    round. ``__all_gather_params_`` files that coalesced handle under every parameter of the round; the
+    first one's fetch waits for it, ``AllGatherCoalescedHandle.wait`` gives each parameter, the embedding
+    too, a copy (``torch.cat(partitions)``) and the flat buffer stays until the round's last parameter,
+    the embedding at its own backward fetch, the step's last:
+
+    .. math:: G = P_0 + 2E + \\textstyle\\sum_{\\text{tail}} p
+
+    (simulate: gemma-2-9b, 4 layers, LoRA on the MLP with checkpointing over 4 GPUs: the tied embedding,
+    released after the head's backward, popped in layer 3's recomputation with layer 0's ``down_proj``
+    ``lora_B``; its 9.176e8-element flat buffer beside its copy made at that ``lora_B``'s fetch in layer
+    0's recomputation, through layer 0's backward.)"""
+    from tuneplan.estimator.wrappers.zero3_head_reuse import layer_parameters
+
+    # a tied embedding released after the head's backward: its own backward use, past every layer's
+    # backward (and recomputation), lies beyond stage3_max_reuse_distance (zero3_tied_backward's rule)
+    passes = 2 if setup.gradient_checkpointing else 1
+    released = passes * (model.params_total - model.embed_params) >= DS_MAX_REUSE_DISTANCE
+    if (model.lm_head_params or not released or setup.quant_bits is not None
+            or not zero3_gathered_in_lower_layers(model, setup)):
+        return 0
+    bottom = model.layer_groups[0][0]
+    entries = [n for n, _ in layer_parameters(model, setup, targets, bottom)]
+    if not setup.gradient_checkpointing:
+        entries.reverse()
+    tail: list[int] = []
+    for n in entries:
+        tail = [] if n >= prefetch_bucket else [*tail, n]
+    if not tail or sum(tail) >= prefetch_bucket:
+        return 0
+    return bottom.linear_params + bottom.norm_params + 2 * model.embed_params + sum(tail)
