@@ -43,7 +43,6 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_in_backward,
     zero3_head_round,
     zero3_head_round_first_pass,
-    zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_factor_round import zero3_factor_round_bytes
 from tuneplan.estimator.wrappers.zero3_first_pass import (
@@ -52,7 +51,7 @@ from tuneplan.estimator.wrappers.zero3_first_pass import (
     zero3_first_pass_round,
 )
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
-from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_at_loss
+from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_layers import (
     zero3_embedding_round_held_twice,
@@ -249,9 +248,7 @@ class Zero3(Zero, ShardingWrapper):
         head = model.lm_head_params or model.embed_params
         kept = zero3_kept_bytes(run, head)
         # or, the top layer past the reuse distance, what the prefetcher recorded of it (zero3_head_reuse)
-        recorded = zero3_recorded_at_loss(model, setup, run.targets, head, zero3_layers_kept(model, head)
-                                          ) if setup.quant_bits is None else 0
-        at_loss = min(max(head * compute + kept, recorded * compute), whole16)
+        at_loss = min(max(head * compute + kept, zero3_recorded_bytes(run, head)), whole16)
         layer_gathered = min(max(gathered, kept), whole16)
         at_loss, top_gathered, (flush, above, past_mlp) = self.prefetched(run, terms, at_loss, layer_gathered,
                                                                           whole16)

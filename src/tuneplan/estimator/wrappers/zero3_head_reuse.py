@@ -24,17 +24,23 @@ top-layer linear (zero3_coordinator.zero3_layers_kept). Two other paths keep par
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     DS_MAX_REUSE_DISTANCE,
     linear_entries,
+    zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import LEAF_BLOCK_ROLES
 from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
 
 
 def zero3_leaf_block_kept(model: ModelSpec, setup: TrainSetup, head_params: int) -> int:
@@ -124,3 +130,12 @@ def zero3_recorded_unreleased(model: ModelSpec, setup: TrainSetup, targets: froz
     if layers_kept or zero3_leaf_block_kept(model, setup, head_params):
         return 0
     return recorded_walk(model, setup, targets, head_params)[1]
+
+
+def zero3_recorded_bytes(run: Run, head_params: int) -> int:
+    """:func:`zero3_recorded_at_loss` in the compute dtype, for 16-bit layers (0 with quantized ones)."""
+    model, setup = run.model, run.setup
+    if setup.quant_bits is not None:
+        return 0
+    kept = zero3_layers_kept(model, head_params)
+    return zero3_recorded_at_loss(model, setup, run.targets, head_params, kept) * run.dtypes.compute
