@@ -76,14 +76,9 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
             return packed, packed
         return m.params // m.count, m.params // m.count * compute
 
-    # zero3_layers_kept's count on the trace's elements: 2 k P_layer + P_head under the reuse distance
     per_layer = max(sum(numel(m)[0] * m.count for m in spec.linears) for spec, _ in model.layer_groups)
-    room = DS_MAX_REUSE_DISTANCE - model.lm_head_params
-    kept_from = model.n_layers - (min(model.n_layers, -(-room // (2 * max(per_layer, 1)))) if room > 0 else 0)
+    kept_from = first_kept_layer(model, setup, per_layer)
     free = bottom_gradient_free(model, targets) if not setup.gradient_checkpointing else frozenset()
-    if setup.method == "freeze" and not embedding_output_requires_grad(setup):
-        # the backward stops at the lowest trained layer: the frozen ones below have no backward use
-        kept_from = max(kept_from, model.n_layers - min(setup.freeze_trainable_layers, model.n_layers))
 
     def add(n: int, layer: int, nbytes: int = 0, dequant: int = 0, in_mlp: bool = False) -> bool:
         if n <= DS_PARAM_PERSISTENCE_THRESHOLD:  # persistent: always gathered, never in a round
@@ -123,6 +118,18 @@ def forward_walk(model: ModelSpec, setup: TrainSetup, targets: frozenset[str], c
     walk.events.extend([("fetch", -1), ("fetch", -1)])
     add(model.lm_head_params or (0 if embed_kept or peft else model.embed_params), layer)
     return walk
+
+
+def first_kept_layer(model: ModelSpec, setup: TrainSetup, per_layer: int) -> int:
+    """The lowest layer whose linears stay gathered after their forward: zero3_layers_kept's count on the
+    trace's elements (``per_layer``: the largest layer's), :math:`2 k P_{layer} + P_{head}` under the reuse
+    distance; a freeze run whose backward stops at its lowest trained layer releases the frozen ones below,
+    which have no backward use."""
+    room = DS_MAX_REUSE_DISTANCE - model.lm_head_params
+    kept_from = model.n_layers - (min(model.n_layers, -(-room // (2 * max(per_layer, 1)))) if room > 0 else 0)
+    if setup.method == "freeze" and not embedding_output_requires_grad(setup):
+        kept_from = max(kept_from, model.n_layers - min(setup.freeze_trainable_layers, model.n_layers))
+    return kept_from
 
 
 def dequantized_bytes(m: Linear, double_quant: bool, compute: int) -> int:
