@@ -291,7 +291,6 @@ def test_the_lora_matrices_gathered_by_the_coordinator_count_toward_max_live() -
                num_key_value_heads=8, head_dim=128, intermediate_size=f, vocab_size=v,
                tie_word_embeddings=False)
     spec = model_from_config(cfg, "r1-distill-8b-4L")
-    assert spec.layer_groups[0][0].linear_params == 2 * h * h + 2 * h * kv + 3 * h * f
     setup = build_setup(spec, method="qlora", precision="fp16-mixed", gpus=2, zero=3, rank=128,
                         targets="all-linear", gradient_checkpointing=True)
     targets = resolve_run(spec, setup).targets
