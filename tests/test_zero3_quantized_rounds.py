@@ -274,31 +274,6 @@ def test_the_embeddings_own_fetch_pops_nothing_and_its_release_lets_the_prefetch
     assert zero3_quantized_embedding_round(run, 50_000_000) == (0, layer + 2 * 778_567_680 * 2)
 
 
-def test_the_lora_matrices_gathered_by_the_coordinator_count_toward_max_live() -> None:
-    # DeepSeek-R1-Distill-Llama-8B widths, 4 layers (h 4096, KV 1024, f 14336, vocab 128256, untied), QLoRA
-    # nf4 rank 128 on every linear with checkpointing. Head 128256 x 4096 = 525,336,576; a layer's packed
-    # codes (2 h^2 + 2 h KV + 3 h f) / 2 = 109,051,904, four 436,207,616; norms 4 x 2 h + h = 36,864:
-    # 961,581,056 < stage3_max_live_parameters (1e9). Every LoRA matrix passes the persistence threshold
-    # (1e5; the smallest, k/v lora_B, is 1024 x 128 = 131,072): a layer's q, o 2 x 128 x 4096, k, v
-    # 128 x 4096 + 1024 x 128, gate, up 128 x 4096 + 14336 x 128, down 128 x 14336 + 4096 x 128 =
-    # 10,485,760, four 41,943,040, and the total 1,003,524,096 passes M: the head crosses it, the
-    # embedding is not popped; held: the head in fp16 and M - head elements of one byte, plus the
-    # crossing parameter counted as the largest packed weight, 4096 x 14336 / 2 = 29,360,128
-    from tuneplan.estimator.wrappers.zero3_quantized import lora_trace_params, zero3_quantized_ahead_bytes
-
-    h, kv, f, v = 4096, 1024, 14336, 128256
-    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=4, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, intermediate_size=f, vocab_size=v,
-               tie_word_embeddings=False)
-    spec = model_from_config(cfg, "r1-distill-8b-4L")
-    setup = build_setup(spec, method="qlora", precision="fp16-mixed", gpus=2, zero=3, rank=128,
-                        targets="all-linear", gradient_checkpointing=True)
-    targets = resolve_run(spec, setup).targets
-    assert lora_trace_params(spec, 128, targets) == 41_943_040
-    assert zero3_quantized_ahead_bytes(spec, setup, 50_000_000, 2, targets) == (
-        v * h * 2 + 1_000_000_000 - v * h + h * f // 2)
-
-
 def test_a_tied_embedding_past_max_live_released_after_the_heads_backward_is_gathered_again() -> None:
     # a tied Llama of hidden 4096, intermediate 16384 and BLOOM's vocab 250880: the embedding,
     # 250880 x 4096 = 1,027,604,480 elements, fills stage3_max_live_parameters (1e9). QLoRA 4-bit with

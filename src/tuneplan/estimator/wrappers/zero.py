@@ -352,8 +352,7 @@ class Zero3(Zero, ShardingWrapper):
                                                             terms.reduce_bucket, run.targets) * compute
         else:
             # packed 4-bit layers: what the prefetcher ran ahead to stays until its backward use (and a copy)
-            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute,
-                                                    run.targets), whole16
+            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16
                         ) + zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0]
             at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)

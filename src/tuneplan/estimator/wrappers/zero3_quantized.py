@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
-                                compute: int, targets: frozenset[str] = frozenset()) -> int:
+                                compute: int) -> int:
     """Bytes gathered at the loss of a QLoRA run with checkpointing once the prefetcher has run ahead to the
     token embedding's backward use (0 when it does not).
 
@@ -51,9 +51,7 @@ def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bu
     .. math:: G = H c + (M - H) + \\max_p \\frac{b}{8} W_p
 
     (simulate: Llama-2-13b, 8 layers, QLoRA nf4 on q/v in bf16 over 2 GPUs, with and without
-    checkpointing.) The ``targets``' LoRA matrices gathered by the coordinator (:func:`lora_trace_params`)
-    count toward ``M`` too (simulate: DeepSeek-R1-Distill-Llama-8B, 4 layers, QLoRA nf4 rank 128 on every
-    linear with checkpointing over 2 GPUs: head 5.2534e8 + packed 4.3621e8 + LoRA 4.194e7 pass 1e9)."""
+    checkpointing.)"""
     bits = setup.quant_bits
     if bits is None or not model.embed_params:
         return 0
@@ -66,8 +64,7 @@ def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bu
     embed, head = model.embed_params, model.lm_head_params
     if not head and embed >= DS_MAX_LIVE_PARAMETERS and layers < DS_MAX_REUSE_DISTANCE:
         return 0  # zero3_coordinator.tied_embedding_fills_live on the packed trace: nothing is prefetched
-    lora = lora_trace_params(model, setup.rank, targets)
-    if head + model.final_norm_params + layers + lora >= DS_MAX_LIVE_PARAMETERS:
+    if head + model.final_norm_params + layers >= DS_MAX_LIVE_PARAMETERS:
         # a layer's packed parameter crosses M before the embedding (zero3_coordinator.prefetch_reach):
         # M elements, the head among them (tied: the embedding's weight) in c bytes, the rest packed, one
         # byte each, plus the parameter that crosses
@@ -78,21 +75,6 @@ def zero3_quantized_ahead_bytes(model: ModelSpec, setup: TrainSetup, prefetch_bu
         return 0  # the embedding has no backward use: what is kept is zero3_kept_bytes's
     norms = sum(norm * count for _, norm, _, count in packed) + model.final_norm_params
     return (embed + head + norms) * compute + layers - sum(norm * count for _, norm, _, count in packed)
-
-
-def lora_trace_params(model: ModelSpec, rank: int, targets: frozenset[str]) -> int:
-    """Elements of the layers' LoRA matrices ZeRO-3's coordinator gathers (``__all_gather_params`` adds
-    their ``ds_numel`` to ``__n_available_params``; past ``stage3_param_persistence_threshold`` ``T``, the
-    smaller ones persistent), a target of input ``d_i``, output ``d_o`` at rank ``r``:
-
-    .. math:: L = \\sum_{\\text{layers}} \\sum_{t} (r d_i [r d_i > T] + d_o r [d_o r > T])"""
-    total = 0
-    for spec, count in model.layer_groups:
-        for m in spec.linears:
-            if m.name in targets:
-                total += sum(n for n in (rank * m.d_in, m.d_out * rank)
-                             if n > DS_PARAM_PERSISTENCE_THRESHOLD) * m.count * count
-    return total
 
 
 def zero3_kept_bytes(run: Run, head_params: int) -> int:
