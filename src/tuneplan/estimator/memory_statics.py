@@ -20,7 +20,7 @@ from tuneplan.estimator.run import Run
 from tuneplan.estimator.weights import recompute_casts_to_first_target
 from tuneplan.estimator.wrappers.base import EndOfBackward, Gathered, WrapperMemory
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
-from tuneplan.estimator.wrappers.zero12_reductions import layers_in_module_order
+from tuneplan.estimator.wrappers.zero12_reductions import trained_layers
 from tuneplan.estimator.wrappers.zero_terms import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.model import LayerSpec, ModelSpec
@@ -379,9 +379,7 @@ def new_weight_gradient_temp(run: Run, grads_prev: int) -> int:
     setup, model = run.setup, run.model
     if (not grads_prev or setup.method not in ("full", "freeze") or setup.fsdp or setup.zero >= 2):
         return 0
-    layers = layers_in_module_order(model)
-    if setup.method == "freeze":
-        layers = layers[max(len(layers) - setup.freeze_trainable_layers, 0):]
+    layers = trained_layers(model, setup)
     hf = run.profile.model_code == "hf"
     largest = 0
     for spec in {id(spec): spec for spec in layers}.values():

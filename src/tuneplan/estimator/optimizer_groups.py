@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrappers.reduce_buckets import layer_tensors
-from tuneplan.estimator.wrappers.zero12_reductions import layers_in_module_order
+from tuneplan.estimator.wrappers.zero12_reductions import trained_layers
 
 
 def stepped_order(run: Run) -> list[int]:
@@ -45,9 +45,7 @@ def stepped_order(run: Run) -> list[int]:
     model, setup = run.model, run.setup
     if setup.method not in ("full", "freeze"):
         return []
-    layers = layers_in_module_order(model)
-    if setup.method == "freeze":
-        layers = layers[max(len(layers) - setup.freeze_trainable_layers, 0):]
+    layers = trained_layers(model, setup)
     tensors = [layer_tensors(spec, transformers_code=run.profile.model_code == "hf") for spec in layers]
     grouped = run.profile.trainer_param_groups
     order = [n for layer in tensors for n in (layer[:-1] if grouped else layer) if n]
@@ -76,9 +74,7 @@ def no_decay_elements(run: Run) -> int:
     model, setup = run.model, run.setup
     if setup.method not in ("full", "freeze"):
         return 0
-    layers = layers_in_module_order(model)
-    if setup.method == "freeze":
-        layers = layers[max(len(layers) - setup.freeze_trainable_layers, 0):]
+    layers = trained_layers(model, setup)
     biases = sum(m.d_out * m.count for spec in layers for m in spec.linears if m.bias)
     norms = sum(spec.norm_params for spec in layers)
     return biases + norms + (model.final_norm_params if setup.method == "full" else 0)

@@ -132,6 +132,15 @@ def layers_in_module_order(model: ModelSpec) -> list[LayerSpec]:
     return [kinds[m] for m in moe]
 
 
+
+def trained_layers(model: ModelSpec, setup: TrainSetup) -> list[LayerSpec]:
+    """The decoder layers a full or freeze fine-tune trains, in module order (:func:`layers_in_module_order`):
+    every one, or a freeze run's top ``freeze_trainable_layers``."""
+    layers = layers_in_module_order(model)
+    if setup.method == "freeze":
+        layers = layers[max(len(layers) - setup.freeze_trainable_layers, 0):]
+    return layers
+
 def offload_norm_copy(run: Run, largest: int) -> int:
     """ZeRO-Offload's temporary as a reduced gradient leaves for the host: ``copy_grads_in_partition`` ->
     ``set_norm_for_param_grad_in_gpu`` takes the norm of the gradient's slice in this rank's partition in

@@ -35,7 +35,7 @@ from tuneplan.estimator.wrappers.base import Epilogue
 from tuneplan.estimator.wrappers.reduce_buckets import layer_tensors
 from tuneplan.estimator.wrappers.zero12_reductions import (
     bucket_copy_elements,
-    layers_in_module_order,
+    trained_layers,
     zero2_epilogue,
 )
 from tuneplan.estimator.xp import ceil_div
@@ -50,10 +50,8 @@ def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
     head; the backward from the head down, each layer's tensors last-to-first and its norms after them (the
     token embedding, whose gradient comes last, left out); a freeze run trains the top layers only."""
     model, setup = run.model, run.setup
-    layers = [layer_tensors(spec, run.profile.model_code == "hf") for spec in layers_in_module_order(model)]
+    layers = [layer_tensors(spec, run.profile.model_code == "hf") for spec in trained_layers(model, setup)]
     full = setup.method == "full"
-    if not full:
-        layers = layers[max(len(layers) - setup.freeze_trainable_layers, 0):]
     sizes = [model.embed_params] if full else []
     starts = []
     for layer in layers:
