@@ -12,6 +12,7 @@ from tuneplan.estimator.activations import ActivationTerms, activation_terms
 from tuneplan.estimator.bnb_scope import unquantized_note
 from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
 from tuneplan.estimator.layer_end_casts import head_and_top_layer_casts, top_layer_end_casts
+from tuneplan.estimator.logits import OTHER_CHAINS, default_chain
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.optimizer_groups import adafactor_step_temp, no_decay_elements
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
@@ -60,6 +61,8 @@ class MemoryStatics:
     softmax_keeps_input: bool
     softcap: bool  # the model caps its logits with tanh (logits.logits_plan)
     upcast: bool  # the loss runs in fp32 (logits.logits_plan; :func:`logits_terms`)
+    # the default chain's bytes per logit element (logits.default_chain); None: another chain
+    logits_per_elem: tuple[int, int, int] | None
     holds: bool  # the training loop keeps the last micro-batch's outputs (profile.loop_holds_outputs)
     holds_to_step: bool  # ... through its backward and the step only (profile.loop_holds_outputs_to_step)
     first: bool  # the longest micro-batch runs first (setup.longest_batch_first)
@@ -225,13 +228,17 @@ def logits_terms(run: Run) -> dict[str, Any]:
     fp32: an encoder's masked-LM head hands its scores to CrossEntropyLoss without .float() (transformers
     BertForMaskedLM.forward), so its loss is fp32 only under autocast (DeepSpeed runs without it)."""
     model, setup, dtypes = run.model, run.setup, run.dtypes
-    return {
+    terms: dict[str, Any] = {
         "vocab": model.head_width, "hidden": model.hidden, "softmax_keeps_input": setup.softmax_keeps_input,
         "logit_bytes": (dtypes.compute if dtypes.autocast
                         else (dtypes.trainable if setup.method == "full" else dtypes.non_block)),
         "softcap": bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
         "upcast": dtypes.autocast or model.architecture != "encoder",
     }
+    terms["logits_per_elem"] = (None if run.loss in OTHER_CHAINS else
+                                default_chain(terms["logit_bytes"], terms["softmax_keeps_input"],
+                                              terms["softcap"], terms["upcast"]))
+    return terms
 
 
 def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:
