@@ -243,7 +243,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     bottom layer's activations or recomputation + its scratch: the larger of the layer's backward
     temporaries and bitsandbytes' dequantized weight with what is live beside it) and the embedding's
     backward where it has an instant of its own."""
-    backward_temp = layer_backward_scratch(statics, acts, tokens)
+    # (the plain scratch without the call: memory_statics resolved that it has no other term)
+    backward_temp = (acts.backward_temp_bytes + statics.dequant if statics.plain_scratch
+                     else layer_backward_scratch(statics, acts, tokens))
     saved, gathered = acts.saved_bytes, statics.gathered
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))

@@ -24,6 +24,7 @@ def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens:
     (quant_kernels). ``upper``: the top layer's, without the lower kinds' (ActivationPlan.
     upper_backward_temp_bytes)."""
     layers = acts.upper_backward_temp_bytes if upper else acts.backward_temp_bytes
+    # plain (MemoryStatics.plain_scratch): max(layers, 0) + dequant = layers + dequant, layers >= 0
     backward_temp = maximum(layers, acts.expert_stack_bytes - unmade) + statics.dequant
     if statics.new_grad_temp:
         backward_temp = maximum(backward_temp, statics.new_grad_temp)
@@ -44,8 +45,10 @@ def top_layer_terms(statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
     if statics.wrapped.top_layer is None and not statics.wrapped.first_hook_bucket:
         # no wrapper's top layer: the upper kinds' scratch, every saved cast but the head's, which dies with
         # the head's backward, run before the top layer's (layer_end_casts.head_and_top_layer_casts)
-        return (top_grads, top_freed, layer_backward_scratch(statics, acts, tokens, upper=True),
-                statics.gathered, statics.autocast_copies - statics.head_top_casts[0])
+        scratch = (acts.upper_backward_temp_bytes + statics.dequant if statics.plain_scratch
+                   else layer_backward_scratch(statics, acts, tokens, upper=True))
+        return (top_grads, top_freed, scratch, statics.gathered,
+                statics.autocast_copies - statics.head_top_casts[0])
     # ZeRO-1/2's bucket, made by the first gradient hook: not there yet at the top layer's first fused
     # expert stack when nothing trained precedes it (wrappers/zero.py)
     top_scratch = (layer_backward_scratch(statics, acts, tokens, statics.wrapped.first_hook_bucket)

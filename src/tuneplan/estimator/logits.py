@@ -42,9 +42,12 @@ Chunked losses keep less:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneplan.estimator.xp import ceil_div, maximum
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
 
 # the chains logits_plan names; every other loss (``hf`` ...) takes the default chain
 OTHER_CHAINS = frozenset({"fused_linear", "fabric_chunked", "torchtune_legacy", "chunked_compiled",
@@ -131,3 +134,22 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
     # "fused", the last of OTHER_CHAINS
     return LogitsPlan(at_forward_end=2 * logit_elems, forward_peak=2 * logit_elems + 4 * tokens,
                       backward_peak=2 * logit_elems)
+
+
+def logits_terms(run: Run) -> dict[str, Any]:
+    """The logits chain's arguments (:func:`logits_plan`) besides the shape, by MemoryStatics field: the
+    logits' bytes (the compute dtype under autocast, else the head's), and whether the loss is upcast to
+    fp32: an encoder's masked-LM head hands its scores to CrossEntropyLoss without .float() (transformers
+    BertForMaskedLM.forward), so its loss is fp32 only under autocast (DeepSpeed runs without it)."""
+    model, setup, dtypes = run.model, run.setup, run.dtypes
+    terms: dict[str, Any] = {
+        "vocab": model.head_width, "hidden": model.hidden, "softmax_keeps_input": setup.softmax_keeps_input,
+        "logit_bytes": (dtypes.compute if dtypes.autocast
+                        else (dtypes.trainable if setup.method == "full" else dtypes.non_block)),
+        "softcap": bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
+        "upcast": dtypes.autocast or model.architecture != "encoder",
+    }
+    terms["logits_per_elem"] = (None if run.loss in OTHER_CHAINS else
+                                default_chain(terms["logit_bytes"], terms["softmax_keeps_input"],
+                                              terms["softcap"], terms["upcast"]))
+    return terms
