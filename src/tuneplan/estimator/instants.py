@@ -146,8 +146,13 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     prev_pinned = pinned if holds and not first else 0
     prev_held = 0 if first else held
     head_dequant = statics.head_dequant
-    forward_logits = maximum(maximum(logits.forward_peak, prev_held + logits.cast_peak),
-                             prev_held + logits.at_forward_end + head_dequant)
+    if per_elem is not None and not head_dequant:
+        # the default chain holds nothing between micro-batches, casts nothing apart and its loss forward
+        # holds its forward's end and more (logits.default_chain's widths): the first term is the largest
+        forward_logits = logits.forward_peak
+    else:
+        forward_logits = maximum(maximum(logits.forward_peak, prev_held + logits.cast_peak),
+                                 prev_held + logits.at_forward_end + head_dequant)
     earlier_grads, saved = statics.earlier_grads, acts.saved_bytes
     # one row per instant, in InstantRow's field order: gradients, optimizer_temp, activations,
     # autocast_copies, logits_loss, backward_temp, parallel_buffers
