@@ -15,6 +15,7 @@ from tuneplan import api
 from tuneplan.api import build_setup, estimate_run, resolve_run
 from tuneplan.catalog.models import resolve_model
 from tuneplan.estimator.activations import saved_at
+from tuneplan.estimator.allocator_segments import LOSS_INSTANTS
 from tuneplan.estimator.instants import memory_at
 from tuneplan.estimator.memory import memory_of
 from tuneplan.estimator.memory_statics import memory_statics
@@ -69,6 +70,8 @@ def test_the_shortcuts_give_the_general_rows(setup) -> None:
     slow = dataclasses.replace(run, memo={"memory": general})
     for batch, seq in SHAPES:
         assert memory_at(run, batch, seq).rows == memory_at(slow, batch, seq).rows, (batch, seq)
+    # memory_of reads the loss instants as the first two rows
+    assert list(memory_at(run, 1, 128).rows)[:2] == list(LOSS_INSTANTS)
 
 
 @pytest.mark.parametrize("field, values", [("rank", (16, 64)), ("optimizer", ("adamw", "adamw-8bit"))])

@@ -155,7 +155,8 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
                                  prev_held + logits.at_forward_end + head_dequant)
     earlier_grads, saved = statics.earlier_grads, acts.saved_bytes
     # one row per instant, in InstantRow's field order: gradients, optimizer_temp, activations,
-    # autocast_copies, logits_loss, backward_temp, parallel_buffers
+    # autocast_copies, logits_loss, backward_temp, parallel_buffers; the loss instants first (memory.memory_of
+    # takes them as the first two rows)
     rows = {
         "forward": (earlier_grads, 0, saved + prev_pinned, statics.autocast_copies, forward_logits, 0,
                     statics.gathered_at_forward_end),
