@@ -97,7 +97,7 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds:
     checkpointed = bool(setup.gradient_checkpointing)
     return ActivationTerms(
         kinds=flat, lower_kinds=kinds.lower_kinds, linear=linear_kinds(flat, checkpointed),
-        upper_temp_per_token=upper_temp_per_token(flat, kinds.lower_kinds),
+        upper_temp_per_token=upper_temp_per_token(flat, kinds.lower_kinds, checkpointed or offload),
         head_per_example=model.architecture == "encoder" and bool(model.head_out),
         tail_per_head_token=head * hidden, tail_per_token=per_token * hidden, pinned_per_token=pinned,
         checkpointed=checkpointed,
@@ -156,11 +156,13 @@ def linear_kinds(kinds: tuple[tuple[float, ...], ...], checkpointed: bool) -> Li
                        backward_temp_per_token=max([0.0, *(kind[BACKWARD_TEMP] for kind in kinds)]))
 
 
-def upper_temp_per_token(kinds: tuple[tuple[float, ...], ...], lower_kinds: int) -> float | None:
+def upper_temp_per_token(kinds: tuple[tuple[float, ...], ...], lower_kinds: int,
+                         not_saved: bool) -> float | None:
     """``ActivationPlan.upper_backward_temp_bytes`` per token, folded: ``max(0, max_k backward_temp_k)``
-    over the kinds above the lower ones (None: no lower kind, or an upper kind's scratch has an
-    eager-attention position term)."""
+    over the kinds above the lower ones (None: no lower kind, the layers' activations are not all saved
+    (``not_saved``: checkpointed or offloaded; the property reads backward_temp_bytes then), or an upper
+    kind's scratch has an eager-attention position term)."""
     upper = kinds[lower_kinds:]
-    if not lower_kinds or any(kind[BACKWARD_TEMP_PER_POS] for kind in upper):
+    if not lower_kinds or not_saved or any(kind[BACKWARD_TEMP_PER_POS] for kind in upper):
         return None
     return max([0.0, *(kind[BACKWARD_TEMP] for kind in upper)])

@@ -89,10 +89,11 @@ class ActivationPlan:
         scratch beside every saved activation, at the top layer's backward; a lower kind's own scratch
         comes once the layers above it have released theirs (none without checkpointing: saved_at)."""
         terms, tokens, seq = self.terms, self.tokens, self.seq
+        folded = terms.upper_temp_per_token  # once per run (activation_terms), where it applies
+        if folded is not None:
+            return int_for(tokens)(tokens * folded)
         if not terms.lower_kinds or terms.checkpointed or terms.offload:
             return self.backward_temp_bytes
-        if terms.upper_temp_per_token is not None:  # folded once per run (activation_terms)
-            return int_for(tokens)(tokens * terms.upper_temp_per_token)
         upper: Any = 0
         for kind in terms.kinds[terms.lower_kinds:]:
             temp = tokens * kind[4]
