@@ -13,6 +13,7 @@ coefficient would round differently).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.saved_tensors import DROPOUT_MASK_BYTES, LayerActs
@@ -132,12 +133,12 @@ def first_hook_terms(kinds: LayerKinds) -> dict[str, float]:
             "first_hook_temp_per_token": max(temp for _, temp in hooks)}
 
 
-@dataclass(frozen=True)
-class LinearKinds:
+class LinearKinds(NamedTuple):
     """The kinds of layer folded (module docstring), where no kind has an eager-attention position term, fixed
     per-layer bytes, a fused expert stack's weight gradient or a pinned input, and nothing is
     checkpointed: at ``t`` tokens the layers keep ``sum_k fl(fl(t per_token_k) count_k)``, the largest one
-    ``fl(t biggest_per_token)`` and the largest scratch ``fl(t backward_temp_per_token)``."""
+    ``fl(t biggest_per_token)`` and the largest scratch ``fl(t backward_temp_per_token)``. (A named tuple:
+    one is made per resolved run, a grid makes one per combination of its other axes.)"""
 
     counts: tuple[tuple[float, int], ...]  # (per_token, count) of each kind, in the kinds' order
     biggest_per_token: float  # max(0, max_k per_token_k)
@@ -148,12 +149,15 @@ def linear_kinds(kinds: tuple[tuple[float, ...], ...], checkpointed: bool) -> Li
     """The flat ``kinds`` (ActivationTerms.kinds) folded, or None where a term is not linear in the tokens
     (or the run is checkpointed: its recomputation's moment subtracts what aliases the checkpoint, a
     difference rounded per kind)."""
-    if checkpointed or any(kind[PER_POS] or kind[PINNED] or kind[BACKWARD_TEMP_PER_POS] or kind[FIXED]
-                           or kind[BACKWARD_FIXED] for kind in kinds):
+    if checkpointed:
         return None
-    return LinearKinds(counts=tuple((kind[PER_TOKEN], int(kind[-1])) for kind in kinds),
-                       biggest_per_token=max([0.0, *(kind[PER_TOKEN] for kind in kinds)]),
-                       backward_temp_per_token=max([0.0, *(kind[BACKWARD_TEMP] for kind in kinds)]))
+    for kind in kinds:
+        if (kind[PER_POS] or kind[PINNED] or kind[BACKWARD_TEMP_PER_POS] or kind[FIXED]
+                or kind[BACKWARD_FIXED]):
+            return None
+    return LinearKinds(tuple((kind[PER_TOKEN], int(kind[-1])) for kind in kinds),
+                       max([0.0, *[kind[PER_TOKEN] for kind in kinds]]),
+                       max([0.0, *[kind[BACKWARD_TEMP] for kind in kinds]]))
 
 
 def upper_temp_per_token(kinds: tuple[tuple[float, ...], ...], lower_kinds: int,
@@ -162,7 +166,10 @@ def upper_temp_per_token(kinds: tuple[tuple[float, ...], ...], lower_kinds: int,
     over the kinds above the lower ones (None: no lower kind, the layers' activations are not all saved
     (``not_saved``: checkpointed or offloaded; the property reads backward_temp_bytes then), or an upper
     kind's scratch has an eager-attention position term)."""
-    upper = kinds[lower_kinds:]
-    if not lower_kinds or not_saved or any(kind[BACKWARD_TEMP_PER_POS] for kind in upper):
+    if not lower_kinds or not_saved:
         return None
-    return max([0.0, *(kind[BACKWARD_TEMP] for kind in upper)])
+    upper = kinds[lower_kinds:]
+    for kind in upper:
+        if kind[BACKWARD_TEMP_PER_POS]:
+            return None
+    return max([0.0, *[kind[BACKWARD_TEMP] for kind in upper]])
