@@ -293,7 +293,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         fetch_row = None
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
-        bottom_acts = bottom_acts - minimum(acts.top_layer_bytes, statics.bottom_own_grads)
+        if statics.bottom_own_grads:  # a full fine-tune's bottom layer (memory_statics.bottom_own_gradients)
+            bottom_acts = bottom_acts - minimum(acts.top_layer_bytes, statics.bottom_own_grads)
         bottom_row: Row = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         if wrapper_rows:
             if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
