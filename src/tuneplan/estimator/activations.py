@@ -4,17 +4,13 @@ checkpointing, activation offload and bitsandbytes' pinned inputs make of that s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from tuneplan.estimator.activation_terms import ActivationTerms, LayerKinds, activation_terms
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.layer_saved import layer_activations
-from tuneplan.estimator.saved_tensors import (
-    DROPOUT_MASK_BYTES,
-    LayerActs,
-    embedding_backward_at,
-    model_dropout,
-)
+from tuneplan.estimator.saved_tensors import LayerActs, embedding_backward_at, model_dropout
 from tuneplan.estimator.xp import int_for, maximum
 from tuneplan.specs.lora_targets import STACK_MARK
 from tuneplan.specs.model import ModelSpec
@@ -27,8 +23,14 @@ __all__ = ["ActivationPlan", "ActivationTerms", "LayerActs", "LayerKinds", "acti
 @dataclass(slots=True)
 class ActivationPlan:
     """The saved activations at one shape (ints) or at every shape of a grid (int64 arrays). Not frozen, with
-    slots: one is made per estimate, and a frozen dataclass's ``__init__`` costs several times as much."""
+    slots, every field positional (the terms and the shape first): one is made per estimate, a frozen
+    dataclass's ``__init__`` costs several times as much and keyword arguments a sixth of a microsecond."""
 
+    # the terms and the shape the moments below are read from (the scalar estimate reads none of them on a
+    # single GPU: they are products of the tokens, made when a row that reads them is built)
+    terms: ActivationTerms
+    tokens: Any  # batch x seq
+    seq: Any
     saved_bytes: int  # all saved activations at the end of forward (layers + embedding/final norm)
     top_layer_bytes: int  # one layer's saved activations (the one recomputed / freed first)
     checkpoint_bytes: int  # layer inputs kept under gradient checkpointing (0 otherwise)
@@ -47,11 +49,6 @@ class ActivationPlan:
     tail_bytes: int = 0
     # a fused expert stack's weight gradient and the gradients beside it (LayerActs.backward_per_layer)
     expert_stack_bytes: int = 0
-    # the terms and the shape the moments below are read from (the scalar estimate reads none of them on a
-    # single GPU: they are products of the tokens, made when a row that reads them is built)
-    terms: ActivationTerms = field(kw_only=True)
-    tokens: Any = field(kw_only=True)  # batch x seq
-    seq: Any = field(kw_only=True)
 
     @property
     def mlp_saved_bytes(self) -> Any:
@@ -92,6 +89,9 @@ class ActivationPlan:
         scratch beside every saved activation, at the top layer's backward; a lower kind's own scratch
         comes once the layers above it have released theirs (none without checkpointing: saved_at)."""
         terms, tokens, seq = self.terms, self.tokens, self.seq
+        folded = terms.upper_temp_per_token  # once per run (activation_terms), where it applies
+        if folded is not None:
+            return int_for(tokens)(tokens * folded)
         if not terms.lower_kinds or terms.checkpointed or terms.offload:
             return self.backward_temp_bytes
         upper: Any = 0
@@ -126,19 +126,6 @@ class ActivationPlan:
         if terms.checkpointed or terms.offload:
             return 0
         return int_for(tokens)(tokens * terms.first_hook_temp_per_token)
-
-
-@dataclass(frozen=True)
-class LayerKinds:
-    """The distinct layers of a model under a setup, each with how many times it occurs: what one ledger
-    walk per kind of layer gives (``layer_saved.layer_activations``), independent of batch and seq."""
-
-    kinds: tuple[tuple[LayerActs, int], ...]
-    # the model config's embedding dropout applies (a mask per token x hidden)
-    embedding_dropout: bool = False
-    # how many leading kinds hold only layers below every other kind's (up to the first active layer, a
-    # kind of its own when its input needs no gradient): back-propagated after all the others
-    lower_kinds: int = 0
 
 
 def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: frozenset[str], attn: str,
@@ -212,99 +199,6 @@ def activation_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets
                           quant_lm_head=quant_lm_head, expand_kv=expand_kv)
 
 
-@dataclass(frozen=True)
-class ActivationTerms:
-    """What :func:`saved_at` needs besides batch and seq, resolved once per run (``activation_terms``).
-
-    ``kinds``: per kind of layer, (per_token, per_token_per_pos, pinned, input_alias, backward_temp,
-    backward_temp_per_pos, attn_backward_offset, per_layer, backward_per_layer, backward_per_layer_per_token,
-    count), the ``LayerActs`` fields in a flat tuple."""
-
-    kinds: tuple[tuple[float, float, float, float, float, float, float, float, float, float, int], ...]
-    head_per_example: bool  # an encoder's classifier head reads one token per example (the pooler)
-    tail_per_head_token: int  # bytes x hidden the final norm and the head keep per token they read
-    tail_per_token: int  # embedding-dropout mask and a 4-bit lm_head's kept input, per token
-    pinned_per_token: int  # a 4-bit lm_head's input, held by bitsandbytes
-    checkpointed: bool  # gradient checkpointing
-    checkpoint_per_token: int  # residual bytes x hidden x active layers
-    offload: bool  # checkpoints (or, without checkpointing, every saved tensor) go to host memory
-    model: ModelSpec  # for the embedding backward (a full fine-tune only)
-    method: str
-    dtypes: Dtypes
-    mlp_saved_per_token: float = 0.0  # the largest of the kinds' LayerActs.mlp_saved
-    # per token, the largest over the adapted kinds of layer_saved.first_target_terms, the saved part less
-    # what aliases the checkpoint (0, 0: not derived, some kind's is not)
-    layer_end_per_token: float = 0.0
-    layer_end_temp_per_token: float = 0.0
-    # of layer_end_per_token, what aliases the checkpoint (kept by the layer itself without checkpointing)
-    layer_end_alias_per_token: float = 0.0
-    # per token, the largest over the adapted kinds of layer_saved.last_target_terms (0, 0: not derived)
-    first_hook_per_token: float = 0.0
-    first_hook_temp_per_token: float = 0.0
-    lower_kinds: int = 0  # LayerKinds.lower_kinds
-
-
-def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, *,
-                     gc_offload: bool, quant_saves_input: bool = False,
-                     quant_lm_head: bool = False) -> ActivationTerms:
-    """The shape-independent terms of :func:`activations_at`: the tail outside the layers (the final norm
-    keeps its fp32 input, 4 h per token; lm_head keeps its input when it trains: a classification head
-    always trains, PEFT puts it in modules_to_save; BERT has no final norm, its MLM head's transform keeps
-    about as much, and its classifier reads the first token only, through the pooler), the embedding
-    dropout mask (1 h per token) and a 4-bit lm_head's input (c h per token, kept and pinned)."""
-    hidden = model.hidden
-    head = 4
-    per_token = DROPOUT_MASK_BYTES if kinds.embedding_dropout else 0
-    pinned = 0
-    if setup.method == "full" or model.head_out:
-        head += dtypes.compute if dtypes.autocast else dtypes.norm_out
-    elif quant_lm_head and quant_saves_input and setup.quant_bits is not None:
-        per_token += dtypes.compute
-        pinned = dtypes.compute * hidden
-    n_active = (model.n_layers if setup.method != "freeze"
-                else min(setup.freeze_trainable_layers, model.n_layers))
-    flat = tuple((layer.per_token, layer.per_token_per_pos, layer.pinned, layer.input_alias,
-                  layer.backward_temp, layer.backward_temp_per_pos, layer.attn_backward_offset,
-                  layer.per_layer, layer.backward_per_layer, layer.backward_per_layer_per_token, count)
-                 for layer, count in kinds.kinds)
-    offload = ((gc_offload or setup.activation_offload) if setup.gradient_checkpointing
-               else setup.activation_offload)
-    return ActivationTerms(
-        kinds=flat, lower_kinds=kinds.lower_kinds,
-        head_per_example=model.architecture == "encoder" and bool(model.head_out),
-        tail_per_head_token=head * hidden, tail_per_token=per_token * hidden, pinned_per_token=pinned,
-        checkpointed=bool(setup.gradient_checkpointing),
-        checkpoint_per_token=dtypes.residual * hidden * n_active, offload=offload,
-        model=model, method=setup.method, dtypes=dtypes,
-        mlp_saved_per_token=max((layer.mlp_saved for layer, _ in kinds.kinds), default=0.0),
-        **layer_end_terms(kinds), **first_hook_terms(kinds))
-
-
-def layer_end_terms(kinds: LayerKinds) -> dict[str, float]:
-    """``ActivationTerms``' layer_end_per_token / layer_end_temp_per_token from the kinds' first-target terms
-    (layer_saved.first_target_terms): the largest over the kinds with an adapter, none where one is not
-    derived."""
-    ends = [(layer.first_target_saved, layer.input_alias, layer.first_target_temp)
-            for layer, _ in kinds.kinds if layer.first_target_saved]
-    if not ends or any(saved < 0 for saved, _, _ in ends):
-        return {}
-    end, alias = max((saved - alias, alias) for saved, alias, _ in ends)
-    return {"layer_end_per_token": end, "layer_end_alias_per_token": alias,
-            "layer_end_temp_per_token": max(temp for _, _, temp in ends)}
-
-
-def first_hook_terms(kinds: LayerKinds) -> dict[str, float]:
-    """``ActivationTerms``' first_hook_per_token / first_hook_temp_per_token from the adapted kinds'
-    last-target terms (layer_saved.last_target_terms): the largest over them, none where one is not
-    derived or is the MLP's."""
-    hooks = [(layer.last_target_saved, layer.last_target_temp) for layer, _ in kinds.kinds
-             if layer.first_target_saved]
-    if not hooks or any(saved <= 0 for saved, _ in hooks):
-        return {}
-    return {"first_hook_per_token": max(saved for saved, _ in hooks),
-            "first_hook_temp_per_token": max(temp for _, temp in hooks)}
-
-
 def activations_at(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, batch: Any,
                    seq: Any, *, gc_offload: bool, quant_saves_input: bool = False, litgpt_code: bool = False,
                    quant_lm_head: bool = False, expand_kv: bool = False) -> ActivationPlan:
@@ -340,26 +234,33 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     # (terms that are zero for a kind, and the recomputed layer without checkpointing, are skipped: the scalar
     # estimate is a few microseconds, and each product costs a tenth of one)
     checkpointed = terms.checkpointed
-    for (per_token, per_pos, kept, alias, backward_temp, backward_temp_per_pos, attn_backward_offset,
-         fixed, backward_fixed, backward_fixed_per_token, count) in terms.kinds:
-        per_layer = tokens * per_token + pairs * per_pos if per_pos else tokens * per_token
-        if fixed:
-            per_layer = per_layer + fixed
-        total = total + per_layer * count
-        if kept:
-            pinned = pinned + tokens * kept * count
-        biggest = maximum(biggest, per_layer)
-        kind_temp = tokens * backward_temp
-        if backward_temp_per_pos:  # eager attention's backward: the scores' gradients, from its block on
-            kind_temp = maximum(kind_temp, pairs * backward_temp_per_pos + tokens * attn_backward_offset)
-        biggest_backward_temp = maximum(biggest_backward_temp, kind_temp)
-        if checkpointed:
-            # an offloaded checkpoint comes back as a new GPU copy: nothing aliases it
-            recomputed = per_layer if terms.offload else per_layer - tokens * alias
-            biggest_recompute = maximum(biggest_recompute, recomputed)
-            moment = maximum(moment, recomputed + kind_temp)
-        if backward_fixed:  # a fused expert stack's weight gradient and the gradients beside it
-            expert_stack = maximum(expert_stack, backward_fixed + tokens * backward_fixed_per_token)
+    linear = terms.linear
+    if linear is not None:  # the kinds folded once per run (activation_terms.LinearKinds)
+        for per_token, count in linear.counts:
+            total = total + tokens * per_token * count
+        biggest = tokens * linear.biggest_per_token
+        biggest_backward_temp = tokens * linear.backward_temp_per_token
+    else:
+        for (per_token, per_pos, kept, alias, backward_temp, backward_temp_per_pos, attn_backward_offset,
+             fixed, backward_fixed, backward_fixed_per_token, count) in terms.kinds:
+            per_layer = tokens * per_token + pairs * per_pos if per_pos else tokens * per_token
+            if fixed:
+                per_layer = per_layer + fixed
+            total = total + per_layer * count
+            if kept:
+                pinned = pinned + tokens * kept * count
+            biggest = maximum(biggest, per_layer)
+            kind_temp = tokens * backward_temp
+            if backward_temp_per_pos:  # eager attention's backward: the scores' gradients, from its block on
+                kind_temp = maximum(kind_temp, pairs * backward_temp_per_pos + tokens * attn_backward_offset)
+            biggest_backward_temp = maximum(biggest_backward_temp, kind_temp)
+            if checkpointed:
+                # an offloaded checkpoint comes back as a new GPU copy: nothing aliases it
+                recomputed = per_layer if terms.offload else per_layer - tokens * alias
+                biggest_recompute = maximum(biggest_recompute, recomputed)
+                moment = maximum(moment, recomputed + kind_temp)
+            if backward_fixed:  # a fused expert stack's weight gradient and the gradients beside it
+                expert_stack = maximum(expert_stack, backward_fixed + tokens * backward_fixed_per_token)
     tail = ((batch if terms.head_per_example else tokens) * terms.tail_per_head_token
             + tokens * terms.tail_per_token)
     if terms.pinned_per_token:
@@ -373,16 +274,16 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
         # Llama-3.2-1B QLoRA, fp32 residual); an offloaded checkpoint comes back as a new GPU copy;
         # recomputed layers' graphs die with each layer's backward: nothing stays pinned
         # the scratch: the largest kind's recomputation plus its own, less the largest recomputation
-        return ActivationPlan(to_int(checkpoints - offloaded + tail), to_int(biggest),
+        return ActivationPlan(terms, tokens, seq, to_int(checkpoints - offloaded + tail), to_int(biggest),
                               to_int(checkpoints - offloaded), to_int(biggest_recompute),
                               to_int(moment - biggest_recompute), to_int(offloaded), emb_grad, emb_extra, 0,
-                              to_int(tail), to_int(expert_stack), terms=terms, tokens=tokens, seq=seq)
+                              to_int(tail), to_int(expert_stack))
     if terms.offload:
         # torchtune OffloadActivations: each saved tensor goes to host memory as it is made and comes back
         # for its layer's backward; the output projection and the loss run outside it (NoOpManager)
-        return ActivationPlan(to_int(tail + biggest), to_int(biggest), 0, 0, to_int(biggest_backward_temp),
-                              to_int(total - biggest), emb_grad, emb_extra,
-                              expert_stack_bytes=to_int(expert_stack), terms=terms, tokens=tokens, seq=seq)
-    return ActivationPlan(to_int(total + tail), to_int(biggest), 0, 0, to_int(biggest_backward_temp), 0,
-                          emb_grad, emb_extra, to_int(pinned), to_int(tail), to_int(expert_stack),
-                          terms=terms, tokens=tokens, seq=seq)
+        return ActivationPlan(terms, tokens, seq, to_int(tail + biggest), to_int(biggest), 0, 0,
+                              to_int(biggest_backward_temp), to_int(total - biggest), emb_grad, emb_extra,
+                              expert_stack_bytes=to_int(expert_stack))
+    return ActivationPlan(terms, tokens, seq, to_int(total + tail), to_int(biggest), 0, 0,
+                          to_int(biggest_backward_temp), 0, emb_grad, emb_extra, to_int(pinned), to_int(tail),
+                          to_int(expert_stack))

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan, saved_at
 from tuneplan.estimator.eager_forward import forward_attention_row
-from tuneplan.estimator.layer_end_casts import top_layer_row_casts
+from tuneplan.estimator.layer_scratch import layer_backward_scratch, top_fetch_row, top_layer_terms
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
 from tuneplan.estimator.run import Run
@@ -128,8 +128,13 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     temporaries (+ what the loop holds)."""
     statics = run.memo.get("memory") or memory_statics(run)
     acts = saved_at(statics.acts, batch, seq)
-    logits = logits_plan(batch * seq, statics.vocab, statics.logit_bytes, run.loss, seq, statics.hidden,
-                         statics.softmax_keeps_input, statics.softcap, statics.upcast)
+    per_elem = statics.logits_per_elem
+    if per_elem is not None:  # the default chain, its widths resolved once per run (logits.default_chain)
+        elems = batch * seq * statics.vocab
+        logits = LogitsPlan(per_elem[0] * elems, per_elem[1] * elems, per_elem[2] * elems)
+    else:
+        logits = logits_plan(batch * seq, statics.vocab, statics.logit_bytes, run.loss, seq, statics.hidden,
+                             statics.softmax_keeps_input, statics.softcap, statics.upcast)
     # What the training loop keeps between micro-batches (LitGPT: ``logits`` and ``loss`` stay bound until
     # the next micro-batch rebinds them; the loss's graph keeps bitsandbytes' pinned matmul inputs).
     holds, first = statics.holds, statics.first
@@ -141,11 +146,17 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     prev_pinned = pinned if holds and not first else 0
     prev_held = 0 if first else held
     head_dequant = statics.head_dequant
-    forward_logits = maximum(maximum(logits.forward_peak, prev_held + logits.cast_peak),
-                             prev_held + logits.at_forward_end + head_dequant)
+    if per_elem is not None and not head_dequant:
+        # the default chain holds nothing between micro-batches, casts nothing apart and its loss forward
+        # holds its forward's end and more (logits.default_chain's widths): the first term is the largest
+        forward_logits = logits.forward_peak
+    else:
+        forward_logits = maximum(maximum(logits.forward_peak, prev_held + logits.cast_peak),
+                                 prev_held + logits.at_forward_end + head_dequant)
     earlier_grads, saved = statics.earlier_grads, acts.saved_bytes
     # one row per instant, in InstantRow's field order: gradients, optimizer_temp, activations,
-    # autocast_copies, logits_loss, backward_temp, parallel_buffers
+    # autocast_copies, logits_loss, backward_temp, parallel_buffers; the loss instants first (memory.memory_of
+    # takes them as the first two rows)
     rows = {
         "forward": (earlier_grads, 0, saved + prev_pinned, statics.autocast_copies, forward_logits, 0,
                     statics.gathered_at_forward_end),
@@ -231,56 +242,6 @@ def head_backward_row(run: Run, statics: MemoryStatics, saved: Any, tokens: Any)
     return (statics.earlier_grads, 0, saved, 0, dlogits, head_grad, statics.gathered_head_backward)
 
 
-def top_fetch_row(statics: MemoryStatics, unmade: int, acts: Any, casts: Any, held: Any) -> Row | None:
-    """ZeRO-3's top layer's backward fetch of its fused experts (``Gathered.top_layer_backward_fetch``; None
-    without one): the layer's activations ``acts`` (the tail back-propagated), none of its scratch yet; the
-    optimizer's states not made yet (``unmade``, counted by the persistent terms) in the recording pass."""
-    fetch = statics.wrapped.gathered.top_layer_backward_fetch
-    if not fetch:
-        return None
-    return (statics.earlier_grads_in_layer, -unmade, acts, casts, held, 0, fetch)
-
-
-def top_layer_terms(statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
-                    backward_temp: Any) -> tuple[Any, Any, Any, Any, Any]:
-    """The top layer's backward row terms: (gradients, activations it has freed, scratch, gathered,
-    autocast casts). Without a wrapper's top layer: the layer's earlier gradients beside all of its
-    activations and scratch. FSDP, ZeRO-3 (wrappers/base.TopLayer): the top layer's unsharded gradients are
-    made as its activations are released; the row's total is the larger of its start (all activations and
-    the scratch, none of its gradients) and its end (its gradients, its activations gone)."""
-    top_grads, top_freed = statics.earlier_grads_in_layer, 0
-    if statics.wrapped.top_layer is None and not statics.wrapped.first_hook_bucket:
-        # no wrapper's top layer: the upper kinds' scratch, every saved cast but the head's, which dies with
-        # the head's backward, run before the top layer's (layer_end_casts.head_and_top_layer_casts)
-        return (top_grads, top_freed, layer_backward_scratch(statics, acts, tokens, upper=True),
-                statics.gathered, statics.autocast_copies - statics.head_top_casts[0])
-    # ZeRO-1/2's bucket, made by the first gradient hook: not there yet at the top layer's first fused
-    # expert stack when nothing trained precedes it (wrappers/zero.py)
-    top_scratch = (layer_backward_scratch(statics, acts, tokens, statics.wrapped.first_hook_bucket)
-                   if statics.wrapped.first_hook_bucket else backward_temp)
-    top_gathered, top_casts = statics.gathered, statics.autocast_copies
-    top = statics.wrapped.top_layer
-    if top is None:
-        return top_grads, top_freed, top_scratch, top_gathered, top_casts
-    at_end, top_gathered = top.gradients_at_end, top.gathered
-    if top.gathered_at_attention:
-        # where an eager core's scores' gradients are the layer's largest scratch, what is unsharded then
-        # (a bool times an int: a Python number, or a grid's array)
-        attention = acts.attention_backward_bytes
-        at_core = (attention >= acts.backward_temp_bytes) * (attention > 0)
-        top_gathered = top_gathered + (top.gathered_at_attention - top_gathered) * at_core
-    top_grads = statics.earlier_grads_in_layer - top.counted + at_end
-    # checkpointed: the recomputation's weight casts (weights.recompute_casts) are released with it
-    top_freed = minimum(acts.recompute_bytes + statics.recompute_casts if statics.checkpointed
-                        else acts.top_layer_bytes, at_end)
-    top_scratch = (backward_temp if top.keeps_scratch
-                   else backward_temp - minimum(backward_temp, at_end - top_freed))
-    # autocast's saved casts: the head's released, the top layer's as its gradients are made
-    top_casts = top_layer_row_casts(statics.autocast_copies, statics.head_top_casts,
-                                    at_end - top_freed - (backward_temp - top_scratch))
-    return top_grads, top_freed, top_scratch, top_gathered, top_casts
-
-
 def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan,
                         held: Any, tokens: Any) -> None:
     """Add the layers' backward to ``rows``: the top layer (G0 + every saved activation but what it frees +
@@ -288,7 +249,9 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     bottom layer's activations or recomputation + its scratch: the larger of the layer's backward
     temporaries and bitsandbytes' dequantized weight with what is live beside it) and the embedding's
     backward where it has an instant of its own."""
-    backward_temp = layer_backward_scratch(statics, acts, tokens)
+    # (the plain scratch without the call: memory_statics resolved that it has no other term)
+    backward_temp = (acts.backward_temp_bytes + statics.dequant if statics.plain_scratch
+                     else layer_backward_scratch(statics, acts, tokens))
     saved, gathered = acts.saved_bytes, statics.gathered
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))
@@ -330,7 +293,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         fetch_row = None
         # bitsandbytes' pinned inputs are not released as the layers are back-propagated
         bottom_acts = acts.top_layer_bytes + acts.pinned_bytes - acts.pinned_bytes // statics.n_layers
-        bottom_acts = bottom_acts - minimum(acts.top_layer_bytes, statics.bottom_own_grads)
+        if statics.bottom_own_grads:  # a full fine-tune's bottom layer (memory_statics.bottom_own_gradients)
+            bottom_acts = bottom_acts - minimum(acts.top_layer_bytes, statics.bottom_own_grads)
         bottom_row: Row = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         if wrapper_rows:
             if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
@@ -356,24 +320,6 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         rows["backward_embedding"] = embedding_row
     if wrapper_rows:
         reduction_rows(rows, statics, held, (saved - acts.tail_bytes, bottom_acts), bottom_held)
-
-
-def layer_backward_scratch(statics: MemoryStatics, acts: ActivationPlan, tokens: Any, unmade: int = 0,
-                           upper: bool = False) -> Any:
-    """The scratch of the layer being back-propagated: its backward temporaries (or a fused expert stack's
-    weight-gradient moment, less ``unmade``: bytes the row counts that do not exist yet at that moment)
-    and a quantized linear's dequantization scratch, or the larger moment of the layer's largest new weight
-    gradient beside its accumulated buffer (memory_statics) or of bitsandbytes' dequantized weight
-    (quant_kernels). ``upper``: the top layer's, without the lower kinds' (ActivationPlan.
-    upper_backward_temp_bytes)."""
-    layers = acts.upper_backward_temp_bytes if upper else acts.backward_temp_bytes
-    backward_temp = maximum(layers, acts.expert_stack_bytes - unmade) + statics.dequant
-    if statics.new_grad_temp:
-        backward_temp = maximum(backward_temp, statics.new_grad_temp)
-    if statics.backward_dequant:
-        backward_temp = maximum(backward_temp,
-                                statics.backward_dequant + tokens * statics.backward_dequant_per_token)
-    return backward_temp
 
 
 def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:

@@ -42,9 +42,12 @@ Chunked losses keep less:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneplan.estimator.xp import ceil_div, maximum
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
 
 # the chains logits_plan names; every other loss (``hf`` ...) takes the default chain
 OTHER_CHAINS = frozenset({"fused_linear", "fabric_chunked", "torchtune_legacy", "chunked_compiled",
@@ -65,6 +68,25 @@ class LogitsPlan:
     cast_peak: int = 0  # live while the outputs are cast (beside what the previous micro-batch holds)
 
 
+def default_chain(compute_bytes: int, softmax_keeps_input: bool = False, softcap: bool = False,
+                  upcast: bool = True) -> tuple[int, int, int]:
+    """The default chain's bytes per logit element (tokens x vocabulary), shape-independent (resolved once
+    per run: ``memory_statics``): (at the forward's end, during the loss forward, at the loss backward),
+    each a sum of integer byte widths, so ``width x elements`` is the sum of the terms' products exactly.
+    With ``c`` the logits' bytes and ``l`` the loss's (4, or ``c`` when nothing upcasts them): the forward's
+    end holds the logits (``c``, and ``c`` more for the capped copy ``tanh`` saves); the loss forward the
+    logits, their upcast copy (``l`` when ``l != c``), the log-softmax output (``l``) and the capped copy;
+    the loss backward the saved output and both dense gradients (``3 l``), torch < 1.11's kept upcast input
+    (``l``) and the capped copy."""
+    loss_bytes = 4 if upcast else compute_bytes
+    upcast_copy = loss_bytes if compute_bytes != loss_bytes else 0  # .float() of the logits
+    # torch < 1.11: log_softmax also kept its input, the upcast logits, until its backward had run
+    kept = loss_bytes if softmax_keeps_input else 0
+    capped = compute_bytes if softcap else 0
+    return (compute_bytes + capped, compute_bytes + upcast_copy + loss_bytes + capped,
+            3 * loss_bytes + kept + capped)
+
+
 def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any = 0,
                 hidden: int = 0, softmax_keeps_input: bool = False, softcap: bool = False,
                 upcast: bool = True) -> LogitsPlan:
@@ -77,18 +99,12 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
     without ``.float()``, such as transformers' BertForMaskedLM, outside autocast, whose fp32 list holds
     ``log_softmax``): the log-softmax output and both gradients are c-byte tensors."""
     logit_elems = tokens * vocab
-    logits = compute_bytes * logit_elems  # the model's logits, in its compute dtype
     if loss not in OTHER_CHAINS:  # the default chain, nearly every estimate's: one test, not seven
-        # the loss's dtype: fp32, or the logits' own when nothing upcasts them
-        loss_bytes = 4 if upcast else compute_bytes
-        upcast_copy = loss_bytes * logit_elems if compute_bytes != loss_bytes else 0  # .float() of the logits
-        # torch < 1.11: log_softmax also kept its input, the upcast logits, until its backward had run
-        kept = loss_bytes * logit_elems if softmax_keeps_input else 0
+        at_end, forward, backward = default_chain(compute_bytes, softmax_keeps_input, softcap, upcast)
         # (positional: the default chain is the one nearly every estimate takes; keywords cost a third of a
-        # microsecond): at_forward_end, forward_peak, backward_peak
-        capped = compute_bytes * logit_elems if softcap else 0
-        return LogitsPlan(logits + capped, logits + upcast_copy + loss_bytes * logit_elems + capped,
-                          3 * loss_bytes * logit_elems + kept + capped)
+        # microsecond)
+        return LogitsPlan(at_end * logit_elems, forward * logit_elems, backward * logit_elems)
+    logits = compute_bytes * logit_elems  # the model's logits, in its compute dtype
     if loss == "fused_linear":
         head_input_elems = tokens * min(hidden or vocab, vocab)
         # the chunk is rounded up to a power of two tokens: up to twice the hidden-sized target
@@ -118,3 +134,22 @@ def logits_plan(tokens: Any, vocab: int, compute_bytes: int, loss: str, seq: Any
     # "fused", the last of OTHER_CHAINS
     return LogitsPlan(at_forward_end=2 * logit_elems, forward_peak=2 * logit_elems + 4 * tokens,
                       backward_peak=2 * logit_elems)
+
+
+def logits_terms(run: Run) -> dict[str, Any]:
+    """The logits chain's arguments (:func:`logits_plan`) besides the shape, by MemoryStatics field: the
+    logits' bytes (the compute dtype under autocast, else the head's), and whether the loss is upcast to
+    fp32: an encoder's masked-LM head hands its scores to CrossEntropyLoss without .float() (transformers
+    BertForMaskedLM.forward), so its loss is fp32 only under autocast (DeepSpeed runs without it)."""
+    model, setup, dtypes = run.model, run.setup, run.dtypes
+    terms: dict[str, Any] = {
+        "vocab": model.head_width, "hidden": model.hidden, "softmax_keeps_input": setup.softmax_keeps_input,
+        "logit_bytes": (dtypes.compute if dtypes.autocast
+                        else (dtypes.trainable if setup.method == "full" else dtypes.non_block)),
+        "softcap": bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
+        "upcast": dtypes.autocast or model.architecture != "encoder",
+    }
+    terms["logits_per_elem"] = (None if run.loss in OTHER_CHAINS else
+                                default_chain(terms["logit_bytes"], terms["softmax_keeps_input"],
+                                              terms["softcap"], terms["upcast"]))
+    return terms

@@ -4,6 +4,7 @@ figures, the bands and the notes."""
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any
 
 from tuneplan.estimator.activations import ActivationPlan
@@ -42,15 +43,19 @@ def memory_of(run: Run) -> MemoryBreakdown:
     when first read."""
     live = memory_at(run, run.setup.batch, run.setup.seq)
     # Python ints at one shape (activations_at truncates its float sums): the totals are exact in any order,
-    # so the persistent part, the same at every instant, is added once after the choice (-1 - base: the
-    # totals' floor of -1)
-    base = live.statics.common_total
-    step, peak = -1 - base, ""
-    for instant, row in live.rows.items():
+    # so the persistent part, the same at every instant, is added once after the choice. The loss instants
+    # are memory_at's first two rows: their totals, which the reserved figure reads too, are taken first
+    rows = live.rows
+    forward, backward_start = LOSS_INSTANTS
+    at_forward, at_backward_start = sum(rows[forward]), sum(rows[backward_start])
+    step, peak = ((at_backward_start, backward_start) if at_backward_start > at_forward
+                  else (at_forward, forward))
+    for instant, row in islice(rows.items(), 2, None):
         total = sum(row)
         if total > step:
             step, peak = total, instant
-    return AnalyticBreakdown(run, live, peak, base + step)
+    base = live.statics.common_total
+    return AnalyticBreakdown(run, live, peak, base + step, (base + at_forward, base + at_backward_start))
 
 
 class AnalyticBreakdown(MemoryBreakdown):
@@ -60,13 +65,11 @@ class AnalyticBreakdown(MemoryBreakdown):
     (types.built_on_read): the values a face reads are the ones an eager breakdown held, and a search that
     only asks whether the setup fits does not build them."""
 
-    def __init__(self, run: Run, live: MemoryAt, peak: str, allocated: int) -> None:
+    def __init__(self, run: Run, live: MemoryAt, peak: str, allocated: int, at_loss: tuple[int, int]) -> None:
+        """``at_loss``: the allocated totals at the loss instants (allocator_segments.LOSS_INSTANTS)."""
         self.peak_instant = peak
-        base, rows, setup = live.statics.common_total, live.rows, run.setup
-        forward, backward_start = LOSS_INSTANTS
-        at_forward, at_backward_start = base + sum(rows[forward]), base + sum(rows[backward_start])
-        reserved, needed = reserved_figures(run, allocated, at_forward, at_backward_start, setup.batch,
-                                            setup.seq)
+        setup = run.setup
+        reserved, needed = reserved_figures(run, allocated, at_loss[0], at_loss[1], setup.batch, setup.seq)
         self.reserved_peak_bytes, self.releasable_bytes = reserved, reserved - needed
         self.nccl_bytes = live.statics.wrapped.resident.nccl
         self._run, self._live, self._allocated = run, live, allocated

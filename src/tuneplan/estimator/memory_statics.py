@@ -5,13 +5,14 @@ instants exist (``instants.instants`` reads them as arithmetic)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
+from tuneplan.estimator.activation_terms import BACKWARD_FIXED
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
 from tuneplan.estimator.bnb_scope import unquantized_note
 from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
 from tuneplan.estimator.layer_end_casts import head_and_top_layer_casts, top_layer_end_casts
+from tuneplan.estimator.logits import logits_terms
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.optimizer_groups import adafactor_step_temp, no_decay_elements
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
@@ -60,6 +61,8 @@ class MemoryStatics:
     softmax_keeps_input: bool
     softcap: bool  # the model caps its logits with tanh (logits.logits_plan)
     upcast: bool  # the loss runs in fp32 (logits.logits_plan; :func:`logits_terms`)
+    # the default chain's bytes per logit element (logits.default_chain); None: another chain
+    logits_per_elem: tuple[int, int, int] | None
     holds: bool  # the training loop keeps the last micro-batch's outputs (profile.loop_holds_outputs)
     holds_to_step: bool  # ... through its backward and the step only (profile.loop_holds_outputs_to_step)
     first: bool  # the longest micro-batch runs first (setup.longest_batch_first)
@@ -115,6 +118,15 @@ class MemoryStatics:
     # the wrapper adds or folds rows of its own (:func:`wrapper_adds_rows`); False: instants.memory_at
     # skips them all in one test
     wrapper_rows: bool = True
+    # the layers' scratch is their activation gradients and the dequantization scratch alone: no fused expert
+    # stack, no new weight gradient beside its buffer, no bitsandbytes backward dequantization (layer_scratch.
+    # layer_backward_scratch's other terms; derived from the fields above once per run)
+    plain_scratch: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        experts = any(kind[BACKWARD_FIXED] for kind in self.acts.kinds)
+        object.__setattr__(self, "plain_scratch",
+                           not (experts or self.new_grad_temp or self.backward_dequant))
 
 
 def embedding_into_buffer(setup: TrainSetup, method: str, wrapper_memory: WrapperMemory) -> bool | None:
@@ -217,21 +229,6 @@ def wrapper_adds_rows(wrapped: WrapperMemory) -> bool:
             or wrapped.end_of_backward is not None or wrapped.tail_reduce is not None
             or wrapped.epilogue is not None or bool(wrapped.layers_backward)
             or bool(wrapped.first_hook_bucket) or wrapped.gathered != Gathered())
-
-
-def logits_terms(run: Run) -> dict[str, Any]:
-    """The logits chain's arguments (logits.logits_plan) besides the shape, by MemoryStatics field: the
-    logits' bytes (the compute dtype under autocast, else the head's), and whether the loss is upcast to
-    fp32: an encoder's masked-LM head hands its scores to CrossEntropyLoss without .float() (transformers
-    BertForMaskedLM.forward), so its loss is fp32 only under autocast (DeepSpeed runs without it)."""
-    model, setup, dtypes = run.model, run.setup, run.dtypes
-    return {
-        "vocab": model.head_width, "hidden": model.hidden, "softmax_keeps_input": setup.softmax_keeps_input,
-        "logit_bytes": (dtypes.compute if dtypes.autocast
-                        else (dtypes.trainable if setup.method == "full" else dtypes.non_block)),
-        "softcap": bool(model.config.get("final_logit_softcapping")) and not setup.num_labels,
-        "upcast": dtypes.autocast or model.architecture != "encoder",
-    }
 
 
 def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:
