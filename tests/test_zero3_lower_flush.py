@@ -74,3 +74,19 @@ def test_the_reduction_is_an_instant_of_its_own_the_bottom_row_with_its_gathered
     assert row["parallel_buffers"] == 9_673_236_480
     assert {k: v for k, v in row.items() if k != "parallel_buffers"} == {
         k: v for k, v in bottom.items() if k != "parallel_buffers"}
+
+
+def test_a_checkpointed_bottom_layers_reduction_has_the_embedding_popped_beside_it() -> None:
+    from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush
+
+    spec = llama4()
+    # the prefetcher not running ahead, checkpointed: at the bottom layer's last recomputation fetch the
+    # queue up to the embedding holds only layer 0's parameters, AVAILABLE (popped without counting), then
+    # the embedding, popped under max_live (layer 0's 487,598,080 < 1e9): layer 1's fill is reduced from
+    # layer 0's down_proj hook beside layer 0 and E, 1,266,165,760 fp32 elements gathered
+    gc = build_setup(spec, method="full", gpus=8, zero=3, precision="fp32", gradient_checkpointing=True)
+    assert zero3_lower_flush(spec, gc, BUCKET, 4, 0, False) == 4 * (LAYER + HEAD) + 4 * LAYER + 4 * MLP
+    assert 4 * (LAYER + HEAD) + 4 * LAYER + 4 * MLP == 7_581_286_400
+    # without checkpointing the layers are fetched again in the backward's order: no such pop counted
+    plain = build_setup(spec, method="full", gpus=8, zero=3, precision="fp32", gradient_checkpointing=False)
+    assert zero3_lower_flush(spec, plain, BUCKET, 4, 0, False) == 4 * (H + LAYER) + 4 * MLP

@@ -96,10 +96,17 @@ def zero3_lower_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, c
 
     (simulate: Qwen2.5-32B, 4 layers, full with checkpointing in fp32 over 8 GPUs, CPU optimizer and
     parameters: layer 2's 487,605,248-element fill copied in layer 1's backward, from down_proj's hook,
-    beside layers 1 and 0 and the 778,567,680-element embedding gathered and the fp64 norm chunk.)"""
+    beside layers 1 and 0 and the 778,567,680-element embedding gathered and the fp64 norm chunk;
+    Llama-3.1-70B, 2 layers, freeze with checkpointing in fp16 over 4 GPUs, the prefetcher not running
+    ahead: layer 1's 385,892,352-element tail copied from layer 0's down_proj hook beside layer 0 and the
+    embedding popped in its recomputation.)"""
     best = 0
     for layer, fill, trigger in zero3_later_reductions(model, setup, reduce_bucket):
-        popped = lower_layers_gathered(model, setup, layer) * compute if runs_ahead else 0
+        # not running ahead, the prefetcher still pops the embedding in the bottom layer's recomputation:
+        # at its last fetch the queue up to the embedding holds only that layer's parameters, AVAILABLE,
+        # popped without counting (``_fetch_sub_module_impl``), then the embedding, under max_live
+        reaches = runs_ahead or (layer == 0 and bool(setup.gradient_checkpointing))
+        popped = lower_layers_gathered(model, setup, layer) * compute if reaches else 0
         gathered = max(popped, in_layers)
         best = max(best, gathered + reduction_scratch(setup, fill, trigger, reduce_bucket, compute))
     return best
