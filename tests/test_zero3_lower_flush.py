@@ -72,8 +72,10 @@ def test_the_reduction_is_an_instant_of_its_own_the_bottom_row_with_its_gathered
     live = memory_at(resolve_run(spec, setup), 1, 1024)
     row, bottom = live.components("backward_lower_flush"), live.components("backward_layers_bottom")
     assert row["parallel_buffers"] == 9_673_236_480
-    assert {k: v for k, v in row.items() if k != "parallel_buffers"} == {
-        k: v for k, v in bottom.items() if k != "parallel_buffers"}
+    # the layer's scratch at down_proj's hook: 1024 tokens x (4 x 5120 + 4 x 27648) (the next test)
+    assert row["backward_temp"] == 1024 * 131_072 < bottom["backward_temp"]
+    assert {k: v for k, v in row.items() if k not in ("parallel_buffers", "backward_temp")} == {
+        k: v for k, v in bottom.items() if k not in ("parallel_buffers", "backward_temp")}
 
 
 def test_a_checkpointed_bottom_layers_reduction_has_the_embedding_popped_beside_it() -> None:
@@ -90,3 +92,20 @@ def test_a_checkpointed_bottom_layers_reduction_has_the_embedding_popped_beside_
     # without checkpointing the layers are fetched again in the backward's order: no such pop counted
     plain = build_setup(spec, method="full", gpus=8, zero=3, precision="fp32", gradient_checkpointing=False)
     assert zero3_lower_flush(spec, plain, BUCKET, 4, 0, False) == 4 * (H + LAYER) + 4 * MLP
+
+
+def test_a_reduction_from_its_layers_first_gradient_has_only_down_projs_input_gradient_beside_it() -> None:
+    from tuneplan.estimator.dtypes import resolve_dtypes
+    from tuneplan.estimator.wrappers.zero3_lower_flush import lower_flush_scratch_per_token
+    from tuneplan.specs.profiles import get_profile
+
+    spec = llama4()
+    setup = build_setup(spec, method="full", gpus=8, zero=3, precision="fp32")
+    dtypes = resolve_dtypes(setup, get_profile(setup.framework))
+    assert (dtypes.residual, dtypes.linear_out) == (4, 4)
+    # every later reduction comes from a layer's down_proj hook, its first gradient: the residual
+    # gradient (h fp32) and down_proj's input gradient (f fp32) a token: 4 x 5120 + 4 x 27648
+    assert lower_flush_scratch_per_token(spec, setup, BUCKET, dtypes) == 131_072
+    # a 2e8-element bucket: a layer's up_proj (1.4e8) does not fit beside its down_proj, a reduction from
+    # inside the layer, after its down_proj's backward: not derived (0, the layer's scratch counted)
+    assert lower_flush_scratch_per_token(spec, setup, 200_000_000, dtypes) == 0

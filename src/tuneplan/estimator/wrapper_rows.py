@@ -195,9 +195,11 @@ def flush_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPla
     gathered there and the reduction's scratch in place of its gathered parameters."""
     if statics.wrapped.gathered.flush:
         rows["backward_flush"] = flush_row(statics, acts, grads, held, backward_temp)
-    if statics.wrapped.gathered.lower_flush:
-        rows["backward_lower_flush"] = (*rows["backward_layers_bottom"][:6],
-                                        statics.wrapped.gathered.lower_flush)
+    lower, per_token = statics.wrapped.gathered.lower_flush
+    if lower:
+        bottom = rows["backward_layers_bottom"]
+        scratch = minimum(bottom[5], acts.tokens * per_token) if per_token else bottom[5]
+        rows["backward_lower_flush"] = (*bottom[:5], scratch, lower)
 
 
 def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, tokens: Any,

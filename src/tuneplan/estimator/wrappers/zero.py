@@ -53,7 +53,7 @@ from tuneplan.estimator.wrappers.zero3_first_pass import (
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
-from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush
+from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush_moment
 from tuneplan.estimator.wrappers.zero3_lower_layers import (
     zero3_embedding_round_held_twice,
     zero3_gathered_in_lower_layers,
@@ -276,8 +276,8 @@ class Zero3(Zero, ShardingWrapper):
                               keeps_scratch=True)
                      if top_gathered > layer_gathered or lower > layer_gathered - views else None)
         # a later reduction in a lower layer, beside what is gathered there (zero3_lower_flush.py)
-        low_flush = zero3_lower_flush(model, setup, terms.reduce_bucket, compute, layer_gathered,
-                                      bool(runs_ahead))
+        low_flush = zero3_lower_flush_moment(model, setup, terms.reduce_bucket, run.dtypes, layer_gathered,
+                                             bool(runs_ahead))
         layer_gathered = lower + views
         if setup.offload != "none":
             # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)

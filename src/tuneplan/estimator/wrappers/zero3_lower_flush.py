@@ -4,13 +4,18 @@ prefetcher popped (DeepSpeed 0.19.8 stage3.py; the first reduction: zero3_flush.
 
 from __future__ import annotations
 
+from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.wrappers.reduce_buckets import (
     _layer_order,
     bucket_members,
     zero3_leaf_moe,
 )
 from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_LIVE_PARAMETERS, embedding_used_last
-from tuneplan.estimator.wrappers.zero3_flush import offload_boundary_scratch, zero3_backward_gradients
+from tuneplan.estimator.wrappers.zero3_flush import (
+    _layer_from_top,
+    offload_boundary_scratch,
+    zero3_backward_gradients,
+)
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
@@ -50,14 +55,7 @@ def zero3_later_reductions(model: ModelSpec, setup: TrainSetup,
         return []
     order = zero3_backward_gradients(model, setup)
     members = bucket_members(order, reduce_bucket)
-    # the layer (from the top) of each gradient in hook order; a full fine-tune's head and final norm -1
-    owner = [-1] * (len([n for n in (model.lm_head_params, model.final_norm_params) if n])
-                    if setup.method == "full" else 0)
-    k = 0
-    for spec, count in reversed(model.layer_groups):
-        for _ in range(count):
-            owner += [k] * len([n for n in _layer_order(spec) if n])
-            k += 1
+    owner = _gradient_layers(model, setup)
     out: list[tuple[int, list[int], int]] = []
     at = len(members[0]) if members else 0
     for fill in members[1:-1]:
@@ -66,6 +64,60 @@ def zero3_later_reductions(model: ModelSpec, setup: TrainSetup,
         if above >= 1:
             out.append((model.n_layers - 1 - above, fill, order[at]))
     return out
+
+
+def _gradient_layers(model: ModelSpec, setup: TrainSetup) -> list[int]:
+    """The decoder layer (from the top) of each gradient of zero3_flush.zero3_backward_gradients, in hook
+    order; a full fine-tune's head and final norm -1."""
+    owner = [-1] * (len([n for n in (model.lm_head_params, model.final_norm_params) if n])
+                    if setup.method == "full" else 0)
+    k = 0
+    for spec, count in reversed(model.layer_groups):
+        for _ in range(count):
+            owner += [k] * len([n for n in _layer_order(spec) if n])
+            k += 1
+    return owner
+
+
+def lower_flush_scratch_per_token(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
+                                  dtypes: Dtypes) -> int:
+    """Bytes a token of the layer's scratch at the later reductions' moments when every one is run from
+    its layer's first gradient, that of its last linear, a dense MLP projection writing the residual
+    stream (0 otherwise: the layer's backward scratch counted, an upper bound).
+
+    That hook fires once the linear's backward returned (``LinearFunctionForZeroStage3.backward``,
+    runtime/zero/linear.py): live are the layer output's incoming gradient, which autograd's input buffer
+    holds for the residual sum, and the gradient of the linear's input, ``d_in`` wide; nothing else of the
+    layer's backward has run.
+
+    .. math:: T = h\\,b_{res} + d_{in}\\,b_{out}
+
+    (simulate: Qwen2.5-32B, 4 layers, full in fp32 over 8 GPUs, 1 x 1024: down_proj's 1024 x 27648 input
+    gradient and the 1024 x 5120 residual gradient beside the reduction's norm.)"""
+    reductions = zero3_later_reductions(model, setup, reduce_bucket)
+    if not reductions:
+        return 0
+    order, owner = zero3_backward_gradients(model, setup), _gradient_layers(model, setup)
+    members = bucket_members(order, reduce_bucket)
+    widths: list[int] = []
+    at = len(members[0])
+    for fill in members[1:-1]:
+        at += len(fill)
+        if owner[at] < 1:
+            continue
+        spec = _layer_from_top(model, owner[at])
+        last = spec.linears[-1]
+        if owner[at - 1] == owner[at] or last.role != "mlp" or last.count != 1:
+            return 0
+        widths.append(last.params // model.hidden)
+    return model.hidden * dtypes.residual + max(widths) * dtypes.linear_out if widths else 0
+
+
+def zero3_lower_flush_moment(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, dtypes: Dtypes,
+                             in_layers: int, runs_ahead: bool) -> tuple[int, int]:
+    """(:func:`zero3_lower_flush`, :func:`lower_flush_scratch_per_token`)."""
+    return (zero3_lower_flush(model, setup, reduce_bucket, dtypes.compute, in_layers, runs_ahead),
+            lower_flush_scratch_per_token(model, setup, reduce_bucket, dtypes))
 
 
 def lower_layers_gathered(model: ModelSpec, setup: TrainSetup, layer: int) -> int:
