@@ -48,7 +48,7 @@ from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrapper_rows import (
     bottom_backward_rows,
     first_hook_rows,
-    flush_row,
+    flush_rows,
     fold_bottom_rows,
     layer_end_rows,
     reduction_rows,
@@ -313,8 +313,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
                              bottom_held, acts.attention_backward_bytes)
         if statics.gathered_layer_end:
             layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
-        if statics.wrapped.gathered.flush:
-            rows["backward_flush"] = flush_row(statics, acts, top_grads, held, backward_temp)
+        flush_rows(rows, statics, acts, top_grads, held, backward_temp)
         bottom_backward_rows(rows, statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
         rows["backward_embedding"] = embedding_row

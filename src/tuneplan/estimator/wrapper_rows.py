@@ -188,6 +188,20 @@ def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: An
             statics.autocast_copies, held, backward_temp, gathered)
 
 
+def flush_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: Any,
+               backward_temp: Any) -> None:
+    """ZeRO-3's in-backward reductions below the top layer: the first one (:func:`flush_row`) and the
+    largest later one in a lower layer (wrappers/zero3_lower_flush.py), the bottom layer's row with what is
+    gathered there and the reduction's scratch in place of its gathered parameters."""
+    if statics.wrapped.gathered.flush:
+        rows["backward_flush"] = flush_row(statics, acts, grads, held, backward_temp)
+    lower, per_token = statics.wrapped.gathered.lower_flush
+    if lower:
+        bottom = rows["backward_layers_bottom"]
+        scratch = minimum(bottom[5], acts.tokens * per_token) if per_token else bottom[5]
+        rows["backward_lower_flush"] = (*bottom[:5], scratch, lower)
+
+
 def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
                    grads: tuple[Any, Any], bottom_acts: Any, bottom_held: Any) -> None:
     """The rows at a layer's backward end, beside the next layer it prefetched (when the wrapper gathers

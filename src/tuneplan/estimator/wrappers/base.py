@@ -85,6 +85,10 @@ class Gathered:
     # past its MLP, that layer's scratch then, bytes a token (zero3_flush.zero3_flush_mlp_done_scratch; 0: not
     # derived, the layer's backward scratch counted)
     flush_scratch_per_token: int = 0
+    # ZeRO-3: at the largest later reduction in a layer below the top, what is gathered there and the
+    # reduction's scratch (0: no instant there), and the layer's scratch then, bytes a token (0: not
+    # derived, the layer's backward scratch counted; zero3_lower_flush.py)
+    lower_flush: tuple[int, int] = (0, 0)
     # ZeRO-3, LoRA / QLoRA: in the forward once the prefetcher popped the untied head, and the decoder
     # layers whose forward ran before (their activations saved), whether the running layer is past its
     # attention block ((0, 0, False): no instant there; zero3_head_pop.py)

@@ -53,6 +53,7 @@ from tuneplan.estimator.wrappers.zero3_first_pass import (
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
+from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush_moment
 from tuneplan.estimator.wrappers.zero3_lower_layers import (
     zero3_embedding_round_held_twice,
     zero3_gathered_in_lower_layers,
@@ -274,6 +275,9 @@ class Zero3(Zero, ShardingWrapper):
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
                               keeps_scratch=True)
                      if top_gathered > layer_gathered or lower > layer_gathered - views else None)
+        # a later reduction in a lower layer, beside what is gathered there (zero3_lower_flush.py)
+        low_flush = zero3_lower_flush_moment(model, setup, terms.reduce_bucket, run.dtypes, layer_gathered,
+                                             bool(runs_ahead))
         layer_gathered = lower + views
         if setup.offload != "none":
             # the flat gradient partition lives where the optimizer steps (stage3 self.device: the CPU)
@@ -302,6 +306,7 @@ class Zero3(Zero, ShardingWrapper):
                                           fused_experts.zero3_expert_round_bytes(run)),
                                       head_popped=popped,
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp,
+                                      lower_flush=low_flush,
                                       flush_scratch_per_token=first_flush.zero3_flush_mlp_done_scratch(
                                           model, run.dtypes, terms.reduce_bucket, setup) if flush else 0),
                              top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
