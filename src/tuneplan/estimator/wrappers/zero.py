@@ -255,6 +255,7 @@ class Zero3(Zero, ShardingWrapper):
         runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
         # the embedding round's flat buffer: from the forward, or in the bottom layer (zero3_first_pass.py)
         early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
+        regathered = zero3_tied_regathered(model, setup, terms.prefetch_bucket, run.targets)
         # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers);
         # not the top layer's, whose row keeps what it held
         lower = max(layer_gathered + zero3_factor_round_bytes(run, terms.prefetch_bucket),
@@ -263,11 +264,12 @@ class Zero3(Zero, ShardingWrapper):
                                                 whole16) if setup.quant_bits is None and runs_ahead else 0,
                     # or, a tied embedding released after the head's backward, again, beside a round held
                     # twice (zero3_tied_backward)
-                    zero3_tied_regathered(model, setup, terms.prefetch_bucket, run.targets) * compute,
-                    zero3_quantized_tied_regathered(run),
-                    # or the embedding's coalesced round held twice in the bottom layer (zero3_lower_layers)
+                    regathered * compute, zero3_quantized_tied_regathered(run),
+                    # or the embedding's coalesced round held twice in the bottom layer (zero3_lower_layers),
+                    # once the prefetcher runs ahead: from the forward, or, a tied embedding that filled
+                    # stage3_max_live_parameters there, from its release after the head's backward
                     zero3_embedding_round_held_twice(model, setup, run.targets, terms.prefetch_bucket)
-                    * compute if runs_ahead else 0)
+                    * compute if runs_ahead or regathered else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
