@@ -238,9 +238,12 @@ def embedding_released(run: Run, trace: list[tuple[int, int]]) -> bool:
     """Whether ``__params_to_release`` releases the embedding after its forward: its next use, its backward
     (module doc of :func:`zero3_quantized_ahead_bytes`), lies past the layers' forward and backward (and
     recompute) and the head's two uses, beyond ``stage3_max_reuse_distance``
-    (zero3_first_pass.embedding_regathered)."""
+    (zero3_first_pass.embedding_regathered). A tied embedding, the head's weight, is used next by the
+    head's forward right after the layers' (zero3_first_pass.embedding_released_after_forward)."""
     head = run.model.lm_head_params if trace[-1][0] == run.model.lm_head_params else 0
     layers = sum(n for n, _ in trace[1:]) - head
+    if not run.model.lm_head_params and run.model.tied_embeddings:
+        return layers >= DS_MAX_REUSE_DISTANCE
     passes = 3 if run.setup.gradient_checkpointing else 2
     return passes * layers + 2 * head >= DS_MAX_REUSE_DISTANCE
 
@@ -255,7 +258,10 @@ def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
     Where the limit ``min(M - A, bucket)`` is not positive the prefetcher pops nothing at that fetch. At the
     embedding's own fetch the cut goes on (an empty round): its release after its forward lowers ``A`` by
     ``released`` before the next fetch (simulate: Qwen2.5-32B, 3 layers, QLoRA nf4 on the attention with
-    checkpointing over 2 GPUs: nothing popped at the embedding, the rounds resumed at the rotary module).
+    checkpointing over 2 GPUs: nothing popped at the embedding, the rounds resumed at the rotary module);
+    an embedding of at least ``M`` popped by the root's fetch leaves the wrappers below it nothing either
+    (simulate: gemma-2-27b, 2 layers, QLoRA fp4 on the MLP with checkpointing and a 1-label head over 8
+    GPUs: empty rounds to the embedding's forward, the rounds resumed at the rotary module).
     Elsewhere, without ``resume`` the cut stops there; with it the forward goes on (:func:`blocked_walk`):
     each fetch uses the next entry, gathered on demand when no round has popped it, and releases it after its
     forward when its next use lies beyond ``stage3_max_reuse_distance``, so that the prefetcher resumes."""
@@ -268,9 +274,10 @@ def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
         if len(rounds) == wrappers + 1:
             available -= released
         limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
-        if limit <= 0 and len(rounds) == wrappers and released:
-            # fetch_sub_module pops nothing at the embedding's own fetch; release_sub_module after its
-            # forward frees the limit (an empty round keeps round k at the k-th fetch)
+        if limit <= 0 and len(rounds) <= wrappers and released:
+            # fetch_sub_module pops nothing at the embedding's own fetch (nor, the embedding past M, at
+            # the wrappers' fetches after the root's); release_sub_module after its forward frees the
+            # limit (an empty round keeps round k at the k-th fetch)
             rounds.append([])
             continue
         if limit <= 0:
