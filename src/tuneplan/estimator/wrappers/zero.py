@@ -64,6 +64,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_quantized_embedding_round,
     zero3_quantized_head_copy_bytes,
 )
+from tuneplan.estimator.wrappers.zero3_record_release import zero3_quantized_record_release_copy
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero3_tied_backward import (
     zero3_quantized_tied_regathered,
@@ -354,8 +355,11 @@ class Zero3(Zero, ShardingWrapper):
                                                             terms.reduce_bucket, run.targets) * compute
         else:
             # packed 4-bit layers: what the prefetcher ran ahead to stays until its backward use (and a copy)
+            # (and a copy: the embedding's round joining the forward's last, or, after a record pass that
+            # released the persistent parameters, holding the forward's persistent tail)
             ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16
-                        ) + zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0]
+                        ) + max(zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
+                                zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
             at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)
