@@ -331,3 +331,22 @@ def test_an_untied_embedding_past_max_live_pops_nothing_until_its_release() -> N
                                          rank=4, bits=4, quant_type="fp4", targets="mlp",
                                          gradient_checkpointing=True))
     assert zero3_quantized_embedding_round(tied, 50_000_000) == (0, 0)
+
+
+def test_a_root_round_under_the_bucket_is_coalesced_and_its_flat_buffer_held_past_the_embedding() -> None:
+    # gpt2 over 3 layers, QLoRA nf4 on c_attn in fp32 over 2 GPUs: the embeddings (wte 50,257 x 768 and wpe
+    # 1,024 x 768) 39,383,808 elements, 4 B each; packed per layer c_attn 768 x 2304 / 2 = 884,736, attn
+    # c_proj 294,912, c_fc and mlp c_proj 1,179,648: 3,538,944 bytes. The root's fetch pops rounds of the
+    # 5e7 bucket: 39,383,808 + 3 x 3,538,944 = 50,000,640 elements, the last one crossing: one round,
+    # coalesced: every member's copy and the flat buffer, kept until its last member's fetch in the top
+    # layer: 2 x (39,383,808 x 4 + 3 x 3,538,944). (simulate: seed 101 r168, the 40,268,544-element fp32
+    # flat buffer beside the embedding's copy at layer 2's c_fc, the run's peak; its LoRA B matrices past
+    # the persistence threshold left out here.)
+    from tuneplan.catalog.models import resolve_model
+
+    base = resolve_model("openai-community/gpt2", allow_network=False)
+    spec = model_from_config(dict(base.config, n_layer=3), "gpt2-3L")
+    run = resolve_run(spec, build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3))
+    assert spec.embed_params == 50_257 * 768 + 1_024 * 768 and run.dtypes.non_block == 4
+    gathered = 39_383_808 * 4 + 3 * (884_736 + 294_912 + 2 * 1_179_648)
+    assert zero3_quantized_at_embedding_bytes(run, 50_000_000) == 2 * gathered

@@ -118,7 +118,10 @@ def zero3_quantized_at_embedding_bytes(run: Run, prefetch_bucket: int) -> int:
 
     (simulate: Phi-3-mini, 2 layers, QLoRA nf4 in fp32 over 2 GPUs: at the embedding's forward of the
     second step the embedding and the head (9.85e7 elements each, fp32) beside both layers' packed rounds,
-    5.66e7 bytes each.)"""
+    5.66e7 bytes each.) A root's round holding more than the embedding (one under the bucket) is coalesced:
+    its flat buffer, :math:`\\sum_{p \\in r_0} n_p b_p` more, stays until its last member's fetch (simulate:
+    gpt2, 3 layers, QLoRA nf4 in fp32 over 2 GPUs: the whole model in the root's round, its flat buffer
+    beside the copies at layer 2's ``c_fc``)."""
     model, setup, dtypes = run.model, run.setup, run.dtypes
     bits = setup.quant_bits
     if bits is None or not model.embed_params:
@@ -130,7 +133,10 @@ def zero3_quantized_at_embedding_bytes(run: Run, prefetch_bucket: int) -> int:
         trace.append((model.lm_head_params, dtypes.non_block))
     wrappers = 4  # the causal-LM model and its base model, PEFT's PeftModel and LoraModel above them
     rounds = prefetch_rounds([n for n, _ in trace], prefetch_bucket)[:wrappers + 1]
-    return sum(n * b for n, b in trace[:sum(len(r) for r in rounds)])
+    # the root's round, coalesced when the embedding is under the bucket: its flat buffer stays beside the
+    # copies until its last member's fetch, past the embedding's (AllGatherCoalescedHandle.wait)
+    flat = sum(n * b for n, b in trace[:len(rounds[0])]) if len(rounds[0]) > 1 else 0
+    return sum(n * b for n, b in trace[:sum(len(r) for r in rounds)]) + flat
 
 
 def gathered_entries(run: Run, spec: LayerSpec) -> list[tuple[int, int]]:
