@@ -296,3 +296,57 @@ def test_a_tied_embedding_past_max_live_released_after_the_heads_backward_is_gat
         plain = build_setup(spec, method="qlora", precision="bf16", gpus=4, zero=3,
                             gradient_checkpointing=False)
         assert zero3_quantized_tied_regathered(resolve_run(spec, plain)) == 0
+
+
+def test_an_untied_embedding_past_max_live_pops_nothing_until_its_release() -> None:
+    # gemma-2-27b widths over 2 layers, QLoRA fp4 rank 4 on the MLP with checkpointing and a 1-label head
+    # (4,608 elements, persistent) in fp16 over 8 GPUs: E = 256,000 x 4,608 = 1,179,648,000 >= M = 1e9.
+    # Packed q / o 4608 x 4096 / 2 = 9,437,184, k / v 4608 x 2048 / 2 = 4,718,592, gate / up / down
+    # 4608 x 36864 / 2 = 84,934,656; LoRA matrices past 1e5: gate / up lora_B and down lora_A,
+    # 36,864 x 4 = 147,456. The root's fetch pops the embedding; A = E > M, so the three wrappers below it
+    # and the embedding's own fetch pop nothing (four empty rounds); its forward releases it (no head uses
+    # it; its backward use lies past the reuse distance: 3 x 567e6 >= 1e9) and the rounds go on from the
+    # rotary module: [q k v o gate] 113.2e6, [gate_B up], [up_B down_A down] per layer, six rounds (the
+    # layers, 567e6, under M), the embedding's backward use the twelfth, popped at the twelfth fetch, after
+    # layer 0's q_proj (the tenth: the four wrappers, the embedding, the rotary module, layer 0, its input
+    # norm, its attention, q_proj). Held in layer 0's backward: the layer's codes, the flat buffer and the
+    # embedding's copy: 283,115,520 + 2 x 1,179,648,000 x 2 B. (simulate: seed 101 r130, the second step's
+    # round [q_proj, k_proj, embedding] popped at layer 0's v_proj; before the fix the cut stopped after
+    # the embedding's first round, nothing counted.)
+    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+
+    cfg = dict(model_type="gemma2", hidden_size=4608, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=16, head_dim=128, intermediate_size=36864, vocab_size=256_000)
+    spec = model_from_config(cfg, "gemma-2-27b-2L")
+    setup = build_setup(spec, method="qlora", precision="fp16-mixed", gpus=8, zero=3, rank=4, bits=4,
+                        quant_type="fp4", targets="mlp", gradient_checkpointing=True, num_labels=1)
+    run = resolve_run(spec, setup)
+    assert run.dtypes.non_block == 2 and spec.embed_params == 1_179_648_000
+    layer = 2 * 9_437_184 + 2 * 4_718_592 + 3 * 84_934_656
+    assert layer == 283_115_520
+    assert zero3_quantized_embedding_round(run, 50_000_000) == (0, layer + 2 * 1_179_648_000 * 2)
+    # the same model with its tied LM head: the head's forward uses the embedding right after the layers
+    # (567e6 < D), so its forward does not release it and nothing is prefetched
+    tied = resolve_run(spec, build_setup(spec, method="qlora", precision="fp16-mixed", gpus=8, zero=3,
+                                         rank=4, bits=4, quant_type="fp4", targets="mlp",
+                                         gradient_checkpointing=True))
+    assert zero3_quantized_embedding_round(tied, 50_000_000) == (0, 0)
+
+
+def test_a_root_round_under_the_bucket_is_coalesced_and_its_flat_buffer_held_past_the_embedding() -> None:
+    # gpt2 over 3 layers, QLoRA nf4 on c_attn in fp32 over 2 GPUs: the embeddings (wte 50,257 x 768 and wpe
+    # 1,024 x 768) 39,383,808 elements, 4 B each; packed per layer c_attn 768 x 2304 / 2 = 884,736, attn
+    # c_proj 294,912, c_fc and mlp c_proj 1,179,648: 3,538,944 bytes. The root's fetch pops rounds of the
+    # 5e7 bucket: 39,383,808 + 3 x 3,538,944 = 50,000,640 elements, the last one crossing: one round,
+    # coalesced: every member's copy and the flat buffer, kept until its last member's fetch in the top
+    # layer: 2 x (39,383,808 x 4 + 3 x 3,538,944). (simulate: seed 101 r168, the 40,268,544-element fp32
+    # flat buffer beside the embedding's copy at layer 2's c_fc, the run's peak; its LoRA B matrices past
+    # the persistence threshold left out here.)
+    from tuneplan.catalog.models import resolve_model
+
+    base = resolve_model("openai-community/gpt2", allow_network=False)
+    spec = model_from_config(dict(base.config, n_layer=3), "gpt2-3L")
+    run = resolve_run(spec, build_setup(spec, method="qlora", precision="fp32", gpus=2, zero=3))
+    assert spec.embed_params == 50_257 * 768 + 1_024 * 768 and run.dtypes.non_block == 4
+    gathered = 39_383_808 * 4 + 3 * (884_736 + 294_912 + 2 * 1_179_648)
+    assert zero3_quantized_at_embedding_bytes(run, 50_000_000) == 2 * gathered

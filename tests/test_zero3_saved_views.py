@@ -260,3 +260,32 @@ def test_lora_adapted_expert_stacks_save_the_parametrized_copy_not_a_view() -> N
     # parameter in the three released MoE layers (1, 2, 3)
     down = frozenset({"experts@down_proj"})
     assert zero3_view_kept(spec, lora, down, 1, holds_all=False) == 3 * e * 2 * f * h
+
+
+def test_the_bottom_views_of_a_stalled_prefetcher_keep_a_released_copy_beside_the_regathered_one() -> None:
+    # falcon-7b over 4 layers (tied), LoRA r 16 on the MLP without checkpointing over 8 GPUs: E = 65,024 x
+    # 4,544 = 295,469,056; a layer: query_key_value 4,544 x 4,672 = 21,229,568, dense 4,544^2 = 20,647,936,
+    # dense_h_to_4h and dense_4h_to_h 4,544 x 18,176 = 82,591,744, the input norm's weight and bias 9,088:
+    # 207,070,080. At the loss the prefetcher holds every parameter with a backward use, but through the
+    # forward E + 4 layers = 1,123,749,376 >= M: it stalls before the backward's entries, the bottom layer's
+    # the last, so layer 0's dense_4h_to_h (its input requires grad through dense_h_to_4h's LoRA output:
+    # its weight.T view is saved) is released after its forward and popped again at once: the released copy
+    # beside the new one, 82,591,744. With two micro-batches a step, the first complete pass's regather
+    # round holds the persistent tail the record pass released (the top layer's dense_4h_to_h lora_B
+    # 4,544 x 16 = 72,704 and ln_f), coalesced: its flat buffer too, 2 x 82,591,744 in all.
+    # (simulate: seed 97 r240, the 82,673,536-element flat buffer popped at layer 0's dense_4h_to_h
+    # lora_dropout beside eight 82,591,744 copies at the loss.)
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.run import resolve_run
+    from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
+
+    base = resolve_model("tiiuae/falcon-7b", allow_network=False)
+    fields = dict(method="lora", precision="fp16-mixed", gpus=8, zero=3, rank=16, targets="mlp",
+                  gradient_checkpointing=False)
+    for layers, accum, kept in ((4, 2, 2 * 82_591_744), (4, 1, 82_591_744), (2, 2, 0)):
+        spec = model_from_config(dict(base.config, num_hidden_layers=layers), f"falcon-7b-{layers}L")
+        assert spec.embed_params == 295_469_056
+        assert spec.layer_groups[0][0].linear_params + spec.layer_groups[0][0].norm_params == 207_070_080
+        run = resolve_run(spec, build_setup(spec, grad_accum=accum, **fields))
+        # two layers: E + 414,140,160 < M, the prefetcher passes layer 0's backward uses before its forward
+        assert zero3_views_kept(run, spec.embed_params, 50_000_000) == kept

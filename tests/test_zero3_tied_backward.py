@@ -80,3 +80,33 @@ def test_the_embeddings_coalesced_round_is_held_twice_through_the_bottom_layer()
     # round, and the embedding opens its own: no copy beside a buffer
     attn = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
     assert zero3_embedding_round_held_twice(spec, ckpt, attn, BUCKET) == 0
+
+
+def test_an_embedding_over_the_live_limit_is_held_twice_in_the_bottom_layer_once_released() -> None:
+    # gemma-3-27b widths, 2 layers, tied, LoRA r 32 on the MLP with checkpointing over 8 GPUs in bf16:
+    # E = 262,208 x 5,376 = 1,409,630,208 >= M, so it fills stage3_max_live_parameters through the forward
+    # and the forward's prefetcher never runs ahead. A layer: q and o 5,376 x 4,096 = 22,020,096, k and v
+    # 5,376 x 2,048 = 11,010,048, gate, up, down 5,376 x 21,504 = 115,605,504, four norms 4 x 5,376 and
+    # q/k norms 2 x 128: 412,898,560. P - E = 2 x 412,898,560 + 5,376 (the final norm), twice (recompute
+    # and backward) >= D = 1e9, so the head's backward releases the embedding and the
+    # backward's prefetcher pops it again (the two layers, 825,797,120, under M). The bottom layer's
+    # recompute queues down_proj's weight (>= the 5e7 bucket, closing its round) then its lora_B, 5,376 x 32
+    # = 172,032, which opens the embedding's round: one flat buffer of 172,032 + E, and the embedding's
+    # copy made at lora_B's fetch (AllGatherCoalescedHandle.wait), both through layer 0's backward:
+    # G = 412,898,560 + 2 E + 172,032 = 3,232,331,008 elements, 2 B each.
+    # (simulate: seed 103 r10, the 1,409,802,240-element buffer made at layer 1's recomputed v_proj beside
+    # the 1,409,630,208 copy made at layer 0's down_proj lora_B, the peak in layer 0's backward.)
+    from tuneplan.estimator.optimizer import OptimizerPlan
+    from tuneplan.estimator.run import resolve_run
+
+    cfg = dict(model_type="gemma3_text", hidden_size=5376, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=16, head_dim=128, intermediate_size=21504, vocab_size=262_208)
+    spec = model_from_config(cfg, "gemma-3-27b-2L")
+    assert spec.embed_params == 1_409_630_208 and not spec.lm_head_params
+    setup = build_setup(spec, method="lora", gpus=8, zero=3, gradient_checkpointing=True, rank=32,
+                        precision="bf16-mixed", targets="mlp")
+    run = resolve_run(spec, setup)
+    assert zero3_gathered_ahead(spec, setup, BUCKET, run.targets) == 0
+    assert tied_embedding_released_in_backward(spec, setup)
+    gathered = run.wrapper.memory(run, OptimizerPlan(0, 0, 0)).gathered
+    assert gathered.in_layers == (412_898_560 + 2 * 1_409_630_208 + 172_032) * 2

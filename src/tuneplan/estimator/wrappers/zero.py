@@ -65,6 +65,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_quantized_embedding_round,
     zero3_quantized_head_copy_bytes,
 )
+from tuneplan.estimator.wrappers.zero3_record_release import zero3_quantized_record_release_copy
 from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
 from tuneplan.estimator.wrappers.zero3_tied_backward import (
     zero3_quantized_tied_regathered,
@@ -256,6 +257,7 @@ class Zero3(Zero, ShardingWrapper):
         runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
         # the embedding round's flat buffer: from the forward, or in the bottom layer (zero3_first_pass.py)
         early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
+        regathered = zero3_tied_regathered(model, setup, terms.prefetch_bucket, run.targets)
         # the lower layers' backward, the embedding popped beside them (zero3_gathered_in_lower_layers);
         # not the top layer's, whose row keeps what it held
         lower = max(layer_gathered + zero3_factor_round_bytes(run, terms.prefetch_bucket),
@@ -264,11 +266,12 @@ class Zero3(Zero, ShardingWrapper):
                                                 whole16) if setup.quant_bits is None and runs_ahead else 0,
                     # or, a tied embedding released after the head's backward, again, beside a round held
                     # twice (zero3_tied_backward)
-                    zero3_tied_regathered(model, setup, terms.prefetch_bucket, run.targets) * compute,
-                    zero3_quantized_tied_regathered(run),
-                    # or the embedding's coalesced round held twice in the bottom layer (zero3_lower_layers)
+                    regathered * compute, zero3_quantized_tied_regathered(run),
+                    # or the embedding's coalesced round held twice in the bottom layer (zero3_lower_layers),
+                    # once the prefetcher runs ahead: from the forward, or, a tied embedding that filled
+                    # stage3_max_live_parameters there, from its release after the head's backward
                     zero3_embedding_round_held_twice(model, setup, run.targets, terms.prefetch_bucket)
-                    * compute if runs_ahead else 0)
+                    * compute if runs_ahead or regathered else 0)
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
@@ -357,8 +360,11 @@ class Zero3(Zero, ShardingWrapper):
                                                             terms.reduce_bucket, run.targets) * compute
         else:
             # packed 4-bit layers: what the prefetcher ran ahead to stays until its backward use (and a copy)
+            # (and a copy: the embedding's round joining the forward's last, or, after a record pass that
+            # released the persistent parameters, holding the forward's persistent tail)
             ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16
-                        ) + zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0]
+                        ) + max(zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
+                                zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
             at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)

@@ -118,7 +118,10 @@ def zero3_quantized_at_embedding_bytes(run: Run, prefetch_bucket: int) -> int:
 
     (simulate: Phi-3-mini, 2 layers, QLoRA nf4 in fp32 over 2 GPUs: at the embedding's forward of the
     second step the embedding and the head (9.85e7 elements each, fp32) beside both layers' packed rounds,
-    5.66e7 bytes each.)"""
+    5.66e7 bytes each.) A root's round holding more than the embedding (one under the bucket) is coalesced:
+    its flat buffer, :math:`\\sum_{p \\in r_0} n_p b_p` more, stays until its last member's fetch (simulate:
+    gpt2, 3 layers, QLoRA nf4 in fp32 over 2 GPUs: the whole model in the root's round, its flat buffer
+    beside the copies at layer 2's ``c_fc``)."""
     model, setup, dtypes = run.model, run.setup, run.dtypes
     bits = setup.quant_bits
     if bits is None or not model.embed_params:
@@ -130,7 +133,10 @@ def zero3_quantized_at_embedding_bytes(run: Run, prefetch_bucket: int) -> int:
         trace.append((model.lm_head_params, dtypes.non_block))
     wrappers = 4  # the causal-LM model and its base model, PEFT's PeftModel and LoraModel above them
     rounds = prefetch_rounds([n for n, _ in trace], prefetch_bucket)[:wrappers + 1]
-    return sum(n * b for n, b in trace[:sum(len(r) for r in rounds)])
+    # the root's round, coalesced when the embedding is under the bucket: its flat buffer stays beside the
+    # copies until its last member's fetch, past the embedding's (AllGatherCoalescedHandle.wait)
+    flat = sum(n * b for n, b in trace[:len(rounds[0])]) if len(rounds[0]) > 1 else 0
+    return sum(n * b for n, b in trace[:sum(len(r) for r in rounds)]) + flat
 
 
 def gathered_entries(run: Run, spec: LayerSpec) -> list[tuple[int, int]]:
@@ -238,9 +244,12 @@ def embedding_released(run: Run, trace: list[tuple[int, int]]) -> bool:
     """Whether ``__params_to_release`` releases the embedding after its forward: its next use, its backward
     (module doc of :func:`zero3_quantized_ahead_bytes`), lies past the layers' forward and backward (and
     recompute) and the head's two uses, beyond ``stage3_max_reuse_distance``
-    (zero3_first_pass.embedding_regathered)."""
+    (zero3_first_pass.embedding_regathered). A tied embedding, the head's weight, is used next by the
+    head's forward right after the layers' (zero3_first_pass.embedding_released_after_forward)."""
     head = run.model.lm_head_params if trace[-1][0] == run.model.lm_head_params else 0
     layers = sum(n for n, _ in trace[1:]) - head
+    if not run.model.lm_head_params and run.model.tied_embeddings:
+        return layers >= DS_MAX_REUSE_DISTANCE
     passes = 3 if run.setup.gradient_checkpointing else 2
     return passes * layers + 2 * head >= DS_MAX_REUSE_DISTANCE
 
@@ -255,7 +264,10 @@ def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
     Where the limit ``min(M - A, bucket)`` is not positive the prefetcher pops nothing at that fetch. At the
     embedding's own fetch the cut goes on (an empty round): its release after its forward lowers ``A`` by
     ``released`` before the next fetch (simulate: Qwen2.5-32B, 3 layers, QLoRA nf4 on the attention with
-    checkpointing over 2 GPUs: nothing popped at the embedding, the rounds resumed at the rotary module).
+    checkpointing over 2 GPUs: nothing popped at the embedding, the rounds resumed at the rotary module);
+    an embedding of at least ``M`` popped by the root's fetch leaves the wrappers below it nothing either
+    (simulate: gemma-2-27b, 2 layers, QLoRA fp4 on the MLP with checkpointing and a 1-label head over 8
+    GPUs: empty rounds to the embedding's forward, the rounds resumed at the rotary module).
     Elsewhere, without ``resume`` the cut stops there; with it the forward goes on (:func:`blocked_walk`):
     each fetch uses the next entry, gathered on demand when no round has popped it, and releases it after its
     forward when its next use lies beyond ``stage3_max_reuse_distance``, so that the prefetcher resumes."""
@@ -268,9 +280,10 @@ def cut_rounds(trace: list[tuple[int, int]], prefetch_bucket: int,
         if len(rounds) == wrappers + 1:
             available -= released
         limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
-        if limit <= 0 and len(rounds) == wrappers and released:
-            # fetch_sub_module pops nothing at the embedding's own fetch; release_sub_module after its
-            # forward frees the limit (an empty round keeps round k at the k-th fetch)
+        if limit <= 0 and len(rounds) <= wrappers and released:
+            # fetch_sub_module pops nothing at the embedding's own fetch (nor, the embedding past M, at
+            # the wrappers' fetches after the root's); release_sub_module after its forward frees the
+            # limit (an empty round keeps round k at the k-th fetch)
             rounds.append([])
             continue
         if limit <= 0:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.estimator.wrappers.zero3_coordinator import (
+    DS_MAX_LIVE_PARAMETERS,
     zero3_backward_uses,
     zero3_gathered_ahead,
     zero3_layers_kept,
@@ -75,6 +76,8 @@ def zero3_views_kept(run: Run, head: int, prefetch_bucket: int) -> int:
     model, setup = run.model, run.setup
     ahead = zero3_gathered_ahead(model, setup, prefetch_bucket, run.targets)
     holds_all = bool(ahead) and ahead >= zero3_backward_uses(model, setup, run.targets)
+    if holds_all:
+        return zero3_bottom_views_regathered(model, setup, run.targets)
     # a kept leaf MoE block is the top layer's viewed weights: gathered, not released (zero3_head_reuse)
     kept = zero3_layers_kept(model, head) or int(zero3_leaf_block_kept(model, setup, head) > 0)
     views = zero3_view_kept(model, setup, run.targets, kept, holds_all)
@@ -162,3 +165,34 @@ def expert_inputs_need_grad(model: ModelSpec, setup: TrainSetup, targets: frozen
             grad = True
         out.append(grad)
     return out
+
+
+def zero3_bottom_views_regathered(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]) -> int:
+    """Elements kept by the bottom layer's saved views beside what the coordinator holds at the loss when
+    the prefetcher holds every parameter with a backward use there, but reached the bottom layer's backward
+    uses only after that layer's forward (0 otherwise).
+
+    ``_fetch_sub_module_impl`` (DeepSpeed 0.19.8) pops while ``numel_prefetching < M - n_available``:
+    through the forward it holds the embedding and the layers ahead, and when those reach
+    ``stage3_max_live_parameters`` ``M`` it stalls before the backward's entries, the bottom layer's last
+    (the layers above are AVAILABLE, skipped uncounted). ``__params_to_release`` then releases each bottom
+    linear after its forward (no later use popped yet); its saved ``weight.T`` view
+    (:func:`layer_viewed_weights`) keeps that storage, and the release lowering ``n_available`` lets the
+    prefetcher pop the linear's backward use at once: a second gathered copy. With several micro-batches a
+    step the first complete pass follows a record pass that released the persistent parameters
+    (zero3_first_pass.py): the forward's persistent tail the stalled prefetcher left (the top layer's small
+    LoRA factors, the final norm) joins that round, coalesced, and its flat buffer stays filed under the
+    bottom linear until its backward fetch (``AllGatherCoalescedHandle.wait``'s copy beside it):
+
+    .. math:: V = v_0\\,(1 + [\\text{accumulation}]), \\quad E + \\sum_i P_i \\ge M
+
+    (simulate: falcon-7b, 4 layers, LoRA on the MLP, two micro-batches over 8 GPUs: at the loss the
+    bottom ``dense_4h_to_h``'s 8.259e7 released copy, its regathered copy and the 8.267e7-element flat
+    buffer of ``[top dense_4h_to_h.lora_B, dense_4h_to_h, ln_f]`` popped at its ``lora_dropout``.)"""
+    if setup.gradient_checkpointing or setup.quant_bits is not None or setup.method == "freeze":
+        return 0
+    layers = sum((spec.linear_params + spec.norm_params) * count for spec, count in model.layer_groups)
+    if model.embed_params + layers < DS_MAX_LIVE_PARAMETERS:
+        return 0  # the prefetcher passes the bottom layer's backward uses before its forward
+    viewed = layer_viewed_weights(model, setup, targets, bottom=True)
+    return viewed * (2 if setup.grad_accum > 1 else 1)
