@@ -58,6 +58,7 @@ from tuneplan.estimator.wrappers.zero3_lower_layers import (
     zero3_embedding_round_held_twice,
     zero3_gathered_in_lower_layers,
 )
+from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_top_backward
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
@@ -365,7 +366,9 @@ class Zero3(Zero, ShardingWrapper):
             ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16
                         ) + max(zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
                                 zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
-            at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead)
+            # the embedding the backward's prefetcher pops in the top layer (zero3_module_trace.py)
+            at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead, zero3_replayed_top_backward(
+                run, terms.prefetch_bucket))
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)
         # below the top layer the flush is an instant of its own (Gathered.flush), the layers above released

@@ -1,0 +1,171 @@
+"""The module trace of one step of a dense QLoRA run under checkpointing as ZeRO-3's hooks see it (fetches
+and releases, forward, the checkpoints' recompute and backward), and what the coordinator's replay over it
+(zero3_replay.py) holds gathered through the top decoder layer's backward."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuneplan.estimator.bnb_scope import quantized
+from tuneplan.estimator.wrappers.zero3_replay import Event, Module, Param, replay
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
+    from tuneplan.specs.model import LayerSpec, Linear
+
+
+def leaf(events: list[Event], module: Module, kind: str) -> None:
+    """A module without submodules: its fetch, then its release after it ran."""
+    events += [("fetch", module, kind), ("release", module, kind)]
+
+
+def linear_modules(run: Run, linears: tuple[Linear, ...], bits: int) -> list[list[Module]]:
+    """Per linear of a layer in forward order, the modules a fetch runs: the linear alone, or as PEFT's LoRA
+    ``Linear.forward`` runs them (peft/tuners/lora/layer.py) the wrapper, whose external parameter is
+    ``lora_A`` (zero3_coordinator.forward_trace), ``base_layer``, ``lora_dropout``, ``lora_A``, ``lora_B``.
+    A 4-bit weight is its packed codes, ``b/8`` a weight and one byte an element (zero3_quantized.py)."""
+    out = []
+    adapter, rank = run.dtypes.adapter, run.setup.rank
+    for m in linears:
+        packs = quantized(m, run.profile.model_code)
+        numel = m.d_in * m.d_out * bits // 8 if packs else m.d_in * m.d_out
+        weight = Module([Param(numel, 1 if packs else run.dtypes.compute)]
+                        + ([Param(m.d_out, run.dtypes.compute)] if m.bias else []))
+        if m.name in run.targets:
+            a, b = Param(rank * m.d_in, adapter, True), Param(m.d_out * rank, adapter, True)
+            out.append([Module([a]), weight, Module(), Module([a]), Module([b])])
+        else:
+            out.append([weight])
+    return out
+
+
+def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], list[Event]]:
+    """(forward events, backward events) of one decoder layer under checkpointing.
+
+    The forward: the layer, its input norm, the attention and its linears, the second norm, the MLP and
+    its linears with the activation module after the first. The backward (the simulation's coordinator:
+    Llama-3.1-70B, 3 layers, QLoRA fp4 on q/v with checkpointing over 4 GPUs): the layer, the MLP and its
+    last linear, whose saved input unpacks the checkpoint: the forward recomputed without the layer's own
+    hook up to that linear (non-reentrant ``checkpoint`` stops there, the MLP's forward left unfinished);
+    then the MLP's other modules in reverse, the MLP released, the second norm, the attention's linears in
+    reverse (a LoRA wrapper, ``lora_B``, ``lora_A``, dropout, base layer), the input norm."""
+    in_ln = Module([Param(spec.norm_params // 2, run.dtypes.non_block)])
+    post_ln = Module([Param(spec.norm_params // 2, run.dtypes.non_block)])
+    layer, attn, mlp, act = Module(), Module(), Module(), Module()
+    linears = linear_modules(run, spec.linears, bits)
+    attn_l = [mods for mods, m in zip(linears, spec.linears, strict=True) if m.role == "attn"]
+    mlp_l = [mods for mods, m in zip(linears, spec.linears, strict=True) if m.role != "attn"]
+
+    def forward(kind: str, mlp_upto: int) -> list[Event]:
+        ev: list[Event] = []
+        leaf(ev, in_ln, kind)
+        ev.append(("fetch", attn, kind))
+        for mods in attn_l:
+            ev += linear_forward(mods, kind)
+        ev.append(("release", attn, kind))
+        leaf(ev, post_ln, kind)
+        ev.append(("fetch", mlp, kind))
+        for i, mods in enumerate(mlp_l[:mlp_upto]):
+            ev += linear_forward(mods, kind)
+            if i == 0:
+                leaf(ev, act, kind)
+        return [*ev, ("release", mlp, kind)]
+
+    fwd: list[Event] = [("fetch", layer, "F"), *forward("F", len(mlp_l)), ("release", layer, "F")]
+    last = linear_backward(mlp_l[-1])
+    first = 2 if len(mlp_l[-1]) == 1 else 3  # its weight's, or its wrapper's and ``lora_B``'s
+    bwd: list[Event] = [("fetch", layer, "B"), ("fetch", mlp, "B"), *last[:first]]
+    bwd += [e for e in forward("R", len(mlp_l) - 1) if e[1] is not mlp or e[0] == "fetch"]
+    bwd += last[first:]
+    for i, mods in reversed(list(enumerate(mlp_l[:-1]))):
+        if i == 0:
+            leaf(bwd, act, "B")
+        bwd += linear_backward(mods)
+    bwd.append(("release", mlp, "B"))
+    leaf(bwd, post_ln, "B")
+    bwd.append(("fetch", attn, "B"))
+    for mods in reversed(attn_l):
+        bwd += linear_backward(mods)
+    bwd.append(("release", attn, "B"))
+    leaf(bwd, in_ln, "B")
+    return fwd, [*bwd, ("release", layer, "B")]
+
+
+def linear_forward(mods: list[Module], kind: str) -> list[Event]:
+    """A linear's forward events (:func:`linear_modules`): the LoRA wrapper around its four modules."""
+    if len(mods) == 1:
+        return [("fetch", mods[0], kind), ("release", mods[0], kind)]
+    wrapper, *inner = mods
+    ev: list[Event] = [("fetch", wrapper, kind)]
+    for m in inner:
+        leaf(ev, m, kind)
+    return [*ev, ("release", wrapper, kind)]
+
+
+def linear_backward(mods: list[Module]) -> list[Event]:
+    """A linear's backward events: the LoRA wrapper around ``lora_B``, ``lora_A``, dropout, base layer."""
+    if len(mods) == 1:
+        return [("fetch", mods[0], "B"), ("release", mods[0], "B")]
+    wrapper, base, dropout, a, b = mods
+    ev: list[Event] = [("fetch", wrapper, "B")]
+    for m in (b, a, dropout, base):
+        leaf(ev, m, "B")
+    return [*ev, ("release", wrapper, "B")]
+
+
+def step_events(run: Run) -> tuple[list[Event], range]:
+    """The events of one step of a dense QLoRA run under checkpointing, and where the top layer's backward
+    lies among them: the four wrappers (``PeftModel``, ``LoraModel``, the task model, the base model), the
+    embedding, the rotary module where the config has a rope, the layers, the final norm, the head (tied:
+    the embedding's weight); the backward's hooks from the head down to the embedding's, whose output
+    requires grad under checkpointing (``enable_input_require_grads``)."""
+    model, dtypes = run.model, run.dtypes
+    bits = run.setup.quant_bits or 16
+    wrappers = [Module() for _ in range(4)]
+    embed = Module([Param(model.embed_params, dtypes.non_block)])
+    head = Module([Param(model.lm_head_params, dtypes.non_block)] if model.lm_head_params else embed.params)
+    final_norm = Module([Param(model.final_norm_params, dtypes.non_block)])
+    layers = [layer_events(run, spec, bits) for spec, count in model.layer_groups for _ in range(count)]
+    ev: list[Event] = [("fetch", w, "F") for w in wrappers]
+    leaf(ev, embed, "F")
+    if any(k.startswith("rope") for k in model.config):
+        leaf(ev, Module(), "F")
+    for fwd, _ in layers:
+        ev += fwd
+    leaf(ev, final_norm, "F")
+    leaf(ev, head, "F")
+    ev += [("release", w, "F") for w in reversed(wrappers)]
+    ev += [("fetch", w, "B") for w in wrappers[:3]]
+    leaf(ev, head, "B")
+    ev.append(("fetch", wrappers[3], "B"))
+    leaf(ev, final_norm, "B")
+    top = range(len(ev), len(ev) + len(layers[-1][1]))
+    for _, bwd in reversed(layers):
+        ev += bwd
+    leaf(ev, embed, "B")
+    return [*ev, *[("release", w, "B") for w in reversed(wrappers)]], top
+
+
+def zero3_replayed_top_backward(run: Run, prefetch_bucket: int) -> int:
+    """Bytes ZeRO-3 holds gathered between module fetches of the top decoder layer's backward in a step with
+    a complete trace of a dense QLoRA run under checkpointing (0 for other runs): the most after a release
+    of :func:`step_events` replayed (zero3_replay.py).
+
+    There the top layer's MLP backward releases the weights its recompute fetched, ``A`` drops under
+    ``stage3_max_live_parameters`` and the prefetcher resumes; when what the queue holds before the
+    embedding's backward use is kept gathered (the lower layers, recorded by the forward's prefetcher),
+    the embedding is popped alone and held from the top layer's attention on:
+
+    .. math:: G = \\sum_{i < L-1} \\sum_{p \\in i} n_p b_p + E\\, b_{nb} + \\sum_{\text{LoRA} \\in L-1} n b_a
+
+    (simulate: Llama-3.1-70B-Instruct, 3 layers, QLoRA fp4 rank 16 on q/v with checkpointing and a 2-label
+    head over 4 GPUs: ``__n_available_params`` 1.9075e9 at layer 2's ``o_proj`` in the second step, the
+    embedding gathered at its attention's fetch; the peak in its softmax backward.)"""
+    model, setup = run.model, run.setup
+    dense = all(not spec.moe and {m.role == "attn" for m in spec.linears} == {True, False}
+                for spec, _ in model.layer_groups)
+    if setup.quant_bits is None or not setup.gradient_checkpointing or not model.embed_params or not dense:
+        return 0
+    events, top = step_events(run)
+    rows = replay(events, prefetch_bucket)
+    return max(rows[i][1] for i in top if events[i][0] == "release")

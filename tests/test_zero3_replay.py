@@ -1,0 +1,71 @@
+"""ZeRO-3's coordinator replayed on sizes, counted by hand from DeepSpeed 0.19.8's
+``PartitionedParameterCoordinator`` (estimator/wrappers/zero3_replay.py, zero3_module_trace.py)."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.run import resolve_run
+from tuneplan.estimator.wrappers.zero3_module_trace import step_events, zero3_replayed_top_backward
+from tuneplan.estimator.wrappers.zero3_replay import Coordinator, Module, Param, replay
+from tuneplan.specs.model import model_from_config
+
+
+def test_the_prefetcher_pops_available_entries_uncounted_and_the_next_one_alone() -> None:
+    # modules fetched in the order m0 [a 6e8], m1 [b 3e8], m2 [c 2e8], m3 [a], m4 [d 9e8]; M = 1e9 live
+    # elements, a 5e7 bucket, a reuse distance of 1e9 elements.
+    # m0: a gathered (6e8), a popped off the queue; a round under min(1e9 - 6e8, 5e7): b, 3e8 -> 9e8.
+    # release m0 (step 1): a is used again at step 3, the modules before it from step 1 hold b + c = 5e8
+    # < 1e9: kept. m1: b already popped (its use recorded at step 1, not before it): nothing popped for
+    # it; a round under min(1e8, 5e7): c -> 1.1e9. release m1: b has no later use -> 8e8.
+    # m2: a round under min(2e8, 5e7): a (AVAILABLE, popped uncounted), then d, 9e8, alone -> 1.7e9.
+    a, b, c, d = Param(600_000_000, 1), Param(300_000_000, 1), Param(200_000_000, 1), Param(900_000_000, 1)
+    m0, m1, m2, m3, m4 = Module([a]), Module([b]), Module([c]), Module([a]), Module([d])
+    events = [("fetch", m0, "F"), ("release", m0, "F"), ("fetch", m1, "F"), ("release", m1, "F"),
+              ("fetch", m2, "F"), ("release", m2, "F"), ("fetch", m3, "F"), ("fetch", m4, "F")]
+    counts = [n for n, _ in replay(events, 50_000_000)]
+    assert counts[:5] == [900_000_000, 900_000_000, 1_100_000_000, 800_000_000, 1_700_000_000]
+
+
+def test_a_recomputed_frozen_weight_waits_for_the_backward_module_running() -> None:
+    # update_recompute_parameters: the recompute's fetch of w files it under the MLP whose backward runs,
+    # active there; w's own release leaves it gathered (2e8), the MLP's release frees it.
+    w = Param(200_000_000, 1)
+    mlp, linear = Module(), Module([w])
+    c = Coordinator([mlp, linear], 0)
+    c.fetch(mlp, "B")
+    c.fetch(linear, "R")
+    c.release(linear, "R")
+    assert c.n_available == 200_000_000
+    c.release(mlp, "B")
+    assert c.n_available == 0
+
+
+def test_the_embedding_is_popped_alone_in_the_top_layers_backward() -> None:
+    # Llama-3.1-70B over 3 layers, QLoRA fp4 rank 16 on q/v with checkpointing, a 2-label head, 4 GPUs in
+    # bf16. Packed codes (b/8 = 1/2 a weight, one byte each): q / o 8192^2 / 2 = 33,554,432, k / v
+    # 1024 x 8192 / 2 = 4,194,304, gate / up / down 28672 x 8192 / 2 = 117,440,512: 427,819,008 a layer;
+    # its LoRA matrices over the 1e5 persistence threshold: q's lora_A / lora_B and v's lora_A, 131,072
+    # each (v's lora_B 16,384, the norms and the 16,384-element head persistent). Embedding 128256 x 8192
+    # = 1,050,673,152 elements.
+    # The second step's forward prefetcher runs ahead and keeps layers 0 and 1 (their uses recorded); at
+    # the top layer's MLP backward its recompute-fetched weights are released with the MLP, the count
+    # drops under M = 1e9, a round pops layer 0's up_proj, and at the attention's fetch the queue holds
+    # only the lower layers' AVAILABLE entries before the embedding: it is popped alone. Gathered then:
+    # layers 0 and 1 with their LoRA matrices, 2 x (427,819,008 + 3 x 131,072), the top layer's LoRA
+    # matrices 3 x 131,072 and the embedding: 1,907,490,816 elements (the simulation's coordinator count
+    # at layer 2's o_proj), in bytes 2 x (427,819,008 + 3 x 262,144) + 3 x 262,144 + 2 x 1,050,673,152.
+    cfg = dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=3,
+               num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+               rope_theta=500000.0)
+    spec = model_from_config(cfg, "llama-3.1-70b-3L")
+    setup = build_setup(spec, method="qlora", precision="bf16-mixed", gpus=4, zero=3, rank=16,
+                        targets="q_proj,v_proj", gradient_checkpointing=True, quant_type="fp4", num_labels=2,
+                        offload="optimizer")
+    run = resolve_run(spec, setup)
+    assert run.dtypes.adapter == 2 and run.dtypes.non_block == 2
+    events, top = step_events(run)
+    counts = [n for n, _ in replay(events, 50_000_000)]
+    assert 2 * (427_819_008 + 3 * 131_072) + 3 * 131_072 + 1_050_673_152 == 1_907_490_816
+    assert 1_907_490_816 in counts[top.start:top.stop]
+    assert zero3_replayed_top_backward(run, 50_000_000) == (
+        2 * (427_819_008 + 3 * 262_144) + 3 * 262_144 + 2 * 1_050_673_152)
