@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tuneplan.api import build_setup
 from tuneplan.estimator.run import resolve_run
-from tuneplan.estimator.wrappers.zero3_module_trace import step_events, zero3_replayed_top_backward
+from tuneplan.estimator.wrappers.zero3_module_trace import step_events, zero3_replayed_gathered
 from tuneplan.estimator.wrappers.zero3_replay import Coordinator, Module, Param, replay
 from tuneplan.specs.model import model_from_config
 
@@ -67,5 +67,30 @@ def test_the_embedding_is_popped_alone_in_the_top_layers_backward() -> None:
     counts = [n for n, _ in replay(events, 50_000_000)]
     assert 2 * (427_819_008 + 3 * 131_072) + 3 * 131_072 + 1_050_673_152 == 1_907_490_816
     assert 1_907_490_816 in counts[top.start:top.stop]
-    assert zero3_replayed_top_backward(run, 50_000_000) == (
+    assert zero3_replayed_gathered(run, 50_000_000)[1] == (
         2 * (427_819_008 + 3 * 262_144) + 3 * 262_144 + 2 * 1_050_673_152)
+
+
+def test_the_lora_matrices_count_toward_max_live_at_the_loss() -> None:
+    # DeepSeek-R1-Distill-Llama-8B over 4 layers, QLoRA nf4 rank 128 on every linear with checkpointing
+    # over 2 GPUs in fp16-mixed. Packed codes: q / o 4096^2 / 2 = 8,388,608, k / v 1024 x 4096 / 2 =
+    # 2,097,152, gate / up / down 14336 x 4096 / 2 = 29,360,128: 109,051,904 a layer, 436,207,616 in all.
+    # LoRA matrices (all over 1e5, 16-bit): q 2 x 524,288, k / v 524,288 + 131,072, o 2 x 524,288,
+    # gate / up 524,288 + 1,835,008, down 1,835,008 + 524,288: 10,485,760 a layer, 41,943,040 in all.
+    # Head 128256 x 4096 = 525,336,576. The forward's prefetcher pops everything but the embedding
+    # (released after its forward, its backward use queued last): 1,003,487,232 elements >= 1e9 once the
+    # head is popped, so the embedding is never reached (without the LoRA matrices 961,544,192 < 1e9
+    # would let it in). At the loss: the codes, the LoRA matrices and the head in 2 bytes.
+    cfg = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=4,
+               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+               rope_theta=500000.0)
+    spec = model_from_config(cfg, "r1-distill-llama-8b-4L")
+    setup = build_setup(spec, method="qlora", precision="fp16-mixed", gpus=2, zero=3, rank=128,
+                        targets="all-linear", gradient_checkpointing=True, quant_type="nf4",
+                        double_quant=True, offload="optimizer")
+    run = resolve_run(spec, setup)
+    assert run.dtypes.adapter == 2 and run.dtypes.non_block == 2
+    assert 436_207_616 + 41_943_040 + 525_336_576 == 1_003_487_232
+    replayed = zero3_replayed_gathered(run, 50_000_000)
+    assert replayed is not None
+    assert replayed[0] == 436_207_616 + 2 * 41_943_040 + 2 * 525_336_576

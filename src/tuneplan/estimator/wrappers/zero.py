@@ -58,7 +58,7 @@ from tuneplan.estimator.wrappers.zero3_lower_layers import (
     zero3_embedding_round_held_twice,
     zero3_gathered_in_lower_layers,
 )
-from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_top_backward
+from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_gathered
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
@@ -362,13 +362,16 @@ class Zero3(Zero, ShardingWrapper):
         else:
             # packed 4-bit layers: what the prefetcher ran ahead to stays until its backward use (and a copy)
             # (and a copy: the embedding's round joining the forward's last, or, after a record pass that
-            # released the persistent parameters, holding the forward's persistent tail)
-            ahead = min(zero3_quantized_ahead_bytes(model, setup, terms.prefetch_bucket, compute), whole16
-                        ) + max(zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
-                                zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
-            # the embedding the backward's prefetcher pops in the top layer (zero3_module_trace.py)
-            at_loss, top_gathered = max(at_loss, ahead), max(top_gathered, ahead, zero3_replayed_top_backward(
-                run, terms.prefetch_bucket))
+            # released the persistent parameters, holding the forward's persistent tail); dense layers under
+            # checkpointing: the coordinator replayed, zero3_module_trace.py, in the top layer's backward
+            # the embedding the prefetcher pops there
+            replayed = zero3_replayed_gathered(run, terms.prefetch_bucket)
+            ahead = (replayed[0] if replayed else min(zero3_quantized_ahead_bytes(
+                model, setup, terms.prefetch_bucket, compute), whole16)) + max(
+                zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
+                zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
+            at_loss = max(at_loss, ahead)
+            top_gathered = max(top_gathered, ahead, replayed[1] if replayed else 0)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)
         # below the top layer the flush is an instant of its own (Gathered.flush), the layers above released

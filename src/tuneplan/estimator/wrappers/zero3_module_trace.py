@@ -1,6 +1,6 @@
 """The module trace of one step of a dense QLoRA run under checkpointing as ZeRO-3's hooks see it (fetches
 and releases, forward, the checkpoints' recompute and backward), and what the coordinator's replay over it
-(zero3_replay.py) holds gathered through the top decoder layer's backward."""
+(zero3_replay.py) holds gathered at the loss and through the top decoder layer's backward."""
 
 from __future__ import annotations
 
@@ -146,17 +146,24 @@ def step_events(run: Run) -> tuple[list[Event], range]:
     return [*ev, *[("release", w, "B") for w in reversed(wrappers)]], top
 
 
-def zero3_replayed_top_backward(run: Run, prefetch_bucket: int) -> int:
-    """Bytes ZeRO-3 holds gathered between module fetches of the top decoder layer's backward in a step with
-    a complete trace of a dense QLoRA run under checkpointing (0 for other runs): the most after a release
-    of :func:`step_events` replayed (zero3_replay.py).
+def zero3_replayed_gathered(run: Run, prefetch_bucket: int) -> tuple[int, int] | None:
+    """(bytes ZeRO-3 holds gathered at the loss, the most it holds between module fetches of the top decoder
+    layer's backward) in a step with a complete trace of a dense QLoRA run under checkpointing, from
+    :func:`step_events` replayed (zero3_replay.py); None for other runs.
 
-    There the top layer's MLP backward releases the weights its recompute fetched, ``A`` drops under
-    ``stage3_max_live_parameters`` and the prefetcher resumes; when what the queue holds before the
-    embedding's backward use is kept gathered (the lower layers, recorded by the forward's prefetcher),
-    the embedding is popped alone and held from the top layer's attention on:
+    At the loss: what the forward's prefetcher ran ahead to, fetch by fetch, under
+    ``stage3_max_live_parameters`` with the LoRA matrices over the persistence threshold counted among
+    the gathered elements (simulate: DeepSeek-R1-Distill-Llama-8B, 4 layers, QLoRA nf4 rank 128 on every
+    linear with checkpointing over 2 GPUs: ``__n_available_params`` 1.0035e9 from layer 0's ``q_proj`` to
+    the loss, the head among them, the embedding not; without the LoRA matrices, 3.98e7 elements, the
+    head and the packed layers hold under ``M``).
 
-    .. math:: G = \\sum_{i < L-1} \\sum_{p \\in i} n_p b_p + E\\, b_{nb} + \\sum_{\text{LoRA} \\in L-1} n b_a
+    In the top layer's backward, its MLP's backward releases the weights its recompute fetched, ``A``
+    drops under ``M`` and the prefetcher resumes; when what the queue holds before the embedding's
+    backward use is kept gathered (the lower layers, recorded by the forward's prefetcher), the embedding
+    is popped alone and held from the top layer's attention on:
+
+    .. math:: G = \\sum_{i < L-1} \\sum_{p \\in i} n_p b_p + E\\, b_{nb} + \\sum_{\\text{LoRA} \\in L-1} n b_a
 
     (simulate: Llama-3.1-70B-Instruct, 3 layers, QLoRA fp4 rank 16 on q/v with checkpointing and a 2-label
     head over 4 GPUs: ``__n_available_params`` 1.9075e9 at layer 2's ``o_proj`` in the second step, the
@@ -164,8 +171,12 @@ def zero3_replayed_top_backward(run: Run, prefetch_bucket: int) -> int:
     model, setup = run.model, run.setup
     dense = all(not spec.moe and {m.role == "attn" for m in spec.linears} == {True, False}
                 for spec, _ in model.layer_groups)
-    if setup.quant_bits is None or not setup.gradient_checkpointing or not model.embed_params or not dense:
-        return 0
+    # transformers' modules wrapped by PEFT (hf, LLaMA-Factory): the module layout above
+    peft = run.profile.model_code == "hf"
+    if (setup.quant_bits is None or not setup.gradient_checkpointing or not model.embed_params or not dense
+            or not peft):
+        return None
     events, top = step_events(run)
     rows = replay(events, prefetch_bucket)
-    return max(rows[i][1] for i in top if events[i][0] == "release")
+    at_loss = rows[top.start - 1 - next(i for i, e in enumerate(reversed(events[:top.start])) if e[2] == "F")]
+    return at_loss[1], max(rows[i][1] for i in top if events[i][0] == "release")
