@@ -171,7 +171,11 @@ def test_an_embedding_round_popped_after_the_first_linear_is_held_twice_in_the_b
     # [gate_B ... down]: ten rounds, the embedding's backward use the eleventh, popped at the eleventh
     # fetch: PeftModel, LoraModel, the classification model, the base model, the embedding, the rotary
     # module, layer 0, its input norm, its attention, q_proj (fetch 10, released after its forward),
-    # k_proj. Held in layer 0's backward: the layer's codes, the flat buffer and the embedding's copy
+    # k_proj. Held in layer 0's backward: the layer's codes, the flat buffer and the embedding's copy.
+    # The coordinator replayed (zero3_module_trace.py) places the round [k_proj, embedding] and its wait
+    # at layer 0's recomputed k_proj: the layer's codes 4 x 6,291,456 + 3 x 37,748,736 (k's copy among
+    # them), its three LoRA matrices past 1e5 in 16 bits 3 x 786,432 x 2, the flat buffer (k's codes and
+    # the embedding, 6,291,456 + 786,432,000 x 2) and the embedding's copy 786,432,000 x 2
     from tuneplan.catalog.models import resolve_model
     from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
 
@@ -182,7 +186,8 @@ def test_an_embedding_round_popped_after_the_first_linear_is_held_twice_in_the_b
     run = resolve_run(spec, setup)
     assert run.dtypes.non_block == 2 and spec.embed_params == 256_000 * 3072
     layer = 4 * 6_291_456 + 3 * 37_748_736
-    assert zero3_quantized_embedding_round(run, 50_000_000) == (0, layer + 2 * 786_432_000 * 2)
+    assert zero3_quantized_embedding_round(run, 50_000_000) == (
+        0, layer + 3 * 786_432 * 2 + 6_291_456 + 2 * 786_432_000 * 2)
 
 
 def test_an_embedding_round_joining_the_forwards_last_round_keeps_a_copy_from_the_top_layer() -> None:
@@ -192,7 +197,11 @@ def test_an_embedding_round_joining_the_forwards_last_round_keeps_a_copy_from_th
     # 5e7 bucket: [embedding 5.138e8], [qkv o gu_A gu] 124.7e6, [gu_B d_A down d_B qkv] 67.4e6, [o gu_A gu]
     # 105.0e6, ... and layer 3's [gu_B d_A down d_B] 47.76e6 < 5e7: the embedding's backward use joins it,
     # the ninth round, before the first linear's (qkv_proj's) tenth fetch: coalesced, the embedding's fp16
-    # copy made at layer 3's gate_up lora_B and held beside its flat buffer through the backward
+    # copy made at layer 3's gate_up lora_B and held beside its flat buffer through the backward.
+    # The coordinator replayed (zero3_module_trace.py) holds both in what it gathers at the loss: the four
+    # layers' codes 4 x 170,393,600 and LoRA matrices 4 x 2,048,000 x 2 bytes (kept from their forward),
+    # the embedding's copy 513,802,240 x 2 and the round's flat buffer, (1,146,880 + 573,440 + 163,840)
+    # x 2 + 45,875,200 + 513,802,240 x 2 = 1,077,248,000
     from tuneplan.catalog.models import resolve_model
     from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
 
@@ -202,7 +211,11 @@ def test_an_embedding_round_joining_the_forwards_last_round_keeps_a_copy_from_th
                         gradient_checkpointing=True, num_labels=2, quant_type="fp4")
     run = resolve_run(spec, setup)
     assert run.dtypes.non_block == 2 and spec.embed_params == 100_352 * 5120
-    assert zero3_quantized_embedding_round(run, 50_000_000) == (100_352 * 5120 * 2, 0)
+    from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_gathered
+
+    replayed = zero3_replayed_gathered(run, 50_000_000)
+    assert replayed is not None and zero3_quantized_embedding_round(run, 50_000_000)[0] == 0
+    assert replayed.at_loss == 4 * 170_393_600 + 4 * 2_048_000 * 2 + 100_352 * 5120 * 2 + 1_077_248_000
 
 
 def test_a_leaf_moe_block_keeps_the_norms_round_without_accumulation() -> None:
@@ -260,7 +273,9 @@ def test_the_embeddings_own_fetch_pops_nothing_and_its_release_lets_the_prefetch
     # the embedding, the rotary module, layer 0, its input norm, its attention, q_proj's LoRA wrapper,
     # its base layer). Held in layer 0's backward: the layer's codes, the flat buffer and the embedding's
     # copy (simulate: the 778,567,680-element flat buffer from layer 0's q_proj lora_dropout, the copy
-    # made at its recomputed q_proj base layer, the run's peak)
+    # made at its recomputed q_proj base layer, the run's peak). The coordinator replayed
+    # (zero3_module_trace.py) holds there layer 0's codes but down_proj's (popped in a later round), the
+    # flat buffer of the round [q_proj, embedding] and the embedding's copy (q's copy among the codes)
     from tuneplan.catalog.models import resolve_model
     from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
 
@@ -270,8 +285,9 @@ def test_the_embeddings_own_fetch_pops_nothing_and_its_release_lets_the_prefetch
                         offload="all", rank=8, targets="attn", gradient_checkpointing=True, num_labels=1)
     run = resolve_run(spec, setup)
     assert run.dtypes.non_block == 2 and spec.embed_params == 152_064 * 5120
-    layer = 2 * 13_107_200 + 2 * 2_621_440 + 3 * 70_778_880
-    assert zero3_quantized_embedding_round(run, 50_000_000) == (0, layer + 2 * 778_567_680 * 2)
+    layer = 2 * 13_107_200 + 2 * 2_621_440 + 2 * 70_778_880
+    assert zero3_quantized_embedding_round(run, 50_000_000) == (
+        0, layer + 13_107_200 + 778_567_680 * 2 + 778_567_680 * 2)
 
 
 def test_a_tied_embedding_past_max_live_released_after_the_heads_backward_is_gathered_again() -> None:

@@ -26,6 +26,20 @@ def test_the_prefetcher_pops_available_entries_uncounted_and_the_next_one_alone(
     assert counts[:5] == [900_000_000, 900_000_000, 1_100_000_000, 800_000_000, 1_700_000_000]
 
 
+def test_a_coalesced_rounds_flat_buffer_is_held_until_its_last_parameter_is_fetched() -> None:
+    # m0 [a 6e8], m1 [b 3e7], m2 [c 4e7], one byte an element, a 5e7 bucket. m0 gathers a alone (its own
+    # buffer, 6e8) and pops [b, c] (3e7 < 5e7, then 7e7): one flat buffer of 7e7 -> 6.7e8. a has no later
+    # use: released -> 7e7. m1 waits on b: AllGatherCoalescedHandle.wait copies b and c out of the flat
+    # buffer, still filed under c -> 1.4e8. b released -> 1.1e8. m2 takes c's entry off the inflight
+    # registry: the flat buffer goes -> 4e7.
+    a, b, c = Param(600_000_000, 1), Param(30_000_000, 1), Param(40_000_000, 1)
+    m0, m1, m2 = Module([a]), Module([b]), Module([c])
+    events = [("fetch", m0, "F"), ("release", m0, "F"), ("fetch", m1, "F"), ("release", m1, "F"),
+              ("fetch", m2, "F")]
+    assert [g for _, g in replay(events, 50_000_000)] == [670_000_000, 70_000_000, 140_000_000, 110_000_000,
+                                                           40_000_000]
+
+
 def test_a_recomputed_frozen_weight_waits_for_the_backward_module_running() -> None:
     # update_recompute_parameters: the recompute's fetch of w files it under the MLP whose backward runs,
     # active there; w's own release leaves it gathered (2e8), the MLP's release frees it.
@@ -67,7 +81,7 @@ def test_the_embedding_is_popped_alone_in_the_top_layers_backward() -> None:
     counts = [n for n, _ in replay(events, 50_000_000)]
     assert 2 * (427_819_008 + 3 * 131_072) + 3 * 131_072 + 1_050_673_152 == 1_907_490_816
     assert 1_907_490_816 in counts[top.start:top.stop]
-    assert zero3_replayed_gathered(run, 50_000_000)[1] == (
+    assert zero3_replayed_gathered(run, 50_000_000).top_backward == (
         2 * (427_819_008 + 3 * 262_144) + 3 * 262_144 + 2 * 1_050_673_152)
 
 
@@ -93,4 +107,30 @@ def test_the_lora_matrices_count_toward_max_live_at_the_loss() -> None:
     assert 436_207_616 + 41_943_040 + 525_336_576 == 1_003_487_232
     replayed = zero3_replayed_gathered(run, 50_000_000)
     assert replayed is not None
-    assert replayed[0] == 436_207_616 + 2 * 41_943_040 + 2 * 525_336_576
+    assert replayed.at_loss == 436_207_616 + 2 * 41_943_040 + 2 * 525_336_576
+
+
+def test_a_targeted_last_linear_is_recomputed_and_the_embedding_released() -> None:
+    # Mistral-7B-v0.2 over 3 layers, QLoRA fp4 rank 64 on the MLP with checkpointing and a 1-label head,
+    # 4 GPUs. A targeted down_proj's lora_B saves its input: the checkpoint's recompute runs the whole layer.
+    # A layer's fetches in one pass, elements (lora_A listed at its wrapper and at itself): attention
+    # 2 x 8,388,608 + 2 x 2,097,152 = 20,971,520; gate / up 262,144 + 29,360,128 + 262,144 + 917,504 =
+    # 30,801,920 each; down 917,504 + 29,360,128 + 917,504 + 262,144 = 31,457,280; norms 2 x 4,096:
+    # 114,040,832. Between the embedding's forward and its backward use: the forward, the recompute and
+    # the backward of 3 layers, the final norm's and the head's (4,096 each) two fetches:
+    # 9 x 114,040,832 + 4 x 4,096 = 1,026,383,872 >= 1e9, so __params_to_release frees the embedding
+    # (32000 x 4096 = 131,072,000) after its forward (the simulation's coordinator: 2.2492e8 after it).
+    cfg = dict(model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=3,
+               num_attention_heads=32, num_key_value_heads=8, vocab_size=32000, tie_word_embeddings=False,
+               rope_theta=1000000.0)
+    spec = model_from_config(cfg, "mistral-7b-v0.2-3L")
+    setup = build_setup(spec, method="qlora", precision="fp16", gpus=4, zero=3, rank=64, targets="mlp",
+                        gradient_checkpointing=True, quant_type="fp4", num_labels=1)
+    run = resolve_run(spec, setup)
+    events, _ = step_events(run)
+    order = [m for action, m, _ in events if action == "fetch"]
+    embed = [i for i, m in enumerate(order) if [p.numel for p in m.params] == [131_072_000]]
+    assert sum(p.numel for m in order[embed[0] + 1:embed[1]] for p in m.params) == 1_026_383_872
+    counts = [n for n, _ in replay(events, 50_000_000)]
+    at = events.index(("release", order[embed[0]], "F"))
+    assert counts[at - 1] - counts[at] == 131_072_000

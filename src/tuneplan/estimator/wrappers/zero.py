@@ -366,12 +366,12 @@ class Zero3(Zero, ShardingWrapper):
             # checkpointing: the coordinator replayed, zero3_module_trace.py, in the top layer's backward
             # the embedding the prefetcher pops there
             replayed = zero3_replayed_gathered(run, terms.prefetch_bucket)
-            ahead = (replayed[0] if replayed else min(zero3_quantized_ahead_bytes(
+            ahead = (replayed.at_loss if replayed else min(zero3_quantized_ahead_bytes(
                 model, setup, terms.prefetch_bucket, compute), whole16)) + max(
                 zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
                 zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
             at_loss = max(at_loss, ahead)
-            top_gathered = max(top_gathered, ahead, replayed[1] if replayed else 0)
+            top_gathered = max(top_gathered, ahead, replayed.top_backward if replayed else 0)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)
         # below the top layer the flush is an instant of its own (Gathered.flush), the layers above released

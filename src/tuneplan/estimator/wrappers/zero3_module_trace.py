@@ -4,7 +4,7 @@ and releases, forward, the checkpoints' recompute and backward), and what the co
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tuneplan.estimator.bnb_scope import quantized
 from tuneplan.estimator.wrappers.zero3_replay import Event, Module, Param, replay
@@ -30,7 +30,7 @@ def linear_modules(run: Run, linears: tuple[Linear, ...], bits: int) -> list[lis
         packs = quantized(m, run.profile.model_code)
         numel = m.d_in * m.d_out * bits // 8 if packs else m.d_in * m.d_out
         weight = Module([Param(numel, 1 if packs else run.dtypes.compute)]
-                        + ([Param(m.d_out, run.dtypes.compute)] if m.bias else []))
+                        + ([Param(m.d_out, run.dtypes.compute)] if m.bias else []), role=m.role)
         if m.name in run.targets:
             a, b = Param(rank * m.d_in, adapter, True), Param(m.d_out * rank, adapter, True)
             out.append([Module([a]), weight, Module(), Module([a]), Module([b])])
@@ -73,9 +73,16 @@ def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], lis
 
     fwd: list[Event] = [("fetch", layer, "F"), *forward("F", len(mlp_l)), ("release", layer, "F")]
     last = linear_backward(mlp_l[-1])
-    first = 2 if len(mlp_l[-1]) == 1 else 3  # its weight's, or its wrapper's and ``lora_B``'s
+    # recomputed after its weight's backward, or within ``lora_B``'s (its saved input), which the frozen
+    # weights the recompute fetched then go with (update_recompute_parameters)
+    first = 2
     bwd: list[Event] = [("fetch", layer, "B"), ("fetch", mlp, "B"), *last[:first]]
-    bwd += [e for e in forward("R", len(mlp_l) - 1) if e[1] is not mlp or e[0] == "fetch"]
+    # the recompute stops at the forward's last saved tensor: the MLP's product with an untargeted last
+    # linear, inside a targeted one's ``lora_B``; the modules it stops in are not released
+    targeted = len(mlp_l[-1]) > 1
+    unfinished = [mlp, *([mlp_l[-1][0], mlp_l[-1][4]] if targeted else [])]
+    bwd += [e for e in forward("R", len(mlp_l) - (not targeted))
+            if e[0] == "fetch" or all(e[1] is not m for m in unfinished)]
     bwd += last[first:]
     for i, mods in reversed(list(enumerate(mlp_l[:-1]))):
         if i == 0:
@@ -132,10 +139,14 @@ def step_events(run: Run) -> tuple[list[Event], range]:
         leaf(ev, Module(), "F")
     for fwd, _ in layers:
         ev += fwd
+    # a classification head is PEFT's ``ModulesToSaveWrapper`` around its trained copy: two fetches
+    score = [Module()] if run.setup.num_labels is not None else []
     leaf(ev, final_norm, "F")
+    ev += [("fetch", m, "F") for m in score]
     leaf(ev, head, "F")
+    ev += [("release", m, "F") for m in score]
     ev += [("release", w, "F") for w in reversed(wrappers)]
-    ev += [("fetch", w, "B") for w in wrappers[:3]]
+    ev += [("fetch", w, "B") for w in wrappers[:3]] + [("fetch", m, "B") for m in score]
     leaf(ev, head, "B")
     ev.append(("fetch", wrappers[3], "B"))
     leaf(ev, final_norm, "B")
@@ -146,9 +157,19 @@ def step_events(run: Run) -> tuple[list[Event], range]:
     return [*ev, *[("release", w, "B") for w in reversed(wrappers)]], top
 
 
-def zero3_replayed_gathered(run: Run, prefetch_bucket: int) -> tuple[int, int] | None:
-    """(bytes ZeRO-3 holds gathered at the loss, the most it holds between module fetches of the top decoder
-    layer's backward) in a step with a complete trace of a dense QLoRA run under checkpointing, from
+class Replayed(NamedTuple):
+    """Bytes ZeRO-3 holds gathered (parameters, and the flat buffers of coalesced rounds still filed) in a
+    step with a complete trace: at the loss, the most between module fetches of the top decoder layer's
+    backward, and the most while a lower layer's MLP weight is back-propagated (where its row's scratch,
+    the dequantized weight, is made)."""
+
+    at_loss: int
+    top_backward: int
+    lower_backward: int
+
+
+def zero3_replayed_gathered(run: Run, prefetch_bucket: int) -> Replayed | None:
+    """What a dense QLoRA run under checkpointing holds gathered (:class:`Replayed`), from
     :func:`step_events` replayed (zero3_replay.py); None for other runs.
 
     At the loss: what the forward's prefetcher ran ahead to, fetch by fetch, under
@@ -167,7 +188,16 @@ def zero3_replayed_gathered(run: Run, prefetch_bucket: int) -> tuple[int, int] |
 
     (simulate: Llama-3.1-70B-Instruct, 3 layers, QLoRA fp4 rank 16 on q/v with checkpointing and a 2-label
     head over 4 GPUs: ``__n_available_params`` 1.9075e9 at layer 2's ``o_proj`` in the second step, the
-    embedding gathered at its attention's fetch; the peak in its softmax backward.)"""
+    embedding gathered at its attention's fetch; the peak in its softmax backward.)
+
+    In the lower layers, whether the embedding's round is coalesced (its copy beside the flat buffer) or
+    alone, and where it is popped (simulate: Llama-3.1-405B, 2 layers, QLoRA nf4 rank 4 on the MLP in fp32
+    over 8 GPUs: the embedding popped alone in layer 0's MLP backward, beside ``gate_proj``'s dequantized
+    weight; Qwen2.5-14B, 3 layers, QLoRA on the MLP over 2 GPUs: popped alone, no copy). The replay's
+    count matches the simulation's coordinator at every fetch of the second step for these and for
+    Mistral-7B-v0.2 (3 layers, LoRA on the MLP, a 1-label head: the embedding released after its forward
+    and popped with the top ``down_proj``'s ``lora_B`` in a coalesced round) and
+    DeepSeek-R1-Distill-Llama-8B."""
     model, setup = run.model, run.setup
     dense = all(not spec.moe and {m.role == "attn" for m in spec.linears} == {True, False}
                 for spec, _ in model.layer_groups)
@@ -176,7 +206,19 @@ def zero3_replayed_gathered(run: Run, prefetch_bucket: int) -> tuple[int, int] |
     if (setup.quant_bits is None or not setup.gradient_checkpointing or not model.embed_params or not dense
             or not peft):
         return None
-    events, top = step_events(run)
-    rows = replay(events, prefetch_bucket)
-    at_loss = rows[top.start - 1 - next(i for i, e in enumerate(reversed(events[:top.start])) if e[2] == "F")]
-    return at_loss[1], max(rows[i][1] for i in top if events[i][0] == "release")
+    key = f"zero3_replay:{prefetch_bucket}"
+    if key not in run.memo:
+        events, top = step_events(run)
+        rows = [g for _, g in replay(events, prefetch_bucket)]
+        loss = max(i for i in range(top.start) if events[i][2] == "F")
+
+        def most(span: range) -> int:
+            return max((rows[i] for i in span if events[i][0] == "release"), default=0)
+
+        # the lower layers' recompute, and their MLP weights' backward, where their rows' scratch (a
+        # dequantized weight) is made
+        lower = max((rows[i] for i in range(top.stop, len(events)) if events[i][0] == "fetch"
+                     and (events[i][2] == "R" or events[i][1].role == "mlp")), default=0)
+        run.memo[key] = Replayed(rows[loss], most(top), lower)
+    replayed: Replayed = run.memo[key]
+    return replayed

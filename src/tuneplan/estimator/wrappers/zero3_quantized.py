@@ -20,6 +20,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     prefetch_rounds,
     zero3_kept_params,
 )
+from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_gathered
 from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -371,10 +372,17 @@ def zero3_quantized_embedding_round(run: Run, prefetch_bucket: int) -> tuple[int
     (the released weights' codes in the flat buffer left out: a lower bound by at most the layer).
     (simulate: gemma-7b, 4 layers, QLoRA nf4 on the MLP with checkpointing and a 2-label head over 4 GPUs:
     the 7.8643e8-element flat buffer from layer 0's ``k_proj`` beside the embedding's copy made at
-    layer 0's recomputed ``q_proj``, the run's peak in layer 0's backward.)"""
+    layer 0's recomputed ``q_proj``, the run's peak in layer 0's backward.)
+
+    Dense layers in PEFT's modules: the coordinator replayed fetch by fetch instead, its rounds' flat
+    buffers and copies counted where they are held (zero3_module_trace.zero3_replayed_gathered)."""
     model, setup = run.model, run.setup
     if setup.quant_bits is None or not setup.gradient_checkpointing:
         return 0, 0
+    replayed = zero3_replayed_gathered(run, prefetch_bucket)
+    if replayed is not None:
+        # the coordinator replayed with its rounds' flat buffers and copies (zero3_module_trace.py)
+        return 0, replayed.lower_backward
     trace = second_step_trace(run)
     if not trace or not embedding_released(run, trace):
         return 0, 0

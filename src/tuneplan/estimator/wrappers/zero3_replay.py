@@ -51,6 +51,21 @@ class Module:
     """A module running ZeRO-3's fetch hook, with its parameters (an external one included)."""
 
     params: list[Param] = field(default_factory=list)
+    role: str = ""  # what the module is in a decoder layer, where a caller needs to find it
+
+
+@dataclass
+class Round:
+    """One coalesced all-gather (``AllGatherCoalescedHandle``): its flat buffer, held while the inflight
+    registry still files a parameter under it."""
+
+    params: list[Param]
+    entries: int
+    waited: bool = False
+
+    @property
+    def flat(self) -> int:
+        return sum(p.numel * p.nbytes for p in self.params)
 
 
 # an event of the step: (action, module, pass) with action "fetch" or "release", pass "F", "R" (a
@@ -84,15 +99,43 @@ class Coordinator:
         self.step = 0
         self.n_available = 0
         self.gathered: dict[int, Param] = {}
+        self.inflight: dict[int, Round] = {}  # __inflight_param_registry
 
     def gather(self, params: list[Param]) -> None:
-        """``__all_gather_params_``: the NOT_AVAILABLE ones gathered, counted in ``A``."""
-        for p in params:
-            if id(p) not in self.available:
-                self.available.add(id(p))
-                self.gathered[id(p)] = p
-                self.n_available += p.numel
-                self.bytes += p.numel * p.nbytes
+        """``__all_gather_params_``: the NOT_AVAILABLE ones gathered, counted in ``A``. One parameter is
+        gathered into its own buffer (``_all_gather_sequential``); more into one flat buffer
+        (``_all_gather_coalesced``), each parameter's copy made at the round's first wait."""
+        new = [p for p in params if id(p) not in self.available]
+        for p in new:
+            self.available.add(id(p))
+            self.gathered[id(p)] = p
+            self.n_available += p.numel
+            self.file(p, None)
+        if len(new) == 1:
+            self.bytes += new[0].numel * new[0].nbytes
+        elif new:
+            r = Round(new, len(new))
+            self.bytes += r.flat
+            for p in new:
+                self.inflight[id(p)] = r
+
+    def file(self, p: Param, r: Round | None) -> None:
+        """Take ``p``'s entry off the inflight registry (``r`` None) or wait on it: the round's copies made
+        at its first wait (``AllGatherCoalescedHandle.wait``), its flat buffer freed with its last entry."""
+        old = self.inflight.pop(id(p), None)
+        if old is None:
+            return
+        if r is not None and not old.waited:
+            old.waited = True
+            self.bytes += sum(q.numel * q.nbytes for q in old.params if id(q) in self.gathered)
+        old.entries -= 1
+        if old.entries == 0:
+            self.bytes -= old.flat
+
+    def ready(self, p: Param) -> bool:
+        """AVAILABLE (not INFLIGHT in a round not yet waited)."""
+        r = self.inflight.get(id(p))
+        return r is None or r.waited
 
     def fetch(self, module: Module, kind: str) -> None:
         """``_fetch_sub_module_impl``: gather the module's parameters, pop them off the queue, prefetch."""
@@ -100,6 +143,9 @@ class Coordinator:
             self.backward.append(module)
         own = list({id(p): p for p in module.params}.values())
         self.gather(own)
+        for p in own:
+            if id(p) in self.inflight:
+                self.file(p, self.inflight[id(p)])
         for p in own:
             self.active.setdefault(id(p), set()).add(id(module))
             if kind == "R" and not p.trained and self.backward:
@@ -146,14 +192,14 @@ class Coordinator:
         for p in params:
             self.active.get(id(p), set()).discard(id(module))
         for p in drop:
-            if id(p) in self.gathered and not self.active.get(id(p)):
+            if id(p) in self.gathered and not self.active.get(id(p)) and self.ready(p):
                 self.available.discard(id(p))
                 del self.gathered[id(p)]
                 self.n_available -= p.numel
                 self.bytes -= p.numel * p.nbytes
 
     def gathered_bytes(self) -> int:
-        """Bytes of the gathered non-persistent parameters."""
+        """Bytes of the gathered non-persistent parameters and the flat buffers still held."""
         return self.bytes
 
 
