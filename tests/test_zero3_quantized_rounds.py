@@ -331,8 +331,13 @@ def test_an_untied_embedding_past_max_live_pops_nothing_until_its_release() -> N
     # the embedding's first round, nothing counted.)
     from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
 
+    # (the coordinator replayed, zero3_module_trace.py: the round [q_proj, k_proj, embedding] waited at
+    # layer 0's recomputed q_proj beside the layer's codes, its three LoRA matrices in 16 bits, the flat
+    # buffer with q's and k's codes and the embedding's copy; gemma-2-27b's rope_theta given, so that its
+    # rotary module is one of the fetches)
     cfg = dict(model_type="gemma2", hidden_size=4608, num_hidden_layers=2, num_attention_heads=32,
-               num_key_value_heads=16, head_dim=128, intermediate_size=36864, vocab_size=256_000)
+               num_key_value_heads=16, head_dim=128, intermediate_size=36864, vocab_size=256_000,
+               rope_theta=10000.0)
     spec = model_from_config(cfg, "gemma-2-27b-2L")
     setup = build_setup(spec, method="qlora", precision="fp16-mixed", gpus=8, zero=3, rank=4, bits=4,
                         quant_type="fp4", targets="mlp", gradient_checkpointing=True, num_labels=1)
@@ -340,13 +345,17 @@ def test_an_untied_embedding_past_max_live_pops_nothing_until_its_release() -> N
     assert run.dtypes.non_block == 2 and spec.embed_params == 1_179_648_000
     layer = 2 * 9_437_184 + 2 * 4_718_592 + 3 * 84_934_656
     assert layer == 283_115_520
-    assert zero3_quantized_embedding_round(run, 50_000_000) == (0, layer + 2 * 1_179_648_000 * 2)
+    assert zero3_quantized_embedding_round(run, 50_000_000) == (
+        0, layer + 3 * 147_456 * 2 + 9_437_184 + 4_718_592 + 2 * 1_179_648_000 * 2)
     # the same model with its tied LM head: the head's forward uses the embedding right after the layers
     # (567e6 < D), so its forward does not release it and nothing is prefetched
     tied = resolve_run(spec, build_setup(spec, method="qlora", precision="fp16-mixed", gpus=8, zero=3,
                                          rank=4, bits=4, quant_type="fp4", targets="mlp",
                                          gradient_checkpointing=True))
-    assert zero3_quantized_embedding_round(tied, 50_000_000) == (0, 0)
+    # (replayed: no round of its own, the embedding kept gathered, once, through the lower layers' backward
+    # beside their codes: what the bottom layer's row holds, not a copy)
+    held = zero3_quantized_embedding_round(tied, 50_000_000)
+    assert held[0] == 0 and 2 * 1_179_648_000 < held[1] < 2 * 1_179_648_000 + 2 * layer
 
 
 def test_a_root_round_under_the_bucket_is_coalesced_and_its_flat_buffer_held_past_the_embedding() -> None:

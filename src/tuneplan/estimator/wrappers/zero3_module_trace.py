@@ -42,28 +42,41 @@ def linear_modules(run: Run, linears: tuple[Linear, ...], bits: int) -> list[lis
 def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], list[Event]]:
     """(forward events, backward events) of one decoder layer under checkpointing.
 
-    The forward: the layer, its input norm, the attention and its linears, the second norm, the MLP and
-    its linears with the activation module after the first. The backward (the simulation's coordinator:
-    Llama-3.1-70B, 3 layers, QLoRA fp4 on q/v with checkpointing over 4 GPUs): the layer, the MLP and its
-    last linear, whose saved input unpacks the checkpoint: the forward recomputed without the layer's own
-    hook up to that linear (non-reentrant ``checkpoint`` stops there, the MLP's forward left unfinished);
-    then the MLP's other modules in reverse, the MLP released, the second norm, the attention's linears in
-    reverse (a LoRA wrapper, ``lora_B``, ``lora_A``, dropout, base layer), the input norm."""
-    in_ln = Module([Param(spec.norm_params // 2, run.dtypes.non_block)])
-    post_ln = Module([Param(spec.norm_params // 2, run.dtypes.non_block)])
+    The forward: the layer, its input norm, the attention and its linears (a ``q_norm`` / ``k_norm`` after
+    ``q_proj`` / ``k_proj`` where the layer has them), the norms before the MLP (Gemma-2/3: two), the MLP
+    and its linears with the activation module after the first, the norm after it (Gemma-2/3). The
+    backward (the simulation's coordinator: Llama-3.1-70B, 3 layers, QLoRA fp4 on q/v with checkpointing
+    over 4 GPUs): the layer, the norm after the MLP, the MLP and its last linear, whose saved input unpacks
+    the checkpoint: the forward recomputed without the layer's own hook up to that linear (non-reentrant
+    ``checkpoint`` stops there, the MLP's forward left unfinished); then the MLP's other modules in
+    reverse, the MLP released, the norms before it, the attention's linears in reverse (a LoRA wrapper,
+    ``lora_B``, ``lora_A``, dropout, base layer), the input norm."""
+    width = run.model.hidden * (2 if run.model.norm_kind == "layer" else 1)
+    qk = (spec.norm_params - spec.n_norms * width) // 2  # q_norm / k_norm inside the attention
+
+    def norm(n: int) -> Module:
+        return Module([Param(n, run.dtypes.non_block)])
+
+    # the input norm, the norms between the attention and the MLP, those after it (Gemma-2/3's four)
+    in_ln, mid, after = norm(width), [norm(width) for _ in range(1 + (spec.n_norms >= 4))], (
+        [norm(width)] if spec.n_norms >= 4 else [])
     layer, attn, mlp, act = Module(), Module(), Module(), Module()
     linears = linear_modules(run, spec.linears, bits)
-    attn_l = [mods for mods, m in zip(linears, spec.linears, strict=True) if m.role == "attn"]
+    attn_l = [(mods, norm(qk) if qk > 0 and m.name in ("q_proj", "k_proj") else None)
+              for mods, m in zip(linears, spec.linears, strict=True) if m.role == "attn"]
     mlp_l = [mods for mods, m in zip(linears, spec.linears, strict=True) if m.role != "attn"]
 
     def forward(kind: str, mlp_upto: int) -> list[Event]:
         ev: list[Event] = []
         leaf(ev, in_ln, kind)
         ev.append(("fetch", attn, kind))
-        for mods in attn_l:
+        for mods, qk_norm in attn_l:
             ev += linear_forward(mods, kind)
+            if qk_norm is not None:
+                leaf(ev, qk_norm, kind)
         ev.append(("release", attn, kind))
-        leaf(ev, post_ln, kind)
+        for m in mid:
+            leaf(ev, m, kind)
         ev.append(("fetch", mlp, kind))
         for i, mods in enumerate(mlp_l[:mlp_upto]):
             ev += linear_forward(mods, kind)
@@ -71,12 +84,18 @@ def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], lis
                 leaf(ev, act, kind)
         return [*ev, ("release", mlp, kind)]
 
-    fwd: list[Event] = [("fetch", layer, "F"), *forward("F", len(mlp_l)), ("release", layer, "F")]
+    fwd: list[Event] = [("fetch", layer, "F"), *forward("F", len(mlp_l))]
+    for m in after:
+        leaf(fwd, m, "F")
+    fwd.append(("release", layer, "F"))
     last = linear_backward(mlp_l[-1])
     # recomputed after its weight's backward, or within ``lora_B``'s (its saved input), which the frozen
     # weights the recompute fetched then go with (update_recompute_parameters)
     first = 2
-    bwd: list[Event] = [("fetch", layer, "B"), ("fetch", mlp, "B"), *last[:first]]
+    bwd: list[Event] = [("fetch", layer, "B")]
+    for m in reversed(after):
+        leaf(bwd, m, "B")
+    bwd += [("fetch", mlp, "B"), *last[:first]]
     # the recompute stops at the forward's last saved tensor: the MLP's product with an untargeted last
     # linear, inside a targeted one's ``lora_B``; the modules it stops in are not released
     targeted = len(mlp_l[-1]) > 1
@@ -89,9 +108,12 @@ def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], lis
             leaf(bwd, act, "B")
         bwd += linear_backward(mods)
     bwd.append(("release", mlp, "B"))
-    leaf(bwd, post_ln, "B")
+    for m in reversed(mid):
+        leaf(bwd, m, "B")
     bwd.append(("fetch", attn, "B"))
-    for mods in reversed(attn_l):
+    for mods, qk_norm in reversed(attn_l):
+        if qk_norm is not None:
+            leaf(bwd, qk_norm, "B")
         bwd += linear_backward(mods)
     bwd.append(("release", attn, "B"))
     leaf(bwd, in_ln, "B")
