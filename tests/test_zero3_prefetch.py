@@ -420,3 +420,26 @@ def test_the_first_steps_head_round_comes_before_the_optimizer_states() -> None:
     one = build_setup(spec, method="freeze", gpus=4, zero=3, gradient_checkpointing=True, grad_accum=1,
                       framework="llamafactory", batch=1, seq=128)
     assert "forward_head" not in memory_at(resolve_run(spec, one), 1, 128).rows
+
+
+def test_a_tied_embedding_reused_by_the_head_within_the_reuse_distance_stays_gathered() -> None:
+    # Falcon-7B widths at 3 layers (h 4544, one KV head of 64, f 18176, vocab 65024, head tied), freeze of
+    # the top layer without checkpointing: the embedding has no backward use, but __params_to_release
+    # walks the later modules up to stage3_max_reuse_distance (1e9): the 3 layers, 3 x 269,060,992 =
+    # 807,182,976 < 1e9, then lm_head, whose weight is the embedding's: kept through the forward.
+    # Trace E = 65024 x 4544 = 295,469,056, per layer qkv 4544 x 4672 = 21,229,568, dense 20,647,936,
+    # h_to_4h and 4h_to_h 82,591,744 each. Rounds of 5e7: [E], [qkv dense h_to_4h] = 124,469,248,
+    # [4h_to_h], per layer. At layer 0's query_key_value 7 fetches have popped (the two wrappers, the
+    # embedding, rotary_emb, the layer, its norm, the attention): E + 3 x (124,469,248 + 82,591,744) =
+    # 916,652,032, plus the copies of the waited qkv..h_to_4h round beside its flat buffer: 1,041,121,280
+    # (simulate: falcon-7b, 3 layers, freeze over 8 GPUs: the gathered blocks at that mm, less the norms).
+    # With the embedding released after its forward: 745,652,224.
+    from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
+
+    cfg = dict(model_type="falcon", hidden_size=4544, num_hidden_layers=3, num_attention_heads=71,
+               multi_query=True, new_decoder_architecture=False, parallel_attn=True, bias=False,
+               vocab_size=65024, tie_word_embeddings=True)
+    spec = model_from_config(cfg, "falcon-7b-3l")
+    setup = build_setup(spec, method="freeze", freeze_trainable_layers=1, gpus=8, zero=3,
+                        gradient_checkpointing=False)
+    assert zero3_gathered_at_first_linear(spec, setup, 50_000_000) == 1_041_121_280

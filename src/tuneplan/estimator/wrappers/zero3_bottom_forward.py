@@ -7,6 +7,7 @@ from tuneplan.estimator.compute import has_rotary
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.estimator.wrappers.zero3_coordinator import (
+    DS_MAX_REUSE_DISTANCE,
     PEFT_MODULES_PER_TARGET,
     embedding_used_last,
     forward_trace,
@@ -26,13 +27,14 @@ def zero3_gathered_at_first_linear(model: ModelSpec, setup: TrainSetup, prefetch
     layer, its input norm, its attention and the linear (a LoRA-wrapped one and its ``base_layer``: two;
     the model-level rotary module, transformers 5's ``rotary_emb`` run after the embedding: one more).
     By then the embedding's forward is over: without a backward use (LoRA without checkpointing, freeze)
-    ``__params_to_release`` releases it, and the later rounds are cut against ``stage3_max_live_parameters``
-    without it (:func:`prefetch_rounds`' ``released``). The round holding the first linear was waited
-    for: ``AllGatherCoalescedHandle.wait`` gave each of its parameters a copy while the flat buffer stays
-    filed under them until the last one is fetched, so a coalesced round (more than one parameter) is held
+    ``__params_to_release`` releases it unless a tied head reuses it (:func:`embedding_kept_in_forward`),
+    and the later rounds are cut against ``stage3_max_live_parameters`` without it
+    (:func:`prefetch_rounds`' ``released``). The round holding the first linear was waited for:
+    ``AllGatherCoalescedHandle.wait`` gave each of its parameters a copy while the flat buffer stays filed
+    under them until the last one is fetched, so a coalesced round (more than one parameter) is held
     twice:
 
-    .. math:: G = \\sum_{r < n_{fetch}} |r| - E [\\text{no backward use}] + |r_1| [\\#r_1 > 1]
+    .. math:: G = \\sum_{r < n_{fetch}} |r| - E [\\text{released}] + |r_1| [\\#r_1 > 1]
 
     At each later linear one more fetch (two for a LoRA-wrapped one, whose dropout, ``lora_A`` and
     ``lora_B`` fetch three more after it; the post-attention norm and the MLP container two more) pops
@@ -47,7 +49,7 @@ def zero3_gathered_at_first_linear(model: ModelSpec, setup: TrainSetup, prefetch
     rounds, the head's popped there past the released embedding, and the o and gate copies of the q..gate
     round, q, k and v released.)"""
     peft = setup.method in ("lora", "qlora")
-    released = 0 if embedding_used_last(model, setup) else model.embed_params
+    released = 0 if embedding_kept_in_forward(model, setup) else model.embed_params
     # the wrappers' fetches and the embedding's own pop their rounds before its forward ends and
     # ``__release_param`` takes it off ``n_available``: the later rounds are cut against what is left
     wrappers = 4 if peft else 2
@@ -77,6 +79,25 @@ def zero3_gathered_at_first_linear(model: ModelSpec, setup: TrainSetup, prefetch
         # a LoRA-wrapped linear's dropout, lora_A and lora_B fetch after its base layer's forward
         fetches += PEFT_MODULES_PER_TARGET - 1 if m.name in targets else 0
     return best
+
+
+def embedding_kept_in_forward(model: ModelSpec, setup: TrainSetup) -> bool:
+    """Whether the token embedding stays gathered after its forward: its backward fetch is the step's last
+    use (zero3_coordinator.embedding_used_last), or a tied head reuses its weight within the reuse distance.
+
+    ``__params_to_release`` (partitioned_param_coordinator, DeepSpeed 0.19.8) keeps a parameter met again
+    while walking the trace's later modules until ``stage3_max_reuse_distance`` ``D`` elements are passed:
+    a tied head's module (``lm_head``, whose weight is the embedding's) comes after the decoder layers and
+    the final norm, so the embedding is kept through the forward when
+
+    .. math:: P_{total} - E < D
+
+    (simulate: falcon-7b, 3 layers, freeze over 8 GPUs: the 2.955e8-element embedding gathered beside
+    layer 0's rounds at ``query_key_value`` in the second micro-batch's forward)."""
+    if embedding_used_last(model, setup):
+        return True
+    return (bool(model.embed_params) and not model.lm_head_params
+            and model.params_total - model.embed_params < DS_MAX_REUSE_DISTANCE)
 
 
 def bottom_layer_released(model: ModelSpec, setup: TrainSetup, targets: frozenset[str]) -> frozenset[str]:
