@@ -28,7 +28,6 @@ from tuneplan.estimator.wrappers.base import (
     TopLayer,
     Wrapper,
     WrapperMemory,
-    layer_gathered_bytes,
     nccl_bytes,
     sixteen_bit_wire,
 )
@@ -59,6 +58,7 @@ from tuneplan.estimator.wrappers.zero3_lower_layers import (
     zero3_gathered_in_lower_layers,
 )
 from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_gathered
+from tuneplan.estimator.wrappers.zero3_packed_prefetch import zero3_layer_and_prefetch_bytes
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
@@ -238,7 +238,7 @@ class Zero3(Zero, ShardingWrapper):
         # at most the whole 16-bit model gathered: a gathered parameter is whole, beside rank 0's partition
         whole16, shard16 = terms.weights16, ceil_div(terms.weights16, world_size)
         # the current layer plus the prefetch bucket, never more than the rest of the model
-        gathered = min(layer_gathered_bytes(run) + terms.prefetch_bucket * compute, whole16 - shard16)
+        gathered = min(zero3_layer_and_prefetch_bytes(run, terms.prefetch_bucket), whole16 - shard16)
         g_live = ceil_div(terms.grads16, world_size)
         states, temp, host, notes = self.offloaded(run, terms)
         weights = shard16
