@@ -182,11 +182,12 @@ def stranded_at(terms: StrandedTerms, tokens: Any) -> tuple[Any, Any]:
     return layers, layers
 
 
-def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_start: Any, batch: Any,
-                     seq: Any) -> tuple[Any, Any]:
-    """(reserved peak, reserved needed), each in whole 2 MiB segments plus what the run caches per CUDA
-    stream (``StrandedTerms.cross_stream``; ints, or arrays of a grid), with ``tails`` = allocated x
-    (1 + FRAGMENTATION) truncated to bytes (the allocated peak with its segment tails):
+def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_start: Any,
+                     tokens: Any) -> tuple[Any, Any]:
+    """(reserved peak, reserved needed) at ``tokens`` = micro-batch x sequence, each in whole 2 MiB segments
+    plus what the run caches per CUDA stream (``StrandedTerms.cross_stream``; ints, or arrays of a grid),
+    with ``tails`` = allocated x (1 + FRAGMENTATION) truncated to bytes (the allocated peak with its segment
+    tails):
     - the peak: ``max(tails, at_forward + stranded_forward, at_backward_start + stranded_backward)``
       (``at_forward``, ``at_backward_start``: the allocated totals of ``LOSS_INSTANTS``; the stranded
       segments of :func:`stranded_bytes`), rounded up to whole segments;
@@ -194,23 +195,24 @@ def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_star
       segment (``release_cached_blocks``) and retried, without the stranded segments: what out of memory is
       judged on.
     At one shape, where ``tokens x W + n x R`` (``StrandedTerms``' bound) keeps both loss instants at or
-    under ``tails``, the stranded segments cannot decide the maximum and are not rounded block by block."""
+    under ``tails``, the maximum is ``tails``: the blocks are not rounded one by one and the two figures
+    are one."""
     terms = run.memo.get("stranded") or stranded_terms(run)
     scaled = allocated * (1 + FRAGMENTATION)
     if scaled.__class__ is float and at_forward.__class__ is int:  # one shape: Python numbers
         tails = int(scaled)
         bound = terms.bound_per_token
-        margin = tails - (at_forward if at_forward > at_backward_start else at_backward_start)
-        if bound is None or batch * seq * bound + terms.bound_segments > margin:
-            stranded_forward, stranded_backward = stranded_at(terms, batch * seq)
-            forward, backward = at_forward + stranded_forward, at_backward_start + stranded_backward
-            top = forward if forward > tails else tails
-            top = backward if backward > top else top
-        else:
-            top = tails
+        loss = at_forward if at_forward > at_backward_start else at_backward_start
+        if bound is not None and tokens * bound + terms.bound_segments <= tails - loss:
+            needed = -(-tails // SEGMENT) * SEGMENT + terms.cross_stream
+            return needed, needed
+        stranded_forward, stranded_backward = stranded_at(terms, tokens)
+        forward, backward = at_forward + stranded_forward, at_backward_start + stranded_backward
+        top = forward if forward > tails else tails
+        top = backward if backward > top else top
     else:  # a grid's arrays
         tails = to_int(scaled)
-        stranded_forward, stranded_backward = stranded_at(terms, batch * seq)
+        stranded_forward, stranded_backward = stranded_at(terms, tokens)
         top = maximum(maximum(at_forward + stranded_forward, at_backward_start + stranded_backward), tails)
     cross_stream = terms.cross_stream
     return -(-top // SEGMENT) * SEGMENT + cross_stream, -(-tails // SEGMENT) * SEGMENT + cross_stream

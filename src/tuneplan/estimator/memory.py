@@ -55,7 +55,7 @@ def memory_of(run: Run) -> MemoryBreakdown:
         if total > step:
             step, peak = total, instant
     base = live.statics.common_total
-    return AnalyticBreakdown(run, live, peak, base + step, (base + at_forward, base + at_backward_start))
+    return AnalyticBreakdown(run, live, peak, base + step, base + at_forward, base + at_backward_start)
 
 
 class AnalyticBreakdown(MemoryBreakdown):
@@ -65,11 +65,12 @@ class AnalyticBreakdown(MemoryBreakdown):
     (types.built_on_read): the values a face reads are the ones an eager breakdown held, and a search that
     only asks whether the setup fits does not build them."""
 
-    def __init__(self, run: Run, live: MemoryAt, peak: str, allocated: int, at_loss: tuple[int, int]) -> None:
-        """``at_loss``: the allocated totals at the loss instants (allocator_segments.LOSS_INSTANTS)."""
+    def __init__(self, run: Run, live: MemoryAt, peak: str, allocated: int, at_forward: int,
+                 at_backward_start: int) -> None:
+        """``at_forward``, ``at_backward_start``: the allocated totals at the loss instants
+        (allocator_segments.LOSS_INSTANTS)."""
         self.peak_instant = peak
-        setup = run.setup
-        reserved, needed = reserved_figures(run, allocated, at_loss[0], at_loss[1], setup.batch, setup.seq)
+        reserved, needed = reserved_figures(run, allocated, at_forward, at_backward_start, live.acts.tokens)
         self.reserved_peak_bytes, self.releasable_bytes = reserved, reserved - needed
         self.nccl_bytes = live.statics.wrapped.resident.nccl
         self._run, self._live, self._allocated = run, live, allocated
