@@ -47,9 +47,15 @@ def memory_of(run: Run) -> MemoryBreakdown:
     # are memory_at's first two rows: their totals, which the reserved figure reads too, are taken first
     rows = live.rows
     forward, backward_start = LOSS_INSTANTS
-    at_forward, at_backward_start = sum(rows[forward]), sum(rows[backward_start])
-    step, peak = ((at_backward_start, backward_start) if at_backward_start > at_forward
-                  else (at_forward, forward))
+    at_backward_start = sum(rows[backward_start])
+    if live.statics.backward_start_leads:
+        # forward holds less and strands no more (memory_statics.backward_start_leads): it neither is the
+        # peak nor decides the reserved figure, which takes the loss backward's total for both
+        at_forward, step, peak = at_backward_start, at_backward_start, backward_start
+    else:
+        at_forward = sum(rows[forward])
+        step, peak = ((at_backward_start, backward_start) if at_backward_start > at_forward
+                      else (at_forward, forward))
     for instant, row in islice(rows.items(), 2, None):
         total = sum(row)
         if total > step:

@@ -13,6 +13,7 @@ from tuneplan.estimator.bnb_scope import unquantized_note
 from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
 from tuneplan.estimator.layer_end_casts import head_and_top_layer_casts, top_layer_end_casts
 from tuneplan.estimator.logits import logits_terms
+from tuneplan.estimator.loss_instants import backward_start_leads
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.optimizer_groups import adafactor_step_temp, no_decay_elements
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
@@ -122,11 +123,14 @@ class MemoryStatics:
     # stack, no new weight gradient beside its buffer, no bitsandbytes backward dequantization (layer_scratch.
     # layer_backward_scratch's other terms; derived from the fields above once per run)
     plain_scratch: bool = field(init=False)
+    # backward_start holds more than forward at every shape (:func:`backward_start_leads`)
+    backward_start_leads: bool = field(init=False)
 
     def __post_init__(self) -> None:
         experts = any(kind[BACKWARD_FIXED] for kind in self.acts.kinds)
         object.__setattr__(self, "plain_scratch",
                            not (experts or self.new_grad_temp or self.backward_dequant))
+        object.__setattr__(self, "backward_start_leads", backward_start_leads(self))
 
 
 def embedding_into_buffer(setup: TrainSetup, method: str, wrapper_memory: WrapperMemory) -> bool | None:
