@@ -61,6 +61,11 @@ MIN_LARGE_ALLOC = 10 * MIB
 MIN_BLOCK = 512  # kMinBlockSize: every block is rounded up to 512 B
 # the instants at which the loss chain is live and every layer's forward has run (memory.instants)
 LOSS_INSTANTS = ("forward", "backward_start")
+# the reserved figures' rounding up to whole 2 MiB segments, ``ceil(x / SEGMENT) x SEGMENT``, written
+# ``(x + SEGMENT - 1) & -SEGMENT`` (SEGMENT a power of two: the same integer for any int, or int64 array;
+# two bit operations in place of a long division and a product); and the tails' factor
+SEGMENT_UP, SEGMENT_DOWN = SEGMENT - 1, -SEGMENT
+TAILS = 1 + FRAGMENTATION
 # logits.py chains whose 16-bit logits die before the fp32 loss-backward blocks are made
 UPCASTING_CHAINS = ("hf", "torchtune_legacy")
 
@@ -198,13 +203,13 @@ def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_star
     under ``tails``, the maximum is ``tails``: the blocks are not rounded one by one and the two figures
     are one."""
     terms = run.memo.get("stranded") or stranded_terms(run)
-    scaled = allocated * (1 + FRAGMENTATION)
-    if scaled.__class__ is float and at_forward.__class__ is int:  # one shape: Python numbers
+    scaled = allocated * TAILS
+    if scaled.__class__ is float:  # one shape: Python numbers (a grid's allocated figures are an array)
         tails = int(scaled)
         bound = terms.bound_per_token
         loss = at_forward if at_forward > at_backward_start else at_backward_start
         if bound is not None and tokens * bound + terms.bound_segments <= tails - loss:
-            needed = -(-tails // SEGMENT) * SEGMENT + terms.cross_stream
+            needed = ((tails + SEGMENT_UP) & SEGMENT_DOWN) + terms.cross_stream
             return needed, needed
         stranded_forward, stranded_backward = stranded_at(terms, tokens)
         forward, backward = at_forward + stranded_forward, at_backward_start + stranded_backward
@@ -215,4 +220,5 @@ def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_star
         stranded_forward, stranded_backward = stranded_at(terms, tokens)
         top = maximum(maximum(at_forward + stranded_forward, at_backward_start + stranded_backward), tails)
     cross_stream = terms.cross_stream
-    return -(-top // SEGMENT) * SEGMENT + cross_stream, -(-tails // SEGMENT) * SEGMENT + cross_stream
+    return (((top + SEGMENT_UP) & SEGMENT_DOWN) + cross_stream,
+            ((tails + SEGMENT_UP) & SEGMENT_DOWN) + cross_stream)
