@@ -88,8 +88,7 @@ class AnalyticBreakdown(MemoryBreakdown):
     @property
     def allocated_peak_bytes(self) -> int:
         # the sum of the components, which is the peak instant's total until a caller edits the components
-        components = self.__dict__.get("components")
-        return self._allocated if components is None else sum(components.values())
+        return sum(self.components.values()) if "components" in self.__dict__ else self._allocated
 
     @built_on_read
     def per_card(self) -> list[dict[str, Any]]:
