@@ -111,24 +111,32 @@ def test_a_reshaped_run_gives_a_fresh_resolves_numbers(setup) -> None:
 
 
 @pytest.mark.parametrize("setup", SETUPS)
-def test_backward_start_leads_only_where_forward_is_below_it(setup) -> None:
-    # memory_statics.backward_start_leads: where it holds, forward's total is below backward_start's at
-    # every shape, and memory_of answers as it does with the shortcut off (both loss rows summed)
+def test_instants_left_out_of_the_peak_choice_never_peak(setup) -> None:
+    # peak_candidates: where backward_start_leads holds, forward's total is below backward_start's at every
+    # shape; where step_below_bottom holds, optimizer_step is the last row and never above the bottom
+    # layer's; memory_of answers as it does with both shortcuts off (every row totalled)
     run = _run(setup)
     statics = memory_statics(run)
     general = copy.copy(statics)
     object.__setattr__(general, "backward_start_leads", False)
+    object.__setattr__(general, "step_below_bottom", False)
     slow = dataclasses.replace(run, memo={"memory": general})
     for batch, seq in SHAPES:
         at = memory_at(run, batch, seq)
         if statics.backward_start_leads:
             assert at.total("forward") < at.total("backward_start"), (batch, seq)
+        if statics.step_below_bottom:  # peak_candidates.step_below_bottom: the last row, never above
+            assert list(at.rows)[-1] == "optimizer_step"
+            assert at.total("optimizer_step") <= at.total("backward_layers_bottom"), (batch, seq)
         shaped, slow_shaped = run.reshaped(batch=batch, seq=seq), slow.reshaped(batch=batch, seq=seq)
         assert memory_of(shaped).to_dict() == memory_of(slow_shaped).to_dict(), (batch, seq)
 
 
-def test_the_one_gpu_lora_run_sums_one_loss_row() -> None:
-    assert memory_statics(_run({"method": "lora"})).backward_start_leads
+def test_the_one_gpu_lora_run_totals_neither_forward_nor_the_step() -> None:
+    statics = memory_statics(_run({"method": "lora"}))
+    assert statics.backward_start_leads and statics.step_below_bottom
+    # a full fine-tune's step holds AdamW's foreach temporaries beside every gradient: it can peak
+    assert not memory_statics(_run({"method": "full"})).step_below_bottom
 
 
 @pytest.mark.parametrize("setup", SETUPS + [{"method": "lora", "gradient_checkpointing": True}])

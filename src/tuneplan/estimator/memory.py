@@ -56,7 +56,8 @@ def memory_of(run: Run) -> MemoryBreakdown:
         at_forward = sum(rows[forward])
         step, peak = ((at_backward_start, backward_start) if at_backward_start > at_forward
                       else (at_forward, forward))
-    for instant, row in islice(rows.items(), 2, None):
+    # optimizer_step, the last row, left out where it can never peak (memory_statics.step_below_bottom)
+    for instant, row in islice(rows.items(), 2, len(rows) - 1 if live.statics.step_below_bottom else None):
         total = sum(row)
         if total > step:
             step, peak = total, instant
