@@ -45,23 +45,23 @@ def memory_of(run: Run) -> MemoryBreakdown:
     # Python ints at one shape (activations_at truncates its float sums): the totals are exact in any order,
     # so the persistent part, the same at every instant, is added once after the choice. The loss instants
     # are memory_at's first two rows: their totals, which the reserved figure reads too, are taken first
-    rows = live.rows
+    rows, statics = live.rows, live.statics
     forward, backward_start = LOSS_INSTANTS
     at_backward_start = sum(rows[backward_start])
-    if live.statics.backward_start_leads:
-        # forward holds less and strands no more (memory_statics.backward_start_leads): it neither is the
+    if statics.backward_start_leads:
+        # forward holds less and strands no more (peak_candidates.backward_start_leads): it neither is the
         # peak nor decides the reserved figure, which takes the loss backward's total for both
         at_forward, step, peak = at_backward_start, at_backward_start, backward_start
     else:
         at_forward = sum(rows[forward])
         step, peak = ((at_backward_start, backward_start) if at_backward_start > at_forward
                       else (at_forward, forward))
-    # optimizer_step, the last row, left out where it can never peak (memory_statics.step_below_bottom)
-    for instant, row in islice(rows.items(), 2, len(rows) - 1 if live.statics.step_below_bottom else None):
+    # optimizer_step, the last row, left out where it can never peak (peak_candidates.step_below_bottom)
+    for instant, row in islice(rows.items(), 2, len(rows) - 1 if statics.step_below_bottom else None):
         total = sum(row)
         if total > step:
             step, peak = total, instant
-    base = live.statics.common_total
+    base = statics.common_total
     return AnalyticBreakdown(run, live, peak, base + step, base + at_forward, base + at_backward_start)
 
 
