@@ -88,12 +88,13 @@ class ActivationPlan:
         """``backward_temp_bytes`` over the kinds above the lower ones (ActivationTerms.lower_kinds): the
         scratch beside every saved activation, at the top layer's backward; a lower kind's own scratch
         comes once the layers above it have released theirs (none without checkpointing: saved_at)."""
-        terms, tokens, seq = self.terms, self.tokens, self.seq
+        terms, tokens = self.terms, self.tokens
         folded = terms.upper_temp_per_token  # once per run (activation_terms), where it applies
         if folded is not None:
             return int_for(tokens)(tokens * folded)
         if not terms.lower_kinds or terms.checkpointed or terms.offload:
             return self.backward_temp_bytes
+        seq = self.seq
         upper: Any = 0
         for kind in terms.kinds[terms.lower_kinds:]:
             temp = tokens * kind[4]
