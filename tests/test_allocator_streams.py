@@ -136,7 +136,7 @@ def _cross_stream(**kw):
     from tuneplan.api import build_setup, estimate_run
     from tuneplan.catalog.models import resolve_model
     from tuneplan.estimator.allocator_segments import stranded_bytes
-    from tuneplan.estimator.overhead import reserved_from_allocated
+    from tuneplan.estimator.overhead import FRAGMENTATION, SEGMENT
     from tuneplan.estimator.run import resolve_run
 
     spec = resolve_model("meta-llama/Llama-2-7b-hf")
@@ -145,7 +145,8 @@ def _cross_stream(**kw):
     # the same reserved figure without the per-stream part: what the loss instants strand, no stream
     at_forward, at_backward = stranded_bytes(run, run.setup.batch, run.setup.seq)
     held = max(b.instants["forward"] + at_forward, b.instants["backward_start"] + at_backward)
-    return b.reserved_peak_bytes - reserved_from_allocated(b.allocated_peak_bytes, 0, held)
+    top = max(int(b.allocated_peak_bytes * (1 + FRAGMENTATION)), held)
+    return b.reserved_peak_bytes - -(-top // SEGMENT) * SEGMENT
 
 
 def test_fsdp1_holds_the_rate_limiters_freed_units_and_gradients() -> None:

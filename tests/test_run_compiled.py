@@ -15,7 +15,7 @@ from tuneplan import api
 from tuneplan.api import build_setup, estimate_run, resolve_run
 from tuneplan.catalog.models import resolve_model
 from tuneplan.estimator.activations import saved_at
-from tuneplan.estimator.allocator_segments import LOSS_INSTANTS
+from tuneplan.estimator.allocator_segments import LOSS_INSTANTS, reserved_figures, stranded_terms
 from tuneplan.estimator.instants import memory_at
 from tuneplan.estimator.memory import memory_of
 from tuneplan.estimator.memory_statics import memory_statics
@@ -74,7 +74,8 @@ def test_the_shortcuts_give_the_general_rows(setup) -> None:
     assert list(memory_at(run, 1, 128).rows)[:2] == list(LOSS_INSTANTS)
 
 
-@pytest.mark.parametrize("field, values", [("rank", (16, 64)), ("optimizer", ("adamw", "adamw-8bit"))])
+@pytest.mark.parametrize("field, values", [("rank", (16, 64)), ("optimizer", ("adamw", "adamw-8bit")),
+                                           ("gradient_checkpointing", (False, True))])
 def test_a_run_never_reads_another_runs_kept_terms(field, values) -> None:
     # two runs differing in one field that is not the shape: the second, estimated after the first has
     # filled its caches (the api's resolved runs, the run's memo), gives what it gives on its own
@@ -107,3 +108,61 @@ def test_a_reshaped_run_gives_a_fresh_resolves_numbers(setup) -> None:
     for batch, seq in SHAPES:
         again = memory_of(run.reshaped(batch=batch, seq=seq)).to_dict()
         assert again == memory_of(_run(setup, batch=batch, seq=seq)).to_dict(), (batch, seq)
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_instants_left_out_of_the_peak_choice_never_peak(setup) -> None:
+    # peak_candidates: where backward_start_leads holds, forward's total is below backward_start's at every
+    # shape; where step_below_bottom holds, optimizer_step is the last row and never above the bottom
+    # layer's; memory_of answers as it does with both shortcuts off (every row totalled)
+    run = _run(setup)
+    statics = memory_statics(run)
+    general = copy.copy(statics)
+    object.__setattr__(general, "backward_start_leads", False)
+    object.__setattr__(general, "step_below_bottom", False)
+    slow = dataclasses.replace(run, memo={"memory": general})
+    for batch, seq in SHAPES:
+        at = memory_at(run, batch, seq)
+        if statics.backward_start_leads:
+            assert at.total("forward") < at.total("backward_start"), (batch, seq)
+        if statics.step_below_bottom:  # peak_candidates.step_below_bottom: the last row, never above
+            assert list(at.rows)[-1] == "optimizer_step"
+            assert at.total("optimizer_step") <= at.total("backward_layers_bottom"), (batch, seq)
+        shaped, slow_shaped = run.reshaped(batch=batch, seq=seq), slow.reshaped(batch=batch, seq=seq)
+        assert memory_of(shaped).to_dict() == memory_of(slow_shaped).to_dict(), (batch, seq)
+
+
+def test_the_one_gpu_lora_run_totals_neither_forward_nor_the_step() -> None:
+    statics = memory_statics(_run({"method": "lora"}))
+    assert statics.backward_start_leads and statics.step_below_bottom
+    # a full fine-tune's step holds AdamW's foreach temporaries beside every gradient: it can peak
+    assert not memory_statics(_run({"method": "full"})).step_below_bottom
+
+
+@pytest.mark.parametrize("setup", SETUPS + [{"method": "lora", "gradient_checkpointing": True}])
+def test_the_stranded_bound_gives_the_rounded_blocks_figures(setup) -> None:
+    # allocator_segments.reserved_figures at one shape skips rounding the stranded blocks where their bound
+    # (tokens x W + n x 2 MiB) leaves the loss instants under the tails: the same figures as the blocks
+    # rounded one by one (bound_per_token None), on both sides of the bound
+    run = _run(setup)
+    terms = stranded_terms(run)
+    slow = dataclasses.replace(run, memo={"stranded": terms._replace(bound_per_token=None)})
+    mib = 2**20
+    for batch, seq in SHAPES:
+        tokens = batch * seq
+        for allocated in (10 * mib, 1000 * mib, 100_000 * mib):
+            for at_forward, at_backward in ((allocated, allocated), (allocated // 2, allocated - 3 * mib)):
+                got = reserved_figures(run, allocated, at_forward, at_backward, tokens)
+                assert got == reserved_figures(slow, allocated, at_forward, at_backward, tokens)
+
+
+def test_the_stranded_bound_is_per_run() -> None:
+    # Llama-2-7B LoRA (q_proj, v_proj), bf16-mixed, no checkpointing: the SiLU-up product (one tokens x
+    # 11008 x 2 B block), RMSNorm's fp32 tokens x 4096 x 4 B and the 16-bit logits, tokens x 32000 x 2 B:
+    # W = 22016 + 16384 + 64000 bytes per token over 3 blocks; checkpointing packs the checkpoints: no bound
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    terms = stranded_terms(resolve_run(spec, build_setup(spec, method="lora", precision="bf16-mixed")))
+    assert (terms.bound_per_token, terms.bound_segments) == (22016 + 16384 + 64000, 3 * 2**20 * 2)
+    packed = stranded_terms(resolve_run(spec, build_setup(spec, method="lora", precision="bf16-mixed",
+                                                          gradient_checkpointing=True)))
+    assert packed.bound_per_token is None and packed.packed_layers == 32

@@ -144,7 +144,7 @@ def plane_figures(run: Run, batch: np.ndarray, seq: np.ndarray
     peak, allocated = _first_largest(totals)
     forward, backward_start = LOSS_INSTANTS
     at_forward, at_backward_start = totals[names.index(forward)], totals[names.index(backward_start)]
-    reserved, needed = reserved_figures(run, allocated, at_forward, at_backward_start, batch, seq)
+    reserved, needed = reserved_figures(run, allocated, at_forward, at_backward_start, batch * seq)
     outside = cuda_context_bytes() + m.statics.wrapped.resident.nccl
     out = {"allocated": allocated, "reserved": reserved, "device_peak": reserved + outside,
            "device_needed": needed + outside}

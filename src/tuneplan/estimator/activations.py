@@ -88,12 +88,13 @@ class ActivationPlan:
         """``backward_temp_bytes`` over the kinds above the lower ones (ActivationTerms.lower_kinds): the
         scratch beside every saved activation, at the top layer's backward; a lower kind's own scratch
         comes once the layers above it have released theirs (none without checkpointing: saved_at)."""
-        terms, tokens, seq = self.terms, self.tokens, self.seq
+        terms, tokens = self.terms, self.tokens
         folded = terms.upper_temp_per_token  # once per run (activation_terms), where it applies
         if folded is not None:
             return int_for(tokens)(tokens * folded)
         if not terms.lower_kinds or terms.checkpointed or terms.offload:
             return self.backward_temp_bytes
+        seq = self.seq
         upper: Any = 0
         for kind in terms.kinds[terms.lower_kinds:]:
             temp = tokens * kind[4]
@@ -223,7 +224,6 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
     # (no in-place += below: on a grid an operand may broadcast to a larger shape than the accumulator)
     tokens = batch * seq
     to_int = int_for(tokens)  # the builtin on Python numbers (the scalar estimate), else the array-aware one
-    pairs = tokens * seq  # t x s: (query, key) pairs
     total = 0.0
     biggest = 0.0
     biggest_recompute = 0.0  # a recomputed layer without what aliases its checkpointed input
@@ -241,6 +241,7 @@ def saved_at(terms: ActivationTerms, batch: Any, seq: Any) -> ActivationPlan:
         biggest = tokens * linear.biggest_per_token
         biggest_backward_temp = tokens * linear.backward_temp_per_token
     else:
+        pairs = tokens * seq  # t x s: (query, key) pairs
         for (per_token, per_pos, kept, alias, backward_temp, backward_temp_per_pos, attn_backward_offset,
              fixed, backward_fixed, backward_fixed_per_token, count) in terms.kinds:
             per_layer = tokens * per_token + pairs * per_pos if per_pos else tokens * per_token

@@ -38,6 +38,10 @@ The free segments modelled (``tokens`` = micro-batch x sequence on one GPU, ``c`
   intermediate blocks, which get a new segment: the forward grows reserved by one intermediate segment every
   ``k`` layers, not by the checkpoints' own bytes (simulate: Llama-2-7B QLoRA on 2 GPUs, b4 x 2048, one
   172 MiB segment every second layer, 64 MiB checkpoints).
+Every block strands less than its own bytes plus one large segment (``ceil(x / R) x R < x + R``), so with
+``W`` the bytes per token of the blocks counted and ``n`` their number the free segments are below
+``tokens x W + n x R`` (no checkpoint packing); where that leaves both loss instants under the allocated
+peak's tails, the tails decide the reserved peak and no block is rounded (:func:`reserved_figures`).
 Not modelled: MoE expert blocks, eager attention's score blocks (larger than the loss chain's blocks when
 the sequence is long: those the chain can reuse), the smaller tokens x hidden blocks of the attention.
 """
@@ -46,8 +50,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from tuneplan.estimator.overhead import cross_stream_reserve, reserved_with_and_without
-from tuneplan.estimator.xp import ceil_div, maximum
+from tuneplan.estimator.overhead import FRAGMENTATION, SEGMENT, cross_stream_reserve
+from tuneplan.estimator.xp import ceil_div, maximum, to_int
 
 MIB = 1024**2
 ROUND_LARGE = 2 * MIB  # kRoundLarge: a large segment is the request rounded up to 2 MiB
@@ -57,6 +61,11 @@ MIN_LARGE_ALLOC = 10 * MIB
 MIN_BLOCK = 512  # kMinBlockSize: every block is rounded up to 512 B
 # the instants at which the loss chain is live and every layer's forward has run (memory.instants)
 LOSS_INSTANTS = ("forward", "backward_start")
+# the reserved figures' rounding up to whole 2 MiB segments, ``ceil(x / SEGMENT) x SEGMENT``, written
+# ``(x + SEGMENT - 1) & -SEGMENT`` (SEGMENT a power of two: the same integer for any int, or int64 array;
+# two bit operations in place of a long division and a product); and the tails' factor
+SEGMENT_UP, SEGMENT_DOWN = SEGMENT - 1, -SEGMENT
+TAILS = 1 + FRAGMENTATION
 # logits.py chains whose 16-bit logits die before the fp32 loss-backward blocks are made
 UPCASTING_CHAINS = ("hf", "torchtune_legacy")
 
@@ -67,8 +76,10 @@ def _segment(nbytes: Any) -> Any:
 
 
 class StrandedTerms(NamedTuple):
-    """What :func:`stranded_bytes` needs besides the tokens, resolved once per run (nothing in it depends on
-    the micro-batch, the sequence length or the accumulation): bytes per token of each block it counts."""
+    """What :func:`stranded_bytes` and :func:`reserved_figures` need besides the tokens and the allocated
+    totals, resolved once per run (nothing in it depends on the micro-batch, the sequence length or the
+    accumulation): bytes per token of each block counted, the bound on what they strand, the bytes cached
+    per CUDA stream."""
 
     mlp_blocks: int  # tokens x intermediate blocks an MLP's forward leaves free (_mlp_free_blocks)
     intermediate: int  # one of them, per token, in the dtype the projections return
@@ -77,6 +88,11 @@ class StrandedTerms(NamedTuple):
     checkpoint: int  # one checkpoint, per token
     norm: int  # RMSNorm's fp32 block (0: no RMSNorm)
     logits: int  # the 16-bit logits the fp32 cast frees (0: no such chain)
+    # the blocks' bytes per token (W) and n x ROUND_LARGE: stranded < tokens x W + n x R (module docstring;
+    # None with checkpoint packing, which has no such bound)
+    bound_per_token: int | None
+    bound_segments: int
+    cross_stream: int  # overhead.cross_stream_reserve, the same at every shape
 
 
 def _mlp_free_blocks(run: Any) -> int:
@@ -129,12 +145,18 @@ def stranded_terms(run: Any) -> StrandedTerms:
     # back to the input's dtype (quant_out), which leaves that 16-bit output free as well
     width = dt.quant_out if quantized else dt.linear_out
     upcasting = run.loss in UPCASTING_CHAINS and c < 4 and not run.setup.num_labels
+    intermediate = model.intermediate * width
+    quant_out = model.intermediate * c if n_mlp and quantized and dt.quant_out != c else 0
+    packed = packed_layers(run) if n_mlp else 0
+    norm = model.hidden * 4 if model.norm_kind == "rms" else 0
+    logits = model.head_width * c if upcasting else 0
+    blocks = ((n_mlp, intermediate), (1, quant_out), (1, norm), (1, logits))
     terms = StrandedTerms(
-        mlp_blocks=n_mlp, intermediate=model.intermediate * width,
-        quant_out=model.intermediate * c if n_mlp and quantized and dt.quant_out != c else 0,
-        packed_layers=packed_layers(run) if n_mlp else 0, checkpoint=model.hidden * dt.residual,
-        norm=model.hidden * 4 if model.norm_kind == "rms" else 0,
-        logits=model.head_width * c if upcasting else 0)
+        n_mlp, intermediate, quant_out, packed, model.hidden * dt.residual, norm, logits,
+        None if packed else sum(n * width for n, width in blocks),
+        sum(n for n, width in blocks if width) * ROUND_LARGE,
+        # only FSDP caches per stream (cross_stream_reserve): the other runs skip the call
+        cross_stream_reserve(run) if run.setup.fsdp else 0)
     run.memo["stranded"] = terms
     return terms
 
@@ -143,10 +165,13 @@ def stranded_bytes(run: Any, batch: Any, seq: Any) -> tuple[Any, Any]:
     """Bytes of free segments at the ``forward`` and ``backward_start`` instants that the loss chain cannot
     reuse (ints, or arrays of a grid); a block of no bytes strands no segment. Each block is rounded up to
     whole large segments as :func:`_segment` does, written out: every estimate asks."""
+    return stranded_at(run.memo.get("stranded") or stranded_terms(run), batch * seq)
+
+
+def stranded_at(terms: StrandedTerms, tokens: Any) -> tuple[Any, Any]:
+    """:func:`stranded_bytes` from the run's terms at ``tokens`` = micro-batch x sequence."""
     # the terms unpacked once: a named tuple's field read costs as much as the arithmetic on it
-    mlp_blocks, intermediate_width, quant_out, packed, checkpoint, norm, logits = (run.memo.get("stranded")
-                                                                                   or stranded_terms(run))
-    tokens = batch * seq
+    mlp_blocks, intermediate_width, quant_out, packed, checkpoint, norm, logits = terms[:7]
     layers = 0
     if mlp_blocks:
         intermediate = -(-(tokens * intermediate_width) // ROUND_LARGE) * ROUND_LARGE
@@ -162,19 +187,38 @@ def stranded_bytes(run: Any, batch: Any, seq: Any) -> tuple[Any, Any]:
     return layers, layers
 
 
-def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_start: Any, batch: Any,
-                     seq: Any) -> tuple[Any, Any]:
-    """(reserved peak, reserved needed), each plus what the run caches per CUDA stream
-    (``overhead.cross_stream_reserve``; ints, or arrays of a grid):
-    - the peak: the allocated peak with its segment tails, or a loss instant's total plus the free segments
-      it strands, whichever is larger (``at_forward``, ``at_backward_start``: the allocated totals of
-      ``LOSS_INSTANTS``);
-    - needed: the same once a failed cudaMalloc has released every free cached segment
-      (``release_cached_blocks``) and retried, without the stranded segments: what out of memory is judged
-      on."""
-    stranded_forward, stranded_backward = stranded_bytes(run, batch, seq)
-    forward, backward = at_forward + stranded_forward, at_backward_start + stranded_backward
-    more = backward > forward  # a bool for one shape (xp.maximum's test, without the call), else arrays
-    held = (backward if more else forward) if more.__class__ is bool else maximum(forward, backward)
-    # only FSDP caches per stream (cross_stream_reserve): the other runs skip the call
-    return reserved_with_and_without(allocated, cross_stream_reserve(run) if run.setup.fsdp else 0, held)
+def reserved_figures(run: Any, allocated: Any, at_forward: Any, at_backward_start: Any,
+                     tokens: Any) -> tuple[Any, Any]:
+    """(reserved peak, reserved needed) at ``tokens`` = micro-batch x sequence, each in whole 2 MiB segments
+    plus what the run caches per CUDA stream (``StrandedTerms.cross_stream``; ints, or arrays of a grid),
+    with ``tails`` = allocated x (1 + FRAGMENTATION) truncated to bytes (the allocated peak with its segment
+    tails):
+    - the peak: ``max(tails, at_forward + stranded_forward, at_backward_start + stranded_backward)``
+      (``at_forward``, ``at_backward_start``: the allocated totals of ``LOSS_INSTANTS``; the stranded
+      segments of :func:`stranded_bytes`), rounded up to whole segments;
+    - needed: ``tails`` rounded up the same way, once a failed cudaMalloc has released every free cached
+      segment (``release_cached_blocks``) and retried, without the stranded segments: what out of memory is
+      judged on.
+    At one shape, where ``tokens x W + n x R`` (``StrandedTerms``' bound) keeps both loss instants at or
+    under ``tails``, the maximum is ``tails``: the blocks are not rounded one by one and the two figures
+    are one."""
+    terms = run.memo.get("stranded") or stranded_terms(run)
+    scaled = allocated * TAILS
+    if scaled.__class__ is float:  # one shape: Python numbers (a grid's allocated figures are an array)
+        tails = int(scaled)
+        bound = terms.bound_per_token
+        loss = at_forward if at_forward > at_backward_start else at_backward_start
+        if bound is not None and tokens * bound + terms.bound_segments <= tails - loss:
+            needed = ((tails + SEGMENT_UP) & SEGMENT_DOWN) + terms.cross_stream
+            return needed, needed
+        stranded_forward, stranded_backward = stranded_at(terms, tokens)
+        forward, backward = at_forward + stranded_forward, at_backward_start + stranded_backward
+        top = forward if forward > tails else tails
+        top = backward if backward > top else top
+    else:  # a grid's arrays
+        tails = to_int(scaled)
+        stranded_forward, stranded_backward = stranded_at(terms, tokens)
+        top = maximum(maximum(at_forward + stranded_forward, at_backward_start + stranded_backward), tails)
+    cross_stream = terms.cross_stream
+    return (((top + SEGMENT_UP) & SEGMENT_DOWN) + cross_stream,
+            ((tails + SEGMENT_UP) & SEGMENT_DOWN) + cross_stream)

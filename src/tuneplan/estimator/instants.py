@@ -255,7 +255,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     saved, gathered = acts.saved_bytes, statics.gathered
     embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
                                     if statics.embedding_into_buffer is not None else (0, None))
-    top, wrapper_rows = statics.wrapped.top_layer, statics.wrapper_rows
+    wrapper_rows = statics.wrapper_rows
     top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
                                                                                  backward_temp)
     bottom_grads = statics.all_grads_in_layer - embedding_cut
@@ -297,7 +297,8 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
             bottom_acts = bottom_acts - minimum(acts.top_layer_bytes, statics.bottom_own_grads)
         bottom_row: Row = (bottom_grads, 0, bottom_acts, 0, held, backward_temp, gathered)
         if wrapper_rows:
-            if top is None:  # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
+            # ZeRO-1/2's bucket, not there before the top layer's first trained gradient
+            if statics.wrapped.top_layer is None:
                 bottom_row = first_hook_rows(rows, statics, acts, bottom_row)
             top_attention_row(rows, statics, acts, held)  # FSDP2's (wrappers/fully_shard_attention.py)
             # ZeRO-3's recording pass, before the first optimizer step (wrappers/zero3_expert_round.py)

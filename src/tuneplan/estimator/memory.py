@@ -45,17 +45,24 @@ def memory_of(run: Run) -> MemoryBreakdown:
     # Python ints at one shape (activations_at truncates its float sums): the totals are exact in any order,
     # so the persistent part, the same at every instant, is added once after the choice. The loss instants
     # are memory_at's first two rows: their totals, which the reserved figure reads too, are taken first
-    rows = live.rows
+    rows, statics = live.rows, live.statics
     forward, backward_start = LOSS_INSTANTS
-    at_forward, at_backward_start = sum(rows[forward]), sum(rows[backward_start])
-    step, peak = ((at_backward_start, backward_start) if at_backward_start > at_forward
-                  else (at_forward, forward))
-    for instant, row in islice(rows.items(), 2, None):
+    at_backward_start = sum(rows[backward_start])
+    if statics.backward_start_leads:
+        # forward holds less and strands no more (peak_candidates.backward_start_leads): it neither is the
+        # peak nor decides the reserved figure, which takes the loss backward's total for both
+        at_forward, step, peak = at_backward_start, at_backward_start, backward_start
+    else:
+        at_forward = sum(rows[forward])
+        step, peak = ((at_backward_start, backward_start) if at_backward_start > at_forward
+                      else (at_forward, forward))
+    # optimizer_step, the last row, left out where it can never peak (peak_candidates.step_below_bottom)
+    for instant, row in islice(rows.items(), 2, len(rows) - 1 if statics.step_below_bottom else None):
         total = sum(row)
         if total > step:
             step, peak = total, instant
-    base = live.statics.common_total
-    return AnalyticBreakdown(run, live, peak, base + step, (base + at_forward, base + at_backward_start))
+    base = statics.common_total
+    return AnalyticBreakdown(run, live, peak, base + step, base + at_forward, base + at_backward_start)
 
 
 class AnalyticBreakdown(MemoryBreakdown):
@@ -65,11 +72,12 @@ class AnalyticBreakdown(MemoryBreakdown):
     (types.built_on_read): the values a face reads are the ones an eager breakdown held, and a search that
     only asks whether the setup fits does not build them."""
 
-    def __init__(self, run: Run, live: MemoryAt, peak: str, allocated: int, at_loss: tuple[int, int]) -> None:
-        """``at_loss``: the allocated totals at the loss instants (allocator_segments.LOSS_INSTANTS)."""
+    def __init__(self, run: Run, live: MemoryAt, peak: str, allocated: int, at_forward: int,
+                 at_backward_start: int) -> None:
+        """``at_forward``, ``at_backward_start``: the allocated totals at the loss instants
+        (allocator_segments.LOSS_INSTANTS)."""
         self.peak_instant = peak
-        setup = run.setup
-        reserved, needed = reserved_figures(run, allocated, at_loss[0], at_loss[1], setup.batch, setup.seq)
+        reserved, needed = reserved_figures(run, allocated, at_forward, at_backward_start, live.acts.tokens)
         self.reserved_peak_bytes, self.releasable_bytes = reserved, reserved - needed
         self.nccl_bytes = live.statics.wrapped.resident.nccl
         self._run, self._live, self._allocated = run, live, allocated
@@ -81,8 +89,7 @@ class AnalyticBreakdown(MemoryBreakdown):
     @property
     def allocated_peak_bytes(self) -> int:
         # the sum of the components, which is the peak instant's total until a caller edits the components
-        components = self.__dict__.get("components")
-        return self._allocated if components is None else sum(components.values())
+        return sum(self.components.values()) if "components" in self.__dict__ else self._allocated
 
     @built_on_read
     def per_card(self) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from tuneplan.estimator.logits import logits_terms
 from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.optimizer_groups import adafactor_step_temp, no_decay_elements
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
+from tuneplan.estimator.peak_candidates import backward_start_leads, step_below_bottom
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.weights import recompute_casts_to_first_target
@@ -122,11 +123,16 @@ class MemoryStatics:
     # stack, no new weight gradient beside its buffer, no bitsandbytes backward dequantization (layer_scratch.
     # layer_backward_scratch's other terms; derived from the fields above once per run)
     plain_scratch: bool = field(init=False)
+    # backward_start holds more than forward at every shape (:func:`backward_start_leads`)
+    backward_start_leads: bool = field(init=False)
+    step_below_bottom: bool = field(init=False)  # optimizer_step can never peak (:func:`step_below_bottom`)
 
     def __post_init__(self) -> None:
         experts = any(kind[BACKWARD_FIXED] for kind in self.acts.kinds)
         object.__setattr__(self, "plain_scratch",
                            not (experts or self.new_grad_temp or self.backward_dequant))
+        object.__setattr__(self, "backward_start_leads", backward_start_leads(self))
+        object.__setattr__(self, "step_below_bottom", step_below_bottom(self))
 
 
 def embedding_into_buffer(setup: TrainSetup, method: str, wrapper_memory: WrapperMemory) -> bool | None:

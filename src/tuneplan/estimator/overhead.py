@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneplan.estimator.xp import maximum, to_int
+from tuneplan.estimator.xp import to_int
 
 MIB = 1024**2
 CUBLAS_WORKSPACE = 32 * MIB  # 8 x 4 MiB (:4096:8)
@@ -35,31 +35,8 @@ CUDA_CONTEXT_BAND = (300 * MIB, 1400 * MIB)
 SEGMENT = 2 * MIB
 
 
-def reserved_from_allocated(allocated: Any, cross_stream: int = 0, held: Any = 0) -> Any:
-    """The larger of allocated x (1 + FRAGMENTATION), truncated to bytes, and ``held`` (a loss instant's total
-    with the free segments it strands: ``allocator_segments.reserved_figures``), rounded up to whole 2 MiB
-    segments, plus the bytes cached per CUDA stream (``cross_stream``: :func:`cross_stream_reserve`; ints, or
-    arrays of a grid: ``estimator/xp.py``)."""
-    return reserved_with_and_without(allocated, cross_stream, held)[0]
-
-
-def reserved_with_and_without(allocated: Any, cross_stream: int, held: Any) -> tuple[Any, Any]:
-    """(:func:`reserved_from_allocated` with ``held``, the same without it), the allocated figure's
-    segment tails computed once (allocated is never negative, so without ``held`` the larger is the
-    tails' figure)."""
-    scaled = allocated * (1 + FRAGMENTATION)
-    if scaled.__class__ is float and held.__class__ is int:  # one shape: as to_int and maximum decide
-        tails = int(scaled)
-        top = held if held > tails else tails
-    else:  # a grid's arrays
-        tails = to_int(scaled)
-        top = maximum(tails, held)
-    return (-(-top // SEGMENT) * SEGMENT + cross_stream,
-            -(-tails // SEGMENT) * SEGMENT + cross_stream)
-
-
 def reserved_band(allocated: Any, reserved: Any, cross_stream: int = 0) -> tuple[Any, Any]:
-    """The reserved figure's band around ``reserved`` (:func:`reserved_from_allocated`, ``cross_stream``
+    """The reserved figure's band around ``reserved`` (allocator_segments.reserved_figures, ``cross_stream``
     included): allocated x (1 + FRAGMENTATION_BAND[0]) up to ``reserved`` + allocated x (FRAGMENTATION_BAND[1]
     - FRAGMENTATION), each truncated to bytes, plus the bytes cached per CUDA stream at the low end (ints, or
     arrays of a grid: the planner reads the high end off each cell)."""
