@@ -353,7 +353,9 @@ class Zero3(Zero, ShardingWrapper):
         top_gathered = at_flush = layer_gathered
         if setup.quant_bits is None:
             ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
-            at_loss = max(at_loss, min(ahead * compute, whole16))
+            # leaf MoE blocks under checkpointing: the coordinator replayed (zero3_module_trace.py)
+            replayed = zero3_replayed_gathered(run, terms.prefetch_bucket)
+            at_loss = max(at_loss, replayed.at_loss if replayed else min(ahead * compute, whole16))
             if ahead:
                 top16 = zero3_gathered_in_backward(model, setup, targets=run.targets) * compute
                 top_gathered = max(top_gathered, min(top16, whole16))
