@@ -67,7 +67,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_quantized_head_copy_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_record_release import zero3_quantized_record_release_copy
-from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
+from tuneplan.estimator.wrappers.zero3_saved_views import with_views_at_top_forward, zero3_views_kept
 from tuneplan.estimator.wrappers.zero3_tied_backward import (
     zero3_quantized_tied_regathered,
     zero3_tied_regathered,
@@ -292,7 +292,7 @@ class Zero3(Zero, ShardingWrapper):
         # the untied head popped in the forward beside the layers not yet run (zero3_head_pop.py)
         popped = zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
                                            run.profile.model_code)
-        return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
+        out = with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
@@ -316,6 +316,7 @@ class Zero3(Zero, ShardingWrapper):
                              top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
                                  model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),
                              notes=self.notes(setup, notes)))
+        return with_views_at_top_forward(run, out)
 
     @staticmethod
     def forward_rounds(run: Run, terms: DeepSpeedTerms, at_loss: int, whole16: int,
