@@ -191,3 +191,32 @@ def test_leaf_moe_layers_keep_the_attention_and_the_top_block_to_the_loss() -> N
     replayed = zero3_replayed_gathered(run, 50_000_000)
     assert replayed is not None
     assert replayed.at_loss == 2 * total
+
+
+def test_the_bottom_layers_moe_block_meets_the_next_layers_round_held_twice() -> None:
+    # Qwen3-30B-A3B over 2 layers, QLoRA fp4 rank 128 on q/v in fp32 with checkpointing, optimizer and
+    # parameter offload over 4 GPUs (a 5e7 bucket). A layer's entries over 1e5 elements, in trace order
+    # (bytes): q codes 2048 x 4096 / 2 = 4,194,304 (1), q lora_A 128 x 2048 = 262,144 (4), lora_B 4096 x
+    # 128 = 524,288 (4), k / v codes 524,288 (1), v lora_A 262,144 (4), o codes 4,194,304 (1); the leaf
+    # block's experts first: gate_up_proj 402,653,184, down_proj 201,326,592, router 262,144 (4 bytes,
+    # never quantized). The wrappers' four fetches pop: the embedding 311,164,928 alone; layer 0 through
+    # its gate_up_proj (one round, A = 724,303,872); its down_proj alone (925,630,464); then, A < M, layer
+    # 0's router and layer 1 through its gate_up_proj (1,339,031,552). Layer 0's block fetch waits on its
+    # router: the last round's copies are made while layer 1's entries keep its flat buffer.
+    # Copies: embedding 1,244,659,712; layer 0 codes 9,437,184 + LoRA 4,194,304 + router 1,048,576 +
+    # stacks 1,610,612,736 + 805,306,368; layer 1 codes 9,437,184 + LoRA 4,194,304 + gate_up_proj
+    # 1,610,612,736: 5,299,503,104. Flat buffer: 1,048,576 + 1,624,244,224 = 1,625,292,800. In all
+    # 6,924,795,904 (the simulation: 6.887e9 gathered at layer 0's MoE block, the step's peak).
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_forward
+
+    base = resolve_model("Qwen/Qwen3-30B-A3B", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=2), "qwen3-30b-a3b-2L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, rank=128,
+                        targets="q_proj,v_proj", gradient_checkpointing=True, quant_type="fp4",
+                        double_quant=False, offload="all")
+    run = resolve_run(spec, setup)
+    copies = 1_244_659_712 + (9_437_184 + 4_194_304 + 1_048_576 + 1_610_612_736 + 805_306_368) + (
+        9_437_184 + 4_194_304 + 1_610_612_736)
+    assert copies == 5_299_503_104
+    assert zero3_replayed_forward(run, 50_000_000) == copies + 1_625_292_800

@@ -58,7 +58,7 @@ from tuneplan.estimator.wrappers.zero3_lower_layers import (
     zero3_embedding_round_held_twice,
     zero3_gathered_in_lower_layers,
 )
-from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_gathered
+from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_forward, zero3_replayed_gathered
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
@@ -338,7 +338,9 @@ class Zero3(Zero, ShardingWrapper):
             # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
             return 0, zero3_head_round_first_pass(model, setup) * compute
         # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
-        return (zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket),
+        # leaf MoE blocks: the coordinator replayed through the bottom layer (zero3_module_trace.py)
+        return (max(zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket),
+                    zero3_replayed_forward(run, terms.prefetch_bucket)),
                 at_loss + zero3_quantized_head_copy_bytes(run, terms.prefetch_bucket)
                 if model.lm_head_params else 0)
 

@@ -61,7 +61,7 @@ def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], lis
     # the input norm, the norms between the attention and the MLP, those after it (Gemma-2/3's four)
     in_ln, mid, after = norm(width), [norm(width) for _ in range(1 + (spec.n_norms >= 4))], (
         [norm(width)] if spec.n_norms >= 4 else [])
-    layer, attn, act = Module(), Module(), Module()
+    layer, attn, act = Module(role="layer"), Module(), Module()
     linears = linear_modules(run, spec.linears, bits)
     attn_l = [(mods, norm(qk) if qk > 0 and m.name in ("q_proj", "k_proj") else None)
               for mods, m in zip(linears, spec.linears, strict=True) if m.role == "attn"]
@@ -323,3 +323,31 @@ def replayable(run: Run) -> bool:
     # QLoRA's dense layers (the packed weights' closed forms elsewhere), LoRA's leaf MoE blocks
     laid_out = dense if setup.quant_bits is not None else setup.method == "lora" and leaf_moe
     return laid_out and bool(setup.gradient_checkpointing) and bool(model.embed_params) and peft
+
+
+def zero3_replayed_forward(run: Run, prefetch_bucket: int) -> int:
+    """Bytes gathered at the most through the bottom decoder layer's forward of a step with a complete
+    trace, from :func:`step_events` replayed, for leaf MoE blocks (:func:`laid_out_leaf_moe`) in a LoRA or
+    QLoRA run under checkpointing; 0 for other runs.
+
+    From the wrappers' fetches on the prefetcher pops what the trace holds ahead under
+    ``min(M - A, B)``: the embedding alone, then rounds each ending with a fused stack (over ``B``), the
+    next layer's stacks among them once the bottom block's are gathered; a coalesced round's copies are
+    made at its first wait, its flat buffer held until the last of its parameters is fetched
+    (simulate: Qwen3-30B-A3B, 2 layers, QLoRA fp4 in fp32 with optimizer and parameter offload over 4
+    GPUs, second step: the embedding, layer 0's ``down_proj`` and ``gate_up_proj`` copy, layer 1's
+    ``gate_up_proj`` flat buffer and copy at layer 0's MoE block, the step's peak.)"""
+    model, setup = run.model, run.setup
+    leaf_moe = all(laid_out_leaf_moe(run, spec) for spec, _ in model.layer_groups)
+    if (not leaf_moe or setup.method not in ("lora", "qlora") or not setup.gradient_checkpointing
+            or not model.embed_params or run.profile.model_code != "hf"):
+        return 0
+    key = f"zero3_replay_forward:{prefetch_bucket}"
+    if key not in run.memo:
+        events, _ = step_events(run)
+        rows = [g for _, g in replay(events, prefetch_bucket)]
+        bottom = next(i for i, (action, m, kind) in enumerate(events)
+                      if action == "release" and kind == "F" and m.role == "layer")
+        run.memo[key] = max(rows[:bottom + 1])
+    most: int = run.memo[key]
+    return most
