@@ -134,3 +134,89 @@ def test_a_targeted_last_linear_is_recomputed_and_the_embedding_released() -> No
     counts = [n for n, _ in replay(events, 50_000_000)]
     at = events.index(("release", order[embed[0]], "F"))
     assert counts[at - 1] - counts[at] == 131_072_000
+
+
+def test_a_leaf_module_adds_nothing_to_the_walk_of_a_module_with_direct_parameters() -> None:
+    # m0 [a 1e8], m1 a leaf module (its 6e8-element s under it), m2 [b 5e8], m3 [a]; D = 1e9.
+    # __params_to_release(m0) walks iter_params(module, recurse=False): m1 has no direct parameter (0),
+    # m2 5e8, then m3 holds a: reused within 5e8 < 1e9, kept. Counting m1's 6e8 would stop the walk at
+    # 1.1e9 before m3 and free a. Every fetch pops nothing (the bucket is 1 element: a round pops the next
+    # entry; m0 pops s, m1 pops b, m2 pops a, AVAILABLE): after m0's release 1e8 + 6e8 = 7e8 stay.
+    a, s, b = Param(100_000_000, 1), Param(600_000_000, 1), Param(500_000_000, 1)
+    m0, m1, m2, m3 = Module([a]), Module([s], leaf=True), Module([b]), Module([a])
+    events = [("fetch", m0, "F"), ("release", m0, "F"), ("fetch", m1, "F"), ("release", m1, "F"),
+              ("fetch", m2, "F"), ("release", m2, "F"), ("fetch", m3, "F")]
+    counts = [n for n, _ in replay(events, 1)]
+    assert counts[1] == 700_000_000
+
+
+def test_a_leaf_modules_release_walks_every_module_recursively() -> None:
+    # m1 a leaf module [s 6e8], m2 [c 3e8], m3 a container of both (no direct parameter, tree [s, c]).
+    # __params_to_release(m1) walks iter_params(module, recurse=True) since m1 is a leaf: m2's 3e8, then
+    # m3 (3e8 < 1e9 walked), whose tree holds s: kept. The walk of a non-leaf release would see nothing
+    # in m3. m1's fetch gathers s and pops c (a one-element bucket): 9e8, kept after m1's release.
+    s, c = Param(600_000_000, 1), Param(300_000_000, 1)
+    m1, m2, m3 = Module([s], leaf=True), Module([c]), Module(tree=[s, c])
+    events = [("fetch", m1, "F"), ("release", m1, "F"), ("fetch", m2, "F"), ("fetch", m3, "F")]
+    assert [n for n, _ in replay(events, 1)][:2] == [900_000_000, 900_000_000]
+    # without the container, s has no later use: freed
+    events = [("fetch", m1, "F"), ("release", m1, "F"), ("fetch", m2, "F")]
+    assert [n for n, _ in replay(events, 1)][:2] == [900_000_000, 300_000_000]
+
+
+def test_leaf_moe_layers_keep_the_attention_and_the_top_block_to_the_loss() -> None:
+    # Qwen3-30B-A3B over 4 layers, LoRA rank 4 on q/v with checkpointing over 4 GPUs in bf16-mixed: the
+    # Qwen3-MoE block is a ZeRO-3 leaf module (DeepSpeed's DEFAULT_LEAF_MODULE_CLASSES). Elements:
+    # embedding = head = 151936 x 2048 = 311,164,928; a layer's attention q 2048 x 4096 = 8,388,608,
+    # k / v 2048 x 512 = 1,048,576, o 8,388,608: 18,874,368; the block's experts gate_up_proj
+    # 128 x 1536 x 2048 = 402,653,184, down_proj 128 x 2048 x 768 = 201,326,592, router 128 x 2048 =
+    # 262,144 (the LoRA matrices, norms under 1e5: persistent).
+    # A non-leaf module's release walks direct parameters only, a leaf block adds nothing: between an
+    # attention weight's forward and its recompute, and between the embedding's forward and its backward,
+    # the trace holds the attention thrice a layer (forward, recompute, backward: 12 x 18,874,368) and the
+    # head twice, < 1e9: all kept. A block's release walks recursively: below the top layer the next
+    # layer's module (6.2e8) and the rest pass 1e9 before its own layer's backward: freed; the top block
+    # meets PeftModel's backward fetch, which holds it, after the head alone (3.1e8): kept. At the loss
+    # 1,302,069,248 elements >= 1e9: layer 2's gate_up_proj is not popped (the simulation's coordinator:
+    # 1.302e9). In 2 bytes: 2,604,138,496.
+    from tuneplan.catalog.models import resolve_model
+
+    base = resolve_model("Qwen/Qwen3-30B-A3B", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=4), "qwen3-30b-a3b-4L")
+    setup = build_setup(spec, method="lora", precision="bf16-mixed", gpus=4, zero=3, rank=4,
+                        targets="q_proj,v_proj", gradient_checkpointing=True, offload="optimizer")
+    run = resolve_run(spec, setup)
+    total = 2 * 311_164_928 + 4 * 18_874_368 + 402_653_184 + 201_326_592 + 262_144
+    assert total == 1_302_069_248
+    replayed = zero3_replayed_gathered(run, 50_000_000)
+    assert replayed is not None
+    assert replayed.at_loss == 2 * total
+
+
+def test_the_bottom_layers_moe_block_meets_the_next_layers_round_held_twice() -> None:
+    # Qwen3-30B-A3B over 2 layers, QLoRA fp4 rank 128 on q/v in fp32 with checkpointing, optimizer and
+    # parameter offload over 4 GPUs (a 5e7 bucket). A layer's entries over 1e5 elements, in trace order
+    # (bytes): q codes 2048 x 4096 / 2 = 4,194,304 (1), q lora_A 128 x 2048 = 262,144 (4), lora_B 4096 x
+    # 128 = 524,288 (4), k / v codes 524,288 (1), v lora_A 262,144 (4), o codes 4,194,304 (1); the leaf
+    # block's experts first: gate_up_proj 402,653,184, down_proj 201,326,592, router 262,144 (4 bytes,
+    # never quantized). The wrappers' four fetches pop: the embedding 311,164,928 alone; layer 0 through
+    # its gate_up_proj (one round, A = 724,303,872); its down_proj alone (925,630,464); then, A < M, layer
+    # 0's router and layer 1 through its gate_up_proj (1,339,031,552). Layer 0's block fetch waits on its
+    # router: the last round's copies are made while layer 1's entries keep its flat buffer.
+    # Copies: embedding 1,244,659,712; layer 0 codes 9,437,184 + LoRA 4,194,304 + router 1,048,576 +
+    # stacks 1,610,612,736 + 805,306,368; layer 1 codes 9,437,184 + LoRA 4,194,304 + gate_up_proj
+    # 1,610,612,736: 5,299,503,104. Flat buffer: 1,048,576 + 1,624,244,224 = 1,625,292,800. In all
+    # 6,924,795,904 (the simulation: 6.887e9 gathered at layer 0's MoE block, the step's peak).
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_forward
+
+    base = resolve_model("Qwen/Qwen3-30B-A3B", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=2), "qwen3-30b-a3b-2L")
+    setup = build_setup(spec, method="qlora", precision="fp32", gpus=4, zero=3, rank=128,
+                        targets="q_proj,v_proj", gradient_checkpointing=True, quant_type="fp4",
+                        double_quant=False, offload="all")
+    run = resolve_run(spec, setup)
+    copies = 1_244_659_712 + (9_437_184 + 4_194_304 + 1_048_576 + 1_610_612_736 + 805_306_368) + (
+        9_437_184 + 4_194_304 + 1_610_612_736)
+    assert copies == 5_299_503_104
+    assert zero3_replayed_forward(run, 50_000_000) == copies + 1_625_292_800

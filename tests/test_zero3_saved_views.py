@@ -289,3 +289,23 @@ def test_the_bottom_views_of_a_stalled_prefetcher_keep_a_released_copy_beside_th
         run = resolve_run(spec, build_setup(spec, grad_accum=accum, **fields))
         # two layers: E + 414,140,160 < M, the prefetcher passes layer 0's backward uses before its forward
         assert zero3_views_kept(run, spec.embed_params, 50_000_000) == kept
+
+
+def test_the_lower_layers_expert_copies_kept_by_saved_views_are_live_at_the_top_layers_forward() -> None:
+    # Qwen2-57B-A14B over 3 layers, full fine-tune in bf16 without checkpointing over 4 GPUs. Each layer's
+    # fused experts: gate_up_proj 64 x 5120 x 3584 = 1,174,405,120, down_proj 64 x 3584 x 2560 =
+    # 587,202,560 elements. The experts' input requires grad (full), so grouped_mm saves a view of each
+    # gathered stack; DeepSpeed's release of layers 0 and 1 (their next use past
+    # stage3_max_reuse_distance) leaves the copies alive. The top layer's leaf MoE block is kept (its
+    # release's recursive walk meets the model's backward fetch, which holds it, after the head) and its own
+    # stacks are in its round: at its forward, 2 x 1,761,607,680 = 3,523,215,360 elements beside it.
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.run import resolve_run
+    from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_below_top
+
+    base = resolve_model("Qwen/Qwen2-57B-A14B", allow_network=False)
+    spec = model_from_config(dict(base.config, num_hidden_layers=3), "qwen2-57b-a14b-3L")
+    setup = build_setup(spec, method="full", precision="bf16", gpus=4, zero=3, framework="llamafactory",
+                        gradient_checkpointing=False, batch=3, seq=64)
+    run = resolve_run(spec, setup)
+    assert zero3_views_below_top(run, spec.lm_head_params, 50_000_000) == 2 * (1_174_405_120 + 587_202_560)

@@ -57,7 +57,7 @@ from tuneplan.estimator.wrappers.zero3_lower_layers import (
     zero3_embedding_round_held_twice,
     zero3_gathered_in_lower_layers,
 )
-from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_gathered
+from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_forward, zero3_replayed_gathered
 from tuneplan.estimator.wrappers.zero3_packed_prefetch import zero3_layer_and_prefetch_bytes
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
@@ -67,7 +67,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_quantized_head_copy_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_record_release import zero3_quantized_record_release_copy
-from tuneplan.estimator.wrappers.zero3_saved_views import zero3_views_kept
+from tuneplan.estimator.wrappers.zero3_saved_views import with_views_at_top_forward, zero3_views_kept
 from tuneplan.estimator.wrappers.zero3_tied_backward import (
     zero3_quantized_tied_regathered,
     zero3_tied_regathered,
@@ -292,7 +292,7 @@ class Zero3(Zero, ShardingWrapper):
         # the untied head popped in the forward beside the layers not yet run (zero3_head_pop.py)
         popped = zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
                                            run.profile.model_code)
-        return with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
+        out = with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),
                              Gathered(in_layers=layer_gathered, at_loss=at_loss, at_forward_end=at_loss,
@@ -316,6 +316,7 @@ class Zero3(Zero, ShardingWrapper):
                              top_layer=top_layer, embedding=embedding, epilogue=first_flush.zero3_epilogue(
                                  model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),
                              notes=self.notes(setup, notes)))
+        return with_views_at_top_forward(run, out)
 
     @staticmethod
     def forward_rounds(run: Run, terms: DeepSpeedTerms, at_loss: int, whole16: int,
@@ -337,7 +338,9 @@ class Zero3(Zero, ShardingWrapper):
             # the head alone past the reuse distance: its coalesced first-pass round held twice at the norm
             return 0, zero3_head_round_first_pass(model, setup) * compute
         # 4-bit layers gathered as packed bytes: the prefetcher runs ahead from the embedding on
-        return (zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket),
+        # leaf MoE blocks: the coordinator replayed through the bottom layer (zero3_module_trace.py)
+        return (max(zero3_quantized_at_embedding_bytes(run, terms.prefetch_bucket),
+                    zero3_replayed_forward(run, terms.prefetch_bucket)),
                 at_loss + zero3_quantized_head_copy_bytes(run, terms.prefetch_bucket)
                 if model.lm_head_params else 0)
 
@@ -353,7 +356,9 @@ class Zero3(Zero, ShardingWrapper):
         top_gathered = at_flush = layer_gathered
         if setup.quant_bits is None:
             ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
-            at_loss = max(at_loss, min(ahead * compute, whole16))
+            # leaf MoE blocks under checkpointing: the coordinator replayed (zero3_module_trace.py)
+            replayed = zero3_replayed_gathered(run, terms.prefetch_bucket)
+            at_loss = max(at_loss, replayed.at_loss if replayed else min(ahead * compute, whole16))
             if ahead:
                 top16 = zero3_gathered_in_backward(model, setup, targets=run.targets) * compute
                 top_gathered = max(top_gathered, min(top16, whole16))

@@ -22,6 +22,7 @@ from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
 from tuneplan.estimator.wrappers.base import WrapperMemory
 from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
 from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_REUSE_DISTANCE
+from tuneplan.estimator.wrappers.zero3_module_trace import replayable
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
@@ -109,8 +110,10 @@ def with_kept_embedding(run: Run, memory: WrapperMemory) -> WrapperMemory:
 
     second = second_pass_top_round_bytes(run) + kept
     top_forward = max(g.top_layer_forward, second) if g.top_layer_forward else 0
-    gathered = replace(g, in_layers=g.in_layers + kept, at_loss=g.at_loss + kept,
-                       at_forward_end=g.at_forward_end + kept, top_layer_forward=top_forward,
+    # the coordinator's replay counts it at the loss (zero3_module_trace.py)
+    at_loss = 0 if replayable(run) else kept
+    gathered = replace(g, in_layers=g.in_layers + kept, at_loss=g.at_loss + at_loss,
+                       at_forward_end=g.at_forward_end + at_loss, top_layer_forward=top_forward,
                        head_forward=add(g.head_forward), head_backward=add(g.head_backward),
                        flush=add(g.flush))
     top = memory.top_layer

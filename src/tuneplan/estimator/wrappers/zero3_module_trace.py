@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from tuneplan.estimator.bnb_scope import quantized
+from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
+from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
 from tuneplan.estimator.wrappers.zero3_replay import Event, Module, Param, replay
 
 if TYPE_CHECKING:
@@ -27,13 +28,13 @@ def linear_modules(run: Run, linears: tuple[Linear, ...], bits: int) -> list[lis
     out = []
     adapter, rank = run.dtypes.adapter, run.setup.rank
     for m in linears:
-        packs = quantized(m, run.profile.model_code)
+        packs = run.setup.quant_bits is not None and quantized(m, run.profile.model_code)
         numel = m.d_in * m.d_out * bits // 8 if packs else m.d_in * m.d_out
         weight = Module([Param(numel, 1 if packs else run.dtypes.compute)]
                         + ([Param(m.d_out, run.dtypes.compute)] if m.bias else []), role=m.role)
         if m.name in run.targets:
             a, b = Param(rank * m.d_in, adapter, True), Param(m.d_out * rank, adapter, True)
-            out.append([Module([a]), weight, Module(), Module([a]), Module([b])])
+            out.append([Module([a], tree=[a, *weight.params, b]), weight, Module(), Module([a]), Module([b])])
         else:
             out.append([weight])
     return out
@@ -60,11 +61,13 @@ def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], lis
     # the input norm, the norms between the attention and the MLP, those after it (Gemma-2/3's four)
     in_ln, mid, after = norm(width), [norm(width) for _ in range(1 + (spec.n_norms >= 4))], (
         [norm(width)] if spec.n_norms >= 4 else [])
-    layer, attn, mlp, act = Module(), Module(), Module(), Module()
+    layer, attn, act = Module(role="layer"), Module(), Module()
     linears = linear_modules(run, spec.linears, bits)
     attn_l = [(mods, norm(qk) if qk > 0 and m.name in ("q_proj", "k_proj") else None)
               for mods, m in zip(linears, spec.linears, strict=True) if m.role == "attn"]
-    mlp_l = [mods for mods, m in zip(linears, spec.linears, strict=True) if m.role != "attn"]
+    moe = leaf_moe_block(run, spec, linears)
+    mlp = moe or Module()
+    mlp_l = [] if moe else [mods for mods, m in zip(linears, spec.linears, strict=True) if m.role != "attn"]
 
     def forward(kind: str, mlp_upto: int) -> list[Event]:
         ev: list[Event] = []
@@ -84,10 +87,17 @@ def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], lis
                 leaf(ev, act, kind)
         return [*ev, ("release", mlp, kind)]
 
+    # what a leaf module's release walks in them (zero3_replay.Module.walked)
+    attn.tree = under([m for mods, qk_norm in attn_l for m in [*mods, *([qk_norm] if qk_norm else [])]])
+    mlp.tree = under([m for mods in mlp_l for m in mods]) if moe is None else None
+    layer.tree = under([in_ln, *mid, *after, attn, mlp])
     fwd: list[Event] = [("fetch", layer, "F"), *forward("F", len(mlp_l))]
     for m in after:
         leaf(fwd, m, "F")
     fwd.append(("release", layer, "F"))
+    if moe is not None:
+        return fwd, [*leaf_moe_backward(layer, after, moe, forward("R", 0)),
+                     *attention_backward(mlp, mid, attn, attn_l, in_ln), ("release", layer, "B")]
     last = linear_backward(mlp_l[-1])
     # recomputed after its weight's backward, or within ``lora_B``'s (its saved input), which the frozen
     # weights the recompute fetched then go with (update_recompute_parameters)
@@ -107,7 +117,34 @@ def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], lis
         if i == 0:
             leaf(bwd, act, "B")
         bwd += linear_backward(mods)
-    bwd.append(("release", mlp, "B"))
+    return fwd, [*bwd, *attention_backward(mlp, mid, attn, attn_l, in_ln), ("release", layer, "B")]
+
+
+def under(modules: list[Module]) -> list[Param]:
+    """Every parameter under ``modules`` (their trees), once each."""
+    found = [p for m in modules for p in (m.params if m.tree is None else m.tree)]
+    return list({id(p): p for p in found}.values())
+
+
+def leaf_moe_backward(layer: Module, after: list[Module], block: Module,
+                      recompute: list[Event]) -> list[Event]:
+    """A layer's backward down to its leaf MoE block's release: the block has no hooked submodule, so its
+    backward fetch, then the checkpoint's recompute, which stops inside the block (its saved tensors), the
+    block left unreleased there."""
+    return [("fetch", layer, "B"), *[e for m in reversed(after) for e in leaf_events(m)],
+            ("fetch", block, "B"), *[e for e in recompute if e[0] == "fetch" or e[1] is not block]]
+
+
+def leaf_events(module: Module) -> list[Event]:
+    """A module without submodules in the backward: its fetch and release."""
+    return [("fetch", module, "B"), ("release", module, "B")]
+
+
+def attention_backward(mlp: Module, mid: list[Module], attn: Module,
+                       attn_l: list[tuple[list[Module], Module | None]], in_ln: Module) -> list[Event]:
+    """A layer's backward from its MLP's release down: the norms before the MLP, the attention's linears
+    in reverse (a ``q_norm`` / ``k_norm`` before its projection), the input norm."""
+    bwd: list[Event] = [("release", mlp, "B")]
     for m in reversed(mid):
         leaf(bwd, m, "B")
     bwd.append(("fetch", attn, "B"))
@@ -117,7 +154,37 @@ def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], lis
         bwd += linear_backward(mods)
     bwd.append(("release", attn, "B"))
     leaf(bwd, in_ln, "B")
-    return fwd, [*bwd, ("release", layer, "B")]
+    return bwd
+
+
+def laid_out_leaf_moe(run: Run, spec: LayerSpec) -> bool:
+    """Whether ``spec`` is an MoE layer whose block :func:`leaf_moe_block` lays out."""
+    return (spec.moe and zero3_leaf_moe(run.model, run.profile.model_code == "hf")
+            and not any(m.name in run.targets for m in spec.linears if m.role == "expert"))
+
+
+def leaf_moe_block(run: Run, spec: LayerSpec, linears: list[list[Module]]) -> Module | None:
+    """A ZeRO-3 leaf MoE block (reduce_buckets.zero3_leaf_moe: DeepSpeed's ``DEFAULT_LEAF_MODULE_CLASSES``)
+    as one module: its fetch gathers every parameter under it (``iter_params(recurse=True)``) in
+    registration order (``ds_id``): Qwen3-MoE's experts then router, Mixtral's and Qwen2-MoE's router,
+    experts, shared expert and its gate. The routed experts are transformers 5's two fused stacks
+    (``gate_up_proj`` [E, 2f, h], ``down_proj`` [E, h, f]), never quantized (bnb_scope). None where the
+    block is not a leaf, or the experts carry LoRA (PEFT's wrapper around the stacks: not laid out here)."""
+    if not laid_out_leaf_moe(run, spec):
+        return None
+    experts = [m for m in spec.linears if m.role == "expert"]
+    width = expert_stack_bytes(run.setup.quant_bits, run.dtypes)
+    stacks = [Param(sum(m.params for m in experts if m.reads == reads), width)
+              for reads in ("mlp_in", "mlp_mid")]
+    # the spec's order, the stacks where the experts are (Qwen3-MoE registers its experts first)
+    lead = run.model.model_type.startswith("qwen3_moe")
+    params = list(stacks) if lead else []
+    for mods, m in zip(linears, spec.linears, strict=True):
+        if m is experts[0] and not lead:
+            params += stacks
+        elif m.role in ("router", "shared_expert"):
+            params += [p for mod in mods for p in mod.params]
+    return Module(list({id(p): p for p in params}.values()), role="moe", leaf=True)
 
 
 def linear_forward(mods: list[Module], kind: str) -> list[Event]:
@@ -155,6 +222,10 @@ def step_events(run: Run) -> tuple[list[Event], range]:
     head = Module([Param(model.lm_head_params, dtypes.non_block)] if model.lm_head_params else embed.params)
     final_norm = Module([Param(model.final_norm_params, dtypes.non_block)])
     layers = [layer_events(run, spec, bits) for spec, count in model.layer_groups for _ in range(count)]
+    # the base model holds the embedding, the layers and the final norm; the wrappers above it the head too
+    wrappers[3].tree = under([embed, *[e[1] for fwd, _ in layers for e in fwd[:1]], final_norm])
+    for w in wrappers[:3]:
+        w.tree = under([wrappers[3], head])
     ev: list[Event] = [("fetch", w, "F") for w in wrappers]
     leaf(ev, embed, "F")
     if any(k.startswith("rope") for k in model.config):
@@ -220,13 +291,7 @@ def zero3_replayed_gathered(run: Run, prefetch_bucket: int) -> Replayed | None:
     Mistral-7B-v0.2 (3 layers, LoRA on the MLP, a 1-label head: the embedding released after its forward
     and popped with the top ``down_proj``'s ``lora_B`` in a coalesced round) and
     DeepSeek-R1-Distill-Llama-8B."""
-    model, setup = run.model, run.setup
-    dense = all(not spec.moe and {m.role == "attn" for m in spec.linears} == {True, False}
-                for spec, _ in model.layer_groups)
-    # transformers' modules wrapped by PEFT (hf, LLaMA-Factory): the module layout above
-    peft = run.profile.model_code == "hf"
-    if (setup.quant_bits is None or not setup.gradient_checkpointing or not model.embed_params or not dense
-            or not peft):
+    if not replayable(run):
         return None
     key = f"zero3_replay:{prefetch_bucket}"
     if key not in run.memo:
@@ -244,3 +309,45 @@ def zero3_replayed_gathered(run: Run, prefetch_bucket: int) -> Replayed | None:
         run.memo[key] = Replayed(rows[loss], most(top), lower)
     replayed: Replayed = run.memo[key]
     return replayed
+
+
+def replayable(run: Run) -> bool:
+    """Whether :func:`zero3_replayed_gathered` replays the run: QLoRA with dense layers, or LoRA with leaf
+    MoE blocks (leaf_moe_block), under checkpointing, in PEFT-wrapped transformers modules."""
+    model, setup = run.model, run.setup
+    dense = all(not spec.moe and {m.role == "attn" for m in spec.linears} == {True, False}
+                for spec, _ in model.layer_groups)
+    leaf_moe = all(laid_out_leaf_moe(run, spec) for spec, _ in model.layer_groups)
+    # transformers' modules wrapped by PEFT (hf, LLaMA-Factory): the module layout above
+    peft = run.profile.model_code == "hf"
+    # QLoRA's dense layers (the packed weights' closed forms elsewhere), LoRA's leaf MoE blocks
+    laid_out = dense if setup.quant_bits is not None else setup.method == "lora" and leaf_moe
+    return laid_out and bool(setup.gradient_checkpointing) and bool(model.embed_params) and peft
+
+
+def zero3_replayed_forward(run: Run, prefetch_bucket: int) -> int:
+    """Bytes gathered at the most through the bottom decoder layer's forward of a step with a complete
+    trace, from :func:`step_events` replayed, for leaf MoE blocks (:func:`laid_out_leaf_moe`) in a LoRA or
+    QLoRA run under checkpointing; 0 for other runs.
+
+    From the wrappers' fetches on the prefetcher pops what the trace holds ahead under
+    ``min(M - A, B)``: the embedding alone, then rounds each ending with a fused stack (over ``B``), the
+    next layer's stacks among them once the bottom block's are gathered; a coalesced round's copies are
+    made at its first wait, its flat buffer held until the last of its parameters is fetched
+    (simulate: Qwen3-30B-A3B, 2 layers, QLoRA fp4 in fp32 with optimizer and parameter offload over 4
+    GPUs, second step: the embedding, layer 0's ``down_proj`` and ``gate_up_proj`` copy, layer 1's
+    ``gate_up_proj`` flat buffer and copy at layer 0's MoE block, the step's peak.)"""
+    model, setup = run.model, run.setup
+    leaf_moe = all(laid_out_leaf_moe(run, spec) for spec, _ in model.layer_groups)
+    if (not leaf_moe or setup.method not in ("lora", "qlora") or not setup.gradient_checkpointing
+            or not model.embed_params or run.profile.model_code != "hf"):
+        return 0
+    key = f"zero3_replay_forward:{prefetch_bucket}"
+    if key not in run.memo:
+        events, _ = step_events(run)
+        rows = [g for _, g in replay(events, prefetch_bucket)]
+        bottom = next(i for i, (action, m, kind) in enumerate(events)
+                      if action == "release" and kind == "F" and m.role == "layer")
+        run.memo[key] = max(rows[:bottom + 1])
+    most: int = run.memo[key]
+    return most

@@ -52,6 +52,17 @@ class Module:
 
     params: list[Param] = field(default_factory=list)
     role: str = ""  # what the module is in a decoder layer, where a caller needs to find it
+    # a ZeRO-3 leaf module (``z3_leaf_module``): ``params`` are its children's, none its own
+    leaf: bool = False
+    # every parameter under the module (``iter_params(recurse=True)``), where it has children
+    tree: list[Param] | None = None
+
+    def walked(self, leaf: bool) -> list[Param]:
+        """The parameters ``__params_to_release`` meets in this module when it walks the trace for a
+        module to release: ``iter_params(module, recurse=z3_leaf_module(released))``."""
+        if leaf:
+            return self.params if self.tree is None else self.tree
+        return [] if self.leaf else self.params
 
 
 @dataclass
@@ -83,13 +94,17 @@ class Coordinator:
         # construct_parameter_trace_from_module_trace: every fetched module's parameters, in fetch order
         self.trace = [(p, step) for step, m in enumerate(order) for p in m.params]
         self.queue = deque(self.trace)
-        # the reuse window of __params_to_release: elements of the modules before each step, and each
-        # parameter's fetch steps
-        self.before = list(accumulate((sum(p.numel for p in m.params) for m in order), initial=0))
-        self.uses: dict[int, list[int]] = {}
-        for step, m in enumerate(order):
-            for p in m.params:
-                self.uses.setdefault(id(p), []).append(step)
+        # the reuse window of __params_to_release: elements of the modules before each step, and the steps
+        # each parameter is met at, the walk recursing into every module for a leaf module's release
+        self.before: dict[bool, list[int]] = {}
+        self.uses: dict[bool, dict[int, list[int]]] = {}
+        for leaf in (False, True):
+            self.before[leaf] = list(accumulate((sum(p.numel for p in m.walked(leaf)) for m in order),
+                                                initial=0))
+            self.uses[leaf] = {}
+            for step, m in enumerate(order):
+                for p in {id(q): q for q in m.walked(leaf)}.values():
+                    self.uses[leaf].setdefault(id(p), []).append(step)
         self.bytes = 0
         self.recent: dict[int, int] = {}
         self.available = {id(p) for m in order for p in m.params if p.persistent}
@@ -177,9 +192,10 @@ class Coordinator:
         params = list({id(p): p for p in module.params}.values())
         keep = {id(p) for p in params if p.persistent or self.recent.get(id(p), -1) > self.step}
         # the modules from this step on are scanned while fewer than D elements were before them
-        last = bisect_left(self.before, self.before[self.step] + DS_MAX_REUSE_DISTANCE) - 1
+        before = self.before[module.leaf]
+        last = bisect_left(before, before[self.step] + DS_MAX_REUSE_DISTANCE) - 1
         for p in params:
-            uses = self.uses.get(id(p), [])
+            uses = self.uses[module.leaf].get(id(p), [])
             i = bisect_left(uses, self.step)
             if i < len(uses) and uses[i] <= last:
                 keep.add(id(p))

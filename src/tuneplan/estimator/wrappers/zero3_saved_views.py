@@ -20,9 +20,11 @@ FSDP1 and FSDP2 free an unsharded parameter by ``untyped_storage().resize_(0)`` 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.fused_expert_lora import expert_stacks
+from tuneplan.estimator.wrappers.base import WrapperMemory
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     DS_MAX_LIVE_PARAMETERS,
     zero3_backward_uses,
@@ -30,6 +32,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_layers_kept,
 )
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_leaf_block_kept, zero3_recorded_unreleased
+from tuneplan.estimator.wrappers.zero_terms import DS_PREFETCH_BUCKET
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -196,3 +199,33 @@ def zero3_bottom_views_regathered(model: ModelSpec, setup: TrainSetup, targets: 
         return 0  # the prefetcher passes the bottom layer's backward uses before its forward
     viewed = layer_viewed_weights(model, setup, targets, bottom=True)
     return viewed * (2 if setup.grad_accum > 1 else 1)
+
+
+def zero3_views_below_top(run: Run, head: int, prefetch_bucket: int) -> int:
+    """Elements kept by saved views while the top decoder layer runs its forward: the released weights of
+    the layers below it (:func:`zero3_view_kept` with the top layer left out, its weights gathered in its
+    own round), from their forward on:
+
+    .. math:: V_{top} = \\sum_{i < L - \\max(k, 1)} v_i
+
+    (simulate: Qwen2-57B-A14B, 3 layers, full without checkpointing over 4 GPUs: layers 0 and 1's
+    ``gate_up_proj`` / ``down_proj`` copies, 2 x 1.7616e9 elements, live beside layer 2's expert rounds
+    at the step's peak in its MoE block.)"""
+    model, setup = run.model, run.setup
+    ahead = zero3_gathered_ahead(model, setup, prefetch_bucket, run.targets)
+    if ahead and ahead >= zero3_backward_uses(model, setup, run.targets):
+        return 0
+    kept = zero3_layers_kept(model, head) or int(zero3_leaf_block_kept(model, setup, head) > 0)
+    return zero3_view_kept(model, setup, run.targets, max(kept, 1), False)
+
+
+def with_views_at_top_forward(run: Run, memory: WrapperMemory) -> WrapperMemory:
+    """``memory`` with :func:`zero3_views_below_top` added to the top layer's forward row where it has
+    one."""
+    g = memory.gathered
+    if not g.top_layer_forward:
+        return memory
+    head = run.model.lm_head_params or run.model.embed_params
+    bucket = run.setup.ds_prefetch_bucket or DS_PREFETCH_BUCKET
+    below = zero3_views_below_top(run, head, bucket) * run.dtypes.compute
+    return replace(memory, gathered=replace(g, top_layer_forward=g.top_layer_forward + below))
