@@ -36,7 +36,7 @@ def test_an_embedding_popped_by_the_backward_is_held_twice_in_the_bottom_layer()
     setup = build_setup(spec, method="qlora", precision="bf16-mixed", gpus=4, zero=3, rank=8,
                         targets="q_proj,v_proj", gradient_checkpointing=True, quant_type="fp4")
     run = resolve_run(spec, setup)
-    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+    from tuneplan.estimator.wrappers.zero3_quantized_embedding import zero3_quantized_embedding_round
 
     assert run.dtypes.non_block == 2 and spec.embed_params == 778_567_680
     layer = 2 * 13_107_200 + 2 * 2_621_440 + 3 * 35_389_440  # 137,625,600

@@ -177,7 +177,7 @@ def test_an_embedding_round_popped_after_the_first_linear_is_held_twice_in_the_b
     # them), its three LoRA matrices past 1e5 in 16 bits 3 x 786,432 x 2, the flat buffer (k's codes and
     # the embedding, 6,291,456 + 786,432,000 x 2) and the embedding's copy 786,432,000 x 2
     from tuneplan.catalog.models import resolve_model
-    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+    from tuneplan.estimator.wrappers.zero3_quantized_embedding import zero3_quantized_embedding_round
 
     base = resolve_model("google/gemma-7b", allow_network=False)
     spec = model_from_config(dict(base.config, num_hidden_layers=4), "gemma-7b-4L")
@@ -203,7 +203,7 @@ def test_an_embedding_round_joining_the_forwards_last_round_keeps_a_copy_from_th
     # the embedding's copy 513,802,240 x 2 and the round's flat buffer, (1,146,880 + 573,440 + 163,840)
     # x 2 + 45,875,200 + 513,802,240 x 2 = 1,077,248,000
     from tuneplan.catalog.models import resolve_model
-    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+    from tuneplan.estimator.wrappers.zero3_quantized_embedding import zero3_quantized_embedding_round
 
     base = resolve_model("microsoft/phi-4", allow_network=False)
     spec = model_from_config(dict(base.config, num_hidden_layers=4), "phi-4-4L")
@@ -277,7 +277,7 @@ def test_the_embeddings_own_fetch_pops_nothing_and_its_release_lets_the_prefetch
     # (zero3_module_trace.py) holds there layer 0's codes but down_proj's (popped in a later round), the
     # flat buffer of the round [q_proj, embedding] and the embedding's copy (q's copy among the codes)
     from tuneplan.catalog.models import resolve_model
-    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+    from tuneplan.estimator.wrappers.zero3_quantized_embedding import zero3_quantized_embedding_round
 
     base = resolve_model("Qwen/Qwen2.5-32B", allow_network=False)
     spec = model_from_config(dict(base.config, num_hidden_layers=3), "qwen2.5-32b-3L")
@@ -329,7 +329,7 @@ def test_an_untied_embedding_past_max_live_pops_nothing_until_its_release() -> N
     # embedding's copy: 283,115,520 + 2 x 1,179,648,000 x 2 B. (simulate: seed 101 r130, the second step's
     # round [q_proj, k_proj, embedding] popped at layer 0's v_proj; before the fix the cut stopped after
     # the embedding's first round, nothing counted.)
-    from tuneplan.estimator.wrappers.zero3_quantized import zero3_quantized_embedding_round
+    from tuneplan.estimator.wrappers.zero3_quantized_embedding import zero3_quantized_embedding_round
 
     # (the coordinator replayed, zero3_module_trace.py: the round [q_proj, k_proj, embedding] waited at
     # layer 0's recomputed q_proj beside the layer's codes, its three LoRA matrices in 16 bits, the flat
