@@ -60,7 +60,8 @@ def reduction_rows(rows: dict[str, Row], statics: MemoryStatics, held: Any, acts
     activations at the head's, every one saved but the head's, and the bottom layer's), ZeRO-1/2's last
     reductions and FSDP's last unit (which replaces the embedding's row)."""
     head_acts, bottom_acts = acts
-    if statics.wrapped.layers_backward:  # ZeRO-2's reductions in the layers (wrappers/zero2_partition.py)
+    # ZeRO-2's reductions in the layers (wrappers/zero2_partition.py) where no record moment places them
+    if statics.wrapped.layers_backward and not statics.wrapped.reduction_moments:
         rows["backward_reductions"] = (statics.wrapped.layers_backward, 0, bottom_acts, 0, bottom_held, 0, 0)
     if statics.wrapped.head_backward:  # the head's, before any layer's backward released an activation
         rows["backward_head_reductions"] = (statics.wrapped.head_backward, 0, head_acts,
@@ -192,14 +193,54 @@ def flush_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPla
                backward_temp: Any) -> None:
     """ZeRO-3's in-backward reductions below the top layer: the first one (:func:`flush_row`) and the
     largest later one in a lower layer (wrappers/zero3_lower_flush.py), the bottom layer's row with what is
-    gathered there and the reduction's scratch in place of its gathered parameters."""
+    gathered there and the reduction's scratch in place of its gathered parameters; ZeRO-2's past a layer's
+    (:func:`zero2_reduction_rows`)."""
     if statics.wrapped.gathered.flush:
         rows["backward_flush"] = flush_row(statics, acts, grads, held, backward_temp)
+    zero2_reduction_rows(rows, statics, acts, held, backward_temp)
     lower, per_token = statics.wrapped.gathered.lower_flush
     if lower:
         bottom = rows["backward_layers_bottom"]
         scratch = minimum(bottom[5], acts.tokens * per_token) if per_token else bottom[5]
         rows["backward_lower_flush"] = (*bottom[:5], scratch, lower)
+
+
+def zero2_reduction_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, held: Any,
+                         backward_temp: Any) -> None:
+    """ZeRO-2's reductions in the layers (wrappers/zero2_partition.py): each record moment, its gradients
+    and buffers G beside what is saved then, as at ZeRO-3's first reduction (:func:`flush_row`): the ``k``
+    trained layers above back-propagated, their saved tensors released (autograd frees a node's saved
+    tensors after its backward), the head's and the final norm's too, and, where the gradient's hook fires
+    past its layer's MLP block (zero2_partition.past_mlp), the block's saved tensors (``mlp`` =
+    ActivationPlan.mlp_saved_bytes) with the block's scratch but its input's gradients (t x T,
+    zero2_partition.past_mlp_scratch_per_token); checkpointed, the checkpoints are left counted and the layer
+    recomputed (the rest of the layer counted whole: an upper bound). The last record is the largest G::
+
+        activations = saved - tail - k x layer - [past] mlp
+                      (checkpointed: saved - tail + recomputed - [past] mlp)
+        scratch = [past] min(S, t x T)
+
+    And where the bottom layer's reduction past its MLP block makes the partition P, which the bottom row
+    (gradients G, its activations or recomputation A, scratch S) lacks, the moments after it:
+
+        gradients = G + P,  activations = A - mlp,  scratch = S"""
+    wrapped = statics.wrapped
+    moments = wrapped.reduction_moments
+    mlp = acts.mlp_saved_bytes
+    layer_acts = acts.saved_bytes - acts.tail_bytes
+    past_scratch = minimum(backward_temp, acts.tokens * wrapped.past_mlp_scratch)
+    if statics.checkpointed:
+        layer_acts, held = layer_acts + acts.recompute_bytes, held if statics.holds_to_step else 0
+    for j, (grads, above, past) in enumerate(moments, 1):
+        saved = layer_acts if statics.checkpointed else layer_acts - above * acts.top_layer_bytes
+        name = "backward_reductions" if j == len(moments) else f"backward_reductions_{j}"
+        rows[name] = ((grads, 0, saved - minimum(saved, mlp), 0, held, past_scratch, 0) if past
+                      else (grads, 0, saved, 0, held, 0, 0))
+    if wrapped.partition_at_bottom:
+        grads, temp, layer, casts, bottom_held, scratch, gathered = rows["backward_layers_bottom"]
+        rest = layer - minimum(layer, mlp)
+        rows["backward_bottom_past_mlp"] = (grads + wrapped.partition_at_bottom, temp, rest, casts,
+                                            bottom_held, scratch, gathered)
 
 
 def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, tokens: Any,
