@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuneplan.estimator.activations import ActivationPlan
 from tuneplan.estimator.layer_end_casts import top_layer_row_casts
+from tuneplan.estimator.layer_scratch import layer_backward_scratch
 from tuneplan.estimator.memory_statics import MemoryStatics
 from tuneplan.estimator.wrappers.base import TopLayer
 from tuneplan.estimator.xp import maximum, minimum
@@ -37,8 +38,11 @@ def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activati
     # (a fused expert stack's moment already leaves the bucket out: layer_backward_scratch's ``unmade``;
     # a trained classifier head, PEFT's modules_to_save, gives the backward's first gradient before any
     # layer: simulate, Qwen2.5-3B LoRA with 2 labels under ZeRO-2, the bucket made at ``score``'s)
-    if (not bucket or statics.checkpointed or terms.offload or not terms.first_hook_per_token
-            or any(kind[8] for kind in terms.kinds) or terms.model.head_out):
+    if not bucket or statics.checkpointed or terms.offload or terms.model.head_out:
+        return bottom
+    if any(kind[8] for kind in terms.kinds):
+        return stacks_first_hook_rows(rows, statics, acts, bottom)
+    if not terms.first_hook_per_token:
         return bottom
     grads, step, saved, casts, held, scratch, gathered = rows["backward_layers_top"]
     rows["backward_layers_top"] = (grads - bucket, step, saved, casts, held, scratch, gathered)
@@ -51,6 +55,35 @@ def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activati
         rows["backward_layer_below_top"] = (grads, step, below, casts, held, scratch, gathered)
         return bottom
     # one layer: the bottom row is the top layer's own backward, before its first hook too
+    return (bottom[0] - bucket, *bottom[1:])
+
+
+def stacks_first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan,
+                           bottom: Row) -> Row:
+    """:func:`first_hook_rows` where the top layer's adapted fused expert stacks come first
+    (wrappers/reduce_buckets.first_hook_after_stacks): the bucket B is made by the first factor gradient's
+    hook, once grouped_mm's backward has used and released each stack's saved effective weight (the top
+    kind's fixed per-layer bytes, ``F``). The top row (G + B, every saved activation A, the stack moment's
+    scratch less B: layer_scratch.layer_backward_scratch ``unmade``) splits in three moments:
+
+        top = G, A, the layer's largest scratch S (the stacks' weight-gradient moment, no bucket yet)
+        first_hook = G + B, A - F
+        below_top = G + B, the lower layers' activations, the next layer's largest scratch S
+
+    (simulate: Qwen3-30B-A3B LoRA on the stacks over 4 GPUs, ZeRO-2: the bucket is allocated after the top
+    layer's two effective weights are freed). Returns the bottom row, without the bucket on one layer."""
+    if not statics.wrapped.first_hook_after_stacks:
+        return bottom
+    bucket = statics.wrapped.first_hook_bucket
+    grads, step, saved, casts, held, _, gathered = rows["backward_layers_top"]
+    scratch = layer_backward_scratch(statics, acts, acts.tokens)
+    rows["backward_layers_top"] = (grads - bucket, step, saved, casts, held, scratch, gathered)
+    stacks = statics.acts.kinds[-1][7] if statics.acts.kinds else 0
+    rows["backward_first_hook"] = (grads, step, saved - minimum(saved, int(stacks)), casts, held, 0, gathered)
+    if statics.n_layers > 1:
+        below = acts.saved_bytes - acts.tail_bytes - acts.top_layer_bytes
+        rows["backward_layer_below_top"] = (grads, step, below, casts, held, scratch, gathered)
+        return bottom
     return (bottom[0] - bucket, *bottom[1:])
 
 

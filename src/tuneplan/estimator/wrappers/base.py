@@ -200,6 +200,9 @@ class WrapperMemory:
     # ZeRO-1/2: the IPG bucket the backward's first gradient hook allocates (setup_buckets), counted in the
     # layers' rows but absent at the top layer's fused expert stack where no trained tensor precedes it
     first_hook_bucket: int = 0
+    # LoRA: whether that hook comes after the top layer's fused expert stacks
+    # (reduce_buckets.first_hook_after_stacks)
+    first_hook_after_stacks: bool = False
     # bytes on this GPU at the peak of DeepSpeed's initialize, before the first step (ZeRO-1/2's 16-bit cast
     # of the module: wrappers/zero12_initialize.py; the flat group beside the module: zero12_flatten.py); 0:
     # no instant there

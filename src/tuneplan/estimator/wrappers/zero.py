@@ -31,6 +31,7 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
     sixteen_bit_wire,
 )
+from tuneplan.estimator.wrappers.reduce_buckets import first_hook_after_stacks
 from tuneplan.estimator.wrappers.zero1_bottom import zero1_bottom_layer
 from tuneplan.estimator.wrappers.zero2_partition import past_mlp_scratch_per_token, zero2_backward
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
@@ -197,6 +198,8 @@ class ZeroOneTwo(Zero):
                              past_mlp_scratch=past_mlp_scratch_per_token(run), initialize=max(
                                  zero12_initialize_bytes(run), zero12_flatten_bytes(run, terms.weights16)),
                              first_hook_bucket=buffers if setup.is_lora and not through else 0,
+                             first_hook_after_stacks=first_hook_after_stacks(run.model, run.targets,
+                                                                             setup.rank),
                              bottom_layer=zero1_bottom_layer(run),
                              notes=self.notes(setup, notes))
 
