@@ -101,6 +101,6 @@ def test_a_layers_norms_do_not_widen_the_reduction_copy() -> None:
     # bucket's 471,879,680 elements copied, beside the arriving gate_up_proj gradient (bf16)
     second = qkv + norms + down + gate_up + o + qkv + norms + down
     assert second == 471_879_680
-    moment, made, _ = layers_backward_moment(run, BUCKET, 0)
-    assert moment == 2 * (gate_up + second)
-    assert not made
+    walk = layers_backward_moment(run, BUCKET, 0)
+    assert walk.moment == 2 * (gate_up + second)
+    assert not walk.made

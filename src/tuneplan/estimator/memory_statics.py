@@ -234,6 +234,7 @@ def wrapper_adds_rows(wrapped: WrapperMemory) -> bool:
     return (wrapped.top_layer is not None or wrapped.bottom_layer is not None
             or wrapped.end_of_backward is not None or wrapped.tail_reduce is not None
             or wrapped.epilogue is not None or bool(wrapped.layers_backward)
+            or bool(wrapped.reduction_moments)
             or bool(wrapped.first_hook_bucket) or wrapped.gathered != Gathered())
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuneplan.estimator.activations import ActivationPlan
 from tuneplan.estimator.layer_end_casts import top_layer_row_casts
+from tuneplan.estimator.layer_scratch import layer_backward_scratch
 from tuneplan.estimator.memory_statics import MemoryStatics
 from tuneplan.estimator.wrappers.base import TopLayer
 from tuneplan.estimator.xp import maximum, minimum
@@ -37,8 +38,11 @@ def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activati
     # (a fused expert stack's moment already leaves the bucket out: layer_backward_scratch's ``unmade``;
     # a trained classifier head, PEFT's modules_to_save, gives the backward's first gradient before any
     # layer: simulate, Qwen2.5-3B LoRA with 2 labels under ZeRO-2, the bucket made at ``score``'s)
-    if (not bucket or statics.checkpointed or terms.offload or not terms.first_hook_per_token
-            or any(kind[8] for kind in terms.kinds) or terms.model.head_out):
+    if not bucket or statics.checkpointed or terms.offload or terms.model.head_out:
+        return bottom
+    if any(kind[8] for kind in terms.kinds):
+        return stacks_first_hook_rows(rows, statics, acts, bottom)
+    if not terms.first_hook_per_token:
         return bottom
     grads, step, saved, casts, held, scratch, gathered = rows["backward_layers_top"]
     rows["backward_layers_top"] = (grads - bucket, step, saved, casts, held, scratch, gathered)
@@ -54,13 +58,43 @@ def first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activati
     return (bottom[0] - bucket, *bottom[1:])
 
 
+def stacks_first_hook_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan,
+                           bottom: Row) -> Row:
+    """:func:`first_hook_rows` where the top layer's adapted fused expert stacks come first
+    (wrappers/reduce_buckets.first_hook_after_stacks): the bucket B is made by the first factor gradient's
+    hook, once grouped_mm's backward has used and released each stack's saved effective weight (the top
+    kind's fixed per-layer bytes, ``F``). The top row (G + B, every saved activation A, the stack moment's
+    scratch less B: layer_scratch.layer_backward_scratch ``unmade``) splits in three moments:
+
+        top = G, A, the layer's largest scratch S (the stacks' weight-gradient moment, no bucket yet)
+        first_hook = G + B, A - F
+        below_top = G + B, the lower layers' activations, the next layer's largest scratch S
+
+    (simulate: Qwen3-30B-A3B LoRA on the stacks over 4 GPUs, ZeRO-2: the bucket is allocated after the top
+    layer's two effective weights are freed). Returns the bottom row, without the bucket on one layer."""
+    if not statics.wrapped.first_hook_after_stacks:
+        return bottom
+    bucket = statics.wrapped.first_hook_bucket
+    grads, step, saved, casts, held, _, gathered = rows["backward_layers_top"]
+    scratch = layer_backward_scratch(statics, acts, acts.tokens)
+    rows["backward_layers_top"] = (grads - bucket, step, saved, casts, held, scratch, gathered)
+    stacks = statics.acts.kinds[-1][7] if statics.acts.kinds else 0
+    rows["backward_first_hook"] = (grads, step, saved - minimum(saved, int(stacks)), casts, held, 0, gathered)
+    if statics.n_layers > 1:
+        below = acts.saved_bytes - acts.tail_bytes - acts.top_layer_bytes
+        rows["backward_layer_below_top"] = (grads, step, below, casts, held, scratch, gathered)
+        return bottom
+    return (bottom[0] - bucket, *bottom[1:])
+
+
 def reduction_rows(rows: dict[str, Row], statics: MemoryStatics, held: Any, acts: tuple[Any, Any],
                    bottom_held: Any) -> None:
     """The wrappers' own rows at the backward's end: ZeRO-2's reductions in the layers (``acts``: the
     activations at the head's, every one saved but the head's, and the bottom layer's), ZeRO-1/2's last
     reductions and FSDP's last unit (which replaces the embedding's row)."""
     head_acts, bottom_acts = acts
-    if statics.wrapped.layers_backward:  # ZeRO-2's reductions in the layers (wrappers/zero2_partition.py)
+    # ZeRO-2's reductions in the layers (wrappers/zero2_partition.py) where no record moment places them
+    if statics.wrapped.layers_backward and not statics.wrapped.reduction_moments:
         rows["backward_reductions"] = (statics.wrapped.layers_backward, 0, bottom_acts, 0, bottom_held, 0, 0)
     if statics.wrapped.head_backward:  # the head's, before any layer's backward released an activation
         rows["backward_head_reductions"] = (statics.wrapped.head_backward, 0, head_acts,
@@ -192,14 +226,54 @@ def flush_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPla
                backward_temp: Any) -> None:
     """ZeRO-3's in-backward reductions below the top layer: the first one (:func:`flush_row`) and the
     largest later one in a lower layer (wrappers/zero3_lower_flush.py), the bottom layer's row with what is
-    gathered there and the reduction's scratch in place of its gathered parameters."""
+    gathered there and the reduction's scratch in place of its gathered parameters; ZeRO-2's past a layer's
+    (:func:`zero2_reduction_rows`)."""
     if statics.wrapped.gathered.flush:
         rows["backward_flush"] = flush_row(statics, acts, grads, held, backward_temp)
+    zero2_reduction_rows(rows, statics, acts, held, backward_temp)
     lower, per_token = statics.wrapped.gathered.lower_flush
     if lower:
         bottom = rows["backward_layers_bottom"]
         scratch = minimum(bottom[5], acts.tokens * per_token) if per_token else bottom[5]
         rows["backward_lower_flush"] = (*bottom[:5], scratch, lower)
+
+
+def zero2_reduction_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, held: Any,
+                         backward_temp: Any) -> None:
+    """ZeRO-2's reductions in the layers (wrappers/zero2_partition.py): each record moment, its gradients
+    and buffers G beside what is saved then, as at ZeRO-3's first reduction (:func:`flush_row`): the ``k``
+    trained layers above back-propagated, their saved tensors released (autograd frees a node's saved
+    tensors after its backward), the head's and the final norm's too, and, where the gradient's hook fires
+    past its layer's MLP block (zero2_partition.past_mlp), the block's saved tensors (``mlp`` =
+    ActivationPlan.mlp_saved_bytes) with the block's scratch but its input's gradients (t x T,
+    zero2_partition.past_mlp_scratch_per_token); checkpointed, the checkpoints are left counted and the layer
+    recomputed (the rest of the layer counted whole: an upper bound). The last record is the largest G::
+
+        activations = saved - tail - k x layer - [past] mlp
+                      (checkpointed: saved - tail + recomputed - [past] mlp)
+        scratch = [past] min(S, t x T)
+
+    And where the bottom layer's reduction past its MLP block makes the partition P, which the bottom row
+    (gradients G, its activations or recomputation A, scratch S) lacks, the moments after it:
+
+        gradients = G + P,  activations = A - mlp,  scratch = S"""
+    wrapped = statics.wrapped
+    moments = wrapped.reduction_moments
+    mlp = acts.mlp_saved_bytes
+    layer_acts = acts.saved_bytes - acts.tail_bytes
+    past_scratch = minimum(backward_temp, acts.tokens * wrapped.past_mlp_scratch)
+    if statics.checkpointed:
+        layer_acts, held = layer_acts + acts.recompute_bytes, held if statics.holds_to_step else 0
+    for j, (grads, above, past) in enumerate(moments, 1):
+        saved = layer_acts if statics.checkpointed else layer_acts - above * acts.top_layer_bytes
+        name = "backward_reductions" if j == len(moments) else f"backward_reductions_{j}"
+        rows[name] = ((grads, 0, saved - minimum(saved, mlp), 0, held, past_scratch, 0) if past
+                      else (grads, 0, saved, 0, held, 0, 0))
+    if wrapped.partition_at_bottom:
+        grads, temp, layer, casts, bottom_held, scratch, gathered = rows["backward_layers_bottom"]
+        rest = layer - minimum(layer, mlp)
+        rows["backward_bottom_past_mlp"] = (grads + wrapped.partition_at_bottom, temp, rest, casts,
+                                            bottom_held, scratch, gathered)
 
 
 def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, tokens: Any,

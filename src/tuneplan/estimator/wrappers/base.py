@@ -188,10 +188,21 @@ class WrapperMemory:
     layers_backward: int = 0
     # that moment over the head's gradients alone, before any layer's backward: beside every saved activation
     head_backward: int = 0
+    # ZeRO-2: the layers' record moments (zero2_partition.LayersBackward records: G as ``layers_backward``,
+    # the trained layers above, whether past the layer's MLP block), each beside what is saved then
+    reduction_moments: tuple[tuple[int, int, bool], ...] = ()
+    # their scratch per token past a layer's MLP block (zero2_partition.past_mlp_scratch_per_token)
+    past_mlp_scratch: int = 0
+    # ZeRO-2: the partition a reduction past the bottom layer's MLP block makes, which the bottom row lacks
+    # (``Buckets.missing_at_bottom``): beside the layer's activations less its MLP block's; 0: none
+    partition_at_bottom: int = 0
     bottom_layer_trains: bool = True  # FSDP2's bottom layer row: its own gradients made, activations freed
     # ZeRO-1/2: the IPG bucket the backward's first gradient hook allocates (setup_buckets), counted in the
     # layers' rows but absent at the top layer's fused expert stack where no trained tensor precedes it
     first_hook_bucket: int = 0
+    # LoRA: whether that hook comes after the top layer's fused expert stacks
+    # (reduce_buckets.first_hook_after_stacks)
+    first_hook_after_stacks: bool = False
     # bytes on this GPU at the peak of DeepSpeed's initialize, before the first step (ZeRO-1/2's 16-bit cast
     # of the module: wrappers/zero12_initialize.py; the flat group beside the module: zero12_flatten.py); 0:
     # no instant there

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.specs.model import LayerSpec, ModelSpec
 
 
@@ -120,3 +121,15 @@ def zero3_leaf_backward_turns(model: ModelSpec, full: bool, k: int) -> list[tupl
             break
     return turns
 
+
+
+def first_hook_after_stacks(model: ModelSpec, targets: frozenset[str], rank: int) -> bool:
+    """Whether a LoRA run's first gradient hook (ZeRO-1/2's ``setup_buckets``) comes after the top layer's
+    adapted fused expert stacks are back-propagated: the stacks (estimator/fused_expert_lora.py) are its
+    MLP's only adapters (PEFT moves the v4 MLP names onto them; the router's backward follows the experts'),
+    so the first factor gradients are theirs, made once grouped_mm's backward has used, and autograd
+    released, each stack's saved effective weight."""
+    top = model.layer_groups[-1][0]
+    if not expert_stacks(top, targets, rank):
+        return False
+    return not any(m.name in targets for m in top.linears if m.role in ("mlp", "shared_expert"))

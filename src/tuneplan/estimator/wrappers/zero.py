@@ -31,8 +31,9 @@ from tuneplan.estimator.wrappers.base import (
     nccl_bytes,
     sixteen_bit_wire,
 )
+from tuneplan.estimator.wrappers.reduce_buckets import first_hook_after_stacks
 from tuneplan.estimator.wrappers.zero1_bottom import zero1_bottom_layer
-from tuneplan.estimator.wrappers.zero2_partition import zero2_backward
+from tuneplan.estimator.wrappers.zero2_partition import past_mlp_scratch_per_token, zero2_backward
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_ahead,
@@ -169,12 +170,13 @@ class ZeroOneTwo(Zero):
         # -> _release_ipg_buffers), DeepSpeed 0.19.8: it is there while layers are back-propagated only,
         # not at the loss nor in the step (simulate: DeepSpeed's engine on a fake process group)
         held = offload_grad_buffer + buffers
-        epilogue, in_layers, kept, made, at_head = (
+        epilogue, in_layers, kept, made, at_head, records, at_bottom = (
             zero2_backward(run, terms.reduce_bucket, held, g_live) if self.partitions_gradients  # ZeRO-2
-            else (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, False, 0))
+            else (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, False, 0, (), 0))
         # without accumulation, where no reduction of the layers' backward holds this rank's gradients, the
-        # partition is made only by the epilogue: the layers' rows lack it
-        lack = 0 if made or kept or not self.partitions_gradients else g_live
+        # partition is made only by the epilogue: the layers' rows lack it; made by the bottom layer's
+        # reduction past its MLP block, the bottom row (its activations whole) lacks it too
+        lack = at_bottom if made else 0 if kept or not self.partitions_gradients else g_live
         at_embedding = zero12_grads_at_embedding(run.model, setup, run.param_plan.trainable_params, grads16,
                                                  g_live, buffers, made)
         embedding = None
@@ -191,9 +193,13 @@ class ZeroOneTwo(Zero):
                              Buckets(persistent=offload_grad_buffer, in_layers=buffers,
                                      through_forward=through, missing_at_bottom=lack),
                              embedding=embedding, step_gradients=step_gradients, epilogue=epilogue,
-                             layers_backward=in_layers, head_backward=at_head, initialize=max(
+                             layers_backward=in_layers, head_backward=at_head,
+                             reduction_moments=records, partition_at_bottom=at_bottom,
+                             past_mlp_scratch=past_mlp_scratch_per_token(run), initialize=max(
                                  zero12_initialize_bytes(run), zero12_flatten_bytes(run, terms.weights16)),
                              first_hook_bucket=buffers if setup.is_lora and not through else 0,
+                             first_hook_after_stacks=first_hook_after_stacks(run.model, run.targets,
+                                                                             setup.rank),
                              bottom_layer=zero1_bottom_layer(run),
                              notes=self.notes(setup, notes))
 

@@ -75,11 +75,17 @@ def zero12_rank0_params(run: Run, partition: int) -> int:
     ``copy_grads_in_partition`` sums ``numel()`` over ``params_in_partition``, DeepSpeed 0.19.8) and the
     gradients both stages hold into the step. In a full fine-tune the flat group
     follows the module order, the token embedding first, so one large embedding can hold more than the
-    slice; other runs: the slice (their first trainable tensors are small)."""
-    if run.setup.method != "full":
+    slice; in a freeze run it holds the trained layers' tensors in module order (:func:`trained_layers`),
+    where a fused expert stack the slice ends in is held whole; LoRA: the slice (its adapters are small)."""
+    hf = run.profile.model_code == "hf"
+    if run.setup.method == "full":
+        order = full_module_order(run.model, transformers_code=hf)
+    elif run.setup.method == "freeze":
+        order = [n for spec in trained_layers(run.model, run.setup) for n in layer_tensors(spec, hf)]
+    else:
         return partition
     covered = 0
-    for numel in full_module_order(run.model, transformers_code=run.profile.model_code == "hf"):
+    for numel in order:
         if covered >= partition:
             break
         covered += numel
@@ -317,13 +323,14 @@ def zero2_epilogue(run: Run, reduce_bucket: int, buffers: int, partition: int) -
     copied = (flat_copy_elements(0, last, ceil_div(run.param_plan.trainable_params, setup.world_size),
                                  reduce_bucket) if outside else last) * compute
     # this backward's ``grads_in_partition`` is made by the first reduction holding a parameter of rank 0's
-    # slice, the flat group's first 1/N (module order; the backward reduces from its end): held_by(n), a
+    # slice, the flat group's first 1/N (module order, a freeze run's trained layers' alike:
+    # zero12_rank0_params; the backward reduces from its end): held_by(n), a
     # reduction among the first n of this backward (``copy_grads_in_partition`` only for
     # ``is_param_in_current_partition``; the others' gradients are released)
     slice_start = sum(gradients) - ceil_div(run.param_plan.trainable_params, setup.world_size)
 
-    def held_by(n: int) -> bool:  # a full fine-tune's flat order is known; otherwise any earlier reduction
-        return n > 0 and (setup.method != "full" or sum(fills[:n]) > slice_start)
+    def held_by(n: int) -> bool:  # a full or freeze run's flat order is known; otherwise any earlier one
+        return n > 0 and (setup.method not in ("full", "freeze") or sum(fills[:n]) > slice_start)
 
     end = Epilogue(gradients=buffers + (partition if held_by(len(fills) - 1) else 0) + outside * compute,
                    reduction_copy=max(copied, offload_norm_copy(run, largest)))

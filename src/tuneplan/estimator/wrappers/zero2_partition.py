@@ -24,12 +24,15 @@ oversized one and the arriving one), the largest moment of the layers' backward 
 
 .. math::  G = P_\\text{old} + B + \\max_\\text{moments}(g \\cdot b + [\\text{made}] P)
 
-over each gradient's arrival and the reduction that makes the partition.
+over each gradient's arrival and the reduction that makes the partition. Each moment is counted beside what
+is saved then (wrapper_rows.zero2_reduction_rows): the layers above released, and, where the gradient's hook
+fires once its layer's MLP block is back-propagated (:func:`past_mlp`), the block's saved tensors too; only
+a moment larger than every earlier one can be the peak (the activations only shrink down the backward).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tuneplan.estimator.wrappers.base import Epilogue
 from tuneplan.estimator.wrappers.reduce_buckets import layer_tensors
@@ -42,6 +45,7 @@ from tuneplan.estimator.xp import ceil_div
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
+    from tuneplan.specs.model import LayerSpec
 
 
 def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
@@ -49,8 +53,17 @@ def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
     a full or freeze fine-tune: the token embedding first, each layer's tensors, the final norm, the untied
     head; the backward from the head down, each layer's tensors last-to-first and its norms after them (the
     token embedding, whose gradient comes last, left out); a freeze run trains the top layers only."""
+    sizes, backward, _ = trained_tensor_layers(run)
+    return sizes, backward
+
+
+def trained_tensor_layers(run: Run) -> tuple[list[int], list[int], list[tuple[int, int, int]]]:
+    """:func:`trained_tensors` and each trained layer's (first index, end index, index of its first MLP
+    tensor) into the sizes, bottom layer first."""
     model, setup = run.model, run.setup
-    layers = [layer_tensors(spec, run.profile.model_code == "hf") for spec in trained_layers(model, setup)]
+    hf = run.profile.model_code == "hf"
+    specs = trained_layers(model, setup)
+    layers = [layer_tensors(spec, hf) for spec in specs]
     full = setup.method == "full"
     sizes = [model.embed_params] if full else []
     starts = []
@@ -64,19 +77,66 @@ def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
         backward = [len(sizes) - 1, len(sizes) - 2]
     for start, end in zip(reversed(starts), reversed(ends), strict=True):
         backward += [*range(end - 2, start - 1, -1), end - 1]  # its tensors last-to-first, then the norms
-    return sizes, [i for i in backward if sizes[i]]
+    spans = [(start, end, start + attention_tensors(spec, hf))
+             for spec, start, end in zip(specs, starts, ends, strict=True)]
+    return sizes, [i for i in backward if sizes[i]], spans
 
 
-def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -> tuple[int, bool, int]:
-    """(:math:`\\max(g \\cdot b + [\\text{made}] P)` of the module docstring in bytes, whether the partition
-    is made before the epilogue, that maximum over the head's gradients only, reached before any layer is
-    back-propagated): walk the gradients in the order their hooks fire through the bucket. A reduction
-    adds its flat copy (zero12_reductions.bucket_copy_elements: the bucket's slices per rank) beside
-    the gradient that set it off; ``copy_grads_in_partition`` runs after that copy is freed. A LoRA run:
-    (0, whether its adapters overflow one bucket; each is small beside it, 0)."""
+def attention_tensors(spec: LayerSpec, transformers_code: bool) -> int:
+    """How many of a layer's tensors (reduce_buckets.layer_tensors) come before its MLP block's: the
+    attention projections, which the layer's module order lists first."""
+    count = 0
+    for m in spec.linears:
+        if m.role != "attn":
+            break
+        count += 1 if transformers_code else m.count
+    return count
+
+
+def past_mlp(i: int, spans: list[tuple[int, int, int]]) -> bool:
+    """Whether tensor ``i``'s hook fires once its layer's MLP block has been back-propagated (autograd's
+    engine releases a node's saved tensors as it returns, and a layer's hooks fire last-to-first in module
+    order, its norms after them): the MLP's first tensor, an attention projection or the norms."""
+    return any(start <= i < end and (i <= first_mlp or i == end - 1) for start, end, first_mlp in spans)
+
+
+def past_mlp_scratch_per_token(run: Run) -> int:
+    """Bytes a token of a layer's scratch once its MLP block is back-propagated (:func:`past_mlp`): the
+    block's intermediate gradients are gone; live are the layer output's incoming gradient, which autograd's
+    input buffer holds for the residual sum at the layer's input, and the gradient of the MLP's input from
+    each linear reading it (gate and up: two, summed by the engine's input buffer once both exist), as at
+    ZeRO-3's first reduction past the MLP (zero3_flush.zero3_flush_mlp_done_scratch)::
+
+        T = h (b_res + n_in b_out)"""
+    spec = max((spec for spec, _ in run.model.layer_groups), key=lambda s: sum(m.params for m in s.linears))
+    readers = sum(m.count for m in spec.linears if m.role == "mlp" and m.reads == "mlp_in")
+    return run.model.hidden * (run.dtypes.residual + readers * run.dtypes.linear_out)
+
+
+class LayersBackward(NamedTuple):
+    """:func:`layers_backward_moment`'s figures."""
+
+    moment: int  # max(g b + [made] P) over every gradient's arrival
+    made: bool  # whether the partition is made before the epilogue
+    at_head: int  # that maximum over the head's gradients only, before any layer is back-propagated
+    # the layers' moments that pass every earlier one, in hook order: (g b + [made] P, the trained layers
+    # above the gradient's, whether its hook fires past its layer's MLP block: past_mlp)
+    records: tuple[tuple[int, int, bool], ...]
+    made_at_bottom: bool  # whether P is made by a reduction in the bottom layer, past its MLP block
+
+
+def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -> LayersBackward:
+    """(:math:`\\max(g \\cdot b + [\\text{made}] P)` of the module docstring in bytes, whether the
+    partition is made before the epilogue, that maximum over the head's gradients only, reached before any
+    layer is back-propagated, the layers' moments that pass every earlier one (a later moment has released
+    more activations: only a larger one can be the peak), whether the reduction making the partition comes
+    past the bottom layer's MLP block): walk the gradients in the order their hooks fire through the
+    bucket. A reduction adds its flat copy (zero12_reductions.bucket_copy_elements: the bucket's slices per
+    rank) beside the gradient that set it off; ``copy_grads_in_partition`` runs after that copy is freed. A
+    LoRA run: (0, whether its adapters overflow one bucket; each is small beside it, 0, (), False)."""
     if run.setup.method not in ("full", "freeze"):
-        return 0, run.param_plan.trainable_params > reduce_bucket, 0
-    sizes, backward = trained_tensors(run)
+        return LayersBackward(0, run.param_plan.trainable_params > reduce_bucket, 0, (), False)
+    sizes, backward, spans = trained_tensor_layers(run)
     partition, start, mine = ceil_div(run.param_plan.trainable_params, run.setup.world_size), 0, set()
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     for i, n in enumerate(sizes):  # this rank's (rank 0's): the tensors overlapping the flat group's start
@@ -85,9 +145,12 @@ def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -
         mine.add(i)
         start += n
     head = {len(sizes) - 1, len(sizes) - 2} if run.setup.method == "full" else set()
+    # a freeze run's lowest trained layer is not the model's bottom layer, whose row comes after it
+    bottom = spans[:1] if run.setup.method == "full" else []
     members: list[int] = []
+    records: list[tuple[int, int, bool]] = []
     pending = elements = moment = at_head = 0
-    made = False
+    made = at_bottom = False
     for i in backward:
         n, compute = sizes[i], run.dtypes.compute
         arrival = (pending + n) * compute + (partition_bytes if made else 0)
@@ -95,23 +158,31 @@ def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -
             copy = bucket_copy_elements([(offsets[m], sizes[m]) for m in members], partition, reduce_bucket)
             arrival += copy * compute
             if not made and mine.intersection(members):
-                made = True
+                made, at_bottom = True, past_mlp(i, bottom)
                 arrival = max(arrival, (pending + n) * compute + partition_bytes)
             members, pending, elements = [], 0, 0
         moment = max(moment, arrival)
-        at_head = max(at_head, arrival) if i in head else at_head
+        if i in head:
+            at_head = max(at_head, arrival)
+        elif not records or arrival > records[-1][0]:
+            above = sum(1 for start, _, _ in spans if start > i)
+            records.append((arrival, above, past_mlp(i, spans)))
         members.append(i)
         elements += n
         pending = n if n > reduce_bucket else 0
-    return moment, made, at_head
+    return LayersBackward(moment, made, at_head, tuple(records), at_bottom)
 
 
 def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
-                   partition_bytes: int) -> tuple[Epilogue | None, int, int, bool, int]:
+                   partition_bytes: int) -> tuple[Epilogue | None, int, int, bool, int,
+                                                  tuple[tuple[int, int, bool], ...], int]:
     """(ZeRO-2's epilogue, :math:`G` (the bytes of gradients and buffers at the largest moment of its
     layers' backward; 0 where it is not modelled), :math:`P_\\text{old}`, whether a reduction of the
     layers' backward makes :math:`P`, :math:`G` at the head's gradients alone, before any layer's
-    backward, 0 where not modelled): the epilogue and :math:`G` with the partition an accumulation keeps
+    backward, 0 where not modelled, the layers' record moments (:class:`LayersBackward` ``records``, as
+    :math:`G`), :math:`P` where the bottom layer's reduction past its MLP block makes it and nothing kept
+    precedes it (the bottom layer's row, its activations or recomputation whole, lacks it), else 0):
+    the epilogue and :math:`G` with the partition an accumulation keeps
     (a later micro-batch's: none where the run's first micro-batch is its longest, the peak's), the
     epilogue's reductions running before it is dropped (``independent_gradient_partition_epilogue``). The
     layers' rows count one partition (the kept one, or :math:`P` once made). With offload the partitions
@@ -123,6 +194,9 @@ def zero2_backward(run: Run, reduce_bucket: int, buffers: int,
     epilogue = zero2_epilogue(run, reduce_bucket, buffers + kept, partition_bytes)
     # with offload the partition goes to the host (``partition_bytes`` is 0: none made on the device), but
     # the reductions in the layers' backward and their flat copies are the same
-    moment, made, at_head = layers_backward_moment(run, reduce_bucket, partition_bytes)
-    return (epilogue, kept + buffers + moment if moment else 0, kept, made and setup.offload == "none",
-            kept + buffers + at_head if at_head else 0)
+    walk = layers_backward_moment(run, reduce_bucket, partition_bytes)
+    made = walk.made and setup.offload == "none"
+    records = tuple((kept + buffers + g, above, past) for g, above, past in walk.records)
+    return (epilogue, kept + buffers + walk.moment if walk.moment else 0, kept, made,
+            kept + buffers + walk.at_head if walk.at_head else 0, records,
+            partition_bytes if made and walk.made_at_bottom and not kept else 0)
