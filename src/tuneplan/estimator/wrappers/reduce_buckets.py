@@ -22,14 +22,14 @@ def layer_gradients_from_top(model: ModelSpec, k: int) -> list[int]:
     order: list[int] = []
     for spec, count in reversed(model.layer_groups):
         take = min(count, k)
-        order += _layer_order(spec) * take
+        order += layer_hook_order(spec) * take
         k -= take
         if k <= 0:
             break
     return [n for n in order if n]
 
 
-def _layer_order(spec: LayerSpec) -> list[int]:
+def layer_hook_order(spec: LayerSpec) -> list[int]:
     """One layer's gradients (elements) in hook order: its linears last-to-first, its norms after them."""
     return [*(m.params // m.count for m in reversed(spec.linears) for _ in range(m.count)), spec.norm_params]
 
@@ -114,7 +114,7 @@ def zero3_leaf_backward_turns(model: ModelSpec, full: bool, k: int) -> list[tupl
         if any(m.role == "expert" for m in spec.linears):
             per_layer = leaf_layer_turns(model, spec)
         else:
-            per_layer = [(n, n) for n in _layer_order(spec) if n]
+            per_layer = [(n, n) for n in layer_hook_order(spec) if n]
         turns += per_layer * take
         k -= take
         if k <= 0:

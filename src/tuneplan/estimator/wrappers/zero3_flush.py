@@ -83,7 +83,7 @@ def zero3_flush_past_mlp(model: ModelSpec, setup: TrainSetup, reduce_bucket: int
     # the gradient whose hook runs the reduction, made by then
     trigger = turns[len(fill)][0] if len(turns) > len(fill) else 0
     in_layer = filled - head - top_layers_params(model, above) + trigger
-    return in_layer >= sum(m.params for m in _layer_from_top(model, above).linears if m.role == "mlp")
+    return in_layer >= sum(m.params for m in layer_from_top(model, above).linears if m.role == "mlp")
 
 
 def zero3_flush_mlp_done_scratch(model: ModelSpec, dtypes: Dtypes, reduce_bucket: int,
@@ -102,12 +102,12 @@ def zero3_flush_mlp_done_scratch(model: ModelSpec, dtypes: Dtypes, reduce_bucket
     if not zero3_flush_past_mlp(model, setup, reduce_bucket):
         return 0
     above = zero3_flush_layers_above(model, setup, reduce_bucket)
-    readers = sum(m.count for m in _layer_from_top(model, above).linears
+    readers = sum(m.count for m in layer_from_top(model, above).linears
                   if m.role == "mlp" and m.reads == "mlp_in")
     return model.hidden * (dtypes.residual + readers * dtypes.linear_out) if readers else 0
 
 
-def _layer_from_top(model: ModelSpec, k: int) -> LayerSpec:
+def layer_from_top(model: ModelSpec, k: int) -> LayerSpec:
     """The decoder layer ``k`` below the top (0: the top one)."""
     for spec, count in reversed(model.layer_groups):
         if k < count:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.wrappers.reduce_buckets import (
-    _layer_order,
     bucket_members,
+    layer_hook_order,
     zero3_leaf_moe,
 )
 from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_LIVE_PARAMETERS, embedding_used_last
 from tuneplan.estimator.wrappers.zero3_flush import (
-    _layer_from_top,
+    layer_from_top,
     offload_boundary_scratch,
     zero3_backward_gradients,
 )
@@ -74,7 +74,7 @@ def _gradient_layers(model: ModelSpec, setup: TrainSetup) -> list[int]:
     k = 0
     for spec, count in reversed(model.layer_groups):
         for _ in range(count):
-            owner += [k] * len([n for n in _layer_order(spec) if n])
+            owner += [k] * len([n for n in layer_hook_order(spec) if n])
             k += 1
     return owner
 
@@ -105,7 +105,7 @@ def lower_flush_scratch_per_token(model: ModelSpec, setup: TrainSetup, reduce_bu
         at += len(fill)
         if owner[at] < 1:
             continue
-        spec = _layer_from_top(model, owner[at])
+        spec = layer_from_top(model, owner[at])
         last = spec.linears[-1]
         if owner[at - 1] == owner[at] or last.role != "mlp" or last.count != 1:
             return 0
