@@ -92,3 +92,24 @@ def test_the_untied_tail_reduce_scatters_before_the_top_layer() -> None:
     assert row.parallel_buffers == tail + tail // 2 + MISTRAL_LAYER * 4 == 4_024_492_032
     assert row.backward_temp == tail
     assert row.gradients == 0  # no shard made on the device (CPU offload)
+
+
+def test_a_tied_head_gradient_waits_for_the_embedding_beside_the_accumulated_ones() -> None:
+    """Full fp32 Falcon-7B (tied head), CPU offload, two micro-batches of 4 x 64 on 4 GPUs (simulate: at the
+    layers' backward the 65024 x 4544 fp32 head gradient waits in autograd's input buffer for the
+    embedding's contribution, beside the accumulated tied gradient and the layers')."""
+    spec = reduced_model("tiiuae/falcon-7b", 3)
+    run = resolve_run(spec, build_setup(spec, method="full", precision="fp32", framework="hf", batch=4,
+                                        seq=64, grad_accum=2, optimizer="adamw", attn="sdpa", gpus=4,
+                                        fsdp=True, fsdp_version=2, offload="all"))
+    rows = memory_at(run, 4, 64).rows
+    # Falcon-7B: hidden 4544, fused query_key_value 4544 x (71 + 2) x 64, dense 4544 x 4544, MLP 4544 x
+    # 18176 twice, one LayerNorm (weight and bias) per layer; the tied embedding 65024 x 4544, ln_f 2 x 4544
+    layer = 4544 * 4672 + 4544 * 4544 + 2 * 4544 * 18176 + 2 * 4544
+    assert layer == 207_070_080
+    embed = 65024 * 4544
+    accumulated = (3 * layer + embed + 2 * 4544) * 4
+    new_weight = 18176 * 4544 * 4
+    pending_head = embed * 4
+    assert named(rows["backward_layers_top"]).gradients == accumulated + new_weight + pending_head \
+        == 5_178_996_736

@@ -68,6 +68,8 @@ class ActivationTerms:
     lower_kinds: int = 0  # LayerKinds.lower_kinds
     linear: LinearKinds | None = None  # the kinds folded (linear_kinds; None: not linear in the tokens)
     upper_temp_per_token: float | None = None  # upper_temp_per_token (None: not folded)
+    # per token, the largest of the kinds' LayerActs.recompute_dequant (recompute_dequant.py)
+    recompute_dequant_per_token: float = 0.0
 
 
 def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds: LayerKinds, *,
@@ -105,6 +107,7 @@ def activation_terms(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, kinds:
         checkpoint_per_token=dtypes.residual * hidden * n_active, offload=offload,
         model=model, method=setup.method, dtypes=dtypes,
         mlp_saved_per_token=max((layer.mlp_saved for layer, _ in kinds.kinds), default=0.0),
+        recompute_dequant_per_token=max((layer.recompute_dequant for layer, _ in kinds.kinds), default=0.0),
         **layer_end_terms(kinds), **first_hook_terms(kinds))
 
 

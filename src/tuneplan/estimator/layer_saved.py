@@ -32,6 +32,7 @@ from tuneplan.estimator.fused_layers import unsloth_fast_lora_layer
 from tuneplan.estimator.layer_walk import LayerWalk
 from tuneplan.estimator.lora_bottom_layer import parallel_block
 from tuneplan.estimator.recompute_adapter import recompute_adapter_temp
+from tuneplan.estimator.recompute_dequant import down_dequant_reached, record_down_dequant
 from tuneplan.estimator.saved_tensors import LayerActs
 from tuneplan.specs.model import LayerSpec, Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -158,6 +159,7 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
             walk.down_adapter_private += sum(v for k, v in new.items()
                                              if k.endswith((".lora_in", ".dropout_mask")))
             walk.down_adapter_input += sum(v for k, v in new.items() if k.endswith(".lora_in"))
+            record_down_dequant(walk, key_in, m, new, mlp_reads, residual_grads(model))
             # without a private copy lora_A keeps the product itself; when nothing else does (a frozen or
             # 4-bit base linear saves no input) it goes with lora_A's backward all the same
             if key_in in new and key_in in walk.adapter_only_inputs:
@@ -239,7 +241,7 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
                      attn_backward_offset=dtypes.residual * 2 * hidden - mlp_saved
                      - released_before_scores(walk),
                      input_alias=walk.input_alias, per_layer=walk.per_layer,
-                     backward_per_layer=walk.backward_per_layer,
+                     backward_per_layer=walk.backward_per_layer, recompute_dequant=down_dequant_reached(walk),
                      backward_per_layer_per_token=walk.backward_per_layer_per_token, mlp_saved=mlp_saved,
                      first_target_saved=first_saved, first_target_temp=first_temp,
                      last_target_saved=last_saved, last_target_temp=last_temp)

@@ -58,6 +58,9 @@ class LayerWalk:
         self.down_adapter_private = 0.0
         self.down_adapter_input = 0.0  # of which lora_A's saved input (its gradient's size)
         self.down_adapter_dropout = 0.0  # its dropout's backward on the fp32-cast input (layer_saved.py)
+        # per token, beside the recomputed 4-bit down projection's dequantized weight (recompute_dequant.py)
+        self.recompute_dequant = 0.0
+        self.keys_before_down = 0  # the ledger items saved before that down projection
         # per token, the inputs that only a LoRA adapter's lora_A keeps (the frozen base linear does not):
         # released by lora_A's backward like a private copy (layer_saved.down_adapter_backward)
         self.adapter_only_inputs: dict[str, float] = {}

@@ -175,8 +175,8 @@ def memory_statics(run: Run) -> MemoryStatics:
     acts = activation_terms(model, setup, dtypes, run.layers, gc_offload=profile.gc_offload,
                             quant_saves_input=profile.quant_saves_input,
                             quant_lm_head=profile.quantizes_lm_head)
-    backward_dequant, backward_dequant_per_token = bnb_backward_dequant(model, setup, profile, dtypes,
-                                                                        run.targets)
+    backward_dequant, backward_dequant_per_token = bnb_backward_dequant(
+        model, setup, profile, dtypes, run.targets, recompute_per_token=acts.recompute_dequant_per_token)
     embedding = embedding_into_buffer(setup, acts.method, wrapper_memory)
     layer_end_dequant, layer_end_casts = layer_end_terms(run, wrapper_memory)
     out = MemoryStatics(

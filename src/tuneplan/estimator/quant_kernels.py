@@ -39,7 +39,8 @@ def dequant_transient_bytes(model: ModelSpec, setup: TrainSetup, prof: Profile) 
 
 
 def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dtypes: Dtypes,
-                         targets: frozenset[str], to_first_target: bool = False) -> tuple[int, int]:
+                         targets: frozenset[str], to_first_target: bool = False,
+                         recompute_per_token: float = 0.0) -> tuple[int, int]:
     """(bytes, bytes per token) live while bitsandbytes back-propagates a layer's largest 4-bit linear (on a
     tie, the one with the widest input) to its input; (0, 0) where no such point exists.
 
@@ -59,7 +60,11 @@ def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dty
     ``to_first_target``: only the linears a layer runs up to its first adapted one (forward order), whose
     base backward autograd runs after that adapter's (the node recorded last runs first): where each adapter
     is an FSDP unit of its own (wrappers/fsdp.fsdp_layers_gathered) they are back-propagated once the first
-    adapter's pre-backward hook has prefetched the next layer."""
+    adapter's pre-backward hook has prefetched the next layer.
+
+    ``recompute_per_token``: the bytes per token beside the down projection's weight when a checkpointed
+    layer's recomputation dequantizes it in its forward (recompute_dequant.py), the same weight at another
+    point of the layer's backward: the larger of the two moments is taken."""
     if setup.quant_bits != 4 or prof.dequant_bytes_per_elem or prof.model_code != "hf":
         return 0, 0
     fixed, per_token = 0, 0
@@ -85,6 +90,8 @@ def bnb_backward_dequant(model: ModelSpec, setup: TrainSetup, prof: Profile, dty
                     # saves no input of a frozen weight): released by lora_A's backward, which ran first
                     grads -= dtypes.compute * m.d_in * share
             tokens_part = int(dtypes.residual * model.hidden + grads)
+            if m.reads == "mlp_mid" and not to_first_target:
+                tokens_part = max(tokens_part, int(recompute_per_token))
             if (weight, tokens_part) > (fixed, per_token):
                 fixed, per_token = weight, tokens_part
             if to_first_target and m.name in targets:

@@ -70,6 +70,9 @@ class LayerActs:
     # (layer_saved.last_target_terms; 0: no adapter or the MLP's, -1: not derived)
     last_target_saved: float = 0.0
     last_target_temp: float = 0.0
+    # per token, beside the recomputed 4-bit down projection's dequantized weight, relative to per_token
+    # (recompute_dequant.py; 0: none)
+    recompute_dequant: float = 0.0
 
 
 def embedding_backward_scratch(tokens: int, hidden: int) -> int:

@@ -269,7 +269,8 @@ class Fsdp2(Fsdp):
         accumulated = accumulated_backward(model, setup, no_sync_gradients(run), buffers,
                                            run.dtypes.compute, run.param_plan.trainable_params)
         if accumulated is not None:
-            buckets = Buckets(in_layers=accumulated.transient, missing_at_top=accumulated.missing_at_top,
+            buckets = Buckets(in_layers=accumulated.transient + accumulated.pending_head,
+                              missing_at_top=accumulated.missing_at_top,
                               missing_at_bottom=accumulated.missing_at_bottom,
                               missing_at_bottom_layer=accumulated.missing_at_bottom_layer)
         top_counted = buffers if accumulated is None else accumulated.transient

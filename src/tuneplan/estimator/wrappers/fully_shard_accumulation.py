@@ -17,6 +17,7 @@ class AccumulatedBackward:
     missing_at_top: int  # accumulated unsharded gradients already reduce-scattered at the top layer
     missing_at_bottom: int  # those at the second layer's backward
     missing_at_bottom_layer: int  # those at the bottom layer's backward
+    pending_head: int = 0  # a tied head's new gradient, waiting for the embedding's (module docstring)
 
 
 def accumulated_backward(model: ModelSpec, setup: TrainSetup, no_sync: NoSyncGradients | None,
@@ -47,6 +48,14 @@ def accumulated_backward(model: ModelSpec, setup: TrainSetup, no_sync: NoSyncGra
         missing  = A + w - max(synced, first)
 
     With more micro-batches a middle one holds every accumulated gradient (nothing missing).
+
+    A tied head that trains adds its new gradient beside them through the layers' backward, in every
+    micro-batch: the embedding weight is one leaf read twice, so autograd's engine sums the head's
+    contribution in the ``AccumulateGrad`` node's input buffer (torch/csrc/autograd/input_buffer.cpp) and
+    runs the node, which adds into the accumulated ``.grad``, only once the embedding's backward has made
+    the other one: ``pending_head`` = V x h x compute_bytes (simulate: Falcon-7B full fp32 over 4 GPUs with
+    CPU offload, two micro-batches: the 65024 x 4544 fp32 head gradient beside the accumulated one at the
+    layers' backward).
     Simulate: Mistral-7B full, CPU offload, two micro-batches (the synced top layer: the accumulated
     gradients less the head's and one new 14336 x 4096 gradient)."""
     if (no_sync is None or setup.grad_accum < 2 or no_sync.accumulating == no_sync.synced
@@ -75,7 +84,8 @@ def accumulated_backward(model: ModelSpec, setup: TrainSetup, no_sync: NoSyncGra
         return max(0, min(synced, first))
 
     return AccumulatedBackward(transient=transient, missing_at_top=missing(n - 1),
-                               missing_at_bottom=missing(1), missing_at_bottom_layer=missing(0))
+                               missing_at_bottom=missing(1), missing_at_bottom_layer=missing(0),
+                               pending_head=model.embed_params * compute_bytes if tied and head_trains else 0)
 
 
 def largest_layer_tensor(model: ModelSpec, setup: TrainSetup, layer_elems: int) -> int:
