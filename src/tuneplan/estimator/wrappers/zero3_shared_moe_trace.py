@@ -35,6 +35,7 @@ from tuneplan.estimator.wrappers.zero3_module_trace import (
     under,
 )
 from tuneplan.estimator.wrappers.zero3_replay import Event, Module, Param, replay
+from tuneplan.specs.lora_targets import STACK_MARK
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
@@ -111,8 +112,8 @@ def shared_moe_layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[
 
 def zero3_shared_moe_backward(run: Run, prefetch_bucket: int) -> int:
     """Bytes ZeRO-3 holds gathered at the most at an MoE layer's experts' backward fetch (module doc), in a
-    step with a complete trace, where zero3_expert_round.zero3_recompute_every_pass holds and every MoE
-    block has a router; 0 for other runs.
+    step with a complete trace, where zero3_expert_round.zero3_recompute_every_pass holds, every MoE
+    block has a router and no stack carries LoRA; 0 for other runs.
 
     .. math:: G = \\max_l \\left(R_l + b_e S_l + [\\text{gathered at the fetch}]\\, b_e S_l\\right)
 
@@ -128,7 +129,9 @@ def zero3_shared_moe_backward(run: Run, prefetch_bucket: int) -> int:
     model = run.model
     moe = [spec for spec, _ in model.layer_groups if spec.moe]
     if (not zero3_recompute_every_pass(run) or not model.embed_params
-            or any(not any(m.role == "router" for m in spec.linears) for spec in moe)):
+            or any(not any(m.role == "router" for m in spec.linears) for spec in moe)
+            # PEFT's wrapper around adapted stacks (its own modules and parameters): not laid out here
+            or any(t.startswith(STACK_MARK) for t in run.targets)):
         return 0
     key = f"zero3_shared_moe:{prefetch_bucket}"
     if key not in run.memo:
