@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.bnb_scope import expert_stack_bytes
+from tuneplan.estimator.wrappers.zero3_expert_round import zero3_recompute_every_pass
 from tuneplan.estimator.wrappers.zero3_module_trace import (
     attention_backward,
     leaf,
@@ -55,7 +56,7 @@ def shared_moe_layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[
     gathered again: the recompute filed them under the shared MLP, ``update_recompute_parameters``),
     the router, the block released, the attention (zero3_module_trace.attention_backward)."""
     width = run.model.hidden * (2 if run.model.norm_kind == "layer" else 1)
-    in_ln, post_ln = Module([Param(width, run.dtypes.non_block)]), Module([Param(width, run.dtypes.non_block)])
+    in_ln, post_ln = (Module([Param(width, run.dtypes.non_block)]) for _ in range(2))
     layer, attn, block, shared, act_e, act_s = (Module(role="layer"), Module(), Module(role="moe"),
                                                 Module(), Module(), Module())
     stack_b = expert_stack_bytes(run.setup.quant_bits, run.dtypes)
@@ -120,12 +121,10 @@ def zero3_shared_moe_backward(run: Run, prefetch_bucket: int) -> int:
     with ``R_l`` the replay's gathered bytes after layer ``l``'s experts' backward fetch (its round's
     copies, and what the prefetcher filed ahead), ``S_l`` its stacks' elements: the recomputed copy the
     saved view keeps, and the round's flat buffer, held until the last copy is made where the fetch
-    gathered the stacks (``AllGatherCoalescedHandle.wait``). (simulate: DeepSeek-V2-Lite, 4 layers, QLoRA fp4 in fp16 over
-    4 GPUs, batch 4 x 64: at layer 2's ``down_proj`` copy, layer 1's [router, ``gate_up_proj``] flat
-    buffer, its ``gate_up_proj`` copy made at layer 2's shared ``gate_proj`` and its ``down_proj``
-    gathered alone beside layer 2's round and recomputed stacks, 7.34e9 bytes in all.)"""
-    from tuneplan.estimator.wrappers.zero3_expert_round import zero3_recompute_every_pass
-
+    gathered the stacks (``AllGatherCoalescedHandle.wait``). (simulate: DeepSeek-V2-Lite, 4 layers,
+    QLoRA fp4 in fp16 over 4 GPUs, batch 4 x 64: at layer 2's ``down_proj`` copy, layer 1's [router,
+    ``gate_up_proj``] flat buffer, its ``gate_up_proj`` copy made at layer 2's shared ``gate_proj`` and
+    its ``down_proj`` gathered alone beside layer 2's round and recomputed stacks, 7.34e9 bytes in all.)"""
     model = run.model
     moe = [spec for spec, _ in model.layer_groups if spec.moe]
     if (not zero3_recompute_every_pass(run) or not model.embed_params
@@ -135,15 +134,20 @@ def zero3_shared_moe_backward(run: Run, prefetch_bucket: int) -> int:
         return 0
     key = f"zero3_shared_moe:{prefetch_bucket}"
     if key not in run.memo:
-        events, _ = step_events(run, shared_moe_layer_events)
-        rows = replay(events, prefetch_bucket)
-        most = 0
-        for i, (action, m, kind) in enumerate(events):
-            if action == "fetch" and kind == "B" and m.role == "experts":
-                stacks = sum(p.numel * p.nbytes for p in m.params)
-                # gathered at this fetch: its flat buffer beside the copies until the last one is made
-                fresh = rows[i][0] - rows[i - 1][0] >= sum(p.numel for p in m.params)
-                most = max(most, rows[i][1] + stacks * (1 + fresh))
-        run.memo[key] = most
+        run.memo[key] = most_at_experts_backward(run, prefetch_bucket)
     most: int = run.memo[key]
+    return most
+
+
+def most_at_experts_backward(run: Run, prefetch_bucket: int) -> int:
+    """:func:`zero3_shared_moe_backward`'s maximum over the replayed step's experts' backward fetches."""
+    events, _ = step_events(run, shared_moe_layer_events)
+    rows = replay(events, prefetch_bucket)
+    most = 0
+    for i, (action, m, kind) in enumerate(events):
+        if action == "fetch" and kind == "B" and m.role == "experts":
+            stacks = sum(p.numel * p.nbytes for p in m.params)
+            # gathered at this fetch: its flat buffer beside the copies until the last one is made
+            fresh = rows[i][0] - rows[i - 1][0] >= sum(p.numel for p in m.params)
+            most = max(most, rows[i][1] + stacks * (1 + fresh))
     return most
