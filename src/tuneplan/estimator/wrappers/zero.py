@@ -69,6 +69,7 @@ from tuneplan.estimator.wrappers.zero3_quantized import (
 from tuneplan.estimator.wrappers.zero3_quantized_embedding import zero3_quantized_embedding_round
 from tuneplan.estimator.wrappers.zero3_record_release import zero3_quantized_record_release_copy
 from tuneplan.estimator.wrappers.zero3_saved_views import with_views_at_top_forward, zero3_views_kept
+from tuneplan.estimator.wrappers.zero3_shared_moe_trace import zero3_shared_moe_backward
 from tuneplan.estimator.wrappers.zero3_tied_backward import (
     zero3_quantized_tied_regathered,
     zero3_tied_regathered,
@@ -291,7 +292,9 @@ class Zero3(Zero, ShardingWrapper):
                                       bottom_layer_forward=at_embedding, head_forward=at_head,
                                       head_backward=zero3_gathered_at_head_backward(
                                           model, setup, at_loss),
-                                      top_layer_backward_fetch=fused_experts.zero3_record_pass_top_bytes(run),
+                                      top_layer_backward_fetch=max(
+                                          fused_experts.zero3_record_pass_top_bytes(run),
+                                          zero3_shared_moe_backward(run, terms.prefetch_bucket)),
                                       states_unmade=(terms.lazy_states if states and not
                                                     fused_experts.zero3_recompute_every_pass(run) else 0),
                                       head_forward_states_unmade=terms.lazy_states if states and at_head

@@ -11,8 +11,12 @@ from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
 from tuneplan.estimator.wrappers.zero3_replay import Event, Module, Param, replay
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tuneplan.estimator.run import Run
     from tuneplan.specs.model import LayerSpec, Linear
+
+    LayerEvents = Callable[[Run, LayerSpec, int], tuple[list[Event], list[Event]]]
 
 
 def leaf(events: list[Event], module: Module, kind: str) -> None:
@@ -209,7 +213,7 @@ def linear_backward(mods: list[Module]) -> list[Event]:
     return [*ev, ("release", wrapper, "B")]
 
 
-def step_events(run: Run) -> tuple[list[Event], range]:
+def step_events(run: Run, moe_layer: LayerEvents | None = None) -> tuple[list[Event], range]:
     """The events of one step of a dense QLoRA run under checkpointing, and where the top layer's backward
     lies among them: the four wrappers (``PeftModel``, ``LoraModel``, the task model, the base model), the
     embedding, the rotary module where the config has a rope, the layers, the final norm, the head (tied:
@@ -221,7 +225,9 @@ def step_events(run: Run) -> tuple[list[Event], range]:
     embed = Module([Param(model.embed_params, dtypes.non_block)])
     head = Module([Param(model.lm_head_params, dtypes.non_block)] if model.lm_head_params else embed.params)
     final_norm = Module([Param(model.final_norm_params, dtypes.non_block)])
-    layers = [layer_events(run, spec, bits) for spec, count in model.layer_groups for _ in range(count)]
+    # ``moe_layer`` lays out the MoE layers where a caller replays non-leaf blocks
+    layers = [(moe_layer if moe_layer is not None and spec.moe else layer_events)(run, spec, bits)
+              for spec, count in model.layer_groups for _ in range(count)]
     # the base model holds the embedding, the layers and the final norm; the wrappers above it the head too
     wrappers[3].tree = under([embed, *[e[1] for fwd, _ in layers for e in fwd[:1]], final_norm])
     for w in wrappers[:3]:
