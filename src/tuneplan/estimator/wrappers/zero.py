@@ -44,7 +44,6 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_head_round,
     zero3_head_round_first_pass,
 )
-from tuneplan.estimator.wrappers.zero3_factor_round import zero3_factor_round_bytes
 from tuneplan.estimator.wrappers.zero3_first_pass import (
     head_round_before_first_step,
     zero3_embedding_backward,
@@ -53,11 +52,8 @@ from tuneplan.estimator.wrappers.zero3_first_pass import (
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
+from tuneplan.estimator.wrappers.zero3_lower_backward import zero3_lower_layers_gathered
 from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush_moment
-from tuneplan.estimator.wrappers.zero3_lower_layers import (
-    zero3_embedding_round_held_twice,
-    zero3_gathered_in_lower_layers,
-)
 from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_forward, zero3_replayed_gathered
 from tuneplan.estimator.wrappers.zero3_packed_prefetch import zero3_layer_and_prefetch_bytes
 from tuneplan.estimator.wrappers.zero3_quantized import (
@@ -70,10 +66,6 @@ from tuneplan.estimator.wrappers.zero3_quantized_embedding import zero3_quantize
 from tuneplan.estimator.wrappers.zero3_record_release import zero3_quantized_record_release_copy
 from tuneplan.estimator.wrappers.zero3_saved_views import with_views_at_top_forward, zero3_views_kept
 from tuneplan.estimator.wrappers.zero3_shared_moe_trace import zero3_shared_moe_backward
-from tuneplan.estimator.wrappers.zero3_tied_backward import (
-    zero3_quantized_tied_regathered,
-    zero3_tied_regathered,
-)
 from tuneplan.estimator.wrappers.zero3_tied_gradient import zero3_tied_head_gradient
 from tuneplan.estimator.wrappers.zero3_tied_head import zero3_tied_head_round
 from tuneplan.estimator.wrappers.zero12_flatten import zero12_flatten_bytes
@@ -265,7 +257,7 @@ class Zero3(Zero, ShardingWrapper):
         runs_ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
         # the embedding round's flat buffer: from the forward, or in the bottom layer (zero3_first_pass.py)
         early, at_bottom = zero3_first_pass_round(model, setup, terms.prefetch_bucket, run.targets)
-        lower = self.lower_layers_gathered(run, terms, layer_gathered, at_bottom, whole16, bool(runs_ahead))
+        lower = zero3_lower_layers_gathered(run, terms, layer_gathered, at_bottom, whole16, bool(runs_ahead))
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
@@ -312,27 +304,6 @@ class Zero3(Zero, ShardingWrapper):
                                  model, setup, terms.reduce_bucket, compute, terms.bucket + g_live),
                              notes=self.notes(setup, notes)))
         return with_views_at_top_forward(run, out)
-
-    @staticmethod
-    def lower_layers_gathered(run: Run, terms: DeepSpeedTerms, layer_gathered: int, at_bottom: int,
-                              whole16: int, runs_ahead: bool) -> int:
-        """Gathered in the lower layers' backward: the layer and its prefetch, or the embedding popped beside
-        them (zero3_gathered_in_lower_layers); not the top layer's, whose row keeps what it held.
-        ``at_bottom``: the embedding round's flat buffer in the bottom layer (zero3_first_pass.py)."""
-        model, setup, compute = run.model, run.setup, run.dtypes.compute
-        regathered = zero3_tied_regathered(model, setup, terms.prefetch_bucket, run.targets)
-        return max(layer_gathered + zero3_factor_round_bytes(run, terms.prefetch_bucket),
-                   at_bottom * compute or zero3_quantized_embedding_round(run, terms.prefetch_bucket)[1],
-                   min(zero3_gathered_in_lower_layers(model, setup) * compute, whole16)
-                   if setup.quant_bits is None and runs_ahead else 0,
-                   # or, a tied embedding released after the head's backward, again, beside a round held
-                   # twice (zero3_tied_backward)
-                   regathered * compute, zero3_quantized_tied_regathered(run),
-                   # or the embedding's coalesced round held twice in the bottom layer (zero3_lower_layers),
-                   # once the prefetcher runs ahead: from the forward, or, a tied embedding that filled
-                   # stage3_max_live_parameters there, from its release after the head's backward
-                   zero3_embedding_round_held_twice(model, setup, run.targets, terms.prefetch_bucket)
-                   * compute if runs_ahead or regathered else 0)
 
     @staticmethod
     def forward_rounds(run: Run, terms: DeepSpeedTerms, at_loss: int, whole16: int,
