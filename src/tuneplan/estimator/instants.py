@@ -13,8 +13,9 @@ Instants (step >= 2, when optimizer states exist; prior-art notes, e.7):
 - ``optimizer_step``: all gradients, states and the step's temporaries;
 - where they exist: ``backward_lm_head`` (a 4-bit lm_head), ``backward_head`` (ZeRO-3's trained untied
   head: its whole weight gradient beside what the loss held gathered), ``backward_embedding`` (the token
-  embedding's gradient), ``next_micro_batch`` (after the longest micro-batch, run first), ``initialize``
-  (before the first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU,
+  embedding's gradient), ``backward_head_gradient`` (a trained untied head's new weight gradient beside
+  its accumulated buffer, head_gradient.py), ``next_micro_batch`` (after the longest micro-batch, run
+  first), ``initialize`` (before the first step: DeepSpeed ZeRO-1/2's 16-bit cast of a QLoRA model on the GPU,
   wrappers/zero12_initialize, or its flat copy of the trained parameters, wrappers/zero12_flatten),
   ``backward_bottom_layer`` (FSDP2: the bottom layer's end beside the
   embedding group it prefetched; ``backward_bottom_attention``: its attention core's backward, eager),
