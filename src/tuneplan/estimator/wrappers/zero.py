@@ -49,6 +49,7 @@ from tuneplan.estimator.wrappers.zero3_first_pass import (
     zero3_embedding_backward,
     zero3_first_pass_round,
 )
+from tuneplan.estimator.wrappers.zero3_head_flush_rounds import zero3_head_flush_bytes
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
@@ -340,7 +341,8 @@ class Zero3(Zero, ShardingWrapper):
         reduce_scatter_coalesced makes of it (in the top layer: the larger of the two; zero3_flush.py)."""
         model, setup, compute = run.model, run.setup, run.dtypes.compute
         filled = first_flush.zero3_bucket_flush(model, setup, terms.reduce_bucket)
-        top_gathered = at_flush = layer_gathered
+        top_gathered, at_flush = layer_gathered, zero3_head_flush_bytes(run, terms.prefetch_bucket,
+                                                                        terms.reduce_bucket, layer_gathered)
         if setup.quant_bits is None:
             ahead = zero3_gathered_ahead(model, setup, terms.prefetch_bucket, run.targets)
             # leaf MoE blocks under checkpointing: the coordinator replayed (zero3_module_trace.py)
