@@ -19,7 +19,12 @@ Per token, with :math:`a` the adapter's bytes, :math:`i` the input's, :math:`o` 
 (simulate: fsdp_qlora profile on one GPU, Mistral-7B LoRA bf16-mixed with fp32 adapters, dropout 0.05,
 checkpointed: the peak at the top layer's down_proj lora_A ``mm`` in the backward, the fp32 cast and the
 fp32 dropout output of the 14336-wide product beside it). PEFT's bitsandbytes layers do not cast under
-autocast (bnb.py ``requires_conversion``); FSDP and ZeRO runs are left to their wrappers' rows."""
+autocast (bnb.py ``requires_conversion``). FSDP2 (``fully_shard`` on whole decoder layers, adapters inside
+their layer's group: wrappers/fsdp.py ``Fsdp2``) runs the same recomputation: the pre-backward hook
+all-gathers the layer, then checkpoint's unpack hook replays its forward, PEFT's cast and dropout included
+(simulate: falcon-40b 3 layers LoRA fsdp2 ws4, LLaMA-Factory fp16, b3 x 2048: the peak at the top layer's
+``dense_4h_to_h`` lora_A ``mm`` in the backward, its fp32 cast and fp32 dropout output of the 32768-wide
+GELU output beside it). FSDP1 and ZeRO runs are left to their wrappers' rows."""
 
 from __future__ import annotations
 
@@ -28,9 +33,10 @@ from tuneplan.estimator.layer_walk import LayerWalk
 
 def recompute_adapter_temp(walk: LayerWalk, residual_grads: int) -> float:
     """Bytes per token of the transients at the recomputed layer's last adapter's lora_A (module docstring),
-    0 without checkpointing, without an adapter, or under a sharding wrapper."""
+    0 without checkpointing, without an adapter, or under FSDP1 / ZeRO (their wrappers' rows)."""
     setup, dtypes = walk.setup, walk.dtypes
-    if not setup.gradient_checkpointing or walk.last_target is None or setup.fsdp or setup.zero:
+    if (not setup.gradient_checkpointing or walk.last_target is None or setup.zero
+            or (setup.fsdp and setup.fsdp_version != 2)):
         return 0.0
     _, name, reads = walk.last_target
     linear = next((m for m in walk.spec.linears if m.name == name), None)
