@@ -29,6 +29,7 @@ GELU output beside it). FSDP1 and ZeRO runs are left to their wrappers' rows."""
 from __future__ import annotations
 
 from tuneplan.estimator.layer_walk import LayerWalk
+from tuneplan.estimator.lora_bottom_layer import parallel_block
 
 
 def recompute_adapter_temp(walk: LayerWalk, residual_grads: int) -> float:
@@ -49,4 +50,24 @@ def recompute_adapter_temp(walk: LayerWalk, residual_grads: int) -> float:
         temp += dtypes.adapter * linear.d_in
     if (setup.dropout or 0) > 0:
         temp += (dtypes.adapter if cast else input_bytes) * linear.d_in
-    return temp + walk.output_bytes * linear.d_out + dtypes.residual * residual_grads * walk.model.hidden
+    temp += walk.output_bytes * linear.d_out + dtypes.residual * residual_grads * walk.model.hidden
+    return temp + parallel_block_locals(walk)
+
+
+def parallel_block_locals(walk: LayerWalk) -> float:
+    r"""Bytes per token a parallel block's forward still references while its MLP runs, that nothing saved
+    for backward: the attention's output, kept until the block adds the MLP's to it (modeling_falcon
+    ``FalconDecoderLayer.forward``: ``mlp_output += attention_output``; GPT-J / Phi ``attn_outputs``,
+    GPT-NeoX ``attn_output``), and the normalized inputs the layer holds, when none is the storage a saved
+    tensor is (autocast's fp32 LayerNorm output, which the frozen projections do not keep and PEFT casts):
+    the MLP's argument, and Falcon's ``attention_layernorm_out``, a local of the layer's forward (GPT-NeoX
+    passes ``self.input_layernorm(hidden_states)`` as a temporary, released when the attention returns).
+
+    .. math:: o h + \sum_{n \in \text{held, unsaved}} b_n h"""
+    model, spec = walk.model, walk.spec
+    if not parallel_block(model, spec):
+        return 0.0
+    mlp_reads = {m.reads for m in spec.linears if m.role == "mlp"} & {"attn_in", "mlp_in"}
+    held = mlp_reads | ({"attn_in"} if model.model_type != "gpt_neox" else set())
+    unsaved = sum(walk.inputs_dtype.get(k, walk.compute_bytes) for k in held if k not in walk.ledger.items)
+    return (walk.output_bytes + unsaved) * model.hidden
