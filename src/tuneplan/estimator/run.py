@@ -47,7 +47,7 @@ class Run:
     def trainable_params(self) -> int:
         n = self.memo.get("trainable")
         if n is None:
-            n = self.memo["trainable"] = trainable_params(self.model, self.setup)
+            n = self.memo["trainable"] = trainable_params(self.model, self.setup, self.targets)
         return n
 
     def findings(self, accelerator: Accelerator | None) -> list[Finding]:
@@ -80,7 +80,7 @@ def resolve_run(model: ModelSpec, setup: TrainSetup) -> Run:
     model = model_as_built(model, setup.framework, setup.num_labels)
     dtypes = resolve_dtypes(setup, profile)
     targets = lora_targets(model, setup)
-    params = param_plan(model, setup, dtypes, quant_lm_head=profile.quantizes_lm_head)
+    params = param_plan(model, setup, dtypes, quant_lm_head=profile.quantizes_lm_head, targets=targets)
     attn = setup.attn or profile.default_attn
     code = profile.model_code
     kinds = layer_kinds(model, setup, dtypes, targets, attn, python_model_code=code == "hf",
