@@ -18,6 +18,7 @@ from typing import Any
 from tuneplan.compat import check
 from tuneplan.estimator.activations import LayerKinds, layer_kinds
 from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
+from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.weights import ParamPlan, lora_targets, param_plan, trainable_params
 from tuneplan.estimator.wrappers import Wrapper, wrapper_for
 from tuneplan.specs.finding import Finding
@@ -49,6 +50,20 @@ class Run:
         if n is None:
             n = self.memo["trainable"] = trainable_params(self.model, self.setup, self.targets)
         return n
+
+    @property
+    def stepped_optimizer(self) -> OptimizerPlan:
+        """The optimizer's states and temporaries on the tensors it steps (``optimizer.optimizer_plan`` on
+        ``optimizer.stepped_tensor_sizes``), before any wrapper partitions it: what both the memory
+        (memory_statics) and the update's time (time_statics.optimizer_terms) start from, made once."""
+        plan = self.memo.get("stepped_optimizer")
+        if plan is None:
+            pp = self.param_plan
+            plan = self.memo["stepped_optimizer"] = optimizer_plan(
+                self.optimizer, pp.trainable_params, pp.trainable_bytes, pp.trainable_tensors,
+                pp.largest_trainable_tensor, pp.factored_elems,
+                tensor_sizes=stepped_tensor_sizes(self.setup, pp.trainable_params, pp.trainable_sizes))
+        return plan  # type: ignore[no-any-return]
 
     def findings(self, accelerator: Accelerator | None) -> list[Finding]:
         """Compatibility findings on ``acc`` (tuneplan.compat), kept per card: no rule reads the batch
