@@ -39,7 +39,9 @@ def _first_number(cfg: dict[str, Any], keys: tuple[str, ...]) -> float:
     return 0.0
 
 
-@dataclass(frozen=True)
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class LayerActs:
     per_token: float  # bytes per token kept by one layer (O(s) part)
     per_token_per_pos: float  # eager attention: bytes per token per key position (x s)

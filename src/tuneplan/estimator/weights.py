@@ -45,7 +45,9 @@ def lora_params_of(m: Linear, rank: int) -> int:
     return m.count * rank * (m.d_in + m.d_out)
 
 
-@dataclass(frozen=True)
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class ParamPlan:
     weight_bytes: int  # resident weights (quantized storage counts here)
     quant_meta_bytes: int

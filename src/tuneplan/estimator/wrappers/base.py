@@ -164,7 +164,9 @@ class NoSyncGradients:
     synced: int  # on one GPU after the reduce-scatter (the optimizer step)
 
 
-@dataclass(frozen=True)
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class WrapperMemory:
     """What the wrapper keeps on each GPU at each instant of the step; ``None``: the instant follows the
     single-GPU rule."""
