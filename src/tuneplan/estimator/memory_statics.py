@@ -20,7 +20,7 @@ from tuneplan.estimator.peak_candidates import backward_start_leads, step_below_
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.weights import recompute_casts_to_first_target
-from tuneplan.estimator.wrappers.base import EndOfBackward, Gathered, WrapperMemory
+from tuneplan.estimator.wrappers.base import NO_GATHERS, EndOfBackward, WrapperMemory
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
 from tuneplan.estimator.wrappers.zero12_reductions import trained_layers
 from tuneplan.estimator.wrappers.zero_terms import partition_optimizer_plan
@@ -234,7 +234,7 @@ def wrapper_adds_rows(wrapped: WrapperMemory) -> bool:
             or wrapped.end_of_backward is not None or wrapped.tail_reduce is not None
             or wrapped.epilogue is not None or bool(wrapped.layers_backward)
             or bool(wrapped.reduction_moments)
-            or bool(wrapped.first_hook_bucket) or wrapped.gathered != Gathered())
+            or bool(wrapped.first_hook_bucket) or wrapped.gathered != NO_GATHERS)
 
 
 def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:

@@ -28,7 +28,9 @@ from tuneplan.specs.profiles import Profile, get_profile, loss_kind, model_as_bu
 from tuneplan.specs.setup import TrainSetup
 
 
-@dataclass(frozen=True)
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class Run:
     model: ModelSpec  # as the framework's code builds it (model_as_built)
     setup: TrainSetup  # validated and resolved against its profile
