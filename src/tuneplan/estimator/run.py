@@ -65,7 +65,7 @@ class Run:
                 self.optimizer, pp.trainable_params, pp.trainable_bytes, pp.trainable_tensors,
                 pp.largest_trainable_tensor, pp.factored_elems,
                 tensor_sizes=stepped_tensor_sizes(self.setup, pp.trainable_params, pp.trainable_sizes))
-        return plan  # type: ignore[no-any-return]
+        return plan
 
     def findings(self, accelerator: Accelerator | None) -> list[Finding]:
         """Compatibility findings on ``acc`` (tuneplan.compat), kept per card: no rule reads the batch
