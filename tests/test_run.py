@@ -69,6 +69,7 @@ def test_reshaped_run_times_and_costs_like_a_fresh_estimate(setup):
 def test_a_warm_run_resolves_nothing_for_time(monkeypatch):
     # once a run was estimated on a card, other shapes re-plan neither FLOPs nor profile, dtypes, params
     from tuneplan.estimator import compute, time_statics, weights
+    from tuneplan.estimator import run as run_module
     from tuneplan.specs import profiles
 
     spec = resolve_model("llama-2-7b")
@@ -80,7 +81,7 @@ def test_a_warm_run_resolves_nothing_for_time(monkeypatch):
         raise AssertionError("resolved again")
 
     for mod, name in ((time_statics, "flop_plan"), (compute, "get_profile"), (compute, "resolve_dtypes"),
-                      (profiles, "get_profile"), (weights, "param_plan"), (time_statics, "optimizer_plan")):
+                      (profiles, "get_profile"), (weights, "param_plan"), (run_module, "optimizer_plan")):
         monkeypatch.setattr(mod, name, refuse)
     for b in (1, 2, 8):
         for s in (128, 512, 4096):

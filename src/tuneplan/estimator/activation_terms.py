@@ -36,9 +36,10 @@ class LayerKinds:
     # kind of its own when its input needs no gradient): back-propagated after all the others
     lower_kinds: int = 0
 
-@dataclass(frozen=True)
+@dataclass
 class ActivationTerms:
-    """What :func:`saved_at` needs besides batch and seq, resolved once per run (``activation_terms``).
+    """What :func:`saved_at` needs besides batch and seq, resolved once per run (``activation_terms``);
+    read-only by convention, not frozen (as ``memory_statics.MemoryStatics``: cheaper to make).
 
     ``kinds``: per kind of layer, (per_token, per_token_per_pos, pinned, input_alias, backward_temp,
     backward_temp_per_pos, attn_backward_offset, per_layer, backward_per_layer, backward_per_layer_per_token,

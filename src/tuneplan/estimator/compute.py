@@ -78,7 +78,9 @@ def _adapter_backward_bytes(d_in: int, d_out: int, dropout: bool, elem: int) -> 
     return (d_out + d_in * (2 + (1 if dropout else 0))) * elem
 
 
-@dataclass(frozen=True)
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class FlopCount:
     """Work of one token of a micro-batch at sequence length ``seq`` (whole model, one replica)."""
 
@@ -135,7 +137,9 @@ def flops_per_token(model: ModelSpec, setup: TrainSetup, seq: int | None = None)
     return flops_at(plan, seq or setup.seq)
 
 
-@dataclass(frozen=True)
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class FlopPlan:
     """Everything of a ``FlopCount`` that does not depend on the sequence length, and the terms that do
     (attention core and eager scores, linear in the key positions a query meets) as the multipliers of

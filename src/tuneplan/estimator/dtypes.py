@@ -18,7 +18,9 @@ from tuneplan.specs.profiles import Profile
 from tuneplan.specs.setup import TrainSetup
 
 
-@dataclass(frozen=True)
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class Dtypes:
     compute: int  # bytes of the matmul dtype (bf16/fp16 = 2, fp32 = 4)
     autocast: bool

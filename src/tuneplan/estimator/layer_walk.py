@@ -240,10 +240,10 @@ def fsdp1_adapter_input_copy(setup: TrainSetup) -> bool:
     autocast casts it back to 16 bits for the matmul (an activation: not cached): a new 16-bit tensor per
     adapter, which lora_A's matmul saves for its weight gradient (simulate: FSDP1, Llama-3.3-70B LoRA on
     q, k, v, o, the cast made in ``lora_A.default._fsdp_wrapped_module``)."""
+    if not (setup.fsdp and setup.fsdp_version == 1 and setup.world_size > 1 and setup.method == "lora"):
+        return False  # not FSDP1 LoRA: the imports below are for the runs that are
     from tuneplan.estimator.wrappers.fsdp import HF_TRAINER_LOOPS
     from tuneplan.specs.load_precision import fsdp_mixed_precision
     from tuneplan.specs.profiles import get_profile
 
-    return (setup.fsdp and setup.fsdp_version == 1 and setup.world_size > 1 and setup.method == "lora"
-            and setup.framework in HF_TRAINER_LOOPS
-            and fsdp_mixed_precision(setup, get_profile(setup.framework)))
+    return setup.framework in HF_TRAINER_LOOPS and fsdp_mixed_precision(setup, get_profile(setup.framework))

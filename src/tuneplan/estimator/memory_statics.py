@@ -13,14 +13,14 @@ from tuneplan.estimator.bnb_scope import unquantized_note
 from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
 from tuneplan.estimator.layer_end_casts import head_and_top_layer_casts, top_layer_end_casts
 from tuneplan.estimator.logits import logits_terms
-from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
+from tuneplan.estimator.optimizer import OptimizerPlan
 from tuneplan.estimator.optimizer_groups import adafactor_step_temp, no_decay_elements
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.peak_candidates import backward_start_leads, step_below_bottom
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.weights import recompute_casts_to_first_target
-from tuneplan.estimator.wrappers.base import EndOfBackward, Gathered, WrapperMemory
+from tuneplan.estimator.wrappers.base import NO_GATHERS, EndOfBackward, WrapperMemory
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
 from tuneplan.estimator.wrappers.zero12_reductions import trained_layers
 from tuneplan.estimator.wrappers.zero_terms import partition_optimizer_plan
@@ -29,10 +29,12 @@ from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
 
-@dataclass(frozen=True)
+@dataclass
 class MemoryStatics:
     """What does not depend on batch x seq: persistent terms, gradients, optimizer, sharding, and the switches
-    that choose which instants exist, resolved once per run so that ``instants.instants`` is arithmetic."""
+    that choose which instants exist, resolved once per run so that ``instants.instants`` is arithmetic.
+    Read-only by convention, not frozen: a frozen dataclass sets each of its 60-odd fields through
+    ``object.__setattr__``, which doubles the cost of making one (every new setup makes one)."""
 
     optimizer: OptimizerPlan
     wrapped: WrapperMemory  # what the data-parallel wrapper keeps at each instant (run.wrapper.memory)
@@ -157,10 +159,7 @@ def memory_statics(run: Run) -> MemoryStatics:
     # A quantized lm_head dequantizes its whole weight for every chunk of the forward
     head_dequant = (int(profile.dequant_bytes_per_elem * model.head_width * model.hidden)
                     if setup.quant_bits is not None and profile.quantizes_lm_head else 0)
-    stepped = stepped_tensor_sizes(setup, params.trainable_params, params.trainable_sizes)
-    optimizer = optimizer_plan(run.optimizer, params.trainable_params, params.trainable_bytes,
-                               params.trainable_tensors, params.largest_trainable_tensor,
-                               params.factored_elems, tensor_sizes=stepped)
+    optimizer = run.stepped_optimizer
     if not setup.zero and not setup.fsdp:
         optimizer = grouped_optimizer_temp(run, optimizer)
     wrapper_memory = run.wrapper.memory(run, optimizer)
@@ -235,7 +234,7 @@ def wrapper_adds_rows(wrapped: WrapperMemory) -> bool:
             or wrapped.end_of_backward is not None or wrapped.tail_reduce is not None
             or wrapped.epilogue is not None or bool(wrapped.layers_backward)
             or bool(wrapped.reduction_moments)
-            or bool(wrapped.first_hook_bucket) or wrapped.gathered != Gathered())
+            or bool(wrapped.first_hook_bucket) or wrapped.gathered != NO_GATHERS)
 
 
 def persistent_terms(run: Run, wrapper_memory: WrapperMemory) -> dict[str, int]:

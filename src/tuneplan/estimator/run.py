@@ -18,6 +18,7 @@ from typing import Any
 from tuneplan.compat import check
 from tuneplan.estimator.activations import LayerKinds, layer_kinds
 from tuneplan.estimator.dtypes import Dtypes, resolve_dtypes
+from tuneplan.estimator.optimizer import OptimizerPlan, optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.weights import ParamPlan, lora_targets, param_plan, trainable_params
 from tuneplan.estimator.wrappers import Wrapper, wrapper_for
 from tuneplan.specs.finding import Finding
@@ -27,7 +28,9 @@ from tuneplan.specs.profiles import Profile, get_profile, loss_kind, model_as_bu
 from tuneplan.specs.setup import TrainSetup
 
 
-@dataclass(frozen=True)
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class Run:
     model: ModelSpec  # as the framework's code builds it (model_as_built)
     setup: TrainSetup  # validated and resolved against its profile
@@ -47,8 +50,22 @@ class Run:
     def trainable_params(self) -> int:
         n = self.memo.get("trainable")
         if n is None:
-            n = self.memo["trainable"] = trainable_params(self.model, self.setup)
+            n = self.memo["trainable"] = trainable_params(self.model, self.setup, self.targets)
         return n
+
+    @property
+    def stepped_optimizer(self) -> OptimizerPlan:
+        """The optimizer's states and temporaries on the tensors it steps (``optimizer.optimizer_plan`` on
+        ``optimizer.stepped_tensor_sizes``), before any wrapper partitions it: what both the memory
+        (memory_statics) and the update's time (time_statics.optimizer_terms) start from, made once."""
+        plan = self.memo.get("stepped_optimizer")
+        if plan is None:
+            pp = self.param_plan
+            plan = self.memo["stepped_optimizer"] = optimizer_plan(
+                self.optimizer, pp.trainable_params, pp.trainable_bytes, pp.trainable_tensors,
+                pp.largest_trainable_tensor, pp.factored_elems,
+                tensor_sizes=stepped_tensor_sizes(self.setup, pp.trainable_params, pp.trainable_sizes))
+        return plan
 
     def findings(self, accelerator: Accelerator | None) -> list[Finding]:
         """Compatibility findings on ``acc`` (tuneplan.compat), kept per card: no rule reads the batch
@@ -80,7 +97,7 @@ def resolve_run(model: ModelSpec, setup: TrainSetup) -> Run:
     model = model_as_built(model, setup.framework, setup.num_labels)
     dtypes = resolve_dtypes(setup, profile)
     targets = lora_targets(model, setup)
-    params = param_plan(model, setup, dtypes, quant_lm_head=profile.quantizes_lm_head)
+    params = param_plan(model, setup, dtypes, quant_lm_head=profile.quantizes_lm_head, targets=targets)
     attn = setup.attn or profile.default_attn
     code = profile.model_code
     kinds = layer_kinds(model, setup, dtypes, targets, attn, python_model_code=code == "hf",

@@ -24,20 +24,24 @@ def model_dropout(cfg: dict[str, Any]) -> tuple[float, float, float]:
     """(attention-probs, residual/hidden, embedding) dropout of a config, as transformers applies them in
     training: Llama-style configs ship 0.0; GPT-2 attn_pdrop/resid_pdrop/embd_pdrop 0.1; BERT
     attention_probs_dropout_prob / hidden_dropout_prob 0.1."""
-    def first(*keys: str) -> float:
-        for k in keys:
-            v = cfg.get(k)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                return float(v)
-        return 0.0
-
-    attn = first("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout")
-    hidden = first("resid_pdrop", "hidden_dropout_prob", "hidden_dropout")
-    embd = first("embd_pdrop", "hidden_dropout_prob", "embed_dropout")
+    attn = _first_number(cfg, ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout"))
+    hidden = _first_number(cfg, ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout"))
+    embd = _first_number(cfg, ("embd_pdrop", "hidden_dropout_prob", "embed_dropout"))
     return attn, hidden, embd
 
 
-@dataclass(frozen=True)
+def _first_number(cfg: dict[str, Any], keys: tuple[str, ...]) -> float:
+    """The first of ``keys`` whose value in ``cfg`` is a number (not a bool), else 0."""
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None and type(v) is not bool and isinstance(v, (int, float)):
+            return float(v)
+    return 0.0
+
+
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class LayerActs:
     per_token: float  # bytes per token kept by one layer (O(s) part)
     per_token_per_pos: float  # eager attention: bytes per token per key position (x s)

@@ -29,7 +29,6 @@ from tuneplan.estimator.launch_costs import (
 )
 from tuneplan.estimator.links import Link, host_link
 from tuneplan.estimator.logits import LITGPT_CHUNK
-from tuneplan.estimator.optimizer import optimizer_plan, stepped_tensor_sizes
 from tuneplan.estimator.wrappers.fsdp import frozen_weights_get_gradients
 from tuneplan.specs.hardware import Accelerator
 
@@ -62,11 +61,12 @@ class RuntimeOptions:
     corrections: tuple[tuple[str, float], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass
 class TimeStatics:
     """The terms of the step time that depend on neither the micro-batch, the sequence length nor the
     accumulation: rates of the card, FLOP coefficients, launches, the optimizer update, the collectives'
-    volumes and the host-link copies. Computed once per (run, card, options) by :func:`time_statics`."""
+    volumes and the host-link copies. Computed once per (run, card, options) by :func:`time_statics`.
+    Read-only by convention, not frozen (as ``memory_statics.MemoryStatics``: cheaper to make)."""
 
     peak: float
     u: float
@@ -167,9 +167,7 @@ def optimizer_terms(run: Run, bw: float, k_over: float) -> OptimizerTerms:
     x ``k_overhead``) count only beyond that memory time, and not at all when the states are sharded or
     the step runs on the CPU."""
     setup, pp = run.setup, run.param_plan
-    op = optimizer_plan(run.optimizer, pp.trainable_params, pp.trainable_bytes,
-                        pp.trainable_tensors, pp.largest_trainable_tensor, pp.factored_elems,
-                        tensor_sizes=stepped_tensor_sizes(setup, pp.trainable_params, pp.trainable_sizes))
+    op = run.stepped_optimizer
     states = op.states + op.paged
     upd_bytes: float = (pp.trainable_params * (2 * pp.trainable_bytes + pp.trainable_bytes) + 2 * states
                         + op.temp * 2)

@@ -45,7 +45,9 @@ def lora_params_of(m: Linear, rank: int) -> int:
     return m.count * rank * (m.d_in + m.d_out)
 
 
-@dataclass(frozen=True)
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class ParamPlan:
     weight_bytes: int  # resident weights (quantized storage counts here)
     quant_meta_bytes: int
@@ -105,7 +107,8 @@ class _Tally:
     sizes: Counter[int] = field(default_factory=Counter)  # trainable tensors: elements -> how many
 
 
-def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_head: bool = False) -> ParamPlan:
+def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_head: bool = False,
+               targets: frozenset[str] | None = None) -> ParamPlan:
     """Parameters by role and dtype: the decoder layers (:func:`layer_params`), then the embeddings, lm_head
     and final norm (:func:`non_block_params`), then the adapters' autocast casts.
 
@@ -115,10 +118,12 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_hea
     forward; under gradient checkpointing only the head's at the loss backward, until the head's backward).
 
     ``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning
-    Fabric's BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's."""
+    Fabric's BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's.
+    ``targets``: :func:`lora_targets`, when the caller has them already (a resolved run)."""
     from tuneplan.specs.profiles import get_profile
 
-    targets = lora_targets(model, setup)
+    if targets is None:
+        targets = lora_targets(model, setup)
     model_code = get_profile(setup.framework).model_code
     tally = _Tally()
     largest_layer = layer_params(tally, model, setup, dtypes, targets, model_code)
@@ -367,17 +372,19 @@ def flat_views(setup: TrainSetup) -> bool:
     return setup.fsdp and setup.fsdp_version == 1
 
 
-def trainable_params(model: ModelSpec, setup: TrainSetup) -> int:
+def trainable_params(model: ModelSpec, setup: TrainSetup, targets: frozenset[str] | None = None) -> int:
     """Parameters the setup trains: every one (full), the last ``freeze_trainable_layers`` layers (freeze),
     or the LoRA matrices r x (d_in + d_out) of every targeted linear, plus PEFT's trainable copy of a
-    sequence-classification head (``modules_to_save``: score / classifier)."""
+    sequence-classification head (``modules_to_save``: score / classifier). ``targets``: :func:`lora_targets`,
+    when the caller has them already (a resolved run)."""
     if setup.method == "full":
         return model.params_total
     if setup.method == "freeze":
         n = min(setup.freeze_trainable_layers, model.n_layers)
         per_layer = model.params_layers // model.n_layers
         return per_layer * n
-    targets = lora_targets(model, setup)
+    if targets is None:
+        targets = lora_targets(model, setup)
     total = 0
     for spec, count in model.layer_groups:
         for m in spec.linears:

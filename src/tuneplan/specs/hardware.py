@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 GIB = 1024**3
@@ -94,9 +95,10 @@ class Accelerator:
         return f"derived: marketed GiB{split} x {USABLE_FRACTION}"
 
     # ---- what the compatibility rules key on ------------------------------------------------
-    @property
+    @cached_property
     def platform(self) -> str:
-        """'cuda' | 'rocm' | 'npu' | 'unknown': the PyTorch backend this card runs through."""
+        """'cuda' | 'rocm' | 'npu' | 'unknown': the PyTorch backend this card runs through (kept on the
+        card: the compatibility rules ask about ten times per estimate)."""
         return PLATFORMS.get(self.vendor.strip().lower(), "unknown")
 
     @property

@@ -11,7 +11,7 @@ value came from.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from tuneplan.errors import TuneplanError
@@ -121,7 +121,14 @@ class TrainSetup:
         return self.batch * self.seq
 
     def replace(self, **changes: Any) -> TrainSetup:
-        return replace(self, **changes)
+        """``dataclasses.replace``, without re-running ``__init__`` field by field (a new setup is made two or
+        three times per estimate): no field has ``init=False`` or a ``__post_init__``, and nothing else lives
+        in the instance's ``__dict__``, so a copy of it with the changes is the object ``__init__`` makes."""
+        if not changes.keys() <= _field_names(type(self)):
+            return replace(self, **changes)  # raises dataclasses' TypeError for the unknown name
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__, **changes)
+        return new
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -220,6 +227,17 @@ _CHECKED = (*_CHOICES, *SETUP_INT_RANGES, *_BOOLS, "bits", "rank", "alpha", "dro
             "ds_reduce_bucket", "ds_prefetch_bucket", "targets", "fsdp_version")
 # a DeepSpeed bucket of 10^12 elements is 2 TB in bf16: beyond any device (DeepSpeed's default is 5e8)
 _MAX_BUCKET = 10**12
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    """The dataclass fields of a TrainSetup class (TorchEraSetup adds some), kept per class."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = frozenset(f.name for f in fields(cls))
+    return names
+
+
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
 
 
 def check_fields(values: Mapping[str, Any]) -> None:

@@ -164,14 +164,19 @@ class NoSyncGradients:
     synced: int  # on one GPU after the reduce-scatter (the optimizer step)
 
 
-@dataclass(frozen=True)
+NO_GATHERS = Gathered()  # nothing gathered anywhere (one GPU, DDP): a wrapper that adds no rows of its own
+
+
+# hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__
+@dataclass(unsafe_hash=True)
 class WrapperMemory:
     """What the wrapper keeps on each GPU at each instant of the step; ``None``: the instant follows the
     single-GPU rule."""
 
     resident: Resident
     buckets: Buckets = Buckets()
-    gathered: Gathered = Gathered()
+    gathered: Gathered = NO_GATHERS
     top_layer: TopLayer | None = None
     # the lowest trained layer's backward alike (FSDP1: wrappers/fsdp1_bottom.py); None: the bottom row
     # counts its activations, scratch and gradients together beside ``Gathered.in_layers``
