@@ -49,6 +49,7 @@ from tuneplan.estimator.wrappers.zero3_saved_views import (
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
+    from tuneplan.specs.model import LayerSpec
 
 # transformers 5.25 models/*/modeling_*.py whose MoE block's forward ends ``hidden_states +
 # self.shared_experts(residuals)``, the routed experts first (none is a DeepSpeed leaf module class)
@@ -121,14 +122,17 @@ def zero3_recompute_top_bytes(run: Run) -> int:
     .. math:: G = 3\\, b_e\\, S_{top} \\quad\\text{(every pass)}, \\qquad
               G = b_e\\, v_{top} + 2\\, b_e\\, S_{top} \\quad\\text{(recording pass)}
 
-    with ``v_top`` the top layer's stacks whose recomputed copy the saved view keeps
+    with ``S_top`` the stacks of the highest layer whose frozen weights are recomputed
+    (:func:`frozen_recomputed_layer`: the top one, or under freeze the one below the trained ones),
+    ``v_top`` the top layer's stacks whose recomputed copy the saved view keeps
     (``zero3_saved_views.expert_viewed_weights``: 0 when the experts' input needs no gradient, none of a
     stack PEFT adapts). (simulate: DeepSeek-V3, 3 layers, freeze over 2 GPUs under checkpointing: layer 5's
     recomputed 1.127e10-element ``gate_up_proj`` / ``down_proj`` beside the backward fetch's flat buffer
     and its copies, the first micro-batch's peak, 107.3 GB.)"""
     model, setup = run.model, run.setup
     if zero3_recompute_every_pass(run):
-        stacks = sum(m.params for m in model.layer_groups[-1][0].linears if m.role == "expert")
+        spec = frozen_recomputed_layer(run)
+        stacks = sum(m.params for m in spec.linears if m.role == "expert") if spec is not None else 0
         return 3 * stacks * expert_stack_bytes(setup.quant_bits, run.dtypes)
     if zero3_leaf_moe(model, True):
         return 0
@@ -139,17 +143,33 @@ def zero3_recompute_top_bytes(run: Run) -> int:
 
 
 def zero3_recompute_every_pass(run: Run) -> bool:
-    """Whether the top layer's recomputed experts are released before their backward fetch in every pass,
-    not only in the recording one (module doc): the stacks are frozen (LoRA, QLoRA: PEFT's
-    ``enable_input_require_grads`` makes every layer's input require grad, so the view is saved) and
-    attributed by ``update_recompute_parameters`` to the shared experts' backward module, which runs first
-    where the model's MoE block adds its shared experts after the routed ones
+    """Whether the highest back-propagated layer with frozen stacks (:func:`frozen_recomputed_layer`) has its
+    recomputed experts released before their backward fetch in every pass, not only in the recording one
+    (module doc): ``update_recompute_parameters`` files them (frozen weights only: ``not
+    param.requires_grad`` in ``_fetch_sub_module_impl``) under the shared experts' backward module, which
+    runs first where the model's MoE block adds its shared experts after the routed ones
     (:data:`SHARED_AFTER_ROUTED_MODEL_TYPES`, not a leaf module)."""
     model, setup = run.model, run.setup
-    if (not setup.gradient_checkpointing or setup.method not in ("lora", "qlora")
-            or model.model_type not in SHARED_AFTER_ROUTED_MODEL_TYPES
+    if (not setup.gradient_checkpointing or model.model_type not in SHARED_AFTER_ROUTED_MODEL_TYPES
             or model.model_type in TRANSPOSED_EXPERT_MODEL_TYPES):
         return False
-    spec = model.layer_groups[-1][0]
-    return (any(m.role == "expert" for m in spec.linears)
+    spec = frozen_recomputed_layer(run)
+    return (spec is not None and any(m.role == "expert" for m in spec.linears)
             and any(m.role == "shared_expert" for m in spec.linears))
+
+
+def frozen_recomputed_layer(run: Run) -> LayerSpec | None:
+    """The highest decoder layer whose frozen weights a checkpoint's recompute fetches and whose backward
+    runs, under checkpointing: the top one under LoRA / QLoRA (PEFT's ``enable_input_require_grads`` makes
+    every layer's input require grad, the stacks frozen); under freeze the one below the top
+    ``freeze_trainable_layers`` (transformers' ``_activation_checkpointing_enable`` calls
+    ``enable_input_require_grads`` for a model whose ``main_input_name`` is ``input_ids``, so the frozen
+    layers are back-propagated too); None otherwise."""
+    model, setup = run.model, run.setup
+    if setup.method in ("lora", "qlora"):
+        return model.layer_groups[-1][0]
+    if setup.method != "freeze":
+        return None
+    layers = [spec for spec, count in model.layer_groups for _ in range(count)]
+    below = len(layers) - min(setup.freeze_trainable_layers, len(layers)) - 1
+    return layers[below] if below >= 0 else None

@@ -1,8 +1,10 @@
 r"""ZeRO-3's coordinator replayed through the backward of non-leaf MoE blocks that add their shared experts
 after the routed ones (``DeepseekV2Moe.forward``: ``self.gate``, ``self.experts``, then
-``hidden_states + self.shared_experts(residuals)``), in a LoRA / QLoRA run under checkpointing whose
-frozen expert stacks the recompute fetches for the shared experts' backward
-(zero3_expert_round.zero3_recompute_every_pass).
+``hidden_states + self.shared_experts(residuals)``), in a LoRA / QLoRA / freeze run under checkpointing
+whose frozen expert stacks the recompute fetches for the shared experts' backward
+(zero3_expert_round.zero3_recompute_every_pass). A freeze run's top ``freeze_trainable_layers`` layers
+hold trained parameters: ``update_recompute_parameters`` files none of them, and their recomputed stacks
+are the ones the experts' backward uses.
 
 The prefetcher (``_fetch_sub_module_impl``, DeepSpeed 0.19.8 runtime/zero/partitioned_param_coordinator.py)
 pops the trace queue under :math:`\min(M - A, B)`: at the router's backward fetch of layer ``l`` it pops
@@ -141,7 +143,21 @@ def zero3_shared_moe_backward(run: Run, prefetch_bucket: int) -> int:
 
 def most_at_experts_backward(run: Run, prefetch_bucket: int) -> int:
     """:func:`zero3_shared_moe_backward`'s maximum over the replayed step's experts' backward fetches."""
-    events, _ = step_events(run, shared_moe_layer_events)
+    layers = [spec for spec, count in run.model.layer_groups for _ in range(count)]
+    trained_from = (len(layers) - min(run.setup.freeze_trainable_layers, len(layers))
+                    if run.setup.method == "freeze" else len(layers))
+    moe_index = iter(i for i, spec in enumerate(layers) if spec.moe)
+
+    def layer(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], list[Event]]:
+        fwd, bwd = shared_moe_layer_events(run, spec, bits)
+        if next(moe_index) >= trained_from:
+            # a freeze run's trained layer: every parameter requires grad (built unmarked, fresh per layer)
+            for _, m, _ in fwd:
+                for p in [*m.params, *(m.tree or [])]:
+                    p.trained = True
+        return fwd, bwd
+
+    events, _ = step_events(run, layer)
     rows = replay(events, prefetch_bucket)
     most = 0
     for i, (action, m, kind) in enumerate(events):
@@ -149,5 +165,7 @@ def most_at_experts_backward(run: Run, prefetch_bucket: int) -> int:
             stacks = sum(p.numel * p.nbytes for p in m.params)
             # gathered at this fetch: its flat buffer beside the copies until the last one is made
             fresh = rows[i][0] - rows[i - 1][0] >= sum(p.numel for p in m.params)
-            most = max(most, rows[i][1] + stacks * (1 + fresh))
+            # a trained layer's recomputed stacks are the gathered ones, no copy kept beside them
+            kept = not any(p.trained for p in m.params)
+            most = max(most, rows[i][1] + stacks * (kept + fresh))
     return most
