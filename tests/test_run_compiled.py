@@ -166,3 +166,28 @@ def test_the_stranded_bound_is_per_run() -> None:
     packed = stranded_terms(resolve_run(spec, build_setup(spec, method="lora", precision="bf16-mixed",
                                                           gradient_checkpointing=True)))
     assert packed.bound_per_token is None and packed.packed_layers == 32
+
+
+@pytest.mark.parametrize("setup", [
+    # a full fine-tune's untied head: its new weight gradient meets an accumulated buffer only under
+    # accumulation (head_gradient.py), so the choice must not survive a reshape from one micro-batch
+    {"method": "full", "framework": "litgpt", "precision": "bf16", "optimizer": "paged-adamw-8bit",
+     "gradient_checkpointing": True},
+    {"method": "full", "precision": "bf16-mixed"},
+    {"method": "lora"},
+    {"method": "full", "gpus": 2, "zero": 1},
+])
+@pytest.mark.parametrize("accumulations", [(1, 32), (32, 1)])
+def test_a_run_reshaped_across_accumulation_answers_like_a_fresh_resolve(setup, accumulations) -> None:
+    # the planner resolves a family once and reshapes it (plan.sizes.Shared.run): every number of the
+    # reshaped run, memory and time, must be those of the setup resolved at that accumulation
+    spec = resolve_model("meta-llama/Llama-3.2-1B")  # untied head
+    gpu = tuneplan.catalog.accelerators.resolve_accelerator("l20")
+    first, then = accumulations
+    base = resolve_run(spec, build_setup(spec, batch=2, seq=512, grad_accum=first, **setup))
+    estimate_run(base, gpu=gpu)  # fills the run's memo at the first accumulation
+    reshaped = estimate_run(base.reshaped(grad_accum=then), gpu=gpu)
+    fresh_setup = build_setup(spec, batch=2, seq=512, grad_accum=then, **setup)
+    fresh = estimate_run(resolve_run(spec, fresh_setup), gpu=gpu)
+    assert reshaped.breakdown.to_dict() == fresh.breakdown.to_dict()
+    assert reshaped.to_dict()["time"] == fresh.to_dict()["time"]

@@ -27,6 +27,8 @@ from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile, get_profile, loss_kind, model_as_built
 from tuneplan.specs.setup import TrainSetup
 
+GRAD_ACCUM_MEMOS = ("memory", "head_gradient")  # Run.memo entries that depend on grad_accum
+
 
 # hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
 # __init__ sets each field through object.__setattr__
@@ -86,8 +88,10 @@ class Run:
         for k in shape:
             sources.setdefault(k, "flag")
         setup = self.setup.replace(**shape, sources=sources)
-        # the memo's memory terms depend on grad_accum; its findings and trainable count on neither
-        memo = {k: v for k, v in self.memo.items() if k != "memory"} if "grad_accum" in shape else self.memo
+        # the memo's memory terms and whether the head's new gradient meets an accumulated buffer
+        # (instants.py) depend on grad_accum; its findings, trainable count and optimizer plan on neither
+        memo = ({k: v for k, v in self.memo.items() if k not in GRAD_ACCUM_MEMOS} if "grad_accum" in shape
+                else self.memo)
         return replace(self, setup=setup, memo=memo)
 
 
