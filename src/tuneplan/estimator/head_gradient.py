@@ -24,11 +24,13 @@ linear loss makes the weight's gradient chunk by chunk (not counted here).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tuneplan.estimator.memory_statics import MemoryStatics
-from tuneplan.estimator.run import Run
 from tuneplan.estimator.xp import maximum
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.memory_statics import MemoryStatics
+    from tuneplan.estimator.run import Run
 
 
 def head_gradient_buffered(run: Run, statics: MemoryStatics) -> bool:

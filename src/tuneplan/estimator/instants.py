@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan, saved_at
 from tuneplan.estimator.eager_forward import forward_attention_row
-from tuneplan.estimator.head_gradient import head_gradient_buffered, head_gradient_row
+from tuneplan.estimator.head_gradient import head_gradient_row
 from tuneplan.estimator.layer_scratch import layer_backward_scratch, top_fetch_row, top_layer_terms
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
@@ -175,10 +175,7 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
         # first), the held outputs, and the whole head dequantized again for the input gradient
         head_backward = in_step + logits.at_forward_end + head_dequant
         rows["backward_lm_head"] = (earlier_grads, 0, saved, 0, head_backward, 0, statics.gathered)
-    buffered = run.memo.get("head_gradient")
-    if buffered is None:
-        buffered = run.memo["head_gradient"] = head_gradient_buffered(run, statics)
-    if buffered:  # a trained untied head's new weight gradient beside its buffer (head_gradient.py)
+    if statics.head_gradient:  # an untied head's new weight gradient beside its buffer (head_gradient.py)
         rows["backward_head_gradient"] = head_gradient_row(run, statics, saved, acts.tokens)
     layer_backward_rows(rows, statics, acts, in_step, batch * seq)
     kept = pinned if holds else 0

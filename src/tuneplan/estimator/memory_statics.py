@@ -11,6 +11,7 @@ from tuneplan.estimator.activation_terms import BACKWARD_FIXED
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
 from tuneplan.estimator.bnb_scope import unquantized_note
 from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
+from tuneplan.estimator.head_gradient import head_gradient_buffered
 from tuneplan.estimator.layer_end_casts import head_and_top_layer_casts, top_layer_end_casts
 from tuneplan.estimator.logits import logits_terms
 from tuneplan.estimator.optimizer import OptimizerPlan
@@ -128,6 +129,7 @@ class MemoryStatics:
     # backward_start holds more than forward at every shape (:func:`backward_start_leads`)
     backward_start_leads: bool = field(init=False)
     step_below_bottom: bool = field(init=False)  # optimizer_step can never peak (:func:`step_below_bottom`)
+    head_gradient: bool = False  # the head's new gradient meets an accumulated buffer (head_gradient.py)
 
     def __post_init__(self) -> None:
         experts = any(kind[BACKWARD_FIXED] for kind in self.acts.kinds)
@@ -221,6 +223,7 @@ def memory_statics(run: Run) -> MemoryStatics:
         recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run),
         bottom_own_grads=bottom_own_gradients(run, grads_prev),
         eager_forward=eager_forward_terms(run), wrapper_rows=wrapper_adds_rows(wrapper_memory))
+    out.head_gradient = head_gradient_buffered(run, out)
     run.memo["memory"] = out
     return out
 

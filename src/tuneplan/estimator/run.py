@@ -27,7 +27,7 @@ from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import Profile, get_profile, loss_kind, model_as_built
 from tuneplan.specs.setup import TrainSetup
 
-GRAD_ACCUM_MEMOS = ("memory", "head_gradient")  # Run.memo entries that depend on grad_accum
+GRAD_ACCUM_MEMOS = ("memory",)  # Run.memo entries that depend on grad_accum
 
 
 # hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
@@ -88,8 +88,8 @@ class Run:
         for k in shape:
             sources.setdefault(k, "flag")
         setup = self.setup.replace(**shape, sources=sources)
-        # the memo's memory terms and whether the head's new gradient meets an accumulated buffer
-        # (instants.py) depend on grad_accum; its findings, trainable count and optimizer plan on neither
+        # the memo's memory terms depend on grad_accum; its findings, trainable count and optimizer plan
+        # on neither
         memo = ({k: v for k, v in self.memo.items() if k not in GRAD_ACCUM_MEMOS} if "grad_accum" in shape
                 else self.memo)
         return replace(self, setup=setup, memo=memo)
