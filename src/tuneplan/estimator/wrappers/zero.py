@@ -33,6 +33,7 @@ from tuneplan.estimator.wrappers.base import (
 )
 from tuneplan.estimator.wrappers.reduce_buckets import first_hook_after_stacks
 from tuneplan.estimator.wrappers.zero1_bottom import zero1_bottom_layer
+from tuneplan.estimator.wrappers.zero1_offload import zero1_offload_epilogue
 from tuneplan.estimator.wrappers.zero2_partition import past_mlp_scratch_per_token, zero2_backward
 from tuneplan.estimator.wrappers.zero3_bottom_forward import zero3_gathered_at_first_linear
 from tuneplan.estimator.wrappers.zero3_coordinator import (
@@ -166,7 +167,8 @@ class ZeroOneTwo(Zero):
         held = offload_grad_buffer + buffers
         epilogue, in_layers, kept, made, at_head, records, at_bottom = (
             zero2_backward(run, terms.reduce_bucket, held, g_live) if self.partitions_gradients  # ZeRO-2
-            else (zero1_epilogue(run, terms.reduce_bucket, held, g_live), 0, 0, False, 0, (), 0))
+            else ((zero1_offload_epilogue if setup.offload != "none" else zero1_epilogue)(
+                run, terms.reduce_bucket, held, g_live), 0, 0, False, 0, (), 0))
         # without accumulation, where no reduction of the layers' backward holds this rank's gradients, the
         # partition is made only by the epilogue: the layers' rows lack it; made by the bottom layer's
         # reduction past its MLP block, the bottom row (its activations whole) lacks it too

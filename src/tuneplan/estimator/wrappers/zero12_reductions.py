@@ -184,32 +184,6 @@ def largest_trained_param(run: Run) -> int:
     return max(order) if order else run.param_plan.largest_trainable_tensor
 
 
-def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> Epilogue | None:
-    """ZeRO-1 with ``offload_optimizer``: its reductions run at the end of the backward
-    (``reduce_gradients`` walks the flat group's parameters in module order, each gradient moved into the
-    bucket, DeepSpeed 0.19.8); at the first, every other 16-bit gradient is still held beside the bucket,
-    its flattened copy (``allreduce_bucket``) and then the norm's copy of each slice (offload_norm_copy),
-    the token embedding's first (a freeze run: its trained layers' in module order,
-    :func:`freeze_module_order`). None where the order is not known (a LoRA fine-tune wider than the
-    bucket)."""
-    params = run.param_plan
-    known = full_module_order(run.model, transformers_code=run.profile.model_code == "hf") \
-        if run.setup.method == "full" else freeze_module_order(run)
-    order = known or ([params.trainable_params] if params.trainable_params <= reduce_bucket else [])
-    members = bucket_members(order, reduce_bucket)
-    if not members:
-        return None
-    first, compute = members[0], run.dtypes.compute
-    largest = max(first) if known else params.largest_trainable_tensor
-    # a first gradient larger than the bucket is not moved into it: it stays in its own tensor
-    # (``extra_large_param_to_reduce``; under offload ``grad_reduc.data`` becomes a clone of it), reduced
-    # alone and not flattened, beside every other gradient (simulate: GLM-4-9B full, fp16-mixed, 2 GPUs:
-    # the 151552 x 4096 embedding's gradient beside the fp64 norm copy of its slice)
-    moved = sum(first) if sum(first) <= reduce_bucket else 0
-    return Epilogue(gradients=max(grads16 - moved * compute, 0) + buffers,
-                    reduction_copy=max(moved * compute, offload_norm_copy(run, largest)))
-
-
 def zero1_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> Epilogue | None:
     """ZeRO-1 at the accumulation boundary, without offload: ``reduce_gradients`` walks the flat group's
     parameters in module order (DeepSpeed 0.19.8 stage_1_and_2.py), each gradient copied into the bucket
@@ -223,9 +197,7 @@ def zero1_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> 
 
     (simulate: Qwen2.5-7B at 2 layers, fp32, 2 GPUs: the embedding reduced alone, 790,900,224 elements
     allocated beside every gradient). None where the order is not known (a partial fine-tune wider than
-    the bucket); ``zero1_offload_epilogue`` with offload."""
-    if run.setup.offload != "none":
-        return zero1_offload_epilogue(run, reduce_bucket, buffers, grads16)
+    the bucket); with offload: zero1_offload.zero1_offload_epilogue."""
     params, compute = run.param_plan, run.dtypes.compute
     order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
              if run.setup.method == "full"
