@@ -18,8 +18,8 @@ for backward (``torch.autograd`` saves an operand only when the other operand ne
 Derivation for a Llama layer, full fine-tune, pure bf16, SDPA with un-repeated K/V: (22h + 4 h_kv + 8f + 4a)
 bytes per token (prior-art notes, e.4), which the tests rederive by hand.
 
-The walk and its norm / linear primitives are ``layer_walk.py``; the attention block ``attention_saved.py``;
-this file the MLP / MoE block and the layer's record with its backward temporaries.
+The walk and its primitives: ``layer_walk.py``; the attention block: ``attention_saved.py``; this file
+the MLP / MoE block and the layer's record with its backward temporaries (a MoE's output: expert_output.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 from tuneplan.estimator.attention_saved import attention_block
 from tuneplan.estimator.bnb_scope import expert_stack_bytes
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.expert_output import expert_output_backward
 from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.estimator.fused_layers import unsloth_fast_lora_layer
 from tuneplan.estimator.layer_walk import LayerWalk
@@ -219,7 +220,7 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     model, spec, dtypes = walk.model, walk.spec, walk.dtypes
     hidden = model.hidden
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
-    product = down_adapter_backward(walk, width, product_grad_bytes(walk))
+    product = max(down_adapter_backward(walk, width, product_grad_bytes(walk)), expert_output_backward(walk))
     backward_temp = product + dtypes.residual * residual_grads(model) * hidden
     backward_temp = max(backward_temp, recompute_adapter_temp(walk, residual_grads(model)))
     if walk.down_adapter_dropout:
@@ -228,8 +229,7 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
         dropout = walk.down_adapter_dropout - walk.down_adapter_input
         backward_temp = max(backward_temp, dropout + dtypes.residual * 2 * hidden)
     # the gradients of the fp32 probabilities and of the scores, beside the probabilities softmax saved: the
-    # rest of the saved scores is released by then (walk.scores_released); none where autograd recorded no
-    # attention
+    # rest of the saved scores is released by then (walk.scores_released); none without autograd attention
     eager_scores = (attn == "eager" or per_pos) and "attn_core" not in walk.gradient_free
     backward_temp_per_pos = ((4.0 + walk.scores_grad_bytes) * model.n_heads - walk.scores_released
                              if eager_scores else 0.0)
