@@ -78,7 +78,8 @@ def zero3_recompute_views_lower(run: Run, prefetch_bucket: int) -> int:
     at layer 1's ``dense_4h_to_h`` backward fetch the coordinator holds 1.4949e9 elements, layer 0's four
     rounds and the embedding popped ahead, and layer 1's recomputed ``query_key_value``, ``dense``,
     ``dense_h_to_4h`` and ``dense_4h_to_h`` copies, 6.795e8 elements, are kept by their views: 8.697e9
-    bytes, the step's peak.)"""
+    bytes, the step's peak; falcon-40b, 3 layers, LoRA rank 8 on every linear in bf16 over 4 GPUs: the
+    run's peak in layer 1's MLP backward, 6.995e9 bytes, 5.75e9 without the views.)"""
     if not recompute_views_apply(run):
         return 0
     key = f"zero3_recompute_views:{prefetch_bucket}"
