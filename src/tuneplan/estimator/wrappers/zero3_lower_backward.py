@@ -11,6 +11,7 @@ from tuneplan.estimator.wrappers.zero3_lower_layers import (
     zero3_gathered_in_lower_layers,
 )
 from tuneplan.estimator.wrappers.zero3_quantized_embedding import zero3_quantized_embedding_round
+from tuneplan.estimator.wrappers.zero3_recompute_views import zero3_recompute_views_lower
 from tuneplan.estimator.wrappers.zero3_tied_backward import (
     zero3_quantized_tied_regathered,
     zero3_tied_regathered,
@@ -39,4 +40,7 @@ def zero3_lower_layers_gathered(run: Run, terms: DeepSpeedTerms, layer_gathered:
                # once the prefetcher runs ahead: from the forward, or, a tied embedding that filled
                # stage3_max_live_parameters there, from its release after the head's backward
                zero3_embedding_round_held_twice(model, setup, run.targets, terms.prefetch_bucket)
-               * compute if runs_ahead or regathered else 0)
+               * compute if runs_ahead or regathered else 0,
+               # or, the recompute's weights released with a layer's first backward module and kept by
+               # their saved views, beside the coordinator's rounds (zero3_recompute_views)
+               zero3_recompute_views_lower(run, terms.prefetch_bucket))
