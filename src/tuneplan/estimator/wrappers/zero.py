@@ -262,6 +262,8 @@ class Zero3(Zero, ShardingWrapper):
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
+        # a flush in the top layer: every lower layer's views still saved
+        flush += views if flush and not above else 0
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
                               keeps_scratch=True)
                      if top_gathered > layer_gathered or lower > layer_gathered - views else None)
@@ -338,7 +340,7 @@ class Zero3(Zero, ShardingWrapper):
         """(gathered at the loss, gathered through the top layer's backward, (gathered at the first
         in-backward reduction below it, the layers above, past its MLP)) once the prefetcher runs ahead:
         what it keeps gathered there, and when the IPG bucket is first reduced, the copy
-        reduce_scatter_coalesced makes of it (in the top layer: the larger of the two; zero3_flush.py)."""
+        reduce_scatter_coalesced makes of it, an instant of its own (zero3_flush.py)."""
         model, setup, compute = run.model, run.setup, run.dtypes.compute
         filled = first_flush.zero3_bucket_flush(model, setup, terms.reduce_bucket)
         top_gathered, at_flush = layer_gathered, zero3_head_flush_bytes(run, terms.prefetch_bucket,
@@ -368,7 +370,7 @@ class Zero3(Zero, ShardingWrapper):
             top_gathered = max(top_gathered, ahead, replayed.top_backward if replayed else 0)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)
-        # below the top layer the flush is an instant of its own (Gathered.flush), the layers above released
+        # the flush is an instant of its own (Gathered.flush), the head's and the layers above's activations
+        # released, the layer's scratch then in place of its whole backward's
         above, past_mlp = first_flush.zero3_flush_place(model, setup, terms.reduce_bucket)
-        return (at_loss, top_gathered if above else max(top_gathered, flush),
-                (flush if above else 0, above, past_mlp))
+        return at_loss, top_gathered, (flush, above, past_mlp)
