@@ -61,25 +61,26 @@ def test_the_head_and_norm_fill_holds_what_five_fetch_rounds_since_the_heads_rel
 def test_the_reduction_from_down_projs_hook_has_its_input_gradient_and_the_residual_gradient_beside() -> None:
     # the reduction comes in the top layer (no layer above), not past its MLP; down_proj's backward returned
     # (LinearFunctionForZeroStage3): live are the residual gradient (h, bf16) and down_proj's input gradient
-    # (f, bf16): 2 x 7168 + 2 x 20480 = 55,296 bytes a token, not the layer's whole backward scratch
+    # (f, bf16), and autograd released down_proj's saved input, the gated product (f, bf16): 2 x 7168 +
+    # 2 x 20480 - 2 x 20480 = 14,336 bytes a token net, not the layer's whole backward scratch
     spec = yi()
     setup = full_setup(spec)
     run = resolve_run(spec, setup)
     assert zero3_flush_place(spec, setup, BUCKET) == (0, False)
-    assert zero3_flush_mlp_done_scratch(spec, run.dtypes, BUCKET, setup) == 2 * H + 2 * F == 55_296
+    assert zero3_flush_mlp_done_scratch(spec, run.dtypes, BUCKET, setup) == 2 * H
 
 
 def test_a_reduction_in_the_top_layer_is_an_instant_of_its_own() -> None:
     # The flush's row: the bucket (1e9 bytes) as gradients; activations every saved one but the head's and
-    # final norm's (released by their backward); scratch 2048 x 55,296 = 113,246,208; gathered 2 x
+    # final norm's (released by their backward); scratch 2048 x 14,336 = 29,360,128; gathered 2 x
     # 1,049,638,912 and the reduction's scratch: reduce_scatter_coalesced's copy of the fill (458,752,000
     # and 7168, both divisible by 4: 2 x 458,759,168), the fp64 norm of the largest partition (458,752,000
     # / 4 = 114,688,000 < 2.5e8: 8 x 114,688,000, its fp32 cast half that) and down_proj's gradient
     # (2 x 146,800,640): 917,518,336 + 917,504,000 + 293,601,280 = 2,128,623,616. The top layer's own row
     # keeps its largest scratch beside what its backward gathers (1e9 and the largest parameter, the rounds
     # unlimited), without the flush's.
-    # (simulate: 11,583,462,400 at the partition's fp64 norm, the step's peak; the row here 11,666,207,232
-    # with the persistent 33,554,432, 0.7 % over: down_proj's saved input, released by its backward.)
+    # (simulate: 11,583,462,400 at the partition's fp64 norm, the step's peak; the row here 11,582,321,152
+    # with the persistent 33,554,432.)
     spec = yi()
     run = resolve_run(spec, full_setup(spec))
     live = memory_at(run, 1, 2048)
@@ -87,6 +88,6 @@ def test_a_reduction_in_the_top_layer_is_an_instant_of_its_own() -> None:
     grads, temp, saved, _, held, scratch, gathered = live.rows["backward_flush"]
     assert grads == 1_000_000_000 and temp == 0 and held == 0
     assert saved == acts.saved_bytes - acts.tail_bytes
-    assert scratch == 2048 * 55_296 == 113_246_208
+    assert scratch == 2048 * 14_336 == 29_360_128
     assert gathered == 2 * 1_049_638_912 + 917_518_336 + 917_504_000 + 293_601_280
     assert live.rows["backward_layers_top"][6] == 2 * (1_000_000_000 + MLP)

@@ -124,13 +124,15 @@ def zero3_flush_first_hook_scratch(model: ModelSpec, dtypes: Dtypes, reduce_buck
     ``__add_grad_to_ipg_bucket``): live are the layer output's incoming gradient, which autograd's input
     buffer holds for the residual sum, and the gradient of the linear's input, ``d_in`` wide; nothing else
     of the layer's backward has run (as at a later reduction:
-    zero3_lower_flush.lower_flush_scratch_per_token).
+    zero3_lower_flush.lower_flush_scratch_per_token). Net of the linear's saved input (the gated product,
+    as wide, in the same dtype; saved by the linear alone: a trained weight or LinearFunctionForZeroStage3),
+    which autograd released with its backward:
 
-    .. math:: T = h\\,b_{res} + d_{in}\\,b_{out}
+    .. math:: T = h\\,b_{res} + d_{in}\\,b_{out} - d_{in}\\,b_{out} = h\\,b_{res}
 
     (simulate: Yi-1.5-34B, 3 layers, full over 4 GPUs, CPU optimizer and parameters, 1 x 2048: the head's
     and final norm's fill reduced from the top layer's down_proj hook, its 2048 x 20480 input gradient and
-    the 2048 x 7168 residual gradient beside the reduction's norm.)"""
+    the 2048 x 7168 residual gradient beside the reduction's norm, the layer's 2048 x 20480 product gone.)"""
     filled = zero3_bucket_flush(model, setup, reduce_bucket)
     if not filled:
         return 0
@@ -139,7 +141,8 @@ def zero3_flush_first_hook_scratch(model: ModelSpec, dtypes: Dtypes, reduce_buck
     last = layer_from_top(model, above).linears[-1]
     if filled - head != top_layers_params(model, above) or last.role != "mlp" or last.count != 1:
         return 0
-    return model.hidden * dtypes.residual + last.params // model.hidden * dtypes.linear_out
+    # the input gradient, d_in x b_out, takes the place of the released product
+    return model.hidden * dtypes.residual
 
 
 def layer_from_top(model: ModelSpec, k: int) -> LayerSpec:
