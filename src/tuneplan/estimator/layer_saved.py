@@ -8,8 +8,7 @@ for backward (``torch.autograd`` saves an operand only when the other operand ne
 - RMSNorm as transformers writes it (``hidden.to(float32)``, ``pow``, ``rsqrt``, ``weight * x``) keeps
   the fp32 input (4h) and, when its weight trains, the normalized output; LayerNorm keeps its input;
 - SwiGLU keeps gate-out (SiLU input), SiLU-out and up-out (both mul operands), and the product when
-  down_proj needs it; a GELU MLP keeps the fc1 output (and, for transformers' python ``gelu_new``,
-  three more intermediates);
+  down_proj needs it; a GELU MLP the fc1 output (and three more for transformers' python ``gelu_new``);
 - SDPA / flash keep q, k, v, the output and the fp32 log-sum-exp; eager keeps the fp32 softmax output
   and its 16-bit cast (6 bytes per score) instead of O(s) state; transformers' SDPA path repeats
   grouped K/V heads before the kernel (``repeat_kv``) while flash-attention reads them grouped;
@@ -27,6 +26,7 @@ from __future__ import annotations
 from tuneplan.estimator.attention_saved import attention_block
 from tuneplan.estimator.bnb_scope import expert_stack_bytes
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.expert_grouped_mm import walk_linear
 from tuneplan.estimator.expert_output import expert_output_backward
 from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.estimator.fused_layers import unsloth_fast_lora_layer
@@ -132,8 +132,8 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
     mid_bytes = output_bytes
     for m in mods:
         if m.reads == "mlp_in":
-            walk.linear(m.name, mlp_reads if share == 1.0 else prefix + "gathered", m.d_in, share,
-                        m.reads in weight_grad)
+            reads = mlp_reads if share == 1.0 else prefix + "gathered"
+            walk_linear(walk, m, reads, share, m.reads in weight_grad)
     if model.mlp_kind == "swiglu":
         ledger.save(prefix + "gate_out", output_bytes * width * share)
         if not walk.setup.compile:  # compiled, SiLU is recomputed from gate_out in backward
@@ -154,7 +154,7 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
             key_in = prefix + "mid"
             walk.inputs_dtype[key_in] = mid_bytes
             before = set(walk.ledger.items)
-            walk.linear(m.name, key_in, m.d_in, share, m.reads in weight_grad)
+            walk_linear(walk, m, key_in, share, m.reads in weight_grad)
             # the down projection's adapter-private tensors (its dropout output / cast input and its mask)
             new = {k: v for k, v in walk.ledger.items.items() if k not in before}
             walk.down_adapter_private += sum(v for k, v in new.items()

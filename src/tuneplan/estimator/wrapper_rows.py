@@ -200,7 +200,7 @@ def bottom_attention_row(statics: MemoryStatics, acts: ActivationPlan, held: Any
 
 
 def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: Any, backward_temp: Any) -> Row:
-    """ZeRO-3's first gradient reduction when it comes below the top layer (wrappers/zero3_flush.py): the
+    """ZeRO-3's first gradient reduction (wrappers/zero3_flush.py), in the top layer or below it: the
     ``k`` layers above back-propagated, their saved activations released (autograd frees a node's saved
     tensors after its backward), the head's and the final norm's too, and the reduction's layer's MLP block
     once back-propagated (``flush_past_mlp``; the rest of the layer counted whole: an upper bound);
@@ -210,7 +210,8 @@ def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: An
     k = statics.wrapped.gathered.flush_layers_above
     gathered = statics.wrapped.gathered.flush
     mlp = acts.mlp_saved_bytes if statics.wrapped.gathered.flush_past_mlp else 0
-    # past the MLP its intermediate gradients are gone too (zero3_flush.zero3_flush_mlp_done_scratch)
+    # past the MLP its intermediate gradients are gone too, from the layer's first hook none has run yet
+    # (zero3_flush.zero3_flush_mlp_done_scratch)
     per_token = statics.wrapped.gathered.flush_scratch_per_token
     if per_token:
         backward_temp = minimum(backward_temp, acts.tokens * per_token)
@@ -224,7 +225,7 @@ def flush_row(statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: An
 
 def flush_rows(rows: dict[str, Row], statics: MemoryStatics, acts: ActivationPlan, grads: Any, held: Any,
                backward_temp: Any) -> None:
-    """ZeRO-3's in-backward reductions below the top layer: the first one (:func:`flush_row`) and the
+    """ZeRO-3's in-backward reductions: the first one (:func:`flush_row`) and the
     largest later one in a lower layer (wrappers/zero3_lower_flush.py), the bottom layer's row with what is
     gathered there and the reduction's scratch in place of its gathered parameters; ZeRO-2's past a layer's
     (:func:`zero2_reduction_rows`)."""

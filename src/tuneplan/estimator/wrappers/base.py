@@ -77,13 +77,13 @@ class Gathered:
     # of it the embedding's host shard copied to the device for the all-gather (CPUOffloadPolicy)
     bottom_layer_backward: int = 0
     bottom_layer_copy: int = 0
-    # ZeRO-3: at the first gradient reduction of the backward when it comes below the top layer, and the
-    # layers above it, back-propagated, their activations released (0: no instant there; zero3_flush.py)
+    # ZeRO-3: at the first gradient reduction of the backward, and the layers above it, back-propagated,
+    # their activations released (0: no instant there; zero3_flush.py)
     flush: int = 0
     flush_layers_above: int = 0
     flush_past_mlp: bool = False  # the reduction's layer has back-propagated its MLP block by then
-    # past its MLP, that layer's scratch then, bytes a token (zero3_flush.zero3_flush_mlp_done_scratch; 0: not
-    # derived, the layer's backward scratch counted)
+    # past its MLP or from its first gradient hook, that layer's scratch then, bytes a token
+    # (zero3_flush.zero3_flush_mlp_done_scratch; 0: not derived, the layer's backward scratch counted)
     flush_scratch_per_token: int = 0
     # ZeRO-3: at the largest later reduction in a layer below the top, what is gathered there and the
     # reduction's scratch (0: no instant there), and the layer's scratch then, bytes a token (0: not

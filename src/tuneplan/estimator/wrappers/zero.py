@@ -56,7 +56,11 @@ from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_backward import zero3_lower_layers_gathered
 from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush_moment
-from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_forward, zero3_replayed_gathered
+from tuneplan.estimator.wrappers.zero3_module_trace import (
+    zero3_replayed_forward,
+    zero3_replayed_forward_linear,
+    zero3_replayed_gathered,
+)
 from tuneplan.estimator.wrappers.zero3_packed_prefetch import zero3_layer_and_prefetch_bytes
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
@@ -264,6 +268,8 @@ class Zero3(Zero, ShardingWrapper):
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
+        # a flush in the top layer: every lower layer's views still saved
+        flush += views if flush and not above else 0
         top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
                               keeps_scratch=True)
                      if top_gathered > layer_gathered or lower > layer_gathered - views else None)
@@ -277,9 +283,11 @@ class Zero3(Zero, ShardingWrapper):
             g_live = 0
         embedding = zero3_embedding_backward(model, setup, terms.bucket + g_live, compute)
         at_embedding, at_head = self.forward_rounds(run, terms, at_loss, whole16, bool(runs_ahead))
-        # the untied head popped in the forward beside the layers not yet run (zero3_head_pop.py)
-        popped = zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
-                                           run.profile.model_code)
+        # the untied head popped in the forward beside the layers not yet run (zero3_head_pop.py), or the
+        # replayed forward's most (zero3_module_trace.py)
+        popped = max(zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
+                                               run.profile.model_code),
+                     zero3_replayed_forward_linear(run, terms.prefetch_bucket))
         out = with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),
@@ -340,7 +348,7 @@ class Zero3(Zero, ShardingWrapper):
         """(gathered at the loss, gathered through the top layer's backward, (gathered at the first
         in-backward reduction below it, the layers above, past its MLP)) once the prefetcher runs ahead:
         what it keeps gathered there, and when the IPG bucket is first reduced, the copy
-        reduce_scatter_coalesced makes of it (in the top layer: the larger of the two; zero3_flush.py)."""
+        reduce_scatter_coalesced makes of it, an instant of its own (zero3_flush.py)."""
         model, setup, compute = run.model, run.setup, run.dtypes.compute
         filled = first_flush.zero3_bucket_flush(model, setup, terms.reduce_bucket)
         top_gathered, at_flush = layer_gathered, zero3_head_flush_bytes(run, terms.prefetch_bucket,
@@ -370,7 +378,7 @@ class Zero3(Zero, ShardingWrapper):
             top_gathered = max(top_gathered, ahead, replayed.top_backward if replayed else 0)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)
-        # below the top layer the flush is an instant of its own (Gathered.flush), the layers above released
+        # the flush is an instant of its own (Gathered.flush), the head's and the layers above's activations
+        # released, the layer's scratch then in place of its whole backward's
         above, past_mlp = first_flush.zero3_flush_place(model, setup, terms.reduce_bucket)
-        return (at_loss, top_gathered if above else max(top_gathered, flush),
-                (flush if above else 0, above, past_mlp))
+        return at_loss, top_gathered, (flush, above, past_mlp)

@@ -24,6 +24,7 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     zero3_gathered_in_backward,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import embedding_round_late
+from tuneplan.estimator.wrappers.zero3_head_flush_rounds import zero3_head_norm_flush_params
 from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
@@ -41,6 +42,8 @@ def zero3_flush_gathered(model: ModelSpec, setup: TrainSetup, prefetch_bucket: i
     filled = zero3_bucket_flush(model, setup, reduce_bucket)
     done = max(filled - (model.lm_head_params if setup.method == "full" else 0), 0)
     head_flush = zero3_gathered_at_head_flush(model, setup, prefetch_bucket, reduce_bucket)
+    if head_flush < 0:  # the head's and the final norm's fill, from the top layer's first hook
+        head_flush = zero3_head_norm_flush_params(model, setup, targets, prefetch_bucket, reduce_bucket)
     held = head_flush if head_flush >= 0 else zero3_gathered_in_backward(model, setup, done, targets)
     in_bottom = zero3_flush_layers_above(model, setup, reduce_bucket) == model.n_layers - 1
     return held + (embedding_round_late(model, setup, prefetch_bucket, targets) if in_bottom else 0)
@@ -88,8 +91,11 @@ def zero3_flush_past_mlp(model: ModelSpec, setup: TrainSetup, reduce_bucket: int
 
 def zero3_flush_mlp_done_scratch(model: ModelSpec, dtypes: Dtypes, reduce_bucket: int,
                                  setup: TrainSetup) -> int:
-    """Bytes a token of the reduction layer's scratch at a first reduction past its MLP
-    (:func:`zero3_flush_past_mlp`; 0 otherwise, or when its MLP has no linear reading the block's input):
+    """Bytes a token of the reduction layer's scratch at the first reduction (0: not derived, the layer's
+    backward scratch counted): past its MLP, or run from its layer's first gradient
+    (:func:`zero3_flush_first_hook_scratch`).
+
+    Past the MLP (:func:`zero3_flush_past_mlp`; 0 when its MLP has no linear reading the block's input),
     the MLP's intermediate gradients are gone with its backward; live are the layer output's incoming
     gradient, which autograd's input buffer holds for the residual sum at the layer's input, and the
     gradient of the MLP's input from each linear reading it (gate and up: two, summed by the engine's input
@@ -100,11 +106,43 @@ def zero3_flush_mlp_done_scratch(model: ModelSpec, dtypes: Dtypes, reduce_bucket
     (simulate: Pythia-6.9B, 3 layers, full over 2 GPUs, 3 x 512: two 1536 x 4096 bf16 tensors beside the
     first reduction's norm; Mistral-7B-v0.2, 2 layers, 1 x 128: three.)"""
     if not zero3_flush_past_mlp(model, setup, reduce_bucket):
-        return 0
+        return zero3_flush_first_hook_scratch(model, dtypes, reduce_bucket, setup)
     above = zero3_flush_layers_above(model, setup, reduce_bucket)
     readers = sum(m.count for m in layer_from_top(model, above).linears
                   if m.role == "mlp" and m.reads == "mlp_in")
     return model.hidden * (dtypes.residual + readers * dtypes.linear_out) if readers else 0
+
+
+def zero3_flush_first_hook_scratch(model: ModelSpec, dtypes: Dtypes, reduce_bucket: int,
+                                   setup: TrainSetup) -> int:
+    """Bytes a token of the reduction layer's scratch when the first reduction is run from that layer's
+    first gradient, that of its last linear, a dense MLP projection writing the residual stream (the fill
+    is the head, the final norm and the layers above, whole); 0 otherwise (not derived).
+
+    The hook fires once the linear's backward returned (``LinearFunctionForZeroStage3.backward``,
+    runtime/zero/linear.py; ``reduce_independent_p_g_buckets_and_remove_grads`` runs the reduction before
+    ``__add_grad_to_ipg_bucket``): live are the layer output's incoming gradient, which autograd's input
+    buffer holds for the residual sum, and the gradient of the linear's input, ``d_in`` wide; nothing else
+    of the layer's backward has run (as at a later reduction:
+    zero3_lower_flush.lower_flush_scratch_per_token). Net of the linear's saved input (the gated product,
+    as wide, in the same dtype; saved by the linear alone: a trained weight or LinearFunctionForZeroStage3),
+    which autograd released with its backward:
+
+    .. math:: T = h\\,b_{res} + d_{in}\\,b_{out} - d_{in}\\,b_{out} = h\\,b_{res}
+
+    (simulate: Yi-1.5-34B, 3 layers, full over 4 GPUs, CPU optimizer and parameters, 1 x 2048: the head's
+    and final norm's fill reduced from the top layer's down_proj hook, its 2048 x 20480 input gradient and
+    the 2048 x 7168 residual gradient beside the reduction's norm, the layer's 2048 x 20480 product gone.)"""
+    filled = zero3_bucket_flush(model, setup, reduce_bucket)
+    if not filled:
+        return 0
+    above = zero3_flush_layers_above(model, setup, reduce_bucket)
+    head = model.lm_head_params + model.final_norm_params if setup.method == "full" else 0
+    last = layer_from_top(model, above).linears[-1]
+    if filled - head != top_layers_params(model, above) or last.role != "mlp" or last.count != 1:
+        return 0
+    # the input gradient, d_in x b_out, takes the place of the released product
+    return model.hidden * dtypes.residual
 
 
 def layer_from_top(model: ModelSpec, k: int) -> LayerSpec:
