@@ -124,7 +124,7 @@ class TrainSetup:
         """``dataclasses.replace``, without re-running ``__init__`` field by field (a new setup is made two or
         three times per estimate): no field has ``init=False`` or a ``__post_init__``, and nothing else lives
         in the instance's ``__dict__``, so a copy of it with the changes is the object ``__init__`` makes."""
-        if not changes.keys() <= _field_names(type(self)):
+        if not changes.keys() <= field_names(type(self)):
             return replace(self, **changes)  # raises dataclasses' TypeError for the unknown name
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__, **changes)
@@ -229,7 +229,7 @@ _CHECKED = (*_CHOICES, *SETUP_INT_RANGES, *_BOOLS, "bits", "rank", "alpha", "dro
 _MAX_BUCKET = 10**12
 
 
-def _field_names(cls: type) -> frozenset[str]:
+def field_names(cls: type) -> frozenset[str]:
     """The dataclass fields of a TrainSetup class (TorchEraSetup adds some), kept per class."""
     names = _FIELD_NAMES.get(cls)
     if names is None:
