@@ -75,12 +75,14 @@ def check(acc: Accelerator | None, setup: TrainSetup, model: ModelSpec | None,
     --versions``): definite answers for the installed libraries.
     """
     ctx = Context(acc, setup, model, versions)
-    base = ctx.base_vars()
+    base: dict[str, Any] | None = None  # the messages' common words, made at the first hit
     out: list[Finding] = []
     for r in rules():
         hit = PREDICATES[r.code](ctx, r.params)
         if hit is None:
             continue
+        if base is None:
+            base = ctx.base_vars()
         unknown = bool(hit.pop("_unknown", False))
         values = {**base, **hit}
         level = (r.level_unknown or r.level) if unknown else r.level
