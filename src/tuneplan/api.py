@@ -29,6 +29,7 @@ from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import resolve_setup
 from tuneplan.specs.setup import TrainSetup, check_fields, field_names
+from tuneplan.specs.torch_era import with_switches
 
 __all__ = ["Estimate", "Run", "SETUP_FIELDS", "build_setup", "estimate", "estimate_run", "resolve_run",
            "trainable_params"]
@@ -139,8 +140,6 @@ def build_setup(model: ModelSpec, setup: TrainSetup | None = None, *, accelerato
                 **kwargs: Any) -> TrainSetup:
     """A validated, profile-resolved TrainSetup (``resolve_setup`` validates it) from a base setup and/or
     keyword fields (and the torch-era switches of calibration rows, specs/torch_era.py)."""
-    from tuneplan.specs.torch_era import with_switches
-
     base, kwargs = with_switches(setup or TrainSetup(), kwargs)
     unknown = kwargs.keys() - field_names(type(base)) - SETUP_FIELDS
     if unknown:
