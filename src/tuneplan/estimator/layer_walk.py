@@ -105,7 +105,6 @@ class LayerWalk:
         self.inputs_dtype = {"attn_in": norm_output_bytes, "mlp_in": norm_output_bytes,
                              "attn_core": self.compute_bytes, "mlp_mid": self.output_bytes,
                              "q_latent": self.output_bytes, "kv_latent": self.output_bytes}
-        self.attn_inputs = {m.name for m in spec.linears if m.role == "attn" and m.reads == "attn_in"}
         # transformers' modeling code applies the config's dropouts; LitGPT's and torchtune's model code has
         # no residual / attention dropout layers (litgpt model.py; torchtune attn_dropout defaults to 0.0)
         self.attention_dropout, self.hidden_dropout, _ = (
@@ -227,7 +226,7 @@ class LayerWalk:
         return self.output_bytes
 
     def _lora_key(self, m_name: str, reads: str) -> str:
-        return "qkv_fused" if self.litgpt_code and m_name in self.attn_inputs else f"{m_name}@{reads}"
+        return "qkv_fused" if self.litgpt_code and m_name in self.spec.qkv_names else f"{m_name}@{reads}"
 
 
 def fsdp1_adapter_input_copy(setup: TrainSetup) -> bool:

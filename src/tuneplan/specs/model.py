@@ -62,6 +62,43 @@ class LayerSpec:
     def params(self) -> int:
         return self.linear_params + self.norm_params
 
+    # the layer's linears as the activation walk looks them up, kept on the (frozen) kind of layer: every
+    # new setup walks the same kinds of a model (estimator/layer_saved.py, attention_saved.py)
+    @cached_property
+    def by_name(self) -> dict[str, Linear]:
+        """The first linear of each module name, in the layer's order."""
+        named: dict[str, Linear] = {}
+        for m in self.linears:
+            named.setdefault(m.name, m)
+        return named
+
+    @cached_property
+    def mlp_linears(self) -> tuple[Linear, ...]:
+        """The dense MLP's and the shared experts' linears, in the layer's order."""
+        return tuple(m for m in self.linears if m.role in ("mlp", "shared_expert"))
+
+    @cached_property
+    def expert_linears(self) -> tuple[Linear, ...]:
+        return tuple(m for m in self.linears if m.role == "expert")
+
+    @cached_property
+    def router_linears(self) -> tuple[Linear, ...]:
+        return tuple(m for m in self.linears if m.role == "router")
+
+    @cached_property
+    def qkv(self) -> tuple[Linear, ...]:
+        """The attention projections reading the attention input (q, k, v, or a fused qkv)."""
+        return tuple(m for m in self.linears if m.role == "attn" and m.reads == "attn_in")
+
+    @cached_property
+    def qkv_names(self) -> frozenset[str]:
+        return frozenset(m.name for m in self.qkv)
+
+    @cached_property
+    def qkv_width(self) -> int:
+        """Outputs per token of :attr:`qkv`."""
+        return sum(m.d_out * m.count for m in self.qkv)
+
     def active_linear_params(self) -> int:
         """Linear parameters one token multiplies with (top-k of the routed experts)."""
         total = 0
