@@ -195,12 +195,20 @@ class ModelSpec:
         return self.n_kv_heads * self.head_dim
 
     def linear_names(self) -> list[str]:
-        """Distinct linear module names inside the blocks (LoRA target vocabulary)."""
-        seen: dict[str, None] = {}
+        """Distinct linear module names inside the blocks (LoRA target vocabulary), in the layers' order."""
+        return list(self.linear_roles)
+
+    @cached_property
+    def linear_roles(self) -> dict[str, str]:
+        """Each distinct linear module name's role, in the layers' order. A name both a dense layer's
+        nn.Linear and a MoE layer's expert (DeepSeek's first_k_dense_replace layers: gate_proj, up_proj,
+        down_proj) keeps the dense role: the nn.Linear PEFT matches by name (specs/lora_targets.py)."""
+        roles: dict[str, str] = {}
         for spec, _ in self.layer_groups:
             for m in spec.linears:
-                seen.setdefault(m.name, None)
-        return list(seen)
+                if m.role != "expert" or roles.get(m.name, "expert") == "expert":
+                    roles[m.name] = m.role
+        return roles
 
     @cached_property
     def largest_layer_params(self) -> int:
