@@ -12,7 +12,7 @@ two primitives every block is made of, a norm and a linear (with its LoRA adapte
 from __future__ import annotations
 
 from tuneplan.estimator.dtypes import Dtypes
-from tuneplan.estimator.saved_tensors import RSTD_BYTES, model_dropout
+from tuneplan.estimator.saved_tensors import RSTD_BYTES
 from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -108,7 +108,7 @@ class LayerWalk:
         # transformers' modeling code applies the config's dropouts; LitGPT's and torchtune's model code has
         # no residual / attention dropout layers (litgpt model.py; torchtune attn_dropout defaults to 0.0)
         self.attention_dropout, self.hidden_dropout, _ = (
-            model_dropout(model.config) if not (litgpt_code or expand_kv) else (0.0, 0.0, 0.0))
+            model.dropouts if not (litgpt_code or expand_kv) else (0.0, 0.0, 0.0))
 
     def norm(self, key: str, width: int, grad_in: bool = True) -> None:
         """RMSNorm as transformers writes it keeps its fp32 input (4 x width) and rstd, and its output when

@@ -19,6 +19,25 @@ from tuneplan.specs.families import build_layers, family_of
 from tuneplan.specs.limits import MAX_MODEL_PARAMS, MODEL_INT_ALIASES, MODEL_INT_RANGES, check_int, show_value
 
 
+def model_dropout(cfg: dict[str, Any]) -> tuple[float, float, float]:
+    """(attention-probs, residual/hidden, embedding) dropout of a config, as transformers applies them in
+    training: Llama-style configs ship 0.0; GPT-2 attn_pdrop/resid_pdrop/embd_pdrop 0.1; BERT
+    attention_probs_dropout_prob / hidden_dropout_prob 0.1."""
+    attn = _first_number(cfg, ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout"))
+    hidden = _first_number(cfg, ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout"))
+    embd = _first_number(cfg, ("embd_pdrop", "hidden_dropout_prob", "embed_dropout"))
+    return attn, hidden, embd
+
+
+def _first_number(cfg: dict[str, Any], keys: tuple[str, ...]) -> float:
+    """The first of ``keys`` whose value in ``cfg`` is a number (not a bool), else 0."""
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None and type(v) is not bool and isinstance(v, (int, float)):
+            return float(v)
+    return 0.0
+
+
 @dataclass(frozen=True)
 class Linear:
     """One ``nn.Linear`` (or Conv1D) inside a decoder layer.
@@ -209,6 +228,11 @@ class ModelSpec:
                 if m.role != "expert" or roles.get(m.name, "expert") == "expert":
                     roles[m.name] = m.role
         return roles
+
+    @cached_property
+    def dropouts(self) -> tuple[float, float, float]:
+        """:func:`model_dropout` of the config, read once per model (every layer walk of every setup asks)."""
+        return model_dropout(self.config)
 
     @cached_property
     def largest_layer_params(self) -> int:
