@@ -165,3 +165,9 @@ def cost_section(acc: Accelerator, gpus: int, gpu_hours: float | None, prices: P
     if unknown:
         sec["unknown"] = unknown
     return sec
+
+
+@lru_cache(maxsize=256)
+def hourless_section(acc: Accelerator, cards: int, prices: Prices | None) -> dict[str, Any]:
+    """:func:`cost_section` without hours, kept per (card, cards, prices): never edited (callers copy it)."""
+    return cost_section(acc, cards, None, prices, rates=cost_rates(acc, prices))

@@ -323,9 +323,9 @@ def loss_kind(setup: TrainSetup, prof: Profile) -> str:
 
 def peft_default_targets(model: ModelSpec) -> str:
     """PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, by the modules the model has."""
-    names = set(model.linear_names())
+    names = model.linear_roles.keys()  # the model's linear names
     for pair in (("q_proj", "v_proj"), ("query", "value")):
-        if set(pair) <= names:
+        if names >= set(pair):
             return ",".join(pair)
     for fused in ("qkv_proj", "query_key_value", "c_attn", "wqkv"):
         if fused in names:

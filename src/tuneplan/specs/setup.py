@@ -225,6 +225,9 @@ _BOOLS = ("double_quant", "optimizer_in_backward", "gradient_checkpointing", "fs
           "activation_offload", "compile")
 _CHECKED = (*_CHOICES, *SETUP_INT_RANGES, *_BOOLS, "bits", "rank", "alpha", "dropout", "zero", "num_labels",
             "ds_reduce_bucket", "ds_prefetch_bucket", "targets", "fsdp_version")
+# check_fields' kind of each field checked alike (the others are checked by name)
+_KIND = {**{name: "bool" for name in _BOOLS}, **{name: "int" for name in SETUP_INT_RANGES},
+         **{name: "choice" for name in _CHOICES}}
 # a DeepSpeed bucket of 10^12 elements is 2 TB in bf16: beyond any device (DeepSpeed's default is 5e8)
 _MAX_BUCKET = 10**12
 
@@ -249,13 +252,15 @@ def check_fields(values: Mapping[str, Any]) -> None:
     for name, value in values.items():
         if value is None:
             continue
-        if name in _CHOICES:
+        kind = _KIND.get(name, name)  # one look-up per field: a setup has ~30 and every estimate checks it
+        if kind == "choice":
             _choice(name, value, _CHOICES[name])
-        elif name in SETUP_INT_RANGES:
+        elif kind == "int":
             low, high, why = SETUP_INT_RANGES[name]
             check_int(name, value, low, high, why)
-        elif name in _BOOLS and not isinstance(value, bool):
-            raise TuneplanError(f"got {show_value(value)}", field=name, accepted="true, false")
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise TuneplanError(f"got {show_value(value)}", field=name, accepted="true, false")
         elif name == "bits" and (isinstance(value, bool) or value not in (4, 8)):
             raise TuneplanError(f"got {show_value(value)}", field="bits",
                                 accepted="4, 8 (bitsandbytes 4-bit or 8-bit)")
