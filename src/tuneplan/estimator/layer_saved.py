@@ -270,10 +270,10 @@ def first_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
         temp = out_b (d_out + d_in) + residual_b 2 h
 
     (simulate: FSDP1, Qwen3-32B LoRA fp32 under checkpointing: q_proj's adapter at the top layer's end,
-    92.8 MB at 1024 tokens = 32 + 20 + 40). (0, 0) without an adapter in the layer; (-1, 0) where F comes
-    after an eager attention, whose O(s) saved part the ledger does not hold, or is not a dense layer's
-    attention or MLP projection."""
-    if walk.first_target is None:
+    92.8 MB at 1024 tokens = 32 + 20 + 40). (0, 0) without an adapter in the layer or a sharded wrapper
+    (``walk.target_moments``); (-1, 0) where F comes after an eager attention, whose O(s) saved part the
+    ledger does not hold, or is not a dense layer's attention or MLP projection."""
+    if walk.first_target is None or not walk.target_moments:
         return 0.0, 0.0
     saved, name, reads = walk.first_target
     linear = walk.spec.by_name.get(name)
@@ -297,10 +297,10 @@ def last_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
         temp = max(out_b (sum_qkv d_out + h [+ d_in(L)]) + residual_b 2 h, norm - saved)
 
     with ``norm`` the input RMSNorm's backward moment (input_norm_backward). (0, 0) where L is the MLP's
-    (its gradient comes first in the layer: nothing of the layer precedes it) or there is no adapter;
-    (-1, 0) where the attention core's backward follows L and is eager (its O(s) scratch) or L is not a
-    dense layer's attention projection."""
-    if walk.last_target is None:
+    (its gradient comes first in the layer: nothing of the layer precedes it), there is no adapter or no
+    sharded wrapper (``walk.target_moments``); (-1, 0) where the attention core's backward follows L and
+    is eager (its O(s) scratch) or L is not a dense layer's attention projection."""
+    if walk.last_target is None or not walk.target_moments:
         return 0.0, 0.0
     saved, name, reads = walk.last_target
     linear = walk.spec.by_name.get(name)

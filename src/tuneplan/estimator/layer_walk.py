@@ -96,6 +96,10 @@ class LayerWalk:
         # the same at the last LoRA target in forward order: the first trained gradient of the layer's
         # backward, where DeepSpeed ZeRO-1/2's first hook allocates its bucket (layer_saved.last_target_terms)
         self.last_target: tuple[float, str, str] | None = None
+        # what the layer keeps at those two adapters' backward (layer_saved.first_target_terms /
+        # last_target_terms) are rows of the sharded wrappers alone (wrapper_rows.py: ZeRO-1/2's first
+        # gradient hook, PEFT's per-adapter FSDP units); other runs leave them (0, 0), not derived
+        self.target_moments = bool(setup.zero or setup.fsdp)
         # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
         # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
         # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).
