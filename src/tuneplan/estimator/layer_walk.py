@@ -216,9 +216,10 @@ class LayerWalk:
             if (setup.dropout or 0) > 0 and reads not in self.gradient_free:
                 copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
                 ledger.save(f"{self._lora_key(m_name, reads)}.dropout_mask", copies * d_in * tokens_share)
+            kept = ledger.total() if self.target_moments else 0.0  # read where target_moments alone
             if self.first_target is None:
-                self.first_target = (ledger.total(), m_name, reads)
-            self.last_target = (ledger.total(), m_name, reads)
+                self.first_target = (kept, m_name, reads)
+            self.last_target = (kept, m_name, reads)
 
     def out_bytes(self, reads: str) -> int:
         """Bytes per element of a linear's output when it reads ``reads``: bitsandbytes' Linear4bit casts its
