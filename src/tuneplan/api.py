@@ -136,11 +136,16 @@ class Estimate:
         return result
 
 
+# the base of a call given no setup: one frozen record (replace copies it; resolve_setup gives the result
+# its own ``sources``), not a new 33-field one per call
+DEFAULT_SETUP = TrainSetup()
+
+
 def build_setup(model: ModelSpec, setup: TrainSetup | None = None, *, accelerator: Accelerator | None = None,
                 **kwargs: Any) -> TrainSetup:
     """A validated, profile-resolved TrainSetup (``resolve_setup`` validates it) from a base setup and/or
     keyword fields (and the torch-era switches of calibration rows, specs/torch_era.py)."""
-    base, kwargs = with_switches(setup or TrainSetup(), kwargs)
+    base, kwargs = with_switches(setup or DEFAULT_SETUP, kwargs)
     unknown = kwargs.keys() - field_names(type(base)) - SETUP_FIELDS
     if unknown:
         raise TuneplanError(f"unknown setup field(s) {sorted(unknown)}", field="setup",
