@@ -254,12 +254,13 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
     (``is_quantized`` false: fused experts, routers) is a frozen weight in the non-quantized dtype."""
     weight_numel = m.count * m.d_in * m.d_out
     bias_numel = m.count * m.d_out if m.bias else 0
-    frozen = dtypes.non_block if setup.quant_bits else dtypes.frozen_weight
+    bits = setup.quant_bits  # a property: read once per linear
+    frozen = dtypes.non_block if bits else dtypes.frozen_weight
     # transformers' fused experts (never bitsandbytes linears) are not cast by autocast, trained or frozen
     # (bnb_scope.fused_expert)
     uncast = m.role == "expert" and not is_quantized
-    if setup.quant_bits and is_quantized:
-        storage, metadata = quant_bytes(m.d_in * m.d_out, m.d_out, setup.quant_bits, setup.double_quant)
+    if bits and is_quantized:
+        storage, metadata = quant_bytes(m.d_in * m.d_out, m.d_out, bits, setup.double_quant)
         tally.weight += repeats * (m.count * storage + bias_numel * dtypes.non_block)
         tally.meta += repeats * m.count * metadata
     elif trainable_layer:
