@@ -25,6 +25,7 @@ this file the MLP / MoE block and the layer's record with its backward temporari
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 from tuneplan.estimator.attention_saved import attention_block
 from tuneplan.estimator.bnb_scope import expert_stack_bytes
@@ -152,10 +153,10 @@ def feed_forward(walk: LayerWalk, mods: Sequence[Linear], width: int, share: flo
         if m.reads == "mlp_mid":
             key_in = prefix + "mid"
             walk.inputs_dtype[key_in] = mid_bytes
-            before = set(walk.ledger.items)
+            before = len(walk.ledger.items)
             walk.linear(m.name, key_in, m.d_in, share, m.reads in weight_grad)
-            # the down projection's adapter-private tensors (its dropout output / cast input and its mask)
-            new = {k: v for k, v in walk.ledger.items.items() if k not in before}
+            # its new keys, last in the ledger: the adapter-private ones (dropout output / cast input, mask)
+            new = dict(islice(walk.ledger.items.items(), before, None))
             walk.down_adapter_private += sum(v for k, v in new.items()
                                              if k.endswith((".lora_in", ".dropout_mask")))
             walk.down_adapter_input += sum(v for k, v in new.items() if k.endswith(".lora_in"))
