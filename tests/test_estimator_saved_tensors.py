@@ -1,4 +1,4 @@
-"""Config dropouts (specs/model.py model_dropout), and the embedding backward's gradient and scratch bytes
+"""Config dropouts (specs/dropouts.py), and the embedding backward's gradient and scratch bytes
 (estimator/saved_tensors.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from tuneplan.estimator.saved_tensors import (
     embedding_backward_at,
     embedding_backward_scratch,
 )
-from tuneplan.specs.model import model_dropout, model_from_config
+from tuneplan.specs.dropouts import model_dropout
+from tuneplan.specs.model import model_from_config
 from tuneplan.specs.setup import TrainSetup
 
 # bf16 everywhere: trainable params (and so the embedding gradient) 2 bytes
