@@ -121,7 +121,7 @@ def run_time_and_cost(run: Run, acc: Accelerator, dataset: DatasetSpec | None = 
     else:
         time["band"] = band_section(step_s, breakdown, sigmas, None, setup.cards)
         time["unknown"] = ["no dataset size: give {samples} (and {avg_tokens}) or {dataset_tokens} for hours"]
-        return {"time": time, "cost": hourless_cost(acc, setup.cards, prices)}
+        return {"time": time, "cost": hourless_cost(run, acc, prices, rates)}
     return {"time": time, "cost": cost_section(acc, setup.cards, gpu_hours, prices, rates=rates)}
 
 
@@ -162,11 +162,16 @@ def add_time_notes(time: dict[str, Any], setup: TrainSetup, acc: Accelerator, st
             "weights")
 
 
-def hourless_cost(acc: Accelerator, cards: int, prices: Prices | None) -> dict[str, Any]:
-    """The cost section without a dataset (no hours): it depends on the card, the card count and the
-    prices alone, so it is made once per (card, cards, prices) (``cost.hourless_section``) and copied for
-    each caller (its lists too)."""
-    sec = dict(hourless_section(acc, cards, prices))
+def hourless_cost(run: Run, acc: Accelerator, prices: Prices | None, rates: CostRates) -> dict[str, Any]:
+    """The cost section without a dataset (no hours): it depends on the card, the card count and the prices
+    alone, so it is made once per (card, cards, prices) (``cost.hourless_section``), kept on the run next to
+    the card's rates (``card_terms``), and copied for each caller (its lists too)."""
+    last = run.memo.get("cost")
+    if last is None or last[2] is not rates:  # another card asked about meanwhile: nothing to share
+        return cost_section(acc, run.setup.cards, None, prices, rates=rates)
+    if len(last) == 4:
+        last = run.memo["cost"] = (*last, hourless_section(acc, run.setup.cards, prices))
+    sec = dict(last[4])
     sec["assumptions"] = list(sec["assumptions"])
     if "unknown" in sec:
         sec["unknown"] = list(sec["unknown"])
