@@ -1,4 +1,5 @@
-"""estimator/saved_tensors.py: config dropouts, and the embedding backward's gradient and scratch bytes."""
+"""Config dropouts (specs/dropouts.py), and the embedding backward's gradient and scratch bytes
+(estimator/saved_tensors.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from tuneplan.estimator.saved_tensors import (
     embedding_backward,
     embedding_backward_at,
     embedding_backward_scratch,
-    model_dropout,
 )
+from tuneplan.specs.dropouts import model_dropout
 from tuneplan.specs.model import model_from_config
 from tuneplan.specs.setup import TrainSetup
 

@@ -28,7 +28,8 @@ from tuneplan.specs.finding import Finding
 from tuneplan.specs.hardware import Accelerator
 from tuneplan.specs.model import ModelSpec
 from tuneplan.specs.profiles import resolve_setup
-from tuneplan.specs.setup import TrainSetup, check_fields
+from tuneplan.specs.setup import TrainSetup, check_fields, field_names
+from tuneplan.specs.torch_era import with_switches
 
 __all__ = ["Estimate", "Run", "SETUP_FIELDS", "build_setup", "estimate", "estimate_run", "resolve_run",
            "trainable_params"]
@@ -135,20 +136,22 @@ class Estimate:
         return result
 
 
+# the base of a call given no setup: one frozen record (replace copies it; resolve_setup gives the result
+# its own ``sources``), not a new 33-field one per call
+DEFAULT_SETUP = TrainSetup()
+
+
 def build_setup(model: ModelSpec, setup: TrainSetup | None = None, *, accelerator: Accelerator | None = None,
                 **kwargs: Any) -> TrainSetup:
-    """A validated, profile-resolved TrainSetup from a base setup and/or keyword fields (and the torch-era
-    switches of calibration rows, specs/torch_era.py)."""
-    from tuneplan.specs.torch_era import with_switches
-
-    base, kwargs = with_switches(setup or TrainSetup(), kwargs)
-    unknown = set(kwargs) - {f.name for f in fields(base)} - SETUP_FIELDS
+    """A validated, profile-resolved TrainSetup (``resolve_setup`` validates it) from a base setup and/or
+    keyword fields (and the torch-era switches of calibration rows, specs/torch_era.py)."""
+    base, kwargs = with_switches(setup or DEFAULT_SETUP, kwargs)
+    unknown = kwargs.keys() - field_names(type(base)) - SETUP_FIELDS
     if unknown:
         raise TuneplanError(f"unknown setup field(s) {sorted(unknown)}", field="setup",
                             accepted=sorted(SETUP_FIELDS))
     explicit = frozenset(kwargs) | frozenset(k for k, v in base.sources.items() if v != "default")
     train_setup = base.replace(**kwargs) if kwargs else base
-    train_setup.validate()
     bf16 = accelerator.supports_bf16 if accelerator is not None else None
     return resolve_setup(train_setup, model, explicit=explicit, supports_bf16=bf16)
 

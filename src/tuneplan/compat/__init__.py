@@ -14,6 +14,7 @@ given): ``torch`` ("2.10.0+cu128"), ``torch_cuda`` ("12.8"), ``torch_hip``, ``to
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from tuneplan.compat.predicates import PREDICATES
@@ -75,12 +76,14 @@ def check(acc: Accelerator | None, setup: TrainSetup, model: ModelSpec | None,
     --versions``): definite answers for the installed libraries.
     """
     ctx = Context(acc, setup, model, versions)
-    base = ctx.base_vars()
+    base: dict[str, Any] | None = None  # the messages' common words, made at the first hit
     out: list[Finding] = []
-    for r in rules():
-        hit = PREDICATES[r.code](ctx, r.params)
+    for r, applies in rule_predicates():
+        hit = applies(ctx, r.params)
         if hit is None:
             continue
+        if base is None:
+            base = ctx.base_vars()
         unknown = bool(hit.pop("_unknown", False))
         values = {**base, **hit}
         level = (r.level_unknown or r.level) if unknown else r.level
@@ -90,6 +93,12 @@ def check(acc: Accelerator | None, setup: TrainSetup, model: ModelSpec | None,
         out.append(Finding(level, r.code, message.format_map(values), fix.format_map(values), r.source,
                            requires))
     return sorted(out, key=lambda f: LEVELS.index(f.level))
+
+
+@lru_cache(maxsize=1)
+def rule_predicates() -> tuple[tuple[Rule, Any], ...]:
+    """Each rule with its predicate, paired once (every estimate runs them all)."""
+    return tuple((r, PREDICATES[r.code]) for r in rules())
 
 
 def version_floors(acc: Accelerator | None, setup: TrainSetup, model: ModelSpec | None) -> dict[str, str]:

@@ -181,6 +181,13 @@ def _capabilities(acc: Accelerator) -> tuple[Capability, ...]:  # Accelerator is
     return tuple(_capability(n, spec, acc) for n, spec in rules_data()["capability"].items())
 
 
+@lru_cache(maxsize=1024)
+def _capability_oks(acc: Accelerator) -> dict[str, bool | None]:
+    """Each capability's verdict on the card, by name: made once per card (every setup's check reads it),
+    read only."""
+    return {c.name: c.ok for c in _capabilities(acc)}
+
+
 # ---- the context a predicate sees -----------------------------------------------------------------
 
 
@@ -210,7 +217,7 @@ class Context:
     def _caps(self) -> dict[str, bool | None]:
         if self.acc is None:
             return {}
-        return {c.name: c.ok for c in capabilities(self.acc)}
+        return _capability_oks(self.acc)
 
     def cap(self, name: str) -> bool | None:
         return self._caps.get(name)

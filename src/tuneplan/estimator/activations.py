@@ -10,7 +10,7 @@ from typing import Any
 from tuneplan.estimator.activation_terms import ActivationTerms, LayerKinds, activation_terms
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.layer_saved import layer_activations
-from tuneplan.estimator.saved_tensors import LayerActs, embedding_backward_at, model_dropout
+from tuneplan.estimator.saved_tensors import LayerActs, embedding_backward_at
 from tuneplan.estimator.xp import int_for, maximum
 from tuneplan.specs.lora_targets import STACK_MARK
 from tuneplan.specs.model import ModelSpec
@@ -172,7 +172,7 @@ def layer_kinds(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, targets: fr
                                           python_model_code, quant_saves_input, litgpt_code=litgpt_code,
                                           expand_kv=expand_kv,
                                           unsloth_code=unsloth_code), end - start))
-    emb_dropout = model_dropout(model.config)[2] > 0 and not (litgpt_code or expand_kv)
+    emb_dropout = model.dropouts[2] > 0 and not (litgpt_code or expand_kv)
     return LayerKinds(tuple(out), embedding_dropout=emb_dropout, lower_kinds=lower if lower < len(out) else 0)
 
 

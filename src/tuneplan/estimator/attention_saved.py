@@ -32,9 +32,8 @@ def attention_block(walk: LayerWalk, attn: str) -> tuple[float, str]:
             walk.linear(m.name, m.reads, m.d_in)
     head_norms(walk)
     if walk.litgpt_code:
-        qkv = [m for m in spec.linears if m.role == "attn" and m.reads == "attn_in"]
-        adapted = [m for m in qkv if m.name in targets]
-        if adapted and len(adapted) < len(qkv):
+        adapted = [m for m in spec.qkv if m.name in targets]
+        if adapted and len(adapted) < len(spec.qkv):
             # LoRAQKVLinear.zero_pad scatters the adapted parts' update into a zero qkv-wide tensor with
             # index_copy, whose backward formula (expand_as(source)) keeps the source: the update itself
             ledger.save("qkv_lora_update", walk.compute_bytes * sum(m.d_out * m.count for m in adapted))

@@ -241,20 +241,21 @@ def layer_work(spec: LayerSpec, model: ModelSpec, setup: TrainSetup, dt: Dtypes,
     gemms = 1.0  # the attention kernel (SDPA/flash) or the two batched matmuls of eager, counted once
     qlin = 0.0
     model_code = get_profile(setup.framework).model_code
+    top_k, rank, wide = spec.top_k, setup.rank, max(dt.adapter, c)  # read once, not per linear
     for m in spec.linears:
-        k = _active(m, spec.top_k)
+        k = _active(m, top_k)
         lin += 2.0 * m.d_in * m.d_out * k
         produced += m.d_out * k * c
         gemms += k
         if quantized(m, model_code):  # fused experts / routers stay 16-bit under transformers (bnb_scope)
             qlin += k
         if m.name in targets:
-            ada += 2.0 * setup.rank * (m.d_in + m.d_out) * k
+            ada += 2.0 * rank * (m.d_in + m.d_out) * k
             # dropout output (if any), lora_A out, then lora_B out, scaling and the add at d_out
-            ada_bytes += ((m.d_in if dropout else 0) * dt.adapter + setup.rank * dt.adapter
-                          + 3 * m.d_out * max(dt.adapter, c)) * k
-            ada_bwd_bytes += _adapter_backward_bytes(m.d_in, m.d_out, dropout, max(dt.adapter, c)) * k
-            ada_reads += m.d_in * max(dt.adapter, c) * k
+            ada_bytes += ((m.d_in if dropout else 0) * dt.adapter + rank * dt.adapter
+                          + 3 * m.d_out * wide) * k
+            ada_bwd_bytes += _adapter_backward_bytes(m.d_in, m.d_out, dropout, wide) * k
+            ada_reads += m.d_in * wide * k
             gemms += 2 * k
             ops += 2 + (1 if dropout else 0)
     produced += spec.n_norms * h * (NORM_FP32_TENSORS * 4 + NORM_HALF_TENSORS * dt.norm_out)

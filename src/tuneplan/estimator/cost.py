@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from tuneplan.errors import TuneplanError
@@ -74,6 +75,9 @@ class CostRates:
 _PROXY = re.compile(r"\bproxy: the (.+?) price\b")
 
 
+# card-level answers (a planner or fit search asks them of one card for every setup it tries) are kept per
+# (card, prices): both records are frozen, so the key is their value
+@lru_cache(maxsize=256)
 def priced_as(acc: Accelerator) -> str | None:
     """The card whose price the catalog borrows for ``acc`` ("A100 80GB SXM" for the Ascend 910B), or None
     when the price is a reading for this card (or there is none)."""
@@ -81,6 +85,7 @@ def priced_as(acc: Accelerator) -> str | None:
     return m.group(1) if m and acc.cloud_usd_per_gpu_hr is not None else None
 
 
+@lru_cache(maxsize=256)
 def cost_rates(acc: Accelerator, prices: Prices | None = None) -> CostRates:
     """Cloud, own and power prices per GPU-hour of ``acc`` and the break-even hours (see the module doc)."""
     p = (prices or Prices()).validate()
@@ -160,3 +165,9 @@ def cost_section(acc: Accelerator, gpus: int, gpu_hours: float | None, prices: P
     if unknown:
         sec["unknown"] = unknown
     return sec
+
+
+@lru_cache(maxsize=256)
+def hourless_section(acc: Accelerator, cards: int, prices: Prices | None) -> dict[str, Any]:
+    """:func:`cost_section` without hours, kept per (card, cards, prices): never edited (callers copy it)."""
+    return cost_section(acc, cards, None, prices, rates=cost_rates(acc, prices))

@@ -57,7 +57,7 @@ class ExpertStack:
 def expert_stacks(spec: LayerSpec, targets: frozenset[str], rank: int) -> list[ExpertStack]:
     """The adapted fused stacks of one layer: gate_up_proj [E, 2f, h] at rank 2r (both halves' ranks),
     down_proj [E, h, f] at rank r."""
-    experts = [m for m in spec.linears if m.role == "expert"]
+    experts = spec.expert_linears
     if not experts or not any(t.startswith(STACK_MARK) for t in targets):
         return []
     up = [m for m in experts if m.reads == "mlp_in"]

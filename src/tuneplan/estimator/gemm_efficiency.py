@@ -16,8 +16,10 @@ UNVERIFIED_MARKERS = ("tensor", "bf16", "bandwidth", "throughput", "all numeric"
 LINK_MARKERS = ("nvlink", "if bandwidth", "hccs")
 
 
+@lru_cache(maxsize=256)
 def unverified_figures(acc: Accelerator) -> str | None:
-    """Why the card's tensor peak or bandwidth is not verified (the catalog's own words), or None."""
+    """Why the card's tensor peak or bandwidth is not verified (the catalog's own words), or None (kept per
+    card: the memory and time sections both ask; the record is frozen, so the key is its value)."""
     text = (acc.unverified_or_derived_fields or "").strip()
     if acc.verified == "no":
         return text or "no source for this card's figures"

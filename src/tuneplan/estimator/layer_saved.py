@@ -23,6 +23,9 @@ the MLP / MoE block and the layer's record with its backward temporaries (a MoE'
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import islice
+
 from tuneplan.estimator.attention_saved import attention_block
 from tuneplan.estimator.bnb_scope import expert_stack_bytes
 from tuneplan.estimator.dtypes import Dtypes
@@ -71,16 +74,14 @@ def mlp_block(walk: LayerWalk) -> None:
     model, spec, ledger, targets = walk.model, walk.spec, walk.ledger, walk.targets
     hidden = model.hidden
     shared_norm = model.family == "gpt" and spec.n_norms == 1
-    mlp = [m for m in spec.linears if m.role in ("mlp", "shared_expert")]
-    experts = [m for m in spec.linears if m.role == "expert"]
-    routers = [m for m in spec.linears if m.role == "router"]
+    mlp, experts, routers = spec.mlp_linears, spec.expert_linears, spec.router_linears
     # A parallel block (Phi / GPT-J shared norm, GPT-NeoX use_parallel_residual) feeds its MLP from the layer
     # input, not from the attention: in the first layer LoRA trains, whose input needs no gradient, an MLP
     # without adapters is outside the graph and keeps nothing (simulate: Pythia-6.9B layer 0, -12h per token)
     parallel = parallel_block(model, spec)
     if (parallel and not walk.input_requires_grad and not walk.trainable
             and not any(m.name in targets for m in mlp + experts + routers)):
-        mlp, experts, routers = [], [], []
+        mlp, experts, routers = (), (), ()
     elif spec.n_norms >= 1 and not shared_norm:
         if parallel and not walk.input_requires_grad:
             # the MLP's own norm reads the layer input, which needs no gradient here (simulate: Pythia-6.9B
@@ -115,7 +116,7 @@ def mlp_block(walk: LayerWalk) -> None:
         feed_forward(walk, mlp, spec.mlp_intermediate or model.intermediate, 1.0, "mlp.", mlp_reads)
 
 
-def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, prefix: str,
+def feed_forward(walk: LayerWalk, mods: Sequence[Linear], width: int, share: float, prefix: str,
                  mlp_reads: str, weight_grad: frozenset[str] = frozenset()) -> None:
     """One feed-forward of ``width`` inner features, run on ``share`` copies of each token: SwiGLU keeps
     gate-out, SiLU-out and up-out (3 x width x output bytes; compiled, SiLU is recomputed); a GELU MLP its
@@ -153,10 +154,10 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
         if m.reads == "mlp_mid":
             key_in = prefix + "mid"
             walk.inputs_dtype[key_in] = mid_bytes
-            before = set(walk.ledger.items)
+            before = len(walk.ledger.items)
             walk_linear(walk, m, key_in, share, m.reads in weight_grad)
-            # the down projection's adapter-private tensors (its dropout output / cast input and its mask)
-            new = {k: v for k, v in walk.ledger.items.items() if k not in before}
+            # its new keys, last in the ledger: the adapter-private ones (dropout output / cast input, mask)
+            new = dict(islice(walk.ledger.items.items(), before, None))
             walk.down_adapter_private += sum(v for k, v in new.items()
                                              if k.endswith((".lora_in", ".dropout_mask")))
             walk.down_adapter_input += sum(v for k, v in new.items() if k.endswith(".lora_in"))
@@ -171,7 +172,7 @@ def feed_forward(walk: LayerWalk, mods: list[Linear], width: int, share: float, 
                 walk.down_adapter_dropout += 2 * 4 * m.d_in * share
 
 
-def fused_stacks_saved(walk: LayerWalk, experts: list[Linear]) -> frozenset[str]:
+def fused_stacks_saved(walk: LayerWalk, experts: Sequence[Linear]) -> frozenset[str]:
     """The LoRA'd fused expert stacks of this layer (estimator/fused_expert_lora.py): their effective
     weights ``baddbmm(W, B, A)`` (E d_in d_out x W's bytes each) kept by grouped_mm for its input gradient,
     gate_up_proj's when the MLP input needs a gradient, down_proj's when its input does (the MLP input
@@ -270,13 +271,13 @@ def first_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
         temp = out_b (d_out + d_in) + residual_b 2 h
 
     (simulate: FSDP1, Qwen3-32B LoRA fp32 under checkpointing: q_proj's adapter at the top layer's end,
-    92.8 MB at 1024 tokens = 32 + 20 + 40). (0, 0) without an adapter in the layer; (-1, 0) where F comes
-    after an eager attention, whose O(s) saved part the ledger does not hold, or is not a dense layer's
-    attention or MLP projection."""
-    if walk.first_target is None:
+    92.8 MB at 1024 tokens = 32 + 20 + 40). (0, 0) without an adapter in the layer or a sharded wrapper
+    (``walk.target_moments``); (-1, 0) where F comes after an eager attention, whose O(s) saved part the
+    ledger does not hold, or is not a dense layer's attention or MLP projection."""
+    if walk.first_target is None or not walk.target_moments:
         return 0.0, 0.0
     saved, name, reads = walk.first_target
-    linear = next((m for m in walk.spec.linears if m.name == name), None)
+    linear = walk.spec.by_name.get(name)
     if linear is None or linear.role not in ("attn", "mlp") or (per_pos and reads != "attn_in"):
         return -1.0, 0.0
     temp = (walk.output_bytes * (linear.d_out * linear.count + linear.d_in)
@@ -297,21 +298,20 @@ def last_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
         temp = max(out_b (sum_qkv d_out + h [+ d_in(L)]) + residual_b 2 h, norm - saved)
 
     with ``norm`` the input RMSNorm's backward moment (input_norm_backward). (0, 0) where L is the MLP's
-    (its gradient comes first in the layer: nothing of the layer precedes it) or there is no adapter;
-    (-1, 0) where the attention core's backward follows L and is eager (its O(s) scratch) or L is not a
-    dense layer's attention projection."""
-    if walk.last_target is None:
+    (its gradient comes first in the layer: nothing of the layer precedes it), there is no adapter or no
+    sharded wrapper (``walk.target_moments``); (-1, 0) where the attention core's backward follows L and
+    is eager (its O(s) scratch) or L is not a dense layer's attention projection."""
+    if walk.last_target is None or not walk.target_moments:
         return 0.0, 0.0
     saved, name, reads = walk.last_target
-    linear = next((m for m in walk.spec.linears if m.name == name), None)
+    linear = walk.spec.by_name.get(name)
     if linear is not None and linear.role == "mlp":
         return 0.0, 0.0
     if linear is None or linear.role != "attn" or reads not in ("attn_in", "attn_core") or (
             per_pos and reads != "attn_in"):
         return -1.0, 0.0
     hidden = walk.model.hidden
-    qkv = sum(m.d_out * m.count for m in walk.spec.linears if m.role == "attn" and m.reads == "attn_in")
-    width = qkv + hidden + (linear.d_in if reads == "attn_core" else 0)
+    width = walk.spec.qkv_width + hidden + (linear.d_in if reads == "attn_core" else 0)
     temp = walk.output_bytes * width + walk.dtypes.residual * 2 * hidden
     # and, the layer's last moment, its input RMSNorm's backward (input_norm_backward)
     return saved, max(float(temp), input_norm_backward(walk) - saved)

@@ -12,7 +12,7 @@ two primitives every block is made of, a norm and a linear (with its LoRA adapte
 from __future__ import annotations
 
 from tuneplan.estimator.dtypes import Dtypes
-from tuneplan.estimator.saved_tensors import RSTD_BYTES, model_dropout
+from tuneplan.estimator.saved_tensors import RSTD_BYTES
 from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
 
@@ -96,6 +96,10 @@ class LayerWalk:
         # the same at the last LoRA target in forward order: the first trained gradient of the layer's
         # backward, where DeepSpeed ZeRO-1/2's first hook allocates its bucket (layer_saved.last_target_terms)
         self.last_target: tuple[float, str, str] | None = None
+        # what the layer keeps at those two adapters' backward (layer_saved.first_target_terms /
+        # last_target_terms) are rows of the sharded wrappers alone (wrapper_rows.py: ZeRO-1/2's first
+        # gradient hook, PEFT's per-adapter FSDP units); other runs leave them (0, 0), not derived
+        self.target_moments = bool(setup.zero or setup.fsdp)
         # A trained layer of a freeze fine-tune has fp32 norm weights (upcast like every trainable param) on a
         # 16-bit residual stream: ``weight * x.to(input_dtype)`` promotes the norm output to fp32, so each
         # projection reading it under autocast makes its own 16-bit copy (simulate: Qwen2.5-0.5B freeze).
@@ -105,11 +109,10 @@ class LayerWalk:
         self.inputs_dtype = {"attn_in": norm_output_bytes, "mlp_in": norm_output_bytes,
                              "attn_core": self.compute_bytes, "mlp_mid": self.output_bytes,
                              "q_latent": self.output_bytes, "kv_latent": self.output_bytes}
-        self.attn_inputs = {m.name for m in spec.linears if m.role == "attn" and m.reads == "attn_in"}
         # transformers' modeling code applies the config's dropouts; LitGPT's and torchtune's model code has
         # no residual / attention dropout layers (litgpt model.py; torchtune attn_dropout defaults to 0.0)
         self.attention_dropout, self.hidden_dropout, _ = (
-            model_dropout(model.config) if not (litgpt_code or expand_kv) else (0.0, 0.0, 0.0))
+            model.dropouts if not (litgpt_code or expand_kv) else (0.0, 0.0, 0.0))
 
     def norm(self, key: str, width: int, grad_in: bool = True) -> None:
         """RMSNorm as transformers writes it keeps its fp32 input (4 x width) and rstd, and its output when
@@ -213,9 +216,10 @@ class LayerWalk:
             if (setup.dropout or 0) > 0 and reads not in self.gradient_free:
                 copies = 2 if litgpt_code and m_name.endswith("gate_up_proj") else 1
                 ledger.save(f"{self._lora_key(m_name, reads)}.dropout_mask", copies * d_in * tokens_share)
+            kept = ledger.total() if self.target_moments else 0.0  # read where target_moments alone
             if self.first_target is None:
-                self.first_target = (ledger.total(), m_name, reads)
-            self.last_target = (ledger.total(), m_name, reads)
+                self.first_target = (kept, m_name, reads)
+            self.last_target = (kept, m_name, reads)
 
     def out_bytes(self, reads: str) -> int:
         """Bytes per element of a linear's output when it reads ``reads``: bitsandbytes' Linear4bit casts its
@@ -227,7 +231,7 @@ class LayerWalk:
         return self.output_bytes
 
     def _lora_key(self, m_name: str, reads: str) -> str:
-        return "qkv_fused" if self.litgpt_code and m_name in self.attn_inputs else f"{m_name}@{reads}"
+        return "qkv_fused" if self.litgpt_code and m_name in self.spec.qkv_names else f"{m_name}@{reads}"
 
 
 def fsdp1_adapter_input_copy(setup: TrainSetup) -> bool:

@@ -40,7 +40,7 @@ def recompute_adapter_temp(walk: LayerWalk, residual_grads: int) -> float:
             or (setup.fsdp and setup.fsdp_version != 2)):
         return 0.0
     _, name, reads = walk.last_target
-    linear = next((m for m in walk.spec.linears if m.name == name), None)
+    linear = walk.spec.by_name.get(name)
     if linear is None or linear.role != "mlp":
         return 0.0
     input_bytes = walk.inputs_dtype.get(reads, walk.compute_bytes)

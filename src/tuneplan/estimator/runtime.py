@@ -10,7 +10,7 @@ import math
 from operator import itemgetter
 from typing import Any
 
-from tuneplan.estimator.cost import CostRates, Prices, cost_rates, cost_section
+from tuneplan.estimator.cost import CostRates, Prices, cost_rates, cost_section, hourless_section
 from tuneplan.estimator.gemm_efficiency import unverified_figures
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.step_calibration import LABEL, calibration_for, corrected_options, store_path
@@ -163,13 +163,14 @@ def add_time_notes(time: dict[str, Any], setup: TrainSetup, acc: Accelerator, st
 
 
 def hourless_cost(run: Run, acc: Accelerator, prices: Prices | None, rates: CostRates) -> dict[str, Any]:
-    """The cost section without a dataset (no hours): shape-independent, so made once per (run, card,
-    prices) next to the card's rates (``card_terms``), and copied for each caller (its lists too)."""
+    """The cost section without a dataset (no hours): it depends on the card, the card count and the prices
+    alone, so it is made once per (card, cards, prices) (``cost.hourless_section``), kept on the run next to
+    the card's rates (``card_terms``), and copied for each caller (its lists too)."""
     last = run.memo.get("cost")
     if last is None or last[2] is not rates:  # another card asked about meanwhile: nothing to share
         return cost_section(acc, run.setup.cards, None, prices, rates=rates)
     if len(last) == 4:
-        last = run.memo["cost"] = (*last, cost_section(acc, run.setup.cards, None, prices, rates=rates))
+        last = run.memo["cost"] = (*last, hourless_section(acc, run.setup.cards, prices))
     sec = dict(last[4])
     sec["assumptions"] = list(sec["assumptions"])
     if "unknown" in sec:

@@ -20,25 +20,6 @@ RSTD_BYTES = 4  # RMSNorm keeps rsqrt(mean(x^2) + eps): one fp32 per token
 DROPOUT_MASK_BYTES = 1  # CUDA fused dropout (native_dropout) keeps a bool mask, one byte per element
 
 
-def model_dropout(cfg: dict[str, Any]) -> tuple[float, float, float]:
-    """(attention-probs, residual/hidden, embedding) dropout of a config, as transformers applies them in
-    training: Llama-style configs ship 0.0; GPT-2 attn_pdrop/resid_pdrop/embd_pdrop 0.1; BERT
-    attention_probs_dropout_prob / hidden_dropout_prob 0.1."""
-    attn = _first_number(cfg, ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout"))
-    hidden = _first_number(cfg, ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout"))
-    embd = _first_number(cfg, ("embd_pdrop", "hidden_dropout_prob", "embed_dropout"))
-    return attn, hidden, embd
-
-
-def _first_number(cfg: dict[str, Any], keys: tuple[str, ...]) -> float:
-    """The first of ``keys`` whose value in ``cfg`` is a number (not a bool), else 0."""
-    for k in keys:
-        v = cfg.get(k)
-        if v is not None and type(v) is not bool and isinstance(v, (int, float)):
-            return float(v)
-    return 0.0
-
-
 # hashable, not frozen (read-only by convention): made for every new setup, and a frozen dataclass's
 # __init__ sets each field through object.__setattr__
 @dataclass(unsafe_hash=True)

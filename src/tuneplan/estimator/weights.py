@@ -23,6 +23,7 @@ from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
 from tuneplan.estimator.xp import ceil_div
 from tuneplan.specs.lora_targets import adapted_targets
 from tuneplan.specs.model import Linear, ModelSpec
+from tuneplan.specs.profiles import classifier_head_params, get_profile
 from tuneplan.specs.setup import TrainSetup
 
 NF4_BLOCK = 64  # bitsandbytes quantize_4bit default blocksize
@@ -36,8 +37,6 @@ def lora_targets(model: ModelSpec, setup: TrainSetup) -> frozenset[str]:
     conversion of expert names onto transformers 5's fused expert stacks (``fused_expert_lora``)."""
     if not setup.is_lora:
         return frozenset()
-    from tuneplan.specs.profiles import get_profile
-
     return adapted_targets(model, setup.targets, get_profile(setup.framework).model_code)
 
 
@@ -120,8 +119,6 @@ def param_plan(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes, quant_lm_hea
     ``quant_lm_head``: the framework quantizes every nn.Linear, the output head included (Lightning
     Fabric's BitsandbytesPrecision with no ignore_modules, as LitGPT uses it), not only the decoder's.
     ``targets``: :func:`lora_targets`, when the caller has them already (a resolved run)."""
-    from tuneplan.specs.profiles import get_profile
-
     if targets is None:
         targets = lora_targets(model, setup)
     model_code = get_profile(setup.framework).model_code
@@ -164,8 +161,6 @@ def recompute_casts(model: ModelSpec, setup: TrainSetup, dtypes: Dtypes) -> int:
     backward). 0 without checkpointing (:func:`param_plan` counts the casts of the first forward), under
     quantization or with 16-bit weights; transformers' fused expert stacks are not cast
     (bnb_scope.fused_expert)."""
-    from tuneplan.specs.profiles import get_profile
-
     weight = dtypes.frozen_weight if setup.method == "lora" else dtypes.trainable
     if not (setup.gradient_checkpointing and dtypes.autocast and weight == 4) or setup.quant_bits:
         return 0
@@ -185,8 +180,6 @@ def recompute_casts_to_first_target(model: ModelSpec, setup: TrainSetup, dtypes:
     bf16_autocast: q, k, v, o and gate_proj's casts live at the next layer's all-gather)::
 
         max_layer sum_{m <= first target} n_m d_in d_out b_compute"""
-    from tuneplan.specs.profiles import get_profile
-
     if not recompute_casts(model, setup, dtypes):
         return 0
     code = get_profile(setup.framework).model_code
@@ -261,12 +254,13 @@ def linear_params(tally: _Tally, m: Linear, repeats: int, trainable_layer: bool,
     (``is_quantized`` false: fused experts, routers) is a frozen weight in the non-quantized dtype."""
     weight_numel = m.count * m.d_in * m.d_out
     bias_numel = m.count * m.d_out if m.bias else 0
-    frozen = dtypes.non_block if setup.quant_bits else dtypes.frozen_weight
+    bits = setup.quant_bits  # a property: read once per linear
+    frozen = dtypes.non_block if bits else dtypes.frozen_weight
     # transformers' fused experts (never bitsandbytes linears) are not cast by autocast, trained or frozen
     # (bnb_scope.fused_expert)
     uncast = m.role == "expert" and not is_quantized
-    if setup.quant_bits and is_quantized:
-        storage, metadata = quant_bytes(m.d_in * m.d_out, m.d_out, setup.quant_bits, setup.double_quant)
+    if bits and is_quantized:
+        storage, metadata = quant_bytes(m.d_in * m.d_out, m.d_out, bits, setup.double_quant)
         tally.weight += repeats * (m.count * storage + bias_numel * dtypes.non_block)
         tally.meta += repeats * m.count * metadata
     elif trainable_layer:
@@ -392,7 +386,5 @@ def trainable_params(model: ModelSpec, setup: TrainSetup, targets: frozenset[str
                 total += count * lora_params_of(m, setup.rank)
         total += count * sum(stack.adapter_params for stack in expert_stacks(spec, targets, setup.rank))
     if setup.num_labels:
-        from tuneplan.specs.profiles import classifier_head_params
-
         total += classifier_head_params(model, setup.num_labels)
     return total

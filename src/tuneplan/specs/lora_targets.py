@@ -33,17 +33,12 @@ STACK_MARK = "experts@"  # a converted target: "experts@gate_up_proj", "experts@
 
 def resolve_targets(model: ModelSpec, targets: str | None) -> frozenset[str]:
     """LoRA target names -> the set of linear module names they select in this model."""
-    names = model.linear_names()
     if not targets:
         return frozenset()
     wanted_text = targets.strip()
-    # a name both a dense layer's nn.Linear and a MoE layer's expert (DeepSeek's first_k_dense_replace
-    # layers: gate_proj, up_proj, down_proj) keeps the dense role: the nn.Linear PEFT matches by name
-    roles: dict[str, str] = {}
-    for spec, _ in model.layer_groups:
-        for m in spec.linears:
-            if m.role != "expert" or roles.get(m.name, "expert") == "expert":
-                roles[m.name] = m.role
+    # a name both a dense layer's nn.Linear and a MoE layer's expert keeps the dense role (linear_roles)
+    roles = model.linear_roles
+    names = list(roles)
     # transformers 5 stores routed experts as fused 3-D parameters and the routers as TopK-router modules,
     # neither an nn.Linear, so the nn.Linear names (LLaMA-Factory's "all" lists them) leave them alone:
     # attention, dense and shared-expert linears (simulate: Mixtral / Qwen3-MoE all-linear, the names

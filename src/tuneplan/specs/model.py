@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from tuneplan.errors import ConfigError, TuneplanError
+from tuneplan.specs.dropouts import model_dropout
 from tuneplan.specs.families import build_layers, family_of
 from tuneplan.specs.limits import MAX_MODEL_PARAMS, MODEL_INT_ALIASES, MODEL_INT_RANGES, check_int, show_value
 
@@ -61,6 +62,43 @@ class LayerSpec:
     @cached_property
     def params(self) -> int:
         return self.linear_params + self.norm_params
+
+    # the layer's linears as the activation walk looks them up, kept on the (frozen) kind of layer: every
+    # new setup walks the same kinds of a model (estimator/layer_saved.py, attention_saved.py)
+    @cached_property
+    def by_name(self) -> dict[str, Linear]:
+        """The first linear of each module name, in the layer's order."""
+        named: dict[str, Linear] = {}
+        for m in self.linears:
+            named.setdefault(m.name, m)
+        return named
+
+    @cached_property
+    def mlp_linears(self) -> tuple[Linear, ...]:
+        """The dense MLP's and the shared experts' linears, in the layer's order."""
+        return tuple(m for m in self.linears if m.role in ("mlp", "shared_expert"))
+
+    @cached_property
+    def expert_linears(self) -> tuple[Linear, ...]:
+        return tuple(m for m in self.linears if m.role == "expert")
+
+    @cached_property
+    def router_linears(self) -> tuple[Linear, ...]:
+        return tuple(m for m in self.linears if m.role == "router")
+
+    @cached_property
+    def qkv(self) -> tuple[Linear, ...]:
+        """The attention projections reading the attention input (q, k, v, or a fused qkv)."""
+        return tuple(m for m in self.linears if m.role == "attn" and m.reads == "attn_in")
+
+    @cached_property
+    def qkv_names(self) -> frozenset[str]:
+        return frozenset(m.name for m in self.qkv)
+
+    @cached_property
+    def qkv_width(self) -> int:
+        """Outputs per token of :attr:`qkv`."""
+        return sum(m.d_out * m.count for m in self.qkv)
 
     def active_linear_params(self) -> int:
         """Linear parameters one token multiplies with (top-k of the routed experts)."""
@@ -158,12 +196,25 @@ class ModelSpec:
         return self.n_kv_heads * self.head_dim
 
     def linear_names(self) -> list[str]:
-        """Distinct linear module names inside the blocks (LoRA target vocabulary)."""
-        seen: dict[str, None] = {}
+        """Distinct linear module names inside the blocks (LoRA target vocabulary), in the layers' order."""
+        return list(self.linear_roles)
+
+    @cached_property
+    def linear_roles(self) -> dict[str, str]:
+        """Each distinct linear module name's role, in the layers' order. A name both a dense layer's
+        nn.Linear and a MoE layer's expert (DeepSeek's first_k_dense_replace layers: gate_proj, up_proj,
+        down_proj) keeps the dense role: the nn.Linear PEFT matches by name (specs/lora_targets.py)."""
+        roles: dict[str, str] = {}
         for spec, _ in self.layer_groups:
             for m in spec.linears:
-                seen.setdefault(m.name, None)
-        return list(seen)
+                if m.role != "expert" or roles.get(m.name, "expert") == "expert":
+                    roles[m.name] = m.role
+        return roles
+
+    @cached_property
+    def dropouts(self) -> tuple[float, float, float]:
+        """:func:`model_dropout` of the config, read once per model (every layer walk of every setup asks)."""
+        return model_dropout(self.config)
 
     @cached_property
     def largest_layer_params(self) -> int:

@@ -323,9 +323,9 @@ def loss_kind(setup: TrainSetup, prof: Profile) -> str:
 
 def peft_default_targets(model: ModelSpec) -> str:
     """PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, by the modules the model has."""
-    names = set(model.linear_names())
+    names = model.linear_roles.keys()  # the model's linear names
     for pair in (("q_proj", "v_proj"), ("query", "value")):
-        if set(pair) <= names:
+        if names >= set(pair):
             return ",".join(pair)
     for fused in ("qkv_proj", "query_key_value", "c_attn", "wqkv"):
         if fused in names:
@@ -337,8 +337,12 @@ def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] 
                   supports_bf16: bool | None = None) -> TrainSetup:
     """Fill profile defaults into the fields left as None; record each value's origin in ``sources``.
 
-    ``explicit`` names the fields the user set (flags or a config file already recorded there).
+    ``explicit`` names the fields the user set (flags or a config file already recorded there). The setup
+    is validated here, once, before any default is read from it; what is filled in is a profile's own
+    value (a test checks each profile's defaults pass ``TrainSetup.validate``), so the result needs no
+    second check.
     """
+    setup.validate()
     prof = get_profile(setup.framework)
     sources = dict(setup.sources)
     changes: dict[str, object] = {}
@@ -384,5 +388,4 @@ def resolve_setup(setup: TrainSetup, model: ModelSpec, explicit: frozenset[str] 
         sources["precision"] = f"{prof.name} profile default (fp16: this GPU has no bf16)"
     for f in explicit:
         sources.setdefault(f, "flag")
-    resolved = setup.replace(**changes, sources=sources) if changes or sources != setup.sources else setup
-    return resolved.validate()
+    return setup.replace(**changes, sources=sources) if changes or sources != setup.sources else setup

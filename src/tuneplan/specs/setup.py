@@ -124,7 +124,7 @@ class TrainSetup:
         """``dataclasses.replace``, without re-running ``__init__`` field by field (a new setup is made two or
         three times per estimate): no field has ``init=False`` or a ``__post_init__``, and nothing else lives
         in the instance's ``__dict__``, so a copy of it with the changes is the object ``__init__`` makes."""
-        if not changes.keys() <= _field_names(type(self)):
+        if not changes.keys() <= field_names(type(self)):
             return replace(self, **changes)  # raises dataclasses' TypeError for the unknown name
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__, **changes)
@@ -225,11 +225,14 @@ _BOOLS = ("double_quant", "optimizer_in_backward", "gradient_checkpointing", "fs
           "activation_offload", "compile")
 _CHECKED = (*_CHOICES, *SETUP_INT_RANGES, *_BOOLS, "bits", "rank", "alpha", "dropout", "zero", "num_labels",
             "ds_reduce_bucket", "ds_prefetch_bucket", "targets", "fsdp_version")
+# check_fields' kind of each field checked alike (the others are checked by name)
+_KIND = {**{name: "bool" for name in _BOOLS}, **{name: "int" for name in SETUP_INT_RANGES},
+         **{name: "choice" for name in _CHOICES}}
 # a DeepSpeed bucket of 10^12 elements is 2 TB in bf16: beyond any device (DeepSpeed's default is 5e8)
 _MAX_BUCKET = 10**12
 
 
-def _field_names(cls: type) -> frozenset[str]:
+def field_names(cls: type) -> frozenset[str]:
     """The dataclass fields of a TrainSetup class (TorchEraSetup adds some), kept per class."""
     names = _FIELD_NAMES.get(cls)
     if names is None:
@@ -249,13 +252,15 @@ def check_fields(values: Mapping[str, Any]) -> None:
     for name, value in values.items():
         if value is None:
             continue
-        if name in _CHOICES:
+        kind = _KIND.get(name, name)  # one look-up per field: a setup has ~30 and every estimate checks it
+        if kind == "choice":
             _choice(name, value, _CHOICES[name])
-        elif name in SETUP_INT_RANGES:
+        elif kind == "int":
             low, high, why = SETUP_INT_RANGES[name]
             check_int(name, value, low, high, why)
-        elif name in _BOOLS and not isinstance(value, bool):
-            raise TuneplanError(f"got {show_value(value)}", field=name, accepted="true, false")
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise TuneplanError(f"got {show_value(value)}", field=name, accepted="true, false")
         elif name == "bits" and (isinstance(value, bool) or value not in (4, 8)):
             raise TuneplanError(f"got {show_value(value)}", field="bits",
                                 accepted="4, 8 (bitsandbytes 4-bit or 8-bit)")

@@ -57,9 +57,9 @@ class TorchEraSetup(TrainSetup):
 def with_switches(base: TrainSetup, kwargs: Mapping[str, Any]) -> tuple[TrainSetup, dict[str, Any]]:
     """(the base as a TorchEraSetup carrying the switches among ``kwargs``, the other kwargs); the base and
     kwargs unchanged when none is given."""
+    if isinstance(base, TorchEraSetup) or kwargs.keys().isdisjoint(SWITCHES):
+        return base, dict(kwargs)
     switches = {k: v for k, v in kwargs.items() if k in SWITCHES}
     rest = {k: v for k, v in kwargs.items() if k not in SWITCHES}
-    if not switches or isinstance(base, TorchEraSetup):
-        return base, dict(kwargs)
     own = {f.name: getattr(base, f.name) for f in fields(base)}
     return TorchEraSetup(**own, **switches), rest

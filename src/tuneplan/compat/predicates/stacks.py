@@ -159,13 +159,13 @@ def _adafactor_fsdp2(ctx: Context, p: dict[str, Any]) -> Hit:
 def _moe_fused_partial(ctx: Context, p: dict[str, Any]) -> Hit:
     """LoRA naming one half of a fused expert stack on a MoE type PEFT converts for transformers 5
     (specs/lora_targets.py partial_fused)."""
+    s, model = ctx.setup, ctx.model
+    if model is None or not s.is_lora or not model.is_moe:
+        return None  # before the imports: every estimate asks, few are MoE LoRA runs
     from tuneplan.errors import TuneplanError
     from tuneplan.specs.lora_targets import partial_fused, resolve_targets
     from tuneplan.specs.profiles import get_profile
 
-    s, model = ctx.setup, ctx.model
-    if model is None or not s.is_lora or not model.is_moe:
-        return None
     try:
         names = resolve_targets(model, s.targets)
     except TuneplanError:
@@ -223,13 +223,13 @@ def _fsdp1_tied_embeddings(ctx: Context, p: dict[str, Any]) -> Hit:
 def _moe_fused_dropout(ctx: Context, p: dict[str, Any]) -> Hit:
     """LoRA dropout on a fused expert stack: PEFT's ``lora.ParamWrapper.__init__`` raises
     (peft/tuners/lora/layer.py: lora_B(lora_A(dropout(x))) cannot be factored out of the stacked weight)."""
+    s, model = ctx.setup, ctx.model
+    if model is None or not s.is_lora or not model.is_moe:
+        return None  # before the imports: every estimate asks, few are MoE LoRA runs
     from tuneplan.errors import TuneplanError
     from tuneplan.specs.lora_targets import adapted_stacks
     from tuneplan.specs.profiles import get_profile
 
-    s, model = ctx.setup, ctx.model
-    if model is None or not s.is_lora or not model.is_moe:
-        return None
     prof = get_profile(s.framework)
     dropout = s.dropout if s.dropout is not None else prof.default_dropout
     if not dropout:
@@ -288,12 +288,12 @@ def _fsdp2_fp32_router(ctx: Context, p: dict[str, Any]) -> Hit:
     parameter dtype'); frozen parameters may mix, so only a trained layer with its fp32 router fails.
     Where accelerate's mixed_precision is not "no", ``fsdp2_prepare_model`` first upcasts every trainable
     parameter to fp32 (``fsdp_mixed_precision``), and nothing mixes."""
+    s = ctx.setup
+    if not (s.fsdp and s.fsdp_version == 2 and s.gpus > 1 and s.device_map == "none"):
+        return None  # before the imports: every estimate asks, few are FSDP2 runs
     from tuneplan.specs.load_precision import fsdp_mixed_precision
     from tuneplan.specs.profiles import get_profile
 
-    s = ctx.setup
-    if not (s.fsdp and s.fsdp_version == 2 and s.gpus > 1 and s.device_map == "none"):
-        return None
     if fsdp_mixed_precision(s, get_profile(s.framework)):
         return None
     layers = _fp32_router_layers(ctx, p)
