@@ -1,0 +1,55 @@
+"""A QLoRA layer under FSDP1 as bitsandbytes and torch make it: the flat parameter gathers the packed codes,
+not the quantization state (bnb_scope.sharded_layer_bytes), and the top layer's end holds, after its first
+adapter prefetched the layer below, the dequantized weight of its first adapted linear beside the lower
+layer's activations, the all-gather's shard freed by then (wrapper_rows.layer_end_dequant).
+
+By hand for Llama-2-70B at 2 layers (hidden 8192, intermediate 28672, 8 KV heads of 128, vocabulary 32000),
+QLoRA nf4 without double quantization on the MLP (r128), bf16, fsdp_qlora's train.py on 2 GPUs with CPU
+offload, 1 x 384 tokens, no checkpointing:
+
+* one layer's linears: q, o 8192 x 8192, k, v 8192 x 1024, gate, up, down 8192 x 28672: 855,638,016
+  elements, packed two a byte: 427,819,008 B, and the two RMSNorms' 2 x 8192 bf16 weights: 32,768 B, so
+  FSDP gathers 427,851,776 B a layer (its absmax, 855,638,016 / 64 x 4 = 53,477,376 B, stays a
+  ``Params4bit.quant_state`` attribute, whole on every rank);
+* use_orig_params=False: the host shard copied to the device, 427,851,776 / 2 = 213,925,888 B, lives only
+  while the next layer's all-gather reads it;
+* the root unit (embeddings, lm_head 32000 x 8192 each, final norm 8192) unsharded in bf16:
+  2 x (2 x 32000 x 8192 + 8192) = 1,048,592,384 B;
+* at the prefetch: root + two layers + the shard = 1,048,592,384 + 2 x 427,851,776 + 213,925,888 =
+  2,118,221,824 B;
+* later, gate_proj's ``MatMul4Bit.backward``: its weight dequantized to bf16, 28672 x 8192 x 2 =
+  469,762,048 B, with per token the residual gradient (2 x 8192) and the adapter's and the base's input
+  gradients (2 x 2 x 8192): 49,152 B, x 384 = 18,874,368 B; the shard gone: 469,762,048 + 18,874,368 -
+  213,925,888 = 274,710,528 B of scratch above the prefetch moment's gathered bytes.
+(simulate: fsdp_qlora, this draw: the peak at gate_proj's dequantized matmul, 2,770,370,048 B.)"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from random_setups import reduced_model  # noqa: E402
+from tuneplan.api import build_setup  # noqa: E402
+from tuneplan.estimator.bnb_scope import sharded_layer_bytes  # noqa: E402
+from tuneplan.estimator.run import resolve_run  # noqa: E402
+from tuneplan.estimator.wrappers.base import layer_gathered_bytes  # noqa: E402
+
+LAYER = 427_851_776
+
+
+def _run():
+    spec = reduced_model("meta-llama/Llama-2-70b-hf", 2)
+    return resolve_run(spec, build_setup(
+        spec, method="qlora", precision="bf16", framework="fsdp-qlora", batch=1, seq=384, grad_accum=1,
+        gradient_checkpointing=False, bits=4, quant_type="nf4", double_quant=False, rank=128,
+        targets="mlp", dropout=0.05, optimizer="adamw", attn="sdpa", gpus=2, fsdp=True, fsdp_version=1,
+        offload="all"))
+
+
+def test_fsdp_gathers_the_packed_codes_not_bitsandbytes_quant_state() -> None:
+    run = _run()
+    assert layer_gathered_bytes(run) == 855_638_016 // 2 + 2 * 8192 * 2 == LAYER
+    # torchao's NF4 tensors gather their scalers with their codes (another model code than transformers')
+    assert sharded_layer_bytes(LAYER, 53_477_376, "torchtune") == LAYER + 53_477_376
