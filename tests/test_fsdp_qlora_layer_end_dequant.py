@@ -33,10 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from random_setups import reduced_model  # noqa: E402
 from tuneplan.api import build_setup  # noqa: E402
 from tuneplan.estimator.bnb_scope import sharded_layer_bytes  # noqa: E402
+from tuneplan.estimator.instants import memory_at, named  # noqa: E402
+from tuneplan.estimator.memory_statics import memory_statics  # noqa: E402
 from tuneplan.estimator.run import resolve_run  # noqa: E402
 from tuneplan.estimator.wrappers.base import layer_gathered_bytes  # noqa: E402
 
 LAYER = 427_851_776
+SHARD = 213_925_888
+ROOT = 1_048_592_384
 
 
 def _run():
@@ -53,3 +57,17 @@ def test_fsdp_gathers_the_packed_codes_not_bitsandbytes_quant_state() -> None:
     assert layer_gathered_bytes(run) == 855_638_016 // 2 + 2 * 8192 * 2 == LAYER
     # torchao's NF4 tensors gather their scalers with their codes (another model code than transformers')
     assert sharded_layer_bytes(LAYER, 53_477_376, "torchtune") == LAYER + 53_477_376
+
+
+def test_prefetch_holds_the_shard_the_all_gather_reads() -> None:
+    run = _run()
+    gathered = run.wrapper.memory(run, memory_statics(run).optimizer).gathered
+    assert gathered.layer_end_transient == SHARD
+    assert gathered.layer_end == ROOT + 2 * LAYER + SHARD == 2_118_221_824
+
+
+def test_top_layer_end_dequantizes_beside_the_lower_layer_once_the_shard_is_freed() -> None:
+    run = _run()
+    row = named(memory_at(run, 1, 384).rows["backward_top_layer_end"])
+    assert row.parallel_buffers == 2_118_221_824
+    assert row.backward_temp == 469_762_048 + 384 * (2 * 8192 + 2 * 2 * 8192) - SHARD == 274_710_528

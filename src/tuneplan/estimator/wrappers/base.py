@@ -70,6 +70,9 @@ class Gathered:
     # at the end of a layer's backward, its scratch freed, beside the next layer it prefetched when that is
     # later than the layer's heavy part (0: no instant there; wrappers/fsdp.fsdp_layers_gathered)
     layer_end: int = 0
+    # of it, the shard the next layer's all-gather reads, freed once gathered (fsdp1_offload.
+    # gathered_shard_transient): not beside what the layer's backward makes after the prefetch
+    layer_end_transient: int = 0
     # FSDP1: at the root unit's pre-backward, beside the device copy of its host shard (0: no instant there;
     # wrappers/fsdp1_offload.root_pre_backward_copy)
     root_pre_backward: int = 0

@@ -210,14 +210,14 @@ class Fsdp1(Fsdp):
         # PEFT's per-adapter units: the next layer is gathered once the layer's first adapter starts its
         # backward, after the layer's own matmuls (fsdp_layers_gathered), so two layers are unsharded at
         # its end, beside no scratch
-        layer_end = 0
+        layer_end = transient = 0
         if fsdp_layers_gathered(setup) == 1 and model.n_layers > 1:
             # the next layer being gathered: its shard's copy, held or transient (wrappers/fsdp1_offload.py)
-            layer_end = (gathered + terms.layer16 + held.of(terms.layer16, 0, world_size)
-                         + gathered_shard_transient(run, terms.layer16))
+            transient = gathered_shard_transient(run, terms.layer16)
+            layer_end = gathered + terms.layer16 + held.of(terms.layer16, 0, world_size) + transient
         root_copy = root_pre_backward_copy(run, terms.root16)
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
-                                    layer_end=layer_end,
+                                    layer_end=layer_end, layer_end_transient=transient,
                                     root_pre_backward=terms.root16 + root_copy if root_copy else 0)
         # the lowest trained layer, or the one above it (wrappers/fsdp1_bottom.py)
         bottom, missing = bottom_unit(run, buffers, head_wait,
