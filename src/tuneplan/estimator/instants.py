@@ -205,7 +205,8 @@ def gathered_forward_rows(rows: dict[str, Row], run: Run, statics: MemoryStatics
                                         tail.scratch, tail.gathered)
     if statics.gathered_root_pre_backward:
         # FSDP1's root pre-backward, before the loss's backward: what the loss's forward left (at most its
-        # forward peak) beside the root and its shard's device copy (wrappers/fsdp1_offload)
+        # forward peak) beside the root and its shard's device copy, or the top layer it prefetches and the
+        # shard that all-gather reads (wrappers/fsdp1_offload.root_pre_backward_gathered)
         rows["backward_root_pre"] = (earlier_grads, 0, saved, statics.autocast_copies_backward,
                                      logits.forward_peak, 0, statics.gathered_root_pre_backward)
     if statics.gathered_bottom_forward:

@@ -73,8 +73,8 @@ class Gathered:
     # of it, the shard the next layer's all-gather reads, freed once gathered (fsdp1_offload.
     # gathered_shard_transient): not beside what the layer's backward makes after the prefetch
     layer_end_transient: int = 0
-    # FSDP1: at the root unit's pre-backward, beside the device copy of its host shard (0: no instant there;
-    # wrappers/fsdp1_offload.root_pre_backward_copy)
+    # FSDP1: at the root unit's pre-backward, beside the device copy of its host shard, or the top layer it
+    # prefetches beside its all-gather's shard (0: no instant there; fsdp1_offload.root_pre_backward_gathered)
     root_pre_backward: int = 0
     # FSDP2: at the bottom layer's backward beside the prefetched embedding group (0: no instant there), and
     # of it the embedding's host shard copied to the device for the all-gather (CPUOffloadPolicy)

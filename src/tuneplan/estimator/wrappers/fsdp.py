@@ -51,7 +51,7 @@ from tuneplan.estimator.wrappers.fsdp1_offload import (
     frozen_layer_copy,
     gathered_shard_transient,
     held_shard_copies,
-    root_pre_backward_copy,
+    root_pre_backward_gathered,
 )
 from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
 from tuneplan.estimator.wrappers.fully_shard import (
@@ -215,10 +215,10 @@ class Fsdp1(Fsdp):
             # the next layer being gathered: its shard's copy, held or transient (wrappers/fsdp1_offload.py)
             transient = gathered_shard_transient(run, terms.layer16)
             layer_end = gathered + terms.layer16 + held.of(terms.layer16, 0, world_size) + transient
-        root_copy = root_pre_backward_copy(run, terms.root16)
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
                                     layer_end=layer_end, layer_end_transient=transient,
-                                    root_pre_backward=terms.root16 + root_copy if root_copy else 0)
+                                    root_pre_backward=root_pre_backward_gathered(run, terms.root16,
+                                                                                 terms.layer16, at_loss))
         # the lowest trained layer, or the one above it (wrappers/fsdp1_bottom.py)
         bottom, missing = bottom_unit(run, buffers, head_wait,
                                       terms.layer16 + held.of(terms.layer16, 0, world_size),
