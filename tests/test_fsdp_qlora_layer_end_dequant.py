@@ -71,3 +71,22 @@ def test_top_layer_end_dequantizes_beside_the_lower_layer_once_the_shard_is_free
     row = named(memory_at(run, 1, 384).rows["backward_top_layer_end"])
     assert row.parallel_buffers == 2_118_221_824
     assert row.backward_temp == 469_762_048 + 384 * (2 * 8192 + 2 * 2 * 8192) - SHARD == 274_710_528
+
+
+def test_checkpointed_layer_end_dequantizes_beside_the_checkpoints_and_what_the_layer_keeps() -> None:
+    # the HF Trainer (use_orig_params=True: the shard copies are held, no transient), Llama-2-70B at 4
+    # layers, QLoRA r64 on q_proj / v_proj, fp16-mixed, checkpointing, 1 x 512 tokens, 4 GPUs, CPU offload:
+    # q_proj, the first adapted linear, dequantized: 8192 x 8192 x 2 = 134,217,728 B, and per token the
+    # residual gradient (2 x 8192) with the adapter's and the base's input gradients (2 x 2 x 8192), x 512 =
+    # 25,165,824 B, beside the four layers' checkpoints (4 x 512 x 8192 x 2 = 33,554,432 B) and what the
+    # recomputed layer keeps up to q_proj's adapter (ActivationPlan.layer_end_bytes)
+    spec = reduced_model("meta-llama/Llama-2-70b-hf", 4)
+    run = resolve_run(spec, build_setup(
+        spec, method="qlora", precision="fp16-mixed", framework="hf", batch=1, seq=512, grad_accum=1,
+        gradient_checkpointing=True, bits=4, quant_type="nf4", double_quant=True, rank=64, attn="flash",
+        gpus=4, fsdp=True, fsdp_version=1, offload="all"))
+    at = memory_at(run, 1, 512)
+    row = named(at.rows["backward_layer_end"])
+    assert at.acts.checkpoint_bytes == 4 * 512 * 8192 * 2
+    assert row.activations == at.acts.checkpoint_bytes + at.acts.layer_end_bytes
+    assert row.backward_temp == 134_217_728 + 512 * (2 * 8192 + 2 * 2 * 8192) == 159_383_552
