@@ -1,4 +1,6 @@
-"""FSDP1's root pre-backward prefetching the top layer (wrappers/fsdp1_offload.root_pre_backward_gathered):
+"""FSDP1's root unit beside the shard an all-gather reads: at its pre-forward
+(wrappers/fsdp1_offload.root_forward_unshard) and at its pre-backward prefetching the top layer
+(wrappers/fsdp1_offload.root_pre_backward_gathered):
 before the loss's backward makes any gradient, the root's ``_pre_backward_hook`` all-gathers the top layer
 (BACKWARD_PRE), whose all-gather reads a shard that lives only then.
 
@@ -41,3 +43,19 @@ def test_root_pre_backward_prefetches_the_top_layer_beside_its_all_gather_shard(
     assert layer == 3_187_802_112
     assert gathered.at_loss == root + layer
     assert gathered.root_pre_backward == root + layer + layer // 2 == 21_592_539_136
+
+
+def test_root_forward_unshard_beside_its_low_precision_shard() -> None:
+    # DeepSeek-R1-Distill-Llama-8B (untied, vocabulary 128256, hidden 4096) QLoRA under fp16-mixed: the root
+    # (2 x 128256 x 4096 + 4096 = 1,050,677,248 parameters, fp16 flat parameter) is all-gathered in fp32 at
+    # the forward's start, its all-gather reading the fp32 low-precision shard of half of it: 4,202,708,992
+    # + 2,101,354,496 B, before anything is saved (simulate: fsdp_qlora, seed 79 r274, the first step's peak)
+    spec = reduced_model("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", 2)
+    run = resolve_run(spec, build_setup(
+        spec, method="qlora", precision="fp16-mixed", framework="fsdp-qlora", batch=2, seq=64, grad_accum=1,
+        bits=4, quant_type="fp4", double_quant=True, rank=128, targets="all-linear", dropout=0.05,
+        optimizer="adamw-hf", gpus=2, fsdp=True, fsdp_version=1, offload="none"))
+    gathered = run.wrapper.memory(run, memory_statics(run).optimizer).gathered
+    root = (2 * 128256 * 4096 + 4096) * 4
+    assert root == 4_202_708_992
+    assert gathered.bottom_layer_forward == root + root // 2 == 6_304_063_488

@@ -210,8 +210,9 @@ def gathered_forward_rows(rows: dict[str, Row], run: Run, statics: MemoryStatics
         rows["backward_root_pre"] = (earlier_grads, 0, saved, statics.autocast_copies_backward,
                                      logits.forward_peak, 0, statics.gathered_root_pre_backward)
     if statics.gathered_bottom_forward:
-        # FSDP2: a layer's copy-out in the forward (wrappers/fully_shard.py); at the bottom layer
-        # nothing is saved yet, at the top every layer below it has saved its activations
+        # FSDP2: a layer's copy-out in the forward (wrappers/fully_shard.py), FSDP1: the root's unshard
+        # (wrappers/fsdp1_offload.root_forward_unshard); at the bottom layer nothing is saved yet, at the
+        # top every layer below it has saved its activations
         rows["forward_layers_bottom"] = (earlier_grads, 0, prev_pinned, 0, prev_held, 0,
                                          statics.gathered_bottom_forward)
     if statics.gathered_top_forward:

@@ -60,8 +60,8 @@ class Gathered:
     in_layers: int = 0  # while a layer runs (the current and the prefetched units)
     at_loss: int = 0  # at the loss backward
     at_forward_end: int = 0  # at the end of the forward, where the loss is computed
-    # FSDP2: at the bottom layer's, the top layer's and the untied head's copy-out in the forward (0: no
-    # instant there)
+    # FSDP2: at the bottom layer's, the top layer's and the untied head's copy-out in the forward; FSDP1: at
+    # the root's unshard beside the shard its all-gather reads, in bottom_layer_forward (0: no instant there)
     bottom_layer_forward: int = 0
     top_layer_forward: int = 0
     head_forward: int = 0

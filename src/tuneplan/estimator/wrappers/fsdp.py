@@ -51,6 +51,7 @@ from tuneplan.estimator.wrappers.fsdp1_offload import (
     frozen_layer_copy,
     gathered_shard_transient,
     held_shard_copies,
+    root_forward_unshard,
     root_pre_backward_gathered,
 )
 from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
@@ -208,14 +209,14 @@ class Fsdp1(Fsdp):
                                 no_sync)
         buffers = terms.layer_grads
         # PEFT's per-adapter units: the next layer is gathered once the layer's first adapter starts its
-        # backward, after the layer's own matmuls (fsdp_layers_gathered), so two layers are unsharded at
-        # its end, beside no scratch
+        # backward (fsdp_layers_gathered), so two layers are unsharded at its end
         layer_end = transient = 0
         if fsdp_layers_gathered(setup) == 1 and model.n_layers > 1:
             # the next layer being gathered: its shard's copy, held or transient (wrappers/fsdp1_offload.py)
             transient = gathered_shard_transient(run, terms.layer16)
             layer_end = gathered + terms.layer16 + held.of(terms.layer16, 0, world_size) + transient
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
+                                    bottom_layer_forward=root_forward_unshard(run, terms.root16),
                                     layer_end=layer_end, layer_end_transient=transient,
                                     root_pre_backward=root_pre_backward_gathered(run, terms.root16,
                                                                                  terms.layer16, at_loss))
