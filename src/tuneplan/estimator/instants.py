@@ -205,12 +205,14 @@ def gathered_forward_rows(rows: dict[str, Row], run: Run, statics: MemoryStatics
                                         tail.scratch, tail.gathered)
     if statics.gathered_root_pre_backward:
         # FSDP1's root pre-backward, before the loss's backward: what the loss's forward left (at most its
-        # forward peak) beside the root and its shard's device copy (wrappers/fsdp1_offload)
+        # forward peak) beside the root and its shard's device copy, or the top layer it prefetches and the
+        # shard that all-gather reads (wrappers/fsdp1_offload.root_pre_backward_gathered)
         rows["backward_root_pre"] = (earlier_grads, 0, saved, statics.autocast_copies_backward,
                                      logits.forward_peak, 0, statics.gathered_root_pre_backward)
     if statics.gathered_bottom_forward:
-        # FSDP2: a layer's copy-out in the forward (wrappers/fully_shard.py); at the bottom layer
-        # nothing is saved yet, at the top every layer below it has saved its activations
+        # FSDP2: a layer's copy-out in the forward (wrappers/fully_shard.py), FSDP1: the root's unshard
+        # (wrappers/fsdp1_offload.root_forward_unshard); at the bottom layer nothing is saved yet, at the
+        # top every layer below it has saved its activations
         rows["forward_layers_bottom"] = (earlier_grads, 0, prev_pinned, 0, prev_held, 0,
                                          statics.gathered_bottom_forward)
     if statics.gathered_top_forward:
@@ -257,7 +259,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     backward_temp = (acts.backward_temp_bytes + statics.dequant if statics.plain_scratch
                      else layer_backward_scratch(statics, acts, tokens))
     saved, gathered = acts.saved_bytes, statics.gathered
-    embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
+    embedding_cut, embedding_row = (embedding_backward_row(acts, statics, held)
                                     if statics.embedding_into_buffer is not None else (0, None))
     wrapper_rows = statics.wrapper_rows
     top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
@@ -326,25 +328,29 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         reduction_rows(rows, statics, held, (saved - acts.tail_bytes, bottom_acts), bottom_held)
 
 
-def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:
+def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics,
+                           held: Any = 0) -> tuple[Any, Row | None]:
     """(what the bottom layer's gradients lack, the embedding backward's row) on a single GPU (checked against
     the simulate engine): the token-embedding gradient is the last one made, so the bottom layer runs without
     it, and the embedding backward adds its scratch (tied weights: the out-of-place sum of the lm_head and
     embedding contributions) on top of every gradient, with no activation left (activations.
     embedding_backward). When a buffer is already there (a later micro-batch of an accumulation, or
     keep_grads' zeroed buffer) the new gradient is a temporary that AccumulateGrad adds into it in place
-    (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer."""
+    (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer.
+    ``held``: what the loop keeps through the backward (its outputs: fsdp_qlora train.py sets ``output =
+    None`` only after the step; simulate: fsdp_qlora, Llama-3.2-1B full on one GPU, its fp32 logits there)."""
     if not acts.embedding_grad_bytes:
         return 0, None
-    held = statics.wrapped.embedding
-    if held is not None:
+    zero_held = statics.wrapped.embedding
+    if zero_held is not None:
         # ZeRO-1/2 (wrappers/zero.zero12_grads_at_embedding): the bucket and what DeepSpeed holds, plus the
         # new gradient and its temporaries; ZeRO-1's layer rows already count the embedding's gradient
-        cut = acts.embedding_grad_bytes if held.layers_hold_it else 0
-        return cut, (held.gradients + acts.embedding_grad_bytes, 0, 0, 0, 0, acts.embedding_backward_bytes, 0)
+        cut = acts.embedding_grad_bytes if zero_held.layers_hold_it else 0
+        return cut, (zero_held.gradients + acts.embedding_grad_bytes, 0, 0, 0, held,
+                     acts.embedding_backward_bytes, 0)
     grad = minimum(acts.embedding_grad_bytes, statics.grads)
     if statics.embedding_into_buffer:
         cut, temp = 0, acts.embedding_backward_bytes + grad
     else:
         cut, temp = grad, acts.embedding_backward_bytes
-    return cut, (statics.all_grads, 0, 0, 0, 0, temp, 0)
+    return cut, (statics.all_grads, 0, 0, 0, held, temp, 0)

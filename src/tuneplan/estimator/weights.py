@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tuneplan.estimator.bnb_scope import expert_stack_bytes, fused_expert, quantized
+from tuneplan.estimator.bnb_scope import expert_stack_bytes, fused_expert, quantized, sharded_layer_bytes
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.fused_expert_lora import ExpertStack, expert_stacks
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
@@ -64,7 +64,7 @@ class ParamPlan:
     # layers save nothing in the first forward, and autocast drops its cast cache when the region exits
     # (simulate: Qwen2.5-7B full + checkpointing, seq 8192: 1.0 GiB live at the loss backward, not 2.75).
     autocast_copy_backward_bytes: int = 0
-    largest_layer_bytes: int = 0  # one decoder layer's weights as stored (quantized: packed codes + metadata)
+    largest_layer_bytes: int = 0  # one decoder layer's weights as sharded and gathered (sharded_layer_bytes)
     recompute_cast_bytes: int = 0  # a checkpointed layer's casts, saved again by its recomputation
     # the casts of autocast_copy_bytes the lm_head's and the top layer's own (layer_end_casts.py)
     head_cast_bytes: int = 0
@@ -215,13 +215,14 @@ def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dty
     """Add the decoder layers to ``tally``: each group's layers once x its count (freeze: one by one, as only
     the last ``freeze_trainable_layers`` train), their linears (:func:`linear_params`) and norms (trained:
     the trainable dtype; frozen: the non-block dtype under quantization, else the frozen weights').
-    Returns the largest layer's weights as stored (quantized: packed codes + metadata). ``model_code``:
-    whose model code runs, which decides the linears bitsandbytes quantizes (``bnb_scope.quantized``)."""
+    Returns the largest layer's weights as a sharding wrapper flattens them
+    (``bnb_scope.sharded_layer_bytes``). ``model_code``: whose model code runs, which decides the linears
+    bitsandbytes quantizes (``bnb_scope.quantized``)."""
     freeze = setup.method == "freeze"
     trainable_layer_from = model.n_layers - setup.freeze_trainable_layers if freeze else 0
     layer_index = largest_layer = 0
     for spec, count in model.layer_groups:
-        before = tally.weight + tally.meta
+        before = (tally.weight, tally.meta)
         repeats = 1 if freeze else count
         for _ in range(count) if freeze else [None]:
             trainable_layer = setup.method == "full" or (freeze and layer_index >= trainable_layer_from)
@@ -241,7 +242,8 @@ def layer_params(tally: _Tally, model: ModelSpec, setup: TrainSetup, dtypes: Dty
                 tally.factored_elems += repeats * spec.norm_params
                 norm_sizes(tally, model, spec.norm_params, spec.n_norms, repeats)
             layer_index += 1
-        per_layer = (tally.weight + tally.meta - before) // (1 if freeze else count)
+        stored = sharded_layer_bytes(tally.weight - before[0], tally.meta - before[1], model_code)
+        per_layer = stored // (1 if freeze else count)
         largest_layer = max(largest_layer, per_layer)
     return largest_layer
 

@@ -284,9 +284,9 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
     top_grads, bottom_grads = grads
     # a lower layer's end: the next layer prefetched beside it (wrappers.base.Gathered layer_end), its
     # activations counted as at the bottom row (an upper bound: they are being freed), its scratch freed;
-    # or, later, the base linears back-propagated after the prefetch, the layer's activations released
-    # by then: bitsandbytes' dequantized weight with the gradients it makes (quant_kernels), the row
-    # holding the larger of the two moments
+    # or, later, the base linears back-propagated after the prefetch: bitsandbytes' dequantized weight with
+    # the gradients it makes, beside the same activations (layer_end_dequant), the row holding the larger
+    # of the two moments
     fixed, per_token = statics.layer_end_dequant
     end_acts, end_temp = bottom_acts, 0
     derived = bool(statics.acts.layer_end_per_token)  # per run: acts' bytes are arrays in a grid
@@ -294,7 +294,12 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
         # the moment itself (activations.ActivationPlan.layer_end_bytes): the checkpoints, what the
         # recomputed layer keeps up to its first adapter, the gradients live then
         end_acts, end_temp = acts.checkpoint_bytes + acts.layer_end_bytes, acts.layer_end_temp_bytes
-    end_scratch = maximum(fixed + tokens * per_token - end_acts, end_temp) if fixed else end_temp
+    dequant = layer_end_dequant(statics, tokens)
+    end_scratch = maximum(dequant, end_temp)
+    if statics.checkpointed and not derived:
+        # the moment not derived: the row counts the whole recomputed layer, an upper bound of what it
+        # keeps at the dequantized linear, which the dequantized weight and its gradients replace
+        end_scratch = maximum(fixed + tokens * per_token - end_acts, end_temp) if fixed else end_temp
     # checkpointed under autocast: the recomputed casts of the linears up to the first adapted one
     # (weights.recompute_casts_to_first_target), whose backward comes after the prefetch
     rows["backward_layer_end"] = (bottom_grads, 0, end_acts, statics.layer_end_casts, bottom_held,
@@ -310,9 +315,30 @@ def layer_end_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Activatio
             # adapter, the gradients live then, in place of its whole activations
             top_acts = top_acts - acts.top_layer_bytes + acts.layer_end_bytes
             top_temp = acts.layer_end_temp_bytes
+        top_temp = maximum(dequant, top_temp)
         # beside the casts autocast saved that are not back-propagated yet (layer_end_casts.py)
         rows["backward_top_layer_end"] = (top_grads, 0, top_acts, statics.top_layer_end_casts, bottom_held,
                                           top_temp, statics.gathered_layer_end)
+
+
+def layer_end_dequant(statics: MemoryStatics, tokens: Any) -> Any:
+    """What a LoRA layer's end holds later than the prefetch, when its base linears up to the first adapted
+    one are back-propagated: bitsandbytes' dequantized weight with the gradients it makes
+    (``statics.layer_end_dequant``: ``MatMul4Bit.backward``) beside the activations the layers below still
+    keep (back-propagated after this layer; under checkpointing their checkpoints) and what this layer
+    keeps up to that adapter, so the row's activations stay, and the next layer gathered, less the shard
+    its all-gather read, freed once gathered (``Gathered.layer_end_transient``: ``post_unshard`` drops it):
+
+        scratch = W_deq + t (h b_res + grads) - transient
+
+    (simulate: fsdp_qlora, Llama-2-70B QLoRA with CPU offload, the top layer's gate projection dequantized
+    after its adapter prefetched the layer below: 469,762,048 bytes beside that layer's 151 MB of saved
+    activations; checkpointed: the HF Trainer, Llama-2-70B QLoRA at 4 layers with CPU offload). 0 where
+    the wrapper's layer end has no dequantized linear."""
+    fixed, per_token = statics.layer_end_dequant
+    if not fixed:
+        return 0
+    return maximum(fixed + tokens * per_token - statics.wrapped.gathered.layer_end_transient, 0)
 
 
 def bottom_layer_row(statics: MemoryStatics, acts: ActivationPlan, held: Any, backward_temp: Any,

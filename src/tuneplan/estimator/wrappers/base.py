@@ -60,8 +60,8 @@ class Gathered:
     in_layers: int = 0  # while a layer runs (the current and the prefetched units)
     at_loss: int = 0  # at the loss backward
     at_forward_end: int = 0  # at the end of the forward, where the loss is computed
-    # FSDP2: at the bottom layer's, the top layer's and the untied head's copy-out in the forward (0: no
-    # instant there)
+    # FSDP2: at the bottom layer's, the top layer's and the untied head's copy-out in the forward; FSDP1: at
+    # the root's unshard beside the shard its all-gather reads, in bottom_layer_forward (0: no instant there)
     bottom_layer_forward: int = 0
     top_layer_forward: int = 0
     head_forward: int = 0
@@ -70,8 +70,11 @@ class Gathered:
     # at the end of a layer's backward, its scratch freed, beside the next layer it prefetched when that is
     # later than the layer's heavy part (0: no instant there; wrappers/fsdp.fsdp_layers_gathered)
     layer_end: int = 0
-    # FSDP1: at the root unit's pre-backward, beside the device copy of its host shard (0: no instant there;
-    # wrappers/fsdp1_offload.root_pre_backward_copy)
+    # of it, the shard the next layer's all-gather reads, freed once gathered (fsdp1_offload.
+    # gathered_shard_transient): not beside what the layer's backward makes after the prefetch
+    layer_end_transient: int = 0
+    # FSDP1: at the root unit's pre-backward, beside the device copy of its host shard, or the top layer it
+    # prefetches beside its all-gather's shard (0: no instant there; fsdp1_offload.root_pre_backward_gathered)
     root_pre_backward: int = 0
     # FSDP2: at the bottom layer's backward beside the prefetched embedding group (0: no instant there), and
     # of it the embedding's host shard copied to the device for the all-gather (CPUOffloadPolicy)

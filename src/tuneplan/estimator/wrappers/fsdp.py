@@ -51,7 +51,8 @@ from tuneplan.estimator.wrappers.fsdp1_offload import (
     frozen_layer_copy,
     gathered_shard_transient,
     held_shard_copies,
-    root_pre_backward_copy,
+    root_forward_unshard,
+    root_pre_backward_gathered,
 )
 from tuneplan.estimator.wrappers.fsdp1_root_end import root_unit_end
 from tuneplan.estimator.wrappers.fully_shard import (
@@ -208,17 +209,17 @@ class Fsdp1(Fsdp):
                                 no_sync)
         buffers = terms.layer_grads
         # PEFT's per-adapter units: the next layer is gathered once the layer's first adapter starts its
-        # backward, after the layer's own matmuls (fsdp_layers_gathered), so two layers are unsharded at
-        # its end, beside no scratch
-        layer_end = 0
+        # backward (fsdp_layers_gathered), so two layers are unsharded at its end
+        layer_end = transient = 0
         if fsdp_layers_gathered(setup) == 1 and model.n_layers > 1:
             # the next layer being gathered: its shard's copy, held or transient (wrappers/fsdp1_offload.py)
-            layer_end = (gathered + terms.layer16 + held.of(terms.layer16, 0, world_size)
-                         + gathered_shard_transient(run, terms.layer16))
-        root_copy = root_pre_backward_copy(run, terms.root16)
+            transient = gathered_shard_transient(run, terms.layer16)
+            layer_end = gathered + terms.layer16 + held.of(terms.layer16, 0, world_size) + transient
         buffers_gathered = Gathered(in_layers=gathered, at_loss=at_loss, at_forward_end=at_loss,
-                                    layer_end=layer_end,
-                                    root_pre_backward=terms.root16 + root_copy if root_copy else 0)
+                                    bottom_layer_forward=root_forward_unshard(run, terms.root16),
+                                    layer_end=layer_end, layer_end_transient=transient,
+                                    root_pre_backward=root_pre_backward_gathered(run, terms.root16,
+                                                                                 terms.layer16, at_loss))
         # the lowest trained layer, or the one above it (wrappers/fsdp1_bottom.py)
         bottom, missing = bottom_unit(run, buffers, head_wait,
                                       terms.layer16 + held.of(terms.layer16, 0, world_size),

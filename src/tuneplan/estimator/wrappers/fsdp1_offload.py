@@ -145,3 +145,25 @@ def root_pre_backward_copy(run: Run, root16: int) -> int:
             or not root16):
         return 0
     return ceil_div(root16, setup.world_size)
+
+
+def root_pre_backward_gathered(run: Run, root16: int, layer16: int, at_loss: int) -> int:
+    """What FSDP1's root pre-backward gathers at its largest moment (0: no instant of its own): the root
+    unsharded beside the device copy of its host shard (:func:`root_pre_backward_copy`), or, next, the top
+    layer the hook prefetches (``_pre_backward_hook`` -> ``_prefetch_handle``, BACKWARD_PRE) beside the root,
+    ``at_loss``, while its all-gather reads the shard :func:`gathered_shard_transient` counts, before the
+    loss's backward has made any gradient (simulate: fsdp_qlora, Llama-3.1-405B QLoRA under fp32
+    MixedPrecision, 1,593,901,056 B of low-precision shard beside the root and the top layer)."""
+    root_copy = root_pre_backward_copy(run, root16)
+    prefetch = gathered_shard_transient(run, layer16) if run.setup.fsdp_version == 1 else 0
+    return max(root16 + root_copy if root_copy else 0, at_loss + prefetch if prefetch else 0)
+
+
+def root_forward_unshard(run: Run, root16: int) -> int:
+    """The root unit's unshard at the start of the forward (its ``_pre_forward``), before anything is saved:
+    the root unsharded beside the shard its all-gather reads (:func:`gathered_shard_transient`: the device
+    copy of the offloaded host shard, or fsdp_qlora's low-precision shard under fp32 MixedPrecision), 0
+    where there is no such shard (simulate: fsdp_qlora, DeepSeek-R1-Distill-Llama-8B QLoRA fp16-mixed, the
+    first step's peak there: the 4,202,708,992-byte fp32 root beside its 2,101,354,496-byte fp32 shard)."""
+    transient = gathered_shard_transient(run, root16) if root16 else 0
+    return root16 + transient if transient else 0
