@@ -57,7 +57,7 @@ def test_the_top_layers_round_is_held_before_its_mlp() -> None:
     assert live.peak_instant == "forward_top_past_attention"
 
 
-def test_checkpointed_lora_runs_with_dense_layers_are_not_laid_out_here() -> None:
+def test_checkpointed_runs_are_not_laid_out_here() -> None:
     spec = phi3_mini(2)
     run = resolve_run(spec, build_setup(spec, method="lora", gpus=8, zero=3, gradient_checkpointing=True))
     assert zero3_gathered_past_top_attention(run, 50_000_000) == 0
@@ -92,27 +92,3 @@ def test_a_4bit_mlp_weight_is_dequantized_beside_the_heads_round_in_the_top_laye
     run = resolve_run(spec, setup)
     assert zero3_gathered_past_top_attention(run, 50_000_000) == 2_608_660_480 + 183_500_800 + 5_734_400
     assert memory_of(run).peak_instant == "forward_top_past_attention"
-
-
-def test_under_checkpointing_the_qlora_replay_gives_the_top_layers_mlp_forward() -> None:
-    # Phi-3-medium, 2 layers (hidden 5120, MLP 17920, 40 / 10 heads of 128, embedding and untied head 32064
-    # x 5120 = 164,167,680 each), QLoRA fp4 rank 128 on qkv_proj in bf16 with checkpointing over 8 GPUs
-    # (the simulation: seed 107 r121). Packed codes: gate_up 91,750,400, down 45,875,200, qkv 19,660,800,
-    # o 13,107,200; LoRA in 2 bytes: lora_A 128 x 5120 = 655,360, lora_B 7680 x 128 = 983,040.
-    # The checkpointed trace (zero3_module_trace.step_events) replayed, at layer 1's down_proj forward:
-    # the embedding and the head gathered 2 x 2 x 164,167,680; both layers' codes 2 x (91,750,400 +
-    # 45,875,200 + 19,660,800 + 13,107,200); both layers' LoRA matrices 2 x 2 x (655,360 + 983,040); and
-    # the flat buffer of the round that brought the head with layer 1's down_proj codes, waited and filed
-    # until the head's own fetch, 2 x 164,167,680 + 45,875,200: 1,378,222,080 bytes (the simulation: three
-    # 328.3 MB buffers, the 45.9 MB codes buffer and every layer's codes there). Beside them
-    # dequantize_4bit's 17920 x 5120 bf16 weight, 183,500,800 (no double quantization).
-    from tuneplan.catalog.models import resolve_model
-
-    cfg = dict(resolve_model("microsoft/Phi-3-medium-4k-instruct", allow_network=False).config)
-    cfg["num_hidden_layers"] = 2
-    spec = model_from_config(cfg, name="phi-3-medium-2L")
-    setup = build_setup(spec, method="qlora", precision="bf16", batch=2, seq=256, bits=4, quant_type="fp4",
-                        double_quant=False, rank=128, optimizer="adafactor", attn="flash", gpus=8, zero=3,
-                        gradient_checkpointing=True)
-    run = resolve_run(spec, setup)
-    assert zero3_gathered_past_top_attention(run, 50_000_000) == 1_378_222_080 + 183_500_800

@@ -1,7 +1,7 @@
 r"""The module trace of one step of a LoRA / QLoRA run WITHOUT checkpointing as ZeRO-3's hooks see it, and
 what the coordinator's replay over it (zero3_replay.py) holds gathered in the top decoder layer's forward
 once its attention has run: before its MLP block, and at each MLP linear beside a 4-bit weight's
-dequantized copy (a QLoRA run under checkpointing: read from zero3_module_trace's own trace).
+dequantized copy.
 
 Without checkpointing no layer is recomputed, and the backward hooks DeepSpeed registers (stage3
 ``_post_forward_module_hook`` wraps a module's outputs in ``PreBackwardFunctionForModule``, applied only to
@@ -41,7 +41,7 @@ from tuneplan.estimator.dequant_time import dequant_library
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.estimator.wrappers.zero3_head_pop import dequantized_bytes
-from tuneplan.estimator.wrappers.zero3_module_trace import laid_out_leaf_moe, replayable, step_events
+from tuneplan.estimator.wrappers.zero3_module_trace import laid_out_leaf_moe, step_events
 from tuneplan.estimator.wrappers.zero3_replay import Event, replay
 
 if TYPE_CHECKING:
@@ -99,17 +99,12 @@ def zero3_gathered_past_top_attention(run: Run, prefetch_bucket: int) -> int:
     (:func:`plain_replayable`). (simulate: phi-4, 4 layers, QLoRA fp4 with double quantization on the MLP
     in fp16 over 8 GPUs, a 2-step accumulation: at layer 3's ``down_proj`` the head's round, popped at
     layer 0, held twice (flat buffer and copy) beside every layer's packed MLP codes, 2608.66 MB as the
-    replay counts, and the 5120 x 17920 weight dequantized, the step's peak.) A QLoRA run under
-    checkpointing that zero3_module_trace replays is read from its own trace (simulate: Phi-3-medium, 2
-    layers, QLoRA fp4 on ``qkv_proj`` in bf16 over 8 GPUs: at layer 1's ``down_proj`` the embedding, the
-    head and the flat buffer of the head's round with that layer's codes beside every layer's codes and
-    the dequantized weight, the step's peak.)"""
-    checkpointed = replayable(run)
-    if not plain_replayable(run) and not checkpointed:
+    replay counts, and the 5120 x 17920 weight dequantized, the step's peak.)"""
+    if not plain_replayable(run):
         return 0
     key = f"zero3_plain_top:{prefetch_bucket}"
     if key not in run.memo:
-        events = step_events(run)[0] if checkpointed else plain_step_events(run)
+        events = plain_step_events(run)
         rows = [g for _, g in replay(events, prefetch_bucket)]
         top = max(i for i, (action, m, kind) in enumerate(events)
                   if action == "fetch" and kind == "F" and m.role == "layer")
