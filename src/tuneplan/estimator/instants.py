@@ -230,6 +230,16 @@ def gathered_forward_rows(rows: dict[str, Row], run: Run, statics: MemoryStatics
         rows["forward_head_popped"] = (earlier_grads, 0, (saved - acts.tail_bytes) * below // share
                                        + running + prev_pinned, statics.autocast_copies * below // share,
                                        prev_held, 0, popped)
+    top_gathered = statics.wrapped.gathered.top_layer_past_attention
+    if top_gathered:
+        # ZeRO-3 (LoRA / QLoRA, no checkpointing): the top layer past its attention, before or in its MLP
+        # block; the layers below have saved their share, the top one what it saved before its MLP block
+        # (wrappers/zero3_plain_trace.py)
+        below, share = statics.n_layers - 1, statics.n_layers
+        rows["forward_top_past_attention"] = (
+            earlier_grads, 0, (saved - acts.tail_bytes) * below // share + acts.top_layer_bytes
+            - acts.mlp_saved_bytes + prev_pinned, statics.autocast_copies * below // share, prev_held, 0,
+            top_gathered)
     if statics.gathered_head_forward:
         # the optimizer's states not made yet when that is the first step's (counted by the persistent terms)
         unmade = statics.wrapped.gathered.head_forward_states_unmade

@@ -96,6 +96,9 @@ class Gathered:
     # layers whose forward ran before (their activations saved), whether the running layer is past its
     # attention block ((0, 0, False): no instant there; zero3_head_pop.py)
     head_popped: tuple[int, int, bool] = (0, 0, False)
+    # ZeRO-3, LoRA / QLoRA without checkpointing: the most in the top decoder layer's forward past its
+    # attention, before or in its MLP block (0: no instant there; zero3_plain_trace.py)
+    top_layer_past_attention: int = 0
     # ZeRO-3's trace-recording pass: at the top layer's backward fetch of its fused experts, before any of
     # its scratch (wrappers/zero3_expert_round.py; 0: no instant there)
     top_layer_backward_fetch: int = 0

@@ -62,6 +62,7 @@ from tuneplan.estimator.wrappers.zero3_module_trace import (
     zero3_replayed_gathered,
 )
 from tuneplan.estimator.wrappers.zero3_packed_prefetch import zero3_layer_and_prefetch_bytes
+from tuneplan.estimator.wrappers.zero3_plain_trace import zero3_gathered_past_top_attention
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
@@ -307,6 +308,8 @@ class Zero3(Zero, ShardingWrapper):
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
                                       head_popped=popped,
+                                      top_layer_past_attention=zero3_gathered_past_top_attention(
+                                          run, terms.prefetch_bucket),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp,
                                       lower_flush=low_flush,
                                       flush_scratch_per_token=first_flush.zero3_flush_mlp_done_scratch(

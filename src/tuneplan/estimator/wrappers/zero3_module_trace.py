@@ -71,7 +71,7 @@ def layer_events(run: Run, spec: LayerSpec, bits: int) -> tuple[list[Event], lis
     attn_l = [(mods, norm(qk) if qk > 0 and m.name in ("q_proj", "k_proj") else None)
               for mods, m in zip(linears, spec.linears, strict=True) if m.role == "attn"]
     moe = leaf_moe_block(run, spec, linears)
-    mlp = moe or Module()
+    mlp = moe or Module(role="mlp_block")
     mlp_l = [] if moe else [mods for mods, m in zip(linears, spec.linears, strict=True) if m.role != "attn"]
 
     def forward(kind: str, mlp_upto: int) -> list[Event]:
