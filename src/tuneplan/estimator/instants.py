@@ -46,6 +46,7 @@ from tuneplan.estimator.head_gradient import head_gradient_row
 from tuneplan.estimator.layer_scratch import layer_backward_scratch, top_fetch_row, top_layer_terms
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
+from tuneplan.estimator.mlp_norm_moment import mlp_norm_row
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrapper_rows import (
     bottom_backward_rows,
@@ -314,6 +315,10 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         if fetch_row is not None:
             rows["backward_top_fetch"] = fetch_row
         if statics.wrapped.bottom_layer is not None:
+            mid = mlp_norm_row(rows["backward_layers_bottom"], statics.wrapped.bottom_layer, acts,
+                               bottom_held)
+            if mid is not None:
+                rows["backward_layer_mlp_norm"] = mid
             fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
                              bottom_held, acts.attention_backward_bytes)
         if statics.gathered_layer_end:
