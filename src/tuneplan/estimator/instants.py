@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan, saved_at
 from tuneplan.estimator.eager_forward import forward_attention_row
-from tuneplan.estimator.head_gradient import head_gradient_row
+from tuneplan.estimator.head_gradient import head_gradient_in_layers, head_gradient_row
 from tuneplan.estimator.layer_scratch import layer_backward_scratch, top_fetch_row, top_layer_terms
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
@@ -179,6 +179,10 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     if statics.head_gradient:  # an untied head's new weight gradient beside its buffer (head_gradient.py)
         rows["backward_head_gradient"] = head_gradient_row(run, statics, saved, acts.tokens)
     layer_backward_rows(rows, statics, acts, in_step, batch * seq)
+    head_grad = head_gradient_in_layers(run, statics)
+    if head_grad:  # a trained untied head's new gradient, made before the top layer's backward
+        top = rows["backward_layers_top"]
+        rows["backward_layers_top"] = (top[0] + head_grad, *top[1:])
     kept = pinned if holds else 0
     if statics.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
