@@ -38,14 +38,14 @@ def bottom_weight_cast_row(run: Run, statics: MemoryStatics, acts: ActivationPla
                            bottom: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The moment of the module docstring, from the bottom row ``bottom`` (its gradients G, what the loop
     holds, what is gathered); None where it does not apply."""
-    from tuneplan.estimator.memory_statics import layer_at
-
     setup, model, dtypes = run.setup, run.model, run.dtypes
     master = run.param_plan.trainable_bytes
     if (not statics.bottom_own_grads or statics.checkpointed or statics.grads_prev
             or not dtypes.autocast or master <= dtypes.compute or model.norm_kind != "rms"
             or setup.method not in ("full", "freeze")):
         return None
+    from tuneplan.estimator.memory_statics import layer_at
+
     lowest = max(0, model.n_layers - setup.freeze_trainable_layers) if setup.method == "freeze" else 0
     spec = layer_at(model, lowest)
     if spec.moe:

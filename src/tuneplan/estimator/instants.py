@@ -334,6 +334,11 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         flush_rows(rows, statics, acts, top_grads, held, backward_temp)
         bottom_backward_rows(rows, statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
+        # the outputs a loop that drops them only after the step holds are live through the embedding's
+        # backward too (fsdp_qlora train.py; simulate: fsdp_qlora, Llama-3.2-1B full bf16-mixed, its fp32
+        # logits there); other loops' holdings are not simulated here
+        if statics.holds_to_step:
+            embedding_row = (*embedding_row[:4], held, *embedding_row[5:])
         rows["backward_embedding"] = embedding_row
     if wrapper_rows:
         reduction_rows(rows, statics, held, (saved - acts.tail_bytes, bottom_acts), bottom_held)
