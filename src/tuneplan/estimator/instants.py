@@ -47,7 +47,6 @@ from tuneplan.estimator.head_gradient import head_gradient_in_layers, head_gradi
 from tuneplan.estimator.layer_scratch import layer_backward_scratch, top_fetch_row, top_layer_terms
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
-from tuneplan.estimator.mlp_norm_moment import mlp_norm_row
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrapper_rows import (
     bottom_backward_rows,
@@ -266,7 +265,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
     backward_temp = (acts.backward_temp_bytes + statics.dequant if statics.plain_scratch
                      else layer_backward_scratch(statics, acts, tokens))
     saved, gathered = acts.saved_bytes, statics.gathered
-    embedding_cut, embedding_row = (embedding_backward_row(acts, statics)
+    embedding_cut, embedding_row = (embedding_backward_row(acts, statics, held)
                                     if statics.embedding_into_buffer is not None else (0, None))
     wrapper_rows = statics.wrapper_rows
     top_grads, top_freed, top_scratch, top_gathered, top_casts = top_layer_terms(statics, acts, tokens,
@@ -323,35 +322,30 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
         if fetch_row is not None:
             rows["backward_top_fetch"] = fetch_row
         if statics.wrapped.bottom_layer is not None:
-            mid = mlp_norm_row(rows["backward_layers_bottom"], statics.wrapped.bottom_layer, acts,
-                               bottom_held)
-            if mid is not None:
-                rows["backward_layer_mlp_norm"] = mid
             fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
-                             bottom_held, acts.attention_backward_bytes)
+                             bottom_held, acts)
         if statics.gathered_layer_end:
             layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
         flush_rows(rows, statics, acts, top_grads, held, backward_temp)
         bottom_backward_rows(rows, statics, acts, held, backward_temp, embedding_cut)
     if embedding_row is not None:
-        # the outputs a loop that drops them only after the step holds are live through the embedding's
-        # backward too (fsdp_qlora train.py; simulate: fsdp_qlora, Llama-3.2-1B full bf16-mixed, its fp32
-        # logits there); other loops' holdings are not simulated here
-        if statics.holds_to_step:
-            embedding_row = (*embedding_row[:4], held, *embedding_row[5:])
         rows["backward_embedding"] = embedding_row
     if wrapper_rows:
         reduction_rows(rows, statics, held, (saved - acts.tail_bytes, bottom_acts), bottom_held)
 
 
-def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tuple[Any, Row | None]:
+def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics,
+                           held: Any = 0) -> tuple[Any, Row | None]:
     """(what the bottom layer's gradients lack, the embedding backward's row) on a single GPU (checked against
     the simulate engine): the token-embedding gradient is the last one made, so the bottom layer runs without
     it, and the embedding backward adds its scratch (tied weights: the out-of-place sum of the lm_head and
     embedding contributions) on top of every gradient, with no activation left (activations.
     embedding_backward). When a buffer is already there (a later micro-batch of an accumulation, or
     keep_grads' zeroed buffer) the new gradient is a temporary that AccumulateGrad adds into it in place
-    (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer."""
+    (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer. The
+    outputs ``held`` by a loop that drops them only after the step are beside it (fsdp_qlora train.py;
+    simulate: fsdp_qlora, Llama-3.2-1B full bf16-mixed, its fp32 logits there); other loops' holdings are
+    not simulated here."""
     if not acts.embedding_grad_bytes:
         return 0, None
     held = statics.wrapped.embedding
@@ -365,4 +359,4 @@ def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics) -> tupl
         cut, temp = 0, acts.embedding_backward_bytes + grad
     else:
         cut, temp = grad, acts.embedding_backward_bytes
-    return cut, (statics.all_grads, 0, 0, 0, 0, temp, 0)
+    return cut, (statics.all_grads, 0, 0, 0, held if statics.holds_to_step else 0, temp, 0)
