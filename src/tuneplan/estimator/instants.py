@@ -335,7 +335,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
 
 
 def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics,
-                           held: Any = 0) -> tuple[Any, Row | None]:
+                           outputs: Any = 0) -> tuple[Any, Row | None]:
     """(what the bottom layer's gradients lack, the embedding backward's row) on a single GPU (checked against
     the simulate engine): the token-embedding gradient is the last one made, so the bottom layer runs without
     it, and the embedding backward adds its scratch (tied weights: the out-of-place sum of the lm_head and
@@ -343,7 +343,7 @@ def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics,
     embedding_backward). When a buffer is already there (a later micro-batch of an accumulation, or
     keep_grads' zeroed buffer) the new gradient is a temporary that AccumulateGrad adds into it in place
     (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer. The
-    outputs ``held`` by a loop that drops them only after the step are beside it (fsdp_qlora train.py;
+    ``outputs`` held by a loop that drops them only after the step are beside it (fsdp_qlora train.py;
     simulate: fsdp_qlora, Llama-3.2-1B full bf16-mixed, its fp32 logits there); other loops' holdings are
     not simulated here."""
     if not acts.embedding_grad_bytes:
@@ -359,4 +359,4 @@ def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics,
         cut, temp = 0, acts.embedding_backward_bytes + grad
     else:
         cut, temp = grad, acts.embedding_backward_bytes
-    return cut, (statics.all_grads, 0, 0, 0, held if statics.holds_to_step else 0, temp, 0)
+    return cut, (statics.all_grads, 0, 0, 0, outputs if statics.holds_to_step else 0, temp, 0)
