@@ -74,3 +74,22 @@ def test_ddp_keeps_each_gradient_a_tensor_of_its_own() -> None:
     # ZeRO-2 reduces each gradient into its bucket and frees it: no new tensor of the layer's own stays
     zero2 = _setup(spec, gpus=4, zero=2)
     assert memory_statics(resolve_run(spec, zero2)).bottom_own_grads == 0
+
+
+def test_checkpointing_runs_the_backward_to_a_frozen_layer_0() -> None:
+    # transformers' gradient_checkpointing_enable calls enable_input_require_grads (modeling_utils.py): the
+    # embedding's output requires grad, so autograd back-propagates the two frozen layers below the trained
+    # top one, recomputing them, down to layer 0, which makes no gradient: its row holds no own gradient
+    # to trade against its recomputed activations, which stay whole (simulate: Llama-2-13b freeze at 4
+    # layers, 4 x 384, checkpointed: the peak at layer 1's MLP backward, its 285 MB recomputed, both trained
+    # layers' 2,537,635,840 gradient bytes live)
+    spec3 = reduced_model("microsoft/phi-4", 3)
+    frozen_below = _setup(spec3, freeze_trainable_layers=1).replace(gradient_checkpointing=True)
+    run = resolve_run(spec3, frozen_below)
+    assert memory_statics(run).bottom_own_grads == 0
+    at = memory_at(run, 4, 256)
+    assert at.components("backward_layers_bottom")["activations"] == at.acts.recompute_bytes > 0
+    # every layer trained: layer 0 is the lowest trained one, its own gradients as before
+    spec = reduced_model("microsoft/phi-4", 2)
+    trained = _setup(spec).replace(gradient_checkpointing=True)
+    assert memory_statics(resolve_run(spec, trained)).bottom_own_grads > 0

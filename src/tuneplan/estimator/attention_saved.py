@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.gemma_norm import norm_output_bytes
 from tuneplan.estimator.layer_walk import LayerWalk
 from tuneplan.estimator.saved_tensors import DROPOUT_MASK_BYTES, LSE_BYTES
 from tuneplan.specs.model import ModelSpec
@@ -66,15 +67,17 @@ def attention_block(walk: LayerWalk, attn: str) -> tuple[float, str]:
     return per_pos, attn
 
 
-# transformers' Qwen3Attention (modeling_qwen3.py): ``q_norm`` / ``k_norm``, an RMSNorm over each head's
-# head_dim applied to the q / k projections before RoPE
-HEAD_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
+# transformers' Qwen3Attention (modeling_qwen3.py) and Gemma3Attention (modeling_gemma3.py): ``q_norm`` /
+# ``k_norm``, an RMSNorm over each head's head_dim applied to the q / k projections before RoPE
+HEAD_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")
 
 
 def head_norms(walk: LayerWalk) -> None:
-    """Qwen3's per-head ``q_norm`` / ``k_norm`` (``Qwen3RMSNorm``: ``hidden_states.to(torch.float32)``,
-    ``pow`` and the ``rsqrt`` product save the fp32 input, ``weight * ...to(input_dtype)`` the output when the
-    weight trains), per token: 4 x width + 4 x heads (+ norm_out x width), width heads x head_dim for q and
+    """Qwen3's and Gemma 3's per-head ``q_norm`` / ``k_norm`` (``Qwen3RMSNorm``:
+    ``hidden_states.to(torch.float32)``, ``pow`` and the ``rsqrt`` product save the fp32 input,
+    ``weight * ...to(input_dtype)`` the output when the weight trains; Gemma's keeps that output in fp32,
+    gemma_norm.py), per token: 4 x width + 4 x heads (+ norm_out x width, Gemma's 4 x width), width
+    heads x head_dim for q and
     kv_heads x head_dim for k; an input needs a gradient when the layer's input does, when the layer
     trains, or when its projection carries an adapter (simulate: Qwen3-0.6B LoRA on q_proj / v_proj, bf16,
     the fp32 ``_to_copy`` of q and k kept in every layer)."""
@@ -86,8 +89,8 @@ def head_norms(walk: LayerWalk) -> None:
         if walk.input_requires_grad or walk.trainable or proj in walk.targets:
             walk.ledger.save(key + ".fp32_in", 4 * width)
             walk.ledger.save(key + ".rstd", 4 * heads)  # one fp32 rsqrt per head
-        if walk.trainable:
-            walk.ledger.save(key + ".out", walk.dtypes.norm_out * width)
+        if walk.trainable:  # Gemma 3's norm keeps it in fp32 (gemma_norm.py)
+            walk.ledger.save(key + ".out", norm_output_bytes(model, walk.dtypes.norm_out) * width)
 
 
 def attention_kernel(walk: LayerWalk, attn: str, kv_heads: int) -> float:

@@ -61,3 +61,19 @@ def head_gradient_row(run: Run, statics: MemoryStatics, saved: Any, tokens: Any)
         return (statics.earlier_grads, 0, saved, casts - head_cast, 0, temp, statics.gathered_at_loss)
     dlogits = statics.logit_bytes * tokens * statics.vocab
     return (statics.earlier_grads, 0, saved, casts, dlogits, at_mm - dlogits, statics.gathered_at_loss)
+
+
+def head_gradient_in_layers(run: Run, statics: MemoryStatics) -> int:
+    """Bytes of a trained untied head's weight gradient as a new ``.grad`` (no buffer before it: no
+    accumulation, no keep_grads), made by the head's backward, the first after the loss, and kept through
+    every layer's backward on one GPU, under DDP (``gradient_as_bucket_view=False``: ``.grad`` a tensor of
+    its own beside its bucket) and ZeRO-1 (``param.grad`` reduced only at the accumulation boundary):
+    :math:`V h b_{grad}`, which the top layer's row adds to the gradients it counts (the bottom row's, all
+    of them, include it). 0 elsewhere (ZeRO-2/3 and FSDP move it out at its hook). simulate: pythia-6.9b at
+    3 layers, full, ZeRO-1 over 2 GPUs, 2 x 2048, eager: the head's 413,138,944 B bf16 gradient live at
+    the top layer's softmax backward."""
+    model, setup = run.model, run.setup
+    if (setup.method != "full" or model.tied_embeddings or not model.lm_head_params or statics.grads_prev
+            or setup.fsdp or setup.zero >= 2 or setup.optimizer_in_backward or run.loss == "fused_linear"):
+        return 0
+    return model.lm_head_params * run.param_plan.trainable_bytes

@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tuneplan.estimator.activations import ActivationPlan, saved_at
+from tuneplan.estimator.bottom_weight_cast import bottom_weight_cast_row
 from tuneplan.estimator.eager_forward import forward_attention_row
-from tuneplan.estimator.head_gradient import head_gradient_row
+from tuneplan.estimator.head_gradient import head_gradient_in_layers, head_gradient_row
 from tuneplan.estimator.layer_scratch import layer_backward_scratch, top_fetch_row, top_layer_terms
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
@@ -178,6 +179,13 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     if statics.head_gradient:  # an untied head's new weight gradient beside its buffer (head_gradient.py)
         rows["backward_head_gradient"] = head_gradient_row(run, statics, saved, acts.tokens)
     layer_backward_rows(rows, statics, acts, in_step, batch * seq)
+    cast_row = bottom_weight_cast_row(run, statics, acts, rows["backward_layers_bottom"])
+    if cast_row is not None:
+        rows["backward_bottom_weight_cast"] = cast_row
+    head_grad = head_gradient_in_layers(run, statics)
+    if head_grad:  # a trained untied head's new gradient, made before the top layer's backward
+        top = rows["backward_layers_top"]
+        rows["backward_layers_top"] = (top[0] + head_grad, *top[1:])
     kept = pinned if holds else 0
     if statics.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that
@@ -327,7 +335,7 @@ def layer_backward_rows(rows: dict[str, Row], statics: MemoryStatics, acts: Acti
             rows["backward_top_fetch"] = fetch_row
         if statics.wrapped.bottom_layer is not None:
             fold_bottom_rows(rows, statics.wrapped.bottom_layer, any(kind[5] for kind in statics.acts.kinds),
-                             bottom_held, acts.attention_backward_bytes)
+                             bottom_held, acts)
         if statics.gathered_layer_end:
             layer_end_rows(rows, statics, acts, tokens, (top_grads, bottom_grads), bottom_acts, bottom_held)
         flush_rows(rows, statics, acts, top_grads, held, backward_temp)
@@ -347,20 +355,23 @@ def embedding_backward_row(acts: ActivationPlan, statics: MemoryStatics,
     embedding_backward). When a buffer is already there (a later micro-batch of an accumulation, or
     keep_grads' zeroed buffer) the new gradient is a temporary that AccumulateGrad adds into it in place
     (simulate: Qwen2.5-0.5B fp32 GA=2, +1 embedding-sized tensor), and the bottom layer has the buffer.
-    ``held``: what the loop keeps through the backward (its outputs: fsdp_qlora train.py sets ``output =
-    None`` only after the step; simulate: fsdp_qlora, Llama-3.2-1B full on one GPU, its fp32 logits there)."""
+    ``held``: what the loop keeps through the backward, beside it where the loop drops its outputs only
+    after the step (fsdp_qlora train.py sets ``output = None`` after ``optimizer.step()``; simulate:
+    fsdp_qlora, Llama-3.2-1B full on one GPU, its fp32 logits there); other loops' holdings are not
+    simulated here."""
     if not acts.embedding_grad_bytes:
         return 0, None
+    kept = held if statics.holds_to_step else 0
     zero_held = statics.wrapped.embedding
     if zero_held is not None:
         # ZeRO-1/2 (wrappers/zero.zero12_grads_at_embedding): the bucket and what DeepSpeed holds, plus the
         # new gradient and its temporaries; ZeRO-1's layer rows already count the embedding's gradient
         cut = acts.embedding_grad_bytes if zero_held.layers_hold_it else 0
-        return cut, (zero_held.gradients + acts.embedding_grad_bytes, 0, 0, 0, held,
+        return cut, (zero_held.gradients + acts.embedding_grad_bytes, 0, 0, 0, kept,
                      acts.embedding_backward_bytes, 0)
     grad = minimum(acts.embedding_grad_bytes, statics.grads)
     if statics.embedding_into_buffer:
         cut, temp = 0, acts.embedding_backward_bytes + grad
     else:
         cut, temp = grad, acts.embedding_backward_bytes
-    return cut, (statics.all_grads, 0, 0, 0, held, temp, 0)
+    return cut, (statics.all_grads, 0, 0, 0, kept, temp, 0)

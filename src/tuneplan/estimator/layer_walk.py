@@ -12,6 +12,7 @@ two primitives every block is made of, a norm and a linear (with its LoRA adapte
 from __future__ import annotations
 
 from tuneplan.estimator.dtypes import Dtypes
+from tuneplan.estimator.gemma_norm import norm_output_bytes
 from tuneplan.estimator.saved_tensors import RSTD_BYTES
 from tuneplan.specs.model import LayerSpec, ModelSpec
 from tuneplan.specs.setup import TrainSetup
@@ -125,7 +126,7 @@ class LayerWalk:
             # embeddings below it): autograd keeps nothing for the norm's input path, only what the
             # norm weight's own gradient needs (simulate: layer 0 of a LoRA model saves 16 KiB/token less).
             if norm_trains:
-                ledger.save(key + ".out", dtypes.norm_out * width)
+                ledger.save(key + ".out", norm_output_bytes(model, dtypes.norm_out) * width)
             return
         if model.norm_kind == "rms" and self.setup.compile:
             # inductor fuses the norm: its 16-bit input and rstd are kept, the fp32 upcast is recomputed
@@ -140,8 +141,8 @@ class LayerWalk:
             if key == "attn_norm" and dtypes.residual == 4:  # ``hidden.to(float32)`` returns the input itself
                 self.input_alias = 4 * width
             ledger.save(key + ".rstd", RSTD_BYTES)
-            if norm_trains:
-                ledger.save(key + ".out", dtypes.norm_out * width)
+            if norm_trains:  # Gemma's code keeps it in fp32 (gemma_norm.py)
+                ledger.save(key + ".out", norm_output_bytes(model, dtypes.norm_out) * width)
         else:
             # nn.LayerNorm runs aten.native_layer_norm, whose backward computes the weight and bias
             # gradients from the saved input, mean and rstd: the normalized output is not kept, trained

@@ -23,6 +23,7 @@ from tuneplan.estimator.run import Run
 from tuneplan.estimator.weights import recompute_casts_to_first_target
 from tuneplan.estimator.wrappers.base import NO_GATHERS, EndOfBackward, WrapperMemory
 from tuneplan.estimator.wrappers.fp32_gathers import gather_upcast, gathered_casts
+from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.estimator.wrappers.zero12_reductions import trained_layers
 from tuneplan.estimator.wrappers.zero_terms import partition_optimizer_plan
 from tuneplan.estimator.xp import ceil_div
@@ -312,9 +313,12 @@ def bottom_own_gradients(run: Run, grads_prev: int) -> int:
     if (setup.method not in ("full", "freeze") or moved or grads_prev
             or setup.optimizer_in_backward or not model.layer_groups):
         return 0
-    # freeze (weights.add_layers): the last ``freeze_trainable_layers`` layers train whole; the layer below
-    # them gets no gradient, so autograd's backward ends at the lowest trained one
+    # freeze (weights.add_layers): the last ``freeze_trainable_layers`` layers train whole; the backward ends
+    # at the lowest, unless checkpointing's ``enable_input_require_grads`` (embedding_output_requires_grad)
+    # runs it through the frozen layers to layer 0, which makes no gradient
     lowest = max(0, model.n_layers - setup.freeze_trainable_layers) if setup.method == "freeze" else 0
+    if lowest and embedding_output_requires_grad(setup):
+        return 0
     own = layer_at(model, lowest).params * run.param_plan.trainable_bytes
     return max(0, own - (run.param_plan.recompute_cast_bytes if setup.gradient_checkpointing else 0))
 

@@ -11,6 +11,7 @@ from tuneplan.estimator.activations import ActivationPlan
 from tuneplan.estimator.layer_end_casts import top_layer_row_casts
 from tuneplan.estimator.layer_scratch import layer_backward_scratch
 from tuneplan.estimator.memory_statics import MemoryStatics
+from tuneplan.estimator.mlp_norm_moment import mlp_norm_row
 from tuneplan.estimator.wrappers.base import TopLayer
 from tuneplan.estimator.xp import maximum, minimum
 
@@ -128,7 +129,7 @@ def folded_layer_row(row: Row, layer: TopLayer) -> Row:
 
 
 def fold_bottom_rows(rows: dict[str, Row], layer: TopLayer, attention_scores: bool, held: Any,
-                     attention_scratch: Any = 0) -> None:
+                     acts: ActivationPlan) -> None:
     """The bottom row folded (:func:`folded_layer_row`) as ``layer.fold`` says, and, where the attention's
     backward materialises the scores' gradients (eager, SDPA's math path: ``attention_scores``) and the
     wrapper says what the layer has made by then (``TopLayer.gradients_at_attention``, ``G_attention``),
@@ -140,15 +141,21 @@ def fold_bottom_rows(rows: dict[str, Row], layer: TopLayer, attention_scores: bo
     and output projection's weight gradients already made, beside the outputs the loop holds (``held``: the
     lower layers' rows', fsdp_qlora train.py's until the step)::
 
-        gradients = G - counted + G_attention,  activations = A (+ A),  scratch = S (or S_attention)"""
+        gradients = G - counted + G_attention,  activations = A (+ A),  scratch = S (or S_attention)
+
+    and, where the wrapper says what the layer has made by then, its MLP's input norm's backward
+    (mlp_norm_moment.py)."""
     counted = attention_scores and bool(layer.gradients_at_attention)
     row = rows["backward_layers_bottom"]
+    mid = mlp_norm_row(row, layer, acts, held)
+    if mid is not None:
+        rows["backward_layer_mlp_norm"] = mid
     if layer.fold == "always":
         rows["backward_layers_bottom"] = folded_layer_row(row, layer)
     if counted:
         grads, temp, saved, casts, _, scratch, _ = row
         kept = saved + saved if layer.attention_below_saved else saved
-        scratch = attention_scratch if layer.attention_scratch_only else scratch
+        scratch = acts.attention_backward_bytes if layer.attention_scratch_only else scratch
         rows["backward_layer_attention"] = (grads - layer.counted + layer.gradients_at_attention, temp, kept,
                                             casts, held, scratch, layer.gathered)
 

@@ -131,6 +131,9 @@ class TopLayer:
     # eager core's scores' gradients are the layer's largest scratch (wrappers/fsdp1_adapter_units.py);
     # 0: ``gathered``
     gathered_at_attention: int = 0
+    # beyond ``G - counted``, the gradient bytes live when its MLP's input RMSNorm is back-propagated (the
+    # MLP block's weight gradients: estimator/mlp_norm_moment.py); 0: not counted
+    gradients_at_mlp_norm: int = 0
     # whether the row is folded: "always", or "never" (FSDP2 with the layer below saved beside it)
     fold: Literal["always", "never"] = "always"
 

@@ -16,7 +16,8 @@ layer's q_proj weight gradient, its activations all but gone). Where the attenti
 the scores' gradients (eager, SDPA's math path), its attention core is back-propagated with the layer's MLP
 and o_proj weight gradients already made (fsdp1_bottom.attention_moment_elements, in the module's dtype)
 beside its activations and the core's own scratch (wrapper_rows.fold_bottom_rows; simulate: falcon-40b
-freeze fp32 over 8 GPUs, the peak at the lowest layer's softmax backward).
+freeze fp32 over 8 GPUs, the peak at the lowest layer's softmax backward). Between them, its MLP's input
+norm's backward, the MLP's weight gradients made (estimator/mlp_norm_moment.py).
 
 Not under gradient accumulation (a later micro-batch adds into gradients that exist from its start), nor
 where frozen layers below are back-propagated (wrappers/fsdp1_bottom.layers_below_back_propagated), nor on
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tuneplan.estimator.mlp_norm_moment import mlp_block_elements
 from tuneplan.estimator.wrappers.base import TopLayer
 from tuneplan.estimator.wrappers.fsdp1_bottom import attention_moment_elements, layers_below_back_propagated
 
@@ -44,4 +46,5 @@ def zero1_bottom_layer(run: Run) -> TopLayer | None:
     layer = model.params_layers // model.n_layers * run.dtypes.compute
     return TopLayer(counted=layer, gradients_at_end=layer, gathered=0, keeps_scratch=False,
                     gradients_at_attention=attention_moment_elements(run) * run.dtypes.compute,
-                    attention_scratch_only=True)
+                    attention_scratch_only=True,
+                    gradients_at_mlp_norm=mlp_block_elements(model, setup) * run.dtypes.compute)
