@@ -54,6 +54,7 @@ from tuneplan.estimator.wrappers.zero3_head_flush_rounds import zero3_head_flush
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
+from tuneplan.estimator.wrappers.zero3_lora_top_backward import zero3_lora_top_backward_bytes
 from tuneplan.estimator.wrappers.zero3_lower_backward import zero3_lower_layers_gathered
 from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush_moment
 from tuneplan.estimator.wrappers.zero3_module_trace import (
@@ -359,7 +360,9 @@ class Zero3(Zero, ShardingWrapper):
             replayed = zero3_replayed_gathered(run, terms.prefetch_bucket)
             at_loss = max(at_loss, replayed.at_loss if replayed else min(ahead * compute, whole16))
             if ahead:
-                top16 = zero3_gathered_in_backward(model, setup, targets=run.targets) * compute
+                # dense 16-bit LoRA under checkpointing: the coordinator replayed (zero3_lora_top_backward.py)
+                top16 = (zero3_lora_top_backward_bytes(run, terms.prefetch_bucket)
+                         or zero3_gathered_in_backward(model, setup, targets=run.targets) * compute)
                 top_gathered = max(top_gathered, min(top16, whole16))
                 at_flush = first_flush.zero3_flush_gathered(model, setup, terms.prefetch_bucket,
                                                             terms.reduce_bucket, run.targets) * compute

@@ -1,0 +1,54 @@
+"""ZeRO-3's gathered bytes through the top decoder layer's backward of a dense 16-bit LoRA run under
+checkpointing, from the coordinator replayed (estimator/wrappers/zero3_lora_top_backward.py), counted by
+hand from DeepSpeed 0.19.8's ``PartitionedParameterCoordinator``."""
+
+from __future__ import annotations
+
+from tuneplan.api import build_setup
+from tuneplan.estimator.instants import memory_at
+from tuneplan.estimator.run import resolve_run
+from tuneplan.estimator.wrappers.zero3_coordinator import zero3_gathered_in_backward
+from tuneplan.estimator.wrappers.zero3_lora_top_backward import zero3_lora_top_backward_bytes
+from tuneplan.specs.model import model_from_config
+
+LLAMA2_70B_2L = dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=2,
+                     num_attention_heads=64, num_key_value_heads=8, vocab_size=32000,
+                     tie_word_embeddings=False)
+
+
+def test_the_top_layers_backward_holds_the_lower_layer_and_the_embedding() -> None:
+    # Llama-2-70b over 2 layers, LoRA rank 4 on q/v in fp32 with checkpointing over 2 GPUs (the
+    # simulation's second step, hf). A layer: q / o 8192^2 = 67,108,864, k / v 1024 x 8192 = 8,388,608,
+    # gate / up / down 28672 x 8192 = 234,881,024: 855,638,016 elements; the LoRA matrices (4 x 8192 =
+    # 32,768, 4 x 1024 = 4,096) and the norms (8,192) are under the 1e5 persistence threshold, the head
+    # 32000 x 8192 = 262,144,000, the embedding 262,144,000.
+    # The forward's prefetcher keeps layer 0 for its backward use; the top layer's MLP backward releases
+    # the weights its recompute fetched (update_recompute_parameters), the count drops under M = 1e9 and
+    # the prefetcher pops what the queue holds ahead: layer 0's entries (AVAILABLE, uncounted), then the
+    # embedding, alone. Between module fetches of layer 1's backward, at the most: layer 0 and the
+    # embedding, 855,638,016 + 262,144,000 = 1,117,782,016 elements, 4 bytes each: 4,471,128,064 (the
+    # simulation: 4.4711e9 bytes of gathered buffers at layer 1's attention releases). The closed form
+    # bounds it by M plus the largest layer parameter: 1e9 + 234,881,024 elements.
+    spec = model_from_config(LLAMA2_70B_2L, "llama-2-70b-2L")
+    setup = build_setup(spec, method="lora", precision="fp32", gpus=2, zero=3, rank=4,
+                        targets="q_proj,v_proj", gradient_checkpointing=True)
+    run = resolve_run(spec, setup)
+    assert zero3_lora_top_backward_bytes(run, 50_000_000) == 4 * (855_638_016 + 262_144_000)
+    assert zero3_gathered_in_backward(spec, setup, targets=run.targets) == 1_000_000_000 + 234_881_024
+    # the top layer's backward row counts the replay's bytes gathered, not the closed form's bound
+    assert memory_at(run, setup.batch, setup.seq).rows["backward_layers_top"][-1] == 4_471_128_064
+
+
+def test_no_replay_without_checkpointing_nor_for_a_parallel_block() -> None:
+    # without checkpointing the trace has no recompute (other closed forms); Falcon's parallel block runs
+    # its MLP beside the attention, an order the module trace does not lay out
+    spec = model_from_config(LLAMA2_70B_2L, "llama-2-70b-2L")
+    plain = build_setup(spec, method="lora", precision="fp32", gpus=2, zero=3, rank=4,
+                        targets="q_proj,v_proj", gradient_checkpointing=False)
+    assert zero3_lora_top_backward_bytes(resolve_run(spec, plain), 50_000_000) == 0
+    falcon = model_from_config(dict(model_type="falcon", hidden_size=1024, num_hidden_layers=2,
+                                    num_attention_heads=16, vocab_size=1000, parallel_attn=True,
+                                    new_decoder_architecture=True, num_kv_heads=2), "falcon-tiny")
+    setup = build_setup(falcon, method="lora", precision="fp32", gpus=2, zero=3, rank=4,
+                        gradient_checkpointing=True)
+    assert zero3_lora_top_backward_bytes(resolve_run(falcon, setup), 50_000_000) == 0
