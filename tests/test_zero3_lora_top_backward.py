@@ -8,7 +8,12 @@ from tuneplan.api import build_setup
 from tuneplan.estimator.instants import memory_at
 from tuneplan.estimator.run import resolve_run
 from tuneplan.estimator.wrappers.zero3_coordinator import zero3_gathered_in_backward
-from tuneplan.estimator.wrappers.zero3_lora_top_backward import zero3_lora_top_backward_bytes
+from tuneplan.estimator.wrappers.zero3_lora_top_backward import (
+    zero3_lora_forward_bytes,
+    zero3_lora_top_backward_bytes,
+)
+from tuneplan.estimator.wrappers.zero3_module_trace import step_events
+from tuneplan.estimator.wrappers.zero3_replay import replay
 from tuneplan.specs.model import model_from_config
 
 LLAMA2_70B_2L = dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=2,
@@ -52,3 +57,30 @@ def test_no_replay_without_checkpointing_nor_for_a_parallel_block() -> None:
     setup = build_setup(falcon, method="lora", precision="fp32", gpus=2, zero=3, rank=4,
                         gradient_checkpointing=True)
     assert zero3_lora_top_backward_bytes(resolve_run(falcon, setup), 50_000_000) == 0
+
+
+def test_the_forward_pops_the_untied_head_alone_beside_the_kept_layers() -> None:
+    # Yi-1.5-34B over 4 layers, LoRA rank 64 on q/v in bf16 with checkpointing over 4 GPUs, optimizer
+    # offload (hf). q / o 7168^2 = 51,380,224, k / v 1024 x 7168 = 7,340,032, gate / up / down 20480 x 7168
+    # = 146,800,640 elements; a lora_A 64 x 7168 = 458,752 (over the 1e5 persistence threshold), a v
+    # lora_B 1024 x 64 = 65,536 (under it), the norms 7,168; head 64000 x 7168 = 458,752,000.
+    # Second step, at layer 2's post_attention_layernorm: the prefetcher keeps layers 0 and 1's MLP weights
+    # for their backward use (6 x 146,800,640), has layer 3's q_proj and its lora_A, and a coalesced round
+    # of its k / v, their lora_A and o_proj, and with A under M the next one not available, the head, is
+    # popped alone: 458,752,000 + 6 x 146,800,640 + 2 x 51,380,224 + 2 x 7,340,032 + 3 x 458,752 =
+    # 1,458,372,608 elements (the simulation: the head's buffer, six MLP buffers, layer 3's round and
+    # q_proj's, 2.9158e9 bytes at that norm, the step's peak, the layers below it checkpointed).
+    cfg = dict(model_type="llama", hidden_size=7168, intermediate_size=20480, num_hidden_layers=4,
+               num_attention_heads=56, num_key_value_heads=8, vocab_size=64000, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "yi-1.5-34b-4L")
+    setup = build_setup(spec, method="lora", precision="bf16-mixed", gpus=4, zero=3, rank=64,
+                        targets="q_proj,v_proj", gradient_checkpointing=True, offload="optimizer")
+    run = resolve_run(spec, setup)
+    events, top = step_events(run)
+    counts = [n for n, _ in replay(events, 50_000_000)]
+    elements = 458_752_000 + 6 * 146_800_640 + 2 * 51_380_224 + 2 * 7_340_032 + 3 * 458_752
+    assert max(counts[:top.start]) == elements == 1_458_372_608
+    most, below, _ = zero3_lora_forward_bytes(run, 50_000_000)
+    # in bytes, 2 an element: the round's flat buffer holds its parameters (not waited on yet, no copies)
+    assert most == 2 * elements and below == 2
+    assert memory_at(run, setup.batch, setup.seq).rows["forward_head_popped"][-1] == most

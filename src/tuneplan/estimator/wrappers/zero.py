@@ -54,7 +54,10 @@ from tuneplan.estimator.wrappers.zero3_head_flush_rounds import zero3_head_flush
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
-from tuneplan.estimator.wrappers.zero3_lora_top_backward import zero3_lora_top_backward_bytes
+from tuneplan.estimator.wrappers.zero3_lora_top_backward import (
+    zero3_lora_forward_bytes,
+    zero3_lora_top_backward_bytes,
+)
 from tuneplan.estimator.wrappers.zero3_lower_backward import zero3_lower_layers_gathered
 from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush_moment
 from tuneplan.estimator.wrappers.zero3_module_trace import (
@@ -288,7 +291,8 @@ class Zero3(Zero, ShardingWrapper):
         # replayed forward's most (zero3_module_trace.py)
         popped = max(zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
                                                run.profile.model_code),
-                     zero3_replayed_forward_linear(run, terms.prefetch_bucket))
+                     zero3_replayed_forward_linear(run, terms.prefetch_bucket),
+                     zero3_lora_forward_bytes(run, terms.prefetch_bucket))
         out = with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),

@@ -11,7 +11,9 @@ by the forward's prefetcher, then the embedding, popped alone), not ``M`` plus a
 
 .. math:: G_{top} = \max_{\text{release} \in \text{top layer's backward}} R
 
-with ``R`` the replay's gathered bytes (parameters and the coalesced rounds' flat buffers still filed)."""
+with ``R`` the replay's gathered bytes (parameters and the coalesced rounds' flat buffers still filed).
+The forward's most, from the same replay: the untied head popped alone beside the layers kept gathered
+(:func:`zero3_lora_forward_bytes`)."""
 
 from __future__ import annotations
 
@@ -56,3 +58,38 @@ def zero3_lora_top_backward_bytes(run: Run, prefetch_bucket: int) -> int:
         run.memo[key] = max((rows[i] for i in top if events[i][0] == "release"), default=0)
     most: int = run.memo[key]
     return most
+
+
+def zero3_lora_forward_bytes(run: Run, prefetch_bucket: int) -> tuple[int, int, bool]:
+    r"""(bytes gathered at the most through the forward, the decoder layers whose forward ran before, whether
+    the module fetched then is in its layer's MLP block) of a dense 16-bit LoRA run under checkpointing,
+    from the replay's count after each fetch or release up to the loss (a module's forward runs after its
+    fetch); (0, 0, False) for other runs.
+
+    ``_fetch_sub_module_impl`` pops a round while fewer than ``min(M - A, B)`` elements are taken: once the
+    queue ahead holds only parameters kept gathered, the next NOT_AVAILABLE one is popped alone as soon
+    as ``A < M``, however large: the untied head, popped at a norm's fetch beside the layers the
+    forward's prefetcher kept for their backward use:
+
+    .. math:: G_{fwd} = \max_{\text{event} \le \text{loss}} R
+
+    (simulate: Yi-1.5-34B, 4 layers, LoRA rank 64 on q/v in bf16 with checkpointing over 4 GPUs, second
+    step: at layer 2's ``post_attention_layernorm`` the head, 64000 x 7168, alone, beside layers 0 to 2's
+    MLP weights and layer 3's attention round, 2.9159e9 bytes, the step's peak.)"""
+    if not dense_lora_replayable(run):
+        return 0, 0, False
+    key = f"zero3_lora_forward:{prefetch_bucket}"
+    if key not in run.memo:
+        events, top = step_events(run)
+        rows = [g for _, g in replay(events, prefetch_bucket)]
+        loss = max(i for i in range(top.start) if events[i][2] == "F")
+        best, layers, mlp = (0, 0, False), 0, False
+        for i, (action, m, _) in enumerate(events[:loss + 1]):
+            if action == "release" and m.role == "layer":
+                layers, mlp = layers + 1, False
+            mlp = mlp or m.role == "mlp"
+            if rows[i] > best[0]:
+                best = (rows[i], layers, mlp)
+        run.memo[key] = best
+    out: tuple[int, int, bool] = run.memo[key]
+    return out
