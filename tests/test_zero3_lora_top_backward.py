@@ -10,6 +10,7 @@ from tuneplan.estimator.run import resolve_run
 from tuneplan.estimator.wrappers.zero3_coordinator import zero3_gathered_in_backward
 from tuneplan.estimator.wrappers.zero3_lora_top_backward import (
     zero3_lora_forward_bytes,
+    zero3_lora_lower_backward_bytes,
     zero3_lora_top_backward_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_module_trace import step_events
@@ -84,3 +85,28 @@ def test_the_forward_pops_the_untied_head_alone_beside_the_kept_layers() -> None
     # in bytes, 2 an element: the round's flat buffer holds its parameters (not waited on yet, no copies)
     assert most == 2 * elements and below == 2
     assert memory_at(run, setup.batch, setup.seq).rows["forward_head_popped"][-1] == most
+
+
+def test_a_lower_layers_recompute_beside_the_embedding_and_the_rounds() -> None:
+    # Qwen2.5-72B-Instruct over 4 layers, LoRA rank 16 on every linear in bf16 with checkpointing over 8
+    # GPUs, optimizer offload (LLaMA-Factory). q / o 8192^2 = 67,108,864, k / v 1024 x 8192 = 8,388,608,
+    # gate / up / down 29568 x 8192 = 242,221,056; a lora_A over 8192 (or lora_B onto it) 16 x 8192 =
+    # 131,072, onto / over 29568 16 x 29568 = 473,088; embedding 152064 x 8192 = 1,245,708,288.
+    # At the most of a lower layer's recompute fetches: the embedding (popped alone past the top layer),
+    # the layer's attention, its MLP weights and nine 131,072 / three 473,088 LoRA matrices gathered,
+    # 2,125,965,312 elements; two coalesced rounds still filed: one waited on (its flat buffer of
+    # 131,072 + 473,088 + 242,221,056 elements beside its copies), one not (its flat buffer of 473,088 +
+    # 242,221,056, no copies). Bytes, 2 an element: 2 x (2,125,965,312 - 242,694,144) + 2 x 242,825,216
+    # + 2 x 242,694,144 = 4,737,581,056 (the simulation: 4.7373e9 at layer 0's recomputed up_proj, the
+    # step's peak; the closed form's layer and embedding 4.2468e9).
+    cfg = dict(model_type="qwen2", hidden_size=8192, intermediate_size=29568, num_hidden_layers=4,
+               num_attention_heads=64, num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "qwen2.5-72b-4L")
+    setup = build_setup(spec, method="lora", precision="bf16", framework="llamafactory", gpus=8, zero=3,
+                        rank=16, gradient_checkpointing=True, offload="optimizer", num_labels=1)
+    run = resolve_run(spec, setup)
+    elements = 1_245_708_288 + 2 * 67_108_864 + 2 * 8_388_608 + 3 * 242_221_056 + 9 * 131_072 + 3 * 473_088
+    assert elements == 2_125_965_312
+    expected = 2 * (elements - 242_694_144) + 2 * 242_825_216 + 2 * 242_694_144
+    assert zero3_lora_lower_backward_bytes(run, 50_000_000) == expected == 4_737_581_056
+    assert memory_at(run, setup.batch, setup.seq).rows["backward_layers_bottom"][-1] == expected

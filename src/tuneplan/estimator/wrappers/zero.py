@@ -56,6 +56,7 @@ from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lora_top_backward import (
     zero3_lora_forward_bytes,
+    zero3_lora_lower_backward_bytes,
     zero3_lora_top_backward_bytes,
 )
 from tuneplan.estimator.wrappers.zero3_lower_backward import zero3_lower_layers_gathered
@@ -271,6 +272,8 @@ class Zero3(Zero, ShardingWrapper):
         lower = zero3_lower_layers_gathered(run, terms, layer_gathered, at_bottom, whole16, bool(runs_ahead))
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
+        # dense 16-bit LoRA under checkpointing: the coordinator replayed counts the rounds and views itself
+        lower = max(lower, zero3_lora_lower_backward_bytes(run, terms.prefetch_bucket) - views)
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         # a flush in the top layer: every lower layer's views still saved
         flush += views if flush and not above else 0
