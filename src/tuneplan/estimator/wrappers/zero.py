@@ -54,6 +54,11 @@ from tuneplan.estimator.wrappers.zero3_head_flush_rounds import zero3_head_flush
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
+from tuneplan.estimator.wrappers.zero3_lora_top_backward import (
+    zero3_lora_forward_bytes,
+    zero3_lora_lower_backward_bytes,
+    zero3_lora_top_backward_bytes,
+)
 from tuneplan.estimator.wrappers.zero3_lower_backward import zero3_lower_layers_gathered
 from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush_moment
 from tuneplan.estimator.wrappers.zero3_module_trace import (
@@ -268,6 +273,8 @@ class Zero3(Zero, ShardingWrapper):
         lower = zero3_lower_layers_gathered(run, terms, layer_gathered, at_bottom, whole16, bool(runs_ahead))
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
+        # dense 16-bit LoRA under checkpointing: the coordinator replayed counts the rounds and views itself
+        lower = max(lower, zero3_lora_lower_backward_bytes(run, terms.prefetch_bucket) - views)
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         # a flush in the top layer: every lower layer's views still saved
         flush += views if flush and not above else 0
@@ -288,7 +295,8 @@ class Zero3(Zero, ShardingWrapper):
         # replayed forward's most (zero3_module_trace.py)
         popped = max(zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
                                                run.profile.model_code),
-                     zero3_replayed_forward_linear(run, terms.prefetch_bucket))
+                     zero3_replayed_forward_linear(run, terms.prefetch_bucket),
+                     zero3_lora_forward_bytes(run, terms.prefetch_bucket))
         out = with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),
@@ -362,7 +370,9 @@ class Zero3(Zero, ShardingWrapper):
             replayed = zero3_replayed_gathered(run, terms.prefetch_bucket)
             at_loss = max(at_loss, replayed.at_loss if replayed else min(ahead * compute, whole16))
             if ahead:
-                top16 = zero3_gathered_in_backward(model, setup, targets=run.targets) * compute
+                # dense 16-bit LoRA under checkpointing: the coordinator replayed (zero3_lora_top_backward.py)
+                top16 = (zero3_lora_top_backward_bytes(run, terms.prefetch_bucket)
+                         or zero3_gathered_in_backward(model, setup, targets=run.targets) * compute)
                 top_gathered = max(top_gathered, min(top16, whole16))
                 at_flush = first_flush.zero3_flush_gathered(model, setup, terms.prefetch_bucket,
                                                             terms.reduce_bucket, run.targets) * compute
