@@ -245,9 +245,8 @@ def forward_trace(model: ModelSpec, rank: int = 0, targets: frozenset[str] = fro
     head's round is then coalesced (:func:`zero3_head_round`)."""
     trace = [model.embed_params]
     for spec, count in model.layer_groups:
-        for _ in range(count):
-            for m in spec.linears:
-                trace += list(linear_entries(m, rank, targets)) * m.count
+        # a group's layers are alike: one layer's entries, repeated
+        trace += [n for m in spec.linears for n in linear_entries(m, rank, targets) * m.count] * count
     trace.append(model.lm_head_params)
     return [n for n in trace if n]
 

@@ -73,8 +73,9 @@ def _gradient_layers(model: ModelSpec, setup: TrainSetup) -> list[int]:
                     if setup.method == "full" else 0)
     k = 0
     for spec, count in reversed(model.layer_groups):
+        hooks = len([n for n in layer_hook_order(spec) if n])
         for _ in range(count):
-            owner += [k] * len([n for n in layer_hook_order(spec) if n])
+            owner += [k] * hooks
             k += 1
     return owner
 
