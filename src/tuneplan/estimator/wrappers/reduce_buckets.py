@@ -144,6 +144,26 @@ def zero3_leaf_backward_turns(model: ModelSpec, full: bool, k: int) -> list[tupl
 
 
 
+@lru_cache(maxsize=256)
+def backward_turns(model: ModelSpec, full: bool, k: int, leaf: bool) -> tuple[tuple[int, int], ...]:
+    """(elements, elements of gradients live at its turn) of each gradient of one ZeRO-3 backward up to the
+    bottom layer (zero3_flush.zero3_backward_turns): a full fine-tune's (``full``) or the top ``k``
+    layers', :func:`zero3_leaf_backward_turns` with ``leaf`` MoE blocks; none when ``k`` is 0 and the run
+    is not full. Made once per spec and kind (frozen, hashable)."""
+    if not (full or k):
+        return ()
+    if leaf:
+        return tuple(zero3_leaf_backward_turns(model, full, k))
+    order = _full_backward_gradients(model, False) if full else _layer_gradients_from_top(model, k)
+    return tuple((n, n) for n in order)
+
+
+@lru_cache(maxsize=256)
+def backward_turn_gradients(model: ModelSpec, full: bool, k: int, leaf: bool) -> tuple[int, ...]:
+    """The gradients (elements) of :func:`backward_turns`, in the order they reach the bucket."""
+    return tuple(n for n, _ in backward_turns(model, full, k, leaf))
+
+
 def first_hook_after_stacks(model: ModelSpec, targets: frozenset[str], rank: int) -> bool:
     """Whether a LoRA run's first gradient hook (ZeRO-1/2's ``setup_buckets``) comes after the top layer's
     adapted fused expert stacks are back-propagated: the stacks (estimator/fused_expert_lora.py) are its

@@ -269,18 +269,18 @@ def prefetch_rounds(trace: list[int], prefetch_bucket: int,
     ``n_available`` once that many rounds are popped (``__release_param``: the embedding after its
     forward)."""
     rounds: list[list[int]] = []
-    queue, available = list(trace), 0
-    while queue:
+    at = available = 0  # the queue is trace[at:]
+    while at < len(trace):
         if len(rounds) == released[0]:
             available -= released[1]
         limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
         if limit <= 0:
             break
-        taken: list[int] = []
-        while queue and sum(taken) < limit:
-            taken.append(queue.pop(0))
-        rounds.append(taken)
-        available += sum(taken)
+        start, popped = at, 0  # popped: sum(trace[start:at]), as the pops take them
+        while at < len(trace) and popped < limit:
+            popped, at = popped + trace[at], at + 1
+        rounds.append(list(trace[start:at]))
+        available += popped
     return rounds
 
 
