@@ -32,6 +32,7 @@ a moment larger than every earlier one can be the peak (the activations only shr
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
 from tuneplan.estimator.wrappers.base import Epilogue
@@ -138,7 +139,7 @@ def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -
         return LayersBackward(0, run.param_plan.trainable_params > reduce_bucket, 0, (), False)
     sizes, backward, spans = trained_tensor_layers(run)
     partition, start, mine = ceil_div(run.param_plan.trainable_params, run.setup.world_size), 0, set()
-    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    offsets = list(accumulate(sizes, initial=0))[:-1]  # sum(sizes[:i]) of each tensor i
     for i, n in enumerate(sizes):  # this rank's (rank 0's): the tensors overlapping the flat group's start
         if start >= partition:
             break

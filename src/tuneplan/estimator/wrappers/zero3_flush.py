@@ -82,7 +82,7 @@ def zero3_flush_past_mlp(model: ModelSpec, setup: TrainSetup, reduce_bucket: int
         return False
     head = model.lm_head_params + model.final_norm_params if setup.method == "full" else 0
     turns = zero3_backward_turns(model, setup)
-    fill = bucket_members([n for n, _ in turns], reduce_bucket)[0]
+    fill = bucket_members(zero3_backward_gradients(model, setup), reduce_bucket)[0]
     # the gradient whose hook runs the reduction, made by then
     trigger = turns[len(fill)][0] if len(turns) > len(fill) else 0
     in_layer = filled - head - top_layers_params(model, above) + trigger
@@ -261,7 +261,7 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     if not zero3_bucket_flush(model, setup, reduce_bucket):
         return 0
     turns = zero3_backward_turns(model, setup)
-    members = bucket_members([n for n, _ in turns], reduce_bucket)
+    members = bucket_members(zero3_backward_gradients(model, setup), reduce_bucket)
     fill, ws = members[0], setup.world_size
     single = len(fill) == 1 and fill[0] % ws == 0
     copy = 0 if single else sum(-(-n // ws) * ws for n in fill) * compute
