@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+
 from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.specs.model import LayerSpec, ModelSpec
 

@@ -107,7 +107,7 @@ def full_module_order(model: ModelSpec, transformers_code: bool = True) -> list[
             order += [*layer, spec.norm_params] * count
         return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
     order = [model.embed_params]
-    tensors: dict[int, list[int]] = {}  # each kind of layer's tensors, made once (the layers share their spec)
+    tensors: dict[int, list[int]] = {}  # each kind of layer's tensors, once (the layers share their spec)
     for spec in layers_in_module_order(model):
         # the fused expert stacks after the router (Mixtral, Qwen2-MoE build it first; DeepSeek and
         # Qwen3-MoE after the experts: h x E elements)
