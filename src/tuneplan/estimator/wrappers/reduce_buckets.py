@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from tuneplan.estimator.fused_expert_lora import expert_stacks
 from tuneplan.specs.model import LayerSpec, ModelSpec
 
@@ -12,13 +14,26 @@ def full_backward_gradients(model: ModelSpec, embedding: bool = True) -> list[in
     norm, then each layer from the top, its linears last-to-first (its norms counted after them), and the
     token embedding last (tied to the head, its gradient is complete only after the embedding's backward);
     without ``embedding``, up to the bottom layer."""
-    order = [model.lm_head_params, model.final_norm_params, *layer_gradients_from_top(model, model.n_layers)]
-    return [n for n in [*order, model.embed_params if embedding else 0] if n]
+    return list(_full_backward_gradients(model, embedding))
+
+
+# the orders and the bucket fills below depend only on the frozen model spec (and a count), made once per
+# spec and size: every ZeRO formula of a setup walks the same backward (zero3_flush.py, zero3_lower_flush.py,
+# zero3_head_flush_rounds.py, zero12_reductions.py); the public functions hand out fresh lists
+@lru_cache(maxsize=256)
+def _full_backward_gradients(model: ModelSpec, embedding: bool) -> tuple[int, ...]:
+    order = [model.lm_head_params, model.final_norm_params, *_layer_gradients_from_top(model, model.n_layers)]
+    return tuple(n for n in [*order, model.embed_params if embedding else 0] if n)
 
 
 def layer_gradients_from_top(model: ModelSpec, k: int) -> list[int]:
     """The gradients (elements) of the top ``k`` decoder layers in the order their hooks fire: each layer
     from the top, its linears last-to-first, its norms counted after them."""
+    return list(_layer_gradients_from_top(model, k))
+
+
+@lru_cache(maxsize=256)
+def _layer_gradients_from_top(model: ModelSpec, k: int) -> tuple[int, ...]:
     order: list[int] = []
     for spec, count in reversed(model.layer_groups):
         take = min(count, k)
@@ -26,7 +41,7 @@ def layer_gradients_from_top(model: ModelSpec, k: int) -> list[int]:
         k -= take
         if k <= 0:
             break
-    return [n for n in order if n]
+    return tuple(n for n in order if n)
 
 
 def layer_hook_order(spec: LayerSpec) -> list[int]:
@@ -43,14 +58,21 @@ def bucket_fills(gradients: list[int], reduce_bucket: int) -> list[int]:
 
 def bucket_members(gradients: list[int], reduce_bucket: int) -> list[list[int]]:
     """The gradients (elements) of each reduction of :func:`bucket_fills`."""
+    return [list(fill) for fill in _bucket_members(tuple(gradients), reduce_bucket)]
+
+
+@lru_cache(maxsize=256)
+def _bucket_members(gradients: tuple[int, ...], reduce_bucket: int) -> tuple[tuple[int, ...], ...]:
     fills: list[list[int]] = []
     filled: list[int] = []
+    held = 0  # sum(filled), kept as the bucket fills (left to right, as sum adds)
     for numel in gradients:
-        if filled and sum(filled) + numel > reduce_bucket:
+        if filled and held + numel > reduce_bucket:
             fills.append(filled)
-            filled = []
+            filled, held = [], 0
         filled.append(numel)
-    return [*fills, filled] if filled else fills
+        held += numel
+    return tuple(map(tuple, [*fills, filled] if filled else fills))
 
 
 def layer_tensors(spec: LayerSpec, transformers_code: bool = True) -> list[int]:
@@ -121,6 +143,26 @@ def zero3_leaf_backward_turns(model: ModelSpec, full: bool, k: int) -> list[tupl
             break
     return turns
 
+
+
+@lru_cache(maxsize=256)
+def backward_turns(model: ModelSpec, full: bool, k: int, leaf: bool) -> tuple[tuple[int, int], ...]:
+    """(elements, elements of gradients live at its turn) of each gradient of one ZeRO-3 backward up to the
+    bottom layer (zero3_flush.zero3_backward_turns): a full fine-tune's (``full``) or the top ``k``
+    layers', :func:`zero3_leaf_backward_turns` with ``leaf`` MoE blocks; none when ``k`` is 0 and the run
+    is not full. Made once per spec and kind (frozen, hashable)."""
+    if not (full or k):
+        return ()
+    if leaf:
+        return tuple(zero3_leaf_backward_turns(model, full, k))
+    order = _full_backward_gradients(model, False) if full else _layer_gradients_from_top(model, k)
+    return tuple((n, n) for n in order)
+
+
+@lru_cache(maxsize=256)
+def backward_turn_gradients(model: ModelSpec, full: bool, k: int, leaf: bool) -> tuple[int, ...]:
+    """The gradients (elements) of :func:`backward_turns`, in the order they reach the bucket."""
+    return tuple(n for n, _ in backward_turns(model, full, k, leaf))
 
 
 def first_hook_after_stacks(model: ModelSpec, targets: frozenset[str], rank: int) -> bool:

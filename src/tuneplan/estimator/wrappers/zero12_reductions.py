@@ -56,7 +56,7 @@ def zero2_norm_moment(run: Run, partition: int) -> tuple[int, int]:
         (sum_{p overlapping} n_p b, 8 max_p |p cap slice|)
 
     (0, 0) for ZeRO-1 or where the module order is not known."""
-    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
+    order = (run_module_order(run)
              if run.setup.method == "full" else freeze_module_order(run))
     if run.setup.zero != 2 or not order:
         return 0, 0
@@ -79,7 +79,7 @@ def zero12_rank0_params(run: Run, partition: int) -> int:
     where a fused expert stack the slice ends in is held whole; LoRA: the slice (its adapters are small)."""
     hf = run.profile.model_code == "hf"
     if run.setup.method == "full":
-        order = full_module_order(run.model, transformers_code=hf)
+        order = run_module_order(run)
     elif run.setup.method == "freeze":
         order = [n for spec in trained_layers(run.model, run.setup) for n in layer_tensors(spec, hf)]
     else:
@@ -90,6 +90,16 @@ def zero12_rank0_params(run: Run, partition: int) -> int:
             break
         covered += numel
     return max(covered, partition)
+
+
+def run_module_order(run: Run) -> list[int]:
+    """:func:`full_module_order` of the run's model under its profile's model code, made once per run and
+    kept in ``run.memo`` (it reads neither the batch nor the sequence nor ``grad_accum``: a reshaped run
+    shares it); a fresh list each call."""
+    order = run.memo.get("module_order")
+    if order is None:
+        order = run.memo["module_order"] = tuple(full_module_order(run.model, run.profile.model_code == "hf"))
+    return list(order)
 
 
 def full_module_order(model: ModelSpec, transformers_code: bool = True) -> list[int]:
@@ -107,10 +117,13 @@ def full_module_order(model: ModelSpec, transformers_code: bool = True) -> list[
             order += [*layer, spec.norm_params] * count
         return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
     order = [model.embed_params]
+    tensors: dict[int, list[int]] = {}  # each kind of layer's tensors, once (the layers share their spec)
     for spec in layers_in_module_order(model):
         # the fused expert stacks after the router (Mixtral, Qwen2-MoE build it first; DeepSeek and
         # Qwen3-MoE after the experts: h x E elements)
-        order += layer_tensors(spec)
+        if id(spec) not in tensors:
+            tensors[id(spec)] = layer_tensors(spec)
+        order += tensors[id(spec)]
     return [n for n in [*order, model.final_norm_params, model.lm_head_params] if n]
 
 
@@ -179,7 +192,7 @@ def largest_trained_param(run: Run) -> int:
     ``largest_param_numel``, the size of ZeRO-Offload's ``temp_grad_buffer_for_gpu_offload``): the largest
     entry of the module order where it is known (a MoE's fused ``gate_up_proj`` is one parameter of
     E x 2f x h elements under transformers' code), else the plan's largest trainable tensor."""
-    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
+    order = (run_module_order(run)
              if run.setup.method == "full" else freeze_module_order(run))
     return max(order) if order else run.param_plan.largest_trainable_tensor
 
@@ -199,7 +212,7 @@ def zero1_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: int) -> 
     allocated beside every gradient). None where the order is not known (a partial fine-tune wider than
     the bucket); with offload: zero1_offload.zero1_offload_epilogue."""
     params, compute = run.param_plan, run.dtypes.compute
-    order = (full_module_order(run.model, transformers_code=run.profile.model_code == "hf")
+    order = (run_module_order(run)
              if run.setup.method == "full"
              else [params.trainable_params] if params.trainable_params <= reduce_bucket else [])
     members = bucket_members(order, reduce_bucket)

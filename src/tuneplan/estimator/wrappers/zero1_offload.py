@@ -10,7 +10,7 @@ from tuneplan.estimator.wrappers.zero12_reductions import (
     NORM_BYTES,
     bucket_copy_elements,
     freeze_module_order,
-    full_module_order,
+    run_module_order,
 )
 from tuneplan.estimator.xp import ceil_div
 
@@ -44,7 +44,7 @@ def zero1_offload_epilogue(run: Run, reduce_bucket: int, buffers: int, grads16: 
     the attention, its fp64 copy beside every later layer's gradients (simulate: Mixtral-8x7B at 4 layers,
     bf16, 2 GPUs: 939,524,096 elements copied to fp64 beside layers 1-3's expert stacks)."""
     params, compute = run.param_plan, run.dtypes.compute
-    known = full_module_order(run.model, transformers_code=run.profile.model_code == "hf") \
+    known = run_module_order(run) \
         if run.setup.method == "full" else freeze_module_order(run)
     order = known or ([params.trainable_params] if params.trainable_params <= reduce_bucket else [])
     if not order:

@@ -32,6 +32,7 @@ a moment larger than every earlier one can be the peak (the activations only shr
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
 from tuneplan.estimator.wrappers.base import Epilogue
@@ -63,7 +64,9 @@ def trained_tensor_layers(run: Run) -> tuple[list[int], list[int], list[tuple[in
     model, setup = run.model, run.setup
     hf = run.profile.model_code == "hf"
     specs = trained_layers(model, setup)
-    layers = [layer_tensors(spec, hf) for spec in specs]
+    kinds = {id(spec): (layer_tensors(spec, hf), attention_tensors(spec, hf))  # once per kind of layer
+             for spec in {id(spec): spec for spec in specs}.values()}
+    layers = [kinds[id(spec)][0] for spec in specs]
     full = setup.method == "full"
     sizes = [model.embed_params] if full else []
     starts = []
@@ -77,7 +80,7 @@ def trained_tensor_layers(run: Run) -> tuple[list[int], list[int], list[tuple[in
         backward = [len(sizes) - 1, len(sizes) - 2]
     for start, end in zip(reversed(starts), reversed(ends), strict=True):
         backward += [*range(end - 2, start - 1, -1), end - 1]  # its tensors last-to-first, then the norms
-    spans = [(start, end, start + attention_tensors(spec, hf))
+    spans = [(start, end, start + kinds[id(spec)][1])
              for spec, start, end in zip(specs, starts, ends, strict=True)]
     return sizes, [i for i in backward if sizes[i]], spans
 
@@ -138,7 +141,7 @@ def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -
         return LayersBackward(0, run.param_plan.trainable_params > reduce_bucket, 0, (), False)
     sizes, backward, spans = trained_tensor_layers(run)
     partition, start, mine = ceil_div(run.param_plan.trainable_params, run.setup.world_size), 0, set()
-    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    offsets = list(accumulate(sizes, initial=0))[:-1]  # sum(sizes[:i]) of each tensor i
     for i, n in enumerate(sizes):  # this rank's (rank 0's): the tensors overlapping the flat group's start
         if start >= partition:
             break

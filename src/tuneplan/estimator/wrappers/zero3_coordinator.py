@@ -6,6 +6,8 @@ full fine-tune's gradients reach the bucket and its fills: reduce_buckets.py, wh
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
 from tuneplan.specs.model import Linear, ModelSpec
@@ -230,7 +232,8 @@ def zero3_head_round(model: ModelSpec, prefetch_bucket: int, setup: TrainSetup |
     return last[0] + norm if 0 < norm <= DS_PARAM_PERSISTENCE_THRESHOLD else 0
 
 
-def forward_trace(model: ModelSpec, rank: int = 0, targets: frozenset[str] = frozenset()) -> list[int]:
+@lru_cache(maxsize=256)  # one per frozen spec, rank and targets: every ZeRO-3 formula of a setup replays it
+def forward_trace(model: ModelSpec, rank: int = 0, targets: frozenset[str] = frozenset()) -> tuple[int, ...]:
     """The weights (elements) in the order the forward fetches them: the token embedding, each layer's
     linears, the untied head. Norms and biases are left out, thousands of elements against rounds of
     millions: each moves where a round stops by less than itself.
@@ -243,13 +246,9 @@ def forward_trace(model: ModelSpec, rank: int = 0, targets: frozenset[str] = fro
     as an external parameter of the wrapper, which ``construct_parameter_trace_from_module_trace`` then
     lists at the wrapper's fetch, before its ``base_layer``. A round may so end on ``lora_B``, and the
     head's round is then coalesced (:func:`zero3_head_round`)."""
-    trace = [model.embed_params]
-    for spec, count in model.layer_groups:
-        for _ in range(count):
-            for m in spec.linears:
-                trace += list(linear_entries(m, rank, targets)) * m.count
-    trace.append(model.lm_head_params)
-    return [n for n in trace if n]
+    layers = [n for spec, count in model.layer_groups  # a group's layers are alike: one layer's, repeated
+              for n in [e for m in spec.linears for e in linear_entries(m, rank, targets) * m.count] * count]
+    return tuple(n for n in [model.embed_params, *layers, model.lm_head_params] if n)
 
 
 def linear_entries(m: Linear, rank: int, targets: frozenset[str]) -> tuple[int, int, int]:
@@ -262,7 +261,7 @@ def linear_entries(m: Linear, rank: int, targets: frozenset[str]) -> tuple[int, 
             b if b > DS_PARAM_PERSISTENCE_THRESHOLD else 0)
 
 
-def prefetch_rounds(trace: list[int], prefetch_bucket: int,
+def prefetch_rounds(trace: tuple[int, ...] | list[int], prefetch_bucket: int,
                     released: tuple[int, int] = (0, 0)) -> list[list[int]]:
     """The trace cut into the prefetcher's rounds: each fetch pops parameters until it has taken at least
     ``min(stage3_max_live_parameters - n_available, prefetch_bucket)`` elements, the last one overshooting
@@ -270,18 +269,18 @@ def prefetch_rounds(trace: list[int], prefetch_bucket: int,
     ``n_available`` once that many rounds are popped (``__release_param``: the embedding after its
     forward)."""
     rounds: list[list[int]] = []
-    queue, available = list(trace), 0
-    while queue:
+    at = available = 0  # the queue is trace[at:]
+    while at < len(trace):
         if len(rounds) == released[0]:
             available -= released[1]
         limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
         if limit <= 0:
             break
-        taken: list[int] = []
-        while queue and sum(taken) < limit:
-            taken.append(queue.pop(0))
-        rounds.append(taken)
-        available += sum(taken)
+        start, popped = at, 0  # popped: sum(trace[start:at]), as the pops take them
+        while at < len(trace) and popped < limit:
+            popped, at = popped + trace[at], at + 1
+        rounds.append(list(trace[start:at]))
+        available += popped
     return rounds
 
 

@@ -143,7 +143,7 @@ def embedding_round_after_step(model: ModelSpec, setup: TrainSetup, prefetch_buc
     trace = forward_trace(model, setup.rank if lora else 0, targets)
     if model.lm_head_params and trace and trace[-1] == model.lm_head_params:
         trace = trace[:-1]  # the head is persistent here (its size is checked by the caller)
-    rounds = prefetch_rounds(trace + [model.embed_params], prefetch_bucket)
+    rounds = prefetch_rounds([*trace, model.embed_params], prefetch_bucket)
     if sum(map(len, rounds)) < len(trace) + 1 or len(rounds[-1]) < 2:
         return 0
     return sum(rounds[-1])

@@ -7,11 +7,11 @@ from __future__ import annotations
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.wrappers.base import Epilogue
 from tuneplan.estimator.wrappers.reduce_buckets import (
+    backward_turn_gradients,
+    backward_turns,
     bucket_fills,
     bucket_members,
     full_backward_gradients,
-    layer_gradients_from_top,
-    zero3_leaf_backward_turns,
     zero3_leaf_moe,
 )
 from tuneplan.estimator.wrappers.zero3_coordinator import (
@@ -82,7 +82,7 @@ def zero3_flush_past_mlp(model: ModelSpec, setup: TrainSetup, reduce_bucket: int
         return False
     head = model.lm_head_params + model.final_norm_params if setup.method == "full" else 0
     turns = zero3_backward_turns(model, setup)
-    fill = bucket_members([n for n, _ in turns], reduce_bucket)[0]
+    fill = bucket_members(zero3_backward_gradients(model, setup), reduce_bucket)[0]
     # the gradient whose hook runs the reduction, made by then
     trigger = turns[len(fill)][0] if len(turns) > len(fill) else 0
     in_layer = filled - head - top_layers_params(model, above) + trigger
@@ -178,7 +178,7 @@ def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) 
 def zero3_backward_gradients(model: ModelSpec, setup: TrainSetup) -> list[int]:
     """The gradients (elements) of one backward up to the bottom layer in the order they reach the bucket
     (:func:`zero3_backward_turns`)."""
-    return [n for n, _ in zero3_backward_turns(model, setup)]
+    return list(backward_turn_gradients(model, *zero3_backward_kind(model, setup)))
 
 
 def zero3_backward_turns(model: ModelSpec, setup: TrainSetup) -> list[tuple[int, int]]:
@@ -188,14 +188,15 @@ def zero3_backward_turns(model: ModelSpec, setup: TrainSetup) -> list[tuple[int,
     2 trained over 2 GPUs: a first reduction of 4.928e8 elements, layer 3 and layer 2's MLP); none
     otherwise (LoRA's fit the bucket). A gradient is alone at its turn, except in a leaf MoE block
     (reduce_buckets.leaf_layer_turns), whose gradients are all made before the first is handled."""
+    return list(backward_turns(model, *zero3_backward_kind(model, setup)))
+
+
+def zero3_backward_kind(model: ModelSpec, setup: TrainSetup) -> tuple[bool, int, bool]:
+    """What :func:`zero3_backward_turns` reads of the setup: (a full fine-tune, the trained layers from the
+    top, leaf MoE blocks); no layer for a run that is neither full nor a freeze run."""
     full, freeze = setup.method == "full", setup.method == "freeze"
-    if not (full or freeze):
-        return []
-    k = model.n_layers if full else min(setup.freeze_trainable_layers, model.n_layers)
-    if zero3_leaf_moe(model, get_profile(setup.framework).model_code == "hf"):
-        return zero3_leaf_backward_turns(model, full, k)
-    order = full_backward_gradients(model, embedding=False) if full else layer_gradients_from_top(model, k)
-    return [(n, n) for n in order]
+    k = model.n_layers if full else min(setup.freeze_trainable_layers, model.n_layers) if freeze else 0
+    return full, k, zero3_leaf_moe(model, get_profile(setup.framework).model_code == "hf")
 
 
 def zero3_gathered_at_head_flush(model: ModelSpec, setup: TrainSetup, prefetch_bucket: int,
@@ -260,7 +261,7 @@ def zero3_flush_scratch(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
     if not zero3_bucket_flush(model, setup, reduce_bucket):
         return 0
     turns = zero3_backward_turns(model, setup)
-    members = bucket_members([n for n, _ in turns], reduce_bucket)
+    members = bucket_members(zero3_backward_gradients(model, setup), reduce_bucket)
     fill, ws = members[0], setup.world_size
     single = len(fill) == 1 and fill[0] % ws == 0
     copy = 0 if single else sum(-(-n // ws) * ws for n in fill) * compute

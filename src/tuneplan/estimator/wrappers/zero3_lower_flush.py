@@ -73,14 +73,15 @@ def _gradient_layers(model: ModelSpec, setup: TrainSetup) -> list[int]:
                     if setup.method == "full" else 0)
     k = 0
     for spec, count in reversed(model.layer_groups):
+        hooks = len([n for n in layer_hook_order(spec) if n])
         for _ in range(count):
-            owner += [k] * len([n for n in layer_hook_order(spec) if n])
+            owner += [k] * hooks
             k += 1
     return owner
 
 
-def lower_flush_scratch_per_token(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
-                                  dtypes: Dtypes) -> int:
+def lower_flush_scratch_per_token(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, dtypes: Dtypes,
+                                  reductions: list[tuple[int, list[int], int]] | None = None) -> int:
     """Bytes a token of the layer's scratch at the later reductions' moments when every one is run from
     its layer's first gradient, that of its last linear, a dense MLP projection writing the residual
     stream (0 otherwise: the layer's backward scratch counted, an upper bound).
@@ -94,7 +95,8 @@ def lower_flush_scratch_per_token(model: ModelSpec, setup: TrainSetup, reduce_bu
 
     (simulate: Qwen2.5-32B, 4 layers, full in fp32 over 8 GPUs, 1 x 1024: down_proj's 1024 x 27648 input
     gradient and the 1024 x 5120 residual gradient beside the reduction's norm.)"""
-    reductions = zero3_later_reductions(model, setup, reduce_bucket)
+    if reductions is None:
+        reductions = zero3_later_reductions(model, setup, reduce_bucket)
     if not reductions:
         return 0
     order, owner = zero3_backward_gradients(model, setup), _gradient_layers(model, setup)
@@ -115,9 +117,10 @@ def lower_flush_scratch_per_token(model: ModelSpec, setup: TrainSetup, reduce_bu
 
 def zero3_lower_flush_moment(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, dtypes: Dtypes,
                              in_layers: int, runs_ahead: bool) -> tuple[int, int]:
-    """(:func:`zero3_lower_flush`, :func:`lower_flush_scratch_per_token`)."""
-    return (zero3_lower_flush(model, setup, reduce_bucket, dtypes.compute, in_layers, runs_ahead),
-            lower_flush_scratch_per_token(model, setup, reduce_bucket, dtypes))
+    """(:func:`zero3_lower_flush`, :func:`lower_flush_scratch_per_token`), over one walk of the reductions."""
+    reductions = zero3_later_reductions(model, setup, reduce_bucket)
+    return (zero3_lower_flush(model, setup, reduce_bucket, dtypes.compute, in_layers, runs_ahead, reductions),
+            lower_flush_scratch_per_token(model, setup, reduce_bucket, dtypes, reductions))
 
 
 def lower_layers_gathered(model: ModelSpec, setup: TrainSetup, layer: int) -> int:
@@ -139,8 +142,8 @@ def lower_layers_gathered(model: ModelSpec, setup: TrainSetup, layer: int) -> in
     return below + model.embed_params if below < DS_MAX_LIVE_PARAMETERS else 0
 
 
-def zero3_lower_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, compute: int,
-                      in_layers: int, runs_ahead: bool) -> int:
+def zero3_lower_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, compute: int, in_layers: int,
+                      runs_ahead: bool, reductions: list[tuple[int, list[int], int]] | None = None) -> int:
     """Bytes gathered and held by the largest later in-backward reduction in a lower layer
     (:func:`zero3_later_reductions`; 0 when there is none): what is gathered in that layer
     (:func:`lower_layers_gathered`, or ``in_layers`` bytes, the layers' own, before the prefetcher reaches
@@ -153,7 +156,9 @@ def zero3_lower_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, c
     ahead: layer 1's 385,892,352-element tail copied from layer 0's down_proj hook beside layer 0 and the
     embedding popped in its recomputation.)"""
     best = 0
-    for layer, fill, trigger in zero3_later_reductions(model, setup, reduce_bucket):
+    if reductions is None:
+        reductions = zero3_later_reductions(model, setup, reduce_bucket)
+    for layer, fill, trigger in reductions:
         # not running ahead, the prefetcher still pops the embedding in the bottom layer's recomputation:
         # at its last fetch the queue up to the embedding holds only that layer's parameters, AVAILABLE,
         # popped without counting (``_fetch_sub_module_impl``), then the embedding, under max_live

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tuneplan.estimator.wrappers.zero12_reductions import NORM_BYTES, full_module_order, largest_trained_param
+from tuneplan.estimator.wrappers.zero12_reductions import NORM_BYTES, largest_trained_param, run_module_order
 from tuneplan.estimator.xp import ceil_div
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def zero3_sub_groups(run: Run, partition: int) -> list[tuple[int, int]]:
         return [(partition, 2)]
     world_size = run.setup.world_size
     sizes = [ceil_div(n, world_size)
-             for n in full_module_order(run.model, transformers_code=run.profile.model_code == "hf")]
+             for n in run_module_order(run)]
     groups: list[tuple[int, int]] = []
     elements = tensors = 0
     for size in sizes:
