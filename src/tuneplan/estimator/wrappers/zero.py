@@ -372,12 +372,14 @@ class Zero3(Zero, ShardingWrapper):
             # the embedding the prefetcher pops there; without checkpointing, zero3_plain_trace.py
             replayed = (zero3_replayed_gathered(run, terms.prefetch_bucket)
                         or zero3_replayed_plain(run, terms.prefetch_bucket))
+            extra = max(zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
+                        zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
             ahead = (replayed.at_loss if replayed else min(zero3_quantized_ahead_bytes(
-                model, setup, terms.prefetch_bucket, compute), whole16)) + max(
-                zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
-                zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
+                model, setup, terms.prefetch_bucket, compute), whole16)) + extra
             at_loss = max(at_loss, ahead)
-            top_gathered = max(top_gathered, ahead, replayed.top_backward if replayed else 0)
+            # replayed: the top layer's backward counted fetch by fetch (an untied head released after
+            # its own backward), beside the first pass's copies
+            top_gathered = max(top_gathered, replayed.top_backward + extra if replayed else ahead)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)
         # the flush is an instant of its own (Gathered.flush), the head's and the layers above's activations
