@@ -158,3 +158,25 @@ def test_a_4bit_mlp_weight_is_dequantized_beside_the_heads_round_in_the_top_laye
     run = resolve_run(spec, setup)
     assert zero3_gathered_past_top_attention(run, 50_000_000) == 2_608_660_480 + 183_500_800 + 5_734_400
     assert memory_of(run).peak_instant == "forward_top_past_attention"
+
+
+def test_a_leaf_moe_blocks_bottom_layer_keeps_the_block_and_drops_the_attention_inputs() -> None:
+    # Mixtral, 2 layers (hidden 1024, 8 / 2 heads of 128, 4 experts of 3584), LoRA on q/k/v/o without
+    # checkpointing over 4 GPUs: the sparse MoE block is a ZeRO-3 leaf, fetched whole: router 4 x 1024 and
+    # experts 4 x 3 x 1024 x 3584, 44,044,288 elements. In layer 0 the input norm and q/k/v's base layers
+    # and dropouts read gradient-free tensors (7 modules, no backward fetch); o_proj reads the attention
+    # core, which requires grad through q/k/v's LoRA, so the attention, the norm before the block and the
+    # block itself are fetched in the backward. Frozen weights fetched in the backward: the untied head,
+    # per layer the norm after the attention, the block, layer 1's q (1024^2), k, v (1024 x 256) and both
+    # layers' o_proj (1024^2), layer 1's input norm.
+    cfg = dict(model_type="mixtral", hidden_size=1024, intermediate_size=3584, num_hidden_layers=2,
+               num_attention_heads=8, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+               vocab_size=32000, tie_word_embeddings=False)
+    spec = model_from_config(cfg, "mixtral-2L")
+    run = resolve_run(spec, build_setup(spec, method="lora", gpus=4, zero=3, targets="attn",
+                                        gradient_checkpointing=False))
+    events, _ = plain_step_events(run)
+    frozen = [sum(p.numel for p in m.params) for action, m, kind in events
+              if action == "fetch" and kind == "B" and m.params and not any(p.trained for p in m.params)]
+    assert frozen == [32_000 * 1024, 1024, 44_044_288, 1024, 1024**2, 262_144, 262_144, 1024**2,
+                      1024, 44_044_288, 1024, 1024**2]
