@@ -57,6 +57,7 @@ from tuneplan.estimator.wrapper_rows import (
     reduction_rows,
     top_attention_row,
 )
+from tuneplan.estimator.wrappers.zero3_head_pop_running import checkpointed_mlp_in_flight
 from tuneplan.estimator.xp import maximum, minimum
 
 
@@ -234,6 +235,9 @@ def gathered_forward_rows(rows: dict[str, Row], run: Run, statics: MemoryStatics
         # it saved before its MLP block when the linear is in it (wrappers/zero3_head_pop.py)
         running = (acts.top_layer_bytes - acts.mlp_saved_bytes
                    if past_attention and not statics.checkpointed else 0)
+        if past_attention and statics.checkpointed:
+            # checkpointed: its input and the MLP's in-flight tensors (wrappers/zero3_head_pop_running.py)
+            running = checkpointed_mlp_in_flight(run, acts.tokens)
         share = statics.n_layers
         rows["forward_head_popped"] = (earlier_grads, 0, (saved - acts.tail_bytes) * below // share
                                        + running + prev_pinned, statics.autocast_copies * below // share,

@@ -67,7 +67,10 @@ from tuneplan.estimator.wrappers.zero3_module_trace import (
     zero3_replayed_gathered,
 )
 from tuneplan.estimator.wrappers.zero3_packed_prefetch import zero3_layer_and_prefetch_bytes
-from tuneplan.estimator.wrappers.zero3_plain_trace import zero3_gathered_past_top_attention
+from tuneplan.estimator.wrappers.zero3_plain_trace import (
+    zero3_gathered_past_top_attention,
+    zero3_replayed_plain,
+)
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
@@ -381,14 +384,17 @@ class Zero3(Zero, ShardingWrapper):
             # (and a copy: the embedding's round joining the forward's last, or, after a record pass that
             # released the persistent parameters, holding the forward's persistent tail); dense layers under
             # checkpointing: the coordinator replayed, zero3_module_trace.py, in the top layer's backward
-            # the embedding the prefetcher pops there
-            replayed = zero3_replayed_gathered(run, terms.prefetch_bucket)
+            # the embedding the prefetcher pops there; without checkpointing, zero3_plain_trace.py
+            replayed = (zero3_replayed_gathered(run, terms.prefetch_bucket)
+                        or zero3_replayed_plain(run, terms.prefetch_bucket))
+            extra = max(zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
+                        zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
             ahead = (replayed.at_loss if replayed else min(zero3_quantized_ahead_bytes(
-                model, setup, terms.prefetch_bucket, compute), whole16)) + max(
-                zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
-                zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
+                model, setup, terms.prefetch_bucket, compute), whole16)) + extra
             at_loss = max(at_loss, ahead)
-            top_gathered = max(top_gathered, ahead, replayed.top_backward if replayed else 0)
+            # replayed: the top layer's backward counted fetch by fetch (an untied head released after
+            # its own backward), beside the first pass's copies
+            top_gathered = max(top_gathered, replayed.top_backward + extra if replayed else ahead)
         flush = (at_flush + first_flush.zero3_flush_scratch(model, setup, terms.reduce_bucket, compute)
                  if filled else 0)
         # the flush is an instant of its own (Gathered.flush), the head's and the layers above's activations
