@@ -18,6 +18,7 @@ from tuneplan.estimator.links import ring_factor
 from tuneplan.estimator.optimizer import OptimizerPlan
 from tuneplan.estimator.wrappers import zero3_expert_round as fused_experts
 from tuneplan.estimator.wrappers import zero3_flush as first_flush
+from tuneplan.estimator.wrappers import zero3_plain_trace as plain
 from tuneplan.estimator.wrappers.base import (
     Buckets,
     Collectives,
@@ -67,7 +68,6 @@ from tuneplan.estimator.wrappers.zero3_module_trace import (
     zero3_replayed_gathered,
 )
 from tuneplan.estimator.wrappers.zero3_packed_prefetch import zero3_layer_and_prefetch_bytes
-from tuneplan.estimator.wrappers.zero3_plain_trace import zero3_gathered_past_top_attention
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
@@ -278,8 +278,10 @@ class Zero3(Zero, ShardingWrapper):
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         # a flush in the top layer: every lower layer's views still saved
         flush += views if flush and not above else 0
-        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
-                              keeps_scratch=True)
+        # without checkpointing, the replayed coordinator past the top MLP's output linear (zero3_plain_trace)
+        past_output = plain.zero3_gathered_past_top_mlp_output(run, terms.prefetch_bucket)
+        top_row = past_output + views if past_output else max(top_gathered, layer_gathered)
+        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=top_row, keeps_scratch=True)
                      if top_gathered > layer_gathered or lower > layer_gathered - views else None)
         # a later reduction in a lower layer, beside what is gathered there (zero3_lower_flush.py)
         low_flush = zero3_lower_flush_moment(model, setup, terms.reduce_bucket, run.dtypes, layer_gathered,
@@ -316,7 +318,7 @@ class Zero3(Zero, ShardingWrapper):
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
                                       head_popped=popped,
-                                      top_layer_past_attention=zero3_gathered_past_top_attention(
+                                      top_layer_past_attention=plain.zero3_gathered_past_top_attention(
                                           run, terms.prefetch_bucket),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp,
                                       lower_flush=low_flush,
