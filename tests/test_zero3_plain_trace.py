@@ -10,6 +10,7 @@ from tuneplan.estimator.run import resolve_run
 from tuneplan.estimator.wrappers.zero3_plain_trace import (
     plain_step_events,
     zero3_gathered_past_top_attention,
+    zero3_gathered_past_top_mlp_output,
     zero3_replayed_plain,
 )
 from tuneplan.specs.model import ModelSpec, model_from_config
@@ -180,3 +181,31 @@ def test_a_leaf_moe_blocks_bottom_layer_keeps_the_block_and_drops_the_attention_
               if action == "fetch" and kind == "B" and m.params and not any(p.trained for p in m.params)]
     assert frozen == [32_000 * 1024, 1024, 44_044_288, 1024, 1024**2, 262_144, 262_144, 1024**2,
                       1024, 44_044_288, 1024, 1024**2]
+
+
+def test_the_top_mlps_output_weight_is_released_before_its_activations_backward() -> None:
+    # phi-2, 4 layers (hidden 2560, MLP 10240, parallel block: attention and MLP read the same normed
+    # input), LoRA rank 16 on q_proj / v_proj (the profile's targets) in bf16 over 8 GPUs, a 1-label
+    # head, no checkpointing (the simulation: seed 89 r102). Elements a layer: q/k/v/dense 2560^2 =
+    # 6,553,600 each, fc1 / fc2 2560 x 10240 = 26,214,400 each (78,643,200); the biases and LoRA
+    # matrices (16 x 2560 = 40,960) are under the 1e5 persistence threshold. Kept gathered at the loss
+    # for their backward use: layers 1..3 whole, 3 x 78,643,200 = 235,929,600, and of layer 0 only dense
+    # (its input, the attention's output, requires grad; q/v's base_layer and k_proj outputs do not:
+    # the embedding's output requires none; fc1 / fc2 read the layer input), 6,553,600: 242,483,200
+    # elements. The top layer's backward runs fc2's backward first; its release
+    # (_post_backward_module_hook -> release_sub_module) drops fc2's 26,214,400 before the gelu
+    # backward: 216,268,800 elements, 432,537,600 bytes in bf16 (the simulation: 432.5 MB of gathered
+    # copies and flat buffers at its peak, the gelu backward's mul in layer 3; the row held 485.0 MB).
+    from tuneplan.catalog.models import resolve_model
+    from tuneplan.estimator.instants import memory_at, named
+
+    cfg = dict(resolve_model("microsoft/phi-2", allow_network=False).config)
+    cfg["num_hidden_layers"] = 4
+    spec = model_from_config(cfg, name="phi-2-4L")
+    run = resolve_run(spec, build_setup(spec, method="lora", precision="bf16", batch=4, seq=2048,
+                                        grad_accum=2, rank=16, optimizer="paged-adamw-8bit", num_labels=1,
+                                        gpus=8, zero=3, offload="optimizer", gradient_checkpointing=False))
+    assert run.targets == frozenset({"q_proj", "v_proj"})
+    assert zero3_gathered_past_top_mlp_output(run, 50_000_000) == 432_537_600
+    row = named(memory_at(run, 4, 2048).rows["backward_layers_top"])
+    assert row.parallel_buffers == 432_537_600

@@ -18,6 +18,8 @@ from tuneplan.estimator.links import ring_factor
 from tuneplan.estimator.optimizer import OptimizerPlan
 from tuneplan.estimator.wrappers import zero3_expert_round as fused_experts
 from tuneplan.estimator.wrappers import zero3_flush as first_flush
+from tuneplan.estimator.wrappers import zero3_lora_top_backward as lora_top
+from tuneplan.estimator.wrappers import zero3_plain_trace as plain
 from tuneplan.estimator.wrappers.base import (
     Buckets,
     Collectives,
@@ -54,11 +56,6 @@ from tuneplan.estimator.wrappers.zero3_head_flush_rounds import zero3_head_flush
 from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
-from tuneplan.estimator.wrappers.zero3_lora_top_backward import (
-    zero3_lora_forward_bytes,
-    zero3_lora_lower_backward_bytes,
-    zero3_lora_top_backward_bytes,
-)
 from tuneplan.estimator.wrappers.zero3_lower_backward import zero3_lower_layers_gathered
 from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush_moment
 from tuneplan.estimator.wrappers.zero3_module_trace import (
@@ -67,10 +64,6 @@ from tuneplan.estimator.wrappers.zero3_module_trace import (
     zero3_replayed_gathered,
 )
 from tuneplan.estimator.wrappers.zero3_packed_prefetch import zero3_layer_and_prefetch_bytes
-from tuneplan.estimator.wrappers.zero3_plain_trace import (
-    zero3_gathered_past_top_attention,
-    zero3_replayed_plain,
-)
 from tuneplan.estimator.wrappers.zero3_quantized import (
     zero3_kept_bytes,
     zero3_quantized_ahead_bytes,
@@ -277,12 +270,14 @@ class Zero3(Zero, ShardingWrapper):
         # released weights a saved ``weight.T`` view keeps beside them (zero3_saved_views.py)
         views = (zero3_views_kept(run, head, terms.prefetch_bucket) + early) * compute
         # dense 16-bit LoRA under checkpointing: the coordinator replayed counts the rounds and views itself
-        lower = max(lower, zero3_lora_lower_backward_bytes(run, terms.prefetch_bucket) - views)
+        lower = max(lower, lora_top.zero3_lora_lower_backward_bytes(run, terms.prefetch_bucket) - views)
         layer_gathered, at_loss, top_gathered = layer_gathered + views, at_loss + views, top_gathered + views
         # a flush in the top layer: every lower layer's views still saved
         flush += views if flush and not above else 0
-        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=max(top_gathered, layer_gathered),
-                              keeps_scratch=True)
+        # without checkpointing, the replayed coordinator past the top MLP's output linear (zero3_plain_trace)
+        past_output = plain.zero3_gathered_past_top_mlp_output(run, terms.prefetch_bucket)
+        top_row = past_output + views if past_output else max(top_gathered, layer_gathered)
+        top_layer = (TopLayer(counted=0, gradients_at_end=0, gathered=top_row, keeps_scratch=True)
                      if top_gathered > layer_gathered or lower > layer_gathered - views else None)
         # a later reduction in a lower layer, beside what is gathered there (zero3_lower_flush.py)
         low_flush = zero3_lower_flush_moment(model, setup, terms.reduce_bucket, run.dtypes, layer_gathered,
@@ -299,7 +294,7 @@ class Zero3(Zero, ShardingWrapper):
         popped = max(zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
                                                run.profile.model_code),
                      zero3_replayed_forward_linear(run, terms.prefetch_bucket),
-                     zero3_lora_forward_bytes(run, terms.prefetch_bucket))
+                     lora_top.zero3_lora_forward_bytes(run, terms.prefetch_bucket))
         out = with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),
@@ -319,7 +314,7 @@ class Zero3(Zero, ShardingWrapper):
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
                                       head_popped=popped,
-                                      top_layer_past_attention=zero3_gathered_past_top_attention(
+                                      top_layer_past_attention=plain.zero3_gathered_past_top_attention(
                                           run, terms.prefetch_bucket),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp,
                                       lower_flush=low_flush,
@@ -374,7 +369,7 @@ class Zero3(Zero, ShardingWrapper):
             at_loss = max(at_loss, replayed.at_loss if replayed else min(ahead * compute, whole16))
             if ahead:
                 # dense 16-bit LoRA under checkpointing: the coordinator replayed (zero3_lora_top_backward.py)
-                top16 = (zero3_lora_top_backward_bytes(run, terms.prefetch_bucket)
+                top16 = (lora_top.zero3_lora_top_backward_bytes(run, terms.prefetch_bucket)
                          or zero3_gathered_in_backward(model, setup, targets=run.targets) * compute)
                 top_gathered = max(top_gathered, min(top16, whole16))
                 at_flush = first_flush.zero3_flush_gathered(model, setup, terms.prefetch_bucket,
@@ -386,7 +381,7 @@ class Zero3(Zero, ShardingWrapper):
             # checkpointing: the coordinator replayed, zero3_module_trace.py, in the top layer's backward
             # the embedding the prefetcher pops there; without checkpointing, zero3_plain_trace.py
             replayed = (zero3_replayed_gathered(run, terms.prefetch_bucket)
-                        or zero3_replayed_plain(run, terms.prefetch_bucket))
+                        or plain.zero3_replayed_plain(run, terms.prefetch_bucket))
             extra = max(zero3_quantized_embedding_round(run, terms.prefetch_bucket)[0],
                         zero3_quantized_record_release_copy(run, terms.prefetch_bucket))
             ahead = (replayed.at_loss if replayed else min(zero3_quantized_ahead_bytes(
