@@ -63,6 +63,9 @@ class ActivationTerms:
     layer_end_temp_per_token: float = 0.0
     # of layer_end_per_token, what aliases the checkpoint (kept by the layer itself without checkpointing)
     layer_end_alias_per_token: float = 0.0
+    # per token per key position, the largest over those kinds of the eager attention's O(s) saved part kept
+    # then (layer_saved.first_target_terms' third term)
+    layer_end_per_pos: float = 0.0
     # per token, the largest over the adapted kinds of layer_saved.last_target_terms (0, 0: not derived)
     first_hook_per_token: float = 0.0
     first_hook_temp_per_token: float = 0.0
@@ -116,13 +119,14 @@ def layer_end_terms(kinds: LayerKinds) -> dict[str, float]:
     """``ActivationTerms``' layer_end_per_token / layer_end_temp_per_token from the kinds' first-target terms
     (layer_saved.first_target_terms): the largest over the kinds with an adapter, none where one is not
     derived."""
-    ends = [(layer.first_target_saved, layer.input_alias, layer.first_target_temp)
+    ends = [(layer.first_target_saved, layer.input_alias, layer.first_target_temp, layer.first_target_per_pos)
             for layer, _ in kinds.kinds if layer.first_target_saved]
-    if not ends or any(saved < 0 for saved, _, _ in ends):
+    if not ends or any(saved < 0 for saved, _, _, _ in ends):
         return {}
-    end, alias = max((saved - alias, alias) for saved, alias, _ in ends)
+    end, alias = max((saved - alias, alias) for saved, alias, _, _ in ends)
     return {"layer_end_per_token": end, "layer_end_alias_per_token": alias,
-            "layer_end_temp_per_token": max(temp for _, _, temp in ends)}
+            "layer_end_temp_per_token": max(temp for _, _, temp, _ in ends),
+            "layer_end_per_pos": max(per_pos for _, _, _, per_pos in ends)}
 
 
 def first_hook_terms(kinds: LayerKinds) -> dict[str, float]:

@@ -75,13 +75,15 @@ class ActivationPlan:
         layer keeps beyond its checkpoint (without checkpointing, with what aliases its input, its own
         saved tensor; 0: not derived, or activations offloaded; ActivationTerms)."""
         terms, tokens = self.terms, self.tokens
+        # an eager attention's O(s) part, where the adapter follows it (ActivationTerms.layer_end_per_pos)
+        scores = tokens * self.seq * terms.layer_end_per_pos if terms.layer_end_per_token else 0.0
         if terms.checkpointed:
-            return int_for(tokens)(tokens * terms.layer_end_per_token)
+            return int_for(tokens)(tokens * terms.layer_end_per_token + scores)
         if terms.offload:
             return 0
         # without checkpointing the layer's input is its own saved tensor: the moment counts what aliases it
         end = terms.layer_end_per_token
-        return int_for(tokens)(tokens * (end + terms.layer_end_alias_per_token if end else 0.0))
+        return int_for(tokens)(tokens * (end + terms.layer_end_alias_per_token if end else 0.0) + scores)
 
     @property
     def upper_backward_temp_bytes(self) -> Any:

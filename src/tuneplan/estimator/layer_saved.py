@@ -218,8 +218,7 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     through the half-to-float softmax, else 4) come later, in the
     attention's backward, once the MLP block's saved tensors are gone (simulate: BERT-large fp16-mixed, 3
     layers, peaks in the forward)."""
-    model, spec, dtypes = walk.model, walk.spec, walk.dtypes
-    hidden = model.hidden
+    model, spec, dtypes, hidden = walk.model, walk.spec, walk.dtypes, walk.model.hidden
     width = max(spec.mlp_intermediate, spec.expert_intermediate * max(spec.top_k, 1), 1)
     product = max(down_adapter_backward(walk, width, product_grad_bytes(walk)), expert_output_backward(walk))
     backward_temp = product + dtypes.residual * residual_grads(model) * hidden
@@ -234,7 +233,7 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
     eager_scores = (attn == "eager" or per_pos) and "attn_core" not in walk.gradient_free
     backward_temp_per_pos = ((4.0 + walk.scores_grad_bytes) * model.n_heads - walk.scores_released
                              if eager_scores else 0.0)
-    first_saved, first_temp = first_target_terms(walk, per_pos)
+    first_saved, first_temp, first_per_pos = first_target_terms(walk, per_pos)
     last_saved, last_temp = last_target_terms(walk, per_pos)
     return LayerActs(per_token=walk.ledger.total(), per_token_per_pos=per_pos, backward_temp=backward_temp,
                      backward_temp_per_pos=backward_temp_per_pos,
@@ -245,6 +244,7 @@ def _with_backward(walk: LayerWalk, per_pos: float, attn: str, mlp_saved: float)
                      backward_per_layer=walk.backward_per_layer, recompute_dequant=down_dequant_reached(walk),
                      backward_per_layer_per_token=walk.backward_per_layer_per_token, mlp_saved=mlp_saved,
                      first_target_saved=first_saved, first_target_temp=first_temp,
+                     first_target_per_pos=first_per_pos,
                      last_target_saved=last_saved, last_target_temp=last_temp)
 
 
@@ -259,7 +259,7 @@ def residual_grads(model: ModelSpec) -> int:
     return 1 if model.mlp_kind == "swiglu" else 2
 
 
-def first_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
+def first_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float, float]:
     """(bytes per token the layer still keeps, activation gradients per token live) when its first LoRA
     adapter F (forward order) starts its backward, the moment PEFT's per-adapter FSDP units prefetch the
     next layer (wrappers/fsdp.fsdp_layers_gathered). Autograd runs the node recorded last first: every op
@@ -271,18 +271,18 @@ def first_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:
         temp = out_b (d_out + d_in) + residual_b 2 h
 
     (simulate: FSDP1, Qwen3-32B LoRA fp32 under checkpointing: q_proj's adapter at the top layer's end,
-    92.8 MB at 1024 tokens = 32 + 20 + 40). (0, 0) without an adapter in the layer or a sharded wrapper
-    (``walk.target_moments``); (-1, 0) where F comes after an eager attention, whose O(s) saved part the
-    ledger does not hold, or is not a dense layer's attention or MLP projection."""
+    92.8 MB at 1024 tokens = 32 + 20 + 40). Third: per token per key position, the O(s) part an eager
+    attention F follows saved (not in the ledger; back-propagated after F). (0, 0, 0) without an adapter or a
+    sharded wrapper (``walk.target_moments``); (-1, 0, 0) where F is no dense attention or MLP projection."""
     if walk.first_target is None or not walk.target_moments:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     saved, name, reads = walk.first_target
     linear = walk.spec.by_name.get(name)
-    if linear is None or linear.role not in ("attn", "mlp") or (per_pos and reads != "attn_in"):
-        return -1.0, 0.0
+    if linear is None or linear.role not in ("attn", "mlp"):
+        return -1.0, 0.0, 0.0
     temp = (walk.output_bytes * (linear.d_out * linear.count + linear.d_in)
             + walk.dtypes.residual * 2 * walk.model.hidden)
-    return saved, max(float(temp), input_norm_backward(walk) - saved)
+    return saved, max(float(temp), input_norm_backward(walk) - saved), per_pos if reads != "attn_in" else 0.0
 
 
 def last_target_terms(walk: LayerWalk, per_pos: float) -> tuple[float, float]:

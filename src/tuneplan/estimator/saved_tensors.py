@@ -51,6 +51,8 @@ class LayerActs:
     # and the activation gradients live then (layer_saved.first_target_terms)
     first_target_saved: float = 0.0
     first_target_temp: float = 0.0
+    # ... and per token per key position, an eager attention's O(s) saved part kept then (0: none)
+    first_target_per_pos: float = 0.0
     # alike when the layer's first trained gradient is ready: its last LoRA adapter's in forward order
     # (layer_saved.last_target_terms; 0: no adapter or the MLP's, -1: not derived)
     last_target_saved: float = 0.0
