@@ -53,14 +53,13 @@ from tuneplan.estimator.wrappers.zero3_first_pass import (
     zero3_first_pass_round,
 )
 from tuneplan.estimator.wrappers.zero3_head_flush_rounds import zero3_head_flush_bytes
-from tuneplan.estimator.wrappers.zero3_head_pop import zero3_head_popped_forward
+from tuneplan.estimator.wrappers.zero3_head_pop import zero3_forward_most
 from tuneplan.estimator.wrappers.zero3_head_reuse import zero3_recorded_bytes
 from tuneplan.estimator.wrappers.zero3_leaf_embedding import with_kept_embedding
 from tuneplan.estimator.wrappers.zero3_lower_backward import zero3_lower_layers_gathered
 from tuneplan.estimator.wrappers.zero3_lower_flush import zero3_lower_flush_moment
 from tuneplan.estimator.wrappers.zero3_module_trace import (
     zero3_replayed_forward,
-    zero3_replayed_forward_linear,
     zero3_replayed_gathered,
 )
 from tuneplan.estimator.wrappers.zero3_packed_prefetch import zero3_layer_and_prefetch_bytes
@@ -289,12 +288,6 @@ class Zero3(Zero, ShardingWrapper):
             g_live = 0
         embedding = zero3_embedding_backward(model, setup, terms.bucket + g_live, compute)
         at_embedding, at_head = self.forward_rounds(run, terms, at_loss, whole16, bool(runs_ahead))
-        # the untied head popped in the forward beside the layers not yet run (zero3_head_pop.py), or the
-        # replayed forward's most (zero3_module_trace.py)
-        popped = max(zero3_head_popped_forward(model, setup, terms.prefetch_bucket, run.targets, compute,
-                                               run.profile.model_code),
-                     zero3_replayed_forward_linear(run, terms.prefetch_bucket),
-                     lora_top.zero3_lora_forward_bytes(run, terms.prefetch_bucket))
         out = with_kept_embedding(run, WrapperMemory(self.resident(run, weights, states, temp, 0, host),
                              Buckets(persistent=terms.bucket + g_live,
                                      in_layers=zero3_tied_head_gradient(model, setup, compute)),
@@ -313,7 +306,7 @@ class Zero3(Zero, ShardingWrapper):
                                       top_layer_forward=max(min(zero3_gathered_at_top_forward(
                                           model, setup) * compute, whole16),
                                           fused_experts.zero3_expert_round_bytes(run)),
-                                      head_popped=popped,
+                                      head_popped=zero3_forward_most(run, terms.prefetch_bucket),
                                       top_layer_past_attention=plain.zero3_gathered_past_top_attention(
                                           run, terms.prefetch_bucket),
                                       flush=flush, flush_layers_above=above, flush_past_mlp=past_mlp,

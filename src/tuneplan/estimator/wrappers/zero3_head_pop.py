@@ -5,7 +5,7 @@ ran ahead to, not yet run, beside the head, read from DeepSpeed 0.19.8's ``Parti
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from tuneplan.estimator.bnb_scope import quantized
 from tuneplan.estimator.compute import has_rotary
@@ -21,8 +21,13 @@ from tuneplan.estimator.wrappers.zero3_coordinator import (
     embedding_used_last,
 )
 from tuneplan.estimator.wrappers.zero3_first_pass import embedding_released_after_forward
+from tuneplan.estimator.wrappers.zero3_lora_top_backward import zero3_lora_forward_bytes
+from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_forward_linear
 from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.setup import TrainSetup
+
+if TYPE_CHECKING:
+    from tuneplan.estimator.run import Run
 
 # the wrappers above the token embedding that run ZeRO-3's fetch hook under PEFT: PeftModel, LoraModel,
 # the causal-LM model and its base model (peft/peft_model.py, peft/tuners/lora/model.py)
@@ -221,3 +226,15 @@ def zero3_head_popped_forward(model: ModelSpec, setup: TrainSetup, prefetch_buck
                 if held > best:
                     best, below, past_attention = held, layers[i], in_mlp[i]
     return best, below, past_attention
+
+
+def zero3_forward_most(run: Run, prefetch_bucket: int) -> tuple[int, int, bool]:
+    """The forward's most gathered once the prefetcher pops the head, as :func:`zero3_head_popped_forward`
+    returns it: the largest of that walk's and the coordinator replayed over the step's module trace, for a
+    QLoRA run under checkpointing (zero3_module_trace.zero3_replayed_forward_linear) or a dense 16-bit LoRA
+    one (zero3_lora_top_backward.zero3_lora_forward_bytes), each (0, 0, False) where it does not apply."""
+    model, setup = run.model, run.setup
+    return max(zero3_head_popped_forward(model, setup, prefetch_bucket, run.targets, run.dtypes.compute,
+                                         run.profile.model_code),
+               zero3_replayed_forward_linear(run, prefetch_bucket),
+               zero3_lora_forward_bytes(run, prefetch_bucket))
