@@ -32,27 +32,40 @@ if TYPE_CHECKING:
     from tuneplan.estimator.activations import ActivationPlan
     from tuneplan.estimator.memory_statics import MemoryStatics
     from tuneplan.estimator.run import Run
+    from tuneplan.specs.model import LayerSpec
 
 
 def bottom_weight_cast_row(run: Run, statics: MemoryStatics, acts: ActivationPlan,
-                           bottom: tuple[Any, ...]) -> tuple[Any, ...] | None:
+                           bottom: tuple[Any, ...]) -> tuple[Any, ...]:
     """The moment of the module docstring, from the bottom row ``bottom`` (its gradients G, what the loop
-    holds, what is gathered); None where it does not apply."""
-    setup, model, dtypes = run.setup, run.model, run.dtypes
+    holds, what is gathered), where :func:`bottom_weight_cast_applies` holds (statics.bottom_weight_cast)."""
+    model, dtypes = run.model, run.dtypes
     master = run.param_plan.trainable_bytes
-    if (not statics.bottom_own_grads or statics.checkpointed or statics.grads_prev
-            or not dtypes.autocast or master <= dtypes.compute or model.norm_kind != "rms"
-            or setup.method not in ("full", "freeze")):
-        return None
-    from tuneplan.estimator.memory_statics import layer_at
-
-    lowest = max(0, model.n_layers - setup.freeze_trainable_layers) if setup.method == "freeze" else 0
-    spec = layer_at(model, lowest)
-    if spec.moe:
-        return None
+    spec = lowest_trained_layer(run)
     attn = sum(m.count * m.d_in * m.d_out for m in spec.linears if m.role == "attn")
     mlp = max((m.d_in * m.d_out for m in spec.linears if m.role == "mlp"), default=0)
     tokens, hidden, compute = acts.tokens, model.hidden, dtypes.compute
     kept = acts.top_layer_bytes - acts.mlp_saved_bytes + tokens * ((4 + compute) * hidden + RSTD_BYTES)
     scratch = mlp * compute + tokens * dtypes.residual * hidden
     return (bottom[0] - attn * master, 0, kept, attn * compute, bottom[4], scratch, bottom[6])
+
+
+def lowest_trained_layer(run: Run) -> LayerSpec:
+    """The spec of the lowest layer that trains (a freeze run's lowest unfrozen one)."""
+    from tuneplan.estimator.memory_statics import layer_at
+
+    model, setup = run.model, run.setup
+    return layer_at(model, max(0, model.n_layers - setup.freeze_trainable_layers)
+                    if setup.method == "freeze" else 0)
+
+
+def bottom_weight_cast_applies(run: Run, statics: MemoryStatics) -> bool:
+    """Whether the moment of the module docstring exists (resolved once per run, with the memory terms
+    ``statics`` it reads): the bottom layer makes its own gradients, no checkpointing, no gradients from an
+    earlier micro-batch, autocast over master weights wider than the compute dtype, RMSNorm, a full or
+    freeze run, a dense lowest trained layer."""
+    setup, model, dtypes = run.setup, run.model, run.dtypes
+    return bool(statics.bottom_own_grads and not statics.checkpointed and not statics.grads_prev
+                and dtypes.autocast and run.param_plan.trainable_bytes > dtypes.compute
+                and model.norm_kind == "rms" and setup.method in ("full", "freeze")
+                and not lowest_trained_layer(run).moe)

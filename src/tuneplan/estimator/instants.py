@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from tuneplan.estimator.activations import ActivationPlan, saved_at
 from tuneplan.estimator.bottom_weight_cast import bottom_weight_cast_row
 from tuneplan.estimator.eager_forward import forward_attention_row
-from tuneplan.estimator.head_gradient import head_gradient_in_layers, head_gradient_row
+from tuneplan.estimator.head_gradient import head_gradient_row
 from tuneplan.estimator.layer_scratch import layer_backward_scratch, top_fetch_row, top_layer_terms
 from tuneplan.estimator.logits import LogitsPlan, logits_plan
 from tuneplan.estimator.memory_statics import MemoryStatics, memory_statics
@@ -180,13 +180,12 @@ def memory_at(run: Run, batch: Any, seq: Any) -> MemoryAt:
     if statics.head_gradient:  # an untied head's new weight gradient beside its buffer (head_gradient.py)
         rows["backward_head_gradient"] = head_gradient_row(run, statics, saved, acts.tokens)
     layer_backward_rows(rows, statics, acts, in_step, batch * seq)
-    cast_row = bottom_weight_cast_row(run, statics, acts, rows["backward_layers_bottom"])
-    if cast_row is not None:
-        rows["backward_bottom_weight_cast"] = cast_row
-    head_grad = head_gradient_in_layers(run, statics)
-    if head_grad:  # a trained untied head's new gradient, made before the top layer's backward
-        top = rows["backward_layers_top"]
-        rows["backward_layers_top"] = (top[0] + head_grad, *top[1:])
+    if statics.bottom_weight_cast:  # the bottom layer's weight gradient beside its fp32 copy
+        rows["backward_bottom_weight_cast"] = bottom_weight_cast_row(run, statics, acts,
+                                                                     rows["backward_layers_bottom"])
+    if statics.head_gradient_in_layers:  # a trained untied head's new gradient, made before the top layer's
+        top = rows["backward_layers_top"]  # backward (head_gradient.head_gradient_in_layers)
+        rows["backward_layers_top"] = (top[0] + statics.head_gradient_in_layers, *top[1:])
     kept = pinned if holds else 0
     if statics.next_micro_batch:
         # The micro-batch after the longest: gradients accumulated over the longest one, and (in a loop that

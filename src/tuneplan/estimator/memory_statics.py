@@ -5,17 +5,18 @@ instants exist (``instants.instants`` reads them as arithmetic)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tuneplan.estimator.activation_terms import BACKWARD_FIXED
 from tuneplan.estimator.activations import ActivationTerms, activation_terms
 from tuneplan.estimator.bnb_scope import unquantized_note
+from tuneplan.estimator.bottom_weight_cast import bottom_weight_cast_applies
 from tuneplan.estimator.eager_forward import EagerForward, eager_forward_terms
-from tuneplan.estimator.head_gradient import head_gradient_buffered
+from tuneplan.estimator.head_gradient import head_gradient_buffered, head_gradient_in_layers
 from tuneplan.estimator.layer_end_casts import head_and_top_layer_casts, top_layer_end_casts
 from tuneplan.estimator.logits import logits_terms
 from tuneplan.estimator.optimizer import OptimizerPlan
-from tuneplan.estimator.optimizer_groups import adafactor_step_temp, no_decay_elements
+from tuneplan.estimator.optimizer_groups import grouped_optimizer_temp
 from tuneplan.estimator.overhead import CUBLAS_WORKSPACE
 from tuneplan.estimator.peak_candidates import backward_start_leads, step_below_bottom
 from tuneplan.estimator.quant_kernels import bnb_backward_dequant, dequant_transient_bytes
@@ -130,7 +131,11 @@ class MemoryStatics:
     # backward_start holds more than forward at every shape (:func:`backward_start_leads`)
     backward_start_leads: bool = field(init=False)
     step_below_bottom: bool = field(init=False)  # optimizer_step can never peak (:func:`step_below_bottom`)
-    head_gradient: bool = False  # the head's new gradient meets an accumulated buffer (head_gradient.py)
+    # the head's new gradient meets an accumulated buffer, or is kept through the layers' backward (bytes;
+    # head_gradient.py); the bottom layer's weight gradient beside its fp32 copy (bottom_weight_cast.py)
+    head_gradient: bool = False
+    head_gradient_in_layers: int = 0
+    bottom_weight_cast: bool = False
 
     def __post_init__(self) -> None:
         experts = any(kind[BACKWARD_FIXED] for kind in self.acts.kinds)
@@ -224,7 +229,9 @@ def memory_statics(run: Run) -> MemoryStatics:
         recompute_casts=params.recompute_cast_bytes, recompute_casts_bottom=bottom_recompute_casts(run),
         bottom_own_grads=bottom_own_gradients(run, grads_prev),
         eager_forward=eager_forward_terms(run), wrapper_rows=wrapper_adds_rows(wrapper_memory))
-    out.head_gradient = head_gradient_buffered(run, out)
+    out.head_gradient, out.head_gradient_in_layers = (head_gradient_buffered(run, out),
+                                                      head_gradient_in_layers(run, out))
+    out.bottom_weight_cast = bottom_weight_cast_applies(run, out)
     run.memo["memory"] = out
     return out
 
@@ -279,20 +286,6 @@ def bottom_recompute_casts(run: Run) -> int:
     if run.setup.method == "lora" or not casts:
         return casts
     return max(0, casts - casts // run.dtypes.compute * run.param_plan.trainable_bytes)
-
-
-def grouped_optimizer_temp(run: Run, optimizer: OptimizerPlan) -> OptimizerPlan:
-    """``optimizer`` with the temporaries its parameter groups and their order make, where the run steps
-    whole tensors (optimizer_groups.py): Adafactor's in its tensor order, foreach AdamW's over the Trainer's
-    weight-decay group."""
-    params = run.param_plan
-    if run.optimizer == "adafactor":
-        temp = adafactor_step_temp(run, params.trainable_bytes)
-        return optimizer if temp is None else replace(optimizer, temp=temp)
-    if run.optimizer == "adamw" and run.profile.trainer_param_groups:
-        decay = params.trainable_params - no_decay_elements(run)
-        return replace(optimizer, temp=max(decay, params.trainable_params - decay) * params.trainable_bytes)
-    return optimizer
 
 
 def bottom_own_gradients(run: Run, grads_prev: int) -> int:

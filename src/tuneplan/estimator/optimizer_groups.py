@@ -32,6 +32,9 @@ under the Trainer's groups, none under one group; Llama-3.1-70B freeze at 2 laye
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from tuneplan.estimator.optimizer import OptimizerPlan
 from tuneplan.estimator.run import Run
 from tuneplan.estimator.wrappers.reduce_buckets import layer_tensors
 from tuneplan.estimator.wrappers.zero12_reductions import trained_layers
@@ -78,3 +81,17 @@ def no_decay_elements(run: Run) -> int:
     biases = sum(m.d_out * m.count for spec in layers for m in spec.linears if m.bias)
     norms = sum(spec.norm_params for spec in layers)
     return biases + norms + (model.final_norm_params if setup.method == "full" else 0)
+
+
+def grouped_optimizer_temp(run: Run, optimizer: OptimizerPlan) -> OptimizerPlan:
+    """``optimizer`` with the temporaries its parameter groups and their order make, where the run steps
+    whole tensors (optimizer_groups.py): Adafactor's in its tensor order, foreach AdamW's over the Trainer's
+    weight-decay group."""
+    params = run.param_plan
+    if run.optimizer == "adafactor":
+        temp = adafactor_step_temp(run, params.trainable_bytes)
+        return optimizer if temp is None else replace(optimizer, temp=temp)
+    if run.optimizer == "adamw" and run.profile.trainer_param_groups:
+        decay = params.trainable_params - no_decay_elements(run)
+        return replace(optimizer, temp=max(decay, params.trainable_params - decay) * params.trainable_bytes)
+    return optimizer
