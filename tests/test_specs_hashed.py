@@ -1,4 +1,4 @@
-"""specs/hashed.py: a frozen record's hash runs once, equals the dataclass's own, and stays out of a pickle."""
+"""specs/hashed.py: a frozen record's hash runs once, equals the dataclass's, and stays out of a pickle."""
 
 import dataclasses
 import pickle
