@@ -23,7 +23,7 @@ from tuneplan.api import build_setup
 from tuneplan.estimator.instants import memory_at
 from tuneplan.estimator.memory_statics import memory_statics
 from tuneplan.estimator.run import resolve_run
-from tuneplan.estimator.wrappers.zero2_partition import LayersBackward, layers_backward_moment
+from tuneplan.estimator.wrappers.zero2_partition import LayersBackward, gradient_walk, layers_backward_moment
 from tuneplan.specs.model import model_from_config
 
 MISTRAL_2L = {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32,
@@ -71,3 +71,15 @@ def test_the_bottom_row_lacks_the_partition_made_past_its_mlp() -> None:
     assert reduction[5] == 3 * 2048 * 4096 * 6
     assert rows["backward_reductions_1"][:3] == (bucket + 117_440_512, 0,
                                                  acts.saved_bytes - acts.tail_bytes + acts.recompute_bytes)
+
+
+def test_the_walk_is_kept_per_model_and_sharding_not_per_batch_shape() -> None:
+    # the walk reads the model, the method, the partition (698,372,096 / 2), the compute bytes, the bucket
+    # and P, never the batch or the sequence: another batch shape of the same model reuses it
+    model = model_from_config(MISTRAL_2L, "Mistral-7B-v0.2 2 layers (hand config)")
+    first = layers_backward_moment(run(), BUCKET, PARTITION_BYTES)
+    hits = gradient_walk.cache_info().hits
+    setup = build_setup(model, method="full", precision="bf16", optimizer="adamw-hf", gpus=2, zero=2,
+                        gradient_checkpointing=True, batch=1, seq=512)
+    assert layers_backward_moment(resolve_run(model, setup), BUCKET, PARTITION_BYTES) == first
+    assert gradient_walk.cache_info().hits == hits + 1

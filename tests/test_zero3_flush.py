@@ -280,3 +280,17 @@ def test_a_classifier_run_releases_its_embedding_after_the_forward_and_pops_its_
     lm = build_setup(spec, method="freeze", gpus=2, zero=3, gradient_checkpointing=True,
                      framework="llamafactory")
     assert not embedding_released_after_forward(model_as_built(spec, "llamafactory"), lm)
+
+
+def test_the_first_flush_is_kept_per_model_and_kind_not_per_batch_shape() -> None:
+    from tuneplan.estimator.wrappers.zero3_flush import first_flush, zero3_bucket_flush
+
+    # the first reduction reads the model, the kind of backward and the bucket, never the batch shape: the
+    # untied head (536,870,912 elements) over a 5e8 bucket is reduced alone, for any batch
+    spec = llama(2)
+    one = build_setup(spec, method="full", gpus=4, zero=3, batch=1, seq=512)
+    assert zero3_bucket_flush(spec, one, 500_000_000) == HEAD
+    hits = first_flush.cache_info().hits
+    other = build_setup(spec, method="full", gpus=4, zero=3, batch=8, seq=4096)
+    assert zero3_bucket_flush(spec, other, 500_000_000) == HEAD
+    assert first_flush.cache_info().hits == hits + 1

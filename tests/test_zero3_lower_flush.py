@@ -109,3 +109,16 @@ def test_a_reduction_from_its_layers_first_gradient_has_only_down_projs_input_gr
     # a 2e8-element bucket: a layer's up_proj (1.4e8) does not fit beside its down_proj, a reduction from
     # inside the layer, after its down_proj's backward: not derived (0, the layer's scratch counted)
     assert lower_flush_scratch_per_token(spec, setup, 200_000_000, dtypes) == 0
+
+
+def test_the_later_reductions_are_walked_once_per_model_and_kind_not_per_batch_shape() -> None:
+    from tuneplan.estimator.wrappers.zero3_lower_flush import later_reductions_walk, zero3_later_reductions
+
+    # the walk reads the model, the kind of backward (full, trained layers, leaf MoE) and the bucket only:
+    # a setup of another batch shape gets the same reductions from the kept walk
+    spec = llama4()
+    first = zero3_later_reductions(spec, build_setup(spec, method="full", gpus=8, zero=3, batch=1), BUCKET)
+    hits = later_reductions_walk.cache_info().hits
+    again = build_setup(spec, method="full", gpus=8, zero=3, batch=4, seq=4096)
+    assert zero3_later_reductions(spec, again, BUCKET) == first
+    assert later_reductions_walk.cache_info().hits == hits + 1

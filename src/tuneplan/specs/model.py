@@ -17,6 +17,7 @@ from typing import Any
 from tuneplan.errors import ConfigError, TuneplanError
 from tuneplan.specs.dropouts import model_dropout
 from tuneplan.specs.families import build_layers, family_of
+from tuneplan.specs.hashed import hash_once
 from tuneplan.specs.limits import MAX_MODEL_PARAMS, MODEL_INT_ALIASES, MODEL_INT_RANGES, check_int, show_value
 
 
@@ -63,8 +64,7 @@ class LayerSpec:
     def params(self) -> int:
         return self.linear_params + self.norm_params
 
-    # the layer's linears as the activation walk looks them up, kept on the (frozen) kind of layer: every
-    # new setup walks the same kinds of a model (estimator/layer_saved.py, attention_saved.py)
+    # kept on the (frozen) kind of layer: every setup walks the same kinds (estimator/layer_saved.py)
     @cached_property
     def by_name(self) -> dict[str, Linear]:
         """The first linear of each module name, in the layer's order."""
@@ -111,6 +111,7 @@ class LayerSpec:
         return total
 
 
+@hash_once
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder (or encoder) transformer, as far as memory, FLOPs and compatibility care."""
@@ -201,9 +202,8 @@ class ModelSpec:
 
     @cached_property
     def linear_roles(self) -> dict[str, str]:
-        """Each distinct linear module name's role, in the layers' order. A name both a dense layer's
-        nn.Linear and a MoE layer's expert (DeepSeek's first_k_dense_replace layers: gate_proj, up_proj,
-        down_proj) keeps the dense role: the nn.Linear PEFT matches by name (specs/lora_targets.py)."""
+        """Each distinct linear name's role, in the layers' order; a name both a dense nn.Linear and a MoE
+        expert (DeepSeek's dense first layers) keeps the dense role, PEFT's match (specs/lora_targets.py)."""
         roles: dict[str, str] = {}
         for spec, _ in self.layer_groups:
             for m in spec.linears:

@@ -155,9 +155,14 @@ def layers_in_module_order(model: ModelSpec) -> list[LayerSpec]:
 def trained_layers(model: ModelSpec, setup: TrainSetup) -> list[LayerSpec]:
     """The decoder layers a full or freeze fine-tune trains, in module order (:func:`layers_in_module_order`):
     every one, or a freeze run's top ``freeze_trainable_layers``."""
+    return layers_trained(model, setup.method, setup.freeze_trainable_layers)
+
+
+def layers_trained(model: ModelSpec, method: str, freeze_trainable_layers: int) -> list[LayerSpec]:
+    """:func:`trained_layers` from the setup's two fields it reads."""
     layers = layers_in_module_order(model)
-    if setup.method == "freeze":
-        layers = layers[max(len(layers) - setup.freeze_trainable_layers, 0):]
+    if method == "freeze":
+        layers = layers[max(len(layers) - freeze_trainable_layers, 0):]
     return layers
 
 def offload_norm_copy(run: Run, largest: int) -> int:

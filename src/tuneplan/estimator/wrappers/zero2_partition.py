@@ -32,6 +32,7 @@ a moment larger than every earlier one can be the peak (the activations only shr
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -39,14 +40,14 @@ from tuneplan.estimator.wrappers.base import Epilogue
 from tuneplan.estimator.wrappers.reduce_buckets import layer_tensors
 from tuneplan.estimator.wrappers.zero12_reductions import (
     bucket_copy_elements,
-    trained_layers,
+    layers_trained,
     zero2_epilogue,
 )
 from tuneplan.estimator.xp import ceil_div
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
-    from tuneplan.specs.model import LayerSpec
+    from tuneplan.specs.model import LayerSpec, ModelSpec
 
 
 def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
@@ -61,13 +62,19 @@ def trained_tensors(run: Run) -> tuple[list[int], list[int]]:
 def trained_tensor_layers(run: Run) -> tuple[list[int], list[int], list[tuple[int, int, int]]]:
     """:func:`trained_tensors` and each trained layer's (first index, end index, index of its first MLP
     tensor) into the sizes, bottom layer first."""
-    model, setup = run.model, run.setup
+    setup = run.setup
     hf = run.profile.model_code == "hf"
-    specs = trained_layers(model, setup)
+    return tensor_layers(run.model, hf, setup.method, setup.freeze_trainable_layers)
+
+
+def tensor_layers(model: ModelSpec, hf: bool, method: str,
+                  freeze_layers: int) -> tuple[list[int], list[int], list[tuple[int, int, int]]]:
+    """:func:`trained_tensor_layers` from the frozen values it reads."""
+    specs = layers_trained(model, method, freeze_layers)
     kinds = {id(spec): (layer_tensors(spec, hf), attention_tensors(spec, hf))  # once per kind of layer
              for spec in {id(spec): spec for spec in specs}.values()}
     layers = [kinds[id(spec)][0] for spec in specs]
-    full = setup.method == "full"
+    full = method == "full"
     sizes = [model.embed_params] if full else []
     starts = []
     for layer in layers:
@@ -137,25 +144,37 @@ def layers_backward_moment(run: Run, reduce_bucket: int, partition_bytes: int) -
     bucket. A reduction adds its flat copy (zero12_reductions.bucket_copy_elements: the bucket's slices per
     rank) beside the gradient that set it off; ``copy_grads_in_partition`` runs after that copy is freed. A
     LoRA run: (0, whether its adapters overflow one bucket; each is small beside it, 0, (), False)."""
-    if run.setup.method not in ("full", "freeze"):
-        return LayersBackward(0, run.param_plan.trainable_params > reduce_bucket, 0, (), False)
-    sizes, backward, spans = trained_tensor_layers(run)
-    partition, start, mine = ceil_div(run.param_plan.trainable_params, run.setup.world_size), 0, set()
+    setup, trainable = run.setup, run.param_plan.trainable_params
+    if setup.method not in ("full", "freeze"):
+        return LayersBackward(0, trainable > reduce_bucket, 0, (), False)
+    hf = run.profile.model_code == "hf"
+    return gradient_walk(run.model, hf, setup.method, setup.freeze_trainable_layers,
+                         ceil_div(trainable, setup.world_size), run.dtypes.compute, reduce_bucket,
+                         partition_bytes)
+
+
+@lru_cache(maxsize=256)
+def gradient_walk(model: ModelSpec, hf: bool, method: str, freeze_layers: int, partition: int, compute: int,
+                  reduce_bucket: int, partition_bytes: int) -> LayersBackward:
+    """:func:`layers_backward_moment` of a full or freeze run, from the frozen values it reads (none of them
+    the batch or the sequence: kept per model and sharding, every new batch shape reuses the walk)."""
+    sizes, backward, spans = tensor_layers(model, hf, method, freeze_layers)
+    start, mine = 0, set()
     offsets = list(accumulate(sizes, initial=0))[:-1]  # sum(sizes[:i]) of each tensor i
     for i, n in enumerate(sizes):  # this rank's (rank 0's): the tensors overlapping the flat group's start
         if start >= partition:
             break
         mine.add(i)
         start += n
-    head = {len(sizes) - 1, len(sizes) - 2} if run.setup.method == "full" else set()
+    head = {len(sizes) - 1, len(sizes) - 2} if method == "full" else set()
     # a freeze run's lowest trained layer is not the model's bottom layer, whose row comes after it
-    bottom = spans[:1] if run.setup.method == "full" else []
+    bottom = spans[:1] if method == "full" else []
     members: list[int] = []
     records: list[tuple[int, int, bool]] = []
     pending = elements = moment = at_head = 0
     made = at_bottom = False
     for i in backward:
-        n, compute = sizes[i], run.dtypes.compute
+        n = sizes[i]
         arrival = (pending + n) * compute + (partition_bytes if made else 0)
         if members and elements + n > reduce_bucket:
             copy = bucket_copy_elements([(offsets[m], sizes[m]) for m in members], partition, reduce_bucket)

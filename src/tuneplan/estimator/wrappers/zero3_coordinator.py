@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from tuneplan.estimator.lora_bottom_layer import bottom_gradient_free_params
 from tuneplan.estimator.wrappers.fully_shard import embedding_output_requires_grad
+from tuneplan.estimator.wrappers.zero3_rounds import cut_rounds
 from tuneplan.specs.model import Linear, ModelSpec
 from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
@@ -267,21 +268,8 @@ def prefetch_rounds(trace: tuple[int, ...] | list[int], prefetch_bucket: int,
     ``min(stage3_max_live_parameters - n_available, prefetch_bucket)`` elements, the last one overshooting
     (``_fetch_sub_module_impl``, DeepSpeed 0.19.8); ``released``: (rounds, elements) taken off
     ``n_available`` once that many rounds are popped (``__release_param``: the embedding after its
-    forward)."""
-    rounds: list[list[int]] = []
-    at = available = 0  # the queue is trace[at:]
-    while at < len(trace):
-        if len(rounds) == released[0]:
-            available -= released[1]
-        limit = min(DS_MAX_LIVE_PARAMETERS - available, prefetch_bucket)
-        if limit <= 0:
-            break
-        start, popped = at, 0  # popped: sum(trace[start:at]), as the pops take them
-        while at < len(trace) and popped < limit:
-            popped, at = popped + trace[at], at + 1
-        rounds.append(list(trace[start:at]))
-        available += popped
-    return rounds
+    forward). Cut once per trace (zero3_rounds.cut_rounds); each caller gets its own lists."""
+    return [list(r) for r in cut_rounds(tuple(trace), prefetch_bucket, released, DS_MAX_LIVE_PARAMETERS)]
 
 
 def zero3_backward_uses(model: ModelSpec, setup: TrainSetup, targets: frozenset[str] = frozenset()) -> int:

@@ -4,6 +4,8 @@ stage3.py, the order of reduce_buckets.py)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.wrappers.base import Epilogue
 from tuneplan.estimator.wrappers.reduce_buckets import (
@@ -171,7 +173,14 @@ def zero3_bucket_flush(model: ModelSpec, setup: TrainSetup, reduce_bucket: int) 
     (runtime/comm/coalesced_collectives.py), whose ``torch.cat`` of the interleaved, padded gradient chunks
     is a new tensor of the bucket's elements in the 16-bit dtype, live beside the bucket while the layer is
     back-propagated (the order: :func:`zero3_backward_gradients`)."""
-    fills = bucket_fills(zero3_backward_gradients(model, setup), reduce_bucket)
+    return first_flush(model, *zero3_backward_kind(model, setup), reduce_bucket)
+
+
+@lru_cache(maxsize=256)
+def first_flush(model: ModelSpec, full: bool, k: int, leaf: bool, reduce_bucket: int) -> int:
+    """:func:`zero3_bucket_flush` from what it reads of the setup (:func:`zero3_backward_kind`, never the
+    batch shape): kept per model and kind, every ZeRO-3 formula of a setup asks it."""
+    fills = bucket_fills(list(backward_turn_gradients(model, full, k, leaf)), reduce_bucket)
     return fills[0] if len(fills) > 1 else 0
 
 

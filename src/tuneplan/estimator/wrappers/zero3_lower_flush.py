@@ -4,20 +4,21 @@ prefetcher popped (DeepSpeed 0.19.8 stage3.py; the first reduction: zero3_flush.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from tuneplan.estimator.dtypes import Dtypes
 from tuneplan.estimator.wrappers.reduce_buckets import (
+    backward_turn_gradients,
     bucket_members,
     layer_hook_order,
-    zero3_leaf_moe,
 )
 from tuneplan.estimator.wrappers.zero3_coordinator import DS_MAX_LIVE_PARAMETERS, embedding_used_last
 from tuneplan.estimator.wrappers.zero3_flush import (
     layer_from_top,
     offload_boundary_scratch,
-    zero3_backward_gradients,
+    zero3_backward_kind,
 )
 from tuneplan.specs.model import ModelSpec
-from tuneplan.specs.profiles import get_profile
 from tuneplan.specs.setup import TrainSetup
 
 
@@ -51,26 +52,42 @@ def zero3_later_reductions(model: ModelSpec, setup: TrainSetup,
     that does not fit (reduce_buckets.bucket_members over zero3_flush.zero3_backward_gradients, the head,
     the final norm, then each layer from the top); the last fill waits for the embedding's hook or the
     epilogue (zero3_flush.zero3_epilogue). A leaf MoE block's turns are not placed here (empty)."""
-    if zero3_leaf_moe(model, get_profile(setup.framework).model_code == "hf"):
-        return []
-    order = zero3_backward_gradients(model, setup)
-    members = bucket_members(order, reduce_bucket)
-    owner = _gradient_layers(model, setup)
-    out: list[tuple[int, list[int], int]] = []
+    walk = later_reductions_walk(model, *zero3_backward_kind(model, setup), reduce_bucket)
+    return [(layer, list(fill), trigger) for layer, fill, trigger in walk[0]]
+
+
+@lru_cache(maxsize=256)
+def later_reductions_walk(model: ModelSpec, full: bool, k: int, leaf: bool, reduce_bucket: int
+                          ) -> tuple[tuple[tuple[int, tuple[int, ...], int], ...], int]:
+    """(:func:`zero3_later_reductions`, the widest input of a reduction's trigger linear for
+    :func:`lower_flush_scratch_per_token`, 0 where one is not a dense MLP projection run first in its
+    layer) from what they read of the setup (zero3_flush.zero3_backward_kind: never the batch shape), one
+    walk kept per model and kind."""
+    if leaf:
+        return (), 0
+    order = backward_turn_gradients(model, full, k, leaf)
+    members = bucket_members(list(order), reduce_bucket)
+    owner = _gradient_layers(model, full)
+    out: list[tuple[int, tuple[int, ...], int]] = []
+    widths: list[int] = []
+    mixed = False
     at = len(members[0]) if members else 0
     for fill in members[1:-1]:
         at += len(fill)
         above = owner[at]
-        if above >= 1:
-            out.append((model.n_layers - 1 - above, fill, order[at]))
-    return out
+        if above < 1:
+            continue
+        out.append((model.n_layers - 1 - above, tuple(fill), order[at]))
+        last = layer_from_top(model, above).linears[-1]
+        mixed = mixed or owner[at - 1] == above or last.role != "mlp" or last.count != 1
+        widths.append(last.params // model.hidden)
+    return tuple(out), 0 if mixed or not widths else max(widths)
 
 
-def _gradient_layers(model: ModelSpec, setup: TrainSetup) -> list[int]:
+def _gradient_layers(model: ModelSpec, full: bool) -> list[int]:
     """The decoder layer (from the top) of each gradient of zero3_flush.zero3_backward_gradients, in hook
     order; a full fine-tune's head and final norm -1."""
-    owner = [-1] * (len([n for n in (model.lm_head_params, model.final_norm_params) if n])
-                    if setup.method == "full" else 0)
+    owner = [-1] * (len([n for n in (model.lm_head_params, model.final_norm_params) if n]) if full else 0)
     k = 0
     for spec, count in reversed(model.layer_groups):
         hooks = len([n for n in layer_hook_order(spec) if n])
@@ -80,8 +97,8 @@ def _gradient_layers(model: ModelSpec, setup: TrainSetup) -> list[int]:
     return owner
 
 
-def lower_flush_scratch_per_token(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, dtypes: Dtypes,
-                                  reductions: list[tuple[int, list[int], int]] | None = None) -> int:
+def lower_flush_scratch_per_token(model: ModelSpec, setup: TrainSetup, reduce_bucket: int,
+                                  dtypes: Dtypes) -> int:
     """Bytes a token of the layer's scratch at the later reductions' moments when every one is run from
     its layer's first gradient, that of its last linear, a dense MLP projection writing the residual
     stream (0 otherwise: the layer's backward scratch counted, an upper bound).
@@ -95,24 +112,8 @@ def lower_flush_scratch_per_token(model: ModelSpec, setup: TrainSetup, reduce_bu
 
     (simulate: Qwen2.5-32B, 4 layers, full in fp32 over 8 GPUs, 1 x 1024: down_proj's 1024 x 27648 input
     gradient and the 1024 x 5120 residual gradient beside the reduction's norm.)"""
-    if reductions is None:
-        reductions = zero3_later_reductions(model, setup, reduce_bucket)
-    if not reductions:
-        return 0
-    order, owner = zero3_backward_gradients(model, setup), _gradient_layers(model, setup)
-    members = bucket_members(order, reduce_bucket)
-    widths: list[int] = []
-    at = len(members[0])
-    for fill in members[1:-1]:
-        at += len(fill)
-        if owner[at] < 1:
-            continue
-        spec = layer_from_top(model, owner[at])
-        last = spec.linears[-1]
-        if owner[at - 1] == owner[at] or last.role != "mlp" or last.count != 1:
-            return 0
-        widths.append(last.params // model.hidden)
-    return model.hidden * dtypes.residual + max(widths) * dtypes.linear_out if widths else 0
+    widest = later_reductions_walk(model, *zero3_backward_kind(model, setup), reduce_bucket)[1]
+    return model.hidden * dtypes.residual + widest * dtypes.linear_out if widest else 0
 
 
 def zero3_lower_flush_moment(model: ModelSpec, setup: TrainSetup, reduce_bucket: int, dtypes: Dtypes,
@@ -120,7 +121,7 @@ def zero3_lower_flush_moment(model: ModelSpec, setup: TrainSetup, reduce_bucket:
     """(:func:`zero3_lower_flush`, :func:`lower_flush_scratch_per_token`), over one walk of the reductions."""
     reductions = zero3_later_reductions(model, setup, reduce_bucket)
     return (zero3_lower_flush(model, setup, reduce_bucket, dtypes.compute, in_layers, runs_ahead, reductions),
-            lower_flush_scratch_per_token(model, setup, reduce_bucket, dtypes, reductions))
+            lower_flush_scratch_per_token(model, setup, reduce_bucket, dtypes))
 
 
 def lower_layers_gathered(model: ModelSpec, setup: TrainSetup, layer: int) -> int:
