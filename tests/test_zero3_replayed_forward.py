@@ -1,6 +1,6 @@
 """A dense QLoRA run under ZeRO-3 with checkpointing: what the replayed coordinator holds at the forward's
 4-bit linear where the most is held, beside that linear's dequantized weight, counted by hand from the
-simulated step (estimator/wrappers/zero3_module_trace.zero3_replayed_forward_linear)."""
+simulated step (estimator/wrappers/zero3_head_pop.zero3_replayed_forward_linear)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tuneplan.api import build_setup
 from tuneplan.catalog.models import resolve_model
 from tuneplan.estimator.instants import memory_at
 from tuneplan.estimator.run import resolve_run
-from tuneplan.estimator.wrappers.zero3_module_trace import zero3_replayed_forward_linear
+from tuneplan.estimator.wrappers.zero3_head_pop import zero3_replayed_forward_linear
 from tuneplan.specs.model import model_from_config
 
 # Yi-1.5-6B: h 4096, 32 heads of 128, 4 KV heads, f 11008, vocab 64000, untied

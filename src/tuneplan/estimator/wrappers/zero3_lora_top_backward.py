@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.estimator.lora_bottom_layer import parallel_block
-from tuneplan.estimator.wrappers.zero3_module_trace import step_events
-from tuneplan.estimator.wrappers.zero3_replay import replay
+from tuneplan.estimator.wrappers.zero3_module_trace import replayed_step
 
 if TYPE_CHECKING:
     from tuneplan.estimator.run import Run
@@ -54,8 +53,7 @@ def zero3_lora_top_backward_bytes(run: Run, prefetch_bucket: int) -> int:
         return 0
     key = f"zero3_lora_top_backward:{prefetch_bucket}"
     if key not in run.memo:
-        events, top = step_events(run)
-        rows = [g for _, g in replay(events, prefetch_bucket)]
+        events, top, rows = replayed_step(run, prefetch_bucket)
         run.memo[key] = max((rows[i] for i in top if events[i][0] == "release"), default=0)
     most: int = run.memo[key]
     return most
@@ -81,8 +79,7 @@ def zero3_lora_forward_bytes(run: Run, prefetch_bucket: int) -> tuple[int, int, 
         return 0, 0, False
     key = f"zero3_lora_forward:{prefetch_bucket}"
     if key not in run.memo:
-        events, top = step_events(run)
-        rows = [g for _, g in replay(events, prefetch_bucket)]
+        events, top, rows = replayed_step(run, prefetch_bucket)
         loss = max(i for i in range(top.start) if events[i][2] == "F")
         best, layers, mlp = (0, 0, False), 0, False
         for i, (action, m, _) in enumerate(events[:loss + 1]):
@@ -110,8 +107,7 @@ def zero3_lora_lower_backward_bytes(run: Run, prefetch_bucket: int) -> int:
         return 0
     key = f"zero3_lora_lower_backward:{prefetch_bucket}"
     if key not in run.memo:
-        events, top = step_events(run)
-        rows = [g for _, g in replay(events, prefetch_bucket)]
+        events, top, rows = replayed_step(run, prefetch_bucket)
         run.memo[key] = max((rows[i] for i in range(top.stop, len(events))
                              if events[i][0] == "fetch" and events[i][2] == "R"), default=0)
     most: int = run.memo[key]

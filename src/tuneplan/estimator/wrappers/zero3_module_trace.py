@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from tuneplan.estimator.bnb_scope import expert_stack_bytes, quantized
-from tuneplan.estimator.weights import NF4_BLOCK
 from tuneplan.estimator.wrappers.reduce_buckets import zero3_leaf_moe
 from tuneplan.estimator.wrappers.zero3_replay import Event, Module, Param, replay
 
@@ -268,6 +267,19 @@ class Replayed(NamedTuple):
     lower_backward: int
 
 
+def replayed_step(run: Run, prefetch_bucket: int) -> tuple[list[Event], range, list[int]]:
+    """:func:`step_events` (the events, the top layer's backward span) and the bytes the replayed
+    coordinator (zero3_replay.replay) holds after each event, made once per run and prefetch bucket:
+    every reading of the replay below shares it (none depends on the batch, the length or the
+    accumulation)."""
+    key = f"zero3_step_rows:{prefetch_bucket}"
+    if key not in run.memo:
+        events, top = step_events(run)
+        run.memo[key] = (events, top, [g for _, g in replay(events, prefetch_bucket)])
+    out: tuple[list[Event], range, list[int]] = run.memo[key]
+    return out
+
+
 def zero3_replayed_gathered(run: Run, prefetch_bucket: int) -> Replayed | None:
     """What a dense QLoRA run under checkpointing holds gathered (:class:`Replayed`), from
     :func:`step_events` replayed (zero3_replay.py); None for other runs.
@@ -302,8 +314,7 @@ def zero3_replayed_gathered(run: Run, prefetch_bucket: int) -> Replayed | None:
         return None
     key = f"zero3_replay:{prefetch_bucket}"
     if key not in run.memo:
-        events, top = step_events(run)
-        rows = [g for _, g in replay(events, prefetch_bucket)]
+        events, top, rows = replayed_step(run, prefetch_bucket)
         loss = max(i for i in range(top.start) if events[i][2] == "F")
 
         def most(span: range) -> int:
@@ -351,49 +362,9 @@ def zero3_replayed_forward(run: Run, prefetch_bucket: int) -> int:
         return 0
     key = f"zero3_replay_forward:{prefetch_bucket}"
     if key not in run.memo:
-        events, _ = step_events(run)
-        rows = [g for _, g in replay(events, prefetch_bucket)]
+        events, _, rows = replayed_step(run, prefetch_bucket)
         bottom = next(i for i, (action, m, kind) in enumerate(events)
                       if action == "release" and kind == "F" and m.role == "layer")
         run.memo[key] = max(rows[:bottom + 1])
     most: int = run.memo[key]
     return most
-
-
-def zero3_replayed_forward_linear(run: Run, prefetch_bucket: int) -> tuple[int, int, bool]:
-    """(bytes held at the forward's 4-bit linear where the most is held, the decoder layers whose forward
-    ran before it, whether it is in its layer's MLP block) in a dense QLoRA run under checkpointing, from
-    :func:`step_events` replayed; (0, 0, False) for other runs.
-
-    At each 4-bit base weight's forward fetch, what the replay holds gathered (the prefetcher's rounds
-    run ahead, the head among them, their coalesced flat buffers filed until their last parameter is
-    fetched, the copies made at a round's first wait) and the weight bitsandbytes dequantizes for the
-    matmul (zero3_head_pop.dequantized_bytes):
-
-    .. math:: G = \\max_{\\text{4-bit } l} \\big(R_l + d_{in} d_{out} c + 4 d_{in} d_{out} / 64\\, [dq]\\big)
-
-    (simulate: Yi-1.5-6B, 4 layers, QLoRA nf4 on the attention with checkpointing over 4 GPUs, second
-    micro-batch: at layer 3's ``up_proj`` the head's round flat buffer and its copy, made there, the
-    embedding popped at layer 0's input norm, the packed layers and ``up_proj``'s dequantized weight.)"""
-    if not replayable(run) or run.setup.quant_bits is None:
-        return 0, 0, False
-    key = f"zero3_replay_forward_linear:{prefetch_bucket}"
-    if key not in run.memo:
-        events, top = step_events(run)
-        rows = [g for _, g in replay(events, prefetch_bucket)]
-        loss = max(i for i in range(top.start) if events[i][2] == "F")
-        bits, compute = run.setup.quant_bits, run.dtypes.compute
-        best, layers = (0, 0, False), 0
-        for i, (action, m, _) in enumerate(events[:loss + 1]):
-            if action == "release" and m.role == "layer":
-                layers += 1
-            packed = m.params[0] if m.role in ("attn", "mlp") and m.params else None
-            if action != "fetch" or packed is None or packed.nbytes != 1:
-                continue
-            numel = packed.numel * 8 // bits
-            dequant = numel * compute + (numel // NF4_BLOCK * 4 if run.setup.double_quant else 0)
-            if rows[i] + dequant > best[0]:
-                best = (rows[i] + dequant, layers, m.role == "mlp")
-        run.memo[key] = best
-    out: tuple[int, int, bool] = run.memo[key]
-    return out

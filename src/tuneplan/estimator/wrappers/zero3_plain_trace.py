@@ -136,6 +136,17 @@ def bottom_gradient_free_modules(run: Run, events: list[Event]) -> set[int]:
     return out
 
 
+def replayed_plain_step(run: Run, prefetch_bucket: int) -> tuple[list[Event], range, list[int]]:
+    """:func:`plain_step_events` and the bytes the replayed coordinator holds after each event, made once
+    per run and prefetch bucket for every reading below (zero3_module_trace.replayed_step's counterpart)."""
+    key = f"zero3_plain_rows:{prefetch_bucket}"
+    if key not in run.memo:
+        events, top = plain_step_events(run)
+        run.memo[key] = (events, top, [g for _, g in replay(events, prefetch_bucket)])
+    out: tuple[list[Event], range, list[int]] = run.memo[key]
+    return out
+
+
 def zero3_gathered_past_top_attention(run: Run, prefetch_bucket: int) -> int:
     """Bytes gathered at the most in the top decoder layer's forward past its attention block, from
     :func:`plain_step_events` replayed: parameters and flat buffers still filed before its MLP block's
@@ -149,8 +160,7 @@ def zero3_gathered_past_top_attention(run: Run, prefetch_bucket: int) -> int:
         return 0
     key = f"zero3_plain_top:{prefetch_bucket}"
     if key not in run.memo:
-        events, _ = plain_step_events(run)
-        rows = [g for _, g in replay(events, prefetch_bucket)]
+        events, _, rows = replayed_plain_step(run, prefetch_bucket)
         top = max(i for i, (action, m, kind) in enumerate(events)
                   if action == "fetch" and kind == "F" and m.role == "layer")
         # the top layer's MLP container (or leaf MoE block), fetched after its attention and norms
@@ -185,8 +195,7 @@ def zero3_gathered_past_top_mlp_output(run: Run, prefetch_bucket: int) -> int:
         return 0
     key = f"zero3_plain_top_backward:{prefetch_bucket}"
     if key not in run.memo:
-        events, _ = plain_step_events(run)
-        rows = [g for _, g in replay(events, prefetch_bucket)]
+        events, _, rows = replayed_plain_step(run, prefetch_bucket)
         # the top layer is the backward's first layer fetched
         start = next(i for i, (action, m, kind) in enumerate(events)
                      if action == "fetch" and kind == "B" and m.role == "layer")
@@ -238,8 +247,7 @@ def zero3_replayed_plain(run: Run, prefetch_bucket: int) -> Replayed | None:
         return None
     key = f"zero3_replay_plain:{prefetch_bucket}"
     if key not in run.memo:
-        events, top = plain_step_events(run)
-        rows = [g for _, g in replay(events, prefetch_bucket)]
+        events, top, rows = replayed_plain_step(run, prefetch_bucket)
         loss = max(i for i in range(top.start) if events[i][2] == "F")
         most = max((rows[i] for i in top if events[i][0] == "release"), default=0)
         lower = max((rows[i] for i in range(top.stop, len(events))
